@@ -1,0 +1,72 @@
+/*
+ * attention.h: the contract between the one host program (common/main.c) and a stage.
+ *
+ * Every stage's attention.cu defines `attn_this_stage` and nothing else is exported.
+ * The host program owns inputs, outputs, checking and timing; a stage owns the algorithm.
+ *
+ * Layouts (row-major, contiguous):
+ *   Q, K, V, O : [B, H, N, D]  in the stage's storage type (float or IEEE half)
+ *   lse        : [B, H, N]     float32, natural log: LSE_i = m_i + log(l_i), where m_i is the
+ *                              row maximum of scale * q_i . k_j over the keys the row attends to
+ * Causal means query i attends to keys j <= i (same N for queries and keys).
+ */
+#ifndef ATTENTION_H
+#define ATTENTION_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int B, H, N, D; /* batch, heads, tokens, head dim */
+    int causal;     /* 1: query i sees keys 0..i */
+    float scale;    /* softmax scale, 1/sqrt(D) unless given */
+} attn_shape;
+
+typedef struct {
+    int cc;                /* compute capability as major*10+minor, e.g. 75, 89, 90 */
+    size_t smem_per_block; /* opt-in dynamic shared memory per block; lowered by --smem-limit */
+    int sm_count;          /* multiprocessors */
+} attn_device;
+
+typedef enum { ATTN_F32 = 0, ATTN_F16 = 1 } attn_dtype;
+
+typedef struct {
+    const char *name;     /* "stage3_cp_async" */
+    const char *adds;     /* one line: what this stage adds over the previous one */
+    attn_dtype dtype;     /* storage type of Q, K, V, O */
+    const char *variants; /* comma-separated; index 0 is always "default", the rest switch
+                             this stage's lesson off ("default,sync") */
+    /* NULL if the shape runs here, else a short reason (exit code 3, status "unsupported") */
+    const char *(*unsupported)(const attn_shape *s, const attn_device *dev, int variant);
+    /* device scratch the forward pass needs (0 for fused stages); allocated by the host */
+    size_t (*workspace_bytes)(const attn_shape *s, const attn_device *dev, int variant);
+    /* enqueue the whole forward pass on `stream`; returns the first CUDA error, if any */
+    cudaError_t (*forward)(const attn_shape *s, const attn_device *dev, const void *Q,
+                           const void *K, const void *V, void *O, float *lse, void *workspace,
+                           int variant, cudaStream_t stream);
+} attn_stage;
+
+extern const attn_stage attn_this_stage;
+
+/* Inside a launcher: on error, name the call and where it was, and return the error so the
+ * host program can report it (an out-of-memory is reported, not fatal to a sweep). */
+#define ATTN_TRY(call)                                                                        \
+    do {                                                                                      \
+        cudaError_t attn_err_ = (call);                                                       \
+        if (attn_err_ != cudaSuccess) {                                                       \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,              \
+                    cudaGetErrorString(attn_err_));                                           \
+            return attn_err_;                                                                 \
+        }                                                                                     \
+    } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTENTION_H */

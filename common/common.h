@@ -1,0 +1,77 @@
+/*
+ * common.h: host helpers shared by the program and its CPU tests (C11, no CUDA).
+ *   fp16 <-> float conversion (round to nearest even), the input generator,
+ *   .npy read/write, the float64 reference and the pass rule.
+ */
+#ifndef COMMON_H
+#define COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- fp16 (IEEE binary16) on the host ---- */
+uint16_t f32_to_f16(float f); /* round to nearest even, overflow to inf, NaN kept */
+float f16_to_f32(uint16_t h);
+static inline float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+
+/* ---- inputs: a counter-based generator, so any element can be made on any thread ---- */
+/* Fills x[0..n) with N(0,1) samples times `mul`, a pure function of (seed, stream, index). */
+void fill_normal(float *x, size_t n, uint64_t seed, uint32_t stream, float mul);
+
+/* ---- .npy (version 1.0/2.0, little-endian, C order) ---- */
+typedef enum { NPY_F16 = 2, NPY_F32 = 4 } npy_dtype;
+typedef struct {
+    npy_dtype dtype;
+    int ndim;
+    long long shape[8];
+    void *data; /* malloc'd, dtype elements in C order */
+} npy_array;
+/* 0 on success; else -1 and a one-line reason in err. */
+int npy_read(const char *path, npy_array *out, char *err, size_t errlen);
+int npy_write(const char *path, npy_dtype dtype, int ndim, const long long *shape,
+              const void *data, char *err, size_t errlen);
+size_t npy_count(const npy_array *a);
+
+/* ---- reference (float64) ---- */
+typedef struct {
+    int B, H, N, D, causal;
+    double scale;
+} ref_shape;
+
+/* One output row (b*H + h, query i) from float inputs laid out [B, H, N, D].
+ * o_exact[D] and lse: float64 softmax(scale q K^T) V.
+ * o_f16[D] (may be NULL): the same with P rounded to fp16 before PV and O rounded to fp16,
+ * that is, what a correct fp16 kernel computes (normalised by the fp32-exact row sum).
+ * scratch holds N doubles. */
+void ref_row(const ref_shape *s, const float *Q, const float *K, const float *V, long long bh,
+             long long i, double *o_exact, double *o_f16, double *lse, double *scratch);
+
+/* The rows to check: the first, the last and a spread of the rest (jittered by seed so the
+ * checked rows fall at different positions inside tiles). Returns how many were written
+ * (min(want, total)); want < 0 means all rows. */
+long long pick_rows(long long total, long long want, uint64_t seed, long long *rows);
+
+typedef struct {
+    double max_abs_err; /* max |O - O_ref| over checked rows */
+    double rel_err;     /* ||O - O_ref|| / ||O_ref|| over checked rows */
+    double lse_err;     /* max |lse - lse_ref| / (1 + |lse_ref|) */
+    double f16_err;     /* max |O_f16ref - O_ref|: the error of a correct fp16 computation */
+    double bound;       /* the max_abs_err allowed */
+    double lse_bound;
+    long long rows_checked;
+    long long nonfinite; /* NaN/Inf anywhere in O or lse (all of it is scanned) */
+    int pass;
+} check_result;
+
+/* Checks O ([B,H,N,D], as floats) and lse ([B,H,N]) at the given rows.
+ * f16: 1 for fp16 storage (pass rule: 2x the fp16 reference's error + floor), 0 for fp32. */
+void check_output(const ref_shape *s, int f16, const float *Q, const float *K, const float *V,
+                  const float *O, const float *lse, const long long *rows, long long nrows,
+                  check_result *r);
+
+#define CHECK_F16_FLOOR 1e-4 /* absolute floor for fp16 stages: cases where fp16 is exact */
+#define CHECK_F32_TOL 1e-4   /* fp32 stages: |O - O_ref| <= tol * (1 + max|O_ref|) */
+#define CHECK_LSE_F32 5e-5   /* lse tolerance relative to 1 + |lse_ref| */
+#define CHECK_LSE_F16 5e-4
+
+#endif /* COMMON_H */

@@ -1,0 +1,636 @@
+/*
+ * main.c: the one program every stage links. It owns everything that is not the algorithm:
+ * options, inputs, device memory, the check against the float64 reference, timing, CSV.
+ *
+ *   build/<stage> --seq 4096 --dim 128 --heads 16 --causal --bench --csv
+ *   build/<stage> --self-test            # the standard matrix, ends with "N passed, M failed"
+ *
+ * Exit codes: 0 pass, 1 wrong result (or a CUDA fault), 2 bad usage, 3 unsupported here,
+ * 4 out of device memory. A run that does not fit in device memory says so and exits 4.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "attention.h"
+#include "common.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { EXIT_PASS = 0, EXIT_WRONG = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_OOM = 4 };
+
+#define CSV_HEADER                                                                                \
+    "gpu,stage,variant,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,"          \
+    "rel_err,lse_err,rows_checked,device_mb,status"
+
+/* Every CUDA call outside a stage goes through this: the call's text, file and line. */
+#define CUDA_CHECK(call)                                                                          \
+    do {                                                                                          \
+        cudaError_t err_ = (call);                                                                \
+        if (err_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,                  \
+                    cudaGetErrorString(err_));                                                    \
+            exit(err_ == cudaErrorMemoryAllocation ? EXIT_OOM : EXIT_WRONG);                      \
+        }                                                                                         \
+    } while (0)
+
+#define SELF_TEST_FULL_ROWS 4096 /* self-test checks every row up to this many, else a sample */
+#define SELF_TEST_SAMPLE 512
+#define MIN_REPEATS 10     /* timing: at least this many launches ... */
+#define MIN_SECONDS 0.5    /* ... and this much measured time, */
+#define SLOW_MS 1000.0     /* unless one launch takes longer than this: then ... */
+#define SLOW_REPEATS 3     /* ... this many launches */
+#define MAX_REPEATS 10000
+
+typedef struct {
+    attn_shape shape;
+    int given_B, given_H, given_N, given_D, given_scale;
+    uint64_t seed;
+    int peaky;
+    const char *qpath, *kpath, *vpath, *outpath, *lsepath;
+    long long check_rows; /* -1: all rows */
+    int bench, csv, self_test, variant, variant_given;
+    double budget_s;
+    long long smem_limit;
+} options;
+
+typedef struct { /* host inputs: float copies hold exactly the stored values */
+    float *Qf, *Kf, *Vf;
+    void *Qs, *Ks, *Vs; /* storage-typed (aliases of the float arrays for fp32 stages) */
+} host_inputs;
+
+typedef struct {
+    const char *status;
+    double ms_median, ms_min, tflops;
+    int repeats;
+    check_result chk;
+    int checked;
+    double device_mb;
+} run_result;
+
+static const char *prog = "attention";
+
+static void die_usage(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: error: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see --help)\n");
+    va_end(ap);
+    exit(EXIT_USAGE);
+}
+
+/* ---- options ---- */
+
+static void usage(void) {
+    printf("usage: %s [options]\n"
+           "%s: %s\n\n"
+           "shape:\n"
+           "  --batch B          batch size (default 1)\n"
+           "  --heads H          heads (default 1)\n"
+           "  --seq N            tokens, N >= 1 (default 1024)\n"
+           "  --dim D            head dim: 64 or 128 (default 128)\n"
+           "  --causal           query i attends to keys 0..i\n"
+           "  --scale S          softmax scale (default 1/sqrt(D))\n"
+           "inputs and outputs:\n"
+           "  --seed N           random inputs seed (default 1)\n"
+           "  --dist normal|peaky  peaky scales Q by 8 so each query attends to a few keys\n"
+           "  --q/--k/--v FILE   read Q, K or V from a .npy [B, H, N, D] float16 or float32\n"
+           "  --out FILE         write O as .npy [B, H, N, D]\n"
+           "  --lse FILE         write LSE as .npy [B, H, N] float32\n"
+           "run:\n"
+           "  --check ROWS|all|0 rows checked against the float64 reference (default 64)\n"
+           "  --bench            time the kernel (median of >= %d launches and %.1f s)\n"
+           "  --budget SECONDS   longest one launch may take before the row is over_budget "
+           "(default 60)\n"
+           "  --csv              print a CSV header and row on stdout\n"
+           "  --variant NAME     one of: %s\n"
+           "  --smem-limit BYTES lower the shared memory per block the stage may use\n"
+           "                     (65536 = T4, 101376 = L4)\n"
+           "  --self-test        run the standard test matrix; ends with 'N passed, M failed'\n"
+           "  --help             this text\n"
+           "exit codes: 0 pass, 1 wrong result, 2 bad usage, 3 unsupported here, "
+           "4 out of device memory\n",
+           prog, attn_this_stage.name, attn_this_stage.adds, MIN_REPEATS, MIN_SECONDS,
+           attn_this_stage.variants);
+}
+
+static long long parse_int(const char *opt, const char *s, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        die_usage("%s: '%s' is not an integer in [%lld, %lld]", opt, s, lo, hi);
+    return v;
+}
+
+static double parse_pos(const char *opt, const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v > 0) || !isfinite(v))
+        die_usage("%s: '%s' is not a positive number", opt, s);
+    return v;
+}
+
+/* Index of `name` in the comma-separated list, or -1. */
+static int variant_index(const char *list, const char *name) {
+    size_t n = strlen(name);
+    int idx = 0;
+    for (const char *p = list; *p; idx++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return idx;
+        if (!e) break;
+        p = e + 1;
+    }
+    return -1;
+}
+
+static int variant_count(void) {
+    int n = 1;
+    for (const char *p = attn_this_stage.variants; *p; p++) n += *p == ',';
+    return n;
+}
+
+static void variant_name(int idx, char *buf, size_t len) {
+    const char *p = attn_this_stage.variants;
+    for (int i = 0; i < idx && p; i++) {
+        p = strchr(p, ',');
+        if (p) p++;
+    }
+    const char *e = p ? strchr(p, ',') : NULL;
+    size_t n = p ? (e ? (size_t)(e - p) : strlen(p)) : 0;
+    if (n >= len) n = len - 1;
+    memcpy(buf, p ? p : "", n);
+    buf[n] = 0;
+}
+
+static void parse_args(int argc, char **argv, options *o) {
+    memset(o, 0, sizeof *o);
+    o->shape = (attn_shape){1, 1, 1024, 128, 0, 0.0f};
+    o->seed = 1;
+    o->check_rows = 64;
+    o->budget_s = 60.0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDS_VALUE                                                                               \
+    do {                                                                                          \
+        if (!v) die_usage("%s needs a value", a);                                                 \
+        i++;                                                                                      \
+    } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage();
+            exit(EXIT_PASS);
+        } else if (!strcmp(a, "--batch")) {
+            NEEDS_VALUE;
+            o->shape.B = (int)parse_int(a, v, 1, 65535);
+            o->given_B = 1;
+        } else if (!strcmp(a, "--heads")) {
+            NEEDS_VALUE;
+            o->shape.H = (int)parse_int(a, v, 1, 65535);
+            o->given_H = 1;
+        } else if (!strcmp(a, "--seq")) {
+            NEEDS_VALUE;
+            o->shape.N = (int)parse_int(a, v, 1, 1 << 30);
+            o->given_N = 1;
+        } else if (!strcmp(a, "--dim")) {
+            NEEDS_VALUE;
+            o->shape.D = (int)parse_int(a, v, 1, 1 << 20);
+            o->given_D = 1;
+        } else if (!strcmp(a, "--causal")) {
+            o->shape.causal = 1;
+        } else if (!strcmp(a, "--scale")) {
+            NEEDS_VALUE;
+            o->shape.scale = (float)parse_pos(a, v);
+            o->given_scale = 1;
+        } else if (!strcmp(a, "--seed")) {
+            NEEDS_VALUE;
+            o->seed = (uint64_t)parse_int(a, v, 0, INT64_MAX);
+        } else if (!strcmp(a, "--dist")) {
+            NEEDS_VALUE;
+            if (!strcmp(v, "normal")) o->peaky = 0;
+            else if (!strcmp(v, "peaky")) o->peaky = 1;
+            else die_usage("--dist: '%s' is not one of normal, peaky", v);
+        } else if (!strcmp(a, "--q")) {
+            NEEDS_VALUE;
+            o->qpath = v;
+        } else if (!strcmp(a, "--k")) {
+            NEEDS_VALUE;
+            o->kpath = v;
+        } else if (!strcmp(a, "--v")) {
+            NEEDS_VALUE;
+            o->vpath = v;
+        } else if (!strcmp(a, "--out")) {
+            NEEDS_VALUE;
+            o->outpath = v;
+        } else if (!strcmp(a, "--lse")) {
+            NEEDS_VALUE;
+            o->lsepath = v;
+        } else if (!strcmp(a, "--check")) {
+            NEEDS_VALUE;
+            o->check_rows = !strcmp(v, "all") ? -1 : parse_int(a, v, 0, INT64_MAX);
+        } else if (!strcmp(a, "--bench")) {
+            o->bench = 1;
+        } else if (!strcmp(a, "--budget")) {
+            NEEDS_VALUE;
+            o->budget_s = parse_pos(a, v);
+        } else if (!strcmp(a, "--csv")) {
+            o->csv = 1;
+        } else if (!strcmp(a, "--variant")) {
+            NEEDS_VALUE;
+            o->variant = variant_index(attn_this_stage.variants, v);
+            if (o->variant < 0)
+                die_usage("--variant: '%s' is not one of %s", v, attn_this_stage.variants);
+            o->variant_given = 1;
+        } else if (!strcmp(a, "--smem-limit")) {
+            NEEDS_VALUE;
+            o->smem_limit = parse_int(a, v, 16384, 1 << 30);
+        } else if (!strcmp(a, "--self-test")) {
+            o->self_test = 1;
+        } else {
+            die_usage("unknown option '%s'", a);
+        }
+#undef NEEDS_VALUE
+    }
+}
+
+/* ---- inputs ---- */
+
+/* Reads one of Q/K/V: must be 4-D; its shape becomes the run's shape unless options set it. */
+static float *load_npy(const char *opt, const char *path, options *o) {
+    npy_array a;
+    char err[512];
+    if (npy_read(path, &a, err, sizeof err) != 0) die_usage("%s: %s", opt, err);
+    if (a.ndim != 4) die_usage("%s: '%s' has %d dimensions, want 4 [B, H, N, D]", opt, path, a.ndim);
+    long long want[4] = {o->shape.B, o->shape.H, o->shape.N, o->shape.D};
+    int given[4] = {o->given_B, o->given_H, o->given_N, o->given_D};
+    const char *names[4] = {"B (--batch)", "H (--heads)", "N (--seq)", "D (--dim)"};
+    for (int d = 0; d < 4; d++) {
+        if (given[d] && a.shape[d] != want[d])
+            die_usage("%s: '%s' has %s = %lld, want %lld", opt, path, names[d], a.shape[d],
+                      want[d]);
+        if (a.shape[d] < 1 || a.shape[d] > (d == 2 ? (1 << 30) : 65535))
+            die_usage("%s: '%s' has %s = %lld, out of range", opt, path, names[d], a.shape[d]);
+    }
+    o->shape.B = (int)a.shape[0], o->shape.H = (int)a.shape[1];
+    o->shape.N = (int)a.shape[2], o->shape.D = (int)a.shape[3];
+    o->given_B = o->given_H = o->given_N = o->given_D = 1;
+    size_t n = npy_count(&a);
+    float *f = malloc(n * sizeof(float));
+    if (!f) die_usage("%s: out of host memory", opt);
+    for (size_t x = 0; x < n; x++)
+        f[x] = a.dtype == NPY_F32 ? ((float *)a.data)[x] : f16_to_f32(((uint16_t *)a.data)[x]);
+    free(a.data);
+    return f;
+}
+
+static size_t elems_of(const attn_shape *s) { return (size_t)s->B * s->H * s->N * s->D; }
+
+/* Makes the stored inputs: from files where given, else random; rounded to the storage type. */
+static int make_inputs(const options *o, float *fileq, float *filek, float *filev,
+                       host_inputs *in) {
+    const attn_shape *s = &o->shape;
+    size_t n = elems_of(s);
+    float *src[3] = {fileq, filek, filev};
+    float **dst[3] = {&in->Qf, &in->Kf, &in->Vf};
+    void **st[3] = {&in->Qs, &in->Ks, &in->Vs};
+    for (int t = 0; t < 3; t++) {
+        float *f = src[t] ? src[t] : malloc(n * sizeof(float));
+        if (!f) return -1;
+        if (!src[t]) fill_normal(f, n, o->seed, (uint32_t)t, (t == 0 && o->peaky) ? 8.0f : 1.0f);
+        if (attn_this_stage.dtype == ATTN_F16) {
+            uint16_t *h = malloc(n * sizeof(uint16_t));
+            if (!h) return -1;
+#pragma omp parallel for schedule(static)
+            for (long long x = 0; x < (long long)n; x++) {
+                h[x] = f32_to_f16(f[x]);
+                f[x] = f16_to_f32(h[x]);
+            }
+            *st[t] = h;
+        } else {
+            *st[t] = f;
+        }
+        *dst[t] = f;
+    }
+    return 0;
+}
+
+static void free_inputs(host_inputs *in) {
+    if (attn_this_stage.dtype == ATTN_F16) free(in->Qs), free(in->Ks), free(in->Vs);
+    free(in->Qf), free(in->Kf), free(in->Vf);
+    memset(in, 0, sizeof *in);
+}
+
+/* ---- device ---- */
+
+typedef struct {
+    attn_device dev;
+    char name[256];
+    void *flush; /* written before every timed launch so no run starts with a warm L2 */
+    size_t flush_bytes;
+    cudaStream_t stream;
+    cudaEvent_t start, stop;
+} gpu_ctx;
+
+static int gpu_init(const options *o, gpu_ctx *g) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        fprintf(stderr, "%s: no CUDA device here (%s)\n", prog,
+                e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+        return -1;
+    }
+    struct cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    snprintf(g->name, sizeof g->name, "%s", p.name);
+    for (char *c = g->name; *c; c++)
+        if (*c == ',') *c = ' ';
+    g->dev.cc = p.major * 10 + p.minor;
+    g->dev.smem_per_block = p.sharedMemPerBlockOptin;
+    g->dev.sm_count = p.multiProcessorCount;
+    if (o->smem_limit > 0 && (size_t)o->smem_limit < g->dev.smem_per_block)
+        g->dev.smem_per_block = (size_t)o->smem_limit;
+    g->flush_bytes = 2 * (size_t)p.l2CacheSize;
+    if (g->flush_bytes < ((size_t)64 << 20)) g->flush_bytes = (size_t)64 << 20;
+    CUDA_CHECK(cudaMalloc(&g->flush, g->flush_bytes));
+    CUDA_CHECK(cudaStreamCreate(&g->stream));
+    CUDA_CHECK(cudaEventCreate(&g->start));
+    CUDA_CHECK(cudaEventCreate(&g->stop));
+    return 0;
+}
+
+/* cudaMalloc that reports, rather than dies, when the device is out of memory. */
+static int dev_alloc(void **p, size_t bytes, const char *what, double *total_mb) {
+    *p = NULL;
+    if (bytes == 0) return 0;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        (void)cudaMemGetInfo(&fr, &tot);
+        fprintf(stderr, "%s: out of device memory: %s needs %.0f MiB, %.0f MiB of %.0f MiB free\n",
+                prog, what, bytes / 1048576.0, fr / 1048576.0, tot / 1048576.0);
+        *p = NULL;
+        return -1;
+    }
+    CUDA_CHECK(e);
+    *total_mb += bytes / 1048576.0;
+    return 0;
+}
+
+static double timed_launch(gpu_ctx *g, const options *o, void *const bufs[6]) {
+    CUDA_CHECK(cudaMemsetAsync(g->flush, 0, g->flush_bytes, g->stream));
+    CUDA_CHECK(cudaEventRecord(g->start, g->stream));
+    CUDA_CHECK(attn_this_stage.forward(&o->shape, &g->dev, bufs[0], bufs[1], bufs[2], bufs[3],
+                                       (float *)bufs[4], bufs[5], o->variant, g->stream));
+    CUDA_CHECK(cudaEventRecord(g->stop, g->stream));
+    CUDA_CHECK(cudaEventSynchronize(g->stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, g->start, g->stop));
+    return ms;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One run: allocate, run once on poisoned output, check, then time. Returns an exit code. */
+static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_result *r) {
+    const attn_shape *s = &o->shape;
+    memset(r, 0, sizeof *r);
+    r->status = "ok";
+    const char *why = attn_this_stage.unsupported(s, &g->dev, o->variant);
+    if (why) {
+        fprintf(stderr, "%s: unsupported here: %s\n", prog, why);
+        r->status = "unsupported";
+        return EXIT_UNSUPPORTED;
+    }
+    const size_t n = elems_of(s), rows = (size_t)s->B * s->H * s->N;
+    const size_t esz = attn_this_stage.dtype == ATTN_F16 ? 2 : 4;
+    const size_t ws = attn_this_stage.workspace_bytes(s, &g->dev, o->variant);
+    void *b[6] = {0};
+    const char *what[6] = {"Q", "K", "V", "O", "lse", "workspace"};
+    size_t bytes[6] = {n * esz, n * esz, n * esz, n * esz, rows * sizeof(float), ws};
+    int rc = EXIT_PASS;
+    for (int i = 0; i < 6; i++) {
+        if (dev_alloc(&b[i], bytes[i], what[i], &r->device_mb) != 0) {
+            r->status = "OOM";
+            rc = EXIT_OOM;
+            goto done;
+        }
+    }
+    CUDA_CHECK(cudaMemcpy(b[0], in->Qs, bytes[0], cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b[1], in->Ks, bytes[1], cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b[2], in->Vs, bytes[2], cudaMemcpyHostToDevice));
+
+    /* first run: on NaN-poisoned output (0xff bytes are NaN in fp16 and fp32) */
+    CUDA_CHECK(cudaMemset(b[3], 0xff, bytes[3]));
+    CUDA_CHECK(cudaMemset(b[4], 0xff, bytes[4]));
+    double first_ms = timed_launch(g, o, b);
+    if (o->check_rows != 0 || o->outpath || o->lsepath) {
+        float *O = malloc(n * sizeof(float)), *lse = malloc(rows * sizeof(float));
+        void *raw = esz == 4 ? (void *)O : malloc(n * esz);
+        if (!O || !lse || !raw) {
+            fprintf(stderr, "%s: out of host memory for the output copy\n", prog);
+            exit(EXIT_WRONG);
+        }
+        CUDA_CHECK(cudaMemcpy(raw, b[3], bytes[3], cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(lse, b[4], bytes[4], cudaMemcpyDeviceToHost));
+        if (esz == 2) {
+#pragma omp parallel for schedule(static)
+            for (long long x = 0; x < (long long)n; x++) O[x] = f16_to_f32(((uint16_t *)raw)[x]);
+        }
+        char err[512];
+        long long shp[4] = {s->B, s->H, s->N, s->D};
+        if (o->outpath && npy_write(o->outpath, esz == 2 ? NPY_F16 : NPY_F32, 4, shp, raw, err,
+                                    sizeof err) != 0)
+            fprintf(stderr, "%s: --out: %s\n", prog, err), exit(EXIT_USAGE);
+        if (o->lsepath && npy_write(o->lsepath, NPY_F32, 3, shp, lse, err, sizeof err) != 0)
+            fprintf(stderr, "%s: --lse: %s\n", prog, err), exit(EXIT_USAGE);
+        if (o->check_rows != 0) {
+            long long want = o->check_rows;
+            long long *rl = malloc(sizeof(long long) * (want < 0 || (size_t)want > rows
+                                                             ? rows : (size_t)want));
+            long long nr = pick_rows((long long)rows, want, o->seed, rl);
+            ref_shape rs = {s->B, s->H, s->N, s->D, s->causal, (double)s->scale};
+            check_output(&rs, esz == 2, in->Qf, in->Kf, in->Vf, O, lse, rl, nr, &r->chk);
+            r->checked = 1;
+            free(rl);
+            if (!r->chk.pass) {
+                r->status = "FAIL";
+                rc = EXIT_WRONG;
+            }
+        }
+        if (raw != O) free(raw);
+        free(O), free(lse);
+    }
+    r->ms_median = r->ms_min = first_ms;
+    r->repeats = 1;
+    if (rc == EXIT_PASS && first_ms > o->budget_s * 1000.0) {
+        r->status = "over_budget";
+    } else if (rc == EXIT_PASS && o->bench) {
+        double *t = malloc(sizeof(double) * MAX_REPEATS), total = 0;
+        int k = 0;
+        if (first_ms < SLOW_MS) (void)timed_launch(g, o, b); /* warm-up */
+        while (k < MAX_REPEATS) {
+            t[k] = timed_launch(g, o, b);
+            total += t[k++];
+            if (t[0] > SLOW_MS ? k >= SLOW_REPEATS : (k >= MIN_REPEATS && total >= MIN_SECONDS * 1e3))
+                break;
+        }
+        qsort(t, (size_t)k, sizeof(double), cmp_double);
+        r->ms_median = k % 2 ? t[k / 2] : 0.5 * (t[k / 2 - 1] + t[k / 2]);
+        r->ms_min = t[0];
+        r->repeats = k;
+        free(t);
+    }
+    double flops = 4.0 * s->B * s->H * (double)s->N * s->N * s->D * (s->causal ? 0.5 : 1.0);
+    r->tflops = flops / (r->ms_median * 1e-3) / 1e12;
+done:
+    for (int i = 0; i < 6; i++)
+        if (b[i]) CUDA_CHECK(cudaFree(b[i]));
+    return rc;
+}
+
+static void print_csv(const options *o, const gpu_ctx *g, const run_result *r) {
+    char vname[64];
+    variant_name(o->variant, vname, sizeof vname);
+    const attn_shape *s = &o->shape;
+    printf(CSV_HEADER "\n%s,%s,%s,%d,%d,%d,%d,%d,%s,", g ? g->name : "none", attn_this_stage.name,
+           vname, s->B, s->H, s->N, s->D, s->causal,
+           attn_this_stage.dtype == ATTN_F16 ? "f16" : "f32");
+    int timed = !strcmp(r->status, "ok") || !strcmp(r->status, "over_budget");
+    if (timed)
+        printf("%.4f,%.4f,%d,%.3f,", r->ms_median, r->ms_min, r->repeats, r->tflops);
+    else
+        printf(",,,,");
+    if (r->checked)
+        printf("%.3g,%.3g,%.3g,%lld,", r->chk.max_abs_err, r->chk.rel_err, r->chk.lse_err,
+               r->chk.rows_checked);
+    else
+        printf(",,,0,");
+    printf("%.1f,%s\n", r->device_mb, r->status);
+    fflush(stdout);
+}
+
+static void describe(FILE *f, const options *o, const run_result *r) {
+    char vname[64];
+    variant_name(o->variant, vname, sizeof vname);
+    const attn_shape *s = &o->shape;
+    fprintf(f, "%s %s B=%d H=%d N=%d D=%d%s%s:", attn_this_stage.name, vname, s->B, s->H, s->N,
+            s->D, s->causal ? " causal" : "", o->peaky ? " peaky" : "");
+    if (!strcmp(r->status, "ok") || !strcmp(r->status, "over_budget"))
+        fprintf(f, " %.3f ms (%s of %d), %.1f TFLOP/s,", r->ms_median,
+                r->repeats > 1 ? "median" : "one run", r->repeats, r->tflops);
+    if (r->checked)
+        fprintf(f, " max_abs_err %.2e (bound %.2e), lse_err %.2e (bound %.1e), %lld rows,",
+                r->chk.max_abs_err, r->chk.bound, r->chk.lse_err, r->chk.lse_bound,
+                r->chk.rows_checked);
+    if (r->checked && r->chk.nonfinite) fprintf(f, " %lld NaN/Inf,", r->chk.nonfinite);
+    fprintf(f, " %s\n", r->status);
+}
+
+/* ---- the standard matrix ---- */
+
+static int self_test(const options *base, gpu_ctx *g) {
+    static const int Ns[] = {1, 2, 17, 63, 64, 65, 127, 128, 129, 255, 1000, 1024, 2047, 4097};
+    static const int Ds[] = {64, 128};
+    static const int BH[][2] = {{1, 1}, {2, 3}};
+    int passed = 0, failed = 0, nv = variant_count();
+    uint64_t case_no = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int v = 0; v < nv; v++) {
+        if (base->variant_given && v != base->variant) continue;
+        char vname[64];
+        variant_name(v, vname, sizeof vname);
+        int vp = 0, vf = 0;
+        for (int di = 0; di < 2; di++)
+            for (int causal = 0; causal < 2; causal++)
+                for (int bh = 0; bh < 2; bh++)
+                    for (int peaky = 0; peaky < 2; peaky++)
+                        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+                            options o = *base;
+                            o.shape = (attn_shape){BH[bh][0], BH[bh][1], Ns[ni], Ds[di], causal,
+                                                   1.0f / sqrtf((float)Ds[di])};
+                            o.variant = v;
+                            o.peaky = peaky;
+                            o.bench = 0;
+                            o.seed = base->seed * 1000003ull + case_no++;
+                            long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
+                            o.check_rows = rows <= SELF_TEST_FULL_ROWS ? -1 : SELF_TEST_SAMPLE;
+                            host_inputs in;
+                            if (make_inputs(&o, NULL, NULL, NULL, &in) != 0) {
+                                fprintf(stderr, "%s: out of host memory\n", prog);
+                                return EXIT_WRONG;
+                            }
+                            run_result r;
+                            int rc = run_case(&o, g, &in, &r);
+                            free_inputs(&in);
+                            if (rc == EXIT_PASS) {
+                                vp++;
+                            } else {
+                                vf++;
+                                fprintf(stderr, "FAILED: ");
+                                describe(stderr, &o, &r);
+                            }
+                        }
+        printf("%s variant %s: %d passed, %d failed\n", attn_this_stage.name, vname, vp, vf);
+        passed += vp, failed += vf;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("%s self-test on %s (smem/block %zu): %.1f s\n", attn_this_stage.name, g->name,
+           g->dev.smem_per_block, (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec));
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? EXIT_WRONG : EXIT_PASS;
+}
+
+int main(int argc, char **argv) {
+    const char *slash = strrchr(argv[0], '/');
+    prog = slash ? slash + 1 : argv[0];
+    options o;
+    parse_args(argc, argv, &o);
+    float *fq = o.qpath ? load_npy("--q", o.qpath, &o) : NULL;
+    float *fk = o.kpath ? load_npy("--k", o.kpath, &o) : NULL;
+    float *fv = o.vpath ? load_npy("--v", o.vpath, &o) : NULL;
+    attn_shape *s = &o.shape;
+    if (s->D != 64 && s->D != 128) die_usage("--dim: %d is not supported (64 or 128)", s->D);
+    if ((long long)s->B * s->H > 65535)
+        die_usage("--batch x --heads: %lld is over 65535", (long long)s->B * s->H);
+    if (!o.given_scale) s->scale = 1.0f / sqrtf((float)s->D);
+    if (o.self_test && (o.qpath || o.kpath || o.vpath || o.outpath || o.lsepath))
+        die_usage("--self-test makes its own inputs; it takes no --q/--k/--v/--out/--lse");
+
+    gpu_ctx g;
+    memset(&g, 0, sizeof g);
+    if (gpu_init(&o, &g) != 0) {
+        if (o.csv) {
+            run_result r = {.status = "unsupported"};
+            print_csv(&o, NULL, &r);
+        }
+        return EXIT_UNSUPPORTED;
+    }
+    if (o.self_test) return self_test(&o, &g);
+
+    host_inputs in;
+    if (make_inputs(&o, fq, fk, fv, &in) != 0) {
+        fprintf(stderr, "%s: out of host memory for the inputs\n", prog);
+        return EXIT_WRONG;
+    }
+    run_result r;
+    int rc = run_case(&o, &g, &in, &r);
+    if (!strcmp(r.status, "FAIL"))
+        fprintf(stderr, "%s: FAIL: output differs from the float64 reference\n", prog);
+    describe(o.csv ? stderr : stdout, &o, &r);
+    if (o.csv) print_csv(&o, &g, &r);
+    free_inputs(&in);
+    return rc;
+}

@@ -1,0 +1,173 @@
+/*
+ * reference.c: everything the checker trusts. Host fp16 conversion, the input generator,
+ * the float64 reference for chosen rows, and the pass rule.
+ *
+ * The reference sees exactly the values the GPU saw (inputs already rounded to the stage's
+ * storage type) and takes all N keys of a checked row (or its causal prefix) in float64, so
+ * a few dozen rows at N = 262,144 cost about a second. Every element of O and lse is scanned
+ * for NaN/Inf: the host poisons both with NaN before a checked run, so unwritten output fails.
+ *
+ * Pass rule, fp16 storage: max|O - O_ref| <= 2 * max|O_f16ref - O_ref| + CHECK_F16_FLOOR, where
+ * O_f16ref is the float64 computation with P rounded to fp16 before PV and O rounded to fp16:
+ * the error a correct fp16 kernel makes (FlashAttention's own tests use this rule).
+ * fp32 storage: max|O - O_ref| <= CHECK_F32_TOL * (1 + max|O_ref|). LSE in both cases.
+ */
+#include "common.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf, or NaN kept quiet */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+    if (ax < 0x38800000u) {                                    /* below 2^-14: subnormal */
+        if (ax <= 0x33000000u) return (uint16_t)sign;          /* <= 2^-25 rounds to 0 */
+        uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - (ax >> 23); /* value = mant * 2^(e-150); unit 2^-24 */
+        uint32_t r = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu; /* rebias 127 -> 15 */
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+}
+
+float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+    if (e == 0) {
+        float v = ldexpf((float)m, -24);
+        memcpy(&x, &v, 4);
+        x |= sign;
+    } else if (e == 31) {
+        x = sign | 0x7f800000u | (m << 13);
+    } else {
+        x = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void fill_normal(float *x, size_t n, uint64_t seed, uint32_t stream, float mul) {
+    const uint64_t key = mix64(seed ^ ((uint64_t)stream << 56));
+    const long long pairs = (long long)((n + 1) / 2);
+#pragma omp parallel for schedule(static)
+    for (long long p = 0; p < pairs; p++) { /* Box-Muller on two 24-bit uniforms */
+        uint64_t a = mix64(key ^ mix64((uint64_t)p));
+        float u1 = (float)((a >> 40) + 1) * 0x1p-24f; /* (0, 1] */
+        float u2 = (float)(a & 0xffffffu) * 0x1p-24f; /* [0, 1) */
+        float r = sqrtf(-2.0f * logf(u1)) * mul, t = 6.283185307f * u2;
+        x[2 * p] = r * cosf(t);
+        if ((size_t)(2 * p + 1) < n) x[2 * p + 1] = r * sinf(t);
+    }
+}
+
+void ref_row(const ref_shape *s, const float *Q, const float *K, const float *V, long long bh,
+             long long i, double *o_exact, double *o_f16, double *lse, double *scratch) {
+    const long long N = s->N, D = s->D;
+    const float *q = Q + (bh * N + i) * D;  /* [D] */
+    const float *Kb = K + bh * N * D;       /* [N, D] */
+    const float *Vb = V + bh * N * D;       /* [N, D] */
+    const long long keys = s->causal ? i + 1 : N;
+    double m = -INFINITY;
+    for (long long j = 0; j < keys; j++) {
+        double dot = 0.0;
+        for (long long d = 0; d < D; d++) dot += (double)q[d] * (double)Kb[j * D + d];
+        scratch[j] = dot * s->scale;
+        if (scratch[j] > m) m = scratch[j];
+    }
+    for (long long d = 0; d < D; d++) {
+        o_exact[d] = 0.0;
+        if (o_f16) o_f16[d] = 0.0;
+    }
+    double l = 0.0;
+    for (long long j = 0; j < keys; j++) {
+        double p = exp(scratch[j] - m), p16 = round_f16((float)p);
+        const float *v = Vb + j * D;
+        l += p;
+        for (long long d = 0; d < D; d++) o_exact[d] += p * (double)v[d];
+        if (o_f16)
+            for (long long d = 0; d < D; d++) o_f16[d] += p16 * (double)v[d];
+    }
+    for (long long d = 0; d < D; d++) {
+        o_exact[d] /= l;
+        if (o_f16) o_f16[d] = round_f16((float)(o_f16[d] / l));
+    }
+    *lse = m + log(l);
+}
+
+long long pick_rows(long long total, long long want, uint64_t seed, long long *rows) {
+    if (want < 0 || want >= total) {
+        for (long long r = 0; r < total; r++) rows[r] = r;
+        return total;
+    }
+    if (want == 0) return 0;
+    rows[0] = 0;
+    if (want == 1) return 1;
+    rows[want - 1] = total - 1;
+    for (long long k = 1; k < want - 1; k++) { /* one row from each of want-2 equal bins */
+        long long lo = 1 + (k - 1) * (total - 2) / (want - 2);
+        long long hi = 1 + k * (total - 2) / (want - 2);
+        rows[k] = lo + (long long)(mix64(seed ^ (uint64_t)k) % (uint64_t)(hi - lo));
+    }
+    return want;
+}
+
+void check_output(const ref_shape *s, int f16, const float *Q, const float *K, const float *V,
+                  const float *O, const float *lse, const long long *rows, long long nrows,
+                  check_result *r) {
+    const long long N = s->N, D = s->D, total = (long long)s->B * s->H * N;
+    long long nonfinite = 0;
+#pragma omp parallel for reduction(+ : nonfinite) schedule(static)
+    for (long long x = 0; x < total * D; x++) nonfinite += !isfinite(O[x]);
+#pragma omp parallel for reduction(+ : nonfinite) schedule(static)
+    for (long long x = 0; x < total; x++) nonfinite += !isfinite(lse[x]);
+
+    double max_err = 0, f16_err = 0, lse_err = 0, max_ref = 0, sq_err = 0, sq_ref = 0;
+#pragma omp parallel reduction(max : max_err, f16_err, lse_err, max_ref) \
+    reduction(+ : sq_err, sq_ref)
+    {
+        double *scratch = malloc(sizeof(double) * (size_t)(N + 2 * D));
+        double *oe = scratch + N, *of = oe + D;
+#pragma omp for schedule(dynamic, 1)
+        for (long long k = 0; k < nrows; k++) {
+            long long bh = rows[k] / N, i = rows[k] % N;
+            double l_ref;
+            ref_row(s, Q, K, V, bh, i, oe, f16 ? of : NULL, &l_ref, scratch);
+            const float *o = O + rows[k] * D;
+            for (long long d = 0; d < D; d++) {
+                double e = fabs((double)o[d] - oe[d]);
+                if (!(e <= max_err)) max_err = isnan(e) ? INFINITY : e;
+                sq_err += isfinite(e) ? e * e : INFINITY;
+                sq_ref += oe[d] * oe[d];
+                if (fabs(oe[d]) > max_ref) max_ref = fabs(oe[d]);
+                if (f16 && fabs(of[d] - oe[d]) > f16_err) f16_err = fabs(of[d] - oe[d]);
+            }
+            double le = fabs((double)lse[rows[k]] - l_ref) / (1.0 + fabs(l_ref));
+            if (!(le <= lse_err)) lse_err = isnan(le) ? INFINITY : le;
+        }
+        free(scratch);
+    }
+    r->max_abs_err = max_err;
+    r->rel_err = sq_ref > 0 ? sqrt(sq_err / sq_ref) : sqrt(sq_err);
+    r->lse_err = lse_err;
+    r->f16_err = f16_err;
+    r->bound = f16 ? 2.0 * f16_err + CHECK_F16_FLOOR : CHECK_F32_TOL * (1.0 + max_ref);
+    r->lse_bound = f16 ? CHECK_LSE_F16 : CHECK_LSE_F32;
+    r->rows_checked = nrows;
+    r->nonfinite = nonfinite;
+    r->pass = nonfinite == 0 && max_err <= r->bound && lse_err <= r->lse_bound;
+}

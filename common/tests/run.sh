@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The test suite behind `make test`: CPU unit tests, bad options, the no-spill check, the
+# plot/table/sweep tests, and, when a GPU is present, every stage's --self-test.
+# Ends with one line "N passed, M failed" summing every part.
+# usage: run.sh BUILD_DIR
+set -u
+dir=$1
+cd "$(dirname "$0")/../.."
+stages=$(ls -d stage[0-9]*/ 2>/dev/null | tr -d / | sort)
+passed=0 failed=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+part() { # part NAME COMMAND...: runs it, adds its "N passed, M failed" (or 1/0) to the total
+  local name=$1; shift
+  echo "== $name"
+  "$@" >"$tmp/out" 2>&1
+  local rc=$?
+  cat "$tmp/out"
+  local line; line=$(grep -oE '[0-9]+ passed, [0-9]+ failed' "$tmp/out" | tail -n 1)
+  if [ -n "$line" ]; then
+    local p f
+    p=$(awk '{print $1}' <<<"$line")
+    f=$(awk '{print $3}' <<<"$line")
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    passed=$((passed + p)) failed=$((failed + f))
+  elif [ "$rc" -eq 0 ]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1)); echo "FAILED: $name (exit $rc)"
+  fi
+}
+
+part "CPU unit tests" "$dir/test_common" "$tmp"
+"$dir/test_common" --fixtures "$tmp" || failed=$((failed + 1))
+for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$dir/$s" "$tmp"; done
+part "no spills, no stack frame (stages 1-5)" bash common/tests/check_spills.sh "$dir" $stages
+if [ -f plots/tests/run.sh ]; then part "sweep, plots and tables" bash plots/tests/run.sh; fi
+if nvidia-smi -L >/dev/null 2>&1; then
+  for s in $stages; do part "$s --self-test" "$dir/$s" --self-test; done
+else
+  echo "== no GPU here: stage self-tests not run (make check runs them on a GPU)"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# compute-sanitizer (memcheck, racecheck, synccheck) on small shapes: tails, both head dims,
+# causal, every variant of every stage. Any reported error fails.
+# usage: sanitize.sh BUILD_DIR "TOOLS" STAGE...
+set -u
+dir=$1 tools=$2; shift 2
+passed=0 failed=0
+shapes=("--seq 77 --dim 64 --batch 1 --heads 2 --causal" "--seq 130 --dim 128" "--seq 200 --dim 128 --causal --dist peaky")
+for s in "$@"; do
+  variants=$("$dir/$s" --help | sed -n 's/.*--variant NAME *one of: //p' | tr ',' ' ')
+  for v in $variants; do
+    for t in $tools; do
+      for sh in "${shapes[@]}"; do
+        # shellcheck disable=SC2086
+        out=$(compute-sanitizer --tool "$t" --error-exitcode 9 "$dir/$s" $sh --variant "$v" --check all 2>&1)
+        rc=$?
+        if [ $rc -eq 0 ] && ! grep -q "ERROR SUMMARY: [1-9]" <<<"$out"; then
+          passed=$((passed + 1))
+        else
+          failed=$((failed + 1))
+          echo "FAILED: $t $s --variant $v $sh (exit $rc)"
+          grep -E "ERROR SUMMARY|Error|error|Invalid|Race|hazard" <<<"$out" | head -8
+        fi
+      done
+    done
+  done
+  echo "$s: sanitized"
+done
+echo "sanitize: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,277 @@
+/*
+ * test_common.c: CPU unit tests of the checker, the generator, fp16 conversion and .npy I/O.
+ * No GPU needed. `test_common --fixtures DIR` writes the .npy files bad_options.sh feeds the
+ * program (good, wrong rank, wrong dtype, wrong shape, truncated).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "common.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int passed, failed;
+
+#define EXPECT(cond, ...)                                                                         \
+    do {                                                                                          \
+        if (cond) {                                                                               \
+            passed++;                                                                             \
+        } else {                                                                                  \
+            failed++;                                                                             \
+            printf("FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);                              \
+            printf(__VA_ARGS__);                                                                  \
+            printf("\n");                                                                         \
+        }                                                                                         \
+    } while (0)
+
+static void test_fp16(void) {
+    EXPECT(f32_to_f16(1.0f) == 0x3c00, "1.0");
+    EXPECT(f32_to_f16(-2.0f) == 0xc000, "-2.0");
+    EXPECT(f32_to_f16(65504.0f) == 0x7bff, "max half");
+    EXPECT(f32_to_f16(65519.0f) == 0x7bff, "rounds down to max");
+    EXPECT(f32_to_f16(65520.0f) == 0x7c00, "rounds to inf");
+    EXPECT(f32_to_f16(ldexpf(1, -24)) == 0x0001, "smallest subnormal");
+    EXPECT(f32_to_f16(ldexpf(1, -25)) == 0x0000, "half of it ties to even (0)");
+    EXPECT(f32_to_f16(ldexpf(3, -26)) == 0x0001, "0.75 ulp rounds up");
+    EXPECT(f32_to_f16(ldexpf(3, -25)) == 0x0002, "1.5 ulp ties to even (2)");
+    EXPECT(f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even, down");
+    EXPECT(f32_to_f16(1.0f + ldexpf(3, -11)) == 0x3c02, "tie to even, up");
+    EXPECT(f32_to_f16(ldexpf(1023, -24)) == 0x03ff, "largest subnormal");
+    EXPECT(isnan(f16_to_f32(f32_to_f16(NAN))), "NaN stays NaN");
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue; /* NaN payloads */
+        if (f32_to_f16(f16_to_f32((uint16_t)h)) != h) bad++;
+    }
+    EXPECT(bad == 0, "%d of 65536 halves do not round-trip", bad);
+}
+
+static void test_generator(void) {
+    size_t n = 200001;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    fill_normal(x, n, 7, 0, 1.0f);
+    fill_normal(y, n, 7, 0, 1.0f);
+    double mean = 0, var = 0;
+    int same = 1;
+    for (size_t i = 0; i < n; i++) mean += x[i], same &= x[i] == y[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    var /= (double)n;
+    EXPECT(same, "same seed, same numbers");
+    EXPECT(fabs(mean) < 0.01 && fabs(var - 1) < 0.02, "mean %g var %g", mean, var);
+    fill_normal(y, n, 7, 1, 1.0f);
+    EXPECT(x[0] != y[0] && x[1000] != y[1000], "another stream differs");
+    free(x), free(y);
+}
+
+static void test_reference_by_hand(void) {
+    /* one query, two keys, D = 1: s = (0, 1), O = (e^-1 * 1 + 1 * 3) / (1 + e^-1) */
+    ref_shape s = {1, 1, 2, 1, 0, 1.0};
+    float Q[2] = {1, 0}, K[2] = {0, 1}, V[2] = {1, 3};
+    double o, o16, lse, scratch[2];
+    ref_row(&s, Q, K, V, 0, 0, &o, &o16, &lse, scratch);
+    double e = exp(-1.0);
+    EXPECT(fabs(o - (e + 3) / (1 + e)) < 1e-14, "O = %.17g", o);
+    EXPECT(fabs(lse - log(1 + exp(1.0))) < 1e-14, "lse = %.17g", lse);
+    /* row 1: q = 0, both scores 0: plain mean of V, lse = log 2 */
+    ref_row(&s, Q, K, V, 0, 1, &o, &o16, &lse, scratch);
+    EXPECT(o == 2.0 && o16 == 2.0 && fabs(lse - log(2.0)) < 1e-15, "O = %g lse = %g", o, lse);
+    /* causal: row 1 sees keys 0..1, scale 2: s = (0, 2) */
+    s.causal = 1;
+    s.scale = 2.0;
+    ref_row(&s, Q, K, V, 0, 0, &o, NULL, &lse, scratch);
+    EXPECT(o == 1.0 && lse == 0.0, "causal row 0 = V[0]: O = %g lse = %g", o, lse);
+}
+
+static void test_causal_first_row(void) {
+    ref_shape s = {2, 3, 37, 64, 1, 0.125};
+    size_t n = (size_t)2 * 3 * 37 * 64;
+    float *Q = malloc(n * 4), *K = malloc(n * 4), *V = malloc(n * 4);
+    fill_normal(Q, n, 3, 0, 8.0f), fill_normal(K, n, 3, 1, 1.0f), fill_normal(V, n, 3, 2, 1.0f);
+    for (size_t x = 0; x < n; x++) V[x] = round_f16(V[x]); /* stored fp16: O_f16ref exact too */
+    double o[64], o16[64], lse, scratch[37];
+    int bad = 0;
+    for (long long bh = 0; bh < 6; bh++) {
+        ref_row(&s, Q, K, V, bh, 0, o, o16, &lse, scratch);
+        double dot = 0;
+        for (int d = 0; d < 64; d++) dot += (double)Q[bh * 37 * 64 + d] * K[bh * 37 * 64 + d];
+        for (int d = 0; d < 64; d++) bad += o[d] != V[bh * 37 * 64 + d] || o16[d] != o[d];
+        bad += fabs(lse - dot * 0.125) > 1e-12;
+    }
+    EXPECT(bad == 0, "causal first row is V[0] in every head (%d mismatches)", bad);
+    free(Q), free(K), free(V);
+}
+
+static void test_pick_rows(void) {
+    long long rows[100];
+    long long n = pick_rows(1000, 10, 5, rows);
+    int ok = n == 10 && rows[0] == 0 && rows[9] == 999;
+    for (int i = 1; i < 10; i++) ok &= rows[i] > rows[i - 1];
+    EXPECT(ok, "first, last, increasing");
+    EXPECT(pick_rows(7, -1, 5, rows) == 7 && rows[6] == 6, "all rows");
+    EXPECT(pick_rows(7, 50, 5, rows) == 7, "more than there are: all");
+    EXPECT(pick_rows(7, 0, 5, rows) == 0, "none");
+}
+
+/* Builds an output from the reference (optionally with a mistake) and checks it. */
+typedef enum { RIGHT, NAN_UNCHECKED, SHIFTED_MASK, ROW_SWAP, SKIPPED_KEY } mistake;
+
+static int check_with(int f16, mistake m, int causal) {
+    ref_shape s = {1, 2, 97, 64, causal, 0.125};
+    size_t n = (size_t)2 * 97 * 64, rows = 2 * 97;
+    float *Q = malloc(n * 4), *K = malloc(n * 4), *V = malloc(n * 4), *O = malloc(n * 4);
+    float *lse = malloc(rows * 4);
+    fill_normal(Q, n, 11, 0, 1.0f), fill_normal(K, n, 11, 1, 1.0f), fill_normal(V, n, 11, 2, 1.0f);
+    if (f16)
+        for (size_t x = 0; x < n; x++)
+            Q[x] = round_f16(Q[x]), K[x] = round_f16(K[x]), V[x] = round_f16(V[x]);
+    double o[64], o16[64], l, scratch[97];
+    for (long long r = 0; r < (long long)rows; r++) {
+        ref_shape t = s;
+        long long bh = r / 97, i = r % 97;
+        if (m == SHIFTED_MASK && causal) { /* off by one: row i also sees key i+1 */
+            if (i + 1 < 97) {
+                t.causal = 0;
+                t.N = (int)(i + 2);
+                /* rows of a shorter sequence: same K, V prefix, but Q row index i */
+                float *Qs = malloc((size_t)(i + 2) * 64 * 4), *Ks = malloc((size_t)(i + 2) * 64 * 4);
+                float *Vs = malloc((size_t)(i + 2) * 64 * 4);
+                memcpy(Qs, Q + (bh * 97) * 64, (size_t)(i + 2) * 64 * 4);
+                memcpy(Ks, K + (bh * 97) * 64, (size_t)(i + 2) * 64 * 4);
+                memcpy(Vs, V + (bh * 97) * 64, (size_t)(i + 2) * 64 * 4);
+                ref_row(&t, Qs, Ks, Vs, 0, i, o, o16, &l, scratch);
+                free(Qs), free(Ks), free(Vs);
+            } else {
+                ref_row(&t, Q, K, V, bh, i, o, o16, &l, scratch);
+            }
+        } else if (m == ROW_SWAP && i > 0) {
+            ref_row(&t, Q, K, V, bh, i - 1, o, o16, &l, scratch);
+        } else if (m == SKIPPED_KEY) { /* key 0 left out of every row but the first */
+            ref_row(&t, Q, K, V, bh, i, o, o16, &l, scratch);
+            if (i > 0) {
+                ref_shape u = t;
+                u.N = (int)(97 - 1);
+                /* drop key 0 by shifting K and V by one row */
+                float *Ks = K + bh * 97 * 64 + 64, *Vs = V + bh * 97 * 64 + 64;
+                float *Kt = malloc(97 * 64 * 4), *Vt = malloc(97 * 64 * 4), *Qt = malloc(97 * 64 * 4);
+                memcpy(Kt, Ks, 96 * 64 * 4), memcpy(Vt, Vs, 96 * 64 * 4);
+                memcpy(Qt + 64, Q + (bh * 97 + i) * 64, 64 * 4);
+                ref_row(&u, Qt, Kt, Vt, 0, causal ? i - 1 : 1, o, o16, &l, scratch);
+                free(Kt), free(Vt), free(Qt);
+            }
+        } else {
+            ref_row(&t, Q, K, V, bh, i, o, o16, &l, scratch);
+        }
+        for (int d = 0; d < 64; d++) O[r * 64 + d] = (float)(f16 ? o16[d] : o[d]);
+        lse[r] = (float)l;
+    }
+    long long picked[2 * 97]; /* a right answer is checked at every row, mistakes at a sample */
+    long long np = pick_rows((long long)rows, m == RIGHT ? -1 : 8, 1, picked);
+    if (m == NAN_UNCHECKED) { /* poison an element of a row that is not checked */
+        long long r = picked[1] + 1;
+        O[r * 64 + 5] = NAN;
+    }
+    check_result c;
+    check_output(&s, f16, Q, K, V, O, lse, picked, np, &c);
+    free(Q), free(K), free(V), free(O), free(lse);
+    return c.pass;
+}
+
+static void test_pass_rule(void) {
+    for (int f16 = 0; f16 < 2; f16++) {
+        for (int causal = 0; causal < 2; causal++) {
+            EXPECT(check_with(f16, RIGHT, causal), "f16=%d causal=%d: right answer passes", f16,
+                   causal);
+            EXPECT(!check_with(f16, NAN_UNCHECKED, causal),
+                   "f16=%d causal=%d: NaN in an unchecked row fails", f16, causal);
+            EXPECT(!check_with(f16, ROW_SWAP, causal), "f16=%d causal=%d: row i-1 fails", f16,
+                   causal);
+            EXPECT(!check_with(f16, SKIPPED_KEY, causal), "f16=%d causal=%d: a skipped key fails",
+                   f16, causal);
+        }
+        EXPECT(!check_with(f16, SHIFTED_MASK, 1), "f16=%d: causal mask off by one fails", f16);
+    }
+}
+
+static void test_npy(const char *dir) {
+    char path[512], err[256];
+    long long shp[4] = {2, 1, 3, 4};
+    float f[24];
+    uint16_t h[24];
+    for (int i = 0; i < 24; i++) f[i] = (float)i * 0.5f - 3, h[i] = f32_to_f16(f[i]);
+    snprintf(path, sizeof path, "%s/rt32.npy", dir);
+    EXPECT(npy_write(path, NPY_F32, 4, shp, f, err, sizeof err) == 0, "%s", err);
+    npy_array a;
+    int rc = npy_read(path, &a, err, sizeof err);
+    EXPECT(rc == 0 && a.dtype == NPY_F32 && a.ndim == 4 && a.shape[2] == 3 &&
+               memcmp(a.data, f, sizeof f) == 0,
+           "f32 round trip: %s", rc ? err : "content differs");
+    if (rc == 0) free(a.data);
+    snprintf(path, sizeof path, "%s/rt16.npy", dir);
+    long long shp1[1] = {24};
+    EXPECT(npy_write(path, NPY_F16, 1, shp1, h, err, sizeof err) == 0, "%s", err);
+    rc = npy_read(path, &a, err, sizeof err);
+    EXPECT(rc == 0 && a.dtype == NPY_F16 && a.ndim == 1 && a.shape[0] == 24 &&
+               memcmp(a.data, h, sizeof h) == 0,
+           "f16 round trip: %s", rc ? err : "content differs");
+    if (rc == 0) free(a.data);
+    snprintf(path, sizeof path, "%s/missing.npy", dir);
+    EXPECT(npy_read(path, &a, err, sizeof err) != 0 && strstr(err, "cannot open"), "missing: %s",
+           err);
+}
+
+/* Raw header with any descr, for the wrong-dtype fixture. */
+static void write_raw(const char *path, const char *descr, const char *shape, size_t bytes) {
+    char dict[128];
+    int len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+                       descr, shape);
+    size_t hlen = (size_t)len + 1 + (64 - (10 + (size_t)len + 1) % 64) % 64;
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)hlen, 0};
+    fwrite(pre, 1, 10, f);
+    fwrite(dict, 1, (size_t)len, f);
+    for (size_t i = (size_t)len; i + 1 < hlen; i++) fputc(' ', f);
+    fputc('\n', f);
+    for (size_t i = 0; i < bytes; i++) fputc(0, f);
+    fclose(f);
+}
+
+static int fixtures(const char *dir) {
+    char p[512], err[256];
+    size_t n = 16 * 64;
+    float *x = calloc(n, sizeof(float));
+    long long good[4] = {1, 1, 16, 64}, rank3[3] = {1, 16, 64}, dim32[4] = {1, 1, 32, 32};
+    int rc = 0;
+    snprintf(p, sizeof p, "%s/good.npy", dir);
+    rc |= npy_write(p, NPY_F32, 4, good, x, err, sizeof err);
+    snprintf(p, sizeof p, "%s/rank3.npy", dir);
+    rc |= npy_write(p, NPY_F32, 3, rank3, x, err, sizeof err);
+    snprintf(p, sizeof p, "%s/dim32.npy", dir);
+    rc |= npy_write(p, NPY_F32, 4, dim32, x, err, sizeof err);
+    snprintf(p, sizeof p, "%s/int32.npy", dir);
+    write_raw(p, "<i4", "(1, 1, 16, 64)", n * 4);
+    snprintf(p, sizeof p, "%s/short.npy", dir);
+    write_raw(p, "<f4", "(1, 1, 16, 64)", n * 2);
+    snprintf(p, sizeof p, "%s/notnpy.npy", dir);
+    FILE *f = fopen(p, "w");
+    if (f) fputs("hello\n", f), fclose(f);
+    free(x);
+    if (rc) fprintf(stderr, "fixtures: %s\n", err);
+    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--fixtures")) return fixtures(argv[2]);
+    const char *dir = argc > 1 ? argv[1] : "/tmp";
+    test_fp16();
+    test_generator();
+    test_reference_by_hand();
+    test_causal_first_row();
+    test_pick_rows();
+    test_pass_rule();
+    test_npy(dir);
+    printf("test_common: %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
