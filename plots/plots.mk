@@ -1,0 +1,115 @@
+# plots/plots.mk: the main job's benchmark, plots and README tables. Included by the top-level
+# Makefile (run make from the repository root); it uses BUILD, the folder of the stage programs.
+#
+#   make bench        sweep every stage program in $(BUILD) into plots/<gpu>/results.csv
+#                     (needs an NVIDIA GPU; BUDGET=60 seconds per launch, QUICK=1: N <= 16k,
+#                     SWEEP_STAGES="0 3": only those stages)
+#   make plots        draw the PNGs from plots/<gpu>/results.csv into that folder; on a machine
+#                     without a GPU (or without results for it) from plots/$(REF_GPU)/
+#   make tables       rewrite the results tables of $(README) from the same CSV
+#   make test-plots   CPU tests of all of this (no GPU needed)
+#
+# <gpu> is the name nvidia-smi reports, lowercased, punctuation to '-', 'nvidia-' dropped:
+# "NVIDIA H100 80GB HBM3" -> h100-80gb-hbm3. PLOT_CSV=path draws/tabulates that CSV instead,
+# PLOT_DIR=dir puts the PNGs elsewhere, PEAK=TFLOP/s overrides the peak line of tflops.png.
+
+BUILD ?= build
+BUDGET ?= 60
+QUICK ?=
+SWEEP_STAGES ?=
+REF_GPU ?= h100-80gb-hbm3
+README ?= README.md
+PLOT_CSV ?=
+PLOT_DIR ?=
+PEAK ?=
+# what bench needs first (the lead's build target); empty it to sweep what is already built
+BENCH_DEPS ?= build
+
+ifeq ($(origin GPU_NAME),undefined)
+GPU_NAME := $(shell n=$$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null) && \
+                    printf '%s\n' "$$n" | head -n 1)
+endif
+GPU_SLUG := $(shell printf '%s' '$(GPU_NAME)' | tr 'A-Z' 'a-z' | \
+                    sed -e 's/[^a-z0-9][^a-z0-9]*/-/g' -e 's/^-//' -e 's/-$$//' -e 's/^nvidia-//')
+PLOT_SCRIPTS := $(sort $(wildcard plots/*.gp))
+
+# Dense fp16 tensor-core peak (TFLOP/s, fp32 accumulate, no sparsity) by GPU name, for the
+# dashed line of tflops.png. $$1: the GPU name as the CSV has it. Unknown GPUs: 0, no line.
+define peak_of
+g=-$$(printf '%s' "$$1" | tr 'A-Z' 'a-z' | sed -e 's/[^a-z0-9][^a-z0-9]*/-/g')-; \
+case "$$g" in \
+*-h100-*pcie*) echo 756 ;; \
+*-h100-*nvl*) echo 835 ;; \
+*-h100-*|*-h200-*|*-gh200-*|*-h800-*) echo 989 ;; \
+*-a100-*|*-a800-*) echo 312 ;; \
+*-l40s-*) echo 362 ;; \
+*-l4-*) echo 121 ;; \
+*-t4-*) echo 65 ;; \
+*) echo 0 ;; \
+esac
+endef
+
+# Sets $$csv: PLOT_CSV, else this GPU's results, else the committed reference results (and
+# says so); fails if there is none.
+define resolve_csv
+csv='$(PLOT_CSV)'; \
+if [ -z "$$csv" ]; then \
+    if [ -n '$(GPU_SLUG)' ] && [ -s 'plots/$(GPU_SLUG)/results.csv' ]; then \
+        csv='plots/$(GPU_SLUG)/results.csv'; \
+    else \
+        csv='plots/$(REF_GPU)/results.csv'; \
+        if [ -n '$(GPU_SLUG)' ]; then \
+            echo "$@: no plots/$(GPU_SLUG)/results.csv yet (make bench makes it); using the committed reference results in $$csv"; \
+        else \
+            echo "$@: no GPU here; using the committed reference results in $$csv"; \
+        fi; \
+    fi; \
+fi; \
+[ -s "$$csv" ] || { echo "$@: $$csv not found or empty (make bench on a GPU writes it)" >&2; exit 1; }
+endef
+
+# Installs gnuplot when it is missing and that is possible without asking (root + apt-get);
+# bounded in time, for machines without a network.
+define ensure_gnuplot
+if ! command -v gnuplot >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+    echo "$@: gnuplot not found; installing gnuplot-nox with apt-get"; \
+    t=$$(command -v timeout >/dev/null 2>&1 && echo 'timeout 300'); \
+    { $$t apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$t apt-get install -y -qq gnuplot-nox; } >/dev/null || \
+        echo "$@: apt-get could not install gnuplot-nox" >&2; \
+fi
+endef
+
+.PHONY: bench plots tables test-plots
+
+bench: $(BENCH_DEPS)
+	@if [ -z '$(GPU_SLUG)' ]; then \
+	    echo "bench: no NVIDIA GPU found (nvidia-smi); without one, make plots and make tables use plots/$(REF_GPU)/" >&2; \
+	    exit 1; \
+	fi
+	@mkdir -p plots/$(GPU_SLUG)
+	plots/sweep.sh '$(BUILD)' plots/$(GPU_SLUG)/results.csv --budget '$(BUDGET)' \
+	    $(if $(filter-out 0,$(QUICK)),--quick) $(if $(strip $(SWEEP_STAGES)),--stages '$(SWEEP_STAGES)')
+
+plots:
+	@$(resolve_csv); \
+	out='$(PLOT_DIR)'; [ -n "$$out" ] || out=$$(dirname "$$csv"); \
+	mkdir -p "$$out"; \
+	$(ensure_gnuplot); \
+	if ! command -v gnuplot >/dev/null 2>&1; then \
+	    echo "plots: gnuplot not found; install it with: sudo apt-get install -y gnuplot-nox" \
+	         "(macOS: brew install gnuplot). Skipping the plots; the CSV and tables are unaffected."; \
+	    exit 0; \
+	fi; \
+	gpu=$$(awk -F, -f plots/series.awk -v mode=gpu "$$csv"); \
+	peak='$(PEAK)'; [ -n "$$peak" ] || peak=$$(set -- "$$gpu"; $(peak_of)); \
+	for gp in $(PLOT_SCRIPTS); do \
+	    gnuplot -e "csv='$$csv'; outdir='$$out'; gpu='$$gpu'; PEAK=$$peak; plotsdir='plots'" "$$gp" || exit 1; \
+	done; \
+	echo "plots: $(notdir $(PLOT_SCRIPTS:.gp=.png)) from $$csv ($$gpu, peak $$peak TFLOP/s) in $$out/"
+
+tables:
+	@$(resolve_csv); \
+	plots/update_readme.sh "$$csv" '$(README)'
+
+test-plots:
+	plots/tests/run.sh

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""sdpa_baseline.py: PyTorch scaled_dot_product_attention on the sweeps' shapes, as CSV rows.
+
+    python3 plots/sdpa_baseline.py OUT_CSV [--budget S] [--quick] [--dry-run]
+
+Appends to OUT_CSV (the sweep's CSV; its header decides the column order) one row per shape for
+  sdpa_flash    torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION): FlashAttention-2
+  sdpa_default  no backend forced: what PyTorch picks (cuDNN on Hopper, often)
+with variant `default`, dtype f16, the error columns empty (nothing is checked here).
+Shapes, budget logic and timing follow the stage programs: the long sweep (B = H = 1, D = 128,
+N = 1k ... 256k) and the fa2 sweep (B x N = 16,384, H = 2048 / D, D in {64, 128}, causal 0/1);
+CUDA events around each call, the L2 flushed (256 MB written) before each, a warm-up, the median
+of at least 10 calls and 0.5 s (3 calls when one takes over a second). A climb stops at an
+out-of-memory or when the next call is predicted to take longer than the budget.
+--dry-run lists the runs without touching torch.
+"""
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+
+HEADER = ("gpu,stage,variant,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,"
+          "rel_err,lse_err,rows_checked,device_mb,status,sweep").split(",")
+LONG_N = [1024, 2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536, 131072, 262144]
+FA2_N = [512, 1024, 2048, 4096, 8192, 16384]
+FLUSH_BYTES = 256 << 20
+MIN_REPS = 10
+MIN_SECONDS = 0.5
+MAX_REPS = 10000
+
+
+def series(quick):
+    """The sweeps as (sweep, D, causal, [(B, H, N), ...]) climbs, in the sweep script's order."""
+    long_n = [n for n in LONG_N if not quick or n <= 16384]
+    out = [("long", 128, 0, [(1, 1, n) for n in long_n])]
+    for d in (64, 128):
+        for causal in (0, 1):
+            out.append(("fa2", d, causal, [(16384 // n, 2048 // d, n) for n in FA2_N]))
+    return out
+
+
+def csv_header(path):
+    """The existing file's columns (so added columns stay aligned), or None for a new file."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return None
+    with open(path) as f:
+        first = f.readline().strip()
+    return first.split(",") if first else None
+
+
+def flops(b, h, n, d, causal):
+    return 4.0 * b * h * n * n * d / (2.0 if causal else 1.0)
+
+
+class Runner:
+    def __init__(self, torch, budget_s):
+        self.torch = torch
+        self.budget_ms = budget_s * 1000.0
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+        self.sdpa = sdpa
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            self.flash_ctx = lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+        except ImportError:  # torch < 2.3
+            self.flash_ctx = lambda: torch.backends.cuda.sdp_kernel(
+                enable_flash=True, enable_math=False, enable_mem_efficient=False)
+
+    def once(self, fn):
+        self.flush.zero_()  # write 256 MB: nothing of the inputs stays in L2
+        self.start.record()
+        fn()
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+    def measure(self, backend, b, h, n, d, causal):
+        """Returns (status, ms_median, ms_min, repeats, device_mb)."""
+        torch = self.torch
+        q = k = v = None
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16, generator=gen)
+                       for _ in range(3))
+
+            def call():
+                self.sdpa(q, k, v, is_causal=bool(causal))
+
+            def run():
+                if backend == "sdpa_flash":
+                    with self.flash_ctx():
+                        call()
+                else:
+                    call()
+
+            warm = self.once(run)  # warm-up: kernel selection, workspace, first-touch
+            mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+            if warm > self.budget_ms:
+                return "over_budget", warm, warm, 1, mb
+            times = [self.once(run)]
+            if times[0] > self.budget_ms:
+                return "over_budget", times[0], times[0], 1, mb
+            want = 3 if times[0] > 1000.0 else MIN_REPS
+            while len(times) < want or (want == MIN_REPS and sum(times) < MIN_SECONDS * 1000.0
+                                        and len(times) < MAX_REPS):
+                times.append(self.once(run))
+            return "ok", statistics.median(times), min(times), len(times), mb
+        except torch.cuda.OutOfMemoryError:
+            return "OOM", None, None, 0, None
+        except RuntimeError as e:  # e.g. "No available kernel" for this backend and shape
+            print(f"sdpa_baseline.py: {backend} B={b} H={h} N={n} D={d} causal={causal}: "
+                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+            return "unsupported", None, None, 0, None
+        finally:
+            del q, k, v
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_csv")
+    ap.add_argument("--budget", type=float, default=60.0, help="seconds one call may take")
+    ap.add_argument("--quick", action="store_true", help="N up to 16,384 only")
+    ap.add_argument("--dry-run", action="store_true", help="list the runs, touch nothing")
+    args = ap.parse_args()
+    if args.budget <= 0:
+        ap.error("--budget must be a positive number of seconds")
+
+    plan = series(args.quick)
+    backends = ("sdpa_flash", "sdpa_default")
+    total = len(backends) * sum(len(s[3]) for s in plan)
+    if args.dry_run:
+        for backend in backends:
+            for sweep, d, causal, shapes in plan:
+                for b, h, n in shapes:
+                    print(f"{backend} {sweep} B={b} H={h} N={n} D={d} causal={causal}")
+        return 0
+
+    try:
+        import torch
+    except ImportError:
+        print("sdpa_baseline.py: python3 has no torch; no SDPA rows written", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("sdpa_baseline.py: torch sees no CUDA device; no SDPA rows written", file=sys.stderr)
+        return 2
+
+    gpu = torch.cuda.get_device_name()
+    cols = csv_header(args.out_csv)
+    new_file = cols is None
+    if new_file:
+        cols = HEADER
+    runner = Runner(torch, args.budget)
+    width = len(str(total))
+    i = 0
+    t0 = time.time()
+    with open(args.out_csv, "a") as out:
+        if new_file:
+            out.write(",".join(cols) + "\n")
+        for backend in backends:
+            for sweep, d, causal, shapes in plan:
+                stop, stop_note = None, ""
+                last_ms = last_work = None
+                for b, h, n in shapes:
+                    i += 1
+                    work = float(b) * h * n * n * d
+                    note = ""
+                    if stop is None and last_ms is not None:
+                        pred = last_ms * work / last_work
+                        if pred > runner.budget_ms:
+                            stop = "over_budget"
+                            stop_note = (f"predicted {pred / 1000:.2f} s at N={n} > budget "
+                                         f"{args.budget:g} s")
+                    if stop is not None:
+                        status, med, mn, reps, mb = stop, None, None, 0, None
+                        note = "not run: " + stop_note
+                    else:
+                        status, med, mn, reps, mb = runner.measure(backend, b, h, n, d, causal)
+                        if status == "ok":
+                            last_ms, last_work = med, work
+                        elif status == "OOM":
+                            stop, stop_note = "OOM", f"out of memory at N={n}"
+                            gc.collect()  # the exception's frames held the inputs
+                            torch.cuda.empty_cache()
+                        elif status == "over_budget":
+                            stop, stop_note = "over_budget", f"N={n} took over {args.budget:g} s"
+                    tf = flops(b, h, n, d, causal) / (med * 1e-3) / 1e12 if med else None
+                    row = {
+                        "gpu": gpu, "stage": backend, "variant": "default", "B": b, "H": h,
+                        "N": n, "D": d, "causal": causal, "dtype": "f16",
+                        "ms_median": f"{med:.4f}" if med is not None else "",
+                        "ms_min": f"{mn:.4f}" if mn is not None else "",
+                        "repeats": reps, "tflops": f"{tf:.2f}" if tf is not None else "",
+                        "rows_checked": 0, "device_mb": f"{mb:.1f}" if mb is not None else "",
+                        "status": status, "sweep": sweep,
+                    }
+                    out.write(",".join(str(row.get(c, "")) for c in cols) + "\n")
+                    out.flush()
+                    t = (f"{med:10.3f} ms {tf:8.1f} TFLOP/s" if med is not None and tf is not None
+                         else f"{'-':>10} ms {'-':>8} TFLOP/s")
+                    print(f"[{i:{width}d}/{total}] {backend:<20} {sweep:<4} N={n:<6} D={d:<3} "
+                          f"{'causal' if causal else '':<6} {t}  {status}"
+                          f"{'  (' + note + ')' if note else ''}", file=sys.stderr, flush=True)
+    print(f"sdpa_baseline.py: {total} rows appended to {args.out_csv} in {time.time() - t0:.0f} s",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+# series.awk: pull one plottable series out of a results.csv (the gnuplot scripts call it).
+#
+#   awk -F, -f plots/series.awk -v mode=MODE [-v sweep=long|fa2] [-v key=K] [-v D=128]
+#       [-v causal=0] [-v y=ms_median] [-v status=ok] [-v base=K] [-v N=16384] results.csv
+#
+# A series key is the stage name ("stage3_cp_async", "sdpa_flash"), or "stage:variant" for a
+# row whose variant is not "default". Columns are found by their header names, so added columns
+# do not break it. When a (key, D, causal, N) appears twice, the later row wins.
+#
+# mode=keys    the keys present: stages by number, then sdpa_flash, sdpa_default, then others
+# mode=gpu     the GPU name of the first row
+# mode=xy      "N value" for rows with status ok and a value in column y, sorted by N; a blank
+#              line where the key has a row without a number, so the plotted line breaks there
+# mode=marks   "N pointtype status" for rows whose status is not ok (OOM, over_budget, FAIL,
+#              unsupported), sorted by N; pointtypes: OOM 2 (x), over_budget 8 (triangle),
+#              FAIL 6 (circle), unsupported 12 (diamond)
+# mode=ratio   "N base_value/value" where both key and base are ok (y defaults to ms_median)
+# mode=bar     "key value status colour" at N for every key (value 0 where it is not ok)
+# mode=colour  the colour index of key: its place among all stages of the CSV (1..8, then
+#              round again), whatever the filters, so a stage keeps its colour in every plot;
+#              sdpa_flash 9, sdpa_default 10, others 11
+# mode=statuses  the not-ok statuses present (OOM over_budget FAIL unsupported, in that order)
+# mode=max     the largest value of y over ok rows (0 if none); mode=min the smallest
+# mode=count   how many lines mode=xy (or mode=marks with status=notok) would print
+# mode=stagekey  the first key whose name starts with "stage" base (e.g. base=stage0)
+
+function trim(s) {
+    sub(/\r$/, "", s)
+    return s
+}
+
+function field(name) {
+    return (name in col) ? $(col[name]) : ""
+}
+
+function isnum(s) {
+    return s ~ /^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$/
+}
+
+# Order of keys: stages by their number, then SDPA baselines, then the rest by name.
+function rank(k,    n) {
+    if (match(k, /^stage[0-9]+/)) {
+        n = substr(k, 6, RLENGTH - 5) + 0
+        return sprintf("0 %09d %s", n, k)
+    }
+    if (k == "sdpa_flash") return "1 0 " k
+    if (k == "sdpa_default") return "1 1 " k
+    return "2 0 " k
+}
+
+function sort_keys(arr, n,    i, j, t) {
+    for (i = 2; i <= n; i++) {
+        t = arr[i]
+        for (j = i - 1; j >= 1 && rank(arr[j]) > rank(t); j--) arr[j + 1] = arr[j]
+        arr[j + 1] = t
+    }
+}
+
+function sort_num(arr, n,    i, j, t) {
+    for (i = 2; i <= n; i++) {
+        t = arr[i]
+        for (j = i - 1; j >= 1 && arr[j] + 0 > t + 0; j--) arr[j + 1] = arr[j]
+        arr[j + 1] = t
+    }
+}
+
+function row_sweep(    s) {
+    s = field("sweep")
+    if (s != "") return s
+    return (field("B") == 1 && field("H") == 1) ? "long" : "fa2"
+}
+
+function marker(st) {
+    if (st == "OOM") return 2
+    if (st == "over_budget") return 8
+    if (st == "FAIL") return 6
+    return 12
+}
+
+BEGIN {
+    if (y == "") y = (mode == "bar") ? "tflops" : "ms_median"
+    if (status == "") status = "ok"
+    nkeys = 0
+    nall = 0
+    nn = 0
+    gpu = ""
+}
+
+{ $0 = trim($0) }
+
+NR == 1 || ($1 == "gpu" && $2 == "stage") {
+    for (i = 1; i <= NF; i++) col[$i] = i
+    next
+}
+
+$0 == "" { next }
+
+{
+    if (gpu == "") gpu = field("gpu")
+    k = field("stage")
+    v = field("variant")
+    if (v != "" && v != "default") k = k ":" v
+    if (!(k in allseen)) { allseen[k] = 1; allkeys[++nall] = k }
+    if (sweep != "" && row_sweep() != sweep) next
+    if (D != "" && field("D") != D) next
+    if (causal != "" && field("causal") != causal) next
+    if (!(k in seen)) { seen[k] = 1; keys[++nkeys] = k }
+    n = field("N") + 0
+    if (!((k, n) in st)) {
+        if (!(n in seenN)) { seenN[n] = 1; Ns[++nn] = n }
+    }
+    st[k, n] = field("status")
+    val[k, n] = field(y)
+}
+
+function ok(k, n) {
+    return ((k, n) in st) && st[k, n] == "ok" && isnum(val[k, n])
+}
+
+# A key's colour: its place among all the stage keys of the CSV (whatever the filters), so a
+# stage has the same colour in every plot; sdpa_flash 9, sdpa_default 10, anything else 11.
+function colour(k,    i, c) {
+    if (k == "sdpa_flash") return 9
+    if (k == "sdpa_default") return 10
+    if (k !~ /^stage[0-9]/) return 11
+    c = 0
+    for (i = 1; i <= nall; i++) {
+        if (allkeys[i] ~ /^stage[0-9]/) c++
+        if (allkeys[i] == k) return (c - 1) % 8 + 1
+    }
+    return 11
+}
+
+END {
+    if (mode == "gpu") { print gpu; exit }
+    sort_keys(allkeys, nall)
+    sort_keys(keys, nkeys)
+    sort_num(Ns, nn)
+    if (mode == "keys") {
+        for (i = 1; i <= nkeys; i++) print keys[i]
+        exit
+    }
+    if (mode == "stagekey") {
+        for (i = 1; i <= nkeys; i++)
+            if (index(keys[i], base "_") == 1 || keys[i] == base) { print keys[i]; exit }
+        exit
+    }
+    if (mode == "max" || mode == "min") {
+        m = ""
+        for (i = 1; i <= nkeys; i++)
+            for (j = 1; j <= nn; j++)
+                if (ok(keys[i], Ns[j]) && (key == "" || keys[i] == key))
+                    if (m == "" || (mode == "max" && val[keys[i], Ns[j]] + 0 > m + 0) ||
+                        (mode == "min" && val[keys[i], Ns[j]] + 0 < m + 0))
+                        m = val[keys[i], Ns[j]]
+        print (m == "") ? 0 : m
+        exit
+    }
+    if (mode == "colour") {
+        print colour(key)
+        exit
+    }
+    if (mode == "bar") {
+        for (i = 1; i <= nkeys; i++) {
+            k = keys[i]
+            c = colour(k)
+            if (!((k, N + 0) in st)) continue
+            if (ok(k, N + 0)) print k, val[k, N + 0], "ok", c
+            else print k, 0, st[k, N + 0], c
+        }
+        exit
+    }
+    if (mode == "statuses") {
+        for (i = 1; i <= nkeys; i++)
+            for (j = 1; j <= nn; j++)
+                if ((keys[i], Ns[j]) in st) have[st[keys[i], Ns[j]]] = 1
+        out = ""
+        split("OOM over_budget FAIL unsupported", order, " ")
+        for (i = 1; i <= 4; i++) if (order[i] in have) out = out (out == "" ? "" : " ") order[i]
+        print out
+        exit
+    }
+    cnt = 0
+    for (j = 1; j <= nn; j++) {
+        n = Ns[j]
+        if (mode == "xy" || (mode == "count" && status == "ok")) {
+            if (!ok(key, n)) {
+                # a blank line breaks the plotted line where this key has no number
+                if (mode == "xy" && cnt > 0 && (key, n) in st) print ""
+                continue
+            }
+            if (mode == "xy") print n, val[key, n]
+            cnt++
+        } else if (mode == "marks" || mode == "count") {
+            if (!((key, n) in st) || st[key, n] == "ok") continue
+            if (mode == "marks") print n, marker(st[key, n]), st[key, n]
+            cnt++
+        } else if (mode == "ratio") {
+            if (!ok(key, n) || !ok(base, n) || val[key, n] + 0 <= 0) continue
+            printf "%d %.6g\n", n, (val[base, n] + 0) / (val[key, n] + 0)
+            cnt++
+        }
+    }
+    if (mode == "count") print cnt
+}

@@ -1,0 +1,405 @@
+#!/usr/bin/env bash
+# sweep.sh: the main job's benchmark. Runs every stage program found in BUILD_DIR over the two
+# sweeps of the course and writes one CSV (the program's columns plus `sweep`).
+#
+#   plots/sweep.sh BUILD_DIR OUT_CSV [--budget S] [--quick] [--stages "list"] [--no-sdpa]
+#
+#   long: B = H = 1, D = 128, non-causal, N = 1k ... 256k (262,144)
+#   fa2:  B x N = 16,384 tokens, H = 2048 / D, D in {64, 128}, causal 0 and 1, N = 512 ... 16k
+#
+# Every run is `STAGE --batch B --heads H --seq N --dim D [--causal] --bench --csv --check 32
+# --budget S`: each row is checked before its time is kept. Within one stage's climb of a series
+# (fixed D and causal) the next run's time is predicted from the last measured one, scaled by the
+# work (B H N^2 D; for the long sweep that is (N_next / N_last)^2); if the prediction passes the
+# budget, that N and every larger one get an over_budget row without running. An out-of-memory
+# (exit 4), a run the program itself reports over budget, or a run that hangs past the guard
+# ends the climb the same way. A wrong result (exit 1) is kept as a FAIL row, shouted about, and
+# makes this script exit 1 at the end; an unsupported shape (exit 3) is kept and the climb goes on.
+#
+# Options:
+#   --budget S      seconds one launch may take (default 60)
+#   --quick         N up to 16,384 only (both sweeps)
+#   --stages LIST   only these stages: names (stage3_cp_async), prefixes (stage3) or numbers (3)
+#   --no-sdpa       do not add the PyTorch SDPA rows at the end
+# Environment: SWEEP_TIMEOUT: seconds after which one run is killed as hung
+#              (default 10 x budget + 300).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+HEADER='gpu,stage,variant,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,rel_err,lse_err,rows_checked,device_mb,status'
+
+usage() {
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
+    exit 2
+}
+
+die() {
+    echo "sweep.sh: $*" >&2
+    exit 2
+}
+
+BUILD_DIR=""
+OUT_CSV=""
+BUDGET=60
+QUICK=0
+STAGES=""
+SDPA=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --budget)
+        [ $# -ge 2 ] || die "--budget needs a number of seconds"
+        BUDGET=$2
+        shift 2
+        ;;
+    --budget=*) BUDGET=${1#--budget=}; shift ;;
+    --quick) QUICK=1; shift ;;
+    --stages)
+        [ $# -ge 2 ] || die "--stages needs a list, e.g. --stages \"0 3 stage5_tuned\""
+        STAGES=$2
+        shift 2
+        ;;
+    --stages=*) STAGES=${1#--stages=}; shift ;;
+    --no-sdpa) SDPA=0; shift ;;
+    -h | --help) usage ;;
+    -*) die "unknown option '$1' (allowed: --budget S, --quick, --stages LIST, --no-sdpa)" ;;
+    *)
+        if [ -z "$BUILD_DIR" ]; then BUILD_DIR=$1
+        elif [ -z "$OUT_CSV" ]; then OUT_CSV=$1
+        else die "unexpected argument '$1' (usage: sweep.sh BUILD_DIR OUT_CSV [options])"
+        fi
+        shift
+        ;;
+    esac
+done
+[ -n "$BUILD_DIR" ] && [ -n "$OUT_CSV" ] || die "usage: sweep.sh BUILD_DIR OUT_CSV [--budget S] [--quick] [--stages LIST] [--no-sdpa]"
+[ -d "$BUILD_DIR" ] || die "BUILD_DIR '$BUILD_DIR' is not a directory (run make build first)"
+awk -v b="$BUDGET" 'BEGIN { exit !(b ~ /^[0-9]+(\.[0-9]*)?$/ && b + 0 > 0) }' ||
+    die "--budget must be a positive number of seconds, got '$BUDGET'"
+TIMEOUT_S=${SWEEP_TIMEOUT:-$(awk -v b="$BUDGET" 'BEGIN { printf "%d", b * 10 + 300 }')}
+
+# ---- the stage programs: BUILD_DIR/stage<digit>*, executable files without a dot, by number
+BINS=()
+while IFS= read -r f; do
+    [ -n "$f" ] && BINS+=("$f")
+done < <(
+    for f in "$BUILD_DIR"/stage[0-9]*; do
+        name=${f##*/}
+        [ -f "$f" ] && [ -x "$f" ] && [[ $name != *.* ]] && printf '%s\n' "$f"
+    done | sort -V
+)
+[ ${#BINS[@]} -gt 0 ] || die "no stage programs (stage[0-9]*) in '$BUILD_DIR' (run make build first)"
+
+if [ -n "$STAGES" ]; then
+    picked=()
+    for want in $STAGES; do
+        found=0
+        for f in "${BINS[@]}"; do
+            name=${f##*/}
+            if [ "$name" = "$want" ] || [[ $name == "$want"_* ]] ||
+                { [[ $want =~ ^[0-9]+$ ]] && { [ "$name" = "stage$want" ] || [[ $name == "stage${want}"_* ]]; }; }; then
+                picked+=("$f")
+                found=1
+            fi
+        done
+        [ $found = 1 ] || die "--stages: no stage program matches '$want' in '$BUILD_DIR'"
+    done
+    # keep the sorted order, drop repeats
+    sel=()
+    for f in "${BINS[@]}"; do
+        for p in "${picked[@]}"; do
+            if [ "$f" = "$p" ]; then sel+=("$f"); break; fi
+        done
+    done
+    BINS=("${sel[@]}")
+fi
+
+# ---- the sweeps
+LONG_N="1024 2048 4096 8192 16384 24576 32768 49152 65536 131072 262144"
+FA2_N="512 1024 2048 4096 8192 16384"
+if [ "$QUICK" = 1 ]; then
+    LONG_N="1024 2048 4096 8192 16384"
+fi
+count_words() { set -- $1; echo $#; }
+PER_STAGE=$(($(count_words "$LONG_N") + 4 * $(count_words "$FA2_N")))
+TOTAL=$((${#BINS[@]} * PER_STAGE))
+WIDTH=${#TOTAL}
+
+mkdir -p "$(dirname "$OUT_CSV")"
+LOG="${OUT_CSV%.csv}.log"
+printf '%s,sweep\n' "$HEADER" >"$OUT_CSV"
+: >"$LOG"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) || GPU_NAME=""
+[ -n "$GPU_NAME" ] || GPU_NAME=unknown
+declare -A DTYPE=()
+HEADER_WARNED=0
+FAILS=0
+RUN_I=0
+
+echo "sweep: ${#BINS[@]} stage(s) from $BUILD_DIR, $TOTAL runs, budget ${BUDGET} s per launch$([ "$QUICK" = 1 ] && echo ', quick (N <= 16384)'); CSV: $OUT_CSV; program output: $LOG" >&2
+
+# One line of the CSV for a run that was not made (or made no row): the known columns filled in.
+synth_row() { # stage B H N D causal status sweep
+    local stage=$1 B=$2 H=$3 N=$4 D=$5 causal=$6 status=$7 sweep=$8
+    local out="" col val
+    local IFS=,
+    for col in $HEADER; do
+        case $col in
+        gpu) val=$GPU_NAME ;;
+        stage) val=$stage ;;
+        variant) val=default ;;
+        B) val=$B ;;
+        H) val=$H ;;
+        N) val=$N ;;
+        D) val=$D ;;
+        causal) val=$causal ;;
+        dtype) val=${DTYPE[$stage]:-} ;;
+        repeats | rows_checked) val=0 ;;
+        status) val=$status ;;
+        *) val="" ;;
+        esac
+        out="${out:+$out,}$val"
+    done
+    printf '%s,%s\n' "$out" "$sweep"
+}
+
+progress() { # stage sweep N D causal ms tflops status [note]
+    local c=""
+    [ "$5" = 1 ] && c=causal
+    local t
+    t=$(awk -v ms="$6" -v tf="$7" 'BEGIN {
+        printf "%10s ms %8s TFLOP/s", (ms == "" ? "-" : sprintf("%.3f", ms)),
+            (tf == "" ? "-" : sprintf("%.1f", tf)) }')
+    printf '[%*d/%d] %-20s %-4s N=%-6s D=%-3s %-6s %s  %s%s\n' "$WIDTH" "$RUN_I" "$TOTAL" "$1" \
+        "$2" "$3" "$4" "$c" "$t" "$8" "${9:+  ($9)}" >&2
+}
+
+# Column of a CSV line by header name (empty if absent).
+col_of() { # header line name
+    awk -F, -v h="$1" -v l="$2" -v want="$3" 'BEGIN {
+        n = split(h, H, ","); split(l, L, ",")
+        for (i = 1; i <= n; i++) if (H[i] == want) { print L[i]; exit } }'
+}
+
+# Climb one series of one stage: run N upwards until budget / memory stop it.
+climb() { # bin sweep D causal Ns...
+    local bin=$1 sweep=$2 D=$3 causal=$4
+    shift 4
+    local stage=${bin##*/}
+    local stop="" stop_note="" last_ms="" last_work="" N B H work pred rc hdr row status ms tf
+    for N in "$@"; do
+        RUN_I=$((RUN_I + 1))
+        if [ "$sweep" = long ]; then B=1; H=1; else B=$((16384 / N)); H=$((2048 / D)); fi
+        work=$(awk -v b=$B -v h=$H -v n=$N -v d=$D 'BEGIN { printf "%.17g", b * h * n * n * d }')
+        if [ -n "$stop" ]; then
+            synth_row "$stage" $B $H $N $D $causal "$stop" "$sweep" >>"$OUT_CSV"
+            progress "$stage" $sweep $N $D $causal "" "" "$stop" "not run: $stop_note"
+            continue
+        fi
+        if [ -n "$last_ms" ]; then
+            pred=$(awk -v ms="$last_ms" -v w="$work" -v lw="$last_work" 'BEGIN { printf "%.6g", ms * w / lw }')
+            if awk -v p="$pred" -v b="$BUDGET" 'BEGIN { exit !(p > b * 1000) }'; then
+                stop=over_budget
+                stop_note="predicted $(awk -v p="$pred" 'BEGIN { printf "%.2f", p / 1000 }') s at N=$N > budget $BUDGET s"
+                synth_row "$stage" $B $H $N $D $causal "$stop" "$sweep" >>"$OUT_CSV"
+                progress "$stage" $sweep $N $D $causal "" "" "$stop" "not run: $stop_note"
+                continue
+            fi
+        fi
+
+        local args=(--batch $B --heads $H --seq $N --dim $D)
+        [ "$causal" = 1 ] && args+=(--causal)
+        args+=(--bench --csv --check 32 --budget "$BUDGET")
+        printf '\n== %s %s\n' "$bin" "${args[*]}" >>"$LOG"
+        rc=0
+        if command -v timeout >/dev/null 2>&1; then
+            timeout --kill-after=10 "$TIMEOUT_S" "$bin" "${args[@]}" >"$TMP/out" 2>>"$LOG" || rc=$?
+        else
+            "$bin" "${args[@]}" >"$TMP/out" 2>>"$LOG" || rc=$?
+        fi
+        cat "$TMP/out" >>"$LOG"
+        hdr=$(grep -m 1 '^gpu,' "$TMP/out" || true)
+        row=""
+        if [ -n "$hdr" ]; then
+            row=$(awk 'f && NF { r = $0 } /^gpu,/ { f = 1 } END { print r }' "$TMP/out" | tr -d '\r')
+            if [ "$hdr" != "$HEADER" ] && [ $HEADER_WARNED = 0 ]; then
+                echo "sweep.sh: WARNING: $stage's CSV header differs from the one this script writes:" >&2
+                echo "  program: $hdr" >&2
+                echo "  sweep:   $HEADER" >&2
+                HEADER_WARNED=1
+            fi
+        fi
+        status=""
+        [ -n "$row" ] && status=$(col_of "$hdr" "$row" status)
+        local note=""
+        if [ $rc = 124 ] || [ $rc = 137 ]; then
+            # killed by the guard: a hang is a failure, and the larger N would hang too
+            status=FAIL
+            row=""
+            note="killed after ${TIMEOUT_S} s"
+            stop=FAIL
+            stop_note="N=$N hung"
+        elif [ -z "$status" ]; then
+            case $rc in
+            0) status=FAIL; note="exit 0 but no CSV row" ;;
+            1) status=FAIL ;;
+            3) status=unsupported ;;
+            4) status=OOM ;;
+            *) status=FAIL; note="exit code $rc" ;;
+            esac
+            row=""
+        elif ! [[ $rc =~ ^[0134]$ ]]; then
+            note="exit code $rc"
+            status=FAIL
+            row=""
+        fi
+        if [ -n "$row" ]; then
+            local gpu dt
+            gpu=$(col_of "$hdr" "$row" gpu)
+            dt=$(col_of "$hdr" "$row" dtype)
+            if [ "$gpu" = none ]; then
+                echo "sweep.sh: $stage sees no CUDA device (its message is in $LOG); stopping" >&2
+                tail -n 3 "$LOG" | sed 's/^/    /' >&2
+                exit 2
+            fi
+            [ -n "$gpu" ] && GPU_NAME=$gpu
+            [ -n "$dt" ] && DTYPE[$stage]=$dt
+            printf '%s,%s\n' "$row" "$sweep" >>"$OUT_CSV"
+            ms=$(col_of "$hdr" "$row" ms_median)
+            tf=$(col_of "$hdr" "$row" tflops)
+        else
+            synth_row "$stage" $B $H $N $D $causal "$status" "$sweep" >>"$OUT_CSV"
+            ms=""
+            tf=""
+        fi
+        progress "$stage" $sweep $N $D $causal "$ms" "$tf" "$status" "$note"
+
+        case $status in
+        FAIL)
+            FAILS=$((FAILS + 1))
+            echo "FAIL: $stage $sweep N=$N D=$D causal=$causal: wrong result or crash${note:+ ($note)}; see $LOG; reproduce: $bin ${args[*]}" >&2
+            tail -n 5 "$LOG" | sed 's/^/    /' >&2
+            ;;
+        OOM)
+            stop=OOM
+            stop_note="out of memory at N=$N"
+            ;;
+        over_budget)
+            stop=over_budget
+            stop_note="N=$N took over $BUDGET s"
+            ;;
+        esac
+        if [ "$status" = ok ] && [ -n "$ms" ]; then
+            last_ms=$ms
+            last_work=$work
+        fi
+    done
+}
+
+for sweep in long fa2; do
+    for bin in "${BINS[@]}"; do
+        if [ $sweep = long ]; then
+            climb "$bin" long 128 0 $LONG_N
+        else
+            for D in 64 128; do
+                for causal in 0 1; do
+                    climb "$bin" fa2 $D $causal $FA2_N
+                done
+            done
+        fi
+    done
+done
+
+# ---- summary
+awk -F, '
+function isnum(s) { return s ~ /^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$/ }
+NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+{
+    st = $c["status"]; count[st]++
+    if ($c["sweep"] != "long") next
+    k = $c["stage"]; n = $c["N"] + 0
+    if (!(k in seen)) { seen[k] = 1; keys[++nk] = k }
+    if (!(n in seenN)) { seenN[n] = 1; Ns[++nn] = n }
+    S[k, n] = st
+    if (st == "ok" && isnum($c["ms_median"])) T[k, n] = $c["ms_median"] + 0
+}
+function best(n,    i, b) {
+    b = ""
+    for (i = 1; i <= nk; i++) if ((keys[i], n) in T && (b == "" || T[keys[i], n] < T[b, n])) b = keys[i]
+    return b
+}
+END {
+    for (i = 2; i <= nn; i++) { t = Ns[i]; for (j = i - 1; j >= 1 && Ns[j] > t; j--) Ns[j + 1] = Ns[j]; Ns[j + 1] = t }
+    for (i = 1; i <= nk; i++) { if (keys[i] ~ /^stage0/ && s0 == "") s0 = keys[i]; if (keys[i] ~ /^stage1/ && s1 == "") s1 = keys[i] }
+    print "---- summary"
+    common = ""
+    for (j = nn; j >= 1 && common == ""; j--) {
+        all = 1
+        for (i = 1; i <= nk; i++) if (!((keys[i], Ns[j]) in T)) all = 0
+        if (all) common = Ns[j]
+    }
+    if (common != "") {
+        b = best(common)
+        printf "fastest stage at N=%d (the largest N every stage measured, long sweep): %s, %.3f ms\n", common, b, T[b, common]
+    } else {
+        for (j = nn; j >= 1; j--) if (best(Ns[j]) != "") break
+        if (j >= 1) printf "no N was measured by every stage; at N=%d (the largest measured) the fastest is %s, %.3f ms\n", Ns[j], best(Ns[j]), T[best(Ns[j]), Ns[j]]
+        else print "no long-sweep times measured"
+    }
+    if (s0 == "") print "stage 0: not in this sweep"
+    else {
+        oom = ""
+        for (j = 1; j <= nn; j++) if (S[s0, Ns[j]] == "OOM") { oom = Ns[j]; break }
+        if (oom != "") printf "%s ran out of device memory from N=%d (long sweep)\n", s0, oom
+        else printf "%s never ran out of device memory in the long sweep\n", s0
+    }
+    n = 16384
+    b = best(n)
+    if (b == "") print "N=16384 (long): no stage measured"
+    else {
+        line = sprintf("N=16384 (long): best %s %.3f ms", b, T[b, n])
+        if (s0 != "") line = line (((s0, n) in T) ? sprintf("; %.1fx over %s (%.3f ms)", T[s0, n] / T[b, n], s0, T[s0, n]) : sprintf("; %s has no time (%s)", s0, ((s0, n) in S) ? S[s0, n] : "not run"))
+        if (s1 != "") line = line (((s1, n) in T) ? sprintf("; %.1fx over %s (%.3f ms)", T[s1, n] / T[b, n], s1, T[s1, n]) : sprintf("; %s has no time (%s)", s1, ((s1, n) in S) ? S[s1, n] : "not run"))
+        print line
+    }
+    split("ok FAIL OOM over_budget unsupported", order, " ")
+    line = "rows:"
+    for (i = 1; i <= 5; i++) { line = line sprintf(" %s %d", order[i], count[order[i]] + 0); done[order[i]] = 1 }
+    for (s in count) if (!(s in done)) line = line sprintf(" %s %d", s, count[s])
+    print line
+}' "$OUT_CSV" >&2
+
+# ---- PyTorch SDPA baseline rows
+if [ "$SDPA" = 1 ]; then
+    if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+        sdpa_args=("$OUT_CSV" --budget "$BUDGET")
+        [ "$QUICK" = 1 ] && sdpa_args+=(--quick)
+        if python3 "$HERE/sdpa_baseline.py" "${sdpa_args[@]}"; then
+            awk -F, '
+            NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+            $c["sweep"] == "fa2" && $c["D"] == 128 && $c["N"] == 16384 && $c["status"] == "ok" {
+                k = $c["stage"] SUBSEP $c["causal"]; tf[k] = $c["tflops"] + 0
+                if ($c["stage"] ~ /^stage[0-9]/ && tf[k] > best[$c["causal"]] + 0) { best[$c["causal"]] = tf[k]; who[$c["causal"]] = $c["stage"] }
+            }
+            END {
+                for (cz = 0; cz <= 1; cz++) {
+                    f = tf["sdpa_flash" SUBSEP cz]
+                    if (f > 0 && who[cz] != "")
+                        printf "fa2 D=128 N=16384%s: best %s %.1f TFLOP/s = %.2f x FA2 (sdpa_flash %.1f TFLOP/s)\n", cz ? " causal" : "", who[cz], best[cz], best[cz] / f, f
+                }
+            }' "$OUT_CSV" >&2
+        else
+            echo "sweep.sh: WARNING: plots/sdpa_baseline.py failed; the CSV has no (or partial) SDPA rows" >&2
+        fi
+    else
+        echo "SDPA baseline skipped: python3 with torch and CUDA not found" >&2
+    fi
+fi
+
+if [ $FAILS -gt 0 ]; then
+    echo "FAIL: $FAILS run(s) gave a wrong result or crashed (status FAIL in $OUT_CSV); see $LOG" >&2
+    exit 1
+fi
+exit 0

@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# plots/tests/run.sh: CPU tests of the main job's scripts (no GPU): tables, README update,
+# plots, make targets, and the sweep's budget / out-of-memory / failure logic with fake stages.
+# Prints one line per check and `N passed, M failed` last; exits 1 if any failed.
+# A check that cannot run here (gnuplot missing) prints SKIP and counts as neither.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+T=plots/tests
+PASS=0
+FAILED=0
+SKIPPED=0
+SCRATCH=$(mktemp -d)
+trap 'rm -rf "$SCRATCH"' EXIT
+
+ok() { PASS=$((PASS + 1)); echo "ok    $*"; }
+bad() { FAILED=$((FAILED + 1)); echo "FAIL  $*"; }
+skip() { SKIPPED=$((SKIPPED + 1)); echo "SKIP  $*"; }
+check() { # description command...
+    local what=$1
+    shift
+    if "$@" >"$SCRATCH/check.out" 2>&1; then ok "$what"; else
+        bad "$what"
+        sed 's/^/      /' "$SCRATCH/check.out" | head -n 20
+    fi
+}
+
+# ---- table.awk: the fixture's tables, exactly
+awk -F, -f plots/table.awk $T/fixture.csv >"$SCRATCH/tables.md" 2>&1
+check "table.awk output matches $T/expected_tables.md" diff -u $T/expected_tables.md "$SCRATCH/tables.md"
+{ awk -F, -v sweep=long -f plots/table.awk $T/fixture.csv; echo; awk -F, -v sweep=fa2 -f plots/table.awk $T/fixture.csv; } >"$SCRATCH/split.md"
+check "table.awk sweep=long + sweep=fa2 == both" diff -u "$SCRATCH/tables.md" "$SCRATCH/split.md"
+# the same rows in another order give the same tables (no dependence on awk's array order)
+{ head -n 1 $T/fixture.csv; tail -n +2 $T/fixture.csv | grep -v ',stage3_cp_async,default,1,1,1024,' | sort -r; grep ',stage3_cp_async,default,1,1,1024,' $T/fixture.csv; } >"$SCRATCH/shuffled.csv"
+awk -F, -f plots/table.awk "$SCRATCH/shuffled.csv" >"$SCRATCH/tables2.md"
+check "table.awk: row order does not change the tables" diff -u $T/expected_tables.md "$SCRATCH/tables2.md"
+
+# ---- update_readme.sh
+cp $T/README.fixture.md "$SCRATCH/README.md"
+if plots/update_readme.sh $T/fixture.csv "$SCRATCH/README.md" >"$SCRATCH/u.out" 2>&1; then
+    ok "update_readme.sh runs"
+else
+    bad "update_readme.sh runs"
+    sed 's/^/      /' "$SCRATCH/u.out"
+fi
+# outside the markers: byte-identical (drop what lies between the markers in both, compare)
+strip_between() {
+    awk '/^<!-- results:(long|fa2):begin -->$/ { print; s = 1; next }
+         /^<!-- results:(long|fa2):end -->$/ { s = 0 } !s' "$1"
+}
+check "update_readme.sh leaves the rest byte-identical" \
+    cmp <(strip_between $T/README.fixture.md; tail -c 1 $T/README.fixture.md | od -c) \
+        <(strip_between "$SCRATCH/README.md"; tail -c 1 "$SCRATCH/README.md" | od -c)
+check "update_readme.sh put the long table in" grep -q -F '| 32,768 | OOM | 830.1 | 31.20 |' "$SCRATCH/README.md"
+check "update_readme.sh put the fa2 tables in" grep -q -F '**D = 128, causal**' "$SCRATCH/README.md"
+check "update_readme.sh names the GPU and the CSV" \
+    grep -q -F "Measured on NVIDIA H100 80GB HBM3; from \`$T/fixture.csv\`" "$SCRATCH/README.md"
+cp "$SCRATCH/README.md" "$SCRATCH/README.once"
+plots/update_readme.sh $T/fixture.csv "$SCRATCH/README.md" >/dev/null 2>&1
+check "update_readme.sh is idempotent" cmp "$SCRATCH/README.once" "$SCRATCH/README.md"
+grep -v 'results:fa2:end' $T/README.fixture.md >"$SCRATCH/README.bad"
+cp "$SCRATCH/README.bad" "$SCRATCH/README.bad.orig"
+if plots/update_readme.sh $T/fixture.csv "$SCRATCH/README.bad" >"$SCRATCH/u.out" 2>&1; then
+    bad "update_readme.sh fails when a marker is missing"
+elif grep -q 'results:fa2:end' "$SCRATCH/u.out" && cmp -s "$SCRATCH/README.bad" "$SCRATCH/README.bad.orig"; then
+    ok "update_readme.sh fails clearly when a marker is missing, and writes nothing"
+else
+    bad "update_readme.sh's missing-marker message"
+    sed 's/^/      /' "$SCRATCH/u.out"
+fi
+
+# ---- gnuplot scripts: each renders a non-empty PNG from the fixture, without warnings
+is_png() { [ -s "$1" ] && [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; }
+if command -v gnuplot >/dev/null 2>&1; then
+    for gp in plots/*.gp; do
+        name=$(basename "$gp" .gp)
+        rm -f "$SCRATCH/$name.png"
+        gnuplot -e "csv='$T/fixture.csv'; outdir='$SCRATCH'; gpu='Test GPU'; PEAK=989; plotsdir='plots'" \
+            "$gp" >"$SCRATCH/gp.out" 2>&1
+        rc=$?
+        if [ $rc = 0 ] && is_png "$SCRATCH/$name.png" && ! grep -qi -E 'warning|error' "$SCRATCH/gp.out"; then
+            ok "$gp renders $name.png ($(wc -c <"$SCRATCH/$name.png") bytes)"
+        else
+            bad "$gp renders $name.png (rc $rc)"
+            sed 's/^/      /' "$SCRATCH/gp.out" | head -n 20
+        fi
+    done
+    # a CSV with no SDPA rows and only a long sweep must still plot (empty panels say so)
+    grep -v -E ',sdpa_|,fa2$' $T/fixture.csv >"$SCRATCH/nosdpa.csv"
+    mkdir -p "$SCRATCH/nosdpa"
+    all=1
+    for gp in plots/*.gp; do
+        name=$(basename "$gp" .gp)
+        if ! gnuplot -e "csv='$SCRATCH/nosdpa.csv'; outdir='$SCRATCH/nosdpa'; PEAK=0" "$gp" \
+            >"$SCRATCH/gp.out" 2>&1 || ! is_png "$SCRATCH/nosdpa/$name.png" ||
+            grep -qi -E 'warning|error' "$SCRATCH/gp.out"; then
+            all=0
+            sed "s/^/      $name: /" "$SCRATCH/gp.out" | head -n 10
+        fi
+    done
+    [ $all = 1 ] && ok "gnuplot scripts cope with a CSV without SDPA and fa2 rows" ||
+        bad "gnuplot scripts cope with a CSV without SDPA and fa2 rows"
+else
+    skip "gnuplot scripts: gnuplot is not installed (apt-get install -y gnuplot-nox)"
+fi
+
+# ---- plots.mk targets on the fixture
+if command -v make >/dev/null 2>&1; then
+    mkdir -p "$SCRATCH/mk"
+    cp $T/README.fixture.md "$SCRATCH/mk/README.md"
+    if make -s -f plots/plots.mk plots tables PLOT_CSV=$T/fixture.csv PLOT_DIR="$SCRATCH/mk" \
+        README="$SCRATCH/mk/README.md" GPU_NAME= >"$SCRATCH/mk.out" 2>&1 &&
+        cmp -s "$SCRATCH/mk/README.md" "$SCRATCH/README.md"; then
+        if command -v gnuplot >/dev/null 2>&1; then
+            n=0
+            for f in "$SCRATCH"/mk/*.png; do is_png "$f" && n=$((n + 1)); done
+            [ $n = "$(ls plots/*.gp | wc -l)" ] && ok "make plots tables (PLOT_CSV=fixture): $n PNGs and the README" ||
+                bad "make plots: $n PNGs"
+        else
+            ok "make tables (PLOT_CSV=fixture); plots skipped without gnuplot"
+        fi
+    else
+        bad "make -f plots/plots.mk plots tables PLOT_CSV=fixture"
+        sed 's/^/      /' "$SCRATCH/mk.out" | head -n 20
+    fi
+    # without gnuplot (and no apt-get to fetch it): says how to get it, skips, tables still made
+    mkdir -p "$SCRATCH/nognu/bin" "$SCRATCH/nognu/out"
+    for d in /usr/local/bin /usr/bin /bin; do ln -s "$d"/* "$SCRATCH/nognu/bin/" 2>/dev/null; done
+    rm -f "$SCRATCH"/nognu/bin/gnuplot* "$SCRATCH/nognu/bin/apt-get"
+    cp $T/README.fixture.md "$SCRATCH/nognu/README.md"
+    if PATH="$SCRATCH/nognu/bin" make -s -f plots/plots.mk plots tables PLOT_CSV=$T/fixture.csv \
+        PLOT_DIR="$SCRATCH/nognu/out" README="$SCRATCH/nognu/README.md" GPU_NAME= \
+        >"$SCRATCH/nognu.out" 2>&1 && grep -q 'apt-get install -y gnuplot-nox' "$SCRATCH/nognu.out" &&
+        cmp -s "$SCRATCH/nognu/README.md" "$SCRATCH/README.md" && [ -z "$(ls "$SCRATCH/nognu/out")" ]; then
+        ok "make plots tables without gnuplot: prints the install command, skips, still writes the tables"
+    else
+        bad "make plots tables without gnuplot"
+        sed 's/^/      /' "$SCRATCH/nognu.out" | head -n 20
+    fi
+    printf 'peak:\n\t@set -- "$(NAME)"; $(peak_of)\nslug:\n\t@echo $(GPU_SLUG)\n' >"$SCRATCH/probe.mk"
+    got=""
+    for n in "NVIDIA H100 80GB HBM3" "NVIDIA H200" "NVIDIA A100-SXM4-80GB" "NVIDIA L4" "Tesla T4" \
+        "NVIDIA H100 PCIe" "NVIDIA L40S" "Some Other GPU"; do
+        got="$got $(make -s -f plots/plots.mk -f "$SCRATCH/probe.mk" peak NAME="$n" GPU_NAME= 2>&1)"
+    done
+    check "plots.mk peak table" [ "$got" = " 989 989 312 121 65 756 362 0" ]
+    got=""
+    for n in "NVIDIA H100 80GB HBM3" "Tesla T4" "NVIDIA A100-SXM4-80GB" "NVIDIA H200"; do
+        got="$got $(make -s -f plots/plots.mk -f "$SCRATCH/probe.mk" slug GPU_NAME="$n" 2>&1)"
+    done
+    check "plots.mk GPU_SLUG" [ "$got" = " h100-80gb-hbm3 tesla-t4 a100-sxm4-80gb h200" ]
+else
+    skip "plots.mk: make is not installed"
+fi
+
+# ---- sweep.sh with fake stages
+FB="$SCRATCH/build"
+mkdir -p "$FB"
+for s in stage0_fake stage1_fake stage2_fake; do cp $T/fake_stage.sh "$FB/$s"; chmod +x "$FB/$s"; done
+: >"$FB/stage3_fake.ptxas.txt" # not a program: a dot in the name
+chmod +x "$FB/stage3_fake.ptxas.txt"
+mkdir "$FB/stage4_dir" # not a program: a folder
+# stage0: tiny times, out of memory once B*H*N^2 > 5e8 (long: from N = 24576)
+printf 'A=0.01\nOOM_ELEMS=500000000\nLOG=%s\n' "$FB/calls.log" >"$FB/stage0_fake.conf"
+# stage1: 1 ms at N = 1024, times as N^2: with a 1 s budget the long climb stops after 24576
+printf 'A=1\nLOG=%s\n' "$FB/calls.log" >"$FB/stage1_fake.conf"
+# stage2: times as N^3 (the N^2 prediction underestimates; the program reports over_budget
+# itself at long N = 8192), a wrong result at N = 2048, causal D = 64 unsupported
+printf 'A=2\nEXP=3\nFAIL_N=2048\nUNSUP_D=64\nLOG=%s\n' "$FB/calls.log" >"$FB/stage2_fake.conf"
+
+: >"$FB/calls.log"
+plots/sweep.sh "$FB" "$SCRATCH/sweep/results.csv" --budget 1 >"$SCRATCH/sweep.out" 2>"$SCRATCH/sweep.err"
+rc=$?
+CSV="$SCRATCH/sweep/results.csv"
+check "sweep.sh exits 1 when a run FAILs" [ $rc = 1 ]
+check "sweep.sh shouts FAIL: for the wrong result" grep -q '^FAIL: stage2_fake long N=2048' "$SCRATCH/sweep.err"
+check "sweep.sh: one header, ending in ,sweep" \
+    [ "$(grep -c '^gpu,' "$CSV")" = 1 -a "$(head -n 1 "$CSV" | awk -F, '{ print $NF }')" = sweep ]
+check "sweep.sh: 3 stages x 35 rows, 20 columns each" \
+    awk -F, 'NF != 20 { exit 1 } END { exit !(NR == 106) }' "$CSV"
+check "sweep.sh ignores stage[0-9]* names with a dot and folders" \
+    [ "$(tail -n +2 "$CSV" | cut -d, -f2 | sort -u | tr '\n' ' ')" = "stage0_fake stage1_fake stage2_fake " ]
+
+# expected runs, "stage N D causal", in the order made
+{
+    for n in 1024 2048 4096 8192 16384 24576; do echo "stage0_fake $n 128 0"; done
+    for n in 1024 2048 4096 8192 16384 24576; do echo "stage1_fake $n 128 0"; done
+    for n in 1024 2048 4096 8192; do echo "stage2_fake $n 128 0"; done
+    for c in 0 1; do for n in 512 1024; do echo "stage0_fake $n 64 $c"; done; done
+    for c in 0 1; do for n in 512 1024 2048; do echo "stage0_fake $n 128 $c"; done; done
+    for d in 64 128; do for c in 0 1; do for n in 512 1024 2048; do echo "stage1_fake $n $d $c"; done; done; done
+    for n in 512 1024; do echo "stage2_fake $n 64 0"; done
+    for n in 512 1024 2048 4096 8192 16384; do echo "stage2_fake $n 64 1"; done
+    for c in 0 1; do for n in 512 1024; do echo "stage2_fake $n 128 $c"; done; done
+} >"$SCRATCH/expected_calls"
+check "sweep.sh runs exactly the expected shapes, none past a stop" \
+    diff -u "$SCRATCH/expected_calls" <(cut -d' ' -f1-4 "$FB/calls.log")
+
+rows() { # sweep stage D causal status -> the N of matching rows, space-separated
+    awk -F, -v sw="$1" -v st="$2" -v d="$3" -v c="$4" -v s="$5" \
+        'NR > 1 && $20 == sw && $2 == st && $7 == d && $8 == c && $19 == s { printf "%s ", $6 }' "$CSV"
+}
+check "stage0 long: OOM from 24576 on (ran once, then not run)" \
+    [ "$(rows long stage0_fake 128 0 OOM)" = "24576 32768 49152 65536 131072 262144 " ]
+check "stage1 long: over_budget predicted from 32768 on" \
+    [ "$(rows long stage1_fake 128 0 over_budget)" = "32768 49152 65536 131072 262144 " ]
+check "stage2 long: FAIL row at 2048 kept, over_budget (reported by the program) from 8192" \
+    [ "$(rows long stage2_fake 128 0 FAIL)" = "2048 " -a \
+      "$(rows long stage2_fake 128 0 over_budget)" = "8192 16384 24576 32768 49152 65536 131072 262144 " ]
+check "stage2 fa2 causal D=64: unsupported rows, the climb went on" \
+    [ "$(rows fa2 stage2_fake 64 1 unsupported)" = "512 1024 2048 4096 8192 16384 " ]
+check "stage1 fa2: over_budget predicted by work (B H N^2 D) from 4096" \
+    [ "$(rows fa2 stage1_fake 128 1 over_budget)" = "4096 8192 16384 " ]
+check "stage0 fa2 D=128: OOM from 2048" [ "$(rows fa2 stage0_fake 128 0 OOM)" = "2048 4096 8192 16384 " ]
+check "a row not run has the shape filled in (B H for fa2) and empty times" \
+    grep -q -x 'Fake GPU,stage1_fake,default,4,16,4096,128,1,f16,,,0,,,,,0,,over_budget,fa2' "$CSV"
+check "progress lines: one per run, numbered" \
+    [ "$(grep -c '^\[ *[0-9]*/105\]' "$SCRATCH/sweep.err")" = 105 ]
+check "summary: stage 0's out-of-memory N" grep -q 'stage0_fake ran out of device memory from N=24576' "$SCRATCH/sweep.err"
+check "summary: speedups at N=16384" grep -q 'N=16384 (long): best stage0_fake 2.560 ms; 1.0x over stage0_fake (2.560 ms); 100.0x over stage1_fake' "$SCRATCH/sweep.err"
+check "summary: fastest at the largest common N" grep -q 'fastest stage at N=4096 (the largest N every stage measured' "$SCRATCH/sweep.err"
+check "summary: rows per status" grep -q '^rows: ok 37 FAIL 1 OOM 24 over_budget 37 unsupported 6$' "$SCRATCH/sweep.err"
+if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+    skip "SDPA skip line (torch with CUDA is present here)"
+else
+    check "sweep.sh says it skipped SDPA" grep -q -x 'SDPA baseline skipped: python3 with torch and CUDA not found' "$SCRATCH/sweep.err"
+fi
+
+# --quick and --stages
+: >"$FB/calls.log"
+plots/sweep.sh "$FB" "$SCRATCH/quick.csv" --budget 100 --quick --stages "1 stage0" --no-sdpa >/dev/null 2>"$SCRATCH/quick.err"
+rc=$?
+check "sweep.sh --quick --stages '1 stage0': exit 0, 2 x 29 rows, N <= 16384" \
+    awk -F, -v rc=$rc 'NR > 1 && ($6 > 16384 || $2 == "stage2_fake") { exit 1 } END { exit !(rc == 0 && NR == 59) }' "$SCRATCH/quick.csv"
+check "sweep.sh --stages keeps the stages' order" \
+    [ "$(cut -d' ' -f1 "$FB/calls.log" | uniq | head -n 2 | tr '\n' ' ')" = "stage0_fake stage1_fake " ]
+plots/sweep.sh "$FB" "$SCRATCH/x.csv" --stages 9 >/dev/null 2>"$SCRATCH/bad.err"
+check "sweep.sh --stages with no match: exit 2 and says so" \
+    [ $? = 2 -a -n "$(grep 'no stage program matches' "$SCRATCH/bad.err")" ]
+plots/sweep.sh "$SCRATCH/nothing" "$SCRATCH/x.csv" >/dev/null 2>&1
+check "sweep.sh without a build folder: exit 2" [ $? = 2 ]
+mkdir -p "$SCRATCH/nogpu"
+cp $T/fake_stage.sh "$SCRATCH/nogpu/stage0_fake"
+printf 'NOGPU=1\nLOG=%s\n' "$SCRATCH/nogpu/calls.log" >"$SCRATCH/nogpu/stage0_fake.conf"
+plots/sweep.sh "$SCRATCH/nogpu" "$SCRATCH/x.csv" --no-sdpa >/dev/null 2>"$SCRATCH/nogpu.err"
+check "sweep.sh stops (exit 2) when the programs see no CUDA device" \
+    [ $? = 2 -a "$(wc -l <"$SCRATCH/nogpu/calls.log")" = 1 -a -n "$(grep 'sees no CUDA device' "$SCRATCH/nogpu.err")" ]
+
+# the sweep's CSV feeds the tables and plots
+check "table.awk reads the sweep's CSV" awk -F, -f plots/table.awk "$CSV"
+check "sdpa_baseline.py --dry-run --quick plans 2 x 29 runs without torch" \
+    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run --quick | wc -l)" = 58 ]
+
+echo "skipped: $SKIPPED"
+echo "$PASS passed, $FAILED failed"
+[ $FAILED = 0 ]
