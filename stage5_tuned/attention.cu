@@ -1,0 +1,652 @@
+/*
+ * stage5_tuned: FlashAttention-2, written the way FlashAttention-2 writes it.
+ *
+ * What this stage adds over stage 4 (WMMA), one idea per bullet (README.md has the log):
+ *  - Tensor cores through inline-PTX mma.sync m16n8k16 (two m16n8k8 on sm_75), fed by ldmatrix.
+ *    Unlike WMMA, the fragment layouts are documented, so we can compute on them directly.
+ *  - S and P never leave registers: the accumulator layout of S = Q K^T is the A-operand layout
+ *    of O += P V, so P is packed to half2 in place. Row max and row sum: 2 shuffles per row.
+ *  - Shared memory is XOR-swizzled (16-byte chunk c of row r lives at chunk c ^ (r % 8)):
+ *    ldmatrix and the 16-byte tile stores are free of bank conflicts with no padding.
+ *  - Loads overlap compute: V_j arrives while S = Q K_j^T runs, K_{j+1} while O += P V_j runs
+ *    (cp.async on sm_80+, staged through registers on sm_75). Two barriers per key tile.
+ *  - exp2 with log2(e) folded into the scale (one FFMA + one MUFU.EX2 per score); causal key
+ *    tiles past the diagonal are skipped and only the diagonal and tail tiles pay for a mask.
+ *  - Tile sizes per head dim, per arch and per shared memory (FA2's on sm_80+: BR x BC =
+ *    128 x 64 at D = 128, 128 x 128 at D = 64, 4 warps of 32 query rows).
+ * Expected gain: roughly 2x over stage 4, to within about 10% of PyTorch's FLASH_ATTENTION
+ * backend (a prediction; README.md gets the measured numbers).
+ *
+ * Run:  make build && build/stage5_tuned --seq 16384 --heads 16 --dim 128 --causal --bench
+ *       python3 stage5_tuned/compare_fa2.py        (side by side with FA2, same process run)
+ * Variants (--variant): default, noswizzle, single_stage, noskip: each switches one lesson off.
+ *
+ * NOTE: what is left is the instruction set. mma.sync is Ampere's tensor-core path; on Hopper
+ * it reaches only part of the chip's matrix rate. Going further needs wgmma (asynchronous
+ * warpgroup MMA, operands straight from shared memory), TMA bulk copies and warp
+ * specialisation: FlashAttention-3, beyond this course.
+ */
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention.h"
+
+/* ---- tunables ---------------------------------------------------------------------------- */
+
+// A tile configuration: BR query rows per block, BC keys per K/V tile, WARPS warps per block.
+// Each warp owns BR / WARPS query rows (a multiple of 16: one m16 slice per MMA row block) and
+// works on them alone, so the only block-wide barriers are the two per key tile that hand
+// K_smem and V_smem over. Shared memory: (BR + 2 BC) * D halves.
+typedef struct {
+    int BR, BC, WARPS;
+} tile_config;
+
+// sm_80+ (A100, H100): FA2's tiles. 4 warps x 32 rows (two m16 slices per warp, so each K/V
+// fragment read from shared memory feeds two MMAs); 64 keys per tile. D = 128: Q 32 KB +
+// K 16 KB + V 16 KB = 64 KB, two blocks per SM (about 250 registers per thread allow no more).
+constexpr tile_config SM80_D128 = {128, 64, 4};
+// D = 64: O_acc is half as big, so twice the keys per tile (fewer barriers and softmax
+// rounds per key): 48 KB. Here S holds 128 registers, so Q is re-read from shared memory.
+constexpr tile_config SM80_D64 = {128, 128, 4};
+// D = 128 when two 64 KB blocks do not fit on one SM (L4, RTX 40xx: about 100 KB per SM):
+// 32-key tiles, 48 KB per block, two blocks per SM (FA2 makes the same choice on sm_8x).
+constexpr tile_config SMALL_SMEM_D128 = {128, 32, 4};
+// sm_75 (T4): no cp.async, so the prefetched tile waits in registers; 16 rows per warp leave
+// room for it (and for Q in registers). 48 KB at D = 128 fits the T4's 64 KB.
+constexpr tile_config SM75 = {64, 64, 4};
+
+// Q fragments stay in registers for the whole key loop when Q + S + O_acc need at most this
+// many 32-bit registers per thread (255 is the hardware limit; the rest holds addresses, K/V
+// fragments and, on sm_75, the staged tile). Otherwise they are re-read from Q_smem with
+// ldmatrix for every key tile, as FA2 does.
+constexpr int Q_REGS_BUDGET = 192;
+
+/* ---- device helpers ---------------------------------------------------------------------- */
+
+// Shared-memory tiles are [rows, D] halves, D * 2 bytes per row, split into 16-byte chunks of
+// 8 halves. With SWIZZLE, logical chunk c of row r is stored at chunk c ^ (r % 8). Eight
+// consecutive rows read at the same logical chunk (one 8x8 ldmatrix matrix) then fall into 8
+// different chunks, i.e. 8 disjoint groups of 4 banks: conflict-free. Without it, rows 128 or
+// 256 bytes apart hit the same 4 banks: an 8-way conflict.
+template <int D, bool SWIZZLE>
+__device__ __forceinline__ uint32_t smem_offset(int row, int chunk) {
+    return (uint32_t)(row * (D * 2) + ((SWIZZLE ? (chunk ^ (row & 7)) : chunk) << 4));
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16-byte asynchronous copy global -> shared (sm_80+). With valid == false the source size is
+// 0 and the 16 bytes in shared memory are zero-filled (the source is not read).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+#else
+    (void)dst, (void)src, (void)valid;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// ldmatrix .x4: lanes 8i..8i+7 give the addresses of the 8 rows (16 bytes each) of matrix i;
+// afterwards r[i] of lane l holds row l / 4, columns 2 * (l % 4) and +1 of matrix i.
+// With .trans, r[i] of lane l holds instead rows 2 * (l % 4) and +1 of column l / 4.
+// volatile: the same address returns new data after each barrier.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += A (16x16, row-major) * B (16x8, column-major), fp16 in, fp32 accumulate. Lane l, with
+// g = l / 4 and t = l % 4, holds (each register = 2 halves, the lower column in the low half):
+//   A: a[0] = (row g,   cols 2t, 2t+1)   a[1] = (row g+8, cols 2t, 2t+1)
+//      a[2] = (row g,   cols 2t+8, +9)   a[3] = (row g+8, cols 2t+8, +9)
+//   B: b0 = (rows 2t, 2t+1, col g)       b1 = (rows 2t+8, 2t+9, col g)
+//   C/D: d[0], d[1] = (row g, cols 2t, 2t+1)   d[2], d[3] = (row g+8, cols 2t, 2t+1)
+// sm_75 has only m16n8k8 (A = a[0..1], B = b0, same C layout): two of them over k = 0..7 and
+// k = 8..15 give the same result.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b1));
+#endif
+}
+
+// 2^x in one MUFU.EX2 instruction; 2^-inf = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two floats -> one register of two halves, lo in the low 16 bits (the lower column).
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &h, sizeof(u));
+    return u;
+}
+
+// threadIdx.x, read afresh where it is used. Offsets derived from it that are needed once per
+// key tile (where this thread's load chunks and mask elements lie) are then recomputed in a few
+// integer instructions instead of occupying registers across the key loop, where registers are
+// scarcest (volatile: the compiler may not hoist the read out of the loop).
+__device__ __forceinline__ int thread_index() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+    return t;
+}
+
+// Number of 16-byte chunks each thread moves for a [ROWS, D] tile.
+__host__ __device__ constexpr int chunks_per_thread(int rows, int d, int threads) {
+    return rows * (d / 8) / threads;
+}
+
+// One 16-byte chunk global -> shared: sm_80+ copies asynchronously (zero-fill if !valid);
+// sm_75 loads into a register (zero if !valid) that tile_finish stores later.
+__device__ __forceinline__ void copy_chunk(uint4 &stage, uint32_t dst, const __half *src,
+                                           bool valid) {
+#if __CUDA_ARCH__ >= 800
+    cp_async_16(dst, src, valid);
+    (void)stage;
+#else
+    stage = valid ? *reinterpret_cast<const uint4 *>(src) : make_uint4(0, 0, 0, 0);
+    (void)dst;
+#endif
+}
+
+// Start loading rows [0, ROWS) of the tile at `src` (row stride D) into the shared tile at
+// `tile`; rows >= rows_left lie beyond N and become zeros. Thread tid moves the 16-byte chunks
+// (row0 + i * STEP, chunk0), i = 0, 1, ...: consecutive threads read consecutive 16 bytes of
+// global memory. STEP = THREADS / (D / 8) is 8 or 16 rows, a multiple of 8, so every chunk of
+// a thread has the same swizzle and sits a constant i * STEP rows after the first.
+// sm_80+: cp.async, one commit group per tile. sm_75: 16-byte loads into `stage` (registers),
+// stored to shared memory later by tile_finish.
+template <int ROWS, int D, int THREADS, bool SWIZZLE>
+__device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
+                                           uint32_t tile, const __half *src, int rows_left) {
+    const int tid = thread_index();
+    constexpr int STEP = THREADS / (D / 8);
+    const int row0 = tid / (D / 8), chunk0 = tid % (D / 8);
+    const uint32_t to = tile + smem_offset<D, SWIZZLE>(row0, chunk0);
+    const __half *from = src + row0 * D + chunk0 * 8;
+    if (rows_left >= ROWS) {  // every tile but the last: nothing to check
+#pragma unroll
+        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i)
+            copy_chunk(stage[i], to + i * STEP * D * 2, from + i * STEP * D, true);
+    } else {  // rows past N: zero-filled, their source address replaced by row 0 (inside N)
+#pragma unroll
+        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
+            const bool valid = row0 + i * STEP < rows_left;
+            copy_chunk(stage[i], to + i * STEP * D * 2, valid ? from + i * STEP * D : src, valid);
+        }
+    }
+    cp_async_commit();
+}
+
+// Complete the load started by tile_issue: sm_80+ waits for this thread's copies; sm_75 stores
+// the staged registers. Either way a __syncthreads() must follow before other warps read it.
+template <int ROWS, int D, int THREADS, bool SWIZZLE>
+__device__ __forceinline__ void tile_finish(
+    const uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)], unsigned char *tile) {
+#if __CUDA_ARCH__ >= 800
+    cp_async_wait_all();
+    (void)stage, (void)tile;
+#else
+    const int tid = thread_index();
+    constexpr int STEP = THREADS / (D / 8);
+    unsigned char *to = tile + smem_offset<D, SWIZZLE>(tid / (D / 8), tid % (D / 8));
+#pragma unroll
+    for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i)
+        *reinterpret_cast<uint4 *>(to + i * STEP * D * 2) = stage[i];
+#endif
+}
+
+/* ---- kernel ------------------------------------------------------------------------------ */
+
+// One block = one tile of BR query rows of one (batch, head); it loops over the key tiles.
+// Template switches: SWIZZLE (variant noswizzle turns it off), PIPELINED (single_stage: load,
+// wait, compute), SKIP (noskip: causal processes and masks every key tile).
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+    attention_kernel(const __half *__restrict__ Q,  // [B, H, N, D]
+                     const __half *__restrict__ K,  // [B, H, N, D]
+                     const __half *__restrict__ V,  // [B, H, N, D]
+                     __half *__restrict__ O,        // [B, H, N, D]
+                     float *__restrict__ lse,       // [B, H, N]
+                     int N, int causal, float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // sm_75 code runs only the SM75 tiles (the launcher asks kernel_arch which code it has):
+    // with the prefetched tile waiting in registers, larger tiles would spill there.
+    if constexpr (BR != SM75.BR || BC != SM75.BC || WARPS != SM75.WARPS) {
+        __trap();
+        return;
+    }
+#endif
+    constexpr int THREADS = WARPS * 32;
+    constexpr int ROW_BYTES = D * 2;  // one row of a tile in shared memory
+    constexpr int RPW = BR / WARPS;   // query rows per warp
+    constexpr int MT = RPW / 16;      // m16 slices per warp
+    constexpr int NB = BC / 8;        // n8 blocks of S per slice (keys)
+    constexpr int DB = D / 8;         // n8 blocks of O_acc per slice (head dim)
+    constexpr int KD = D / 16;        // k16 steps of S = Q K^T
+    constexpr int KC = BC / 16;       // k16 steps of O += P V
+    constexpr bool Q_IN_REGS = MT * KD * 4 + MT * NB * 4 + MT * DB * 4 <= Q_REGS_BUDGET;
+    static_assert(RPW % 16 == 0 && BC % 16 == 0 && D % 16 == 0, "tile shapes");
+    static_assert(chunks_per_thread(BR, D, THREADS) * THREADS == BR * D / 8, "Q tile split");
+    static_assert(chunks_per_thread(BC, D, THREADS) * THREADS == BC * D / 8, "K/V tile split");
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *Q_smem = smem;                     // [BR, D] swizzled; O staging at the end
+    unsigned char *K_smem = Q_smem + BR * ROW_BYTES;  // [BC, D] swizzled
+    unsigned char *V_smem = K_smem + BC * ROW_BYTES;  // [BC, D] swizzled
+    const uint32_t Q_s = smem_u32(Q_smem), K_s = smem_u32(K_smem), V_s = smem_u32(V_smem);
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (see mma_16816)
+
+    // Causal: the last query tiles have the most key tiles; launch them first so the short
+    // ones fill the tail of the grid.
+    const int q_tile = causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const int q0 = q_tile * BR;                              // first query row of the block
+    const size_t head = (size_t)blockIdx.y * (size_t)N * D;  // (batch, head) offset
+
+    // Keys this block visits: [0, kv_end), in tiles of BC. Causal: up to the block's last real
+    // query row (later tiles are skipped). Tiles starting at or after mask_from need a mask:
+    // they hold keys > the block's first query row (causal) or keys >= N (the tail tile); all
+    // earlier tiles take the fast path. Tile k0 is unmasked iff k0 + BC - 1 <= q0.
+    const int q_end = min(q0 + BR, N);  // one past the block's last real query row
+    int kv_end = N, mask_from = N / BC * BC;
+    if (causal && SKIP) {
+        kv_end = q_end;
+        mask_from = min(mask_from, (q0 + 1) / BC * BC);
+    } else if (causal) {
+        mask_from = 0;  // noskip: every tile is processed and masked
+    }
+
+    // ldmatrix addresses. Every x4 load below reads a 16 x 16 block of a tile as four 8 x 8
+    // matrices in the order (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15),
+    // (rows 8-15, cols 8-15), so lane l always addresses block row l % 16, chunk bit l / 16.
+    // The block at chunk pair c (columns 16c..16c+15) has logical chunk 2c + l / 16, stored at
+    // (2c + l / 16) ^ (row % 8) = 2c ^ ((l / 16) ^ (l % 8)): one per-lane offset, XOR (c << 5).
+    // That XOR only touches bits below ROW_BYTES, so it commutes with adding whole rows.
+    const int sw = SWIZZLE ? (lane & 7) : 0;
+    const uint32_t lane_off = (uint32_t)((lane & 15) * ROW_BYTES + (((lane >> 4) ^ sw) << 4));
+    const uint32_t Q_warp = Q_s + warp * RPW * ROW_BYTES;  // this warp's Q rows
+
+    // Prologue: Q tile and key tile 0.
+    {
+        uint4 stage_q[chunks_per_thread(BR, D, THREADS)];
+        uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
+        tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_s, Q + head + (size_t)q0 * D, N - q0);
+        tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_s, K + head, N);
+        tile_finish<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem);
+        tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
+    }
+    __syncthreads();  // Q_smem and K_smem (tile 0) written by all threads, visible to all warps
+
+    // Q fragments: q_frag[m][k] = A operand of slice m, k16 step k. Loaded once if they fit.
+    uint32_t q_frag[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
+    if constexpr (Q_IN_REGS) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int k = 0; k < KD; ++k)
+                ldmatrix_x4(q_frag[m][k], Q_warp + (lane_off ^ (k << 5)) + m * 16 * ROW_BYTES);
+    }
+
+    // Online softmax state, in the log2 domain: m_i = running max of scale*log2(e) * q.k,
+    // l_i = this lane's part of the running sum of 2^(s - m_i) (the 4 lanes of a row are summed
+    // once at the end). Index [m][h]: slice m, row g (h = 0) or g + 8 (h = 1).
+    float m_i[MT][2], l_i[MT][2];
+    float O_acc[MT][DB][4];  // O_acc[m][n]: C fragment of rows of slice m, head-dim block n
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) m_i[m][h] = -INFINITY, l_i[m][h] = 0.f;
+#pragma unroll
+        for (int n = 0; n < DB; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) O_acc[m][n][e] = 0.f;
+    }
+
+    for (int k0 = 0; k0 < kv_end; k0 += BC) {     // key tile j = k0 / BC
+        const size_t kv = head + (size_t)k0 * D;  // offset of K_j and V_j
+        const bool has_next = k0 + BC < kv_end;
+        uint4 stage_v[chunks_per_thread(BC, D, THREADS)];
+        uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
+
+        __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
+        tile_issue<BC, D, THREADS, SWIZZLE>(stage_v, V_s, V + kv, N - k0);  // V_j flies during S
+        if (!PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);  // single_stage
+
+        // S = Q K_j^T: S[m][n] = C fragment of slice m, key block n (keys k0 + 8n .. + 7).
+        float S[MT][NB][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int n = 0; n < NB; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[m][n][e] = 0.f;
+#pragma unroll
+        for (int k = 0; k < KD; ++k) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                if constexpr (Q_IN_REGS) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[m][e] = q_frag[m][k][e];
+                } else {
+                    ldmatrix_x4(a[m], Q_warp + (lane_off ^ (k << 5)) + m * 16 * ROW_BYTES);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NB; n += 2) {  // two key blocks per ldmatrix.x4
+                // B[k][n] = K[key n][d k]: K rows are the columns of B, read untransposed.
+                // b[0] = b0 of keys n*8.., b[1] = b0 of keys n*8+8.., b[2], b[3] = their b1.
+                uint32_t b[4];
+                ldmatrix_x4(b, K_s + (lane_off ^ (k << 5)) + n * 8 * ROW_BYTES);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    mma_16816(S[m][n], a[m], b[0], b[2]);
+                    mma_16816(S[m][n + 1], a[m], b[1], b[3]);
+                }
+            }
+        }
+
+        if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
+        __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
+
+        // Mask (diagonal and tail tiles only): key > query (causal) or key >= N -> -inf.
+        // Element e of S[m][n] is query q0 + warp*RPW + 16m + g + 8(e/2), key k0 + 8n + 2t + e%2;
+        // moving the lane's part to one side leaves one compile-time constant per element.
+        if (k0 >= mask_from) {
+            const int me = thread_index() % 32, my_warp = thread_index() / 32;
+            const int diag =
+                k0 - q0 - my_warp * RPW - me / 4 + 2 * (me % 4);  // key - query - consts
+            const int tail = N - k0 - 2 * (me % 4);               // key >= N  <=>  8n + e%2 >= tail
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int n = 0; n < NB; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const bool after = diag + 8 * n + (e & 1) - 16 * m - 8 * (e >> 1) > 0;
+                        if (8 * n + (e & 1) >= tail || (causal && after)) S[m][n][e] = -INFINITY;
+                    }
+        }
+
+        // Online softmax on registers, in the log2 domain: with c = scale * log2(e),
+        // m_i = max_j c * q.k_j and p_j = 2^(c * q.k_j - m_i) = e^(scale * q.k_j - m_i * ln 2):
+        // one FFMA and one MUFU.EX2 per score. S holds raw q.k; since c > 0, the max of c * q.k is
+        // c times the max of q.k. A row's 4 lanes (same g, t = 0..3) share its max by 2 shuffles.
+        uint32_t P[MT][KC][4];  // P[m][k]: A operand of slice m, k16 step k of O += P V_j
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < NB; ++n)
+                    mx = fmaxf(mx, fmaxf(S[m][n][2 * h], S[m][n][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m_i[m][h], mx * scale_log2);  // scale > 0
+                // A row with every key masked so far keeps m = -inf; subtract 0 instead so that
+                // 2^(-inf - (-inf)) = NaN never happens (its p and alpha are then 0).
+                const float m_base = m_new == -INFINITY ? 0.f : m_new;
+                const float alpha = fast_exp2(m_i[m][h] - m_base);  // rescales the old sum and O
+                m_i[m][h] = m_new;
+                l_i[m][h] *= alpha;
+#pragma unroll
+                for (int n = 0; n < DB; ++n)
+                    O_acc[m][n][2 * h] *= alpha, O_acc[m][n][2 * h + 1] *= alpha;
+#pragma unroll
+                for (int n = 0; n < NB; ++n) {
+                    const float p0 = fast_exp2(fmaf(S[m][n][2 * h], scale_log2, -m_base));
+                    const float p1 = fast_exp2(fmaf(S[m][n][2 * h + 1], scale_log2, -m_base));
+                    l_i[m][h] += p0 + p1;
+                    S[m][n][2 * h] = p0, S[m][n][2 * h + 1] = p1;
+                }
+            }
+            // The C fragments of key blocks 2k and 2k+1 are, register for register, the A
+            // fragment of k16 step k: (row g, keys 2t..) (row g+8, keys 2t..) (row g, keys 8+2t..)
+            // (row g+8, keys 8+2t..).
+#pragma unroll
+            for (int k = 0; k < KC; ++k) {
+                P[m][k][0] = pack_half2(S[m][2 * k][0], S[m][2 * k][1]);
+                P[m][k][1] = pack_half2(S[m][2 * k][2], S[m][2 * k][3]);
+                P[m][k][2] = pack_half2(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
+                P[m][k][3] = pack_half2(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
+            }
+        }
+
+        // K_{j+1} flies during O += P V_j. (Issued here rather than before the softmax, as FA2
+        // does, because the softmax is where registers are scarcest: S, P and O_acc are live.)
+        if (has_next) {
+            tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_s, K + kv + BC * D, N - (k0 + BC));
+            if (!PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);  // single_stage
+        }
+
+        // O_acc += P V_j.
+#pragma unroll
+        for (int k = 0; k < KC; ++k) {
+#pragma unroll
+            for (int n = 0; n < DB; n += 2) {  // two head-dim blocks per ldmatrix.x4.trans
+                // B[k][n] = V[key k][d n], V row-major: .trans hands each lane its column.
+                // b[0], b[1] = b0, b1 of d block n; b[2], b[3] = b0, b1 of d block n + 1.
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, V_s + (lane_off ^ ((n / 2) << 5)) + k * 16 * ROW_BYTES);
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    mma_16816(O_acc[m][n], P[m][k], b[0], b[1]);
+                    mma_16816(O_acc[m][n + 1], P[m][k], b[2], b[3]);
+                }
+            }
+        }
+
+        if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
+    }
+
+    // Epilogue. Each warp normalises its own rows and stages them, as fp16, in its own rows of
+    // Q_smem (this warp's ldmatrix reads of Q were its last use of them), then writes them out
+    // with 16-byte stores; the LSE goes straight from registers.
+    __syncwarp();  // this warp's reads of its Q_smem rows are done before they are overwritten
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_i[m][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            const int r = warp * RPW + 16 * m + g + 8 * h;  // row inside the block
+#pragma unroll
+            for (int n = 0; n < DB; ++n)
+                *reinterpret_cast<uint32_t *>(Q_smem + smem_offset<D, SWIZZLE>(r, n) + 4 * t) =
+                    pack_half2(O_acc[m][n][2 * h] * inv_l, O_acc[m][n][2 * h + 1] * inv_l);
+            // LSE in natural log: (m + log2 l) is in log2 units of the scaled score.
+            if (t == 0 && q0 + r < N)
+                lse[(size_t)blockIdx.y * N + q0 + r] =
+                    (m_i[m][h] + log2f(l)) * 0.69314718055994531f;
+        }
+    }
+    __syncwarp();  // this warp's O rows are complete in Q_smem
+    constexpr int CPR = D / 8;
+#pragma unroll
+    for (int i = 0; i < RPW * CPR / 32; ++i) {
+        const int c = lane + 32 * i;
+        const int r = warp * RPW + c / CPR, chunk = c % CPR;
+        if (q0 + r < N)
+            *reinterpret_cast<uint4 *>(O + head + (size_t)(q0 + r) * D + chunk * 8) =
+                *reinterpret_cast<const uint4 *>(Q_smem + smem_offset<D, SWIZZLE>(r, chunk));
+    }
+}
+
+/* ---- launcher ---------------------------------------------------------------------------- */
+
+enum { VARIANT_DEFAULT = 0, VARIANT_NOSWIZZLE, VARIANT_SINGLE_STAGE, VARIANT_NOSKIP, VARIANTS };
+
+static size_t smem_bytes(tile_config c, int D) {
+    return (size_t)(c.BR + 2 * c.BC) * D * sizeof(__half);
+}
+
+// The PTX architecture the kernels were compiled for on this device (75 for a compute_75 PTX
+// build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
+static cudaError_t kernel_arch(int *arch) {
+    cudaFuncAttributes fa;
+    const cudaError_t err = cudaFuncGetAttributes(
+        &fa, (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true>);
+    *arch = err == cudaSuccess ? fa.ptxVersion : 0;
+    return err;
+}
+
+// Tiles for this head dim, code arch and shared-memory limit: the first that fits of
+// sm_80 (two blocks per SM), small-smem sm_80, sm_75. BR = 0 if none fits.
+static tile_config choose_tiles(int D, int arch, size_t smem_limit) {
+    const tile_config none = {0, 0, 0};
+    if (arch >= 80) {
+        const tile_config c = D == 64 ? SM80_D64 : SM80_D128;
+        // An SM holds the per-block limit + 1 KB and each block reserves 1 KB more: two blocks
+        // fit when 2 * (smem + 1 KB) <= limit + 1 KB.
+        if (2 * (smem_bytes(c, D) + 1024) <= smem_limit + 1024 ||
+            (D == 64 && smem_bytes(c, D) <= smem_limit))
+            return c;
+        if (D == 128 && smem_bytes(SMALL_SMEM_D128, D) <= smem_limit) return SMALL_SMEM_D128;
+    }
+    return smem_bytes(SM75, D) <= smem_limit ? SM75 : none;
+}
+
+static bool same_tiles(tile_config a, tile_config b) {
+    return a.BR == b.BR && a.BC == b.BC && a.WARPS == b.WARPS;
+}
+
+static const char *attention_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
+    if (s->D != 64 && s->D != 128) return "head dim must be 64 or 128";
+    if (!(s->scale > 0.f)) return "scale must be positive (the row max is taken before scaling)";
+    if (s->B < 1 || s->H < 1 || s->N < 1) return "B, H and N must be >= 1";
+    if (dev->cc < 75) return "needs sm_75 or newer (mma.sync m16n8k8, ldmatrix)";
+    if (variant < 0 || variant >= VARIANTS) return "unknown variant";
+    if ((long long)s->B * s->H > 65535) return "B * H must be at most 65535 (grid y)";
+    int arch = 0;
+    if (kernel_arch(&arch) != cudaSuccess) {
+        cudaGetLastError();
+        return "no kernel image for this device";
+    }
+    if (choose_tiles(s->D, arch, dev->smem_per_block).BR == 0)
+        return "needs 48 KB (D=128) or 24 KB (D=64) of shared memory per block";
+    return NULL;
+}
+
+static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
+    (void)s, (void)dev, (void)variant;
+    return 0;  // fused: nothing beyond O and lse
+}
+
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP>
+static cudaError_t launch(const attn_shape *s, const __half *Q, const __half *K, const __half *V,
+                          __half *O, float *lse, cudaStream_t stream) {
+    void (*kernel)(const __half *, const __half *, const __half *, __half *, float *, int, int,
+                   float) = attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP>;
+    const size_t smem = (size_t)(BR + 2 * BC) * D * sizeof(__half);
+    if (smem > 48 * 1024)
+        ATTN_TRY(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid((unsigned)((s->N + BR - 1) / BR), (unsigned)(s->B * s->H));
+    const float scale_log2 = s->scale * 1.4426950408889634f;  // log2(e) folded into the scale
+    kernel<<<grid, WARPS * 32, smem, stream>>>(Q, K, V, O, lse, s->N, s->causal, scale_log2);
+    ATTN_TRY(cudaGetLastError());
+    return cudaSuccess;
+}
+
+// The variants are instantiations of the same kernel with one lesson switched off.
+template <int D, int BR, int BC, int WARPS>
+static cudaError_t launch_variant(const attn_shape *s, const __half *Q, const __half *K,
+                                  const __half *V, __half *O, float *lse, int variant,
+                                  cudaStream_t stream) {
+    switch (variant) {
+        case VARIANT_NOSWIZZLE:
+            return launch<D, BR, BC, WARPS, false, true, true>(s, Q, K, V, O, lse, stream);
+        case VARIANT_SINGLE_STAGE:
+            return launch<D, BR, BC, WARPS, true, false, true>(s, Q, K, V, O, lse, stream);
+        case VARIANT_NOSKIP:
+            return launch<D, BR, BC, WARPS, true, true, false>(s, Q, K, V, O, lse, stream);
+        default:
+            return launch<D, BR, BC, WARPS, true, true, true>(s, Q, K, V, O, lse, stream);
+    }
+}
+
+#define LAUNCH_TILES(D_, C) \
+    launch_variant<D_, C.BR, C.BC, C.WARPS>(s, q, k, v, o, lse, variant, stream)
+
+static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev, const void *Q,
+                                     const void *K, const void *V, void *O, float *lse,
+                                     void *workspace, int variant, cudaStream_t stream) {
+    (void)workspace;
+    const char *why = attention_unsupported(s, dev, variant);
+    if (why) {
+        fprintf(stderr, "stage5_tuned: %s\n", why);
+        return cudaErrorInvalidValue;
+    }
+    // The 16-byte loads and stores need 16-byte aligned tensors (cudaMalloc gives 256).
+    if (((uintptr_t)Q | (uintptr_t)K | (uintptr_t)V | (uintptr_t)O) % 16) {
+        fprintf(stderr, "stage5_tuned: Q, K, V and O must be 16-byte aligned\n");
+        return cudaErrorMisalignedAddress;
+    }
+    int arch = 0;
+    ATTN_TRY(kernel_arch(&arch));
+    const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
+    const __half *q = (const __half *)Q, *k = (const __half *)K, *v = (const __half *)V;
+    __half *o = (__half *)O;
+    if (s->D == 64 && same_tiles(c, SM80_D64)) return LAUNCH_TILES(64, SM80_D64);
+    if (s->D == 64 && same_tiles(c, SM75)) return LAUNCH_TILES(64, SM75);
+    if (s->D == 128 && same_tiles(c, SM80_D128)) return LAUNCH_TILES(128, SM80_D128);
+    if (s->D == 128 && same_tiles(c, SMALL_SMEM_D128)) return LAUNCH_TILES(128, SMALL_SMEM_D128);
+    if (s->D == 128 && same_tiles(c, SM75)) return LAUNCH_TILES(128, SM75);
+    return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these first
+}
+
+extern "C" const attn_stage attn_this_stage = {
+    "stage5_tuned",
+    "FA2-style: mma.sync + ldmatrix, S/P in registers, swizzled smem, cp.async K/V overlap, "
+    "exp2, causal tile skipping, tiles per arch and D",
+    ATTN_F16,
+    "default,noswizzle,single_stage,noskip",
+    attention_unsupported,
+    attention_workspace_bytes,
+    attention_forward,
+};
