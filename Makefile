@@ -61,7 +61,7 @@ $(BUILD)/test_common: common/tests/test_common.c $(BUILD)/obj/reference.o $(BUIL
 # ---- tests ----
 TEST_BUILD ?= $(BUILD)/fat
 test:
-	$(MAKE) --no-print-directory build ARCH= BUILD=$(TEST_BUILD)
+	$(MAKE) --no-print-directory -j$(shell nproc) build ARCH= BUILD=$(TEST_BUILD)
 	bash common/tests/run.sh $(TEST_BUILD)
 
 SMEM_LIMIT ?=
