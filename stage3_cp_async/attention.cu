@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(BR)
 #pragma unroll
         for (int d = 0; d < D; ++d) O_acc[d] *= alpha;
 
-            // P = exp(S - m), then O_acc += P V. V_smem[j][d] is a broadcast too.
+        // P = exp(S - m), then O_acc += P V. V_smem[j][d] is a broadcast too.
 #pragma unroll
         for (int j = 0; j < BC; ++j) {
             const float P = expf(S[j] - m_ref);
