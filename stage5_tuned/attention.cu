@@ -64,6 +64,13 @@ constexpr tile_config SM75 = {64, 64, 4};
 // ldmatrix for every key tile, as FA2 does.
 constexpr int Q_REGS_BUDGET = 192;
 
+// Rescale only when a row's max grows (LAZY, see the softmax) from this many keys on. Skipping
+// needs a branch, and the rescale before it can no longer hide among the exponentials and the
+// P V mma: that costs about 2% while most tiles still raise some max (a warp's 32 rows at
+// tile j: about 1 - (1 - 1/j)^32 of the time), and gains about 3% once almost none do.
+// Measured on an H200 (README.md): slower than eager at N <= 8192, faster at 262,144.
+constexpr int LAZY_MIN_N = 32768;
+
 /* ---- device helpers ---------------------------------------------------------------------- */
 
 // Shared-memory tiles are [rows, D] halves, D * 2 bytes per row, split into 16-byte chunks of
@@ -236,12 +243,40 @@ __device__ __forceinline__ void tile_finish(
 #endif
 }
 
+// Max of row g (h = 0) or g + 8 (h = 1) of slice m of S over the tile's keys: this lane's 2 NB
+// elements, then across the row's 4 lanes (same g) with 2 shuffles.
+template <int MT, int NB>
+__device__ __forceinline__ float row_max(const float (&S)[MT][NB][4], int m, int h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) mx = fmaxf(mx, fmaxf(S[m][n][2 * h], S[m][n][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
+// Online-softmax update of one row for a tile whose (scaled) max is m_tile: raise m_i to the new
+// max and rescale this lane's part of the row's sum l_i and of its O_acc by alpha = 2^(old - new).
+template <int MT, int DB>
+__device__ __forceinline__ void rescale_row(float (&m_i)[MT][2], float (&l_i)[MT][2],
+                                            float (&O_acc)[MT][DB][4], int m, int h,
+                                            float m_tile) {
+    const float m_new = fmaxf(m_i[m][h], m_tile);
+    // A row with every key masked so far keeps m = -inf; subtract 0 instead so that
+    // 2^(-inf - (-inf)) = NaN never happens (its alpha is then 0).
+    const float alpha = fast_exp2(m_i[m][h] - (m_new == -INFINITY ? 0.f : m_new));
+    m_i[m][h] = m_new;
+    l_i[m][h] *= alpha;
+#pragma unroll
+    for (int n = 0; n < DB; ++n) O_acc[m][n][2 * h] *= alpha, O_acc[m][n][2 * h + 1] *= alpha;
+}
+
 /* ---- kernel ------------------------------------------------------------------------------ */
 
 // One block = one tile of BR query rows of one (batch, head); it loops over the key tiles.
 // Template switches: SWIZZLE (variant noswizzle turns it off), PIPELINED (single_stage: load,
-// wait, compute), SKIP (noskip: causal processes and masks every key tile).
-template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP>
+// wait, compute), SKIP (noskip: causal processes and masks every key tile), LAZY (rescale only
+// when a row's max grows; chosen by the launcher from N, see LAZY_MIN_N).
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     attention_kernel(const __half *__restrict__ Q,  // [B, H, N, D]
                      const __half *__restrict__ K,  // [B, H, N, D]
@@ -414,27 +449,35 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         // m_i = max_j c * q.k_j and p_j = 2^(c * q.k_j - m_i) = e^(scale * q.k_j - m_i * ln 2):
         // one FFMA and one MUFU.EX2 per score. S holds raw q.k; since c > 0, the max of c * q.k is
         // c times the max of q.k. A row's 4 lanes (same g, t = 0..3) share its max by 2 shuffles.
+        // LAZY: every row's max first, then one vote: if no row of the warp has a new max, every
+        // alpha would be exactly 1 and the rescale is skipped (4 MUFU and 4 + 4 DB FMUL per row
+        // pair; the results are the same bit for bit). Otherwise (!LAZY) each row is rescaled
+        // right before its exponentials, with no branch: see LAZY_MIN_N for when each wins.
+        if constexpr (LAZY) {
+            float m_tile[MT][2];  // this tile's row maxima, times c
+            bool grows = false;   // some row's max grew
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    m_tile[m][h] = row_max(S, m, h) * scale_log2;  // scale > 0
+                    grows |= m_tile[m][h] > m_i[m][h];
+                }
+            if (__any_sync(0xffffffffu, grows)) {  // warp-uniform
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) rescale_row(m_i, l_i, O_acc, m, h, m_tile[m][h]);
+            }
+        }
         uint32_t P[MT][KC][4];  // P[m][k]: A operand of slice m, k16 step k of O += P V_j
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < NB; ++n)
-                    mx = fmaxf(mx, fmaxf(S[m][n][2 * h], S[m][n][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m_i[m][h], mx * scale_log2);  // scale > 0
-                // A row with every key masked so far keeps m = -inf; subtract 0 instead so that
-                // 2^(-inf - (-inf)) = NaN never happens (its p and alpha are then 0).
-                const float m_base = m_new == -INFINITY ? 0.f : m_new;
-                const float alpha = fast_exp2(m_i[m][h] - m_base);  // rescales the old sum and O
-                m_i[m][h] = m_new;
-                l_i[m][h] *= alpha;
-#pragma unroll
-                for (int n = 0; n < DB; ++n)
-                    O_acc[m][n][2 * h] *= alpha, O_acc[m][n][2 * h + 1] *= alpha;
+                if constexpr (!LAZY) rescale_row(m_i, l_i, O_acc, m, h, row_max(S, m, h) * scale_log2);
+                // A row with every key masked so far has m = -inf; subtract 0 instead (p = 0).
+                const float m_base = m_i[m][h] == -INFINITY ? 0.f : m_i[m][h];
 #pragma unroll
                 for (int n = 0; n < NB; ++n) {
                     const float p0 = fast_exp2(fmaf(S[m][n][2 * h], scale_log2, -m_base));
@@ -519,7 +562,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
 /* ---- launcher ---------------------------------------------------------------------------- */
 
-enum { VARIANT_DEFAULT = 0, VARIANT_NOSWIZZLE, VARIANT_SINGLE_STAGE, VARIANT_NOSKIP, VARIANTS };
+enum {
+    VARIANT_DEFAULT = 0,
+    VARIANT_NOSWIZZLE,
+    VARIANT_SINGLE_STAGE,
+    VARIANT_NOSKIP,
+    VARIANT_EAGER_RESCALE,
+    VARIANT_LAZY_RESCALE,
+    VARIANTS
+};
 
 static size_t smem_bytes(tile_config c, int D) {
     return (size_t)(c.BR + 2 * c.BC) * D * sizeof(__half);
@@ -530,7 +581,8 @@ static size_t smem_bytes(tile_config c, int D) {
 static cudaError_t kernel_arch(int *arch) {
     cudaFuncAttributes fa;
     const cudaError_t err = cudaFuncGetAttributes(
-        &fa, (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true>);
+        &fa, (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true,
+                                            false>);
     *arch = err == cudaSuccess ? fa.ptxVersion : 0;
     return err;
 }
@@ -577,11 +629,11 @@ static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *
     return 0;  // fused: nothing beyond O and lse
 }
 
-template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP>
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
 static cudaError_t launch(const attn_shape *s, const __half *Q, const __half *K, const __half *V,
                           __half *O, float *lse, cudaStream_t stream) {
     void (*kernel)(const __half *, const __half *, const __half *, __half *, float *, int, int,
-                   float) = attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP>;
+                   float) = attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>;
     const size_t smem = (size_t)(BR + 2 * BC) * D * sizeof(__half);
     if (smem > 48 * 1024)
         ATTN_TRY(
@@ -600,13 +652,19 @@ static cudaError_t launch_variant(const attn_shape *s, const __half *Q, const __
                                   cudaStream_t stream) {
     switch (variant) {
         case VARIANT_NOSWIZZLE:
-            return launch<D, BR, BC, WARPS, false, true, true>(s, Q, K, V, O, lse, stream);
+            return launch<D, BR, BC, WARPS, false, true, true, false>(s, Q, K, V, O, lse, stream);
         case VARIANT_SINGLE_STAGE:
-            return launch<D, BR, BC, WARPS, true, false, true>(s, Q, K, V, O, lse, stream);
+            return launch<D, BR, BC, WARPS, true, false, true, false>(s, Q, K, V, O, lse, stream);
         case VARIANT_NOSKIP:
-            return launch<D, BR, BC, WARPS, true, true, false>(s, Q, K, V, O, lse, stream);
-        default:
-            return launch<D, BR, BC, WARPS, true, true, true>(s, Q, K, V, O, lse, stream);
+            return launch<D, BR, BC, WARPS, true, true, false, false>(s, Q, K, V, O, lse, stream);
+        case VARIANT_EAGER_RESCALE:
+            return launch<D, BR, BC, WARPS, true, true, true, false>(s, Q, K, V, O, lse, stream);
+        case VARIANT_LAZY_RESCALE:
+            return launch<D, BR, BC, WARPS, true, true, true, true>(s, Q, K, V, O, lse, stream);
+        default:  // eager below LAZY_MIN_N keys, lazy from there on
+            if (s->N >= LAZY_MIN_N)
+                return launch<D, BR, BC, WARPS, true, true, true, true>(s, Q, K, V, O, lse, stream);
+            return launch<D, BR, BC, WARPS, true, true, true, false>(s, Q, K, V, O, lse, stream);
     }
 }
 
@@ -645,7 +703,7 @@ extern "C" const attn_stage attn_this_stage = {
     "FA2-style: mma.sync + ldmatrix, S/P in registers, swizzled smem, cp.async K/V overlap, "
     "exp2, causal tile skipping, tiles per arch and D",
     ATTN_F16,
-    "default,noswizzle,single_stage,noskip",
+    "default,noswizzle,single_stage,noskip,eager_rescale,lazy_rescale",
     attention_unsupported,
     attention_workspace_bytes,
     attention_forward,
