@@ -478,7 +478,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         for (int m = 0; m < MT; ++m) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                if constexpr (!LAZY) rescale_row(m_i, l_i, O_acc, m, h, row_max(S, m, h) * scale_log2);
+                if constexpr (!LAZY)
+                    rescale_row(m_i, l_i, O_acc, m, h, row_max(S, m, h) * scale_log2);
                 // A row with every key masked so far has m = -inf; subtract 0 instead (p = 0).
                 const float m_base = m_i[m][h] == -INFINITY ? 0.f : m_i[m][h];
 #pragma unroll
