@@ -83,7 +83,7 @@ diff:
 	-git diff --no-index $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu
 
 # ncu sections per lesson; PROFILE_ARGS sets the shape.
-PROFILE_ARGS ?= --seq 4096 --dim 128 --heads 16 --batch 4 --check 0
+PROFILE_ARGS ?= --seq 4096 --dim 128 --heads 16 --batch 4 --check 0 --bench
 PROFILE_SECTIONS_0 := SpeedOfLight MemoryWorkloadAnalysis
 PROFILE_SECTIONS_1 := SpeedOfLight MemoryWorkloadAnalysis_Tables
 PROFILE_SECTIONS_2 := SpeedOfLight MemoryWorkloadAnalysis_Tables
