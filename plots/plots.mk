@@ -100,7 +100,7 @@ plots:
 	         "(macOS: brew install gnuplot). Skipping the plots; the CSV and tables are unaffected."; \
 	    exit 0; \
 	fi; \
-	gpu=$$(awk -F, -f plots/series.awk -v mode=gpu "$$csv"); \
+	gpu=$$(awk -F, -f plots/csv.awk -f plots/series.awk -v mode=gpu "$$csv"); \
 	peak='$(PEAK)'; [ -n "$$peak" ] || peak=$$(set -- "$$gpu"; $(peak_of)); \
 	for gp in $(PLOT_SCRIPTS); do \
 	    gnuplot -e "csv='$$csv'; outdir='$$out'; gpu='$$gpu'; PEAK=$$peak; plotsdir='plots'" "$$gp" || exit 1; \

@@ -1,6 +1,6 @@
 # series.awk: pull one plottable series out of a results.csv (the gnuplot scripts call it).
 #
-#   awk -F, -f plots/series.awk -v mode=MODE [-v sweep=long|fa2] [-v key=K] [-v D=128]
+#   awk -F, -f plots/csv.awk -f plots/series.awk -v mode=MODE [-v sweep=long|fa2] [-v key=K] [-v D=128]
 #       [-v causal=0] [-v y=ms_median] [-v status=ok] [-v base=K] [-v N=16384] results.csv
 #
 # A series key is the stage name ("stage3_cp_async", "sdpa_flash"), or "stage:variant" for a
@@ -24,52 +24,6 @@
 # mode=count   how many lines mode=xy (or mode=marks with status=notok) would print
 # mode=stagekey  the first key whose name starts with "stage" base (e.g. base=stage0)
 
-function trim(s) {
-    sub(/\r$/, "", s)
-    return s
-}
-
-function field(name) {
-    return (name in col) ? $(col[name]) : ""
-}
-
-function isnum(s) {
-    return s ~ /^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$/
-}
-
-# Order of keys: stages by their number, then SDPA baselines, then the rest by name.
-function rank(k,    n) {
-    if (match(k, /^stage[0-9]+/)) {
-        n = substr(k, 6, RLENGTH - 5) + 0
-        return sprintf("0 %09d %s", n, k)
-    }
-    if (k == "sdpa_flash") return "1 0 " k
-    if (k == "sdpa_default") return "1 1 " k
-    return "2 0 " k
-}
-
-function sort_keys(arr, n,    i, j, t) {
-    for (i = 2; i <= n; i++) {
-        t = arr[i]
-        for (j = i - 1; j >= 1 && rank(arr[j]) > rank(t); j--) arr[j + 1] = arr[j]
-        arr[j + 1] = t
-    }
-}
-
-function sort_num(arr, n,    i, j, t) {
-    for (i = 2; i <= n; i++) {
-        t = arr[i]
-        for (j = i - 1; j >= 1 && arr[j] + 0 > t + 0; j--) arr[j + 1] = arr[j]
-        arr[j + 1] = t
-    }
-}
-
-function row_sweep(    s) {
-    s = field("sweep")
-    if (s != "") return s
-    return (field("B") == 1 && field("H") == 1) ? "long" : "fa2"
-}
-
 function marker(st) {
     if (st == "OOM") return 2
     if (st == "over_budget") return 8
@@ -86,20 +40,9 @@ BEGIN {
     gpu = ""
 }
 
-{ $0 = trim($0) }
-
-NR == 1 || ($1 == "gpu" && $2 == "stage") {
-    for (i = 1; i <= NF; i++) col[$i] = i
-    next
-}
-
-$0 == "" { next }
-
 {
     if (gpu == "") gpu = field("gpu")
-    k = field("stage")
-    v = field("variant")
-    if (v != "" && v != "default") k = k ":" v
+    k = row_key()
     if (!(k in allseen)) { allseen[k] = 1; allkeys[++nall] = k }
     if (sweep != "" && row_sweep() != sweep) next
     if (D != "" && field("D") != D) next

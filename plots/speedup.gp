@@ -14,7 +14,7 @@ if (!exists("outdir")) outdir = '.'
 # series.awk sits beside this script
 if (!exists("plotsdir")) plotsdir = exists("ARG0") && strlen(ARG0) > 0 ? \
                                     system(sprintf("dirname '%s'", ARG0)) : 'plots'
-S = sprintf("awk -F, -f '%s/series.awk' -v sweep=long", plotsdir)
+S = sprintf("awk -F, -f '%s/csv.awk' -f '%s/series.awk' -v sweep=long", plotsdir, plotsdir)
 Q = sprintf(" '%s'", csv)
 if (!exists("gpu")) gpu = system(S . " -v mode=gpu" . Q)
 

@@ -1,8 +1,8 @@
 # table.awk: the README's results tables (markdown) from a results.csv.
 #
-#   awk -F, -v sweep=long -f plots/table.awk plots/<gpu>/results.csv   # times, ms
-#   awk -F, -v sweep=fa2  -f plots/table.awk plots/<gpu>/results.csv   # TFLOP/s, one table
-#                                                                      # per (D, causal)
+#   awk -F, -v sweep=long -f plots/csv.awk -f plots/table.awk results.csv   # times, ms
+#   awk -F, -v sweep=fa2  -f plots/csv.awk -f plots/table.awk results.csv   # TFLOP/s, one
+#                                                                          # table per (D, causal)
 #   (no sweep: both, long first)
 #
 # long: N | each stage's median ms | sdpa_flash | sdpa_default | best stage's speedup over
@@ -13,47 +13,8 @@
 # Columns are found by header name; a repeated (key, D, causal, N) row: the later one wins.
 # The output depends only on the CSV's content (keys and N are sorted), never on awk's order.
 
-function trim(s) {
-    sub(/\r$/, "", s)
-    return s
-}
-
-function field(name) {
-    return (name in col) ? $(col[name]) : ""
-}
-
-function isnum(s) {
-    return s ~ /^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$/
-}
-
-function rank(k,    n) {
-    if (match(k, /^stage[0-9]+/)) {
-        n = substr(k, 6, RLENGTH - 5) + 0
-        return sprintf("0 %09d %s", n, k)
-    }
-    if (k == "sdpa_flash") return "1 0 " k
-    if (k == "sdpa_default") return "1 1 " k
-    return "2 0 " k
-}
-
 function is_stage(k) {
     return k ~ /^stage[0-9]/
-}
-
-function sort_keys(arr, n,    i, j, t) {
-    for (i = 2; i <= n; i++) {
-        t = arr[i]
-        for (j = i - 1; j >= 1 && rank(arr[j]) > rank(t); j--) arr[j + 1] = arr[j]
-        arr[j + 1] = t
-    }
-}
-
-function sort_num(arr, n,    i, j, t) {
-    for (i = 2; i <= n; i++) {
-        t = arr[i]
-        for (j = i - 1; j >= 1 && arr[j] + 0 > t + 0; j--) arr[j + 1] = arr[j]
-        arr[j + 1] = t
-    }
 }
 
 # 262144 -> 262,144
@@ -91,12 +52,6 @@ function why(s) {
     return s
 }
 
-function row_sweep(    s) {
-    s = field("sweep")
-    if (s != "") return s
-    return (field("B") == 1 && field("H") == 1) ? "long" : "fa2"
-}
-
 function title(k) {
     if (k == "sdpa_flash") return "FA2 (sdpa_flash)"
     return k
@@ -106,21 +61,10 @@ BEGIN {
     nrows = 0
 }
 
-{ $0 = trim($0) }
-
-NR == 1 || ($1 == "gpu" && $2 == "stage") {
-    for (i = 1; i <= NF; i++) col[$i] = i
-    next
-}
-
-$0 == "" { next }
-
 {
     sw = row_sweep()
     if (sweep != "" && sw != sweep) next
-    k = field("stage")
-    v = field("variant")
-    if (v != "" && v != "default") k = k ":" v
+    k = row_key()
     d = field("D") + 0
     c = field("causal") + 0
     n = field("N") + 0

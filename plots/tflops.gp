@@ -15,7 +15,7 @@ if (!exists("outdir")) outdir = '.'
 if (!exists("plotsdir")) plotsdir = exists("ARG0") && strlen(ARG0) > 0 ? \
                                     system(sprintf("dirname '%s'", ARG0)) : 'plots'
 if (!exists("PEAK")) PEAK = 0
-S0 = sprintf("awk -F, -f '%s/series.awk' -v sweep=fa2", plotsdir)
+S0 = sprintf("awk -F, -f '%s/csv.awk' -f '%s/series.awk' -v sweep=fa2", plotsdir, plotsdir)
 Q = sprintf(" '%s'", csv)
 if (!exists("gpu")) gpu = system(S0 . " -v mode=gpu" . Q)
 

@@ -51,7 +51,7 @@ for sweep in long fa2; do
         echo
         printf 'Measured on %s; from `%s` (regenerate: `make bench tables`).\n' "${gpus:-an unknown GPU}" "$CSV"
         echo
-        awk -F, -v sweep=$sweep -f "$HERE/table.awk" "$CSV"
+        awk -F, -v sweep=$sweep -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV"
         echo
     } >"$TMP/$sweep.md"
 done

@@ -26,13 +26,13 @@ check() { # description command...
 }
 
 # ---- table.awk: the fixture's tables, exactly
-awk -F, -f plots/table.awk $T/fixture.csv >"$SCRATCH/tables.md" 2>&1
+awk -F, -f plots/csv.awk -f plots/table.awk $T/fixture.csv >"$SCRATCH/tables.md" 2>&1
 check "table.awk output matches $T/expected_tables.md" diff -u $T/expected_tables.md "$SCRATCH/tables.md"
-{ awk -F, -v sweep=long -f plots/table.awk $T/fixture.csv; echo; awk -F, -v sweep=fa2 -f plots/table.awk $T/fixture.csv; } >"$SCRATCH/split.md"
+{ awk -F, -v sweep=long -f plots/csv.awk -f plots/table.awk $T/fixture.csv; echo; awk -F, -v sweep=fa2 -f plots/csv.awk -f plots/table.awk $T/fixture.csv; } >"$SCRATCH/split.md"
 check "table.awk sweep=long + sweep=fa2 == both" diff -u "$SCRATCH/tables.md" "$SCRATCH/split.md"
 # the same rows in another order give the same tables (no dependence on awk's array order)
 { head -n 1 $T/fixture.csv; tail -n +2 $T/fixture.csv | grep -v ',stage3_cp_async,default,1,1,1024,' | sort -r; grep ',stage3_cp_async,default,1,1,1024,' $T/fixture.csv; } >"$SCRATCH/shuffled.csv"
-awk -F, -f plots/table.awk "$SCRATCH/shuffled.csv" >"$SCRATCH/tables2.md"
+awk -F, -f plots/csv.awk -f plots/table.awk "$SCRATCH/shuffled.csv" >"$SCRATCH/tables2.md"
 check "table.awk: row order does not change the tables" diff -u $T/expected_tables.md "$SCRATCH/tables2.md"
 
 # ---- update_readme.sh
@@ -247,7 +247,7 @@ check "sweep.sh stops (exit 2) when the programs see no CUDA device" \
     [ $? = 2 -a "$(wc -l <"$SCRATCH/nogpu/calls.log")" = 1 -a -n "$(grep 'sees no CUDA device' "$SCRATCH/nogpu.err")" ]
 
 # the sweep's CSV feeds the tables and plots
-check "table.awk reads the sweep's CSV" awk -F, -f plots/table.awk "$CSV"
+check "table.awk reads the sweep's CSV" awk -F, -f plots/csv.awk -f plots/table.awk "$CSV"
 check "sdpa_baseline.py --dry-run --quick plans 2 x 29 runs without torch" \
     [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run --quick | wc -l)" = 58 ]
 

@@ -1,0 +1,67 @@
+# csv.awk: reading a results.csv, shared by series.awk and table.awk (give it first:
+# awk -F, -f plots/csv.awk -f plots/table.awk results.csv). Columns are found by their header
+# names, so added columns do not break the readers; a repeated header line (CSVs concatenated)
+# is read again; blank lines are skipped. A row's key is its stage name ("stage3_cp_async",
+# "sdpa_flash"), or "stage:variant" for a variant other than "default".
+
+function trim(s) {
+    sub(/\r$/, "", s)
+    return s
+}
+
+function field(name) {
+    return (name in col) ? $(col[name]) : ""
+}
+
+function isnum(s) {
+    return s ~ /^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$/
+}
+
+function row_key(    k, v) {
+    k = field("stage")
+    v = field("variant")
+    return (v != "" && v != "default") ? k ":" v : k
+}
+
+# Rows without a sweep column (older CSVs): B = H = 1 is the long sweep.
+function row_sweep(    s) {
+    s = field("sweep")
+    if (s != "") return s
+    return (field("B") == 1 && field("H") == 1) ? "long" : "fa2"
+}
+
+# Order of keys: stages by their number, then SDPA baselines, then the rest by name.
+function rank(k,    n) {
+    if (match(k, /^stage[0-9]+/)) {
+        n = substr(k, 6, RLENGTH - 5) + 0
+        return sprintf("0 %09d %s", n, k)
+    }
+    if (k == "sdpa_flash") return "1 0 " k
+    if (k == "sdpa_default") return "1 1 " k
+    return "2 0 " k
+}
+
+function sort_keys(arr, n,    i, j, t) {
+    for (i = 2; i <= n; i++) {
+        t = arr[i]
+        for (j = i - 1; j >= 1 && rank(arr[j]) > rank(t); j--) arr[j + 1] = arr[j]
+        arr[j + 1] = t
+    }
+}
+
+function sort_num(arr, n,    i, j, t) {
+    for (i = 2; i <= n; i++) {
+        t = arr[i]
+        for (j = i - 1; j >= 1 && arr[j] + 0 > t + 0; j--) arr[j + 1] = arr[j]
+        arr[j + 1] = t
+    }
+}
+
+{ $0 = trim($0) }
+
+NR == 1 || ($1 == "gpu" && $2 == "stage") {
+    for (i = 1; i <= NF; i++) col[$i] = i
+    next
+}
+
+$0 == "" { next }
