@@ -638,7 +638,8 @@ static cudaError_t launch(const attn_shape *s, const __half *Q, const __half *K,
                           __half *O, float *lse, cudaStream_t stream) {
     void (*kernel)(const __half *, const __half *, const __half *, __half *, float *, int, int,
                    float) = attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>;
-    const size_t smem = (size_t)(BR + 2 * BC) * D * sizeof(__half);
+    const tile_config tiles = {BR, BC, WARPS};
+    const size_t smem = smem_bytes(tiles, D);
     if (smem > 48 * 1024)
         ATTN_TRY(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -661,12 +662,9 @@ static cudaError_t launch_variant(const attn_shape *s, const __half *Q, const __
             return launch<D, BR, BC, WARPS, true, false, true, false>(s, Q, K, V, O, lse, stream);
         case VARIANT_NOSKIP:
             return launch<D, BR, BC, WARPS, true, true, false, false>(s, Q, K, V, O, lse, stream);
-        case VARIANT_EAGER_RESCALE:
-            return launch<D, BR, BC, WARPS, true, true, true, false>(s, Q, K, V, O, lse, stream);
-        case VARIANT_LAZY_RESCALE:
-            return launch<D, BR, BC, WARPS, true, true, true, true>(s, Q, K, V, O, lse, stream);
-        default:  // eager below LAZY_MIN_N keys, lazy from there on
-            if (s->N >= LAZY_MIN_N)
+        default:  // default: eager below LAZY_MIN_N keys, lazy from there on
+            if (variant == VARIANT_LAZY_RESCALE ||
+                (variant == VARIANT_DEFAULT && s->N >= LAZY_MIN_N))
                 return launch<D, BR, BC, WARPS, true, true, true, true>(s, Q, K, V, O, lse, stream);
             return launch<D, BR, BC, WARPS, true, true, true, false>(s, Q, K, V, O, lse, stream);
     }
