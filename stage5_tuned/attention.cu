@@ -337,13 +337,21 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     }
 
     // ldmatrix addresses. Every x4 load below reads a 16 x 16 block of a tile as four 8 x 8
-    // matrices in the order (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15),
-    // (rows 8-15, cols 8-15), so lane l always addresses block row l % 16, chunk bit l / 16.
-    // The block at chunk pair c (columns 16c..16c+15) has logical chunk 2c + l / 16, stored at
-    // (2c + l / 16) ^ (row % 8) = 2c ^ ((l / 16) ^ (l % 8)): one per-lane offset, XOR (c << 5).
-    // That XOR only touches bits below ROW_BYTES, so it commutes with adding whole rows.
+    // matrices. For Q (A operand) and V (B operand, transposed) the order is (rows 0-7, cols
+    // 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15): lane l
+    // addresses block row l % 16, chunk bit l / 16. The block at chunk pair c (columns 16c..
+    // 16c+15) has logical chunk 2c + l / 16, stored at (2c + l / 16) ^ (row % 8) =
+    // 2c ^ ((l / 16) ^ (l % 8)): one per-lane offset, XOR (c << 5). That XOR only touches bits
+    // below ROW_BYTES, so it commutes with adding whole rows.
+    // K (B operand, untransposed) is read in the order (rows 0-7, cols 0-7), (rows 0-7, cols
+    // 8-15), (rows 8-15, cols 0-7), (rows 8-15, cols 8-15): lane l addresses row
+    // l % 8 + 8 (l / 16), chunk bit (l / 8) % 2. Then each key block's b0 and b1 come back in
+    // adjacent registers, as the mma instruction takes them; in the other order the compiler
+    // must first copy every pair into place (about 230 moves per key tile at D = 128).
     const int sw = SWIZZLE ? (lane & 7) : 0;
     const uint32_t lane_off = (uint32_t)((lane & 15) * ROW_BYTES + (((lane >> 4) ^ sw) << 4));
+    const uint32_t k_lane_off =
+        (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * ROW_BYTES + ((((lane >> 3) & 1) ^ sw) << 4));
     const uint32_t Q_warp = Q_s + warp * RPW * ROW_BYTES;  // this warp's Q rows
 
     // Prologue: Q tile and key tile 0.
@@ -415,13 +423,13 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll
             for (int n = 0; n < NB; n += 2) {  // two key blocks per ldmatrix.x4
                 // B[k][n] = K[key n][d k]: K rows are the columns of B, read untransposed.
-                // b[0] = b0 of keys n*8.., b[1] = b0 of keys n*8+8.., b[2], b[3] = their b1.
+                // b[0], b[1] = b0, b1 of keys n*8..; b[2], b[3] = b0, b1 of keys n*8+8...
                 uint32_t b[4];
-                ldmatrix_x4(b, K_s + (lane_off ^ (k << 5)) + n * 8 * ROW_BYTES);
+                ldmatrix_x4(b, K_s + (k_lane_off ^ (k << 5)) + n * 8 * ROW_BYTES);
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
-                    mma_16816(S[m][n], a[m], b[0], b[2]);
-                    mma_16816(S[m][n + 1], a[m], b[1], b[3]);
+                    mma_16816(S[m][n], a[m], b[0], b[1]);
+                    mma_16816(S[m][n + 1], a[m], b[2], b[3]);
                 }
             }
         }
