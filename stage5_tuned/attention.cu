@@ -74,6 +74,14 @@ constexpr int Q_REGS_BUDGET = 192;
 // Measured on an H200 (README.md): slower than eager at N <= 8192, faster at 262,144.
 constexpr int LAZY_MIN_N = 32768;
 
+// Where K_{j+1} is issued (sm_80+): right after the barrier that frees K_smem, before the
+// softmax, as FA2 does (the copy then has the softmax and P V to land), or after the softmax
+// (P V only). Early keeps the copy's addresses live through the softmax, the register peak. At
+// D = 64 that costs nothing and gains about 4%; at D = 128, where O_acc is twice as big, ptxas
+// pays for it with about 160 register moves per key tile and the kernel runs 9% slower
+// (H200, README.md). sm_75 stages the copy in registers, so it issues late there.
+constexpr int EARLY_K_MAX_D = 64;
+
 /* ---- device helpers ---------------------------------------------------------------------- */
 
 // Shared-memory tiles are [rows, D] halves, D * 2 bytes per row, split into 16-byte chunks of
@@ -89,6 +97,13 @@ __device__ __forceinline__ uint32_t smem_offset(int row, int chunk) {
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
+
+// Whether this code has cp.async (sm_80+); sm_75 code stages tiles through registers instead.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr bool HAS_CP_ASYNC = false;
+#else
+constexpr bool HAS_CP_ASYNC = true;
+#endif
 
 // 16-byte asynchronous copy global -> shared (sm_80+). With valid == false the source size is
 // 0 and the 16 bytes in shared memory are zero-filled (the source is not read).
@@ -304,6 +319,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     constexpr int KD = D / 16;        // k16 steps of S = Q K^T
     constexpr int KC = BC / 16;       // k16 steps of O += P V
     constexpr bool Q_IN_REGS = MT * KD * 4 + MT * NB * 4 + MT * DB * 4 <= Q_REGS_BUDGET;
+    constexpr bool EARLY_K = D <= EARLY_K_MAX_D && HAS_CP_ASYNC;
     static_assert(RPW % 16 == 0 && BC % 16 == 0 && D % 16 == 0, "tile shapes");
     static_assert(chunks_per_thread(BR, D, THREADS) * THREADS == BR * D / 8, "Q tile split");
     static_assert(chunks_per_thread(BC, D, THREADS) * THREADS == BC * D / 8, "K/V tile split");
@@ -436,6 +452,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
+        if (EARLY_K && has_next) {  // K_{j+1} flies during the softmax and O += P V_j
+            tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_s, K + kv + BC * D, N - (k0 + BC));
+            if (!PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);  // single_stage
+        }
 
         // Mask (diagonal and tail tiles only): key > query (causal) or key >= N -> -inf.
         // Element e of S[m][n] is query q0 + warp*RPW + 16m + g + 8(e/2), key k0 + 8n + 2t + e%2;
@@ -510,9 +530,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             }
         }
 
-        // K_{j+1} flies during O += P V_j. (Issued here rather than before the softmax, as FA2
-        // does, because the softmax is where registers are scarcest: S, P and O_acc are live.)
-        if (has_next) {
+        // Otherwise K_{j+1} flies during O += P V_j only (see EARLY_K_MAX_D).
+        if (!EARLY_K && has_next) {
             tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_s, K + kv + BC * D, N - (k0 + BC));
             if (!PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);  // single_stage
         }
