@@ -3,13 +3,15 @@
  *
  * What this stage adds over stage 4 (WMMA), one idea per bullet (README.md has the log):
  *  - Tensor cores through inline-PTX mma.sync m16n8k16 (two m16n8k8 on sm_75), fed by ldmatrix.
- *    Unlike WMMA, the fragment layouts are documented, so we can compute on them directly.
+ *    Unlike WMMA, the fragment layouts are documented, so we can compute on them directly, and
+ *    ldmatrix can hand each operand over in exactly the registers the mma reads (no moves).
  *  - S and P never leave registers: the accumulator layout of S = Q K^T is the A-operand layout
  *    of O += P V, so P is packed to half2 in place. Row max and row sum: 2 shuffles per row.
  *  - Shared memory is XOR-swizzled (16-byte chunk c of row r lives at chunk c ^ (r % 8)):
  *    ldmatrix and the 16-byte tile stores are free of bank conflicts with no padding.
  *  - Loads overlap compute: V_j arrives while S = Q K_j^T runs, K_{j+1} while O += P V_j runs
- *    (cp.async on sm_80+, staged through registers on sm_75). Two barriers per key tile.
+ *    (and the softmax, at D = 64); cp.async on sm_80+, staged through registers on sm_75. Two
+ *    barriers per key tile.
  *  - exp2 with log2(e) folded into the scale (one FFMA + one MUFU.EX2 per score); causal key
  *    tiles past the diagonal are skipped and only the diagonal and tail tiles pay for a mask.
  *  - From N = 32,768 keys on, O is rescaled only when some row's max grows (one warp vote per
