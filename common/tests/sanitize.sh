@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# compute-sanitizer (memcheck, racecheck, synccheck) on small shapes: tails, both head dims,
-# causal, every variant of every stage. Any reported error fails.
+# compute-sanitizer (memcheck, racecheck, synccheck) on small shapes: both head dims, each with
+# a tail tile and several key tiles per block (so every prefetch runs), causal and not; every
+# variant of every stage. Any reported error fails.
 # usage: sanitize.sh BUILD_DIR "TOOLS" STAGE...
 set -u
 dir=$1 tools=$2; shift 2
 passed=0 failed=0
-shapes=("--seq 77 --dim 64 --batch 1 --heads 2 --causal" "--seq 130 --dim 128" "--seq 200 --dim 128 --causal --dist peaky")
+shapes=("--seq 300 --dim 64 --batch 1 --heads 2 --causal" "--seq 130 --dim 128" "--seq 200 --dim 128 --causal --dist peaky")
 for s in "$@"; do
   variants=$("$dir/$s" --help | sed -n 's/.*--variant NAME *one of: //p' | tr ',' ' ')
   for v in $variants; do
