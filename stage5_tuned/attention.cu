@@ -263,6 +263,16 @@ __device__ __forceinline__ void tile_finish(
 #endif
 }
 
+// A K/V tile load inside the key loop: started here, completed by tile_finish after the compute
+// it overlaps; the single_stage variant (!PIPELINED) completes it at once instead.
+template <int ROWS, int D, int THREADS, bool SWIZZLE, bool PIPELINED>
+__device__ __forceinline__ void tile_start(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
+                                           uint32_t tile_s, unsigned char *tile, const __half *src,
+                                           int rows_left) {
+    tile_issue<ROWS, D, THREADS, SWIZZLE>(stage, tile_s, src, rows_left);
+    if (!PIPELINED) tile_finish<ROWS, D, THREADS, SWIZZLE>(stage, tile);
+}
+
 // Max of row g (h = 0) or g + 8 (h = 1) of slice m of S over the tile's keys: this lane's 2 NB
 // elements, then across the row's 4 lanes (same g) with 2 shuffles.
 template <int MT, int NB>
@@ -278,8 +288,7 @@ __device__ __forceinline__ float row_max(const float (&S)[MT][NB][4], int m, int
 // max and rescale this lane's part of the row's sum l_i and of its O_acc by alpha = 2^(old - new).
 template <int MT, int DB>
 __device__ __forceinline__ void rescale_row(float (&m_i)[MT][2], float (&l_i)[MT][2],
-                                            float (&O_acc)[MT][DB][4], int m, int h,
-                                            float m_tile) {
+                                            float (&O_acc)[MT][DB][4], int m, int h, float m_tile) {
     const float m_new = fmaxf(m_i[m][h], m_tile);
     // A row with every key masked so far keeps m = -inf; subtract 0 instead so that
     // 2^(-inf - (-inf)) = NaN never happens (its alpha is then 0).
@@ -415,8 +424,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
-        tile_issue<BC, D, THREADS, SWIZZLE>(stage_v, V_s, V + kv, N - k0);  // V_j flies during S
-        if (!PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);  // single_stage
+        // V_j flies during S.
+        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_s, V_smem, V + kv, N - k0);
 
         // S = Q K_j^T: S[m][n] = C fragment of slice m, key block n (keys k0 + 8n .. + 7).
         float S[MT][NB][4];
@@ -454,10 +463,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
-        if (EARLY_K && has_next) {  // K_{j+1} flies during the softmax and O += P V_j
-            tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_s, K + kv + BC * D, N - (k0 + BC));
-            if (!PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);  // single_stage
-        }
+        if (EARLY_K && has_next)  // K_{j+1} flies during the softmax and O += P V_j
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_s, K_smem, K + kv + BC * D,
+                                                           N - (k0 + BC));
 
         // Mask (diagonal and tail tiles only): key > query (causal) or key >= N -> -inf.
         // Element e of S[m][n] is query q0 + warp*RPW + 16m + g + 8(e/2), key k0 + 8n + 2t + e%2;
@@ -533,12 +541,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
 
         // Otherwise K_{j+1} flies during O += P V_j only (see EARLY_K_MAX_D).
-        if (!EARLY_K && has_next) {
-            tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_s, K + kv + BC * D, N - (k0 + BC));
-            if (!PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);  // single_stage
-        }
+        if (!EARLY_K && has_next)
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_s, K_smem, K + kv + BC * D,
+                                                           N - (k0 + BC));
 
-        // O_acc += P V_j.
+            // O_acc += P V_j.
 #pragma unroll
         for (int k = 0; k < KC; ++k) {
 #pragma unroll
@@ -614,8 +621,8 @@ static size_t smem_bytes(tile_config c, int D) {
 static cudaError_t kernel_arch(int *arch) {
     cudaFuncAttributes fa;
     const cudaError_t err = cudaFuncGetAttributes(
-        &fa, (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true,
-                                            false>);
+        &fa,
+        (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true, false>);
     *arch = err == cudaSuccess ? fa.ptxVersion : 0;
     return err;
 }
