@@ -25,8 +25,14 @@ else
 GENCODE := -gencode arch=compute_$(patsubst sm_%,%,$(ARCH)),code=sm_$(patsubst sm_%,%,$(ARCH))
 endif
 
+# Stage 6's kernels use wgmma and setmaxnreg, which exist only in sm_90a code: wherever a build
+# has sm_90 (native on a Hopper GPU, or in the fat build), stage 6 gets sm_90a instead. On every
+# other target it builds host code and its unsupported() says why.
+comma := ,
+stage6_hopper_GENCODE = $(patsubst arch=compute_90$(comma)code=%,arch=compute_90a$(comma)code=%a,$(GENCODE))
+
 NVCCFLAGS := -std=c++17 -O3 -lineinfo -Xptxas -v -Werror all-warnings -Icommon \
-             -Xcompiler -Wall,-Wextra,-Werror $(GENCODE)
+             -Xcompiler -Wall,-Wextra,-Werror
 CFLAGS    := -std=c11 -O2 -Wall -Wextra -Werror -fopenmp -I$(CUDA_HOME)/include
 LDLIBS    := -Xcompiler -fopenmp -lm
 stage0_naive_LIBS := -lcublas
@@ -50,7 +56,7 @@ $(BUILD)/obj/%.o: common/%.c $(HEADERS)
 $(BUILD)/obj/%.o: %/attention.cu common/attention.h
 	@mkdir -p $(@D) $(BUILD)/ptxas
 	@echo "$(NVCC) -c $< [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $@"
-	@$(NVCC) $(NVCCFLAGS) -c $< -o $@ 2> $(BUILD)/ptxas/$*.txt || { cat $(BUILD)/ptxas/$*.txt; exit 1; }
+	@$(NVCC) $(NVCCFLAGS) $(or $($*_GENCODE),$(GENCODE)) -c $< -o $@ 2> $(BUILD)/ptxas/$*.txt || { cat $(BUILD)/ptxas/$*.txt; exit 1; }
 
 $(BUILD)/stage%: $(BUILD)/obj/stage%.o $(COMMON_OBJ)
 	$(NVCC) -o $@ $^ $(LDLIBS) $($(notdir $@)_LIBS)
