@@ -56,7 +56,7 @@ $(BUILD)/obj/%.o: common/%.c $(HEADERS)
 $(BUILD)/obj/%.o: %/attention.cu common/attention.h
 	@mkdir -p $(@D) $(BUILD)/ptxas
 	@echo "$(NVCC) -c $< [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $@"
-	@$(NVCC) $(NVCCFLAGS) $(or $($*_GENCODE),$(GENCODE)) -c $< -o $@ 2> $(BUILD)/ptxas/$*.txt || { cat $(BUILD)/ptxas/$*.txt; exit 1; }
+	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC $(or $($*_GENCODE),$(GENCODE)) -c $< -o $@ 2> $(BUILD)/ptxas/$*.txt || { cat $(BUILD)/ptxas/$*.txt; exit 1; }
 
 $(BUILD)/stage%: $(BUILD)/obj/stage%.o $(COMMON_OBJ)
 	$(NVCC) -o $@ $^ $(LDLIBS) $($(notdir $@)_LIBS)
@@ -124,6 +124,7 @@ help:
 	@echo "stages: $(STAGES)"
 
 include plots/plots.mk
+include python/lib.mk
 
 # The main job. On a machine with a GPU: sweep, then plots and tables from this GPU's CSV (a FAIL
 # row still draws the plots, then fails the job). Without one: from the committed reference run.

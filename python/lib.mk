@@ -1,0 +1,22 @@
+# python/lib.mk: `make lib` builds every stage as a shared library too, for python/flashcourse.
+# Included by the top-level Makefile (run make from the repository root).
+#
+#   make lib             build/lib/lib<stage>.so for every stage (ARCH and BUILD as for make build)
+#
+# A library is the stage's object, the very one its program links (compiled once, -fPIC), plus
+# common/attn_lib.c, the C entry point the binding calls. It exports the stage descriptor
+# `attn_this_stage` and attn_lib_*; the static CUDA runtime inside stays private
+# (--exclude-libs), so it never binds to another runtime in the same process (PyTorch's).
+
+STAGE_LIBS := $(patsubst %,$(BUILD)/lib/lib%.so,$(STAGES))
+
+.PHONY: lib
+lib: $(STAGE_LIBS)
+
+$(BUILD)/obj/attn_lib.o: common/attn_lib.c common/attention.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC -c $< -o $@
+
+$(BUILD)/lib/lib%.so: $(BUILD)/obj/%.o $(BUILD)/obj/attn_lib.o
+	@mkdir -p $(@D)
+	$(NVCC) -shared -o $@ $^ -Xlinker --exclude-libs,ALL -Xlinker -z,defs -lpthread $($*_LIBS)
