@@ -1,0 +1,655 @@
+/*
+ * stage6_hopper: FlashAttention-3's machinery on Hopper (sm_90a), written out instruction by
+ * instruction.
+ *
+ * What this stage adds over stage 5 (README.md has the log):
+ *  - The tensor memory accelerator (TMA) moves Q, K and V: one thread issues a bulk tensor copy
+ *    per 64-column slab of a tile (cp.async.bulk.tensor, a tensor map encoded on the host and
+ *    passed as a __grid_constant__ parameter), and the copy engine writes it into shared memory
+ *    already in the 128-byte swizzle the tensor cores read. Completion is counted in bytes on an
+ *    mbarrier. K and V each have a ring of STAGES buffers with a "full" and an "empty" barrier.
+ *  - wgmma.mma_async: a warpgroup (4 warps, 128 threads) multiplies a 64-row slab at a time.
+ *    S = Q K^T reads both operands straight from shared memory through 64-bit descriptors; O += P V
+ *    takes P from registers (the S accumulator, packed to fp16 in place) and V from shared memory.
+ *    No ldmatrix, no per-warp operand traffic: the SASS shows HGMMA where stage 5 had HMMA.
+ *  - Warp specialisation: warpgroup 0 is the producer (one thread issues every TMA copy, the
+ *    other warps leave at once); warpgroups 1 and 2 are consumers, 64 query rows each. setmaxnreg
+ *    hands the producer's registers to the consumers (24 vs 240 per thread).
+ *  - exp2 with log2(e) folded into the scale, causal key tiles past the diagonal never loaded.
+ * Expected gain: the tensor pipe is fed without the ldmatrix/mma.sync instruction stream, so
+ * the GEMMs run at wgmma's rate; the softmax is still serialised with them (the next steps of
+ * the log overlap the two). A prediction; README.md gets the measured numbers.
+ *
+ * Run:  make build && build/stage6_hopper --seq 16384 --heads 16 --dim 128 --causal --bench
+ * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
+ * build has it); everywhere else the stage reports itself unsupported (exit 3).
+ *
+ * NOTE: the softmax of a tile and the GEMMs still take turns inside each warpgroup, so the tensor
+ * pipe idles while the exponentials run. FlashAttention-3 hides them: two consumer warpgroups in
+ * ping-pong, and S_{j+1} = Q K_{j+1}^T issued before the softmax of tile j.
+ */
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention.h"
+
+// The kernels exist only in sm_90a code (wgmma, setmaxnreg); other targets compile an empty
+// kernel, which the launcher never starts (attention_unsupported), and leave the Hopper-only
+// constants below unused.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HOPPER_KERNELS 1
+#else
+#define HOPPER_KERNELS 0
+#endif
+#if defined(__CUDA_ARCH__) && !HOPPER_KERNELS
+#pragma nv_diag_suppress 177  // "declared but never referenced"
+#endif
+
+/* ---- tunables ---------------------------------------------------------------------------- */
+
+// wgmma's fixed shape for fp16: a warpgroup computes MMA_M = 64 rows, MMA_K = 16 deep, and
+// any N from 8 to 256 in steps of 8 (here BC keys for S, D columns for O).
+constexpr int MMA_M = 64;
+constexpr int MMA_K = 16;
+constexpr int WARPGROUP = 128;  // threads: 4 consecutive warps, the first a multiple of 4
+
+// Two consumer warpgroups of 64 query rows: 128 rows per block, as FlashAttention-3 at D = 64
+// and 128. One producer warpgroup in front of them: 384 threads, one block per SM.
+constexpr int CONSUMERS = 2;
+constexpr int BR = CONSUMERS * MMA_M;
+constexpr int THREADS = (CONSUMERS + 1) * WARPGROUP;
+
+// Keys per K/V tile. S is BC / 2 fp32 registers per consumer thread (64 at BC = 128) and P
+// another BC / 4; with O_acc (D / 2) that is 160 of the 240 registers at D = 128.
+constexpr int BC = 128;
+
+// K/V ring depth: the producer runs up to STAGES tiles ahead of the consumers. Shared memory:
+// Q 32 KB + 2 x (K 32 KB + V 32 KB) = 160 KB at D = 128, of the 227 KB a block may have.
+constexpr int STAGES = 2;
+
+// setmaxnreg: the producer keeps 24 registers per thread, the consumers get 240. The block's
+// 384 threads start at 168 each (65536 / 384, rounded down to 8); 128 x 24 + 256 x 240 = 64,512
+// fits the 65,536 of an SM.
+constexpr int PRODUCER_REGS = 24;
+constexpr int CONSUMER_REGS = 240;
+
+// The 128-byte swizzle works on rows of 128 bytes: 64 halves. A tile of D columns is stored as
+// D / 64 slabs of [rows, 64] halves, one TMA copy each; a slab's 8-row groups are 1024 bytes
+// (the swizzle repeats every 8 rows), which is the stride the wgmma descriptors give.
+constexpr int SLAB_COLS = 64;
+constexpr int SLAB_ROW_BYTES = SLAB_COLS * 2;
+constexpr int SWIZZLE_ATOM_BYTES = 8 * SLAB_ROW_BYTES;
+
+/* ---- device helpers: shared memory, mbarriers, TMA --------------------------------------- */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// An mbarrier completes a phase when `count` arrivals have happened and every byte announced with
+// expect_tx has landed. Waiting names the phase by its parity (0, 1, 0, ...).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// One arrival that also announces `bytes` of TMA traffic to wait for (the producer's).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Spin until the phase of the given parity has completed. A fresh barrier is in phase 0, so
+// waiting for parity 1 returns at once: that is how the producer finds every buffer empty.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n"
+            "}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// TMA: copy the box at coordinates (c0 = column, c1 = row, c2 = batch*head) of the tensor that
+// `map` describes into shared memory at dst; completion adds the box's bytes to `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
+/* ---- device helpers: wgmma ---------------------------------------------------------------- */
+
+// A shared-memory matrix descriptor (PTX ISA, "matrix descriptor format"): start address, the
+// leading- and stride-dimension byte offsets (all in 16-byte units), and the swizzle mode
+// (1 = 128-byte swizzle, bits 62-63). Tiles start 1024-byte aligned, so the base offset is 0.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes,
+                                              uint32_t stride_bytes) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lead_bytes >> 4) << 16 |
+           (uint64_t)(stride_bytes >> 4) << 32 | 1ull << 62;
+}
+
+// Operand A or B stored "K-major" (the K dimension contiguous: Q and K rows, D halves each),
+// k-step kk of MMA_K columns. Within a 64-column slab, step kk starts kk * 32 bytes into each
+// 128-byte row (the hardware applies the swizzle to the address); the 8-row groups are 1024
+// bytes apart (stride offset); the leading offset is unused in this mode.
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t tile, int kk) {
+    constexpr int STEPS_PER_SLAB = SLAB_COLS / MMA_K;
+    const uint32_t addr = tile + (kk / STEPS_PER_SLAB) * (ROWS * SLAB_ROW_BYTES) +
+                          (kk % STEPS_PER_SLAB) * (MMA_K * 2);
+    return smem_desc(addr, 16, SWIZZLE_ATOM_BYTES);
+}
+
+// Operand B stored "MN-major" (N contiguous: V's rows are keys = the K dimension of P V, with
+// the D output columns contiguous). k-step kk is MMA_K key rows further down: 2 swizzle atoms.
+// Along N the 64-column slabs are ROWS * 128 bytes apart (leading offset); along K the 8-row
+// groups 1024 bytes (stride offset).
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile, int kk) {
+    return smem_desc(tile + kk * MMA_K * SLAB_ROW_BYTES, ROWS * SLAB_ROW_BYTES,
+                     SWIZZLE_ATOM_BYTES);
+}
+
+// wgmma runs asynchronously: fence before the first of a batch (the registers it reads or
+// accumulates into were written by ordinary instructions), commit the batch as a group, wait
+// until at most N groups are still running.
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// The compiler does not know that an accumulator changes between the wgmma that names it and
+// the wait: pinning each register here (after the wait, and before the fence) keeps it from
+// moving ordinary reads or writes of the accumulator into that window.
+template <int R>
+__device__ __forceinline__ void pin_registers(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define ACC8(d, i)                                                                              \
+    "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),            \
+        "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define ACC32(d) ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24)
+#define ACC64(d) ACC32(d), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56)
+#define REGS32                                                                                  \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define REGS64                                                                                  \
+    REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+           "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+// d (64 x 128, fp32) {=, +=} A (64 x 16, K-major in shared memory) * B (16 x 128, K-major in
+// shared memory). accumulate = 0 overwrites d. Lane l of warp w in the warpgroup, g = l / 4,
+// t = l % 4, holds d[4i + 2h + c] = (row 16w + g + 8h, column 8i + 2t + c).
+__device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : ACC64(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d (64 x N, fp32) += A (64 x 16 fp16, in registers) * B (16 x N, MN-major in shared memory).
+// A's layout is the accumulator's, two columns packed per register: a[0] = (row g, columns 2t,
+// 2t+1), a[1] = (row g+8, same), a[2] = (row g, 2t+8, 2t+9), a[3] = (row g+8, same).
+__device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t *a, uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
+        "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+__device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *a, uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" REGS32
+        "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : ACC32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// Registers per warpgroup role (sm_90a): the block starts with an even share, then the
+// producer gives its surplus back and the consumers take it.
+template <int REGS>
+__device__ __forceinline__ void registers_decrease() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void registers_increase() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+/* ---- device helpers: softmax ------------------------------------------------------------- */
+
+// 2^x in one MUFU.EX2 instruction; 2^-inf = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two floats -> one register of two halves, lo in the low 16 bits (the lower column).
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &h, sizeof(u));
+    return u;
+}
+
+/* ---- the kernel's shared memory ---------------------------------------------------------- */
+
+// Q_smem [D/64 slabs][BR rows][64], then the K and V rings, each STAGES x [D/64][BC][64], then
+// the mbarriers. Every tile starts 1024-byte aligned (the swizzle atom).
+template <int D>
+__host__ __device__ constexpr int q_bytes() {
+    return BR * D * 2;
+}
+template <int D>
+__host__ __device__ constexpr int kv_bytes() {
+    return BC * D * 2;
+}
+enum { BAR_Q, BAR_K_FULL, BAR_K_EMPTY = BAR_K_FULL + STAGES, BAR_V_FULL = BAR_K_EMPTY + STAGES,
+       BAR_V_EMPTY = BAR_V_FULL + STAGES, BARRIERS = BAR_V_EMPTY + STAGES };
+template <int D>
+__host__ __device__ constexpr int smem_bytes() {
+    return 1024 /* alignment slack */ + q_bytes<D>() + 2 * STAGES * kv_bytes<D>() + BARRIERS * 8;
+}
+
+typedef struct {
+    uint32_t Q, K, V, bar;  // shared addresses: Q_smem, K ring, V ring, barriers
+} smem_tiles;
+
+template <int D>
+__device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
+    smem_tiles s;
+    s.Q = (smem_u32(raw) + 1023u) & ~1023u;
+    s.K = s.Q + q_bytes<D>();
+    s.V = s.K + STAGES * kv_bytes<D>();
+    s.bar = s.V + STAGES * kv_bytes<D>();
+    return s;
+}
+__device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) { return s.bar + 8 * i; }
+template <int D>
+__device__ __forceinline__ uint32_t k_stage(const smem_tiles &s, int st) {
+    return s.K + st * kv_bytes<D>();
+}
+template <int D>
+__device__ __forceinline__ uint32_t v_stage(const smem_tiles &s, int st) {
+    return s.V + st * kv_bytes<D>();
+}
+
+// Key tiles the query tile at q0 needs: all of them, or (causal) those up to its last row.
+__device__ __forceinline__ int key_tiles(int N, int q0, int causal) {
+    const int all = (N + BC - 1) / BC;
+    return causal ? min(all, (q0 + BR + BC - 1) / BC) : all;
+}
+
+/* ---- the producer ------------------------------------------------------------------------ */
+
+// One thread issues every copy: Q once, then K_j and V_j into ring slot j % STAGES as soon as
+// the consumers have released it. Separate barriers let S = Q K_j^T start before V_j lands.
+template <int D>
+__device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap *tmQ,
+                                         const CUtensorMap *tmK, const CUtensorMap *tmV, int bh,
+                                         int q0, int n_tiles) {
+    mbar_arrive_expect_tx(bar_at(sm, BAR_Q), q_bytes<D>());
+#pragma unroll
+    for (int c = 0; c < D / SLAB_COLS; ++c)
+        tma_load_3d(sm.Q + c * BR * SLAB_ROW_BYTES, tmQ, bar_at(sm, BAR_Q), c * SLAB_COLS, q0, bh);
+    for (int j = 0; j < n_tiles; ++j) {
+        const int st = j % STAGES;
+        const uint32_t parity = (j / STAGES) & 1;
+        mbar_wait(bar_at(sm, BAR_K_EMPTY + st), parity ^ 1);  // slot released (or never used)
+        mbar_arrive_expect_tx(bar_at(sm, BAR_K_FULL + st), kv_bytes<D>());
+#pragma unroll
+        for (int c = 0; c < D / SLAB_COLS; ++c)
+            tma_load_3d(k_stage<D>(sm, st) + c * BC * SLAB_ROW_BYTES, tmK,
+                        bar_at(sm, BAR_K_FULL + st), c * SLAB_COLS, j * BC, bh);
+        mbar_wait(bar_at(sm, BAR_V_EMPTY + st), parity ^ 1);
+        mbar_arrive_expect_tx(bar_at(sm, BAR_V_FULL + st), kv_bytes<D>());
+#pragma unroll
+        for (int c = 0; c < D / SLAB_COLS; ++c)
+            tma_load_3d(v_stage<D>(sm, st) + c * BC * SLAB_ROW_BYTES, tmV,
+                        bar_at(sm, BAR_V_FULL + st), c * SLAB_COLS, j * BC, bh);
+    }
+}
+
+/* ---- the consumers' phases --------------------------------------------------------------- */
+
+// The consumer thread's place: warpgroup wg (0 or 1) owns block rows 64 wg .. 64 wg + 63; in
+// it, warp w owns 16 rows, and lane (g, t) rows g and g + 8 of those, columns 8i + 2t, +1.
+typedef struct {
+    int wg, warp, lane, g, t;
+} consumer_place;
+
+// S = Q K_j^T for this warpgroup's 64 rows: D / 16 wgmma from shared memory, then wait.
+template <int D>
+__device__ __forceinline__ void scores(float (&S)[BC / 2], const smem_tiles &sm,
+                                       const consumer_place &p, uint32_t K_tile) {
+    const uint32_t Q_rows = sm.Q + p.wg * MMA_M * SLAB_ROW_BYTES;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / MMA_K; ++kk)
+        wgmma_m64n128_ss(S, desc_k_major<BR>(Q_rows, kk), desc_k_major<BC>(K_tile, kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_registers(S);
+}
+
+// Scores of keys past N (tail tile) or past the row (causal) become -inf.
+__device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_place &p, int row0,
+                                            int key0, int N, int causal) {
+#pragma unroll
+    for (int i = 0; i < BC / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = row0 + 8 * (e / 2), key = key0 + 8 * i + 2 * p.t + (e % 2);
+            if (key >= N || (causal && key > row)) S[4 * i + e] = -INFINITY;
+        }
+    }
+}
+
+// Online softmax over this tile for the thread's two rows (h = 0, 1): new row max (4 lanes
+// share a row: two shuffles), rescale O_acc and l_i by 2^(m_old - m_new), P = 2^(S - m_new)
+// packed to fp16 in the A-operand layout of the P V wgmma (which is the S layout).
+template <int D>
+__device__ __forceinline__ void online_softmax(const float (&S)[BC / 2], uint32_t (&P)[BC / 4],
+                                               float (&O_acc)[D / 2], float (&m_i)[2],
+                                               float (&l_i)[2], float scale_log2) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = m_i[h];
+#pragma unroll
+        for (int i = 0; i < BC / 8; ++i) mx = fmaxf(mx, fmaxf(S[4 * i + 2 * h], S[4 * i + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // A row that has seen only masked keys keeps m = -inf; use 0 so that no inf - inf appears.
+        const float m_use = mx == -INFINITY ? 0.f : mx;
+        const float alpha = fast_exp2((m_i[h] - m_use) * scale_log2);
+        m_i[h] = mx;
+        const float shift = m_use * scale_log2;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < BC / 8; ++i) {
+            const float p0 = fast_exp2(fmaf(S[4 * i + 2 * h], scale_log2, -shift));
+            const float p1 = fast_exp2(fmaf(S[4 * i + 2 * h + 1], scale_log2, -shift));
+            sum += p0 + p1;
+            P[2 * i + h] = pack_half2(p0, p1);
+        }
+        l_i[h] = l_i[h] * alpha + sum;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            O_acc[4 * i + 2 * h] *= alpha;
+            O_acc[4 * i + 2 * h + 1] *= alpha;
+        }
+    }
+}
+
+// O += P V_j: BC / 16 wgmma, P from registers (four per k-step), V from shared memory.
+template <int D>
+__device__ __forceinline__ void accumulate_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
+                                              uint32_t V_tile) {
+    pin_registers(O_acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / MMA_K; ++kk) {
+        if constexpr (D == 128)
+            wgmma_m64n128_rs(O_acc, &P[4 * kk], desc_mn_major<BC>(V_tile, kk));
+        else
+            wgmma_m64n64_rs(O_acc, &P[4 * kk], desc_mn_major<BC>(V_tile, kk));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_registers(O_acc);
+}
+
+// O = O_acc / l (fp16) and LSE = (m + log2 l) ln 2 for this thread's rows inside N.
+template <int D>
+__device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const float (&m_i)[2],
+                                         const float (&l_i)[2], const consumer_place &p, __half *O,
+                                         float *lse, size_t head, int row0, int N,
+                                         float scale_log2) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_i[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = row0 + 8 * h;
+        if (row >= N) continue;
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        __half *o_row = O + (head + (size_t)row) * D;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i)
+            *reinterpret_cast<uint32_t *>(o_row + 8 * i + 2 * p.t) =
+                pack_half2(O_acc[4 * i + 2 * h] * inv_l, O_acc[4 * i + 2 * h + 1] * inv_l);
+        // m_i is in raw-score units: scale, then natural log.
+        if (p.t == 0) lse[head + row] = (m_i[h] * scale_log2 + log2f(l)) * 0.69314718055994531f;
+    }
+}
+
+/* ---- the kernel -------------------------------------------------------------------------- */
+
+// One block per (batch*head, 128 query rows); causal blocks with the most key tiles start
+// first. Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe Q, K, V as [B*H, N, D]);
+// lse: [B, H, N] float.
+template <int D>
+__global__ void __launch_bounds__(THREADS, 1)
+    attention_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                     const __grid_constant__ CUtensorMap tmV, __half *O, float *lse, int N,
+                     int causal, float scale_log2) {
+#if HOPPER_KERNELS
+    extern __shared__ unsigned char smem_raw[];
+    const smem_tiles sm = carve_smem<D>(smem_raw);
+    const int q_tiles = (N + BR - 1) / BR;
+    const int bh = blockIdx.x / q_tiles;
+    const int q0 = (q_tiles - 1 - (int)(blockIdx.x % q_tiles)) * BR;
+    const int n_tiles = key_tiles(N, q0, causal);
+
+    if (threadIdx.x == 0) {
+        mbar_init(bar_at(sm, BAR_Q), 1);
+        for (int st = 0; st < STAGES; ++st) {
+            mbar_init(bar_at(sm, BAR_K_FULL + st), 1);  // the producer's expect_tx arrival
+            mbar_init(bar_at(sm, BAR_V_FULL + st), 1);
+            mbar_init(bar_at(sm, BAR_K_EMPTY + st), CONSUMERS * 4);  // one arrival per warp
+            mbar_init(bar_at(sm, BAR_V_EMPTY + st), CONSUMERS * 4);
+        }
+        // Make the initialised barriers visible to the copy engine (the async proxy).
+        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::
+                         : "memory");
+    }
+    __syncthreads();  // the barriers are initialised before anyone waits on or signals them
+
+    const int wg = threadIdx.x / WARPGROUP;
+    if (wg == 0) {  // producer warpgroup
+        registers_decrease<PRODUCER_REGS>();
+        if (threadIdx.x == 0) producer<D>(sm, &tmQ, &tmK, &tmV, bh, q0, n_tiles);
+        return;
+    }
+
+    registers_increase<CONSUMER_REGS>();
+    consumer_place p;
+    p.wg = wg - 1;
+    p.warp = (threadIdx.x / 32) % 4;
+    p.lane = threadIdx.x % 32;
+    p.g = p.lane / 4;
+    p.t = p.lane % 4;
+    const int row0 = q0 + p.wg * MMA_M + 16 * p.warp + p.g;  // this thread's first row (+8: second)
+
+    float O_acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) O_acc[i] = 0.f;
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+
+    mbar_wait(bar_at(sm, BAR_Q), 0);
+    for (int j = 0; j < n_tiles; ++j) {
+        const int st = j % STAGES;
+        const uint32_t parity = (j / STAGES) & 1;
+        float S[BC / 2];
+        uint32_t P[BC / 4];
+
+        mbar_wait(bar_at(sm, BAR_K_FULL + st), parity);
+        scores<D>(S, sm, p, k_stage<D>(sm, st));
+        __syncwarp();
+        if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_K_EMPTY + st));  // this warp is done with K_j
+
+        const int key0 = j * BC;
+        if (key0 + BC > N || (causal && key0 + BC - 1 > q0 + p.wg * MMA_M))
+            mask_scores(S, p, row0, key0, N, causal);
+        online_softmax<D>(S, P, O_acc, m_i, l_i, scale_log2);
+
+        mbar_wait(bar_at(sm, BAR_V_FULL + st), parity);
+        accumulate_pv<D>(O_acc, P, v_stage<D>(sm, st));
+        __syncwarp();
+        if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_V_EMPTY + st));  // this warp is done with V_j
+    }
+    epilogue<D>(O_acc, m_i, l_i, p, O, lse, (size_t)bh * N, row0, N, scale_log2);
+#else
+    (void)tmQ, (void)tmK, (void)tmV, (void)O, (void)lse, (void)N, (void)causal, (void)scale_log2;
+#endif
+}
+
+/* ---- launcher ---------------------------------------------------------------------------- */
+
+enum { VARIANT_DEFAULT = 0, VARIANTS };
+
+// The driver's tensor-map encoder, fetched once through the runtime (no -lcuda needed).
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+    if (!fn) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                             &found) == cudaSuccess &&
+            found == cudaDriverEntryPointSuccess)
+#else
+        if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &found) ==
+                cudaSuccess &&
+            found == cudaDriverEntryPointSuccess)
+#endif
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }
+    return fn;
+}
+
+// [B*H, N, D] fp16 seen in boxes of [1, rows, 64] (one 128-byte-swizzled slab); rows past N
+// read as zeros.
+static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_shape *s, int rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return cudaErrorSymbolNotFound;
+    const cuuint64_t dims[3] = {(cuuint64_t)s->D, (cuuint64_t)s->N, (cuuint64_t)s->B * s->H};
+    const cuuint64_t strides[2] = {(cuuint64_t)s->D * 2, (cuuint64_t)s->N * s->D * 2};
+    const cuuint32_t box[3] = {SLAB_COLS, (cuuint32_t)rows, 1};
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, (void *)base, dims, strides,
+                              box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
+// on an H100 has only the empty kernel).
+static int hopper_code_here(void) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, (const void *)attention_kernel<64>) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
+}
+
+static const char *attention_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
+    if (s->D != 64 && s->D != 128) return "head dim must be 64 or 128";
+    if (!(s->scale > 0.f)) return "scale must be positive";
+    if (s->B < 1 || s->H < 1 || s->N < 1) return "B, H and N must be >= 1";
+    if (variant < 0 || variant >= VARIANTS) return "unknown variant";
+    if (dev->cc != 90) return "needs a Hopper GPU (sm_90): TMA, wgmma and setmaxnreg";
+    if (!hopper_code_here())
+        return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
+    if ((size_t)smem_bytes<128>() > dev->smem_per_block && s->D == 128)
+        return "needs 161 KB of shared memory per block at D = 128";
+    if ((size_t)smem_bytes<64>() > dev->smem_per_block && s->D == 64)
+        return "needs 81 KB of shared memory per block at D = 64";
+    if ((long long)s->B * s->H * ((s->N + BR - 1) / BR) > 0x7fffffffLL)
+        return "too many blocks (B * H * N / 128 must be below 2^31)";
+    return NULL;
+}
+
+static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
+    (void)s, (void)dev, (void)variant;
+    return 0;
+}
+
+template <int D>
+static cudaError_t launch(const attn_shape *s, const void *Q, const void *K, const void *V,
+                          __half *O, float *lse, cudaStream_t stream) {
+    CUtensorMap tmQ, tmK, tmV;
+    ATTN_TRY(tensor_map(&tmQ, Q, s, BR));
+    ATTN_TRY(tensor_map(&tmK, K, s, BC));
+    ATTN_TRY(tensor_map(&tmV, V, s, BC));
+    const int smem = smem_bytes<D>();
+    ATTN_TRY(cudaFuncSetAttribute(attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  smem));
+    const long long blocks = (long long)s->B * s->H * ((s->N + BR - 1) / BR);
+    const float scale_log2 = s->scale * 1.4426950408889634f;  // log2(e) folded into the scale
+    attention_kernel<D><<<(unsigned)blocks, THREADS, smem, stream>>>(tmQ, tmK, tmV, O, lse, s->N,
+                                                                      s->causal, scale_log2);
+    ATTN_TRY(cudaGetLastError());
+    return cudaSuccess;
+}
+
+static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev, const void *Q,
+                                     const void *K, const void *V, void *O, float *lse,
+                                     void *workspace, int variant, cudaStream_t stream) {
+    (void)workspace;
+    const char *why = attention_unsupported(s, dev, variant);
+    if (why) {
+        fprintf(stderr, "stage6_hopper: %s\n", why);
+        return cudaErrorInvalidValue;
+    }
+    // TMA reads from 16-byte aligned addresses; the O stores are 4 bytes wide.
+    if (((uintptr_t)Q | (uintptr_t)K | (uintptr_t)V | (uintptr_t)O) % 16) {
+        fprintf(stderr, "stage6_hopper: Q, K, V and O must be 16-byte aligned\n");
+        return cudaErrorMisalignedAddress;
+    }
+    if (s->D == 64) return launch<64>(s, Q, K, V, (__half *)O, lse, stream);
+    return launch<128>(s, Q, K, V, (__half *)O, lse, stream);
+}
+
+extern "C" const attn_stage attn_this_stage = {
+    "stage6_hopper",
+    "FA3-style on Hopper: TMA bulk copies on mbarriers, wgmma from shared-memory descriptors, "
+    "producer/consumer warpgroups with setmaxnreg",
+    ATTN_F16,
+    "default",
+    attention_unsupported,
+    attention_workspace_bytes,
+    attention_forward,
+};
