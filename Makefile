@@ -1,9 +1,12 @@
 # A staged FlashAttention course. `make help` lists the targets.
 #
 #   make                 build, sweep every stage, draw the plots, rewrite the README tables
-#   make test            CPU tests + fat build + spill check (+ every stage's self-test on a GPU)
+#   make QUICK=1         build, a 2-minute sweep (every stage, a few shapes), plots in build/quick/
+#   make test            CPU tests + fat build + spill check + format check (+ self-tests on a GPU)
 #   make check           every stage's --self-test on this GPU (SMEM_LIMIT=65536 for the T4 path)
-#   make build ARCH=75   machine code for one target; ARCH=compute_75 for PTX only; BUILD=dir
+#   make build ARCH=75   machine code for one target; ARCH=compute_75 for PTX only; BUILD=dir;
+#                        several at once: ARCH="75 89"
+# Builds run in parallel on every core (make -jN of your own overrides it).
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -11,7 +14,16 @@ CC        ?= gcc
 BUILD     ?= build
 STAGES    := $(sort $(patsubst %/attention.cu,%,$(wildcard stage[0-9]*/attention.cu)))
 FAT_ARCHS := 75 80 86 89 90
+NPROC     := $(shell nproc 2>/dev/null || echo 2)
+# measured: `make build` (the fat build, stages 0-5) on a 2-core machine with no GPU
+FAT_BUILD_MINUTES := 4
+empty :=
+space := $(empty) $(empty)
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(NPROC)
+endif
 
+comma := ,
 # ARCH: from the GPU present, else the fat build (every target above plus PTX for the newest).
 ifeq ($(origin ARCH),undefined)
 ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.' | tr -cd '0-9')
@@ -19,22 +31,20 @@ endif
 ifeq ($(strip $(ARCH)),)
 GENCODE := $(foreach a,$(FAT_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
            -gencode arch=compute_$(lastword $(FAT_ARCHS)),code=compute_$(lastword $(FAT_ARCHS))
-else ifneq ($(filter compute_%,$(ARCH)),)
-GENCODE := -gencode arch=$(ARCH),code=$(ARCH)
 else
-GENCODE := -gencode arch=compute_$(patsubst sm_%,%,$(ARCH)),code=sm_$(patsubst sm_%,%,$(ARCH))
+GENCODE := $(foreach a,$(ARCH),$(if $(filter compute_%,$(a)),-gencode arch=$(a)$(comma)code=$(a),\
+             -gencode arch=compute_$(patsubst sm_%,%,$(a))$(comma)code=sm_$(patsubst sm_%,%,$(a))))
 endif
 
 # Stage 6's kernels use wgmma and setmaxnreg, which exist only in sm_90a code: wherever a build
 # has sm_90 (native on a Hopper GPU, or in the fat build), stage 6 gets sm_90a instead. On every
 # other target it builds host code and its unsupported() says why.
-comma := ,
 stage6_hopper_GENCODE = $(patsubst arch=compute_90$(comma)code=%,arch=compute_90a$(comma)code=%a,$(GENCODE))
 
 NVCCFLAGS := -std=c++17 -O3 -lineinfo -Xptxas -v -Werror all-warnings -Icommon \
              -Xcompiler -Wall,-Wextra,-Werror
 CFLAGS    := -std=c11 -O2 -Wall -Wextra -Werror -fopenmp -I$(CUDA_HOME)/include
-LDLIBS    := -Xcompiler -fopenmp -lm
+LDLIBS    := -Xcompiler -fopenmp -lm -ldl
 stage0_naive_LIBS := -lcublas
 
 COMMON_SRC := common/main.c common/reference.c common/npy.c
@@ -42,18 +52,40 @@ COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/obj/%.o,$(COMMON_SRC))
 HEADERS    := common/attention.h common/common.h
 
 .DEFAULT_GOAL := all
-.PHONY: all build test check sanitize profile diff help clean format
+.PHONY: all build objects test check sanitize profile diff help clean format format-check
+
 .DELETE_ON_ERROR:
 .SECONDARY:
 
+STAGE_OBJ := $(patsubst %,$(BUILD)/obj/%.o,$(STAGES))
+
+# Before a fat build (no GPU found, nothing built yet): say what is coming and for how long.
+ifeq ($(strip $(ARCH)),)
+ifneq ($(filter all build test,$(or $(MAKECMDGOALS),all)),)
+ifneq ($(words $(wildcard $(STAGE_OBJ))),$(words $(STAGE_OBJ)))
+$(info make: no NVIDIA GPU found (nvidia-smi): building every stage for sm_$(subst $(space), sm_,$(FAT_ARCHS)) + PTX (the fat build, $(words $(STAGES)) stages, $(NPROC) jobs at a time); about $(FAT_BUILD_MINUTES) minutes on 2 cores; the stages print a line each as they start)
+endif
+endif
+endif
+
 build: $(addprefix $(BUILD)/,$(STAGES)) $(BUILD)/test_common
+
+# The stages' device code only (no link): what CI compiles with a second toolkit.
+objects: $(STAGE_OBJ)
+
+# Objects remember the flags they were built with: a build folder reused with another ARCH or
+# toolkit is rebuilt, not mixed.
+BUILD_FLAGS := $(NVCC) $(NVCCFLAGS) $(GENCODE)
+ifeq ($(filter clean help diff format format-check,$(MAKECMDGOALS)),)
+$(shell mkdir -p $(BUILD) && { [ "$$(cat $(BUILD)/flags.txt 2>/dev/null)" = '$(BUILD_FLAGS)' ] || echo '$(BUILD_FLAGS)' > $(BUILD)/flags.txt; })
+endif
 
 $(BUILD)/obj/%.o: common/%.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
 # The -Xptxas -v report (registers, shared memory, stack frame, spills) is kept beside the object.
-$(BUILD)/obj/%.o: %/attention.cu common/attention.h
+$(BUILD)/obj/%.o: %/attention.cu common/attention.h $(BUILD)/flags.txt
 	@mkdir -p $(@D) $(BUILD)/ptxas
 	@echo "$(NVCC) -c $< [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $@"
 	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC $(or $($*_GENCODE),$(GENCODE)) -c $< -o $@ 2> $(BUILD)/ptxas/$*.txt || { cat $(BUILD)/ptxas/$*.txt; exit 1; }
@@ -65,28 +97,51 @@ $(BUILD)/test_common: common/tests/test_common.c $(BUILD)/obj/reference.o $(BUIL
 	$(CC) $(CFLAGS) -Icommon -o $@ $^ -lm
 
 # ---- tests ----
-TEST_BUILD ?= $(BUILD)/fat
+# The fat build: where there is no GPU that is what `make` built, in $(BUILD); on a GPU machine
+# `make` builds for that GPU only and the fat build goes to $(BUILD)/fat.
+TEST_BUILD ?= $(if $(strip $(ARCH)),$(BUILD)/fat,$(BUILD))
 test:
-	$(MAKE) --no-print-directory -j$(shell nproc) build ARCH= BUILD=$(TEST_BUILD)
+	@$(MAKE) --no-print-directory build ARCH= BUILD=$(TEST_BUILD)
 	bash common/tests/run.sh $(TEST_BUILD)
 
+# check, sanitize and profile need a GPU (and a tool): without one, one line naming what is
+# missing and exit 2, before anything is built.
+ifneq ($(filter check sanitize profile,$(MAKECMDGOALS)),)
+ifneq ($(filter sanitize,$(MAKECMDGOALS)),)
+ifeq ($(shell command -v compute-sanitizer),)
+$(error sanitize: compute-sanitizer not found (it comes with the CUDA toolkit: put the toolkit's bin folder on PATH))
+endif
+endif
+ifneq ($(filter profile,$(MAKECMDGOALS)),)
+ifeq ($(shell command -v ncu),)
+$(error profile: ncu (Nsight Compute) not found (it comes with the CUDA toolkit: put the toolkit's bin folder on PATH))
+endif
+endif
+ifeq ($(shell nvidia-smi -L 2>/dev/null),)
+$(error $(firstword $(filter check sanitize profile,$(MAKECMDGOALS))): no NVIDIA GPU here (nvidia-smi finds none); make test runs the tests that need none)
+endif
+endif
+
 SMEM_LIMIT ?=
-check: build
+check:
+	@$(MAKE) --no-print-directory build
 	@fail=0; for s in $(STAGES); do \
 	  $(BUILD)/$$s --self-test $(if $(SMEM_LIMIT),--smem-limit $(SMEM_LIMIT)) || fail=1; \
 	done; exit $$fail
 
 SANITIZE_TOOLS ?= memcheck racecheck synccheck
-sanitize: build
+sanitize:
+	@$(MAKE) --no-print-directory build
 	bash common/tests/sanitize.sh $(BUILD) "$(SANITIZE_TOOLS)" $(STAGES)
 
 # ---- one lesson at a time ----
 STAGE_DIR = $(firstword $(wildcard stage$(STAGE)_*))
 PREV_DIR  = $(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*))
+# git diff --no-index exits 1 when the files differ, which they always do: that is no error.
 diff:
-	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n (n = 1..5)"; exit 2; }
-	-git diff --no-index --stat $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu
-	-git diff --no-index $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu
+	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
+	@git --no-pager diff --no-index --stat $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]
+	@git --no-pager diff --no-index $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]
 
 # ncu sections per lesson; PROFILE_ARGS sets the shape.
 PROFILE_ARGS ?= --seq 4096 --dim 128 --heads 16 --batch 4 --check 0 --bench
@@ -97,14 +152,35 @@ PROFILE_SECTIONS_3 := SpeedOfLight WarpStateStats
 PROFILE_SECTIONS_4 := SpeedOfLight ComputeWorkloadAnalysis
 PROFILE_SECTIONS_5 := SpeedOfLight ComputeWorkloadAnalysis Occupancy WarpStateStats
 PROFILE_METRICS := l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
-profile: build
+profile:
 	@test -n "$(STAGE_DIR)" || { echo "usage: make profile STAGE=n [VARIANT=name] [PROFILE_ARGS=...]"; exit 2; }
+	@$(MAKE) --no-print-directory build
 	ncu --clock-control none --launch-skip 1 --launch-count 3 \
 	  $(foreach s,$(PROFILE_SECTIONS_$(STAGE)),--section $(s)) --metrics $(PROFILE_METRICS) \
 	  $(BUILD)/$(STAGE_DIR) $(PROFILE_ARGS) $(if $(VARIANT),--variant $(VARIANT))
 
-format:
-	clang-format -i common/*.c common/*.h common/tests/*.c stage*/attention.cu
+# The formatter is pinned (formatters of other versions disagree): clang-format from pip, in
+# build/tools/. FORMAT_PENDING: files not checked yet, named by every format-check.
+CLANG_FORMAT_VERSION := 19.1.7
+CLANG_FORMAT_DIR := build/tools/clang-format-$(CLANG_FORMAT_VERSION)
+CLANG_FORMAT := $(CLANG_FORMAT_DIR)/clang_format/data/bin/clang-format
+FORMAT_PENDING := stage5_tuned/attention.cu stage6_hopper/attention.cu
+FORMAT_FILES = $(filter-out $(FORMAT_PENDING),$(wildcard common/*.c common/*.h common/tests/*.c stage*/attention.cu))
+$(CLANG_FORMAT):
+	@echo "format: installing clang-format $(CLANG_FORMAT_VERSION) with pip into $(CLANG_FORMAT_DIR)"
+	@mkdir -p $(CLANG_FORMAT_DIR)
+	@command -v python3 >/dev/null 2>&1 || { echo "format: python3 not found; the pinned clang-format $(CLANG_FORMAT_VERSION) comes from pip" >&2; exit 1; }
+	@python3 -m pip install -q --disable-pip-version-check --no-warn-script-location --target $(CLANG_FORMAT_DIR) clang-format==$(CLANG_FORMAT_VERSION) >$(CLANG_FORMAT_DIR).log 2>&1 || { echo "format: pip could not install clang-format==$(CLANG_FORMAT_VERSION) (see $(CLANG_FORMAT_DIR).log)" >&2; exit 1; }
+	@touch $@
+
+format: $(CLANG_FORMAT)
+	$(CLANG_FORMAT) -i $(FORMAT_FILES)
+
+format-check: $(CLANG_FORMAT)
+	@bad=""; for f in $(FORMAT_FILES); do $(CLANG_FORMAT) $$f | cmp -s - $$f || bad="$$bad $$f"; done; \
+	$(if $(FORMAT_PENDING),echo "format-check: not checked yet: $(FORMAT_PENDING)";) \
+	if [ -n "$$bad" ]; then echo "format-check: not formatted (make format fixes it):$$bad"; echo "format-check: 0 passed, 1 failed"; exit 1; fi; \
+	echo "format-check: $(words $(FORMAT_FILES)) files formatted as clang-format $(CLANG_FORMAT_VERSION) does: 1 passed, 0 failed"
 
 clean:
 	rm -rf $(BUILD)
@@ -112,7 +188,9 @@ clean:
 help:
 	@echo "make               build, sweep every stage (long and fa2 shapes), plots, README tables"
 	@echo "make build         build every stage into $(BUILD)/ (ARCH=75|sm_75|compute_75, BUILD=dir)"
-	@echo "make test          CPU tests, fat build, no-spill check; self-tests too when a GPU is present"
+	@echo "make QUICK=1       build, a quick sweep (every stage, a few shapes: ~2 min on an H200), plots in build/quick/"
+	@echo "make test          CPU tests, fat build, no-spill check, format check; self-tests too on a GPU"
+	@echo "make format        format the C/CUDA sources with the pinned clang-format $(CLANG_FORMAT_VERSION) (format-check: only check)"
 	@echo "make check         every stage's --self-test on this GPU (SMEM_LIMIT=65536: T4 path)"
 	@echo "make sanitize      compute-sanitizer memcheck, racecheck, synccheck on small shapes"
 	@echo "make bench         the sweep only (BUDGET=60 seconds per launch, QUICK=1 for N <= 16k)"
@@ -133,7 +211,7 @@ all: build
 	if [ -n '$(GPU_SLUG)' ]; then \
 	    $(MAKE) --no-print-directory bench BENCH_DEPS= || status=$$?; \
 	else \
-	    echo "make: no NVIDIA GPU here: built every stage; plots and tables come from the committed results in plots/$(REF_GPU)/"; \
+	    echo "make: no NVIDIA GPU here: built every stage; plots and tables come from the committed results in plots/$(REF_GPU)/ (nothing to redraw unless they changed)"; \
 	fi; \
 	$(MAKE) --no-print-directory plots tables || status=$$?; \
 	exit $$status

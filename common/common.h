@@ -26,7 +26,9 @@ typedef struct {
     long long shape[8];
     void *data; /* malloc'd, dtype elements in C order */
 } npy_array;
-/* 0 on success; else -1 and a one-line reason in err. */
+/* 0 on success; else -1 (a bad or unreadable file) or NPY_ERR_NOMEM (no host memory for
+ * the data), with a one-line reason in err. */
+#define NPY_ERR_NOMEM (-2)
 int npy_read(const char *path, npy_array *out, char *err, size_t errlen);
 int npy_write(const char *path, npy_dtype dtype, int ndim, const long long *shape,
               const void *data, char *err, size_t errlen);

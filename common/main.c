@@ -5,22 +5,27 @@
  *   build/<stage> --seq 4096 --dim 128 --heads 16 --causal --bench --csv
  *   build/<stage> --self-test            # the standard matrix, ends with "N passed, M failed"
  *
- * Exit codes: 0 pass, 1 wrong result (or a CUDA fault), 2 bad usage, 3 unsupported here,
- * 4 out of device memory. A run that does not fit in device memory says so and exits 4.
+ * Exit codes: 0 pass, 1 wrong result (or a CUDA fault), 2 bad usage (options or input files),
+ * 3 unsupported here (no NVIDIA GPU, or a shape or variant this stage cannot run), 4 out of
+ * device or host memory. Every bad input gets one line on stderr naming the option or file.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attention.h"
 #include "common.h"
 
 #include <ctype.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 enum { EXIT_PASS = 0, EXIT_WRONG = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_OOM = 4 };
 
@@ -50,6 +55,8 @@ enum { EXIT_PASS = 0, EXIT_WRONG = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT
 typedef struct {
     attn_shape shape;
     int given_B, given_H, given_N, given_D, given_scale;
+    const char *shape_from; /* "--q 'q.npy'": the file the shape was taken from, if any */
+    int given_run;          /* an option the self-test would ignore (shape, --dist, --check...) */
     uint64_t seed;
     int peaky;
     const char *qpath, *kpath, *vpath, *outpath, *lsepath;
@@ -96,12 +103,13 @@ static void usage(void) {
            "  --seq N            tokens, N >= 1 (default 1024)\n"
            "  --dim D            head dim: 64 or 128 (default 128)\n"
            "  --causal           query i attends to keys 0..i\n"
-           "  --scale S          softmax scale (default 1/sqrt(D))\n"
+           "  --scale S          softmax scale, a positive float (default 1/sqrt(D))\n"
+           "                     B x H <= 65535; B, H, N, D may also come from the .npy files\n"
            "inputs and outputs:\n"
            "  --seed N           random inputs seed (default 1)\n"
            "  --dist normal|peaky  peaky scales Q by 8 so each query attends to a few keys\n"
            "  --q/--k/--v FILE   read Q, K or V from a .npy [B, H, N, D] float16 or float32\n"
-           "  --out FILE         write O as .npy [B, H, N, D]\n"
+           "  --out FILE         write O as .npy [B, H, N, D] in the stage's storage type (%s)\n"
            "  --lse FILE         write LSE as .npy [B, H, N] float32\n"
            "run:\n"
            "  --check ROWS|all|0 rows checked against the float64 reference (default 64)\n"
@@ -113,10 +121,12 @@ static void usage(void) {
            "  --smem-limit BYTES lower the shared memory per block the stage may use\n"
            "                     (65536 = T4, 101376 = L4)\n"
            "  --self-test        run the standard test matrix; ends with 'N passed, M failed'\n"
+           "                     (its own shapes and inputs: no shape, input or run options)\n"
            "  --help             this text\n"
-           "exit codes: 0 pass, 1 wrong result, 2 bad usage, 3 unsupported here, "
-           "4 out of device memory\n",
-           prog, attn_this_stage.name, attn_this_stage.adds, MIN_REPEATS, MIN_SECONDS,
+           "exit codes: 0 pass, 1 wrong result, 2 bad usage, 3 unsupported here (no NVIDIA GPU, "
+           "or the shape), 4 out of device or host memory\n",
+           prog, attn_this_stage.name, attn_this_stage.adds,
+           attn_this_stage.dtype == ATTN_F16 ? "float16" : "float32", MIN_REPEATS, MIN_SECONDS,
            attn_this_stage.variants);
 }
 
@@ -136,6 +146,33 @@ static double parse_pos(const char *opt, const char *s) {
     if (errno || end == s || *end || !(v > 0) || !isfinite(v))
         die_usage("%s: '%s' is not a positive number", opt, s);
     return v;
+}
+
+/* A positive number that stays itself as a float: no underflow to 0 or subnormal, no inf. */
+static float parse_pos_float(const char *opt, const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v > 0) || isnan(v))
+        die_usage("%s: '%s' is not a positive number", opt, s);
+    if (errno || v < FLT_MIN || v > FLT_MAX)
+        die_usage("%s: '%s' is outside the float range [%g, %g]", opt, s, (double)FLT_MIN,
+                  (double)FLT_MAX);
+    return (float)v;
+}
+
+/* An output path must be writable before the kernel runs, not after. */
+static void check_writable(const char *opt, const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) die_usage("%s: '%s' is a directory", opt, path);
+        if (access(path, W_OK) != 0) die_usage("%s: cannot write '%s': %s", opt, path, strerror(errno));
+        return;
+    }
+    FILE *f = fopen(path, "wb");
+    if (!f) die_usage("%s: cannot write '%s': %s", opt, path, strerror(errno));
+    fclose(f);
+    remove(path);
 }
 
 /* Index of `name` in the comma-separated list, or -1. */
@@ -191,25 +228,26 @@ static void parse_args(int argc, char **argv, options *o) {
         } else if (!strcmp(a, "--batch")) {
             NEEDS_VALUE;
             o->shape.B = (int)parse_int(a, v, 1, 65535);
-            o->given_B = 1;
+            o->given_B = o->given_run = 1;
         } else if (!strcmp(a, "--heads")) {
             NEEDS_VALUE;
             o->shape.H = (int)parse_int(a, v, 1, 65535);
-            o->given_H = 1;
+            o->given_H = o->given_run = 1;
         } else if (!strcmp(a, "--seq")) {
             NEEDS_VALUE;
             o->shape.N = (int)parse_int(a, v, 1, 1 << 30);
-            o->given_N = 1;
+            o->given_N = o->given_run = 1;
         } else if (!strcmp(a, "--dim")) {
             NEEDS_VALUE;
             o->shape.D = (int)parse_int(a, v, 1, 1 << 20);
-            o->given_D = 1;
+            o->given_D = o->given_run = 1;
         } else if (!strcmp(a, "--causal")) {
             o->shape.causal = 1;
+            o->given_run = 1;
         } else if (!strcmp(a, "--scale")) {
             NEEDS_VALUE;
-            o->shape.scale = (float)parse_pos(a, v);
-            o->given_scale = 1;
+            o->shape.scale = parse_pos_float(a, v);
+            o->given_scale = o->given_run = 1;
         } else if (!strcmp(a, "--seed")) {
             NEEDS_VALUE;
             o->seed = (uint64_t)parse_int(a, v, 0, INT64_MAX);
@@ -218,6 +256,7 @@ static void parse_args(int argc, char **argv, options *o) {
             if (!strcmp(v, "normal")) o->peaky = 0;
             else if (!strcmp(v, "peaky")) o->peaky = 1;
             else die_usage("--dist: '%s' is not one of normal, peaky", v);
+            o->given_run = 1;
         } else if (!strcmp(a, "--q")) {
             NEEDS_VALUE;
             o->qpath = v;
@@ -236,13 +275,15 @@ static void parse_args(int argc, char **argv, options *o) {
         } else if (!strcmp(a, "--check")) {
             NEEDS_VALUE;
             o->check_rows = !strcmp(v, "all") ? -1 : parse_int(a, v, 0, INT64_MAX);
+            o->given_run = 1;
         } else if (!strcmp(a, "--bench")) {
-            o->bench = 1;
+            o->bench = o->given_run = 1;
         } else if (!strcmp(a, "--budget")) {
             NEEDS_VALUE;
             o->budget_s = parse_pos(a, v);
+            o->given_run = 1;
         } else if (!strcmp(a, "--csv")) {
-            o->csv = 1;
+            o->csv = o->given_run = 1;
         } else if (!strcmp(a, "--variant")) {
             NEEDS_VALUE;
             o->variant = variant_index(attn_this_stage.variants, v);
@@ -263,28 +304,49 @@ static void parse_args(int argc, char **argv, options *o) {
 
 /* ---- inputs ---- */
 
-/* Reads one of Q/K/V: must be 4-D; its shape becomes the run's shape unless options set it. */
+/* Out of host memory: one line, exit 4 (like the device's out-of-memory). */
+static void die_host_oom(const char *what) {
+    fprintf(stderr, "%s: out of host memory: %s\n", prog, what);
+    exit(EXIT_OOM);
+}
+
+/* Reads one of Q/K/V: must be 4-D; its shape becomes the run's shape unless options (or an
+ * earlier file) set it, and a mismatch names where the other value came from. */
 static float *load_npy(const char *opt, const char *path, options *o) {
     npy_array a;
     char err[512];
-    if (npy_read(path, &a, err, sizeof err) != 0) die_usage("%s: %s", opt, err);
+    int rc = npy_read(path, &a, err, sizeof err);
+    if (rc == NPY_ERR_NOMEM) die_host_oom(err);
+    if (rc != 0) die_usage("%s: %s", opt, err);
     if (a.ndim != 4) die_usage("%s: '%s' has %d dimensions, want 4 [B, H, N, D]", opt, path, a.ndim);
     long long want[4] = {o->shape.B, o->shape.H, o->shape.N, o->shape.D};
     int given[4] = {o->given_B, o->given_H, o->given_N, o->given_D};
-    const char *names[4] = {"B (--batch)", "H (--heads)", "N (--seq)", "D (--dim)"};
+    const char *names[4] = {"B", "H", "N", "D"};
+    const char *flags[4] = {"--batch", "--heads", "--seq", "--dim"};
     for (int d = 0; d < 4; d++) {
-        if (given[d] && a.shape[d] != want[d])
-            die_usage("%s: '%s' has %s = %lld, want %lld", opt, path, names[d], a.shape[d],
-                      want[d]);
+        if (given[d] && a.shape[d] != want[d]) {
+            if (o->shape_from)
+                die_usage("%s: '%s' has %s = %lld, but %s has %s = %lld", opt, path, names[d],
+                          a.shape[d], o->shape_from, names[d], want[d]);
+            die_usage("%s: '%s' has %s = %lld, but %s %lld was given", opt, path, names[d],
+                      a.shape[d], flags[d], want[d]);
+        }
         if (a.shape[d] < 1 || a.shape[d] > (d == 2 ? (1 << 30) : 65535))
-            die_usage("%s: '%s' has %s = %lld, out of range", opt, path, names[d], a.shape[d]);
+            die_usage("%s: '%s' has %s = %lld, out of range [1, %d]", opt, path, names[d],
+                      a.shape[d], d == 2 ? (1 << 30) : 65535);
+    }
+    static char from[3][600];
+    int slot = opt[2] == 'q' ? 0 : opt[2] == 'k' ? 1 : 2;
+    if (!o->shape_from && !(o->given_B && o->given_H && o->given_N && o->given_D)) {
+        snprintf(from[slot], sizeof from[slot], "%s '%s'", opt, path);
+        o->shape_from = from[slot];
     }
     o->shape.B = (int)a.shape[0], o->shape.H = (int)a.shape[1];
     o->shape.N = (int)a.shape[2], o->shape.D = (int)a.shape[3];
     o->given_B = o->given_H = o->given_N = o->given_D = 1;
     size_t n = npy_count(&a);
     float *f = malloc(n * sizeof(float));
-    if (!f) die_usage("%s: out of host memory", opt);
+    if (!f) die_host_oom(path);
     for (size_t x = 0; x < n; x++)
         f[x] = a.dtype == NPY_F32 ? ((float *)a.data)[x] : f16_to_f32(((uint16_t *)a.data)[x]);
     free(a.data);
@@ -341,10 +403,26 @@ typedef struct {
 
 static int gpu_init(const options *o, gpu_ctx *g) {
     int count = 0;
+    /* Without the driver library the runtime says "CUDA driver version is insufficient",
+     * which sends a learner to upgrade a driver they do not have: say what is missing. */
+    void *libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!libcuda) {
+        fprintf(stderr, "%s: no NVIDIA GPU here (no NVIDIA driver: libcuda.so.1 not found)\n",
+                prog);
+        return -1;
+    }
+    dlclose(libcuda);
     cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-        fprintf(stderr, "%s: no CUDA device here (%s)\n", prog,
-                e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+    if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0)) {
+        fprintf(stderr, "%s: no NVIDIA GPU here (the driver finds no device)\n", prog);
+        return -1;
+    }
+    if (e != cudaSuccess) {
+        int drv = 0, rt = 0;
+        (void)cudaDriverGetVersion(&drv), (void)cudaRuntimeGetVersion(&rt);
+        fprintf(stderr, "%s: the NVIDIA driver cannot run this program: %s (driver supports CUDA "
+                "%d.%d, program built with %d.%d)\n", prog, cudaGetErrorString(e), drv / 1000,
+                drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
         return -1;
     }
     struct cudaDeviceProp p;
@@ -438,10 +516,7 @@ static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_res
     if (o->check_rows != 0 || o->outpath || o->lsepath) {
         float *O = malloc(n * sizeof(float)), *lse = malloc(rows * sizeof(float));
         void *raw = esz == 4 ? (void *)O : malloc(n * esz);
-        if (!O || !lse || !raw) {
-            fprintf(stderr, "%s: out of host memory for the output copy\n", prog);
-            exit(EXIT_WRONG);
-        }
+        if (!O || !lse || !raw) die_host_oom("the copy of the output");
         CUDA_CHECK(cudaMemcpy(raw, b[3], bytes[3], cudaMemcpyDeviceToHost));
         CUDA_CHECK(cudaMemcpy(lse, b[4], bytes[4], cudaMemcpyDeviceToHost));
         if (esz == 2) {
@@ -459,6 +534,7 @@ static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_res
             long long want = o->check_rows;
             long long *rl = malloc(sizeof(long long) * (want < 0 || (size_t)want > rows
                                                              ? rows : (size_t)want));
+            if (!rl) die_host_oom("the list of rows to check");
             long long nr = pick_rows((long long)rows, want, o->seed, rl);
             ref_shape rs = {s->B, s->H, s->N, s->D, s->causal, (double)s->scale};
             check_output(&rs, esz == 2, in->Qf, in->Kf, in->Vf, O, lse, rl, nr, &r->chk);
@@ -568,10 +644,8 @@ static int self_test(const options *base, gpu_ctx *g) {
                             long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
                             o.check_rows = rows <= SELF_TEST_FULL_ROWS ? -1 : SELF_TEST_SAMPLE;
                             host_inputs in;
-                            if (make_inputs(&o, NULL, NULL, NULL, &in) != 0) {
-                                fprintf(stderr, "%s: out of host memory\n", prog);
-                                return EXIT_WRONG;
-                            }
+                            if (make_inputs(&o, NULL, NULL, NULL, &in) != 0)
+                                die_host_oom("the inputs");
                             run_result r;
                             int rc = run_case(&o, g, &in, &r);
                             free_inputs(&in);
@@ -608,6 +682,12 @@ int main(int argc, char **argv) {
     if (!o.given_scale) s->scale = 1.0f / sqrtf((float)s->D);
     if (o.self_test && (o.qpath || o.kpath || o.vpath || o.outpath || o.lsepath))
         die_usage("--self-test makes its own inputs; it takes no --q/--k/--v/--out/--lse");
+    if (o.self_test && o.given_run)
+        die_usage("--self-test runs its own shapes and checks every row; it takes no --batch, "
+                  "--heads, --seq, --dim, --causal, --scale, --dist, --check, --bench, --budget, "
+                  "--csv");
+    if (o.outpath) check_writable("--out", o.outpath);
+    if (o.lsepath) check_writable("--lse", o.lsepath);
 
     gpu_ctx g;
     memset(&g, 0, sizeof g);
@@ -621,10 +701,7 @@ int main(int argc, char **argv) {
     if (o.self_test) return self_test(&o, &g);
 
     host_inputs in;
-    if (make_inputs(&o, fq, fk, fv, &in) != 0) {
-        fprintf(stderr, "%s: out of host memory for the inputs\n", prog);
-        return EXIT_WRONG;
-    }
+    if (make_inputs(&o, fq, fk, fv, &in) != 0) die_host_oom("the inputs");
     run_result r;
     int rc = run_case(&o, &g, &in, &r);
     if (!strcmp(r.status, "FAIL"))

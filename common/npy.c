@@ -5,6 +5,7 @@
 #include "common.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,10 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
         out->dtype = NPY_F16;
     } else if (strncmp(d, "'<f4'", 5) == 0) {
         out->dtype = NPY_F32;
+    } else if (*d != '\'') {
+        snprintf(err, errlen, "'%s': a structured dtype (%.20s...) is not supported (float16 "
+                 "'<f2' or float32 '<f4')", path, d);
+        goto done;
     } else {
         const char *e = strchr(d + 1, '\'');
         int len = e ? (int)(e - d - 1) : 8;
@@ -92,22 +97,43 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
     }
     const char *p = sh + 1;
     out->ndim = 0;
+    size_t bytes = (size_t)out->dtype;
+    int overflow = 0;
     for (;;) {
         while (*p == ' ' || *p == ',') p++;
         if (*p == ')') break;
         char *end;
+        errno = 0;
         long long v = strtoll(p, &end, 10);
-        if (end == p || v < 0 || out->ndim == 8) {
+        if (end == p || v < 0 || errno || out->ndim == 8) {
             snprintf(err, errlen, "'%s': malformed shape", path);
             goto done;
         }
+        if (v > 0 && bytes > SIZE_MAX / (unsigned long long)v) overflow = 1;
+        else bytes *= (size_t)v;
         out->shape[out->ndim++] = v;
         p = end;
     }
-    size_t n = npy_count(out), bytes = n * (size_t)out->dtype;
+    /* The shape must fit in memory and in the file before anything is allocated for it. */
+    long here = ftell(f);
+    long long avail = -1;
+    if (here >= 0 && fseek(f, 0, SEEK_END) == 0) {
+        avail = (long long)ftell(f) - here;
+        if (fseek(f, here, SEEK_SET) != 0) avail = -1;
+    }
+    if (overflow) {
+        snprintf(err, errlen, "'%s': shape too large (its size overflows)", path);
+        goto done;
+    }
+    if (avail >= 0 && (unsigned long long)avail < (unsigned long long)bytes) {
+        snprintf(err, errlen, "'%s': file shorter than its shape says (%lld bytes of data, the "
+                 "shape needs %zu)", path, avail, bytes);
+        goto done;
+    }
     out->data = malloc(bytes ? bytes : 1);
     if (!out->data) {
-        snprintf(err, errlen, "'%s': out of host memory (%zu bytes)", path, bytes);
+        snprintf(err, errlen, "'%s' needs %zu bytes", path, bytes);
+        rc = NPY_ERR_NOMEM;
         goto done;
     }
     if (fread(out->data, 1, bytes, f) != bytes) {

@@ -2,11 +2,16 @@
 # Makefile (run make from the repository root); it uses BUILD, the folder of the stage programs.
 #
 #   make bench        sweep every stage program in $(BUILD) into plots/<gpu>/results.csv
-#                     (needs an NVIDIA GPU; BUDGET=60 seconds per launch, QUICK=1: N <= 16k,
-#                     SWEEP_STAGES="0 3": only those stages)
+#                     (needs an NVIDIA GPU; BUDGET=60 seconds per launch, SWEEP_STAGES="0 3":
+#                     only those stages). QUICK=1: the quick sweep (every stage, the few shapes
+#                     of plots/shapes.conf, about 2 minutes on an H200) into $(QUICK_DIR)/
 #   make plots        draw the PNGs from plots/<gpu>/results.csv into that folder; on a machine
-#                     without a GPU (or without results for it) from plots/$(REF_GPU)/
-#   make tables       rewrite the results tables of $(README) from the same CSV
+#                     without a GPU (or without results for it) from plots/$(REF_GPU)/. They are
+#                     redrawn only when the CSV or the plot scripts changed (plots.cksum in that
+#                     folder records what they were drawn from), so a clean tree stays clean.
+#                     QUICK=1: from and into $(QUICK_DIR)/
+#   make tables       rewrite the results tables of $(README) and of every stage README from the
+#                     same CSV (QUICK=1: print the tables instead)
 #   make test-plots   CPU tests of all of this (no GPU needed)
 #
 # <gpu> is the name nvidia-smi reports, lowercased, punctuation to '-', 'nvidia-' dropped:
@@ -24,6 +29,8 @@ PLOT_DIR ?=
 PEAK ?=
 # what bench needs first (the lead's build target); empty it to sweep what is already built
 BENCH_DEPS ?= build
+QUICK_DIR ?= build/quick/$(or $(GPU_SLUG),no-gpu)
+QUICK_ON := $(filter-out 0,$(QUICK))
 
 ifeq ($(origin GPU_NAME),undefined)
 GPU_NAME := $(shell n=$$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null) && \
@@ -53,6 +60,7 @@ endef
 # says so); fails if there is none.
 define resolve_csv
 csv='$(PLOT_CSV)'; \
+if [ -z "$$csv" ] && [ -n '$(QUICK_ON)' ] && [ -n '$(GPU_SLUG)' ]; then csv='$(QUICK_DIR)/results.csv'; fi; \
 if [ -z "$$csv" ]; then \
     if [ -n '$(GPU_SLUG)' ] && [ -s 'plots/$(GPU_SLUG)/results.csv' ]; then \
         csv='plots/$(GPU_SLUG)/results.csv'; \
@@ -86,14 +94,19 @@ bench: $(BENCH_DEPS)
 	    echo "bench: no NVIDIA GPU found (nvidia-smi); without one, make plots and make tables use plots/$(REF_GPU)/" >&2; \
 	    exit 1; \
 	fi
-	@mkdir -p plots/$(GPU_SLUG)
-	plots/sweep.sh '$(BUILD)' plots/$(GPU_SLUG)/results.csv --budget '$(BUDGET)' \
-	    $(if $(filter-out 0,$(QUICK)),--quick) $(if $(strip $(SWEEP_STAGES)),--stages '$(SWEEP_STAGES)')
+	plots/sweep.sh '$(BUILD)' $(if $(QUICK_ON),$(QUICK_DIR),plots/$(GPU_SLUG))/results.csv --budget '$(BUDGET)' \
+	    $(if $(QUICK_ON),--quick) $(if $(strip $(SWEEP_STAGES)),--stages '$(SWEEP_STAGES)')
 
 plots:
 	@$(resolve_csv); \
 	out='$(PLOT_DIR)'; [ -n "$$out" ] || out=$$(dirname "$$csv"); \
 	mkdir -p "$$out"; \
+	sum=$$(cat "$$csv" $(PLOT_SCRIPTS) plots/csv.awk plots/series.awk | cksum | tr ' ' -); \
+	if [ -z '$(PLOT_DIR)' ] && [ "$$(cat "$$out/plots.cksum" 2>/dev/null)" = "$$sum" ] && \
+	   [ -z '$(PLOTS_FORCE)' ] && for gp in $(PLOT_SCRIPTS); do [ -s "$$out/$$(basename $$gp .gp).png" ] || exit 1; done; then \
+	    echo "plots: $$out/*.png are up to date with $$csv and the plot scripts ($$out/plots.cksum; PLOTS_FORCE=1 redraws)"; \
+	    exit 0; \
+	fi; \
 	$(ensure_gnuplot); \
 	if ! command -v gnuplot >/dev/null 2>&1; then \
 	    echo "plots: gnuplot not found; install it with: sudo apt-get install -y gnuplot-nox" \
@@ -105,11 +118,17 @@ plots:
 	for gp in $(PLOT_SCRIPTS); do \
 	    gnuplot -e "csv='$$csv'; outdir='$$out'; gpu='$$gpu'; PEAK=$$peak; plotsdir='plots'" "$$gp" || exit 1; \
 	done; \
+	[ -n '$(PLOT_DIR)' ] || echo "$$sum" >"$$out/plots.cksum"; \
 	echo "plots: $(notdir $(PLOT_SCRIPTS:.gp=.png)) from $$csv ($$gpu, peak $$peak TFLOP/s) in $$out/"
 
 tables:
 	@$(resolve_csv); \
-	plots/update_readme.sh "$$csv" '$(README)'
+	if [ -n '$(QUICK_ON)' ] && [ -n '$(GPU_SLUG)' ] && [ -z '$(PLOT_CSV)' ]; then \
+	    awk -F, -f plots/csv.awk -f plots/table.awk "$$csv"; \
+	    echo "tables: the quick sweep's tables from $$csv (the READMEs keep the full run's)"; \
+	else \
+	    plots/update_readme.sh "$$csv" '$(README)'; \
+	fi
 
 test-plots:
 	plots/tests/run.sh

@@ -24,8 +24,22 @@ import time
 
 HEADER = ("gpu,stage,variant,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,"
           "rel_err,lse_err,rows_checked,device_mb,status,sweep").split(",")
-LONG_N = [1024, 2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536, 131072, 262144]
-FA2_N = [512, 1024, 2048, 4096, 8192, 16384]
+
+def read_shapes(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "shapes.conf")):
+    """The sweeps' N lists from plots/shapes.conf (NAME=\"n n n\" lines), shared with sweep.sh."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                name, value = line.split("=", 1)
+                out[name.strip()] = [int(n) for n in value.strip().strip('"').split()]
+    return out
+
+
+SHAPES = read_shapes()
+LONG_N = SHAPES["LONG_N"]
+FA2_N = SHAPES["FA2_N"]
 FLUSH_BYTES = 256 << 20
 MIN_REPS = 10
 MIN_SECONDS = 0.5
@@ -34,11 +48,12 @@ MAX_REPS = 10000
 
 def series(quick):
     """The sweeps as (sweep, D, causal, [(B, H, N), ...]) climbs, in the sweep script's order."""
-    long_n = [n for n in LONG_N if not quick or n <= 16384]
+    long_n = SHAPES["QUICK_LONG_N"] if quick else LONG_N
+    fa2_n = SHAPES["QUICK_FA2_N"] if quick else FA2_N
     out = [("long", 128, 0, [(1, 1, n) for n in long_n])]
     for d in (64, 128):
         for causal in (0, 1):
-            out.append(("fa2", d, causal, [(16384 // n, 2048 // d, n) for n in FA2_N]))
+            out.append(("fa2", d, causal, [(16384 // n, 2048 // d, n) for n in fa2_n]))
     return out
 
 
@@ -129,7 +144,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_csv")
     ap.add_argument("--budget", type=float, default=60.0, help="seconds one call may take")
-    ap.add_argument("--quick", action="store_true", help="N up to 16,384 only")
+    ap.add_argument("--quick", action="store_true", help="the quick sweep's shapes (plots/shapes.conf)")
     ap.add_argument("--dry-run", action="store_true", help="list the runs, touch nothing")
     args = ap.parse_args()
     if args.budget <= 0:

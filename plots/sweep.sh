@@ -6,6 +6,7 @@
 #
 #   long: B = H = 1, D = 128, non-causal, N = 1k ... 256k (262,144)
 #   fa2:  B x N = 16,384 tokens, H = 2048 / D, D in {64, 128}, causal 0 and 1, N = 512 ... 16k
+# (the N of each sweep, and of the quick one, come from plots/shapes.conf)
 #
 # Every run is `STAGE --batch B --heads H --seq N --dim D [--causal] --bench --csv --check 32
 # --budget S`: each row is checked before its time is kept. Within one stage's climb of a series
@@ -18,7 +19,7 @@
 #
 # Options:
 #   --budget S      seconds one launch may take (default 60)
-#   --quick         N up to 16,384 only (both sweeps)
+#   --quick         the quick sweep: QUICK_LONG_N and QUICK_FA2_N of plots/shapes.conf
 #   --stages LIST   only these stages: names (stage3_cp_async), prefixes (stage3) or numbers (3)
 #   --no-sdpa       do not add the PyTorch SDPA rows at the end
 # Environment: SWEEP_TIMEOUT: seconds after which one run is killed as hung
@@ -114,10 +115,10 @@ if [ -n "$STAGES" ]; then
 fi
 
 # ---- the sweeps
-LONG_N="1024 2048 4096 8192 16384 24576 32768 49152 65536 131072 262144"
-FA2_N="512 1024 2048 4096 8192 16384"
+. "$HERE/shapes.conf"
 if [ "$QUICK" = 1 ]; then
-    LONG_N="1024 2048 4096 8192 16384"
+    LONG_N=$QUICK_LONG_N
+    FA2_N=$QUICK_FA2_N
 fi
 count_words() { set -- $1; echo $#; }
 PER_STAGE=$(($(count_words "$LONG_N") + 4 * $(count_words "$FA2_N")))
@@ -138,7 +139,8 @@ HEADER_WARNED=0
 FAILS=0
 RUN_I=0
 
-echo "sweep: ${#BINS[@]} stage(s) from $BUILD_DIR, $TOTAL runs, budget ${BUDGET} s per launch$([ "$QUICK" = 1 ] && echo ', quick (N <= 16384)'); CSV: $OUT_CSV; program output: $LOG" >&2
+echo "sweep: ${#BINS[@]} stage(s) from $BUILD_DIR, $TOTAL runs, budget ${BUDGET} s per launch$([ "$QUICK" = 1 ] && echo ", quick (long N: $LONG_N; fa2 N: $FA2_N)"); CSV: $OUT_CSV; program output: $LOG" >&2
+SWEEP_T0=$(date +%s)
 
 # One line of the CSV for a run that was not made (or made no row): the known columns filled in.
 synth_row() { # stage B H N D causal status sweep
@@ -398,6 +400,7 @@ if [ "$SDPA" = 1 ]; then
     fi
 fi
 
+echo "sweep: done in $(($(date +%s) - SWEEP_T0)) s ($TOTAL stage runs$([ "$SDPA" = 1 ] && echo ' and the SDPA rows'))" >&2
 if [ $FAILS -gt 0 ]; then
     echo "FAIL: $FAILS run(s) gave a wrong result or crashed (status FAIL in $OUT_CSV); see $LOG" >&2
     exit 1

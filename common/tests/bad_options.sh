@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Every bad option must give exit 2 and one line on stderr naming the problem; no GPU needed
-# (options and .npy files are checked before the device is touched).
+# Every bad input must give its documented exit code (2 bad usage or file, 4 out of host memory)
+# and one line on stderr naming the problem; no GPU needed (options, output paths and .npy files
+# are checked before the device is touched).
 # usage: bad_options.sh BINARY FIXTURE_DIR   (fixtures from `test_common --fixtures DIR`)
 set -u
 bin=$1 fx=$2
 passed=0 failed=0
-expect() { # expect CODE PATTERN ARGS...
+limit=""
+expect() { # expect CODE PATTERN ARGS...  (with $limit set: under that address-space limit, KiB)
   local want=$1 pat=$2; shift 2
-  local err; err=$("$bin" "$@" 2>&1 >/dev/null); local rc=$?
+  local err rc
+  if [ -n "$limit" ]; then
+    err=$(bash -c 'ulimit -v "$0" && exec "$@"' "$limit" "$bin" "$@" 2>&1 >/dev/null); rc=$?
+  else
+    err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
+  fi
   local lines; lines=$(printf '%s' "$err" | grep -c '' || true)
-  if [ "$rc" -eq "$want" ] && { [ "$want" -ne 2 ] || [ "$lines" -eq 1 ]; } && { [ -z "$pat" ] || printf '%s' "$err" | grep -qiF -- "$pat"; }; then
+  if [ "$rc" -eq "$want" ] && { [ "$want" -eq 0 ] || [ "$lines" -eq 1 ]; } && { [ -z "$pat" ] || printf '%s' "$err" | grep -qiF -- "$pat"; }; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))
@@ -28,6 +35,9 @@ expect 2 "--dim: '0'" --dim 0
 expect 2 "--batch x --heads" --batch 300 --heads 300
 expect 2 "--scale: '-1'" --scale -1
 expect 2 "--scale: 'nan'" --scale nan
+expect 2 "--scale: '1e-50' is outside the float range" --scale 1e-50
+expect 2 "--scale: '1e39' is outside the float range" --scale 1e39
+expect 2 "--scale: '1e-40' is outside the float range" --scale 1e-40
 expect 2 "--dist: 'uniform'" --dist uniform
 expect 2 "--check: 'some'" --check some
 expect 2 "--budget: '0'" --budget 0
@@ -38,9 +48,26 @@ expect 2 "not a .npy file" --k "$fx/notnpy.npy"
 expect 2 "has 3 dimensions" --q "$fx/rank3.npy"
 expect 2 "dtype <i4 not supported" --v "$fx/int32.npy"
 expect 2 "shorter than its shape" --q "$fx/short.npy"
-expect 2 "N (--seq) = 16, want 32" --seq 32 --q "$fx/good.npy"
+expect 2 "has N = 16, but --seq 32 was given" --seq 32 --q "$fx/good.npy"
+expect 2 "good32.npy' has N = 32, but --q '$fx/good.npy' has N = 16" --q "$fx/good.npy" --k "$fx/good32.npy"
+expect 2 "good.npy' has N = 16, but --k '$fx/good32.npy' has N = 32" --k "$fx/good32.npy" --v "$fx/good.npy"
+expect 2 "structured dtype" --q "$fx/struct.npy"
+expect 2 "file shorter than its shape says" --q "$fx/absurd.npy"
+expect 2 "shape too large" --k "$fx/overflow.npy"
+expect 2 "--out: cannot write '$fx/no/such/dir/o.npy'" --q "$fx/good.npy" --out "$fx/no/such/dir/o.npy"
+expect 2 "--lse: '$fx' is a directory" --lse "$fx"
+expect 2 "--self-test runs its own shapes" --self-test --seq 128
+expect 2 "--self-test runs its own shapes" --self-test --causal
+expect 2 "--self-test runs its own shapes" --self-test --dist peaky
 expect 2 "--dim: 32 is not supported" --q "$fx/dim32.npy"
 expect 2 "takes no --q" --self-test --q "$fx/good.npy"
 expect 0 "" --help
+help=$("$bin" --help)
+for want in "B x H <= 65535" "in the stage's storage type (float" "4 out of device or host memory"; do
+  if grep -qF -- "$want" <<<"$help"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: --help does not say '$want'"; fi
+done
+limit=2097152 # 2 GiB of address space: the 8 GiB of big.npy do not fit
+expect 4 "out of host memory" --q "$fx/big.npy"
+limit=""
 echo "$(basename "$bin") bad options: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -221,11 +221,12 @@ static void test_npy(const char *dir) {
            err);
 }
 
-/* Raw header with any descr, for the wrong-dtype fixture. */
+/* Raw header with any descr (quoted unless it is a list), for the bad-file fixtures. */
 static void write_raw(const char *path, const char *descr, const char *shape, size_t bytes) {
-    char dict[128];
-    int len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
-                       descr, shape);
+    char dict[256];
+    const char *q = descr[0] == '[' ? "" : "'";
+    int len = snprintf(dict, sizeof dict, "{'descr': %s%s%s, 'fortran_order': False, 'shape': %s, }",
+                       q, descr, q, shape);
     size_t hlen = (size_t)len + 1 + (64 - (10 + (size_t)len + 1) % 64) % 64;
     FILE *f = fopen(path, "wb");
     if (!f) return;
@@ -254,6 +255,30 @@ static int fixtures(const char *dir) {
     write_raw(p, "<i4", "(1, 1, 16, 64)", n * 4);
     snprintf(p, sizeof p, "%s/short.npy", dir);
     write_raw(p, "<f4", "(1, 1, 16, 64)", n * 2);
+    snprintf(p, sizeof p, "%s/struct.npy", dir);
+    write_raw(p, "[('a', '<f4'), ('b', '<f4')]", "(1, 1, 16, 64)", n * 8);
+    snprintf(p, sizeof p, "%s/absurd.npy", dir); /* 2^40 elements claimed, 64 bytes given */
+    write_raw(p, "<f4", "(1024, 1024, 1024, 1024)", 64);
+    snprintf(p, sizeof p, "%s/overflow.npy", dir); /* the element count overflows 64 bits */
+    write_raw(p, "<f4", "(4294967296, 4294967296, 65536, 64)", 64);
+    long long n32[4] = {1, 1, 32, 64};
+    float *y = calloc(32 * 64, sizeof(float));
+    snprintf(p, sizeof p, "%s/good32.npy", dir);
+    rc |= !y || npy_write(p, NPY_F32, 4, n32, y, err, sizeof err);
+    free(y);
+    /* 8 GiB of float32 data [1, 1, 2^25, 64] in a sparse file (no disk used): under a 2 GiB
+     * address-space limit reading it runs out of host memory */
+    snprintf(p, sizeof p, "%s/big.npy", dir);
+    write_raw(p, "<f4", "(1, 1, 33554432, 64)", 0);
+    FILE *b = fopen(p, "r+b");
+    if (b) {
+        rc |= fseek(b, 0, SEEK_END) != 0;
+        long hdr = ftell(b);
+        rc |= hdr < 0 || fseek(b, hdr + (8L << 30) - 1, SEEK_SET) != 0 || fputc(0, b) == EOF;
+        fclose(b);
+    } else {
+        rc = 1;
+    }
     snprintf(p, sizeof p, "%s/notnpy.npy", dir);
     FILE *f = fopen(p, "w");
     if (f) fputs("hello\n", f), fclose(f);

@@ -137,6 +137,28 @@ if command -v make >/dev/null 2>&1; then
         bad "make plots tables without gnuplot"
         sed 's/^/      /' "$SCRATCH/nognu.out" | head -n 20
     fi
+    # PNGs beside their CSV are redrawn only when the CSV or the scripts changed
+    if command -v gnuplot >/dev/null 2>&1; then
+        mkdir -p "$SCRATCH/stamp"
+        cp $T/fixture.csv "$SCRATCH/stamp/results.csv"
+        stampmk() { make -s -f plots/plots.mk plots PLOT_CSV="$SCRATCH/stamp/results.csv" GPU_NAME= 2>&1; }
+        stampmk >"$SCRATCH/stamp1.out"
+        before=$(ls -l --time-style=+%s.%N "$SCRATCH"/stamp/*.png | md5sum)
+        sleep 1
+        stampmk >"$SCRATCH/stamp2.out"
+        after=$(ls -l --time-style=+%s.%N "$SCRATCH"/stamp/*.png | md5sum)
+        tail -n 1 $T/fixture.csv >>"$SCRATCH/stamp/results.csv" # same data, another file
+        stampmk >"$SCRATCH/stamp3.out"
+        if [ -s "$SCRATCH/stamp/plots.cksum" ] && [ "$before" = "$after" ] && grep -q 'up to date' "$SCRATCH/stamp2.out" &&
+            ! grep -q 'up to date' "$SCRATCH/stamp3.out"; then
+            ok "make plots redraws only when the CSV changed (plots.cksum)"
+        else
+            bad "make plots redraws only when the CSV changed"
+            cat "$SCRATCH"/stamp[123].out | sed 's/^/      /' | head -n 20
+        fi
+    else
+        skip "make plots' redraw stamp: gnuplot is not installed"
+    fi
     printf 'peak:\n\t@set -- "$(NAME)"; $(peak_of)\nslug:\n\t@echo $(GPU_SLUG)\n' >"$SCRATCH/probe.mk"
     got=""
     for n in "NVIDIA H100 80GB HBM3" "NVIDIA H200" "NVIDIA A100-SXM4-80GB" "NVIDIA L4" "Tesla T4" \
@@ -230,8 +252,11 @@ fi
 : >"$FB/calls.log"
 plots/sweep.sh "$FB" "$SCRATCH/quick.csv" --budget 100 --quick --stages "1 stage0" --no-sdpa >/dev/null 2>"$SCRATCH/quick.err"
 rc=$?
-check "sweep.sh --quick --stages '1 stage0': exit 0, 2 x 29 rows, N <= 16384" \
-    awk -F, -v rc=$rc 'NR > 1 && ($6 > 16384 || $2 == "stage2_fake") { exit 1 } END { exit !(rc == 0 && NR == 59) }' "$SCRATCH/quick.csv"
+. plots/shapes.conf
+quick_rows=$(($(set -- $QUICK_LONG_N; echo $#) + 4 * $(set -- $QUICK_FA2_N; echo $#)))
+check "sweep.sh --quick --stages '1 stage0': exit 0, 2 x $quick_rows rows, only the quick shapes" \
+    awk -F, -v rc=$rc -v want=$((2 * quick_rows + 1)) -v ln=" $QUICK_LONG_N " -v fn=" $QUICK_FA2_N " \
+    'NR > 1 && (index($20 == "long" ? ln : fn, " " $6 " ") == 0 || $2 == "stage2_fake") { exit 1 } END { exit !(rc == 0 && NR == want) }' "$SCRATCH/quick.csv"
 check "sweep.sh --stages keeps the stages' order" \
     [ "$(cut -d' ' -f1 "$FB/calls.log" | uniq | head -n 2 | tr '\n' ' ')" = "stage0_fake stage1_fake " ]
 plots/sweep.sh "$FB" "$SCRATCH/x.csv" --stages 9 >/dev/null 2>"$SCRATCH/bad.err"
@@ -248,8 +273,10 @@ check "sweep.sh stops (exit 2) when the programs see no CUDA device" \
 
 # the sweep's CSV feeds the tables and plots
 check "table.awk reads the sweep's CSV" awk -F, -f plots/csv.awk -f plots/table.awk "$CSV"
-check "sdpa_baseline.py --dry-run --quick plans 2 x 29 runs without torch" \
-    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run --quick | wc -l)" = 58 ]
+check "sdpa_baseline.py --dry-run --quick plans the quick shapes, 2 x $quick_rows runs, without torch" \
+    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run --quick | wc -l)" = $((2 * quick_rows)) ]
+check "sdpa_baseline.py --dry-run plans 2 x 35 runs (the shapes of plots/shapes.conf)" \
+    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run | wc -l)" = 70 ]
 
 echo "skipped: $SKIPPED"
 echo "$PASS passed, $FAILED failed"
