@@ -55,14 +55,14 @@ extern const attn_stage attn_this_stage;
 
 /* Inside a launcher: on error, name the call and where it was, and return the error so the
  * host program can report it (an out-of-memory is reported, not fatal to a sweep). */
-#define ATTN_TRY(call)                                                                        \
-    do {                                                                                      \
-        cudaError_t attn_err_ = (call);                                                       \
-        if (attn_err_ != cudaSuccess) {                                                       \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,              \
-                    cudaGetErrorString(attn_err_));                                           \
-            return attn_err_;                                                                 \
-        }                                                                                     \
+#define ATTN_TRY(call)                                                           \
+    do {                                                                         \
+        cudaError_t attn_err_ = (call);                                          \
+        if (attn_err_ != cudaSuccess) {                                          \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, \
+                    cudaGetErrorString(attn_err_));                              \
+            return attn_err_;                                                    \
+        }                                                                        \
     } while (0)
 
 #ifdef __cplusplus

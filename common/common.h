@@ -12,7 +12,9 @@
 /* ---- fp16 (IEEE binary16) on the host ---- */
 uint16_t f32_to_f16(float f); /* round to nearest even, overflow to inf, NaN kept */
 float f16_to_f32(uint16_t h);
-static inline float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+static inline float round_f16(float f) {
+    return f16_to_f32(f32_to_f16(f));
+}
 
 /* ---- inputs: a counter-based generator, so any element can be made on any thread ---- */
 /* Fills x[0..n) with N(0,1) samples times `mul`, a pure function of (seed, stream, index). */
@@ -30,8 +32,8 @@ typedef struct {
  * the data), with a one-line reason in err. */
 #define NPY_ERR_NOMEM (-2)
 int npy_read(const char *path, npy_array *out, char *err, size_t errlen);
-int npy_write(const char *path, npy_dtype dtype, int ndim, const long long *shape,
-              const void *data, char *err, size_t errlen);
+int npy_write(const char *path, npy_dtype dtype, int ndim, const long long *shape, const void *data,
+              char *err, size_t errlen);
 size_t npy_count(const npy_array *a);
 
 /* ---- reference (float64) ---- */

@@ -10,9 +10,6 @@
  * device or host memory. Every bad input gets one line on stderr naming the option or file.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "attention.h"
-#include "common.h"
-
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -27,29 +24,32 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "attention.h"
+#include "common.h"
+
 enum { EXIT_PASS = 0, EXIT_WRONG = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_OOM = 4 };
 
-#define CSV_HEADER                                                                                \
-    "gpu,stage,variant,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,"          \
+#define CSV_HEADER                                                                        \
+    "gpu,stage,variant,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err," \
     "rel_err,lse_err,rows_checked,device_mb,status"
 
 /* Every CUDA call outside a stage goes through this: the call's text, file and line. */
-#define CUDA_CHECK(call)                                                                          \
-    do {                                                                                          \
-        cudaError_t err_ = (call);                                                                \
-        if (err_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,                  \
-                    cudaGetErrorString(err_));                                                    \
-            exit(err_ == cudaErrorMemoryAllocation ? EXIT_OOM : EXIT_WRONG);                      \
-        }                                                                                         \
+#define CUDA_CHECK(call)                                                         \
+    do {                                                                         \
+        cudaError_t err_ = (call);                                               \
+        if (err_ != cudaSuccess) {                                               \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, \
+                    cudaGetErrorString(err_));                                   \
+            exit(err_ == cudaErrorMemoryAllocation ? EXIT_OOM : EXIT_WRONG);     \
+        }                                                                        \
     } while (0)
 
 #define SELF_TEST_FULL_ROWS 4096 /* self-test checks every row up to this many, else a sample */
 #define SELF_TEST_SAMPLE 512
-#define MIN_REPEATS 10     /* timing: at least this many launches ... */
-#define MIN_SECONDS 0.5    /* ... and this much measured time, */
-#define SLOW_MS 1000.0     /* unless one launch takes longer than this: then ... */
-#define SLOW_REPEATS 3     /* ... this many launches */
+#define MIN_REPEATS 10  /* timing: at least this many launches ... */
+#define MIN_SECONDS 0.5 /* ... and this much measured time, */
+#define SLOW_MS 1000.0  /* unless one launch takes longer than this: then ... */
+#define SLOW_REPEATS 3  /* ... this many launches */
 #define MAX_REPEATS 10000
 
 typedef struct {
@@ -95,39 +95,40 @@ static void die_usage(const char *fmt, ...) {
 /* ---- options ---- */
 
 static void usage(void) {
-    printf("usage: %s [options]\n"
-           "%s: %s\n\n"
-           "shape:\n"
-           "  --batch B          batch size (default 1)\n"
-           "  --heads H          heads (default 1)\n"
-           "  --seq N            tokens, N >= 1 (default 1024)\n"
-           "  --dim D            head dim: 64 or 128 (default 128)\n"
-           "  --causal           query i attends to keys 0..i\n"
-           "  --scale S          softmax scale, a positive float (default 1/sqrt(D))\n"
-           "                     B x H <= 65535; B, H, N, D may also come from the .npy files\n"
-           "inputs and outputs:\n"
-           "  --seed N           random inputs seed (default 1)\n"
-           "  --dist normal|peaky  peaky scales Q by 8 so each query attends to a few keys\n"
-           "  --q/--k/--v FILE   read Q, K or V from a .npy [B, H, N, D] float16 or float32\n"
-           "  --out FILE         write O as .npy [B, H, N, D] in the stage's storage type (%s)\n"
-           "  --lse FILE         write LSE as .npy [B, H, N] float32\n"
-           "run:\n"
-           "  --check ROWS|all|0 rows checked against the float64 reference (default 64)\n"
-           "  --bench            time the kernel (median of >= %d launches and %.1f s)\n"
-           "  --budget SECONDS   longest one launch may take before the row is over_budget "
-           "(default 60)\n"
-           "  --csv              print a CSV header and row on stdout\n"
-           "  --variant NAME     one of: %s\n"
-           "  --smem-limit BYTES lower the shared memory per block the stage may use\n"
-           "                     (65536 = T4, 101376 = L4)\n"
-           "  --self-test        run the standard test matrix; ends with 'N passed, M failed'\n"
-           "                     (its own shapes and inputs: no shape, input or run options)\n"
-           "  --help             this text\n"
-           "exit codes: 0 pass, 1 wrong result, 2 bad usage, 3 unsupported here (no NVIDIA GPU, "
-           "or the shape), 4 out of device or host memory\n",
-           prog, attn_this_stage.name, attn_this_stage.adds,
-           attn_this_stage.dtype == ATTN_F16 ? "float16" : "float32", MIN_REPEATS, MIN_SECONDS,
-           attn_this_stage.variants);
+    printf(
+        "usage: %s [options]\n"
+        "%s: %s\n\n"
+        "shape:\n"
+        "  --batch B          batch size (default 1)\n"
+        "  --heads H          heads (default 1)\n"
+        "  --seq N            tokens, N >= 1 (default 1024)\n"
+        "  --dim D            head dim: 64 or 128 (default 128)\n"
+        "  --causal           query i attends to keys 0..i\n"
+        "  --scale S          softmax scale, a positive float (default 1/sqrt(D))\n"
+        "                     B x H <= 65535; B, H, N, D may also come from the .npy files\n"
+        "inputs and outputs:\n"
+        "  --seed N           random inputs seed (default 1)\n"
+        "  --dist normal|peaky  peaky scales Q by 8 so each query attends to a few keys\n"
+        "  --q/--k/--v FILE   read Q, K or V from a .npy [B, H, N, D] float16 or float32\n"
+        "  --out FILE         write O as .npy [B, H, N, D] in the stage's storage type (%s)\n"
+        "  --lse FILE         write LSE as .npy [B, H, N] float32\n"
+        "run:\n"
+        "  --check ROWS|all|0 rows checked against the float64 reference (default 64)\n"
+        "  --bench            time the kernel (median of >= %d launches and %.1f s)\n"
+        "  --budget SECONDS   longest one launch may take before the row is over_budget "
+        "(default 60)\n"
+        "  --csv              print a CSV header and row on stdout\n"
+        "  --variant NAME     one of: %s\n"
+        "  --smem-limit BYTES lower the shared memory per block the stage may use\n"
+        "                     (65536 = T4, 101376 = L4)\n"
+        "  --self-test        run the standard test matrix; ends with 'N passed, M failed'\n"
+        "                     (its own shapes and inputs: no shape, input or run options)\n"
+        "  --help             this text\n"
+        "exit codes: 0 pass, 1 wrong result, 2 bad usage, 3 unsupported here (no NVIDIA GPU, "
+        "or the shape), 4 out of device or host memory\n",
+        prog, attn_this_stage.name, attn_this_stage.adds,
+        attn_this_stage.dtype == ATTN_F16 ? "float16" : "float32", MIN_REPEATS, MIN_SECONDS,
+        attn_this_stage.variants);
 }
 
 static long long parse_int(const char *opt, const char *s, long long lo, long long hi) {
@@ -166,7 +167,8 @@ static void check_writable(const char *opt, const char *path) {
     struct stat st;
     if (stat(path, &st) == 0) {
         if (S_ISDIR(st.st_mode)) die_usage("%s: '%s' is a directory", opt, path);
-        if (access(path, W_OK) != 0) die_usage("%s: cannot write '%s': %s", opt, path, strerror(errno));
+        if (access(path, W_OK) != 0)
+            die_usage("%s: cannot write '%s': %s", opt, path, strerror(errno));
         return;
     }
     FILE *f = fopen(path, "wb");
@@ -217,10 +219,10 @@ static void parse_args(int argc, char **argv, options *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDS_VALUE                                                                               \
-    do {                                                                                          \
-        if (!v) die_usage("%s needs a value", a);                                                 \
-        i++;                                                                                      \
+#define NEEDS_VALUE                               \
+    do {                                          \
+        if (!v) die_usage("%s needs a value", a); \
+        i++;                                      \
     } while (0)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage();
@@ -253,9 +255,12 @@ static void parse_args(int argc, char **argv, options *o) {
             o->seed = (uint64_t)parse_int(a, v, 0, INT64_MAX);
         } else if (!strcmp(a, "--dist")) {
             NEEDS_VALUE;
-            if (!strcmp(v, "normal")) o->peaky = 0;
-            else if (!strcmp(v, "peaky")) o->peaky = 1;
-            else die_usage("--dist: '%s' is not one of normal, peaky", v);
+            if (!strcmp(v, "normal"))
+                o->peaky = 0;
+            else if (!strcmp(v, "peaky"))
+                o->peaky = 1;
+            else
+                die_usage("--dist: '%s' is not one of normal, peaky", v);
             o->given_run = 1;
         } else if (!strcmp(a, "--q")) {
             NEEDS_VALUE;
@@ -318,7 +323,8 @@ static float *load_npy(const char *opt, const char *path, options *o) {
     int rc = npy_read(path, &a, err, sizeof err);
     if (rc == NPY_ERR_NOMEM) die_host_oom(err);
     if (rc != 0) die_usage("%s: %s", opt, err);
-    if (a.ndim != 4) die_usage("%s: '%s' has %d dimensions, want 4 [B, H, N, D]", opt, path, a.ndim);
+    if (a.ndim != 4)
+        die_usage("%s: '%s' has %d dimensions, want 4 [B, H, N, D]", opt, path, a.ndim);
     long long want[4] = {o->shape.B, o->shape.H, o->shape.N, o->shape.D};
     int given[4] = {o->given_B, o->given_H, o->given_N, o->given_D};
     const char *names[4] = {"B", "H", "N", "D"};
@@ -353,7 +359,9 @@ static float *load_npy(const char *opt, const char *path, options *o) {
     return f;
 }
 
-static size_t elems_of(const attn_shape *s) { return (size_t)s->B * s->H * s->N * s->D; }
+static size_t elems_of(const attn_shape *s) {
+    return (size_t)s->B * s->H * s->N * s->D;
+}
 
 /* Makes the stored inputs: from files where given, else random; rounded to the storage type. */
 static int make_inputs(const options *o, float *fileq, float *filek, float *filev,
@@ -420,9 +428,11 @@ static int gpu_init(const options *o, gpu_ctx *g) {
     if (e != cudaSuccess) {
         int drv = 0, rt = 0;
         (void)cudaDriverGetVersion(&drv), (void)cudaRuntimeGetVersion(&rt);
-        fprintf(stderr, "%s: the NVIDIA driver cannot run this program: %s (driver supports CUDA "
-                "%d.%d, program built with %d.%d)\n", prog, cudaGetErrorString(e), drv / 1000,
-                drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+        fprintf(stderr,
+                "%s: the NVIDIA driver cannot run this program: %s (driver supports CUDA "
+                "%d.%d, program built with %d.%d)\n",
+                prog, cudaGetErrorString(e), drv / 1000, drv % 1000 / 10, rt / 1000,
+                rt % 1000 / 10);
         return -1;
     }
     struct cudaDeviceProp p;
@@ -525,15 +535,15 @@ static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_res
         }
         char err[512];
         long long shp[4] = {s->B, s->H, s->N, s->D};
-        if (o->outpath && npy_write(o->outpath, esz == 2 ? NPY_F16 : NPY_F32, 4, shp, raw, err,
-                                    sizeof err) != 0)
+        if (o->outpath &&
+            npy_write(o->outpath, esz == 2 ? NPY_F16 : NPY_F32, 4, shp, raw, err, sizeof err) != 0)
             fprintf(stderr, "%s: --out: %s\n", prog, err), exit(EXIT_USAGE);
         if (o->lsepath && npy_write(o->lsepath, NPY_F32, 3, shp, lse, err, sizeof err) != 0)
             fprintf(stderr, "%s: --lse: %s\n", prog, err), exit(EXIT_USAGE);
         if (o->check_rows != 0) {
             long long want = o->check_rows;
-            long long *rl = malloc(sizeof(long long) * (want < 0 || (size_t)want > rows
-                                                             ? rows : (size_t)want));
+            long long *rl =
+                malloc(sizeof(long long) * (want < 0 || (size_t)want > rows ? rows : (size_t)want));
             if (!rl) die_host_oom("the list of rows to check");
             long long nr = pick_rows((long long)rows, want, o->seed, rl);
             ref_shape rs = {s->B, s->H, s->N, s->D, s->causal, (double)s->scale};
@@ -559,7 +569,8 @@ static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_res
         while (k < MAX_REPEATS) {
             t[k] = timed_launch(g, o, b);
             total += t[k++];
-            if (t[0] > SLOW_MS ? k >= SLOW_REPEATS : (k >= MIN_REPEATS && total >= MIN_SECONDS * 1e3))
+            if (t[0] > SLOW_MS ? k >= SLOW_REPEATS
+                               : (k >= MIN_REPEATS && total >= MIN_SECONDS * 1e3))
                 break;
         }
         qsort(t, (size_t)k, sizeof(double), cmp_double);
@@ -635,8 +646,9 @@ static int self_test(const options *base, gpu_ctx *g) {
                     for (int peaky = 0; peaky < 2; peaky++)
                         for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
                             options o = *base;
-                            o.shape = (attn_shape){BH[bh][0], BH[bh][1], Ns[ni], Ds[di], causal,
-                                                   1.0f / sqrtf((float)Ds[di])};
+                            o.shape =
+                                (attn_shape){BH[bh][0], BH[bh][1], Ns[ni],
+                                             Ds[di],    causal,    1.0f / sqrtf((float)Ds[di])};
                             o.variant = v;
                             o.peaky = peaky;
                             o.bench = 0;
@@ -683,9 +695,10 @@ int main(int argc, char **argv) {
     if (o.self_test && (o.qpath || o.kpath || o.vpath || o.outpath || o.lsepath))
         die_usage("--self-test makes its own inputs; it takes no --q/--k/--v/--out/--lse");
     if (o.self_test && o.given_run)
-        die_usage("--self-test runs its own shapes and checks every row; it takes no --batch, "
-                  "--heads, --seq, --dim, --causal, --scale, --dist, --check, --bench, --budget, "
-                  "--csv");
+        die_usage(
+            "--self-test runs its own shapes and checks every row; it takes no --batch, "
+            "--heads, --seq, --dim, --causal, --scale, --dist, --check, --bench, --budget, "
+            "--csv");
     if (o.outpath) check_writable("--out", o.outpath);
     if (o.lsepath) check_writable("--lse", o.lsepath);
 

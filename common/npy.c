@@ -2,13 +2,13 @@
  * npy.c: .npy read and write (format versions 1.0 and 2.0), float16 and float32 only,
  * little-endian, C order. Enough to exchange Q, K, V, O and LSE with numpy and PyTorch.
  */
-#include "common.h"
-
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common.h"
 
 size_t npy_count(const npy_array *a) {
     size_t n = 1;
@@ -52,8 +52,7 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
             fclose(f);
             return -1;
         }
-        hlen = (size_t)pre[8] | ((size_t)pre[9] << 8) | ((size_t)b[0] << 16) |
-               ((size_t)b[1] << 24);
+        hlen = (size_t)pre[8] | ((size_t)pre[9] << 8) | ((size_t)b[0] << 16) | ((size_t)b[1] << 24);
     } else {
         snprintf(err, errlen, "'%s': unsupported .npy version %d", path, pre[6]);
         fclose(f);
@@ -80,8 +79,10 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
     } else if (strncmp(d, "'<f4'", 5) == 0) {
         out->dtype = NPY_F32;
     } else if (*d != '\'') {
-        snprintf(err, errlen, "'%s': a structured dtype (%.20s...) is not supported (float16 "
-                 "'<f2' or float32 '<f4')", path, d);
+        snprintf(err, errlen,
+                 "'%s': a structured dtype (%.20s...) is not supported (float16 "
+                 "'<f2' or float32 '<f4')",
+                 path, d);
         goto done;
     } else {
         const char *e = strchr(d + 1, '\'');
@@ -109,8 +110,10 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
             snprintf(err, errlen, "'%s': malformed shape", path);
             goto done;
         }
-        if (v > 0 && bytes > SIZE_MAX / (unsigned long long)v) overflow = 1;
-        else bytes *= (size_t)v;
+        if (v > 0 && bytes > SIZE_MAX / (unsigned long long)v)
+            overflow = 1;
+        else
+            bytes *= (size_t)v;
         out->shape[out->ndim++] = v;
         p = end;
     }
@@ -126,8 +129,10 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
         goto done;
     }
     if (avail >= 0 && (unsigned long long)avail < (unsigned long long)bytes) {
-        snprintf(err, errlen, "'%s': file shorter than its shape says (%lld bytes of data, the "
-                 "shape needs %zu)", path, avail, bytes);
+        snprintf(err, errlen,
+                 "'%s': file shorter than its shape says (%lld bytes of data, the "
+                 "shape needs %zu)",
+                 path, avail, bytes);
         goto done;
     }
     out->data = malloc(bytes ? bytes : 1);
@@ -149,8 +154,8 @@ done:
     return rc;
 }
 
-int npy_write(const char *path, npy_dtype dtype, int ndim, const long long *shape,
-              const void *data, char *err, size_t errlen) {
+int npy_write(const char *path, npy_dtype dtype, int ndim, const long long *shape, const void *data,
+              char *err, size_t errlen) {
     char dict[256];
     int len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
                        dtype == NPY_F16 ? "<f2" : "<f4");
@@ -170,7 +175,15 @@ int npy_write(const char *path, npy_dtype dtype, int ndim, const long long *shap
         snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
         return -1;
     }
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
+    unsigned char pre[10] = {0x93,
+                             'N',
+                             'U',
+                             'M',
+                             'P',
+                             'Y',
+                             1,
+                             0,
+                             (unsigned char)(hlen & 0xff),
                              (unsigned char)(hlen >> 8)};
     int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)len, f) == (size_t)len;
     for (size_t i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;

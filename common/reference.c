@@ -12,11 +12,11 @@
  * the error a correct fp16 kernel makes (FlashAttention's own tests use this rule).
  * fp32 storage: max|O - O_ref| <= CHECK_F32_TOL * (1 + max|O_ref|). LSE in both cases.
  */
-#include "common.h"
-
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common.h"
 
 uint16_t f32_to_f16(float f) {
     uint32_t x;
@@ -25,8 +25,8 @@ uint16_t f32_to_f16(float f) {
     if (ax >= 0x7f800000u) /* inf, or NaN kept quiet */
         return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0));
     if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
-    if (ax < 0x38800000u) {                                    /* below 2^-14: subnormal */
-        if (ax <= 0x33000000u) return (uint16_t)sign;          /* <= 2^-25 rounds to 0 */
+    if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal */
+        if (ax <= 0x33000000u) return (uint16_t)sign;         /* <= 2^-25 rounds to 0 */
         uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
         uint32_t shift = 126u - (ax >> 23); /* value = mant * 2^(e-150); unit 2^-24 */
         uint32_t r = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
@@ -78,9 +78,9 @@ void fill_normal(float *x, size_t n, uint64_t seed, uint32_t stream, float mul) 
 void ref_row(const ref_shape *s, const float *Q, const float *K, const float *V, long long bh,
              long long i, double *o_exact, double *o_f16, double *lse, double *scratch) {
     const long long N = s->N, D = s->D;
-    const float *q = Q + (bh * N + i) * D;  /* [D] */
-    const float *Kb = K + bh * N * D;       /* [N, D] */
-    const float *Vb = V + bh * N * D;       /* [N, D] */
+    const float *q = Q + (bh * N + i) * D; /* [D] */
+    const float *Kb = K + bh * N * D;      /* [N, D] */
+    const float *Vb = V + bh * N * D;      /* [N, D] */
     const long long keys = s->causal ? i + 1 : N;
     double m = -INFINITY;
     for (long long j = 0; j < keys; j++) {

@@ -4,25 +4,25 @@
  * program (good, wrong rank, wrong dtype, wrong shape, truncated).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "common.h"
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
+
 static int passed, failed;
 
-#define EXPECT(cond, ...)                                                                         \
-    do {                                                                                          \
-        if (cond) {                                                                               \
-            passed++;                                                                             \
-        } else {                                                                                  \
-            failed++;                                                                             \
-            printf("FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);                              \
-            printf(__VA_ARGS__);                                                                  \
-            printf("\n");                                                                         \
-        }                                                                                         \
+#define EXPECT(cond, ...)                                            \
+    do {                                                             \
+        if (cond) {                                                  \
+            passed++;                                                \
+        } else {                                                     \
+            failed++;                                                \
+            printf("FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            printf(__VA_ARGS__);                                     \
+            printf("\n");                                            \
+        }                                                            \
     } while (0)
 
 static void test_fp16(void) {
@@ -135,7 +135,8 @@ static int check_with(int f16, mistake m, int causal) {
                 t.causal = 0;
                 t.N = (int)(i + 2);
                 /* rows of a shorter sequence: same K, V prefix, but Q row index i */
-                float *Qs = malloc((size_t)(i + 2) * 64 * 4), *Ks = malloc((size_t)(i + 2) * 64 * 4);
+                float *Qs = malloc((size_t)(i + 2) * 64 * 4),
+                      *Ks = malloc((size_t)(i + 2) * 64 * 4);
                 float *Vs = malloc((size_t)(i + 2) * 64 * 4);
                 memcpy(Qs, Q + (bh * 97) * 64, (size_t)(i + 2) * 64 * 4);
                 memcpy(Ks, K + (bh * 97) * 64, (size_t)(i + 2) * 64 * 4);
@@ -154,7 +155,8 @@ static int check_with(int f16, mistake m, int causal) {
                 u.N = (int)(97 - 1);
                 /* drop key 0 by shifting K and V by one row */
                 float *Ks = K + bh * 97 * 64 + 64, *Vs = V + bh * 97 * 64 + 64;
-                float *Kt = malloc(97 * 64 * 4), *Vt = malloc(97 * 64 * 4), *Qt = malloc(97 * 64 * 4);
+                float *Kt = malloc(97 * 64 * 4), *Vt = malloc(97 * 64 * 4),
+                      *Qt = malloc(97 * 64 * 4);
                 memcpy(Kt, Ks, 96 * 64 * 4), memcpy(Vt, Vs, 96 * 64 * 4);
                 memcpy(Qt + 64, Q + (bh * 97 + i) * 64, 64 * 4);
                 ref_row(&u, Qt, Kt, Vt, 0, causal ? i - 1 : 1, o, o16, &l, scratch);
@@ -225,8 +227,9 @@ static void test_npy(const char *dir) {
 static void write_raw(const char *path, const char *descr, const char *shape, size_t bytes) {
     char dict[256];
     const char *q = descr[0] == '[' ? "" : "'";
-    int len = snprintf(dict, sizeof dict, "{'descr': %s%s%s, 'fortran_order': False, 'shape': %s, }",
-                       q, descr, q, shape);
+    int len =
+        snprintf(dict, sizeof dict, "{'descr': %s%s%s, 'fortran_order': False, 'shape': %s, }", q,
+                 descr, q, shape);
     size_t hlen = (size_t)len + 1 + (64 - (10 + (size_t)len + 1) % 64) % 64;
     FILE *f = fopen(path, "wb");
     if (!f) return;
