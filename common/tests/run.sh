@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite behind `make test`: CPU unit tests, bad options, the no-spill check, the
-# plot/table/sweep tests, and, when a GPU is present, every stage's --self-test.
+# plot/table/sweep tests, the format check, and, when a GPU is present, every stage's --self-test.
 # Ends with one line "N passed, M failed" summing every part.
 # usage: run.sh BUILD_DIR
 set -u
@@ -36,6 +36,7 @@ part "CPU unit tests" "$dir/test_common" "$tmp"
 for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$dir/$s" "$tmp"; done
 part "no spills, no stack frame (stages 1-5)" bash common/tests/check_spills.sh "$dir" $stages
 if [ -f plots/tests/run.sh ]; then part "sweep, plots and tables" bash plots/tests/run.sh; fi
+part "C/CUDA sources formatted (pinned clang-format)" make --no-print-directory -s format-check
 if nvidia-smi -L >/dev/null 2>&1; then
   for s in $stages; do part "$s --self-test" "$dir/$s" --self-test; done
 else
