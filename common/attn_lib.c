@@ -13,13 +13,14 @@
  * what a stage's launcher itself writes to stderr (ATTN_TRY names the failing call there).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "attention.h"
-
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "attention.h"
 
 #define ATTN_LIB_ABI 1
 #define ATTN_LIB_MAX_DEVICES 64
@@ -27,7 +28,9 @@
 enum { LIB_OK = 0, LIB_CUDA = 1, LIB_BAD_ARG = 2, LIB_UNSUPPORTED = 3, LIB_OOM = 4 };
 
 /* The binding refuses a library whose entry points it does not know. */
-int attn_lib_abi(void) { return ATTN_LIB_ABI; }
+int attn_lib_abi(void) {
+    return ATTN_LIB_ABI;
+}
 
 static int fail(int code, char *err, size_t errlen, const char *fmt, ...) {
     if (err && errlen) {
@@ -100,8 +103,8 @@ static int prepare(int device, const attn_shape *s, int variant, attn_device *de
     if (s->B < 1 || s->H < 1 || s->N < 1 || s->D < 1)
         return fail(LIB_BAD_ARG, err, errlen, "%s: B, H, N and D must be >= 1 (got %d, %d, %d, %d)",
                     name, s->B, s->H, s->N, s->D);
-    if (!(s->scale > 0.0f) || !isfinite(s->scale))
-        return fail(LIB_BAD_ARG, err, errlen, "%s: scale must be a positive finite number (got %g)",
+    if (!(s->scale >= FLT_MIN) || !isfinite(s->scale)) /* as the program: no 0, subnormal, inf */
+        return fail(LIB_BAD_ARG, err, errlen, "%s: scale must be a positive normal float (got %g)",
                     name, (double)s->scale);
     int rc = device_props(device, dev, err, errlen);
     if (rc != LIB_OK) return rc;

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The Python binding's part of `make test`: links every stage library from BUILD_DIR's objects
+# (make lib), checks what each exports, then runs python/tests/test_binding.py against them (its
+# GPU and PyTorch tests say `skipped` where there is neither) and checks the notebook's cells
+# parse. Ends with "N passed, M failed".
+# usage: python/tests/run.sh BUILD_DIR
+set -u
+dir=$1
+cd "$(dirname "$0")/../.."
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok       $*"; }
+bad() { failed=$((failed + 1)); echo "FAILED   $*"; }
+
+# ARCH= keeps the objects of the fat build that `make test` has just made: only linking is left.
+if make --no-print-directory lib ARCH= BUILD="$dir"; then ok "make lib"; else bad "make lib"; fi
+for src in stage[0-9]*/attention.cu; do
+  s=${src%/attention.cu} so="$dir/lib/lib${s}.so"
+  if [ ! -f "$so" ]; then bad "$so not built"; continue; fi
+  # exactly the descriptor and the entry points; the static CUDA runtime inside stays private
+  got=$(nm -D --defined-only "$so" | awk '$3 !~ /^_/ { print $3 }' | sort | tr '\n' ' ')
+  want="attn_lib_abi attn_lib_check attn_lib_forward attn_this_stage "
+  if [ "$got" = "$want" ]; then ok "$so exports: $got"; else bad "$so exports: '$got', want '$want'"; fi
+done
+
+if ! command -v python3 >/dev/null 2>&1; then
+  echo "skipped  python3 not found: the binding's tests and the notebook check did not run"
+else
+  out=$(FLASHCOURSE_LIB_DIR="$dir/lib" python3 python/tests/test_binding.py 2>&1)
+  rc=$?
+  echo "$out"
+  line=$(grep -oE '^[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -n 1)
+  if [ -n "$line" ]; then
+    passed=$((passed + $(awk '{print $1}' <<<"$line"))) failed=$((failed + $(awk '{print $3}' <<<"$line")))
+    [ "$rc" -eq 0 ] || [ "$(awk '{print $3}' <<<"$line")" -ne 0 ] || bad "test_binding.py exit $rc"
+  else
+    bad "test_binding.py printed no summary (exit $rc)"
+  fi
+  if python3 python/tests/check_notebook.py; then ok "notebook cells parse"; else bad "notebook cells parse"; fi
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

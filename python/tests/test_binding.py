@@ -1,0 +1,413 @@
+#!/usr/bin/env python3
+"""Tests of python/flashcourse and the stage libraries (make lib).
+
+    PYTHONPATH=python python3 python/tests/test_binding.py [--quick]
+
+Without a GPU or without PyTorch, the tests that need them print `skipped`; the rest (the
+descriptors, the C entry point's own argument checks, the missing-library and unknown-stage
+errors) run anywhere. On a GPU: every stage and every variant through the binding against a
+float64 PyTorch reference with the checker's rule (common/reference.c: fp16 stages pass at
+2x the error of a correct fp16 computation + 1e-4, fp32 stages at 1e-4 (1 + max|O|); LSE to
+5e-4 / 5e-5 relative), causal and not, tails, a custom scale, peaky inputs, one long row
+sampled; every bad input of the binding; the current stream. Ends with "N passed, M failed".
+--quick: fewer shapes per variant.
+"""
+
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import flashcourse  # noqa: E402
+from flashcourse import _binding  # noqa: E402
+
+QUICK = "--quick" in sys.argv
+
+try:
+    import torch
+    HAVE_TORCH = True
+except ImportError:
+    torch = None
+    HAVE_TORCH = False
+HAVE_GPU = HAVE_TORCH and torch.cuda.is_available()
+
+results = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+class Skip(Exception):
+    pass
+
+
+def run(name, fn, *args):
+    try:
+        fn(*args)
+    except Skip as e:
+        results["skipped"] += 1
+        print(f"skipped  {name}: {e}")
+        return
+    except Exception:
+        results["failed"] += 1
+        print(f"FAILED   {name}")
+        traceback.print_exc(file=sys.stdout)
+        return
+    results["passed"] += 1
+    print(f"ok       {name}")
+
+
+def need_gpu():
+    if not HAVE_TORCH:
+        raise Skip("no PyTorch here")
+    if not HAVE_GPU:
+        raise Skip("no CUDA GPU here")
+
+
+def raises(exc, fn, *args, match=None, **kw):
+    """fn(*args, **kw) must raise exc (not a subclass's sibling), with `match` in its message."""
+    try:
+        fn(*args, **kw)
+    except exc as e:
+        msg = str(e)
+        if "\n" in msg.strip():
+            raise AssertionError(f"message is not one line: {msg!r}")
+        for m in [match] if isinstance(match, str) else (match or []):
+            if m not in msg:
+                raise AssertionError(f"{exc.__name__} message {msg!r} lacks {m!r}")
+        return msg
+    except Exception as e:
+        raise AssertionError(f"expected {exc.__name__}, got {type(e).__name__}: {e}")
+    raise AssertionError(f"expected {exc.__name__}, nothing raised")
+
+
+# ---- CPU: descriptors and the C entry point's own checks ----
+
+def source_stages():
+    return sorted(p.parent.name for p in _binding.REPO.glob("stage[0-9]*/attention.cu"))
+
+
+def t_descriptors():
+    built = flashcourse.stages()
+    names = [s.name for s in built]
+    assert names == source_stages(), f"built {names}, sources {source_stages()}"
+    for s in built:
+        assert Path(s.path).name == f"lib{s.name}.so", s
+        assert s.variants[0] == "default", s
+        want = "float32" if s.name.split("_")[0] in ("stage0", "stage1") else "float16"
+        assert s.dtype == want, f"{s.name}: dtype {s.dtype}, want {want}"
+        assert s.adds, s
+
+
+def t_module_main():
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    out = subprocess.run([sys.executable, "-m", "flashcourse"], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    for s in source_stages():
+        assert s in out, f"{s} missing from:\n{out}"
+
+
+def t_missing_library():
+    old = os.environ.get("FLASHCOURSE_LIB_DIR")
+    with tempfile.TemporaryDirectory() as d:
+        os.environ["FLASHCOURSE_LIB_DIR"] = d
+        try:
+            raises(flashcourse.LibraryNotBuiltError, flashcourse.stages, match="make lib")
+            raises(flashcourse.LibraryNotBuiltError, flashcourse.attention, None, None, None,
+                   stage="stage5_tuned", match=["make lib", "libstage5_tuned.so"])
+        finally:
+            if old is None:
+                del os.environ["FLASHCOURSE_LIB_DIR"]
+            else:
+                os.environ["FLASHCOURSE_LIB_DIR"] = old
+
+
+def t_unknown_stage():
+    raises(ValueError, flashcourse.attention, None, None, None, stage="stage9_magic",
+           match=["unknown stage", "stage5_tuned"])
+    raises(TypeError, flashcourse.attention, None, None, None, stage=5)
+
+
+def t_c_argument_checks():
+    # Checked in C before any device is touched: the same on a machine without a GPU.
+    for s in flashcourse.stages():
+        raises(ValueError, _binding._check_raw, s.name, 0, (1, 1, 64, 64), 0, 0.125, 99,
+               match=[s.name, "variant index 99"])
+        raises(ValueError, _binding._check_raw, s.name, 0, (1, 0, 64, 64), 0, 0.125, 0,
+               match=[s.name, ">= 1"])
+        raises(ValueError, _binding._check_raw, s.name, 0, (1, 1, 64, 64), 0, -1.0, 0,
+               match=[s.name, "scale"])
+        raises(ValueError, _binding._check_raw, s.name, 0, (1, 1, 64, 64), 0, float("nan"), 0,
+               match=[s.name, "scale"])
+
+
+def t_no_gpu_message():
+    if HAVE_GPU or (not HAVE_TORCH and _nvidia_smi()):
+        raise Skip("a GPU is here")
+    for s in flashcourse.stages():
+        raises(RuntimeError, _binding._check_raw, s.name, 0, (1, 1, 64, 64), 0, 0.125, 0,
+               match=[s.name, "no CUDA device"])
+
+
+def _nvidia_smi():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def t_without_torch():
+    if HAVE_TORCH:
+        raise Skip("PyTorch is installed here")
+    raises(ImportError, flashcourse.attention, None, None, None, match="install torch")
+
+
+# ---- GPU: results against the float64 reference ----
+
+def scale32(x):
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def reference(q, k, v, causal, scale, rows=None):
+    """float64 O and LSE, and O of a correct fp16 computation (P and O rounded to fp16, as
+    common/reference.c's ref_row), at the query rows given (all if None)."""
+    N = q.shape[2]
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    if rows is not None:
+        q64 = q64[:, :, rows]
+    s = torch.matmul(q64, k64.transpose(-1, -2)) * scale
+    if causal:
+        qi = rows if rows is not None else torch.arange(N, device=q.device)
+        mask = torch.arange(N, device=q.device)[None, :] > qi[:, None]
+        s.masked_fill_(mask, -math.inf)
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m)
+    l = p.sum(-1, keepdim=True)
+    o = (p @ v64) / l
+    o16 = ((p.float().half().double() @ v64) / l).float().half().double()
+    return o, (m + l.log()).squeeze(-1), o16
+
+
+def check(o, lse, q, k, v, causal, scale, f16, rows=None):
+    """The checker's rule; returns a description of the miss, or None."""
+    oe, le, o16 = reference(q, k, v, causal, scale, rows)
+    nonfinite = int((~torch.isfinite(o)).sum()) + int((~torch.isfinite(lse)).sum())
+    if rows is not None:
+        o, lse = o[:, :, rows], lse[:, :, rows]
+    err = float((o.double() - oe).abs().max())
+    lerr = float(((lse.double() - le).abs() / (1 + le.abs())).max())
+    if f16:
+        bound, lbound = 2 * float((o16 - oe).abs().max()) + 1e-4, 5e-4
+    else:
+        bound, lbound = 1e-4 * (1 + float(oe.abs().max())), 5e-5
+    if nonfinite or not err <= bound or not lerr <= lbound:
+        return (f"max_abs_err {err:.3g} (bound {bound:.3g}), lse_err {lerr:.3g} "
+                f"(bound {lbound:.1g}), {nonfinite} NaN/Inf")
+    return None
+
+
+def make_qkv(shape, dtype, seed, peaky=False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(shape, generator=g, device="cuda", dtype=torch.float32)
+               for _ in range(3))
+    if peaky:
+        q = q * 8
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+CASES = [  # (B, H, N, D, causal, scale or None, peaky)
+    (1, 1, 1, 64, False, None, False),
+    (1, 1, 1, 128, True, None, False),
+    (2, 3, 17, 64, True, None, False),
+    (1, 2, 65, 128, False, None, False),
+    (1, 2, 65, 128, True, None, False),
+    (2, 3, 129, 64, False, None, False),
+    (2, 3, 129, 64, True, None, False),
+    (1, 2, 300, 128, True, None, False),
+    (1, 2, 1000, 128, False, None, False),
+    (1, 1, 2047, 64, True, None, False),
+    (1, 1, 2047, 128, False, None, False),
+    (1, 2, 129, 128, True, 0.3, False),  # custom scale
+    (2, 1, 100, 64, False, 2.0, False),
+    (1, 2, 255, 64, True, None, True),  # peaky: each query attends to a few keys
+    (1, 1, 32768, 128, False, None, False),  # long: 256 sampled rows
+]
+QUICK_CASES = [CASES[i] for i in (2, 4, 7, 11, 13)]
+
+
+def t_variant(st, variant, cases):
+    need_gpu()
+    f16 = st.dtype == "float16"
+    misses = []
+    for ci, (B, H, N, D, causal, scale, peaky) in enumerate(cases):
+        q, k, v = make_qkv((B, H, N, D), st.torch_dtype, 1000 + ci, peaky)
+        try:
+            o, lse = flashcourse.attention(q, k, v, causal=causal, scale=scale, stage=st.name,
+                                           variant=variant)
+        except ValueError as e:  # unsupported on this GPU: the stage said why
+            print(f"         {st.name} {variant} {(B, H, N, D)}: unsupported here: {e}")
+            continue
+        assert o.shape == q.shape and o.dtype == q.dtype and o.device == q.device
+        assert lse.shape == (B, H, N) and lse.dtype == torch.float32
+        sc = scale32(scale if scale is not None else 1 / math.sqrt(D))
+        rows = None
+        if N > 4096:
+            rows = torch.unique(torch.cat([torch.tensor([0, N - 1]),
+                                           torch.randint(0, N, (254,))])).cuda()
+        miss = check(o, lse, q, k, v, causal, sc, f16, rows)
+        if miss:
+            misses.append(f"B={B} H={H} N={N} D={D} causal={causal} scale={scale} "
+                          f"peaky={peaky}: {miss}")
+        # poison what the allocator hands out next, as the program poisons O before a run
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        del o, lse
+    assert not misses, "\n".join(misses)
+
+
+def t_check_can_fail():
+    need_gpu()
+    q, k, v = make_qkv((1, 2, 129, 64), torch.float16, 7)
+    o, lse = flashcourse.attention(q, k, v, causal=True)
+    sc = scale32(1 / 8)
+    assert check(o, lse, q, k, v, True, sc, True) is None
+    bad = o.clone()
+    bad[0, 1, 100, 3] += 0.01
+    assert check(bad, lse, q, k, v, True, sc, True) is not None, "a wrong O passed"
+    assert check(o, lse + 1e-2, q, k, v, True, sc, True) is not None, "a wrong LSE passed"
+    assert check(o, lse, q, k, v, False, sc, True) is not None, "causal ignored"
+    nan = o.clone()
+    nan[0, 0, 5, 5] = float("nan")
+    assert check(nan, lse, q, k, v, True, sc, True) is not None, "a NaN passed"
+
+
+def t_current_stream():
+    need_gpu()
+    # On a side stream: a long sleep, then q copied in, then attention. Run on any other
+    # stream, attention would read q before the copy (zeros) and miss the reference.
+    q, k, v = make_qkv((1, 4, 2048, 128), torch.float16, 11)
+    q_late = torch.zeros_like(q)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        q_late.copy_(q)
+        o, lse = flashcourse.attention(q_late, k, v)
+    side.synchronize()
+    miss = check(o, lse, q, k, v, False, scale32(128 ** -0.5), True)
+    assert miss is None, f"not on the current stream: {miss}"
+
+
+def t_bad_inputs(st):
+    need_gpu()
+    name, dt = st.name, st.torch_dtype
+    other = torch.float32 if dt == torch.float16 else torch.float16
+    q, k, v = make_qkv((1, 2, 64, 64), dt, 3)
+    call = flashcourse.attention
+    raises(TypeError, call, q.cpu(), k, v, stage=name, match=[name, "CUDA", "cpu"])
+    raises(TypeError, call, q, k.cpu(), v, stage=name, match=[name, "CUDA"])
+    raises(TypeError, call, q.to(other), k, v, stage=name, match=[name, str(dt)])
+    raises(TypeError, call, q, k, v.to(other), stage=name, match=[name, str(dt)])
+    raises(TypeError, call, q.tolist(), k, v, stage=name, match=[name, "torch tensors"])
+    raises(ValueError, call, q[0], k[0], v[0], stage=name, match=[name, "[B, H, N, D]"])
+    raises(ValueError, call, q, k[:, :, :32], v, stage=name, match=[name, "one shape"])
+    raises(ValueError, call, q.transpose(2, 3), k, v, stage=name, match=[name, "contiguous"])
+    flat = torch.empty(q.numel() + 1, dtype=dt, device="cuda")
+    raises(ValueError, call, flat[1:].view(q.shape), k, v, stage=name,
+           match=[name, "aligned"])
+    raises(ValueError, call, q, k, v, stage=name, variant="fastest",
+           match=[name, "fastest", "default"])
+    raises(ValueError, call, q, k, v, stage=name, scale=-1.0, match="scale")
+    raises(ValueError, call, q, k, v, stage=name, scale=float("inf"), match="scale")
+    raises(TypeError, call, q, k, v, stage=name, scale="big", match="scale")
+    raises(TypeError, call, q, k, v, stage=name, causal="yes", match="causal")
+    qg = q.clone().requires_grad_(True)
+    raises(ValueError, call, qg, k, v, stage=name, match=[name, "no_grad"])
+    with torch.no_grad():
+        call(qg, k, v, stage=name)  # fine without autograd
+    # shapes the stage does not support: its own reason
+    q96, k96, v96 = make_qkv((1, 1, 64, 96), dt, 4)
+    msg = raises(ValueError, call, q96, k96, v96, stage=name, match=f"{name}: ")
+    if name.startswith(("stage0", "stage1", "stage2", "stage3", "stage4", "stage5")):
+        assert "head dim must be 64 or 128" in msg, msg
+    q0 = torch.empty((1, 1, 0, 64), dtype=dt, device="cuda")
+    raises(ValueError, call, q0, q0, q0, stage=name, match=[name, ">= 1"])
+    # the input survives, and a good call after all of these is still right
+    o, lse = call(q, k, v, stage=name, causal=True)
+    torch.cuda.synchronize()
+    assert check(o, lse, q, k, v, True, scale32(0.125), st.dtype == "float16") is None
+
+
+def t_c_entry_checks():
+    need_gpu()
+    # What only the C entry point can see: too small a workspace, NULL pointers, and a CUDA
+    # error from the stage (stage 5 returns cudaErrorMisalignedAddress for an odd pointer).
+    q, k, v = make_qkv((1, 1, 64, 64), torch.float32, 5)
+    o, lse = torch.empty_like(q), torch.empty((1, 1, 64), device="cuda")
+    ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), None]
+    sc = scale32(0.125)
+    need = _binding._check_raw("stage0_naive", 0, (1, 1, 64, 64), False, sc, 0)
+    assert need == 64 * 64 * 4, need
+    raises(ValueError, _binding._forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
+           ptrs, 0, match=["stage0_naive", "NULL"])
+    ws = torch.empty(need, dtype=torch.uint8, device="cuda")
+    raises(ValueError, _binding._forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
+           ptrs[:5] + [ws.data_ptr()], need - 1, match=["stage0_naive", "workspace"])
+    raises(ValueError, _binding._forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
+           [None] + ptrs[1:5] + [ws.data_ptr()], need, match="NULL")
+    raises(ValueError, _binding._check_raw, "stage0_naive", 99, (1, 1, 64, 64), False, sc, 0,
+           match="device 99")
+    h = [t.half() for t in (q, k, v, o)]
+    raises(RuntimeError, _binding._forward_raw, "stage5_tuned", 0, (1, 1, 64, 64), False, sc,
+           0, [h[0].data_ptr() + 2] + [t.data_ptr() for t in h[1:]] + [lse.data_ptr(), None],
+           match=["stage5_tuned", "forward failed", "misaligned"])
+    torch.cuda.synchronize()  # the context is unharmed
+
+
+def t_workspace_through_torch():
+    need_gpu()
+    # stage 0 needs [B, H, N, N] floats of scratch: it comes from PyTorch's allocator
+    q, k, v = make_qkv((2, 2, 1024, 64), torch.float32, 9)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    o, lse = flashcourse.attention(q, k, v, stage="stage0_naive")
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak >= 2 * 2 * 1024 * 1024 * 4, f"peak {peak} bytes: workspace not from torch"
+
+
+def main():
+    print(f"flashcourse binding tests: libraries in {flashcourse.library_dir()}, "
+          f"torch {'%s' % torch.__version__ if HAVE_TORCH else 'absent'}, "
+          f"GPU {torch.cuda.get_device_name() if HAVE_GPU else 'none'}")
+    run("descriptors match the stage sources", t_descriptors)
+    run("python3 -m flashcourse lists every stage", t_module_main)
+    run("missing library says make lib", t_missing_library)
+    run("unknown stage", t_unknown_stage)
+    run("C entry point argument checks", t_c_argument_checks)
+    run("no GPU: one clear error", t_no_gpu_message)
+    run("no PyTorch: one clear error", t_without_torch)
+    try:
+        built = flashcourse.stages()
+    except Exception:
+        built = []
+    run("the check can fail", t_check_can_fail)
+    for st in built:
+        for variant in st.variants:
+            run(f"{st.name} {variant} vs float64 reference", t_variant, st, variant,
+                QUICK_CASES if QUICK else CASES)
+    for st in built:
+        run(f"{st.name} bad inputs", t_bad_inputs, st)
+    run("C entry point: workspace, NULL, CUDA error", t_c_entry_checks)
+    run("workspace allocated through torch", t_workspace_through_torch)
+    run("runs on torch.cuda.current_stream()", t_current_stream)
+    p, f, s = results["passed"], results["failed"], results["skipped"]
+    print(f"{p} passed, {f} failed, {s} skipped")
+    return 1 if f else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
