@@ -348,21 +348,42 @@ typedef struct {
     int wg, warp, lane, g, t;
 } consumer_place;
 
-// S = Q K_j^T for this warpgroup's 64 rows: D / 16 wgmma from shared memory, then wait.
+// Start S = Q K_j^T for this warpgroup's 64 rows: D / 16 wgmma from shared memory, one group.
 template <int D>
-__device__ __forceinline__ void scores(float (&S)[BC / 2], const smem_tiles &sm,
-                                       const consumer_place &p, uint32_t K_tile) {
+__device__ __forceinline__ void issue_scores(float (&S)[BC / 2], const smem_tiles &sm,
+                                             const consumer_place &p, uint32_t K_tile) {
     const uint32_t Q_rows = sm.Q + p.wg * MMA_M * SLAB_ROW_BYTES;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / MMA_K; ++kk)
         wgmma_m64n128_ss(S, desc_k_major<BR>(Q_rows, kk), desc_k_major<BC>(K_tile, kk), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    pin_registers(S);
 }
 
-// Scores of keys past N (tail tile) or past the row (causal) become -inf.
+// Start O += P V_j: BC / 16 wgmma, P from registers (four per k-step), V from shared memory.
+template <int D>
+__device__ __forceinline__ void issue_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
+                                         uint32_t V_tile) {
+    pin_registers(O_acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / MMA_K; ++kk) {
+        if constexpr (D == 128)
+            wgmma_m64n128_rs(O_acc, &P[4 * kk], desc_mn_major<BC>(V_tile, kk));
+        else
+            wgmma_m64n64_rs(O_acc, &P[4 * kk], desc_mn_major<BC>(V_tile, kk));
+    }
+    wgmma_commit();
+}
+
+// Release a K or V buffer: one arrival per warp, once the warp's wgmma reading it are done.
+__device__ __forceinline__ void release(uint32_t bar, const consumer_place &p) {
+    __syncwarp();
+    if (p.lane == 0) mbar_arrive(bar);
+}
+
+// Scores of keys past N (tail tile) or past the row (causal) become -inf. Only the diagonal
+// and the tail tile need it.
 __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_place &p, int row0,
                                             int key0, int N, int causal) {
 #pragma unroll
@@ -375,58 +396,53 @@ __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_p
     }
 }
 
-// Online softmax over this tile for the thread's two rows (h = 0, 1): new row max (4 lanes
-// share a row: two shuffles), rescale O_acc and l_i by 2^(m_old - m_new), P = 2^(S - m_new)
-// packed to fp16 in the A-operand layout of the P V wgmma (which is the S layout).
-template <int D>
-__device__ __forceinline__ void online_softmax(const float (&S)[BC / 2], uint32_t (&P)[BC / 4],
-                                               float (&O_acc)[D / 2], float (&m_i)[2],
-                                               float (&l_i)[2], float scale_log2) {
+// Online softmax over this tile for the thread's two rows (h = 0, 1): the new row max (4 lanes
+// share a row: two shuffles), S overwritten in place by P = 2^(S - m_new) (fp32), l_i updated.
+// Returns in alpha the factor 2^(m_old - m_new) that O_acc still has to be scaled by: O_acc
+// may be in flight in a wgmma right now, so it is not touched here.
+__device__ __forceinline__ void softmax_tile(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
+                                             float (&alpha)[2], float scale_log2) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float mx = m_i[h];
 #pragma unroll
-        for (int i = 0; i < BC / 8; ++i) mx = fmaxf(mx, fmaxf(S[4 * i + 2 * h], S[4 * i + 2 * h + 1]));
+        for (int i = 0; i < BC / 8; ++i)
+            mx = fmaxf(mx, fmaxf(S[4 * i + 2 * h], S[4 * i + 2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         // A row that has seen only masked keys keeps m = -inf; use 0 so that no inf - inf appears.
         const float m_use = mx == -INFINITY ? 0.f : mx;
-        const float alpha = fast_exp2((m_i[h] - m_use) * scale_log2);
+        alpha[h] = fast_exp2((m_i[h] - m_use) * scale_log2);
         m_i[h] = mx;
         const float shift = m_use * scale_log2;
         float sum = 0.f;
 #pragma unroll
         for (int i = 0; i < BC / 8; ++i) {
-            const float p0 = fast_exp2(fmaf(S[4 * i + 2 * h], scale_log2, -shift));
-            const float p1 = fast_exp2(fmaf(S[4 * i + 2 * h + 1], scale_log2, -shift));
-            sum += p0 + p1;
-            P[2 * i + h] = pack_half2(p0, p1);
-        }
-        l_i[h] = l_i[h] * alpha + sum;
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-            O_acc[4 * i + 2 * h] *= alpha;
-            O_acc[4 * i + 2 * h + 1] *= alpha;
+            for (int c = 0; c < 2; ++c) {
+                float &x = S[4 * i + 2 * h + c];
+                x = fast_exp2(fmaf(x, scale_log2, -shift));
+                sum += x;
+            }
         }
+        l_i[h] = l_i[h] * alpha[h] + sum;
     }
 }
 
-// O += P V_j: BC / 16 wgmma, P from registers (four per k-step), V from shared memory.
 template <int D>
-__device__ __forceinline__ void accumulate_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
-                                              uint32_t V_tile) {
-    pin_registers(O_acc);
-    wgmma_fence();
+__device__ __forceinline__ void rescale_o(float (&O_acc)[D / 2], const float (&alpha)[2]) {
 #pragma unroll
-    for (int kk = 0; kk < BC / MMA_K; ++kk) {
-        if constexpr (D == 128)
-            wgmma_m64n128_rs(O_acc, &P[4 * kk], desc_mn_major<BC>(V_tile, kk));
-        else
-            wgmma_m64n64_rs(O_acc, &P[4 * kk], desc_mn_major<BC>(V_tile, kk));
+    for (int i = 0; i < D / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) O_acc[4 * i + e] *= alpha[e / 2];
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin_registers(O_acc);
+}
+
+// P to fp16 in the A-operand layout of the P V wgmma, which is the S layout: register k of P
+// packs S[2k] and S[2k + 1].
+__device__ __forceinline__ void pack_p(const float (&S)[BC / 2], uint32_t (&P)[BC / 4]) {
+#pragma unroll
+    for (int k = 0; k < BC / 4; ++k) P[k] = pack_half2(S[2 * k], S[2 * k + 1]);
 }
 
 // O = O_acc / l (fp16) and LSE = (m + log2 l) ln 2 for this thread's rows inside N.
@@ -453,12 +469,129 @@ __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const floa
     }
 }
 
+// Ping-pong between the two consumer warpgroups: named barrier 1 + wg is "warpgroup wg may issue
+// its GEMMs". A warpgroup waits for its turn (bar.sync, 128 threads), issues S_j and P_{j-1} V_{j-1},
+// then hands the turn over (bar.arrive on the other's barrier, the other 128 of the 256). So one
+// warpgroup's wgmma run while the other does its softmax, and the tensor pipe never waits for
+// both softmaxes at once.
+__device__ __forceinline__ void pingpong_wait_turn(int wg) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wg), "n"(2 * WARPGROUP) : "memory");
+}
+__device__ __forceinline__ void pingpong_pass_turn(int wg) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + (1 - wg)), "n"(2 * WARPGROUP) : "memory");
+}
+
+/* ---- the consumers' schedules ------------------------------------------------------------ */
+
+typedef struct {
+    int N, causal, q0, n_tiles;
+    float scale_log2;
+} tile_work;
+
+// Whether key tile j needs the mask for this warpgroup's rows: the tail tile, or a causal tile
+// with a key past the warpgroup's first row.
+__device__ __forceinline__ bool needs_mask(const tile_work &w, const consumer_place &p, int j) {
+    const int key0 = j * BC;
+    return key0 + BC > w.N || (w.causal && key0 + BC - 1 > w.q0 + p.wg * MMA_M);
+}
+
+// Serial (variant nooverlap): each key tile in turn, S = Q K^T, softmax, O += P V, every wgmma
+// waited for at once. The tensor pipe idles during this warpgroup's softmax unless the other
+// warpgroup happens to fill it.
+template <int D>
+__device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const consumer_place &p,
+                                                const tile_work &w, int row0, float (&O_acc)[D / 2],
+                                                float (&m_i)[2], float (&l_i)[2]) {
+    for (int j = 0; j < w.n_tiles; ++j) {
+        const int st = j % STAGES;
+        const uint32_t parity = (j / STAGES) & 1;
+        float S[BC / 2], alpha[2];
+        uint32_t P[BC / 4];
+
+        mbar_wait(bar_at(sm, BAR_K_FULL + st), parity);
+        issue_scores<D>(S, sm, p, k_stage<D>(sm, st));
+        wgmma_wait<0>();
+        pin_registers(S);
+        release(bar_at(sm, BAR_K_EMPTY + st), p);
+
+        if (needs_mask(w, p, j)) mask_scores(S, p, row0, j * BC, w.N, w.causal);
+        softmax_tile(S, m_i, l_i, alpha, w.scale_log2);
+        rescale_o<D>(O_acc, alpha);
+        pack_p(S, P);
+
+        mbar_wait(bar_at(sm, BAR_V_FULL + st), parity);
+        issue_pv<D>(O_acc, P, v_stage<D>(sm, st));
+        wgmma_wait<0>();
+        pin_registers(O_acc);
+        release(bar_at(sm, BAR_V_EMPTY + st), p);
+    }
+}
+
+// Overlapped (default; nopingpong without the turn-taking): S_j = Q K_j^T and O += P_{j-1} V_{j-1}
+// are issued together, and the softmax of tile j runs while the P V wgmma is still in flight
+// (FlashAttention-3's intra-warpgroup pipelining). P_{j-1} stays in its registers until that
+// wgmma is done; the softmax works on S in fp32 and is packed to P afterwards.
+template <int D, bool PINGPONG>
+__device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
+                                                    const tile_work &w, int row0,
+                                                    float (&O_acc)[D / 2], float (&m_i)[2],
+                                                    float (&l_i)[2]) {
+    float S[BC / 2], alpha[2];
+    uint32_t P[BC / 4];
+
+    // Tile 0: nothing to overlap with yet.
+    mbar_wait(bar_at(sm, BAR_K_FULL), 0);
+    issue_scores<D>(S, sm, p, k_stage<D>(sm, 0));
+    wgmma_wait<0>();
+    pin_registers(S);
+    release(bar_at(sm, BAR_K_EMPTY), p);
+    if (needs_mask(w, p, 0)) mask_scores(S, p, row0, 0, w.N, w.causal);
+    softmax_tile(S, m_i, l_i, alpha, w.scale_log2);  // O_acc is still zero: no rescale
+    pack_p(S, P);
+    // Warpgroup 0 takes the first turn: warpgroup 1 hands it over before its own first wait.
+    if (PINGPONG && p.wg == 1 && w.n_tiles > 1) pingpong_pass_turn(p.wg);
+
+    for (int j = 1; j < w.n_tiles; ++j) {
+        const int st = j % STAGES, prev = (j - 1) % STAGES;
+        const uint32_t parity = (j / STAGES) & 1, prev_parity = ((j - 1) / STAGES) & 1;
+
+        mbar_wait(bar_at(sm, BAR_K_FULL + st), parity);
+        if (PINGPONG) pingpong_wait_turn(p.wg);
+        issue_scores<D>(S, sm, p, k_stage<D>(sm, st));
+        mbar_wait(bar_at(sm, BAR_V_FULL + prev), prev_parity);
+        issue_pv<D>(O_acc, P, v_stage<D>(sm, prev));
+        // Every turn taken is handed back, except warpgroup 1's last (warpgroup 0 has no more).
+        if (PINGPONG && !(p.wg == 1 && j == w.n_tiles - 1)) pingpong_pass_turn(p.wg);
+
+        wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+        pin_registers(S);
+        release(bar_at(sm, BAR_K_EMPTY + st), p);
+        if (needs_mask(w, p, j)) mask_scores(S, p, row0, j * BC, w.N, w.causal);
+        softmax_tile(S, m_i, l_i, alpha, w.scale_log2);
+
+        wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: P and O_acc are free
+        pin_registers(O_acc);
+        release(bar_at(sm, BAR_V_EMPTY + prev), p);
+        rescale_o<D>(O_acc, alpha);
+        pack_p(S, P);
+    }
+
+    const int last = (w.n_tiles - 1) % STAGES;
+    mbar_wait(bar_at(sm, BAR_V_FULL + last), ((w.n_tiles - 1) / STAGES) & 1);
+    issue_pv<D>(O_acc, P, v_stage<D>(sm, last));
+    wgmma_wait<0>();
+    pin_registers(O_acc);
+    release(bar_at(sm, BAR_V_EMPTY + last), p);
+}
+
 /* ---- the kernel -------------------------------------------------------------------------- */
+
+enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
 
 // One block per (batch*head, 128 query rows); causal blocks with the most key tiles start
 // first. Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe Q, K, V as [B*H, N, D]);
 // lse: [B, H, N] float.
-template <int D>
+template <int D, int SCHEDULE>
 __global__ void __launch_bounds__(THREADS, 1)
     attention_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                      const __grid_constant__ CUtensorMap tmV, __half *O, float *lse, int N,
@@ -468,8 +601,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     const smem_tiles sm = carve_smem<D>(smem_raw);
     const int q_tiles = (N + BR - 1) / BR;
     const int bh = blockIdx.x / q_tiles;
-    const int q0 = (q_tiles - 1 - (int)(blockIdx.x % q_tiles)) * BR;
-    const int n_tiles = key_tiles(N, q0, causal);
+    tile_work w;
+    w.N = N;
+    w.causal = causal;
+    w.q0 = (q_tiles - 1 - (int)(blockIdx.x % q_tiles)) * BR;
+    w.n_tiles = key_tiles(N, w.q0, causal);
+    w.scale_log2 = scale_log2;
 
     if (threadIdx.x == 0) {
         mbar_init(bar_at(sm, BAR_Q), 1);
@@ -488,7 +625,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int wg = threadIdx.x / WARPGROUP;
     if (wg == 0) {  // producer warpgroup
         registers_decrease<PRODUCER_REGS>();
-        if (threadIdx.x == 0) producer<D>(sm, &tmQ, &tmK, &tmV, bh, q0, n_tiles);
+        if (threadIdx.x == 0) producer<D>(sm, &tmQ, &tmK, &tmV, bh, w.q0, w.n_tiles);
         return;
     }
 
@@ -499,7 +636,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     p.lane = threadIdx.x % 32;
     p.g = p.lane / 4;
     p.t = p.lane % 4;
-    const int row0 = q0 + p.wg * MMA_M + 16 * p.warp + p.g;  // this thread's first row (+8: second)
+    const int row0 = w.q0 + p.wg * MMA_M + 16 * p.warp + p.g;  // this thread's first row (+8)
 
     float O_acc[D / 2];
 #pragma unroll
@@ -507,27 +644,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
 
     mbar_wait(bar_at(sm, BAR_Q), 0);
-    for (int j = 0; j < n_tiles; ++j) {
-        const int st = j % STAGES;
-        const uint32_t parity = (j / STAGES) & 1;
-        float S[BC / 2];
-        uint32_t P[BC / 4];
-
-        mbar_wait(bar_at(sm, BAR_K_FULL + st), parity);
-        scores<D>(S, sm, p, k_stage<D>(sm, st));
-        __syncwarp();
-        if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_K_EMPTY + st));  // this warp is done with K_j
-
-        const int key0 = j * BC;
-        if (key0 + BC > N || (causal && key0 + BC - 1 > q0 + p.wg * MMA_M))
-            mask_scores(S, p, row0, key0, N, causal);
-        online_softmax<D>(S, P, O_acc, m_i, l_i, scale_log2);
-
-        mbar_wait(bar_at(sm, BAR_V_FULL + st), parity);
-        accumulate_pv<D>(O_acc, P, v_stage<D>(sm, st));
-        __syncwarp();
-        if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_V_EMPTY + st));  // this warp is done with V_j
-    }
+    if (SCHEDULE == SCHEDULE_SERIAL)
+        consumer_serial<D>(sm, p, w, row0, O_acc, m_i, l_i);
+    else
+        consumer_overlapped<D, SCHEDULE == SCHEDULE_PINGPONG>(sm, p, w, row0, O_acc, m_i, l_i);
     epilogue<D>(O_acc, m_i, l_i, p, O, lse, (size_t)bh * N, row0, N, scale_log2);
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)O, (void)lse, (void)N, (void)causal, (void)scale_log2;
@@ -536,7 +656,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 /* ---- launcher ---------------------------------------------------------------------------- */
 
-enum { VARIANT_DEFAULT = 0, VARIANTS };
+enum { VARIANT_DEFAULT = 0, VARIANT_NOPINGPONG, VARIANT_NOOVERLAP, VARIANTS };
 
 // The driver's tensor-map encoder, fetched once through the runtime (no -lcuda needed).
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
@@ -578,7 +698,7 @@ static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_sha
 // on an H100 has only the empty kernel).
 static int hopper_code_here(void) {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, (const void *)attention_kernel<64>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&fa, (const void *)attention_kernel<64, SCHEDULE_PINGPONG>) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -607,7 +727,7 @@ static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *
     return 0;
 }
 
-template <int D>
+template <int D, int SCHEDULE>
 static cudaError_t launch(const attn_shape *s, const void *Q, const void *K, const void *V,
                           __half *O, float *lse, cudaStream_t stream) {
     CUtensorMap tmQ, tmK, tmV;
@@ -615,11 +735,11 @@ static cudaError_t launch(const attn_shape *s, const void *Q, const void *K, con
     ATTN_TRY(tensor_map(&tmK, K, s, BC));
     ATTN_TRY(tensor_map(&tmV, V, s, BC));
     const int smem = smem_bytes<D>();
-    ATTN_TRY(cudaFuncSetAttribute(attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    ATTN_TRY(cudaFuncSetAttribute(attention_kernel<D, SCHEDULE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   smem));
     const long long blocks = (long long)s->B * s->H * ((s->N + BR - 1) / BR);
     const float scale_log2 = s->scale * 1.4426950408889634f;  // log2(e) folded into the scale
-    attention_kernel<D><<<(unsigned)blocks, THREADS, smem, stream>>>(tmQ, tmK, tmV, O, lse, s->N,
+    attention_kernel<D, SCHEDULE><<<(unsigned)blocks, THREADS, smem, stream>>>(tmQ, tmK, tmV, O, lse, s->N,
                                                                       s->causal, scale_log2);
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
@@ -639,8 +759,18 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
         fprintf(stderr, "stage6_hopper: Q, K, V and O must be 16-byte aligned\n");
         return cudaErrorMisalignedAddress;
     }
-    if (s->D == 64) return launch<64>(s, Q, K, V, (__half *)O, lse, stream);
-    return launch<128>(s, Q, K, V, (__half *)O, lse, stream);
+    __half *o = (__half *)O;
+    switch (variant) {
+        case VARIANT_NOOVERLAP:
+            return s->D == 64 ? launch<64, SCHEDULE_SERIAL>(s, Q, K, V, o, lse, stream)
+                              : launch<128, SCHEDULE_SERIAL>(s, Q, K, V, o, lse, stream);
+        case VARIANT_NOPINGPONG:
+            return s->D == 64 ? launch<64, SCHEDULE_OVERLAPPED>(s, Q, K, V, o, lse, stream)
+                              : launch<128, SCHEDULE_OVERLAPPED>(s, Q, K, V, o, lse, stream);
+        default:
+            return s->D == 64 ? launch<64, SCHEDULE_PINGPONG>(s, Q, K, V, o, lse, stream)
+                              : launch<128, SCHEDULE_PINGPONG>(s, Q, K, V, o, lse, stream);
+    }
 }
 
 extern "C" const attn_stage attn_this_stage = {
@@ -648,7 +778,7 @@ extern "C" const attn_stage attn_this_stage = {
     "FA3-style on Hopper: TMA bulk copies on mbarriers, wgmma from shared-memory descriptors, "
     "producer/consumer warpgroups with setmaxnreg",
     ATTN_F16,
-    "default",
+    "default,nopingpong,nooverlap",
     attention_unsupported,
     attention_workspace_bytes,
     attention_forward,
