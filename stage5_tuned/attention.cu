@@ -86,18 +86,55 @@ constexpr int EARLY_K_MAX_D = 64;
 
 /* ---- device helpers ---------------------------------------------------------------------- */
 
-// Shared-memory tiles are [rows, D] halves, D * 2 bytes per row, split into 16-byte chunks of
-// 8 halves. With SWIZZLE, logical chunk c of row r is stored at chunk c ^ (r % 8). Eight
-// consecutive rows read at the same logical chunk (one 8x8 ldmatrix matrix) then fall into 8
-// different chunks, i.e. 8 disjoint groups of 4 banks: conflict-free. Without it, rows 128 or
-// 256 bytes apart hit the same 4 banks: an 8-way conflict.
+// The mma.sync shape (m16n8k16: A is 16 x 16, B 16 x 8, C 16 x 8) and the unit of shared
+// memory traffic: a 16-byte chunk of 8 halves is one row of an 8 x 8 ldmatrix matrix and one
+// cp.async. An ldmatrix.x4 reads a 16 x 16 block (four 8 x 8 matrices), X4_BYTES wide.
+constexpr int MMA_M = 16;
+constexpr int MMA_N = 8;
+constexpr int MMA_K = 16;
+constexpr int WARP_SIZE = 32;
+constexpr int CHUNK_HALVES = 8;
+constexpr int CHUNK_BYTES = 16;
+constexpr int X4_DIM = 16;
+constexpr int X4_BYTES = X4_DIM * 2;       // two chunks
+constexpr int X4_BLOCKS = X4_DIM / MMA_N;  // n8 blocks of B per ldmatrix.x4
+constexpr int MATRIX_ROWS = 8;             // an ldmatrix matrix: 8 rows of one chunk
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.69314718055994531f;
+
+// Shared-memory tiles are [rows, D] halves, D * 2 bytes per row, split into 16-byte chunks.
+// With SWIZZLE, logical chunk c of row r is stored at chunk c ^ (r % 8). Eight consecutive
+// rows read at the same logical chunk (one 8x8 ldmatrix matrix) then fall into 8 different
+// chunks, i.e. 8 disjoint groups of 4 banks: conflict-free. Without it, rows 128 or 256 bytes
+// apart hit the same 4 banks: an 8-way conflict.
 template <int D, bool SWIZZLE>
 __device__ __forceinline__ uint32_t smem_offset(int row, int chunk) {
-    return (uint32_t)(row * (D * 2) + ((SWIZZLE ? (chunk ^ (row & 7)) : chunk) << 4));
+    return (uint32_t)(row * (D * 2) + (SWIZZLE ? (chunk ^ (row & 7)) : chunk) * CHUNK_BYTES);
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// Plain shared-memory stores and loads by shared address (every tile is named by its shared
+// address only; ldmatrix and cp.async take that form anyway).
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
 }
 
 // Whether this code has cp.async (sm_80+); sm_75 code stages tiles through registers instead.
@@ -108,11 +145,13 @@ constexpr bool HAS_CP_ASYNC = true;
 #endif
 
 // 16-byte asynchronous copy global -> shared (sm_80+). With valid == false the source size is
-// 0 and the 16 bytes in shared memory are zero-filled (the source is not read).
+// 0 and the 16 bytes in shared memory are zero-filled (the source is not read). Like the commit
+// and the wait, it clobbers "memory": no shared-memory access may move across it.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool valid) {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
+                 "r"(valid ? CHUNK_BYTES : 0)
+                 : "memory");
 #else
     (void)dst, (void)src, (void)valid;
 #endif
@@ -200,7 +239,7 @@ __device__ __forceinline__ int thread_index() {
 
 // Number of 16-byte chunks each thread moves for a [ROWS, D] tile.
 __host__ __device__ constexpr int chunks_per_thread(int rows, int d, int threads) {
-    return rows * (d / 8) / threads;
+    return rows * (d / CHUNK_HALVES) / threads;
 }
 
 // One 16-byte chunk global -> shared: sm_80+ copies asynchronously (zero-fill if !valid);
@@ -226,15 +265,17 @@ __device__ __forceinline__ void copy_chunk(uint4 &stage, uint32_t dst, const __h
 template <int ROWS, int D, int THREADS, bool SWIZZLE>
 __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
                                            uint32_t tile, const __half *src, int rows_left) {
+    constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
+    constexpr int STEP = THREADS / CHUNKS_PER_ROW;
     const int tid = thread_index();
-    constexpr int STEP = THREADS / (D / 8);
-    const int row0 = tid / (D / 8), chunk0 = tid % (D / 8);
+    const int row0 = tid / CHUNKS_PER_ROW, chunk0 = tid % CHUNKS_PER_ROW;
     const uint32_t to = tile + smem_offset<D, SWIZZLE>(row0, chunk0);
-    const __half *from = src + row0 * D + chunk0 * 8;
+    const __half *from = src + row0 * D + chunk0 * CHUNK_HALVES;
     if (rows_left >= ROWS) {  // every tile but the last: nothing to check
 #pragma unroll
-        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i)
+        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
             copy_chunk(stage[i], to + i * STEP * D * 2, from + i * STEP * D, true);
+        }
     } else {  // rows past N: zero-filled, their source address replaced by row 0 (inside N)
 #pragma unroll
         for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
@@ -249,17 +290,19 @@ __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS
 // the staged registers. Either way a __syncthreads() must follow before other warps read it.
 template <int ROWS, int D, int THREADS, bool SWIZZLE>
 __device__ __forceinline__ void tile_finish(
-    const uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)], unsigned char *tile) {
+    const uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)], uint32_t tile) {
 #if __CUDA_ARCH__ >= 800
     cp_async_wait_all();
     (void)stage, (void)tile;
 #else
+    constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
+    constexpr int STEP = THREADS / CHUNKS_PER_ROW;
     const int tid = thread_index();
-    constexpr int STEP = THREADS / (D / 8);
-    unsigned char *to = tile + smem_offset<D, SWIZZLE>(tid / (D / 8), tid % (D / 8));
+    const uint32_t to = tile + smem_offset<D, SWIZZLE>(tid / CHUNKS_PER_ROW, tid % CHUNKS_PER_ROW);
 #pragma unroll
-    for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i)
-        *reinterpret_cast<uint4 *>(to + i * STEP * D * 2) = stage[i];
+    for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
+        st_shared_v4(to + i * STEP * D * 2, stage[i]);
+    }
 #endif
 }
 
@@ -267,9 +310,8 @@ __device__ __forceinline__ void tile_finish(
 // it overlaps; the single_stage variant (!PIPELINED) completes it at once instead.
 template <int ROWS, int D, int THREADS, bool SWIZZLE, bool PIPELINED>
 __device__ __forceinline__ void tile_start(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
-                                           uint32_t tile_s, unsigned char *tile, const __half *src,
-                                           int rows_left) {
-    tile_issue<ROWS, D, THREADS, SWIZZLE>(stage, tile_s, src, rows_left);
+                                           uint32_t tile, const __half *src, int rows_left) {
+    tile_issue<ROWS, D, THREADS, SWIZZLE>(stage, tile, src, rows_left);
     if (!PIPELINED) tile_finish<ROWS, D, THREADS, SWIZZLE>(stage, tile);
 }
 
@@ -299,6 +341,221 @@ __device__ __forceinline__ void rescale_row(float (&m_i)[MT][2], float (&l_i)[MT
     for (int n = 0; n < DB; ++n) O_acc[m][n][2 * h] *= alpha, O_acc[m][n][2 * h + 1] *= alpha;
 }
 
+/* ---- kernel phases ----------------------------------------------------------------------- */
+
+// Each phase works on one warp's fragments. Array shapes (deduced): MT m16 slices of query rows
+// per warp, NB n8 key blocks of S per slice, DB n8 head-dim blocks of O_acc, KD k16 steps of
+// S = Q K^T, KC k16 steps of O += P V. Fragment coordinates g = lane / 4, t = lane % 4.
+
+// Q fragments for the whole key loop (when they fit in registers): q_frag[m][k] = A operand of
+// slice m, k16 step k.
+template <int ROW_BYTES, int MT, int KD>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&q_frag)[MT][KD][4], uint32_t Q_warp,
+                                                 uint32_t lane_off) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int k = 0; k < KD; ++k) {
+            ldmatrix_x4(q_frag[m][k], Q_warp + (lane_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
+        }
+    }
+}
+
+// S = Q K_j^T: S[m][n] = C fragment of slice m, key block n (keys k0 + 8n .. + 7). Q comes from
+// q_frag (Q_IN_REGS) or from Q_smem (this warp's rows at Q_warp), K_j from K_smem.
+template <int ROW_BYTES, bool Q_IN_REGS, int KD, int MT, int NB, int QM, int QK>
+__device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
+                                               const uint32_t (&q_frag)[QM][QK][4], uint32_t Q_warp,
+                                               uint32_t K_tile, uint32_t lane_off,
+                                               uint32_t k_lane_off) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[m][n][e] = 0.f;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < KD; ++k) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            if constexpr (Q_IN_REGS) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) a[m][e] = q_frag[m][k][e];
+            } else {
+                ldmatrix_x4(a[m], Q_warp + (lane_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NB; n += X4_BLOCKS) {  // two key blocks per ldmatrix.x4
+            // B[k][n] = K[key n][d k]: K rows are the columns of B, read untransposed.
+            // b[0], b[1] = b0, b1 of keys n*8..; b[2], b[3] = b0, b1 of keys n*8+8...
+            uint32_t b[4];
+            ldmatrix_x4(b, K_tile + (k_lane_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816(S[m][n], a[m], b[0], b[1]);
+                mma_16816(S[m][n + 1], a[m], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// Mask (diagonal and tail tiles only): key > query (causal) or key >= N -> -inf.
+// Element e of S[m][n] is query q0 + warp*RPW + 16m + g + 8(e/2), key k0 + 8n + 2t + e%2;
+// moving the lane's part to one side leaves one compile-time constant per element.
+template <int RPW, int MT, int NB>
+__device__ __forceinline__ void mask_scores(float (&S)[MT][NB][4], int k0, int q0, int N,
+                                            int causal) {
+    const int me = thread_index() % WARP_SIZE, my_warp = thread_index() / WARP_SIZE;
+    const int diag = k0 - q0 - my_warp * RPW - me / 4 + 2 * (me % 4);  // key - query - consts
+    const int tail = N - k0 - 2 * (me % 4);  // key >= N  <=>  8n + e%2 >= tail
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                // key - query = diag + (8n + e%2) - (16m + 8(e/2))
+                const bool after =
+                    diag + MMA_N * n + (e & 1) - MMA_M * m - MMA_M / 2 * (e >> 1) > 0;
+                if (MMA_N * n + (e & 1) >= tail || (causal && after)) S[m][n][e] = -INFINITY;
+            }
+        }
+    }
+}
+
+// Online softmax on registers, in the log2 domain: with c = scale * log2(e),
+// m_i = max_j c * q.k_j and p_j = 2^(c * q.k_j - m_i) = e^(scale * q.k_j - m_i * ln 2):
+// one FFMA and one MUFU.EX2 per score. S holds raw q.k; since c > 0, the max of c * q.k is
+// c times the max of q.k. A row's 4 lanes (same g, t = 0..3) share its max by 2 shuffles.
+// LAZY: every row's max first, then one vote: if no row of the warp has a new max, every
+// alpha would be exactly 1 and the rescale is skipped (4 MUFU and 4 + 4 DB FMUL per row
+// pair; the results are the same bit for bit). Otherwise (!LAZY) each row is rescaled
+// right before its exponentials, with no branch: see LAZY_MIN_N for when each wins.
+// P[m][k] = A operand of slice m, k16 step k of O += P V_j, packed where the scores lie.
+template <bool LAZY, int MT, int NB, int DB, int KC>
+__device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_i)[MT][2],
+                                               float (&l_i)[MT][2], float (&O_acc)[MT][DB][4],
+                                               uint32_t (&P)[MT][KC][4], float scale_log2) {
+    if constexpr (LAZY) {
+        float m_tile[MT][2];  // this tile's row maxima, times c
+        bool grows = false;   // some row's max grew
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                m_tile[m][h] = row_max(S, m, h) * scale_log2;  // scale > 0
+                grows |= m_tile[m][h] > m_i[m][h];
+            }
+        }
+        if (__any_sync(0xffffffffu, grows)) {  // warp-uniform
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) rescale_row(m_i, l_i, O_acc, m, h, m_tile[m][h]);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if constexpr (!LAZY) {
+                rescale_row(m_i, l_i, O_acc, m, h, row_max(S, m, h) * scale_log2);
+            }
+            // A row with every key masked so far has m = -inf; subtract 0 instead (p = 0).
+            const float m_base = m_i[m][h] == -INFINITY ? 0.f : m_i[m][h];
+#pragma unroll
+            for (int n = 0; n < NB; ++n) {
+                const float p0 = fast_exp2(fmaf(S[m][n][2 * h], scale_log2, -m_base));
+                const float p1 = fast_exp2(fmaf(S[m][n][2 * h + 1], scale_log2, -m_base));
+                l_i[m][h] += p0 + p1;
+                S[m][n][2 * h] = p0, S[m][n][2 * h + 1] = p1;
+            }
+        }
+        // The C fragments of key blocks 2k and 2k+1 are, register for register, the A
+        // fragment of k16 step k: (row g, keys 2t..) (row g+8, keys 2t..) (row g, keys 8+2t..)
+        // (row g+8, keys 8+2t..).
+#pragma unroll
+        for (int k = 0; k < KC; ++k) {
+            P[m][k][0] = pack_half2(S[m][2 * k][0], S[m][2 * k][1]);
+            P[m][k][1] = pack_half2(S[m][2 * k][2], S[m][2 * k][3]);
+            P[m][k][2] = pack_half2(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
+            P[m][k][3] = pack_half2(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
+        }
+    }
+}
+
+// O_acc += P V_j, V_j from V_smem.
+template <int ROW_BYTES, int MT, int DB, int KC>
+__device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
+                                              const uint32_t (&P)[MT][KC][4], uint32_t V_tile,
+                                              uint32_t lane_off) {
+#pragma unroll
+    for (int k = 0; k < KC; ++k) {
+#pragma unroll
+        for (int n = 0; n < DB; n += X4_BLOCKS) {  // two head-dim blocks per ldmatrix.x4
+            // B[k][n] = V[key k][d n], V row-major: .trans hands each lane its column.
+            // b[0], b[1] = b0, b1 of d block n; b[2], b[3] = b0, b1 of d block n + 1.
+            uint32_t b[4];
+            ldmatrix_x4_trans(
+                b, V_tile + (lane_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816(O_acc[m][n], P[m][k], b[0], b[1]);
+                mma_16816(O_acc[m][n + 1], P[m][k], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// Epilogue. Each warp normalises its own rows and stages them, as fp16, in its own rows of
+// Q_smem (this warp's ldmatrix reads of Q were its last use of them), then writes them out
+// with 16-byte stores; the LSE goes straight from registers. rows_left = N - the warp's first
+// row: rows at or past it lie beyond N and are not written.
+template <int D, bool SWIZZLE, int MT, int DB>
+__device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
+                                             const float (&m_i)[MT][2], const float (&l_i)[MT][2],
+                                             uint32_t Q_warp, __half *O, float *lse,
+                                             int rows_left) {
+    constexpr int RPW = MT * MMA_M;  // rows of this warp
+    const int lane = thread_index() % WARP_SIZE, g = lane / 4, t = lane % 4;
+    __syncwarp();  // this warp's reads of its Q_smem rows are done before they are overwritten
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_i[m][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            const int r = MMA_M * m + g + MMA_M / 2 * h;  // row inside the warp's rows
+#pragma unroll
+            for (int n = 0; n < DB; ++n) {
+                st_shared_b32(
+                    Q_warp + smem_offset<D, SWIZZLE>(r, n) + t * sizeof(uint32_t),
+                    pack_half2(O_acc[m][n][2 * h] * inv_l, O_acc[m][n][2 * h + 1] * inv_l));
+            }
+            // LSE in natural log: (m + log2 l) is in log2 units of the scaled score.
+            if (t == 0 && r < rows_left) lse[r] = (m_i[m][h] + log2f(l)) * LN2;
+        }
+    }
+    __syncwarp();  // this warp's O rows are complete in Q_smem
+    constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
+#pragma unroll
+    for (int i = 0; i < RPW * CHUNKS_PER_ROW / WARP_SIZE; ++i) {
+        const int c = lane + WARP_SIZE * i;
+        const int r = c / CHUNKS_PER_ROW, chunk = c % CHUNKS_PER_ROW;
+        if (r < rows_left) {
+            *reinterpret_cast<uint4 *>(O + (size_t)r * D + chunk * CHUNK_HALVES) =
+                ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk));
+        }
+    }
+}
+
 /* ---- kernel ------------------------------------------------------------------------------ */
 
 // One block = one tile of BR query rows of one (batch, head); it loops over the key tiles.
@@ -306,7 +563,7 @@ __device__ __forceinline__ void rescale_row(float (&m_i)[MT][2], float (&l_i)[MT
 // wait, compute), SKIP (noskip: causal processes and masks every key tile), LAZY (rescale only
 // when a row's max grows; chosen by the launcher from N, see LAZY_MIN_N).
 template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
-__global__ void __launch_bounds__(WARPS * 32, 1)
+__global__ void __launch_bounds__(WARP_SIZE *WARPS, 1)
     attention_kernel(const __half *__restrict__ Q,  // [B, H, N, D]
                      const __half *__restrict__ K,  // [B, H, N, D]
                      const __half *__restrict__ V,  // [B, H, N, D]
@@ -321,28 +578,29 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         return;
     }
 #endif
-    constexpr int THREADS = WARPS * 32;
+    constexpr int THREADS = WARPS * WARP_SIZE;
     constexpr int ROW_BYTES = D * 2;  // one row of a tile in shared memory
     constexpr int RPW = BR / WARPS;   // query rows per warp
-    constexpr int MT = RPW / 16;      // m16 slices per warp
-    constexpr int NB = BC / 8;        // n8 blocks of S per slice (keys)
-    constexpr int DB = D / 8;         // n8 blocks of O_acc per slice (head dim)
-    constexpr int KD = D / 16;        // k16 steps of S = Q K^T
-    constexpr int KC = BC / 16;       // k16 steps of O += P V
+    constexpr int MT = RPW / MMA_M;   // m16 slices per warp
+    constexpr int NB = BC / MMA_N;    // n8 blocks of S per slice (keys)
+    constexpr int DB = D / MMA_N;     // n8 blocks of O_acc per slice (head dim)
+    constexpr int KD = D / MMA_K;     // k16 steps of S = Q K^T
+    constexpr int KC = BC / MMA_K;    // k16 steps of O += P V
     constexpr bool Q_IN_REGS = MT * KD * 4 + MT * NB * 4 + MT * DB * 4 <= Q_REGS_BUDGET;
     constexpr bool EARLY_K = D <= EARLY_K_MAX_D && HAS_CP_ASYNC;
-    static_assert(RPW % 16 == 0 && BC % 16 == 0 && D % 16 == 0, "tile shapes");
-    static_assert(chunks_per_thread(BR, D, THREADS) * THREADS == BR * D / 8, "Q tile split");
-    static_assert(chunks_per_thread(BC, D, THREADS) * THREADS == BC * D / 8, "K/V tile split");
+    static_assert(RPW % MMA_M == 0 && BC % X4_DIM == 0 && D % X4_DIM == 0, "tile shapes");
+    static_assert(chunks_per_thread(BR, D, THREADS) * THREADS == BR * D / CHUNK_HALVES,
+                  "Q tile split");
+    static_assert(chunks_per_thread(BC, D, THREADS) * THREADS == BC * D / CHUNK_HALVES,
+                  "K/V tile split");
 
+    // Shared memory, each tile named by its shared-space address (what ldmatrix, cp.async and
+    // st.shared take): Q_smem [BR, D] (O staging at the end), K_smem and V_smem [BC, D], swizzled.
     extern __shared__ __align__(128) unsigned char smem[];
-    unsigned char *Q_smem = smem;                     // [BR, D] swizzled; O staging at the end
-    unsigned char *K_smem = Q_smem + BR * ROW_BYTES;  // [BC, D] swizzled
-    unsigned char *V_smem = K_smem + BC * ROW_BYTES;  // [BC, D] swizzled
-    const uint32_t Q_s = smem_u32(Q_smem), K_s = smem_u32(K_smem), V_s = smem_u32(V_smem);
+    const uint32_t Q_smem = smem_u32(smem), K_smem = Q_smem + BR * ROW_BYTES,
+                   V_smem = K_smem + BC * ROW_BYTES;
 
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (see mma_16816)
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
 
     // Causal: the last query tiles have the most key tiles; launch them first so the short
     // ones fill the tail of the grid.
@@ -368,39 +626,33 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     // 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15): lane l
     // addresses block row l % 16, chunk bit l / 16. The block at chunk pair c (columns 16c..
     // 16c+15) has logical chunk 2c + l / 16, stored at (2c + l / 16) ^ (row % 8) =
-    // 2c ^ ((l / 16) ^ (l % 8)): one per-lane offset, XOR (c << 5). That XOR only touches bits
-    // below ROW_BYTES, so it commutes with adding whole rows.
+    // 2c ^ ((l / 16) ^ (l % 8)): one per-lane offset, XOR (c * X4_BYTES). That XOR only
+    // touches bits below ROW_BYTES, so it commutes with adding whole rows.
     // K (B operand, untransposed) is read in the order (rows 0-7, cols 0-7), (rows 0-7, cols
     // 8-15), (rows 8-15, cols 0-7), (rows 8-15, cols 8-15): lane l addresses row
     // l % 8 + 8 (l / 16), chunk bit (l / 8) % 2. Then each key block's b0 and b1 come back in
     // adjacent registers, as the mma instruction takes them; in the other order the compiler
     // must first copy every pair into place (about 230 moves per key tile at D = 128).
-    const int sw = SWIZZLE ? (lane & 7) : 0;
-    const uint32_t lane_off = (uint32_t)((lane & 15) * ROW_BYTES + (((lane >> 4) ^ sw) << 4));
-    const uint32_t k_lane_off =
-        (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * ROW_BYTES + ((((lane >> 3) & 1) ^ sw) << 4));
-    const uint32_t Q_warp = Q_s + warp * RPW * ROW_BYTES;  // this warp's Q rows
+    const uint32_t ln = (uint32_t)lane;  // unsigned: / and % by powers of 2 are shifts and masks
+    const uint32_t sw = SWIZZLE ? ln % MATRIX_ROWS : 0;
+    const uint32_t lane_off = ln % X4_DIM * ROW_BYTES + (ln / X4_DIM ^ sw) * CHUNK_BYTES;
+    const uint32_t k_lane_off = (ln % MATRIX_ROWS + ln / X4_DIM * MATRIX_ROWS) * ROW_BYTES +
+                                (ln / MATRIX_ROWS % 2 ^ sw) * CHUNK_BYTES;
+    const uint32_t Q_warp = Q_smem + warp * RPW * ROW_BYTES;  // this warp's Q rows
 
     // Prologue: Q tile and key tile 0.
     {
         uint4 stage_q[chunks_per_thread(BR, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
-        tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_s, Q + head + (size_t)q0 * D, N - q0);
-        tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_s, K + head, N);
+        tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, Q + head + (size_t)q0 * D, N - q0);
+        tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_smem, K + head, N);
         tile_finish<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem);
         tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
     __syncthreads();  // Q_smem and K_smem (tile 0) written by all threads, visible to all warps
 
-    // Q fragments: q_frag[m][k] = A operand of slice m, k16 step k. Loaded once if they fit.
     uint32_t q_frag[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
-    if constexpr (Q_IN_REGS) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int k = 0; k < KD; ++k)
-                ldmatrix_x4(q_frag[m][k], Q_warp + (lane_off ^ (k << 5)) + m * 16 * ROW_BYTES);
-    }
+    if constexpr (Q_IN_REGS) load_q_fragments<ROW_BYTES>(q_frag, Q_warp, lane_off);
 
     // Online softmax state, in the log2 domain: m_i = running max of scale*log2(e) * q.k,
     // l_i = this lane's part of the running sum of 2^(s - m_i) (the 4 lanes of a row are summed
@@ -412,192 +664,44 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) m_i[m][h] = -INFINITY, l_i[m][h] = 0.f;
 #pragma unroll
-        for (int n = 0; n < DB; ++n)
+        for (int n = 0; n < DB; ++n) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) O_acc[m][n][e] = 0.f;
+        }
     }
 
+    // The key loop is the pipeline schedule (README.md, "Pipeline"): two barriers per tile,
+    // V_j in flight during S, K_{j+1} during the softmax (EARLY_K) or P V.
     for (int k0 = 0; k0 < kv_end; k0 += BC) {     // key tile j = k0 / BC
         const size_t kv = head + (size_t)k0 * D;  // offset of K_j and V_j
         const bool has_next = k0 + BC < kv_end;
         uint4 stage_v[chunks_per_thread(BC, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
+        float S[MT][NB][4];
+        uint32_t P[MT][KC][4];
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
-        // V_j flies during S.
-        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_s, V_smem, V + kv, N - k0);
-
-        // S = Q K_j^T: S[m][n] = C fragment of slice m, key block n (keys k0 + 8n .. + 7).
-        float S[MT][NB][4];
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int n = 0; n < NB; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) S[m][n][e] = 0.f;
-#pragma unroll
-        for (int k = 0; k < KD; ++k) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                if constexpr (Q_IN_REGS) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) a[m][e] = q_frag[m][k][e];
-                } else {
-                    ldmatrix_x4(a[m], Q_warp + (lane_off ^ (k << 5)) + m * 16 * ROW_BYTES);
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < NB; n += 2) {  // two key blocks per ldmatrix.x4
-                // B[k][n] = K[key n][d k]: K rows are the columns of B, read untransposed.
-                // b[0], b[1] = b0, b1 of keys n*8..; b[2], b[3] = b0, b1 of keys n*8+8...
-                uint32_t b[4];
-                ldmatrix_x4(b, K_s + (k_lane_off ^ (k << 5)) + n * 8 * ROW_BYTES);
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    mma_16816(S[m][n], a[m], b[0], b[1]);
-                    mma_16816(S[m][n + 1], a[m], b[2], b[3]);
-                }
-            }
-        }
-
+        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, V + kv, N - k0);
+        compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem, lane_off, k_lane_off);
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
-        if (EARLY_K && has_next)  // K_{j+1} flies during the softmax and O += P V_j
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_s, K_smem, K + kv + BC * D,
+        if (EARLY_K && has_next) {
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, K + kv + BC * D,
                                                            N - (k0 + BC));
-
-        // Mask (diagonal and tail tiles only): key > query (causal) or key >= N -> -inf.
-        // Element e of S[m][n] is query q0 + warp*RPW + 16m + g + 8(e/2), key k0 + 8n + 2t + e%2;
-        // moving the lane's part to one side leaves one compile-time constant per element.
-        if (k0 >= mask_from) {
-            const int me = thread_index() % 32, my_warp = thread_index() / 32;
-            const int diag =
-                k0 - q0 - my_warp * RPW - me / 4 + 2 * (me % 4);  // key - query - consts
-            const int tail = N - k0 - 2 * (me % 4);               // key >= N  <=>  8n + e%2 >= tail
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int n = 0; n < NB; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const bool after = diag + 8 * n + (e & 1) - 16 * m - 8 * (e >> 1) > 0;
-                        if (8 * n + (e & 1) >= tail || (causal && after)) S[m][n][e] = -INFINITY;
-                    }
         }
-
-        // Online softmax on registers, in the log2 domain: with c = scale * log2(e),
-        // m_i = max_j c * q.k_j and p_j = 2^(c * q.k_j - m_i) = e^(scale * q.k_j - m_i * ln 2):
-        // one FFMA and one MUFU.EX2 per score. S holds raw q.k; since c > 0, the max of c * q.k is
-        // c times the max of q.k. A row's 4 lanes (same g, t = 0..3) share its max by 2 shuffles.
-        // LAZY: every row's max first, then one vote: if no row of the warp has a new max, every
-        // alpha would be exactly 1 and the rescale is skipped (4 MUFU and 4 + 4 DB FMUL per row
-        // pair; the results are the same bit for bit). Otherwise (!LAZY) each row is rescaled
-        // right before its exponentials, with no branch: see LAZY_MIN_N for when each wins.
-        if constexpr (LAZY) {
-            float m_tile[MT][2];  // this tile's row maxima, times c
-            bool grows = false;   // some row's max grew
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    m_tile[m][h] = row_max(S, m, h) * scale_log2;  // scale > 0
-                    grows |= m_tile[m][h] > m_i[m][h];
-                }
-            if (__any_sync(0xffffffffu, grows)) {  // warp-uniform
-#pragma unroll
-                for (int m = 0; m < MT; ++m)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) rescale_row(m_i, l_i, O_acc, m, h, m_tile[m][h]);
-            }
-        }
-        uint32_t P[MT][KC][4];  // P[m][k]: A operand of slice m, k16 step k of O += P V_j
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if constexpr (!LAZY)
-                    rescale_row(m_i, l_i, O_acc, m, h, row_max(S, m, h) * scale_log2);
-                // A row with every key masked so far has m = -inf; subtract 0 instead (p = 0).
-                const float m_base = m_i[m][h] == -INFINITY ? 0.f : m_i[m][h];
-#pragma unroll
-                for (int n = 0; n < NB; ++n) {
-                    const float p0 = fast_exp2(fmaf(S[m][n][2 * h], scale_log2, -m_base));
-                    const float p1 = fast_exp2(fmaf(S[m][n][2 * h + 1], scale_log2, -m_base));
-                    l_i[m][h] += p0 + p1;
-                    S[m][n][2 * h] = p0, S[m][n][2 * h + 1] = p1;
-                }
-            }
-            // The C fragments of key blocks 2k and 2k+1 are, register for register, the A
-            // fragment of k16 step k: (row g, keys 2t..) (row g+8, keys 2t..) (row g, keys 8+2t..)
-            // (row g+8, keys 8+2t..).
-#pragma unroll
-            for (int k = 0; k < KC; ++k) {
-                P[m][k][0] = pack_half2(S[m][2 * k][0], S[m][2 * k][1]);
-                P[m][k][1] = pack_half2(S[m][2 * k][2], S[m][2 * k][3]);
-                P[m][k][2] = pack_half2(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
-                P[m][k][3] = pack_half2(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
-            }
-        }
-
-        // Otherwise K_{j+1} flies during O += P V_j only (see EARLY_K_MAX_D).
-        if (!EARLY_K && has_next)
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_s, K_smem, K + kv + BC * D,
+        if (k0 >= mask_from) mask_scores<RPW>(S, k0, q0, N, causal);
+        online_softmax<LAZY>(S, m_i, l_i, O_acc, P, scale_log2);
+        if (!EARLY_K && has_next) {
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, K + kv + BC * D,
                                                            N - (k0 + BC));
-
-            // O_acc += P V_j.
-#pragma unroll
-        for (int k = 0; k < KC; ++k) {
-#pragma unroll
-            for (int n = 0; n < DB; n += 2) {  // two head-dim blocks per ldmatrix.x4.trans
-                // B[k][n] = V[key k][d n], V row-major: .trans hands each lane its column.
-                // b[0], b[1] = b0, b1 of d block n; b[2], b[3] = b0, b1 of d block n + 1.
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, V_s + (lane_off ^ ((n / 2) << 5)) + k * 16 * ROW_BYTES);
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    mma_16816(O_acc[m][n], P[m][k], b[0], b[1]);
-                    mma_16816(O_acc[m][n + 1], P[m][k], b[2], b[3]);
-                }
-            }
         }
-
+        accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, lane_off);
         if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
 
-    // Epilogue. Each warp normalises its own rows and stages them, as fp16, in its own rows of
-    // Q_smem (this warp's ldmatrix reads of Q were its last use of them), then writes them out
-    // with 16-byte stores; the LSE goes straight from registers.
-    __syncwarp();  // this warp's reads of its Q_smem rows are done before they are overwritten
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float l = l_i[m][h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv_l = l > 0.f ? 1.f / l : 0.f;
-            const int r = warp * RPW + 16 * m + g + 8 * h;  // row inside the block
-#pragma unroll
-            for (int n = 0; n < DB; ++n)
-                *reinterpret_cast<uint32_t *>(Q_smem + smem_offset<D, SWIZZLE>(r, n) + 4 * t) =
-                    pack_half2(O_acc[m][n][2 * h] * inv_l, O_acc[m][n][2 * h + 1] * inv_l);
-            // LSE in natural log: (m + log2 l) is in log2 units of the scaled score.
-            if (t == 0 && q0 + r < N)
-                lse[(size_t)blockIdx.y * N + q0 + r] =
-                    (m_i[m][h] + log2f(l)) * 0.69314718055994531f;
-        }
-    }
-    __syncwarp();  // this warp's O rows are complete in Q_smem
-    constexpr int CPR = D / 8;
-#pragma unroll
-    for (int i = 0; i < RPW * CPR / 32; ++i) {
-        const int c = lane + 32 * i;
-        const int r = warp * RPW + c / CPR, chunk = c % CPR;
-        if (q0 + r < N)
-            *reinterpret_cast<uint4 *>(O + head + (size_t)(q0 + r) * D + chunk * 8) =
-                *reinterpret_cast<const uint4 *>(Q_smem + smem_offset<D, SWIZZLE>(r, chunk));
-    }
+    const int row0 = q0 + warp * RPW;  // this warp's first query row
+    store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, O + head + (size_t)row0 * D,
+                             lse + (size_t)blockIdx.y * N + row0, N - row0);
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */
@@ -680,7 +784,7 @@ static cudaError_t launch(const attn_shape *s, const __half *Q, const __half *K,
         ATTN_TRY(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid((unsigned)((s->N + BR - 1) / BR), (unsigned)(s->B * s->H));
-    const float scale_log2 = s->scale * 1.4426950408889634f;  // log2(e) folded into the scale
+    const float scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
     kernel<<<grid, WARPS * 32, smem, stream>>>(Q, K, V, O, lse, s->N, s->causal, scale_log2);
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
