@@ -19,7 +19,7 @@ NPROC     := $(shell nproc 2>/dev/null || echo 2)
 FAT_BUILD_MINUTES := 4
 empty :=
 space := $(empty) $(empty)
-ifeq ($(filter -j%,$(MAKEFLAGS)),)
+ifeq ($(MAKELEVEL)$(filter -j%,$(MAKEFLAGS)),0)
 MAKEFLAGS += -j$(NPROC)
 endif
 
@@ -60,7 +60,7 @@ HEADERS    := common/attention.h common/common.h
 STAGE_OBJ := $(patsubst %,$(BUILD)/obj/%.o,$(STAGES))
 
 # Before a fat build (no GPU found, nothing built yet): say what is coming and for how long.
-ifeq ($(strip $(ARCH)),)
+ifeq ($(strip $(ARCH))$(MAKELEVEL),0)
 ifneq ($(filter all build test,$(or $(MAKECMDGOALS),all)),)
 ifneq ($(words $(wildcard $(STAGE_OBJ))),$(words $(STAGE_OBJ)))
 $(info make: no NVIDIA GPU found (nvidia-smi): building every stage for sm_$(subst $(space), sm_,$(FAT_ARCHS)) + PTX (the fat build, $(words $(STAGES)) stages, $(NPROC) jobs at a time); about $(FAT_BUILD_MINUTES) minutes on 2 cores; the stages print a line each as they start)
