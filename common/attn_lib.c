@@ -8,6 +8,8 @@
  *   attn_lib_forward  the same checks, then the stage's forward() on the caller's stream
  *
  * Both take the device ordinal the tensors live on; its properties are read once and cached.
+ * smem_limit > 0 lowers the shared memory per block the stage may use, as the program's
+ * --smem-limit does (65536 = T4, 101376 = L4): a T4 or L4 path can run on a bigger GPU.
  * Every failure is a return code (the program's exit codes: 1 CUDA error, 2 bad argument,
  * 3 unsupported here, 4 out of device memory) and one line in err. Nothing is printed, except
  * what a stage's launcher itself writes to stderr (ATTN_TRY names the failing call there).
@@ -22,7 +24,7 @@
 
 #include "attention.h"
 
-#define ATTN_LIB_ABI 1
+#define ATTN_LIB_ABI 2
 #define ATTN_LIB_MAX_DEVICES 64
 
 enum { LIB_OK = 0, LIB_CUDA = 1, LIB_BAD_ARG = 2, LIB_UNSUPPORTED = 3, LIB_OOM = 4 };
@@ -54,7 +56,8 @@ static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static attn_device cache[ATTN_LIB_MAX_DEVICES];
 static int cached[ATTN_LIB_MAX_DEVICES];
 
-static int device_props(int device, attn_device *out, char *err, size_t errlen) {
+static int device_props(int device, long long smem_limit, attn_device *out, char *err,
+                        size_t errlen) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
@@ -81,6 +84,8 @@ static int device_props(int device, attn_device *out, char *err, size_t errlen) 
     }
     if (rc == LIB_OK) *out = cache[device];
     pthread_mutex_unlock(&cache_lock);
+    if (rc == LIB_OK && smem_limit > 0 && (size_t)smem_limit < out->smem_per_block)
+        out->smem_per_block = (size_t)smem_limit;
     return rc;
 }
 
@@ -94,8 +99,8 @@ static int variant_count(void) {
 
 /* Makes `device` current (the stage's launchers and its unsupported() ask the runtime about
  * the current device) and runs every check; *prev is the device to restore afterwards. */
-static int prepare(int device, const attn_shape *s, int variant, attn_device *dev, int *prev,
-                   char *err, size_t errlen) {
+static int prepare(int device, long long smem_limit, const attn_shape *s, int variant,
+                   attn_device *dev, int *prev, char *err, size_t errlen) {
     const char *name = attn_this_stage.name;
     if (variant < 0 || variant >= variant_count())
         return fail(LIB_BAD_ARG, err, errlen, "%s: variant index %d is not one of %s", name,
@@ -106,7 +111,7 @@ static int prepare(int device, const attn_shape *s, int variant, attn_device *de
     if (!(s->scale >= FLT_MIN) || !isfinite(s->scale)) /* as the program: no 0, subnormal, inf */
         return fail(LIB_BAD_ARG, err, errlen, "%s: scale must be a positive normal float (got %g)",
                     name, (double)s->scale);
-    int rc = device_props(device, dev, err, errlen);
+    int rc = device_props(device, smem_limit, dev, err, errlen);
     if (rc != LIB_OK) return rc;
     cudaError_t e = cudaGetDevice(prev);
     if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice", err, errlen);
@@ -125,26 +130,26 @@ static void restore(int prev, int device) {
     if (prev != device) (void)cudaSetDevice(prev);
 }
 
-int attn_lib_check(int device, int B, int H, int N, int D, int causal, float scale, int variant,
-                   size_t *workspace_bytes, char *err, size_t errlen) {
+int attn_lib_check(int device, long long smem_limit, int B, int H, int N, int D, int causal,
+                   float scale, int variant, size_t *workspace_bytes, char *err, size_t errlen) {
     const attn_shape s = {B, H, N, D, causal != 0, scale};
     attn_device dev;
     int prev = device;
-    int rc = prepare(device, &s, variant, &dev, &prev, err, errlen);
+    int rc = prepare(device, smem_limit, &s, variant, &dev, &prev, err, errlen);
     if (rc == LIB_OK && workspace_bytes)
         *workspace_bytes = attn_this_stage.workspace_bytes(&s, &dev, variant);
     restore(prev, device);
     return rc;
 }
 
-int attn_lib_forward(int device, int B, int H, int N, int D, int causal, float scale, int variant,
-                     const void *Q, const void *K, const void *V, void *O, float *lse,
-                     void *workspace, size_t workspace_bytes, void *stream, char *err,
+int attn_lib_forward(int device, long long smem_limit, int B, int H, int N, int D, int causal,
+                     float scale, int variant, const void *Q, const void *K, const void *V, void *O,
+                     float *lse, void *workspace, size_t workspace_bytes, void *stream, char *err,
                      size_t errlen) {
     const attn_shape s = {B, H, N, D, causal != 0, scale};
     attn_device dev;
     int prev = device;
-    int rc = prepare(device, &s, variant, &dev, &prev, err, errlen);
+    int rc = prepare(device, smem_limit, &s, variant, &dev, &prev, err, errlen);
     if (rc != LIB_OK) {
         restore(prev, device);
         return rc;

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
-ABI = 1  # ATTN_LIB_ABI in common/attn_lib.c
+ABI = 2  # ATTN_LIB_ABI in common/attn_lib.c
 _ERR_LEN = 1024
 _INT_MAX = 2**31 - 1
 _FLT_MIN = 2.0**-126  # the smallest normal float32
@@ -90,7 +90,9 @@ def _load(path: Path) -> Tuple[Stage, ctypes.CDLL]:
         if abi() != ABI:
             raise RuntimeError(f"{path} has entry points of version {abi()}, this package "
                                f"speaks version {ABI}: rebuild with `make lib`")
-        shape = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]  # device, B, H, N, D, causal, scale, variant
+        # device, smem_limit, B, H, N, D, causal, scale, variant
+        shape = [ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 5 + [ctypes.c_float,
+                                                                          ctypes.c_int]
         lib.attn_lib_check.restype = ctypes.c_int
         lib.attn_lib_check.argtypes = shape + [
             ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]
@@ -183,6 +185,17 @@ def _scale32(scale, D: int) -> float:
     return s32
 
 
+def _smem_limit(smem_limit) -> int:
+    if smem_limit is None:
+        return 0
+    if isinstance(smem_limit, bool) or not isinstance(smem_limit, int):
+        raise TypeError(f"smem_limit must be a number of bytes, not {type(smem_limit).__name__}")
+    if not 16384 <= smem_limit <= 2**30:
+        raise ValueError(f"smem_limit must be in [16384, 2^30] bytes (65536: a T4's), "
+                         f"got {smem_limit}")
+    return smem_limit
+
+
 def _check_inputs(st: Stage, q, k, v, causal):
     torch = _torch()
     want = st.torch_dtype
@@ -219,13 +232,15 @@ def _check_inputs(st: Stage, q, k, v, causal):
                          "torch.no_grad() or pass detached tensors")
 
 
-def attention(q, k, v, *, causal=False, scale=None, stage="stage5_tuned", variant="default"):
+def attention(q, k, v, *, causal=False, scale=None, stage="stage5_tuned", variant="default",
+              smem_limit=None):
     """softmax(scale * q k^T) v through one of the course's stages.
 
     q, k, v: torch CUDA tensors [B, H, N, D], contiguous, on one device, in the stage's storage
     dtype (stages()[i].dtype: float32 for stages 0-1, float16 after). causal: query i attends to
     keys 0..i. scale: default 1/sqrt(D). Runs on torch.cuda.current_stream(); workspace, O and
-    LSE are allocated through PyTorch on that stream.
+    LSE are allocated through PyTorch on that stream. smem_limit: lower the shared memory per
+    block the stage may use, as the program's --smem-limit (65536: a T4's path, 101376: an L4's).
 
     Returns (o, lse): o like q, lse [B, H, N] float32 (natural log of each row's softmax sum,
     including its max). Bad input raises TypeError (wrong type, device or dtype) or ValueError
@@ -237,6 +252,7 @@ def attention(q, k, v, *, causal=False, scale=None, stage="stage5_tuned", varian
     if not isinstance(variant, str) or variant not in st.variants:
         raise ValueError(f"{st.name} has no variant {variant!r} (variants: "
                          f"{', '.join(st.variants)})")
+    sl = _smem_limit(smem_limit)
     torch = _torch()
     B, H, N, D = (int(x) for x in q.shape)
     s32 = _scale32(scale, D)
@@ -244,14 +260,15 @@ def attention(q, k, v, *, causal=False, scale=None, stage="stage5_tuned", varian
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     err = ctypes.create_string_buffer(_ERR_LEN)
     ws = ctypes.c_size_t(0)
-    rc = lib.attn_lib_check(dev, B, H, N, D, int(causal), s32, vi, ctypes.byref(ws), err, _ERR_LEN)
+    rc = lib.attn_lib_check(dev, sl, B, H, N, D, int(causal), s32, vi, ctypes.byref(ws), err,
+                            _ERR_LEN)
     _raise(rc, err, "attn_lib_check")
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev)
         o = torch.empty_like(q)
         lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
         work = torch.empty(ws.value, dtype=torch.uint8, device=q.device) if ws.value else None
-        rc = lib.attn_lib_forward(dev, B, H, N, D, int(causal), s32, vi, q.data_ptr(),
+        rc = lib.attn_lib_forward(dev, sl, B, H, N, D, int(causal), s32, vi, q.data_ptr(),
                                   k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                                   work.data_ptr() if work is not None else None, ws.value,
                                   stream.cuda_stream, err, _ERR_LEN)
@@ -260,25 +277,25 @@ def attention(q, k, v, *, causal=False, scale=None, stage="stage5_tuned", varian
 
 
 def _forward_raw(stage: str, device: int, shape, causal: bool, scale: float, variant: int,
-                 ptrs, workspace_bytes: int = 0, stream: int = 0):
+                 ptrs, workspace_bytes: int = 0, stream: int = 0, smem_limit: int = 0):
     """attn_lib_forward on raw device pointers (q, k, v, o, lse, workspace): for the tests, which
     reach the C entry point's own checks with inputs attention() refuses first."""
     _, lib = _stage(stage)
     err = ctypes.create_string_buffer(_ERR_LEN)
     B, H, N, D = shape
-    rc = lib.attn_lib_forward(device, B, H, N, D, int(causal), scale, variant, *ptrs,
+    rc = lib.attn_lib_forward(device, smem_limit, B, H, N, D, int(causal), scale, variant, *ptrs,
                               workspace_bytes, stream, err, _ERR_LEN)
     _raise(rc, err, "attn_lib_forward")
 
 
 def _check_raw(stage: str, device: int, shape, causal: bool, scale: float,
-               variant: int) -> int:
+               variant: int, smem_limit: int = 0) -> int:
     """attn_lib_check: the workspace bytes, or the error it raises (tests; no torch needed)."""
     _, lib = _stage(stage)
     err = ctypes.create_string_buffer(_ERR_LEN)
     ws = ctypes.c_size_t(0)
     B, H, N, D = shape
-    rc = lib.attn_lib_check(device, B, H, N, D, int(causal), scale, variant, ctypes.byref(ws),
-                            err, _ERR_LEN)
+    rc = lib.attn_lib_check(device, smem_limit, B, H, N, D, int(causal), scale, variant,
+                            ctypes.byref(ws), err, _ERR_LEN)
     _raise(rc, err, "attn_lib_check")
     return ws.value

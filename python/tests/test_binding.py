@@ -10,7 +10,8 @@ float64 PyTorch reference with the checker's rule (common/reference.c: fp16 stag
 2x the error of a correct fp16 computation + 1e-4, fp32 stages at 1e-4 (1 + max|O|); LSE to
 5e-4 / 5e-5 relative), causal and not, tails, a custom scale, peaky inputs, one long row
 sampled; every bad input of the binding; the current stream. Ends with "N passed, M failed".
---quick: fewer shapes per variant.
+--quick: fewer shapes per variant. --smem-limit BYTES: run the stages as on a GPU with that much
+shared memory per block (65536: a T4, 101376: an L4), with a PTX-only build for that GPU.
 """
 
 import math
@@ -28,6 +29,7 @@ import flashcourse  # noqa: E402
 from flashcourse import _binding  # noqa: E402
 
 QUICK = "--quick" in sys.argv
+SMEM_LIMIT = int(sys.argv[sys.argv.index("--smem-limit") + 1]) if "--smem-limit" in sys.argv else None
 
 try:
     import torch
@@ -241,14 +243,15 @@ QUICK_CASES = [CASES[i] for i in (2, 4, 7, 11, 13)]
 def t_variant(st, variant, cases):
     need_gpu()
     f16 = st.dtype == "float16"
-    misses = []
+    misses, unsupported = [], []
     for ci, (B, H, N, D, causal, scale, peaky) in enumerate(cases):
         q, k, v = make_qkv((B, H, N, D), st.torch_dtype, 1000 + ci, peaky)
         try:
             o, lse = flashcourse.attention(q, k, v, causal=causal, scale=scale, stage=st.name,
-                                           variant=variant)
+                                           variant=variant, smem_limit=SMEM_LIMIT)
         except ValueError as e:  # unsupported on this GPU: the stage said why
             print(f"         {st.name} {variant} {(B, H, N, D)}: unsupported here: {e}")
+            unsupported.append(str(e))
             continue
         assert o.shape == q.shape and o.dtype == q.dtype and o.device == q.device
         assert lse.shape == (B, H, N) and lse.dtype == torch.float32
@@ -266,6 +269,8 @@ def t_variant(st, variant, cases):
         lse.fill_(float("nan"))
         del o, lse
     assert not misses, "\n".join(misses)
+    if len(unsupported) == len(cases):  # nothing was checked: not a pass
+        raise Skip(f"unsupported here: {unsupported[0]}")
 
 
 def t_check_can_fail():
@@ -335,7 +340,16 @@ def t_bad_inputs(st):
         assert "head dim must be 64 or 128" in msg, msg
     q0 = torch.empty((1, 1, 0, 64), dtype=dt, device="cuda")
     raises(ValueError, call, q0, q0, q0, stage=name, match=[name, ">= 1"])
+    raises(ValueError, call, q, k, v, stage=name, smem_limit=100, match="smem_limit")
+    raises(TypeError, call, q, k, v, stage=name, smem_limit="64k", match="smem_limit")
+    if name.startswith("stage1"):  # its tiles need 64 KB (48 KB at D = 64)
+        raises(ValueError, call, q, k, v, stage=name, smem_limit=16384,
+               match=[name, "shared memory"])
     # the input survives, and a good call after all of these is still right
+    try:
+        _binding._check_raw(name, q.device.index or 0, tuple(q.shape), True, 0.125, 0)
+    except ValueError as e:
+        raise Skip(f"every bad input raised as it should; {name} does not run here: {e}")
     o, lse = call(q, k, v, stage=name, causal=True)
     torch.cuda.synchronize()
     assert check(o, lse, q, k, v, True, scale32(0.125), st.dtype == "float16") is None
@@ -382,7 +396,8 @@ def t_workspace_through_torch():
 def main():
     print(f"flashcourse binding tests: libraries in {flashcourse.library_dir()}, "
           f"torch {'%s' % torch.__version__ if HAVE_TORCH else 'absent'}, "
-          f"GPU {torch.cuda.get_device_name() if HAVE_GPU else 'none'}")
+          f"GPU {torch.cuda.get_device_name() if HAVE_GPU else 'none'}"
+          f"{', smem limit %d' % SMEM_LIMIT if SMEM_LIMIT else ''}")
     run("descriptors match the stage sources", t_descriptors)
     run("python3 -m flashcourse lists every stage", t_module_main)
     run("missing library says make lib", t_missing_library)
