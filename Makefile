@@ -102,7 +102,7 @@ $(BUILD)/test_common: common/tests/test_common.c $(BUILD)/obj/reference.o $(BUIL
 TEST_BUILD ?= $(if $(strip $(ARCH)),$(BUILD)/fat,$(BUILD))
 test:
 	@$(MAKE) --no-print-directory build ARCH= BUILD=$(TEST_BUILD)
-	bash common/tests/run.sh $(TEST_BUILD)
+	MAKEFLAGS= bash common/tests/run.sh $(TEST_BUILD) # the tests' own makes: no jobserver, no warning
 
 # check, sanitize and profile need a GPU (and a tool): without one, one line naming what is
 # missing and exit 2, before anything is built.
