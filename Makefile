@@ -196,7 +196,7 @@ help:
 	@echo "make sanitize      compute-sanitizer memcheck, racecheck, synccheck on small shapes"
 	@echo "make bench         the sweep only (BUDGET=60 seconds per launch, QUICK=1 for N <= 16k)"
 	@echo "make plots         redraw the PNGs from the CSV"
-	@echo "make tables        rewrite the README's results tables from the CSV"
+	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the CSV"
 	@echo "make test-plots    CPU tests of the sweep, plots and tables only"
 	@echo "make diff STAGE=n  what stage n adds over stage n-1"
 	@echo "make profile STAGE=n [VARIANT=name]  ncu with the sections for that lesson"

@@ -10,8 +10,12 @@
 #                     redrawn only when the CSV or the plot scripts changed (plots.cksum in that
 #                     folder records what they were drawn from), so a clean tree stays clean.
 #                     QUICK=1: from and into $(QUICK_DIR)/
-#   make tables       rewrite the results tables of $(README) and of every stage README from the
-#                     same CSV (QUICK=1: print the tables instead)
+#   make tables       rewrite the results tables of $(README) and the measured section of every
+#                     stage README from the same CSV (QUICK=1: print the tables instead). A stage
+#                     README carries its section between <!-- results:stageK:begin --> and
+#                     <!-- results:stageK:end -->; one without those markers is left alone.
+#                     LESSON_READMES=list overrides which (default: every stage*/README.md with
+#                     markers when README is README.md, none when README names another file)
 #   make test-plots   CPU tests of all of this (no GPU needed)
 #
 # <gpu> is the name nvidia-smi reports, lowercased, punctuation to '-', 'nvidia-' dropped:
@@ -24,6 +28,7 @@ QUICK ?=
 SWEEP_STAGES ?=
 REF_GPU ?= h200
 README ?= README.md
+LESSON_READMES ?= $(if $(filter README.md,$(README)),$(shell grep -l -E -x '<!-- results:stage[0-9]+:begin -->' stage*/README.md 2>/dev/null))
 PLOT_CSV ?=
 PLOT_DIR ?=
 PEAK ?=
@@ -127,7 +132,7 @@ tables:
 	    awk -F, -f plots/csv.awk -f plots/table.awk "$$csv"; \
 	    echo "tables: the quick sweep's tables from $$csv (the READMEs keep the full run's)"; \
 	else \
-	    plots/update_readme.sh "$$csv" '$(README)'; \
+	    plots/update_readme.sh "$$csv" '$(README)' $(LESSON_READMES); \
 	fi
 
 test-plots:

@@ -4,6 +4,14 @@
 #   awk -F, -v sweep=fa2  -f plots/csv.awk -f plots/table.awk results.csv   # TFLOP/s, one
 #                                                                          # table per (D, causal)
 #   (no sweep: both, long first)
+#   awk -F, -v lesson=3 -f plots/csv.awk -f plots/table.awk results.csv   # stage 3's lesson
+#
+# lesson=K: the measured section of stage K's README: stage K against the stage before it (the
+#       nearest lower stage in the CSV) and FA2 (sdpa_flash). A long-sweep table (every N: the
+#       previous stage's and stage K's median ms, stage K's TFLOP/s, device MB and max abs error,
+#       the speedup, FA2's ms and FA2 time / stage K time), an fa2-sweep table of the same columns at the N of
+#       lesson_n (default "4096 16384") for every (D, causal), and one line per comparison over
+#       all fa2 shapes (geometric mean, lowest and highest, each with its shape).
 #
 # long: N | each stage's median ms | sdpa_flash | sdpa_default | best stage's speedup over
 #       stage 0 (over stage 1 where stage 0 has no number at that N)
@@ -90,6 +98,8 @@ BEGIN {
     st[cfg, k, n] = field("status")
     ms[cfg, k, n] = field("ms_median")
     tf[cfg, k, n] = field("tflops")
+    mb[cfg, k, n] = field("device_mb")
+    err[cfg, k, n] = field("max_abs_err")
 }
 
 function has(cfg, k, n, metric) {
@@ -213,7 +223,180 @@ function emit(sw, metric,    ci) {
           " n/a: unsupported here; -: no result."
 }
 
+# ---- lesson=K: one stage's measured section
+
+function stage_label(k,    n) {
+    if (match(k, /^stage[0-9]+/)) return "stage " substr(k, 6, RLENGTH - 5) + 0
+    return title(k)
+}
+
+# The nearest stage below stage num among this sweep's keys (variants only if nothing else).
+function prev_stage_key(num,    j, k) {
+    for (j = num - 1; j >= 0; j--) {
+        k = stage_key(j)
+        if (k != "") return k
+    }
+    return ""
+}
+
+function ms_cell(cfg, k, n) {
+    if (k == "") return "-"
+    return cell(cfg, k, n, "ms")
+}
+
+# "1.23x" (time of base / time of k) or "-" where either has no time.
+function speedup_cell(cfg, base, k, n) {
+    if (base == "" || k == "" || !has(cfg, base, n, "ms") || !has(cfg, k, n, "ms") ||
+        ms[cfg, k, n] + 0 <= 0)
+        return "-"
+    return fmt_x(ms[cfg, base, n] / ms[cfg, k, n])
+}
+
+# A time ratio below 1 has a digit more where it is small: 0.61, 0.038.
+function fmt_r(r) {
+    return sprintf(r < 0.1 ? "%.3f" : "%.2f", r)
+}
+
+# FA2 time / stage time, "0.61" (above 1: the stage is faster), or "-".
+function vs_cell(cfg, base, k, n) {
+    if (base == "" || k == "" || !has(cfg, base, n, "ms") || !has(cfg, k, n, "ms") ||
+        ms[cfg, k, n] + 0 <= 0)
+        return "-"
+    return fmt_r(ms[cfg, base, n] / ms[cfg, k, n])
+}
+
+function lesson_header(first, me, prev) {
+    printf "| %s |", first
+    if (prev != "") printf " %s ms |", stage_label(prev)
+    printf " %s ms | %s TFLOP/s | %s device MB | max abs error |", stage_label(me), stage_label(me), stage_label(me)
+    if (prev != "") printf " %s vs %s |", stage_label(me), stage_label(prev)
+    printf " FA2 ms | FA2 time / %s time |\n", stage_label(me)
+    printf "|%s|", first == "N" ? "---:" : ":---"
+    if (prev != "") printf "---:|"
+    printf "---:|---:|---:|---:|"
+    if (prev != "") printf "---:|"
+    printf "---:|---:|\n"
+}
+
+function lesson_row(first, cfg, n, me, prev,    line) {
+    line = "| " first " |"
+    if (prev != "") line = line " " ms_cell(cfg, prev, n) " |"
+    line = line " " ms_cell(cfg, me, n) " |"
+    line = line " " (has(cfg, me, n, "tf") ? sprintf(tf[cfg, me, n] < 10 ? "%.2f" : "%.1f", tf[cfg, me, n]) : ms_cell(cfg, me, n)) " |"
+    line = line " " (has(cfg, me, n, "ms") && isnum(mb[cfg, me, n]) && mb[cfg, me, n] + 0 > 0 ? \
+                     sprintf("%.1f", mb[cfg, me, n]) : "-") " |"
+    line = line " " (has(cfg, me, n, "ms") && isnum(err[cfg, me, n]) ? err[cfg, me, n] : "-") " |"
+    if (prev != "") line = line " " speedup_cell(cfg, prev, me, n) " |"
+    line = line " " ms_cell(cfg, "sdpa_flash", n) " | " vs_cell(cfg, "sdpa_flash", me, n) " |"
+    print line
+}
+
+function shape_name(cfg, n,    a) {
+    split(cfg, a, SUBSEP)
+    return sprintf("D = %d, %s, N = %s (B = %d, H = %s)", a[2], a[3] ? "causal" : "non-causal",
+                   commas(n), cfgT[cfg] / n, cfgH[cfg])
+}
+
+function short_shape(cfg, n,    a) {
+    split(cfg, a, SUBSEP)
+    return sprintf("D = %d %sN = %s", a[2], a[3] ? "causal " : "", commas(n))
+}
+
+# "geometric mean 1.04x, from 1.02x (shape) to 1.06x (shape)" of time(base) / time(k) over
+# every fa2 shape where both have a time; "" if none.
+function over_fa2(base, k, x,    ci, a, cfg, j, n, r, sum, cnt, lo, hi, lon, hin, f) {
+    cnt = 0
+    for (ci = 1; ci <= ncfg["fa2"]; ci++) {
+        split(cfgs["fa2", ci], a, SUBSEP)
+        cfg = "fa2" SUBSEP a[1] SUBSEP a[2]
+        for (j = 1; j <= nN[cfg]; j++) {
+            n = Ns[cfg, j]
+            if (!has(cfg, base, n, "ms") || !has(cfg, k, n, "ms") || ms[cfg, k, n] + 0 <= 0 ||
+                ms[cfg, base, n] + 0 <= 0)
+                continue
+            r = ms[cfg, base, n] / ms[cfg, k, n]
+            sum += log(r)
+            cnt++
+            f = short_shape(cfg, n)
+            if (cnt == 1 || r < lo || (r == lo && f < lon)) { lo = r; lon = f }
+            if (cnt == 1 || r > hi || (r == hi && f < hin)) { hi = r; hin = f }
+        }
+    }
+    if (cnt == 0) return ""
+    if (x) return sprintf("geometric mean %s over %d shapes, from %s (%s) to %s (%s)", fmt_x(exp(sum / cnt)),
+                          cnt, fmt_x(lo), lon, fmt_x(hi), hin)
+    return sprintf("geometric mean %s over %d shapes, from %s (%s) to %s (%s)", fmt_r(exp(sum / cnt)), cnt,
+                   fmt_r(lo), lon, fmt_r(hi), hin)
+}
+
+function emit_lesson(num,    sw, me, prev, ci, a, cfg, j, n, want, w, nw, printed, s, rows) {
+    printed = 0
+    if ("long" in ncfg) {
+        prepare("long")
+        me = stage_key(num)
+        prev = prev_stage_key(num)
+        if (me != "") {
+            for (ci = 1; ci <= ncfg["long"]; ci++) {
+                split(cfgs["long", ci], a, SUBSEP)
+                cfg = "long" SUBSEP a[1] SUBSEP a[2]
+                for (j = 1; j <= nN[cfg]; j++) NN[j] = Ns[cfg, j]
+                sort_num(NN, nN[cfg])
+                if (printed++) print ""
+                printf "**Long sweep**: forward time in ms (median; lower is better), B = %s, H = %s, D = %d, %s.\n\n",
+                    cfgB[cfg], cfgH[cfg], a[1], a[2] ? "causal" : "non-causal"
+                lesson_header("N", me, prev)
+                for (j = 1; j <= nN[cfg]; j++) lesson_row(commas(NN[j]), cfg, NN[j], me, prev)
+            }
+        }
+    }
+    if ("fa2" in ncfg) {
+        prepare("fa2")
+        me = stage_key(num)
+        prev = prev_stage_key(num)
+        if (me != "") {
+            if (printed++) print ""
+            nw = split(lesson_n == "" ? "4096 16384" : lesson_n, want, " ")
+            printf "**fa2 sweep** at N = "
+            for (w = 1; w <= nw; w++) printf "%s%s", (w > 1 ? (w == nw ? " and " : ", ") : ""), commas(want[w])
+            printf ": B x N = 16,384 tokens and H = 2048 / D heads (32 at D = 64, 16 at D = 128), so every shape" \
+                   " moves the same number of elements (FlashAttention-2's benchmark shapes).\n\n"
+            lesson_header("shape", me, prev)
+            # a configuration measured at none of those N: its largest N
+            for (ci = 1; ci <= ncfg["fa2"]; ci++) {
+                split(cfgs["fa2", ci], a, SUBSEP)
+                cfg = "fa2" SUBSEP a[1] SUBSEP a[2]
+                rows = 0
+                for (w = 1; w <= nw; w++)
+                    if ((cfg, want[w] + 0) in seenN) {
+                        lesson_row(shape_name(cfg, want[w] + 0), cfg, want[w] + 0, me, prev)
+                        rows++
+                    }
+                if (!rows) {
+                    for (j = 1; j <= nN[cfg]; j++) NN[j] = Ns[cfg, j]
+                    sort_num(NN, nN[cfg])
+                    lesson_row(shape_name(cfg, NN[nN[cfg]]), cfg, NN[nN[cfg]], me, prev)
+                }
+            }
+            print ""
+            if (prev != "" && (s = over_fa2(prev, me, 1)) != "")
+                printf "Over the fa2 sweep, %s vs %s: %s.\n", stage_label(me), stage_label(prev), s
+            if ((s = over_fa2("sdpa_flash", me, 0)) != "")
+                printf "Over the fa2 sweep, FA2 time / %s time: %s.\n", stage_label(me), s
+            if ((s = over_fa2("sdpa_default", me, 0)) != "")
+                printf "Over the fa2 sweep, PyTorch SDPA default time / %s time: %s.\n", stage_label(me), s
+        }
+    }
+    if (!printed) {
+        printf "No results for stage %d in this CSV.\n", num
+        return
+    }
+    print ""
+    print "OOM: out of device memory; >budget: over the time budget, not run; FAIL: wrong result;" \
+          " n/a: unsupported here; -: no result."
+}
+
 END {
+    if (lesson != "") { emit_lesson(lesson + 0); exit }
     if (sweep == "" || sweep == "long") emit("long", "ms")
     if (sweep == "") print ""
     if (sweep == "" || sweep == "fa2") emit("fa2", "tf")

@@ -69,6 +69,48 @@ else
     sed 's/^/      /' "$SCRATCH/u.out"
 fi
 
+# ---- a lesson's measured section (table.awk lesson=K), between its own markers
+awk -F, -v lesson=3 -f plots/csv.awk -f plots/table.awk $T/fixture.csv >"$SCRATCH/lesson3.md" 2>&1
+check "table.awk lesson=3 matches $T/expected_lesson3.md (previous stage: the nearest one measured)" \
+    diff -u $T/expected_lesson3.md "$SCRATCH/lesson3.md"
+printf '# Stage 3\n\nProse stays.\n\n<!-- results:stage3:begin -->\nold\n<!-- results:stage3:end -->\n\nMore prose.\n' \
+    >"$SCRATCH/lesson.md"
+plots/update_readme.sh $T/fixture.csv "$SCRATCH/lesson.md" >/dev/null 2>&1
+check "update_readme.sh writes a lesson's section (stageK markers), the rest untouched" \
+    cmp "$SCRATCH/lesson.md" <(printf '# Stage 3\n\nProse stays.\n\n<!-- results:stage3:begin -->\n\n'
+        printf 'Measured on NVIDIA H100 80GB HBM3; from `%s` (regenerate: `make bench tables`).\n\n' $T/fixture.csv
+        cat $T/expected_lesson3.md; printf '\n<!-- results:stage3:end -->\n\nMore prose.\n')
+printf 'no markers here\n' >"$SCRATCH/nomark.md"
+plots/update_readme.sh $T/fixture.csv "$SCRATCH/nomark.md" >"$SCRATCH/u.out" 2>&1
+check "update_readme.sh: a README without markers is an error" \
+    [ $? = 1 -a -n "$(grep 'holds no results markers' "$SCRATCH/u.out")" ]
+printf '<!-- results:stage3:begin -->\n<!-- results:long:begin -->\n<!-- results:long:end -->\n<!-- results:stage3:end -->\n' \
+    >"$SCRATCH/nested.md"
+cp "$SCRATCH/nested.md" "$SCRATCH/nested.orig"
+plots/update_readme.sh $T/fixture.csv "$SCRATCH/nested.md" >"$SCRATCH/u.out" 2>&1
+check "update_readme.sh: nested marker pairs are an error, nothing written" \
+    [ $? = 1 -a -n "$(grep 'inside another' "$SCRATCH/u.out")" -a "$(cat "$SCRATCH/nested.md")" = "$(cat "$SCRATCH/nested.orig")" ]
+
+# ---- the committed READMEs say what the committed reference results say: the top README's
+# tables and every lesson's measured section are exactly what make tables writes from the CSV
+REF_CSV=plots/h200/results.csv
+lessons=$(grep -l -E -x '<!-- results:stage[0-9]+:begin -->' stage*/README.md 2>/dev/null)
+for r in README.md $lessons; do
+    mkdir -p "$SCRATCH/ref/$(dirname "$r")"
+    cp "$r" "$SCRATCH/ref/$r"
+    if plots/update_readme.sh $REF_CSV "$SCRATCH/ref/$r" >"$SCRATCH/u.out" 2>&1 && cmp -s "$r" "$SCRATCH/ref/$r"; then
+        ok "$r: its generated results match $REF_CSV"
+    else
+        bad "$r: its generated results differ from $REF_CSV (make tables rewrites them)"
+        { cat "$SCRATCH/u.out"; diff -u "$r" "$SCRATCH/ref/$r"; } | sed 's/^/      /' | head -n 20
+    fi
+done
+for k in 0 1 2 3 4 5; do
+    r=$(ls -d stage${k}_*/ 2>/dev/null | head -n 1)README.md
+    check "$r has its measured section between <!-- results:stage$k:begin/end -->" \
+        grep -q -x -F "<!-- results:stage$k:begin -->" "$r"
+done
+
 # ---- gnuplot scripts: each renders a non-empty PNG from the fixture, without warnings
 is_png() { [ -s "$1" ] && [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; }
 if command -v gnuplot >/dev/null 2>&1; then
@@ -108,6 +150,7 @@ fi
 if command -v make >/dev/null 2>&1; then
     mkdir -p "$SCRATCH/mk"
     cp $T/README.fixture.md "$SCRATCH/mk/README.md"
+    lessons_before=$(cat stage*/README.md | cksum)
     if make -s -f plots/plots.mk plots tables PLOT_CSV=$T/fixture.csv PLOT_DIR="$SCRATCH/mk" \
         README="$SCRATCH/mk/README.md" GPU_NAME= >"$SCRATCH/mk.out" 2>&1 &&
         cmp -s "$SCRATCH/mk/README.md" "$SCRATCH/README.md"; then
@@ -123,6 +166,7 @@ if command -v make >/dev/null 2>&1; then
         bad "make -f plots/plots.mk plots tables PLOT_CSV=fixture"
         sed 's/^/      /' "$SCRATCH/mk.out" | head -n 20
     fi
+    check "make tables README=elsewhere leaves the stage READMEs alone" [ "$(cat stage*/README.md | cksum)" = "$lessons_before" ]
     # without gnuplot (and no apt-get to fetch it): says how to get it, skips, tables still made
     mkdir -p "$SCRATCH/nognu/bin" "$SCRATCH/nognu/out"
     for d in /usr/local/bin /usr/bin /bin; do ln -s "$d"/* "$SCRATCH/nognu/bin/" 2>/dev/null; done
