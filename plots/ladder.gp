@@ -1,67 +1,70 @@
 # ladder.gp: the ladder in one picture: every stage's TFLOP/s at N = 16,384 in the long sweep
-# (B = H = 1, D = 128, non-causal), then PyTorch SDPA flash (FA2) and default, as bars.
+# (B = H = 1, D = 128, non-causal), then PyTorch SDPA flash (FA2) and default, as bars on a log
+# axis (the first stages run at a few TFLOP/s, the last ones at hundreds: a linear axis would
+# flatten stages 0-3 to nothing).
 #
 #   gnuplot -e "csv='plots/h100-80gb-hbm3/results.csv'; outdir='plots/h100-80gb-hbm3'" \
 #           plots/ladder.gp
 #   optional: gpu='...' (default: the CSV's gpu column), NLADDER=16384
 #
-# Writes outdir/ladder.png. A stage without a number at that N gets an empty bar labelled with
-# the reason (OOM, >budget, FAIL, n/a).
+# Writes outdir/ladder.png. A stage without a number at that N (OOM, over budget, FAIL) gets no
+# bar, only its reason written in the shaded row at the foot; a stage unsupported on this GPU
+# is left out. Style (colours): plots/style.gpi.
 
 if (!exists("csv")) csv = 'results.csv'
 if (!exists("outdir")) outdir = '.'
-# series.awk sits beside this script
+# series.awk and style.gpi sit beside this script
 if (!exists("plotsdir")) plotsdir = exists("ARG0") && strlen(ARG0) > 0 ? \
                                     system(sprintf("dirname '%s'", ARG0)) : 'plots'
 if (!exists("NLADDER")) NLADDER = 16384
-S = sprintf("awk -F, -f '%s/csv.awk' -f '%s/series.awk' -v sweep=long", plotsdir, plotsdir)
-Q = sprintf(" '%s'", csv)
+W = 1200; HT = 800
+load plotsdir . '/style.gpi'
+S = STYLE_S . " -v sweep=long"
+Q = STYLE_Q
 if (!exists("gpu")) gpu = system(S . " -v mode=gpu" . Q)
-
-if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {
-    set terminal pngcairo size 1200,800 noenhanced font 'Sans,11'
-} else {
-    set terminal png size 1200,800 noenhanced
-}
 set output outdir . '/ladder.png'
 
-# Same colours as the other plots: stages by their place (series.awk mode=colour), then the
-# PyTorch baselines black (FA2) and grey (default).
-set linetype 1 lc rgb '#d62728'
-set linetype 2 lc rgb '#ff7f0e'
-set linetype 3 lc rgb '#bcbd22'
-set linetype 4 lc rgb '#2ca02c'
-set linetype 5 lc rgb '#17becf'
-set linetype 6 lc rgb '#1f77b4'
-set linetype 7 lc rgb '#9467bd'
-set linetype 8 lc rgb '#8c564b'
-set linetype 9 lc rgb '#000000'
-set linetype 10 lc rgb '#7f7f7f'
-set linetype 11 lc rgb '#e377c2'
-why(s) = s eq 'OOM' ? 'OOM' : s eq 'over_budget' ? '>budget' : s eq 'FAIL' ? 'FAIL' : \
-         s eq 'unsupported' ? 'n/a' : s
-name(k) = k eq 'sdpa_flash' ? 'FA2 (SDPA flash)' : k eq 'sdpa_default' ? 'SDPA default' : k
+# colours by series.awk's colour index (column 4 of mode=bar), as in the other plots
+do for [i = 1:words(palette)] {
+    eval(sprintf("set linetype %d lc rgb '%s'", i, word(palette, i)))
+}
+bname(k) = k eq 'sdpa_flash' ? 'FA2 (SDPA flash)' : k eq 'sdpa_default' ? 'SDPA default' : k
 
 bars = sprintf("%s -v mode=bar -v N=%d -v y=tflops%s", S, NLADDER, Q)
 nbars = int(system(bars . " | awk 'END { print NR }'"))
 ymax = real(system(bars . " | awk 'BEGIN { m = 0 } $2 > m { m = $2 } END { print m }'"))
-if (ymax <= 0) ymax = 1
+ymin = real(system(bars . " | awk '$2 > 0 && (m == \"\" || $2 < m) { m = $2 } END { print (m == \"\" ? 0 : m) }'"))
+if (ymax <= 0) ymax = 1.0
+if (ymin <= 0) ymin = ymax / 100.0
+lo10 = 10 ** floor(log10(ymin) - 0.0001)
+# the shaded row at the foot, for the reasons of stages without a bar
+band_top = lo10 / 1.6
+haveband = nbars > 0 && int(system(bars . " | awk '$3 != \"ok\" { n++ } END { print n + 0 }'")) > 0
+bottom = haveband ? band_top / 4 : lo10
 
 set title sprintf("TFLOP/s at N = %d (B = H = 1, D = 128, non-causal), each stage and PyTorch SDPA\n%s", NLADDER, gpu)
-set ylabel 'TFLOP/s (4 N^2 D per pass)'
+set ylabel 'TFLOP/s (4 N^2 D per pass; log scale)'
 set xlabel 'stage'
-set yrange [0 : ymax * 1.15]
+set logscale y
+set yrange [bottom : ymax * 3]
+set ytics lo10, 10, ymax * 3
+set format y '%.10g'
 set style fill solid 0.85 border rgb '#333333'
-set boxwidth 0.7
 set xtics rotate by -25 left nomirror scale 0
-set grid ytics lc rgb '#dddddd'
+set grid ytics mytics lc rgb '#dddddd'
 unset key
 set xrange [-0.6 : nbars - 0.4]
 
 if (nbars > 0) {
-    plot '< '.bars using 0:2:4:xtic(name(strcol(1))) with boxes lc variable, \
-         '' using 0:2:(strcol(3) eq 'ok' ? sprintf('%.1f', $2) : why(strcol(3))) \
-            with labels offset 0, 0.8 font ',11'
+    if (haveband) {
+        set object 1 rect from graph 0, first bottom to graph 1, first band_top behind fc rgb BAND_FILL fs solid 1.0 noborder
+        set label 1 'not measured' at graph 0.01, first band_top / 1.25 left tc rgb BAND_TEXT font ',9'
+    }
+    # bars from the foot of the data (lo10) up to the value; the value above each bar
+    plot '< '.bars using 0:(strcol(3) eq 'ok' ? sqrt($2 * lo10) : NaN):($0 - 0.35):($0 + 0.35):(lo10):($2 > 0 ? $2 : NaN):4:xtic(bname(strcol(1))) \
+            with boxxyerror lc variable fs solid 0.85 border rgb '#333333', \
+         '' using 0:(strcol(3) eq 'ok' ? $2 * 1.25 : NaN):(sprintf('%.1f', $2)) with labels font ',11', \
+         '' using 0:(strcol(3) eq 'ok' ? NaN : band_top / 2):(why(strcol(3))) with labels font ',11' tc rgb BAND_TEXT
 } else {
     set label sprintf('no long-sweep results at N = %d in this CSV', NLADDER) at graph 0.5, graph 0.5 center
     set xrange [0:1]

@@ -106,7 +106,7 @@ plots:
 	@$(resolve_csv); \
 	out='$(PLOT_DIR)'; [ -n "$$out" ] || out=$$(dirname "$$csv"); \
 	mkdir -p "$$out"; \
-	sum=$$(cat "$$csv" $(PLOT_SCRIPTS) plots/csv.awk plots/series.awk | cksum | tr ' ' -); \
+	sum=$$(cat "$$csv" $(PLOT_SCRIPTS) plots/style.gpi plots/csv.awk plots/series.awk | cksum | tr ' ' -); \
 	if [ -z '$(PLOT_DIR)' ] && [ "$$(cat "$$out/plots.cksum" 2>/dev/null)" = "$$sum" ] && \
 	   [ -z '$(PLOTS_FORCE)' ] && for gp in $(PLOT_SCRIPTS); do [ -s "$$out/$$(basename $$gp .gp).png" ] || exit 1; done; then \
 	    echo "plots: $$out/*.png are up to date with $$csv and the plot scripts ($$out/plots.cksum; PLOTS_FORCE=1 redraws)"; \

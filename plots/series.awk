@@ -11,9 +11,10 @@
 # mode=gpu     the GPU name of the first row
 # mode=xy      "N value" for rows with status ok and a value in column y, sorted by N; a blank
 #              line where the key has a row without a number, so the plotted line breaks there
-# mode=marks   "N pointtype status" for rows whose status is not ok (OOM, over_budget, FAIL,
-#              unsupported), sorted by N; pointtypes: OOM 2 (x), over_budget 8 (triangle),
-#              FAIL 6 (circle), unsupported 12 (diamond)
+# mode=marks   "N pointtype status" for rows whose status is not ok (OOM, over_budget, FAIL),
+#              sorted by N; pointtypes: OOM 2 (x), over_budget 8 (triangle), FAIL 6 (circle).
+#              Unsupported rows (a stage that does not run on this GPU) are left out of every
+#              mode: not drawn, no legend entry, no bar (the tables say n/a).
 # mode=ratio   "N base_value/value" where both key and base are ok (y defaults to ms_median)
 # mode=bar     "key value status colour" at N for every key (value 0 where it is not ok)
 # mode=colour  the colour index of key: its place among all stages of the CSV (1..8, then
@@ -44,6 +45,7 @@ BEGIN {
     if (gpu == "") gpu = field("gpu")
     k = row_key()
     if (!(k in allseen)) { allseen[k] = 1; allkeys[++nall] = k }
+    if (field("status") == "unsupported") next
     if (sweep != "" && row_sweep() != sweep) next
     if (D != "" && field("D") != D) next
     if (causal != "" && field("causal") != causal) next

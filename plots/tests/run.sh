@@ -142,6 +142,25 @@ if command -v gnuplot >/dev/null 2>&1; then
     done
     [ $all = 1 ] && ok "gnuplot scripts cope with a CSV without SDPA and fa2 rows" ||
         bad "gnuplot scripts cope with a CSV without SDPA and fa2 rows"
+    # a stage unsupported on this GPU at every shape (stage 6 off Hopper) is simply not drawn
+    { cat $T/fixture.csv
+      for n in 1024 16384; do echo "NVIDIA H100 80GB HBM3,stage6_hopper,default,1,1,$n,128,0,f16,,,0,,,,,0,,unsupported,long"; done
+      echo "NVIDIA H100 80GB HBM3,stage6_hopper,default,16,16,1024,128,0,f16,,,0,,,,,0,,unsupported,fa2"; } >"$SCRATCH/unsup.csv"
+    mkdir -p "$SCRATCH/unsup"
+    all=1
+    for gp in plots/*.gp; do
+        name=$(basename "$gp" .gp)
+        if ! gnuplot -e "csv='$SCRATCH/unsup.csv'; outdir='$SCRATCH/unsup'; PEAK=989" "$gp" \
+            >"$SCRATCH/gp.out" 2>&1 || ! is_png "$SCRATCH/unsup/$name.png" ||
+            grep -qi -E 'warning|error' "$SCRATCH/gp.out"; then
+            all=0
+            sed "s/^/      $name: /" "$SCRATCH/gp.out" | head -n 10
+        fi
+    done
+    keys=$(awk -F, -f plots/csv.awk -f plots/series.awk -v mode=keys "$SCRATCH/unsup.csv" | tr '\n' ' ')
+    [ $all = 1 ] && [ -n "$keys" ] && [ -z "$(echo "$keys" | grep stage6)" ] &&
+        ok "gnuplot scripts: an all-unsupported stage is left out of the plots (keys: $keys)" ||
+        bad "gnuplot scripts with an all-unsupported stage (keys: $keys)"
 else
     skip "gnuplot scripts: gnuplot is not installed (apt-get install -y gnuplot-nox)"
 fi
