@@ -34,7 +34,9 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
@@ -235,6 +237,49 @@ __device__ __forceinline__ int thread_index() {
     int t;
     asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
     return t;
+}
+
+// blockIdx.x and .y, read afresh for the same reason: where this block's head starts and which
+// key range it has are recomputed in the key loop and after it instead of held in registers.
+__device__ __forceinline__ int block_index_x() {
+    int b;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
+    return b;
+}
+
+__device__ __forceinline__ int block_index_y() {
+    int b;
+    asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(b));
+    return b;
+}
+
+// ldmatrix lane addresses. Every x4 load of the kernel reads a 16 x 16 block of a tile as four 8 x
+// 8 matrices. For Q (A operand) and V (B operand, transposed) the order is (rows 0-7, cols 0-7),
+// (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15): lane l addresses block row
+// l % 16, chunk bit l / 16. The block at chunk pair c (columns 16c.. 16c+15) has logical chunk 2c +
+// l / 16, stored at (2c + l / 16) ^ (row % 8) = 2c ^ ((l / 16) ^ (l % 8)): one per-lane offset, XOR
+// (c * X4_BYTES). That XOR only touches bits below ROW_BYTES, so it commutes with adding whole
+// rows. K (B operand, untransposed) is read in the order (rows 0-7, cols 0-7), (rows 0-7, cols
+// 8-15), (rows 8-15, cols 0-7), (rows 8-15, cols 8-15): lane l addresses row
+// l % 8 + 8 (l / 16), chunk bit (l / 8) % 2. Then each key block's b0 and b1 come back in
+// adjacent registers, as the mma instruction takes them; in the other order the compiler
+// must first copy every pair into place (about 230 moves per key tile at D = 128).
+// Both come from a fresh read of threadIdx.x where the key loop uses them: a few integer
+// instructions per tile, instead of the compiler holding them and their XOR variants in
+// registers through the softmax (at D = 128 that spills).
+template <int ROW_BYTES, bool SWIZZLE>
+__device__ __forceinline__ uint32_t a_lane_offset() {
+    const uint32_t lane = (uint32_t)thread_index() % WARP_SIZE;  // unsigned: shifts and masks
+    const uint32_t sw = SWIZZLE ? lane % MATRIX_ROWS : 0;
+    return lane % X4_DIM * ROW_BYTES + (lane / X4_DIM ^ sw) * CHUNK_BYTES;
+}
+
+template <int ROW_BYTES, bool SWIZZLE>
+__device__ __forceinline__ uint32_t k_lane_offset() {
+    const uint32_t lane = (uint32_t)thread_index() % WARP_SIZE;
+    const uint32_t sw = SWIZZLE ? lane % MATRIX_ROWS : 0;
+    return (lane % MATRIX_ROWS + lane / X4_DIM * MATRIX_ROWS) * ROW_BYTES +
+           (lane / MATRIX_ROWS % 2 ^ sw) * CHUNK_BYTES;
 }
 
 // Number of 16-byte chunks each thread moves for a [ROWS, D] tile.
@@ -556,20 +601,90 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
     }
 }
 
-/* ---- kernel ------------------------------------------------------------------------------ */
+// Split-KV epilogue: this block saw only one range of the keys, so it writes its rows' O for
+// that range (normalised by the range's own sum) and the range's LSE, in fp32, for
+// combine_kernel to merge. Straight from registers: the 4 lanes of a row write 8 consecutive
+// floats per head-dim block, whole 32-byte sectors. A row whose keys in this range are all
+// masked (causal) has l = 0: it writes O = 0 and LSE = -inf, which the merge weighs as 0.
+template <int D, int MT, int DB>
+__device__ __forceinline__ void store_partial(const float (&O_acc)[MT][DB][4],
+                                              const float (&m_i)[MT][2], const float (&l_i)[MT][2],
+                                              float *O_part, float *lse_part, int rows_left) {
+    const int lane = thread_index() % WARP_SIZE, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_i[m][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            const int r = MMA_M * m + g + MMA_M / 2 * h;  // row inside the warp's rows
+            if (r < rows_left) {
+#pragma unroll
+                for (int n = 0; n < DB; ++n) {
+                    *reinterpret_cast<float2 *>(O_part + (size_t)r * D + MMA_N * n + 2 * t) =
+                        make_float2(O_acc[m][n][2 * h] * inv_l, O_acc[m][n][2 * h + 1] * inv_l);
+                }
+                if (t == 0) lse_part[r] = (m_i[m][h] + log2f(l)) * LN2;
+            }
+        }
+    }
+}
 
-// One block = one tile of BR query rows of one (batch, head); it loops over the key tiles.
-// Template switches: SWIZZLE (variant noswizzle turns it off), PIPELINED (single_stage: load,
-// wait, compute), SKIP (noskip: causal processes and masks every key tile), LAZY (rescale only
-// when a row's max grows; chosen by the launcher from N, see LAZY_MIN_N).
+/* ---- kernels ----------------------------------------------------------------------------- */
+
+// Everything a launch needs, passed by value (kernel parameters live in constant memory).
+typedef struct {
+    const __half *Q, *K, *V;  // [B, H, N, D]
+    __half *O;                // [B, H, N, D]  (splits == 1)
+    float *lse;               // [B, H, N]     (splits == 1)
+    float *O_part;            // [splits, B * H, N, D]: O of each key range (splits > 1)
+    float *lse_part;          // [splits, B * H, N]: LSE of each key range (splits > 1)
+    int N, causal;
+    int splits;        // key ranges per query tile; blockIdx.x = query tile * splits + range
+    int split_tiles;   // key tiles per range
+    float scale_log2;  // scale * log2(e)
+} fwd_params;
+
+// Which rows and keys one block works on.
+typedef struct {
+    int q0;        // first query row
+    int kv_begin;  // keys [kv_begin, kv_end), in tiles of BC
+    int kv_end;
+} block_work;
+
+// Causal: the last query tiles have the most key tiles; launch them first so the short ones
+// fill the tail of the grid. A query tile's keys: [0, N), or causal up to its last real row
+// (later tiles are skipped); with splits, range `split` of split_tiles tiles of them (a
+// causal query tile may have fewer ranges than splits: its remaining blocks get none).
+template <int BR, int BC, bool SKIP>
+__device__ __forceinline__ block_work block_keys(const fwd_params &p) {
+    block_work w;
+    const int q_index = (int)blockIdx.x / p.splits, q_tiles = (int)gridDim.x / p.splits;
+    const int split = (int)blockIdx.x - q_index * p.splits;  // which key range
+    w.q0 = (p.causal ? q_tiles - 1 - q_index : q_index) * BR;
+    const int kv_all = p.causal && SKIP ? min(w.q0 + BR, p.N) : p.N;  // past the last row
+    w.kv_begin = split * p.split_tiles * BC;
+    w.kv_end = min(kv_all, w.kv_begin + p.split_tiles * BC);
+    return w;
+}
+
+// Whether key tile k0 needs a mask: it holds keys >= N (the tail tile) or, causal, keys > the
+// block's first query row q0 (the diagonal tiles; noskip masks every tile). All earlier tiles
+// take the fast path. Tile k0 is unmasked iff k0 + BC - 1 <= q0.
+template <int BC, bool SKIP>
+__device__ __forceinline__ bool needs_mask(int k0, int q0, int N, int causal) {
+    return k0 + BC > N || (causal && (!SKIP || k0 + BC - 1 > q0));
+}
+
+// One block = one tile of BR query rows of one (batch, head) and one range of its keys (all
+// of them unless split); it loops over the key tiles. Template switches: SWIZZLE (variant
+// noswizzle turns it off), PIPELINED (single_stage: load, wait, compute), SKIP (noskip: causal
+// processes and masks every key tile), LAZY (rescale only when a row's max grows; chosen by
+// the launcher from the keys per block, see LAZY_MIN_N).
 template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
-__global__ void __launch_bounds__(WARP_SIZE *WARPS, 1)
-    attention_kernel(const __half *__restrict__ Q,  // [B, H, N, D]
-                     const __half *__restrict__ K,  // [B, H, N, D]
-                     const __half *__restrict__ V,  // [B, H, N, D]
-                     __half *__restrict__ O,        // [B, H, N, D]
-                     float *__restrict__ lse,       // [B, H, N]
-                     int N, int causal, float scale_log2) {
+__global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fwd_params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 code runs only the SM75 tiles (the launcher asks kernel_arch which code it has):
     // with the prefetched tile waiting in registers, larger tiles would spill there.
@@ -594,65 +709,42 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1)
     static_assert(chunks_per_thread(BC, D, THREADS) * THREADS == BC * D / CHUNK_HALVES,
                   "K/V tile split");
 
+    // Which rows and keys. The key loop counts from the range's first key (K and V point
+    // there, and the query row and N are taken relative to it), so that its bounds are the
+    // same few registers as for a single pass: at D = 128 the softmax needs every register.
+    const block_work w = block_keys<BR, BC, SKIP>(p);
+    if (w.kv_begin >= w.kv_end) return;  // causal: this query tile has fewer key ranges
+    const size_t head = (size_t)blockIdx.y * (size_t)p.N * D;  // (batch, head) offset
+    const size_t range = head + (size_t)w.kv_begin * D;        // offset of the range's keys
+    const int N = p.N - w.kv_begin;    // keys from the range's first to the end of the row
+    const int q0 = w.q0 - w.kv_begin;  // the block's first query row, as a key index
+    const int kv_end = w.kv_end - w.kv_begin;
+
     // Shared memory, each tile named by its shared-space address (what ldmatrix, cp.async and
     // st.shared take): Q_smem [BR, D] (O staging at the end), K_smem and V_smem [BC, D], swizzled.
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t Q_smem = smem_u32(smem), K_smem = Q_smem + BR * ROW_BYTES,
                    V_smem = K_smem + BC * ROW_BYTES;
 
-    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int warp = (int)threadIdx.x / WARP_SIZE;
 
-    // Causal: the last query tiles have the most key tiles; launch them first so the short
-    // ones fill the tail of the grid.
-    const int q_tile = causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
-    const int q0 = q_tile * BR;                              // first query row of the block
-    const size_t head = (size_t)blockIdx.y * (size_t)N * D;  // (batch, head) offset
-
-    // Keys this block visits: [0, kv_end), in tiles of BC. Causal: up to the block's last real
-    // query row (later tiles are skipped). Tiles starting at or after mask_from need a mask:
-    // they hold keys > the block's first query row (causal) or keys >= N (the tail tile); all
-    // earlier tiles take the fast path. Tile k0 is unmasked iff k0 + BC - 1 <= q0.
-    const int q_end = min(q0 + BR, N);  // one past the block's last real query row
-    int kv_end = N, mask_from = N / BC * BC;
-    if (causal && SKIP) {
-        kv_end = q_end;
-        mask_from = min(mask_from, (q0 + 1) / BC * BC);
-    } else if (causal) {
-        mask_from = 0;  // noskip: every tile is processed and masked
-    }
-
-    // ldmatrix addresses. Every x4 load below reads a 16 x 16 block of a tile as four 8 x 8
-    // matrices. For Q (A operand) and V (B operand, transposed) the order is (rows 0-7, cols
-    // 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15): lane l
-    // addresses block row l % 16, chunk bit l / 16. The block at chunk pair c (columns 16c..
-    // 16c+15) has logical chunk 2c + l / 16, stored at (2c + l / 16) ^ (row % 8) =
-    // 2c ^ ((l / 16) ^ (l % 8)): one per-lane offset, XOR (c * X4_BYTES). That XOR only
-    // touches bits below ROW_BYTES, so it commutes with adding whole rows.
-    // K (B operand, untransposed) is read in the order (rows 0-7, cols 0-7), (rows 0-7, cols
-    // 8-15), (rows 8-15, cols 0-7), (rows 8-15, cols 8-15): lane l addresses row
-    // l % 8 + 8 (l / 16), chunk bit (l / 8) % 2. Then each key block's b0 and b1 come back in
-    // adjacent registers, as the mma instruction takes them; in the other order the compiler
-    // must first copy every pair into place (about 230 moves per key tile at D = 128).
-    const uint32_t ln = (uint32_t)lane;  // unsigned: / and % by powers of 2 are shifts and masks
-    const uint32_t sw = SWIZZLE ? ln % MATRIX_ROWS : 0;
-    const uint32_t lane_off = ln % X4_DIM * ROW_BYTES + (ln / X4_DIM ^ sw) * CHUNK_BYTES;
-    const uint32_t k_lane_off = (ln % MATRIX_ROWS + ln / X4_DIM * MATRIX_ROWS) * ROW_BYTES +
-                                (ln / MATRIX_ROWS % 2 ^ sw) * CHUNK_BYTES;
     const uint32_t Q_warp = Q_smem + warp * RPW * ROW_BYTES;  // this warp's Q rows
 
-    // Prologue: Q tile and key tile 0.
+    // Prologue: Q tile and the range's first key tile.
     {
         uint4 stage_q[chunks_per_thread(BR, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
-        tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, Q + head + (size_t)q0 * D, N - q0);
-        tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_smem, K + head, N);
+        tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, p.Q + head + (size_t)w.q0 * D,
+                                            p.N - w.q0);
+        tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_smem, p.K + range, N);
         tile_finish<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem);
         tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
-    __syncthreads();  // Q_smem and K_smem (tile 0) written by all threads, visible to all warps
+    __syncthreads();  // Q_smem and K_smem (first tile) written by all threads, visible to all warps
 
     uint32_t q_frag[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
-    if constexpr (Q_IN_REGS) load_q_fragments<ROW_BYTES>(q_frag, Q_warp, lane_off);
+    if constexpr (Q_IN_REGS)
+        load_q_fragments<ROW_BYTES>(q_frag, Q_warp, a_lane_offset<ROW_BYTES, SWIZZLE>());
 
     // Online softmax state, in the log2 domain: m_i = running max of scale*log2(e) * q.k,
     // l_i = this lane's part of the running sum of 2^(s - m_i) (the 4 lanes of a row are summed
@@ -672,8 +764,8 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1)
 
     // The key loop is the pipeline schedule (README.md, "Pipeline"): two barriers per tile,
     // V_j in flight during S, K_{j+1} during the softmax (EARLY_K) or P V.
-    for (int k0 = 0; k0 < kv_end; k0 += BC) {     // key tile j = k0 / BC
-        const size_t kv = head + (size_t)k0 * D;  // offset of K_j and V_j
+    for (int k0 = 0; k0 < kv_end; k0 += BC) {      // key tile j = k0 / BC of the range
+        const size_t kv = range + (size_t)k0 * D;  // offset of K_j and V_j
         const bool has_next = k0 + BC < kv_end;
         uint4 stage_v[chunks_per_thread(BC, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
@@ -681,27 +773,87 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1)
         uint32_t P[MT][KC][4];
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
-        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, V + kv, N - k0);
-        compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem, lane_off, k_lane_off);
+        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, p.V + kv, N - k0);
+        compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem,
+                                                 a_lane_offset<ROW_BYTES, SWIZZLE>(),
+                                                 k_lane_offset<ROW_BYTES, SWIZZLE>());
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
         if (EARLY_K && has_next) {
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, K + kv + BC * D,
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + kv + BC * D,
                                                            N - (k0 + BC));
         }
-        if (k0 >= mask_from) mask_scores<RPW>(S, k0, q0, N, causal);
-        online_softmax<LAZY>(S, m_i, l_i, O_acc, P, scale_log2);
+        if (needs_mask<BC, SKIP>(k0, q0, N, p.causal)) mask_scores<RPW>(S, k0, q0, N, p.causal);
+        online_softmax<LAZY>(S, m_i, l_i, O_acc, P, p.scale_log2);
         if (!EARLY_K && has_next) {
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, K + kv + BC * D,
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + kv + BC * D,
                                                            N - (k0 + BC));
         }
-        accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, lane_off);
+        accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
         if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
 
-    const int row0 = q0 + warp * RPW;  // this warp's first query row
-    store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, O + head + (size_t)row0 * D,
-                             lse + (size_t)blockIdx.y * N + row0, N - row0);
+    const int first = w.q0 + warp * RPW;                   // this warp's first row
+    const size_t row0 = (size_t)blockIdx.y * p.N + first;  // in [B * H, N]
+    const int rows_left = p.N - first;                     // rows of it inside N
+    if (p.splits == 1) {
+        store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, p.O + row0 * D, p.lse + row0, rows_left);
+    } else {
+        const int split = block_index_x() % p.splits;                // which key range (block_keys)
+        const size_t part = (size_t)split * gridDim.y * p.N + row0;  // [split, B * H, N]
+        store_partial<D>(O_acc, m_i, l_i, p.O_part + part * D, p.lse_part + part, rows_left);
+    }
+}
+
+// Merges the key ranges of split-KV, one row at a time (FA2's combine). Range s of a row
+// holds O_s (normalised by its own sum l_s) and lse_s = log(l_s) + its max, so the whole
+// row's sum is l = sum_s exp(lse_s) and O = sum_s (l_s / l) O_s = sum_s exp(lse_s - lse) O_s.
+// In that order, safely: first the largest lse_s, then sum exp(lse_s - max) (every term <= 1,
+// the largest exactly 1: no overflow, and the sum cannot underflow to 0), lse = max + log(sum),
+// then weights exp(lse_s - lse) <= 1. Ranges with no key for the row (lse_s = -inf) weigh 0.
+// COMBINE_LANES threads per row, 4 columns each (16-byte loads of O_s).
+constexpr int COMBINE_THREADS = 128;
+
+typedef struct {
+    const float *O_part;    // [splits, B * H, N, D]
+    const float *lse_part;  // [splits, B * H, N]
+    __half *O;              // [B, H, N, D]
+    float *lse;             // [B, H, N]
+    long long rows;         // B * H * N
+    int N, BR, BC;          // shape and the attention kernel's tiles
+    int splits, split_tiles, causal_skip;
+} combine_params;
+
+template <int D>
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_params p) {
+    constexpr int COMBINE_LANES = D / 4;
+    const int lane = (int)threadIdx.x % COMBINE_LANES;
+    const long long row =
+        (long long)blockIdx.x * (COMBINE_THREADS / COMBINE_LANES) + threadIdx.x / COMBINE_LANES;
+    if (row >= p.rows) return;
+    int ranges = p.splits;  // causal: as many as this row's query tile was given (block_keys)
+    if (p.causal_skip) {
+        const int q0 = (int)(row % p.N) / p.BR * p.BR;
+        const int tiles = (min(q0 + p.BR, p.N) + p.BC - 1) / p.BC;
+        ranges = (tiles + p.split_tiles - 1) / p.split_tiles;
+    }
+    const float *lse_s = p.lse_part + row;
+    float mx = -INFINITY;
+    for (int s = 0; s < ranges; ++s) mx = fmaxf(mx, lse_s[s * p.rows]);
+    const float base = mx == -INFINITY ? 0.f : mx;  // no key at all: every weight 0
+    float sum = 0.f;
+    for (int s = 0; s < ranges; ++s) sum += expf(lse_s[s * p.rows] - base);
+    const float lse = base + logf(sum);
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < ranges; ++s) {
+        const float wt = expf(lse_s[s * p.rows] - lse);
+        const float4 x = reinterpret_cast<const float4 *>(p.O_part + (s * p.rows + row) * D)[lane];
+        o.x += wt * x.x, o.y += wt * x.y, o.z += wt * x.z, o.w += wt * x.w;
+    }
+    uint2 packed;
+    packed.x = pack_half2(o.x, o.y), packed.y = pack_half2(o.z, o.w);
+    reinterpret_cast<uint2 *>(p.O + row * D)[lane] = packed;
+    if (lane == 0) p.lse[row] = lse;
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */
@@ -713,6 +865,7 @@ enum {
     VARIANT_NOSKIP,
     VARIANT_EAGER_RESCALE,
     VARIANT_LAZY_RESCALE,
+    VARIANT_NOSPLIT,
     VARIANTS
 };
 
@@ -720,15 +873,11 @@ static size_t smem_bytes(tile_config c, int D) {
     return (size_t)(c.BR + 2 * c.BC) * D * sizeof(__half);
 }
 
-// The PTX architecture the kernels were compiled for on this device (75 for a compute_75 PTX
-// build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
-static cudaError_t kernel_arch(int *arch) {
-    cudaFuncAttributes fa;
-    const cudaError_t err = cudaFuncGetAttributes(
-        &fa,
-        (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true, false>);
-    *arch = err == cudaSuccess ? fa.ptxVersion : 0;
-    return err;
+// Blocks of `smem` bytes that fit in one SM's shared memory when a block may use at most
+// `smem_limit` (an SM holds the per-block limit + 1 KB, and each block reserves 1 KB more).
+// This is what a T4 or L4 fits, also when --smem-limit imitates one on a larger GPU.
+static int blocks_fit(size_t smem, size_t smem_limit) {
+    return (int)((smem_limit + 1024) / (smem + 1024));
 }
 
 // Tiles for this head dim, code arch and shared-memory limit: the first that fits of
@@ -737,11 +886,10 @@ static tile_config choose_tiles(int D, int arch, size_t smem_limit) {
     const tile_config none = {0, 0, 0};
     if (arch >= 80) {
         const tile_config c = D == 64 ? SM80_D64 : SM80_D128;
-        // An SM holds the per-block limit + 1 KB and each block reserves 1 KB more: two blocks
-        // fit when 2 * (smem + 1 KB) <= limit + 1 KB.
-        if (2 * (smem_bytes(c, D) + 1024) <= smem_limit + 1024 ||
-            (D == 64 && smem_bytes(c, D) <= smem_limit))
+        if (blocks_fit(smem_bytes(c, D), smem_limit) >= 2 ||
+            (D == 64 && smem_bytes(c, D) <= smem_limit)) {
             return c;
+        }
         if (D == 128 && smem_bytes(SMALL_SMEM_D128, D) <= smem_limit) return SMALL_SMEM_D128;
     }
     return smem_bytes(SM75, D) <= smem_limit ? SM75 : none;
@@ -749,6 +897,256 @@ static tile_config choose_tiles(int D, int arch, size_t smem_limit) {
 
 static bool same_tiles(tile_config a, tile_config b) {
     return a.BR == b.BR && a.BC == b.BC && a.WARPS == b.WARPS;
+}
+
+// What the driver is asked once per device (or per kernel and device), not per launch: a
+// launch of FA2 pays for none of it, and host time between the timing events counts.
+constexpr int MAX_DEVICES = 64;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static cudaError_t current_device(int *device) {
+    ATTN_TRY(cudaGetDevice(device));
+    if (*device < 0 || *device >= MAX_DEVICES) {
+        fprintf(stderr, "stage5_tuned: device %d: at most %d devices\n", *device, MAX_DEVICES);
+        return cudaErrorInvalidDevice;
+    }
+    return cudaSuccess;
+}
+
+typedef void (*attention_fn)(fwd_params);
+
+// One kernel instantiation and, per device, how many of its blocks fit on one SM (0: not
+// asked yet; asking also raises its dynamic shared-memory limit).
+typedef struct {
+    attention_fn fn;
+    int blocks_per_sm[MAX_DEVICES];
+} kernel_entry;
+
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
+static kernel_entry *entry() {
+    static kernel_entry e = {attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>,
+                             {0}};
+    return &e;
+}
+
+// The variants are instantiations of the same kernel with one lesson switched off.
+template <int D, int BR, int BC, int WARPS>
+static kernel_entry *variant_entry(int variant, bool lazy) {
+    switch (variant) {
+        case VARIANT_NOSWIZZLE:
+            return entry<D, BR, BC, WARPS, false, true, true, false>();
+        case VARIANT_SINGLE_STAGE:
+            return entry<D, BR, BC, WARPS, true, false, true, false>();
+        case VARIANT_NOSKIP:
+            return entry<D, BR, BC, WARPS, true, true, false, false>();
+        default:  // default, nosplit, eager_rescale, lazy_rescale: the launcher picks LAZY
+            return lazy ? entry<D, BR, BC, WARPS, true, true, true, true>()
+                        : entry<D, BR, BC, WARPS, true, true, true, false>();
+    }
+}
+
+#define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy)
+
+static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy) {
+    if (D == 64 && same_tiles(c, SM80_D64)) return VARIANT_ENTRY(64, SM80_D64);
+    if (D == 64 && same_tiles(c, SM75)) return VARIANT_ENTRY(64, SM75);
+    if (D == 128 && same_tiles(c, SM80_D128)) return VARIANT_ENTRY(128, SM80_D128);
+    if (D == 128 && same_tiles(c, SMALL_SMEM_D128)) return VARIANT_ENTRY(128, SMALL_SMEM_D128);
+    if (D == 128 && same_tiles(c, SM75)) return VARIANT_ENTRY(128, SM75);
+    return NULL;
+}
+
+// Per device, once: raise the kernel's shared-memory limit and ask how many blocks fit per SM.
+static cudaError_t kernel_ready(kernel_entry *k, int device, size_t smem, int threads) {
+    if (k->blocks_per_sm[device] > 0) return cudaSuccess;
+    if (smem > 48 * 1024) {
+        ATTN_TRY(cudaFuncSetAttribute((const void *)k->fn,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    int blocks = 0;
+    ATTN_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)k->fn, threads, smem));
+    k->blocks_per_sm[device] = blocks > 0 ? blocks : 1;
+    return cudaSuccess;
+}
+
+// The PTX architecture the kernels were compiled for on this device (75 for a compute_75 PTX
+// build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
+// Asked once per device.
+static cudaError_t kernel_arch(int *arch) {
+    static int arch_of[MAX_DEVICES];
+    int device = 0;
+    ATTN_TRY(current_device(&device));
+    pthread_mutex_lock(&cache_lock);
+    *arch = arch_of[device];
+    pthread_mutex_unlock(&cache_lock);
+    if (*arch) return cudaSuccess;
+    cudaFuncAttributes fa;
+    const cudaError_t err = cudaFuncGetAttributes(
+        &fa,
+        (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true, false>);
+    *arch = err == cudaSuccess ? fa.ptxVersion : 0;
+    pthread_mutex_lock(&cache_lock);
+    arch_of[device] = *arch;
+    pthread_mutex_unlock(&cache_lock);
+    return err;
+}
+
+/* ---- split-KV: how many key ranges ------------------------------------------------------- */
+
+// A query tile's B * H * ceil(N / BR) blocks fill the GPU's slots (SMs x blocks per SM) in
+// waves; a grid of 32 blocks on 264 slots (B = H = 1, N = 4096, H200) leaves 88% of them idle,
+// and 384 blocks (N = 49,152) make 1.45 waves: the second wave runs at 45%. Cutting each query
+// tile's keys into ranges gives more, shorter blocks. FA2 (num_splits_heuristic) estimates the
+// wave efficiency of each split count and takes the smallest within 85% of the best; here the
+// same rule, with the efficiency taken from the block scheduler's own rule: in launch order,
+// each block goes to the slot that frees first. Causal query tiles have different numbers of
+// key tiles, so the keys are cut by work: every range has split_tiles key tiles (the tile's
+// last range fewer), and a short query tile gets fewer ranges. Each range also pays for a
+// prologue (Q and its first K tile) and an fp32 epilogue: SPLIT_OVERHEAD_TILES key tiles' worth
+// (an estimate: about 48 KB of loads and 64 KB of stores against 32 KB of K and V per tile).
+constexpr int MAX_SPLITS = 128;         // FA2's cap; bounds the workspace too
+constexpr double SPLIT_SLACK = 0.85;    // the fewest splits within this share of the best
+constexpr int FULL_WAVES = 6;           // from 6 waves on, the last one costs < 1/7: no split
+constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves are not tried
+constexpr double SPLIT_OVERHEAD_TILES = 1.0;
+
+static int ceil_div(long long a, long long b) {
+    return (int)((a + b - 1) / b);
+}
+
+// Key tiles of query tile q (causal with skipping: up to its last real row).
+static int query_tile_keys(const attn_shape *s, tile_config c, bool causal_skip, int q) {
+    if (!causal_skip) return ceil_div(s->N, c.BC);
+    return ceil_div(s->N < (q + 1) * c.BR ? s->N : (q + 1) * c.BR, c.BC);
+}
+
+// Useful work / (slots x time), in key tiles, for ranges of `per` tiles: the blocks in launch
+// order (heads, then query tiles, heaviest first if causal, then ranges), each to the slot
+// that frees first (a binary min-heap of the slots' finish times).
+static double split_efficiency(const attn_shape *s, tile_config c, bool causal_skip, int slots,
+                               int per, double *heap) {
+    const int q_tiles = ceil_div(s->N, c.BR);
+    double work = 0.;
+    for (int i = 0; i < slots; ++i) heap[i] = 0.;
+    for (int bh = 0; bh < s->B * s->H; ++bh) {
+        for (int qi = 0; qi < q_tiles; ++qi) {
+            const int tiles =
+                query_tile_keys(s, c, causal_skip, causal_skip ? q_tiles - 1 - qi : qi);
+            for (int k = 0; k < tiles; k += per) {
+                const int t = tiles - k < per ? tiles - k : per;
+                work += t;
+                heap[0] += t + SPLIT_OVERHEAD_TILES;  // the earliest-free slot takes it
+                for (int i = 0;;) {                   // sift down
+                    int j = 2 * i + 1;
+                    if (j >= slots) break;
+                    if (j + 1 < slots && heap[j + 1] < heap[j]) ++j;
+                    if (heap[i] <= heap[j]) break;
+                    const double x = heap[i];
+                    heap[i] = heap[j], heap[j] = x, i = j;
+                }
+            }
+        }
+    }
+    double end = 0.;
+    for (int i = 0; i < slots; ++i) end = heap[i] > end ? heap[i] : end;
+    return work / (slots * end);
+}
+
+// Key ranges per query tile (1: no split) and key tiles per range.
+static int choose_splits(const attn_shape *s, tile_config c, bool causal_skip, int slots,
+                         int *split_tiles) {
+    const int T = ceil_div(s->N, c.BC);
+    const long long blocks = (long long)s->B * s->H * ceil_div(s->N, c.BR);
+    *split_tiles = T;
+    if (blocks >= (long long)FULL_WAVES * slots || T < 2) return 1;
+    double *heap = (double *)malloc(sizeof(double) * slots);
+    if (!heap) return 1;
+    double eff[MAX_SPLITS + 1] = {0.}, best = 0.;
+    const int most = T < MAX_SPLITS ? T : MAX_SPLITS;
+    for (int n = 1; n <= most; ++n) {
+        // n ranges of ceil(T / n) tiles; skip n when that is the same cut as n - 1 (FA2's
+        // "eligible" splits) and stop past MAX_SIMULATED_WAVES waves of blocks.
+        if (n > 1 && ceil_div(T, n) == ceil_div(T, n - 1)) continue;
+        if (n > 1 && blocks * n > (long long)MAX_SIMULATED_WAVES * slots) break;
+        eff[n] = split_efficiency(s, c, causal_skip, slots, ceil_div(T, n), heap);
+        best = eff[n] > best ? eff[n] : best;
+    }
+    free(heap);
+    for (int n = 1; n <= most; ++n) {
+        if (eff[n] > 0. && eff[n] >= SPLIT_SLACK * best) {
+            *split_tiles = ceil_div(T, n);
+            return ceil_div(T, *split_tiles);
+        }
+    }
+    return 1;
+}
+
+/* ---- the launch plan --------------------------------------------------------------------- */
+
+// Everything forward() decides before launching, computed once per shape and device (the last
+// one is kept; a benchmark launches the same shape many times).
+typedef struct {
+    attn_shape shape;  // key: shape, device, variant, limits, whether a workspace is given
+    int device, variant, sm_count, allow_split;
+    size_t smem_limit;
+    tile_config tiles;  // value
+    kernel_entry *kernel;
+    size_t smem;
+    int splits, split_tiles, causal_skip;
+} fwd_plan;
+
+static bool same_key(const fwd_plan *a, const fwd_plan *b) {
+    return a->shape.B == b->shape.B && a->shape.H == b->shape.H && a->shape.N == b->shape.N &&
+           a->shape.D == b->shape.D && a->shape.causal == b->shape.causal &&
+           a->device == b->device && a->variant == b->variant && a->sm_count == b->sm_count &&
+           a->allow_split == b->allow_split && a->smem_limit == b->smem_limit;
+}
+
+static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int variant,
+                             bool allow_split, fwd_plan *plan) {
+    static fwd_plan last;  // last.kernel == NULL: none yet
+    memset(plan, 0, sizeof *plan);
+    plan->shape = *s, plan->shape.scale = 0.f;  // the scale does not change the plan
+    plan->variant = variant, plan->sm_count = dev->sm_count, plan->allow_split = allow_split;
+    plan->smem_limit = dev->smem_per_block;
+    ATTN_TRY(current_device(&plan->device));
+    pthread_mutex_lock(&cache_lock);
+    const bool hit = last.kernel && same_key(&last, plan);
+    if (hit) *plan = last;
+    pthread_mutex_unlock(&cache_lock);
+    if (hit) return cudaSuccess;
+
+    int arch = 0;
+    ATTN_TRY(kernel_arch(&arch));
+    const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
+    const size_t smem = smem_bytes(c, s->D);
+    const int threads = c.WARPS * 32;
+    kernel_entry *k = kernel_for(s->D, c, variant, false);
+    if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
+    ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
+    int per_sm = k->blocks_per_sm[plan->device];
+    const int fit = blocks_fit(smem, dev->smem_per_block);  // an imitated T4 or L4 fits fewer
+    per_sm = fit < per_sm ? (fit > 0 ? fit : 1) : per_sm;
+
+    plan->tiles = c, plan->smem = smem;
+    plan->causal_skip = s->causal && variant != VARIANT_NOSKIP;
+    plan->split_tiles = ceil_div(s->N, c.BC), plan->splits = 1;
+    if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
+        plan->splits =
+            choose_splits(s, c, plan->causal_skip, dev->sm_count * per_sm, &plan->split_tiles);
+    }
+    // Lazy rescaling pays from LAZY_MIN_N keys per block on (eager_rescale: never).
+    const long long keys = (long long)plan->split_tiles * c.BC;
+    const bool lazy = variant == VARIANT_LAZY_RESCALE ||
+                      ((variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT) &&
+                       (keys < s->N ? keys : s->N) >= LAZY_MIN_N);
+    plan->kernel = kernel_for(s->D, c, variant, lazy);
+    ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
+    pthread_mutex_lock(&cache_lock);
+    last = *plan;
+    pthread_mutex_unlock(&cache_lock);
+    return cudaSuccess;
 }
 
 static const char *attention_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
@@ -768,55 +1166,21 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     return NULL;
 }
 
+// Split-KV's partial results: O_part [splits, B * H, N, D] then lse_part [splits, B * H, N],
+// fp32. Nothing when the grid fills the GPU by itself.
 static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
-    (void)s, (void)dev, (void)variant;
-    return 0;  // fused: nothing beyond O and lse
-}
-
-template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
-static cudaError_t launch(const attn_shape *s, const __half *Q, const __half *K, const __half *V,
-                          __half *O, float *lse, cudaStream_t stream) {
-    void (*kernel)(const __half *, const __half *, const __half *, __half *, float *, int, int,
-                   float) = attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>;
-    const tile_config tiles = {BR, BC, WARPS};
-    const size_t smem = smem_bytes(tiles, D);
-    if (smem > 48 * 1024)
-        ATTN_TRY(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid((unsigned)((s->N + BR - 1) / BR), (unsigned)(s->B * s->H));
-    const float scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
-    kernel<<<grid, WARPS * 32, smem, stream>>>(Q, K, V, O, lse, s->N, s->causal, scale_log2);
-    ATTN_TRY(cudaGetLastError());
-    return cudaSuccess;
-}
-
-// The variants are instantiations of the same kernel with one lesson switched off.
-template <int D, int BR, int BC, int WARPS>
-static cudaError_t launch_variant(const attn_shape *s, const __half *Q, const __half *K,
-                                  const __half *V, __half *O, float *lse, int variant,
-                                  cudaStream_t stream) {
-    switch (variant) {
-        case VARIANT_NOSWIZZLE:
-            return launch<D, BR, BC, WARPS, false, true, true, false>(s, Q, K, V, O, lse, stream);
-        case VARIANT_SINGLE_STAGE:
-            return launch<D, BR, BC, WARPS, true, false, true, false>(s, Q, K, V, O, lse, stream);
-        case VARIANT_NOSKIP:
-            return launch<D, BR, BC, WARPS, true, true, false, false>(s, Q, K, V, O, lse, stream);
-        default:  // default: eager below LAZY_MIN_N keys, lazy from there on
-            if (variant == VARIANT_LAZY_RESCALE ||
-                (variant == VARIANT_DEFAULT && s->N >= LAZY_MIN_N))
-                return launch<D, BR, BC, WARPS, true, true, true, true>(s, Q, K, V, O, lse, stream);
-            return launch<D, BR, BC, WARPS, true, true, true, false>(s, Q, K, V, O, lse, stream);
+    fwd_plan plan;
+    if (attention_unsupported(s, dev, variant) || make_plan(s, dev, variant, true, &plan)) {
+        cudaGetLastError();
+        return 0;  // forward() reports the error
     }
+    if (plan.splits == 1) return 0;
+    return (size_t)plan.splits * s->B * s->H * s->N * (s->D + 1) * sizeof(float);
 }
-
-#define LAUNCH_TILES(D_, C) \
-    launch_variant<D_, C.BR, C.BC, C.WARPS>(s, q, k, v, o, lse, variant, stream)
 
 static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev, const void *Q,
                                      const void *K, const void *V, void *O, float *lse,
                                      void *workspace, int variant, cudaStream_t stream) {
-    (void)workspace;
     const char *why = attention_unsupported(s, dev, variant);
     if (why) {
         fprintf(stderr, "stage5_tuned: %s\n", why);
@@ -827,25 +1191,50 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
         fprintf(stderr, "stage5_tuned: Q, K, V and O must be 16-byte aligned\n");
         return cudaErrorMisalignedAddress;
     }
-    int arch = 0;
-    ATTN_TRY(kernel_arch(&arch));
-    const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
-    const __half *q = (const __half *)Q, *k = (const __half *)K, *v = (const __half *)V;
-    __half *o = (__half *)O;
-    if (s->D == 64 && same_tiles(c, SM80_D64)) return LAUNCH_TILES(64, SM80_D64);
-    if (s->D == 64 && same_tiles(c, SM75)) return LAUNCH_TILES(64, SM75);
-    if (s->D == 128 && same_tiles(c, SM80_D128)) return LAUNCH_TILES(128, SM80_D128);
-    if (s->D == 128 && same_tiles(c, SMALL_SMEM_D128)) return LAUNCH_TILES(128, SMALL_SMEM_D128);
-    if (s->D == 128 && same_tiles(c, SM75)) return LAUNCH_TILES(128, SM75);
-    return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these first
+    fwd_plan plan;  // without a workspace: one pass, as nosplit
+    ATTN_TRY(make_plan(s, dev, variant, workspace != NULL, &plan));
+    const long long rows = (long long)s->B * s->H * s->N;
+    fwd_params p;
+    p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
+    p.O = (__half *)O, p.lse = lse;
+    p.O_part = (float *)workspace;
+    p.lse_part = plan.splits > 1 ? p.O_part + (size_t)plan.splits * rows * s->D : NULL;
+    p.N = s->N, p.causal = s->causal, p.splits = plan.splits, p.split_tiles = plan.split_tiles;
+    p.scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
+    const dim3 grid((unsigned)(ceil_div(s->N, plan.tiles.BR) * plan.splits),
+                    (unsigned)(s->B * s->H));
+    plan.kernel->fn<<<grid, plan.tiles.WARPS * 32, plan.smem, stream>>>(p);
+    ATTN_TRY(cudaGetLastError());
+    if (plan.splits == 1) return cudaSuccess;
+
+    const combine_params cp = {p.O_part,
+                               p.lse_part,
+                               p.O,
+                               lse,
+                               rows,
+                               s->N,
+                               plan.tiles.BR,
+                               plan.tiles.BC,
+                               plan.splits,
+                               plan.split_tiles,
+                               plan.causal_skip};
+    const unsigned rows_per_block = COMBINE_THREADS / (s->D / 4);
+    const unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
+    if (s->D == 64) {
+        combine_kernel<64><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
+    } else {
+        combine_kernel<128><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
+    }
+    ATTN_TRY(cudaGetLastError());
+    return cudaSuccess;
 }
 
 extern "C" const attn_stage attn_this_stage = {
     "stage5_tuned",
     "FA2-style: mma.sync + ldmatrix, S/P in registers, swizzled smem, cp.async K/V overlap, "
-    "exp2, causal tile skipping, tiles per arch and D",
+    "exp2, causal tile skipping, tiles per arch and D, split-KV",
     ATTN_F16,
-    "default,noswizzle,single_stage,noskip,eager_rescale,lazy_rescale",
+    "default,noswizzle,single_stage,noskip,eager_rescale,lazy_rescale,nosplit",
     attention_unsupported,
     attention_workspace_bytes,
     attention_forward,

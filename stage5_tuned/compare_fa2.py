@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""Stage 5 against FlashAttention-2, side by side, in one run on one GPU.
+"""Course stages against FlashAttention-2 and cuDNN, side by side, in one run on one GPU.
 
 For every shape, times PyTorch's FLASH_ATTENTION backend of scaled_dot_product_attention
-(FlashAttention-2; inputs [B, H, N, D] fp16) with CUDA events, then runs the stage 5 program on
-the same shape and reads its median time from the CSV row. Prints a table and the geometric
-mean and minimum of FA2 time / stage 5 time over the fa2 shapes (> 1: stage 5 is faster).
+(FlashAttention-2) and its CUDNN_ATTENTION backend (cuDNN's fused attention, PyTorch's default
+on Hopper) with CUDA events, inputs [B, H, N, D] fp16, then runs each stage program given with
+--binary on the same shape and reads its median time from the CSV row. Prints a table and, per
+program, the geometric mean and minimum of FA2 time / stage time and of cuDNN time / stage
+time (> 1: the stage is faster), over the fa2 shapes and over the long shapes.
 
 Shapes: fa2 = B*N = 16384 tokens, H = 2048 / D, N in 1k..16k, D in {64, 128}, causal 0/1;
-long = B = H = 1, N = 262144, D = 128.
+long = B = H = 1, D = 128: N = 262144 only, or with --long the whole long sweep (1k..256k).
 
-usage: python3 stage5_tuned/compare_fa2.py [--binary build/stage5_tuned] [--quick] [--csv OUT]
+--binary may be given several times (each program a column; PATH@VARIANT runs --variant
+VARIANT). A program that exits 3 (unsupported on this GPU, e.g. stage 6 off Hopper) shows n/a.
+
+usage: python3 stage5_tuned/compare_fa2.py [--binary PROG[@VARIANT]]... [--quick] [--long]
+                                           [--no-fa2-shapes] [--csv OUT]
 """
 import argparse
 import csv
@@ -19,31 +25,43 @@ import os
 import subprocess
 import sys
 
-REPS = 20  # timed repetitions per FA2 shape (median); at least 10
+REPS = 20  # timed repetitions per PyTorch shape (median); at least 10
 WARMUP = 3
+LONG_NS = (1024, 2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536, 131072, 262144)
+EXIT_UNSUPPORTED = 3
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
-    p.add_argument("--binary", default=os.path.join(here, "..", "build", "stage5_tuned"),
-                   help="stage 5 program (default: build/stage5_tuned)")
-    p.add_argument("--quick", action="store_true", help="N up to 4096 only (no long shape)")
+    p.add_argument("--binary", action="append", metavar="PROG[@VARIANT]",
+                   help="stage program, repeatable (default: build/stage5_tuned)")
+    p.add_argument("--quick", action="store_true", help="N up to 4096 only")
+    p.add_argument("--long", action="store_true",
+                   help="the whole long sweep (B = H = 1, D = 128, N = 1k..256k)")
+    p.add_argument("--no-fa2-shapes", action="store_true", help="skip the fa2 shapes")
     p.add_argument("--csv", metavar="OUT", help="also write the table as CSV to OUT")
-    return p.parse_args()
+    args = p.parse_args()
+    if not args.binary:
+        args.binary = [os.path.join(here, "..", "build", "stage5_tuned")]
+    return args
 
 
-def shapes(quick):
+def shapes(args):
     """(kind, B, H, N, D, causal) in table order."""
     out = []
-    for d in (64, 128):
-        for causal in (0, 1):
-            for n in (1024, 2048, 4096, 8192, 16384):
-                if quick and n > 4096:
-                    continue
-                out.append(("fa2", 16384 // n, 2048 // d, n, d, causal))
-    if not quick:
-        out.append(("long", 1, 1, 262144, 128, 0))
+    if not args.no_fa2_shapes:
+        for d in (64, 128):
+            for causal in (0, 1):
+                for n in (1024, 2048, 4096, 8192, 16384):
+                    if args.quick and n > 4096:
+                        continue
+                    out.append(("fa2", 16384 // n, 2048 // d, n, d, causal))
+    long_ns = LONG_NS if args.long else (262144,)
+    for n in long_ns:
+        if args.quick and n > 4096:
+            continue
+        out.append(("long", 1, 1, n, 128, 0))
     return out
 
 
@@ -52,35 +70,47 @@ def flops(b, h, n, d, causal):
     return f / 2 if causal else f
 
 
-def time_fa2(torch, sdpa_kernel, backend, b, h, n, d, causal):
-    """Median milliseconds of one FA2 forward, L2 flushed before each repetition."""
-    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")  # > any L2
-    f = torch.nn.functional.scaled_dot_product_attention
-    times = []
-    with sdpa_kernel(backend):
-        for _ in range(WARMUP):
-            f(q, k, v, is_causal=bool(causal))
-        for _ in range(REPS):
-            flush.zero_()
-            start = torch.cuda.Event(enable_timing=True)
-            stop = torch.cuda.Event(enable_timing=True)
-            start.record()
-            f(q, k, v, is_causal=bool(causal))
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop))
-    del q, k, v, flush
-    torch.cuda.empty_cache()
+def time_sdpa(torch, sdpa_kernel, backend, b, h, n, d, causal):
+    """Median milliseconds of one SDPA forward on `backend`, L2 flushed before each repetition;
+    None if the backend cannot run the shape here."""
+    try:
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
+        flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")  # > any L2
+        f = torch.nn.functional.scaled_dot_product_attention
+        times = []
+        with sdpa_kernel(backend):
+            for _ in range(WARMUP):
+                f(q, k, v, is_causal=bool(causal))
+            for _ in range(REPS):
+                flush.zero_()
+                start = torch.cuda.Event(enable_timing=True)
+                stop = torch.cuda.Event(enable_timing=True)
+                start.record()
+                f(q, k, v, is_causal=bool(causal))
+                stop.record()
+                stop.synchronize()
+                times.append(start.elapsed_time(stop))
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # no kernel for it, or no memory
+        print("  (%s: %s)" % (backend, str(e).splitlines()[0][:100]), file=sys.stderr)
+        return None
+    finally:
+        q = k = v = flush = None
+        torch.cuda.empty_cache()
     times.sort()
     return times[len(times) // 2]
 
 
-def run_stage5(binary, b, h, n, d, causal):
-    """(ms_median or None, status) from the stage 5 program's CSV row."""
+def run_stage(spec, b, h, n, d, causal):
+    """(ms_median or None, status) from the stage program's CSV row; status n/a if the program
+    says the shape or GPU is unsupported (exit 3)."""
+    binary, _, variant = spec.partition("@")
     cmd = [binary, "--batch", str(b), "--heads", str(h), "--seq", str(n), "--dim", str(d),
            "--bench", "--csv", "--check", "16"] + (["--causal"] if causal else [])
+    if variant:
+        cmd += ["--variant", variant]
     res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode == EXIT_UNSUPPORTED:
+        return None, "n/a"
     rows = list(csv.DictReader(io.StringIO(res.stdout)))
     if not rows:
         msg = (res.stderr.strip().splitlines() or ["no output"])[-1]
@@ -94,6 +124,33 @@ def run_stage5(binary, b, h, n, d, causal):
     return (ms if status == "ok" else None), status
 
 
+def labels(specs):
+    """Column names: the program's file name (and @VARIANT); with its folder where two programs
+    share a file name (build/sm90/stage5_tuned and build/old/stage5_tuned)."""
+    def name(spec, parts):
+        binary, _, variant = spec.partition("@")
+        path = os.path.normpath(binary).split(os.sep)
+        return "/".join(path[-parts:]) + ("@" + variant if variant else "")
+    short = [name(s, 1) for s in specs]
+    return [name(s, 2) if short.count(n) > 1 else n for s, n in zip(specs, short)]
+
+
+def fmt(x, spec="%.3f"):
+    return spec % x if x is not None else "n/a"
+
+
+def ratio(ref_ms, ms):
+    return ref_ms / ms if ref_ms and ms else None
+
+
+def summary(name, kind, rs):
+    rs = [r for r in rs if r is not None]
+    if not rs:
+        return "%s, %s shapes: no ratio" % (name, kind)
+    geo = math.exp(sum(math.log(r) for r in rs) / len(rs))
+    return "geometric mean %.3f, minimum %.3f (%d shapes)" % (geo, min(rs), len(rs))
+
+
 def main():
     args = parse_args()
     try:
@@ -104,43 +161,59 @@ def main():
     except Exception:  # no torch, too old a torch, or no GPU
         print("skipped: no torch/CUDA")
         return 0
-    if not os.access(args.binary, os.X_OK):
-        print("%s: not found (run make build first)" % args.binary, file=sys.stderr)
-        return 2
+    for spec in args.binary:
+        binary = spec.partition("@")[0]
+        if not os.access(binary, os.X_OK):
+            print("%s: not found (run make build first)" % binary, file=sys.stderr)
+            return 2
+    cudnn = getattr(SDPBackend, "CUDNN_ATTENTION", None)
 
     gpu = torch.cuda.get_device_name(0)
-    print("GPU: %s, torch %s; ratio = FA2 time / stage 5 time (> 1: stage 5 faster)" %
-          (gpu, torch.__version__))
-    head = "%-34s %10s %9s %10s %9s %7s  %s" % ("shape", "FA2 ms", "TFLOP/s", "stage5 ms",
-                                               "TFLOP/s", "ratio", "status")
+    names = labels(args.binary)
+    print("GPU: %s, torch %s; /FA2 = FA2 time / stage time, /cuDNN = cuDNN time / stage time "
+          "(> 1: the stage is faster)" % (gpu, torch.__version__))
+    head = "%-32s %8s %8s" % ("shape", "FA2 ms", "cuDNN ms")
+    for nm in names:
+        head += " | %-22s" % nm[-22:]
     print(head)
-    print("-" * len(head))
-    table, ratios = [], []
-    for kind, b, h, n, d, causal in shapes(args.quick):
+    sub = "%-32s %8s %8s" % ("", "", "")
+    for _ in names:
+        sub += " | %8s %6s %6s" % ("ms", "/FA2", "/cuDNN")
+    print(sub)
+    print("-" * len(sub))
+    table = []
+    ratios = {}  # (program, kind, "fa2" | "cudnn") -> [ratio]
+    for kind, b, h, n, d, causal in shapes(args):
         name = "%s B=%d H=%d N=%d D=%d%s" % (kind, b, h, n, d, " causal" if causal else "")
-        fa2_ms = time_fa2(torch, sdpa_kernel, SDPBackend.FLASH_ATTENTION, b, h, n, d, causal)
-        s5_ms, status = run_stage5(args.binary, b, h, n, d, causal)
+        fa2_ms = time_sdpa(torch, sdpa_kernel, SDPBackend.FLASH_ATTENTION, b, h, n, d, causal)
+        cudnn_ms = (time_sdpa(torch, sdpa_kernel, cudnn, b, h, n, d, causal)
+                    if cudnn is not None else None)
+        line = "%-32s %8s %8s" % (name, fmt(fa2_ms), fmt(cudnn_ms))
         fl = flops(b, h, n, d, causal)
-        fa2_tf = fl / (fa2_ms * 1e-3) / 1e12
-        s5_tf = fl / (s5_ms * 1e-3) / 1e12 if s5_ms else float("nan")
-        ratio = fa2_ms / s5_ms if s5_ms else float("nan")
-        if kind == "fa2" and s5_ms:
-            ratios.append(ratio)
-        print("%-34s %10.3f %9.1f %10s %9.1f %7.3f  %s" %
-              (name, fa2_ms, fa2_tf, "%.3f" % s5_ms if s5_ms else "-", s5_tf, ratio, status),
-              flush=True)
-        table.append([gpu, kind, b, h, n, d, causal, "%.4f" % fa2_ms, "%.1f" % fa2_tf,
-                      "%.4f" % s5_ms if s5_ms else "", "%.1f" % s5_tf if s5_ms else "",
-                      "%.4f" % ratio if s5_ms else "", status])
-    if ratios:
-        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        print("fa2 shapes: geometric mean ratio %.3f, minimum %.3f (%d shapes)" %
-              (geo, min(ratios), len(ratios)))
+        for spec, nm in zip(args.binary, names):
+            ms, status = run_stage(spec, b, h, n, d, causal)
+            rf, rc = ratio(fa2_ms, ms), ratio(cudnn_ms, ms)
+            ratios.setdefault((nm, kind, "fa2"), []).append(rf)
+            ratios.setdefault((nm, kind, "cudnn"), []).append(rc)
+            line += " | %8s %6s %6s" % (fmt(ms), fmt(rf), fmt(rc))
+            if status not in ("ok", "n/a"):
+                line += " [%s]" % status
+            table.append([gpu, kind, b, h, n, d, causal, fmt(fa2_ms, "%.4f"),
+                          fmt(cudnn_ms, "%.4f"), nm, fmt(ms, "%.4f"),
+                          fmt(fl / (ms * 1e-3) / 1e12 if ms else None, "%.1f"),
+                          fmt(rf, "%.4f"), fmt(rc, "%.4f"), status])
+        print(line, flush=True)
+    kinds = [k for k in ("fa2", "long") if any(s[0] == k for s in shapes(args))]
+    for nm in names:
+        for kind in kinds:
+            print("%s, %s shapes: vs FA2 %s; vs cuDNN %s" %
+                  (nm, kind, summary(nm, kind, ratios.get((nm, kind, "fa2"), [])),
+                   summary(nm, kind, ratios.get((nm, kind, "cudnn"), []))))
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["gpu", "shape", "B", "H", "N", "D", "causal", "fa2_ms", "fa2_tflops",
-                        "stage5_ms", "stage5_tflops", "ratio", "status"])
+            w.writerow(["gpu", "shape", "B", "H", "N", "D", "causal", "fa2_ms", "cudnn_ms",
+                        "program", "ms", "tflops", "ratio_fa2", "ratio_cudnn", "status"])
             w.writerows(table)
     return 0
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck) on small shapes: both head dims, each with
 # a tail tile and several key tiles per block (so every prefetch runs), causal and not; every
-# variant of every stage. Any reported error fails.
+# variant of every stage. Any reported error fails. Every shape has a grid of at most 6 blocks,
+# so stage 5 splits its keys (split-KV: partial results in the workspace, then its combine
+# kernel) on any GPU; its nosplit variant runs the single pass.
 # usage: sanitize.sh BUILD_DIR "TOOLS" STAGE...
 set -u
 dir=$1 tools=$2; shift 2
