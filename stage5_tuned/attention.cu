@@ -18,13 +18,18 @@
  *    key tile): on long rows nearly every tile skips it, with bit-identical results.
  *  - Tile sizes per head dim, per arch and per shared memory (FA2's on sm_80+: BR x BC =
  *    128 x 64 at D = 128, 128 x 128 at D = 64, 4 warps of 32 query rows).
+ *  - Split-KV: when B * H * ceil(N / BR) blocks leave SMs idle (B = H = 1, N = 4096: 32 blocks
+ *    for 132 SMs x 2) or a short last wave (N = 49,152: 1.45 waves), each query tile's keys are
+ *    cut into ranges, each block writes an fp32 partial O and its LSE, and combine_kernel
+ *    merges them. The split count comes from a simulated wave efficiency (SM count and blocks
+ *    per SM of the device; causal shapes cut by work).
  * Expected gain: roughly 2x over stage 4, to within about 10% of PyTorch's FLASH_ATTENTION
  * backend (a prediction; README.md gets the measured numbers).
  *
  * Run:  make build && build/stage5_tuned --seq 16384 --heads 16 --dim 128 --causal --bench
  *       python3 stage5_tuned/compare_fa2.py        (side by side with FA2, same process run)
- * Variants (--variant): default, noswizzle, single_stage, noskip, eager_rescale, lazy_rescale:
- * each switches one lesson off (lazy_rescale: on for every N).
+ * Variants (--variant): default, noswizzle, single_stage, noskip, eager_rescale, lazy_rescale,
+ * nosplit: each switches one lesson off (lazy_rescale: on for every N).
  *
  * NOTE: what is left is the instruction set. mma.sync is Ampere's tensor-core path; on Hopper
  * it reaches only part of the chip's matrix rate. Going further needs wgmma (asynchronous
