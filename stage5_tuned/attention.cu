@@ -640,7 +640,7 @@ __device__ __forceinline__ void store_partial(const float (&O_acc)[MT][DB][4],
 /* ---- kernels ----------------------------------------------------------------------------- */
 
 // Everything a launch needs, passed by value (kernel parameters live in constant memory).
-typedef struct {
+typedef struct fwd_params {
     const __half *Q, *K, *V;  // [B, H, N, D]
     __half *O;                // [B, H, N, D]  (splits == 1)
     float *lse;               // [B, H, N]     (splits == 1)
@@ -747,6 +747,7 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     }
     __syncthreads();  // Q_smem and K_smem (first tile) written by all threads, visible to all warps
 
+    const uint32_t lane_off = a_lane_offset<ROW_BYTES, SWIZZLE>();
     uint32_t q_frag[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
     if constexpr (Q_IN_REGS)
         load_q_fragments<ROW_BYTES>(q_frag, Q_warp, a_lane_offset<ROW_BYTES, SWIZZLE>());
@@ -780,7 +781,7 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
         tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, p.V + kv, N - k0);
         compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem,
-                                                 a_lane_offset<ROW_BYTES, SWIZZLE>(),
+                                                 lane_off,
                                                  k_lane_offset<ROW_BYTES, SWIZZLE>());
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
@@ -794,7 +795,7 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
             tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + kv + BC * D,
                                                            N - (k0 + BC));
         }
-        accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
+        accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, lane_off);
         if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
 
@@ -816,10 +817,12 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
 // In that order, safely: first the largest lse_s, then sum exp(lse_s - max) (every term <= 1,
 // the largest exactly 1: no overflow, and the sum cannot underflow to 0), lse = max + log(sum),
 // then weights exp(lse_s - lse) <= 1. Ranges with no key for the row (lse_s = -inf) weigh 0.
-// COMBINE_LANES threads per row, 4 columns each (16-byte loads of O_s).
+// COMBINE_LANES threads per row, 4 columns each (16-byte loads of O_s); the loops over the
+// ranges are unrolled so that their loads are in flight together (one at a time, each waiting
+// for L2, the merge took 8.7 us for 8 ranges at N = 4096 on an H200).
 constexpr int COMBINE_THREADS = 128;
 
-typedef struct {
+typedef struct combine_params {
     const float *O_part;    // [splits, B * H, N, D]
     const float *lse_part;  // [splits, B * H, N]
     __half *O;              // [B, H, N, D]
@@ -832,6 +835,7 @@ typedef struct {
 template <int D>
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_params p) {
     constexpr int COMBINE_LANES = D / 4;
+    constexpr int UNROLL = 8;  // ranges in flight at once: their loads are independent
     const int lane = (int)threadIdx.x % COMBINE_LANES;
     const long long row =
         (long long)blockIdx.x * (COMBINE_THREADS / COMBINE_LANES) + threadIdx.x / COMBINE_LANES;
@@ -842,18 +846,31 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_
         const int tiles = (min(q0 + p.BR, p.N) + p.BC - 1) / p.BC;
         ranges = (tiles + p.split_tiles - 1) / p.split_tiles;
     }
-    const float *lse_s = p.lse_part + row;
+    const float *lse_s = p.lse_part + row;  // lse_s[s * rows]: range s (same for the row's lanes)
     float mx = -INFINITY;
+#pragma unroll UNROLL
     for (int s = 0; s < ranges; ++s) mx = fmaxf(mx, lse_s[s * p.rows]);
     const float base = mx == -INFINITY ? 0.f : mx;  // no key at all: every weight 0
     float sum = 0.f;
+#pragma unroll UNROLL
     for (int s = 0; s < ranges; ++s) sum += expf(lse_s[s * p.rows] - base);
     const float lse = base + logf(sum);
+    const float4 *O_s = reinterpret_cast<const float4 *>(p.O_part + row * D) + lane;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < ranges; ++s) {
-        const float wt = expf(lse_s[s * p.rows] - lse);
-        const float4 x = reinterpret_cast<const float4 *>(p.O_part + (s * p.rows + row) * D)[lane];
-        o.x += wt * x.x, o.y += wt * x.y, o.z += wt * x.z, o.w += wt * x.w;
+    for (int s0 = 0; s0 < ranges; s0 += UNROLL) {  // UNROLL ranges: loads first, then sums
+        float4 x[UNROLL];
+        float l[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool in = s0 + u < ranges;
+            x[u] = in ? O_s[(s0 + u) * p.rows * (D / 4)] : make_float4(0.f, 0.f, 0.f, 0.f);
+            l[u] = in ? lse_s[(s0 + u) * p.rows] : -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const float wt = expf(l[u] - lse);
+            o.x += wt * x[u].x, o.y += wt * x[u].y, o.z += wt * x[u].z, o.w += wt * x[u].w;
+        }
     }
     uint2 packed;
     packed.x = pack_half2(o.x, o.y), packed.y = pack_half2(o.z, o.w);
