@@ -58,11 +58,22 @@ constexpr int MMA_M = 64;
 constexpr int MMA_K = 16;
 constexpr int WARPGROUP = 128;  // threads: 4 consecutive warps, the first a multiple of 4
 
-// Two consumer warpgroups of 64 query rows: 128 rows per block, as FlashAttention-3 at D = 64
-// and 128. One producer warpgroup in front of them: 384 threads, one block per SM.
-constexpr int CONSUMERS = 2;
-constexpr int BR = CONSUMERS * MMA_M;
-constexpr int THREADS = (CONSUMERS + 1) * WARPGROUP;
+// C consumer warpgroups of 64 query rows each, one producer warpgroup in front of them, one
+// block per SM. Two consumers: 128 rows per work tile, 384 threads. Three (D = 64 from N =
+// THREE_CONSUMERS_MIN_N on, FlashAttention-3's choice at D = 64): 192 rows, 512 threads. At D = 64
+// the softmax costs as much per key as at D = 128 but the GEMMs half as much, and a third
+// warpgroup's softmax helps to fill the tensor pipe: +6-12% at N = 16384 (H200, README.md). On
+// short rows the 192-row tiles waste more rows past N and balance causal work worse (-12% at
+// N = 1024, causal), hence the threshold.
+constexpr int THREE_CONSUMERS_MIN_N = 4096;
+template <int C>
+__host__ __device__ constexpr int block_rows() {  // BR
+    return C * MMA_M;
+}
+template <int C>
+__host__ __device__ constexpr int block_threads() {
+    return (C + 1) * WARPGROUP;
+}
 
 // Keys per K/V tile. S is BC / 2 fp32 registers per consumer thread (64 at BC = 128) and P
 // another BC / 4; with O_acc (D / 2) that is 160 of the 240 registers at D = 128.
@@ -72,11 +83,18 @@ constexpr int BC = 128;
 // Q 32 KB + 2 x (K 32 KB + V 32 KB) = 160 KB at D = 128, of the 227 KB a block may have.
 constexpr int STAGES = 2;
 
-// setmaxnreg: the producer keeps 24 registers per thread, the consumers get 240. The block's
-// 384 threads start at 168 each (65536 / 384, rounded down to 8); 128 x 24 + 256 x 240 = 64,512
-// fits the 65,536 of an SM.
-constexpr int PRODUCER_REGS = 24;
-constexpr int CONSUMER_REGS = 240;
+// setmaxnreg: the block's threads start with an even share of the 65,536 registers (168 each
+// for 384 threads, 128 for 512); the producer gives most of its share to the consumers. Two
+// consumers: 128 x 24 + 256 x 240 = 64,512. Three: 128 x 32 + 384 x 160 = 65,536 (O_acc is 32
+// floats at D = 64, S 64, P 32).
+template <int C>
+__host__ __device__ constexpr int producer_regs() {
+    return C == 2 ? 24 : 32;
+}
+template <int C>
+__host__ __device__ constexpr int consumer_regs() {
+    return C == 2 ? 240 : 160;
+}
 
 // The 128-byte swizzle works on rows of 128 bytes: 64 halves. A tile of D columns is stored as
 // D / 64 slabs of [rows, 64] halves, one TMA copy each; a slab's 8-row groups are 1024 bytes
@@ -164,8 +182,7 @@ __device__ __forceinline__ uint64_t desc_k_major(uint32_t tile, int kk) {
 // groups 1024 bytes (stride offset).
 template <int ROWS>
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile, int kk) {
-    return smem_desc(tile + kk * MMA_K * SLAB_ROW_BYTES, ROWS * SLAB_ROW_BYTES,
-                     SWIZZLE_ATOM_BYTES);
+    return smem_desc(tile + kk * MMA_K * SLAB_ROW_BYTES, ROWS * SLAB_ROW_BYTES, SWIZZLE_ATOM_BYTES);
 }
 
 // wgmma runs asynchronously: fence before the first of a batch (the registers it reads or
@@ -191,17 +208,18 @@ __device__ __forceinline__ void pin_registers(float (&d)[R]) {
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-#define ACC8(d, i)                                                                              \
-    "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),            \
+#define ACC8(d, i)                                                                  \
+    "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
         "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define ACC32(d) ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24)
 #define ACC64(d) ACC32(d), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56)
-#define REGS32                                                                                  \
+#define REGS32                                                                                   \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define REGS64                                                                                  \
-    REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-           "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define REGS64                                                                               \
+    REGS32                                                                                   \
+        ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
 // d (64 x 128, fp32) {=, +=} A (64 x 16, K-major in shared memory) * B (16 x 128, K-major in
 // shared memory). accumulate = 0 overwrites d. Lane l of warp w in the warpgroup, g = l / 4,
@@ -220,18 +238,16 @@ __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uin
 // A's layout is the accumulator's, two columns packed per register: a[0] = (row g, columns 2t,
 // 2t+1), a[1] = (row g+8, same), a[2] = (row g, 2t+8, 2t+9), a[3] = (row g+8, same).
 __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t *a, uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
-        "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-        : ACC64(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
+                 "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                 : ACC64(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *a, uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" REGS32
-        "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-        : ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" REGS32
+                 "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : ACC32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
 // Registers per warpgroup role (sm_90a): the block starts with an even share, then the
@@ -266,35 +282,48 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 
 // Q_smem [D/64 slabs][BR rows][64], then the K and V rings, each STAGES x [D/64][BC][64], then
 // the mbarriers. Every tile starts 1024-byte aligned (the swizzle atom).
-template <int D>
+template <int D, int C>
 __host__ __device__ constexpr int q_bytes() {
-    return BR * D * 2;
+    return block_rows<C>() * D * 2;
 }
 template <int D>
 __host__ __device__ constexpr int kv_bytes() {
     return BC * D * 2;
 }
-enum { BAR_Q, BAR_K_FULL, BAR_K_EMPTY = BAR_K_FULL + STAGES, BAR_V_FULL = BAR_K_EMPTY + STAGES,
-       BAR_V_EMPTY = BAR_V_FULL + STAGES, BARRIERS = BAR_V_EMPTY + STAGES };
-template <int D>
+enum {
+    BAR_Q_FULL,
+    BAR_Q_EMPTY,
+    BAR_K_FULL,
+    BAR_K_EMPTY = BAR_K_FULL + STAGES,
+    BAR_V_FULL = BAR_K_EMPTY + STAGES,
+    BAR_V_EMPTY = BAR_V_FULL + STAGES,
+    BARRIERS = BAR_V_EMPTY + STAGES
+};
+template <int D, int C>
 __host__ __device__ constexpr int smem_bytes() {
-    return 1024 /* alignment slack */ + q_bytes<D>() + 2 * STAGES * kv_bytes<D>() + BARRIERS * 8;
+    return 1024 /* alignment slack */ + q_bytes<D, C>() + 2 * STAGES * kv_bytes<D>() +
+           BARRIERS * 8 + 8 /* the work tile index the producer hands to the consumers */;
 }
 
 typedef struct {
     uint32_t Q, K, V, bar;  // shared addresses: Q_smem, K ring, V ring, barriers
+    int *work;              // the current work tile of this block (written by the producer)
 } smem_tiles;
 
-template <int D>
+template <int D, int C>
 __device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
     smem_tiles s;
-    s.Q = (smem_u32(raw) + 1023u) & ~1023u;
-    s.K = s.Q + q_bytes<D>();
+    const uint32_t pad = ((smem_u32(raw) + 1023u) & ~1023u) - smem_u32(raw);
+    s.Q = smem_u32(raw) + pad;
+    s.K = s.Q + q_bytes<D, C>();
     s.V = s.K + STAGES * kv_bytes<D>();
     s.bar = s.V + STAGES * kv_bytes<D>();
+    s.work = (int *)(raw + pad + (s.bar - s.Q) + BARRIERS * 8);
     return s;
 }
-__device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) { return s.bar + 8 * i; }
+__device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
+    return s.bar + 8 * i;
+}
 template <int D>
 __device__ __forceinline__ uint32_t k_stage(const smem_tiles &s, int st) {
     return s.K + st * kv_bytes<D>();
@@ -304,39 +333,79 @@ __device__ __forceinline__ uint32_t v_stage(const smem_tiles &s, int st) {
     return s.V + st * kv_bytes<D>();
 }
 
-// Key tiles the query tile at q0 needs: all of them, or (causal) those up to its last row.
-__device__ __forceinline__ int key_tiles(int N, int q0, int causal) {
-    const int all = (N + BC - 1) / BC;
-    return causal ? min(all, (q0 + BR + BC - 1) / BC) : all;
+// A work tile: one batch*head and 128 query rows, numbered head by head and, inside a head,
+// those with the most key tiles (causal) first. A persistent block (one per SM) starts with work
+// tile blockIdx.x and then takes the next one not yet taken from a global counter, so causal
+// tiles of different lengths even out over the SMs as they would with one block per tile (the
+// variant nopersistent, which launches exactly that). kv0 counts the key tiles the block
+// consumed before this work tile: the K/V ring runs on across work tiles.
+typedef struct {
+    int bh, q0, n_tiles, kv0;
+} work_tile;
+
+template <int C>
+__device__ __forceinline__ work_tile work_at(int w, int N, int causal) {
+    constexpr int BR = block_rows<C>();
+    const int q_tiles = (N + BR - 1) / BR;
+    work_tile t;
+    t.bh = w / q_tiles;
+    t.q0 = (q_tiles - 1 - w % q_tiles) * BR;
+    const int all = (N + BC - 1) / BC;  // key tiles: all, or (causal) up to the last query row
+    t.n_tiles = causal ? min(all, (t.q0 + BR + BC - 1) / BC) : all;
+    t.kv0 = 0;
+    return t;
+}
+
+// The ring slot and the phase parity of the it-th key tile a block consumes.
+__device__ __forceinline__ int ring_slot(int it) {
+    return it % STAGES;
+}
+__device__ __forceinline__ uint32_t ring_parity(int it) {
+    return (it / STAGES) & 1;
 }
 
 /* ---- the producer ------------------------------------------------------------------------ */
 
-// One thread issues every copy: Q once, then K_j and V_j into ring slot j % STAGES as soon as
-// the consumers have released it. Separate barriers let S = Q K_j^T start before V_j lands.
-template <int D>
+// One thread issues every copy: for each work tile, Q as soon as the consumers are done with
+// the last one, then K_j and V_j into ring slot it % STAGES as soon as the consumers have released
+// it. Separate barriers let S = Q K_j^T start before V_j lands. The work tile index goes to the
+// consumers through shared memory, published by the Q barrier; index >= works means "stop".
+template <int D, int C>
 __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap *tmQ,
-                                         const CUtensorMap *tmK, const CUtensorMap *tmV, int bh,
-                                         int q0, int n_tiles) {
-    mbar_arrive_expect_tx(bar_at(sm, BAR_Q), q_bytes<D>());
-#pragma unroll
-    for (int c = 0; c < D / SLAB_COLS; ++c)
-        tma_load_3d(sm.Q + c * BR * SLAB_ROW_BYTES, tmQ, bar_at(sm, BAR_Q), c * SLAB_COLS, q0, bh);
-    for (int j = 0; j < n_tiles; ++j) {
-        const int st = j % STAGES;
-        const uint32_t parity = (j / STAGES) & 1;
-        mbar_wait(bar_at(sm, BAR_K_EMPTY + st), parity ^ 1);  // slot released (or never used)
-        mbar_arrive_expect_tx(bar_at(sm, BAR_K_FULL + st), kv_bytes<D>());
-#pragma unroll
-        for (int c = 0; c < D / SLAB_COLS; ++c)
-            tma_load_3d(k_stage<D>(sm, st) + c * BC * SLAB_ROW_BYTES, tmK,
-                        bar_at(sm, BAR_K_FULL + st), c * SLAB_COLS, j * BC, bh);
-        mbar_wait(bar_at(sm, BAR_V_EMPTY + st), parity ^ 1);
-        mbar_arrive_expect_tx(bar_at(sm, BAR_V_FULL + st), kv_bytes<D>());
+                                         const CUtensorMap *tmK, const CUtensorMap *tmV, int N,
+                                         int causal, int works, int *next_work) {
+    int it = 0;  // key tiles issued so far
+    int w = blockIdx.x;
+    for (int t = 0;; ++t) {
+        mbar_wait(bar_at(sm, BAR_Q_EMPTY), (t & 1) ^ 1);  // Q_smem and the index are free
+        atomicExch(sm.work, w);  // (an atomic, like the consumers' read: see consumer())
+        if (w >= works) {
+            mbar_arrive(bar_at(sm, BAR_Q_FULL));  // no copy: the consumers read "stop" and end
+            return;
+        }
+        const work_tile wt = work_at<C>(w, N, causal);
+        mbar_arrive_expect_tx(bar_at(sm, BAR_Q_FULL), q_bytes<D, C>());
 #pragma unroll
         for (int c = 0; c < D / SLAB_COLS; ++c)
-            tma_load_3d(v_stage<D>(sm, st) + c * BC * SLAB_ROW_BYTES, tmV,
-                        bar_at(sm, BAR_V_FULL + st), c * SLAB_COLS, j * BC, bh);
+            tma_load_3d(sm.Q + c * block_rows<C>() * SLAB_ROW_BYTES, tmQ, bar_at(sm, BAR_Q_FULL),
+                        c * SLAB_COLS, wt.q0, wt.bh);
+        // Take the next work tile now: the atomic's latency hides under this tile's copies.
+        w = gridDim.x >= works ? works : gridDim.x + atomicAdd(next_work, 1);
+        for (int j = 0; j < wt.n_tiles; ++j, ++it) {
+            const int st = ring_slot(it);
+            mbar_wait(bar_at(sm, BAR_K_EMPTY + st), ring_parity(it) ^ 1);
+            mbar_arrive_expect_tx(bar_at(sm, BAR_K_FULL + st), kv_bytes<D>());
+#pragma unroll
+            for (int c = 0; c < D / SLAB_COLS; ++c)
+                tma_load_3d(k_stage<D>(sm, st) + c * BC * SLAB_ROW_BYTES, tmK,
+                            bar_at(sm, BAR_K_FULL + st), c * SLAB_COLS, j * BC, wt.bh);
+            mbar_wait(bar_at(sm, BAR_V_EMPTY + st), ring_parity(it) ^ 1);
+            mbar_arrive_expect_tx(bar_at(sm, BAR_V_FULL + st), kv_bytes<D>());
+#pragma unroll
+            for (int c = 0; c < D / SLAB_COLS; ++c)
+                tma_load_3d(v_stage<D>(sm, st) + c * BC * SLAB_ROW_BYTES, tmV,
+                            bar_at(sm, BAR_V_FULL + st), c * SLAB_COLS, j * BC, wt.bh);
+        }
     }
 }
 
@@ -349,14 +418,15 @@ typedef struct {
 } consumer_place;
 
 // Start S = Q K_j^T for this warpgroup's 64 rows: D / 16 wgmma from shared memory, one group.
-template <int D>
+template <int D, int C>
 __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], const smem_tiles &sm,
                                              const consumer_place &p, uint32_t K_tile) {
     const uint32_t Q_rows = sm.Q + p.wg * MMA_M * SLAB_ROW_BYTES;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / MMA_K; ++kk)
-        wgmma_m64n128_ss(S, desc_k_major<BR>(Q_rows, kk), desc_k_major<BC>(K_tile, kk), kk > 0);
+        wgmma_m64n128_ss(S, desc_k_major<block_rows<C>()>(Q_rows, kk), desc_k_major<BC>(K_tile, kk),
+                         kk > 0);
     wgmma_commit();
 }
 
@@ -469,57 +539,64 @@ __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const floa
     }
 }
 
-// Ping-pong between the two consumer warpgroups: named barrier 1 + wg is "warpgroup wg may issue
-// its GEMMs". A warpgroup waits for its turn (bar.sync, 128 threads), issues S_j and P_{j-1} V_{j-1},
-// then hands the turn over (bar.arrive on the other's barrier, the other 128 of the 256). So one
-// warpgroup's wgmma run while the other does its softmax, and the tensor pipe never waits for
-// both softmaxes at once.
+// Ping-pong: the consumer warpgroups take turns at issuing their GEMMs, in a ring 0, 1, (2,)
+// 0, ... Named barrier 1 + wg is "warpgroup wg may issue". A warpgroup waits for its turn
+// (bar.sync, its 128 threads), issues S_j and P_{j-1} V_{j-1}, then hands the turn on (bar.arrive
+// on the next one's barrier: the other 128 of the 256). So one warpgroup's wgmma run while the
+// others do their softmax, and the tensor pipe never waits for all softmaxes at once.
 __device__ __forceinline__ void pingpong_wait_turn(int wg) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wg), "n"(2 * WARPGROUP) : "memory");
 }
+template <int CONSUMERS>
 __device__ __forceinline__ void pingpong_pass_turn(int wg) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + (1 - wg)), "n"(2 * WARPGROUP) : "memory");
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + (wg + 1) % CONSUMERS), "n"(2 * WARPGROUP)
+                 : "memory");
 }
 
 /* ---- the consumers' schedules ------------------------------------------------------------ */
 
-typedef struct {
-    int N, causal, q0, n_tiles;
-    float scale_log2;
-} tile_work;
+enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
 
-// Whether key tile j needs the mask for this warpgroup's rows: the tail tile, or a causal tile
-// with a key past the warpgroup's first row.
-__device__ __forceinline__ bool needs_mask(const tile_work &w, const consumer_place &p, int j) {
+// What a consumer needs to know about its work tile besides the ring: where the scores need a
+// mask. Tile j needs it when it is the tail tile, or causal with a key past the warpgroup's
+// first row.
+typedef struct {
+    int N, causal;
+    float scale_log2;
+} problem;
+
+__device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
+                                           const consumer_place &p, int j) {
     const int key0 = j * BC;
-    return key0 + BC > w.N || (w.causal && key0 + BC - 1 > w.q0 + p.wg * MMA_M);
+    return key0 + BC > pb.N || (pb.causal && key0 + BC - 1 > wt.q0 + p.wg * MMA_M);
 }
 
 // Serial (variant nooverlap): each key tile in turn, S = Q K^T, softmax, O += P V, every wgmma
 // waited for at once. The tensor pipe idles during this warpgroup's softmax unless the other
 // warpgroup happens to fill it.
-template <int D>
+template <int D, int C>
 __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const consumer_place &p,
-                                                const tile_work &w, int row0, float (&O_acc)[D / 2],
-                                                float (&m_i)[2], float (&l_i)[2]) {
-    for (int j = 0; j < w.n_tiles; ++j) {
-        const int st = j % STAGES;
-        const uint32_t parity = (j / STAGES) & 1;
+                                                const problem &pb, const work_tile &wt, int row0,
+                                                float (&O_acc)[D / 2], float (&m_i)[2],
+                                                float (&l_i)[2]) {
+    for (int j = 0; j < wt.n_tiles; ++j) {
+        const int it = wt.kv0 + j, st = ring_slot(it);
         float S[BC / 2], alpha[2];
         uint32_t P[BC / 4];
 
-        mbar_wait(bar_at(sm, BAR_K_FULL + st), parity);
-        issue_scores<D>(S, sm, p, k_stage<D>(sm, st));
+        mbar_wait(bar_at(sm, BAR_K_FULL + st), ring_parity(it));
+        issue_scores<D, C>(S, sm, p, k_stage<D>(sm, st));
         wgmma_wait<0>();
         pin_registers(S);
         release(bar_at(sm, BAR_K_EMPTY + st), p);
+        if (j == wt.n_tiles - 1) release(bar_at(sm, BAR_Q_EMPTY), p);  // Q's last use
 
-        if (needs_mask(w, p, j)) mask_scores(S, p, row0, j * BC, w.N, w.causal);
-        softmax_tile(S, m_i, l_i, alpha, w.scale_log2);
+        if (needs_mask(pb, wt, p, j)) mask_scores(S, p, row0, j * BC, pb.N, pb.causal);
+        softmax_tile(S, m_i, l_i, alpha, pb.scale_log2);
         rescale_o<D>(O_acc, alpha);
         pack_p(S, P);
 
-        mbar_wait(bar_at(sm, BAR_V_FULL + st), parity);
+        mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
         issue_pv<D>(O_acc, P, v_stage<D>(sm, st));
         wgmma_wait<0>();
         pin_registers(O_acc);
@@ -531,43 +608,48 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
 // are issued together, and the softmax of tile j runs while the P V wgmma is still in flight
 // (FlashAttention-3's intra-warpgroup pipelining). P_{j-1} stays in its registers until that
 // wgmma is done; the softmax works on S in fp32 and is packed to P afterwards.
-template <int D, bool PINGPONG>
+template <int D, int C, bool PINGPONG>
 __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
-                                                    const tile_work &w, int row0,
-                                                    float (&O_acc)[D / 2], float (&m_i)[2],
-                                                    float (&l_i)[2]) {
+                                                    const problem &pb, const work_tile &wt,
+                                                    int row0, float (&O_acc)[D / 2],
+                                                    float (&m_i)[2], float (&l_i)[2]) {
     float S[BC / 2], alpha[2];
     uint32_t P[BC / 4];
 
     // Tile 0: nothing to overlap with yet.
-    mbar_wait(bar_at(sm, BAR_K_FULL), 0);
-    issue_scores<D>(S, sm, p, k_stage<D>(sm, 0));
+    const int st0 = ring_slot(wt.kv0);
+    mbar_wait(bar_at(sm, BAR_K_FULL + st0), ring_parity(wt.kv0));
+    issue_scores<D, C>(S, sm, p, k_stage<D>(sm, st0));
     wgmma_wait<0>();
     pin_registers(S);
-    release(bar_at(sm, BAR_K_EMPTY), p);
-    if (needs_mask(w, p, 0)) mask_scores(S, p, row0, 0, w.N, w.causal);
-    softmax_tile(S, m_i, l_i, alpha, w.scale_log2);  // O_acc is still zero: no rescale
+    release(bar_at(sm, BAR_K_EMPTY + st0), p);
+    if (wt.n_tiles == 1) release(bar_at(sm, BAR_Q_EMPTY), p);  // Q's last use
+    if (needs_mask(pb, wt, p, 0)) mask_scores(S, p, row0, 0, pb.N, pb.causal);
+    softmax_tile(S, m_i, l_i, alpha, pb.scale_log2);  // O_acc is still zero: no rescale
     pack_p(S, P);
-    // Warpgroup 0 takes the first turn: warpgroup 1 hands it over before its own first wait.
-    if (PINGPONG && p.wg == 1 && w.n_tiles > 1) pingpong_pass_turn(p.wg);
+    // Warpgroup 0 takes the first turn: the last warpgroup hands it over before its own first
+    // wait.
+    constexpr int LAST = C - 1;
+    if (PINGPONG && p.wg == LAST && wt.n_tiles > 1) pingpong_pass_turn<LAST + 1>(p.wg);
 
-    for (int j = 1; j < w.n_tiles; ++j) {
-        const int st = j % STAGES, prev = (j - 1) % STAGES;
-        const uint32_t parity = (j / STAGES) & 1, prev_parity = ((j - 1) / STAGES) & 1;
+    for (int j = 1; j < wt.n_tiles; ++j) {
+        const int it = wt.kv0 + j, st = ring_slot(it), prev = ring_slot(it - 1);
 
-        mbar_wait(bar_at(sm, BAR_K_FULL + st), parity);
+        mbar_wait(bar_at(sm, BAR_K_FULL + st), ring_parity(it));
         if (PINGPONG) pingpong_wait_turn(p.wg);
-        issue_scores<D>(S, sm, p, k_stage<D>(sm, st));
-        mbar_wait(bar_at(sm, BAR_V_FULL + prev), prev_parity);
+        issue_scores<D, C>(S, sm, p, k_stage<D>(sm, st));
+        mbar_wait(bar_at(sm, BAR_V_FULL + prev), ring_parity(it - 1));
         issue_pv<D>(O_acc, P, v_stage<D>(sm, prev));
-        // Every turn taken is handed back, except warpgroup 1's last (warpgroup 0 has no more).
-        if (PINGPONG && !(p.wg == 1 && j == w.n_tiles - 1)) pingpong_pass_turn(p.wg);
+        // Every turn taken is handed on, except the last warpgroup's last (warpgroup 0 has no
+        // more turns in this work tile).
+        if (PINGPONG && !(p.wg == LAST && j == wt.n_tiles - 1)) pingpong_pass_turn<LAST + 1>(p.wg);
 
         wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
         pin_registers(S);
         release(bar_at(sm, BAR_K_EMPTY + st), p);
-        if (needs_mask(w, p, j)) mask_scores(S, p, row0, j * BC, w.N, w.causal);
-        softmax_tile(S, m_i, l_i, alpha, w.scale_log2);
+        if (j == wt.n_tiles - 1) release(bar_at(sm, BAR_Q_EMPTY), p);  // Q's last use
+        if (needs_mask(pb, wt, p, j)) mask_scores(S, p, row0, j * BC, pb.N, pb.causal);
+        softmax_tile(S, m_i, l_i, alpha, pb.scale_log2);
 
         wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: P and O_acc are free
         pin_registers(O_acc);
@@ -576,45 +658,76 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
         pack_p(S, P);
     }
 
-    const int last = (w.n_tiles - 1) % STAGES;
-    mbar_wait(bar_at(sm, BAR_V_FULL + last), ((w.n_tiles - 1) / STAGES) & 1);
+    const int it = wt.kv0 + wt.n_tiles - 1, last = ring_slot(it);
+    mbar_wait(bar_at(sm, BAR_V_FULL + last), ring_parity(it));
     issue_pv<D>(O_acc, P, v_stage<D>(sm, last));
     wgmma_wait<0>();
     pin_registers(O_acc);
     release(bar_at(sm, BAR_V_EMPTY + last), p);
 }
 
+// One consumer thread over its block's work tiles: wait for Q, run the schedule over the key
+// tiles, write O and LSE; the producer loads the next Q and K/V meanwhile.
+template <int D, int C, int SCHEDULE>
+__device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb, __half *O,
+                                         float *lse, int works) {
+    consumer_place p;
+    p.wg = threadIdx.x / WARPGROUP - 1;
+    p.warp = (threadIdx.x / 32) % 4;
+    p.lane = threadIdx.x % 32;
+    p.g = p.lane / 4;
+    p.t = p.lane % 4;
+
+    int it = 0;  // key tiles consumed so far
+    for (int t = 0;; ++t) {
+        mbar_wait(bar_at(sm, BAR_Q_FULL), t & 1);  // Q_t has landed and the index is published
+        // The mbarrier orders this read after the producer's write (and Q_EMPTY the next write
+        // after it), but compute-sanitizer's racecheck does not model mbarriers for ordinary
+        // shared memory accesses: one atomic read per warp, broadcast, keeps it clean.
+        int w = 0;
+        if (p.lane == 0) w = atomicAdd(sm.work, 0);
+        w = __shfl_sync(0xffffffffu, w, 0);
+        if (w >= works) return;
+        work_tile wt = work_at<C>(w, pb.N, pb.causal);
+        wt.kv0 = it;
+        const int row0 = wt.q0 + p.wg * MMA_M + 16 * p.warp + p.g;  // this thread's rows: +0, +8
+
+        float O_acc[D / 2];
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) O_acc[i] = 0.f;
+        float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+
+        if (SCHEDULE == SCHEDULE_SERIAL)
+            consumer_serial<D, C>(sm, p, pb, wt, row0, O_acc, m_i, l_i);
+        else
+            consumer_overlapped<D, C, SCHEDULE == SCHEDULE_PINGPONG>(sm, p, pb, wt, row0, O_acc,
+                                                                     m_i, l_i);
+        epilogue<D>(O_acc, m_i, l_i, p, O, lse, (size_t)wt.bh * pb.N, row0, pb.N, pb.scale_log2);
+        it += wt.n_tiles;
+    }
+}
+
 /* ---- the kernel -------------------------------------------------------------------------- */
 
-enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
-
-// One block per (batch*head, 128 query rows); causal blocks with the most key tiles start
-// first. Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe Q, K, V as [B*H, N, D]);
-// lse: [B, H, N] float.
-template <int D, int SCHEDULE>
-__global__ void __launch_bounds__(THREADS, 1)
-    attention_kernel(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+// Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe Q, K, V as [B*H, N, D]);
+// lse: [B, H, N] float. works = B * H * ceil(N / BR) work tiles.
+template <int D, int C, int SCHEDULE>
+__global__ void __launch_bounds__(block_threads<C>(), 1)
+    attention_kernel(const __grid_constant__ CUtensorMap tmQ,
+                     const __grid_constant__ CUtensorMap tmK,
                      const __grid_constant__ CUtensorMap tmV, __half *O, float *lse, int N,
-                     int causal, float scale_log2) {
+                     int causal, float scale_log2, int works, int *next_work) {
 #if HOPPER_KERNELS
     extern __shared__ unsigned char smem_raw[];
-    const smem_tiles sm = carve_smem<D>(smem_raw);
-    const int q_tiles = (N + BR - 1) / BR;
-    const int bh = blockIdx.x / q_tiles;
-    tile_work w;
-    w.N = N;
-    w.causal = causal;
-    w.q0 = (q_tiles - 1 - (int)(blockIdx.x % q_tiles)) * BR;
-    w.n_tiles = key_tiles(N, w.q0, causal);
-    w.scale_log2 = scale_log2;
-
+    const smem_tiles sm = carve_smem<D, C>(smem_raw);
     if (threadIdx.x == 0) {
-        mbar_init(bar_at(sm, BAR_Q), 1);
+        mbar_init(bar_at(sm, BAR_Q_FULL), 1);       // the producer's expect_tx arrival
+        mbar_init(bar_at(sm, BAR_Q_EMPTY), C * 4);  // one arrival per consumer warp
         for (int st = 0; st < STAGES; ++st) {
-            mbar_init(bar_at(sm, BAR_K_FULL + st), 1);  // the producer's expect_tx arrival
+            mbar_init(bar_at(sm, BAR_K_FULL + st), 1);
             mbar_init(bar_at(sm, BAR_V_FULL + st), 1);
-            mbar_init(bar_at(sm, BAR_K_EMPTY + st), CONSUMERS * 4);  // one arrival per warp
-            mbar_init(bar_at(sm, BAR_V_EMPTY + st), CONSUMERS * 4);
+            mbar_init(bar_at(sm, BAR_K_EMPTY + st), C * 4);
+            mbar_init(bar_at(sm, BAR_V_EMPTY + st), C * 4);
         }
         // Make the initialised barriers visible to the copy engine (the async proxy).
         asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::
@@ -622,41 +735,26 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     __syncthreads();  // the barriers are initialised before anyone waits on or signals them
 
-    const int wg = threadIdx.x / WARPGROUP;
-    if (wg == 0) {  // producer warpgroup
-        registers_decrease<PRODUCER_REGS>();
-        if (threadIdx.x == 0) producer<D>(sm, &tmQ, &tmK, &tmV, bh, w.q0, w.n_tiles);
-        return;
+    if (threadIdx.x < WARPGROUP) {  // producer warpgroup
+        registers_decrease<producer_regs<C>()>();
+        if (threadIdx.x == 0) producer<D, C>(sm, &tmQ, &tmK, &tmV, N, causal, works, next_work);
+    } else {
+        registers_increase<consumer_regs<C>()>();
+        problem pb;
+        pb.N = N;
+        pb.causal = causal;
+        pb.scale_log2 = scale_log2;
+        consumer<D, C, SCHEDULE>(sm, pb, O, lse, works);
     }
-
-    registers_increase<CONSUMER_REGS>();
-    consumer_place p;
-    p.wg = wg - 1;
-    p.warp = (threadIdx.x / 32) % 4;
-    p.lane = threadIdx.x % 32;
-    p.g = p.lane / 4;
-    p.t = p.lane % 4;
-    const int row0 = w.q0 + p.wg * MMA_M + 16 * p.warp + p.g;  // this thread's first row (+8)
-
-    float O_acc[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) O_acc[i] = 0.f;
-    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
-
-    mbar_wait(bar_at(sm, BAR_Q), 0);
-    if (SCHEDULE == SCHEDULE_SERIAL)
-        consumer_serial<D>(sm, p, w, row0, O_acc, m_i, l_i);
-    else
-        consumer_overlapped<D, SCHEDULE == SCHEDULE_PINGPONG>(sm, p, w, row0, O_acc, m_i, l_i);
-    epilogue<D>(O_acc, m_i, l_i, p, O, lse, (size_t)bh * N, row0, N, scale_log2);
 #else
-    (void)tmQ, (void)tmK, (void)tmV, (void)O, (void)lse, (void)N, (void)causal, (void)scale_log2;
+    (void)tmQ, (void)tmK, (void)tmV, (void)O, (void)lse, (void)N, (void)causal, (void)scale_log2,
+        (void)works, (void)next_work;
 #endif
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */
 
-enum { VARIANT_DEFAULT = 0, VARIANT_NOPINGPONG, VARIANT_NOOVERLAP, VARIANTS };
+enum { VARIANT_DEFAULT = 0, VARIANT_NOPERSISTENT, VARIANT_NOPINGPONG, VARIANT_NOOVERLAP, VARIANTS };
 
 // The driver's tensor-map encoder, fetched once through the runtime (no -lcuda needed).
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
@@ -687,18 +785,24 @@ static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_sha
     const cuuint64_t strides[2] = {(cuuint64_t)s->D * 2, (cuuint64_t)s->N * s->D * 2};
     const cuuint32_t box[3] = {SLAB_COLS, (cuuint32_t)rows, 1};
     const cuuint32_t elem_strides[3] = {1, 1, 1};
-    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, (void *)base, dims, strides,
-                              box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, (void *)base, dims, strides, box,
+               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 // Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
 // on an H100 has only the empty kernel).
+// Consumer warpgroups for this shape (see THREE_CONSUMERS_MIN_N).
+static int consumers_for(const attn_shape *s) {
+    return s->D == 64 && s->N >= THREE_CONSUMERS_MIN_N ? 3 : 2;
+}
+
 static int hopper_code_here(void) {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, (const void *)attention_kernel<64, SCHEDULE_PINGPONG>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&fa, (const void *)attention_kernel<64, 2, SCHEDULE_PINGPONG>) !=
+        cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -713,42 +817,69 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (dev->cc != 90) return "needs a Hopper GPU (sm_90): TMA, wgmma and setmaxnreg";
     if (!hopper_code_here())
         return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
-    if ((size_t)smem_bytes<128>() > dev->smem_per_block && s->D == 128)
-        return "needs 161 KB of shared memory per block at D = 128";
-    if ((size_t)smem_bytes<64>() > dev->smem_per_block && s->D == 64)
-        return "needs 81 KB of shared memory per block at D = 64";
+    const int three = consumers_for(s) == 3;
+    const size_t smem = s->D == 128 ? smem_bytes<128, 2>()
+                        : three     ? smem_bytes<64, 3>()
+                                    : smem_bytes<64, 2>();
+    if (smem > dev->smem_per_block) {
+        static char why_smem[96];
+        snprintf(why_smem, sizeof why_smem, "needs %zu bytes of shared memory per block at D = %d",
+                 smem, s->D);
+        return why_smem;
+    }
+    const int BR = three ? block_rows<3>() : block_rows<2>();
     if ((long long)s->B * s->H * ((s->N + BR - 1) / BR) > 0x7fffffffLL)
-        return "too many blocks (B * H * N / 128 must be below 2^31)";
+        return "too many work tiles (B * H * ceil(N / 128) must be below 2^31)";
     return NULL;
 }
 
+// The workspace is the work tile counter of the persistent blocks, zeroed before each launch.
 static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     (void)s, (void)dev, (void)variant;
-    return 0;
+    return sizeof(int);
 }
 
-template <int D, int SCHEDULE>
-static cudaError_t launch(const attn_shape *s, const void *Q, const void *K, const void *V,
-                          __half *O, float *lse, cudaStream_t stream) {
+typedef struct {
+    const void *Q, *K, *V;  // [B, H, N, D] fp16
+    __half *O;              // [B, H, N, D] fp16
+    float *lse;             // [B, H, N]
+    int *next_work;         // the persistent blocks' work tile counter (the workspace)
+    int persistent_blocks;  // one per SM, or 0: one block per work tile (variant nopersistent)
+    cudaStream_t stream;
+} launch_args;
+
+template <int D, int C, int SCHEDULE>
+static cudaError_t launch(const attn_shape *s, const launch_args *a) {
+    constexpr int BR = block_rows<C>();
     CUtensorMap tmQ, tmK, tmV;
-    ATTN_TRY(tensor_map(&tmQ, Q, s, BR));
-    ATTN_TRY(tensor_map(&tmK, K, s, BC));
-    ATTN_TRY(tensor_map(&tmV, V, s, BC));
-    const int smem = smem_bytes<D>();
-    ATTN_TRY(cudaFuncSetAttribute(attention_kernel<D, SCHEDULE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  smem));
-    const long long blocks = (long long)s->B * s->H * ((s->N + BR - 1) / BR);
+    ATTN_TRY(tensor_map(&tmQ, a->Q, s, BR));
+    ATTN_TRY(tensor_map(&tmK, a->K, s, BC));
+    ATTN_TRY(tensor_map(&tmV, a->V, s, BC));
+    const int smem = smem_bytes<D, C>();
+    ATTN_TRY(cudaFuncSetAttribute(attention_kernel<D, C, SCHEDULE>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int works = s->B * s->H * ((s->N + BR - 1) / BR);
+    const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works
+                           ? a->persistent_blocks
+                           : works;  // (with one block per work tile the counter is never read)
+    if (blocks < works) ATTN_TRY(cudaMemsetAsync(a->next_work, 0, sizeof(int), a->stream));
     const float scale_log2 = s->scale * 1.4426950408889634f;  // log2(e) folded into the scale
-    attention_kernel<D, SCHEDULE><<<(unsigned)blocks, THREADS, smem, stream>>>(tmQ, tmK, tmV, O, lse, s->N,
-                                                                      s->causal, scale_log2);
+    attention_kernel<D, C, SCHEDULE><<<blocks, block_threads<C>(), smem, a->stream>>>(
+        tmQ, tmK, tmV, a->O, a->lse, s->N, s->causal, scale_log2, works, a->next_work);
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
+}
+
+template <int SCHEDULE>
+static cudaError_t launch_schedule(const attn_shape *s, const launch_args *a) {
+    if (s->D == 128) return launch<128, 2, SCHEDULE>(s, a);
+    if (consumers_for(s) == 3) return launch<64, 3, SCHEDULE>(s, a);
+    return launch<64, 2, SCHEDULE>(s, a);
 }
 
 static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev, const void *Q,
                                      const void *K, const void *V, void *O, float *lse,
                                      void *workspace, int variant, cudaStream_t stream) {
-    (void)workspace;
     const char *why = attention_unsupported(s, dev, variant);
     if (why) {
         fprintf(stderr, "stage6_hopper: %s\n", why);
@@ -759,17 +890,21 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
         fprintf(stderr, "stage6_hopper: Q, K, V and O must be 16-byte aligned\n");
         return cudaErrorMisalignedAddress;
     }
-    __half *o = (__half *)O;
+    const launch_args a = {Q,
+                           K,
+                           V,
+                           (__half *)O,
+                           lse,
+                           (int *)workspace,
+                           variant == VARIANT_NOPERSISTENT ? 0 : dev->sm_count,
+                           stream};
     switch (variant) {
         case VARIANT_NOOVERLAP:
-            return s->D == 64 ? launch<64, SCHEDULE_SERIAL>(s, Q, K, V, o, lse, stream)
-                              : launch<128, SCHEDULE_SERIAL>(s, Q, K, V, o, lse, stream);
+            return launch_schedule<SCHEDULE_SERIAL>(s, &a);
         case VARIANT_NOPINGPONG:
-            return s->D == 64 ? launch<64, SCHEDULE_OVERLAPPED>(s, Q, K, V, o, lse, stream)
-                              : launch<128, SCHEDULE_OVERLAPPED>(s, Q, K, V, o, lse, stream);
+            return launch_schedule<SCHEDULE_OVERLAPPED>(s, &a);
         default:
-            return s->D == 64 ? launch<64, SCHEDULE_PINGPONG>(s, Q, K, V, o, lse, stream)
-                              : launch<128, SCHEDULE_PINGPONG>(s, Q, K, V, o, lse, stream);
+            return launch_schedule<SCHEDULE_PINGPONG>(s, &a);
     }
 }
 
@@ -778,7 +913,7 @@ extern "C" const attn_stage attn_this_stage = {
     "FA3-style on Hopper: TMA bulk copies on mbarriers, wgmma from shared-memory descriptors, "
     "producer/consumer warpgroups with setmaxnreg",
     ATTN_F16,
-    "default,nopingpong,nooverlap",
+    "default,nopersistent,nopingpong,nooverlap",
     attention_unsupported,
     attention_workspace_bytes,
     attention_forward,
