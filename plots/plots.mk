@@ -136,4 +136,4 @@ tables:
 	fi
 
 test-plots:
-	plots/tests/run.sh
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL plots/tests/run.sh
