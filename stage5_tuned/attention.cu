@@ -780,8 +780,7 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
         tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, p.V + kv, N - k0);
-        compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem,
-                                                 lane_off,
+        compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem, lane_off,
                                                  k_lane_offset<ROW_BYTES, SWIZZLE>());
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
