@@ -34,7 +34,7 @@
  * NOTE: what is left is the instruction set. mma.sync is Ampere's tensor-core path; on Hopper
  * it reaches only part of the chip's matrix rate. Going further needs wgmma (asynchronous
  * warpgroup MMA, operands straight from shared memory), TMA bulk copies and warp
- * specialisation: FlashAttention-3, beyond this course.
+ * specialisation: FlashAttention-3, stage 6 (Hopper only).
  */
 
 #include <cuda_fp16.h>
