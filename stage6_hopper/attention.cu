@@ -577,6 +577,19 @@ __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &w
     return key0 + BC > pb.N || (pb.causal && key0 + BC - 1 > wt.q0 + p.wg * MMA_M);
 }
 
+// S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use, mask
+// where needed, and run the softmax. O_acc is not touched: alpha says how to rescale it.
+__device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
+                                            float (&alpha)[2], const smem_tiles &sm,
+                                            const consumer_place &p, const problem &pb,
+                                            const work_tile &wt, int row0, int j, int st) {
+    pin_registers(S);
+    release(bar_at(sm, BAR_K_EMPTY + st), p);
+    if (j == wt.n_tiles - 1) release(bar_at(sm, BAR_Q_EMPTY), p);  // Q's last use
+    if (needs_mask(pb, wt, p, j)) mask_scores(S, p, row0, j * BC, pb.N, pb.causal);
+    softmax_tile(S, m_i, l_i, alpha, pb.scale_log2);
+}
+
 // Serial (variant nooverlap): each key tile in turn, S = Q K^T, softmax, O += P V, every wgmma
 // waited for at once. The tensor pipe idles during this warpgroup's softmax unless the other
 // warpgroup happens to fill it.
@@ -593,12 +606,7 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
         mbar_wait(bar_at(sm, BAR_K_FULL + st), ring_parity(it));
         issue_scores<D, C>(S, sm, p, k_stage<D>(sm, st));
         wgmma_wait<0>();
-        pin_registers(S);
-        release(bar_at(sm, BAR_K_EMPTY + st), p);
-        if (j == wt.n_tiles - 1) release(bar_at(sm, BAR_Q_EMPTY), p);  // Q's last use
-
-        if (needs_mask(pb, wt, p, j)) mask_scores(S, p, row0, j * BC, pb.N, pb.causal);
-        softmax_tile(S, m_i, l_i, alpha, pb.scale_log2);
+        scores_done(S, m_i, l_i, alpha, sm, p, pb, wt, row0, j, st);
         rescale_o<D>(O_acc, alpha);
         pack_p(S, P);
 
@@ -627,11 +635,8 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     mbar_wait(bar_at(sm, BAR_K_FULL + st0), ring_parity(wt.kv0));
     issue_scores<D, C>(S, sm, p, k_stage<D>(sm, st0));
     wgmma_wait<0>();
-    pin_registers(S);
-    release(bar_at(sm, BAR_K_EMPTY + st0), p);
-    if (wt.n_tiles == 1) release(bar_at(sm, BAR_Q_EMPTY), p);  // Q's last use
-    if (needs_mask(pb, wt, p, 0)) mask_scores(S, p, row0, 0, pb.N, pb.causal);
-    softmax_tile(S, m_i, l_i, alpha, pb.scale_log2);  // O_acc is still zero: no rescale
+    scores_done(S, m_i, l_i, alpha, sm, p, pb, wt, row0, 0,
+                st0);  // O_acc is still zero: no rescale
     pack_p(S, P);
     // Warpgroup 0 takes the first turn: the last warpgroup hands it over before its own first
     // wait.
@@ -651,11 +656,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
         if (PINGPONG && !(p.wg == LAST && j == wt.n_tiles - 1)) pingpong_pass_turn<LAST + 1>(p.wg);
 
         wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
-        pin_registers(S);
-        release(bar_at(sm, BAR_K_EMPTY + st), p);
-        if (j == wt.n_tiles - 1) release(bar_at(sm, BAR_Q_EMPTY), p);  // Q's last use
-        if (needs_mask(pb, wt, p, j)) mask_scores(S, p, row0, j * BC, pb.N, pb.causal);
-        softmax_tile(S, m_i, l_i, alpha, pb.scale_log2);
+        scores_done(S, m_i, l_i, alpha, sm, p, pb, wt, row0, j, st);
 
         wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: P and O_acc are free
         pin_registers(O_acc);
