@@ -481,41 +481,41 @@ __device__ __forceinline__ void mask_scores(float (&S)[MT][NB][4], int k0, int q
 // m_i = max_j c * q.k_j and p_j = 2^(c * q.k_j - m_i) = e^(scale * q.k_j - m_i * ln 2):
 // one FFMA and one MUFU.EX2 per score. S holds raw q.k; since c > 0, the max of c * q.k is
 // c times the max of q.k. A row's 4 lanes (same g, t = 0..3) share its max by 2 shuffles.
-// LAZY: every row's max first, then one vote: if no row of the warp has a new max, every
-// alpha would be exactly 1 and the rescale is skipped (4 MUFU and 4 + 4 DB FMUL per row
-// pair; the results are the same bit for bit). Otherwise (!LAZY) each row is rescaled
-// right before its exponentials, with no branch: see LAZY_MIN_N for when each wins.
+// Every row's max of the tile first (with the max taken inside the row loop below, nvcc 12.4
+// leaves that loop rolled in the eager kernels and their fragments in a stack frame). LAZY:
+// then one vote: if no row of the warp has a new max, every alpha would be exactly 1 and the
+// rescale is skipped (4 MUFU and 4 + 4 DB FMUL per row pair; the results are the same bit for
+// bit). Otherwise (!LAZY) each row is rescaled right before its exponentials, with no branch:
+// see LAZY_MIN_N for when each wins.
 // P[m][k] = A operand of slice m, k16 step k of O += P V_j, packed where the scores lie.
 template <bool LAZY, int MT, int NB, int DB, int KC>
 __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_i)[MT][2],
                                                float (&l_i)[MT][2], float (&O_acc)[MT][DB][4],
                                                uint32_t (&P)[MT][KC][4], float scale_log2) {
-    if constexpr (LAZY) {
-        float m_tile[MT][2];  // this tile's row maxima, times c
-        bool grows = false;   // some row's max grew
+    float m_tile[MT][2];  // this tile's row maxima, times c
+    bool grows = false;   // some row's max grew
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            m_tile[m][h] = row_max(S, m, h) * scale_log2;  // scale > 0
+            grows |= m_tile[m][h] > m_i[m][h];
+        }
+    }
+    // The vote is warp-uniform. (LAZY && vote, not if constexpr (LAZY) around it: nvcc 12.4
+    // rolls the loop again in four eager kernels with that.)
+    if (LAZY && __any_sync(0xffffffffu, grows)) {
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                m_tile[m][h] = row_max(S, m, h) * scale_log2;  // scale > 0
-                grows |= m_tile[m][h] > m_i[m][h];
-            }
-        }
-        if (__any_sync(0xffffffffu, grows)) {  // warp-uniform
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) rescale_row(m_i, l_i, O_acc, m, h, m_tile[m][h]);
-            }
+            for (int h = 0; h < 2; ++h) rescale_row(m_i, l_i, O_acc, m, h, m_tile[m][h]);
         }
     }
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            if constexpr (!LAZY) {
-                rescale_row(m_i, l_i, O_acc, m, h, row_max(S, m, h) * scale_log2);
-            }
+            if constexpr (!LAZY) rescale_row(m_i, l_i, O_acc, m, h, m_tile[m][h]);
             // A row with every key masked so far has m = -inf; subtract 0 instead (p = 0).
             const float m_base = m_i[m][h] == -INFINITY ? 0.f : m_i[m][h];
 #pragma unroll
