@@ -36,6 +36,13 @@
 
 /* ---- tunables ---------------------------------------------------------------------------- */
 
+// cp.async exists from sm_80 on; sm_75 prefetches through registers instead.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define HAS_CP_ASYNC 0
+#else
+#define HAS_CP_ASYNC 1
+#endif
+
 // Q rows per block = threads per block (one query row per thread): 4 warps.
 constexpr int BR = 128;
 // K/V rows per tile at D = 64: S[64] and O_acc[64] stay in registers; smem 51,200 B.
@@ -84,7 +91,8 @@ __device__ __forceinline__ void store_chunk(__half *p, const float f[CHUNK]) {
 
 // Rows row0 .. row0 + ROWS - 1 of one head's [N, D] matrix -> tile[ROWS][LD] in shared memory
 // (LD >= D elements per row), in 16-byte chunks: consecutive threads take consecutive chunks, so
-// the global reads coalesce. Rows >= N are zero-filled: a tail tile reads nothing out of bounds.
+// the global reads coalesce. Rows >= N are zero-filled: a tail tile reads nothing out of bounds,
+// and its zero K/V rows never put a NaN into S or O.
 template <int ROWS, int D, int LD, int THREADS>
 __device__ __forceinline__ void load_tile(__half *tile, const __half *__restrict__ src, int row0,
                                           int N, int tid) {
@@ -99,7 +107,7 @@ __device__ __forceinline__ void load_tile(__half *tile, const __half *__restrict
     }
 }
 
-#if __CUDA_ARCH__ >= 800
+#if HAS_CP_ASYNC
 // One 16-byte cp.async: global -> shared memory, bypassing registers and L1 (.cg). The copy
 // writes src_bytes bytes from gmem and zero-fills the rest, so src_bytes = 0 writes 16 zeros
 // and reads nothing.
@@ -137,34 +145,33 @@ __device__ __forceinline__ void load_tile_async(__half *tile, const __half *__re
 #else
 // sm_75 has no cp.async: the next tile is staged through registers instead, in two halves.
 // fetch_tile: this thread's chunks of rows row0 .. row0 + ROWS - 1 -> regs (rows >= N: zeros).
+// They are load_tile's chunks of this thread: one column, every ROWS_PER_PASS-th row.
 template <int ROWS, int D, int THREADS>
 __device__ __forceinline__ void fetch_tile(uint4 regs[ROWS * D / CHUNK / THREADS],
                                            const __half *__restrict__ src, int row0, int N,
                                            int tid) {
     constexpr int CHUNKS_PER_ROW = D / CHUNK;
-    static_assert(ROWS * CHUNKS_PER_ROW % THREADS == 0, "every thread takes as many chunks");
+    constexpr int ROWS_PER_PASS = THREADS / CHUNKS_PER_ROW;
+    static_assert(ROWS % ROWS_PER_PASS == 0, "every thread takes as many chunks");
+    const int r0 = tid / CHUNKS_PER_ROW, col = (tid % CHUNKS_PER_ROW) * CHUNK;
 #pragma unroll
-    for (int n = 0; n < ROWS * CHUNKS_PER_ROW / THREADS; ++n) {
-        const int c = tid + n * THREADS;
-        const int r = c / CHUNKS_PER_ROW;
-        const int col = (c % CHUNKS_PER_ROW) * CHUNK;
+    for (int n = 0; n < ROWS / ROWS_PER_PASS; ++n) {
+        const int r = r0 + n * ROWS_PER_PASS;
         regs[n] = make_uint4(0, 0, 0, 0);
         if (row0 + r < N) regs[n] = *(const uint4 *)(src + (size_t)(row0 + r) * D + col);
     }
 }
 
-// stash_tile: regs from fetch_tile -> tile[ROWS][D] in shared memory, the same chunks.
-template <int ROWS, int D, int THREADS>
+// stash_tile: regs from fetch_tile -> tile[ROWS][LD] in shared memory, the same chunks.
+template <int ROWS, int D, int LD, int THREADS>
 __device__ __forceinline__ void stash_tile(__half *tile,
                                            const uint4 regs[ROWS * D / CHUNK / THREADS], int tid) {
     constexpr int CHUNKS_PER_ROW = D / CHUNK;
+    constexpr int ROWS_PER_PASS = THREADS / CHUNKS_PER_ROW;
+    const int r0 = tid / CHUNKS_PER_ROW, col = (tid % CHUNKS_PER_ROW) * CHUNK;
 #pragma unroll
-    for (int n = 0; n < ROWS * CHUNKS_PER_ROW / THREADS; ++n) {
-        const int c = tid + n * THREADS;
-        const int r = c / CHUNKS_PER_ROW;
-        const int col = (c % CHUNKS_PER_ROW) * CHUNK;
-        *(uint4 *)(tile + r * D + col) = regs[n];
-    }
+    for (int n = 0; n < ROWS / ROWS_PER_PASS; ++n)
+        *(uint4 *)(tile + (r0 + n * ROWS_PER_PASS) * LD + col) = regs[n];
 }
 #endif
 
@@ -218,7 +225,7 @@ __global__ void __launch_bounds__(BR)
 
     // Prologue: tile 0 -> buffer 0.
     if (PIPELINE) {
-#if __CUDA_ARCH__ >= 800
+#if HAS_CP_ASYNC
         load_tile_async<BC, D, D, BR>(K_buf, K, 0, N, tid);
         load_tile_async<BC, D, D, BR>(V_buf, V, 0, N, tid);
         cp_async_commit();
@@ -241,7 +248,7 @@ __global__ void __launch_bounds__(BR)
             load_tile<BC, D, D, BR>(K_buf, K, k0, N, tid);
             load_tile<BC, D, D, BR>(V_buf, V, k0, N, tid);
         } else {
-#if __CUDA_ARCH__ >= 800
+#if HAS_CP_ASYNC
             cp_async_wait_all();  // this thread's copies of tile kt have landed
 #endif
         }
@@ -249,7 +256,7 @@ __global__ void __launch_bounds__(BR)
         // every thread is done with tile kt - 1, so its buffer is free for tile kt + 1.
         __syncthreads();
 
-#if __CUDA_ARCH__ >= 800
+#if HAS_CP_ASYNC
         if (prefetch) {  // tile kt + 1 -> the other buffer, in flight while we compute
             load_tile_async<BC, D, D, BR>(K_next, K, k0 + BC, N, tid);
             load_tile_async<BC, D, D, BR>(V_next, V, k0 + BC, N, tid);
@@ -285,9 +292,9 @@ __global__ void __launch_bounds__(BR)
                 }
             }
         }
-#if __CUDA_ARCH__ < 800
+#if !HAS_CP_ASYNC
         if (prefetch) {  // K of tile kt + 1: registers -> the other buffer; then fetch its V
-            stash_tile<BC, D, BR>(K_next, next, tid);
+            stash_tile<BC, D, D, BR>(K_next, next, tid);
             fetch_tile<BC, D, BR>(next, V, k0 + BC, N, tid);
         }
 #endif
@@ -323,9 +330,9 @@ __global__ void __launch_bounds__(BR)
             }
         }
         m_i = m_new;
-#if __CUDA_ARCH__ < 800
+#if !HAS_CP_ASYNC
         if (prefetch)
-            stash_tile<BC, D, BR>(V_next, next, tid);  // V of tile kt + 1 -> the other buffer
+            stash_tile<BC, D, D, BR>(V_next, next, tid);  // V of tile kt + 1 -> the other buffer
 #endif
         if (!PIPELINE)
             __syncthreads();  // every thread is done with K_smem/V_smem before the next tile lands
