@@ -72,9 +72,9 @@ constexpr int WM = 16, WN = 16, WK = 16;
 // Blocks per SM the tiles are chosen for (tile_bc): 2, i.e. 8 warps.
 constexpr int MIN_BLOCKS = 2;
 // Launch bound: the blocks per SM whose registers ptxas must leave room for. MIN_BLOCKS lets it
-// use up to 255 (left alone, it squeezes some shapes into 128 for 4 blocks, and spills). D = 64
-// with 64-key tiles on sm_80+ asks for 3: three 63 KB blocks share an H100 SM, and the kernel
-// fits 168 registers once Q_i is read from smem (Q_IN_REGS).
+// use up to 255. D = 64 with 64-key tiles on sm_80+ asks for 3: three 63 KB blocks share an
+// H100 SM, and the kernel fits 168 registers once Q_i is read from smem (Q_IN_REGS). Left
+// alone, ptxas takes fewer registers, and D = 64 ran 5% slower on an H200 (README.md).
 template <int D, int BC>
 constexpr int launch_min_blocks() {
     return D == 64 && BC == BC_LARGE && HAS_CP_ASYNC ? 3 : MIN_BLOCKS;
