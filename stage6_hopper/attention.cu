@@ -85,9 +85,13 @@ __host__ __device__ constexpr int block_threads() {
 // another BC / 4; with O_acc (D / 2) that is 160 of the 240 registers at D = 128.
 constexpr int BC = 128;
 
-// K/V ring depth: the producer runs up to STAGES tiles ahead of the consumers. Shared memory:
-// Q 32 KB + 2 x (K 32 KB + V 32 KB) = 160 KB at D = 128, of the 227 KB a block may have.
+// K/V ring depth: the producer runs up to STAGES tiles ahead of the consumers.
 constexpr int STAGES = 2;
+
+// Q buffers: with two, the next work tile's Q lands while this one's last key tiles run, and the
+// consumers go from one work tile to the next without waiting for it. Shared memory at D = 128:
+// 2 x Q 32 KB + 2 x (K 32 KB + V 32 KB) = 192 KB, of the 227 KB a block may have.
+constexpr int Q_STAGES = 2;
 
 // setmaxnreg: the block's threads start with an even share of the 65,536 registers (168 each
 // for 384 threads, 128 for 512); the producer gives most of its share to the consumers. Two
@@ -170,25 +174,38 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes
            (uint64_t)(stride_bytes >> 4) << 32 | 1ull << 62;
 }
 
-// Operand A or B stored "K-major" (the K dimension contiguous: Q and K rows, D halves each),
-// k-step kk of MMA_K columns. Within a 64-column slab, step kk starts kk * 32 bytes into each
-// 128-byte row (the hardware applies the swizzle to the address); the 8-row groups are 1024
-// bytes apart (stride offset); the leading offset is unused in this mode.
+// The descriptor of the same matrix `bytes` further on. Only the start address field (the low
+// 14 bits, in 16-byte units) changes, and inside shared memory it never carries out of them, so
+// a 32-bit add does it: each wgmma's descriptor is one add from its tile's, not a fresh
+// encoding (which took about ten instructions per wgmma, on the path that holds the turn).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)desc + (bytes >> 4));
+}
+
+// Operand A or B stored "K-major" (the K dimension contiguous: Q and K rows, D halves each).
+// Within a 64-column slab, k-step kk starts kk * 32 bytes into each 128-byte row (the hardware
+// applies the swizzle to the address); the 8-row groups are 1024 bytes apart (stride offset);
+// the leading offset is unused in this mode.
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t tile) {
+    return smem_desc(tile, 16, SWIZZLE_ATOM_BYTES);
+}
 template <int ROWS>
-__device__ __forceinline__ uint64_t desc_k_major(uint32_t tile, int kk) {
+__device__ __forceinline__ uint64_t desc_k_major_step(uint64_t tile_desc, int kk) {
     constexpr int STEPS_PER_SLAB = SLAB_COLS / MMA_K;
-    const uint32_t addr = tile + (kk / STEPS_PER_SLAB) * (ROWS * SLAB_ROW_BYTES) +
-                          (kk % STEPS_PER_SLAB) * (MMA_K * 2);
-    return smem_desc(addr, 16, SWIZZLE_ATOM_BYTES);
+    return desc_advance(tile_desc, (kk / STEPS_PER_SLAB) * (ROWS * SLAB_ROW_BYTES) +
+                                       (kk % STEPS_PER_SLAB) * (MMA_K * 2));
 }
 
 // Operand B stored "MN-major" (N contiguous: V's rows are keys = the K dimension of P V, with
-// the D output columns contiguous). k-step kk is MMA_K key rows further down: 2 swizzle atoms.
-// Along N the 64-column slabs are ROWS * 128 bytes apart (leading offset); along K the 8-row
-// groups 1024 bytes (stride offset).
+// the D output columns contiguous). Along N the 64-column slabs are ROWS * 128 bytes apart
+// (leading offset); along K the 8-row groups 1024 bytes (stride offset). k-step kk is MMA_K key
+// rows further down: 2 swizzle atoms.
 template <int ROWS>
-__device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile, int kk) {
-    return smem_desc(tile + kk * MMA_K * SLAB_ROW_BYTES, ROWS * SLAB_ROW_BYTES, SWIZZLE_ATOM_BYTES);
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile) {
+    return smem_desc(tile, ROWS * SLAB_ROW_BYTES, SWIZZLE_ATOM_BYTES);
+}
+__device__ __forceinline__ uint64_t desc_mn_major_step(uint64_t tile_desc, int kk) {
+    return desc_advance(tile_desc, kk * MMA_K * SLAB_ROW_BYTES);
 }
 
 // wgmma runs asynchronously: fence before the first of a batch (the registers it reads or
@@ -212,6 +229,16 @@ template <int R>
 __device__ __forceinline__ void pin_registers(float (&d)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The same for an A operand in registers (P of O += P V), which the wgmma reads until it is done:
+// pinned after the wait, P counts as live until then. Otherwise, to the compiler P is dead once
+// the wgmma is issued, and ptxas may give its registers to the softmax's temporaries, which
+// then have to wait for the wgmma: the wait moves up in front of the softmax, and the overlap is
+// gone (seen in the SASS and in ncu's stall samples).
+template <int R>
+__device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
 #define ACC8(d, i)                                                                  \
@@ -240,20 +267,26 @@ __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uin
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// d (64 x N, fp32) += A (64 x 16 fp16, in registers) * B (16 x N, MN-major in shared memory).
-// A's layout is the accumulator's, two columns packed per register: a[0] = (row g, columns 2t,
-// 2t+1), a[1] = (row g+8, same), a[2] = (row g, 2t+8, 2t+9), a[3] = (row g+8, same).
-__device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t *a, uint64_t b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
-                 "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-                 : ACC64(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+// d (64 x N, fp32) {=, +=} A (64 x 16 fp16, in registers) * B (16 x N, MN-major in shared
+// memory). A's layout is the accumulator's, two columns packed per register: a[0] = (row g,
+// columns 2t, 2t+1), a[1] = (row g+8, same), a[2] = (row g, 2t+8, 2t+9), a[3] = (row g+8, same).
+__device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t *a, uint64_t b,
+                                                 int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
-__device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *a, uint64_t b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" REGS32
-                 "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-                 : ACC32(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+__device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *a, uint64_t b,
+                                                int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" REGS32
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : ACC32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
 // Registers per warpgroup role (sm_90a): the block starts with an even share, then the
@@ -286,8 +319,9 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 
 /* ---- the kernel's shared memory ---------------------------------------------------------- */
 
-// Q_smem [D/64 slabs][BR rows][64], then the K and V rings, each STAGES x [D/64][BC][64], then
-// the mbarriers. Every tile starts 1024-byte aligned (the swizzle atom).
+// Q_smem Q_STAGES x [D/64 slabs][BR rows][64], then the K and V rings, each STAGES x
+// [D/64][BC][64], then the mbarriers and the work tile indices. Every tile starts 1024-byte
+// aligned (the swizzle atom).
 template <int D, int C>
 __host__ __device__ constexpr int q_bytes() {
     return block_rows<C>() * D * 2;
@@ -298,8 +332,8 @@ __host__ __device__ constexpr int kv_bytes() {
 }
 enum {
     BAR_Q_FULL,
-    BAR_Q_EMPTY,
-    BAR_K_FULL,
+    BAR_Q_EMPTY = BAR_Q_FULL + Q_STAGES,
+    BAR_K_FULL = BAR_Q_EMPTY + Q_STAGES,
     BAR_K_EMPTY = BAR_K_FULL + STAGES,
     BAR_V_FULL = BAR_K_EMPTY + STAGES,
     BAR_V_EMPTY = BAR_V_FULL + STAGES,
@@ -307,13 +341,13 @@ enum {
 };
 template <int D, int C>
 __host__ __device__ constexpr int smem_bytes() {
-    return 1024 /* alignment slack */ + q_bytes<D, C>() + 2 * STAGES * kv_bytes<D>() +
-           BARRIERS * 8 + 8 /* the work tile index the producer hands to the consumers */;
+    return 1024 /* alignment slack */ + Q_STAGES * q_bytes<D, C>() + 2 * STAGES * kv_bytes<D>() +
+           BARRIERS * 8 + Q_STAGES * 4 /* the work tile indices the producer hands over */;
 }
 
 typedef struct {
     uint32_t Q, K, V, bar;  // shared addresses: Q_smem, K ring, V ring, barriers
-    int *work;              // the current work tile of this block (written by the producer)
+    int *work;              // [Q_STAGES] the work tile whose Q is in Q buffer i (the producer's)
 } smem_tiles;
 
 template <int D, int C>
@@ -321,7 +355,7 @@ __device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
     smem_tiles s;
     const uint32_t pad = ((smem_u32(raw) + 1023u) & ~1023u) - smem_u32(raw);
     s.Q = smem_u32(raw) + pad;
-    s.K = s.Q + q_bytes<D, C>();
+    s.K = s.Q + Q_STAGES * q_bytes<D, C>();
     s.V = s.K + STAGES * kv_bytes<D>();
     s.bar = s.V + STAGES * kv_bytes<D>();
     s.work = (int *)(raw + pad + (s.bar - s.Q) + BARRIERS * 8);
@@ -343,10 +377,11 @@ __device__ __forceinline__ uint32_t v_stage(const smem_tiles &s, int st) {
 // those with the most key tiles (causal) first. A persistent block (one per SM) starts with work
 // tile blockIdx.x and then takes the next one not yet taken from a global counter, so causal
 // tiles of different lengths even out over the SMs as they would with one block per tile (the
-// variant nopersistent, which launches exactly that). kv0 counts the key tiles the block
-// consumed before this work tile: the K/V ring runs on across work tiles.
+// variant nopersistent, which launches exactly that). t numbers the block's work tiles (Q
+// buffer t % Q_STAGES); kv0 counts the key tiles the block consumed before this work tile: the
+// K/V ring runs on across work tiles.
 typedef struct {
-    int bh, q0, n_tiles, kv0;
+    int bh, q0, n_tiles, t, kv0;
 } work_tile;
 
 template <int C>
@@ -358,7 +393,7 @@ __device__ __forceinline__ work_tile work_at(int w, int N, int causal) {
     t.q0 = (q_tiles - 1 - w % q_tiles) * BR;
     const int all = (N + BC - 1) / BC;  // key tiles: all, or (causal) up to the last query row
     t.n_tiles = causal ? min(all, (t.q0 + BR + BC - 1) / BC) : all;
-    t.kv0 = 0;
+    t.t = t.kv0 = 0;
     return t;
 }
 
@@ -370,12 +405,22 @@ __device__ __forceinline__ uint32_t ring_parity(int it) {
     return (it / STAGES) & 1;
 }
 
+// The Q buffer of the block's t-th work tile, and the phase parity of its barriers.
+template <int D, int C>
+__device__ __forceinline__ uint32_t q_stage(const smem_tiles &s, int t) {
+    return s.Q + (t % Q_STAGES) * q_bytes<D, C>();
+}
+__device__ __forceinline__ uint32_t q_parity(int t) {
+    return (t / Q_STAGES) & 1;
+}
+
 /* ---- the producer ------------------------------------------------------------------------ */
 
-// One thread issues every copy: for each work tile, Q as soon as the consumers are done with
-// the last one, then K_j and V_j into ring slot it % STAGES as soon as the consumers have released
-// it. Separate barriers let S = Q K_j^T start before V_j lands. The work tile index goes to the
-// consumers through shared memory, published by the Q barrier; index >= works means "stop".
+// One thread issues every copy: for each work tile, Q into its buffer as soon as the consumers
+// are done with the work tile before last there, then K_j and V_j into ring slot it % STAGES as
+// soon as the consumers have released it. Separate barriers let S = Q K_j^T start before V_j
+// lands. The work tile index goes to the consumers through shared memory beside the Q buffer,
+// published by the Q barrier; index >= works means "stop".
 template <int D, int C>
 __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap *tmQ,
                                          const CUtensorMap *tmK, const CUtensorMap *tmV, int N,
@@ -383,18 +428,19 @@ __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap
     int it = 0;  // key tiles issued so far
     int w = blockIdx.x;
     for (int t = 0;; ++t) {
-        mbar_wait(bar_at(sm, BAR_Q_EMPTY), (t & 1) ^ 1);  // Q_smem and the index are free
-        atomicExch(sm.work, w);  // (an atomic, like the consumers' read: see consumer())
+        const int qs = t % Q_STAGES;
+        mbar_wait(bar_at(sm, BAR_Q_EMPTY + qs), q_parity(t) ^ 1);  // the buffer and index are free
+        atomicExch(&sm.work[qs], w);  // (an atomic, like the consumers' read: see take_work())
         if (w >= works) {
-            mbar_arrive(bar_at(sm, BAR_Q_FULL));  // no copy: the consumers read "stop" and end
+            mbar_arrive(bar_at(sm, BAR_Q_FULL + qs));  // no copy: the consumers read "stop"
             return;
         }
         const work_tile wt = work_at<C>(w, N, causal);
-        mbar_arrive_expect_tx(bar_at(sm, BAR_Q_FULL), q_bytes<D, C>());
+        mbar_arrive_expect_tx(bar_at(sm, BAR_Q_FULL + qs), q_bytes<D, C>());
 #pragma unroll
         for (int c = 0; c < D / SLAB_COLS; ++c)
-            tma_load_3d(sm.Q + c * block_rows<C>() * SLAB_ROW_BYTES, tmQ, bar_at(sm, BAR_Q_FULL),
-                        c * SLAB_COLS, wt.q0, wt.bh);
+            tma_load_3d(q_stage<D, C>(sm, t) + c * block_rows<C>() * SLAB_ROW_BYTES, tmQ,
+                        bar_at(sm, BAR_Q_FULL + qs), c * SLAB_COLS, wt.q0, wt.bh);
         // Take the next work tile now: the atomic's latency hides under this tile's copies.
         w = gridDim.x >= works ? works : gridDim.x + atomicAdd(next_work, 1);
         for (int j = 0; j < wt.n_tiles; ++j, ++it) {
@@ -423,31 +469,50 @@ typedef struct {
     int wg, warp, lane, g, t;
 } consumer_place;
 
-// Start S = Q K_j^T for this warpgroup's 64 rows: D / 16 wgmma from shared memory, one group.
+// The problem as the consumers see it: N, causal, and the softmax scale times log2(e).
+typedef struct {
+    int N, causal;
+    float scale_log2;
+} problem;
+
+// The first of the thread's two rows (the other is 8 further) in work tile wt.
+__device__ __forceinline__ int row_of(const work_tile &wt, const consumer_place &p) {
+    return wt.q0 + p.wg * MMA_M + 16 * p.warp + p.g;
+}
+
+// Start S = Q K_j^T for this warpgroup's 64 rows of work tile wt: D / 16 wgmma from shared
+// memory, one group.
 template <int D, int C>
 __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], const smem_tiles &sm,
-                                             const consumer_place &p, uint32_t K_tile) {
-    const uint32_t Q_rows = sm.Q + p.wg * MMA_M * SLAB_ROW_BYTES;
+                                             const consumer_place &p, const work_tile &wt,
+                                             uint32_t K_tile) {
+    const uint64_t Q_desc = desc_k_major(q_stage<D, C>(sm, wt.t) + p.wg * MMA_M * SLAB_ROW_BYTES);
+    const uint64_t K_desc = desc_k_major(K_tile);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / MMA_K; ++kk)
-        wgmma_m64n128_ss(S, desc_k_major<block_rows<C>()>(Q_rows, kk), desc_k_major<BC>(K_tile, kk),
-                         kk > 0);
+        wgmma_m64n128_ss(S, desc_k_major_step<block_rows<C>()>(Q_desc, kk),
+                         desc_k_major_step<BC>(K_desc, kk), kk > 0);
     wgmma_commit();
 }
 
 // Start O += P V_j: BC / 16 wgmma, P from registers (four per k-step), V from shared memory.
+// For the first key tile of a work tile (accumulate = 0) the first k-step overwrites O_acc: O
+// starts from zero, whatever the last work tile left in the registers.
 template <int D>
 __device__ __forceinline__ void issue_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
-                                         uint32_t V_tile) {
+                                         uint32_t V_tile, int accumulate) {
+    const uint64_t V_desc = desc_mn_major<BC>(V_tile);
     pin_registers(O_acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BC / MMA_K; ++kk) {
         if constexpr (D == 128)
-            wgmma_m64n128_rs(O_acc, &P[4 * kk], desc_mn_major<BC>(V_tile, kk));
+            wgmma_m64n128_rs(O_acc, &P[4 * kk], desc_mn_major_step(V_desc, kk),
+                             kk > 0 || accumulate);
         else
-            wgmma_m64n64_rs(O_acc, &P[4 * kk], desc_mn_major<BC>(V_tile, kk));
+            wgmma_m64n64_rs(O_acc, &P[4 * kk], desc_mn_major_step(V_desc, kk),
+                            kk > 0 || accumulate);
     }
     wgmma_commit();
 }
@@ -521,19 +586,20 @@ __device__ __forceinline__ void pack_p(const float (&S)[BC / 2], uint32_t (&P)[B
     for (int k = 0; k < BC / 4; ++k) P[k] = pack_half2(S[2 * k], S[2 * k + 1]);
 }
 
-// O = O_acc / l (fp16) and LSE = (m + log2 l) ln 2 for this thread's rows inside N.
+// O = O_acc / l (fp16) and LSE = (m + log2 l) ln 2 for this thread's rows of work tile wt
+// inside N.
 template <int D>
 __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const float (&m_i)[2],
                                          const float (&l_i)[2], const consumer_place &p, __half *O,
-                                         float *lse, size_t head, int row0, int N,
-                                         float scale_log2) {
+                                         float *lse, const work_tile &wt, const problem &pb) {
+    const size_t head = (size_t)wt.bh * pb.N;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float l = l_i[h];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int row = row0 + 8 * h;
-        if (row >= N) continue;
+        const int row = row_of(wt, p) + 8 * h;
+        if (row >= pb.N) continue;
         const float inv_l = l > 0.f ? 1.f / l : 0.f;
         __half *o_row = O + (head + (size_t)row) * D;
 #pragma unroll
@@ -541,7 +607,7 @@ __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const floa
             *reinterpret_cast<uint32_t *>(o_row + 8 * i + 2 * p.t) =
                 pack_half2(O_acc[4 * i + 2 * h] * inv_l, O_acc[4 * i + 2 * h + 1] * inv_l);
         // m_i is in raw-score units: scale, then natural log.
-        if (p.t == 0) lse[head + row] = (m_i[h] * scale_log2 + log2f(l)) * 0.69314718055994531f;
+        if (p.t == 0) lse[head + row] = (m_i[h] * pb.scale_log2 + log2f(l)) * 0.69314718055994531f;
     }
 }
 
@@ -563,14 +629,8 @@ __device__ __forceinline__ void pingpong_pass_turn(int wg) {
 
 enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
 
-// What a consumer needs to know about its work tile besides the ring: where the scores need a
-// mask. Tile j needs it when it is the tail tile, or causal with a key past the warpgroup's
-// first row.
-typedef struct {
-    int N, causal;
-    float scale_log2;
-} problem;
-
+// Key tile j of work tile wt needs a mask when it is the tail tile, or causal with a key past
+// the warpgroup's first row.
 __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
                                            const consumer_place &p, int j) {
     const int key0 = j * BC;
@@ -582,136 +642,184 @@ __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &w
 __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                             float (&alpha)[2], const smem_tiles &sm,
                                             const consumer_place &p, const problem &pb,
-                                            const work_tile &wt, int row0, int j, int st) {
+                                            const work_tile &wt, int j, int st) {
     pin_registers(S);
     release(bar_at(sm, BAR_K_EMPTY + st), p);
-    if (j == wt.n_tiles - 1) release(bar_at(sm, BAR_Q_EMPTY), p);  // Q's last use
-    if (needs_mask(pb, wt, p, j)) mask_scores(S, p, row0, j * BC, pb.N, pb.causal);
+    if (j == wt.n_tiles - 1) release(bar_at(sm, BAR_Q_EMPTY + wt.t % Q_STAGES), p);  // Q's last use
+    if (needs_mask(pb, wt, p, j)) mask_scores(S, p, row_of(wt, p), j * BC, pb.N, pb.causal);
     softmax_tile(S, m_i, l_i, alpha, pb.scale_log2);
 }
 
-// Serial (variant nooverlap): each key tile in turn, S = Q K^T, softmax, O += P V, every wgmma
-// waited for at once. The tensor pipe idles during this warpgroup's softmax unless the other
-// warpgroup happens to fill it.
+// The block's t-th work tile, whose key tiles start at the block's it-th: wait until its Q has
+// landed and its index is published. False means "stop": no work tiles are left.
+template <int C>
+__device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_place &p,
+                                          const problem &pb, int works, int t, int it,
+                                          work_tile &wt) {
+    mbar_wait(bar_at(sm, BAR_Q_FULL + t % Q_STAGES), q_parity(t));
+    // The mbarrier orders this read after the producer's write (and Q_EMPTY the next write after
+    // it), but compute-sanitizer's racecheck does not model mbarriers for ordinary shared memory
+    // accesses: one atomic read per warp, broadcast, keeps it clean.
+    int w = 0;
+    if (p.lane == 0) w = atomicAdd(&sm.work[t % Q_STAGES], 0);
+    w = __shfl_sync(0xffffffffu, w, 0);
+    if (w >= works) return false;
+    wt = work_at<C>(w, pb.N, pb.causal);
+    wt.t = t;
+    wt.kv0 = it;
+    return true;
+}
+
+template <int D>
+__device__ __forceinline__ void start_rows(float (&O_acc)[D / 2], float (&m_i)[2],
+                                           float (&l_i)[2]) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) O_acc[i] = 0.f;
+    m_i[0] = m_i[1] = -INFINITY;
+    l_i[0] = l_i[1] = 0.f;
+}
+
+// Serial (variant nooverlap): each work tile, each key tile in turn: S = Q K^T, softmax,
+// O += P V, every wgmma waited for at once. The tensor pipe idles during this warpgroup's softmax
+// unless the other warpgroup happens to fill it.
 template <int D, int C>
 __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const consumer_place &p,
-                                                const problem &pb, const work_tile &wt, int row0,
-                                                float (&O_acc)[D / 2], float (&m_i)[2],
-                                                float (&l_i)[2]) {
-    for (int j = 0; j < wt.n_tiles; ++j) {
-        const int it = wt.kv0 + j, st = ring_slot(it);
-        float S[BC / 2], alpha[2];
-        uint32_t P[BC / 4];
+                                                const problem &pb, __half *O, float *lse,
+                                                int works) {
+    work_tile wt;
+    for (int t = 0, it = 0; take_work<C>(sm, p, pb, works, t, it, wt); ++t) {
+        float O_acc[D / 2], m_i[2], l_i[2];
+        start_rows<D>(O_acc, m_i, l_i);
+        for (int j = 0; j < wt.n_tiles; ++j, ++it) {
+            const int st = ring_slot(it);
+            float S[BC / 2], alpha[2];
+            uint32_t P[BC / 4];
 
-        mbar_wait(bar_at(sm, BAR_K_FULL + st), ring_parity(it));
-        issue_scores<D, C>(S, sm, p, k_stage<D>(sm, st));
-        wgmma_wait<0>();
-        scores_done(S, m_i, l_i, alpha, sm, p, pb, wt, row0, j, st);
-        rescale_o<D>(O_acc, alpha);
-        pack_p(S, P);
+            mbar_wait(bar_at(sm, BAR_K_FULL + st), ring_parity(it));
+            issue_scores<D, C>(S, sm, p, wt, k_stage<D>(sm, st));
+            wgmma_wait<0>();
+            scores_done(S, m_i, l_i, alpha, sm, p, pb, wt, j, st);
+            rescale_o<D>(O_acc, alpha);
+            pack_p(S, P);
 
-        mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
-        issue_pv<D>(O_acc, P, v_stage<D>(sm, st));
-        wgmma_wait<0>();
-        pin_registers(O_acc);
-        release(bar_at(sm, BAR_V_EMPTY + st), p);
+            mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
+            issue_pv<D>(O_acc, P, v_stage<D>(sm, st), 1);
+            wgmma_wait<0>();
+            pin_registers(O_acc);
+            release(bar_at(sm, BAR_V_EMPTY + st), p);
+        }
+        epilogue<D>(O_acc, m_i, l_i, p, O, lse, wt, pb);
     }
 }
 
-// Overlapped (default; nopingpong without the turn-taking): S_j = Q K_j^T and O += P_{j-1} V_{j-1}
-// are issued together, and the softmax of tile j runs while the P V wgmma is still in flight
-// (FlashAttention-3's intra-warpgroup pipelining). P_{j-1} stays in its registers until that
-// wgmma is done; the softmax works on S in fp32 and is packed to P afterwards.
+// Overlapped (default; nopingpong without the turn-taking): one pipeline over every key tile the
+// block consumes, across its work tiles. Each turn issues S_next = Q K_next^T together with
+// O += P V of the key tile before, and the softmax of S_next runs while that P V wgmma is still
+// in flight (FlashAttention-3's intra-warpgroup pipelining). P stays in its registers until its
+// wgmma is done; the softmax works on S in fp32 and packs it to P afterwards. When the P V
+// finishes a work tile, S_next is already the first key tile of the next one: the epilogue
+// writes O in the time the other warpgroups' GEMMs take, and no turn is ever half empty.
+//
+// The loop is rotated so that the wait for P V opens a pass and the softmax closes it: ptxas
+// moves a wgmma wait, and everything after it, as early as it can inside a basic block, which
+// put the wait in front of the softmax (the SASS showed WARPGROUP.DEPBAR.LE gsb0, 0x0 before
+// the first MUFU.EX2: no overlap at all). The loop's back edge is a boundary it does not cross.
 template <int D, int C, bool PINGPONG>
 __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
-                                                    const problem &pb, const work_tile &wt,
-                                                    int row0, float (&O_acc)[D / 2],
-                                                    float (&m_i)[2], float (&l_i)[2]) {
-    float S[BC / 2], alpha[2];
+                                                    const problem &pb, __half *O, float *lse,
+                                                    int works) {
+    work_tile wt;
+    if (!take_work<C>(sm, p, pb, works, 0, 0, wt)) return;
+    // Warpgroup 0 takes the first turn: the last warpgroup hands it over before its own first wait.
+    if (PINGPONG && p.wg == C - 1) pingpong_pass_turn<C>(p.wg);
+
+    float O_acc[D / 2], S[BC / 2], m_i[2], l_i[2], alpha[2];
     uint32_t P[BC / 4];
 
-    // Tile 0: nothing to overlap with yet.
-    const int st0 = ring_slot(wt.kv0);
-    mbar_wait(bar_at(sm, BAR_K_FULL + st0), ring_parity(wt.kv0));
-    issue_scores<D, C>(S, sm, p, k_stage<D>(sm, st0));
+    // The block's first key tile: S only, nothing to overlap with yet.
+    start_rows<D>(O_acc, m_i, l_i);
+    mbar_wait(bar_at(sm, BAR_K_FULL + ring_slot(0)), ring_parity(0));
+    if (PINGPONG) pingpong_wait_turn(p.wg);
+    issue_scores<D, C>(S, sm, p, wt, k_stage<D>(sm, ring_slot(0)));
+    if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
-    scores_done(S, m_i, l_i, alpha, sm, p, pb, wt, row0, 0,
-                st0);  // O_acc is still zero: no rescale
-    pack_p(S, P);
-    // Warpgroup 0 takes the first turn: the last warpgroup hands it over before its own first
-    // wait.
-    constexpr int LAST = C - 1;
-    if (PINGPONG && p.wg == LAST && wt.n_tiles > 1) pingpong_pass_turn<LAST + 1>(p.wg);
+    scores_done(S, m_i, l_i, alpha, sm, p, pb, wt, 0, ring_slot(0));
 
-    for (int j = 1; j < wt.n_tiles; ++j) {
-        const int it = wt.kv0 + j, st = ring_slot(it), prev = ring_slot(it - 1);
-
-        mbar_wait(bar_at(sm, BAR_K_FULL + st), ring_parity(it));
-        if (PINGPONG) pingpong_wait_turn(p.wg);
-        issue_scores<D, C>(S, sm, p, k_stage<D>(sm, st));
-        mbar_wait(bar_at(sm, BAR_V_FULL + prev), ring_parity(it - 1));
-        issue_pv<D>(O_acc, P, v_stage<D>(sm, prev));
-        // Every turn taken is handed on, except the last warpgroup's last (warpgroup 0 has no
-        // more turns in this work tile).
-        if (PINGPONG && !(p.wg == LAST && j == wt.n_tiles - 1)) pingpong_pass_turn<LAST + 1>(p.wg);
-
-        wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
-        scores_done(S, m_i, l_i, alpha, sm, p, pb, wt, row0, j, st);
-
-        wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: P and O_acc are free
+    // A pass starts with S holding the softmax of key tile j of work tile wt, the block's it-th,
+    // while the P V of the key tile before it may still run. If that P V ends a work tile
+    // (finished), `done`, m_done and l_done are that work tile's.
+    work_tile done = wt;
+    float m_done[2] = {0.f, 0.f}, l_done[2] = {0.f, 0.f};
+    bool finished = false;
+    int it = 0, j = 0;
+    for (;; ++it) {
+        wgmma_wait<0>();  // the last P V is done: P and O_acc are free
         pin_registers(O_acc);
-        release(bar_at(sm, BAR_V_EMPTY + prev), p);
-        rescale_o<D>(O_acc, alpha);
+        pin_registers(P);
+        if (it > 0) release(bar_at(sm, BAR_V_EMPTY + ring_slot(it - 1)), p);
+        if (finished) epilogue<D>(O_acc, m_done, l_done, p, O, lse, done, pb);
+        rescale_o<D>(O_acc, alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
         pack_p(S, P);
+
+        work_tile next = wt;  // the work tile of the next key tile
+        int next_j = j + 1;
+        if (next_j == wt.n_tiles) {
+            next_j = 0;
+            if (!take_work<C>(sm, p, pb, works, wt.t + 1, it + 1, next)) break;
+        }
+        const int st = ring_slot(it), next_st = ring_slot(it + 1);
+
+        mbar_wait(bar_at(sm, BAR_K_FULL + next_st), ring_parity(it + 1));
+        if (PINGPONG) pingpong_wait_turn(p.wg);
+        issue_scores<D, C>(S, sm, p, next, k_stage<D>(sm, next_st));
+        mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
+        issue_pv<D>(O_acc, P, v_stage<D>(sm, st), j > 0);
+        if (PINGPONG) pingpong_pass_turn<C>(p.wg);
+
+        finished = next_j == 0;
+        if (finished) {  // that P V is work tile wt's last; S_next starts the next one
+            done = wt;
+            m_done[0] = m_i[0], m_done[1] = m_i[1], l_done[0] = l_i[0], l_done[1] = l_i[1];
+            m_i[0] = m_i[1] = -INFINITY, l_i[0] = l_i[1] = 0.f;
+        }
+        wgmma_wait<1>();  // S_next is done; P V may still run
+        scores_done(S, m_i, l_i, alpha, sm, p, pb, next, next_j, next_st);
+        wt = next;
+        j = next_j;
     }
 
-    const int it = wt.kv0 + wt.n_tiles - 1, last = ring_slot(it);
-    mbar_wait(bar_at(sm, BAR_V_FULL + last), ring_parity(it));
-    issue_pv<D>(O_acc, P, v_stage<D>(sm, last));
+    // The block's last key tile: P V only.
+    const int st = ring_slot(it);
+    mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
+    if (PINGPONG) pingpong_wait_turn(p.wg);
+    issue_pv<D>(O_acc, P, v_stage<D>(sm, st), j > 0);
+    if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
     pin_registers(O_acc);
-    release(bar_at(sm, BAR_V_EMPTY + last), p);
+    release(bar_at(sm, BAR_V_EMPTY + st), p);
+    epilogue<D>(O_acc, m_i, l_i, p, O, lse, wt, pb);
+
+    // Every turn was handed on; warpgroup 0 takes the last warpgroup's final hand-over, so that no
+    // arrival is left pending on its barrier.
+    if (PINGPONG && p.wg == 0) pingpong_wait_turn(p.wg);
 }
 
-// One consumer thread over its block's work tiles: wait for Q, run the schedule over the key
-// tiles, write O and LSE; the producer loads the next Q and K/V meanwhile.
+// One consumer thread: its place in the block, then its schedule over the block's work tiles.
 template <int D, int C, int SCHEDULE>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb, __half *O,
                                          float *lse, int works) {
     consumer_place p;
-    p.wg = threadIdx.x / WARPGROUP - 1;
+    // Read from lane 0, the warpgroup index is one value per warp to the compiler too, so the
+    // addresses and descriptors built from it stay in uniform registers, where wgmma takes them.
+    p.wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / WARPGROUP, 0) - 1;
     p.warp = (threadIdx.x / 32) % 4;
     p.lane = threadIdx.x % 32;
     p.g = p.lane / 4;
     p.t = p.lane % 4;
-
-    int it = 0;  // key tiles consumed so far
-    for (int t = 0;; ++t) {
-        mbar_wait(bar_at(sm, BAR_Q_FULL), t & 1);  // Q_t has landed and the index is published
-        // The mbarrier orders this read after the producer's write (and Q_EMPTY the next write
-        // after it), but compute-sanitizer's racecheck does not model mbarriers for ordinary
-        // shared memory accesses: one atomic read per warp, broadcast, keeps it clean.
-        int w = 0;
-        if (p.lane == 0) w = atomicAdd(sm.work, 0);
-        w = __shfl_sync(0xffffffffu, w, 0);
-        if (w >= works) return;
-        work_tile wt = work_at<C>(w, pb.N, pb.causal);
-        wt.kv0 = it;
-        const int row0 = wt.q0 + p.wg * MMA_M + 16 * p.warp + p.g;  // this thread's rows: +0, +8
-
-        float O_acc[D / 2];
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) O_acc[i] = 0.f;
-        float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
-
-        if (SCHEDULE == SCHEDULE_SERIAL)
-            consumer_serial<D, C>(sm, p, pb, wt, row0, O_acc, m_i, l_i);
-        else
-            consumer_overlapped<D, C, SCHEDULE == SCHEDULE_PINGPONG>(sm, p, pb, wt, row0, O_acc,
-                                                                     m_i, l_i);
-        epilogue<D>(O_acc, m_i, l_i, p, O, lse, (size_t)wt.bh * pb.N, row0, pb.N, pb.scale_log2);
-        it += wt.n_tiles;
-    }
+    if (SCHEDULE == SCHEDULE_SERIAL)
+        consumer_serial<D, C>(sm, p, pb, O, lse, works);
+    else
+        consumer_overlapped<D, C, SCHEDULE == SCHEDULE_PINGPONG>(sm, p, pb, O, lse, works);
 }
 
 /* ---- the kernel -------------------------------------------------------------------------- */
@@ -728,8 +836,10 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
     extern __shared__ unsigned char smem_raw[];
     const smem_tiles sm = carve_smem<D, C>(smem_raw);
     if (threadIdx.x == 0) {
-        mbar_init(bar_at(sm, BAR_Q_FULL), 1);       // the producer's expect_tx arrival
-        mbar_init(bar_at(sm, BAR_Q_EMPTY), C * 4);  // one arrival per consumer warp
+        for (int qs = 0; qs < Q_STAGES; ++qs) {
+            mbar_init(bar_at(sm, BAR_Q_FULL + qs), 1);       // the producer's expect_tx arrival
+            mbar_init(bar_at(sm, BAR_Q_EMPTY + qs), C * 4);  // one arrival per consumer warp
+        }
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(bar_at(sm, BAR_K_FULL + st), 1);
             mbar_init(bar_at(sm, BAR_V_FULL + st), 1);

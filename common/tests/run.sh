@@ -36,7 +36,7 @@ part() { # part NAME COMMAND...: runs it, adds its "N passed, M failed" (or 1/0)
 part "CPU unit tests" "$dir/test_common" "$tmp"
 "$dir/test_common" --fixtures "$tmp" || failed=$((failed + 1))
 for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$dir/$s" "$tmp"; done
-part "no spills, no stack frame (stages 1-5)" bash common/tests/check_spills.sh "$dir" $stages
+part "no spills, no stack frame, no ptxas performance warning (stages 1-6)" bash common/tests/check_spills.sh "$dir" $stages
 part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
 if [ -f plots/tests/run.sh ]; then part "sweep, plots and tables" bash plots/tests/run.sh; fi
 part "C/CUDA sources formatted (pinned clang-format)" make --no-print-directory -s format-check
