@@ -22,6 +22,7 @@
  *    global counter; each consumer runs one pipeline over the key tiles of all its work tiles
  *    (two Q buffers), so a work tile's first S is issued beside the last one's final P V.
  *  - exp2 with log2(e) folded into the scale, causal key tiles past the diagonal never loaded.
+ *  - 176-key tiles at D = 128 without a causal mask (fewer fixed costs per key), 128 elsewhere.
  * Expected gain: about 1.6x over stage 5 (measured: 1.57x FlashAttention-2 and 0.97x cuDNN over
  * the fa2 shapes on an H200, README.md).
  *
@@ -30,10 +31,10 @@
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  *
- * NOTE: what is left is short rows. Non-causal, this stage is ahead of cuDNN from N = 4096 at
- * D = 64 and at N = 16384 at D = 128; at N = 1024 it is at 0.86, and there the epilogue (O stored
- * with 4-byte stores from registers) holds about 13% of the consumers' time. A shared-memory stage
- * and a TMA store would take it off them; 176-key tiles at D = 128 cut the fixed costs per key.
+ * NOTE: what is left is short rows. From N = 8192 this stage is ahead of cuDNN at both head
+ * dims, causal or not; at N <= 2048 it is at 0.87-0.93, and at N = 1024 the epilogue (O stored
+ * with 4-byte stores from registers) holds about 13% of the consumers' time. A shared-memory
+ * stage and a TMA store would take it off them.
  */
 
 #include <cuda.h>
@@ -82,17 +83,27 @@ __host__ __device__ constexpr int block_threads() {
     return (C + 1) * WARPGROUP;
 }
 
-// Keys per K/V tile. S is BC / 2 fp32 registers per consumer thread (64 at BC = 128) and P
-// another BC / 4; with O_acc (D / 2) that is 160 of the 240 registers at D = 128.
-constexpr int BC = 128;
+// Keys per K/V tile, BC (a template parameter of the kernel): 176 at D = 128 without a causal
+// mask (FlashAttention-3's choice), 128 otherwise. S is BC / 2 fp32 registers per consumer
+// thread and P another BC / 4; with O_acc (D / 2) that is 196 of the 240 registers at D = 128,
+// BC = 176. Longer key tiles spread the fixed costs of a tile (the waits, the turn, O's rescale,
+// the row maxima's shuffles) over more keys: +1.6% to +2.9% at D = 128, N = 1024-16384 (H200,
+// README.md). Causal, 176 lost 1-7% up to N = 4096 (the diagonal tiles waste more of their keys,
+// and a 128-row work tile's last key tile is mostly past its rows); the three-consumer D = 64
+// kernels (160 registers) would spill with it.
+static int key_tile_for(const attn_shape *s) {
+    return s->D == 128 && !s->causal ? 176 : 128;
+}
 
 // K/V ring depth: the producer runs up to STAGES tiles ahead of the consumers.
 constexpr int STAGES = 2;
 
 // Q buffers: with two, the next work tile's Q lands while this one's last key tiles run, and the
-// consumers go from one work tile to the next without waiting for it. Shared memory at D = 128:
-// 2 x Q 32 KB + 2 x (K 32 KB + V 32 KB) = 192 KB, of the 227 KB a block may have.
-constexpr int Q_STAGES = 2;
+// consumers go from one work tile to the next without waiting for it. Two where shared memory
+// has room (a block may have 227 KB), else one: at D = 128, BC = 176 the K/V ring alone takes
+// 2 x (K 44 KB + V 44 KB) = 176 KB, and Q 32 KB.
+constexpr int Q_BUFFERS_MAX = 2;
+constexpr int SMEM_PER_BLOCK_MAX = 227 * 1024;
 
 // setmaxnreg: the block's threads start with an even share of the 65,536 registers (168 each
 // for 384 threads, 128 for 512); the producer gives most of its share to the consumers. Two
@@ -247,6 +258,7 @@ __device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
         "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define ACC32(d) ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24)
 #define ACC64(d) ACC32(d), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56)
+#define ACC88(d) ACC64(d), ACC8(d, 64), ACC8(d, 72), ACC8(d, 80)
 #define REGS32                                                                                   \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -254,6 +266,10 @@ __device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
     REGS32                                                                               \
     ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define REGS88                                                                           \
+    REGS64                                                                               \
+    ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87"
 
 // d (64 x 128, fp32) {=, +=} A (64 x 16, K-major in shared memory) * B (16 x 128, K-major in
 // shared memory). accumulate = 0 overwrites d. Lane l of warp w in the warpgroup, g = l / 4,
@@ -265,6 +281,17 @@ __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uin
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
         "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
         : ACC64(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// The same with 176 columns (BC = 176): 88 accumulator registers.
+__device__ __forceinline__ void wgmma_m64n176_ss(float (&d)[88], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {" REGS88
+        "}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+        : ACC88(d)
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
@@ -320,58 +347,66 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 
 /* ---- the kernel's shared memory ---------------------------------------------------------- */
 
-// Q_smem Q_STAGES x [D/64 slabs][BR rows][64], then the K and V rings, each STAGES x
+// Q_smem q_buffers() x [D/64 slabs][BR rows][64], then the K and V rings, each STAGES x
 // [D/64][BC][64], then the mbarriers and the work tile indices. Every tile starts 1024-byte
 // aligned (the swizzle atom).
 template <int D, int C>
 __host__ __device__ constexpr int q_bytes() {
     return block_rows<C>() * D * 2;
 }
-template <int D>
+template <int D, int BC>
 __host__ __device__ constexpr int kv_bytes() {
     return BC * D * 2;
 }
 enum {
     BAR_Q_FULL,
-    BAR_Q_EMPTY = BAR_Q_FULL + Q_STAGES,
-    BAR_K_FULL = BAR_Q_EMPTY + Q_STAGES,
+    BAR_Q_EMPTY = BAR_Q_FULL + Q_BUFFERS_MAX,
+    BAR_K_FULL = BAR_Q_EMPTY + Q_BUFFERS_MAX,
     BAR_K_EMPTY = BAR_K_FULL + STAGES,
     BAR_V_FULL = BAR_K_EMPTY + STAGES,
     BAR_V_EMPTY = BAR_V_FULL + STAGES,
     BARRIERS = BAR_V_EMPTY + STAGES
 };
-template <int D, int C>
+template <int D, int C, int BC, int QB>
+__host__ __device__ constexpr int smem_bytes_with() {
+    return 1024 /* alignment slack */ + QB * q_bytes<D, C>() + 2 * STAGES * kv_bytes<D, BC>() +
+           BARRIERS * 8 + Q_BUFFERS_MAX * 4 /* the work tile indices the producer hands over */;
+}
+template <int D, int C, int BC>
+__host__ __device__ constexpr int q_buffers() {
+    return smem_bytes_with<D, C, BC, 2>() <= SMEM_PER_BLOCK_MAX ? 2 : 1;
+}
+template <int D, int C, int BC>
 __host__ __device__ constexpr int smem_bytes() {
-    return 1024 /* alignment slack */ + Q_STAGES * q_bytes<D, C>() + 2 * STAGES * kv_bytes<D>() +
-           BARRIERS * 8 + Q_STAGES * 4 /* the work tile indices the producer hands over */;
+    return smem_bytes_with<D, C, BC, q_buffers<D, C, BC>()>();
 }
 
 typedef struct {
     uint32_t Q, K, V, bar;  // shared addresses: Q_smem, K ring, V ring, barriers
-    int *work;              // [Q_STAGES] the work tile whose Q is in Q buffer i (the producer's)
+    int *work;  // [Q_BUFFERS_MAX] the work tile whose Q is in Q buffer i (the producer's)
 } smem_tiles;
 
-template <int D, int C>
+template <int D, int C, int BC>
 __device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
     smem_tiles s;
     const uint32_t pad = ((smem_u32(raw) + 1023u) & ~1023u) - smem_u32(raw);
     s.Q = smem_u32(raw) + pad;
-    s.K = s.Q + Q_STAGES * q_bytes<D, C>();
-    s.V = s.K + STAGES * kv_bytes<D>();
-    s.bar = s.V + STAGES * kv_bytes<D>();
+    s.K = s.Q + q_buffers<D, C, BC>() * q_bytes<D, C>();
+    s.V = s.K + STAGES * kv_bytes<D, BC>();
+    s.bar = s.V + STAGES * kv_bytes<D, BC>();
     s.work = (int *)(raw + pad + (s.bar - s.Q) + BARRIERS * 8);
     return s;
 }
 __device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
     return s.bar + 8 * i;
 }
-template <int D>
+template <int D, int BC>
 __device__ __forceinline__ uint32_t k_stage(const smem_tiles &s, int st) {
-    return s.K + st * kv_bytes<D>();
+    return s.K + st * kv_bytes<D, BC>();
 }
-template <int D>
+template <int D, int BC>
 __device__ __forceinline__ uint32_t v_stage(const smem_tiles &s, int st) {
-    return s.V + st * kv_bytes<D>();
+    return s.V + st * kv_bytes<D, BC>();
 }
 
 // A work tile: one batch*head and 128 query rows, numbered head by head and, inside a head,
@@ -379,13 +414,13 @@ __device__ __forceinline__ uint32_t v_stage(const smem_tiles &s, int st) {
 // tile blockIdx.x and then takes the next one not yet taken from a global counter, so causal
 // tiles of different lengths even out over the SMs as they would with one block per tile (the
 // variant nopersistent, which launches exactly that). t numbers the block's work tiles (Q
-// buffer t % Q_STAGES); kv0 counts the key tiles the block consumed before this work tile: the
+// buffer t % q_buffers()); kv0 counts the key tiles the block consumed before this work tile: the
 // K/V ring runs on across work tiles.
 typedef struct {
     int bh, q0, n_tiles, t, kv0;
 } work_tile;
 
-template <int C>
+template <int C, int BC>
 __device__ __forceinline__ work_tile work_at(int w, int N, int causal) {
     constexpr int BR = block_rows<C>();
     const int q_tiles = (N + BR - 1) / BR;
@@ -406,13 +441,18 @@ __device__ __forceinline__ uint32_t ring_parity(int it) {
     return (it / STAGES) & 1;
 }
 
-// The Q buffer of the block's t-th work tile, and the phase parity of its barriers.
-template <int D, int C>
-__device__ __forceinline__ uint32_t q_stage(const smem_tiles &s, int t) {
-    return s.Q + (t % Q_STAGES) * q_bytes<D, C>();
+// The Q buffer of the block's t-th work tile (of QB), and the phase parity of its barriers.
+template <int QB>
+__device__ __forceinline__ int q_slot(int t) {
+    return t % QB;
 }
+template <int QB>
 __device__ __forceinline__ uint32_t q_parity(int t) {
-    return (t / Q_STAGES) & 1;
+    return (t / QB) & 1;
+}
+template <int D, int C, int BC>
+__device__ __forceinline__ uint32_t q_stage(const smem_tiles &s, int t) {
+    return s.Q + q_slot<q_buffers<D, C, BC>()>(t) * q_bytes<D, C>();
 }
 
 /* ---- the producer ------------------------------------------------------------------------ */
@@ -422,41 +462,42 @@ __device__ __forceinline__ uint32_t q_parity(int t) {
 // soon as the consumers have released it. Separate barriers let S = Q K_j^T start before V_j
 // lands. The work tile index goes to the consumers through shared memory beside the Q buffer,
 // published by the Q barrier; index >= works means "stop".
-template <int D, int C>
+template <int D, int C, int BC>
 __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap *tmQ,
                                          const CUtensorMap *tmK, const CUtensorMap *tmV, int N,
                                          int causal, int works, int *next_work) {
+    constexpr int QB = q_buffers<D, C, BC>();
     int it = 0;  // key tiles issued so far
     int w = blockIdx.x;
     for (int t = 0;; ++t) {
-        const int qs = t % Q_STAGES;
-        mbar_wait(bar_at(sm, BAR_Q_EMPTY + qs), q_parity(t) ^ 1);  // the buffer and index are free
+        const int qs = q_slot<QB>(t);
+        mbar_wait(bar_at(sm, BAR_Q_EMPTY + qs), q_parity<QB>(t) ^ 1);  // buffer and index are free
         atomicExch(&sm.work[qs], w);  // (an atomic, like the consumers' read: see take_work())
         if (w >= works) {
             mbar_arrive(bar_at(sm, BAR_Q_FULL + qs));  // no copy: the consumers read "stop"
             return;
         }
-        const work_tile wt = work_at<C>(w, N, causal);
+        const work_tile wt = work_at<C, BC>(w, N, causal);
         mbar_arrive_expect_tx(bar_at(sm, BAR_Q_FULL + qs), q_bytes<D, C>());
 #pragma unroll
         for (int c = 0; c < D / SLAB_COLS; ++c)
-            tma_load_3d(q_stage<D, C>(sm, t) + c * block_rows<C>() * SLAB_ROW_BYTES, tmQ,
+            tma_load_3d(q_stage<D, C, BC>(sm, t) + c * block_rows<C>() * SLAB_ROW_BYTES, tmQ,
                         bar_at(sm, BAR_Q_FULL + qs), c * SLAB_COLS, wt.q0, wt.bh);
         // Take the next work tile now: the atomic's latency hides under this tile's copies.
         w = gridDim.x >= works ? works : gridDim.x + atomicAdd(next_work, 1);
         for (int j = 0; j < wt.n_tiles; ++j, ++it) {
             const int st = ring_slot(it);
             mbar_wait(bar_at(sm, BAR_K_EMPTY + st), ring_parity(it) ^ 1);
-            mbar_arrive_expect_tx(bar_at(sm, BAR_K_FULL + st), kv_bytes<D>());
+            mbar_arrive_expect_tx(bar_at(sm, BAR_K_FULL + st), kv_bytes<D, BC>());
 #pragma unroll
             for (int c = 0; c < D / SLAB_COLS; ++c)
-                tma_load_3d(k_stage<D>(sm, st) + c * BC * SLAB_ROW_BYTES, tmK,
+                tma_load_3d(k_stage<D, BC>(sm, st) + c * BC * SLAB_ROW_BYTES, tmK,
                             bar_at(sm, BAR_K_FULL + st), c * SLAB_COLS, j * BC, wt.bh);
             mbar_wait(bar_at(sm, BAR_V_EMPTY + st), ring_parity(it) ^ 1);
-            mbar_arrive_expect_tx(bar_at(sm, BAR_V_FULL + st), kv_bytes<D>());
+            mbar_arrive_expect_tx(bar_at(sm, BAR_V_FULL + st), kv_bytes<D, BC>());
 #pragma unroll
             for (int c = 0; c < D / SLAB_COLS; ++c)
-                tma_load_3d(v_stage<D>(sm, st) + c * BC * SLAB_ROW_BYTES, tmV,
+                tma_load_3d(v_stage<D, BC>(sm, st) + c * BC * SLAB_ROW_BYTES, tmV,
                             bar_at(sm, BAR_V_FULL + st), c * SLAB_COLS, j * BC, wt.bh);
         }
     }
@@ -483,24 +524,29 @@ __device__ __forceinline__ int row_of(const work_tile &wt, const consumer_place 
 
 // Start S = Q K_j^T for this warpgroup's 64 rows of work tile wt: D / 16 wgmma from shared
 // memory, one group.
-template <int D, int C>
+template <int D, int C, int BC>
 __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], const smem_tiles &sm,
                                              const consumer_place &p, const work_tile &wt,
                                              uint32_t K_tile) {
-    const uint64_t Q_desc = desc_k_major(q_stage<D, C>(sm, wt.t) + p.wg * MMA_M * SLAB_ROW_BYTES);
+    const uint64_t Q_desc =
+        desc_k_major(q_stage<D, C, BC>(sm, wt.t) + p.wg * MMA_M * SLAB_ROW_BYTES);
     const uint64_t K_desc = desc_k_major(K_tile);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / MMA_K; ++kk)
-        wgmma_m64n128_ss(S, desc_k_major_step<block_rows<C>()>(Q_desc, kk),
-                         desc_k_major_step<BC>(K_desc, kk), kk > 0);
+        if constexpr (BC == 128)
+            wgmma_m64n128_ss(S, desc_k_major_step<block_rows<C>()>(Q_desc, kk),
+                             desc_k_major_step<BC>(K_desc, kk), kk > 0);
+        else
+            wgmma_m64n176_ss(S, desc_k_major_step<block_rows<C>()>(Q_desc, kk),
+                             desc_k_major_step<BC>(K_desc, kk), kk > 0);
     wgmma_commit();
 }
 
 // Start O += P V_j: BC / 16 wgmma, P from registers (four per k-step), V from shared memory.
 // For the first key tile of a work tile (accumulate = 0) the first k-step overwrites O_acc: O
 // starts from zero, whatever the last work tile left in the registers.
-template <int D>
+template <int D, int BC>
 __device__ __forceinline__ void issue_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
                                          uint32_t V_tile, int accumulate) {
     const uint64_t V_desc = desc_mn_major<BC>(V_tile);
@@ -526,6 +572,7 @@ __device__ __forceinline__ void release(uint32_t bar, const consumer_place &p) {
 
 // Scores of keys past N (tail tile) or past the row (causal) become -inf. Only the diagonal
 // and the tail tile need it.
+template <int BC>
 __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_place &p, int row0,
                                             int key0, int N, int causal) {
 #pragma unroll
@@ -542,6 +589,7 @@ __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_p
 // share a row: two shuffles), S overwritten in place by P = 2^(S - m_new) (fp32), l_i updated.
 // Returns in alpha the factor 2^(m_old - m_new) that O_acc still has to be scaled by: O_acc
 // may be in flight in a wgmma right now, so it is not touched here.
+template <int BC>
 __device__ __forceinline__ void softmax_tile(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                              float (&alpha)[2], float scale_log2) {
 #pragma unroll
@@ -582,6 +630,7 @@ __device__ __forceinline__ void rescale_o(float (&O_acc)[D / 2], const float (&a
 
 // P to fp16 in the A-operand layout of the P V wgmma, which is the S layout: register k of P
 // packs S[2k] and S[2k + 1].
+template <int BC>
 __device__ __forceinline__ void pack_p(const float (&S)[BC / 2], uint32_t (&P)[BC / 4]) {
 #pragma unroll
     for (int k = 0; k < BC / 4; ++k) P[k] = pack_half2(S[2 * k], S[2 * k + 1]);
@@ -632,6 +681,7 @@ enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
 
 // Key tile j of work tile wt needs a mask when it is the tail tile, or causal with a key past
 // the warpgroup's first row.
+template <int BC>
 __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
                                            const consumer_place &p, int j) {
     const int key0 = j * BC;
@@ -640,32 +690,34 @@ __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &w
 
 // S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use, mask
 // where needed, and run the softmax. O_acc is not touched: alpha says how to rescale it.
+template <int BC, int QB>
 __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                             float (&alpha)[2], const smem_tiles &sm,
                                             const consumer_place &p, const problem &pb,
                                             const work_tile &wt, int j, int st) {
     pin_registers(S);
     release(bar_at(sm, BAR_K_EMPTY + st), p);
-    if (j == wt.n_tiles - 1) release(bar_at(sm, BAR_Q_EMPTY + wt.t % Q_STAGES), p);  // Q's last use
-    if (needs_mask(pb, wt, p, j)) mask_scores(S, p, row_of(wt, p), j * BC, pb.N, pb.causal);
-    softmax_tile(S, m_i, l_i, alpha, pb.scale_log2);
+    if (j == wt.n_tiles - 1)
+        release(bar_at(sm, BAR_Q_EMPTY + q_slot<QB>(wt.t)), p);  // Q's last use
+    if (needs_mask<BC>(pb, wt, p, j)) mask_scores<BC>(S, p, row_of(wt, p), j * BC, pb.N, pb.causal);
+    softmax_tile<BC>(S, m_i, l_i, alpha, pb.scale_log2);
 }
 
 // The block's t-th work tile, whose key tiles start at the block's it-th: wait until its Q has
 // landed and its index is published. False means "stop": no work tiles are left.
-template <int C>
+template <int C, int BC, int QB>
 __device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_place &p,
                                           const problem &pb, int works, int t, int it,
                                           work_tile &wt) {
-    mbar_wait(bar_at(sm, BAR_Q_FULL + t % Q_STAGES), q_parity(t));
+    mbar_wait(bar_at(sm, BAR_Q_FULL + q_slot<QB>(t)), q_parity<QB>(t));
     // The mbarrier orders this read after the producer's write (and Q_EMPTY the next write after
     // it), but compute-sanitizer's racecheck does not model mbarriers for ordinary shared memory
     // accesses: one atomic read per warp, broadcast, keeps it clean.
     int w = 0;
-    if (p.lane == 0) w = atomicAdd(&sm.work[t % Q_STAGES], 0);
+    if (p.lane == 0) w = atomicAdd(&sm.work[q_slot<QB>(t)], 0);
     w = __shfl_sync(0xffffffffu, w, 0);
     if (w >= works) return false;
-    wt = work_at<C>(w, pb.N, pb.causal);
+    wt = work_at<C, BC>(w, pb.N, pb.causal);
     wt.t = t;
     wt.kv0 = it;
     return true;
@@ -683,12 +735,13 @@ __device__ __forceinline__ void start_rows(float (&O_acc)[D / 2], float (&m_i)[2
 // Serial (variant nooverlap): each work tile, each key tile in turn: S = Q K^T, softmax,
 // O += P V, every wgmma waited for at once. The tensor pipe idles during this warpgroup's softmax
 // unless the other warpgroup happens to fill it.
-template <int D, int C>
+template <int D, int C, int BC>
 __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const consumer_place &p,
                                                 const problem &pb, __half *O, float *lse,
                                                 int works) {
+    constexpr int QB = q_buffers<D, C, BC>();
     work_tile wt;
-    for (int t = 0, it = 0; take_work<C>(sm, p, pb, works, t, it, wt); ++t) {
+    for (int t = 0, it = 0; take_work<C, BC, QB>(sm, p, pb, works, t, it, wt); ++t) {
         float O_acc[D / 2], m_i[2], l_i[2];
         start_rows<D>(O_acc, m_i, l_i);
         for (int j = 0; j < wt.n_tiles; ++j, ++it) {
@@ -697,14 +750,14 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
             uint32_t P[BC / 4];
 
             mbar_wait(bar_at(sm, BAR_K_FULL + st), ring_parity(it));
-            issue_scores<D, C>(S, sm, p, wt, k_stage<D>(sm, st));
+            issue_scores<D, C, BC>(S, sm, p, wt, k_stage<D, BC>(sm, st));
             wgmma_wait<0>();
-            scores_done(S, m_i, l_i, alpha, sm, p, pb, wt, j, st);
+            scores_done<BC, QB>(S, m_i, l_i, alpha, sm, p, pb, wt, j, st);
             rescale_o<D>(O_acc, alpha);
-            pack_p(S, P);
+            pack_p<BC>(S, P);
 
             mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
-            issue_pv<D>(O_acc, P, v_stage<D>(sm, st), 1);
+            issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), 1);
             wgmma_wait<0>();
             pin_registers(O_acc);
             release(bar_at(sm, BAR_V_EMPTY + st), p);
@@ -725,12 +778,13 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
 // moves a wgmma wait, and everything after it, as early as it can inside a basic block, which
 // put the wait in front of the softmax (the SASS showed WARPGROUP.DEPBAR.LE gsb0, 0x0 before
 // the first MUFU.EX2: no overlap at all). The loop's back edge is a boundary it does not cross.
-template <int D, int C, bool PINGPONG>
+template <int D, int C, int BC, bool PINGPONG>
 __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
                                                     const problem &pb, __half *O, float *lse,
                                                     int works) {
+    constexpr int QB = q_buffers<D, C, BC>();
     work_tile wt;
-    if (!take_work<C>(sm, p, pb, works, 0, 0, wt)) return;
+    if (!take_work<C, BC, QB>(sm, p, pb, works, 0, 0, wt)) return;
     // Warpgroup 0 takes the first turn: the last warpgroup hands it over before its own first wait.
     if (PINGPONG && p.wg == C - 1) pingpong_pass_turn<C>(p.wg);
 
@@ -741,10 +795,10 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     start_rows<D>(O_acc, m_i, l_i);
     mbar_wait(bar_at(sm, BAR_K_FULL + ring_slot(0)), ring_parity(0));
     if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_scores<D, C>(S, sm, p, wt, k_stage<D>(sm, ring_slot(0)));
+    issue_scores<D, C, BC>(S, sm, p, wt, k_stage<D, BC>(sm, ring_slot(0)));
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
-    scores_done(S, m_i, l_i, alpha, sm, p, pb, wt, 0, ring_slot(0));
+    scores_done<BC, QB>(S, m_i, l_i, alpha, sm, p, pb, wt, 0, ring_slot(0));
 
     // A pass starts with S holding the softmax of key tile j of work tile wt, the block's it-th,
     // while the P V of the key tile before it may still run. If that P V ends a work tile
@@ -760,21 +814,21 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
         if (it > 0) release(bar_at(sm, BAR_V_EMPTY + ring_slot(it - 1)), p);
         if (finished) epilogue<D>(O_acc, m_done, l_done, p, O, lse, done, pb);
         rescale_o<D>(O_acc, alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
-        pack_p(S, P);
+        pack_p<BC>(S, P);
 
         work_tile next = wt;  // the work tile of the next key tile
         int next_j = j + 1;
         if (next_j == wt.n_tiles) {
             next_j = 0;
-            if (!take_work<C>(sm, p, pb, works, wt.t + 1, it + 1, next)) break;
+            if (!take_work<C, BC, QB>(sm, p, pb, works, wt.t + 1, it + 1, next)) break;
         }
         const int st = ring_slot(it), next_st = ring_slot(it + 1);
 
         mbar_wait(bar_at(sm, BAR_K_FULL + next_st), ring_parity(it + 1));
         if (PINGPONG) pingpong_wait_turn(p.wg);
-        issue_scores<D, C>(S, sm, p, next, k_stage<D>(sm, next_st));
+        issue_scores<D, C, BC>(S, sm, p, next, k_stage<D, BC>(sm, next_st));
         mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
-        issue_pv<D>(O_acc, P, v_stage<D>(sm, st), j > 0);
+        issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), j > 0);
         if (PINGPONG) pingpong_pass_turn<C>(p.wg);
 
         finished = next_j == 0;
@@ -784,7 +838,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
             m_i[0] = m_i[1] = -INFINITY, l_i[0] = l_i[1] = 0.f;
         }
         wgmma_wait<1>();  // S_next is done; P V may still run
-        scores_done(S, m_i, l_i, alpha, sm, p, pb, next, next_j, next_st);
+        scores_done<BC, QB>(S, m_i, l_i, alpha, sm, p, pb, next, next_j, next_st);
         wt = next;
         j = next_j;
     }
@@ -793,7 +847,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     const int st = ring_slot(it);
     mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
     if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_pv<D>(O_acc, P, v_stage<D>(sm, st), j > 0);
+    issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), j > 0);
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
     pin_registers(O_acc);
@@ -806,7 +860,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
 }
 
 // One consumer thread: its place in the block, then its schedule over the block's work tiles.
-template <int D, int C, int SCHEDULE>
+template <int D, int C, int BC, int SCHEDULE>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb, __half *O,
                                          float *lse, int works) {
     consumer_place p;
@@ -818,16 +872,16 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb
     p.g = p.lane / 4;
     p.t = p.lane % 4;
     if (SCHEDULE == SCHEDULE_SERIAL)
-        consumer_serial<D, C>(sm, p, pb, O, lse, works);
+        consumer_serial<D, C, BC>(sm, p, pb, O, lse, works);
     else
-        consumer_overlapped<D, C, SCHEDULE == SCHEDULE_PINGPONG>(sm, p, pb, O, lse, works);
+        consumer_overlapped<D, C, BC, SCHEDULE == SCHEDULE_PINGPONG>(sm, p, pb, O, lse, works);
 }
 
 /* ---- the kernel -------------------------------------------------------------------------- */
 
 // Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe Q, K, V as [B*H, N, D]);
 // lse: [B, H, N] float. works = B * H * ceil(N / BR) work tiles.
-template <int D, int C, int SCHEDULE>
+template <int D, int C, int BC, int SCHEDULE>
 __global__ void __launch_bounds__(block_threads<C>(), 1)
     attention_kernel(const __grid_constant__ CUtensorMap tmQ,
                      const __grid_constant__ CUtensorMap tmK,
@@ -835,9 +889,9 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
                      int causal, float scale_log2, int works, int *next_work) {
 #if HOPPER_KERNELS
     extern __shared__ unsigned char smem_raw[];
-    const smem_tiles sm = carve_smem<D, C>(smem_raw);
+    const smem_tiles sm = carve_smem<D, C, BC>(smem_raw);
     if (threadIdx.x == 0) {
-        for (int qs = 0; qs < Q_STAGES; ++qs) {
+        for (int qs = 0; qs < q_buffers<D, C, BC>(); ++qs) {
             mbar_init(bar_at(sm, BAR_Q_FULL + qs), 1);       // the producer's expect_tx arrival
             mbar_init(bar_at(sm, BAR_Q_EMPTY + qs), C * 4);  // one arrival per consumer warp
         }
@@ -855,14 +909,14 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
 
     if (threadIdx.x < WARPGROUP) {  // producer warpgroup
         registers_decrease<producer_regs<C>()>();
-        if (threadIdx.x == 0) producer<D, C>(sm, &tmQ, &tmK, &tmV, N, causal, works, next_work);
+        if (threadIdx.x == 0) producer<D, C, BC>(sm, &tmQ, &tmK, &tmV, N, causal, works, next_work);
     } else {
         registers_increase<consumer_regs<C>()>();
         problem pb;
         pb.N = N;
         pb.causal = causal;
         pb.scale_log2 = scale_log2;
-        consumer<D, C, SCHEDULE>(sm, pb, O, lse, works);
+        consumer<D, C, BC, SCHEDULE>(sm, pb, O, lse, works);
     }
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)O, (void)lse, (void)N, (void)causal, (void)scale_log2,
@@ -919,7 +973,7 @@ static int consumers_for(const attn_shape *s) {
 
 static int hopper_code_here(void) {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, (const void *)attention_kernel<64, 2, SCHEDULE_PINGPONG>) !=
+    if (cudaFuncGetAttributes(&fa, (const void *)attention_kernel<64, 2, 128, SCHEDULE_PINGPONG>) !=
         cudaSuccess) {
         cudaGetLastError();
         return 0;
@@ -936,9 +990,10 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (!hopper_code_here())
         return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
     const int three = consumers_for(s) == 3;
-    const size_t smem = s->D == 128 ? smem_bytes<128, 2>()
-                        : three     ? smem_bytes<64, 3>()
-                                    : smem_bytes<64, 2>();
+    const size_t smem = s->D == 128 ? (key_tile_for(s) == 176 ? smem_bytes<128, 2, 176>()
+                                                              : smem_bytes<128, 2, 128>())
+                        : three     ? smem_bytes<64, 3, 128>()
+                                    : smem_bytes<64, 2, 128>();
     if (smem > dev->smem_per_block) {
         static char why_smem[96];
         snprintf(why_smem, sizeof why_smem, "needs %zu bytes of shared memory per block at D = %d",
@@ -966,15 +1021,15 @@ typedef struct {
     cudaStream_t stream;
 } launch_args;
 
-template <int D, int C, int SCHEDULE>
+template <int D, int C, int BC, int SCHEDULE>
 static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     constexpr int BR = block_rows<C>();
     CUtensorMap tmQ, tmK, tmV;
     ATTN_TRY(tensor_map(&tmQ, a->Q, s, BR));
     ATTN_TRY(tensor_map(&tmK, a->K, s, BC));
     ATTN_TRY(tensor_map(&tmV, a->V, s, BC));
-    const int smem = smem_bytes<D, C>();
-    ATTN_TRY(cudaFuncSetAttribute(attention_kernel<D, C, SCHEDULE>,
+    const int smem = smem_bytes<D, C, BC>();
+    ATTN_TRY(cudaFuncSetAttribute(attention_kernel<D, C, BC, SCHEDULE>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const int works = s->B * s->H * ((s->N + BR - 1) / BR);
     const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works
@@ -982,7 +1037,7 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
                            : works;  // (with one block per work tile the counter is never read)
     if (blocks < works) ATTN_TRY(cudaMemsetAsync(a->next_work, 0, sizeof(int), a->stream));
     const float scale_log2 = s->scale * 1.4426950408889634f;  // log2(e) folded into the scale
-    attention_kernel<D, C, SCHEDULE><<<blocks, block_threads<C>(), smem, a->stream>>>(
+    attention_kernel<D, C, BC, SCHEDULE><<<blocks, block_threads<C>(), smem, a->stream>>>(
         tmQ, tmK, tmV, a->O, a->lse, s->N, s->causal, scale_log2, works, a->next_work);
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
@@ -990,9 +1045,11 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
 
 template <int SCHEDULE>
 static cudaError_t launch_schedule(const attn_shape *s, const launch_args *a) {
-    if (s->D == 128) return launch<128, 2, SCHEDULE>(s, a);
-    if (consumers_for(s) == 3) return launch<64, 3, SCHEDULE>(s, a);
-    return launch<64, 2, SCHEDULE>(s, a);
+    if (s->D == 128)
+        return key_tile_for(s) == 176 ? launch<128, 2, 176, SCHEDULE>(s, a)
+                                      : launch<128, 2, 128, SCHEDULE>(s, a);
+    if (consumers_for(s) == 3) return launch<64, 3, 128, SCHEDULE>(s, a);
+    return launch<64, 2, 128, SCHEDULE>(s, a);
 }
 
 static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev, const void *Q,
