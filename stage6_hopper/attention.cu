@@ -14,7 +14,7 @@
  *    No ldmatrix, no per-warp operand traffic: the SASS shows HGMMA where stage 5 had HMMA.
  *  - Warp specialisation: warpgroup 0 is the producer (one thread issues every TMA copy, the
  *    other warps leave at once); the other warpgroups are consumers, 64 query rows each (two, or
- *    three at D = 64 from N = 4096 on). setmaxnreg hands the producer's registers to them.
+ *    three at D = 64, causal from N = 2048 on). setmaxnreg hands the producer's registers to them.
  *  - Overlap: S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued together and the softmax of tile
  *    j runs under the P V wgmma; the consumer warpgroups take turns at issuing (ping-pong), so
  *    one's softmax runs under the others' GEMMs.
@@ -23,7 +23,7 @@
  *    (two Q buffers), so a work tile's first S is issued beside the last one's final P V.
  *  - exp2 with log2(e) folded into the scale, causal key tiles past the diagonal never loaded.
  *  - 176-key tiles at D = 128 without a causal mask (fewer fixed costs per key), 128 elsewhere.
- * Expected gain: about 1.6x over stage 5 (measured: 1.57x FlashAttention-2 and 0.97x cuDNN over
+ * Expected gain: about 1.6x over stage 5 (measured: 1.59x FlashAttention-2 and 0.98x cuDNN over
  * the fa2 shapes on an H200, README.md).
  *
  * Run:  make build && build/stage6_hopper --seq 16384 --heads 16 --dim 128 --causal --bench
@@ -32,9 +32,9 @@
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  *
  * NOTE: what is left is short rows. From N = 8192 this stage is ahead of cuDNN at both head
- * dims, causal or not; at N <= 2048 it is at 0.87-0.93, and at N = 1024 the epilogue (O stored
- * with 4-byte stores from registers) holds about 13% of the consumers' time. A shared-memory
- * stage and a TMA store would take it off them.
+ * dims, causal or not; at N <= 2048 it is at 0.87-0.94 (D = 64 non-causal aside). Where that
+ * goes is not measured yet: the first and last key tiles of each work tile, the causal diagonal,
+ * the last wave of work tiles; B = H = 1 with short rows would need split-KV.
  */
 
 #include <cuda.h>
@@ -67,13 +67,13 @@ constexpr int MMA_K = 16;
 constexpr int WARPGROUP = 128;  // threads: 4 consecutive warps, the first a multiple of 4
 
 // C consumer warpgroups of 64 query rows each, one producer warpgroup in front of them, one
-// block per SM. Two consumers: 128 rows per work tile, 384 threads. Three (D = 64 from N =
-// THREE_CONSUMERS_MIN_N on, FlashAttention-3's choice at D = 64): 192 rows, 512 threads. At D = 64
-// the softmax costs as much per key as at D = 128 but the GEMMs half as much, and a third
-// warpgroup's softmax helps to fill the tensor pipe: +6-12% at N = 16384 (H200, README.md). On
-// short rows the 192-row tiles waste more rows past N and balance causal work worse (-12% at
-// N = 1024, causal), hence the threshold.
-constexpr int THREE_CONSUMERS_MIN_N = 4096;
+// block per SM. Two consumers: 128 rows per work tile, 384 threads. Three (D = 64, FlashAttention-
+// 3's choice there): 192 rows, 512 threads. At D = 64 the softmax costs as much per key as at
+// D = 128 but the GEMMs half as much, and a third warpgroup's softmax helps to fill the tensor
+// pipe: +6-12% at N = 16384, and, non-causal, +3.5%, +5.5% and +15% at N = 512, 1024 and 2048
+// (H200, README.md). Causal, the 192-row tiles balance short rows worse: -8% and -9% at N = 512
+// and 1024, +5% at 2048, hence the threshold for causal rows.
+constexpr int THREE_CONSUMERS_MIN_N_CAUSAL = 2048;
 template <int C>
 __host__ __device__ constexpr int block_rows() {  // BR
     return C * MMA_M;
@@ -966,9 +966,9 @@ static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_sha
 
 // Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
 // on an H100 has only the empty kernel).
-// Consumer warpgroups for this shape (see THREE_CONSUMERS_MIN_N).
+// Consumer warpgroups for this shape (see THREE_CONSUMERS_MIN_N_CAUSAL).
 static int consumers_for(const attn_shape *s) {
-    return s->D == 64 && s->N >= THREE_CONSUMERS_MIN_N ? 3 : 2;
+    return s->D == 64 && (!s->causal || s->N >= THREE_CONSUMERS_MIN_N_CAUSAL) ? 3 : 2;
 }
 
 static int hopper_code_here(void) {
