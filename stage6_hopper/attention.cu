@@ -723,6 +723,7 @@ __device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_p
     return true;
 }
 
+// A work tile's rows start from nothing: O = 0, m = -inf, l = 0.
 template <int D>
 __device__ __forceinline__ void start_rows(float (&O_acc)[D / 2], float (&m_i)[2],
                                            float (&l_i)[2]) {
