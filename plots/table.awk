@@ -5,6 +5,7 @@
 #                                                                          # table per (D, causal)
 #   (no sweep: both, long first)
 #   awk -F, -v lesson=3 -f plots/csv.awk -f plots/table.awk results.csv   # stage 3's lesson
+#   awk -F, -v summary=1 -f plots/csv.awk -f plots/table.awk results.csv  # the stages in one table
 #
 # lesson=K: the measured section of stage K's README: stage K against the stage before it (the
 #       nearest lower stage in the CSV) and FA2 (sdpa_flash). A long-sweep table (every N: the
@@ -12,6 +13,11 @@
 #       the speedup, FA2's ms and FA2 time / stage K time), an fa2-sweep table of the same columns at the N of
 #       lesson_n (default "4096 16384") for every (D, causal), and one line per comparison over
 #       all fa2 shapes (geometric mean, lowest and highest, each with its shape).
+#
+# summary=1: one row per stage over the fa2 shapes with N >= summary_n (default 1024: the
+#       FlashAttention-2 paper's range): its TFLOP/s on the non-causal ones (lowest to highest),
+#       then FA2 time / stage time and cuDNN (sdpa_default) time / stage time over all of them:
+#       geometric mean, lowest, and on how many shapes the stage is the faster.
 #
 # long: N | each stage's median ms | sdpa_flash | sdpa_default | best stage's speedup over
 #       stage 0 (over stage 1 where stage 0 has no number at that N)
@@ -395,7 +401,64 @@ function emit_lesson(num,    sw, me, prev, ci, a, cfg, j, n, want, w, nw, printe
           " n/a: unsupported here; -: no result."
 }
 
+# ---- summary=1: the stages in one table
+
+# "1.12 (lowest 1.04; faster on 20 of 20)": time(base) / time(k) over the fa2 shapes with
+# N >= minn where both have a time, or "-".
+function vs_summary(base, k, minn,    ci, a, cfg, j, n, r, sum, cnt, lo, faster) {
+    cnt = faster = 0
+    for (ci = 1; ci <= ncfg["fa2"]; ci++) {
+        split(cfgs["fa2", ci], a, SUBSEP)
+        cfg = "fa2" SUBSEP a[1] SUBSEP a[2]
+        for (j = 1; j <= nN[cfg]; j++) {
+            n = Ns[cfg, j]
+            if (n < minn || !has(cfg, base, n, "ms") || !has(cfg, k, n, "ms") || ms[cfg, k, n] + 0 <= 0)
+                continue
+            r = ms[cfg, base, n] / ms[cfg, k, n]
+            sum += log(r)
+            if (++cnt == 1 || r < lo) lo = r
+            if (r > 1) faster++
+        }
+    }
+    if (cnt == 0) return "-"
+    return sprintf("%s (lowest %s; faster on %d of %d)", fmt_r(exp(sum / cnt)), fmt_r(lo), faster, cnt)
+}
+
+# "324.2-378.7": k's TFLOP/s on the non-causal fa2 shapes with N >= minn, or "-".
+function tf_summary(k, minn,    ci, a, cfg, j, n, cnt, lo, hi) {
+    cnt = 0
+    for (ci = 1; ci <= ncfg["fa2"]; ci++) {
+        split(cfgs["fa2", ci], a, SUBSEP)
+        if (a[2] + 0) continue
+        cfg = "fa2" SUBSEP a[1] SUBSEP a[2]
+        for (j = 1; j <= nN[cfg]; j++) {
+            n = Ns[cfg, j]
+            if (n < minn || !has(cfg, k, n, "tf")) continue
+            if (++cnt == 1 || tf[cfg, k, n] + 0 < lo) lo = tf[cfg, k, n] + 0
+            if (cnt == 1 || tf[cfg, k, n] + 0 > hi) hi = tf[cfg, k, n] + 0
+        }
+    }
+    if (cnt == 0) return "-"
+    return sprintf(hi < 10 ? "%.2f-%.2f" : "%.1f-%.1f", lo, hi)
+}
+
+function emit_summary(    minn, i, k) {
+    minn = summary_n == "" ? 1024 : summary_n + 0
+    prepare("fa2")
+    printf "fa2 shapes with N >= %s: TFLOP/s on the non-causal ones; time ratios (above 1: the stage is" \
+           " faster) over all of them.\n\n", commas(minn)
+    print "| stage | TFLOP/s, non-causal | FA2 time / stage time | cuDNN (sdpa_default) time / stage time |"
+    print "|:---|---:|---:|---:|"
+    for (i = 1; i <= nk; i++) {
+        k = K[i]
+        if (!is_stage(k) || index(k, ":")) continue  # stages, not their variants
+        printf "| %s | %s | %s | %s |\n", k, tf_summary(k, minn), vs_summary("sdpa_flash", k, minn),
+               vs_summary("sdpa_default", k, minn)
+    }
+}
+
 END {
+    if (summary != "") { emit_summary(); exit }
     if (lesson != "") { emit_lesson(lesson + 0); exit }
     if (sweep == "" || sweep == "long") emit("long", "ms")
     if (sweep == "") print ""

@@ -7,9 +7,10 @@
 #   <!-- results:long:begin -->   ... <!-- results:long:end -->    the long-sweep table
 #   <!-- results:fa2:begin -->    ... <!-- results:fa2:end -->     the fa2-sweep tables
 #   <!-- results:stageK:begin --> ... <!-- results:stageK:end -->  stage K's measured section
+#   <!-- results:summary:begin --> ... <!-- results:summary:end --> every stage in one table
 # with a line naming the GPU and the CSV, then plots/table.awk's tables (sweep=long, sweep=fa2,
-# lesson=K). A README holds any of these pairs (the top README the first two, a lesson its own
-# stage's); the marker lines themselves and everything outside them stay byte for byte as they
+# lesson=K, summary=1). A README holds any of these pairs (the top README the first two and the
+# summary, a lesson its own stage's); the marker lines themselves and everything outside them stay byte for byte as they
 # were. Each marker must be on a line of its own, once, begin before end, pairs not nested; a
 # README without any marker, or with a broken pair, is an error and nothing is written to it.
 set -euo pipefail
@@ -29,7 +30,7 @@ done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-MARKER_RE='^<!-- results:(long|fa2|stage[0-9]+):(begin|end) -->$'
+MARKER_RE='^<!-- results:(long|fa2|summary|stage[0-9]+):(begin|end) -->$'
 
 # The kinds of marker pairs in $1 (long fa2 stage3 ...), checked; exits on a broken pair.
 marker_kinds() {
@@ -81,6 +82,7 @@ section() { # kind -> $TMP/kind.md
         case $1 in
         long | fa2) awk -F, -v sweep="$1" -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
         stage*) awk -F, -v lesson="${1#stage}" -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
+        summary) awk -F, -v summary=1 -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
         esac
         echo
     } >"$TMP/$1.md"
@@ -95,7 +97,7 @@ for README in "$@"; do
         close(f)
     }
     { bare = $0; sub(/\r$/, "", bare) }
-    bare ~ /^<!-- results:(long|fa2|stage[0-9]+):begin -->$/ {
+    bare ~ /^<!-- results:(long|fa2|summary|stage[0-9]+):begin -->$/ {
         kind = bare
         sub(/^<!-- results:/, "", kind)
         sub(/:begin -->$/, "", kind)
@@ -104,7 +106,7 @@ for README in "$@"; do
         skip = 1
         next
     }
-    bare ~ /^<!-- results:(long|fa2|stage[0-9]+):end -->$/ { skip = 0; print; next }
+    bare ~ /^<!-- results:(long|fa2|summary|stage[0-9]+):end -->$/ { skip = 0; print; next }
     !skip { print }
     ' "$README" >"$TMP/new"
 

@@ -80,6 +80,15 @@ check "update_readme.sh writes a lesson's section (stageK markers), the rest unt
     cmp "$SCRATCH/lesson.md" <(printf '# Stage 3\n\nProse stays.\n\n<!-- results:stage3:begin -->\n\n'
         printf 'Measured on NVIDIA H100 80GB HBM3; from `%s` (regenerate: `make bench tables`).\n\n' $T/fixture.csv
         cat $T/expected_lesson3.md; printf '\n<!-- results:stage3:end -->\n\nMore prose.\n')
+# ---- the summary (table.awk summary=1): fixture stage 3 at N = 1024, non-causal 77.64 and 84.04
+# TFLOP/s; FA2 time / stage 3 time 0.237, 0.245 and 0.245 (its causal D = 64 row is unsupported)
+printf 'Prose.\n<!-- results:summary:begin -->\nold\n<!-- results:summary:end -->\nMore.\n' >"$SCRATCH/summary.md"
+plots/update_readme.sh $T/fixture.csv "$SCRATCH/summary.md" >/dev/null 2>&1
+check "update_readme.sh writes the summary table (summary markers): stage 3's row" \
+    grep -q -x -F '| stage3_cp_async | 77.6-84.0 | 0.24 (lowest 0.24; faster on 0 of 3) | 0.18 (lowest 0.17; faster on 0 of 3) |' \
+    "$SCRATCH/summary.md"
+check "update_readme.sh: the summary keeps the prose around it" \
+    [ "$(head -n 1 "$SCRATCH/summary.md")" = "Prose." -a "$(tail -n 1 "$SCRATCH/summary.md")" = "More." ]
 printf 'no markers here\n' >"$SCRATCH/nomark.md"
 plots/update_readme.sh $T/fixture.csv "$SCRATCH/nomark.md" >"$SCRATCH/u.out" 2>&1
 check "update_readme.sh: a README without markers is an error" \
@@ -127,36 +136,31 @@ if command -v gnuplot >/dev/null 2>&1; then
             sed 's/^/      /' "$SCRATCH/gp.out" | head -n 20
         fi
     done
+    # Every gnuplot script on CSV into folder OUT with peak PEAK: each draws its PNG, with no
+    # warning or error (printed where one does); status 1 if any failed.
+    draw_all() {
+        local csv=$1 out=$2 peak=$3 all=0 gp name
+        mkdir -p "$out"
+        for gp in plots/*.gp; do
+            name=$(basename "$gp" .gp)
+            if ! gnuplot -e "csv='$csv'; outdir='$out'; PEAK=$peak" "$gp" >"$SCRATCH/gp.out" 2>&1 ||
+                ! is_png "$out/$name.png" || grep -qi -E 'warning|error' "$SCRATCH/gp.out"; then
+                all=1
+                sed "s/^/      $name: /" "$SCRATCH/gp.out" | head -n 10
+            fi
+        done
+        return $all
+    }
     # a CSV with no SDPA rows and only a long sweep must still plot (empty panels say so)
     grep -v -E ',sdpa_|,fa2$' $T/fixture.csv >"$SCRATCH/nosdpa.csv"
-    mkdir -p "$SCRATCH/nosdpa"
-    all=1
-    for gp in plots/*.gp; do
-        name=$(basename "$gp" .gp)
-        if ! gnuplot -e "csv='$SCRATCH/nosdpa.csv'; outdir='$SCRATCH/nosdpa'; PEAK=0" "$gp" \
-            >"$SCRATCH/gp.out" 2>&1 || ! is_png "$SCRATCH/nosdpa/$name.png" ||
-            grep -qi -E 'warning|error' "$SCRATCH/gp.out"; then
-            all=0
-            sed "s/^/      $name: /" "$SCRATCH/gp.out" | head -n 10
-        fi
-    done
+    draw_all "$SCRATCH/nosdpa.csv" "$SCRATCH/nosdpa" 0 && all=1 || all=0
     [ $all = 1 ] && ok "gnuplot scripts cope with a CSV without SDPA and fa2 rows" ||
         bad "gnuplot scripts cope with a CSV without SDPA and fa2 rows"
     # a stage unsupported on this GPU at every shape (stage 6 off Hopper) is simply not drawn
     { cat $T/fixture.csv
       for n in 1024 16384; do echo "NVIDIA H100 80GB HBM3,stage6_hopper,default,1,1,$n,128,0,f16,,,0,,,,,0,,unsupported,long"; done
       echo "NVIDIA H100 80GB HBM3,stage6_hopper,default,16,16,1024,128,0,f16,,,0,,,,,0,,unsupported,fa2"; } >"$SCRATCH/unsup.csv"
-    mkdir -p "$SCRATCH/unsup"
-    all=1
-    for gp in plots/*.gp; do
-        name=$(basename "$gp" .gp)
-        if ! gnuplot -e "csv='$SCRATCH/unsup.csv'; outdir='$SCRATCH/unsup'; PEAK=989" "$gp" \
-            >"$SCRATCH/gp.out" 2>&1 || ! is_png "$SCRATCH/unsup/$name.png" ||
-            grep -qi -E 'warning|error' "$SCRATCH/gp.out"; then
-            all=0
-            sed "s/^/      $name: /" "$SCRATCH/gp.out" | head -n 10
-        fi
-    done
+    draw_all "$SCRATCH/unsup.csv" "$SCRATCH/unsup" 989 && all=1 || all=0
     keys=$(awk -F, -f plots/csv.awk -f plots/series.awk -v mode=keys "$SCRATCH/unsup.csv" | tr '\n' ' ')
     [ $all = 1 ] && [ -n "$keys" ] && [ -z "$(echo "$keys" | grep stage6)" ] &&
         ok "gnuplot scripts: an all-unsupported stage is left out of the plots (keys: $keys)" ||
