@@ -23,8 +23,8 @@
  *    (two Q buffers), so a work tile's first S is issued beside the last one's final P V.
  *  - exp2 with log2(e) folded into the scale, causal key tiles past the diagonal never loaded.
  *  - 176-key tiles at D = 128 without a causal mask (fewer fixed costs per key), 128 elsewhere.
- * Expected gain: about 1.6x over stage 5 (measured: 1.59x FlashAttention-2 and 0.98x cuDNN over
- * the fa2 shapes on an H200, README.md).
+ * Expected gain: about 1.6x over stage 5 (measured: 1.61x FlashAttention-2 and 0.998x cuDNN over
+ * the fa2 shapes with N >= 1024 on an H200, README.md).
  *
  * Run:  make build && build/stage6_hopper --seq 16384 --heads 16 --dim 128 --causal --bench
  * Variants (--variant): default, nopersistent, nopingpong, nooverlap: each switches one step off.
@@ -32,9 +32,10 @@
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  *
  * NOTE: what is left is short rows. From N = 8192 this stage is ahead of cuDNN at both head
- * dims, causal or not; at N <= 2048 it is at 0.87-0.94 (D = 64 non-causal aside). Where that
- * goes is not measured yet: the first and last key tiles of each work tile, the causal diagonal,
- * the last wave of work tiles; B = H = 1 with short rows would need split-KV.
+ * dims, causal or not; at N = 1024 it is at 0.89-0.95. The end of a work tile is most of it: an
+ * experiment that writes no O at all is 5-10% faster at N = 1024, though the O stores
+ * themselves are not the cost (TMA stores from shared memory changed nothing, README.md).
+ * B = H = 1 with short rows would need split-KV.
  */
 
 #include <cuda.h>
@@ -457,48 +458,70 @@ __device__ __forceinline__ uint32_t q_stage(const smem_tiles &s, int t) {
 
 /* ---- the producer ------------------------------------------------------------------------ */
 
-// One thread issues every copy: for each work tile, Q into its buffer as soon as the consumers
-// are done with the work tile before last there, then K_j and V_j into ring slot it % STAGES as
-// soon as the consumers have released it. Separate barriers let S = Q K_j^T start before V_j
-// lands. The work tile index goes to the consumers through shared memory beside the Q buffer,
-// published by the Q barrier; index >= works means "stop".
+// Announce a tile's bytes on its "full" barrier and copy it, one TMA copy per 64-column slab.
+template <int D, int ROWS>
+__device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, uint32_t full,
+                                          int row0, int bh) {
+    mbar_arrive_expect_tx(full, ROWS * D * 2);
+#pragma unroll
+    for (int c = 0; c < D / SLAB_COLS; ++c)
+        tma_load_3d(dst + c * ROWS * SLAB_ROW_BYTES, map, full, c * SLAB_COLS, row0, bh);
+}
+
+// K or V of key tile j of work tile wt, the block's it-th key tile, into its ring slot once the
+// consumers have released it (ring = sm.K or sm.V, bars = BAR_K_FULL or BAR_V_FULL).
+template <int D, int BC, int FULL, int EMPTY>
+__device__ __forceinline__ void load_key_tile(const smem_tiles &sm, uint32_t ring,
+                                              const CUtensorMap *map, int it, const work_tile &wt,
+                                              int j) {
+    const int st = ring_slot(it);
+    mbar_wait(bar_at(sm, EMPTY + st), ring_parity(it) ^ 1);
+    copy_tile<D, BC>(ring + st * kv_bytes<D, BC>(), map, bar_at(sm, FULL + st), j * BC, wt.bh);
+}
+
+// Hand the block's t-th work tile, index w, to the consumers: wait until Q buffer t % QB and its
+// index slot are free, write the index, start Q's copy. w >= works hands over "stop" (no copy).
+template <int D, int C, int BC>
+__device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtensorMap *tmQ, int t,
+                                             int w, int N, int causal, int works) {
+    constexpr int QB = q_buffers<D, C, BC>();
+    const int qs = q_slot<QB>(t);
+    const uint32_t full = bar_at(sm, BAR_Q_FULL + qs);
+    mbar_wait(bar_at(sm, BAR_Q_EMPTY + qs), q_parity<QB>(t) ^ 1);
+    atomicExch(&sm.work[qs], w);  // (an atomic, like the consumers' read: see take_work())
+    if (w >= works) {
+        mbar_arrive(full);  // no copy: the consumers read "stop"
+        return;
+    }
+    const work_tile wt = work_at<C, BC>(w, N, causal);
+    copy_tile<D, block_rows<C>()>(q_stage<D, C, BC>(sm, t), tmQ, full, wt.q0, wt.bh);
+}
+
+// The work tile a block takes after its current one: the next one not yet taken (a global
+// counter), or none (works) when every block has one work tile at most.
+__device__ __forceinline__ int next_work_index(int works, int *next_work) {
+    return (int)gridDim.x >= works ? works : gridDim.x + atomicAdd(next_work, 1);
+}
+
+// One thread issues every copy: for each work tile, hand it over (Q into its buffer as soon as
+// the consumers are done with the work tile QB before it), then K_j and V_j into ring slot
+// it % STAGES as soon as the consumers have released it. Separate barriers let S = Q K_j^T start
+// before V_j lands. The counter's atomic for the next work tile is taken right after a hand-over:
+// its latency hides under the copies.
 template <int D, int C, int BC>
 __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap *tmQ,
                                          const CUtensorMap *tmK, const CUtensorMap *tmV, int N,
                                          int causal, int works, int *next_work) {
-    constexpr int QB = q_buffers<D, C, BC>();
     int it = 0;  // key tiles issued so far
     int w = blockIdx.x;
     for (int t = 0;; ++t) {
-        const int qs = q_slot<QB>(t);
-        mbar_wait(bar_at(sm, BAR_Q_EMPTY + qs), q_parity<QB>(t) ^ 1);  // buffer and index are free
-        atomicExch(&sm.work[qs], w);  // (an atomic, like the consumers' read: see take_work())
-        if (w >= works) {
-            mbar_arrive(bar_at(sm, BAR_Q_FULL + qs));  // no copy: the consumers read "stop"
-            return;
-        }
+        publish_work<D, C, BC>(sm, tmQ, t, w, N, causal, works);
+        if (w >= works) return;  // that was "stop"
         const work_tile wt = work_at<C, BC>(w, N, causal);
-        mbar_arrive_expect_tx(bar_at(sm, BAR_Q_FULL + qs), q_bytes<D, C>());
-#pragma unroll
-        for (int c = 0; c < D / SLAB_COLS; ++c)
-            tma_load_3d(q_stage<D, C, BC>(sm, t) + c * block_rows<C>() * SLAB_ROW_BYTES, tmQ,
-                        bar_at(sm, BAR_Q_FULL + qs), c * SLAB_COLS, wt.q0, wt.bh);
-        // Take the next work tile now: the atomic's latency hides under this tile's copies.
-        w = gridDim.x >= works ? works : gridDim.x + atomicAdd(next_work, 1);
+        w = next_work_index(works, next_work);
         for (int j = 0; j < wt.n_tiles; ++j, ++it) {
-            const int st = ring_slot(it);
-            mbar_wait(bar_at(sm, BAR_K_EMPTY + st), ring_parity(it) ^ 1);
-            mbar_arrive_expect_tx(bar_at(sm, BAR_K_FULL + st), kv_bytes<D, BC>());
-#pragma unroll
-            for (int c = 0; c < D / SLAB_COLS; ++c)
-                tma_load_3d(k_stage<D, BC>(sm, st) + c * BC * SLAB_ROW_BYTES, tmK,
-                            bar_at(sm, BAR_K_FULL + st), c * SLAB_COLS, j * BC, wt.bh);
-            mbar_wait(bar_at(sm, BAR_V_EMPTY + st), ring_parity(it) ^ 1);
-            mbar_arrive_expect_tx(bar_at(sm, BAR_V_FULL + st), kv_bytes<D, BC>());
-#pragma unroll
-            for (int c = 0; c < D / SLAB_COLS; ++c)
-                tma_load_3d(v_stage<D, BC>(sm, st) + c * BC * SLAB_ROW_BYTES, tmV,
-                            bar_at(sm, BAR_V_FULL + st), c * SLAB_COLS, j * BC, wt.bh);
+            load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, it, wt, j);
+            load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, it, wt, j);
         }
     }
 }
@@ -571,52 +594,65 @@ __device__ __forceinline__ void release(uint32_t bar, const consumer_place &p) {
 }
 
 // Scores of keys past N (tail tile) or past the row (causal) become -inf. Only the diagonal
-// and the tail tile need it.
+// and the tail tile need it. Element (i, e) of the thread is key key0 + 2t + 8i + e % 2 of row
+// row0 + 8 (e / 2): it is kept while its offset 8i + e % 2 (a constant) is below a bound the
+// thread works out once per row, so each element costs one compare and one select.
 template <int BC>
 __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_place &p, int row0,
                                             int key0, int N, int causal) {
+    const int first = key0 + 2 * p.t;  // the key of offset 0
+    int bound[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) bound[h] = (causal ? min(N, row0 + 8 * h + 1) : N) - first;
 #pragma unroll
     for (int i = 0; i < BC / 8; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int row = row0 + 8 * (e / 2), key = key0 + 8 * i + 2 * p.t + (e % 2);
-            if (key >= N || (causal && key > row)) S[4 * i + e] = -INFINITY;
-        }
+        for (int e = 0; e < 4; ++e)
+            if (8 * i + e % 2 >= bound[e / 2]) S[4 * i + e] = -INFINITY;
     }
 }
 
 // Online softmax over this tile for the thread's two rows (h = 0, 1): the new row max (4 lanes
 // share a row: two shuffles), S overwritten in place by P = 2^(S - m_new) (fp32), l_i updated.
 // Returns in alpha the factor 2^(m_old - m_new) that O_acc still has to be scaled by: O_acc
-// may be in flight in a wgmma right now, so it is not touched here.
+// may be in flight in a wgmma right now, so it is not touched here. The two rows go through
+// each step together, so that one row's dependent chain (max, shuffle, shuffle) runs beside the
+// other's.
 template <int BC>
 __device__ __forceinline__ void softmax_tile(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                              float (&alpha)[2], float scale_log2) {
+    float mx[2] = {m_i[0], m_i[1]}, shift[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < BC / 8; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            mx[h] = fmaxf(mx[h], fmaxf(S[4 * i + 2 * h], S[4 * i + 2 * h + 1]));
+    }
+#pragma unroll
+    for (int lanes = 1; lanes <= 2; lanes *= 2) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], lanes));
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float mx = m_i[h];
-#pragma unroll
-        for (int i = 0; i < BC / 8; ++i)
-            mx = fmaxf(mx, fmaxf(S[4 * i + 2 * h], S[4 * i + 2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         // A row that has seen only masked keys keeps m = -inf; use 0 so that no inf - inf appears.
-        const float m_use = mx == -INFINITY ? 0.f : mx;
+        const float m_use = mx[h] == -INFINITY ? 0.f : mx[h];
         alpha[h] = fast_exp2((m_i[h] - m_use) * scale_log2);
-        m_i[h] = mx;
-        const float shift = m_use * scale_log2;
-        float sum = 0.f;
-#pragma unroll
-        for (int i = 0; i < BC / 8; ++i) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                float &x = S[4 * i + 2 * h + c];
-                x = fast_exp2(fmaf(x, scale_log2, -shift));
-                sum += x;
-            }
-        }
-        l_i[h] = l_i[h] * alpha[h] + sum;
+        m_i[h] = mx[h];
+        shift[h] = m_use * scale_log2;
     }
+#pragma unroll
+    for (int i = 0; i < BC / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float &x = S[4 * i + e];
+            x = fast_exp2(fmaf(x, scale_log2, -shift[e / 2]));
+            sum[e / 2] += x;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_i[h] = l_i[h] * alpha[h] + sum[h];
 }
 
 template <int D>
@@ -636,8 +672,31 @@ __device__ __forceinline__ void pack_p(const float (&S)[BC / 2], uint32_t (&P)[B
     for (int k = 0; k < BC / 4; ++k) P[k] = pack_half2(S[2 * k], S[2 * k + 1]);
 }
 
+// The four lanes of a quad hold one row: lane t has columns 8i + 2t, +1 of every 8-column chunk
+// i. A 4 x 4 exchange inside the quad (two butterfly steps of two shuffles) turns that around
+// for chunks 4k .. 4k + 3: afterwards lane t holds all 8 columns of chunk 4k + t, v[r] being
+// the pair that lane r had.
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int t) {
+#pragma unroll
+    for (int b = 1; b <= 2; b <<= 1) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            if (r & b) continue;
+            const bool upper = t & b;
+            const uint32_t got = __shfl_xor_sync(0xffffffffu, upper ? v[r] : v[r | b], b);
+            if (upper)
+                v[r] = got;
+            else
+                v[r | b] = got;
+        }
+    }
+}
+
 // O = O_acc / l (fp16) and LSE = (m + log2 l) ln 2 for this thread's rows of work tile wt
-// inside N.
+// inside N. After quad_transpose each lane writes 16 contiguous bytes, and a warp's store covers
+// 8 rows x 64 bytes: D / 32 stores per row and thread. Written straight from the accumulator
+// layout (4 bytes per lane, 8 rows x 16 bytes per warp store), the same O took D / 8 stores,
+// each touching 8 cache lines, and the epilogue held 12-18% of a consumer's time at N = 1024.
 template <int D>
 __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const float (&m_i)[2],
                                          const float (&l_i)[2], const consumer_place &p, __half *O,
@@ -648,16 +707,24 @@ __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const floa
         float l = l_i[h];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int row = row_of(wt, p) + 8 * h;
-        if (row >= pb.N) continue;
         const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        const int row = row_of(wt, p) + 8 * h;
         __half *o_row = O + (head + (size_t)row) * D;
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i)
-            *reinterpret_cast<uint32_t *>(o_row + 8 * i + 2 * p.t) =
-                pack_half2(O_acc[4 * i + 2 * h] * inv_l, O_acc[4 * i + 2 * h + 1] * inv_l);
+        for (int k = 0; k < D / 32; ++k) {
+            uint32_t v[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+                v[r] = pack_half2(O_acc[4 * (4 * k + r) + 2 * h] * inv_l,
+                                  O_acc[4 * (4 * k + r) + 2 * h + 1] * inv_l);
+            quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
+            if (row < pb.N)
+                *reinterpret_cast<uint4 *>(o_row + 8 * (4 * k + p.t)) =
+                    make_uint4(v[0], v[1], v[2], v[3]);
+        }
         // m_i is in raw-score units: scale, then natural log.
-        if (p.t == 0) lse[head + row] = (m_i[h] * pb.scale_log2 + log2f(l)) * 0.69314718055994531f;
+        if (p.t == 0 && row < pb.N)
+            lse[head + row] = (m_i[h] * pb.scale_log2 + log2f(l)) * 0.69314718055994531f;
     }
 }
 
@@ -1061,7 +1128,7 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
         fprintf(stderr, "stage6_hopper: %s\n", why);
         return cudaErrorInvalidValue;
     }
-    // TMA reads from 16-byte aligned addresses; the O stores are 4 bytes wide.
+    // TMA reads from 16-byte aligned addresses; the O stores are 16 bytes wide.
     if (((uintptr_t)Q | (uintptr_t)K | (uintptr_t)V | (uintptr_t)O) % 16) {
         fprintf(stderr, "stage6_hopper: Q, K, V and O must be 16-byte aligned\n");
         return cudaErrorMisalignedAddress;
