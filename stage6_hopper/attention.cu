@@ -23,7 +23,11 @@
  *    (two Q buffers), so a work tile's first S is issued beside the last one's final P V.
  *  - exp2 with log2(e) folded into the scale, causal key tiles past the diagonal never loaded.
  *  - 176-key tiles at D = 128 without a causal mask (fewer fixed costs per key), 128 elsewhere.
- * Expected gain: about 1.6x over stage 5 (measured: 1.61x FlashAttention-2 and 0.998x cuDNN over
+ *  - The epilogue: with two consumers and room in shared memory, each warp writes its 16 rows of
+ *    O with stmatrix into a swizzled staging tile and one lane stores them with a TMA copy
+ *    (cp.async.bulk.tensor, shared to global); elsewhere the lanes of a quad exchange their
+ *    pieces (shuffles) and store 16 bytes each.
+ * Expected gain: about 1.6x over stage 5 (measured: 1.61x FlashAttention-2 and 1.00x cuDNN over
  * the fa2 shapes with N >= 1024 on an H200, README.md).
  *
  * Run:  make build && build/stage6_hopper --seq 16384 --heads 16 --dim 128 --causal --bench
@@ -32,10 +36,10 @@
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  *
  * NOTE: what is left is short rows. From N = 8192 this stage is ahead of cuDNN at both head
- * dims, causal or not; at N = 1024 it is at 0.89-0.95. The end of a work tile is most of it: an
- * experiment that writes no O at all is 5-10% faster at N = 1024, though the O stores
- * themselves are not the cost (TMA stores from shared memory changed nothing, README.md).
- * B = H = 1 with short rows would need split-KV.
+ * dims, causal or not; at N = 1024 it is at 0.9-0.97. The end of a work tile is most of it: an
+ * experiment that writes no O at all is 5-10% faster at N = 1024; its instructions cost about
+ * twice what its stores do (README.md, steps 11-13). B = H = 1 with short rows would need
+ * split-KV.
  */
 
 #include <cuda.h>
@@ -174,6 +178,42 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map
         " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
         "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
+}
+
+// TMA store: the box at (c0, c1, c2) of the tensor `map` describes, from shared memory at src.
+// Rows past the tensor's end are not written. Stores are tracked per thread in bulk groups.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, uint32_t src, int c0, int c1,
+                                             int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+            (uint64_t)map),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Wait until the thread's stores have read their shared memory (READ_ONLY) or are complete.
+template <bool READ_ONLY>
+__device__ __forceinline__ void bulk_wait_all() {
+    if (READ_ONLY)
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    else
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Ordinary shared-memory writes become visible to the copy engine (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// stmatrix: four 8 x 8 fp16 matrices from registers in the mma accumulator layout (lane 4g + t
+// holds columns 2t, 2t + 1 of row g, one register per matrix) to shared memory; lane L gives the
+// address of row L % 8 of matrix L / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t m0, uint32_t m1, uint32_t m2,
+                                            uint32_t m3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(m0), "r"(m1), "r"(m2), "r"(m3)
+                 : "memory");
 }
 
 /* ---- device helpers: wgmma ---------------------------------------------------------------- */
@@ -349,8 +389,9 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 /* ---- the kernel's shared memory ---------------------------------------------------------- */
 
 // Q_smem q_buffers() x [D/64 slabs][BR rows][64], then the K and V rings, each STAGES x
-// [D/64][BC][64], then the mbarriers and the work tile indices. Every tile starts 1024-byte
-// aligned (the swizzle atom).
+// [D/64][BC][64], then (where it fits, o_staged()) one O staging tile [D/64][64][64] per consumer
+// warpgroup, then the mbarriers and the work tile indices. Every tile starts 1024-byte aligned
+// (the swizzle atom).
 template <int D, int C>
 __host__ __device__ constexpr int q_bytes() {
     return block_rows<C>() * D * 2;
@@ -368,22 +409,35 @@ enum {
     BAR_V_EMPTY = BAR_V_FULL + STAGES,
     BARRIERS = BAR_V_EMPTY + STAGES
 };
-template <int D, int C, int BC, int QB>
+template <int D>
+__host__ __device__ constexpr int o_stage_bytes() {  // one consumer warpgroup's 64 rows of O
+    return MMA_M * D * 2;
+}
+template <int D, int C, int BC, int QB, bool STAGED>
 __host__ __device__ constexpr int smem_bytes_with() {
     return 1024 /* alignment slack */ + QB * q_bytes<D, C>() + 2 * STAGES * kv_bytes<D, BC>() +
-           BARRIERS * 8 + Q_BUFFERS_MAX * 4 /* the work tile indices the producer hands over */;
+           (STAGED ? C * o_stage_bytes<D>() : 0) + BARRIERS * 8 +
+           Q_BUFFERS_MAX * 4 /* the work tile indices the producer hands over */;
 }
+// Two Q buffers come first. O is staged in shared memory and stored by TMA (store_o_staged) with
+// two consumers where there is room: not at D = 128 with BC = 176 (K, V and Q take 208 KB). With
+// two consumers the staged epilogue gained 1.5-1.9% on causal rows at N = 1024 and 0.9% at 2048
+// over store_o_direct; with three (D = 64) it lost 0.7-1.6% (H200, README.md, step 13).
 template <int D, int C, int BC>
 __host__ __device__ constexpr int q_buffers() {
-    return smem_bytes_with<D, C, BC, 2>() <= SMEM_PER_BLOCK_MAX ? 2 : 1;
+    return smem_bytes_with<D, C, BC, 2, false>() <= SMEM_PER_BLOCK_MAX ? 2 : 1;
+}
+template <int D, int C, int BC>
+__host__ __device__ constexpr bool o_staged() {
+    return C == 2 && smem_bytes_with<D, C, BC, q_buffers<D, C, BC>(), true>() <= SMEM_PER_BLOCK_MAX;
 }
 template <int D, int C, int BC>
 __host__ __device__ constexpr int smem_bytes() {
-    return smem_bytes_with<D, C, BC, q_buffers<D, C, BC>()>();
+    return smem_bytes_with<D, C, BC, q_buffers<D, C, BC>(), o_staged<D, C, BC>()>();
 }
 
 typedef struct {
-    uint32_t Q, K, V, bar;  // shared addresses: Q_smem, K ring, V ring, barriers
+    uint32_t Q, K, V, O, bar;  // shared addresses: Q_smem, K ring, V ring, O staging, barriers
     int *work;  // [Q_BUFFERS_MAX] the work tile whose Q is in Q buffer i (the producer's)
 } smem_tiles;
 
@@ -394,7 +448,8 @@ __device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
     s.Q = smem_u32(raw) + pad;
     s.K = s.Q + q_buffers<D, C, BC>() * q_bytes<D, C>();
     s.V = s.K + STAGES * kv_bytes<D, BC>();
-    s.bar = s.V + STAGES * kv_bytes<D, BC>();
+    s.O = s.V + STAGES * kv_bytes<D, BC>();
+    s.bar = s.O + (o_staged<D, C, BC>() ? C * o_stage_bytes<D>() : 0);
     s.work = (int *)(raw + pad + (s.bar - s.Q) + BARRIERS * 8);
     return s;
 }
@@ -534,10 +589,14 @@ typedef struct {
     int wg, warp, lane, g, t;
 } consumer_place;
 
-// The problem as the consumers see it: N, causal, and the softmax scale times log2(e).
+// The problem as the consumers see it: N, causal, the softmax scale times log2(e), and where the
+// results go.
 typedef struct {
     int N, causal;
     float scale_log2;
+    __half *O;               // [B, H, N, D]
+    float *lse;              // [B, H, N]
+    const CUtensorMap *tmO;  // O as [B*H, N, D] in boxes of [1, 16, 64], for the staged stores
 } problem;
 
 // The first of the thread's two rows (the other is 8 further) in work tile wt.
@@ -692,40 +751,98 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int t) {
     }
 }
 
-// O = O_acc / l (fp16) and LSE = (m + log2 l) ln 2 for this thread's rows of work tile wt
-// inside N. After quad_transpose each lane writes 16 contiguous bytes, and a warp's store covers
-// 8 rows x 64 bytes: D / 32 stores per row and thread. Written straight from the accumulator
-// layout (4 bytes per lane, 8 rows x 16 bytes per warp store), the same O took D / 8 stores,
-// each touching 8 cache lines, and the epilogue held 12-18% of a consumer's time at N = 1024.
+// O straight from the registers to global memory (where shared memory has no room to stage it).
+// After quad_transpose each lane writes 16 contiguous bytes, and a warp's store covers 8 rows x
+// 64 bytes: D / 32 stores per row and thread. Written in the accumulator layout (4 bytes per
+// lane, 8 rows x 16 bytes per warp store), the same O took D / 8 stores, each touching 8 cache
+// lines, and the epilogue held 12-18% of a consumer's time at N = 1024 (README.md, step 11).
 template <int D>
-__device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const float (&m_i)[2],
-                                         const float (&l_i)[2], const consumer_place &p, __half *O,
-                                         float *lse, const work_tile &wt, const problem &pb) {
-    const size_t head = (size_t)wt.bh * pb.N;
+__device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], const float (&inv_l)[2],
+                                               const consumer_place &p, const work_tile &wt,
+                                               const problem &pb) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float l = l_i[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv_l = l > 0.f ? 1.f / l : 0.f;
         const int row = row_of(wt, p) + 8 * h;
-        __half *o_row = O + (head + (size_t)row) * D;
+        __half *o_row = pb.O + ((size_t)wt.bh * pb.N + row) * D;
 #pragma unroll
         for (int k = 0; k < D / 32; ++k) {
             uint32_t v[4];
 #pragma unroll
             for (int r = 0; r < 4; ++r)
-                v[r] = pack_half2(O_acc[4 * (4 * k + r) + 2 * h] * inv_l,
-                                  O_acc[4 * (4 * k + r) + 2 * h + 1] * inv_l);
+                v[r] = pack_half2(O_acc[4 * (4 * k + r) + 2 * h] * inv_l[h],
+                                  O_acc[4 * (4 * k + r) + 2 * h + 1] * inv_l[h]);
             quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
             if (row < pb.N)
                 *reinterpret_cast<uint4 *>(o_row + 8 * (4 * k + p.t)) =
                     make_uint4(v[0], v[1], v[2], v[3]);
         }
+    }
+}
+
+// O through shared memory (o_staged()), one warp at a time: stmatrix writes the warp's 16 x D
+// block of O into its part of the warpgroup's staging tile, in the 128-byte swizzle the TMA
+// reads, four 8 x 8 matrices per instruction straight from the accumulator layout (D / 16 a
+// thread: no shuffles, no global stores); then lane 0 stores the block with D / 64 TMA copies,
+// which leave out the rows past N. The warp does not wait for them: its next epilogue, a work
+// tile later, first makes sure they have read the block. No barrier across warps.
+template <int D>
+__device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], const float (&inv_l)[2],
+                                               const consumer_place &p, const work_tile &wt,
+                                               const problem &pb, uint32_t stage) {
+    if (p.lane == 0) bulk_wait_all<true>();
+    __syncwarp();  // the warp's last store has read its rows of the staging tile
+    // stmatrix k covers chunks (8 columns) 2k and 2k + 1 of the warp's 16 rows: matrix 0 is rows
+    // 0-7 of chunk 2k, 1 rows 8-15 of it, 2 and 3 the same of chunk 2k + 1. Lane L addresses row
+    // L % 8 of matrix L / 8; in the swizzle the 16-byte chunk c of a row r sits at c ^ (r % 8).
+    const int row = 16 * p.warp + 8 * (p.lane / 8 % 2) + p.lane % 8;
+    const int second = p.lane / 16;  // this lane's matrix is of chunk 2k + 1
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+        const int chunk = 2 * k + second;
+        const uint32_t addr = stage + (chunk / 8) * (MMA_M * SLAB_ROW_BYTES) +
+                              row * SLAB_ROW_BYTES + ((chunk % 8) ^ (row % 8)) * 16;
+        const float *o = &O_acc[8 * k];  // chunk 2k: o[0..3], chunk 2k + 1: o[4..7]
+        stmatrix_x4(addr, pack_half2(o[0] * inv_l[0], o[1] * inv_l[0]),
+                    pack_half2(o[2] * inv_l[1], o[3] * inv_l[1]),
+                    pack_half2(o[4] * inv_l[0], o[5] * inv_l[0]),
+                    pack_half2(o[6] * inv_l[1], o[7] * inv_l[1]));
+    }
+    fence_proxy_async();  // each lane's stmatrix writes are visible to the copy engine
+    __syncwarp();         // the warp's block is written
+    if (p.lane == 0) {
+#pragma unroll
+        for (int c = 0; c < D / SLAB_COLS; ++c)
+            tma_store_3d(pb.tmO, stage + c * MMA_M * SLAB_ROW_BYTES + 16 * p.warp * SLAB_ROW_BYTES,
+                         c * SLAB_COLS, wt.q0 + p.wg * MMA_M + 16 * p.warp, wt.bh);
+        bulk_commit();
+    }
+}
+
+// The end of a work tile: O = O_acc / l (fp16) and LSE = (m + log2 l) ln 2 for the thread's two
+// rows (those inside N). l >= 1 for a row with any key (its max contributes 2^0), so the fast
+// reciprocal and logarithm (MUFU.RCP, MUFU.LG2) are accurate here.
+template <int D, int C, int BC>
+__device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const float (&m_i)[2],
+                                         const float (&l_i)[2], const consumer_place &p,
+                                         const smem_tiles &sm, const work_tile &wt,
+                                         const problem &pb) {
+    float inv_l[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_i[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv_l[h] = l > 0.f ? __fdividef(1.f, l) : 0.f;
+        const int row = row_of(wt, p) + 8 * h;
         // m_i is in raw-score units: scale, then natural log.
         if (p.t == 0 && row < pb.N)
-            lse[head + row] = (m_i[h] * pb.scale_log2 + log2f(l)) * 0.69314718055994531f;
+            pb.lse[(size_t)wt.bh * pb.N + row] =
+                (m_i[h] * pb.scale_log2 + __log2f(l)) * 0.69314718055994531f;
     }
+    if constexpr (o_staged<D, C, BC>())
+        store_o_staged<D>(O_acc, inv_l, p, wt, pb, sm.O + p.wg * o_stage_bytes<D>());
+    else
+        store_o_direct<D>(O_acc, inv_l, p, wt, pb);
 }
 
 // Ping-pong: the consumer warpgroups take turns at issuing their GEMMs, in a ring 0, 1, (2,)
@@ -805,8 +922,7 @@ __device__ __forceinline__ void start_rows(float (&O_acc)[D / 2], float (&m_i)[2
 // unless the other warpgroup happens to fill it.
 template <int D, int C, int BC>
 __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const consumer_place &p,
-                                                const problem &pb, __half *O, float *lse,
-                                                int works) {
+                                                const problem &pb, int works) {
     constexpr int QB = q_buffers<D, C, BC>();
     work_tile wt;
     for (int t = 0, it = 0; take_work<C, BC, QB>(sm, p, pb, works, t, it, wt); ++t) {
@@ -830,7 +946,7 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
             pin_registers(O_acc);
             release(bar_at(sm, BAR_V_EMPTY + st), p);
         }
-        epilogue<D>(O_acc, m_i, l_i, p, O, lse, wt, pb);
+        epilogue<D, C, BC>(O_acc, m_i, l_i, p, sm, wt, pb);
     }
 }
 
@@ -848,8 +964,7 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
 // the first MUFU.EX2: no overlap at all). The loop's back edge is a boundary it does not cross.
 template <int D, int C, int BC, bool PINGPONG>
 __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
-                                                    const problem &pb, __half *O, float *lse,
-                                                    int works) {
+                                                    const problem &pb, int works) {
     constexpr int QB = q_buffers<D, C, BC>();
     work_tile wt;
     if (!take_work<C, BC, QB>(sm, p, pb, works, 0, 0, wt)) return;
@@ -880,7 +995,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
         pin_registers(O_acc);
         pin_registers(P);
         if (it > 0) release(bar_at(sm, BAR_V_EMPTY + ring_slot(it - 1)), p);
-        if (finished) epilogue<D>(O_acc, m_done, l_done, p, O, lse, done, pb);
+        if (finished) epilogue<D, C, BC>(O_acc, m_done, l_done, p, sm, done, pb);
         rescale_o<D>(O_acc, alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
         pack_p<BC>(S, P);
 
@@ -920,7 +1035,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     wgmma_wait<0>();
     pin_registers(O_acc);
     release(bar_at(sm, BAR_V_EMPTY + st), p);
-    epilogue<D>(O_acc, m_i, l_i, p, O, lse, wt, pb);
+    epilogue<D, C, BC>(O_acc, m_i, l_i, p, sm, wt, pb);
 
     // Every turn was handed on; warpgroup 0 takes the last warpgroup's final hand-over, so that no
     // arrival is left pending on its barrier.
@@ -929,8 +1044,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
 
 // One consumer thread: its place in the block, then its schedule over the block's work tiles.
 template <int D, int C, int BC, int SCHEDULE>
-__device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb, __half *O,
-                                         float *lse, int works) {
+__device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb, int works) {
     consumer_place p;
     // Read from lane 0, the warpgroup index is one value per warp to the compiler too, so the
     // addresses and descriptors built from it stay in uniform registers, where wgmma takes them.
@@ -940,20 +1054,24 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb
     p.g = p.lane / 4;
     p.t = p.lane % 4;
     if (SCHEDULE == SCHEDULE_SERIAL)
-        consumer_serial<D, C, BC>(sm, p, pb, O, lse, works);
+        consumer_serial<D, C, BC>(sm, p, pb, works);
     else
-        consumer_overlapped<D, C, BC, SCHEDULE == SCHEDULE_PINGPONG>(sm, p, pb, O, lse, works);
+        consumer_overlapped<D, C, BC, SCHEDULE == SCHEDULE_PINGPONG>(sm, p, pb, works);
+    // The O stores still in flight read the shared memory the block is about to give up.
+    if (o_staged<D, C, BC>() && p.lane == 0) bulk_wait_all<false>();
 }
 
 /* ---- the kernel -------------------------------------------------------------------------- */
 
-// Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe Q, K, V as [B*H, N, D]);
-// lse: [B, H, N] float. works = B * H * ceil(N / BR) work tiles.
+// Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe them as [B*H, N, D]; O is written
+// through tmO where o_staged(), else directly); lse: [B, H, N] float. works = B * H * ceil(N / BR)
+// work tiles.
 template <int D, int C, int BC, int SCHEDULE>
 __global__ void __launch_bounds__(block_threads<C>(), 1)
     attention_kernel(const __grid_constant__ CUtensorMap tmQ,
                      const __grid_constant__ CUtensorMap tmK,
-                     const __grid_constant__ CUtensorMap tmV, __half *O, float *lse, int N,
+                     const __grid_constant__ CUtensorMap tmV,
+                     const __grid_constant__ CUtensorMap tmO, __half *O, float *lse, int N,
                      int causal, float scale_log2, int works, int *next_work) {
 #if HOPPER_KERNELS
     extern __shared__ unsigned char smem_raw[];
@@ -984,11 +1102,14 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
         pb.N = N;
         pb.causal = causal;
         pb.scale_log2 = scale_log2;
-        consumer<D, C, BC, SCHEDULE>(sm, pb, O, lse, works);
+        pb.O = O;
+        pb.lse = lse;
+        pb.tmO = &tmO;
+        consumer<D, C, BC, SCHEDULE>(sm, pb, works);
     }
 #else
-    (void)tmQ, (void)tmK, (void)tmV, (void)O, (void)lse, (void)N, (void)causal, (void)scale_log2,
-        (void)works, (void)next_work;
+    (void)tmQ, (void)tmK, (void)tmV, (void)tmO, (void)O, (void)lse, (void)N, (void)causal,
+        (void)scale_log2, (void)works, (void)next_work;
 #endif
 }
 
@@ -1092,10 +1213,11 @@ typedef struct {
 template <int D, int C, int BC, int SCHEDULE>
 static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     constexpr int BR = block_rows<C>();
-    CUtensorMap tmQ, tmK, tmV;
+    CUtensorMap tmQ, tmK, tmV, tmO;
     ATTN_TRY(tensor_map(&tmQ, a->Q, s, BR));
     ATTN_TRY(tensor_map(&tmK, a->K, s, BC));
     ATTN_TRY(tensor_map(&tmV, a->V, s, BC));
+    ATTN_TRY(tensor_map(&tmO, a->O, s, 16));  // a warp's 16 rows (unused where O is not staged)
     const int smem = smem_bytes<D, C, BC>();
     ATTN_TRY(cudaFuncSetAttribute(attention_kernel<D, C, BC, SCHEDULE>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -1106,7 +1228,7 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     if (blocks < works) ATTN_TRY(cudaMemsetAsync(a->next_work, 0, sizeof(int), a->stream));
     const float scale_log2 = s->scale * 1.4426950408889634f;  // log2(e) folded into the scale
     attention_kernel<D, C, BC, SCHEDULE><<<blocks, block_threads<C>(), smem, a->stream>>>(
-        tmQ, tmK, tmV, a->O, a->lse, s->N, s->causal, scale_log2, works, a->next_work);
+        tmQ, tmK, tmV, tmO, a->O, a->lse, s->N, s->causal, scale_log2, works, a->next_work);
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
 }
