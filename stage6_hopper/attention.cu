@@ -465,15 +465,14 @@ __device__ __forceinline__ uint32_t v_stage(const smem_tiles &s, int st) {
     return s.V + st * kv_bytes<D, BC>();
 }
 
-// A work tile: one batch*head and 128 query rows, numbered head by head and, inside a head,
+// A work tile: one batch*head and BR query rows, numbered head by head and, inside a head,
 // those with the most key tiles (causal) first. A persistent block (one per SM) starts with work
 // tile blockIdx.x and then takes the next one not yet taken from a global counter, so causal
 // tiles of different lengths even out over the SMs as they would with one block per tile (the
 // variant nopersistent, which launches exactly that). t numbers the block's work tiles (Q
-// buffer t % q_buffers()); kv0 counts the key tiles the block consumed before this work tile: the
-// K/V ring runs on across work tiles.
+// buffer t % q_buffers()).
 typedef struct {
-    int bh, q0, n_tiles, t, kv0;
+    int bh, q0, n_tiles, t;
 } work_tile;
 
 template <int C, int BC>
@@ -485,7 +484,7 @@ __device__ __forceinline__ work_tile work_at(int w, int N, int causal) {
     t.q0 = (q_tiles - 1 - w % q_tiles) * BR;
     const int all = (N + BC - 1) / BC;  // key tiles: all, or (causal) up to the last query row
     t.n_tiles = causal ? min(all, (t.q0 + BR + BC - 1) / BC) : all;
-    t.t = t.kv0 = 0;
+    t.t = 0;
     return t;
 }
 
@@ -887,12 +886,11 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
     softmax_tile<BC>(S, m_i, l_i, alpha, pb.scale_log2);
 }
 
-// The block's t-th work tile, whose key tiles start at the block's it-th: wait until its Q has
-// landed and its index is published. False means "stop": no work tiles are left.
+// The block's t-th work tile: wait until its Q has landed and its index is published. False
+// means "stop": no work tiles are left.
 template <int C, int BC, int QB>
 __device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_place &p,
-                                          const problem &pb, int works, int t, int it,
-                                          work_tile &wt) {
+                                          const problem &pb, int works, int t, work_tile &wt) {
     mbar_wait(bar_at(sm, BAR_Q_FULL + q_slot<QB>(t)), q_parity<QB>(t));
     // The mbarrier orders this read after the producer's write (and Q_EMPTY the next write after
     // it), but compute-sanitizer's racecheck does not model mbarriers for ordinary shared memory
@@ -903,7 +901,6 @@ __device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_p
     if (w >= works) return false;
     wt = work_at<C, BC>(w, pb.N, pb.causal);
     wt.t = t;
-    wt.kv0 = it;
     return true;
 }
 
@@ -925,7 +922,7 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
                                                 const problem &pb, int works) {
     constexpr int QB = q_buffers<D, C, BC>();
     work_tile wt;
-    for (int t = 0, it = 0; take_work<C, BC, QB>(sm, p, pb, works, t, it, wt); ++t) {
+    for (int t = 0, it = 0; take_work<C, BC, QB>(sm, p, pb, works, t, wt); ++t) {
         float O_acc[D / 2], m_i[2], l_i[2];
         start_rows<D>(O_acc, m_i, l_i);
         for (int j = 0; j < wt.n_tiles; ++j, ++it) {
@@ -967,7 +964,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
                                                     const problem &pb, int works) {
     constexpr int QB = q_buffers<D, C, BC>();
     work_tile wt;
-    if (!take_work<C, BC, QB>(sm, p, pb, works, 0, 0, wt)) return;
+    if (!take_work<C, BC, QB>(sm, p, pb, works, 0, wt)) return;
     // Warpgroup 0 takes the first turn: the last warpgroup hands it over before its own first wait.
     if (PINGPONG && p.wg == C - 1) pingpong_pass_turn<C>(p.wg);
 
@@ -1003,7 +1000,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
         int next_j = j + 1;
         if (next_j == wt.n_tiles) {
             next_j = 0;
-            if (!take_work<C, BC, QB>(sm, p, pb, works, wt.t + 1, it + 1, next)) break;
+            if (!take_work<C, BC, QB>(sm, p, pb, works, wt.t + 1, next)) break;
         }
         const int st = ring_slot(it), next_st = ring_slot(it + 1);
 
