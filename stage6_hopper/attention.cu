@@ -22,12 +22,13 @@
  *    global counter; each consumer runs one pipeline over the key tiles of all its work tiles
  *    (two Q buffers), so a work tile's first S is issued beside the last one's final P V.
  *  - exp2 with log2(e) folded into the scale, causal key tiles past the diagonal never loaded.
- *  - 176-key tiles at D = 128 without a causal mask (fewer fixed costs per key), 128 elsewhere.
+ *  - 176-key tiles at D = 128 without a causal mask from N = 4096 (fewer fixed costs per key),
+ *    128 elsewhere.
  *  - The epilogue: with two consumers and room in shared memory, each warp writes its 16 rows of
  *    O with stmatrix into a swizzled staging tile and one lane stores them with a TMA copy
  *    (cp.async.bulk.tensor, shared to global); elsewhere the lanes of a quad exchange their
  *    pieces (shuffles) and store 16 bytes each.
- * Expected gain: about 1.6x over stage 5 (measured: 1.61x FlashAttention-2 and 1.00x cuDNN over
+ * Expected gain: about 1.6x over stage 5 (measured: 1.62x FlashAttention-2 and 1.00x cuDNN over
  * the fa2 shapes with N >= 1024 on an H200, README.md).
  *
  * Run:  make build && build/stage6_hopper --seq 16384 --heads 16 --dim 128 --causal --bench
@@ -36,9 +37,9 @@
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  *
  * NOTE: what is left is short rows. From N = 8192 this stage is ahead of cuDNN at both head
- * dims, causal or not; at N = 1024 it is at 0.9-0.97. The end of a work tile is most of it: an
+ * dims, causal or not; at N = 1024 it is at 0.92-0.98. The end of a work tile is most of it: an
  * experiment that writes no O at all is 5-10% faster at N = 1024; its instructions cost about
- * twice what its stores do (README.md, steps 11-13). B = H = 1 with short rows would need
+ * twice what its stores do (README.md, steps 11-14). B = H = 1 with short rows would need
  * split-KV.
  */
 
@@ -89,15 +90,19 @@ __host__ __device__ constexpr int block_threads() {
 }
 
 // Keys per K/V tile, BC (a template parameter of the kernel): 176 at D = 128 without a causal
-// mask (FlashAttention-3's choice), 128 otherwise. S is BC / 2 fp32 registers per consumer
-// thread and P another BC / 4; with O_acc (D / 2) that is 196 of the 240 registers at D = 128,
-// BC = 176. Longer key tiles spread the fixed costs of a tile (the waits, the turn, O's rescale,
-// the row maxima's shuffles) over more keys: +1.6% to +2.9% at D = 128, N = 1024-16384 (H200,
-// README.md). Causal, 176 lost 1-7% up to N = 4096 (the diagonal tiles waste more of their keys,
-// and a 128-row work tile's last key tile is mostly past its rows); the three-consumer D = 64
-// kernels (160 registers) would spill with it.
+// mask from N = 4096 (FlashAttention-3's choice), 128 otherwise. S is BC / 2 fp32 registers per
+// consumer thread and P another BC / 4; with O_acc (D / 2) that is 196 of the 240 registers at
+// D = 128, BC = 176. Longer key tiles spread the fixed costs of a tile (the waits, the turn, O's
+// rescale, the row maxima's shuffles) over more keys: +1.6% to +2.9% at D = 128, N = 1024-16384
+// (H200, README.md, step 9). But with 176 keys shared memory has room for neither a second Q
+// buffer nor the O staging tiles (o_staged()), and on short rows the end of a work tile weighs
+// more: with 128 keys N = 1024 is 2.0% faster and N = 2048 0.5%, N = 4096 0.2% slower (step 14).
+// Causal, 176 lost 1-7% up to N = 4096 (the diagonal tiles waste more of their keys, and a
+// 128-row work tile's last key tile is mostly past its rows); the three-consumer D = 64 kernels
+// (160 registers) would spill with it.
+constexpr int KEY_TILE_176_MIN_N = 4096;
 static int key_tile_for(const attn_shape *s) {
-    return s->D == 128 && !s->causal ? 176 : 128;
+    return s->D == 128 && !s->causal && s->N >= KEY_TILE_176_MIN_N ? 176 : 128;
 }
 
 // K/V ring depth: the producer runs up to STAGES tiles ahead of the consumers.
