@@ -562,6 +562,14 @@ __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
     }
 }
 
+// A row's l is spread over the 4 lanes of its quad: sum it there (l becomes the row's total) and
+// return 1 / l, or 0 for a row that saw no key.
+__device__ __forceinline__ float row_total_and_inverse(float &l) {
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    return l > 0.f ? 1.f / l : 0.f;
+}
+
 // Epilogue. Each warp normalises its own rows and stages them, as fp16, in its own rows of
 // Q_smem (this warp's ldmatrix reads of Q were its last use of them), then writes them out
 // with 16-byte stores; the LSE goes straight from registers. rows_left = N - the warp's first
@@ -579,9 +587,7 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = l_i[m][h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            const float inv_l = row_total_and_inverse(l);
             const int r = MMA_M * m + g + MMA_M / 2 * h;  // row inside the warp's rows
 #pragma unroll
             for (int n = 0; n < DB; ++n) {
@@ -621,9 +627,7 @@ __device__ __forceinline__ void store_partial(const float (&O_acc)[MT][DB][4],
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = l_i[m][h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            const float inv_l = row_total_and_inverse(l);
             const int r = MMA_M * m + g + MMA_M / 2 * h;  // row inside the warp's rows
             if (r < rows_left) {
 #pragma unroll
