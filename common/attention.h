@@ -49,7 +49,31 @@ typedef struct {
     cudaError_t (*forward)(const attn_shape *s, const attn_device *dev, const void *Q,
                            const void *K, const void *V, void *O, float *lse, void *workspace,
                            int variant, cudaStream_t stream);
+    /* Optional, NULL in forward-only stages: the backward pass. From the forward's inputs, its
+     * outputs O and lse, and dO = dLoss/dO ([B, H, N, D], storage type), compute dQ, dK, dV
+     * ([B, H, N, D], storage type). The workspace is zeroed by nobody: the stage clears what
+     * it needs itself, on `stream`. The same variant index is passed to both passes. */
+    size_t (*backward_workspace_bytes)(const attn_shape *s, const attn_device *dev, int variant);
+    cudaError_t (*backward)(const attn_shape *s, const attn_device *dev, const void *Q,
+                            const void *K, const void *V, const void *O, const float *lse,
+                            const void *dO, void *dQ, void *dK, void *dV, void *workspace,
+                            int variant, cudaStream_t stream);
 } attn_stage;
+
+/* The one home of the exit codes: the program exits with them and the library returns them
+ * (python/flashcourse reads them from the library: attn_lib_exit_codes). */
+typedef enum {
+    ATTN_EXIT_PASS = 0,        /* ran, and the checked rows are right */
+    ATTN_EXIT_WRONG = 1,       /* a wrong result, or a CUDA fault */
+    ATTN_EXIT_USAGE = 2,       /* bad usage: an option, an input file, an argument */
+    ATTN_EXIT_UNSUPPORTED = 3, /* no NVIDIA GPU, or a shape or variant this stage cannot run */
+    ATTN_EXIT_OOM = 4          /* out of device or host memory */
+} attn_exit;
+
+/* The one home of the shape limits every stage accepts (the program, the library and the
+ * binding check them before a stage sees the shape). */
+#define ATTN_MAX_BH 65535   /* B x H: grids put (batch, head) in blockIdx.y */
+#define ATTN_MAX_N (1 << 30) /* tokens */
 
 extern const attn_stage attn_this_stage;
 

@@ -247,4 +247,6 @@ extern "C" const attn_stage attn_this_stage = {
     attention_unsupported,
     attention_workspace_bytes,
     attention_forward,
+    NULL,  // a forward-only stage: no backward pass
+    NULL,
 };

@@ -1,0 +1,13 @@
+/*
+ * csv_header.h: the one home of the results CSV's columns. The program prints this header;
+ * plots/sweep.sh, plots/sdpa_baseline.py and the tests' fixtures read it from this file (the
+ * string between the quotes below), so a column added here reaches all of them.
+ *
+ *   pass: fwd (the forward pass), bwd (the backward pass alone, given O and LSE), fwd+bwd
+ *         (both, as one training step runs them). Readers take a missing pass column as fwd.
+ *   tflops: 4 B H N^2 D (halved when causal) per forward; a backward counts 2.5 times that.
+ */
+#ifndef CSV_HEADER_H
+#define CSV_HEADER_H
+#define CSV_HEADER "gpu,stage,variant,pass,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,rel_err,lse_err,rows_checked,device_mb,status"
+#endif
