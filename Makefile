@@ -47,9 +47,9 @@ CFLAGS    := -std=c11 -O2 -Wall -Wextra -Werror -fopenmp -I$(CUDA_HOME)/include
 LDLIBS    := -Xcompiler -fopenmp -lm -ldl
 stage0_naive_LIBS := -lcublas
 
-COMMON_SRC := common/main.c common/reference.c common/npy.c
+COMMON_SRC := common/main.c common/reference.c common/reference_bwd.c common/npy.c
 COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/obj/%.o,$(COMMON_SRC))
-HEADERS    := common/attention.h common/common.h
+HEADERS    := common/attention.h common/common.h common/csv_header.h
 
 .DEFAULT_GOAL := all
 .PHONY: all build objects test check sanitize profile diff help clean format format-check
@@ -92,6 +92,14 @@ $(BUILD)/obj/%.o: %/attention.cu common/attention.h $(BUILD)/flags.txt
 
 $(BUILD)/stage%: $(BUILD)/obj/stage%.o $(COMMON_OBJ)
 	$(NVCC) -o $@ $^ $(LDLIBS) $($(notdir $@)_LIBS)
+
+# Stage 7 holds the backward pass only; its forward is stage 5's: stage5_tuned/attention.cu compiled
+# a second time with its descriptor renamed attn_forward_stage, linked beside it (not copied).
+$(BUILD)/obj/stage7_forward.o: stage5_tuned/attention.cu $(wildcard stage5_tuned/*.cuh) common/attention.h $(BUILD)/flags.txt
+	@mkdir -p $(@D) $(BUILD)/ptxas
+	@echo "$(NVCC) -c $< -Dattn_this_stage=attn_forward_stage [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $@"
+	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC $(GENCODE) -Dattn_this_stage=attn_forward_stage -c $< -o $@ 2> $(BUILD)/ptxas/stage7_forward.txt || { cat $(BUILD)/ptxas/stage7_forward.txt; exit 1; }
+$(BUILD)/stage7_backward: $(BUILD)/obj/stage7_forward.o
 
 $(BUILD)/test_common: common/tests/test_common.c $(BUILD)/obj/reference.o $(BUILD)/obj/npy.o
 	$(CC) $(CFLAGS) -Icommon -o $@ $^ -lm

@@ -72,7 +72,7 @@ typedef enum {
 
 /* The one home of the shape limits every stage accepts (the program, the library and the
  * binding check them before a stage sees the shape). */
-#define ATTN_MAX_BH 65535   /* B x H: grids put (batch, head) in blockIdx.y */
+#define ATTN_MAX_BH 65535    /* B x H: grids put (batch, head) in blockIdx.y */
 #define ATTN_MAX_N (1 << 30) /* tokens */
 
 extern const attn_stage attn_this_stage;

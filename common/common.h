@@ -73,6 +73,31 @@ void check_output(const ref_shape *s, int f16, const float *Q, const float *K, c
                   const float *O, const float *lse, const long long *rows, long long nrows,
                   check_result *r);
 
+/* ---- the backward pass (reference_bwd.c) ---- */
+enum { GRAD_DQ = 0, GRAD_DK = 1, GRAD_DV = 2, GRADS = 3 };
+typedef struct {
+    double max_abs_err[GRADS]; /* max |g - g_ref| over the checked rows, per gradient */
+    double rel_err[GRADS];     /* ||g - g_ref|| / ||g_ref|| over the checked rows */
+    double f16_err[GRADS];     /* max |g_f16ref - g_ref|: the error of a correct fp16 computation */
+    double bound[GRADS];       /* the max_abs_err allowed */
+    long long rows_checked;    /* query rows (dQ) + key rows (dK, dV) */
+    long long nonfinite;       /* NaN/Inf anywhere in dQ, dK or dV (all of them are scanned) */
+    int pass;
+} grad_check_result;
+
+/* Checks dQ at the query rows qrows and dK, dV at the key rows krows (indices into [B*H, N]),
+ * all [B, H, N, D] as floats. The reference takes the stored inputs Q, K, V, dO and the forward's
+ * stored O and lse (checked by check_output first): D_i = dO_i . O_i, P_ij = exp(scale q_i.k_j -
+ * lse_i), dS_ij = P_ij (dO_i.v_j - D_i); dQ_i = scale sum_j dS_ij k_j, dK_j = scale sum_i dS_ij
+ * q_i, dV_j = sum_i P_ij dO_i, in float64, over every key of a query row and every query of a key
+ * row. The fp16 reference rounds P (for dV) and dS (for dQ, dK) to fp16, and the results, as a
+ * correct fp16 kernel does. Pass rule per gradient: max_abs_err <= 2 f16_err + CHECK_F16_FLOOR (1 +
+ * max|g_ref|). */
+void check_gradients(const ref_shape *s, const float *Q, const float *K, const float *V,
+                     const float *dO, const float *O, const float *lse, const float *dQ,
+                     const float *dK, const float *dV, const long long *qrows, long long nq,
+                     const long long *krows, long long nk, grad_check_result *r);
+
 #define CHECK_F16_FLOOR 1e-4 /* absolute floor for fp16 stages: cases where fp16 is exact */
 #define CHECK_F32_TOL 1e-4   /* fp32 stages: |O - O_ref| <= tol * (1 + max|O_ref|) */
 #define CHECK_LSE_F32 5e-5   /* lse tolerance relative to 1 + |lse_ref| */

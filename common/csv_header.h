@@ -9,5 +9,7 @@
  */
 #ifndef CSV_HEADER_H
 #define CSV_HEADER_H
+// clang-format off: one line, so that scripts can read it
 #define CSV_HEADER "gpu,stage,variant,pass,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,rel_err,lse_err,rows_checked,device_mb,status"
+// clang-format on
 #endif

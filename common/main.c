@@ -26,22 +26,17 @@
 
 #include "attention.h"
 #include "common.h"
-
-enum { EXIT_PASS = 0, EXIT_WRONG = 1, EXIT_USAGE = 2, EXIT_UNSUPPORTED = 3, EXIT_OOM = 4 };
-
-#define CSV_HEADER                                                                        \
-    "gpu,stage,variant,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err," \
-    "rel_err,lse_err,rows_checked,device_mb,status"
+#include "csv_header.h"
 
 /* Every CUDA call outside a stage goes through this: the call's text, file and line. */
-#define CUDA_CHECK(call)                                                         \
-    do {                                                                         \
-        cudaError_t err_ = (call);                                               \
-        if (err_ != cudaSuccess) {                                               \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, \
-                    cudaGetErrorString(err_));                                   \
-            exit(err_ == cudaErrorMemoryAllocation ? EXIT_OOM : EXIT_WRONG);     \
-        }                                                                        \
+#define CUDA_CHECK(call)                                                               \
+    do {                                                                               \
+        cudaError_t err_ = (call);                                                     \
+        if (err_ != cudaSuccess) {                                                     \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,       \
+                    cudaGetErrorString(err_));                                         \
+            exit(err_ == cudaErrorMemoryAllocation ? ATTN_EXIT_OOM : ATTN_EXIT_WRONG); \
+        }                                                                              \
     } while (0)
 
 #define SELF_TEST_FULL_ROWS 4096 /* self-test checks every row up to this many, else a sample */
@@ -60,23 +55,37 @@ typedef struct {
     uint64_t seed;
     int peaky;
     const char *qpath, *kpath, *vpath, *outpath, *lsepath;
-    long long check_rows; /* -1: all rows */
+    const char *dOpath, *dqpath, *dkpath, *dvpath; /* the backward pass's input and outputs */
+    long long check_rows;                          /* -1: all rows */
     int bench, csv, self_test, variant, variant_given;
     double budget_s;
     long long smem_limit;
 } options;
 
 typedef struct { /* host inputs: float copies hold exactly the stored values */
-    float *Qf, *Kf, *Vf;
-    void *Qs, *Ks, *Vs; /* storage-typed (aliases of the float arrays for fp32 stages) */
+    float *Qf, *Kf, *Vf, *dOf;
+    void *Qs, *Ks, *Vs, *dOs; /* storage-typed (aliases of the float arrays for fp32 stages) */
 } host_inputs;
+
+/* What a timed run enqueues: the forward pass, the backward pass alone (given the forward's O
+ * and LSE), or both, as a training step runs them. The CSV's pass column. */
+typedef enum { PASS_FWD = 0, PASS_BWD = 1, PASS_BOTH = 2, PASSES = 3 } pass_kind;
+static const char *const pass_names[PASSES] = {"fwd", "bwd", "fwd+bwd"};
+/* FLOPs per pass, in units of the forward's 4 B H N^2 D (halved when causal): the backward's
+ * five matrix products against the forward's two count 2.5 (the FlashAttention papers' rule). */
+static const double pass_flops[PASSES] = {1.0, 2.5, 3.5};
+
+typedef struct {
+    double ms_median, ms_min, tflops;
+    int repeats;
+} timing;
 
 typedef struct {
     const char *status;
-    double ms_median, ms_min, tflops;
-    int repeats;
-    check_result chk;
-    int checked;
+    timing t[PASSES];
+    check_result chk;       /* the forward's O and LSE */
+    grad_check_result gchk; /* the backward's dQ, dK, dV */
+    int checked, gchecked;
     double device_mb;
 } run_result;
 
@@ -89,7 +98,7 @@ static void die_usage(const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, " (see --help)\n");
     va_end(ap);
-    exit(EXIT_USAGE);
+    exit(ATTN_EXIT_USAGE);
 }
 
 /* ---- options ---- */
@@ -105,13 +114,15 @@ static void usage(void) {
         "  --dim D            head dim: 64 or 128 (default 128)\n"
         "  --causal           query i attends to keys 0..i\n"
         "  --scale S          softmax scale, a positive float (default 1/sqrt(D))\n"
-        "                     B x H <= 65535; B, H, N, D may also come from the .npy files\n"
+        "                     B x H <= %d; B, H, N, D may also come from the .npy files\n"
         "inputs and outputs:\n"
         "  --seed N           random inputs seed (default 1)\n"
         "  --dist normal|peaky  peaky scales Q by 8 so each query attends to a few keys\n"
         "  --q/--k/--v FILE   read Q, K or V from a .npy [B, H, N, D] float16 or float32\n"
         "  --out FILE         write O as .npy [B, H, N, D] in the stage's storage type (%s)\n"
         "  --lse FILE         write LSE as .npy [B, H, N] float32\n"
+        "  --dO FILE          the backward pass's dO, .npy [B, H, N, D] (default: random normal)\n"
+        "  --dq/--dk/--dv FILE  write dQ, dK or dV as .npy [B, H, N, D] (stages with a backward)\n"
         "run:\n"
         "  --check ROWS|all|0 rows checked against the float64 reference (default 64)\n"
         "  --bench            time the kernel (median of >= %d launches and %.1f s)\n"
@@ -126,7 +137,7 @@ static void usage(void) {
         "  --help             this text\n"
         "exit codes: 0 pass, 1 wrong result, 2 bad usage, 3 unsupported here (no NVIDIA GPU, "
         "or the shape), 4 out of device or host memory\n",
-        prog, attn_this_stage.name, attn_this_stage.adds,
+        prog, attn_this_stage.name, attn_this_stage.adds, ATTN_MAX_BH,
         attn_this_stage.dtype == ATTN_F16 ? "float16" : "float32", MIN_REPEATS, MIN_SECONDS,
         attn_this_stage.variants);
 }
@@ -226,18 +237,18 @@ static void parse_args(int argc, char **argv, options *o) {
     } while (0)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage();
-            exit(EXIT_PASS);
+            exit(ATTN_EXIT_PASS);
         } else if (!strcmp(a, "--batch")) {
             NEEDS_VALUE;
-            o->shape.B = (int)parse_int(a, v, 1, 65535);
+            o->shape.B = (int)parse_int(a, v, 1, ATTN_MAX_BH);
             o->given_B = o->given_run = 1;
         } else if (!strcmp(a, "--heads")) {
             NEEDS_VALUE;
-            o->shape.H = (int)parse_int(a, v, 1, 65535);
+            o->shape.H = (int)parse_int(a, v, 1, ATTN_MAX_BH);
             o->given_H = o->given_run = 1;
         } else if (!strcmp(a, "--seq")) {
             NEEDS_VALUE;
-            o->shape.N = (int)parse_int(a, v, 1, 1 << 30);
+            o->shape.N = (int)parse_int(a, v, 1, ATTN_MAX_N);
             o->given_N = o->given_run = 1;
         } else if (!strcmp(a, "--dim")) {
             NEEDS_VALUE;
@@ -277,6 +288,17 @@ static void parse_args(int argc, char **argv, options *o) {
         } else if (!strcmp(a, "--lse")) {
             NEEDS_VALUE;
             o->lsepath = v;
+        } else if (!strcmp(a, "--dO") || !strcmp(a, "--dq") || !strcmp(a, "--dk") ||
+                   !strcmp(a, "--dv")) {
+            NEEDS_VALUE;
+            if (!attn_this_stage.backward)
+                die_usage("%s: %s has no backward pass (stage7_backward has)", a,
+                          attn_this_stage.name);
+            const char **to = a[3] == 'q'   ? &o->dqpath
+                              : a[3] == 'k' ? &o->dkpath
+                              : a[3] == 'v' ? &o->dvpath
+                                            : &o->dOpath;
+            *to = v;
         } else if (!strcmp(a, "--check")) {
             NEEDS_VALUE;
             o->check_rows = !strcmp(v, "all") ? -1 : parse_int(a, v, 0, INT64_MAX);
@@ -312,7 +334,7 @@ static void parse_args(int argc, char **argv, options *o) {
 /* Out of host memory: one line, exit 4 (like the device's out-of-memory). */
 static void die_host_oom(const char *what) {
     fprintf(stderr, "%s: out of host memory: %s\n", prog, what);
-    exit(EXIT_OOM);
+    exit(ATTN_EXIT_OOM);
 }
 
 /* Reads one of Q/K/V: must be 4-D; its shape becomes the run's shape unless options (or an
@@ -325,6 +347,9 @@ static float *load_npy(const char *opt, const char *path, options *o) {
     if (rc != 0) die_usage("%s: %s", opt, err);
     if (a.ndim != 4)
         die_usage("%s: '%s' has %d dimensions, want 4 [B, H, N, D]", opt, path, a.ndim);
+    if (a.shape[3] != 64 && a.shape[3] != 128)
+        die_usage("%s: '%s' has D = %lld, which is not supported (64 or 128)", opt, path,
+                  a.shape[3]);
     long long want[4] = {o->shape.B, o->shape.H, o->shape.N, o->shape.D};
     int given[4] = {o->given_B, o->given_H, o->given_N, o->given_D};
     const char *names[4] = {"B", "H", "N", "D"};
@@ -337,12 +362,12 @@ static float *load_npy(const char *opt, const char *path, options *o) {
             die_usage("%s: '%s' has %s = %lld, but %s %lld was given", opt, path, names[d],
                       a.shape[d], flags[d], want[d]);
         }
-        if (a.shape[d] < 1 || a.shape[d] > (d == 2 ? (1 << 30) : 65535))
+        if (a.shape[d] < 1 || a.shape[d] > (d == 2 ? ATTN_MAX_N : ATTN_MAX_BH))
             die_usage("%s: '%s' has %s = %lld, out of range [1, %d]", opt, path, names[d],
-                      a.shape[d], d == 2 ? (1 << 30) : 65535);
+                      a.shape[d], d == 2 ? ATTN_MAX_N : ATTN_MAX_BH);
     }
-    static char from[3][600];
-    int slot = opt[2] == 'q' ? 0 : opt[2] == 'k' ? 1 : 2;
+    static char from[4][600];
+    int slot = opt[2] == 'q' ? 0 : opt[2] == 'k' ? 1 : opt[2] == 'v' ? 2 : 3;
     if (!o->shape_from && !(o->given_B && o->given_H && o->given_N && o->given_D)) {
         snprintf(from[slot], sizeof from[slot], "%s '%s'", opt, path);
         o->shape_from = from[slot];
@@ -364,14 +389,16 @@ static size_t elems_of(const attn_shape *s) {
 }
 
 /* Makes the stored inputs: from files where given, else random; rounded to the storage type. */
-static int make_inputs(const options *o, float *fileq, float *filek, float *filev,
+/* dO (the backward pass's input) only for a stage with a backward pass. */
+static int make_inputs(const options *o, float *fileq, float *filek, float *filev, float *filedo,
                        host_inputs *in) {
     const attn_shape *s = &o->shape;
     size_t n = elems_of(s);
-    float *src[3] = {fileq, filek, filev};
-    float **dst[3] = {&in->Qf, &in->Kf, &in->Vf};
-    void **st[3] = {&in->Qs, &in->Ks, &in->Vs};
-    for (int t = 0; t < 3; t++) {
+    float *src[4] = {fileq, filek, filev, filedo};
+    float **dst[4] = {&in->Qf, &in->Kf, &in->Vf, &in->dOf};
+    void **st[4] = {&in->Qs, &in->Ks, &in->Vs, &in->dOs};
+    memset(in, 0, sizeof *in);
+    for (int t = 0; t < (attn_this_stage.backward ? 4 : 3); t++) {
         float *f = src[t] ? src[t] : malloc(n * sizeof(float));
         if (!f) return -1;
         if (!src[t]) fill_normal(f, n, o->seed, (uint32_t)t, (t == 0 && o->peaky) ? 8.0f : 1.0f);
@@ -393,8 +420,8 @@ static int make_inputs(const options *o, float *fileq, float *filek, float *file
 }
 
 static void free_inputs(host_inputs *in) {
-    if (attn_this_stage.dtype == ATTN_F16) free(in->Qs), free(in->Ks), free(in->Vs);
-    free(in->Qf), free(in->Kf), free(in->Vf);
+    if (attn_this_stage.dtype == ATTN_F16) free(in->Qs), free(in->Ks), free(in->Vs), free(in->dOs);
+    free(in->Qf), free(in->Kf), free(in->Vf), free(in->dOf);
     memset(in, 0, sizeof *in);
 }
 
@@ -473,11 +500,24 @@ static int dev_alloc(void **p, size_t bytes, const char *what, double *total_mb)
     return 0;
 }
 
-static double timed_launch(gpu_ctx *g, const options *o, void *const bufs[6]) {
+/* Device buffers of one run; the backward's are allocated only for a stage that has one. */
+enum { BUF_Q, BUF_K, BUF_V, BUF_O, BUF_LSE, BUF_WS, BUF_DO, BUF_DQ, BUF_DK, BUF_DV, BUF_BWS, BUFS };
+
+static void enqueue(gpu_ctx *g, const options *o, void *const b[BUFS], pass_kind pass) {
+    const attn_shape *s = &o->shape;
+    if (pass != PASS_BWD)
+        CUDA_CHECK(attn_this_stage.forward(s, &g->dev, b[BUF_Q], b[BUF_K], b[BUF_V], b[BUF_O],
+                                           (float *)b[BUF_LSE], b[BUF_WS], o->variant, g->stream));
+    if (pass != PASS_FWD)
+        CUDA_CHECK(attn_this_stage.backward(
+            s, &g->dev, b[BUF_Q], b[BUF_K], b[BUF_V], b[BUF_O], (const float *)b[BUF_LSE],
+            b[BUF_DO], b[BUF_DQ], b[BUF_DK], b[BUF_DV], b[BUF_BWS], o->variant, g->stream));
+}
+
+static double timed_launch(gpu_ctx *g, const options *o, void *const b[BUFS], pass_kind pass) {
     CUDA_CHECK(cudaMemsetAsync(g->flush, 0, g->flush_bytes, g->stream));
     CUDA_CHECK(cudaEventRecord(g->start, g->stream));
-    CUDA_CHECK(attn_this_stage.forward(&o->shape, &g->dev, bufs[0], bufs[1], bufs[2], bufs[3],
-                                       (float *)bufs[4], bufs[5], o->variant, g->stream));
+    enqueue(g, o, b, pass);
     CUDA_CHECK(cudaEventRecord(g->stop, g->stream));
     CUDA_CHECK(cudaEventSynchronize(g->stop));
     float ms = 0;
@@ -490,6 +530,98 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Times one pass: the median of at least MIN_REPEATS launches and MIN_SECONDS (SLOW_REPEATS when
+ * the first took over SLOW_MS), after a warm-up. */
+static void bench_pass(gpu_ctx *g, const options *o, void *const b[BUFS], pass_kind pass,
+                       double first_ms, timing *t) {
+    double *ms = malloc(sizeof(double) * MAX_REPEATS), total = 0;
+    if (!ms) die_host_oom("the timing samples");
+    int k = 0;
+    if (first_ms < SLOW_MS) (void)timed_launch(g, o, b, pass); /* warm-up */
+    while (k < MAX_REPEATS) {
+        ms[k] = timed_launch(g, o, b, pass);
+        total += ms[k++];
+        if (ms[0] > SLOW_MS ? k >= SLOW_REPEATS : (k >= MIN_REPEATS && total >= MIN_SECONDS * 1e3))
+            break;
+    }
+    qsort(ms, (size_t)k, sizeof(double), cmp_double);
+    t->ms_median = k % 2 ? ms[k / 2] : 0.5 * (ms[k / 2 - 1] + ms[k / 2]);
+    t->ms_min = ms[0];
+    t->repeats = k;
+    free(ms);
+}
+
+/* A device array [count] of the storage type, to the host as floats (raw: the stored bytes, for
+ * --out and the like; may alias the floats for fp32 stages). */
+static float *download(const void *dev_ptr, size_t count, size_t esz, void **raw) {
+    float *f = malloc(count * sizeof(float));
+    void *r = esz == 4 ? (void *)f : malloc(count * esz);
+    if (!f || !r) die_host_oom("the copy of an output");
+    CUDA_CHECK(cudaMemcpy(r, dev_ptr, count * esz, cudaMemcpyDeviceToHost));
+    if (esz == 2) {
+#pragma omp parallel for schedule(static)
+        for (long long x = 0; x < (long long)count; x++) f[x] = f16_to_f32(((uint16_t *)r)[x]);
+    }
+    *raw = r;
+    return f;
+}
+
+static void write_npy(const char *opt, const char *path, npy_dtype dt, int ndim,
+                      const long long *shape, const void *data) {
+    char err[512];
+    if (path && npy_write(path, dt, ndim, shape, data, err, sizeof err) != 0) {
+        fprintf(stderr, "%s: %s: %s\n", prog, opt, err);
+        exit(ATTN_EXIT_USAGE);
+    }
+}
+
+static void free_download(float *f, void *raw) {
+    if (raw != (void *)f) free(raw);
+    free(f);
+}
+
+/* The rows to check: o->check_rows of them (all: -1), spread by seed. */
+static long long *rows_to_check(const options *o, long long rows, uint64_t seed, long long *n) {
+    long long want = o->check_rows;
+    long long *rl = malloc(sizeof(long long) * (size_t)(want < 0 || want > rows ? rows : want));
+    if (!rl) die_host_oom("the list of rows to check");
+    *n = pick_rows(rows, want, seed, rl);
+    return rl;
+}
+
+/* The backward pass once on poisoned dQ, dK, dV; then its outputs written and checked against
+ * the float64 reference, with the forward's stored O and lse (host copies). Returns its time. */
+static double run_backward(const options *o, gpu_ctx *g, const host_inputs *in, void *const b[BUFS],
+                           const float *O, const float *lse, run_result *r) {
+    const attn_shape *s = &o->shape;
+    const size_t n = elems_of(s), rows = (size_t)s->B * s->H * s->N;
+    const size_t esz = attn_this_stage.dtype == ATTN_F16 ? 2 : 4;
+    for (int x = BUF_DQ; x <= BUF_DV; x++) CUDA_CHECK(cudaMemset(b[x], 0xff, n * esz));
+    const double ms = timed_launch(g, o, b, PASS_BWD);
+    if (o->check_rows == 0 && !o->dqpath && !o->dkpath && !o->dvpath) return ms;
+    void *raw[3];
+    float *grad[3];
+    const char *opts[3] = {"--dq", "--dk", "--dv"};
+    const char *paths[3] = {o->dqpath, o->dkpath, o->dvpath};
+    long long shp[4] = {s->B, s->H, s->N, s->D};
+    for (int t = 0; t < 3; t++) {
+        grad[t] = download(b[BUF_DQ + t], n, esz, &raw[t]);
+        write_npy(opts[t], paths[t], esz == 2 ? NPY_F16 : NPY_F32, 4, shp, raw[t]);
+    }
+    if (o->check_rows != 0) {
+        long long nq, nk;
+        long long *qr = rows_to_check(o, (long long)rows, o->seed, &nq);
+        long long *kr = rows_to_check(o, (long long)rows, o->seed ^ 0x9e3779b97f4a7c15ull, &nk);
+        ref_shape rs = {s->B, s->H, s->N, s->D, s->causal, (double)s->scale};
+        check_gradients(&rs, in->Qf, in->Kf, in->Vf, in->dOf, O, lse, grad[0], grad[1], grad[2], qr,
+                        nq, kr, nk, &r->gchk);
+        r->gchecked = 1;
+        free(qr), free(kr);
+    }
+    for (int t = 0; t < 3; t++) free_download(grad[t], raw[t]);
+    return ms;
+}
+
 /* One run: allocate, run once on poisoned output, check, then time. Returns an exit code. */
 static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_result *r) {
     const attn_shape *s = &o->shape;
@@ -499,112 +631,127 @@ static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_res
     if (why) {
         fprintf(stderr, "%s: unsupported here: %s\n", prog, why);
         r->status = "unsupported";
-        return EXIT_UNSUPPORTED;
+        return ATTN_EXIT_UNSUPPORTED;
     }
+    const int bwd = attn_this_stage.backward != NULL;
     const size_t n = elems_of(s), rows = (size_t)s->B * s->H * s->N;
     const size_t esz = attn_this_stage.dtype == ATTN_F16 ? 2 : 4;
-    const size_t ws = attn_this_stage.workspace_bytes(s, &g->dev, o->variant);
-    void *b[6] = {0};
-    const char *what[6] = {"Q", "K", "V", "O", "lse", "workspace"};
-    size_t bytes[6] = {n * esz, n * esz, n * esz, n * esz, rows * sizeof(float), ws};
-    int rc = EXIT_PASS;
-    for (int i = 0; i < 6; i++) {
+    void *b[BUFS] = {0};
+    const char *what[BUFS] = {
+        "Q", "K", "V", "O", "lse", "workspace", "dO", "dQ", "dK", "dV", "the backward's workspace"};
+    size_t bytes[BUFS] = {
+        n * esz,
+        n * esz,
+        n * esz,
+        n * esz,
+        rows * sizeof(float),
+        attn_this_stage.workspace_bytes(s, &g->dev, o->variant),
+        bwd ? n * esz : 0,
+        bwd ? n * esz : 0,
+        bwd ? n * esz : 0,
+        bwd ? n * esz : 0,
+        bwd ? attn_this_stage.backward_workspace_bytes(s, &g->dev, o->variant) : 0};
+    int rc = ATTN_EXIT_PASS;
+    for (int i = 0; i < BUFS; i++) {
         if (dev_alloc(&b[i], bytes[i], what[i], &r->device_mb) != 0) {
             r->status = "OOM";
-            rc = EXIT_OOM;
+            rc = ATTN_EXIT_OOM;
             goto done;
         }
     }
-    CUDA_CHECK(cudaMemcpy(b[0], in->Qs, bytes[0], cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(b[1], in->Ks, bytes[1], cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(b[2], in->Vs, bytes[2], cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b[BUF_Q], in->Qs, bytes[BUF_Q], cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b[BUF_K], in->Ks, bytes[BUF_K], cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b[BUF_V], in->Vs, bytes[BUF_V], cudaMemcpyHostToDevice));
+    if (bwd) CUDA_CHECK(cudaMemcpy(b[BUF_DO], in->dOs, bytes[BUF_DO], cudaMemcpyHostToDevice));
 
     /* first run: on NaN-poisoned output (0xff bytes are NaN in fp16 and fp32) */
-    CUDA_CHECK(cudaMemset(b[3], 0xff, bytes[3]));
-    CUDA_CHECK(cudaMemset(b[4], 0xff, bytes[4]));
-    double first_ms = timed_launch(g, o, b);
-    if (o->check_rows != 0 || o->outpath || o->lsepath) {
-        float *O = malloc(n * sizeof(float)), *lse = malloc(rows * sizeof(float));
-        void *raw = esz == 4 ? (void *)O : malloc(n * esz);
-        if (!O || !lse || !raw) die_host_oom("the copy of the output");
-        CUDA_CHECK(cudaMemcpy(raw, b[3], bytes[3], cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(lse, b[4], bytes[4], cudaMemcpyDeviceToHost));
-        if (esz == 2) {
-#pragma omp parallel for schedule(static)
-            for (long long x = 0; x < (long long)n; x++) O[x] = f16_to_f32(((uint16_t *)raw)[x]);
-        }
-        char err[512];
+    CUDA_CHECK(cudaMemset(b[BUF_O], 0xff, bytes[BUF_O]));
+    CUDA_CHECK(cudaMemset(b[BUF_LSE], 0xff, bytes[BUF_LSE]));
+    double first_ms[PASSES] = {timed_launch(g, o, b, PASS_FWD), 0, 0};
+    const int need_out = o->check_rows != 0 || o->outpath || o->lsepath;
+    if (need_out || (bwd && (o->dqpath || o->dkpath || o->dvpath))) {
+        void *raw, *lraw;
+        float *O = download(b[BUF_O], n, esz, &raw);
+        float *lse = download(b[BUF_LSE], rows, sizeof(float), &lraw);
         long long shp[4] = {s->B, s->H, s->N, s->D};
-        if (o->outpath &&
-            npy_write(o->outpath, esz == 2 ? NPY_F16 : NPY_F32, 4, shp, raw, err, sizeof err) != 0)
-            fprintf(stderr, "%s: --out: %s\n", prog, err), exit(EXIT_USAGE);
-        if (o->lsepath && npy_write(o->lsepath, NPY_F32, 3, shp, lse, err, sizeof err) != 0)
-            fprintf(stderr, "%s: --lse: %s\n", prog, err), exit(EXIT_USAGE);
+        write_npy("--out", o->outpath, esz == 2 ? NPY_F16 : NPY_F32, 4, shp, raw);
+        write_npy("--lse", o->lsepath, NPY_F32, 3, shp, lse);
         if (o->check_rows != 0) {
-            long long want = o->check_rows;
-            long long *rl =
-                malloc(sizeof(long long) * (want < 0 || (size_t)want > rows ? rows : (size_t)want));
-            if (!rl) die_host_oom("the list of rows to check");
-            long long nr = pick_rows((long long)rows, want, o->seed, rl);
+            long long nr;
+            long long *rl = rows_to_check(o, (long long)rows, o->seed, &nr);
             ref_shape rs = {s->B, s->H, s->N, s->D, s->causal, (double)s->scale};
             check_output(&rs, esz == 2, in->Qf, in->Kf, in->Vf, O, lse, rl, nr, &r->chk);
             r->checked = 1;
             free(rl);
-            if (!r->chk.pass) {
-                r->status = "FAIL";
-                rc = EXIT_WRONG;
-            }
         }
-        if (raw != O) free(raw);
-        free(O), free(lse);
+        if (bwd) first_ms[PASS_BWD] = run_backward(o, g, in, b, O, lse, r);
+        free_download(O, raw);
+        free_download(lse, lraw);
+    } else if (bwd) {
+        first_ms[PASS_BWD] = run_backward(o, g, in, b, NULL, NULL, r);
     }
-    r->ms_median = r->ms_min = first_ms;
-    r->repeats = 1;
-    if (rc == EXIT_PASS && first_ms > o->budget_s * 1000.0) {
-        r->status = "over_budget";
-    } else if (rc == EXIT_PASS && o->bench) {
-        double *t = malloc(sizeof(double) * MAX_REPEATS), total = 0;
-        int k = 0;
-        if (first_ms < SLOW_MS) (void)timed_launch(g, o, b); /* warm-up */
-        while (k < MAX_REPEATS) {
-            t[k] = timed_launch(g, o, b);
-            total += t[k++];
-            if (t[0] > SLOW_MS ? k >= SLOW_REPEATS
-                               : (k >= MIN_REPEATS && total >= MIN_SECONDS * 1e3))
-                break;
+    if ((r->checked && !r->chk.pass) || (r->gchecked && !r->gchk.pass)) {
+        r->status = "FAIL";
+        rc = ATTN_EXIT_WRONG;
+    }
+    first_ms[PASS_BOTH] = first_ms[PASS_FWD] + first_ms[PASS_BWD];
+    const double flops = 4.0 * s->B * s->H * (double)s->N * s->N * s->D * (s->causal ? 0.5 : 1.0);
+    for (int p = 0; p < PASSES; p++) {
+        timing *t = &r->t[p];
+        t->ms_median = t->ms_min = first_ms[p];
+        t->repeats = 1;
+        if (rc != ATTN_EXIT_PASS || (p != PASS_FWD && !bwd)) continue;
+        if (first_ms[p] > o->budget_s * 1000.0) {
+            r->status = "over_budget";
+        } else if (o->bench && !(bwd && p == PASS_FWD)) { /* stage 7's forward is stage 5's */
+            bench_pass(g, o, b, (pass_kind)p, first_ms[p], t);
         }
-        qsort(t, (size_t)k, sizeof(double), cmp_double);
-        r->ms_median = k % 2 ? t[k / 2] : 0.5 * (t[k / 2 - 1] + t[k / 2]);
-        r->ms_min = t[0];
-        r->repeats = k;
-        free(t);
+        t->tflops = pass_flops[p] * flops / (t->ms_median * 1e-3) / 1e12;
     }
-    double flops = 4.0 * s->B * s->H * (double)s->N * s->N * s->D * (s->causal ? 0.5 : 1.0);
-    r->tflops = flops / (r->ms_median * 1e-3) / 1e12;
 done:
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < BUFS; i++)
         if (b[i]) CUDA_CHECK(cudaFree(b[i]));
     return rc;
+}
+
+/* The passes a stage reports: the forward, or for a stage with a backward pass the backward
+ * alone and both (its forward is another stage's, reported there). */
+static int reported(pass_kind p) {
+    return attn_this_stage.backward ? p != PASS_FWD : p == PASS_FWD;
+}
+
+static double max3(const double v[GRADS]) {
+    double m = v[0];
+    for (int t = 1; t < GRADS; t++) m = v[t] > m || isnan(v[t]) ? v[t] : m;
+    return m;
 }
 
 static void print_csv(const options *o, const gpu_ctx *g, const run_result *r) {
     char vname[64];
     variant_name(o->variant, vname, sizeof vname);
     const attn_shape *s = &o->shape;
-    printf(CSV_HEADER "\n%s,%s,%s,%d,%d,%d,%d,%d,%s,", g ? g->name : "none", attn_this_stage.name,
-           vname, s->B, s->H, s->N, s->D, s->causal,
-           attn_this_stage.dtype == ATTN_F16 ? "f16" : "f32");
-    int timed = !strcmp(r->status, "ok") || !strcmp(r->status, "over_budget");
-    if (timed)
-        printf("%.4f,%.4f,%d,%.3f,", r->ms_median, r->ms_min, r->repeats, r->tflops);
-    else
-        printf(",,,,");
-    if (r->checked)
-        printf("%.3g,%.3g,%.3g,%lld,", r->chk.max_abs_err, r->chk.rel_err, r->chk.lse_err,
-               r->chk.rows_checked);
-    else
-        printf(",,,0,");
-    printf("%.1f,%s\n", r->device_mb, r->status);
+    printf(CSV_HEADER "\n");
+    for (int p = 0; p < PASSES; p++) {
+        if (!reported((pass_kind)p)) continue;
+        const timing *t = &r->t[p];
+        printf("%s,%s,%s,%s,%d,%d,%d,%d,%d,%s,", g ? g->name : "none", attn_this_stage.name, vname,
+               pass_names[p], s->B, s->H, s->N, s->D, s->causal,
+               attn_this_stage.dtype == ATTN_F16 ? "f16" : "f32");
+        int timed = !strcmp(r->status, "ok") || !strcmp(r->status, "over_budget");
+        if (timed)
+            printf("%.4f,%.4f,%d,%.3f,", t->ms_median, t->ms_min, t->repeats, t->tflops);
+        else
+            printf(",,,,");
+        if (p == PASS_FWD && r->checked)
+            printf("%.3g,%.3g,%.3g,%lld,", r->chk.max_abs_err, r->chk.rel_err, r->chk.lse_err,
+                   r->chk.rows_checked);
+        else if (p != PASS_FWD && r->gchecked)
+            printf("%.3g,%.3g,%.3g,%lld,", max3(r->gchk.max_abs_err), max3(r->gchk.rel_err),
+                   r->checked ? r->chk.lse_err : 0.0, r->gchk.rows_checked);
+        else
+            printf(",,,0,");
+        printf("%.1f,%s\n", r->device_mb, r->status);
+    }
     fflush(stdout);
 }
 
@@ -614,14 +761,29 @@ static void describe(FILE *f, const options *o, const run_result *r) {
     const attn_shape *s = &o->shape;
     fprintf(f, "%s %s B=%d H=%d N=%d D=%d%s%s:", attn_this_stage.name, vname, s->B, s->H, s->N,
             s->D, s->causal ? " causal" : "", o->peaky ? " peaky" : "");
-    if (!strcmp(r->status, "ok") || !strcmp(r->status, "over_budget"))
-        fprintf(f, " %.3f ms (%s of %d), %.1f TFLOP/s,", r->ms_median,
-                r->repeats > 1 ? "median" : "one run", r->repeats, r->tflops);
+    if (!strcmp(r->status, "ok") || !strcmp(r->status, "over_budget")) {
+        for (int p = 0; p < PASSES; p++) {
+            if (!reported((pass_kind)p)) continue;
+            const timing *t = &r->t[p];
+            fprintf(f, " %s%s%.3f ms (%s of %d), %.1f TFLOP/s,",
+                    attn_this_stage.backward ? pass_names[p] : "",
+                    attn_this_stage.backward ? " " : "", t->ms_median,
+                    t->repeats > 1 ? "median" : "one run", t->repeats, t->tflops);
+        }
+    }
     if (r->checked)
         fprintf(f, " max_abs_err %.2e (bound %.2e), lse_err %.2e (bound %.1e), %lld rows,",
                 r->chk.max_abs_err, r->chk.bound, r->chk.lse_err, r->chk.lse_bound,
                 r->chk.rows_checked);
     if (r->checked && r->chk.nonfinite) fprintf(f, " %lld NaN/Inf,", r->chk.nonfinite);
+    if (r->gchecked) {
+        const char *names[GRADS] = {"dQ", "dK", "dV"};
+        for (int t = 0; t < GRADS; t++)
+            fprintf(f, " %s %.2e (bound %.2e),", names[t], r->gchk.max_abs_err[t],
+                    r->gchk.bound[t]);
+        fprintf(f, " %lld gradient rows,", r->gchk.rows_checked);
+        if (r->gchk.nonfinite) fprintf(f, " %lld NaN/Inf in dQ/dK/dV,", r->gchk.nonfinite);
+    }
     fprintf(f, " %s\n", r->status);
 }
 
@@ -640,7 +802,7 @@ static int self_test(const options *base, gpu_ctx *g) {
     const char *why = attn_this_stage.unsupported(&probe, &g->dev, 0);
     if (why) {
         printf("%s: self-test waived on %s: %s\n", attn_this_stage.name, g->name, why);
-        return EXIT_UNSUPPORTED;
+        return ATTN_EXIT_UNSUPPORTED;
     }
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int v = 0; v < nv; v++) {
@@ -664,12 +826,12 @@ static int self_test(const options *base, gpu_ctx *g) {
                             long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
                             o.check_rows = rows <= SELF_TEST_FULL_ROWS ? -1 : SELF_TEST_SAMPLE;
                             host_inputs in;
-                            if (make_inputs(&o, NULL, NULL, NULL, &in) != 0)
+                            if (make_inputs(&o, NULL, NULL, NULL, NULL, &in) != 0)
                                 die_host_oom("the inputs");
                             run_result r;
                             int rc = run_case(&o, g, &in, &r);
                             free_inputs(&in);
-                            if (rc == EXIT_PASS) {
+                            if (rc == ATTN_EXIT_PASS) {
                                 vp++;
                             } else {
                                 vf++;
@@ -684,7 +846,7 @@ static int self_test(const options *base, gpu_ctx *g) {
     printf("%s self-test on %s (smem/block %zu): %.1f s\n", attn_this_stage.name, g->name,
            g->dev.smem_per_block, (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec));
     printf("%d passed, %d failed\n", passed, failed);
-    return failed ? EXIT_WRONG : EXIT_PASS;
+    return failed ? ATTN_EXIT_WRONG : ATTN_EXIT_PASS;
 }
 
 int main(int argc, char **argv) {
@@ -695,13 +857,17 @@ int main(int argc, char **argv) {
     float *fq = o.qpath ? load_npy("--q", o.qpath, &o) : NULL;
     float *fk = o.kpath ? load_npy("--k", o.kpath, &o) : NULL;
     float *fv = o.vpath ? load_npy("--v", o.vpath, &o) : NULL;
+    float *fdo = o.dOpath ? load_npy("--dO", o.dOpath, &o) : NULL;
     attn_shape *s = &o.shape;
     if (s->D != 64 && s->D != 128) die_usage("--dim: %d is not supported (64 or 128)", s->D);
-    if ((long long)s->B * s->H > 65535)
-        die_usage("--batch x --heads: %lld is over 65535", (long long)s->B * s->H);
+    if ((long long)s->B * s->H > ATTN_MAX_BH)
+        die_usage("--batch x --heads: %lld is over %d", (long long)s->B * s->H, ATTN_MAX_BH);
     if (!o.given_scale) s->scale = 1.0f / sqrtf((float)s->D);
-    if (o.self_test && (o.qpath || o.kpath || o.vpath || o.outpath || o.lsepath))
-        die_usage("--self-test makes its own inputs; it takes no --q/--k/--v/--out/--lse");
+    if (o.self_test && (o.qpath || o.kpath || o.vpath || o.outpath || o.lsepath || o.dOpath ||
+                        o.dqpath || o.dkpath || o.dvpath))
+        die_usage(
+            "--self-test makes its own inputs; it takes no --q/--k/--v/--out/--lse/--dO/--dq/"
+            "--dk/--dv");
     if (o.self_test && o.given_run)
         die_usage(
             "--self-test runs its own shapes and checks every row; it takes no --batch, "
@@ -709,6 +875,9 @@ int main(int argc, char **argv) {
             "--csv");
     if (o.outpath) check_writable("--out", o.outpath);
     if (o.lsepath) check_writable("--lse", o.lsepath);
+    if (o.dqpath) check_writable("--dq", o.dqpath);
+    if (o.dkpath) check_writable("--dk", o.dkpath);
+    if (o.dvpath) check_writable("--dv", o.dvpath);
 
     gpu_ctx g;
     memset(&g, 0, sizeof g);
@@ -717,12 +886,12 @@ int main(int argc, char **argv) {
             run_result r = {.status = "unsupported"};
             print_csv(&o, NULL, &r);
         }
-        return EXIT_UNSUPPORTED;
+        return ATTN_EXIT_UNSUPPORTED;
     }
     if (o.self_test) return self_test(&o, &g);
 
     host_inputs in;
-    if (make_inputs(&o, fq, fk, fv, &in) != 0) die_host_oom("the inputs");
+    if (make_inputs(&o, fq, fk, fv, fdo, &in) != 0) die_host_oom("the inputs");
     run_result r;
     int rc = run_case(&o, &g, &in, &r);
     if (!strcmp(r.status, "FAIL"))

@@ -1,0 +1,138 @@
+/*
+ * reference_bwd.c: the float64 reference of the backward pass, for chosen rows, and its pass rule
+ * (common.h, check_gradients). The same idea as the forward's (reference.c): the exact stored
+ * values in, float64 over every term of a checked row, and beside it the same computation with
+ * the fp16 roundings a correct kernel makes, whose distance from float64 sets the bound.
+ *
+ * A query row's dQ_i needs its row of P and dS (every key: O(N D)); a key row's dK_j and dV_j need
+ * column j of P and dS (every query), so every query's lse_i and D_i: lse is the forward's (already
+ * checked against its own reference) and D_i = dO_i . O_i is computed here from the stored O, both
+ * O(N D) per head. 64 rows at N = 262,144 cost a few seconds.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+static double dot(const float *a, const float *b, long long D) {
+    double s = 0;
+    for (long long d = 0; d < D; d++) s += (double)a[d] * b[d];
+    return s;
+}
+
+/* One entry of P and dS: query i, key j of head bh (rows already offset to the head). */
+typedef struct {
+    double P, dS;
+} prob_grad;
+
+static prob_grad entry(const ref_shape *s, const float *q, const float *k, const float *v,
+                       const float *dout, double lse, double Di) {
+    prob_grad e;
+    e.P = exp(s->scale * dot(q, k, s->D) - lse);
+    e.dS = e.P * (dot(dout, v, s->D) - Di);
+    return e;
+}
+
+/* Accumulates err statistics of one gradient row g (floats) against exact ge and fp16 gf. */
+typedef struct {
+    double max_err, f16_err, max_ref, sq_err, sq_ref;
+} stats;
+
+static void add_row(stats *st, const float *g, const double *ge, const double *gf, long long D) {
+    for (long long d = 0; d < D; d++) {
+        double e = fabs((double)g[d] - ge[d]);
+        if (!(e <= st->max_err)) st->max_err = isnan(e) ? INFINITY : e;
+        st->sq_err += isfinite(e) ? e * e : INFINITY;
+        st->sq_ref += ge[d] * ge[d];
+        if (fabs(ge[d]) > st->max_ref) st->max_ref = fabs(ge[d]);
+        if (fabs(gf[d] - ge[d]) > st->f16_err) st->f16_err = fabs(gf[d] - ge[d]);
+    }
+}
+
+static void merge(stats *to, const stats *from) {
+    if (!(from->max_err <= to->max_err)) to->max_err = from->max_err;
+    if (from->f16_err > to->f16_err) to->f16_err = from->f16_err;
+    if (from->max_ref > to->max_ref) to->max_ref = from->max_ref;
+    to->sq_err += from->sq_err, to->sq_ref += from->sq_ref;
+}
+
+void check_gradients(const ref_shape *s, const float *Q, const float *K, const float *V,
+                     const float *dO, const float *O, const float *lse, const float *dQ,
+                     const float *dK, const float *dV, const long long *qrows, long long nq,
+                     const long long *krows, long long nk, grad_check_result *r) {
+    const long long N = s->N, D = s->D, total = (long long)s->B * s->H * N;
+    long long nonfinite = 0;
+#pragma omp parallel for reduction(+ : nonfinite) schedule(static)
+    for (long long x = 0; x < total * D; x++)
+        nonfinite += !isfinite(dQ[x]) + !isfinite(dK[x]) + !isfinite(dV[x]);
+
+    double *Dsum = malloc(sizeof(double) * (size_t)total);
+    if (!Dsum) {
+        memset(r, 0, sizeof *r);
+        r->nonfinite = nonfinite, r->pass = 0;
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (long long x = 0; x < total; x++) Dsum[x] = dot(dO + x * D, O + x * D, D);
+
+    stats st[GRADS];
+    memset(st, 0, sizeof st);
+#pragma omp parallel
+    {
+        stats mine[GRADS];
+        memset(mine, 0, sizeof mine);
+        double *buf = malloc(sizeof(double) * (size_t)(4 * D));
+        double *ge = buf, *gf = buf + D, *ve = buf + 2 * D, *vf = buf + 3 * D;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (long long x = 0; x < nq + nk; x++) {
+            const int is_query = x < nq;
+            const long long row = is_query ? qrows[x] : krows[x - nq];
+            const long long bh = row / N, at = row % N, head = bh * N;
+            memset(buf, 0, sizeof(double) * (size_t)(4 * D));
+            /* a query row: keys 0 .. N-1 (causal: .. at); a key row: queries (causal: at ..) */
+            const long long lo = is_query || !s->causal ? 0 : at;
+            const long long hi = is_query && s->causal ? at + 1 : N;
+            for (long long o = lo; o < hi; o++) {
+                const long long qi = is_query ? at : o, kj = is_query ? o : at;
+                const prob_grad e =
+                    entry(s, Q + (head + qi) * D, K + (head + kj) * D, V + (head + kj) * D,
+                          dO + (head + qi) * D, lse[head + qi], Dsum[head + qi]);
+                const double dS16 = round_f16((float)e.dS), P16 = round_f16((float)e.P);
+                /* query row: dQ_i += dS k_j; key row: dK_j += dS q_i, dV_j += P dO_i */
+                const float *src = is_query ? K + (head + kj) * D : Q + (head + qi) * D;
+                const float *dout = dO + (head + qi) * D;
+                for (long long d = 0; d < D; d++) {
+                    ge[d] += e.dS * src[d], gf[d] += dS16 * src[d];
+                    if (!is_query) ve[d] += e.P * dout[d], vf[d] += P16 * dout[d];
+                }
+            }
+            for (long long d = 0; d < D; d++) {
+                ge[d] *= s->scale;
+                gf[d] = round_f16((float)(gf[d] * s->scale));
+                vf[d] = round_f16((float)vf[d]);
+            }
+            if (is_query) {
+                add_row(&mine[GRAD_DQ], dQ + row * D, ge, gf, D);
+            } else {
+                add_row(&mine[GRAD_DK], dK + row * D, ge, gf, D);
+                add_row(&mine[GRAD_DV], dV + row * D, ve, vf, D);
+            }
+        }
+        free(buf);
+#pragma omp critical
+        for (int t = 0; t < GRADS; t++) merge(&st[t], &mine[t]);
+    }
+    free(Dsum);
+
+    r->pass = nonfinite == 0;
+    for (int t = 0; t < GRADS; t++) {
+        r->max_abs_err[t] = st[t].max_err;
+        r->rel_err[t] = st[t].sq_ref > 0 ? sqrt(st[t].sq_err / st[t].sq_ref) : sqrt(st[t].sq_err);
+        r->f16_err[t] = st[t].f16_err;
+        r->bound[t] = 2.0 * st[t].f16_err + CHECK_F16_FLOOR * (1.0 + st[t].max_ref);
+        if (!(st[t].max_err <= r->bound[t])) r->pass = 0;
+    }
+    r->rows_checked = nq + nk;
+    r->nonfinite = nonfinite;
+}

@@ -1,0 +1,890 @@
+/*
+ * stage7_backward: FlashAttention-2's backward pass (dQ, dK, dV), on the tensor cores of stage 5.
+ *
+ * What this stage adds: the other half of FlashAttention. The forward pass is stage 5's (this file
+ * holds the backward only; the build links stage5_tuned/attention.cu a second time, renamed, and
+ * the descriptor below hands its forward over). Given Q, K, V, the forward's O and LSE, and dO:
+ *
+ *   D_i   = rowsum(dO_i * O_i)                          preprocess_kernel, one row per quad
+ *   for each key tile K_j, V_j (one block; keys split over the warps, 16 per warp):
+ *     dK_j = dV_j = 0                                    registers, fp32, for the whole loop
+ *     for each query tile Q_i, dO_i, LSE_i, D_i (the next one arriving by cp.async):
+ *       S^T  = K_j Q_i^T                                 recompute: no N x N buffer anywhere
+ *       P^T  = exp(scale S^T - LSE_i)                    the forward's probabilities, exactly
+ *       dP^T = V_j dO_i^T
+ *       dV_j += P^T dO_i
+ *       dS^T = P^T * (dP^T - D_i)                        softmax's Jacobian, row by row
+ *       dK_j += dS^T Q_i
+ *       dQ_i += dS_i K_j                                 fp32 atomics into a workspace (default)
+ *     dK_j *= scale; store dK_j, dV_j
+ *   dQ = scale * dQ_acc                                  dq_convert_kernel
+ *
+ * Variant deterministic: the key-tile loop leaves dQ alone, and dq_kernel computes it in a second
+ * pass, query tile outer, key tiles inner, accumulating dQ_i in registers (S and dP recomputed once
+ * more): no atomics, so the same inputs give the same bits on every run.
+ *
+ * Why K/V outside: dK_j and dV_j then stay in registers for a whole block, and only dQ, which
+ * every key tile adds to, needs accumulating across blocks. README.md derives the gradients.
+ * mma.sync + ldmatrix + cp.async as stage 5: every GPU from sm_75 on (sm_75 loads synchronously).
+ *
+ * Run:  make build && build/stage7_backward --seq 4096 --heads 16 --dim 128 --causal --bench
+ * Variants (--variant): default (dQ by atomics), deterministic (dQ by a second pass).
+ *
+ * NOTE: what is left is Hopper's instruction set again: wgmma with dS and P staged through shared
+ * memory, TMA and warp specialisation, as FlashAttention-3's backward does (README.md, "What is
+ * left").
+ */
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention.h"
+
+/* ---- tunables ---------------------------------------------------------------------------- */
+
+// A tile configuration. WARPS warps of 16 rows each: a block owns 16 WARPS keys (backward_kernel)
+// or queries (dq_kernel), and dq_kernel's key tiles have as many rows. QROWS: the query tile of
+// backward_kernel's loop (its S^T and dP^T are 16 x QROWS per warp, beside dK and dV: at D = 128
+// those hold 128 registers, and 64-query tiles spill). STAGES = 2 double-buffers the loop's tiles
+// (the next arrives during this one's math); 1 loads each tile when it is needed.
+typedef struct {
+    int WARPS, STAGES, QROWS;
+} tile_config;
+
+// In the order tried: the first whose shared memory fits the block's limit is used.
+// D = 128: 68.5 KB (two blocks per SM, as many as the registers allow, on an A100 or H100), then
+// one buffer, 52 KB (a T4's 64 KB). D = 64: 57 KB (fits a T4 too), then 40.5 KB.
+constexpr tile_config TILES_D128[] = {{4, 2, 32}, {4, 1, 32}};
+constexpr tile_config TILES_D64[] = {{4, 2, 64}, {4, 1, 64}};
+constexpr int CONFIGS = 2;
+
+/* ---- device helpers (stage 5's, the same instructions) ------------------------------------ */
+
+constexpr int MMA_M = 16;
+constexpr int MMA_N = 8;
+constexpr int MMA_K = 16;
+constexpr int WARP_SIZE = 32;
+constexpr int CHUNK_HALVES = 8;  // 16 bytes: one cp.async, one ldmatrix row
+constexpr int CHUNK_BYTES = 16;
+constexpr int X4_DIM = 16;                 // an ldmatrix.x4 reads a 16 x 16 block
+constexpr int X4_BYTES = X4_DIM * 2;       // its width in bytes: two chunks
+constexpr int X4_BLOCKS = X4_DIM / MMA_N;  // n8 blocks of B per ldmatrix.x4
+constexpr int MATRIX_ROWS = 8;             // an ldmatrix matrix: 8 rows of one chunk
+constexpr int QUAD = 4;                    // the lanes that share a fragment row
+constexpr float LOG2E = 1.4426950408889634f;
+
+// Chunk c of row r of a [rows, COLS] half tile is stored at chunk c ^ (r % 8): conflict-free
+// ldmatrix and 16-byte stores (stage 5's swizzle). A row of fewer than 8 chunks (the 32-column dS
+// tile of the SMALL configuration) XORs with r % (its chunks): a 2-way conflict there.
+template <int COLS>
+__host__ __device__ constexpr int swizzle_rows() {
+    return COLS / CHUNK_HALVES < MATRIX_ROWS ? COLS / CHUNK_HALVES : MATRIX_ROWS;
+}
+
+template <int COLS>
+__device__ __forceinline__ uint32_t smem_offset(int row, int chunk) {
+    return (uint32_t)(row * (COLS * 2) + (chunk ^ (row % swizzle_rows<COLS>())) * CHUNK_BYTES);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                 : "=f"(v.x), "=f"(v.y)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+
+// 16 bytes global -> shared. sm_80+: cp.async (zero-filled when !valid; completed by
+// cp_async_wait). sm_75 has no cp.async: the chunk goes through a register at once.
+__device__ __forceinline__ void copy_chunk(uint32_t dst, const void *src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? CHUNK_BYTES : 0)
+                 : "memory");
+#else
+    st_shared_v4(dst, valid ? *reinterpret_cast<const uint4 *>(src) : make_uint4(0, 0, 0, 0));
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Wait until at most N of this thread's commit groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += A (16x16) B (16x8), fp16 in, fp32 accumulate; fragment layouts as in stage 5 (g = lane / 4,
+// t = lane % 4): A a[0] (g, 2t..) a[1] (g+8, 2t..) a[2] (g, 2t+8..) a[3] (g+8, 2t+8..);
+// B b0 (k 2t.., n g) b1 (k 2t+8.., n g); C d[0..1] (g, 2t..) d[2..3] (g+8, 2t..).
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &h, sizeof(u));
+    return u;
+}
+
+// The lane, read afresh where it is used (volatile: the compiler may not hoist it). The offsets
+// derived from it (ldmatrix addresses, fragment rows and columns) are then recomputed in a few
+// integer instructions in each phase instead of living in registers across the loop, beside dK
+// and dV, where registers are scarcest (stage 5's thread_index, for the same reason).
+__device__ __forceinline__ int lane_index() {
+    int l;
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(l));
+    return l;
+}
+
+// ldmatrix lane offsets into a swizzled [*, COLS] tile (stage 5's a_lane_offset and
+// k_lane_offset). A-order (an A operand, or a B operand read .trans): lane l addresses row l % 16,
+// chunk l / 16 of the 16 x 16 block. B-order (a B operand read untransposed, two n8 blocks; also an
+// A operand read .trans from a tile stored transposed): lane l addresses row l % 8 + 8 (l / 16),
+// chunk (l / 8) % 2. XOR with k * X4_BYTES then moves to the k-th 16-column block (the swizzle
+// commutes with it), adding r * 8 * ROW_BYTES moves 8 r rows down.
+template <int COLS>
+__device__ __forceinline__ uint32_t a_lane_offset() {
+    const int lane = lane_index();
+    return smem_offset<COLS>(lane % X4_DIM, lane / X4_DIM);
+}
+
+template <int COLS>
+__device__ __forceinline__ uint32_t b_lane_offset() {
+    const int lane = lane_index();
+    return smem_offset<COLS>(lane % MATRIX_ROWS + lane / X4_DIM * MATRIX_ROWS,
+                             lane / MATRIX_ROWS % 2);
+}
+
+// Start copying rows [0, ROWS) of a [rows, D] tile (row stride D) into a swizzled shared tile;
+// rows >= rows_left become zeros. Consecutive threads move consecutive 16-byte chunks. One
+// commit group per call.
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void tile_issue(uint32_t tile, const __half *src, int rows_left) {
+    constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
+    static_assert(ROWS * CHUNKS_PER_ROW % THREADS == 0, "tile split over the threads");
+#pragma unroll
+    for (int i = 0; i < ROWS * CHUNKS_PER_ROW / THREADS; ++i) {
+        const int c = (int)threadIdx.x + i * THREADS;
+        const int row = c / CHUNKS_PER_ROW, chunk = c % CHUNKS_PER_ROW;
+        const bool valid = row < rows_left;
+        copy_chunk(tile + smem_offset<D>(row, chunk),
+                   src + (valid ? (size_t)row * D + chunk * CHUNK_HALVES : 0), valid);
+    }
+}
+
+// Start copying ROWS floats (a padded row vector: always in bounds) into shared memory.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void vector_issue(uint32_t dst, const float *src) {
+    constexpr int CHUNKS = ROWS * (int)sizeof(float) / CHUNK_BYTES;
+    for (int c = (int)threadIdx.x; c < CHUNKS; c += THREADS) {
+        copy_chunk(dst + c * CHUNK_BYTES, src + c * (CHUNK_BYTES / sizeof(float)), true);
+    }
+}
+
+/* ---- the warp's matrix products ----------------------------------------------------------- */
+
+// C = A B^T for one warp: A is the warp's 16 rows of a [*, D] tile at A_rows, B the COLS rows of
+// another [*, D] tile at B_tile, both in shared memory: C[n] = C fragment of columns 8n..8n+7.
+// S^T = K Q^T, dP^T = V dO^T (main kernel); S = Q K^T, dP = dO V^T (dq_kernel).
+template <int D, int NB>
+__device__ __forceinline__ void gemm_rows_by_rows(float (&C)[NB][4], uint32_t A_rows,
+                                                  uint32_t B_tile) {
+    constexpr int ROW_BYTES = D * 2;
+    const uint32_t a_off = a_lane_offset<D>(), b_off = b_lane_offset<D>();
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) C[n][e] = 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < D / MMA_K; ++k) {
+        uint32_t a[4];
+        ldmatrix_x4(a, A_rows + (a_off ^ (k * X4_BYTES)));
+#pragma unroll
+        for (int n = 0; n < NB; n += X4_BLOCKS) {
+            uint32_t b[4];  // b0, b1 of columns 8n..; b0, b1 of columns 8n + 8..
+            ldmatrix_x4(b, B_tile + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
+            mma_16816(C[n], a, b[0], b[1]);
+            mma_16816(C[n + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// C += A B for one warp: A (16 x 16 KC) in registers as A fragments, B the [16 KC, D] tile at
+// B_tile, row-major (read .trans): dV += P^T dO, dK += dS^T Q (main kernel), dQ += dS K
+// (dq_kernel). C[n] = C fragment of head-dim columns 8n..8n+7.
+template <int D, int KC>
+__device__ __forceinline__ void gemm_frags_by_tile(float (&C)[D / MMA_N][4],
+                                                   const uint32_t (&A)[KC][4], uint32_t B_tile) {
+    constexpr int ROW_BYTES = D * 2;
+    const uint32_t off = a_lane_offset<D>();
+#pragma unroll
+    for (int k = 0; k < KC; ++k) {
+#pragma unroll
+        for (int n = 0; n < D / MMA_N; n += X4_BLOCKS) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b,
+                              B_tile + (off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
+            mma_16816(C[n], A[k], b[0], b[1]);
+            mma_16816(C[n + 1], A[k], b[2], b[3]);
+        }
+    }
+}
+
+// C fragments of column blocks 2k, 2k+1 are, register for register, the A fragment of k16 step k
+// (stage 5's P): pack them to halves.
+template <int NB>
+__device__ __forceinline__ void to_a_fragments(uint32_t (&A)[NB / 2][4], const float (&C)[NB][4]) {
+#pragma unroll
+    for (int k = 0; k < NB / 2; ++k) {
+        A[k][0] = pack_half2(C[2 * k][0], C[2 * k][1]);
+        A[k][1] = pack_half2(C[2 * k][2], C[2 * k][3]);
+        A[k][2] = pack_half2(C[2 * k + 1][0], C[2 * k + 1][1]);
+        A[k][3] = pack_half2(C[2 * k + 1][2], C[2 * k + 1][3]);
+    }
+}
+
+// Element e of a C fragment of column block n sits at row g + 8 (e / 2), column 8n + 2t + e % 2.
+__device__ __forceinline__ int frag_row(int e) {
+    return lane_index() / QUAD + MMA_M / 2 * (e / 2);
+}
+__device__ __forceinline__ int frag_col(int n, int e) {
+    return MMA_N * n + 2 * (lane_index() % QUAD) + e % 2;
+}
+
+/* ---- kernels ----------------------------------------------------------------------------- */
+
+typedef struct bwd_params {
+    const __half *Q, *K, *V, *O, *dO;  // [B, H, N, D]
+    const float *lse;                  // [B, H, N] natural log (the forward's)
+    __half *dQ, *dK, *dV;              // [B, H, N, D]
+    float *dQ_acc;                     // [B, H, N, D] fp32, zeroed (atomic variant)
+    float *lse2;                       // [B * H, N_pad]: LSE * log2(e), +inf past N
+    float *Dsum;                       // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
+    int N, N_pad, causal;
+    float scale, scale_log2;  // scale, scale * log2(e)
+} bwd_params;
+
+// D_i = rowsum(dO_i * O_i) in fp32, and LSE_i in log2 units, for the padded rows of every head:
+// rows past N get D = 0 and LSE = +inf, so that their P = 2^(s - inf) = 0 without a mask.
+// PREPROCESS_LANES lanes per row, D / 8 halves each; the grid covers B * H * N_pad rows exactly
+// (N_pad is a multiple of ROW_PAD).
+constexpr int PREPROCESS_THREADS = 128;
+constexpr int PREPROCESS_LANES = 8;
+constexpr int ROW_PAD = 64;  // N_pad: N rounded up to this, a multiple of every tile's rows
+
+template <int D>
+__global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bwd_params p) {
+    constexpr int PER_LANE = D / PREPROCESS_LANES;  // halves
+    const size_t row =                              // in [B * H, N_pad]
+        ((size_t)blockIdx.x * PREPROCESS_THREADS + threadIdx.x) / PREPROCESS_LANES;
+    const int sub = (int)threadIdx.x % PREPROCESS_LANES;
+    const size_t bh = row / (size_t)p.N_pad;
+    const int i = (int)(row - bh * p.N_pad);
+    const bool inside = i < p.N;
+    float sum = 0.f;
+    if (inside) {
+        const size_t at = ((size_t)bh * p.N + i) * D + sub * PER_LANE;
+#pragma unroll
+        for (int c = 0; c < PER_LANE; c += CHUNK_HALVES) {
+            const uint4 o = *reinterpret_cast<const uint4 *>(p.O + at + c);
+            const uint4 d = *reinterpret_cast<const uint4 *>(p.dO + at + c);
+            const __half2 *oh = reinterpret_cast<const __half2 *>(&o);
+            const __half2 *dh = reinterpret_cast<const __half2 *>(&d);
+#pragma unroll
+            for (int x = 0; x < CHUNK_HALVES / 2; ++x) {
+                const float2 of = __half22float2(oh[x]), df = __half22float2(dh[x]);
+                sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
+            }
+        }
+    }
+#pragma unroll
+    for (int s = PREPROCESS_LANES / 2; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+    if (sub == 0) {
+        p.Dsum[row] = inside ? sum : 0.f;
+        p.lse2[row] = inside ? p.lse[bh * p.N + i] * LOG2E : INFINITY;
+    }
+}
+
+// Shared memory of the two kernels, in bytes. ROWS = 16 WARPS: the block's rows.
+__host__ __device__ constexpr int tile_rows(tile_config c) {
+    return MMA_M * c.WARPS;
+}
+// backward_kernel: K_j, V_j [ROWS, D]; STAGES x (Q_i, dO_i [QROWS, D]); dS^T [ROWS, QROWS];
+// STAGES x (LSE_i, D_i [QROWS] floats)
+__host__ __device__ constexpr size_t main_smem_bytes(tile_config c, int D) {
+    return (2 * (size_t)tile_rows(c) + 2 * (size_t)c.STAGES * c.QROWS) * D * sizeof(__half) +
+           (size_t)tile_rows(c) * c.QROWS * sizeof(__half) +
+           2 * (size_t)c.STAGES * c.QROWS * sizeof(float);
+}
+// dq_kernel: Q_i, dO_i; STAGES x (K_j, V_j), all [ROWS, D]
+__host__ __device__ constexpr size_t dq_smem_bytes(tile_config c, int D) {
+    return (2 + 2 * (size_t)c.STAGES) * tile_rows(c) * D * sizeof(__half);
+}
+
+// The main kernel's loop tile: Q_i and dO_i ([ROWS, D]) and LSE_i, D_i ([ROWS] floats) of query
+// tile q0, copied into buffer `at`. One commit group.
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void issue_query_tile(const bwd_params &p, uint32_t Q_tile,
+                                                 uint32_t dO_tile, uint32_t vec_tile, size_t head,
+                                                 size_t vec, int q0) {
+    tile_issue<ROWS, D, THREADS>(Q_tile, p.Q + head + (size_t)q0 * D, p.N - q0);
+    tile_issue<ROWS, D, THREADS>(dO_tile, p.dO + head + (size_t)q0 * D, p.N - q0);
+    vector_issue<ROWS, THREADS>(vec_tile, p.lse2 + vec + q0);
+    vector_issue<ROWS, THREADS>(vec_tile + ROWS * sizeof(float), p.Dsum + vec + q0);
+    cp_async_commit();
+}
+
+// P^T = 2^(scale log2(e) S^T - LSE_i log2(e)), in place: rows are this warp's keys (the first is
+// key_row), columns the tile's queries (from q0). MASK (the diagonal tile, and the tile holding N):
+// keys past N and, causal, keys after the query get P = 0. Queries past N have LSE = +inf: P = 0.
+template <int NB>
+__device__ __forceinline__ void probabilities_t(float (&S)[NB][4], uint32_t lse_tile, int key_row,
+                                                int q0, const bwd_params &p, bool mask) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        const float2 lse = ld_shared_f2(lse_tile + frag_col(n, 0) * sizeof(float));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = key_row + frag_row(e), query = q0 + frag_col(n, e);
+            const bool off = mask && (key >= p.N || (p.causal && key > query));
+            const float x = fmaf(S[n][e], p.scale_log2, -(e % 2 ? lse.y : lse.x));
+            S[n][e] = off ? 0.f : fast_exp2(x);
+        }
+    }
+}
+
+// dS^T = P^T * (dP^T - D_i), in place of dP^T; D_i per column (query).
+template <int NB>
+__device__ __forceinline__ void score_gradients_t(float (&dP)[NB][4], const float (&P)[NB][4],
+                                                  uint32_t D_tile) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        const float2 Di = ld_shared_f2(D_tile + frag_col(n, 0) * sizeof(float));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dP[n][e] = P[n][e] * (dP[n][e] - (e % 2 ? Di.y : Di.x));
+    }
+}
+
+// This warp's rows of dS^T (A fragments) into dS_smem [ROWS keys, QROWS queries], swizzled: A
+// fragment k holds columns 16k.. (a[0], a[1]: rows g, g + 8) and 16k + 8.. (a[2], a[3]).
+template <int QROWS, int KC>
+__device__ __forceinline__ void store_score_gradients(uint32_t dS_smem, const uint32_t (&dS)[KC][4],
+                                                      int warp) {
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+    const int r = MMA_M * warp + g;
+#pragma unroll
+    for (int k = 0; k < KC; ++k) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // column block 2k + half: chunk 2k + half
+            const uint32_t col = t * sizeof(uint32_t);
+            st_shared_b32(dS_smem + smem_offset<QROWS>(r, 2 * k + half) + col, dS[k][2 * half]);
+            st_shared_b32(dS_smem + smem_offset<QROWS>(r + MMA_M / 2, 2 * k + half) + col,
+                          dS[k][2 * half + 1]);
+        }
+    }
+}
+
+// dQ_acc[q0 + QROWS rows] += dS K_j, split over the warps: warp w takes the 16 query rows of
+// slice w % (QROWS / 16) and its share of the head dim. A = those rows of dS (read .trans from
+// dS_smem, where they are columns), B = K_j (.trans); two head-dim blocks at a time, each added to
+// global memory by fp32 atomics (red.global.add; two floats at once on sm_90).
+template <int D, int ROWS, int QROWS, int WARPS>
+__device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_smem,
+                                              uint32_t K_smem, size_t head, int q0) {
+    constexpr int KC = ROWS / MMA_K;            // k16 steps over the keys
+    constexpr int SLICES = QROWS / MMA_M;       // m16 slices of the query tile
+    constexpr int PARTS = WARPS / SLICES;       // warps per slice
+    constexpr int DB_PART = D / MMA_N / PARTS;  // n8 blocks of the head dim per warp
+    constexpr int ROW_BYTES_S = QROWS * 2, ROW_BYTES = D * 2;
+    static_assert(WARPS % SLICES == 0 && DB_PART % X4_BLOCKS == 0, "dQ split over the warps");
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int slice = warp % SLICES, part = warp / SLICES;
+    uint32_t A[KC][4];
+    const uint32_t at_off = b_lane_offset<QROWS>() ^ (slice * X4_BYTES);
+#pragma unroll
+    for (int k = 0; k < KC; ++k) {
+        ldmatrix_x4_trans(A[k], dS_smem + at_off + k * MMA_K * ROW_BYTES_S);
+    }
+    const uint32_t b_off = a_lane_offset<D>();
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+#pragma unroll
+    for (int nn = 0; nn < DB_PART; nn += X4_BLOCKS) {
+        const int n = part * DB_PART + nn;  // head-dim blocks n, n + 1
+        float C[X4_BLOCKS][4] = {};
+#pragma unroll
+        for (int k = 0; k < KC; ++k) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(
+                b, K_smem + (b_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
+            mma_16816(C[0], A[k], b[0], b[1]);
+            mma_16816(C[1], A[k], b[2], b[3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = q0 + MMA_M * slice + g + MMA_M / 2 * h;
+            if (row >= p.N) continue;
+#pragma unroll
+            for (int j = 0; j < X4_BLOCKS; ++j) {
+                float *to = p.dQ_acc + head + (size_t)row * D + MMA_N * (n + j) + 2 * t;
+#if __CUDA_ARCH__ >= 900
+                atomicAdd(reinterpret_cast<float2 *>(to),
+                          make_float2(C[j][2 * h], C[j][2 * h + 1]));
+#else
+                atomicAdd(to, C[j][2 * h]);
+                atomicAdd(to + 1, C[j][2 * h + 1]);
+#endif
+            }
+        }
+    }
+}
+
+// A warp's C fragments of 16 rows (the first is `row`) x D columns, times `mul`, stored as fp16
+// for rows < N.
+template <int D>
+__device__ __forceinline__ void store_rows(__half *out, const float (&C)[D / MMA_N][4], int row,
+                                           int N, float mul) {
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row + g + MMA_M / 2 * h;
+        if (r >= N) continue;
+#pragma unroll
+        for (int n = 0; n < D / MMA_N; ++n) {
+            *reinterpret_cast<uint32_t *>(out + (size_t)r * D + MMA_N * n + 2 * t) =
+                pack_half2(C[n][2 * h] * mul, C[n][2 * h + 1] * mul);
+        }
+    }
+}
+
+// One block = one key tile K_j, V_j of one (batch, head), ROWS keys, 16 per warp; it loops over
+// the query tiles that see it (causal: from its own diagonal on). DQ_ATOMIC: the block also adds
+// its part of dQ (the default); the deterministic variant leaves dQ to dq_kernel.
+template <int D, int WARPS, int STAGES, int QROWS, bool DQ_ATOMIC>
+__global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_params p) {
+    constexpr tile_config CFG = {WARPS, STAGES, QROWS};
+    constexpr int THREADS = WARPS * WARP_SIZE;
+    constexpr int ROWS = tile_rows(CFG);  // keys per block
+    constexpr int ROW_BYTES = D * 2;      // one row of a [*, D] tile in shared memory
+    constexpr int NB = QROWS / MMA_N;     // n8 blocks of S^T per warp (queries)
+    constexpr int KC = QROWS / MMA_K;     // k16 steps over the queries
+    constexpr int DB = D / MMA_N;         // n8 blocks of dK, dV (head dim)
+    constexpr uint32_t KV_TILE = ROWS * ROW_BYTES, Q_TILE = QROWS * ROW_BYTES;
+    constexpr uint32_t VEC = 2 * QROWS * sizeof(float);  // LSE_i, then D_i
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // sm_75 code has no cp.async to fill a second buffer with: the launcher picks one stage there
+    // (kernel_arch), and the two-stage kernels are not compiled for it.
+    if constexpr (STAGES == 2) {
+        __trap();
+        return;
+    }
+#endif
+
+    const int k0 = (int)blockIdx.x * ROWS;             // the block's first key
+    const size_t head = (size_t)blockIdx.y * p.N * D;  // (batch, head) offset
+    const size_t vec = (size_t)blockIdx.y * p.N_pad;   // its rows of lse2 and Dsum
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int key_row = k0 + MMA_M * warp;  // this warp's first key
+    const int q_begin = p.causal ? k0 : 0;  // earlier queries see no key here
+    const int q_tiles = (p.N - q_begin + QROWS - 1) / QROWS;
+
+    // Shared memory: K_smem, V_smem [ROWS, D]; per stage Q_smem, dO_smem [QROWS, D]; dS_smem
+    // [ROWS keys, QROWS queries]; per stage vec_smem [2, QROWS] floats. Tiles swizzled.
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t K_smem = smem_u32(smem), V_smem = K_smem + KV_TILE;
+    const uint32_t Q_smem = V_smem + KV_TILE, dO_smem = Q_smem + STAGES * Q_TILE;
+    const uint32_t dS_smem = dO_smem + STAGES * Q_TILE;
+    const uint32_t vec_smem = dS_smem + ROWS * QROWS * sizeof(__half);
+
+    tile_issue<ROWS, D, THREADS>(K_smem, p.K + head + (size_t)k0 * D, p.N - k0);
+    tile_issue<ROWS, D, THREADS>(V_smem, p.V + head + (size_t)k0 * D, p.N - k0);
+    cp_async_commit();
+    if (STAGES == 2) {
+        issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, head, vec, q_begin);
+    }
+
+    float dK[DB][4] = {}, dV[DB][4] = {};  // this warp's 16 keys x D, fp32
+    for (int it = 0; it < q_tiles; ++it) {
+        const int q0 = q_begin + it * QROWS;
+        const int buf = STAGES == 2 ? it % 2 : 0;
+        const uint32_t Q_tile = Q_smem + buf * Q_TILE, dO_tile = dO_smem + buf * Q_TILE;
+        const uint32_t vec_tile = vec_smem + buf * VEC;
+        if (STAGES == 1) {
+            __syncthreads();  // every warp is done with the last tile's Q, dO, LSE, D and dS
+            issue_query_tile<D, QROWS, THREADS>(p, Q_tile, dO_tile, vec_tile, head, vec, q0);
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // tile it (and K_j, V_j) visible to all; with two stages, every warp is
+                          // also done with tile it - 1 (its buffer is refilled next) and dS_smem
+        if (STAGES == 2 && it + 1 < q_tiles) {
+            issue_query_tile<D, QROWS, THREADS>(p, Q_smem + (1 - buf) * Q_TILE,
+                                                dO_smem + (1 - buf) * Q_TILE,
+                                                vec_smem + (1 - buf) * VEC, head, vec, q0 + QROWS);
+        }
+        const uint32_t K_warp = K_smem + warp * MMA_M * ROW_BYTES;  // this warp's keys
+        const uint32_t V_warp = V_smem + warp * MMA_M * ROW_BYTES;
+
+        float S[NB][4], dP[NB][4];
+        uint32_t A[KC][4];
+        gemm_rows_by_rows<D>(S, K_warp, Q_tile);  // S^T = K_j Q_i^T
+        const bool mask = k0 + ROWS > p.N || (p.causal && q0 < k0 + ROWS - 1);
+        probabilities_t(S, vec_tile, key_row, q0, p, mask);  // P^T
+        gemm_rows_by_rows<D>(dP, V_warp, dO_tile);           // dP^T = V_j dO_i^T
+        to_a_fragments(A, S);
+        gemm_frags_by_tile<D>(dV, A, dO_tile);                       // dV_j += P^T dO_i
+        score_gradients_t(dP, S, vec_tile + QROWS * sizeof(float));  // dS^T
+        to_a_fragments(A, dP);
+        gemm_frags_by_tile<D>(dK, A, Q_tile);  // dK_j += dS^T Q_i
+        if (DQ_ATOMIC) {
+            store_score_gradients<QROWS>(dS_smem, A, warp);
+            __syncthreads();  // dS_smem written by every warp, visible to all
+            accumulate_dq<D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem, head, q0);
+        }
+    }
+    store_rows<D>(p.dK + head, dK, key_row, p.N, p.scale);
+    store_rows<D>(p.dV + head, dV, key_row, p.N, 1.f);
+}
+
+// dQ = scale * dQ_acc, as fp16: four elements a thread.
+constexpr int CONVERT_THREADS = 256;
+__global__ void __launch_bounds__(CONVERT_THREADS)
+    dq_convert_kernel(const bwd_params p, size_t count4) {
+    const size_t i = (size_t)blockIdx.x * CONVERT_THREADS + threadIdx.x;
+    if (i >= count4) return;
+    const float4 a = reinterpret_cast<const float4 *>(p.dQ_acc)[i];
+    uint2 h;
+    h.x = pack_half2(a.x * p.scale, a.y * p.scale);
+    h.y = pack_half2(a.z * p.scale, a.w * p.scale);
+    reinterpret_cast<uint2 *>(p.dQ)[i] = h;
+}
+
+// The deterministic variant's second pass: one block = one query tile Q_i, dO_i of one (batch,
+// head), 16 rows per warp; it loops over the key tiles it sees and keeps dQ_i in registers:
+//   S = Q_i K_j^T, P = 2^(c S - LSE_i), dP = dO_i V_j^T, dS = P (dP - D_i), dQ_i += dS K_j.
+template <int D, int WARPS, int STAGES>
+__global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p) {
+    constexpr tile_config CFG = {WARPS, STAGES, 0};
+    constexpr int THREADS = WARPS * WARP_SIZE;
+    constexpr int ROWS = tile_rows(CFG);
+    constexpr int ROW_BYTES = D * 2;
+    constexpr int NB = ROWS / MMA_N, KC = ROWS / MMA_K, DB = D / MMA_N;
+    constexpr uint32_t TILE = ROWS * ROW_BYTES;
+
+    // Causal: the last query tiles have the most key tiles; launch them first.
+    const int q_index = p.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const int q0 = q_index * ROWS;
+    const size_t head = (size_t)blockIdx.y * p.N * D;
+    const size_t vec = (size_t)blockIdx.y * p.N_pad;
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int q_row = q0 + MMA_M * warp;  // this warp's first query
+    const int kv_end = p.causal ? min(q0 + ROWS, p.N) : p.N;
+    const int k_tiles = (kv_end + ROWS - 1) / ROWS;
+
+    // Shared memory: Q_smem, dO_smem [ROWS, D]; per stage K_smem, V_smem [ROWS, D]; swizzled.
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t Q_smem = smem_u32(smem), dO_smem = Q_smem + TILE;
+    const uint32_t K_smem = dO_smem + TILE, V_smem = K_smem + STAGES * TILE;
+
+    tile_issue<ROWS, D, THREADS>(Q_smem, p.Q + head + (size_t)q0 * D, p.N - q0);
+    tile_issue<ROWS, D, THREADS>(dO_smem, p.dO + head + (size_t)q0 * D, p.N - q0);
+    cp_async_commit();
+    if (STAGES == 2) {
+        tile_issue<ROWS, D, THREADS>(K_smem, p.K + head, p.N);
+        tile_issue<ROWS, D, THREADS>(V_smem, p.V + head, p.N);
+        cp_async_commit();
+    }
+    const int g = lane_index() / QUAD;
+    float lse2[2], Di[2];  // rows g and g + 8 of this warp (padded arrays: always in bounds)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        lse2[h] = p.lse2[vec + q_row + g + MMA_M / 2 * h];
+        Di[h] = p.Dsum[vec + q_row + g + MMA_M / 2 * h];
+    }
+
+    float dQ[DB][4] = {};
+    for (int it = 0; it < k_tiles; ++it) {
+        const int k0 = it * ROWS;
+        const int buf = STAGES == 2 ? it % 2 : 0;
+        const uint32_t K_tile = K_smem + buf * TILE, V_tile = V_smem + buf * TILE;
+        if (STAGES == 1) {
+            __syncthreads();  // every warp is done with the last K_j, V_j
+            tile_issue<ROWS, D, THREADS>(K_tile, p.K + head + (size_t)k0 * D, p.N - k0);
+            tile_issue<ROWS, D, THREADS>(V_tile, p.V + head + (size_t)k0 * D, p.N - k0);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // K_j, V_j (and Q_i, dO_i) visible to all; with two stages, every warp
+                          // is also done with K_{j-1}, V_{j-1}, whose buffer is refilled next
+        if (STAGES == 2 && it + 1 < k_tiles) {
+            tile_issue<ROWS, D, THREADS>(K_smem + (1 - buf) * TILE,
+                                         p.K + head + (size_t)(k0 + ROWS) * D, p.N - k0 - ROWS);
+            tile_issue<ROWS, D, THREADS>(V_smem + (1 - buf) * TILE,
+                                         p.V + head + (size_t)(k0 + ROWS) * D, p.N - k0 - ROWS);
+            cp_async_commit();
+        }
+        const uint32_t Q_warp = Q_smem + warp * MMA_M * ROW_BYTES;
+        const uint32_t dO_warp = dO_smem + warp * MMA_M * ROW_BYTES;
+        float S[NB][4], dP[NB][4];
+        uint32_t A[KC][4];
+        gemm_rows_by_rows<D>(S, Q_warp, K_tile);  // S = Q_i K_j^T
+        const bool mask = k0 + ROWS > p.N || (p.causal && k0 + ROWS - 1 > q0);
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {  // P = 2^(c S - LSE); masked keys: P = 0
+                const int key = k0 + frag_col(n, e), query = q_row + frag_row(e);
+                const bool off = mask && (key >= p.N || (p.causal && key > query));
+                const float x = fmaf(S[n][e], p.scale_log2, -lse2[e / 2]);
+                S[n][e] = off ? 0.f : fast_exp2(x);
+            }
+        }
+        gemm_rows_by_rows<D>(dP, dO_warp, V_tile);  // dP = dO_i V_j^T
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dP[n][e] = S[n][e] * (dP[n][e] - Di[e / 2]);  // dS
+        }
+        to_a_fragments(A, dP);
+        gemm_frags_by_tile<D>(dQ, A, K_tile);  // dQ_i += dS K_j
+    }
+    store_rows<D>(p.dQ + head, dQ, q_row, p.N, p.scale);
+}
+
+/* ---- launcher ---------------------------------------------------------------------------- */
+
+enum { VARIANT_DEFAULT = 0, VARIANT_DETERMINISTIC = 1, VARIANTS = 2 };
+
+// The forward pass is stage 5's: its attention.cu, compiled a second time with its descriptor
+// renamed to attn_forward_stage (Makefile), linked beside this file.
+extern "C" const attn_stage attn_forward_stage;
+
+static int ceil_div(int a, int b) {
+    return (a + b - 1) / b;
+}
+
+static int padded_rows(int N) {
+    return ceil_div(N, ROW_PAD) * ROW_PAD;
+}
+
+// The PTX architecture the kernels were compiled for on the current device (75 for a compute_75
+// PTX build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
+static cudaError_t kernel_arch(int *arch) {
+    cudaFuncAttributes fa;
+    ATTN_TRY(cudaFuncGetAttributes(&fa, (const void *)dq_convert_kernel));
+    *arch = fa.ptxVersion;  // major * 10 + minor
+    return cudaSuccess;
+}
+
+// The first configuration (TILES_D64 or TILES_D128, in order) whose shared memory fits the
+// block's limit, and with two stages only where cp.async is (arch >= 80); its index, or -1.
+static int choose_tiles(int D, size_t smem_limit, int arch, bool main_kernel) {
+    const tile_config *order = D == 64 ? TILES_D64 : TILES_D128;
+    for (int i = 0; i < CONFIGS; ++i) {
+        if (order[i].STAGES > 1 && arch < 80) continue;
+        const size_t bytes =
+            main_kernel ? main_smem_bytes(order[i], D) : dq_smem_bytes(order[i], D);
+        if (bytes <= smem_limit) return i;
+    }
+    return -1;
+}
+
+typedef void (*kernel_fn)(bwd_params);
+
+template <int D, int I>
+static kernel_fn main_kernel_at(bool atomic) {
+    constexpr tile_config c = D == 64 ? TILES_D64[I] : TILES_D128[I];
+    return atomic ? backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, true>
+                  : backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, false>;
+}
+
+template <int D>
+static kernel_fn main_kernel_for(int i, bool atomic) {
+    return i == 0 ? main_kernel_at<D, 0>(atomic) : main_kernel_at<D, 1>(atomic);
+}
+
+template <int D, int I>
+static kernel_fn dq_kernel_at() {
+    constexpr tile_config c = D == 64 ? TILES_D64[I] : TILES_D128[I];
+    return dq_kernel<D, c.WARPS, c.STAGES>;
+}
+
+template <int D>
+static kernel_fn dq_kernel_for(int i) {
+    return i == 0 ? dq_kernel_at<D, 0>() : dq_kernel_at<D, 1>();
+}
+
+static cudaError_t launch(kernel_fn fn, dim3 grid, int threads, size_t smem, const bwd_params &p,
+                          cudaStream_t stream) {
+    ATTN_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)smem));
+    fn<<<grid, threads, smem, stream>>>(p);
+    ATTN_TRY(cudaGetLastError());
+    return cudaSuccess;
+}
+
+// Workspace: lse2 and Dsum [B * H, N_pad] floats, then (default variant) dQ_acc [B, H, N, D]
+// floats, each starting at a multiple of WORKSPACE_ALIGN bytes.
+constexpr size_t WORKSPACE_ALIGN = 256;
+static size_t aligned(size_t bytes) {
+    return (bytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN;
+}
+
+static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
+    (void)dev;
+    const size_t rows = (size_t)s->B * s->H * padded_rows(s->N);
+    const size_t acc =
+        variant == VARIANT_DETERMINISTIC ? 0 : (size_t)s->B * s->H * s->N * s->D * sizeof(float);
+    return 2 * aligned(rows * sizeof(float)) + aligned(acc);
+}
+
+static cudaError_t backward(const attn_shape *s, const attn_device *dev, const void *Q,
+                            const void *K, const void *V, const void *O, const float *lse,
+                            const void *dO, void *dQ, void *dK, void *dV, void *workspace,
+                            int variant, cudaStream_t stream) {
+    const int BH = s->B * s->H, N_pad = padded_rows(s->N);
+    const size_t rows = (size_t)BH * N_pad;
+    const bool atomic = variant != VARIANT_DETERMINISTIC;
+    bwd_params p;
+    p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
+    p.O = (const __half *)O, p.dO = (const __half *)dO, p.lse = lse;
+    p.dQ = (__half *)dQ, p.dK = (__half *)dK, p.dV = (__half *)dV;
+    p.lse2 = (float *)workspace;
+    p.Dsum = (float *)((char *)workspace + aligned(rows * sizeof(float)));
+    p.dQ_acc = atomic ? (float *)((char *)workspace + 2 * aligned(rows * sizeof(float))) : NULL;
+    p.N = s->N, p.N_pad = N_pad, p.causal = s->causal;
+    p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
+
+    const dim3 pre_grid((unsigned)(rows * PREPROCESS_LANES / PREPROCESS_THREADS));
+    if (s->D == 64) {
+        preprocess_kernel<64><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
+    } else {
+        preprocess_kernel<128><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
+    }
+    ATTN_TRY(cudaGetLastError());
+    const size_t elems = (size_t)BH * s->N * s->D;
+    if (atomic) ATTN_TRY(cudaMemsetAsync(p.dQ_acc, 0, elems * sizeof(float), stream));
+
+    const tile_config *tiles = s->D == 64 ? TILES_D64 : TILES_D128;
+    int arch = 0;
+    ATTN_TRY(kernel_arch(&arch));
+    const int mi = choose_tiles(s->D, dev->smem_per_block, arch, true);
+    const int di = choose_tiles(s->D, dev->smem_per_block, arch, false);
+    if (mi < 0 || di < 0) return cudaErrorInvalidConfiguration;  // stage_unsupported says why
+    const tile_config mc = tiles[mi];
+    const kernel_fn mk =
+        s->D == 64 ? main_kernel_for<64>(mi, atomic) : main_kernel_for<128>(mi, atomic);
+    ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N, tile_rows(mc)), (unsigned)BH),
+                    mc.WARPS * WARP_SIZE, main_smem_bytes(mc, s->D), p, stream));
+    if (atomic) {
+        const size_t count4 = elems / 4;
+        dq_convert_kernel<<<(unsigned)((count4 + CONVERT_THREADS - 1) / CONVERT_THREADS),
+                            CONVERT_THREADS, 0, stream>>>(p, count4);
+        ATTN_TRY(cudaGetLastError());
+    } else {
+        const tile_config dc = tiles[di];
+        const kernel_fn dk = s->D == 64 ? dq_kernel_for<64>(di) : dq_kernel_for<128>(di);
+        ATTN_TRY(launch(dk, dim3((unsigned)ceil_div(s->N, tile_rows(dc)), (unsigned)BH),
+                        dc.WARPS * WARP_SIZE, dq_smem_bytes(dc, s->D), p, stream));
+    }
+    return cudaSuccess;
+}
+
+static const char *stage_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
+    if (variant < 0 || variant >= VARIANTS) return "unknown variant";
+    const char *why = attn_forward_stage.unsupported(s, dev, VARIANT_DEFAULT);
+    if (why) return why;
+    int arch = 0;
+    if (kernel_arch(&arch) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return "no kernel image for this device";
+    }
+    if (choose_tiles(s->D, dev->smem_per_block, arch, true) < 0 ||
+        choose_tiles(s->D, dev->smem_per_block, arch, false) < 0)
+        return "the backward needs 64 KB (D = 128) or 40.5 KB (D = 64) of shared memory per block";
+    return NULL;
+}
+
+static size_t stage_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
+    (void)variant;
+    return attn_forward_stage.workspace_bytes(s, dev, VARIANT_DEFAULT);
+}
+
+// The forward pass: stage 5's default, whatever this stage's variant.
+static cudaError_t stage_forward(const attn_shape *s, const attn_device *dev, const void *Q,
+                                 const void *K, const void *V, void *O, float *lse, void *workspace,
+                                 int variant, cudaStream_t stream) {
+    (void)variant;
+    return attn_forward_stage.forward(s, dev, Q, K, V, O, lse, workspace, VARIANT_DEFAULT, stream);
+}
+
+extern "C" const attn_stage attn_this_stage = {
+    "stage7_backward",
+    "FA2's backward: D = rowsum(dO * O), S and P recomputed from Q, K and LSE, dK/dV in registers "
+    "per K/V tile, dQ by fp32 atomics (or a second pass: deterministic); forward = stage 5's",
+    ATTN_F16,
+    "default,deterministic",
+    stage_unsupported,
+    stage_workspace_bytes,
+    stage_forward,
+    backward_workspace_bytes,
+    backward,
+};
