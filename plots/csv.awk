@@ -60,8 +60,13 @@ function sort_num(arr, n,    i, j, t) {
 { $0 = trim($0) }
 
 NR == 1 || ($1 == "gpu" && $2 == "stage") {
+    delete col
     for (i = 1; i <= NF; i++) col[$i] = i
     next
 }
 
 $0 == "" { next }
+
+# The pass column (common/csv_header.h): readers see the forward rows (a CSV without the column
+# has only those) unless they ask for another pass with -v PASS=bwd or PASS=fwd+bwd.
+(field("pass") == "" ? "fwd" : field("pass")) != (PASS == "" ? "fwd" : PASS) { next }

@@ -27,7 +27,9 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-HEADER='gpu,stage,variant,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,rel_err,lse_err,rows_checked,device_mb,status'
+# The program's CSV columns, from their one home.
+HEADER=$(sed -n 's/^#define CSV_HEADER "\(.*\)"$/\1/p' "$HERE/../common/csv_header.h")
+[ -n "$HEADER" ] || { echo "sweep.sh: no CSV_HEADER in common/csv_header.h" >&2; exit 2; }
 
 usage() {
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
@@ -143,8 +145,21 @@ echo "sweep: ${#BINS[@]} stage(s) from $BUILD_DIR, $TOTAL runs, budget ${BUDGET}
 SWEEP_T0=$(date +%s)
 
 # One line of the CSV for a run that was not made (or made no row): the known columns filled in.
+# A stage with a backward pass reports two rows a run (pass bwd and fwd+bwd; its --help names
+# --dq): a run not made gets both.
+declare -A PASSES
+for f in "${BINS[@]}"; do
+    PASSES[${f##*/}]=fwd
+    if "$f" --help 2>/dev/null | grep -q -- '--dq'; then PASSES[${f##*/}]="bwd fwd+bwd"; fi
+done
+
 synth_row() { # stage B H N D causal status sweep
-    local stage=$1 B=$2 H=$3 N=$4 D=$5 causal=$6 status=$7 sweep=$8
+    local pass
+    for pass in ${PASSES[$1]:-fwd}; do synth_pass_row "$pass" "$@"; done
+}
+
+synth_pass_row() { # pass stage B H N D causal status sweep
+    local pass=$1 stage=$2 B=$3 H=$4 N=$5 D=$6 causal=$7 status=$8 sweep=$9
     local out="" col val
     local IFS=,
     for col in $HEADER; do
@@ -152,6 +167,7 @@ synth_row() { # stage B H N D causal status sweep
         gpu) val=$GPU_NAME ;;
         stage) val=$stage ;;
         variant) val=default ;;
+        pass) val=$pass ;;
         B) val=$B ;;
         H) val=$H ;;
         N) val=$N ;;
@@ -190,7 +206,7 @@ climb() { # bin sweep D causal Ns...
     local bin=$1 sweep=$2 D=$3 causal=$4
     shift 4
     local stage=${bin##*/}
-    local stop="" stop_note="" last_ms="" last_work="" N B H work pred rc hdr row status ms tf
+    local stop="" stop_note="" last_ms="" last_work="" N B H work pred rc hdr row rows status ms tf
     for N in "$@"; do
         RUN_I=$((RUN_I + 1))
         if [ "$sweep" = long ]; then B=1; H=1; else B=$((16384 / N)); H=$((2048 / D)); fi
@@ -225,7 +241,9 @@ climb() { # bin sweep D causal Ns...
         hdr=$(grep -m 1 '^gpu,' "$TMP/out" || true)
         row=""
         if [ -n "$hdr" ]; then
-            row=$(awk 'f && NF { r = $0 } /^gpu,/ { f = 1 } END { print r }' "$TMP/out" | tr -d '\r')
+            # every row after the header (one per pass); the last one's time drives the climb
+            rows=$(awk 'f && NF { print } /^gpu,/ { f = 1 }' "$TMP/out" | tr -d '\r')
+            row=$(printf '%s\n' "$rows" | tail -n 1)
             if [ "$hdr" != "$HEADER" ] && [ $HEADER_WARNED = 0 ]; then
                 echo "sweep.sh: WARNING: $stage's CSV header differs from the one this script writes:" >&2
                 echo "  program: $hdr" >&2
@@ -268,7 +286,7 @@ climb() { # bin sweep D causal Ns...
             fi
             [ -n "$gpu" ] && GPU_NAME=$gpu
             [ -n "$dt" ] && DTYPE[$stage]=$dt
-            printf '%s,%s\n' "$row" "$sweep" >>"$OUT_CSV"
+            printf '%s\n' "$rows" | sed "s/\$/,$sweep/" >>"$OUT_CSV"
             ms=$(col_of "$hdr" "$row" ms_median)
             tf=$(col_of "$hdr" "$row" tflops)
         else

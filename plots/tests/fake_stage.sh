@@ -40,13 +40,14 @@ while [ $# -gt 0 ]; do
 done
 echo "$name $N $D $causal $B $H" >>"$LOG"
 
-echo 'gpu,stage,variant,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,rel_err,lse_err,rows_checked,device_mb,status'
+# the program's header, from its one home
+sed -n 's/^#define CSV_HEADER "\(.*\)"$/\1/p' "${FAKE_REPO:-.}/common/csv_header.h"
 if [ -n "$NOGPU" ]; then
     echo "$name: no CUDA device here" >&2
-    echo "none,$name,default,$B,$H,$N,$D,$causal,f16,,,,,,,,0,0.0,unsupported"
+    echo "none,$name,default,fwd,$B,$H,$N,$D,$causal,f16,,,,,,,,0,0.0,unsupported"
     exit 3
 fi
-shape="Fake GPU,$name,default,$B,$H,$N,$D,$causal,f16"
+shape="Fake GPU,$name,default,fwd,$B,$H,$N,$D,$causal,f16"
 if [ -n "$OOM_ELEMS" ] && awk -v b=$B -v h=$H -v n=$N -v m=$OOM_ELEMS 'BEGIN { exit !(b * h * n * n > m) }'; then
     echo "$shape,,,0,,,,,0,,OOM"
     echo "$name: out of device memory" >&2

@@ -265,8 +265,8 @@ check "sweep.sh exits 1 when a run FAILs" [ $rc = 1 ]
 check "sweep.sh shouts FAIL: for the wrong result" grep -q '^FAIL: stage2_fake long N=2048' "$SCRATCH/sweep.err"
 check "sweep.sh: one header, ending in ,sweep" \
     [ "$(grep -c '^gpu,' "$CSV")" = 1 -a "$(head -n 1 "$CSV" | awk -F, '{ print $NF }')" = sweep ]
-check "sweep.sh: 3 stages x 35 rows, 20 columns each" \
-    awk -F, 'NF != 20 { exit 1 } END { exit !(NR == 106) }' "$CSV"
+check "sweep.sh: 3 stages x 35 rows, 21 columns each" \
+    awk -F, 'NF != 21 { exit 1 } END { exit !(NR == 106) }' "$CSV"
 check "sweep.sh ignores stage[0-9]* names with a dot and folders" \
     [ "$(tail -n +2 "$CSV" | cut -d, -f2 | sort -u | tr '\n' ' ')" = "stage0_fake stage1_fake stage2_fake " ]
 
@@ -287,7 +287,7 @@ check "sweep.sh runs exactly the expected shapes, none past a stop" \
 
 rows() { # sweep stage D causal status -> the N of matching rows, space-separated
     awk -F, -v sw="$1" -v st="$2" -v d="$3" -v c="$4" -v s="$5" \
-        'NR > 1 && $20 == sw && $2 == st && $7 == d && $8 == c && $19 == s { printf "%s ", $6 }' "$CSV"
+        'NR > 1 && $21 == sw && $2 == st && $8 == d && $9 == c && $20 == s { printf "%s ", $7 }' "$CSV"
 }
 check "stage0 long: OOM from 24576 on (ran once, then not run)" \
     [ "$(rows long stage0_fake 128 0 OOM)" = "24576 32768 49152 65536 131072 262144 " ]
@@ -302,7 +302,7 @@ check "stage1 fa2: over_budget predicted by work (B H N^2 D) from 4096" \
     [ "$(rows fa2 stage1_fake 128 1 over_budget)" = "4096 8192 16384 " ]
 check "stage0 fa2 D=128: OOM from 2048" [ "$(rows fa2 stage0_fake 128 0 OOM)" = "2048 4096 8192 16384 " ]
 check "a row not run has the shape filled in (B H for fa2) and empty times" \
-    grep -q -x 'Fake GPU,stage1_fake,default,4,16,4096,128,1,f16,,,0,,,,,0,,over_budget,fa2' "$CSV"
+    grep -q -x 'Fake GPU,stage1_fake,default,fwd,4,16,4096,128,1,f16,,,0,,,,,0,,over_budget,fa2' "$CSV"
 check "progress lines: one per run, numbered" \
     [ "$(grep -c '^\[ *[0-9]*/105\]' "$SCRATCH/sweep.err")" = 105 ]
 check "summary: stage 0's out-of-memory N" grep -q 'stage0_fake ran out of device memory from N=24576' "$SCRATCH/sweep.err"
@@ -323,7 +323,7 @@ rc=$?
 quick_rows=$(($(set -- $QUICK_LONG_N; echo $#) + 4 * $(set -- $QUICK_FA2_N; echo $#)))
 check "sweep.sh --quick --stages '1 stage0': exit 0, 2 x $quick_rows rows, only the quick shapes" \
     awk -F, -v rc=$rc -v want=$((2 * quick_rows + 1)) -v ln=" $QUICK_LONG_N " -v fn=" $QUICK_FA2_N " \
-    'NR > 1 && (index($20 == "long" ? ln : fn, " " $6 " ") == 0 || $2 == "stage2_fake") { exit 1 } END { exit !(rc == 0 && NR == want) }' "$SCRATCH/quick.csv"
+    'NR > 1 && (index($21 == "long" ? ln : fn, " " $7 " ") == 0 || $2 == "stage2_fake") { exit 1 } END { exit !(rc == 0 && NR == want) }' "$SCRATCH/quick.csv"
 check "sweep.sh --stages keeps the stages' order" \
     [ "$(cut -d' ' -f1 "$FB/calls.log" | uniq | head -n 2 | tr '\n' ' ')" = "stage0_fake stage1_fake " ]
 plots/sweep.sh "$FB" "$SCRATCH/x.csv" --stages 9 >/dev/null 2>"$SCRATCH/bad.err"
