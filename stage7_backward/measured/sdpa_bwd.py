@@ -1,0 +1,34 @@
+# SDPA backward times (FLASH_ATTENTION = FA2, CUDNN_ATTENTION) with the stage programs' protocol:
+# CUDA events around each call, L2 flushed before each, warm-up, median of >= 10 calls and 0.5 s.
+import sys, torch
+from torch.nn.attention import sdpa_kernel, SDPBackend
+import torch.nn.functional as F
+flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+def timeit(fn):
+    fn()
+    ts = []
+    tot = 0.0
+    while len(ts) < 10 or tot < 500:
+        flush.zero_()
+        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); b.record(); b.synchronize()
+        t = a.elapsed_time(b); ts.append(t); tot += t
+    ts.sort(); n = len(ts)
+    return ts[n // 2] if n % 2 else 0.5 * (ts[n // 2 - 1] + ts[n // 2])
+print("backend,B,H,N,D,causal,bwd_ms,tflops")
+for D in (64, 128):
+    for causal in (0, 1):
+        for N in (1024, 2048, 4096, 8192, 16384):
+            B, H = 16384 // N, 2048 // D
+            g = torch.Generator(device="cuda").manual_seed(1)
+            q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, generator=g) for _ in range(4))
+            for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+                qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+                try:
+                    with sdpa_kernel(be):
+                        o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=bool(causal))
+                        ms = timeit(lambda: torch.autograd.grad(o, (qq, kk, vv), do, retain_graph=True))
+                except Exception as e:
+                    print(f"{name},{B},{H},{N},{D},{causal},,{type(e).__name__}", flush=True); continue
+                fl = 2.5 * 4 * B * H * N * N * D * (0.5 if causal else 1)
+                print(f"{name},{B},{H},{N},{D},{causal},{ms:.4f},{fl / ms / 1e9:.1f}", flush=True)
