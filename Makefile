@@ -145,7 +145,10 @@ sanitize:
 
 # ---- one lesson at a time ----
 STAGE_DIR = $(firstword $(wildcard stage$(STAGE)_*))
-PREV_DIR  = $(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*))
+# what a stage's diff is taken against: the stage before it, but stage 7 (the backward pass)
+# against stage 5, whose forward it reuses
+DIFF_BASE_7 := stage5_tuned
+PREV_DIR  = $(or $(DIFF_BASE_$(STAGE)),$(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*)))
 # git diff --no-index exits 1 when the files differ, which they always do: that is no error.
 diff:
 	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
