@@ -94,11 +94,12 @@ $(BUILD)/stage%: $(BUILD)/obj/stage%.o $(COMMON_OBJ)
 	$(NVCC) -o $@ $^ $(LDLIBS) $($(notdir $@)_LIBS)
 
 # Stage 7 holds the backward pass only; its forward is stage 5's: stage5_tuned/attention.cu compiled
-# a second time with its descriptor renamed attn_forward_stage, linked beside it (not copied).
+# a second time with its descriptor renamed attn_forward_stage (hidden: stage 7's library exports
+# only stage 7's descriptor), linked beside it (not copied).
 $(BUILD)/obj/stage7_forward.o: stage5_tuned/attention.cu $(wildcard stage5_tuned/*.cuh) common/attention.h $(BUILD)/flags.txt
 	@mkdir -p $(@D) $(BUILD)/ptxas
 	@echo "$(NVCC) -c $< -Dattn_this_stage=attn_forward_stage [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $@"
-	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC $(GENCODE) -Dattn_this_stage=attn_forward_stage -c $< -o $@ 2> $(BUILD)/ptxas/stage7_forward.txt || { cat $(BUILD)/ptxas/stage7_forward.txt; exit 1; }
+	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Dattn_this_stage=attn_forward_stage -c $< -o $@ 2> $(BUILD)/ptxas/stage7_forward.txt || { cat $(BUILD)/ptxas/stage7_forward.txt; exit 1; }
 $(BUILD)/stage7_backward: $(BUILD)/obj/stage7_forward.o
 
 $(BUILD)/test_common: common/tests/test_common.c $(BUILD)/obj/reference.o $(BUILD)/obj/npy.o

@@ -59,7 +59,7 @@ expect 2 "--lse: '$fx' is a directory" --lse "$fx"
 expect 2 "--self-test runs its own shapes" --self-test --seq 128
 expect 2 "--self-test runs its own shapes" --self-test --causal
 expect 2 "--self-test runs its own shapes" --self-test --dist peaky
-expect 2 "--dim: 32 is not supported" --q "$fx/dim32.npy"
+expect 2 "has D = 32, which is not supported" --q "$fx/dim32.npy"
 expect 2 "takes no --q" --self-test --q "$fx/good.npy"
 expect 0 "" --help
 help=$("$bin" --help)
