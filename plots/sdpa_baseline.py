@@ -3,10 +3,11 @@
 
     python3 plots/sdpa_baseline.py OUT_CSV [--budget S] [--quick] [--dry-run]
 
-Appends to OUT_CSV (the sweep's CSV; its header decides the column order) one row per shape for
+Appends to OUT_CSV (the sweep's CSV; its header decides the column order; a new file gets
+common/csv_header.h's columns and `sweep`) one row per shape for
   sdpa_flash    torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION): FlashAttention-2
   sdpa_default  no backend forced: what PyTorch picks (cuDNN on Hopper, often)
-with variant `default`, dtype f16, the error columns empty (nothing is checked here).
+with variant `default`, pass `fwd`, dtype f16, the error columns empty (nothing is checked here).
 Shapes, budget logic and timing follow the stage programs: the long sweep (B = H = 1, D = 128,
 N = 1k ... 256k) and the fa2 sweep (B x N = 16,384, H = 2048 / D, D in {64, 128}, causal 0/1);
 CUDA events around each call, the L2 flushed (256 MB written) before each, a warm-up, the median
@@ -18,14 +19,28 @@ out-of-memory or when the next call is predicted to take longer than the budget.
 import argparse
 import gc
 import os
+import re
 import statistics
 import sys
 import time
 
-HEADER = ("gpu,stage,variant,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,"
-          "rel_err,lse_err,rows_checked,device_mb,status,sweep").split(",")
+HERE = os.path.dirname(os.path.abspath(__file__))
 
-def read_shapes(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "shapes.conf")):
+
+def read_csv_header(path=os.path.join(HERE, "..", "common", "csv_header.h")):
+    """The program's columns from their one home, common/csv_header.h (#define CSV_HEADER "...")."""
+    with open(path) as f:
+        m = re.search(r'^#define CSV_HEADER "([^"]*)"$', f.read(), re.M)
+    if not m:
+        raise SystemExit(f"sdpa_baseline.py: no CSV_HEADER in {path}")
+    return m.group(1).split(",")
+
+
+# The program's columns, then `sweep` (plots/sweep.sh writes the same header).
+HEADER = read_csv_header() + ["sweep"]
+
+
+def read_shapes(path=os.path.join(HERE, "shapes.conf")):
     """The sweeps' N lists from plots/shapes.conf (NAME=\"n n n\" lines), shared with sweep.sh."""
     out = {}
     with open(path) as f:
@@ -210,7 +225,8 @@ def main():
                             stop, stop_note = "over_budget", f"N={n} took over {args.budget:g} s"
                     tf = flops(b, h, n, d, causal) / (med * 1e-3) / 1e12 if med else None
                     row = {
-                        "gpu": gpu, "stage": backend, "variant": "default", "B": b, "H": h,
+                        "gpu": gpu, "stage": backend, "variant": "default", "pass": "fwd",
+                        "B": b, "H": h,
                         "N": n, "D": d, "causal": causal, "dtype": "f16",
                         "ms_median": f"{med:.4f}" if med is not None else "",
                         "ms_min": f"{mn:.4f}" if mn is not None else "",
