@@ -39,6 +39,7 @@ for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$d
 part "no spills, no stack frame, no ptxas performance warning (stages 1-6)" bash common/tests/check_spills.sh "$dir" $stages
 part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
 if [ -f plots/tests/run.sh ]; then part "sweep, plots and tables" bash plots/tests/run.sh; fi
+part "lessons: code maps, line references, no untraced figure in prose" bash common/tests/check_lessons.sh
 part "C/CUDA sources formatted (pinned clang-format)" make --no-print-directory -s format-check
 if nvidia-smi -L >/dev/null 2>&1; then
   for s in $stages; do part "$s --self-test" "$dir/$s" --self-test; done

@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""The lessons' checks, run by `make test` (common/tests/check_lessons.sh):
+
+1. Code map. In every stage*/README.md the section "## Code map" lists the functions to read, one
+   line each, written exactly as "- `name()` in `path`: role". Each name must be defined in that
+   file: the name, its parenthesised parameters, then `{` (C, CUDA, shell), or `def name(`
+   (Python). A lesson without such a list fails.
+2. Line references. Every `path:LINE` (or `path:FIRST-LAST`, or a link `path#LLINE`) in a lesson
+   must name a file of the repository with at least that many lines.
+3. Figures from a run. A number typed in a lesson's prose that reads as a measurement (a time in
+   ms, us or s, a rate in TFLOP/s, GB/s or TB/s, a speedup like 1.60x, a percentage with a
+   decimal, or a ratio or error with two decimals or more) must appear in the committed results:
+   as a number of a generated section (between <!-- results:...:begin/end --> markers of any
+   README, which plots/tests/run.sh checks against plots/h200/results.csv), or as a time or
+   TFLOP/s of a committed CSV (plots/*/results.csv, stage*/measured/*.csv) at the precision typed
+   (three significant digits or more). Not checked: the generated sections themselves, code
+   blocks and `code spans`, <details> answers whose summary names their run ("measured on ...",
+   "by hand", a .csv), and sentences that say the figure is not a measurement (a prediction, a
+   peak, an expectation, a bound). LOG.md files are not lessons: they keep their history.
+
+usage: check_lessons.py [--root DIR] [README.md ...]   (default: every stage*/README.md)
+       check_lessons.py --self-test                   (the fixtures: each broken one must fail)
+Prints one line per problem, one line per passed check, and "N passed, M failed" last.
+"""
+
+import argparse
+import csv
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE / "lessons_fixture"
+
+MAP_LINE = re.compile(r"^- `([A-Za-z_][A-Za-z0-9_]*)\(\)` in `([^`]+)`: \S")
+LINE_REF = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.(?:cu|cuh|c|h|py|sh|gp|awk|mk|ipynb|md))"
+                      r"(?::(\d+)(?:-(\d+))?|#L(\d+)(?:-L(\d+))?)")
+
+# ---- 1 and 2: code map and line references -----------------------------------------------------
+
+
+def strip_c(text):
+    """C/CUDA text with comments and string literals blanked (newlines kept)."""
+    out = re.sub(r"/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group(0)), text, flags=re.S)
+    out = re.sub(r"//[^\n]*", "", out)
+    return re.sub(r'"(?:\\.|[^"\\\n])*"', '""', out)
+
+
+def defines(path, name):
+    """Whether the file at `path` defines function `name`."""
+    text = path.read_text(errors="replace")
+    if path.suffix == ".py":
+        return re.search(rf"^\s*(?:async\s+)?def\s+{name}\s*\(", text, re.M) is not None
+    code = strip_c(text) if path.suffix != ".sh" else re.sub(r"#[^\n]*", "", text)
+    for m in re.finditer(rf"(?<![\w.>]){name}\s*\(", code):
+        if re.search(r"(\.|->|::)\s*$", code[max(0, m.start() - 3):m.start()]):
+            continue  # a member call
+        depth, i = 0, m.end() - 1
+        while i < len(code):  # the matching parenthesis
+            depth += {"(": 1, ")": -1}.get(code[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        rest = code[i + 1:i + 200]
+        # after the parameters: qualifiers, a trailing return type or an initializer list, then {
+        if re.match(r"\s*(?:const\s*|noexcept\s*|override\s*|->\s*[\w:<>\s\*&]+)*\{", rest):
+            return True
+    return False
+
+
+def code_map_problems(readme, root):
+    lines = readme.read_text().splitlines()
+    problems, entries, inside = [], 0, False
+    for n, line in enumerate(lines, 1):
+        if line.startswith("## "):
+            inside = line.strip() == "## Code map"
+            continue
+        if not inside or not line.startswith("- `"):
+            continue
+        m = MAP_LINE.match(line)
+        if not m:
+            problems.append(f"{readme}:{n}: code map line not of the form "
+                            f"\"- `name()` in `path`: role\": {line[:80]}")
+            continue
+        entries += 1
+        name, rel = m.groups()
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{readme}:{n}: code map: {rel} does not exist")
+        elif not defines(path, name):
+            problems.append(f"{readme}:{n}: code map: {name}() is not defined in {rel}")
+    if entries == 0:
+        problems.append(f"{readme}: no \"## Code map\" section listing \"- `name()` in `path`: role\"")
+    return problems
+
+
+def line_ref_problems(readme, root):
+    problems = []
+    for n, line in enumerate(readme.read_text().splitlines(), 1):
+        for m in LINE_REF.finditer(line):
+            rel = m.group(1)
+            nums = [int(x) for x in m.groups()[1:] if x]
+            path = next((p for p in (root / rel, readme.parent / rel) if p.is_file()), None)
+            if path is None:
+                problems.append(f"{readme}:{n}: {m.group(0)}: no such file")
+                continue
+            count = len(path.read_text(errors="replace").splitlines())
+            if max(nums) > count or min(nums) < 1:
+                problems.append(f"{readme}:{n}: {m.group(0)}: {rel} has {count} lines")
+    return problems
+
+
+# ---- 3: figures from a run ---------------------------------------------------------------------
+
+NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+GROUP = re.compile(rf"(?<![\w.,/^_-])((?:{NUM})(?:\s*(?:-|–|/)\s*(?:{NUM}))*)(?![\w.]*\.\d)"
+                   r"(\s*(?:TFLOP/s|GB/s|TB/s|ms\b|us\b|µs\b|s\b|%)|x(?![\w])|×)?")
+NOT_MEASURED = re.compile(r"predict(?!ions? held)|peak|expect|would|\bat most\b|ceiling|upper bound|per clock|"
+                          r"in theory|datasheet|spec sheet|at least|>=", re.I)
+VERSIONED = re.compile(r"(CUDA|driver|ncu|nvcc|PyTorch|torch|Python|gcc|clang-format|version|"
+                       r"nbformat|sm_|compute_|v)\s*$", re.I)
+NAMES_RUN = re.compile(r"measured|by hand|\.csv", re.I)
+
+
+def norm(token):
+    return token.replace(",", "").rstrip("x×")
+
+
+def generated_numbers(root):
+    """Every number between results markers of the committed READMEs; speedups (1.79x) also
+    under their own key, "x", since a speedup typed in prose must be one of those."""
+    out, speedups = set(), set()
+    for readme in [root / "README.md", *sorted(root.glob("stage*/README.md"))]:
+        if not readme.is_file():
+            continue
+        for block in re.findall(r"<!-- results:[\w-]+:begin -->(.*?)<!-- results:[\w-]+:end -->",
+                                readme.read_text(), re.S):
+            out.update(norm(t) for t in re.findall(NUM, block))
+            speedups.update(norm(t) for t in re.findall(rf"(?:{NUM})(?=[x×])", block))
+    return out, speedups
+
+
+def csv_values(root):
+    """Times (ms) and TFLOP/s of the committed result CSVs."""
+    ms, tf = [], []
+    for path in [*root.glob("plots/*/results.csv"), *root.glob("stage*/measured/*.csv")]:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                for key, dest in (("ms_median", ms), ("ms_min", ms), ("tflops", tf)):
+                    try:
+                        dest.append(float(row.get(key) or ""))
+                    except ValueError:
+                        pass
+    return ms, tf
+
+
+def prose_units(text):
+    """The lesson's prose, as (line, sentence) pairs, without what is not checked."""
+    text = re.sub(r"<!-- results:([\w-]+):begin -->.*?<!-- results:\1:end -->",
+                  lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+
+    def details(m):
+        summary = re.search(r"<summary>(.*?)</summary>", m.group(0), re.S)
+        named = summary and NAMES_RUN.search(summary.group(1))
+        return "\n" * m.group(0).count("\n") if named else m.group(0)
+
+    text = re.sub(r"<details>.*?</details>", details, text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", " ", text)
+    text = re.sub(r"\]\([^)\s]*\)", "]", text)
+    units, para, start = [], [], 0
+    for n, line in enumerate(text.split("\n") + [""], 1):
+        if line.strip() and not line.lstrip().startswith("|"):
+            if not para:
+                start = n
+            para.append(line.strip())
+            continue
+        if para:
+            joined = " ".join(para)
+            units += [(start, s) for s in re.split(r"(?<=[.;!?])\s+(?=[A-Z(*\[])", joined)]
+            para = []
+        if line.lstrip().startswith("|"):
+            units.append((n, line))
+    return units
+
+
+def figure_problems(readme, gen, ms, tf):
+    problems = []
+    for n, sentence in prose_units(readme.read_text()):
+        if NOT_MEASURED.search(sentence) and not re.search(r"measured", sentence, re.I):
+            continue
+        for m in GROUP.finditer(sentence):
+            group, unit = m.group(1), (m.group(2) or "").strip()
+            if VERSIONED.search(sentence[:m.start()]):
+                continue
+            for tok in re.findall(NUM, group):
+                t = norm(tok)
+                frac = t.split(".")[1] if "." in t and "e" not in t else ""
+                if unit == "" and not ("e" in t or len(frac) >= 2):
+                    continue  # an integer, or one decimal, without a unit: not read as a reading
+                if unit == "%" and not frac:
+                    continue  # whole percentages: shares worked out by hand, as a rule
+                if t in (gen[1] if unit in ("x", "×") else gen[0]):
+                    continue
+                scale = {"ms": 1.0, "us": 1e-3, "µs": 1e-3, "s": 1e3}.get(unit)
+                pool = tf if unit == "TFLOP/s" else ms if scale else []
+                want = float(t) * (scale or 1.0)
+                places = max(len(frac) + {"us": 3, "µs": 3, "s": -3}.get(unit, 0), 0)
+                digits = len(t.replace(".", "").lstrip("0"))
+                if digits >= 3 and any(abs(round(x, places) - want) <= 1e-9 * max(1.0, want)
+                                       for x in pool):
+                    continue
+                shown = tok + unit if unit in ("x", "×") else f"{tok} {unit}".strip()
+                problems.append(f"{readme}:{n}: \"{shown}\" typed in prose matches nothing in "
+                                f"the committed results: quote the generated tables, or move it "
+                                f"into an exercise's answer that names its run")
+    return problems
+
+
+# ---- driver ------------------------------------------------------------------------------------
+
+
+def check(readmes, root):
+    gen = generated_numbers(root)
+    ms, tf = csv_values(root)
+    results = []  # (name, problems)
+    for r in readmes:
+        r = r.relative_to(root) if r.is_relative_to(root) else r
+        r = root / r if not r.is_absolute() and not r.is_file() else r
+        results.append((f"{r}: code map", code_map_problems(r, root)))
+        results.append((f"{r}: line references", line_ref_problems(r, root)))
+        results.append((f"{r}: no untraced figure in prose", figure_problems(r, gen, ms, tf)))
+    return results
+
+
+def report(results):
+    passed = failed = 0
+    for name, problems in results:
+        if problems:
+            failed += 1
+            print(f"FAIL  {name}")
+            for p in problems[:12]:
+                print(f"      {p[:300]}")
+            if len(problems) > 12:
+                print(f"      ... and {len(problems) - 12} more")
+        else:
+            passed += 1
+            print(f"ok    {name}")
+    return passed, failed
+
+
+def self_test(root):
+    """Each fixture must give exactly the problems it was made for."""
+    fx = FIXTURES
+    outcomes = []
+
+    def expect(what, problems, *needles, none=False):
+        if none:
+            ok = not problems
+        else:
+            ok = all(any(nd in p for p in problems) for nd in needles)
+        outcomes.append((f"self-test: {what}", [] if ok else
+                         [f"expected {'no problem' if none else needles}, got {problems}"]))
+
+    good = fx / "good" / "README.md"
+    expect("a correct lesson passes the code map check", code_map_problems(good, fx / "good"),
+           none=True)
+    expect("a correct lesson passes the line reference check",
+           line_ref_problems(good, fx / "good"), none=True)
+    bad = fx / "bad" / "README.md"
+    cm = code_map_problems(bad, fx / "bad")
+    expect("a wrong function name fails", cm, "missing_function() is not defined")
+    expect("a call is not a definition", cm, "only_called() is not defined")
+    expect("a declaration is not a definition", cm, "only_declared() is not defined")
+    expect("a missing file fails", cm, "nowhere.cu does not exist")
+    expect("a malformed code map line fails", cm, "not of the form")
+    expect("no code map fails", code_map_problems(fx / "no_map.md", fx / "bad"), "no \"## Code map\"")
+    expect("a line reference past the end fails", line_ref_problems(bad, fx / "bad"),
+           "kernel.cu:999", "kernel.cu#L500")
+    gen = generated_numbers(root)
+    ms, tf = csv_values(root)
+    stale = figure_problems(fx / "stale.md", gen, ms, tf)
+    for needle in ["333.6 TFLOP/s", "1.000", "0.955", "1.044", "332.3 TFLOP/s", "101.8 ms",
+                   "103.3 ms", "1.015", "1.125", "1.046", "1.129", "0.977", "1.5x", "1.7x", "1.4x",
+                   "1.6x", "14 ms", "2x", "16.01"]:
+        expect(f"the stale figure {needle} is caught", stale, f'"{needle}"')
+    # and every stale passage of the fixture (paragraphs after its header) has a problem
+    lines = (fx / "stale.md").read_text().splitlines()
+    start = None
+    for n, line in enumerate(lines + [""], 1):
+        if line.strip() and start is None and n > 4:
+            start = n
+        elif not line.strip() and start is not None:
+            hit = [p for p in stale if start <= int(p.split(":")[1]) < n]
+            outcomes.append((f"self-test: stale passage at stale.md:{start} is caught",
+                             [] if hit else [f"nothing reported in lines {start}-{n - 1}"]))
+            start = None
+    expect("figures that are not readings pass (predictions, peaks, code, named answers)",
+           figure_problems(fx / "fine.md", gen, ms, tf), none=True)
+    return outcomes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("readmes", nargs="*", type=Path)
+    ap.add_argument("--root", type=Path, default=HERE.parents[1])
+    ap.add_argument("--self-test", action="store_true")
+    args = ap.parse_args()
+    root = args.root.resolve()
+    if args.self_test:
+        results = self_test(root)
+    else:
+        readmes = args.readmes or sorted(root.glob("stage*/README.md"))
+        readmes = [Path(r) if Path(r).is_absolute() else Path(r) for r in readmes]
+        results = check([r if r.is_file() else root / r for r in readmes], root)
+    passed, failed = report(results)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

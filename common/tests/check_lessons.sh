@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The lessons' checks behind `make test` (common/tests/check_lessons.py says what they are): first
+# the checker on its fixtures (a wrong function name, a line reference past the end, and the stale
+# figures of the lessons before issue 19 must each be reported; a correct lesson must pass), then
+# every stage*/README.md: code map, line references, no untraced figure from a run in its prose.
+# Ends with "N passed, M failed"; exit 1 if any failed.
+set -u
+cd "$(dirname "$0")/../.."
+if ! command -v python3 >/dev/null 2>&1; then
+  echo "FAIL  python3 not found: the lessons' checks need it"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+passed=0 failed=0
+for args in --self-test ""; do
+  out=$(python3 common/tests/check_lessons.py $args 2>&1)
+  rc=$?
+  echo "$out"
+  line=$(grep -oE '^[0-9]+ passed, [0-9]+ failed$' <<<"$out" | tail -n 1)
+  [ -n "$line" ] || line="0 passed, 1 failed"
+  passed=$((passed + $(awk '{print $1}' <<<"$line"))) failed=$((failed + $(awk '{print $3}' <<<"$line")))
+  [ "$rc" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
