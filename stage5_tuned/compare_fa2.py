@@ -22,6 +22,7 @@ import csv
 import io
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -34,7 +35,21 @@ MIN_SECONDS = 0.5
 MAX_REPS = 10000
 WARMUP = 3
 LONG_NS = (1024, 2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536, 131072, 262144)
-EXIT_UNSUPPORTED = 3
+
+
+def exit_codes(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common",
+                                  "attention.h")):
+    """The programs' exit codes from their one home, the attn_exit enum of common/attention.h:
+    {"PASS": 0, "WRONG": 1, "USAGE": 2, "UNSUPPORTED": 3, "OOM": 4}."""
+    with open(path) as f:
+        codes = {m.group(1): int(m.group(2))
+                 for m in re.finditer(r"\bATTN_EXIT_([A-Z_]+)\s*=\s*(\d+)", f.read())}
+    if "UNSUPPORTED" not in codes or "USAGE" not in codes:
+        sys.exit("compare_fa2.py: no attn_exit enum in %s" % path)
+    return codes
+
+
+EXIT = exit_codes()
 
 
 def parse_args():
@@ -116,7 +131,7 @@ def run_stage(spec, b, h, n, d, causal):
     if variant:
         cmd += ["--variant", variant]
     res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode == EXIT_UNSUPPORTED:
+    if res.returncode == EXIT["UNSUPPORTED"]:
         return None, "n/a"
     rows = list(csv.DictReader(io.StringIO(res.stdout)))
     if not rows:
@@ -172,7 +187,7 @@ def main():
         binary = spec.partition("@")[0]
         if not os.access(binary, os.X_OK):
             print("%s: not found (run make build first)" % binary, file=sys.stderr)
-            return 2
+            return EXIT["USAGE"]
     cudnn = getattr(SDPBackend, "CUDNN_ATTENTION", None)
 
     gpu = torch.cuda.get_device_name(0)
