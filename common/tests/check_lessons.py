@@ -312,8 +312,18 @@ def main():
         results = self_test(root)
     else:
         readmes = args.readmes or sorted(root.glob("stage*/README.md"))
-        readmes = [Path(r) if Path(r).is_absolute() else Path(r) for r in readmes]
-        results = check([r if r.is_file() else root / r for r in readmes], root)
+        readmes = [r if r.is_file() else root / r for r in map(Path, readmes)]
+        if not args.readmes:
+            # A lesson not yet rewritten in the lesson format (no "## Code map": issue 19) is named
+            # and skipped, not checked against rules it was not written to; every lesson in the
+            # format is checked, and a lesson named on the command line always is.
+            waiting = [r for r in readmes if "\n## Code map" not in r.read_text()]
+            for r in waiting:
+                print(f"skip  {r.relative_to(root)}: not yet in the lesson format (no '## Code map')")
+            if waiting:
+                print(f"skipped: {len(waiting)}")
+            readmes = [r for r in readmes if r not in waiting]
+        results = check(readmes, root)
     passed, failed = report(results)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
