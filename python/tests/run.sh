@@ -18,7 +18,7 @@ for src in stage[0-9]*/attention.cu; do
   if [ ! -f "$so" ]; then bad "$so not built"; continue; fi
   # exactly the descriptor and the entry points; the static CUDA runtime inside stays private
   got=$(nm -D --defined-only "$so" | awk '$3 !~ /^_/ { print $3 }' | sort | tr '\n' ' ')
-  want="attn_lib_abi attn_lib_check attn_lib_forward attn_this_stage "
+  want="attn_lib_abi attn_lib_backward attn_lib_backward_check attn_lib_check attn_lib_exit_codes attn_lib_forward attn_this_stage "
   if [ "$got" = "$want" ]; then ok "$so exports: $got"; else bad "$so exports: '$got', want '$want'"; fi
 done
 
@@ -36,6 +36,7 @@ else
     bad "test_binding.py printed no summary (exit $rc)"
   fi
   if python3 python/tests/check_notebook.py; then ok "notebook cells parse"; else bad "notebook cells parse"; fi
+  if python3 python/tests/run_notebook.py --fresh; then ok "notebook: fetched by URL and by upload, re-run, one line without a GPU"; else bad "notebook as a fresh user (run_notebook.py --fresh)"; fi
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
