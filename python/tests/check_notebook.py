@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""CPU check of python/colab_t4_l4.ipynb: valid nbformat 4 JSON, stored without outputs, and every
-code cell is plain Python that compiles (no IPython magics, so it also runs as a script).
-The notebook itself runs on a GPU: python/tests/run_notebook.py executes it headless."""
+"""CPU check of python/colab_t4_l4.ipynb: valid nbformat 4 JSON, stored without outputs, every
+code cell plain Python that compiles (no IPython magics, so it also runs as a script), and the
+lab's shape: the first cell takes a pasted REPO_URL or an uploaded ARCHIVE, every lesson is
+linked, every code cell is followed by a "What to look for" note except the two exercises the
+notebook ends with. The notebook itself runs on a GPU: python/tests/run_notebook.py executes it
+headless, and its --fresh checks run the first cells as a fresh user would."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -26,6 +30,26 @@ def main() -> int:
             compile(src, f"{NB.name} code cell {i}", "exec")
         except SyntaxError as e:
             problems.append(f"code cell {i}: {e}")
+    cells = nb["cells"]
+    first = "".join(code[0]["source"]) if code else ""
+    for line in ('REPO_URL = ""', 'ARCHIVE = ""'):
+        if line not in first:
+            problems.append(f"code cell 1 lacks the line {line!r} a user fills in")
+    markdown = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    for lesson in sorted(NB.parents[1].glob("stage[0-9]*/README.md")):
+        if f"../{lesson.parent.name}/README.md" not in markdown:
+            problems.append(f"no link to the lesson {lesson.parent.name}/README.md")
+    exercises = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                 and re.search(r"^## Exercise \d", "".join(c["source"]), re.M)]
+    if len(exercises) != 2 or cells[-1]["cell_type"] != "code" or cells[-2] is not cells[exercises[-1]]:
+        problems.append("the notebook must end with two exercises (a '## Exercise N' note and its cell)")
+    body = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
+            and not (exercises and i > exercises[0])]
+    for n, i in enumerate(body, 1):
+        after = cells[i + 1] if i + 1 < len(cells) else None
+        if not after or after["cell_type"] != "markdown" or \
+                "**What to look for:**" not in "".join(after["source"]):
+            problems.append(f"code cell {n} is not followed by a '**What to look for:**' note")
     for p in problems:
         print(f"{NB.name}: {p}")
     print(f"{NB.name}: {len(code)} code cells, {len(problems)} problems")
