@@ -2,7 +2,8 @@
 # The lessons' checks behind `make test` (common/tests/check_lessons.py says what they are): first
 # the checker on its fixtures (a wrong function name, a line reference past the end, and the stale
 # figures of the lessons before issue 19 must each be reported; a correct lesson must pass), then
-# every stage*/README.md: code map, line references, no untraced figure from a run in its prose.
+# every stage*/README.md: code map, line references, no untraced figure from a run in its prose;
+# and every diagram script under plots/diagrams/ draws its picture.
 # Ends with "N passed, M failed"; exit 1 if any failed.
 set -u
 cd "$(dirname "$0")/../.."
@@ -21,5 +22,23 @@ for args in --self-test ""; do
   passed=$((passed + $(awk '{print $1}' <<<"$line"))) failed=$((failed + $(awk '{print $3}' <<<"$line")))
   [ "$rc" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
 done
+# the lessons' diagrams drawn by gnuplot scripts: each renders its PNG without a warning
+if command -v gnuplot >/dev/null 2>&1; then
+  tmp=$(mktemp -d)
+  for gp in plots/diagrams/*.gp; do
+    [ -f "$gp" ] || continue
+    name=$(basename "$gp" .gp)
+    cp "$gp" "$tmp/$name.gp" # a copy: every script writes its PNG beside itself, here in $tmp
+    if gnuplot "$tmp/$name.gp" >"$tmp/out" 2>&1 && [ -s "$tmp/$name.png" ] &&
+      ! grep -qi -E 'warning|error' "$tmp/out"; then
+      passed=$((passed + 1)); echo "ok    $gp draws $name.png"
+    else
+      failed=$((failed + 1)); echo "FAIL  $gp draws $name.png"; sed 's/^/      /' "$tmp/out" | head -n 10
+    fi
+  done
+  rm -rf "$tmp"
+else
+  echo "SKIP  the diagrams' gnuplot scripts: gnuplot is not installed"
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
