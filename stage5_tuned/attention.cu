@@ -89,7 +89,17 @@ constexpr int LAZY_MIN_N = 32768;
 // D = 64 that costs nothing and gains about 4%; at D = 128, where O_acc is twice as big, ptxas
 // pays for it with about 160 register moves per key tile and the kernel runs 9% slower
 // (H200, README.md). sm_75 stages the copy in registers, so it issues late there.
+// sm_100 (B200, B300) code: there ptxas (CUDA 13.0) spills in two kernels, 24 bytes in the lazy
+// D = 64 kernel with the early copy and 4 in single_stage at D = 128 with the A/V lane offset
+// held through the key loop. That code issues K_{j+1} late at every D and reads the offset
+// afresh for P V (LANE_OFFSET_PER_TILE): no spill, no stack frame; not measured on a B200.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000 && __CUDA_ARCH__ < 1200
+constexpr int EARLY_K_MAX_D = 0;
+constexpr bool LANE_OFFSET_PER_TILE = true;
+#else
 constexpr int EARLY_K_MAX_D = 64;
+constexpr bool LANE_OFFSET_PER_TILE = false;
+#endif
 
 /* ---- device helpers ---------------------------------------------------------------------- */
 
@@ -234,27 +244,31 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     return u;
 }
 
-// threadIdx.x, read afresh where it is used. Offsets derived from it that are needed once per
-// key tile (where this thread's load chunks and mask elements lie) are then recomputed in a few
-// integer instructions instead of occupying registers across the key loop, where registers are
-// scarcest (volatile: the compiler may not hoist the read out of the loop).
+// threadIdx.x. Every kernel here reads it through this function, in one of two ways:
+//  - FRESH (the default): afresh where it is used, through asm volatile, which the compiler may
+//    neither hoist out of the key loop nor merge with another read. Offsets derived from it that
+//    are needed once per key tile (where this thread's load chunks, ldmatrix rows and mask
+//    elements lie) are then recomputed in a few integer instructions instead of occupying
+//    registers across the key loop, where registers are scarcest.
+//  - !FRESH: the plain read, which the compiler may keep in a register, move or repeat, for what
+//    is needed once per block (the warp's rows, the combine kernel's row); there a fresh read
+//    only moves instructions around (other machine code in 27 kernels, for nothing measured).
+template <bool FRESH = true>
 __device__ __forceinline__ int thread_index() {
-    int t;
-    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
-    return t;
+    if constexpr (FRESH) {
+        int t;
+        asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+        return t;
+    } else {
+        return (int)threadIdx.x;
+    }
 }
 
-// blockIdx.x and .y, read afresh for the same reason: where this block's head starts and which
-// key range it has are recomputed in the key loop and after it instead of held in registers.
+// blockIdx.x, read afresh for the same reason where the epilogue needs the block's key range
+// (recomputed after the key loop instead of held in a register through it).
 __device__ __forceinline__ int block_index_x() {
     int b;
     asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
-    return b;
-}
-
-__device__ __forceinline__ int block_index_y() {
-    int b;
-    asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(b));
     return b;
 }
 
@@ -663,6 +677,20 @@ typedef struct {
     int kv_end;
 } block_work;
 
+// The keys of the query tile whose rows start at q0: [0, N), or, causal with tile skipping, up to
+// its last real row (the key tiles after it are skipped). One rule for the kernel (block_keys),
+// the combine kernel (how many key ranges a row has) and the host's wave simulator (plan.cuh).
+__host__ __device__ __forceinline__ int query_tile_key_end(int q0, int BR, int N,
+                                                           bool causal_skip) {
+    return causal_skip ? min(q0 + BR, N) : N;
+}
+
+// ... and how many key tiles of BC keys they make.
+__host__ __device__ __forceinline__ int query_tile_key_tiles(int q0, int BR, int BC, int N,
+                                                             bool causal_skip) {
+    return (query_tile_key_end(q0, BR, N, causal_skip) + BC - 1) / BC;
+}
+
 // Causal: the last query tiles have the most key tiles; launch them first so the short ones
 // fill the tail of the grid. A query tile's keys: [0, N), or causal up to its last real row
 // (later tiles are skipped); with splits, range `split` of split_tiles tiles of them (a
@@ -673,7 +701,7 @@ __device__ __forceinline__ block_work block_keys(const fwd_params &p) {
     const int q_index = (int)blockIdx.x / p.splits, q_tiles = (int)gridDim.x / p.splits;
     const int split = (int)blockIdx.x - q_index * p.splits;  // which key range
     w.q0 = (p.causal ? q_tiles - 1 - q_index : q_index) * BR;
-    const int kv_all = p.causal && SKIP ? min(w.q0 + BR, p.N) : p.N;  // past the last row
+    const int kv_all = query_tile_key_end(w.q0, BR, p.N, p.causal && SKIP);
     w.kv_begin = split * p.split_tiles * BC;
     w.kv_end = min(kv_all, w.kv_begin + p.split_tiles * BC);
     return w;
@@ -735,7 +763,7 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     const uint32_t Q_smem = smem_u32(smem), K_smem = Q_smem + BR * ROW_BYTES,
                    V_smem = K_smem + BC * ROW_BYTES;
 
-    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int warp = thread_index<false>() / WARP_SIZE;
 
     const uint32_t Q_warp = Q_smem + warp * RPW * ROW_BYTES;  // this warp's Q rows
 
@@ -798,7 +826,11 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
             tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + kv + BC * D,
                                                            N - (k0 + BC));
         }
-        accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, lane_off);
+        if constexpr (LANE_OFFSET_PER_TILE) {
+            accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
+        } else {
+            accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, lane_off);
+        }
         if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
 
@@ -839,14 +871,14 @@ template <int D>
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_params p) {
     constexpr int COMBINE_LANES = D / 4;
     constexpr int UNROLL = 8;  // ranges in flight at once: their loads are independent
-    const int lane = (int)threadIdx.x % COMBINE_LANES;
-    const long long row =
-        (long long)blockIdx.x * (COMBINE_THREADS / COMBINE_LANES) + threadIdx.x / COMBINE_LANES;
+    const int lane = thread_index<false>() % COMBINE_LANES;
+    const long long row = (long long)blockIdx.x * (COMBINE_THREADS / COMBINE_LANES) +
+                          (uint32_t)thread_index<false>() / COMBINE_LANES;
     if (row >= p.rows) return;
     int ranges = p.splits;  // causal: as many as this row's query tile was given (block_keys)
     if (p.causal_skip) {
         const int q0 = (int)(row % p.N) / p.BR * p.BR;
-        const int tiles = (min(q0 + p.BR, p.N) + p.BC - 1) / p.BC;
+        const int tiles = query_tile_key_tiles(q0, p.BR, p.BC, p.N, true);
         ranges = (tiles + p.split_tiles - 1) / p.split_tiles;
     }
     const float *lse_s = p.lse_part + row;  // lse_s[s * rows]: range s (same for the row's lanes)
@@ -894,285 +926,7 @@ enum {
     VARIANTS
 };
 
-static size_t smem_bytes(tile_config c, int D) {
-    return (size_t)(c.BR + 2 * c.BC) * D * sizeof(__half);
-}
-
-// Blocks of `smem` bytes that fit in one SM's shared memory when a block may use at most
-// `smem_limit` (an SM holds the per-block limit + 1 KB, and each block reserves 1 KB more).
-// This is what a T4 or L4 fits, also when --smem-limit imitates one on a larger GPU.
-static int blocks_fit(size_t smem, size_t smem_limit) {
-    return (int)((smem_limit + 1024) / (smem + 1024));
-}
-
-// Tiles for this head dim, code arch and shared-memory limit: the first that fits of
-// sm_80 (two blocks per SM), small-smem sm_80, sm_75. BR = 0 if none fits.
-static tile_config choose_tiles(int D, int arch, size_t smem_limit) {
-    const tile_config none = {0, 0, 0};
-    if (arch >= 80) {
-        const tile_config c = D == 64 ? SM80_D64 : SM80_D128;
-        if (blocks_fit(smem_bytes(c, D), smem_limit) >= 2 ||
-            (D == 64 && smem_bytes(c, D) <= smem_limit)) {
-            return c;
-        }
-        if (D == 128 && smem_bytes(SMALL_SMEM_D128, D) <= smem_limit) return SMALL_SMEM_D128;
-    }
-    return smem_bytes(SM75, D) <= smem_limit ? SM75 : none;
-}
-
-static bool same_tiles(tile_config a, tile_config b) {
-    return a.BR == b.BR && a.BC == b.BC && a.WARPS == b.WARPS;
-}
-
-// What the driver is asked once per device (or per kernel and device), not per launch: a
-// launch of FA2 pays for none of it, and host time between the timing events counts.
-constexpr int MAX_DEVICES = 64;
-static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static cudaError_t current_device(int *device) {
-    ATTN_TRY(cudaGetDevice(device));
-    if (*device < 0 || *device >= MAX_DEVICES) {
-        fprintf(stderr, "stage5_tuned: device %d: at most %d devices\n", *device, MAX_DEVICES);
-        return cudaErrorInvalidDevice;
-    }
-    return cudaSuccess;
-}
-
-typedef void (*attention_fn)(fwd_params);
-
-// One kernel instantiation and, per device, how many of its blocks fit on one SM (0: not
-// asked yet; asking also raises its dynamic shared-memory limit).
-typedef struct {
-    attention_fn fn;
-    int blocks_per_sm[MAX_DEVICES];
-} kernel_entry;
-
-template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
-static kernel_entry *entry() {
-    static kernel_entry e = {attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>,
-                             {0}};
-    return &e;
-}
-
-// The variants are instantiations of the same kernel with one lesson switched off.
-template <int D, int BR, int BC, int WARPS>
-static kernel_entry *variant_entry(int variant, bool lazy) {
-    switch (variant) {
-        case VARIANT_NOSWIZZLE:
-            return entry<D, BR, BC, WARPS, false, true, true, false>();
-        case VARIANT_SINGLE_STAGE:
-            return entry<D, BR, BC, WARPS, true, false, true, false>();
-        case VARIANT_NOSKIP:
-            return entry<D, BR, BC, WARPS, true, true, false, false>();
-        default:  // default, nosplit, eager_rescale, lazy_rescale: the launcher picks LAZY
-            return lazy ? entry<D, BR, BC, WARPS, true, true, true, true>()
-                        : entry<D, BR, BC, WARPS, true, true, true, false>();
-    }
-}
-
-#define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy)
-
-static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy) {
-    if (D == 64 && same_tiles(c, SM80_D64)) return VARIANT_ENTRY(64, SM80_D64);
-    if (D == 64 && same_tiles(c, SM75)) return VARIANT_ENTRY(64, SM75);
-    if (D == 128 && same_tiles(c, SM80_D128)) return VARIANT_ENTRY(128, SM80_D128);
-    if (D == 128 && same_tiles(c, SMALL_SMEM_D128)) return VARIANT_ENTRY(128, SMALL_SMEM_D128);
-    if (D == 128 && same_tiles(c, SM75)) return VARIANT_ENTRY(128, SM75);
-    return NULL;
-}
-
-// Per device, once: raise the kernel's shared-memory limit and ask how many blocks fit per SM.
-static cudaError_t kernel_ready(kernel_entry *k, int device, size_t smem, int threads) {
-    if (k->blocks_per_sm[device] > 0) return cudaSuccess;
-    if (smem > 48 * 1024) {
-        ATTN_TRY(cudaFuncSetAttribute((const void *)k->fn,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    }
-    int blocks = 0;
-    ATTN_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)k->fn, threads, smem));
-    k->blocks_per_sm[device] = blocks > 0 ? blocks : 1;
-    return cudaSuccess;
-}
-
-// The PTX architecture the kernels were compiled for on this device (75 for a compute_75 PTX
-// build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
-// Asked once per device.
-static cudaError_t kernel_arch(int *arch) {
-    static int arch_of[MAX_DEVICES];
-    int device = 0;
-    ATTN_TRY(current_device(&device));
-    pthread_mutex_lock(&cache_lock);
-    *arch = arch_of[device];
-    pthread_mutex_unlock(&cache_lock);
-    if (*arch) return cudaSuccess;
-    cudaFuncAttributes fa;
-    const cudaError_t err = cudaFuncGetAttributes(
-        &fa,
-        (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true, false>);
-    *arch = err == cudaSuccess ? fa.ptxVersion : 0;
-    pthread_mutex_lock(&cache_lock);
-    arch_of[device] = *arch;
-    pthread_mutex_unlock(&cache_lock);
-    return err;
-}
-
-/* ---- split-KV: how many key ranges ------------------------------------------------------- */
-
-// A query tile's B * H * ceil(N / BR) blocks fill the GPU's slots (SMs x blocks per SM) in
-// waves; a grid of 32 blocks on 264 slots (B = H = 1, N = 4096, H200) leaves 88% of them idle,
-// and 384 blocks (N = 49,152) make 1.45 waves: the second wave runs at 45%. Cutting each query
-// tile's keys into ranges gives more, shorter blocks. FA2 (num_splits_heuristic) estimates the
-// wave efficiency of each split count and takes the smallest within 85% of the best; here the
-// same rule, with the efficiency taken from the block scheduler's own rule: in launch order,
-// each block goes to the slot that frees first. Causal query tiles have different numbers of
-// key tiles, so the keys are cut by work: every range has split_tiles key tiles (the tile's
-// last range fewer), and a short query tile gets fewer ranges. Each range also pays for a
-// prologue (Q and its first K tile) and an fp32 epilogue: SPLIT_OVERHEAD_TILES key tiles' worth
-// (an estimate: about 48 KB of loads and 64 KB of stores against 32 KB of K and V per tile).
-constexpr int MAX_SPLITS = 128;         // FA2's cap; bounds the workspace too
-constexpr double SPLIT_SLACK = 0.85;    // the fewest splits within this share of the best
-constexpr int FULL_WAVES = 6;           // from 6 waves on, the last one costs < 1/7: no split
-constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves are not tried
-constexpr double SPLIT_OVERHEAD_TILES = 1.0;
-
-static int ceil_div(long long a, long long b) {
-    return (int)((a + b - 1) / b);
-}
-
-// Key tiles of query tile q (causal with skipping: up to its last real row).
-static int query_tile_keys(const attn_shape *s, tile_config c, bool causal_skip, int q) {
-    if (!causal_skip) return ceil_div(s->N, c.BC);
-    return ceil_div(s->N < (q + 1) * c.BR ? s->N : (q + 1) * c.BR, c.BC);
-}
-
-// Useful work / (slots x time), in key tiles, for ranges of `per` tiles: the blocks in launch
-// order (heads, then query tiles, heaviest first if causal, then ranges), each to the slot
-// that frees first (a binary min-heap of the slots' finish times).
-static double split_efficiency(const attn_shape *s, tile_config c, bool causal_skip, int slots,
-                               int per, double *heap) {
-    const int q_tiles = ceil_div(s->N, c.BR);
-    double work = 0.;
-    for (int i = 0; i < slots; ++i) heap[i] = 0.;
-    for (int bh = 0; bh < s->B * s->H; ++bh) {
-        for (int qi = 0; qi < q_tiles; ++qi) {
-            const int tiles =
-                query_tile_keys(s, c, causal_skip, causal_skip ? q_tiles - 1 - qi : qi);
-            for (int k = 0; k < tiles; k += per) {
-                const int t = tiles - k < per ? tiles - k : per;
-                work += t;
-                heap[0] += t + SPLIT_OVERHEAD_TILES;  // the earliest-free slot takes it
-                for (int i = 0;;) {                   // sift down
-                    int j = 2 * i + 1;
-                    if (j >= slots) break;
-                    if (j + 1 < slots && heap[j + 1] < heap[j]) ++j;
-                    if (heap[i] <= heap[j]) break;
-                    const double x = heap[i];
-                    heap[i] = heap[j], heap[j] = x, i = j;
-                }
-            }
-        }
-    }
-    double end = 0.;
-    for (int i = 0; i < slots; ++i) end = heap[i] > end ? heap[i] : end;
-    return work / (slots * end);
-}
-
-// Key ranges per query tile (1: no split) and key tiles per range.
-static int choose_splits(const attn_shape *s, tile_config c, bool causal_skip, int slots,
-                         int *split_tiles) {
-    const int T = ceil_div(s->N, c.BC);
-    const long long blocks = (long long)s->B * s->H * ceil_div(s->N, c.BR);
-    *split_tiles = T;
-    if (blocks >= (long long)FULL_WAVES * slots || T < 2) return 1;
-    double *heap = (double *)malloc(sizeof(double) * slots);
-    if (!heap) return 1;
-    double eff[MAX_SPLITS + 1] = {0.}, best = 0.;
-    const int most = T < MAX_SPLITS ? T : MAX_SPLITS;
-    for (int n = 1; n <= most; ++n) {
-        // n ranges of ceil(T / n) tiles; skip n when that is the same cut as n - 1 (FA2's
-        // "eligible" splits) and stop past MAX_SIMULATED_WAVES waves of blocks.
-        if (n > 1 && ceil_div(T, n) == ceil_div(T, n - 1)) continue;
-        if (n > 1 && blocks * n > (long long)MAX_SIMULATED_WAVES * slots) break;
-        eff[n] = split_efficiency(s, c, causal_skip, slots, ceil_div(T, n), heap);
-        best = eff[n] > best ? eff[n] : best;
-    }
-    free(heap);
-    for (int n = 1; n <= most; ++n) {
-        if (eff[n] > 0. && eff[n] >= SPLIT_SLACK * best) {
-            *split_tiles = ceil_div(T, n);
-            return ceil_div(T, *split_tiles);
-        }
-    }
-    return 1;
-}
-
-/* ---- the launch plan --------------------------------------------------------------------- */
-
-// Everything forward() decides before launching, computed once per shape and device (the last
-// one is kept; a benchmark launches the same shape many times).
-typedef struct {
-    attn_shape shape;  // key: shape, device, variant, limits, whether a workspace is given
-    int device, variant, sm_count, allow_split;
-    size_t smem_limit;
-    tile_config tiles;  // value
-    kernel_entry *kernel;
-    size_t smem;
-    int splits, split_tiles, causal_skip;
-} fwd_plan;
-
-static bool same_key(const fwd_plan *a, const fwd_plan *b) {
-    return a->shape.B == b->shape.B && a->shape.H == b->shape.H && a->shape.N == b->shape.N &&
-           a->shape.D == b->shape.D && a->shape.causal == b->shape.causal &&
-           a->device == b->device && a->variant == b->variant && a->sm_count == b->sm_count &&
-           a->allow_split == b->allow_split && a->smem_limit == b->smem_limit;
-}
-
-static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int variant,
-                             bool allow_split, fwd_plan *plan) {
-    static fwd_plan last;  // last.kernel == NULL: none yet
-    memset(plan, 0, sizeof *plan);
-    plan->shape = *s, plan->shape.scale = 0.f;  // the scale does not change the plan
-    plan->variant = variant, plan->sm_count = dev->sm_count, plan->allow_split = allow_split;
-    plan->smem_limit = dev->smem_per_block;
-    ATTN_TRY(current_device(&plan->device));
-    pthread_mutex_lock(&cache_lock);
-    const bool hit = last.kernel && same_key(&last, plan);
-    if (hit) *plan = last;
-    pthread_mutex_unlock(&cache_lock);
-    if (hit) return cudaSuccess;
-
-    int arch = 0;
-    ATTN_TRY(kernel_arch(&arch));
-    const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
-    const size_t smem = smem_bytes(c, s->D);
-    const int threads = c.WARPS * 32;
-    kernel_entry *k = kernel_for(s->D, c, variant, false);
-    if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
-    ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
-    int per_sm = k->blocks_per_sm[plan->device];
-    const int fit = blocks_fit(smem, dev->smem_per_block);  // an imitated T4 or L4 fits fewer
-    per_sm = fit < per_sm ? (fit > 0 ? fit : 1) : per_sm;
-
-    plan->tiles = c, plan->smem = smem;
-    plan->causal_skip = s->causal && variant != VARIANT_NOSKIP;
-    plan->split_tiles = ceil_div(s->N, c.BC), plan->splits = 1;
-    if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
-        plan->splits =
-            choose_splits(s, c, plan->causal_skip, dev->sm_count * per_sm, &plan->split_tiles);
-    }
-    // Lazy rescaling pays from LAZY_MIN_N keys per block on (eager_rescale: never).
-    const long long keys = (long long)plan->split_tiles * c.BC;
-    const bool lazy = variant == VARIANT_LAZY_RESCALE ||
-                      ((variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT) &&
-                       (keys < s->N ? keys : s->N) >= LAZY_MIN_N);
-    plan->kernel = kernel_for(s->D, c, variant, lazy);
-    ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
-    pthread_mutex_lock(&cache_lock);
-    last = *plan;
-    pthread_mutex_unlock(&cache_lock);
-    return cudaSuccess;
-}
+#include "plan.cuh"
 
 static const char *attention_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
     if (s->D != 64 && s->D != 128) return "head dim must be 64 or 128";

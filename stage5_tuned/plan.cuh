@@ -1,0 +1,294 @@
+/*
+ * stage5_tuned/plan.cuh: what the launcher decides before a launch; host code only.
+ *
+ * Part of attention.cu's one translation unit: attention.cu includes it after the kernels,
+ * whose tunables and templates it uses (it is no header for anything else). For a shape on a
+ * device, forward() needs
+ *  - the tiles for this head dim, code arch and shared memory (choose_tiles);
+ *  - the kernel instantiation of those tiles and the variant, made ready on this device once
+ *    (kernel_for, kernel_ready: the kernel cache, under cache_lock);
+ *  - how many key ranges each query tile's keys are cut into (split-KV: choose_splits, from a
+ *    simulation of the block scheduler's waves);
+ *  - all of that once per shape and device, not per launch (make_plan: the plan cache).
+ */
+
+#include <pthread.h>
+#include <stdlib.h>
+
+/* ---- tiles ------------------------------------------------------------------------------- */
+
+static size_t smem_bytes(tile_config c, int D) {
+    return (size_t)(c.BR + 2 * c.BC) * D * sizeof(__half);
+}
+
+// Blocks of `smem` bytes that fit in one SM's shared memory when a block may use at most
+// `smem_limit` (an SM holds the per-block limit + 1 KB, and each block reserves 1 KB more).
+// This is what a T4 or L4 fits, also when --smem-limit imitates one on a larger GPU.
+static int blocks_fit(size_t smem, size_t smem_limit) {
+    return (int)((smem_limit + 1024) / (smem + 1024));
+}
+
+// Tiles for this head dim, code arch and shared-memory limit: the first that fits of
+// sm_80 (two blocks per SM), small-smem sm_80, sm_75. BR = 0 if none fits.
+static tile_config choose_tiles(int D, int arch, size_t smem_limit) {
+    const tile_config none = {0, 0, 0};
+    if (arch >= 80) {
+        const tile_config c = D == 64 ? SM80_D64 : SM80_D128;
+        if (blocks_fit(smem_bytes(c, D), smem_limit) >= 2 ||
+            (D == 64 && smem_bytes(c, D) <= smem_limit)) {
+            return c;
+        }
+        if (D == 128 && smem_bytes(SMALL_SMEM_D128, D) <= smem_limit) return SMALL_SMEM_D128;
+    }
+    return smem_bytes(SM75, D) <= smem_limit ? SM75 : none;
+}
+
+static bool same_tiles(tile_config a, tile_config b) {
+    return a.BR == b.BR && a.BC == b.BC && a.WARPS == b.WARPS;
+}
+
+/* ---- the kernel cache ------------------------------------------------------------------- */
+
+// What the driver is asked once per device (or per kernel and device), not per launch: a
+// launch of FA2 pays for none of it, and host time between the timing events counts.
+constexpr int MAX_DEVICES = 64;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static cudaError_t current_device(int *device) {
+    ATTN_TRY(cudaGetDevice(device));
+    if (*device < 0 || *device >= MAX_DEVICES) {
+        fprintf(stderr, "stage5_tuned: device %d: at most %d devices\n", *device, MAX_DEVICES);
+        return cudaErrorInvalidDevice;
+    }
+    return cudaSuccess;
+}
+
+typedef void (*attention_fn)(fwd_params);
+
+// One kernel instantiation and, per device, how many of its blocks fit on one SM (0: not
+// asked yet; asking also raises its dynamic shared-memory limit).
+typedef struct {
+    attention_fn fn;
+    int blocks_per_sm[MAX_DEVICES];
+} kernel_entry;
+
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
+static kernel_entry *entry() {
+    static kernel_entry e = {attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>,
+                             {0}};
+    return &e;
+}
+
+// The variants are instantiations of the same kernel with one lesson switched off.
+template <int D, int BR, int BC, int WARPS>
+static kernel_entry *variant_entry(int variant, bool lazy) {
+    switch (variant) {
+        case VARIANT_NOSWIZZLE:
+            return entry<D, BR, BC, WARPS, false, true, true, false>();
+        case VARIANT_SINGLE_STAGE:
+            return entry<D, BR, BC, WARPS, true, false, true, false>();
+        case VARIANT_NOSKIP:
+            return entry<D, BR, BC, WARPS, true, true, false, false>();
+        default:  // default, nosplit, eager_rescale, lazy_rescale: the launcher picks LAZY
+            return lazy ? entry<D, BR, BC, WARPS, true, true, true, true>()
+                        : entry<D, BR, BC, WARPS, true, true, true, false>();
+    }
+}
+
+#define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy)
+
+static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy) {
+    if (D == 64 && same_tiles(c, SM80_D64)) return VARIANT_ENTRY(64, SM80_D64);
+    if (D == 64 && same_tiles(c, SM75)) return VARIANT_ENTRY(64, SM75);
+    if (D == 128 && same_tiles(c, SM80_D128)) return VARIANT_ENTRY(128, SM80_D128);
+    if (D == 128 && same_tiles(c, SMALL_SMEM_D128)) return VARIANT_ENTRY(128, SMALL_SMEM_D128);
+    if (D == 128 && same_tiles(c, SM75)) return VARIANT_ENTRY(128, SM75);
+    return NULL;
+}
+
+// Per device, once: raise the kernel's shared-memory limit and ask how many blocks fit per SM.
+static cudaError_t kernel_ready(kernel_entry *k, int device, size_t smem, int threads) {
+    if (k->blocks_per_sm[device] > 0) return cudaSuccess;
+    if (smem > 48 * 1024) {
+        ATTN_TRY(cudaFuncSetAttribute((const void *)k->fn,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    int blocks = 0;
+    ATTN_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)k->fn, threads, smem));
+    k->blocks_per_sm[device] = blocks > 0 ? blocks : 1;
+    return cudaSuccess;
+}
+
+// The PTX architecture the kernels were compiled for on this device (75 for a compute_75 PTX
+// build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
+// Asked once per device.
+static cudaError_t kernel_arch(int *arch) {
+    static int arch_of[MAX_DEVICES];
+    int device = 0;
+    ATTN_TRY(current_device(&device));
+    pthread_mutex_lock(&cache_lock);
+    *arch = arch_of[device];
+    pthread_mutex_unlock(&cache_lock);
+    if (*arch) return cudaSuccess;
+    cudaFuncAttributes fa;
+    const cudaError_t err = cudaFuncGetAttributes(
+        &fa,
+        (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true, false>);
+    *arch = err == cudaSuccess ? fa.ptxVersion : 0;
+    pthread_mutex_lock(&cache_lock);
+    arch_of[device] = *arch;
+    pthread_mutex_unlock(&cache_lock);
+    return err;
+}
+
+/* ---- split-KV: how many key ranges ------------------------------------------------------- */
+
+// A query tile's B * H * ceil(N / BR) blocks fill the GPU's slots (SMs x blocks per SM) in
+// waves; a grid of 32 blocks on 264 slots (B = H = 1, N = 4096, H200) leaves 88% of them idle,
+// and 384 blocks (N = 49,152) make 1.45 waves: the second wave runs at 45%. Cutting each query
+// tile's keys into ranges gives more, shorter blocks. FA2 (num_splits_heuristic) estimates the
+// wave efficiency of each split count and takes the smallest within 85% of the best; here the
+// same rule, with the efficiency taken from the block scheduler's own rule: in launch order,
+// each block goes to the slot that frees first. Causal query tiles have different numbers of
+// key tiles, so the keys are cut by work: every range has split_tiles key tiles (the tile's
+// last range fewer), and a short query tile gets fewer ranges. Each range also pays for a
+// prologue (Q and its first K tile) and an fp32 epilogue: SPLIT_OVERHEAD_TILES key tiles' worth
+// (an estimate: about 48 KB of loads and 64 KB of stores against 32 KB of K and V per tile).
+constexpr int MAX_SPLITS = 128;         // FA2's cap; bounds the workspace too
+constexpr double SPLIT_SLACK = 0.85;    // the fewest splits within this share of the best
+constexpr int FULL_WAVES = 6;           // from 6 waves on, the last one costs < 1/7: no split
+constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves are not tried
+constexpr double SPLIT_OVERHEAD_TILES = 1.0;
+
+static int ceil_div(long long a, long long b) {
+    return (int)((a + b - 1) / b);
+}
+
+// Useful work / (slots x time), in key tiles, for ranges of `per` tiles: the blocks in launch
+// order (heads, then query tiles, heaviest first if causal, then ranges), each to the slot
+// that frees first (a binary min-heap of the slots' finish times).
+static double split_efficiency(const attn_shape *s, tile_config c, bool causal_skip, int slots,
+                               int per, double *heap) {
+    const int q_tiles = ceil_div(s->N, c.BR);
+    double work = 0.;
+    for (int i = 0; i < slots; ++i) heap[i] = 0.;
+    for (int bh = 0; bh < s->B * s->H; ++bh) {
+        for (int qi = 0; qi < q_tiles; ++qi) {
+            const int q = causal_skip ? q_tiles - 1 - qi : qi;  // the kernel's order
+            const int tiles = query_tile_key_tiles(q * c.BR, c.BR, c.BC, s->N, causal_skip);
+            for (int k = 0; k < tiles; k += per) {
+                const int t = tiles - k < per ? tiles - k : per;
+                work += t;
+                heap[0] += t + SPLIT_OVERHEAD_TILES;  // the earliest-free slot takes it
+                for (int i = 0;;) {                   // sift down
+                    int j = 2 * i + 1;
+                    if (j >= slots) break;
+                    if (j + 1 < slots && heap[j + 1] < heap[j]) ++j;
+                    if (heap[i] <= heap[j]) break;
+                    const double x = heap[i];
+                    heap[i] = heap[j], heap[j] = x, i = j;
+                }
+            }
+        }
+    }
+    double end = 0.;
+    for (int i = 0; i < slots; ++i) end = heap[i] > end ? heap[i] : end;
+    return work / (slots * end);
+}
+
+// Key ranges per query tile (1: no split) and key tiles per range.
+static int choose_splits(const attn_shape *s, tile_config c, bool causal_skip, int slots,
+                         int *split_tiles) {
+    const int T = ceil_div(s->N, c.BC);
+    const long long blocks = (long long)s->B * s->H * ceil_div(s->N, c.BR);
+    *split_tiles = T;
+    if (blocks >= (long long)FULL_WAVES * slots || T < 2) return 1;
+    double *heap = (double *)malloc(sizeof(double) * slots);
+    if (!heap) return 1;
+    double eff[MAX_SPLITS + 1] = {0.}, best = 0.;
+    const int most = T < MAX_SPLITS ? T : MAX_SPLITS;
+    for (int n = 1; n <= most; ++n) {
+        // n ranges of ceil(T / n) tiles; skip n when that is the same cut as n - 1 (FA2's
+        // "eligible" splits) and stop past MAX_SIMULATED_WAVES waves of blocks.
+        if (n > 1 && ceil_div(T, n) == ceil_div(T, n - 1)) continue;
+        if (n > 1 && blocks * n > (long long)MAX_SIMULATED_WAVES * slots) break;
+        eff[n] = split_efficiency(s, c, causal_skip, slots, ceil_div(T, n), heap);
+        best = eff[n] > best ? eff[n] : best;
+    }
+    free(heap);
+    for (int n = 1; n <= most; ++n) {
+        if (eff[n] > 0. && eff[n] >= SPLIT_SLACK * best) {
+            *split_tiles = ceil_div(T, n);
+            return ceil_div(T, *split_tiles);
+        }
+    }
+    return 1;
+}
+
+/* ---- the launch plan --------------------------------------------------------------------- */
+
+// Everything forward() decides before launching, computed once per shape and device (the last
+// one is kept; a benchmark launches the same shape many times).
+typedef struct {
+    attn_shape shape;  // key: shape, device, variant, limits, whether a workspace is given
+    int device, variant, sm_count, allow_split;
+    size_t smem_limit;
+    tile_config tiles;  // value
+    kernel_entry *kernel;
+    size_t smem;
+    int splits, split_tiles, causal_skip;
+} fwd_plan;
+
+static bool same_key(const fwd_plan *a, const fwd_plan *b) {
+    return a->shape.B == b->shape.B && a->shape.H == b->shape.H && a->shape.N == b->shape.N &&
+           a->shape.D == b->shape.D && a->shape.causal == b->shape.causal &&
+           a->device == b->device && a->variant == b->variant && a->sm_count == b->sm_count &&
+           a->allow_split == b->allow_split && a->smem_limit == b->smem_limit;
+}
+
+static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int variant,
+                             bool allow_split, fwd_plan *plan) {
+    static fwd_plan last;  // last.kernel == NULL: none yet
+    memset(plan, 0, sizeof *plan);
+    plan->shape = *s, plan->shape.scale = 0.f;  // the scale does not change the plan
+    plan->variant = variant, plan->sm_count = dev->sm_count, plan->allow_split = allow_split;
+    plan->smem_limit = dev->smem_per_block;
+    ATTN_TRY(current_device(&plan->device));
+    pthread_mutex_lock(&cache_lock);
+    const bool hit = last.kernel && same_key(&last, plan);
+    if (hit) *plan = last;
+    pthread_mutex_unlock(&cache_lock);
+    if (hit) return cudaSuccess;
+
+    int arch = 0;
+    ATTN_TRY(kernel_arch(&arch));
+    const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
+    const size_t smem = smem_bytes(c, s->D);
+    const int threads = c.WARPS * 32;
+    kernel_entry *k = kernel_for(s->D, c, variant, false);
+    if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
+    ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
+    int per_sm = k->blocks_per_sm[plan->device];
+    const int fit = blocks_fit(smem, dev->smem_per_block);  // an imitated T4 or L4 fits fewer
+    per_sm = fit < per_sm ? (fit > 0 ? fit : 1) : per_sm;
+
+    plan->tiles = c, plan->smem = smem;
+    plan->causal_skip = s->causal && variant != VARIANT_NOSKIP;
+    plan->split_tiles = ceil_div(s->N, c.BC), plan->splits = 1;
+    if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
+        plan->splits =
+            choose_splits(s, c, plan->causal_skip, dev->sm_count * per_sm, &plan->split_tiles);
+    }
+    // Lazy rescaling pays from LAZY_MIN_N keys per block on (eager_rescale: never).
+    const long long keys = (long long)plan->split_tiles * c.BC;
+    const bool lazy = variant == VARIANT_LAZY_RESCALE ||
+                      ((variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT) &&
+                       (keys < s->N ? keys : s->N) >= LAZY_MIN_N);
+    plan->kernel = kernel_for(s->D, c, variant, lazy);
+    ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
+    pthread_mutex_lock(&cache_lock);
+    last = *plan;
+    pthread_mutex_unlock(&cache_lock);
+    return cudaSuccess;
+}
