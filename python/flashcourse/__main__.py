@@ -1,4 +1,4 @@
-"""python3 -m flashcourse: the stages built, each with its dtype and variants."""
+"""python3 -m flashcourse: the stages built, each with its dtype, variants and backward pass."""
 
 import sys
 
@@ -8,12 +8,13 @@ from . import LibraryNotBuiltError, library_dir, stages
 def main() -> int:
     try:
         built = stages()
-    except LibraryNotBuiltError as e:
+    except (LibraryNotBuiltError, RuntimeError) as e:
         print(f"flashcourse: {e}", file=sys.stderr)
         return 1
     print(f"{len(built)} stages in {library_dir()}:")
     for s in built:
-        print(f"  {s.name:22s} {s.dtype:8s} variants: {', '.join(s.variants)}")
+        bwd = "  (+ backward pass)" if s.backward else ""
+        print(f"  {s.name:22s} {s.dtype:8s} variants: {', '.join(s.variants)}{bwd}")
     return 0
 
 

@@ -149,9 +149,10 @@ def t_c_argument_checks():
 def t_no_gpu_message():
     if HAVE_GPU or (not HAVE_TORCH and _nvidia_smi()):
         raise Skip("a GPU is here")
+    # the program's words (common/main.c), not CUDA's "driver version is insufficient"
     for s in flashcourse.stages():
         raises(RuntimeError, _binding._check_raw, s.name, 0, (1, 1, 64, 64), 0, 0.125, 0,
-               match=[s.name, "no CUDA device"])
+               match=[s.name, "no NVIDIA GPU here"])
 
 
 def _nvidia_smi():
@@ -336,7 +337,8 @@ def t_bad_inputs(st):
     except ValueError as e:
         not_here = str(e)
     qg = q.clone().requires_grad_(True)
-    raises(ValueError, call, qg, k, v, stage=name, match=[name, "no_grad"])
+    if st.dtype != "float16":  # the backward pass (stage 7) takes float16
+        raises(TypeError, call, qg, k, v, stage=name, match=[name, "float16", "no_grad"])
     if not not_here:
         with torch.no_grad():
             call(qg, k, v, stage=name)  # fine without autograd
@@ -398,6 +400,194 @@ def t_workspace_through_torch():
     assert peak >= 2 * 2 * 1024 * 1024 * 4, f"peak {peak} bytes: workspace not from torch"
 
 
+# ---- GPU: gradients (stage 7's backward pass through autograd) ----
+
+def grad_reference(q, k, v, do, causal, scale):
+    """dq, dk, dv of sum(o * do) on the stored values: exact (float64 autograd), and the same
+    computation with the fp16 roundings a correct kernel makes (P, O, dS and the gradients
+    rounded to fp16, the rest float64), whose distance from the exact one sets the bound, as
+    common/reference_bwd.c does."""
+    N = q.shape[2]
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    s = torch.matmul(leaves[0], leaves[1].transpose(-1, -2)) * scale
+    if causal:
+        mask = torch.ones(N, N, dtype=torch.bool, device=q.device).triu(1)
+        s = s.masked_fill(mask, -math.inf)
+    p = torch.softmax(s, dim=-1)
+    exact = torch.autograd.grad(torch.matmul(p, leaves[2]), leaves, do.double())
+
+    def f16(x):
+        return x.float().half().double()
+
+    q64, k64, v64, do64 = (t.detach().double() for t in (q, k, v, do))
+    p = p.detach()
+    p16 = f16(p)
+    o16 = f16(p16 @ v64)
+    dp = do64 @ v64.transpose(-1, -2)
+    ds16 = f16(p * (dp - (do64 * o16).sum(-1, keepdim=True)))
+    rounded = (f16(scale * ds16 @ k64), f16(scale * ds16.transpose(-1, -2) @ q64),
+               f16(p16.transpose(-1, -2) @ do64))
+    return exact, rounded
+
+
+def grad_miss(got, q, k, v, do, causal, scale):
+    """The pass rule of common/reference_bwd.c on dq, dk, dv: at most twice the error of the fp16
+    computation plus 1e-4 (1 + max |exact|); NaN or Inf never passes. A description, or None."""
+    exact, f16 = grad_reference(q, k, v, do, causal, scale)
+    misses = []
+    for name, g, ge, gf in zip(("dq", "dk", "dv"), got, exact, f16):
+        if g is None or g.shape != q.shape or g.dtype != q.dtype:
+            misses.append(f"{name}: {None if g is None else (tuple(g.shape), g.dtype)}")
+            continue
+        err = float((g.double() - ge).abs().max())
+        bound = 2 * float((gf.double() - ge).abs().max()) + 1e-4 * (1 + float(ge.abs().max()))
+        if not torch.isfinite(g).all() or not err <= bound:
+            misses.append(f"{name} max_abs_err {err:.3g} (bound {bound:.3g})")
+    return "; ".join(misses) or None
+
+
+GRAD_CASES = [  # (B, H, N, D, causal, scale or None, dist)
+    (1, 1, 1, 64, False, None, "normal"),
+    (1, 1, 2, 128, True, None, "normal"),
+    (2, 3, 17, 64, True, None, "normal"),
+    (1, 2, 63, 128, False, None, "normal"),
+    (1, 2, 65, 64, True, 0.3, "normal"),  # custom scale
+    (2, 1, 129, 128, True, None, "peaky"),
+    (1, 3, 200, 64, False, 1.0, "uniform"),
+    (1, 2, 255, 128, False, None, "large"),
+    (1, 1, 1000, 64, True, None, "normal"),
+    (1, 2, 1025, 128, True, 0.05, "peaky"),
+    (2, 2, 1100, 64, False, None, "normal"),
+]
+
+
+def make_grad_inputs(shape, seed, dist):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    t = [torch.randn(shape, generator=g, device="cuda") for _ in range(4)]
+    if dist == "peaky":
+        t[0] = t[0] * 8
+    elif dist == "uniform":
+        t = [torch.rand(shape, generator=g, device="cuda") * 2 - 1 for _ in range(4)]
+    elif dist == "large":  # |x| up to about 20: large scores, large row maxima
+        t = [x * 5 for x in t]
+    return [x.half() for x in t]
+
+
+def t_gradients(stage, backward_variant):
+    need_gpu()
+    misses = []
+    cases = GRAD_CASES[::3] if QUICK else GRAD_CASES
+    for ci, (B, H, N, D, causal, scale, dist) in enumerate(cases):
+        q, k, v, do = make_grad_inputs((B, H, N, D), 2000 + ci, dist)
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        try:
+            o, lse = flashcourse.attention(*leaves, causal=causal, scale=scale, stage=stage,
+                                           smem_limit=SMEM_LIMIT,
+                                           backward_variant=backward_variant)
+        except ValueError as e:
+            raise Skip(f"{stage} does not run here: {e}")
+        assert o.requires_grad and not lse.requires_grad or lse.grad_fn is not None
+        o.backward(do)
+        sc = scale32(scale if scale is not None else 1 / math.sqrt(D))
+        miss = grad_miss([t.grad for t in leaves], q, k, v, do, causal, sc)
+        if miss:
+            misses.append(f"B={B} H={H} N={N} D={D} causal={causal} scale={scale} {dist}: {miss}")
+    assert not misses, "\n".join(misses)
+
+
+def t_gradient_check_can_fail():
+    need_gpu()
+    q, k, v, do = make_grad_inputs((1, 2, 129, 64), 31, "normal")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o, _ = flashcourse.attention(*leaves, causal=True)
+    o.backward(do)
+    got = [t.grad for t in leaves]
+    sc = scale32(1 / 8)
+    assert grad_miss(got, q, k, v, do, True, sc) is None
+    for i in range(3):
+        bad = [g.clone() for g in got]
+        bad[i][0, 1, 100, 3] += 0.01
+        assert grad_miss(bad, q, k, v, do, True, sc) is not None, f"a wrong grad {i} passed"
+    assert grad_miss(got, q, k, v, do, False, sc) is not None, "causal ignored"
+    nan = [g.clone() for g in got]
+    nan[2][0, 0, 5, 5] = float("nan")
+    assert grad_miss(nan, q, k, v, do, True, sc) is not None, "a NaN passed"
+
+
+def t_backward_alone():
+    need_gpu()
+    q, k, v, do = make_grad_inputs((2, 2, 300, 128), 41, "normal")
+    with torch.no_grad():
+        o, lse = flashcourse.attention(q, k, v, causal=True, scale=0.1)
+    got = flashcourse.attention_backward(q, k, v, o, lse, do, causal=True, scale=0.1)
+    miss = grad_miss(got, q, k, v, do, True, scale32(0.1))
+    assert miss is None, miss
+    for bad in (o.float(), o[:, :, :5].contiguous()):
+        raises((TypeError, ValueError), flashcourse.attention_backward, q, k, v, bad, lse, do)
+    raises(ValueError, flashcourse.attention_backward, q, k, v, o, lse, do,
+           stage="stage5_tuned", match=["stage5_tuned", "no backward pass"])
+    raises(ValueError, flashcourse.attention_backward, q, k, v, o, lse, do,
+           variant="fastest", match=["fastest", "deterministic"])
+
+
+def t_deterministic_bit_identical():
+    need_gpu()
+    q, k, v, do = make_grad_inputs((2, 4, 2047, 64), 51, "normal")
+    with torch.no_grad():
+        o, lse = flashcourse.attention(q, k, v, causal=True)
+    runs = [flashcourse.attention_backward(q, k, v, o, lse, do, causal=True,
+                                           variant="deterministic") for _ in range(3)]
+    for r in runs[1:]:
+        for a, b in zip(runs[0], r):
+            assert torch.equal(a, b), "deterministic gradients differ between runs"
+
+
+def t_gradient_errors():
+    need_gpu()
+    q, k, v, do = make_grad_inputs((1, 2, 64, 64), 61, "normal")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o, lse = flashcourse.attention(*leaves)
+    try:
+        lse.sum().backward()
+    except RuntimeError as e:
+        assert "lse" in str(e), e
+    else:
+        raise AssertionError("a gradient into lse did not raise")
+    o, lse = flashcourse.attention(*leaves)
+    (g,) = torch.autograd.grad((o * do).sum(), [leaves[0]], create_graph=True)
+    try:
+        g.sum().backward()
+    except RuntimeError as e:
+        assert "double backward" in str(e), e
+    else:
+        raise AssertionError("double backward did not raise")
+    q32 = q.float().requires_grad_(True)
+    raises(TypeError, flashcourse.attention, q32, k.float(), v.float(), stage="stage0_naive",
+           match=["float16", "no_grad"])
+    raises(ValueError, flashcourse.attention, *leaves, backward_variant="fastest",
+           match=["fastest"])
+    raises(ValueError, flashcourse.attention, *leaves, backward_stage="stage5_tuned",
+           match=["no backward pass"])
+
+
+def t_torch_compile():
+    need_gpu()
+    q, k, v, do = make_grad_inputs((2, 2, 256, 64), 71, "normal")
+
+    def step(q, k, v):
+        o, _ = flashcourse.attention(q, k, v, causal=True)
+        return (o.float() * do.float()).sum()
+
+    compiled = torch.compile(step, fullgraph=True)  # fullgraph: a graph break raises
+    grads = []
+    for fn in (step, compiled):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        fn(*leaves).backward()
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads):
+        assert torch.allclose(a.float(), b.float(), atol=2e-3, rtol=0), float((a - b).abs().max())
+
+
 def main():
     print(f"flashcourse binding tests: libraries in {flashcourse.library_dir()}, "
           f"torch {'%s' % torch.__version__ if HAVE_TORCH else 'absent'}, "
@@ -424,6 +614,16 @@ def main():
     run("C entry point: workspace, NULL, CUDA error", t_c_entry_checks)
     run("workspace allocated through torch", t_workspace_through_torch)
     run("runs on torch.cuda.current_stream()", t_current_stream)
+    run("the gradient check can fail", t_gradient_check_can_fail)
+    for fwd in [s.name for s in built if s.name in ("stage4_wmma", "stage5_tuned",
+                                                    "stage6_hopper")]:
+        for bv in next((s.variants for s in built if s.backward), ()):
+            run(f"gradients: {fwd} forward, stage 7 {bv} backward vs float64 autograd",
+                t_gradients, fwd, bv)
+    run("attention_backward on its own", t_backward_alone)
+    run("deterministic backward: bit-identical gradients", t_deterministic_bit_identical)
+    run("gradient into lse, double backward, float32 stage: clear errors", t_gradient_errors)
+    run("torch.compile(fullgraph=True): forward and backward in one graph", t_torch_compile)
     p, f, s = results["passed"], results["failed"], results["skipped"]
     print(f"{p} passed, {f} failed, {s} skipped")
     return 1 if f else 0
