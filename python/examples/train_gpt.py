@@ -1,0 +1,514 @@
+#!/usr/bin/env python3
+"""Train a small character-level GPT with the course's attention, then again with PyTorch's.
+
+    make lib
+    PYTHONPATH=python python3 python/examples/train_gpt.py            # H100 / H200: about a minute
+    PYTHONPATH=python python3 python/examples/train_gpt.py --small    # a T4: a couple of minutes
+
+The same GPT is trained twice, from the same initial weights, on the same batches in the same
+order, with the same optimizer and fp16 autocast: once with flashcourse.attention (the forward
+pass by --stage, the backward pass by stage 7: FlashAttention-2's backward, through the custom
+operator's autograd formula) and once with F.scaled_dot_product_attention(is_causal=True). The
+attention call is the only difference. The text is the course itself: its lessons (README.md,
+stage*/README.md) and its CUDA and C sources, read from this repository, character by character;
+the last 10% of every file is held out for the validation loss.
+
+Printed: a progress line every few steps, each run's training throughput (tokens per second over
+the steps after the warm-up, timed between two torch.cuda.synchronize() calls), its final loss
+(the mean training loss of the last steps) and its validation loss (every held-out window, in
+the same batches, for both). Written to --out (default plots/<gpu>/, as `make bench` names it):
+train_gpt.csv (step, loss_course, loss_sdpa, after '# key: text' lines that describe the run)
+and train_gpt.png, drawn by train_gpt.gp (beside this script) with gnuplot where it is installed.
+
+The two runs are not expected to give identical numbers, only numbers that agree within noise:
+their rounding differs, and training amplifies any difference. PyTorch's own attention is no
+steadier: on an H100, two SDPA runs of the default settings (same seed, same batches) ended with
+validation losses 0.04 apart, final losses 0.06 apart, their backward passes being
+nondeterministic. Exit status: 0 when the two validation losses agree within 0.1 nats (a wrong
+gradient costs far more), 1 when they do not or a loss is not finite, 2 when something is
+missing (PyTorch, a CUDA GPU, the stage libraries: `make lib`) or an option is wrong.
+"""
+
+import argparse
+import math
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "python"))
+try:
+    import flashcourse  # stdlib only at import: works without torch
+except ImportError as e:  # this file copied out of the repository
+    flashcourse, FLASHCOURSE_ERROR = None, e
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except (ImportError, OSError) as e:  # main() says so in one line; --help still works
+    torch, TORCH_ERROR = None, e
+
+    class nn:  # noqa: N801  just enough for the class definitions below to be read
+        Module = object
+
+# The course's text, relative to the repository: lessons first, then the code they explain.
+CORPUS = ("README.md", "stage*/README.md", "stage*/*.cu", "stage*/*.cuh", "common/*.h",
+          "common/*.c", "common/*.cu")
+HELD_OUT = 0.10  # the last 10% of every file: the validation text
+AGREE = 0.1  # the largest |validation loss difference| (nats) that counts as agreement
+SEED = 0
+BACKWARD = "stage7_backward"  # the backward stage flashcourse.attention differentiates with
+
+# The defaults (an H100 or H200: under a minute for both runs) and --small's (a T4). An option
+# given on the command line wins over both; without --heads, the heads are width / --dim.
+DEFAULTS = dict(steps=1000, layers=4, width=512, dim=64, seq=1024, batch=16, lr=1e-3)
+SMALL = dict(steps=800, layers=4, width=256, dim=64, seq=1024, batch=16, lr=2e-3)
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def fail(msg: str, code: int = 2) -> int:
+    """One line on stderr, and the exit status to return."""
+    print(f"train_gpt.py: {msg}", file=sys.stderr, flush=True)
+    return code
+
+
+# ---- the text ----
+
+def load_text(root: Path):
+    """The course's files as (train text, held-out text, number of files): each file split at
+    90%, the parts joined with blank lines."""
+    files = []
+    for pattern in CORPUS:
+        for p in sorted(root.glob(pattern)):
+            if p.is_file() and p not in files:
+                files.append(p)
+    train, held = [], []
+    for p in files:
+        text = p.read_text(encoding="utf-8", errors="replace")
+        cut = int(len(text) * (1 - HELD_OUT))
+        train.append(text[:cut])
+        held.append(text[cut:])
+    return "\n\n".join(train), "\n\n".join(held), len(files)
+
+
+# ---- the model: a GPT whose attention is a function given to it ----
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention; `attend(q, k, v) -> o` does the attention itself on
+    contiguous [B, H, N, D] tensors of attn_dtype (float16 on the GPU: what the course's stages
+    take). Both runs give it exactly the same q, k and v."""
+
+    def __init__(self, heads: int, head_dim: int, attend, attn_dtype):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.attend, self.attn_dtype = attend, attn_dtype
+        width = heads * head_dim
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        B, N, _ = x.shape
+        q, k, v = self.qkv(x).view(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = (t.to(self.attn_dtype).contiguous() for t in (q, k, v))
+        o = self.attend(q, k, v)  # [B, H, N, D]
+        return self.proj(o.transpose(1, 2).reshape(B, N, -1))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attention(norm(x)), then x + MLP(norm(x))."""
+
+    def __init__(self, heads: int, head_dim: int, attend, attn_dtype):
+        super().__init__()
+        width = heads * head_dim
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = CausalSelfAttention(heads, head_dim, attend, attn_dtype)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    """Token and position embeddings, `layers` blocks, a final norm and the output layer (tied
+    to the token embedding): logits for the next character at every position."""
+
+    def __init__(self, vocab: int, seq: int, layers: int, heads: int, head_dim: int, attend,
+                 attn_dtype):
+        super().__init__()
+        width = heads * head_dim
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(seq, width)
+        self.blocks = nn.ModuleList(Block(heads, head_dim, attend, attn_dtype)
+                                    for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tok.weight
+        # GPT-2's initialisation: N(0, 0.02), the layers that write into the residual stream
+        # scaled down by sqrt(2 x layers) so that its variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p) if "norm" in name else nn.init.zeros_(p)
+            else:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("proj.weight",
+                                                                      "mlp.2.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, idx):
+        N = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(N, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def course_attention(stage: str):
+    """flashcourse.attention as `attend`: the forward by `stage`, the backward by stage 7."""
+    def attend(q, k, v):
+        o, _lse = flashcourse.attention(q, k, v, causal=True, stage=stage,
+                                       backward_stage=BACKWARD)
+        return o
+    return attend
+
+
+def sdpa_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+# ---- training ----
+
+def learning_rate(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up over the first 10% of the steps, then a cosine down to peak / 10."""
+    warm = max(1, steps // 10)
+    if step < warm:
+        return peak * (step + 1) / warm
+    t = (step - warm) / max(1, steps - warm)
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
+
+
+class Setup:
+    """Everything the two runs share: the data on the device, the batch order, the initial
+    weights, the options."""
+
+    def __init__(self, args, device, amp: bool, train_ids, val_ids, vocab: int):
+        self.args, self.device, self.amp, self.vocab = args, device, amp, vocab
+        self.train_ids, self.val_ids = train_ids.to(device), val_ids.to(device)
+        self.offsets = torch.arange(args.seq + 1, device=device)
+        # The batch order: window starts for every step, drawn once from a seeded generator.
+        g = torch.Generator().manual_seed(SEED + 1)
+        self.starts = torch.randint(0, len(train_ids) - args.seq, (args.steps, args.batch),
+                                    generator=g).to(device)
+        # The initial weights, made once and loaded into both models.
+        torch.manual_seed(SEED)
+        self.init_state = {k: v.detach().clone()
+                           for k, v in self.new_model(sdpa_attention).state_dict().items()}
+
+    def new_model(self, attend):
+        a = self.args
+        dtype = torch.float16 if self.amp else torch.float32
+        return GPT(self.vocab, a.seq, a.layers, a.heads, a.dim, attend, dtype).to(self.device)
+
+    def batch(self, ids, starts):
+        """Inputs and targets (the next characters) of the windows starting at `starts`."""
+        w = ids[starts[:, None] + self.offsets]
+        return w[:, :-1], w[:, 1:]
+
+    def loss(self, model, x, y, reduction="mean"):
+        with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
+            logits = model(x)
+        return F.cross_entropy(logits.float().view(-1, self.vocab), y.reshape(-1),
+                               reduction=reduction)
+
+    def sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def validation_loss(s: Setup, model) -> float:
+    """Mean loss per character over every whole window of the held-out text (windows of
+    --seq + 1 characters, --batch at a time): the same windows, batches and order for both."""
+    model.eval()
+    seq, n = s.args.seq, (len(s.val_ids) - 1) // s.args.seq
+    total = torch.zeros((), device=s.device)
+    with torch.no_grad():
+        for i in range(0, n, s.args.batch):
+            starts = torch.arange(i, min(i + s.args.batch, n), device=s.device) * seq
+            x, y = s.batch(s.val_ids, starts)
+            total += s.loss(model, x, y, reduction="sum")
+    model.train()
+    return total.item() / (n * seq)
+
+
+def train(s: Setup, name: str, attend):
+    """One run: (the loss of every step, tokens per second after the warm-up, validation loss)."""
+    a = s.args
+    torch.manual_seed(SEED)  # the same random state in both runs (nothing in the step draws)
+    model = s.new_model(attend)
+    model.load_state_dict(s.init_state)
+    # AdamW on every weight matrix and embedding, no decay on biases and norms; fused: one
+    # kernel, and with the gradient scaler no host-device synchronisation in the step.
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), fused=s.device.type == "cuda")
+    # fp16 gradients can underflow: scale the loss up (and skip a step whose gradients overflow)
+    scaler = torch.amp.GradScaler(s.device.type, enabled=s.amp)
+
+    losses = torch.zeros(a.steps, device=s.device)
+    warmup = min(10, a.steps // 5)  # steps left out of the timing: first calls, allocations
+    every = max(1, a.steps // 20)
+    t0 = None
+    for step in range(a.steps):
+        if step == warmup:  # the clock starts once the warm-up steps have run
+            s.sync()
+            t0 = mark = time.perf_counter()
+            mark_step = step
+        lr = learning_rate(step, a.steps, a.lr)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        x, y = s.batch(s.train_ids, s.starts[step])
+        loss = s.loss(model, x, y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        losses[step] = loss.detach()  # kept on the device: no wait for the GPU in the loop
+        if (step + 1) % every == 0 or step + 1 == a.steps:
+            value = losses[step].item()  # waits for this step, so the time below is real
+            pace = ""
+            if t0 is not None and step + 1 > mark_step:
+                now = time.perf_counter()
+                pace = f"  {(now - mark) * 1e3 / (step + 1 - mark_step):7.1f} ms/step"
+                mark, mark_step = now, step + 1
+            say(f"  [{name}] step {step + 1:5d}/{a.steps}  loss {value:.4f}  lr {lr:.2e}{pace}")
+    s.sync()
+    seconds = time.perf_counter() - t0
+    tokens_per_s = (a.steps - warmup) * a.batch * a.seq / seconds
+    val = validation_loss(s, model)
+    del model, opt
+    if s.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return losses.tolist(), tokens_per_s, val
+
+
+# ---- the checks before training, the outputs after ----
+
+def course_ready(args):
+    """None when the course's forward stage and stage 7's backward run this shape here, else
+    the reason (one line): a tiny forward and backward at the training's head count and
+    length."""
+    try:
+        shape = (1, args.heads, args.seq, args.dim)
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16, requires_grad=True)
+                   for _ in range(3))
+        o, _ = flashcourse.attention(q, k, v, causal=True, stage=args.stage,
+                                     backward_stage=BACKWARD)
+        o.float().sum().backward()
+        torch.cuda.synchronize()
+    except flashcourse.LibraryNotBuiltError as e:
+        return str(e)
+    except (ImportError, TypeError, ValueError, RuntimeError) as e:
+        return f"the course's attention cannot train here ({args.stage} forward, " \
+               f"{BACKWARD} backward): {e}"
+    return None
+
+
+def gpu_slug(name: str) -> str:
+    """The GPU's folder name under plots/, as plots/plots.mk makes it: 'NVIDIA H200' -> 'h200'."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug[len("nvidia-"):] if slug.startswith("nvidia-") else slug
+
+
+def write_csv(path: Path, meta, course_losses, sdpa_losses):
+    with open(path, "w") as f:
+        for key, text in meta:
+            f.write(f"# {key}: {text}\n")
+        f.write("step,loss_course,loss_sdpa\n")
+        for i, (lc, ls) in enumerate(zip(course_losses, sdpa_losses)):
+            f.write(f"{i + 1},{lc:.5f},{ls:.5f}\n")
+
+
+def draw(csv: Path, out: Path) -> str:
+    """Run train_gpt.gp (beside this script) on the CSV; what happened, in words."""
+    script = Path(__file__).resolve().with_name("train_gpt.gp")
+    gnuplot = shutil.which("gnuplot")
+    if gnuplot is None:
+        return "plot skipped: gnuplot not found (apt-get install -y gnuplot-nox)"
+    if not script.is_file():
+        return f"plot skipped: {script} not found"
+    quoted = [str(p) for p in (csv, out, REPO / "plots")]  # plots/style.gpi
+    if any("'" in p for p in quoted):
+        return "plot skipped: a path with a quote (') in it"
+    r = subprocess.run([gnuplot, "-e", "csv='%s'; outdir='%s'; plotsdir='%s'" % tuple(quoted),
+                        str(script)], capture_output=True, text=True)
+    if r.returncode != 0 or not (out / "train_gpt.png").is_file():
+        return f"plot failed (gnuplot {script.name}): {r.stderr.strip()[-300:]}"
+    return f"plot: {out / 'train_gpt.png'}"
+
+
+# ---- the program ----
+
+def parse_args():
+    ap = argparse.ArgumentParser(
+        description="Train a small character-level GPT twice, with the course's attention "
+                    "(flashcourse.attention: a forward stage + stage 7's backward) and with "
+                    "PyTorch's F.scaled_dot_product_attention, and compare the two.",
+        epilog="Defaults suit an H100 or H200 (about a minute for both runs); --small a T4. "
+               "Exit 0: the validation losses agree; 1: they do not; 2: something is missing.")
+    d, sm = DEFAULTS, SMALL
+
+    def default(flag):
+        small = f"; --small: {sm[flag]:g}" if sm[flag] != d[flag] else ""
+        return f"(default {d[flag]:g}{small})"
+
+    def opt(flag, typ, what):
+        ap.add_argument(f"--{flag}", type=typ, default=None, help=f"{what} {default(flag)}")
+
+    opt("steps", int, "training steps of each run")
+    opt("layers", int, "transformer blocks")
+    ap.add_argument("--heads", type=int, default=None,
+                    help=f"attention heads (default {d['width']} / D: {d['width'] // 64} at "
+                         f"D = 64; --small: {sm['width']} / D)")
+    ap.add_argument("--dim", type=int, default=None, choices=(64, 128),
+                    help=f"head dimension D {default('dim')}")
+    opt("seq", int, "sequence length N (characters per window)")
+    opt("batch", int, "sequences per step")
+    opt("lr", float, "peak learning rate of AdamW, reached after a warm-up, then a cosine "
+                      "down to a tenth")
+    ap.add_argument("--stage", default="stage5_tuned",
+                    help="the course's forward stage (default stage5_tuned); the backward pass "
+                         "is always stage7_backward")
+    ap.add_argument("--small", action="store_true",
+                    help="smaller defaults, for a T4: a couple of minutes for both runs")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for train_gpt.csv and train_gpt.png (default plots/<gpu>/, "
+                         "as `make bench` names it)")
+    # Hidden, for checking this script where the stage libraries are not built (on a CPU too):
+    # both runs use SDPA, so they must agree exactly; nothing is said about the course.
+    ap.add_argument("--sdpa-only", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    base = SMALL if args.small else DEFAULTS
+    for key, value in base.items():
+        if key != "width" and getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.heads is None:
+        args.heads = max(1, base["width"] // args.dim)
+    for key in ("steps", "layers", "heads", "seq", "batch"):
+        if getattr(args, key) < 1:
+            ap.error(f"--{key} must be at least 1, got {getattr(args, key)}")
+    if args.steps < 10:
+        ap.error(f"--steps must be at least 10 (the first steps are left out of the timing), "
+                 f"got {args.steps}")
+    if args.seq < 2:
+        ap.error(f"--seq must be at least 2, got {args.seq}")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        ap.error(f"--lr must be a positive number, got {args.lr}")
+    return args
+
+
+def main() -> int:
+    args = parse_args()  # argparse: exit 2 on a bad option
+    if flashcourse is None:
+        return fail(f"needs the course's Python package (python/flashcourse beside this "
+                    f"example, or pip install ./python): {FLASHCOURSE_ERROR}")
+    if torch is None:
+        return fail(f"needs PyTorch (pip install torch): {TORCH_ERROR}")
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.sdpa_only:
+        return fail("needs a CUDA GPU: torch.cuda.is_available() is False "
+                    f"(torch {torch.__version__})")
+    device = torch.device("cuda" if cuda else "cpu")
+    if cuda:
+        why = None if args.sdpa_only else course_ready(args)
+        if why:
+            return fail(why)
+        gpu = torch.cuda.get_device_name()
+    else:
+        gpu = "CPU"
+
+    # The text, as character ids; the vocabulary is every character of the course.
+    train_text, val_text, nfiles = load_text(REPO)
+    chars = sorted(set(train_text + val_text))
+    index = {c: i for i, c in enumerate(chars)}
+    if len(train_text) <= args.seq + 1 or len(val_text) <= args.seq + 1:
+        return fail(f"the course's text ({len(train_text)} characters to train on, "
+                    f"{len(val_text)} held out, from {nfiles} files under {REPO}) is too short "
+                    f"for --seq {args.seq}")
+    train_ids = torch.tensor([index[c] for c in train_text], dtype=torch.long)
+    val_ids = torch.tensor([index[c] for c in val_text], dtype=torch.long)
+
+    out = args.out
+    if out is None:
+        out = REPO / ("build/train_gpt" if args.sdpa_only else f"plots/{gpu_slug(gpu)}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return fail(f"cannot make the folder --out {out}: {e}")
+
+    s = Setup(args, device, cuda, train_ids, val_ids, len(chars))
+    width = args.heads * args.dim
+    params = sum(p.numel() for p in s.init_state.values()) - s.init_state["head.weight"].numel()
+    course_name = "SDPA (--sdpa-only)" if args.sdpa_only else \
+        f"{args.stage} forward + {BACKWARD} backward"
+    model_words = (f"{args.layers} layer{'s' * (args.layers > 1)}, {args.heads} "
+                   f"head{'s' * (args.heads > 1)} x {args.dim} (width {width}), "
+                   f"{params / 1e6:.1f}M parameters; {args.steps} steps of {args.batch} x "
+                   f"{args.seq} characters, lr {args.lr:g}")
+    say(f"train_gpt.py on {gpu} (torch {torch.__version__}"
+        f"{', fp16 autocast' if cuda else ', float32 on the CPU'}, seed {SEED})")
+    say(f"text: {nfiles} files of the course, {len(train_ids):,} characters to train on, "
+        f"{len(val_ids):,} held out (the last {HELD_OUT:.0%} of each), {len(chars)} symbols")
+    say(f"model: {model_words}")
+
+    results = {}
+    runs = (("course", course_name, sdpa_attention if args.sdpa_only else
+             course_attention(args.stage)),
+            ("sdpa", "F.scaled_dot_product_attention(is_causal=True)", sdpa_attention))
+    for key, words, attend in runs:
+        say(f"run {len(results) + 1}/2, {key}: {words}")
+        try:
+            results[key] = train(s, key, attend)
+        except torch.cuda.OutOfMemoryError:
+            return fail(f"out of GPU memory in the {key} run: try a smaller --batch or --seq",
+                        code=1)
+
+    # The summary: throughput, the mean of the last steps' losses, the validation loss.
+    last = max(1, min(50, args.steps // 10))
+    (lc, tc, vc), (ls, ts, vs) = results["course"], results["sdpa"]
+    fc, fs = sum(lc[-last:]) / last, sum(ls[-last:]) / last
+    say(f"{'':34s} {'course':>12s} {'sdpa':>12s} {'course vs sdpa':>15s}")
+    say(f"{'tokens per second':34s} {tc:12,.0f} {ts:12,.0f} {tc / ts:14.2f}x")
+    say(f"{f'final loss (mean of last {last} steps)':34s} {fc:12.4f} {fs:12.4f} {fc - fs:+15.4f}")
+    say(f"{'validation loss':34s} {vc:12.4f} {vs:12.4f} {vc - vs:+15.4f}")
+
+    def caption(words, tps, final, val):
+        return (f"{words}: {tps:,.0f} tokens/s, final loss {final:.4f}, "
+                f"validation {val:.4f}")
+    csv = out / "train_gpt.csv"
+    write_csv(csv, [("gpu", gpu), ("model", model_words),
+                    ("course", caption(course_name, tc, fc, vc)),
+                    ("sdpa", caption("PyTorch SDPA", ts, fs, vs))], lc, ls)
+    say(f"losses: {csv}")
+    say(draw(csv, out))
+
+    finite = all(math.isfinite(x) for x in (fc, fs, vc, vs))
+    if not finite or abs(vc - vs) > AGREE:
+        return fail(f"the validation losses differ by {vc - vs:+.4f} (more than {AGREE}): "
+                    "the two attentions did not train alike", code=1)
+    say(f"the two runs agree: validation losses within {abs(vc - vs):.4f} (<= {AGREE})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
