@@ -60,6 +60,11 @@ expect 2 "--self-test runs its own shapes" --self-test --seq 128
 expect 2 "--self-test runs its own shapes" --self-test --causal
 expect 2 "--self-test runs its own shapes" --self-test --dist peaky
 expect 2 "has D = 32, which is not supported" --q "$fx/dim32.npy"
+# a file whose D is not supported says so, whichever file sets the shape (not "D = 96, but ...")
+expect 2 "--q: '$fx/dim96.npy' has D = 96, which is not supported" --q "$fx/dim96.npy" --k "$fx/good.npy"
+expect 2 "--q: '$fx/dim96.npy' has D = 96, which is not supported" --k "$fx/good.npy" --q "$fx/dim96.npy"
+expect 2 "--k: '$fx/dim96.npy' has D = 96, which is not supported" --q "$fx/good.npy" --k "$fx/dim96.npy"
+expect 2 "--v: '$fx/dim96.npy' has D = 96, which is not supported" --dim 64 --v "$fx/dim96.npy"
 expect 2 "takes no --q" --self-test --q "$fx/good.npy"
 expect 0 "" --help
 help=$("$bin" --help)
