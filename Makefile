@@ -24,6 +24,11 @@ MAKEFLAGS += -j$(NPROC)
 endif
 
 comma := ,
+# The GPU present, by name (empty: none). GPU_NAME= on the command line pretends there is none.
+ifeq ($(origin GPU_NAME),undefined)
+GPU_NAME := $(shell n=$$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null) && \
+                    printf '%s\n' "$$n" | head -n 1)
+endif
 # ARCH: from the GPU present, else the fat build (every target above plus PTX for the newest).
 ifeq ($(origin ARCH),undefined)
 ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.' | tr -cd '0-9')
@@ -59,6 +64,15 @@ HEADERS    := common/attention.h common/common.h common/csv_header.h
 
 STAGE_OBJ := $(patsubst %,$(BUILD)/obj/%.o,$(STAGES))
 
+# make QUICK=1 with no GPU has nothing to sweep: say first that it is a plain make.
+ifeq ($(strip $(GPU_NAME))$(MAKELEVEL),0)
+ifneq ($(filter-out 0,$(QUICK)),)
+ifneq ($(filter all,$(or $(MAKECMDGOALS),all)),)
+$(info make QUICK=1: no NVIDIA GPU here, so no quick sweep: this is a plain make (build every stage, then plots and tables from the committed results))
+endif
+endif
+endif
+
 # Before a fat build (no GPU found, nothing built yet): say what is coming and for how long.
 ifeq ($(strip $(ARCH))$(MAKELEVEL),0)
 ifneq ($(filter all build test,$(or $(MAKECMDGOALS),all)),)
@@ -73,10 +87,59 @@ build: $(addprefix $(BUILD)/,$(STAGES)) $(BUILD)/test_common
 # The stages' device code only (no link): what CI compiles with a second toolkit.
 objects: $(STAGE_OBJ)
 
+# check, sanitize and profile need a GPU (and a tool): without one, one line naming what is
+# missing and exit 2, before anything is built. In this order: profile's stage number, the GPU,
+# the tool. A tool not on PATH is looked for in the toolkit (CUDA_HOME) before it is called missing.
+STAGE_DIR = $(firstword $(wildcard stage$(STAGE)_*))
+STAGE_NUMBERS := $(patsubst stage%,%,$(foreach s,$(STAGES),$(firstword $(subst _, ,$(s)))))
+SANITIZER := $(or $(shell command -v compute-sanitizer 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/compute-sanitizer),$(wildcard $(CUDA_HOME)/compute-sanitizer/compute-sanitizer))
+NCU := $(or $(shell command -v ncu 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/ncu),$(lastword $(sort $(wildcard $(CUDA_HOME)/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu))))
+# $(call tool_missing,GOAL,TOOL,PACKAGE): why TOOL is not here, and how to get it
+CUDA_PKG_VERSION = $(shell $(CUDA_HOME)/bin/nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1-\2/p')
+tool_missing = $(1): $(2) not found: it is not on PATH, and $(if $(wildcard $(CUDA_HOME)/bin/nvcc),the CUDA toolkit in $(CUDA_HOME) does not include it (install the toolkit's $(3) package$(if $(CUDA_PKG_VERSION),$(comma) e.g. apt-get install $(3)-$(CUDA_PKG_VERSION)))$(comma) or set CUDA_HOME to a toolkit that has it,there is no CUDA toolkit in $(CUDA_HOME) (CUDA_HOME=dir names one))
+ifneq ($(filter check sanitize profile,$(MAKECMDGOALS)),)
+ifneq ($(filter profile,$(MAKECMDGOALS)),)
+ifeq ($(strip $(STAGE)),)
+$(error profile: which stage? make profile STAGE=n [VARIANT=name] [PROFILE_ARGS=...], n one of $(STAGE_NUMBERS))
+endif
+ifneq ($(words $(STAGE)),1)
+$(error profile: STAGE=$(STAGE) is not one stage number (one of $(STAGE_NUMBERS)))
+else ifeq ($(filter $(STAGE),$(STAGE_NUMBERS)),)
+$(error profile: STAGE=$(STAGE) is not a stage number (one of $(STAGE_NUMBERS)))
+endif
+endif
+ifeq ($(strip $(GPU_NAME)),)
+$(error $(firstword $(filter check sanitize profile,$(MAKECMDGOALS))): no NVIDIA GPU here (nvidia-smi finds none), and it runs the kernels on one; make test runs the tests that need none)
+endif
+ifneq ($(filter sanitize,$(MAKECMDGOALS)),)
+ifeq ($(SANITIZER),)
+$(error $(call tool_missing,sanitize,compute-sanitizer,cuda-sanitizer))
+endif
+endif
+ifneq ($(filter profile,$(MAKECMDGOALS)),)
+ifeq ($(NCU),)
+$(error $(call tool_missing,profile,ncu (Nsight Compute),cuda-nsight-compute))
+endif
+endif
+endif
+
 # Objects remember the flags they were built with: a build folder reused with another ARCH or
 # toolkit is rebuilt, not mixed.
 BUILD_FLAGS := $(NVCC) $(NVCCFLAGS) $(GENCODE)
 ifeq ($(filter clean help diff format format-check,$(MAKECMDGOALS)),)
+# An ARCH given by hand is checked against the targets this nvcc knows before flags.txt is
+# touched: a typo (ARCH=99) fails at once and leaves the build folder as it was, so the next
+# plain make rebuilds nothing. (sm_90a and the like: the base target must be known.)
+ifneq ($(filter command line environment,$(origin ARCH)),)
+ifneq ($(strip $(ARCH)),)
+NVCC_TARGETS := $(shell $(NVCC) --list-gpu-code 2>/dev/null; $(NVCC) --list-gpu-arch 2>/dev/null)
+ARCH_TARGETS := $(foreach a,$(ARCH),$(if $(filter compute_%,$(a)),$(a),sm_$(patsubst sm_%,%,$(a))))
+ARCH_BAD := $(strip $(foreach t,$(ARCH_TARGETS),$(if $(filter $(patsubst %a,%,$(patsubst %f,%,$(t))),$(NVCC_TARGETS)),,$(t))))
+ifneq ($(and $(NVCC_TARGETS),$(ARCH_BAD)),)
+$(error ARCH=$(strip $(ARCH)): $(NVCC) has no target $(ARCH_BAD); it knows $(filter sm_%,$(NVCC_TARGETS)) (ARCH=75 or sm_75: machine code; compute_75: PTX only); $(BUILD)/ is left as it was)
+endif
+endif
+endif
 $(shell mkdir -p $(BUILD) && { [ "$$(cat $(BUILD)/flags.txt 2>/dev/null)" = '$(BUILD_FLAGS)' ] || echo '$(BUILD_FLAGS)' > $(BUILD)/flags.txt; })
 endif
 
@@ -113,24 +176,6 @@ test:
 	@$(MAKE) --no-print-directory build ARCH= BUILD=$(TEST_BUILD)
 	MAKEFLAGS= bash common/tests/run.sh $(TEST_BUILD) # the tests' own makes: no jobserver, no warning
 
-# check, sanitize and profile need a GPU (and a tool): without one, one line naming what is
-# missing and exit 2, before anything is built.
-ifneq ($(filter check sanitize profile,$(MAKECMDGOALS)),)
-ifneq ($(filter sanitize,$(MAKECMDGOALS)),)
-ifeq ($(shell command -v compute-sanitizer),)
-$(error sanitize: compute-sanitizer not found (it comes with the CUDA toolkit: put the toolkit's bin folder on PATH))
-endif
-endif
-ifneq ($(filter profile,$(MAKECMDGOALS)),)
-ifeq ($(shell command -v ncu),)
-$(error profile: ncu (Nsight Compute) not found (it comes with the CUDA toolkit: put the toolkit's bin folder on PATH))
-endif
-endif
-ifeq ($(shell nvidia-smi -L 2>/dev/null),)
-$(error $(firstword $(filter check sanitize profile,$(MAKECMDGOALS))): no NVIDIA GPU here (nvidia-smi finds none); make test runs the tests that need none)
-endif
-endif
-
 SMEM_LIMIT ?=
 check:
 	@$(MAKE) --no-print-directory build
@@ -142,10 +187,9 @@ check:
 SANITIZE_TOOLS ?= memcheck racecheck synccheck
 sanitize:
 	@$(MAKE) --no-print-directory build
-	bash common/tests/sanitize.sh $(BUILD) "$(SANITIZE_TOOLS)" $(STAGES)
+	SANITIZER='$(SANITIZER)' bash common/tests/sanitize.sh $(BUILD) "$(SANITIZE_TOOLS)" $(STAGES)
 
 # ---- one lesson at a time ----
-STAGE_DIR = $(firstword $(wildcard stage$(STAGE)_*))
 # what a stage's diff is taken against: the stage before it, but stage 7 (the backward pass)
 # against stage 5, whose forward it reuses
 DIFF_BASE_7 := stage5_tuned
@@ -166,9 +210,8 @@ PROFILE_SECTIONS_4 := SpeedOfLight ComputeWorkloadAnalysis
 PROFILE_SECTIONS_5 := SpeedOfLight ComputeWorkloadAnalysis Occupancy WarpStateStats
 PROFILE_METRICS := l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
 profile:
-	@test -n "$(STAGE_DIR)" || { echo "usage: make profile STAGE=n [VARIANT=name] [PROFILE_ARGS=...]"; exit 2; }
 	@$(MAKE) --no-print-directory build
-	ncu --clock-control none --launch-skip 1 --launch-count 3 \
+	'$(NCU)' --clock-control none --launch-skip 1 --launch-count 3 \
 	  $(foreach s,$(PROFILE_SECTIONS_$(STAGE)),--section $(s)) --metrics $(PROFILE_METRICS) \
 	  $(BUILD)/$(STAGE_DIR) $(PROFILE_ARGS) $(if $(VARIANT),--variant $(VARIANT))
 

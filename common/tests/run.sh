@@ -36,6 +36,7 @@ part() { # part NAME COMMAND...: runs it, adds its "N passed, M failed" (or 1/0)
 part "CPU unit tests" "$dir/test_common" "$tmp"
 "$dir/test_common" --fixtures "$tmp" || failed=$((failed + 1))
 for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$dir/$s" "$tmp"; done
+part "make targets: no GPU, a mistyped ARCH, a missing tool, the formatter offline" bash common/tests/make_targets.sh
 part "no spills, no stack frame, no ptxas performance warning (stages 1-6)" bash common/tests/check_spills.sh "$dir" $stages
 part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
 if [ -f plots/tests/run.sh ]; then part "sweep, plots and tables" bash plots/tests/run.sh; fi
