@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Makefile's first-hour behaviour, without a GPU and without building anything (every make
 # here either stops before its first compile or runs with -n): what `make bench`, `make QUICK=1`,
-# a mistyped ARCH, `make sanitize` / `make profile` say and do when
+# a mistyped ARCH, `make sanitize` / `make profile` and the format check say and do when
 # something is missing. GPU_NAME= pretends there is no GPU, GPU_NAME=name that there is one.
 # Ends with "N passed, M failed, K skipped".
 # usage: make_targets.sh
@@ -114,6 +114,34 @@ if [ "$rc" -eq 0 ] && has "SANITIZER='$tmp/cuda/bin/compute-sanitizer'"; then
 else
   bad "make sanitize with compute-sanitizer in CUDA_HOME/bin only (exit $rc)"
 fi
+
+# ---- 3. the pinned clang-format lives outside the build folder; offline, the check is skipped
+probe='print-%:
+	@echo $($*)'
+printf '%s\n' "$probe" >"$tmp/probe.mk"
+cfdir=$(env -u MAKEFLAGS make --no-print-directory -s -f Makefile -f "$tmp/probe.mk" print-CLANG_FORMAT_DIR GPU_NAME= ARCH=75 NVCC=false)
+builddir=$(env -u MAKEFLAGS make --no-print-directory -s -f Makefile -f "$tmp/probe.mk" print-BUILD GPU_NAME= ARCH=75 NVCC=false)
+case "$cfdir" in
+  "$builddir"/* | build/* | "$PWD"/*) echo "clang-format in $cfdir" >"$tmp/out"; bad "the pinned clang-format lives in the build folder or the checkout: $cfdir" ;;
+  "") echo "" >"$tmp/out"; bad "CLANG_FORMAT_DIR is empty" ;;
+  *) ok "the pinned clang-format lives outside the build folder (make clean keeps it): $cfdir" ;;
+esac
+# a formatter already in the cache is used as it is, no pip (a stand-in that formats nothing)
+mkdir -p "$tmp/cache/clang-format-19.1.7/clang_format/data/bin"
+printf '#!/bin/sh\n[ "$1" = -i ] && exit 0\ncat "$1"\n' >"$tmp/cache/clang-format-19.1.7/clang_format/data/bin/clang-format"
+chmod +x "$tmp/cache/clang-format-19.1.7/clang_format/data/bin/clang-format"
+PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simple mk -s format-check FLASHCOURSE_CACHE="$tmp/cache"
+if [ "$rc" -eq 0 ] && has "1 passed, 0 failed"; then ok "format-check uses the formatter in FLASHCOURSE_CACHE"; else bad "format-check with the formatter cached (exit $rc)"; fi
+# offline (no package index reachable) and nothing cached: one line, skipped, exit 0
+offline() { PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simple mk -s format-check FLASHCOURSE_CACHE="$tmp/empty" "$@"; }
+offline
+if [ "$rc" -eq 0 ] && [ "$(lines)" -eq 1 ] && grep -q '^SKIP  format-check: .*no package index is reachable' "$tmp/out"; then
+  ok "format-check offline: one SKIP line saying why, exit 0"
+else
+  bad "format-check offline (exit $rc): want one SKIP line and exit 0"
+fi
+offline FORMAT_CHECK_REQUIRED=1
+if [ "$rc" -ne 0 ] && has "0 passed, 1 failed"; then ok "format-check offline with FORMAT_CHECK_REQUIRED=1 (CI): fails"; else bad "format-check offline, FORMAT_CHECK_REQUIRED=1 (exit $rc)"; fi
 
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
