@@ -2,8 +2,8 @@
 # The Makefile's first-hour behaviour, without a GPU and without building anything (every make
 # here either stops before its first compile or runs with -n): what `make bench`, `make QUICK=1`,
 # a mistyped ARCH, `make sanitize` / `make profile` and the format check say and do when
-# something is missing. GPU_NAME= pretends there is no GPU, GPU_NAME=name that there is one.
-# Ends with "N passed, M failed, K skipped".
+# something is missing; and how .ci/run sums make test's closing count. GPU_NAME= pretends there
+# is no GPU, GPU_NAME=name that there is one. Ends with "N passed, M failed, K skipped".
 # usage: make_targets.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -142,6 +142,26 @@ else
 fi
 offline FORMAT_CHECK_REQUIRED=1
 if [ "$rc" -ne 0 ] && has "0 passed, 1 failed"; then ok "format-check offline with FORMAT_CHECK_REQUIRED=1 (CI): fails"; else bad "format-check offline, FORMAT_CHECK_REQUIRED=1 (exit $rc)"; fi
+
+# ---- 7. .ci/run sums make test's closing "N passed, M failed, K skipped" with the CUDA 12.4
+# spill check's and fails on any failure or a missing count (its closing block, run on samples)
+sed -n '/^# make test.s closing/,$p' .ci/run >"$tmp/sum.sh"
+ci_sum() { # ci_sum MAKE_TEST_LOG_LINE SPILL_LINE -> the sum line; status as .ci/run's
+  printf 'x\n%s\nmore\n' "$1" >"$tmp/log"
+  log="$tmp/log" spill12=$2 bash -c 'set -euo pipefail; source "$0"' "$tmp/sum.sh" 2>&1
+}
+got=$(ci_sum "447 passed, 0 failed, 31 skipped" "check_spills: 12 passed, 0 failed"); rc=$?
+[ "$rc" -eq 0 ] && [ "$got" = "459 passed, 0 failed, 31 skipped" ] && ok ".ci/run sums the counts: $got" ||
+  { echo "$got" >"$tmp/out"; bad ".ci/run's sum (exit $rc): '$got'"; }
+got=$(ci_sum "440 passed, 2 failed, 31 skipped" "12 passed, 0 failed"); rc=$?
+[ "$rc" -ne 0 ] && [ "$got" = "452 passed, 2 failed, 31 skipped" ] && ok ".ci/run fails on make test's failures" ||
+  { echo "$got" >"$tmp/out"; bad ".ci/run with failures (exit $rc): '$got'"; }
+got=$(ci_sum "no count" "12 passed, 0 failed"); rc=$?
+[ "$rc" -ne 0 ] && ok ".ci/run fails when make test printed no count ($got)" ||
+  { echo "$got" >"$tmp/out"; bad ".ci/run without make test's count (exit $rc): '$got'"; }
+line=$(grep -E '^echo "\$passed passed, \$failed failed, \$skipped skipped"$' common/tests/run.sh)
+[ -n "$line" ] && ok "common/tests/run.sh ends with the count .ci/run reads" ||
+  { : >"$tmp/out"; bad "common/tests/run.sh's closing count is not 'N passed, M failed, K skipped'"; }
 
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

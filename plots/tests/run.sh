@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # plots/tests/run.sh: CPU tests of the main job's scripts (no GPU): tables, README update,
 # plots, make targets, and the sweep's budget / out-of-memory / failure logic with fake stages.
-# Prints one line per check and `N passed, M failed` last; exits 1 if any failed.
-# A check that cannot run here (gnuplot missing) prints SKIP and counts as neither.
+# Prints one line per check and `N passed, M failed, K skipped` last; exits 1 if any failed.
+# A check that cannot run here (gnuplot missing) prints "SKIP  what: why", one line each, and
+# counts as skipped, so the three numbers add up to the same total everywhere.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
@@ -166,7 +167,11 @@ if command -v gnuplot >/dev/null 2>&1; then
         ok "gnuplot scripts: an all-unsupported stage is left out of the plots (keys: $keys)" ||
         bad "gnuplot scripts with an all-unsupported stage (keys: $keys)"
 else
-    skip "gnuplot scripts: gnuplot is not installed (apt-get install -y gnuplot-nox)"
+    for gp in plots/*.gp; do
+        skip "$gp renders $(basename "$gp" .gp).png: gnuplot is not installed (apt-get install -y gnuplot-nox)"
+    done
+    skip "gnuplot scripts cope with a CSV without SDPA and fa2 rows: gnuplot is not installed"
+    skip "gnuplot scripts leave an all-unsupported stage out: gnuplot is not installed"
 fi
 
 # ---- plots.mk targets on the fixture
@@ -310,7 +315,7 @@ check "summary: speedups at N=16384" grep -q 'N=16384 (long): best stage0_fake 2
 check "summary: fastest at the largest common N" grep -q 'fastest stage at N=4096 (the largest N every stage measured' "$SCRATCH/sweep.err"
 check "summary: rows per status" grep -q '^rows: ok 37 FAIL 1 OOM 24 over_budget 37 unsupported 6$' "$SCRATCH/sweep.err"
 if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
-    skip "SDPA skip line (torch with CUDA is present here)"
+    skip "sweep.sh says it skipped SDPA: torch with CUDA is present here, so SDPA ran"
 else
     check "sweep.sh says it skipped SDPA" grep -q -x 'SDPA baseline skipped: python3 with torch and CUDA not found' "$SCRATCH/sweep.err"
 fi
@@ -345,6 +350,5 @@ check "sdpa_baseline.py --dry-run --quick plans the quick shapes, 2 x $quick_row
 check "sdpa_baseline.py --dry-run plans 2 x 35 runs (the shapes of plots/shapes.conf)" \
     [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run | wc -l)" = 70 ]
 
-echo "skipped: $SKIPPED"
-echo "$PASS passed, $FAILED failed"
+echo "$PASS passed, $FAILED failed, $SKIPPED skipped"
 [ $FAILED = 0 ]
