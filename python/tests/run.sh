@@ -2,8 +2,9 @@
 # The Python binding's part of `make test`: links every stage library from BUILD_DIR's objects
 # (make lib), checks what each exports, then runs python/tests/test_binding.py against them (its
 # GPU and PyTorch tests say `skipped` where there is neither) and checks the notebook's cells
-# parse. Ends with "N passed, M failed, K skipped" (each skip a line "SKIP  what: why", or
-# test_binding.py's "skipped  name: why").
+# parse, and that the example says in one line that it needs PyTorch where there is none. Ends with
+# "N passed, M failed, K skipped" (each skip a line "SKIP  what: why", or test_binding.py's
+# "skipped  name: why").
 # usage: python/tests/run.sh BUILD_DIR
 set -u
 dir=$1
@@ -25,7 +26,7 @@ done
 
 if ! command -v python3 >/dev/null 2>&1; then
   skipped=$((skipped + 1))
-  echo "SKIP  the binding's tests and the notebook checks: python3 not found"
+  echo "SKIP  the binding's tests, the notebook checks and the example's: python3 not found"
 else
   out=$(FLASHCOURSE_LIB_DIR="$dir/lib" python3 python/tests/test_binding.py 2>&1)
   rc=$?
@@ -40,6 +41,16 @@ else
   fi
   if python3 python/tests/check_notebook.py; then ok "notebook cells parse"; else bad "notebook cells parse"; fi
   if python3 python/tests/run_notebook.py --fresh; then ok "notebook: fetched by URL and by upload, re-run, one line without a GPU"; else bad "notebook as a fresh user (run_notebook.py --fresh)"; fi
+  # the example without PyTorch (hidden from the import here, whether or not it is installed):
+  # one line naming it, exit 3, no traceback
+  err=$(python3 -c "import runpy, sys; sys.modules['torch'] = None; sys.argv = ['transformer_block.py']
+runpy.run_path('python/examples/transformer_block.py', run_name='__main__')" 2>&1 >/dev/null)
+  rc=$?
+  if [ "$rc" -eq 3 ] && [ "$(grep -c '' <<<"$err")" -eq 1 ] && grep -q 'needs PyTorch' <<<"$err"; then
+    ok "transformer_block.py without PyTorch: one line, exit 3"
+  else
+    bad "transformer_block.py without PyTorch: exit $rc (want 3), stderr: $err"
+  fi
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
