@@ -115,11 +115,14 @@ for r in README.md $lessons; do
         { cat "$SCRATCH/u.out"; diff -u "$r" "$SCRATCH/ref/$r"; } | sed 's/^/      /' | head -n 20
     fi
 done
-for k in 0 1 2 3 4 5; do
-    r=$(ls -d stage${k}_*/ 2>/dev/null | head -n 1)README.md
+# every stage's lesson, the Hopper chapter (6) and the backward pass (7) included
+nstages=0
+for d in stage[0-9]*/; do
+    k=${d#stage}; k=${k%%_*} r=${d}README.md nstages=$((nstages + 1))
     check "$r has its measured section between <!-- results:stage$k:begin/end -->" \
-        grep -q -x -F "<!-- results:stage$k:begin -->" "$r"
+        [ "$(grep -c -x -F -e "<!-- results:stage$k:begin -->" -e "<!-- results:stage$k:end -->" "$r")" = 2 ]
 done
+check "the measured sections checked cover stages 0-7 at least ($nstages stages)" [ "$nstages" -ge 8 ]
 
 # ---- gnuplot scripts: each renders a non-empty PNG from the fixture, without warnings
 is_png() { [ -s "$1" ] && [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; }
