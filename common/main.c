@@ -305,19 +305,24 @@ static void parse_args(int argc, char **argv, options *o) {
         const char *typed = argv[optind - 1];
         if (c == '?') {
             if (optopt && optopt < 256) die_usage("unknown option '-%c'", optopt);
-            const char *eq = strchr(typed, '=');
-            for (const struct option *l = long_options; eq && l->name; l++)
-                if (l->has_arg == no_argument && strlen(l->name) == (size_t)(eq - typed - 2) &&
-                    !strncmp(typed + 2, l->name, (size_t)(eq - typed - 2)))
-                    die_usage("--%s takes no value", l->name);
+            /* the long options the typed one names: itself, or those it is a prefix of */
             const char *t = typed_option(typed);
+            const struct option *hit = NULL;
             char matches[256] = "";
             int n_match = 0;
-            for (const struct option *l = long_options; !strncmp(t, "--", 2) && l->name; l++)
-                if (!strncmp(t + 2, l->name, strlen(t + 2)) && ++n_match)
-                    snprintf(matches + strlen(matches), sizeof matches - strlen(matches), "%s--%s",
-                             n_match > 1 ? ", " : "", l->name);
+            for (const struct option *l = long_options; !strncmp(t, "--", 2) && l->name; l++) {
+                if (strncmp(t + 2, l->name, strlen(t + 2))) continue;
+                if (!strcmp(t + 2, l->name)) { /* exact: no other counts */
+                    hit = l, n_match = 1;
+                    break;
+                }
+                hit = l, n_match++;
+                snprintf(matches + strlen(matches), sizeof matches - strlen(matches), "%s--%s",
+                         n_match > 1 ? ", " : "", l->name);
+            }
             if (n_match > 1) die_usage("option '%s' is ambiguous (%s)", t, matches);
+            if (hit && strchr(typed, '=') && hit->has_arg == no_argument)
+                die_usage("--%s takes no value", hit->name);
             die_usage("unknown option '%s'", t);
         }
         if (c == ':') die_usage("%s needs a value", typed_option(typed));

@@ -31,6 +31,7 @@ expect 2 "--seq needs a value" --seq
 expect 2 "--seq: '0'" --seq=0
 expect 2 "--self-test runs its own shapes" --seq=16 --self-test
 expect 2 "--causal takes no value" --causal=1
+expect 2 "--causal takes no value" --caus=1
 expect 2 "option '--d' is ambiguous (--dim, --dist" --d 64
 expect 2 "unknown option 'extra'" --seq 16 extra
 expect 2 "unknown option '-x'" -x
