@@ -10,6 +10,8 @@ cd "$(dirname "$0")/../.."
 passed=0 failed=0 skipped=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# every make here uses a build folder of its own: the checkout's build/ (flags.txt) stays as it is
+flags_before=$(cat build/flags.txt 2>/dev/null)
 ok() { passed=$((passed + 1)); echo "ok    $*"; }
 bad() { failed=$((failed + 1)); echo "FAIL  $*"; sed 's/^/      /' "$tmp/out" | head -n 10; }
 skip() { skipped=$((skipped + 1)); echo "SKIP  $*"; }
@@ -119,10 +121,9 @@ fi
 probe='print-%:
 	@echo $($*)'
 printf '%s\n' "$probe" >"$tmp/probe.mk"
-cfdir=$(env -u MAKEFLAGS make --no-print-directory -s -f Makefile -f "$tmp/probe.mk" print-CLANG_FORMAT_DIR GPU_NAME= ARCH=75 NVCC=false)
-builddir=$(env -u MAKEFLAGS make --no-print-directory -s -f Makefile -f "$tmp/probe.mk" print-BUILD GPU_NAME= ARCH=75 NVCC=false)
+cfdir=$(env -u MAKEFLAGS make --no-print-directory -s -f Makefile -f "$tmp/probe.mk" print-CLANG_FORMAT_DIR GPU_NAME= BUILD="$tmp/probe")
 case "$cfdir" in
-  "$builddir"/* | build/* | "$PWD"/*) echo "clang-format in $cfdir" >"$tmp/out"; bad "the pinned clang-format lives in the build folder or the checkout: $cfdir" ;;
+  build/* | "$PWD"/* | "$tmp"/*) echo "clang-format in $cfdir" >"$tmp/out"; bad "the pinned clang-format lives in the build folder or the checkout: $cfdir" ;;
   "") echo "" >"$tmp/out"; bad "CLANG_FORMAT_DIR is empty" ;;
   *) ok "the pinned clang-format lives outside the build folder (make clean keeps it): $cfdir" ;;
 esac
@@ -162,6 +163,12 @@ got=$(ci_sum "no count" "12 passed, 0 failed"); rc=$?
 line=$(grep -E '^echo "\$passed passed, \$failed failed, \$skipped skipped"$' common/tests/run.sh)
 [ -n "$line" ] && ok "common/tests/run.sh ends with the count .ci/run reads" ||
   { : >"$tmp/out"; bad "common/tests/run.sh's closing count is not 'N passed, M failed, K skipped'"; }
+
+if [ "$(cat build/flags.txt 2>/dev/null)" = "$flags_before" ]; then
+  ok "build/flags.txt is as it was (none of these makes touched the checkout's build)"
+else
+  : >"$tmp/out"; bad "build/flags.txt changed while these tests ran (the next make rebuilds everything)"
+fi
 
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
