@@ -24,6 +24,11 @@ MAKEFLAGS += -j$(NPROC)
 endif
 
 comma := ,
+# The GPU present, by name (empty: none). GPU_NAME= on the command line pretends there is none.
+ifeq ($(origin GPU_NAME),undefined)
+GPU_NAME := $(shell n=$$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null) && \
+                    printf '%s\n' "$$n" | head -n 1)
+endif
 # ARCH: from the GPU present, else the fat build (every target above plus PTX for the newest).
 ifeq ($(origin ARCH),undefined)
 ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.' | tr -cd '0-9')
@@ -59,6 +64,15 @@ HEADERS    := common/attention.h common/common.h common/csv_header.h
 
 STAGE_OBJ := $(patsubst %,$(BUILD)/obj/%.o,$(STAGES))
 
+# make QUICK=1 with no GPU has nothing to sweep: say first that it is a plain make.
+ifeq ($(strip $(GPU_NAME))$(MAKELEVEL),0)
+ifneq ($(filter-out 0,$(QUICK)),)
+ifneq ($(filter all,$(or $(MAKECMDGOALS),all)),)
+$(info make QUICK=1: no NVIDIA GPU here, so no quick sweep: this is a plain make (build every stage, then plots and tables from the committed results))
+endif
+endif
+endif
+
 # Before a fat build (no GPU found, nothing built yet): say what is coming and for how long.
 ifeq ($(strip $(ARCH))$(MAKELEVEL),0)
 ifneq ($(filter all build test,$(or $(MAKECMDGOALS),all)),)
@@ -73,10 +87,59 @@ build: $(addprefix $(BUILD)/,$(STAGES)) $(BUILD)/test_common
 # The stages' device code only (no link): what CI compiles with a second toolkit.
 objects: $(STAGE_OBJ)
 
+# check, sanitize and profile need a GPU (and a tool): without one, one line naming what is
+# missing and exit 2, before anything is built. In this order: profile's stage number, the GPU,
+# the tool. A tool not on PATH is looked for in the toolkit (CUDA_HOME) before it is called missing.
+STAGE_DIR = $(firstword $(wildcard stage$(STAGE)_*))
+STAGE_NUMBERS := $(patsubst stage%,%,$(foreach s,$(STAGES),$(firstword $(subst _, ,$(s)))))
+SANITIZER := $(or $(shell command -v compute-sanitizer 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/compute-sanitizer),$(wildcard $(CUDA_HOME)/compute-sanitizer/compute-sanitizer))
+NCU := $(or $(shell command -v ncu 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/ncu),$(lastword $(sort $(wildcard $(CUDA_HOME)/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu))))
+# $(call tool_missing,GOAL,TOOL,PACKAGE): why TOOL is not here, and how to get it
+CUDA_PKG_VERSION = $(shell $(CUDA_HOME)/bin/nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1-\2/p')
+tool_missing = $(1): $(2) not found: it is not on PATH, and $(if $(wildcard $(CUDA_HOME)/bin/nvcc),the CUDA toolkit in $(CUDA_HOME) does not include it (install the toolkit's $(3) package$(if $(CUDA_PKG_VERSION),$(comma) e.g. apt-get install $(3)-$(CUDA_PKG_VERSION)))$(comma) or set CUDA_HOME to a toolkit that has it,there is no CUDA toolkit in $(CUDA_HOME) (CUDA_HOME=dir names one))
+ifneq ($(filter check sanitize profile,$(MAKECMDGOALS)),)
+ifneq ($(filter profile,$(MAKECMDGOALS)),)
+ifeq ($(strip $(STAGE)),)
+$(error profile: which stage? make profile STAGE=n [VARIANT=name] [PROFILE_ARGS=...], n one of $(STAGE_NUMBERS))
+endif
+ifneq ($(words $(STAGE)),1)
+$(error profile: STAGE=$(STAGE) is not one stage number (one of $(STAGE_NUMBERS)))
+else ifeq ($(filter $(STAGE),$(STAGE_NUMBERS)),)
+$(error profile: STAGE=$(STAGE) is not a stage number (one of $(STAGE_NUMBERS)))
+endif
+endif
+ifeq ($(strip $(GPU_NAME)),)
+$(error $(firstword $(filter check sanitize profile,$(MAKECMDGOALS))): no NVIDIA GPU here (nvidia-smi finds none), and it runs the kernels on one; make test runs the tests that need none)
+endif
+ifneq ($(filter sanitize,$(MAKECMDGOALS)),)
+ifeq ($(SANITIZER),)
+$(error $(call tool_missing,sanitize,compute-sanitizer,cuda-sanitizer))
+endif
+endif
+ifneq ($(filter profile,$(MAKECMDGOALS)),)
+ifeq ($(NCU),)
+$(error $(call tool_missing,profile,ncu (Nsight Compute),cuda-nsight-compute))
+endif
+endif
+endif
+
 # Objects remember the flags they were built with: a build folder reused with another ARCH or
 # toolkit is rebuilt, not mixed.
 BUILD_FLAGS := $(NVCC) $(NVCCFLAGS) $(GENCODE)
 ifeq ($(filter clean help diff format format-check,$(MAKECMDGOALS)),)
+# An ARCH given by hand is checked against the targets this nvcc knows before flags.txt is
+# touched: a typo (ARCH=99) fails at once and leaves the build folder as it was, so the next
+# plain make rebuilds nothing. (sm_90a and the like: the base target must be known.)
+ifneq ($(filter command line environment,$(origin ARCH)),)
+ifneq ($(strip $(ARCH)),)
+NVCC_TARGETS := $(shell $(NVCC) --list-gpu-code 2>/dev/null; $(NVCC) --list-gpu-arch 2>/dev/null)
+ARCH_TARGETS := $(foreach a,$(ARCH),$(if $(filter compute_%,$(a)),$(a),sm_$(patsubst sm_%,%,$(a))))
+ARCH_BAD := $(strip $(foreach t,$(ARCH_TARGETS),$(if $(filter $(patsubst %a,%,$(patsubst %f,%,$(t))),$(NVCC_TARGETS)),,$(t))))
+ifneq ($(and $(NVCC_TARGETS),$(ARCH_BAD)),)
+$(error ARCH=$(strip $(ARCH)): $(NVCC) has no target $(ARCH_BAD); it knows $(filter sm_%,$(NVCC_TARGETS)) (ARCH=75 or sm_75: machine code; compute_75: PTX only); $(BUILD)/ is left as it was)
+endif
+endif
+endif
 $(shell mkdir -p $(BUILD) && { [ "$$(cat $(BUILD)/flags.txt 2>/dev/null)" = '$(BUILD_FLAGS)' ] || echo '$(BUILD_FLAGS)' > $(BUILD)/flags.txt; })
 endif
 
@@ -115,24 +178,6 @@ test:
 	@$(MAKE) --no-print-directory build ARCH= BUILD=$(TEST_BUILD)
 	MAKEFLAGS= bash common/tests/run.sh $(TEST_BUILD) # the tests' own makes: no jobserver, no warning
 
-# check, sanitize and profile need a GPU (and a tool): without one, one line naming what is
-# missing and exit 2, before anything is built.
-ifneq ($(filter check sanitize profile,$(MAKECMDGOALS)),)
-ifneq ($(filter sanitize,$(MAKECMDGOALS)),)
-ifeq ($(shell command -v compute-sanitizer),)
-$(error sanitize: compute-sanitizer not found (it comes with the CUDA toolkit: put the toolkit's bin folder on PATH))
-endif
-endif
-ifneq ($(filter profile,$(MAKECMDGOALS)),)
-ifeq ($(shell command -v ncu),)
-$(error profile: ncu (Nsight Compute) not found (it comes with the CUDA toolkit: put the toolkit's bin folder on PATH))
-endif
-endif
-ifeq ($(shell nvidia-smi -L 2>/dev/null),)
-$(error $(firstword $(filter check sanitize profile,$(MAKECMDGOALS))): no NVIDIA GPU here (nvidia-smi finds none); make test runs the tests that need none)
-endif
-endif
-
 SMEM_LIMIT ?=
 check:
 	@$(MAKE) --no-print-directory build
@@ -144,10 +189,9 @@ check:
 SANITIZE_TOOLS ?= memcheck racecheck synccheck
 sanitize:
 	@$(MAKE) --no-print-directory build
-	bash common/tests/sanitize.sh $(BUILD) "$(SANITIZE_TOOLS)" $(STAGES)
+	SANITIZER='$(SANITIZER)' bash common/tests/sanitize.sh $(BUILD) "$(SANITIZE_TOOLS)" $(STAGES)
 
 # ---- one lesson at a time ----
-STAGE_DIR = $(firstword $(wildcard stage$(STAGE)_*))
 # what a stage's diff is taken against: the stage before it, but stage 7 (the backward pass)
 # against stage 5, whose forward it reuses
 DIFF_BASE_7 := stage5_tuned
@@ -168,30 +212,66 @@ PROFILE_SECTIONS_4 := SpeedOfLight ComputeWorkloadAnalysis
 PROFILE_SECTIONS_5 := SpeedOfLight ComputeWorkloadAnalysis Occupancy WarpStateStats
 PROFILE_METRICS := l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
 profile:
-	@test -n "$(STAGE_DIR)" || { echo "usage: make profile STAGE=n [VARIANT=name] [PROFILE_ARGS=...]"; exit 2; }
 	@$(MAKE) --no-print-directory build
-	ncu --clock-control none --launch-skip 1 --launch-count 3 \
+	'$(NCU)' --clock-control none --launch-skip 1 --launch-count 3 \
 	  $(foreach s,$(PROFILE_SECTIONS_$(STAGE)),--section $(s)) --metrics $(PROFILE_METRICS) \
 	  $(BUILD)/$(STAGE_DIR) $(PROFILE_ARGS) $(if $(VARIANT),--variant $(VARIANT))
 
-# The formatter is pinned (formatters of other versions disagree): clang-format from pip, in
-# build/tools/.
+# The formatter is pinned (formatters of other versions disagree): clang-format from pip, kept
+# in the user's cache (FLASHCOURSE_CACHE), outside the build folder: make clean keeps it, and
+# every checkout shares it. Without it and without a package index to fetch it from (offline),
+# format-check says in one line that it is skipped and why, and passes; FORMAT_CHECK_REQUIRED=1
+# (CI) makes that a failure.
 CLANG_FORMAT_VERSION := 19.1.7
-CLANG_FORMAT_DIR := build/tools/clang-format-$(CLANG_FORMAT_VERSION)
-CLANG_FORMAT := $(CLANG_FORMAT_DIR)/clang_format/data/bin/clang-format
+FLASHCOURSE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/flashcourse
+CLANG_FORMAT_DIR = $(FLASHCOURSE_CACHE)/clang-format-$(CLANG_FORMAT_VERSION)
+CLANG_FORMAT = $(CLANG_FORMAT_DIR)/clang_format/data/bin/clang-format
+FORMAT_CHECK_REQUIRED ?=
 FORMAT_FILES = $(wildcard common/*.c common/*.h common/tests/*.c stage*/attention.cu)
-$(CLANG_FORMAT):
-	@echo "format: installing clang-format $(CLANG_FORMAT_VERSION) with pip into $(CLANG_FORMAT_DIR)"
-	@mkdir -p $(CLANG_FORMAT_DIR)
-	@command -v python3 >/dev/null 2>&1 || { echo "format: python3 not found; the pinned clang-format $(CLANG_FORMAT_VERSION) comes from pip" >&2; exit 1; }
-	@python3 -m pip install -q --disable-pip-version-check --no-warn-script-location --target $(CLANG_FORMAT_DIR) clang-format==$(CLANG_FORMAT_VERSION) >$(CLANG_FORMAT_DIR).log 2>&1 || { echo "format: pip could not install clang-format==$(CLANG_FORMAT_VERSION) (see $(CLANG_FORMAT_DIR).log)" >&2; exit 1; }
-	@touch $@
+# Shell: installs the pinned clang-format unless it is there; sets $$why (empty: installed) when
+# it cannot be had here; exits 1 when pip fails with a package index in reach.
+define ensure_clang_format
+why=; \
+if [ ! -x '$(CLANG_FORMAT)' ]; then \
+    if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null 2>&1; then \
+        why="python3 with pip is not installed here"; \
+    else \
+        mkdir -p '$(FLASHCOURSE_CACHE)'; tmp='$(CLANG_FORMAT_DIR)'.tmp$$$$; rm -rf "$$tmp"; \
+        if python3 -m pip install -q --disable-pip-version-check --no-warn-script-location \
+               --retries 1 --timeout 20 --target "$$tmp" clang-format==$(CLANG_FORMAT_VERSION) \
+               >'$(CLANG_FORMAT_DIR).log' 2>&1 && [ -x "$$tmp/clang_format/data/bin/clang-format" ]; then \
+            mv -T "$$tmp" '$(CLANG_FORMAT_DIR)' 2>/dev/null || rm -rf "$$tmp"; \
+            echo "$@: installed clang-format $(CLANG_FORMAT_VERSION) with pip into $(CLANG_FORMAT_DIR)"; \
+        else \
+            rm -rf "$$tmp"; \
+            net=$$(grep -o -E 'Connection refused|Name or service not known|Temporary failure in name resolution|No address associated with hostname|Network is unreachable|timed out|ProxyError' '$(CLANG_FORMAT_DIR).log' | head -n 1); \
+            [ -n "$$net" ] || net=$$(grep -o -E 'NewConnectionError|Failed to establish a new connection|Max retries exceeded' '$(CLANG_FORMAT_DIR).log' | head -n 1); \
+            if [ -n "$$net" ]; then \
+                why="no package index is reachable to install it (pip: $$net)"; \
+            else \
+                echo "$@: pip could not install clang-format==$(CLANG_FORMAT_VERSION) (see $(CLANG_FORMAT_DIR).log)" >&2; exit 1; \
+            fi; \
+        fi; \
+    fi; \
+fi
+endef
 
-format: $(CLANG_FORMAT)
-	$(CLANG_FORMAT) -i $(FORMAT_FILES)
+format:
+	@$(ensure_clang_format); \
+	[ -z "$$why" ] || { echo "format: the pinned clang-format $(CLANG_FORMAT_VERSION) is not installed, and $$why" >&2; exit 1; }; \
+	echo "$(CLANG_FORMAT) -i $(FORMAT_FILES)"; $(CLANG_FORMAT) -i $(FORMAT_FILES)
 
-format-check: $(CLANG_FORMAT)
-	@bad=""; for f in $(FORMAT_FILES); do $(CLANG_FORMAT) $$f | cmp -s - $$f || bad="$$bad $$f"; done; \
+format-check:
+	@$(ensure_clang_format); \
+	if [ -n "$$why" ]; then \
+	    if [ -n '$(FORMAT_CHECK_REQUIRED)' ]; then \
+	        echo "format-check: cannot run (FORMAT_CHECK_REQUIRED is set): the pinned clang-format $(CLANG_FORMAT_VERSION) is not installed, and $$why"; \
+	        echo "format-check: 0 passed, 1 failed"; exit 1; \
+	    fi; \
+	    echo "SKIP  format-check: the pinned clang-format $(CLANG_FORMAT_VERSION) is not installed, and $$why; formatting not checked here (CI checks it)"; \
+	    exit 0; \
+	fi; \
+	bad=""; for f in $(FORMAT_FILES); do $(CLANG_FORMAT) $$f | cmp -s - $$f || bad="$$bad $$f"; done; \
 	if [ -n "$$bad" ]; then echo "format-check: not formatted (make format fixes it):$$bad"; echo "format-check: 0 passed, 1 failed"; exit 1; fi; \
 	echo "format-check: $(words $(FORMAT_FILES)) files formatted as clang-format $(CLANG_FORMAT_VERSION) does: 1 passed, 0 failed"
 

@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <float.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -221,112 +222,209 @@ static void variant_name(int idx, char *buf, size_t len) {
     buf[n] = 0;
 }
 
+/* The options: getopt_long's table. Every option but --help (-h) and the flags takes a value;
+ * "--seq 4096" and "--seq=4096" both work, and so does a unique prefix ("--caus"). */
+enum {
+    OPT_HELP = 'h',
+    OPT_BATCH = 256,
+    OPT_HEADS,
+    OPT_SEQ,
+    OPT_DIM,
+    OPT_CAUSAL,
+    OPT_SCALE,
+    OPT_SEED,
+    OPT_DIST,
+    OPT_Q,
+    OPT_K,
+    OPT_V,
+    OPT_OUT,
+    OPT_LSE,
+    OPT_DO,
+    OPT_DQ,
+    OPT_DK,
+    OPT_DV,
+    OPT_CHECK,
+    OPT_BENCH,
+    OPT_BUDGET,
+    OPT_CSV,
+    OPT_VARIANT,
+    OPT_SMEM_LIMIT,
+    OPT_SELF_TEST
+};
+static const struct option long_options[] = {
+    {"help", no_argument, NULL, OPT_HELP},
+    {"batch", required_argument, NULL, OPT_BATCH},
+    {"heads", required_argument, NULL, OPT_HEADS},
+    {"seq", required_argument, NULL, OPT_SEQ},
+    {"dim", required_argument, NULL, OPT_DIM},
+    {"causal", no_argument, NULL, OPT_CAUSAL},
+    {"scale", required_argument, NULL, OPT_SCALE},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"dist", required_argument, NULL, OPT_DIST},
+    {"q", required_argument, NULL, OPT_Q},
+    {"k", required_argument, NULL, OPT_K},
+    {"v", required_argument, NULL, OPT_V},
+    {"out", required_argument, NULL, OPT_OUT},
+    {"lse", required_argument, NULL, OPT_LSE},
+    {"dO", required_argument, NULL, OPT_DO},
+    {"dq", required_argument, NULL, OPT_DQ},
+    {"dk", required_argument, NULL, OPT_DK},
+    {"dv", required_argument, NULL, OPT_DV},
+    {"check", required_argument, NULL, OPT_CHECK},
+    {"bench", no_argument, NULL, OPT_BENCH},
+    {"budget", required_argument, NULL, OPT_BUDGET},
+    {"csv", no_argument, NULL, OPT_CSV},
+    {"variant", required_argument, NULL, OPT_VARIANT},
+    {"smem-limit", required_argument, NULL, OPT_SMEM_LIMIT},
+    {"self-test", no_argument, NULL, OPT_SELF_TEST},
+    {NULL, 0, NULL, 0},
+};
+
+/* The option as typed, without any "=value": what an error message names. */
+static const char *typed_option(const char *arg) {
+    static char buf[64];
+    size_t n = strcspn(arg, "=");
+    if (n >= sizeof buf) n = sizeof buf - 1;
+    memcpy(buf, arg, n);
+    buf[n] = 0;
+    return buf;
+}
+
 static void parse_args(int argc, char **argv, options *o) {
     memset(o, 0, sizeof *o);
     o->shape = (attn_shape){1, 1, 1024, 128, 0, 0.0f};
     o->seed = 1;
     o->check_rows = 64;
     o->budget_s = 60.0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDS_VALUE                               \
-    do {                                          \
-        if (!v) die_usage("%s needs a value", a); \
-        i++;                                      \
-    } while (0)
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage();
-            exit(ATTN_EXIT_PASS);
-        } else if (!strcmp(a, "--batch")) {
-            NEEDS_VALUE;
-            o->shape.B = (int)parse_int(a, v, 1, ATTN_MAX_BH);
-            o->given_B = o->given_run = 1;
-        } else if (!strcmp(a, "--heads")) {
-            NEEDS_VALUE;
-            o->shape.H = (int)parse_int(a, v, 1, ATTN_MAX_BH);
-            o->given_H = o->given_run = 1;
-        } else if (!strcmp(a, "--seq")) {
-            NEEDS_VALUE;
-            o->shape.N = (int)parse_int(a, v, 1, ATTN_MAX_N);
-            o->given_N = o->given_run = 1;
-        } else if (!strcmp(a, "--dim")) {
-            NEEDS_VALUE;
-            o->shape.D = (int)parse_int(a, v, 1, 1 << 20);
-            o->given_D = o->given_run = 1;
-        } else if (!strcmp(a, "--causal")) {
-            o->shape.causal = 1;
-            o->given_run = 1;
-        } else if (!strcmp(a, "--scale")) {
-            NEEDS_VALUE;
-            o->shape.scale = parse_pos_float(a, v);
-            o->given_scale = o->given_run = 1;
-        } else if (!strcmp(a, "--seed")) {
-            NEEDS_VALUE;
-            o->seed = (uint64_t)parse_int(a, v, 0, INT64_MAX);
-        } else if (!strcmp(a, "--dist")) {
-            NEEDS_VALUE;
-            if (!strcmp(v, "normal"))
-                o->peaky = 0;
-            else if (!strcmp(v, "peaky"))
-                o->peaky = 1;
-            else
-                die_usage("--dist: '%s' is not one of normal, peaky", v);
-            o->given_run = 1;
-        } else if (!strcmp(a, "--q")) {
-            NEEDS_VALUE;
-            o->qpath = v;
-        } else if (!strcmp(a, "--k")) {
-            NEEDS_VALUE;
-            o->kpath = v;
-        } else if (!strcmp(a, "--v")) {
-            NEEDS_VALUE;
-            o->vpath = v;
-        } else if (!strcmp(a, "--out")) {
-            NEEDS_VALUE;
-            o->outpath = v;
-        } else if (!strcmp(a, "--lse")) {
-            NEEDS_VALUE;
-            o->lsepath = v;
-        } else if (!strcmp(a, "--dO") || !strcmp(a, "--dq") || !strcmp(a, "--dk") ||
-                   !strcmp(a, "--dv")) {
-            NEEDS_VALUE;
-            if (!attn_this_stage.backward)
-                die_usage("%s: %s has no backward pass (stage7_backward has)", a,
-                          attn_this_stage.name);
-            const char **to = a[3] == 'q'   ? &o->dqpath
-                              : a[3] == 'k' ? &o->dkpath
-                              : a[3] == 'v' ? &o->dvpath
-                                            : &o->dOpath;
-            *to = v;
-        } else if (!strcmp(a, "--check")) {
-            NEEDS_VALUE;
-            o->check_rows = !strcmp(v, "all") ? -1 : parse_int(a, v, 0, INT64_MAX);
-            o->given_run = 1;
-        } else if (!strcmp(a, "--bench")) {
-            o->bench = o->given_run = 1;
-        } else if (!strcmp(a, "--budget")) {
-            NEEDS_VALUE;
-            o->budget_s = parse_pos(a, v);
-            o->given_run = 1;
-        } else if (!strcmp(a, "--csv")) {
-            o->csv = o->given_run = 1;
-        } else if (!strcmp(a, "--variant")) {
-            NEEDS_VALUE;
-            o->variant = variant_index(attn_this_stage.variants, v);
-            if (o->variant < 0)
-                die_usage("--variant: '%s' is not one of %s", v, attn_this_stage.variants);
-            o->variant_given = 1;
-        } else if (!strcmp(a, "--smem-limit")) {
-            NEEDS_VALUE;
-            o->smem_limit = parse_int(a, v, 16384, 1 << 30);
-        } else if (!strcmp(a, "--self-test")) {
-            o->self_test = 1;
-        } else {
-            die_usage("unknown option '%s'", a);
+    opterr = 0; /* the messages below, not getopt's */
+    /* "+": stop at the first non-option (reported as unknown); ":": a missing value returns ':' */
+    for (;;) {
+        int idx = -1;
+        int c = getopt_long(argc, argv, "+:h", long_options, &idx);
+        if (c == -1) break;
+        const char *typed = argv[optind - 1];
+        if (c == '?') {
+            if (optopt && optopt < 256) die_usage("unknown option '-%c'", optopt);
+            /* the long options the typed one names: itself, or those it is a prefix of */
+            const char *t = typed_option(typed);
+            const struct option *hit = NULL;
+            char matches[256] = "";
+            int n_match = 0;
+            for (const struct option *l = long_options; !strncmp(t, "--", 2) && l->name; l++) {
+                if (strncmp(t + 2, l->name, strlen(t + 2))) continue;
+                if (!strcmp(t + 2, l->name)) { /* exact: no other counts */
+                    hit = l, n_match = 1;
+                    break;
+                }
+                hit = l, n_match++;
+                snprintf(matches + strlen(matches), sizeof matches - strlen(matches), "%s--%s",
+                         n_match > 1 ? ", " : "", l->name);
+            }
+            if (n_match > 1) die_usage("option '%s' is ambiguous (%s)", t, matches);
+            if (hit && strchr(typed, '=') && hit->has_arg == no_argument)
+                die_usage("--%s takes no value", hit->name);
+            die_usage("unknown option '%s'", t);
         }
-#undef NEEDS_VALUE
+        if (c == ':') die_usage("%s needs a value", typed_option(typed));
+        char name[64]; /* the option's full name, "--seq", for the messages */
+        snprintf(name, sizeof name, "--%s", idx >= 0 ? long_options[idx].name : "help");
+        const char *a = name, *v = optarg;
+        switch (c) {
+            case OPT_HELP:
+                usage();
+                exit(ATTN_EXIT_PASS);
+            case OPT_BATCH:
+                o->shape.B = (int)parse_int(a, v, 1, ATTN_MAX_BH);
+                o->given_B = o->given_run = 1;
+                break;
+            case OPT_HEADS:
+                o->shape.H = (int)parse_int(a, v, 1, ATTN_MAX_BH);
+                o->given_H = o->given_run = 1;
+                break;
+            case OPT_SEQ:
+                o->shape.N = (int)parse_int(a, v, 1, ATTN_MAX_N);
+                o->given_N = o->given_run = 1;
+                break;
+            case OPT_DIM:
+                o->shape.D = (int)parse_int(a, v, 1, 1 << 20);
+                o->given_D = o->given_run = 1;
+                break;
+            case OPT_CAUSAL:
+                o->shape.causal = 1;
+                o->given_run = 1;
+                break;
+            case OPT_SCALE:
+                o->shape.scale = parse_pos_float(a, v);
+                o->given_scale = o->given_run = 1;
+                break;
+            case OPT_SEED:
+                o->seed = (uint64_t)parse_int(a, v, 0, INT64_MAX);
+                break;
+            case OPT_DIST:
+                if (!strcmp(v, "normal"))
+                    o->peaky = 0;
+                else if (!strcmp(v, "peaky"))
+                    o->peaky = 1;
+                else
+                    die_usage("--dist: '%s' is not one of normal, peaky", v);
+                o->given_run = 1;
+                break;
+            case OPT_Q:
+                o->qpath = v;
+                break;
+            case OPT_K:
+                o->kpath = v;
+                break;
+            case OPT_V:
+                o->vpath = v;
+                break;
+            case OPT_OUT:
+                o->outpath = v;
+                break;
+            case OPT_LSE:
+                o->lsepath = v;
+                break;
+            case OPT_DO:
+            case OPT_DQ:
+            case OPT_DK:
+            case OPT_DV:
+                if (!attn_this_stage.backward)
+                    die_usage("%s: %s has no backward pass (stage7_backward has)", a,
+                              attn_this_stage.name);
+                *(c == OPT_DQ   ? &o->dqpath
+                  : c == OPT_DK ? &o->dkpath
+                  : c == OPT_DV ? &o->dvpath
+                                : &o->dOpath) = v;
+                break;
+            case OPT_CHECK:
+                o->check_rows = !strcmp(v, "all") ? -1 : parse_int(a, v, 0, INT64_MAX);
+                o->given_run = 1;
+                break;
+            case OPT_BENCH:
+                o->bench = o->given_run = 1;
+                break;
+            case OPT_BUDGET:
+                o->budget_s = parse_pos(a, v);
+                o->given_run = 1;
+                break;
+            case OPT_CSV:
+                o->csv = o->given_run = 1;
+                break;
+            case OPT_VARIANT:
+                o->variant = variant_index(attn_this_stage.variants, v);
+                if (o->variant < 0)
+                    die_usage("--variant: '%s' is not one of %s", v, attn_this_stage.variants);
+                o->variant_given = 1;
+                break;
+            case OPT_SMEM_LIMIT:
+                o->smem_limit = parse_int(a, v, 16384, 1 << 30);
+                break;
+            case OPT_SELF_TEST:
+                o->self_test = 1;
+                break;
+        }
     }
+    if (optind < argc) die_usage("unknown option '%s'", argv[optind]);
 }
 
 /* ---- inputs ---- */

@@ -94,7 +94,8 @@ endef
 
 .PHONY: bench plots tables test-plots
 
-bench: $(BENCH_DEPS)
+# no GPU: say so at once, before building anything
+bench: $(if $(GPU_SLUG),$(BENCH_DEPS))
 	@if [ -z '$(GPU_SLUG)' ]; then \
 	    echo "bench: no NVIDIA GPU found (nvidia-smi); without one, make plots and make tables use plots/$(REF_GPU)/" >&2; \
 	    exit 1; \

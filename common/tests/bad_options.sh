@@ -28,6 +28,13 @@ expect 2 "--seq: '0'" --seq 0
 expect 2 "--seq: '-5'" --seq -5
 expect 2 "--seq: 'abc'" --seq abc
 expect 2 "--seq needs a value" --seq
+expect 2 "--seq: '0'" --seq=0
+expect 2 "--self-test runs its own shapes" --seq=16 --self-test
+expect 2 "--causal takes no value" --causal=1
+expect 2 "--causal takes no value" --caus=1
+expect 2 "option '--d' is ambiguous (--dim, --dist" --d 64
+expect 2 "unknown option 'extra'" --seq 16 extra
+expect 2 "unknown option '-x'" -x
 expect 2 "--batch: '0'" --batch 0
 expect 2 "--heads: '-1'" --heads -1
 expect 2 "--dim: 96 is not supported" --dim 96
@@ -60,6 +67,11 @@ expect 2 "--self-test runs its own shapes" --self-test --seq 128
 expect 2 "--self-test runs its own shapes" --self-test --causal
 expect 2 "--self-test runs its own shapes" --self-test --dist peaky
 expect 2 "has D = 32, which is not supported" --q "$fx/dim32.npy"
+# a file whose D is not supported says so, whichever file sets the shape (not "D = 96, but ...")
+expect 2 "--q: '$fx/dim96.npy' has D = 96, which is not supported" --q "$fx/dim96.npy" --k "$fx/good.npy"
+expect 2 "--q: '$fx/dim96.npy' has D = 96, which is not supported" --k "$fx/good.npy" --q "$fx/dim96.npy"
+expect 2 "--k: '$fx/dim96.npy' has D = 96, which is not supported" --q "$fx/good.npy" --k "$fx/dim96.npy"
+expect 2 "--v: '$fx/dim96.npy' has D = 96, which is not supported" --dim 64 --v "$fx/dim96.npy"
 expect 2 "takes no --q" --self-test --q "$fx/good.npy"
 expect 0 "" --help
 help=$("$bin" --help)

@@ -319,9 +319,7 @@ def main():
             # format is checked, and a lesson named on the command line always is.
             waiting = [r for r in readmes if "\n## Code map" not in r.read_text()]
             for r in waiting:
-                print(f"skip  {r.relative_to(root)}: not yet in the lesson format (no '## Code map')")
-            if waiting:
-                print(f"skipped: {len(waiting)}")
+                print(f"SKIP  {r.relative_to(root)}: not yet in the lesson format (no '## Code map')")
             readmes = [r for r in readmes if r not in waiting]
         results = check(readmes, root)
     passed, failed = report(results)

@@ -4,7 +4,8 @@
 # figures of the lessons before issue 19 must each be reported; a correct lesson must pass), then
 # every stage*/README.md: code map, line references, no untraced figure from a run in its prose;
 # and every diagram script under plots/diagrams/ draws its picture.
-# Ends with "N passed, M failed"; exit 1 if any failed.
+# Ends with "N passed, M failed, K skipped" (a check that cannot run here: a line "SKIP  what:
+# why" each); exit 1 if any failed.
 set -u
 cd "$(dirname "$0")/../.."
 if ! command -v python3 >/dev/null 2>&1; then
@@ -12,11 +13,12 @@ if ! command -v python3 >/dev/null 2>&1; then
   echo "0 passed, 1 failed"
   exit 1
 fi
-passed=0 failed=0
+passed=0 failed=0 skipped=0
 for args in --self-test ""; do
   out=$(python3 common/tests/check_lessons.py $args 2>&1)
   rc=$?
   echo "$out"
+  skipped=$((skipped + $(grep -c '^SKIP ' <<<"$out")))
   line=$(grep -oE '^[0-9]+ passed, [0-9]+ failed$' <<<"$out" | tail -n 1)
   [ -n "$line" ] || line="0 passed, 1 failed"
   passed=$((passed + $(awk '{print $1}' <<<"$line"))) failed=$((failed + $(awk '{print $3}' <<<"$line")))
@@ -38,7 +40,10 @@ if command -v gnuplot >/dev/null 2>&1; then
   done
   rm -rf "$tmp"
 else
-  echo "SKIP  the diagrams' gnuplot scripts: gnuplot is not installed"
+  for gp in plots/diagrams/*.gp; do
+    [ -f "$gp" ] || continue
+    skipped=$((skipped + 1)); echo "SKIP  $gp draws $(basename "$gp" .gp).png: gnuplot is not installed"
+  done
 fi
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -4,7 +4,7 @@
 # variant of every stage. Any reported error fails. Every shape has a grid of at most 6 blocks,
 # so stage 5 splits its keys (split-KV: partial results in the workspace, then its combine
 # kernel) on any GPU; its nosplit variant runs the single pass.
-# usage: sanitize.sh BUILD_DIR "TOOLS" STAGE...
+# usage: [SANITIZER=path] sanitize.sh BUILD_DIR "TOOLS" STAGE...  (default: compute-sanitizer on PATH)
 set -u
 dir=$1 tools=$2; shift 2
 passed=0 failed=0
@@ -18,7 +18,7 @@ for s in "$@"; do
     for t in $tools; do
       for sh in "${shapes[@]}"; do
         # shellcheck disable=SC2086
-        out=$(compute-sanitizer --tool "$t" --error-exitcode 9 "$dir/$s" $sh --variant "$v" --check all 2>&1)
+        out=$("${SANITIZER:-compute-sanitizer}" --tool "$t" --error-exitcode 9 "$dir/$s" $sh --variant "$v" --check all 2>&1)
         rc=$?
         if [ $rc -eq 0 ] && ! grep -q "ERROR SUMMARY: [1-9]" <<<"$out"; then
           passed=$((passed + 1))

@@ -269,6 +269,11 @@ static int fixtures(const char *dir) {
     snprintf(p, sizeof p, "%s/good32.npy", dir);
     rc |= !y || npy_write(p, NPY_F32, 4, n32, y, err, sizeof err);
     free(y);
+    long long n96[4] = {1, 1, 16, 96}; /* the shape of good.npy but D = 96 */
+    float *z = calloc(16 * 96, sizeof(float));
+    snprintf(p, sizeof p, "%s/dim96.npy", dir);
+    rc |= !z || npy_write(p, NPY_F32, 4, n96, z, err, sizeof err);
+    free(z);
     /* 8 GiB of float32 data [1, 1, 2^25, 64] in a sparse file (no disk used): under a 2 GiB
      * address-space limit reading it runs out of host memory */
     snprintf(p, sizeof p, "%s/big.npy", dir);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # plots/tests/run.sh: CPU tests of the main job's scripts (no GPU): tables, README update,
 # plots, make targets, and the sweep's budget / out-of-memory / failure logic with fake stages.
-# Prints one line per check and `N passed, M failed` last; exits 1 if any failed.
-# A check that cannot run here (gnuplot missing) prints SKIP and counts as neither.
+# Prints one line per check and `N passed, M failed, K skipped` last; exits 1 if any failed.
+# A check that cannot run here (gnuplot missing) prints "SKIP  what: why", one line each, and
+# counts as skipped, so the three numbers add up to the same total everywhere.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
@@ -114,11 +115,14 @@ for r in README.md $lessons; do
         { cat "$SCRATCH/u.out"; diff -u "$r" "$SCRATCH/ref/$r"; } | sed 's/^/      /' | head -n 20
     fi
 done
-for k in 0 1 2 3 4 5; do
-    r=$(ls -d stage${k}_*/ 2>/dev/null | head -n 1)README.md
+# every stage's lesson, the Hopper chapter (6) and the backward pass (7) included
+nstages=0
+for d in stage[0-9]*/; do
+    k=${d#stage}; k=${k%%_*} r=${d}README.md nstages=$((nstages + 1))
     check "$r has its measured section between <!-- results:stage$k:begin/end -->" \
-        grep -q -x -F "<!-- results:stage$k:begin -->" "$r"
+        [ "$(grep -c -x -F -e "<!-- results:stage$k:begin -->" -e "<!-- results:stage$k:end -->" "$r")" = 2 ]
 done
+check "the measured sections checked cover stages 0-7 at least ($nstages stages)" [ "$nstages" -ge 8 ]
 
 # ---- gnuplot scripts: each renders a non-empty PNG from the fixture, without warnings
 is_png() { [ -s "$1" ] && [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; }
@@ -166,7 +170,11 @@ if command -v gnuplot >/dev/null 2>&1; then
         ok "gnuplot scripts: an all-unsupported stage is left out of the plots (keys: $keys)" ||
         bad "gnuplot scripts with an all-unsupported stage (keys: $keys)"
 else
-    skip "gnuplot scripts: gnuplot is not installed (apt-get install -y gnuplot-nox)"
+    for gp in plots/*.gp; do
+        skip "$gp renders $(basename "$gp" .gp).png: gnuplot is not installed (apt-get install -y gnuplot-nox)"
+    done
+    skip "gnuplot scripts cope with a CSV without SDPA and fa2 rows: gnuplot is not installed"
+    skip "gnuplot scripts leave an all-unsupported stage out: gnuplot is not installed"
 fi
 
 # ---- plots.mk targets on the fixture
@@ -310,7 +318,7 @@ check "summary: speedups at N=16384" grep -q 'N=16384 (long): best stage0_fake 2
 check "summary: fastest at the largest common N" grep -q 'fastest stage at N=4096 (the largest N every stage measured' "$SCRATCH/sweep.err"
 check "summary: rows per status" grep -q '^rows: ok 37 FAIL 1 OOM 24 over_budget 37 unsupported 6$' "$SCRATCH/sweep.err"
 if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
-    skip "SDPA skip line (torch with CUDA is present here)"
+    skip "sweep.sh says it skipped SDPA: torch with CUDA is present here, so SDPA ran"
 else
     check "sweep.sh says it skipped SDPA" grep -q -x 'SDPA baseline skipped: python3 with torch and CUDA not found' "$SCRATCH/sweep.err"
 fi
@@ -345,6 +353,5 @@ check "sdpa_baseline.py --dry-run --quick plans the quick shapes, 2 x $quick_row
 check "sdpa_baseline.py --dry-run plans 2 x 35 runs (the shapes of plots/shapes.conf)" \
     [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run | wc -l)" = 70 ]
 
-echo "skipped: $SKIPPED"
-echo "$PASS passed, $FAILED failed"
+echo "$PASS passed, $FAILED failed, $SKIPPED skipped"
 [ $FAILED = 0 ]

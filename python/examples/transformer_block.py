@@ -11,7 +11,7 @@ float16 after). Printed per stage: the largest difference of the block's output 
 block's, and the median time of one forward pass of the block with each. A stage passes when its
 block is as close to the float64 block (SDPA in float64) as the SDPA block in the same dtype is,
 within the checker's rule: error <= 2 x SDPA's error + 1e-4 x (1 + max |out|). Nothing is
-downloaded; exit 1 if a stage misses.
+downloaded; exit 1 if a stage misses, 3 (one line) without PyTorch or without a GPU.
 """
 
 import argparse
@@ -20,9 +20,16 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ModuleNotFoundError as e:  # only a missing PyTorch gets this line; anything else raises
+    if e.name != "torch" and not (e.name or "").startswith("torch."):
+        raise
+    print("transformer_block.py: needs PyTorch, which is not installed here (pip install torch); "
+          "the course's C programs need none", file=sys.stderr)
+    sys.exit(3)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import flashcourse  # noqa: E402

@@ -2,12 +2,14 @@
 # The Python binding's part of `make test`: links every stage library from BUILD_DIR's objects
 # (make lib), checks what each exports, then runs python/tests/test_binding.py against them (its
 # GPU and PyTorch tests say `skipped` where there is neither) and checks the notebook's cells
-# parse. Ends with "N passed, M failed".
+# parse, and that the example says in one line that it needs PyTorch where there is none. Ends with
+# "N passed, M failed, K skipped" (each skip a line "SKIP  what: why", or test_binding.py's
+# "skipped  name: why").
 # usage: python/tests/run.sh BUILD_DIR
 set -u
 dir=$1
 cd "$(dirname "$0")/../.."
-passed=0 failed=0
+passed=0 failed=0 skipped=0
 ok() { passed=$((passed + 1)); echo "ok       $*"; }
 bad() { failed=$((failed + 1)); echo "FAILED   $*"; }
 
@@ -23,11 +25,13 @@ for src in stage[0-9]*/attention.cu; do
 done
 
 if ! command -v python3 >/dev/null 2>&1; then
-  echo "skipped  python3 not found: the binding's tests and the notebook check did not run"
+  skipped=$((skipped + 1))
+  echo "SKIP  the binding's tests, the notebook checks and the example's: python3 not found"
 else
   out=$(FLASHCOURSE_LIB_DIR="$dir/lib" python3 python/tests/test_binding.py 2>&1)
   rc=$?
   echo "$out"
+  skipped=$((skipped + $(grep -c -E '^(SKIP|skipped) ' <<<"$out")))
   line=$(grep -oE '^[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -n 1)
   if [ -n "$line" ]; then
     passed=$((passed + $(awk '{print $1}' <<<"$line"))) failed=$((failed + $(awk '{print $3}' <<<"$line")))
@@ -37,6 +41,16 @@ else
   fi
   if python3 python/tests/check_notebook.py; then ok "notebook cells parse"; else bad "notebook cells parse"; fi
   if python3 python/tests/run_notebook.py --fresh; then ok "notebook: fetched by URL and by upload, re-run, one line without a GPU"; else bad "notebook as a fresh user (run_notebook.py --fresh)"; fi
+  # the example without PyTorch (hidden from the import here, whether or not it is installed):
+  # one line naming it, exit 3, no traceback
+  err=$(python3 -c "import runpy, sys; sys.modules['torch'] = None; sys.argv = ['transformer_block.py']
+runpy.run_path('python/examples/transformer_block.py', run_name='__main__')" 2>&1 >/dev/null)
+  rc=$?
+  if [ "$rc" -eq 3 ] && [ "$(grep -c '' <<<"$err")" -eq 1 ] && grep -q 'needs PyTorch' <<<"$err"; then
+    ok "transformer_block.py without PyTorch: one line, exit 3"
+  else
+    bad "transformer_block.py without PyTorch: exit $rc (want 3), stderr: $err"
+  fi
 fi
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
