@@ -54,12 +54,29 @@ typedef struct {
     int WARPS, STAGES, QROWS;
 } tile_config;
 
-// In the order tried: the first whose shared memory fits the block's limit is used.
-// D = 128: 68.5 KB (two blocks per SM, as many as the registers allow, on an A100 or H100), then
-// one buffer, 52 KB (a T4's 64 KB). D = 64: 57 KB (fits a T4 too), then 40.5 KB.
-constexpr tile_config TILES_D128[] = {{4, 2, 32}, {4, 1, 32}};
-constexpr tile_config TILES_D64[] = {{4, 2, 64}, {4, 1, 64}};
-constexpr int CONFIGS = 2;
+// In the order tried: the first whose shared memory fits the block's limit is used (and two
+// stages only where cp.async is). backward_kernel at D = 128: 128 keys a block where they fit (an
+// H100's or A100's shared memory; every key tile adds its part to all of dQ, so twice the keys is
+// half the atomic traffic, and each Q_i, dO_i tile loaded serves twice the keys), then 64 keys,
+// then one buffer (a T4's 64 KB): 104.5 KB, 68.5 KB, 52 KB. At D = 64, 64 keys (128 measured no
+// faster there): 57 KB, then 40.5 KB.
+constexpr tile_config MAIN_TILES_D128[] = {{8, 2, 32}, {4, 2, 32}, {4, 1, 32}};
+constexpr tile_config MAIN_TILES_D64[] = {{4, 2, 64}, {4, 1, 64}};
+// dq_kernel (deterministic variant): 64 query rows a block, key tiles double-buffered or not.
+constexpr tile_config DQ_TILES_D128[] = {{4, 2, 0}, {4, 1, 0}};
+constexpr tile_config DQ_TILES_D64[] = {{4, 2, 0}, {4, 1, 0}};
+
+template <int D, bool MAIN>
+__host__ __device__ constexpr const tile_config *tiles_for() {
+    return MAIN ? (D == 64 ? MAIN_TILES_D64 : MAIN_TILES_D128)
+                : (D == 64 ? DQ_TILES_D64 : DQ_TILES_D128);
+}
+template <int D, bool MAIN>
+__host__ __device__ constexpr int tile_count() {
+    constexpr size_t bytes = MAIN ? (D == 64 ? sizeof(MAIN_TILES_D64) : sizeof(MAIN_TILES_D128))
+                                  : (D == 64 ? sizeof(DQ_TILES_D64) : sizeof(DQ_TILES_D128));
+    return (int)(bytes / sizeof(tile_config));
+}
 
 /* ---- device helpers (stage 5's, the same instructions) ------------------------------------ */
 
@@ -459,39 +476,49 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
     static_assert(WARPS % SLICES == 0 && DB_PART % X4_BLOCKS == 0, "dQ split over the warps");
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int slice = warp % SLICES, part = warp / SLICES;
-    uint32_t A[KC][4];
     const uint32_t at_off = b_lane_offset<QROWS>() ^ (slice * X4_BYTES);
-#pragma unroll
-    for (int k = 0; k < KC; ++k) {
-        ldmatrix_x4_trans(A[k], dS_smem + at_off + k * MMA_K * ROW_BYTES_S);
-    }
     const uint32_t b_off = a_lane_offset<D>();
     const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+    // Registers: with 64 keys (KC = 4) the whole A (16 registers) is loaded once and two head-dim
+    // blocks accumulated at a time; with 128 keys A would take 32, so the loop runs over the keys
+    // outside, one k16 step of A at a time, and every head-dim block of the warp (16 registers)
+    // accumulates at once.
+    constexpr bool A_WHOLE = KC * 4 <= X4_BLOCKS * MMA_N * 2;
+    constexpr int NC = A_WHOLE ? X4_BLOCKS : DB_PART;  // n8 blocks accumulated at once
 #pragma unroll
-    for (int nn = 0; nn < DB_PART; nn += X4_BLOCKS) {
-        const int n = part * DB_PART + nn;  // head-dim blocks n, n + 1
-        float C[X4_BLOCKS][4] = {};
+    for (int nn0 = 0; nn0 < DB_PART; nn0 += NC) {
+        float C[NC][4] = {};
+        uint32_t A[A_WHOLE ? KC : 1][4];
 #pragma unroll
         for (int k = 0; k < KC; ++k) {
-            uint32_t b[4];
-            ldmatrix_x4_trans(
-                b, K_smem + (b_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
-            mma_16816(C[0], A[k], b[0], b[1]);
-            mma_16816(C[1], A[k], b[2], b[3]);
+            uint32_t(&a)[4] = A[A_WHOLE ? k : 0];
+            if (!A_WHOLE || nn0 == 0) {
+                ldmatrix_x4_trans(a, dS_smem + at_off + k * MMA_K * ROW_BYTES_S);
+            }
+#pragma unroll
+            for (int nn = 0; nn < NC; nn += X4_BLOCKS) {
+                const int n = part * DB_PART + nn0 + nn;  // head-dim blocks n, n + 1
+                uint32_t b[4];
+                ldmatrix_x4_trans(
+                    b, K_smem + (b_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
+                mma_16816(C[nn], a, b[0], b[1]);
+                mma_16816(C[nn + 1], a, b[2], b[3]);
+            }
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = q0 + MMA_M * slice + g + MMA_M / 2 * h;
             if (row >= p.N) continue;
 #pragma unroll
-            for (int j = 0; j < X4_BLOCKS; ++j) {
-                float *to = p.dQ_acc + head + (size_t)row * D + MMA_N * (n + j) + 2 * t;
+            for (int nn = 0; nn < NC; ++nn) {
+                float *to =
+                    p.dQ_acc + head + (size_t)row * D + MMA_N * (part * DB_PART + nn0 + nn) + 2 * t;
 #if __CUDA_ARCH__ >= 900
                 atomicAdd(reinterpret_cast<float2 *>(to),
-                          make_float2(C[j][2 * h], C[j][2 * h + 1]));
+                          make_float2(C[nn][2 * h], C[nn][2 * h + 1]));
 #else
-                atomicAdd(to, C[j][2 * h]);
-                atomicAdd(to + 1, C[j][2 * h + 1]);
+                atomicAdd(to, C[nn][2 * h]);
+                atomicAdd(to + 1, C[nn][2 * h + 1]);
 #endif
             }
         }
@@ -734,42 +761,52 @@ static cudaError_t kernel_arch(int *arch) {
     return cudaSuccess;
 }
 
-// The first configuration (TILES_D64 or TILES_D128, in order) whose shared memory fits the
-// block's limit, and with two stages only where cp.async is (arch >= 80); its index, or -1.
-static int choose_tiles(int D, size_t smem_limit, int arch, bool main_kernel) {
-    const tile_config *order = D == 64 ? TILES_D64 : TILES_D128;
-    for (int i = 0; i < CONFIGS; ++i) {
-        if (order[i].STAGES > 1 && arch < 80) continue;
-        const size_t bytes =
-            main_kernel ? main_smem_bytes(order[i], D) : dq_smem_bytes(order[i], D);
-        if (bytes <= smem_limit) return i;
+// The first configuration of the kernel's list (MAIN_TILES_D64 ... DQ_TILES_D128, in order) whose
+// shared memory fits the block's limit, with two stages only where cp.async is (arch >= 80); its
+// index, or -1.
+template <int D, bool MAIN>
+static int choose_tiles_for(size_t smem_limit, int arch) {
+    for (int i = 0; i < tile_count<D, MAIN>(); ++i) {
+        const tile_config c = tiles_for<D, MAIN>()[i];
+        if (c.STAGES > 1 && arch < 80) continue;
+        if ((MAIN ? main_smem_bytes(c, D) : dq_smem_bytes(c, D)) <= smem_limit) return i;
     }
     return -1;
 }
 
+static int choose_tiles(int D, size_t smem_limit, int arch, bool main_kernel) {
+    if (main_kernel) {
+        return D == 64 ? choose_tiles_for<64, true>(smem_limit, arch)
+                       : choose_tiles_for<128, true>(smem_limit, arch);
+    }
+    return D == 64 ? choose_tiles_for<64, false>(smem_limit, arch)
+                   : choose_tiles_for<128, false>(smem_limit, arch);
+}
+
+static tile_config tiles_at(int D, bool main_kernel, int i) {
+    if (main_kernel) return D == 64 ? MAIN_TILES_D64[i] : MAIN_TILES_D128[i];
+    return D == 64 ? DQ_TILES_D64[i] : DQ_TILES_D128[i];
+}
+
 typedef void (*kernel_fn)(bwd_params);
 
-template <int D, int I>
-static kernel_fn main_kernel_at(bool atomic) {
-    constexpr tile_config c = D == 64 ? TILES_D64[I] : TILES_D128[I];
-    return atomic ? backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, true>
-                  : backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, false>;
-}
-
-template <int D>
-static kernel_fn main_kernel_for(int i, bool atomic) {
-    return i == 0 ? main_kernel_at<D, 0>(atomic) : main_kernel_at<D, 1>(atomic);
-}
-
-template <int D, int I>
-static kernel_fn dq_kernel_at() {
-    constexpr tile_config c = D == 64 ? TILES_D64[I] : TILES_D128[I];
-    return dq_kernel<D, c.WARPS, c.STAGES>;
-}
-
-template <int D>
-static kernel_fn dq_kernel_for(int i) {
-    return i == 0 ? dq_kernel_at<D, 0>() : dq_kernel_at<D, 1>();
+// The kernel of configuration i of its list: backward_kernel (MAIN, dQ by atomics or not) or
+// dq_kernel, every configuration instantiated.
+template <int D, bool MAIN, int I = 0>
+static kernel_fn kernel_for(int i, bool atomic) {
+    if constexpr (I < tile_count<D, MAIN>()) {
+        constexpr tile_config c = tiles_for<D, MAIN>()[I];
+        if (i != I) return kernel_for<D, MAIN, I + 1>(i, atomic);
+        if constexpr (MAIN) {
+            return atomic ? backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, true>
+                          : backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, false>;
+        } else {
+            return dq_kernel<D, c.WARPS, c.STAGES>;
+        }
+    } else {
+        (void)i, (void)atomic;
+        return NULL;
+    }
 }
 
 static cudaError_t launch(kernel_fn fn, dim3 grid, int threads, size_t smem, const bwd_params &p,
@@ -823,15 +860,14 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     const size_t elems = (size_t)BH * s->N * s->D;
     if (atomic) ATTN_TRY(cudaMemsetAsync(p.dQ_acc, 0, elems * sizeof(float), stream));
 
-    const tile_config *tiles = s->D == 64 ? TILES_D64 : TILES_D128;
     int arch = 0;
     ATTN_TRY(kernel_arch(&arch));
     const int mi = choose_tiles(s->D, dev->smem_per_block, arch, true);
     const int di = choose_tiles(s->D, dev->smem_per_block, arch, false);
     if (mi < 0 || di < 0) return cudaErrorInvalidConfiguration;  // stage_unsupported says why
-    const tile_config mc = tiles[mi];
+    const tile_config mc = tiles_at(s->D, true, mi);
     const kernel_fn mk =
-        s->D == 64 ? main_kernel_for<64>(mi, atomic) : main_kernel_for<128>(mi, atomic);
+        s->D == 64 ? kernel_for<64, true>(mi, atomic) : kernel_for<128, true>(mi, atomic);
     ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N, tile_rows(mc)), (unsigned)BH),
                     mc.WARPS * WARP_SIZE, main_smem_bytes(mc, s->D), p, stream));
     if (atomic) {
@@ -840,8 +876,9 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
                             CONVERT_THREADS, 0, stream>>>(p, count4);
         ATTN_TRY(cudaGetLastError());
     } else {
-        const tile_config dc = tiles[di];
-        const kernel_fn dk = s->D == 64 ? dq_kernel_for<64>(di) : dq_kernel_for<128>(di);
+        const tile_config dc = tiles_at(s->D, false, di);
+        const kernel_fn dk =
+            s->D == 64 ? kernel_for<64, false>(di, false) : kernel_for<128, false>(di, false);
         ATTN_TRY(launch(dk, dim3((unsigned)ceil_div(s->N, tile_rows(dc)), (unsigned)BH),
                         dc.WARPS * WARP_SIZE, dq_smem_bytes(dc, s->D), p, stream));
     }

@@ -402,11 +402,12 @@ def t_workspace_through_torch():
 
 # ---- GPU: gradients (stage 7's backward pass through autograd) ----
 
-def grad_reference(q, k, v, do, causal, scale):
+def grad_reference(q, k, v, do, causal, scale, o=None):
     """dq, dk, dv of sum(o * do) on the stored values: exact (float64 autograd), and the same
-    computation with the fp16 roundings a correct kernel makes (P, O, dS and the gradients
-    rounded to fp16, the rest float64), whose distance from the exact one sets the bound, as
-    common/reference_bwd.c does."""
+    computation with the fp16 roundings a correct kernel makes (P, dS and the gradients rounded to
+    fp16, the rest float64; D = rowsum(dO * O) from the forward's stored O when given, else from O
+    rounded to fp16), whose distance from the exact one sets the bound, as common/reference_bwd.c
+    does."""
     N = q.shape[2]
     leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     s = torch.matmul(leaves[0], leaves[1].transpose(-1, -2)) * scale
@@ -422,7 +423,7 @@ def grad_reference(q, k, v, do, causal, scale):
     q64, k64, v64, do64 = (t.detach().double() for t in (q, k, v, do))
     p = p.detach()
     p16 = f16(p)
-    o16 = f16(p16 @ v64)
+    o16 = f16(p16 @ v64) if o is None else o.detach().double()
     dp = do64 @ v64.transpose(-1, -2)
     ds16 = f16(p * (dp - (do64 * o16).sum(-1, keepdim=True)))
     rounded = (f16(scale * ds16 @ k64), f16(scale * ds16.transpose(-1, -2) @ q64),
@@ -430,10 +431,11 @@ def grad_reference(q, k, v, do, causal, scale):
     return exact, rounded
 
 
-def grad_miss(got, q, k, v, do, causal, scale):
+def grad_miss(got, q, k, v, do, causal, scale, o=None):
     """The pass rule of common/reference_bwd.c on dq, dk, dv: at most twice the error of the fp16
-    computation plus 1e-4 (1 + max |exact|); NaN or Inf never passes. A description, or None."""
-    exact, f16 = grad_reference(q, k, v, do, causal, scale)
+    computation plus 1e-4 (1 + max |exact|); NaN or Inf never passes. A description, or None.
+    o: the forward's output, whose rounding the backward inherits through D = rowsum(dO * O)."""
+    exact, f16 = grad_reference(q, k, v, do, causal, scale, o)
     misses = []
     for name, g, ge, gf in zip(("dq", "dk", "dv"), got, exact, f16):
         if g is None or g.shape != q.shape or g.dtype != q.dtype:
@@ -489,7 +491,7 @@ def t_gradients(stage, backward_variant):
         assert o.requires_grad and not lse.requires_grad or lse.grad_fn is not None
         o.backward(do)
         sc = scale32(scale if scale is not None else 1 / math.sqrt(D))
-        miss = grad_miss([t.grad for t in leaves], q, k, v, do, causal, sc)
+        miss = grad_miss([t.grad for t in leaves], q, k, v, do, causal, sc, o)
         if miss:
             misses.append(f"B={B} H={H} N={N} D={D} causal={causal} scale={scale} {dist}: {miss}")
     assert not misses, "\n".join(misses)
@@ -503,15 +505,15 @@ def t_gradient_check_can_fail():
     o.backward(do)
     got = [t.grad for t in leaves]
     sc = scale32(1 / 8)
-    assert grad_miss(got, q, k, v, do, True, sc) is None
+    assert grad_miss(got, q, k, v, do, True, sc, o) is None
     for i in range(3):
         bad = [g.clone() for g in got]
         bad[i][0, 1, 100, 3] += 0.01
-        assert grad_miss(bad, q, k, v, do, True, sc) is not None, f"a wrong grad {i} passed"
-    assert grad_miss(got, q, k, v, do, False, sc) is not None, "causal ignored"
+        assert grad_miss(bad, q, k, v, do, True, sc, o) is not None, f"a wrong grad {i} passed"
+    assert grad_miss(got, q, k, v, do, False, sc, o) is not None, "causal ignored"
     nan = [g.clone() for g in got]
     nan[2][0, 0, 5, 5] = float("nan")
-    assert grad_miss(nan, q, k, v, do, True, sc) is not None, "a NaN passed"
+    assert grad_miss(nan, q, k, v, do, True, sc, o) is not None, "a NaN passed"
 
 
 def t_backward_alone():
@@ -520,7 +522,7 @@ def t_backward_alone():
     with torch.no_grad():
         o, lse = flashcourse.attention(q, k, v, causal=True, scale=0.1)
     got = flashcourse.attention_backward(q, k, v, o, lse, do, causal=True, scale=0.1)
-    miss = grad_miss(got, q, k, v, do, True, scale32(0.1))
+    miss = grad_miss(got, q, k, v, do, True, scale32(0.1), o)
     assert miss is None, miss
     for bad in (o.float(), o[:, :, :5].contiguous()):
         raises((TypeError, ValueError), flashcourse.attention_backward, q, k, v, bad, lse, do)

@@ -3,13 +3,14 @@
 # then stage 7 and SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backward on the 20 fa2 shapes
 # with N >= 1024, one protocol for all (CUDA events around each call, L2 flushed before each,
 # median of >= 10 calls and 0.5 s); prints the table of TFLOP/s and time ratios.
-#   OUT=dir bash stage7_backward/measured/compare.sh      (STAGE7=path of the program)
+#   OUT=dir bash stage7_backward/measured/compare.sh      (STAGE7=path of the program; SANITIZE=0
+#   skips the sanitizers)
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/compare}; mkdir -p "$OUT"; export OUT
 nvidia-smi -L
 B=${STAGE7:-build/stage7_backward}
 echo "== sanitize"
-for t in memcheck racecheck synccheck; do
+[ "${SANITIZE:-1}" = 0 ] && echo "skipped (SANITIZE=0)" || for t in memcheck racecheck synccheck; do
   for v in default deterministic; do
     for a in "--batch 2 --heads 3 --seq 300 --dim 64 --causal" "--batch 2 --heads 3 --seq 200 --dim 128"; do
       timeout 120 compute-sanitizer --tool $t --error-exitcode 9 $B $a --variant $v --check 4 > $OUT/san.txt 2>&1; rc=$?
