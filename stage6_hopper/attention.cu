@@ -1,52 +1,62 @@
 /*
  * stage6_hopper: FlashAttention-3's machinery on Hopper (sm_90a), written out instruction by
- * instruction.
+ * instruction. README.md is the lesson; LOG.md is the optimization log (each step with its
+ * prediction and measurement, and what did not work).
  *
- * What this stage adds over stage 5 (README.md has the log, step by step, with measurements):
- *  - The tensor memory accelerator (TMA) moves Q, K and V: one thread issues a bulk tensor copy
- *    per 64-column slab of a tile (cp.async.bulk.tensor, a tensor map encoded on the host and
- *    passed as a __grid_constant__ parameter), and the copy engine writes it into shared memory
- *    already in the 128-byte swizzle the tensor cores read. Completion is counted in bytes on an
- *    mbarrier. K and V each have a ring of STAGES buffers with a "full" and an "empty" barrier.
- *  - wgmma.mma_async: a warpgroup (4 warps, 128 threads) multiplies a 64-row slab at a time.
- *    S = Q K^T reads both operands straight from shared memory through 64-bit descriptors; O += P V
- *    takes P from registers (the S accumulator, packed to fp16 in place) and V from shared memory.
- *    No ldmatrix, no per-warp operand traffic: the SASS shows HGMMA where stage 5 had HMMA.
- *  - Warp specialisation: warpgroup 0 is the producer (one thread issues every TMA copy, the
- *    other warps leave at once); the other warpgroups are consumers, 64 query rows each (two, or
- *    three at D = 64, causal from N = 2048 on). setmaxnreg hands the producer's registers to them.
- *  - Overlap: S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued together and the softmax of tile
- *    j runs under the P V wgmma; the consumer warpgroups take turns at issuing (ping-pong), so
- *    one's softmax runs under the others' GEMMs.
- *  - Persistent blocks, one per SM, taking work tiles (128 or 192 query rows of one head) from a
- *    global counter; each consumer runs one pipeline over the key tiles of all its work tiles
- *    (two Q buffers), so a work tile's first S is issued beside the last one's final P V.
- *  - exp2 with log2(e) folded into the scale, causal key tiles past the diagonal never loaded.
- *  - 176-key tiles at D = 128 without a causal mask from N = 4096 (fewer fixed costs per key),
- *    128 elsewhere.
- *  - The epilogue: with two consumers and room in shared memory, each warp writes its 16 rows of
- *    O with stmatrix into a swizzled staging tile and one lane stores them with a TMA copy
- *    (cp.async.bulk.tensor, shared to global); elsewhere the lanes of a quad exchange their
- *    pieces (shuffles) and store 16 bytes each.
- * Expected gain: about 1.6x over stage 5 (measured: 1.62x FlashAttention-2 and 1.00x cuDNN over
- * the fa2 shapes with N >= 1024 on an H200, README.md).
+ * New over stage 5: the tensor memory accelerator (TMA) copies Q, K and V tiles into shared
+ * memory, already swizzled, and counts their bytes on mbarriers; wgmma multiplies 64 rows per
+ * warpgroup with its operands read from shared memory through descriptors (P from registers);
+ * one producer warpgroup issues every copy and hands its registers (setmaxnreg) to two or three
+ * consumer warpgroups that only compute; the softmax of one key tile runs under the P V of the
+ * key tile before; the consumers take turns at issuing their GEMMs (ping-pong); one persistent
+ * block per SM takes work tiles from a global counter.
+ * Expected gain: about 1.4x over stage 5 where the grid fills the GPU (the fa2 shapes; README.md,
+ * Measured, has the reference run's figures).
+ *
+ * The kernel, one block per SM (attention_kernel); Q_FULL, K_EMPTY, ... are mbarriers:
+ *
+ *   producer warpgroup, one thread (producer):
+ *     w = blockIdx.x
+ *     for each of the block's work tiles t (w: BR query rows of one batch*head):
+ *       publish_work:     wait Q_EMPTY[t % QB]; write w; TMA Q -> Q buffer t % QB      (Q_FULL)
+ *       next_work_index:  w = the next work tile from the global counter
+ *       for each key tile j, the block's it-th:                      (ring slot it % STAGES)
+ *         load_key_tile:  wait K_EMPTY; TMA K_j -> K ring slot                        (K_FULL)
+ *         load_key_tile:  wait V_EMPTY; TMA V_j -> V ring slot                        (V_FULL)
+ *     publish_work "stop"
+ *
+ *   each consumer warpgroup, 64 query rows (consumer_overlapped): one pipeline over every key
+ *   tile of every work tile the block takes
+ *     take_work (wait Q_FULL); start_rows: O = 0, m = -inf, l = 0
+ *     first_scores:    [wait my turn] S = Q K_0^T [pass the turn]; wait S; scores_done
+ *     loop:
+ *       retire_pv:     wait for the last P V; release its V; if it ended a work tile, write
+ *                      that tile's O / l and LSE (epilogue); O *= alpha; P = fp16(S)
+ *       next_key_tile: j + 1, or key tile 0 of the next work tile (take_work), or leave the loop
+ *       issue_turn:    [wait my turn] issue S = Q K_next^T; issue O += P V_j [pass the turn]
+ *       end_rows:      if that P V ends the work tile, keep its m, l; start new rows
+ *       wait for S (P V may still run)
+ *       scores_done:   release K (and Q after its last key tile); mask; softmax -> P, alpha
+ *     last_pv:         [wait my turn] O += P V [pass the turn]; wait; release V; epilogue
+ *
+ *   (variant nooverlap: consumer_serial, every wgmma waited for before the next step)
  *
  * Run:  make build && build/stage6_hopper --seq 16384 --heads 16 --dim 128 --causal --bench
  * Variants (--variant): default, nopersistent, nopingpong, nooverlap: each switches one step off.
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  *
- * NOTE: what is left is short rows. From N = 8192 this stage is ahead of cuDNN at both head
- * dims, causal or not; at N = 1024 it is at 0.92-0.98. The end of a work tile is most of it: an
- * experiment that writes no O at all is 5-10% faster at N = 1024; its instructions cost about
- * twice what its stores do (README.md, steps 11-14). B = H = 1 with short rows would need
- * split-KV.
+ * NOTE: what is left is short rows. The end of a work tile (the epilogue's instructions, on the
+ * path that holds the turn, and taking over the next work tile) weighs most where a work tile
+ * has few key tiles (LOG.md, steps 11-14); and B = H = 1 with short rows does not fill the GPU:
+ * that needs split-KV, which stage 5 has and this stage does not.
  */
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -64,21 +74,25 @@
 #pragma nv_diag_suppress 177  // "declared but never referenced"
 #endif
 
-/* ---- tunables ---------------------------------------------------------------------------- */
+/* ---- shapes and tunables ----------------------------------------------------------------- */
 
 // wgmma's fixed shape for fp16: a warpgroup computes MMA_M = 64 rows, MMA_K = 16 deep, and
 // any N from 8 to 256 in steps of 8 (here BC keys for S, D columns for O).
 constexpr int MMA_M = 64;
 constexpr int MMA_K = 16;
-constexpr int WARPGROUP = 128;  // threads: 4 consecutive warps, the first a multiple of 4
+constexpr int WARP_THREADS = 32;
+constexpr int WARPS_PER_WARPGROUP = 4;  // 4 consecutive warps, the first a multiple of 4
+constexpr int WARPGROUP = WARPS_PER_WARPGROUP * WARP_THREADS;  // 128 threads
+constexpr int PRODUCER_WARPGROUPS = 1;  // warpgroup 0; the consumers are 1 .. C
+constexpr unsigned FULL_WARP = 0xffffffffu;
+constexpr int HALF_BYTES = 2;  // fp16
 
 // C consumer warpgroups of 64 query rows each, one producer warpgroup in front of them, one
 // block per SM. Two consumers: 128 rows per work tile, 384 threads. Three (D = 64, FlashAttention-
-// 3's choice there): 192 rows, 512 threads. At D = 64 the softmax costs as much per key as at
+// 3's choice there): 192 rows, 512 threads; at D = 64 the softmax costs as much per key as at
 // D = 128 but the GEMMs half as much, and a third warpgroup's softmax helps to fill the tensor
-// pipe: +6-12% at N = 16384, and, non-causal, +3.5%, +5.5% and +15% at N = 512, 1024 and 2048
-// (H200, README.md). Causal, the 192-row tiles balance short rows worse: -8% and -9% at N = 512
-// and 1024, +5% at 2048, hence the threshold for causal rows.
+// pipe. Causal rows below this N keep two (192-row tiles balance short causal rows worse;
+// LOG.md, steps 5 and 10).
 constexpr int THREE_CONSUMERS_MIN_N_CAUSAL = 2048;
 template <int C>
 __host__ __device__ constexpr int block_rows() {  // BR
@@ -86,23 +100,23 @@ __host__ __device__ constexpr int block_rows() {  // BR
 }
 template <int C>
 __host__ __device__ constexpr int block_threads() {
-    return (C + 1) * WARPGROUP;
+    return (C + PRODUCER_WARPGROUPS) * WARPGROUP;
 }
 
 // Keys per K/V tile, BC (a template parameter of the kernel): 176 at D = 128 without a causal
 // mask from N = 4096 (FlashAttention-3's choice), 128 otherwise. S is BC / 2 fp32 registers per
 // consumer thread and P another BC / 4; with O_acc (D / 2) that is 196 of the 240 registers at
 // D = 128, BC = 176. Longer key tiles spread the fixed costs of a tile (the waits, the turn, O's
-// rescale, the row maxima's shuffles) over more keys: +1.6% to +2.9% at D = 128, N = 1024-16384
-// (H200, README.md, step 9). But with 176 keys shared memory has room for neither a second Q
-// buffer nor the O staging tiles (o_staged()), and on short rows the end of a work tile weighs
-// more: with 128 keys N = 1024 is 2.0% faster and N = 2048 0.5%, N = 4096 0.2% slower (step 14).
-// Causal, 176 lost 1-7% up to N = 4096 (the diagonal tiles waste more of their keys, and a
-// 128-row work tile's last key tile is mostly past its rows); the three-consumer D = 64 kernels
-// (160 registers) would spill with it.
-constexpr int KEY_TILE_176_MIN_N = 4096;
+// rescale, the row maxima's shuffles) over more keys; but with 176 keys shared memory has room
+// for neither a second Q buffer nor the O staging tiles (o_staged()), which short rows need
+// more; causal rows waste more of a long tile on the diagonal; and the three-consumer D = 64
+// kernels (160 registers) would spill (LOG.md, steps 9 and 14).
+constexpr int KEY_TILE_SHORT = 128;
+constexpr int KEY_TILE_LONG = 176;
+constexpr int KEY_TILE_LONG_MIN_N = 4096;
 static int key_tile_for(const attn_shape *s) {
-    return s->D == 128 && !s->causal && s->N >= KEY_TILE_176_MIN_N ? 176 : 128;
+    return s->D == 128 && !s->causal && s->N >= KEY_TILE_LONG_MIN_N ? KEY_TILE_LONG
+                                                                    : KEY_TILE_SHORT;
 }
 
 // K/V ring depth: the producer runs up to STAGES tiles ahead of the consumers.
@@ -129,11 +143,46 @@ __host__ __device__ constexpr int consumer_regs() {
 }
 
 // The 128-byte swizzle works on rows of 128 bytes: 64 halves. A tile of D columns is stored as
-// D / 64 slabs of [rows, 64] halves, one TMA copy each; a slab's 8-row groups are 1024 bytes
-// (the swizzle repeats every 8 rows), which is the stride the wgmma descriptors give.
+// D / 64 slabs of [rows, 64] halves, one TMA copy each. In a slab, the 16-byte chunk c of row r
+// sits at chunk position c ^ (r % 8): the pattern repeats every 8 rows, and those 8-row groups
+// (1024 bytes, the swizzle atom) are the stride the wgmma descriptors give.
 constexpr int SLAB_COLS = 64;
-constexpr int SLAB_ROW_BYTES = SLAB_COLS * 2;
-constexpr int SWIZZLE_ATOM_BYTES = 8 * SLAB_ROW_BYTES;
+constexpr int SLAB_ROW_BYTES = SLAB_COLS * HALF_BYTES;
+constexpr int CHUNK_BYTES = 16;  // 8 halves: the unit the swizzle permutes
+constexpr int CHUNKS_PER_SLAB_ROW = SLAB_ROW_BYTES / CHUNK_BYTES;
+constexpr int SWIZZLE_ROWS = 8;
+constexpr int SWIZZLE_ATOM_BYTES = SWIZZLE_ROWS * SLAB_ROW_BYTES;
+
+// Where column slab `slab` of a [D / 64][ROWS][64] tile starts, and where 16-byte chunk `chunk`
+// (columns 8 chunk .. 8 chunk + 7) of its row `row` sits, in bytes from the tile's start.
+template <int ROWS>
+__device__ __forceinline__ int slab_offset(int slab) {
+    return slab * ROWS * SLAB_ROW_BYTES;
+}
+template <int ROWS>
+__device__ __forceinline__ int swizzled_chunk_offset(int row, int chunk) {
+    return (chunk / CHUNKS_PER_SLAB_ROW) * (ROWS * SLAB_ROW_BYTES) + row * SLAB_ROW_BYTES +
+           ((chunk % CHUNKS_PER_SLAB_ROW) ^ (row % SWIZZLE_ROWS)) * CHUNK_BYTES;
+}
+
+// The accumulator fragment of wgmma (and of mma.sync): in a warpgroup's 64 x N result, warp w
+// holds rows 16 w .. 16 w + 15, and lane (g, t) = (lane / 4, lane % 4) the rows g and g + 8 of
+// those (h = 0, 1), columns 8 i + 2 t + c (c = 0, 1) of each 8-column chunk i: four registers per
+// chunk. A row is shared by the 4 lanes of a quad.
+constexpr int WARP_ROWS = MMA_M / WARPS_PER_WARPGROUP;  // 16
+constexpr int QUAD = 4;                                 // lanes per row
+constexpr int FRAG_ROW_STEP = 8;                        // a thread's second row is 8 further
+constexpr int FRAG_CHUNK_COLS = 8;                      // columns per chunk
+constexpr int FRAG_CHUNK_REGS = 4;                      // a thread's registers per chunk
+__device__ __forceinline__ constexpr int acc_index(int i, int h, int c) {
+    return FRAG_CHUNK_REGS * i + 2 * h + c;
+}
+// wgmma's A operand from registers (P of O += P V) has the same layout, two halves a register:
+// a 64 x 16 k-step is 4 registers a thread.
+constexpr int A_REGS_PER_KSTEP = MMA_M * MMA_K / 2 / WARPGROUP;
+
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.69314718055994531f;
 
 /* ---- device helpers: shared memory, mbarriers, TMA --------------------------------------- */
 
@@ -141,8 +190,9 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-// An mbarrier completes a phase when `count` arrivals have happened and every byte announced with
-// expect_tx has landed. Waiting names the phase by its parity (0, 1, 0, ...).
+// An mbarrier (8 bytes of shared memory) completes a phase when `count` arrivals have happened
+// and every byte announced with expect_tx has landed. Waiting names the phase by its parity.
+constexpr int MBARRIER_BYTES = 8;
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -173,6 +223,21 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
             : "memory");
     } while (!done);
 }
+
+// A ring of SLOTS buffers, each with a "full" and an "empty" mbarrier, used in turn: the
+// count-th use (counted over the whole block, across work tiles, so the ring never resets) is
+// slot count % SLOTS, in that slot's phase count / SLOTS, of which a wait names the parity. The
+// consumers wait on "full" for that phase; the producer waits on "empty" for the phase before
+// (the consumers' release of the slot's last use), which a fresh barrier counts as complete.
+template <int SLOTS>
+struct pipeline_state {
+    int count;
+    __device__ __forceinline__ int slot() const { return count % SLOTS; }
+    __device__ __forceinline__ uint32_t phase() const { return (count / SLOTS) & 1; }
+    __device__ __forceinline__ uint32_t empty_phase() const { return phase() ^ 1; }
+    __device__ __forceinline__ pipeline_state next() const { return {count + 1}; }
+    __device__ __forceinline__ pipeline_state previous() const { return {count - 1}; }
+};
 
 // TMA: copy the box at coordinates (c0 = column, c1 = row, c2 = batch*head) of the tensor that
 // `map` describes into shared memory at dst; completion adds the box's bytes to `bar`.
@@ -211,9 +276,10 @@ __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// stmatrix: four 8 x 8 fp16 matrices from registers in the mma accumulator layout (lane 4g + t
+// stmatrix: four 8 x 8 fp16 matrices from registers in the accumulator layout (lane 4g + t
 // holds columns 2t, 2t + 1 of row g, one register per matrix) to shared memory; lane L gives the
 // address of row L % 8 of matrix L / 8.
+constexpr int STMATRIX_ROWS = 8;
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t m0, uint32_t m1, uint32_t m2,
                                             uint32_t m3) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
@@ -221,37 +287,55 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t m0, uint32_t
                  : "memory");
 }
 
+// Named barriers (bar.sync / bar.arrive; barrier 0 is __syncthreads'): NAMED_BARRIER_TURN_WG0 + wg
+// says "consumer warpgroup wg may issue its GEMMs" (ping-pong), for each of the C <= 3 consumers.
+enum named_barrier {
+    NAMED_BARRIER_SYNCTHREADS = 0,
+    NAMED_BARRIER_TURN_WG0,
+    NAMED_BARRIER_TURN_WG1,
+    NAMED_BARRIER_TURN_WG2,
+};
+constexpr int TURN_THREADS = 2 * WARPGROUP;  // the warpgroup that waits, the one that hands over
+
 /* ---- device helpers: wgmma ---------------------------------------------------------------- */
 
-// A shared-memory matrix descriptor (PTX ISA, "matrix descriptor format"): start address, the
-// leading- and stride-dimension byte offsets (all in 16-byte units), and the swizzle mode
-// (1 = 128-byte swizzle, bits 62-63). Tiles start 1024-byte aligned, so the base offset is 0.
+// A shared-memory matrix descriptor (PTX ISA, "matrix descriptor format"): the start address
+// (bits 0-13), the leading- (16-29) and stride-dimension (32-45) byte offsets, all three in
+// 16-byte units, and the swizzle mode (bits 62-63, 1 = 128-byte swizzle). Tiles start
+// 1024-byte aligned, so the base offset is 0.
+constexpr int DESC_UNIT_SHIFT = 4;            // 16-byte units
+constexpr uint32_t DESC_ADDR_MASK = 0x3FFFF;  // the 18 address bits the 14-bit field holds
+constexpr int DESC_LEAD_SHIFT = 16;
+constexpr int DESC_STRIDE_SHIFT = 32;
+constexpr uint64_t DESC_SWIZZLE_128B = 1ull << 62;
+constexpr uint64_t DESC_HIGH_WORD = 0xFFFFFFFF00000000ull;
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes,
                                               uint32_t stride_bytes) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lead_bytes >> 4) << 16 |
-           (uint64_t)(stride_bytes >> 4) << 32 | 1ull << 62;
+    return (uint64_t)((addr & DESC_ADDR_MASK) >> DESC_UNIT_SHIFT) |
+           (uint64_t)(lead_bytes >> DESC_UNIT_SHIFT) << DESC_LEAD_SHIFT |
+           (uint64_t)(stride_bytes >> DESC_UNIT_SHIFT) << DESC_STRIDE_SHIFT | DESC_SWIZZLE_128B;
 }
 
-// The descriptor of the same matrix `bytes` further on. Only the start address field (the low
-// 14 bits, in 16-byte units) changes, and inside shared memory it never carries out of them, so
-// a 32-bit add does it: each wgmma's descriptor is one add from its tile's, not a fresh
-// encoding (which took about ten instructions per wgmma, on the path that holds the turn).
+// The descriptor of the same matrix `bytes` further on. Only the start address field changes,
+// and inside shared memory it never carries out of its 14 bits, so a 32-bit add does it: each
+// wgmma's descriptor is one add from its tile's, not a fresh encoding (LOG.md, step 8).
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
-    return (desc & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)desc + (bytes >> 4));
+    return (desc & DESC_HIGH_WORD) | (uint32_t)((uint32_t)desc + (bytes >> DESC_UNIT_SHIFT));
 }
 
 // Operand A or B stored "K-major" (the K dimension contiguous: Q and K rows, D halves each).
 // Within a 64-column slab, k-step kk starts kk * 32 bytes into each 128-byte row (the hardware
 // applies the swizzle to the address); the 8-row groups are 1024 bytes apart (stride offset);
 // the leading offset is unused in this mode.
+constexpr int DESC_UNUSED_LEAD_BYTES = 16;
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t tile) {
-    return smem_desc(tile, 16, SWIZZLE_ATOM_BYTES);
+    return smem_desc(tile, DESC_UNUSED_LEAD_BYTES, SWIZZLE_ATOM_BYTES);
 }
 template <int ROWS>
 __device__ __forceinline__ uint64_t desc_k_major_step(uint64_t tile_desc, int kk) {
     constexpr int STEPS_PER_SLAB = SLAB_COLS / MMA_K;
-    return desc_advance(tile_desc, (kk / STEPS_PER_SLAB) * (ROWS * SLAB_ROW_BYTES) +
-                                       (kk % STEPS_PER_SLAB) * (MMA_K * 2));
+    return desc_advance(tile_desc, slab_offset<ROWS>(kk / STEPS_PER_SLAB) +
+                                       (kk % STEPS_PER_SLAB) * (MMA_K * HALF_BYTES));
 }
 
 // Operand B stored "MN-major" (N contiguous: V's rows are keys = the K dimension of P V, with
@@ -288,17 +372,14 @@ __device__ __forceinline__ void pin_registers(float (&d)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-// The same for an A operand in registers (P of O += P V), which the wgmma reads until it is done:
-// pinned after the wait, P counts as live until then. Otherwise, to the compiler P is dead once
-// the wgmma is issued, and ptxas may give its registers to the softmax's temporaries, which
-// then have to wait for the wgmma: the wait moves up in front of the softmax, and the overlap is
-// gone (seen in the SASS and in ncu's stall samples).
+// The same for an A operand in registers (P of O += P V), which the wgmma reads until it is
+// done: pinned after the wait, P counts as live until then, and its registers are not given to
+// other values while the wgmma may still read them (LOG.md, step 7).
 template <int R>
 __device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
-
 #define ACC8(d, i)                                                                  \
     "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
         "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -399,11 +480,11 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 // (the swizzle atom).
 template <int D, int C>
 __host__ __device__ constexpr int q_bytes() {
-    return block_rows<C>() * D * 2;
+    return block_rows<C>() * D * HALF_BYTES;
 }
 template <int D, int BC>
 __host__ __device__ constexpr int kv_bytes() {
-    return BC * D * 2;
+    return BC * D * HALF_BYTES;
 }
 enum {
     BAR_Q_FULL,
@@ -416,21 +497,24 @@ enum {
 };
 template <int D>
 __host__ __device__ constexpr int o_stage_bytes() {  // one consumer warpgroup's 64 rows of O
-    return MMA_M * D * 2;
+    return MMA_M * D * HALF_BYTES;
 }
 template <int D, int C, int BC, int QB, bool STAGED>
 __host__ __device__ constexpr int smem_bytes_with() {
-    return 1024 /* alignment slack */ + QB * q_bytes<D, C>() + 2 * STAGES * kv_bytes<D, BC>() +
-           (STAGED ? C * o_stage_bytes<D>() : 0) + BARRIERS * 8 +
-           Q_BUFFERS_MAX * 4 /* the work tile indices the producer hands over */;
+    return SWIZZLE_ATOM_BYTES /* alignment slack */ + QB * q_bytes<D, C>() +
+           2 * STAGES * kv_bytes<D, BC>() + (STAGED ? C * o_stage_bytes<D>() : 0) +
+           BARRIERS * MBARRIER_BYTES +
+           Q_BUFFERS_MAX * (int)sizeof(int) /* the work tile indices the producer hands over */;
 }
 // Two Q buffers come first. O is staged in shared memory and stored by TMA (store_o_staged) with
 // two consumers where there is room: not at D = 128 with BC = 176 (K, V and Q take 208 KB). With
-// two consumers the staged epilogue gained 1.5-1.9% on causal rows at N = 1024 and 0.9% at 2048
-// over store_o_direct; with three (D = 64) it lost 0.7-1.6% (H200, README.md, step 13).
+// three consumers (D = 64) the direct stores measured faster (LOG.md, step 13).
+// These are compile-time choices, made against SMEM_PER_BLOCK_MAX, not against the device's
+// limit: --smem-limit can only make a configuration unsupported, never pick another.
 template <int D, int C, int BC>
 __host__ __device__ constexpr int q_buffers() {
-    return smem_bytes_with<D, C, BC, 2, false>() <= SMEM_PER_BLOCK_MAX ? 2 : 1;
+    return smem_bytes_with<D, C, BC, Q_BUFFERS_MAX, false>() <= SMEM_PER_BLOCK_MAX ? Q_BUFFERS_MAX
+                                                                                   : 1;
 }
 template <int D, int C, int BC>
 __host__ __device__ constexpr bool o_staged() {
@@ -449,18 +533,38 @@ typedef struct {
 template <int D, int C, int BC>
 __device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
     smem_tiles s;
-    const uint32_t pad = ((smem_u32(raw) + 1023u) & ~1023u) - smem_u32(raw);
+    constexpr uint32_t ALIGN = SWIZZLE_ATOM_BYTES;
+    const uint32_t pad = ((smem_u32(raw) + ALIGN - 1) & ~(ALIGN - 1)) - smem_u32(raw);
     s.Q = smem_u32(raw) + pad;
     s.K = s.Q + q_buffers<D, C, BC>() * q_bytes<D, C>();
     s.V = s.K + STAGES * kv_bytes<D, BC>();
     s.O = s.V + STAGES * kv_bytes<D, BC>();
     s.bar = s.O + (o_staged<D, C, BC>() ? C * o_stage_bytes<D>() : 0);
-    s.work = (int *)(raw + pad + (s.bar - s.Q) + BARRIERS * 8);
+    s.work = (int *)(raw + pad + (s.bar - s.Q) + BARRIERS * MBARRIER_BYTES);
     return s;
 }
 __device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
-    return s.bar + 8 * i;
+    return s.bar + MBARRIER_BYTES * i;
 }
+
+// The K/V ring's pipeline_state: its count is the number of key tiles the block has gone
+// through, over all its work tiles. The Q buffers' count is the number of work tiles (t below).
+typedef pipeline_state<STAGES> kv_pipeline;
+
+// Wait until this use's buffer is full (the consumers), or empty again (the producer); `full` and
+// `empty` name the first barrier of the kind (BAR_K_FULL, ...), one per slot.
+template <int SLOTS>
+__device__ __forceinline__ void wait_full(const smem_tiles &sm, int full,
+                                          pipeline_state<SLOTS> ps) {
+    mbar_wait(bar_at(sm, full + ps.slot()), ps.phase());
+}
+template <int SLOTS>
+__device__ __forceinline__ void wait_empty(const smem_tiles &sm, int empty,
+                                           pipeline_state<SLOTS> ps) {
+    mbar_wait(bar_at(sm, empty + ps.slot()), ps.empty_phase());
+}
+
+// K and V ring slot st, and the Q buffer of the block's t-th work tile.
 template <int D, int BC>
 __device__ __forceinline__ uint32_t k_stage(const smem_tiles &s, int st) {
     return s.K + st * kv_bytes<D, BC>();
@@ -469,13 +573,17 @@ template <int D, int BC>
 __device__ __forceinline__ uint32_t v_stage(const smem_tiles &s, int st) {
     return s.V + st * kv_bytes<D, BC>();
 }
+template <int D, int C, int BC>
+__device__ __forceinline__ uint32_t q_stage(const smem_tiles &s, int t) {
+    return s.Q + pipeline_state<q_buffers<D, C, BC>()>{t}.slot() * q_bytes<D, C>();
+}
 
 // A work tile: one batch*head and BR query rows, numbered head by head and, inside a head,
 // those with the most key tiles (causal) first. A persistent block (one per SM) starts with work
 // tile blockIdx.x and then takes the next one not yet taken from a global counter, so causal
 // tiles of different lengths even out over the SMs as they would with one block per tile (the
-// variant nopersistent, which launches exactly that). t numbers the block's work tiles (Q
-// buffer t % q_buffers()).
+// variant nopersistent, which launches exactly that). t numbers the block's work tiles: it is
+// the count of the Q buffers' pipeline_state.
 typedef struct {
     int bh, q0, n_tiles, t;
 } work_tile;
@@ -493,49 +601,27 @@ __device__ __forceinline__ work_tile work_at(int w, int N, int causal) {
     return t;
 }
 
-// The ring slot and the phase parity of the it-th key tile a block consumes.
-__device__ __forceinline__ int ring_slot(int it) {
-    return it % STAGES;
-}
-__device__ __forceinline__ uint32_t ring_parity(int it) {
-    return (it / STAGES) & 1;
-}
-
-// The Q buffer of the block's t-th work tile (of QB), and the phase parity of its barriers.
-template <int QB>
-__device__ __forceinline__ int q_slot(int t) {
-    return t % QB;
-}
-template <int QB>
-__device__ __forceinline__ uint32_t q_parity(int t) {
-    return (t / QB) & 1;
-}
-template <int D, int C, int BC>
-__device__ __forceinline__ uint32_t q_stage(const smem_tiles &s, int t) {
-    return s.Q + q_slot<q_buffers<D, C, BC>()>(t) * q_bytes<D, C>();
-}
-
 /* ---- the producer ------------------------------------------------------------------------ */
 
 // Announce a tile's bytes on its "full" barrier and copy it, one TMA copy per 64-column slab.
 template <int D, int ROWS>
 __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, uint32_t full,
                                           int row0, int bh) {
-    mbar_arrive_expect_tx(full, ROWS * D * 2);
+    mbar_arrive_expect_tx(full, ROWS * D * HALF_BYTES);
 #pragma unroll
     for (int c = 0; c < D / SLAB_COLS; ++c)
-        tma_load_3d(dst + c * ROWS * SLAB_ROW_BYTES, map, full, c * SLAB_COLS, row0, bh);
+        tma_load_3d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, bh);
 }
 
-// K or V of key tile j of work tile wt, the block's it-th key tile, into its ring slot once the
-// consumers have released it (ring = sm.K or sm.V, bars = BAR_K_FULL or BAR_V_FULL).
+// K or V of key tile j of work tile wt into ring slot kv.slot() once the consumers have released
+// it (ring = sm.K or sm.V; FULL and EMPTY = BAR_K_FULL and BAR_K_EMPTY, or V's).
 template <int D, int BC, int FULL, int EMPTY>
 __device__ __forceinline__ void load_key_tile(const smem_tiles &sm, uint32_t ring,
-                                              const CUtensorMap *map, int it, const work_tile &wt,
-                                              int j) {
-    const int st = ring_slot(it);
-    mbar_wait(bar_at(sm, EMPTY + st), ring_parity(it) ^ 1);
-    copy_tile<D, BC>(ring + st * kv_bytes<D, BC>(), map, bar_at(sm, FULL + st), j * BC, wt.bh);
+                                              const CUtensorMap *map, kv_pipeline kv,
+                                              const work_tile &wt, int j) {
+    wait_empty(sm, EMPTY, kv);
+    copy_tile<D, BC>(ring + kv.slot() * kv_bytes<D, BC>(), map, bar_at(sm, FULL + kv.slot()),
+                     j * BC, wt.bh);
 }
 
 // Hand the block's t-th work tile, index w, to the consumers: wait until Q buffer t % QB and its
@@ -543,11 +629,10 @@ __device__ __forceinline__ void load_key_tile(const smem_tiles &sm, uint32_t rin
 template <int D, int C, int BC>
 __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtensorMap *tmQ, int t,
                                              int w, int N, int causal, int works) {
-    constexpr int QB = q_buffers<D, C, BC>();
-    const int qs = q_slot<QB>(t);
-    const uint32_t full = bar_at(sm, BAR_Q_FULL + qs);
-    mbar_wait(bar_at(sm, BAR_Q_EMPTY + qs), q_parity<QB>(t) ^ 1);
-    atomicExch(&sm.work[qs], w);  // (an atomic, like the consumers' read: see take_work())
+    const pipeline_state<q_buffers<D, C, BC>()> q = {t};
+    const uint32_t full = bar_at(sm, BAR_Q_FULL + q.slot());
+    wait_empty(sm, BAR_Q_EMPTY, q);
+    atomicExch(&sm.work[q.slot()], w);  // (an atomic, like the consumers' read: see take_work())
     if (w >= works) {
         mbar_arrive(full);  // no copy: the consumers read "stop"
         return;
@@ -563,32 +648,32 @@ __device__ __forceinline__ int next_work_index(int works, int *next_work) {
 }
 
 // One thread issues every copy: for each work tile, hand it over (Q into its buffer as soon as
-// the consumers are done with the work tile QB before it), then K_j and V_j into ring slot
-// it % STAGES as soon as the consumers have released it. Separate barriers let S = Q K_j^T start
-// before V_j lands. The counter's atomic for the next work tile is taken right after a hand-over:
-// its latency hides under the copies.
+// the consumers are done with the work tile QB before it), then K_j and V_j into the next ring
+// slot as soon as the consumers have released it. Separate barriers let S = Q K_j^T start
+// before V_j lands. The counter's atomic for the next work tile is taken right after a
+// hand-over, so that its latency hides under the copies.
 template <int D, int C, int BC>
 __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap *tmQ,
                                          const CUtensorMap *tmK, const CUtensorMap *tmV, int N,
                                          int causal, int works, int *next_work) {
-    int it = 0;  // key tiles issued so far
+    kv_pipeline kv = {0};  // counts the key tiles issued so far
     int w = blockIdx.x;
     for (int t = 0;; ++t) {
         publish_work<D, C, BC>(sm, tmQ, t, w, N, causal, works);
         if (w >= works) return;  // that was "stop"
         const work_tile wt = work_at<C, BC>(w, N, causal);
         w = next_work_index(works, next_work);
-        for (int j = 0; j < wt.n_tiles; ++j, ++it) {
-            load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, it, wt, j);
-            load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, it, wt, j);
+        for (int j = 0; j < wt.n_tiles; ++j, kv = kv.next()) {
+            load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, wt, j);
+            load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, kv, wt, j);
         }
     }
 }
 
-/* ---- the consumers' phases --------------------------------------------------------------- */
+/* ---- the consumers' pieces --------------------------------------------------------------- */
 
-// The consumer thread's place: warpgroup wg (0 or 1) owns block rows 64 wg .. 64 wg + 63; in
-// it, warp w owns 16 rows, and lane (g, t) rows g and g + 8 of those, columns 8i + 2t, +1.
+// The consumer thread's place: warpgroup wg (0 .. C - 1) owns block rows 64 wg .. 64 wg + 63;
+// in it, warp w owns 16 rows, and lane (g, t) rows g and g + 8 of those (the fragment above).
 typedef struct {
     int wg, warp, lane, g, t;
 } consumer_place;
@@ -603,9 +688,16 @@ typedef struct {
     const CUtensorMap *tmO;  // O as [B*H, N, D] in boxes of [1, 16, 64], for the staged stores
 } problem;
 
-// The first of the thread's two rows (the other is 8 further) in work tile wt.
+// The first row of the thread's warpgroup (a row of the head), of its warp (a row of the
+// warpgroup's 64), and of the thread's own two rows (a row of the head; the other is 8 further).
+__device__ __forceinline__ int warpgroup_row0(const work_tile &wt, const consumer_place &p) {
+    return wt.q0 + p.wg * MMA_M;
+}
+__device__ __forceinline__ int warp_row0(const consumer_place &p) {
+    return WARP_ROWS * p.warp;
+}
 __device__ __forceinline__ int row_of(const work_tile &wt, const consumer_place &p) {
-    return wt.q0 + p.wg * MMA_M + 16 * p.warp + p.g;
+    return warpgroup_row0(wt, p) + warp_row0(p) + p.g;
 }
 
 // Start S = Q K_j^T for this warpgroup's 64 rows of work tile wt: D / 16 wgmma from shared
@@ -641,37 +733,41 @@ __device__ __forceinline__ void issue_pv(float (&O_acc)[D / 2], const uint32_t (
 #pragma unroll
     for (int kk = 0; kk < BC / MMA_K; ++kk) {
         if constexpr (D == 128)
-            wgmma_m64n128_rs(O_acc, &P[4 * kk], desc_mn_major_step(V_desc, kk),
+            wgmma_m64n128_rs(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
                              kk > 0 || accumulate);
         else
-            wgmma_m64n64_rs(O_acc, &P[4 * kk], desc_mn_major_step(V_desc, kk),
+            wgmma_m64n64_rs(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
                             kk > 0 || accumulate);
     }
     wgmma_commit();
 }
 
-// Release a K or V buffer: one arrival per warp, once the warp's wgmma reading it are done.
+// Release a K, V or Q buffer: one arrival per warp, once the warp's wgmma reading it are done.
 __device__ __forceinline__ void release(uint32_t bar, const consumer_place &p) {
     __syncwarp();
     if (p.lane == 0) mbar_arrive(bar);
 }
 
 // Scores of keys past N (tail tile) or past the row (causal) become -inf. Only the diagonal
-// and the tail tile need it. Element (i, e) of the thread is key key0 + 2t + 8i + e % 2 of row
-// row0 + 8 (e / 2): it is kept while its offset 8i + e % 2 (a constant) is below a bound the
-// thread works out once per row, so each element costs one compare and one select.
+// and the tail tile need it. Element (i, h, c) of the thread is key key0 + 2t + 8i + c of row
+// row0 + 8h: it is kept while its offset 8i + c (a constant) is below a bound the thread works
+// out once per row, so each element costs one compare and one select.
 template <int BC>
 __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_place &p, int row0,
                                             int key0, int N, int causal) {
     const int first = key0 + 2 * p.t;  // the key of offset 0
     int bound[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) bound[h] = (causal ? min(N, row0 + 8 * h + 1) : N) - first;
+    for (int h = 0; h < 2; ++h)
+        bound[h] = (causal ? min(N, row0 + FRAG_ROW_STEP * h + 1) : N) - first;
 #pragma unroll
-    for (int i = 0; i < BC / 8; ++i) {
+    for (int i = 0; i < BC / FRAG_CHUNK_COLS; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (8 * i + e % 2 >= bound[e / 2]) S[4 * i + e] = -INFINITY;
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+                if (FRAG_CHUNK_COLS * i + c >= bound[h]) S[acc_index(i, h, c)] = -INFINITY;
+        }
     }
 }
 
@@ -679,23 +775,21 @@ __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_p
 // share a row: two shuffles), S overwritten in place by P = 2^(S - m_new) (fp32), l_i updated.
 // Returns in alpha the factor 2^(m_old - m_new) that O_acc still has to be scaled by: O_acc
 // may be in flight in a wgmma right now, so it is not touched here. The two rows go through
-// each step together, so that one row's dependent chain (max, shuffle, shuffle) runs beside the
-// other's.
+// each step together, side by side.
 template <int BC>
 __device__ __forceinline__ void softmax_tile(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                              float (&alpha)[2], float scale_log2) {
     float mx[2] = {m_i[0], m_i[1]}, shift[2], sum[2] = {0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < BC / 8; ++i) {
+    for (int i = 0; i < BC / FRAG_CHUNK_COLS; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            mx[h] = fmaxf(mx[h], fmaxf(S[4 * i + 2 * h], S[4 * i + 2 * h + 1]));
+            mx[h] = fmaxf(mx[h], fmaxf(S[acc_index(i, h, 0)], S[acc_index(i, h, 1)]));
     }
 #pragma unroll
-    for (int lanes = 1; lanes <= 2; lanes *= 2) {
+    for (int lanes = 1; lanes < QUAD; lanes *= 2) {  // the row's max over its quad
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], lanes));
+        for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_WARP, mx[h], lanes));
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -706,12 +800,15 @@ __device__ __forceinline__ void softmax_tile(float (&S)[BC / 2], float (&m_i)[2]
         shift[h] = m_use * scale_log2;
     }
 #pragma unroll
-    for (int i = 0; i < BC / 8; ++i) {
+    for (int i = 0; i < BC / FRAG_CHUNK_COLS; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            float &x = S[4 * i + e];
-            x = fast_exp2(fmaf(x, scale_log2, -shift[e / 2]));
-            sum[e / 2] += x;
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                float &x = S[acc_index(i, h, c)];
+                x = fast_exp2(fmaf(x, scale_log2, -shift[h]));
+                sum[h] += x;
+            }
         }
     }
 #pragma unroll
@@ -721,32 +818,42 @@ __device__ __forceinline__ void softmax_tile(float (&S)[BC / 2], float (&m_i)[2]
 template <int D>
 __device__ __forceinline__ void rescale_o(float (&O_acc)[D / 2], const float (&alpha)[2]) {
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
+    for (int i = 0; i < D / FRAG_CHUNK_COLS; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) O_acc[4 * i + e] *= alpha[e / 2];
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) O_acc[acc_index(i, h, c)] *= alpha[h];
+        }
     }
 }
 
 // P to fp16 in the A-operand layout of the P V wgmma, which is the S layout: register k of P
-// packs S[2k] and S[2k + 1].
+// packs S[2k] and S[2k + 1] (columns 2t and 2t + 1 of one row).
 template <int BC>
 __device__ __forceinline__ void pack_p(const float (&S)[BC / 2], uint32_t (&P)[BC / 4]) {
 #pragma unroll
     for (int k = 0; k < BC / 4; ++k) P[k] = pack_half2(S[2 * k], S[2 * k + 1]);
 }
 
+// The sum of a row's l over the 4 lanes of its quad.
+__device__ __forceinline__ float quad_sum(float x) {
+#pragma unroll
+    for (int lanes = 1; lanes < QUAD; lanes *= 2) x += __shfl_xor_sync(FULL_WARP, x, lanes);
+    return x;
+}
+
 // The four lanes of a quad hold one row: lane t has columns 8i + 2t, +1 of every 8-column chunk
 // i. A 4 x 4 exchange inside the quad (two butterfly steps of two shuffles) turns that around
 // for chunks 4k .. 4k + 3: afterwards lane t holds all 8 columns of chunk 4k + t, v[r] being
 // the pair that lane r had.
-__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int t) {
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[QUAD], int t) {
 #pragma unroll
-    for (int b = 1; b <= 2; b <<= 1) {
+    for (int b = 1; b < QUAD; b <<= 1) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
+        for (int r = 0; r < QUAD; ++r) {
             if (r & b) continue;
             const bool upper = t & b;
-            const uint32_t got = __shfl_xor_sync(0xffffffffu, upper ? v[r] : v[r | b], b);
+            const uint32_t got = __shfl_xor_sync(FULL_WARP, upper ? v[r] : v[r | b], b);
             if (upper)
                 v[r] = got;
             else
@@ -756,28 +863,26 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int t) {
 }
 
 // O straight from the registers to global memory (where shared memory has no room to stage it).
-// After quad_transpose each lane writes 16 contiguous bytes, and a warp's store covers 8 rows x
-// 64 bytes: D / 32 stores per row and thread. Written in the accumulator layout (4 bytes per
-// lane, 8 rows x 16 bytes per warp store), the same O took D / 8 stores, each touching 8 cache
-// lines, and the epilogue held 12-18% of a consumer's time at N = 1024 (README.md, step 11).
+// After quad_transpose each lane writes 16 contiguous bytes (one chunk), and a warp's store
+// covers 8 rows x 64 bytes: D / 32 stores per row and thread.
 template <int D>
 __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], const float (&inv_l)[2],
                                                const consumer_place &p, const work_tile &wt,
                                                const problem &pb) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int row = row_of(wt, p) + 8 * h;
+        const int row = row_of(wt, p) + FRAG_ROW_STEP * h;
         __half *o_row = pb.O + ((size_t)wt.bh * pb.N + row) * D;
 #pragma unroll
-        for (int k = 0; k < D / 32; ++k) {
-            uint32_t v[4];
+        for (int k = 0; k < D / (QUAD * FRAG_CHUNK_COLS); ++k) {
+            uint32_t v[QUAD];  // chunks QUAD k .. QUAD k + 3 of the row
 #pragma unroll
-            for (int r = 0; r < 4; ++r)
-                v[r] = pack_half2(O_acc[4 * (4 * k + r) + 2 * h] * inv_l[h],
-                                  O_acc[4 * (4 * k + r) + 2 * h + 1] * inv_l[h]);
+            for (int r = 0; r < QUAD; ++r)
+                v[r] = pack_half2(O_acc[acc_index(QUAD * k + r, h, 0)] * inv_l[h],
+                                  O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
             quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
             if (row < pb.N)
-                *reinterpret_cast<uint4 *>(o_row + 8 * (4 * k + p.t)) =
+                *reinterpret_cast<uint4 *>(o_row + FRAG_CHUNK_COLS * (QUAD * k + p.t)) =
                     make_uint4(v[0], v[1], v[2], v[3]);
         }
     }
@@ -798,13 +903,13 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
     // stmatrix k covers chunks (8 columns) 2k and 2k + 1 of the warp's 16 rows: matrix 0 is rows
     // 0-7 of chunk 2k, 1 rows 8-15 of it, 2 and 3 the same of chunk 2k + 1. Lane L addresses row
     // L % 8 of matrix L / 8; in the swizzle the 16-byte chunk c of a row r sits at c ^ (r % 8).
-    const int row = 16 * p.warp + 8 * (p.lane / 8 % 2) + p.lane % 8;
-    const int second = p.lane / 16;  // this lane's matrix is of chunk 2k + 1
+    const int row =
+        warp_row0(p) + STMATRIX_ROWS * (p.lane / STMATRIX_ROWS % 2) + p.lane % STMATRIX_ROWS;
+    const int second = p.lane / (2 * STMATRIX_ROWS);  // this lane's matrix is of chunk 2k + 1
 #pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
+    for (int k = 0; k < D / (2 * FRAG_CHUNK_COLS); ++k) {
         const int chunk = 2 * k + second;
-        const uint32_t addr = stage + (chunk / 8) * (MMA_M * SLAB_ROW_BYTES) +
-                              row * SLAB_ROW_BYTES + ((chunk % 8) ^ (row % 8)) * 16;
+        const uint32_t addr = stage + swizzled_chunk_offset<MMA_M>(row, chunk);
         const float *o = &O_acc[8 * k];  // chunk 2k: o[0..3], chunk 2k + 1: o[4..7]
         stmatrix_x4(addr, pack_half2(o[0] * inv_l[0], o[1] * inv_l[0]),
                     pack_half2(o[2] * inv_l[1], o[3] * inv_l[1]),
@@ -816,8 +921,8 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
     if (p.lane == 0) {
 #pragma unroll
         for (int c = 0; c < D / SLAB_COLS; ++c)
-            tma_store_3d(pb.tmO, stage + c * MMA_M * SLAB_ROW_BYTES + 16 * p.warp * SLAB_ROW_BYTES,
-                         c * SLAB_COLS, wt.q0 + p.wg * MMA_M + 16 * p.warp, wt.bh);
+            tma_store_3d(pb.tmO, stage + slab_offset<MMA_M>(c) + warp_row0(p) * SLAB_ROW_BYTES,
+                         c * SLAB_COLS, warpgroup_row0(wt, p) + warp_row0(p), wt.bh);
         bulk_commit();
     }
 }
@@ -833,15 +938,12 @@ __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const floa
     float inv_l[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float l = l_i[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = quad_sum(l_i[h]);
         inv_l[h] = l > 0.f ? __fdividef(1.f, l) : 0.f;
-        const int row = row_of(wt, p) + 8 * h;
+        const int row = row_of(wt, p) + FRAG_ROW_STEP * h;
         // m_i is in raw-score units: scale, then natural log.
         if (p.t == 0 && row < pb.N)
-            pb.lse[(size_t)wt.bh * pb.N + row] =
-                (m_i[h] * pb.scale_log2 + __log2f(l)) * 0.69314718055994531f;
+            pb.lse[(size_t)wt.bh * pb.N + row] = (m_i[h] * pb.scale_log2 + __log2f(l)) * LN2;
     }
     if constexpr (o_staged<D, C, BC>())
         store_o_staged<D>(O_acc, inv_l, p, wt, pb, sm.O + p.wg * o_stage_bytes<D>());
@@ -850,22 +952,20 @@ __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const floa
 }
 
 // Ping-pong: the consumer warpgroups take turns at issuing their GEMMs, in a ring 0, 1, (2,)
-// 0, ... Named barrier 1 + wg is "warpgroup wg may issue". A warpgroup waits for its turn
-// (bar.sync, its 128 threads), issues S_j and P_{j-1} V_{j-1}, then hands the turn on (bar.arrive
-// on the next one's barrier: the other 128 of the 256). So one warpgroup's wgmma run while the
-// others do their softmax, and the tensor pipe never waits for all softmaxes at once.
+// 0, ... A warpgroup waits for its turn (bar.sync on its turn barrier, its 128 threads), issues
+// S_j and P_{j-1} V_{j-1}, then hands the turn on (bar.arrive on the next one's barrier: the
+// other 128 of the 256). So one warpgroup's wgmma run while the others do their softmax, and
+// the tensor pipe never waits for all softmaxes at once.
 __device__ __forceinline__ void pingpong_wait_turn(int wg) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wg), "n"(2 * WARPGROUP) : "memory");
+    asm volatile("bar.sync %0, %1;\n" ::"r"(NAMED_BARRIER_TURN_WG0 + wg), "n"(TURN_THREADS)
+                 : "memory");
 }
 template <int CONSUMERS>
 __device__ __forceinline__ void pingpong_pass_turn(int wg) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + (wg + 1) % CONSUMERS), "n"(2 * WARPGROUP)
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(NAMED_BARRIER_TURN_WG0 + (wg + 1) % CONSUMERS),
+                 "n"(TURN_THREADS)
                  : "memory");
 }
-
-/* ---- the consumers' schedules ------------------------------------------------------------ */
-
-enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
 
 // Key tile j of work tile wt needs a mask when it is the tail tile, or causal with a key past
 // the warpgroup's first row.
@@ -873,11 +973,11 @@ template <int BC>
 __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
                                            const consumer_place &p, int j) {
     const int key0 = j * BC;
-    return key0 + BC > pb.N || (pb.causal && key0 + BC - 1 > wt.q0 + p.wg * MMA_M);
+    return key0 + BC > pb.N || (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p));
 }
 
-// S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use, mask
-// where needed, and run the softmax. O_acc is not touched: alpha says how to rescale it.
+// S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use,
+// mask where needed, and run the softmax. O_acc is not touched: alpha says how to rescale it.
 template <int BC, int QB>
 __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
                                             float (&alpha)[2], const smem_tiles &sm,
@@ -886,7 +986,7 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
     pin_registers(S);
     release(bar_at(sm, BAR_K_EMPTY + st), p);
     if (j == wt.n_tiles - 1)
-        release(bar_at(sm, BAR_Q_EMPTY + q_slot<QB>(wt.t)), p);  // Q's last use
+        release(bar_at(sm, BAR_Q_EMPTY + pipeline_state<QB>{wt.t}.slot()), p);  // Q's last use
     if (needs_mask<BC>(pb, wt, p, j)) mask_scores<BC>(S, p, row_of(wt, p), j * BC, pb.N, pb.causal);
     softmax_tile<BC>(S, m_i, l_i, alpha, pb.scale_log2);
 }
@@ -896,13 +996,14 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
 template <int C, int BC, int QB>
 __device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_place &p,
                                           const problem &pb, int works, int t, work_tile &wt) {
-    mbar_wait(bar_at(sm, BAR_Q_FULL + q_slot<QB>(t)), q_parity<QB>(t));
+    const pipeline_state<QB> q = {t};
+    wait_full(sm, BAR_Q_FULL, q);
     // The mbarrier orders this read after the producer's write (and Q_EMPTY the next write after
     // it), but compute-sanitizer's racecheck does not model mbarriers for ordinary shared memory
     // accesses: one atomic read per warp, broadcast, keeps it clean.
     int w = 0;
-    if (p.lane == 0) w = atomicAdd(&sm.work[q_slot<QB>(t)], 0);
-    w = __shfl_sync(0xffffffffu, w, 0);
+    if (p.lane == 0) w = atomicAdd(&sm.work[q.slot()], 0);
+    w = __shfl_sync(FULL_WARP, w, 0);
     if (w >= works) return false;
     wt = work_at<C, BC>(w, pb.N, pb.causal);
     wt.t = t;
@@ -919,6 +1020,10 @@ __device__ __forceinline__ void start_rows(float (&O_acc)[D / 2], float (&m_i)[2
     l_i[0] = l_i[1] = 0.f;
 }
 
+/* ---- the consumers' schedules ------------------------------------------------------------ */
+
+enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
+
 // Serial (variant nooverlap): each work tile, each key tile in turn: S = Q K^T, softmax,
 // O += P V, every wgmma waited for at once. The tensor pipe idles during this warpgroup's softmax
 // unless the other warpgroup happens to fill it.
@@ -931,18 +1036,19 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
         float O_acc[D / 2], m_i[2], l_i[2];
         start_rows<D>(O_acc, m_i, l_i);
         for (int j = 0; j < wt.n_tiles; ++j, ++it) {
-            const int st = ring_slot(it);
+            const kv_pipeline kv = {it};
+            const int st = kv.slot();
             float S[BC / 2], alpha[2];
             uint32_t P[BC / 4];
 
-            mbar_wait(bar_at(sm, BAR_K_FULL + st), ring_parity(it));
+            wait_full(sm, BAR_K_FULL, kv);
             issue_scores<D, C, BC>(S, sm, p, wt, k_stage<D, BC>(sm, st));
             wgmma_wait<0>();
             scores_done<BC, QB>(S, m_i, l_i, alpha, sm, p, pb, wt, j, st);
             rescale_o<D>(O_acc, alpha);
             pack_p<BC>(S, P);
 
-            mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
+            wait_full(sm, BAR_V_FULL, kv);
             issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), 1);
             wgmma_wait<0>();
             pin_registers(O_acc);
@@ -952,18 +1058,115 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
     }
 }
 
+// The overlapped schedule's steps, in the order consumer_overlapped() takes them. `it` counts the
+// key tiles the block has gone through (the K/V ring's kv_pipeline), j is the key tile's index in
+// its work tile. With PINGPONG, the warpgroups take turns at issuing their GEMMs.
+
+// The block's first key tile: S = Q K_0^T only, nothing to overlap with yet; then its softmax.
+template <int D, int C, int BC, bool PINGPONG>
+__device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
+                                             float (&alpha)[2], const smem_tiles &sm,
+                                             const consumer_place &p, const problem &pb,
+                                             const work_tile &wt) {
+    const kv_pipeline first = {0};
+    wait_full(sm, BAR_K_FULL, first);
+    if (PINGPONG) pingpong_wait_turn(p.wg);
+    issue_scores<D, C, BC>(S, sm, p, wt, k_stage<D, BC>(sm, first.slot()));
+    if (PINGPONG) pingpong_pass_turn<C>(p.wg);
+    wgmma_wait<0>();
+    scores_done<BC, q_buffers<D, C, BC>()>(S, m_i, l_i, alpha, sm, p, pb, wt, 0, first.slot());
+}
+
+// The P V of key tile it - 1 is done: P and O_acc are free. Release that tile's V; if that P V
+// ended a work tile (finished), write the work tile `done` (its rows' m_done, l_done); then
+// O *= alpha for the softmax of key tile it, and P = fp16(S).
+template <int D, int C, int BC>
+__device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[BC / 4],
+                                          const float (&S)[BC / 2], const float (&alpha)[2],
+                                          bool finished, const work_tile &done,
+                                          const float (&m_done)[2], const float (&l_done)[2],
+                                          const smem_tiles &sm, const consumer_place &p,
+                                          const problem &pb, int it) {
+    wgmma_wait<0>();
+    pin_registers(O_acc);
+    pin_registers(P);
+    const kv_pipeline kv = {it};
+    if (kv.count > 0) release(bar_at(sm, BAR_V_EMPTY + kv.previous().slot()), p);
+    if (finished) epilogue<D, C, BC>(O_acc, m_done, l_done, p, sm, done, pb);
+    rescale_o<D>(O_acc, alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
+    pack_p<BC>(S, P);
+}
+
+// The key tile after key tile j of work tile wt: j + 1 of wt, or key tile 0 of the block's next
+// work tile (take_work). False when there is none: the block is done.
+template <int C, int BC, int QB>
+__device__ __forceinline__ bool next_key_tile(const smem_tiles &sm, const consumer_place &p,
+                                              const problem &pb, int works, const work_tile &wt,
+                                              int j, work_tile &next, int &next_j) {
+    next = wt;
+    next_j = j + 1;
+    if (next_j == wt.n_tiles) {
+        next_j = 0;
+        if (!take_work<C, BC, QB>(sm, p, pb, works, wt.t + 1, next)) return false;
+    }
+    return true;
+}
+
+// One turn: issue S = Q K^T of the next key tile (work tile `next`, the block's (it + 1)-th) and
+// O += P V of key tile it (index j in its work tile), two wgmma groups back to back. Returns the
+// ring slot of the K it reads.
+template <int D, int C, int BC, bool PINGPONG>
+__device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D / 2],
+                                          const uint32_t (&P)[BC / 4], const smem_tiles &sm,
+                                          const consumer_place &p, const work_tile &next, int it,
+                                          int j) {
+    const kv_pipeline kv = {it}, kv_next = {it + 1};
+    const int st = kv.slot(), next_st = kv_next.slot();
+
+    wait_full(sm, BAR_K_FULL, kv_next);
+    if (PINGPONG) pingpong_wait_turn(p.wg);
+    issue_scores<D, C, BC>(S, sm, p, next, k_stage<D, BC>(sm, next_st));
+    wait_full(sm, BAR_V_FULL, kv);
+    issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), j > 0);
+    if (PINGPONG) pingpong_pass_turn<C>(p.wg);
+    return next_st;
+}
+
+// The P V just issued ends work tile wt: keep its rows' m and l for its epilogue (retire_pv), and
+// start the next work tile's rows (O_acc restarts in issue_pv).
+__device__ __forceinline__ void end_rows(work_tile &done, float (&m_done)[2], float (&l_done)[2],
+                                         float (&m_i)[2], float (&l_i)[2], const work_tile &wt) {
+    done = wt;
+    m_done[0] = m_i[0], m_done[1] = m_i[1], l_done[0] = l_i[0], l_done[1] = l_i[1];
+    m_i[0] = m_i[1] = -INFINITY, l_i[0] = l_i[1] = 0.f;
+}
+
+// The block's last key tile (the it-th): O += P V only, then the last work tile's epilogue.
+template <int D, int C, int BC, bool PINGPONG>
+__device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
+                                        const float (&m_i)[2], const float (&l_i)[2],
+                                        const smem_tiles &sm, const consumer_place &p,
+                                        const problem &pb, const work_tile &wt, int it, int j) {
+    const kv_pipeline kv = {it};
+    const int st = kv.slot();
+    wait_full(sm, BAR_V_FULL, kv);
+    if (PINGPONG) pingpong_wait_turn(p.wg);
+    issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), j > 0);
+    if (PINGPONG) pingpong_pass_turn<C>(p.wg);
+    wgmma_wait<0>();
+    pin_registers(O_acc);
+    release(bar_at(sm, BAR_V_EMPTY + st), p);
+    epilogue<D, C, BC>(O_acc, m_i, l_i, p, sm, wt, pb);
+}
+
 // Overlapped (default; nopingpong without the turn-taking): one pipeline over every key tile the
-// block consumes, across its work tiles. Each turn issues S_next = Q K_next^T together with
-// O += P V of the key tile before, and the softmax of S_next runs while that P V wgmma is still
-// in flight (FlashAttention-3's intra-warpgroup pipelining). P stays in its registers until its
-// wgmma is done; the softmax works on S in fp32 and packs it to P afterwards. When the P V
-// finishes a work tile, S_next is already the first key tile of the next one: the epilogue
-// writes O in the time the other warpgroups' GEMMs take, and no turn is ever half empty.
-//
-// The loop is rotated so that the wait for P V opens a pass and the softmax closes it: ptxas
-// moves a wgmma wait, and everything after it, as early as it can inside a basic block, which
-// put the wait in front of the softmax (the SASS showed WARPGROUP.DEPBAR.LE gsb0, 0x0 before
-// the first MUFU.EX2: no overlap at all). The loop's back edge is a boundary it does not cross.
+// block consumes, across its work tiles. Each turn issues S = Q K^T of the next key tile with
+// O += P V of this one, and the softmax of the next key tile runs while that P V is still in
+// flight (FlashAttention-3's intra-warpgroup overlap): the softmax works on S in fp32 and leaves
+// O_acc and P alone until the P V's wait opens the next pass. When a P V ends a work tile, the S
+// issued beside it is already the next work tile's first (its Q is in the other Q buffer), and
+// the finished work tile's O is written while the other warpgroups' GEMMs run. The wait for a
+// P V opens the next pass (retire_pv), after the softmax that runs under it (LOG.md, step 7).
 template <int D, int C, int BC, bool PINGPONG>
 __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
                                                     const problem &pb, int works) {
@@ -975,15 +1178,8 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
 
     float O_acc[D / 2], S[BC / 2], m_i[2], l_i[2], alpha[2];
     uint32_t P[BC / 4];
-
-    // The block's first key tile: S only, nothing to overlap with yet.
     start_rows<D>(O_acc, m_i, l_i);
-    mbar_wait(bar_at(sm, BAR_K_FULL + ring_slot(0)), ring_parity(0));
-    if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_scores<D, C, BC>(S, sm, p, wt, k_stage<D, BC>(sm, ring_slot(0)));
-    if (PINGPONG) pingpong_pass_turn<C>(p.wg);
-    wgmma_wait<0>();
-    scores_done<BC, QB>(S, m_i, l_i, alpha, sm, p, pb, wt, 0, ring_slot(0));
+    first_scores<D, C, BC, PINGPONG>(S, m_i, l_i, alpha, sm, p, pb, wt);
 
     // A pass starts with S holding the softmax of key tile j of work tile wt, the block's it-th,
     // while the P V of the key tile before it may still run. If that P V ends a work tile
@@ -993,68 +1189,44 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     bool finished = false;
     int it = 0, j = 0;
     for (;; ++it) {
-        wgmma_wait<0>();  // the last P V is done: P and O_acc are free
-        pin_registers(O_acc);
-        pin_registers(P);
-        if (it > 0) release(bar_at(sm, BAR_V_EMPTY + ring_slot(it - 1)), p);
-        if (finished) epilogue<D, C, BC>(O_acc, m_done, l_done, p, sm, done, pb);
-        rescale_o<D>(O_acc, alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
-        pack_p<BC>(S, P);
+        retire_pv<D, C, BC>(O_acc, P, S, alpha, finished, done, m_done, l_done, sm, p, pb, it);
 
-        work_tile next = wt;  // the work tile of the next key tile
-        int next_j = j + 1;
-        if (next_j == wt.n_tiles) {
-            next_j = 0;
-            if (!take_work<C, BC, QB>(sm, p, pb, works, wt.t + 1, next)) break;
-        }
-        const int st = ring_slot(it), next_st = ring_slot(it + 1);
-
-        mbar_wait(bar_at(sm, BAR_K_FULL + next_st), ring_parity(it + 1));
-        if (PINGPONG) pingpong_wait_turn(p.wg);
-        issue_scores<D, C, BC>(S, sm, p, next, k_stage<D, BC>(sm, next_st));
-        mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
-        issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), j > 0);
-        if (PINGPONG) pingpong_pass_turn<C>(p.wg);
+        work_tile next;  // the work tile of the next key tile
+        int next_j;
+        if (!next_key_tile<C, BC, QB>(sm, p, pb, works, wt, j, next, next_j)) break;
+        const int next_st = issue_turn<D, C, BC, PINGPONG>(S, O_acc, P, sm, p, next, it, j);
 
         finished = next_j == 0;
-        if (finished) {  // that P V is work tile wt's last; S_next starts the next one
-            done = wt;
-            m_done[0] = m_i[0], m_done[1] = m_i[1], l_done[0] = l_i[0], l_done[1] = l_i[1];
-            m_i[0] = m_i[1] = -INFINITY, l_i[0] = l_i[1] = 0.f;
-        }
-        wgmma_wait<1>();  // S_next is done; P V may still run
+        if (finished) end_rows(done, m_done, l_done, m_i, l_i, wt);
+        wgmma_wait<1>();  // S of the next key tile is done; P V may still run
         scores_done<BC, QB>(S, m_i, l_i, alpha, sm, p, pb, next, next_j, next_st);
         wt = next;
         j = next_j;
     }
-
-    // The block's last key tile: P V only.
-    const int st = ring_slot(it);
-    mbar_wait(bar_at(sm, BAR_V_FULL + st), ring_parity(it));
-    if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), j > 0);
-    if (PINGPONG) pingpong_pass_turn<C>(p.wg);
-    wgmma_wait<0>();
-    pin_registers(O_acc);
-    release(bar_at(sm, BAR_V_EMPTY + st), p);
-    epilogue<D, C, BC>(O_acc, m_i, l_i, p, sm, wt, pb);
+    last_pv<D, C, BC, PINGPONG>(O_acc, P, m_i, l_i, sm, p, pb, wt, it, j);
 
     // Every turn was handed on; warpgroup 0 takes the last warpgroup's final hand-over, so that no
     // arrival is left pending on its barrier.
     if (PINGPONG && p.wg == 0) pingpong_wait_turn(p.wg);
 }
 
+// Where this consumer thread sits (consumer_place). The warpgroup index is read from lane 0, so
+// that the compiler knows it is one value per warp and keeps the addresses and descriptors built
+// from it in uniform registers, where wgmma takes them (LOG.md, step 8).
+__device__ __forceinline__ consumer_place consumer_place_of_thread() {
+    consumer_place p;
+    p.wg = __shfl_sync(FULL_WARP, (int)threadIdx.x / WARPGROUP, 0) - PRODUCER_WARPGROUPS;
+    p.warp = (threadIdx.x / WARP_THREADS) % WARPS_PER_WARPGROUP;
+    p.lane = threadIdx.x % WARP_THREADS;
+    p.g = p.lane / QUAD;
+    p.t = p.lane % QUAD;
+    return p;
+}
+
 // One consumer thread: its place in the block, then its schedule over the block's work tiles.
 template <int D, int C, int BC, int SCHEDULE>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb, int works) {
-    consumer_place p;
-    // Read from lane 0, the warpgroup index is one value per warp to the compiler too, so the
-    // addresses and descriptors built from it stay in uniform registers, where wgmma takes them.
-    p.wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / WARPGROUP, 0) - 1;
-    p.warp = (threadIdx.x / 32) % 4;
-    p.lane = threadIdx.x % 32;
-    p.g = p.lane / 4;
-    p.t = p.lane % 4;
+    const consumer_place p = consumer_place_of_thread();
     if (SCHEDULE == SCHEDULE_SERIAL)
         consumer_serial<D, C, BC>(sm, p, pb, works);
     else
@@ -1064,6 +1236,26 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb
 }
 
 /* ---- the kernel -------------------------------------------------------------------------- */
+
+// Every buffer's "full" barrier waits for the producer's one expect_tx arrival (and the bytes);
+// every "empty" one for one arrival per consumer warp. Thread 0 initialises them.
+template <int D, int C, int BC>
+__device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
+    constexpr int CONSUMER_WARPS = C * WARPS_PER_WARPGROUP;
+    for (int qs = 0; qs < q_buffers<D, C, BC>(); ++qs) {
+        mbar_init(bar_at(sm, BAR_Q_FULL + qs), 1);
+        mbar_init(bar_at(sm, BAR_Q_EMPTY + qs), CONSUMER_WARPS);
+    }
+    for (int st = 0; st < STAGES; ++st) {
+        mbar_init(bar_at(sm, BAR_K_FULL + st), 1);
+        mbar_init(bar_at(sm, BAR_V_FULL + st), 1);
+        mbar_init(bar_at(sm, BAR_K_EMPTY + st), CONSUMER_WARPS);
+        mbar_init(bar_at(sm, BAR_V_EMPTY + st), CONSUMER_WARPS);
+    }
+    // Make the initialised barriers visible to the copy engine (the async proxy).
+    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::
+                     : "memory");
+}
 
 // Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe them as [B*H, N, D]; O is written
 // through tmO where o_staged(), else directly); lse: [B, H, N] float. works = B * H * ceil(N / BR)
@@ -1078,24 +1270,10 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
 #if HOPPER_KERNELS
     extern __shared__ unsigned char smem_raw[];
     const smem_tiles sm = carve_smem<D, C, BC>(smem_raw);
-    if (threadIdx.x == 0) {
-        for (int qs = 0; qs < q_buffers<D, C, BC>(); ++qs) {
-            mbar_init(bar_at(sm, BAR_Q_FULL + qs), 1);       // the producer's expect_tx arrival
-            mbar_init(bar_at(sm, BAR_Q_EMPTY + qs), C * 4);  // one arrival per consumer warp
-        }
-        for (int st = 0; st < STAGES; ++st) {
-            mbar_init(bar_at(sm, BAR_K_FULL + st), 1);
-            mbar_init(bar_at(sm, BAR_V_FULL + st), 1);
-            mbar_init(bar_at(sm, BAR_K_EMPTY + st), C * 4);
-            mbar_init(bar_at(sm, BAR_V_EMPTY + st), C * 4);
-        }
-        // Make the initialised barriers visible to the copy engine (the async proxy).
-        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::
-                         : "memory");
-    }
+    if (threadIdx.x == 0) init_barriers<D, C, BC>(sm);
     __syncthreads();  // the barriers are initialised before anyone waits on or signals them
 
-    if (threadIdx.x < WARPGROUP) {  // producer warpgroup
+    if (threadIdx.x < PRODUCER_WARPGROUPS * WARPGROUP) {
         registers_decrease<producer_regs<C>()>();
         if (threadIdx.x == 0) producer<D, C, BC>(sm, &tmQ, &tmK, &tmV, N, causal, works, next_work);
     } else {
@@ -1155,16 +1333,17 @@ static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_sha
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
-// on an H100 has only the empty kernel).
 // Consumer warpgroups for this shape (see THREE_CONSUMERS_MIN_N_CAUSAL).
 static int consumers_for(const attn_shape *s) {
     return s->D == 64 && (!s->causal || s->N >= THREE_CONSUMERS_MIN_N_CAUSAL) ? 3 : 2;
 }
 
+// Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
+// on an H100 has only the empty kernel).
 static int hopper_code_here(void) {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, (const void *)attention_kernel<64, 2, 128, SCHEDULE_PINGPONG>) !=
+    if (cudaFuncGetAttributes(
+            &fa, (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG>) !=
         cudaSuccess) {
         cudaGetLastError();
         return 0;
@@ -1180,11 +1359,14 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (dev->cc != 90) return "needs a Hopper GPU (sm_90): TMA, wgmma and setmaxnreg";
     if (!hopper_code_here())
         return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
+    // The kernel's shared memory layout is fixed when it is compiled (q_buffers(), o_staged()):
+    // a smaller limit (--smem-limit) makes the shape unsupported, it picks no other layout.
     const int three = consumers_for(s) == 3;
-    const size_t smem = s->D == 128 ? (key_tile_for(s) == 176 ? smem_bytes<128, 2, 176>()
-                                                              : smem_bytes<128, 2, 128>())
-                        : three     ? smem_bytes<64, 3, 128>()
-                                    : smem_bytes<64, 2, 128>();
+    const size_t smem =
+        s->D == 128 ? (key_tile_for(s) == KEY_TILE_LONG ? smem_bytes<128, 2, KEY_TILE_LONG>()
+                                                        : smem_bytes<128, 2, KEY_TILE_SHORT>())
+        : three     ? smem_bytes<64, 3, KEY_TILE_SHORT>()
+                    : smem_bytes<64, 2, KEY_TILE_SHORT>();
     if (smem > dev->smem_per_block) {
         static char why_smem[96];
         snprintf(why_smem, sizeof why_smem, "needs %zu bytes of shared memory per block at D = %d",
@@ -1192,7 +1374,7 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
         return why_smem;
     }
     const int BR = three ? block_rows<3>() : block_rows<2>();
-    if ((long long)s->B * s->H * ((s->N + BR - 1) / BR) > 0x7fffffffLL)
+    if ((long long)s->B * s->H * ((s->N + BR - 1) / BR) > (long long)INT_MAX)
         return "too many work tiles (B * H * ceil(N / rows per tile) must be below 2^31)";
     return NULL;
 }
@@ -1219,7 +1401,7 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     ATTN_TRY(tensor_map(&tmQ, a->Q, s, BR));
     ATTN_TRY(tensor_map(&tmK, a->K, s, BC));
     ATTN_TRY(tensor_map(&tmV, a->V, s, BC));
-    ATTN_TRY(tensor_map(&tmO, a->O, s, 16));  // a warp's 16 rows (unused where O is not staged)
+    ATTN_TRY(tensor_map(&tmO, a->O, s, WARP_ROWS));  // a warp's rows (unused unless O is staged)
     const int smem = smem_bytes<D, C, BC>();
     ATTN_TRY(cudaFuncSetAttribute(attention_kernel<D, C, BC, SCHEDULE>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -1228,7 +1410,7 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
                            ? a->persistent_blocks
                            : works;  // (with one block per work tile the counter is never read)
     if (blocks < works) ATTN_TRY(cudaMemsetAsync(a->next_work, 0, sizeof(int), a->stream));
-    const float scale_log2 = s->scale * 1.4426950408889634f;  // log2(e) folded into the scale
+    const float scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
     attention_kernel<D, C, BC, SCHEDULE><<<blocks, block_threads<C>(), smem, a->stream>>>(
         tmQ, tmK, tmV, tmO, a->O, a->lse, s->N, s->causal, scale_log2, works, a->next_work);
     ATTN_TRY(cudaGetLastError());
@@ -1238,10 +1420,10 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
 template <int SCHEDULE>
 static cudaError_t launch_schedule(const attn_shape *s, const launch_args *a) {
     if (s->D == 128)
-        return key_tile_for(s) == 176 ? launch<128, 2, 176, SCHEDULE>(s, a)
-                                      : launch<128, 2, 128, SCHEDULE>(s, a);
-    if (consumers_for(s) == 3) return launch<64, 3, 128, SCHEDULE>(s, a);
-    return launch<64, 2, 128, SCHEDULE>(s, a);
+        return key_tile_for(s) == KEY_TILE_LONG ? launch<128, 2, KEY_TILE_LONG, SCHEDULE>(s, a)
+                                                : launch<128, 2, KEY_TILE_SHORT, SCHEDULE>(s, a);
+    if (consumers_for(s) == 3) return launch<64, 3, KEY_TILE_SHORT, SCHEDULE>(s, a);
+    return launch<64, 2, KEY_TILE_SHORT, SCHEDULE>(s, a);
 }
 
 static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev, const void *Q,
