@@ -17,8 +17,11 @@
    blocks and `code spans`, <details> answers whose summary names their run ("measured on ...",
    "by hand", a .csv), and sentences that say the figure is not a measurement (a prediction, a
    peak, an expectation, a bound). LOG.md files are not lessons: they keep their history.
+   The top README.md is not a lesson either (it has no code map), but its prose quotes the same
+   runs: rule 3, and only rule 3, applies to it.
 
-usage: check_lessons.py [--root DIR] [README.md ...]   (default: every stage*/README.md)
+usage: check_lessons.py [--root DIR] [README.md ...]   (default: every stage*/README.md, and the
+                                                        top README.md's prose)
        check_lessons.py --self-test                   (the fixtures: each broken one must fail)
 Prints one line per problem, one line per passed check, and "N passed, M failed" last.
 """
@@ -224,12 +227,15 @@ def figure_problems(readme, gen, ms, tf):
 def check(readmes, root):
     gen = generated_numbers(root)
     ms, tf = csv_values(root)
+    top = (root / "README.md").resolve()
     results = []  # (name, problems)
     for r in readmes:
-        r = r.relative_to(root) if r.is_relative_to(root) else r
-        r = root / r if not r.is_absolute() and not r.is_file() else r
-        results.append((f"{r}: code map", code_map_problems(r, root)))
-        results.append((f"{r}: line references", line_ref_problems(r, root)))
+        full = r.resolve()  # r: a file as named from here, or under root
+        # named relative to root when that also names it from here (as from the repository's root)
+        r = full.relative_to(root) if full.is_relative_to(root) and Path.cwd().resolve() == root else full
+        if full != top:  # a lesson; the top README is held to rule 3 only
+            results.append((f"{r}: code map", code_map_problems(r, root)))
+            results.append((f"{r}: line references", line_ref_problems(r, root)))
         results.append((f"{r}: no untraced figure in prose", figure_problems(r, gen, ms, tf)))
     return results
 
@@ -298,6 +304,15 @@ def self_test(root):
             start = None
     expect("figures that are not readings pass (predictions, peaks, code, named answers)",
            figure_problems(fx / "fine.md", gen, ms, tf), none=True)
+    # the top README (README.md at the root): its prose is checked, and only its prose
+    top = fx / "top" / "README.md"
+    names = [name for name, _ in check([top], fx / "top")]
+    outcomes.append(("self-test: the top README gets the figure check only (no code map)",
+                     [] if names == [f"{top}: no untraced figure in prose"] else
+                     [f"expected only its figure check, got {names}"]))
+    top_stale = figure_problems(top, gen, ms, tf)
+    for needle in ["42 s", "139 s", "689 s", "700 s", "267 s", "146 s", "60 s"]:
+        expect(f"the top README's stale figure {needle} is caught", top_stale, f'"{needle}"')
     return outcomes
 
 
@@ -321,6 +336,8 @@ def main():
             for r in waiting:
                 print(f"SKIP  {r.relative_to(root)}: not yet in the lesson format (no '## Code map')")
             readmes = [r for r in readmes if r not in waiting]
+            if (root / "README.md").is_file():
+                readmes.append(root / "README.md")  # the course page: its prose (rule 3) only
         results = check(readmes, root)
     passed, failed = report(results)
     print(f"{passed} passed, {failed} failed")

@@ -2,7 +2,8 @@
 # The lessons' checks behind `make test` (common/tests/check_lessons.py says what they are): first
 # the checker on its fixtures (a wrong function name, a line reference past the end, and the stale
 # figures of the lessons before issue 19 must each be reported; a correct lesson must pass), then
-# every stage*/README.md: code map, line references, no untraced figure from a run in its prose;
+# every stage*/README.md: code map, line references, no untraced figure from a run in its prose
+# (and the top README.md: its prose only);
 # and every diagram script under plots/diagrams/ draws its picture.
 # Ends with "N passed, M failed, K skipped" (a check that cannot run here: a line "SKIP  what:
 # why" each); exit 1 if any failed.
