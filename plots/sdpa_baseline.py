@@ -4,10 +4,15 @@
     python3 plots/sdpa_baseline.py OUT_CSV [--budget S] [--quick] [--dry-run]
 
 Appends to OUT_CSV (the sweep's CSV; its header decides the column order; a new file gets
-common/csv_header.h's columns and `sweep`) one row per shape for
-  sdpa_flash    torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION): FlashAttention-2
-  sdpa_default  no backend forced: what PyTorch picks (cuDNN on Hopper, often)
-with variant `default`, pass `fwd`, dtype f16, the error columns empty (nothing is checked here).
+common/csv_header.h's columns and `sweep`) one row per shape and pass for
+  sdpa_flash          sdpa_kernel(SDPBackend.FLASH_ATTENTION): FlashAttention-2 (sm_80 on)
+  sdpa_mem_efficient  sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION): the memory-efficient kernel,
+                      which runs on every GPU (PyTorch's default on a T4)
+  sdpa_default        no backend forced: what PyTorch picks (cuDNN on Hopper, often)
+with variant `default`, dtype f16, the error columns empty (nothing is checked here), pass `fwd`
+(the forward alone) and `bwd` (the gradients of q, k, v alone, the forward's graph kept from an
+untimed call; TFLOP/s counted as 2.5x the forward's FLOPs, as the stage programs count them).
+--backends and --passes choose a subset (default: all of both).
 Shapes, budget logic and timing follow the stage programs: the long sweep (B = H = 1, D = 128,
 N = 1k ... 256k) and the fa2 sweep (B x N = 16,384, H = 2048 / D, D in {64, 128}, causal 0/1);
 CUDA events around each call, the L2 flushed (256 MB written) before each, a warm-up, the median
@@ -81,8 +86,14 @@ def csv_header(path):
     return first.split(",") if first else None
 
 
-def flops(b, h, n, d, causal):
-    return 4.0 * b * h * n * n * d / (2.0 if causal else 1.0)
+BACKENDS = ("sdpa_flash", "sdpa_mem_efficient", "sdpa_default")
+PASSES = ("fwd", "bwd")
+BWD_FLOPS = 2.5  # the backward's FLOPs as a multiple of the forward's (the FA2/FA3 papers')
+
+
+def flops(b, h, n, d, causal, pass_="fwd"):
+    fwd = 4.0 * b * h * n * n * d / (2.0 if causal else 1.0)
+    return fwd * (BWD_FLOPS if pass_ == "bwd" else 1.0)
 
 
 class Runner:
@@ -97,10 +108,17 @@ class Runner:
         try:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            self.flash_ctx = lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+            self.contexts = {
+                "sdpa_flash": lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION),
+                "sdpa_mem_efficient": lambda: sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION),
+            }
         except ImportError:  # torch < 2.3
-            self.flash_ctx = lambda: torch.backends.cuda.sdp_kernel(
-                enable_flash=True, enable_math=False, enable_mem_efficient=False)
+            self.contexts = {
+                "sdpa_flash": lambda: torch.backends.cuda.sdp_kernel(
+                    enable_flash=True, enable_math=False, enable_mem_efficient=False),
+                "sdpa_mem_efficient": lambda: torch.backends.cuda.sdp_kernel(
+                    enable_flash=False, enable_math=False, enable_mem_efficient=True),
+            }
 
     def once(self, fn):
         self.flush.zero_()  # write 256 MB: nothing of the inputs stays in L2
@@ -110,26 +128,36 @@ class Runner:
         self.end.synchronize()
         return self.start.elapsed_time(self.end)
 
-    def measure(self, backend, b, h, n, d, causal):
+    def measure(self, backend, pass_, b, h, n, d, causal):
         """Returns (status, ms_median, ms_min, repeats, device_mb)."""
         torch = self.torch
-        q = k = v = None
+        q = k = v = o = do = None
         try:
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
             gen = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16, generator=gen)
-                       for _ in range(3))
+            q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16, generator=gen,
+                                   requires_grad=pass_ == "bwd") for _ in range(3))
+            ctx = self.contexts.get(backend)
 
-            def call():
-                self.sdpa(q, k, v, is_causal=bool(causal))
+            def forward():
+                if ctx is None:
+                    return self.sdpa(q, k, v, is_causal=bool(causal))
+                with ctx():
+                    return self.sdpa(q, k, v, is_causal=bool(causal))
 
-            def run():
-                if backend == "sdpa_flash":
-                    with self.flash_ctx():
-                        call()
-                else:
-                    call()
+            if pass_ == "bwd":  # the forward once, untimed; then its gradients, timed
+                o = forward()
+                do = torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=gen)
+
+                def run():
+                    if ctx is None:
+                        torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+                    else:
+                        with ctx():
+                            torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+            else:
+                run = forward
 
             warm = self.once(run)  # warm-up: kernel selection, workspace, first-touch
             mb = (torch.cuda.max_memory_allocated() - base) / 2**20
@@ -150,7 +178,7 @@ class Runner:
                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
             return "unsupported", None, None, 0, None
         finally:
-            del q, k, v
+            del q, k, v, o, do
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
@@ -161,18 +189,32 @@ def main():
     ap.add_argument("--budget", type=float, default=60.0, help="seconds one call may take")
     ap.add_argument("--quick", action="store_true", help="the quick sweep's shapes (plots/shapes.conf)")
     ap.add_argument("--dry-run", action="store_true", help="list the runs, touch nothing")
+    ap.add_argument("--backends", default=",".join(BACKENDS),
+                    help=f"comma-separated subset of {','.join(BACKENDS)}")
+    ap.add_argument("--passes", default=",".join(PASSES),
+                    help=f"comma-separated subset of {','.join(PASSES)}")
     args = ap.parse_args()
     if args.budget <= 0:
         ap.error("--budget must be a positive number of seconds")
+    backends = tuple(x for x in args.backends.split(",") if x)
+    passes = tuple(x for x in args.passes.split(",") if x)
+    for x in backends:
+        if x not in BACKENDS:
+            ap.error(f"--backends: unknown backend '{x}' (backends: {', '.join(BACKENDS)})")
+    for x in passes:
+        if x not in PASSES:
+            ap.error(f"--passes: unknown pass '{x}' (passes: {', '.join(PASSES)})")
+    if not backends or not passes:
+        ap.error("--backends and --passes need at least one name each")
 
     plan = series(args.quick)
-    backends = ("sdpa_flash", "sdpa_default")
-    total = len(backends) * sum(len(s[3]) for s in plan)
+    runs = [(be, pa) for be in backends for pa in passes]
+    total = len(runs) * sum(len(s[3]) for s in plan)
     if args.dry_run:
-        for backend in backends:
+        for backend, pass_ in runs:
             for sweep, d, causal, shapes in plan:
                 for b, h, n in shapes:
-                    print(f"{backend} {sweep} B={b} H={h} N={n} D={d} causal={causal}")
+                    print(f"{backend} {pass_} {sweep} B={b} H={h} N={n} D={d} causal={causal}")
         return 0
 
     try:
@@ -196,7 +238,7 @@ def main():
     with open(args.out_csv, "a") as out:
         if new_file:
             out.write(",".join(cols) + "\n")
-        for backend in backends:
+        for backend, pass_ in runs:
             for sweep, d, causal, shapes in plan:
                 stop, stop_note = None, ""
                 last_ms = last_work = None
@@ -214,7 +256,8 @@ def main():
                         status, med, mn, reps, mb = stop, None, None, 0, None
                         note = "not run: " + stop_note
                     else:
-                        status, med, mn, reps, mb = runner.measure(backend, b, h, n, d, causal)
+                        status, med, mn, reps, mb = runner.measure(backend, pass_, b, h, n, d,
+                                                                   causal)
                         if status == "ok":
                             last_ms, last_work = med, work
                         elif status == "OOM":
@@ -223,9 +266,9 @@ def main():
                             torch.cuda.empty_cache()
                         elif status == "over_budget":
                             stop, stop_note = "over_budget", f"N={n} took over {args.budget:g} s"
-                    tf = flops(b, h, n, d, causal) / (med * 1e-3) / 1e12 if med else None
+                    tf = flops(b, h, n, d, causal, pass_) / (med * 1e-3) / 1e12 if med else None
                     row = {
-                        "gpu": gpu, "stage": backend, "variant": "default", "pass": "fwd",
+                        "gpu": gpu, "stage": backend, "variant": "default", "pass": pass_,
                         "B": b, "H": h,
                         "N": n, "D": d, "causal": causal, "dtype": "f16",
                         "ms_median": f"{med:.4f}" if med is not None else "",
@@ -238,7 +281,7 @@ def main():
                     out.flush()
                     t = (f"{med:10.3f} ms {tf:8.1f} TFLOP/s" if med is not None and tf is not None
                          else f"{'-':>10} ms {'-':>8} TFLOP/s")
-                    print(f"[{i:{width}d}/{total}] {backend:<20} {sweep:<4} N={n:<6} D={d:<3} "
+                    print(f"[{i:{width}d}/{total}] {backend:<18} {pass_:<3} {sweep:<4} N={n:<6} D={d:<3} "
                           f"{'causal' if causal else '':<6} {t}  {status}"
                           f"{'  (' + note + ')' if note else ''}", file=sys.stderr, flush=True)
     print(f"sdpa_baseline.py: {total} rows appended to {args.out_csv} in {time.time() - t0:.0f} s",

@@ -348,10 +348,14 @@ check "sweep.sh stops (exit 2) when the programs see no CUDA device" \
 
 # the sweep's CSV feeds the tables and plots
 check "table.awk reads the sweep's CSV" awk -F, -f plots/csv.awk -f plots/table.awk "$CSV"
-check "sdpa_baseline.py --dry-run --quick plans the quick shapes, 2 x $quick_rows runs, without torch" \
-    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run --quick | wc -l)" = $((2 * quick_rows)) ]
-check "sdpa_baseline.py --dry-run plans 2 x 35 runs (the shapes of plots/shapes.conf)" \
-    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run | wc -l)" = 70 ]
+check "sdpa_baseline.py --dry-run --quick plans the quick shapes, 3 backends x 2 passes x $quick_rows runs, without torch" \
+    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run --quick | wc -l)" = $((6 * quick_rows)) ]
+check "sdpa_baseline.py --dry-run plans 3 backends x 2 passes x 35 runs (the shapes of plots/shapes.conf)" \
+    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run | wc -l)" = 210 ]
+check "sdpa_baseline.py --backends sdpa_mem_efficient --passes bwd plans 35 runs" \
+    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run --backends sdpa_mem_efficient --passes bwd | grep -c '^sdpa_mem_efficient bwd ')" = 35 ]
+check "sdpa_baseline.py --backends with an unknown name: exit 2" \
+    bash -c "python3 $T/../sdpa_baseline.py $SCRATCH/s.csv --dry-run --backends sdpa_magic >/dev/null 2>&1; [ \$? -eq 2 ]"
 
 echo "$PASS passed, $FAILED failed, $SKIPPED skipped"
 [ $FAILED = 0 ]
