@@ -135,7 +135,7 @@ PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simpl
 if [ "$rc" -eq 0 ] && has "1 passed, 0 failed"; then ok "format-check uses the formatter in FLASHCOURSE_CACHE"; else bad "format-check with the formatter cached (exit $rc)"; fi
 # offline (no package index reachable) and nothing cached: one line, skipped, exit 0
 offline() { PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simple mk -s format-check FLASHCOURSE_CACHE="$tmp/empty" "$@"; }
-offline
+offline FORMAT_CHECK_REQUIRED=  # as a learner runs it (CI exports FORMAT_CHECK_REQUIRED=1)
 if [ "$rc" -eq 0 ] && [ "$(lines)" -eq 1 ] && grep -q '^SKIP  format-check: .*no package index is reachable' "$tmp/out"; then
   ok "format-check offline: one SKIP line saying why, exit 0"
 else
