@@ -68,5 +68,6 @@ NR == 1 || ($1 == "gpu" && $2 == "stage") {
 $0 == "" { next }
 
 # The pass column (common/csv_header.h): readers see the forward rows (a CSV without the column
-# has only those) unless they ask for another pass with -v PASS=bwd or PASS=fwd+bwd.
-(field("pass") == "" ? "fwd" : field("pass")) != (PASS == "" ? "fwd" : PASS) { next }
+# has only those) unless they ask for another pass with -v PASS=bwd or PASS=fwd+bwd (PASS=any:
+# every pass, as style.gpi's colours need: a key keeps its colour in every figure).
+PASS != "any" && (field("pass") == "" ? "fwd" : field("pass")) != (PASS == "" ? "fwd" : PASS) { next }

@@ -27,6 +27,18 @@
 # Columns are found by header name; a repeated (key, D, causal, N) row: the later one wins.
 # The output depends only on the CSV's content (keys and N are sorted), never on awk's order.
 
+# What the rows time (csv.awk keeps one pass: PASS, default fwd), in words.
+function pass_time() {
+    if (PASS == "bwd") return "Backward time"
+    if (PASS == "fwd+bwd") return "Forward + backward time"
+    return "Forward time"
+}
+function pass_tflops() {
+    if (PASS == "bwd") return "TFLOP/s (2.5x the forward's FLOPs; higher is better)"
+    if (PASS == "fwd+bwd") return "TFLOP/s (3.5x the forward's FLOPs; higher is better)"
+    return "TFLOP/s (higher is better)"
+}
+
 function is_stage(k) {
     return k ~ /^stage[0-9]/
 }
@@ -179,12 +191,12 @@ function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, 
     for (j = 1; j <= nN[cfg]; j++) NN[j] = Ns[cfg, j]
     sort_num(NN, nN[cfg])
     if (metric == "ms") {
-        printf "Forward time in ms (median; lower is better), B = %s, H = %s, D = %d, %s.\n\n",
-            cfgB[cfg], cfgH[cfg], d, c ? "causal" : "non-causal"
+        printf "%s in ms (median; lower is better), B = %s, H = %s, D = %d, %s.\n\n",
+            pass_time(), cfgB[cfg], cfgH[cfg], d, c ? "causal" : "non-causal"
         last = "best stage speedup"
     } else {
-        printf "**D = %d, %s**: TFLOP/s (higher is better), B x N = %s tokens, H = %s.\n\n", d,
-            c ? "causal" : "non-causal", commas(cfgT[cfg]), cfgH[cfg]
+        printf "**D = %d, %s**: %s, B x N = %s tokens, H = %s.\n\n", d,
+            c ? "causal" : "non-causal", pass_tflops(), commas(cfgT[cfg]), cfgH[cfg]
         last = "best stage / FA2"
     }
     header(last)
@@ -348,8 +360,8 @@ function emit_lesson(num,    sw, me, prev, ci, a, cfg, j, n, want, w, nw, printe
                 for (j = 1; j <= nN[cfg]; j++) NN[j] = Ns[cfg, j]
                 sort_num(NN, nN[cfg])
                 if (printed++) print ""
-                printf "**Long sweep**: forward time in ms (median; lower is better), B = %s, H = %s, D = %d, %s.\n\n",
-                    cfgB[cfg], cfgH[cfg], a[1], a[2] ? "causal" : "non-causal"
+                printf "**Long sweep**: %s in ms (median; lower is better), B = %s, H = %s, D = %d, %s.\n\n",
+                    tolower(pass_time()), cfgB[cfg], cfgH[cfg], a[1], a[2] ? "causal" : "non-causal"
                 lesson_header("N", me, prev)
                 for (j = 1; j <= nN[cfg]; j++) lesson_row(commas(NN[j]), cfg, NN[j], me, prev)
             }

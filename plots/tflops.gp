@@ -5,7 +5,8 @@
 #
 #   gnuplot -e "csv='plots/h100-80gb-hbm3/results.csv'; outdir='plots/h100-80gb-hbm3'; PEAK=989" \
 #           plots/tflops.gp
-#   optional: gpu='...' (default: the CSV's gpu column); PEAK=0: no peak line
+#   optional: gpu='...' (default: the CSV's gpu column); PEAK=0: no peak line;
+#   PASS='bwd': the rows of the backward pass instead (tflops_bwd.gp sets it)
 #
 # Writes outdir/tflops.png. FLOPs = 4 B H N^2 D, halved for causal. Points a stage could not
 # measure are drawn in the shaded "not measured" row under the data of their panel, in the
@@ -19,10 +20,13 @@ if (!exists("plotsdir")) plotsdir = exists("ARG0") && strlen(ARG0) > 0 ? \
 if (!exists("PEAK")) PEAK = 0
 W = 1600; HT = 1100
 load plotsdir . '/style.gpi'
-S0 = STYLE_S . " -v sweep=fa2"
+if (!exists("PASS")) PASS = 'fwd'
+S0 = STYLE_S . " -v sweep=fa2 -v PASS=" . PASS
 Q = STYLE_Q
 if (!exists("gpu")) gpu = system(S0 . " -v mode=gpu" . Q)
-set output outdir . '/tflops.png'
+set output outdir . (PASS eq 'bwd' ? '/tflops_bwd.png' : '/tflops.png')
+PASS_WORDS = PASS eq 'bwd' ? 'backward' : 'forward'
+PASS_FLOPS = PASS eq 'bwd' ? '2.5 x 4 B H N^2 D per pass' : '4 B H N^2 D per pass'
 
 max(a, b) = a > b ? a : b
 
@@ -41,9 +45,9 @@ do for [i = 1:nk] {
 nm = words(markkeys)
 
 set multiplot layout 2, 2 margins 0.06, 0.79, 0.07, 0.90 spacing 0.07, 0.09 \
-    title sprintf("Attention forward throughput at the fa2 shapes - %s\n%s", gpu, FA2_WORDS)
+    title sprintf("Attention %s throughput at the fa2 shapes - %s\n%s", PASS_WORDS, gpu, FA2_WORDS)
 set xlabel 'sequence length N (tokens)'
-set ylabel 'TFLOP/s (4 B H N^2 D per pass, halved when causal)'
+set ylabel sprintf('TFLOP/s (%s, halved when causal)', PASS_FLOPS)
 set logscale x 2
 # log y: the first stages run at a few TFLOP/s, the last ones near FA2's hundreds
 set logscale y

@@ -8,8 +8,9 @@
 #   <!-- results:fa2:begin -->    ... <!-- results:fa2:end -->     the fa2-sweep tables
 #   <!-- results:stageK:begin --> ... <!-- results:stageK:end -->  stage K's measured section
 #   <!-- results:summary:begin --> ... <!-- results:summary:end --> every stage in one table
+#   <!-- results:backward:begin --> ... <!-- results:backward:end --> both sweeps' backward rows
 # with a line naming the GPU and the CSV, then plots/table.awk's tables (sweep=long, sweep=fa2,
-# lesson=K, summary=1). A README holds any of these pairs (the top README the first two and the
+# lesson=K, summary=1; backward: PASS=bwd, as a lesson of a stage whose rows are backward rows). A README holds any of these pairs (the top README the first two and the
 # summary, a lesson its own stage's); the marker lines themselves and everything outside them stay byte for byte as they
 # were. Each marker must be on a line of its own, once, begin before end, pairs not nested; a
 # README without any marker, or with a broken pair, is an error and nothing is written to it.
@@ -30,7 +31,7 @@ done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-MARKER_RE='^<!-- results:(long|fa2|summary|stage[0-9]+):(begin|end) -->$'
+MARKER_RE='^<!-- results:(long|fa2|summary|backward|stage[0-9]+):(begin|end) -->$'
 
 # The kinds of marker pairs in $1 (long fa2 stage3 ...), checked; exits on a broken pair.
 marker_kinds() {
@@ -73,6 +74,13 @@ for README in "$@"; do marker_kinds "$README" >"$TMP/kinds.$(printf '%s' "$READM
 gpus=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "gpu") g = i; next }
                 g && !($g in seen) { seen[$g] = 1; out = out (out == "" ? "" : ", ") $g }
                 END { print out }' "$CSV")
+# The pass a stage's lesson shows: bwd for a stage whose CSV rows time its backward pass
+# (stage 7), else fwd.
+lesson_pass() {
+    awk -F, -v k="stage$1_" 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i == "stage") s = i; if ($i == "pass") p = i }; next }
+                             p && index($s, k) == 1 && $p == "bwd" { found = 1; exit }
+                             END { print found ? "bwd" : "fwd" }' "$CSV"
+}
 section() { # kind -> $TMP/kind.md
     [ -s "$TMP/$1.md" ] && return
     {
@@ -81,8 +89,9 @@ section() { # kind -> $TMP/kind.md
         echo
         case $1 in
         long | fa2) awk -F, -v sweep="$1" -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
-        stage*) awk -F, -v lesson="${1#stage}" -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
+        stage*) awk -F, -v lesson="${1#stage}" -v PASS="$(lesson_pass "${1#stage}")" -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
         summary) awk -F, -v summary=1 -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
+        backward) awk -F, -v PASS=bwd -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
         esac
         echo
     } >"$TMP/$1.md"
@@ -97,7 +106,7 @@ for README in "$@"; do
         close(f)
     }
     { bare = $0; sub(/\r$/, "", bare) }
-    bare ~ /^<!-- results:(long|fa2|summary|stage[0-9]+):begin -->$/ {
+    bare ~ /^<!-- results:(long|fa2|summary|backward|stage[0-9]+):begin -->$/ {
         kind = bare
         sub(/^<!-- results:/, "", kind)
         sub(/:begin -->$/, "", kind)
@@ -106,7 +115,7 @@ for README in "$@"; do
         skip = 1
         next
     }
-    bare ~ /^<!-- results:(long|fa2|summary|stage[0-9]+):end -->$/ { skip = 0; print; next }
+    bare ~ /^<!-- results:(long|fa2|summary|backward|stage[0-9]+):end -->$/ { skip = 0; print; next }
     !skip { print }
     ' "$README" >"$TMP/new"
 

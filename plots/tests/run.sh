@@ -56,6 +56,25 @@ check "update_readme.sh put the long table in" grep -q -F '| 32,768 | OOM | 830.
 check "update_readme.sh put the fa2 tables in" grep -q -F '**D = 128, causal**' "$SCRATCH/README.md"
 check "update_readme.sh names the GPU and the CSV" \
     grep -q -F "Measured on NVIDIA H100 80GB HBM3; from \`$T/fixture.csv\`" "$SCRATCH/README.md"
+# a backward section and a backward stage's lesson: the rows of pass bwd (the fixture, in the
+# program's header with its pass column, plus a backward stage's and FA2's bwd rows)
+awk -F, -v OFS=, 'NR == 1 { $3 = $3 ",pass"; print; next } { $3 = $3 ",fwd"; print }' $T/fixture.csv >"$SCRATCH/bwd.csv"
+cat >>"$SCRATCH/bwd.csv" <<'ROWS'
+NVIDIA H100 80GB HBM3,stage7_backward,default,bwd,1,1,1024,128,0,f16,0.2000,0.1900,12,26.84,1e-05,1e-04,1e-06,32,10.0,ok,long
+NVIDIA H100 80GB HBM3,stage7_backward,default,fwd+bwd,1,1,1024,128,0,f16,0.2300,0.2200,12,32.68,1e-05,1e-04,1e-06,32,10.0,ok,long
+NVIDIA H100 80GB HBM3,sdpa_flash,default,bwd,1,1,1024,128,0,f16,0.2500,0.2400,12,21.47,,,,0,10.0,ok,long
+ROWS
+printf '# t\n\n<!-- results:backward:begin -->\n<!-- results:backward:end -->\n' >"$SCRATCH/README.bwd.md"
+printf '# t\n\n<!-- results:stage7:begin -->\n<!-- results:stage7:end -->\n' >"$SCRATCH/README.s7.md"
+plots/update_readme.sh "$SCRATCH/bwd.csv" "$SCRATCH/README.bwd.md" "$SCRATCH/README.s7.md" >/dev/null 2>&1
+check "update_readme.sh's backward section: the bwd rows, named as a backward time" \
+    grep -q -F '| 1,024 | 0.200 | 0.250 |' "$SCRATCH/README.bwd.md"
+check "update_readme.sh's backward section says it times the backward" \
+    grep -q '^Backward time in ms' "$SCRATCH/README.bwd.md"
+check "a backward stage's lesson shows its bwd rows beside FA2's" \
+    grep -q -F '| 1,024 | 0.200 |' "$SCRATCH/README.s7.md"
+check "a backward stage's lesson: no forward row of another stage in it" \
+    bash -c "! grep -q 'stage 6' '$SCRATCH/README.s7.md'"
 cp "$SCRATCH/README.md" "$SCRATCH/README.once"
 plots/update_readme.sh $T/fixture.csv "$SCRATCH/README.md" >/dev/null 2>&1
 check "update_readme.sh is idempotent" cmp "$SCRATCH/README.once" "$SCRATCH/README.md"
