@@ -183,7 +183,7 @@ function best_stage(cfg, n, metric,    i, b) {
     return b
 }
 
-function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, last) {
+function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, last, ref) {
     split(cfgs[sw, ci], a, SUBSEP)
     d = a[1]
     c = a[2]
@@ -197,7 +197,10 @@ function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, 
     } else {
         printf "**D = %d, %s**: %s, B x N = %s tokens, H = %s.\n\n", d,
             c ? "causal" : "non-causal", pass_tflops(), commas(cfgT[cfg]), cfgH[cfg]
-        last = "best stage / FA2"
+        ref = reference_key(cfg)
+        last = ref == "sdpa_flash" ? "best stage / FA2" : \
+               ref == "sdpa_mem_efficient" ? "best stage / memory-efficient SDPA (no FA2 on this GPU)" : \
+               "best stage / FA2"
     }
     header(last)
     s0 = stage_key(0)
@@ -217,13 +220,22 @@ function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, 
             else line = line " " b " " fmt_x(ms[cfg, base, n] / ms[cfg, b, n]) " vs " \
                        (base == s0 ? "stage 0" : "stage 1") " |"
         } else {
-            if (has(cfg, "sdpa_flash", n, "tf") && tf[cfg, "sdpa_flash", n] + 0 > 0)
-                line = line " " b " " sprintf("%.2f", tf[cfg, b, n] / tf[cfg, "sdpa_flash", n]) \
-                       " |"
+            if (ref != "" && has(cfg, ref, n, "tf") && tf[cfg, ref, n] + 0 > 0)
+                line = line " " b " " sprintf("%.2f", tf[cfg, b, n] / tf[cfg, ref, n]) " |"
             else line = line " - |"
         }
         print line
     }
+}
+
+# What the stages are measured against in a table of cfg: FA2 (sdpa_flash) where the GPU runs it
+# (a TFLOP/s at some N), else PyTorch's memory-efficient kernel (it runs on every GPU: a T4 has no
+# FA2), else nothing.
+function reference_key(cfg,    j) {
+    for (j = 1; j <= nN[cfg]; j++) if (has(cfg, "sdpa_flash", Ns[cfg, j], "tf")) return "sdpa_flash"
+    for (j = 1; j <= nN[cfg]; j++)
+        if (has(cfg, "sdpa_mem_efficient", Ns[cfg, j], "tf")) return "sdpa_mem_efficient"
+    return ""
 }
 
 function emit(sw, metric,    ci) {

@@ -75,6 +75,15 @@ check "a backward stage's lesson shows its bwd rows beside FA2's" \
     grep -q -F '| 1,024 | 0.200 |' "$SCRATCH/README.s7.md"
 check "a backward stage's lesson: no forward row of another stage in it" \
     bash -c "! grep -q 'stage 6' '$SCRATCH/README.s7.md'"
+# a GPU without FA2 (a T4): the fa2 tables compare with the memory-efficient kernel and say so
+awk -F, -v OFS=, '$2 == "sdpa_flash" { $13 = ""; $10 = ""; $11 = ""; $19 = "unsupported" } { print }
+                  $2 == "sdpa_flash" { $2 = "sdpa_mem_efficient"; $13 = 100; $10 = 1; $11 = 1; $19 = "ok"; print }' \
+    $T/fixture.csv >"$SCRATCH/t4.csv"
+awk -F, -v sweep=fa2 -f $T/../csv.awk -f $T/../table.awk "$SCRATCH/t4.csv" >"$SCRATCH/t4.md"
+check "fa2 tables without FA2 compare the best stage with the memory-efficient kernel, saying so" \
+    grep -q -F 'best stage / memory-efficient SDPA (no FA2 on this GPU)' "$SCRATCH/t4.md"
+check "fa2 tables without FA2: FA2's cells say n/a" grep -q -F '| n/a |' "$SCRATCH/t4.md"
+check "fa2 tables with FA2 keep comparing with FA2" bash -c "awk -F, -v sweep=fa2 -f $T/../csv.awk -f $T/../table.awk $T/fixture.csv | grep -q -F '| best stage / FA2 |'"
 cp "$SCRATCH/README.md" "$SCRATCH/README.once"
 plots/update_readme.sh $T/fixture.csv "$SCRATCH/README.md" >/dev/null 2>&1
 check "update_readme.sh is idempotent" cmp "$SCRATCH/README.once" "$SCRATCH/README.md"
