@@ -109,7 +109,7 @@ _loaded: Dict[str, Tuple[Stage, ctypes.CDLL, Dict[str, int]]] = {}
 
 
 def _parse_codes(text: str) -> Dict[str, int]:
-    """attn_lib_exit_codes()'s "pass=0,wrong=1,..." as {"pass": 0, "wrong": 1, ...}."""
+    """attn_lib_exit_codes()'s "pass=<n>,wrong=<n>,..." as {"pass": <n>, "wrong": <n>, ...}."""
     codes = {}
     for item in text.split(","):
         name, _, value = item.partition("=")
@@ -175,7 +175,8 @@ def stages() -> List[Stage]:
 
 def exit_codes(stage: str = "stage5_tuned") -> Dict[str, int]:
     """The return codes of the stage's library, which are the programs' exit codes (their one
-    home is the attn_exit enum of common/attention.h): {"pass": 0, "wrong": 1, ...}."""
+    home is the attn_exit enum of common/attention.h), by name: pass, wrong, usage, unsupported,
+    oom."""
     return dict(_stage(stage)[2])
 
 
