@@ -54,7 +54,8 @@ part "CPU unit tests" "$dir/test_common" "$tmp"
 "$dir/test_common" --fixtures "$tmp" || failed=$((failed + 1))
 for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$dir/$s" "$tmp"; done
 part "make targets: no GPU, a mistyped ARCH, a missing tool, the formatter offline" bash common/tests/make_targets.sh
-part "no spills, no stack frame, no ptxas performance warning (stages 1-6)" bash common/tests/check_spills.sh "$dir" $stages
+part "no spills, no stack frame, no ptxas performance warning (stages 1-7, every target built)" bash common/tests/check_spills.sh "$dir" $stages stage7_forward
+part "the fat build's targets (sm_75 to sm_120), the README's list, the spill gate itself" bash common/tests/check_targets.sh "$dir"
 if command -v python3 >/dev/null 2>&1; then
   part "one home each: the CSV header, the exit codes, the B x H limit, the variants list" python3 common/tests/one_home.py
 else
