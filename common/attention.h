@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,6 +61,42 @@ typedef struct {
                             int variant, cudaStream_t stream);
 } attn_stage;
 
+/* The one reader of a stage's `variants` list ("default,nopad"): the program and the library
+ * both go through these (the Python binding reads the names from the descriptor). */
+static inline int attn_variant_count(const char *list) {
+    int n = 1;
+    for (const char *p = list; *p; p++) n += *p == ',';
+    return n;
+}
+
+/* The index of `name` in the list, or -1. */
+static inline int attn_variant_index(const char *list, const char *name) {
+    size_t n = strlen(name);
+    int idx = 0;
+    for (const char *p = list; *p; idx++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return idx;
+        if (!e) break;
+        p = e + 1;
+    }
+    return -1;
+}
+
+/* The name at `idx` into buf[len] (truncated; empty when there is no such variant). */
+static inline void attn_variant_name(const char *list, int idx, char *buf, size_t len) {
+    const char *p = list;
+    for (int i = 0; i < idx && p; i++) {
+        p = strchr(p, ',');
+        if (p) p++;
+    }
+    const char *e = p ? strchr(p, ',') : NULL;
+    size_t n = p ? (e ? (size_t)(e - p) : strlen(p)) : 0;
+    if (n >= len) n = len - 1;
+    memcpy(buf, p ? p : "", n);
+    buf[n] = 0;
+}
+
 /* The one home of the exit codes: the program exits with them and the library returns them
  * (python/flashcourse reads them from the library: attn_lib_exit_codes). */
 typedef enum {
@@ -72,8 +109,9 @@ typedef enum {
 
 /* The one home of the shape limits every stage accepts (the program, the library and the
  * binding check them before a stage sees the shape). */
-#define ATTN_MAX_BH 65535    /* B x H: grids put (batch, head) in blockIdx.y */
-#define ATTN_MAX_N (1 << 30) /* tokens */
+#define ATTN_MAX_GRID_Y 65535       /* CUDA's limit on gridDim.y (and gridDim.z) */
+#define ATTN_MAX_BH ATTN_MAX_GRID_Y /* B x H: grids put (batch, head) in blockIdx.y */
+#define ATTN_MAX_N (1 << 30)        /* tokens */
 
 extern const attn_stage attn_this_stage;
 

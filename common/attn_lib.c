@@ -9,14 +9,14 @@
  *   attn_lib_backward_check  the same checks, and that the stage has a backward pass; on success
  *                            the workspace the backward pass needs
  *   attn_lib_backward        those checks, then the stage's backward() on the caller's stream
- *   attn_lib_exit_codes      "pass=0,wrong=1,usage=2,unsupported=3,oom=4": the codes below, from
- *                            the attn_exit enum of attention.h, for callers that read them
+ *   attn_lib_exit_codes      "pass=<n>,wrong=<n>,usage=<n>,unsupported=<n>,oom=<n>": the codes
+ *                            below by name, from the attn_exit enum of attention.h
  *
  * Each call takes the device ordinal the tensors live on; its properties are read once and
  * cached. smem_limit > 0 lowers the shared memory per block the stage may use, as the program's
  * --smem-limit does (65536 = T4, 101376 = L4): a T4 or L4 path can run on a bigger GPU.
- * Every failure is a return code, the program's exit codes (attn_exit: 1 CUDA error, 2 bad
- * argument, 3 unsupported here or no GPU, 4 out of device memory), and one line in err. Nothing
+ * Every failure is a return code, the program's exit codes (attn_exit: wrong for a CUDA error,
+ * usage for a bad argument, unsupported here or no GPU, oom), and one line in err. Nothing
  * is printed, except what a stage's launcher itself writes to stderr (ATTN_TRY names the
  * failing call there).
  */
@@ -132,12 +132,6 @@ static int device_props(int device, long long smem_limit, attn_device *out, char
 
 /* ---- the checks the program makes before it runs a stage ---- */
 
-static int variant_count(void) {
-    int n = 1;
-    for (const char *p = attn_this_stage.variants; *p; p++) n += *p == ',';
-    return n;
-}
-
 enum { PASS_FWD = 0, PASS_BWD = 1 };
 
 /* Makes `device` current (the stage's launchers and its unsupported() ask the runtime about
@@ -146,7 +140,7 @@ enum { PASS_FWD = 0, PASS_BWD = 1 };
 static int prepare(int device, long long smem_limit, const attn_shape *s, int variant, int pass,
                    attn_device *dev, int *prev, char *err, size_t errlen) {
     const char *name = attn_this_stage.name;
-    if (variant < 0 || variant >= variant_count())
+    if (variant < 0 || variant >= attn_variant_count(attn_this_stage.variants))
         return fail(ATTN_EXIT_USAGE, err, errlen, "%s: variant index %d is not one of %s", name,
                     variant, attn_this_stage.variants);
     if (s->B < 1 || s->H < 1 || s->N < 1 || s->D < 1)

@@ -5,9 +5,10 @@
  *   build/<stage> --seq 4096 --dim 128 --heads 16 --causal --bench --csv
  *   build/<stage> --self-test            # the standard matrix, ends with "N passed, M failed"
  *
- * Exit codes: 0 pass, 1 wrong result (or a CUDA fault), 2 bad usage (options or input files),
- * 3 unsupported here (no NVIDIA GPU, or a shape or variant this stage cannot run), 4 out of
- * device or host memory. Every bad input gets one line on stderr naming the option or file.
+ * Exit codes: the attn_exit enum of attention.h (pass; a wrong result or a CUDA fault; bad usage:
+ * options or input files; unsupported here: no NVIDIA GPU, or a shape or variant this stage
+ * cannot run; out of device or host memory), which --help lists with their numbers. Every bad
+ * input gets one line on stderr naming the option or file.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -136,11 +137,12 @@ static void usage(void) {
         "  --self-test        run the standard test matrix; ends with 'N passed, M failed'\n"
         "                     (its own shapes and inputs: no shape, input or run options)\n"
         "  --help             this text\n"
-        "exit codes: 0 pass, 1 wrong result, 2 bad usage, 3 unsupported here (no NVIDIA GPU, "
-        "or the shape), 4 out of device or host memory\n",
+        "exit codes: %d pass, %d wrong result, %d bad usage, %d unsupported here (no NVIDIA "
+        "GPU, or the shape), %d out of device or host memory\n",
         prog, attn_this_stage.name, attn_this_stage.adds, ATTN_MAX_BH,
         attn_this_stage.dtype == ATTN_F16 ? "float16" : "float32", MIN_REPEATS, MIN_SECONDS,
-        attn_this_stage.variants);
+        attn_this_stage.variants, ATTN_EXIT_PASS, ATTN_EXIT_WRONG, ATTN_EXIT_USAGE,
+        ATTN_EXIT_UNSUPPORTED, ATTN_EXIT_OOM);
 }
 
 static long long parse_int(const char *opt, const char *s, long long lo, long long hi) {
@@ -187,39 +189,6 @@ static void check_writable(const char *opt, const char *path) {
     if (!f) die_usage("%s: cannot write '%s': %s", opt, path, strerror(errno));
     fclose(f);
     remove(path);
-}
-
-/* Index of `name` in the comma-separated list, or -1. */
-static int variant_index(const char *list, const char *name) {
-    size_t n = strlen(name);
-    int idx = 0;
-    for (const char *p = list; *p; idx++) {
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == n && strncmp(p, name, n) == 0) return idx;
-        if (!e) break;
-        p = e + 1;
-    }
-    return -1;
-}
-
-static int variant_count(void) {
-    int n = 1;
-    for (const char *p = attn_this_stage.variants; *p; p++) n += *p == ',';
-    return n;
-}
-
-static void variant_name(int idx, char *buf, size_t len) {
-    const char *p = attn_this_stage.variants;
-    for (int i = 0; i < idx && p; i++) {
-        p = strchr(p, ',');
-        if (p) p++;
-    }
-    const char *e = p ? strchr(p, ',') : NULL;
-    size_t n = p ? (e ? (size_t)(e - p) : strlen(p)) : 0;
-    if (n >= len) n = len - 1;
-    memcpy(buf, p ? p : "", n);
-    buf[n] = 0;
 }
 
 /* The options: getopt_long's table. Every option but --help (-h) and the flags takes a value;
@@ -411,7 +380,7 @@ static void parse_args(int argc, char **argv, options *o) {
                 o->csv = o->given_run = 1;
                 break;
             case OPT_VARIANT:
-                o->variant = variant_index(attn_this_stage.variants, v);
+                o->variant = attn_variant_index(attn_this_stage.variants, v);
                 if (o->variant < 0)
                     die_usage("--variant: '%s' is not one of %s", v, attn_this_stage.variants);
                 o->variant_given = 1;
@@ -826,7 +795,7 @@ static double max3(const double v[GRADS]) {
 
 static void print_csv(const options *o, const gpu_ctx *g, const run_result *r) {
     char vname[64];
-    variant_name(o->variant, vname, sizeof vname);
+    attn_variant_name(attn_this_stage.variants, o->variant, vname, sizeof vname);
     const attn_shape *s = &o->shape;
     printf(CSV_HEADER "\n");
     for (int p = 0; p < PASSES; p++) {
@@ -855,7 +824,7 @@ static void print_csv(const options *o, const gpu_ctx *g, const run_result *r) {
 
 static void describe(FILE *f, const options *o, const run_result *r) {
     char vname[64];
-    variant_name(o->variant, vname, sizeof vname);
+    attn_variant_name(attn_this_stage.variants, o->variant, vname, sizeof vname);
     const attn_shape *s = &o->shape;
     fprintf(f, "%s %s B=%d H=%d N=%d D=%d%s%s:", attn_this_stage.name, vname, s->B, s->H, s->N,
             s->D, s->causal ? " causal" : "", o->peaky ? " peaky" : "");
@@ -891,7 +860,7 @@ static int self_test(const options *base, gpu_ctx *g) {
     static const int Ns[] = {1, 2, 17, 63, 64, 65, 127, 128, 129, 255, 1000, 1024, 2047, 4097};
     static const int Ds[] = {64, 128};
     static const int BH[][2] = {{1, 1}, {2, 3}};
-    int passed = 0, failed = 0, nv = variant_count();
+    int passed = 0, failed = 0, nv = attn_variant_count(attn_this_stage.variants);
     uint64_t case_no = 0;
     struct timespec t0, t1;
     /* A stage that cannot run on this GPU at all (stage 6 off Hopper, or a build without its
@@ -906,7 +875,7 @@ static int self_test(const options *base, gpu_ctx *g) {
     for (int v = 0; v < nv; v++) {
         if (base->variant_given && v != base->variant) continue;
         char vname[64];
-        variant_name(v, vname, sizeof vname);
+        attn_variant_name(attn_this_stage.variants, v, vname, sizeof vname);
         int vp = 0, vf = 0;
         for (int di = 0; di < 2; di++)
             for (int causal = 0; causal < 2; causal++)

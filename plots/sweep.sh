@@ -30,6 +30,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # The program's CSV columns, from their one home.
 HEADER=$(sed -n 's/^#define CSV_HEADER "\(.*\)"$/\1/p' "$HERE/../common/csv_header.h")
 [ -n "$HEADER" ] || { echo "sweep.sh: no CSV_HEADER in common/csv_header.h" >&2; exit 2; }
+# The programs' exit codes (ATTN_EXIT_*), from their one home, the attn_exit enum of attention.h.
+. "$HERE/../common/exit_codes.sh" || exit 2
 
 usage() {
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
@@ -263,14 +265,15 @@ climb() { # bin sweep D causal Ns...
             stop_note="N=$N hung"
         elif [ -z "$status" ]; then
             case $rc in
-            0) status=FAIL; note="exit 0 but no CSV row" ;;
-            1) status=FAIL ;;
-            3) status=unsupported ;;
-            4) status=OOM ;;
+            "$ATTN_EXIT_PASS") status=FAIL; note="exit $rc (pass) but no CSV row" ;;
+            "$ATTN_EXIT_WRONG") status=FAIL ;;
+            "$ATTN_EXIT_UNSUPPORTED") status=unsupported ;;
+            "$ATTN_EXIT_OOM") status=OOM ;;
             *) status=FAIL; note="exit code $rc" ;;
             esac
             row=""
-        elif ! [[ $rc =~ ^[0134]$ ]]; then
+        elif [ "$rc" != "$ATTN_EXIT_PASS" ] && [ "$rc" != "$ATTN_EXIT_WRONG" ] &&
+            [ "$rc" != "$ATTN_EXIT_UNSUPPORTED" ] && [ "$rc" != "$ATTN_EXIT_OOM" ]; then
             note="exit code $rc"
             status=FAIL
             row=""

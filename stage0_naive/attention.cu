@@ -32,9 +32,9 @@
 constexpr int THREADS = 256;
 // Threads per block of softmax_kernel (one block per row of S): 8 warps share a row.
 constexpr int SOFTMAX_THREADS = 256;
-// Grid size cap for the grid-stride loops (gridDim.y <= 65535; x could be larger, but a grid of
-// this many blocks already fills any GPU many times over).
-constexpr unsigned MAX_BLOCKS = 65535;
+// Grid size cap for the grid-stride loops (gridDim.y's limit, from attention.h; x could be larger,
+// but a grid of this many blocks already fills any GPU many times over).
+constexpr unsigned MAX_BLOCKS = ATTN_MAX_GRID_Y;
 
 /* ---- device helpers ---------------------------------------------------------------------- */
 

@@ -934,7 +934,7 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (s->B < 1 || s->H < 1 || s->N < 1) return "B, H and N must be >= 1";
     if (dev->cc < 75) return "needs sm_75 or newer (mma.sync m16n8k8, ldmatrix)";
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
-    if ((long long)s->B * s->H > 65535) return "B * H must be at most 65535 (grid y)";
+    if ((long long)s->B * s->H > ATTN_MAX_GRID_Y) return "B * H is more than a grid's y holds";
     int arch = 0;
     if (kernel_arch(&arch) != cudaSuccess) {
         cudaGetLastError();

@@ -39,8 +39,8 @@ LONG_NS = (1024, 2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536, 131072, 26
 
 def exit_codes(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common",
                                   "attention.h")):
-    """The programs' exit codes from their one home, the attn_exit enum of common/attention.h:
-    {"PASS": 0, "WRONG": 1, "USAGE": 2, "UNSUPPORTED": 3, "OOM": 4}."""
+    """The programs' exit codes from their one home, the attn_exit enum of common/attention.h, by
+    name: PASS, WRONG, USAGE, UNSUPPORTED, OOM."""
     with open(path) as f:
         codes = {m.group(1): int(m.group(2))
                  for m in re.finditer(r"\bATTN_EXIT_([A-Z_]+)\s*=\s*(\d+)", f.read())}

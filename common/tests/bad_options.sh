@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every bad input must give its documented exit code (2 bad usage or file, 4 out of host memory)
+# Every bad input must give its documented exit code (bad usage or file, or out of host memory)
 # and one line on stderr naming the problem; no GPU needed (options, output paths and .npy files
 # are checked before the device is touched).
 # usage: bad_options.sh BINARY FIXTURE_DIR   (fixtures from `test_common --fixtures DIR`)
@@ -75,7 +75,9 @@ expect 2 "--v: '$fx/dim96.npy' has D = 96, which is not supported" --dim 64 --v 
 expect 2 "takes no --q" --self-test --q "$fx/good.npy"
 expect 0 "" --help
 help=$("$bin" --help)
-for want in "B x H <= 65535" "in the stage's storage type (float" "4 out of device or host memory"; do
+# the B x H limit, from its home (attention.h: ATTN_MAX_BH is ATTN_MAX_GRID_Y)
+max_bh=$(sed -n 's/^#define ATTN_MAX_GRID_Y \([0-9]*\).*/\1/p' "$(dirname "$0")/../attention.h")
+for want in "B x H <= ${max_bh:-(no ATTN_MAX_GRID_Y in attention.h)}" "in the stage's storage type (float" "4 out of device or host memory"; do
   if grep -qF -- "$want" <<<"$help"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: --help does not say '$want'"; fi
 done
 limit=2097152 # 2 GiB of address space: the 8 GiB of big.npy do not fit

@@ -16,9 +16,10 @@ ok() { passed=$((passed + 1)); echo "ok    $*"; }
 bad() { failed=$((failed + 1)); echo "FAIL  $*"; sed 's/^/      /' "$tmp/out" | head -n 10; }
 skip() { skipped=$((skipped + 1)); echo "SKIP  $*"; }
 # mk ARGS...: make with the output (stdout and stderr) in $tmp/out, its status in $rc; never a
-# real compile (NVCC and CC fail at once if it came to that)
+# real compile (NVCC and CC fail at once if it came to that). Not FORMAT_CHECK_REQUIRED from the
+# caller (.ci/run sets it): the tests below give it where they mean it.
 mk() {
-  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory NVCC=false CC=false "$@" >"$tmp/out" 2>&1
+  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u FORMAT_CHECK_REQUIRED make --no-print-directory NVCC=false CC=false "$@" >"$tmp/out" 2>&1
   rc=$?
 }
 lines() { grep -c '' "$tmp/out"; }

@@ -13,6 +13,7 @@ set -u
 dir=$1
 cd "$(dirname "$0")/../.."
 stages=$(ls -d stage[0-9]*/ 2>/dev/null | tr -d / | sort)
+. common/exit_codes.sh || exit 1 # ATTN_EXIT_*: the programs' exit codes, from attention.h
 passed=0 failed=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -32,7 +33,7 @@ part() { # part NAME COMMAND...: runs it, adds its "N passed, M failed" (or 1/0)
   local line; line=$(grep -oE '[0-9]+ passed, [0-9]+ failed' "$tmp/out" | tail -n 1)
   local nskip; nskip=$(grep -cE "$skip_re" "$tmp/out")
   grep -E "$skip_re" "$tmp/out" | sed -E "s/$skip_re//" | while IFS= read -r l; do skip "$name" "$l"; done
-  if [ "$rc" -eq 3 ] && grep -q "self-test waived" "$tmp/out"; then
+  if [ "$rc" -eq "$ATTN_EXIT_UNSUPPORTED" ] && grep -q "self-test waived" "$tmp/out"; then
     skip "$name" "waived: this stage does not run on this GPU"
   elif [ -n "$line" ]; then
     local p f
@@ -53,7 +54,13 @@ part "CPU unit tests" "$dir/test_common" "$tmp"
 "$dir/test_common" --fixtures "$tmp" || failed=$((failed + 1))
 for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$dir/$s" "$tmp"; done
 part "make targets: no GPU, a mistyped ARCH, a missing tool, the formatter offline" bash common/tests/make_targets.sh
-part "no spills, no stack frame, no ptxas performance warning (stages 1-6)" bash common/tests/check_spills.sh "$dir" $stages
+part "no spills, no stack frame, no ptxas performance warning (stages 1-7, every target built)" bash common/tests/check_spills.sh "$dir" $stages stage7_forward
+part "the fat build's targets (sm_75 to sm_120), the README's list, the spill gate itself" bash common/tests/check_targets.sh "$dir"
+if command -v python3 >/dev/null 2>&1; then
+  part "one home each: the CSV header, the exit codes, the B x H limit, the variants list" python3 common/tests/one_home.py
+else
+  skip "one home each" "python3 not found (common/tests/one_home.py)"
+fi
 part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
 if [ -f plots/tests/run.sh ]; then part "sweep, plots and tables" bash plots/tests/run.sh; fi
 part "lessons: code maps, line references, no untraced figure in prose" bash common/tests/check_lessons.sh

@@ -8,11 +8,12 @@
 set -u
 dir=$1 tools=$2; shift 2
 passed=0 failed=0
+. "$(dirname "$0")/../exit_codes.sh" || exit 1 # ATTN_EXIT_*: the programs' exit codes
 shapes=("--seq 300 --dim 64 --batch 1 --heads 2 --causal" "--seq 130 --dim 128" "--seq 200 --dim 128 --causal --dist peaky")
 for s in "$@"; do
   # a stage that cannot run on this GPU at all (stage 6 off Hopper) is waived, not failed
   "$dir/$s" --seq 64 --dim 64 --check 0 >/dev/null 2>&1
-  if [ $? -eq 3 ]; then echo "$s: waived (does not run on this GPU)"; continue; fi
+  if [ $? -eq "$ATTN_EXIT_UNSUPPORTED" ]; then echo "$s: waived (does not run on this GPU)"; continue; fi
   variants=$("$dir/$s" --help | sed -n 's/.*--variant NAME *one of: //p' | tr ',' ' ')
   for v in $variants; do
     for t in $tools; do

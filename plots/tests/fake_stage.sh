@@ -23,6 +23,8 @@ UNSUP_D=
 NOGPU=
 LOG=/dev/null
 [ -f "$0.conf" ] && . "$0.conf"
+# the program's exit codes (ATTN_EXIT_*), from their one home
+. "${FAKE_REPO:-.}/common/exit_codes.sh"
 
 B=1 H=1 N=0 D=0 causal=0 budget=60
 while [ $# -gt 0 ]; do
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
     --budget) budget=$2; shift 2 ;;
     --check) shift 2 ;;
     --bench | --csv) shift ;;
-    *) echo "$name: bad option $1" >&2; exit 2 ;;
+    *) echo "$name: bad option $1" >&2; exit "$ATTN_EXIT_USAGE" ;;
     esac
 done
 echo "$name $N $D $causal $B $H" >>"$LOG"
@@ -45,27 +47,27 @@ sed -n 's/^#define CSV_HEADER "\(.*\)"$/\1/p' "${FAKE_REPO:-.}/common/csv_header
 if [ -n "$NOGPU" ]; then
     echo "$name: no CUDA device here" >&2
     echo "none,$name,default,fwd,$B,$H,$N,$D,$causal,f16,,,,,,,,0,0.0,unsupported"
-    exit 3
+    exit "$ATTN_EXIT_UNSUPPORTED"
 fi
 shape="Fake GPU,$name,default,fwd,$B,$H,$N,$D,$causal,f16"
 if [ -n "$OOM_ELEMS" ] && awk -v b=$B -v h=$H -v n=$N -v m=$OOM_ELEMS 'BEGIN { exit !(b * h * n * n > m) }'; then
     echo "$shape,,,0,,,,,0,,OOM"
     echo "$name: out of device memory" >&2
-    exit 4
+    exit "$ATTN_EXIT_OOM"
 fi
 if [ -n "$UNSUP_D" ] && [ $causal = 1 ] && [ "$D" = "$UNSUP_D" ]; then
     echo "$shape,,,0,,,,,0,,unsupported"
-    exit 3
+    exit "$ATTN_EXIT_UNSUPPORTED"
 fi
 if [ "$N" = "$FAIL_N" ]; then
     echo "$shape,,,0,,,,,32,,FAIL"
     echo "$name: row 7: max abs error 0.5 > bound" >&2
-    exit 1
+    exit "$ATTN_EXIT_WRONG"
 fi
 ms=$(awk -v a=$A -v e=$EXP -v b=$B -v h=$H -v n=$N -v d=$D 'BEGIN { printf "%.4f", a * b * h * (n / 1024) ^ e * d / 128 }')
 tf=$(awk -v ms=$ms -v b=$B -v h=$H -v n=$N -v d=$D -v c=$causal 'BEGIN { printf "%.2f", 4 * b * h * n * n * d / (c ? 2 : 1) / (ms * 1e9) }')
 if awk -v ms=$ms -v s=$budget 'BEGIN { exit !(ms > s * 1000) }'; then
     echo "$shape,$ms,$ms,1,$tf,,,,0,1.0,over_budget"
-    exit 0
+    exit "$ATTN_EXIT_PASS"
 fi
 echo "$shape,$ms,$ms,10,$tf,1.0e-04,2.0e-04,1.0e-05,32,1.0,ok"

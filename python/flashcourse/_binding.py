@@ -30,21 +30,23 @@ _DTYPES = {0: "float32", 1: "float16"}  # attn_dtype: ATTN_F32, ATTN_F16
 BACKWARD_STAGE = "stage7_backward"  # the stage whose backward pass attention() differentiates with
 
 
-def _find_repo() -> Optional[Path]:
-    """The repository: the one this file sits in (a checkout, or `pip install -e python`), else
-    the one `pip install ./python` recorded in _install.json (python/setup.py writes it)."""
+def _find_repo() -> Tuple[Optional[Path], Optional[Path]]:
+    """(the repository, or None; the checkout _install.json names, if any). The repository is
+    the one this file sits in (a checkout, or `pip install -e python`), else the one that
+    `pip install ./python` recorded in _install.json beside this file (python/setup.py writes
+    it), while it still holds the course."""
     here = Path(__file__).resolve().parents[2]
     if (here / "common" / "attention.h").is_file():
-        return here
+        return here, None
     try:
         with open(Path(__file__).with_name("_install.json")) as f:
-            repo = Path(json.load(f)["repo"])
+            recorded = Path(json.load(f)["repo"])
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return repo
+        return None, None
+    return (recorded if (recorded / "common" / "attention.h").is_file() else None), recorded
 
 
-REPO = _find_repo()
+REPO, _RECORDED_REPO = _find_repo()
 
 
 class LibraryNotBuiltError(FileNotFoundError):
@@ -93,9 +95,11 @@ def library_dir() -> Path:
 
 def _make_hint(d: Path) -> str:
     if REPO is None:
-        return ("this installed copy of flashcourse does not know where the course's repository "
-                "is: run `make lib` there and point FLASHCOURSE_LIB_DIR at its build/lib "
-                f"(looked in {d})")
+        where = ("does not know where the course's repository is" if _RECORDED_REPO is None else
+                 f"was installed from {_RECORDED_REPO}, which no longer holds the course")
+        return (f"this installed copy of flashcourse {where}: run `make lib` in the checkout and "
+                "point FLASHCOURSE_LIB_DIR at its build/lib, or run `pip install ./python` "
+                f"there again (looked in {d})")
     return (f"run `make lib` in {REPO} (it builds build/lib/lib<stage>.so for every stage), "
             f"or point FLASHCOURSE_LIB_DIR at the folder that holds them (looked in {d})")
 
@@ -105,7 +109,7 @@ _loaded: Dict[str, Tuple[Stage, ctypes.CDLL, Dict[str, int]]] = {}
 
 
 def _parse_codes(text: str) -> Dict[str, int]:
-    """attn_lib_exit_codes()'s "pass=0,wrong=1,..." as {"pass": 0, "wrong": 1, ...}."""
+    """attn_lib_exit_codes()'s "pass=<n>,wrong=<n>,..." as {"pass": <n>, "wrong": <n>, ...}."""
     codes = {}
     for item in text.split(","):
         name, _, value = item.partition("=")
@@ -171,7 +175,8 @@ def stages() -> List[Stage]:
 
 def exit_codes(stage: str = "stage5_tuned") -> Dict[str, int]:
     """The return codes of the stage's library, which are the programs' exit codes (their one
-    home is the attn_exit enum of common/attention.h): {"pass": 0, "wrong": 1, ...}."""
+    home is the attn_exit enum of common/attention.h), by name: pass, wrong, usage, unsupported,
+    oom."""
     return dict(_stage(stage)[2])
 
 

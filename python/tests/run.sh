@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The Python binding's part of `make test`: links every stage library from BUILD_DIR's objects
 # (make lib), checks what each exports, then runs python/tests/test_binding.py against them (its
-# GPU and PyTorch tests say `skipped` where there is neither) and checks the notebook's cells
-# parse, and that the example says in one line that it needs PyTorch where there is none. Ends with
-# "N passed, M failed, K skipped" (each skip a line "SKIP  what: why", or test_binding.py's
-# "skipped  name: why").
+# GPU and PyTorch tests say `skipped` where there is neither), installs the package as a user
+# does (pip_install.sh: `pip install ./python` finds this checkout's libraries), checks the
+# notebook's cells parse, and that the example says in one line that it needs PyTorch where there
+# is none. Ends with "N passed, M failed, K skipped" (each skip a line "SKIP  what: why", or
+# test_binding.py's "skipped  name: why").
 # usage: python/tests/run.sh BUILD_DIR
 set -u
 dir=$1
@@ -38,6 +39,18 @@ else
     [ "$rc" -eq 0 ] || [ "$(awk '{print $3}' <<<"$line")" -ne 0 ] || bad "test_binding.py exit $rc"
   else
     bad "test_binding.py printed no summary (exit $rc)"
+  fi
+  # pip install ./python (not -e): the installed package finds this checkout's libraries
+  out=$(bash python/tests/pip_install.sh "$dir" 2>&1)
+  rc=$?
+  echo "$out"
+  skipped=$((skipped + $(grep -c -E '^SKIP ' <<<"$out")))
+  line=$(grep -oE '^[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -n 1)
+  if [ -n "$line" ]; then
+    passed=$((passed + $(awk '{print $1}' <<<"$line"))) failed=$((failed + $(awk '{print $3}' <<<"$line")))
+    [ "$rc" -eq 0 ] || [ "$(awk '{print $3}' <<<"$line")" -ne 0 ] || bad "pip_install.sh exit $rc"
+  else
+    bad "pip_install.sh printed no summary (exit $rc)"
   fi
   if python3 python/tests/check_notebook.py; then ok "notebook cells parse"; else bad "notebook cells parse"; fi
   if python3 python/tests/run_notebook.py --fresh; then ok "notebook: fetched by URL and by upload, re-run, one line without a GPU"; else bad "notebook as a fresh user (run_notebook.py --fresh)"; fi
