@@ -83,6 +83,12 @@ awk -F, -v sweep=fa2 -f $T/../csv.awk -f $T/../table.awk "$SCRATCH/t4.csv" >"$SC
 check "fa2 tables without FA2 compare the best stage with the memory-efficient kernel, saying so" \
     grep -q -F 'best stage / memory-efficient SDPA (no FA2 on this GPU)' "$SCRATCH/t4.md"
 check "fa2 tables without FA2: FA2's cells say n/a" grep -q -F '| n/a |' "$SCRATCH/t4.md"
+awk -F, -v lesson=3 -f $T/../csv.awk -f $T/../table.awk "$SCRATCH/t4.csv" >"$SCRATCH/t4l.md"
+check "a lesson without FA2 compares with the memory-efficient kernel" \
+    grep -q -F '| memory-efficient SDPA ms | memory-efficient SDPA time / stage 3 time |' "$SCRATCH/t4l.md"
+awk -F, -v summary=1 -f $T/../csv.awk -f $T/../table.awk "$SCRATCH/t4.csv" >"$SCRATCH/t4s.md"
+check "the summary without FA2 compares with the memory-efficient kernel, saying so" \
+    grep -q -F 'memory-efficient SDPA (no FA2 on this GPU) time / stage time' "$SCRATCH/t4s.md"
 check "fa2 tables with FA2 keep comparing with FA2" bash -c "awk -F, -v sweep=fa2 -f $T/../csv.awk -f $T/../table.awk $T/fixture.csv | grep -q -F '| best stage / FA2 |'"
 cp "$SCRATCH/README.md" "$SCRATCH/README.once"
 plots/update_readme.sh $T/fixture.csv "$SCRATCH/README.md" >/dev/null 2>&1
