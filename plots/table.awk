@@ -187,7 +187,7 @@ function best_stage(cfg, n, metric,    i, b) {
     return b
 }
 
-function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, last, ref) {
+function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, last) {
     split(cfgs[sw, ci], a, SUBSEP)
     d = a[1]
     c = a[2]
@@ -201,10 +201,7 @@ function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, 
     } else {
         printf "**D = %d, %s**: %s, B x N = %s tokens, H = %s.\n\n", d,
             c ? "causal" : "non-causal", pass_tflops(), commas(cfgT[cfg]), cfgH[cfg]
-        ref = reference_key(cfg)
-        last = ref == "sdpa_flash" ? "best stage / FA2" : \
-               ref == "sdpa_mem_efficient" ? "best stage / memory-efficient SDPA (no FA2 on this GPU)" : \
-               "best stage / FA2"
+        last = "best stage / " REF_NAME (REF == "sdpa_flash" ? "" : " (no FA2 on this GPU)")
     }
     header(last)
     s0 = stage_key(0)
@@ -224,22 +221,12 @@ function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, 
             else line = line " " b " " fmt_x(ms[cfg, base, n] / ms[cfg, b, n]) " vs " \
                        (base == s0 ? "stage 0" : "stage 1") " |"
         } else {
-            if (ref != "" && has(cfg, ref, n, "tf") && tf[cfg, ref, n] + 0 > 0)
-                line = line " " b " " sprintf("%.2f", tf[cfg, b, n] / tf[cfg, ref, n]) " |"
+            if (has(cfg, REF, n, "tf") && tf[cfg, REF, n] + 0 > 0)
+                line = line " " b " " sprintf("%.2f", tf[cfg, b, n] / tf[cfg, REF, n]) " |"
             else line = line " - |"
         }
         print line
     }
-}
-
-# What the stages are measured against in a table of cfg: FA2 (sdpa_flash) where the GPU runs it
-# (a TFLOP/s at some N), else PyTorch's memory-efficient kernel (it runs on every GPU: a T4 has no
-# FA2), else nothing.
-function reference_key(cfg,    j) {
-    for (j = 1; j <= nN[cfg]; j++) if (has(cfg, "sdpa_flash", Ns[cfg, j], "tf")) return "sdpa_flash"
-    for (j = 1; j <= nN[cfg]; j++)
-        if (has(cfg, "sdpa_mem_efficient", Ns[cfg, j], "tf")) return "sdpa_mem_efficient"
-    return ""
 }
 
 function emit(sw, metric,    ci) {
@@ -476,7 +463,7 @@ function emit_summary(    minn, i, k) {
     printf "fa2 shapes with N >= %s: TFLOP/s on the non-causal ones; time ratios (above 1: the stage is" \
            " faster) over all of them.\n\n", commas(minn)
     printf "| stage | TFLOP/s, non-causal | %s time / stage time | %s time / stage time |\n",
-           REF == "sdpa_flash" ? "FA2" : "memory-efficient SDPA (no FA2 on this GPU)",
+           REF_NAME (REF == "sdpa_flash" ? "" : " (no FA2 on this GPU)"),
            REF == "sdpa_flash" ? "cuDNN (sdpa_default)" : "PyTorch default (sdpa_default)"
     print "|:---|---:|---:|---:|"
     for (i = 1; i <= nk; i++) {
@@ -487,7 +474,7 @@ function emit_summary(    minn, i, k) {
     }
 }
 
-# What the lessons and the summary measure the stages against: FA2 (sdpa_flash) where the GPU of
+# What the tables, the lessons and the summary measure the stages against: FA2 (sdpa_flash) where the GPU of
 # the CSV runs it, else PyTorch's memory-efficient kernel (a T4 has no FA2); REF_NAME in words.
 function csv_reference() {
     if ("sdpa_flash" in ran) return "sdpa_flash"
