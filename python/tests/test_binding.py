@@ -402,12 +402,11 @@ def t_workspace_through_torch():
 
 # ---- GPU: gradients (stage 7's backward pass through autograd) ----
 
-def grad_reference(q, k, v, do, causal, scale, o=None):
+def grad_reference(q, k, v, do, causal, scale, o):
     """dq, dk, dv of sum(o * do) on the stored values: exact (float64 autograd), and the same
     computation with the fp16 roundings a correct kernel makes (P, dS and the gradients rounded to
-    fp16, the rest float64; D = rowsum(dO * O) from the forward's stored O when given, else from O
-    rounded to fp16), whose distance from the exact one sets the bound, as common/reference_bwd.c
-    does."""
+    fp16, the rest float64; D = rowsum(dO * O) from the forward's stored O, as the backward takes
+    it), whose distance from the exact one sets the bound, as common/reference_bwd.c does."""
     N = q.shape[2]
     leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     s = torch.matmul(leaves[0], leaves[1].transpose(-1, -2)) * scale
@@ -423,15 +422,14 @@ def grad_reference(q, k, v, do, causal, scale, o=None):
     q64, k64, v64, do64 = (t.detach().double() for t in (q, k, v, do))
     p = p.detach()
     p16 = f16(p)
-    o16 = f16(p16 @ v64) if o is None else o.detach().double()
     dp = do64 @ v64.transpose(-1, -2)
-    ds16 = f16(p * (dp - (do64 * o16).sum(-1, keepdim=True)))
+    ds16 = f16(p * (dp - (do64 * o.detach().double()).sum(-1, keepdim=True)))
     rounded = (f16(scale * ds16 @ k64), f16(scale * ds16.transpose(-1, -2) @ q64),
                f16(p16.transpose(-1, -2) @ do64))
     return exact, rounded
 
 
-def grad_miss(got, q, k, v, do, causal, scale, o=None):
+def grad_miss(got, q, k, v, do, causal, scale, o):
     """The pass rule of common/reference_bwd.c on dq, dk, dv: at most twice the error of the fp16
     computation plus 1e-4 (1 + max |exact|); NaN or Inf never passes. A description, or None.
     o: the forward's output, whose rounding the backward inherits through D = rowsum(dO * O)."""
