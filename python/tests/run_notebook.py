@@ -2,9 +2,10 @@
 """Executes python/colab_t4_l4.ipynb headless.
 
     python3 python/tests/run_notebook.py [EXECUTED.ipynb] [--cell-timeout S]
-        every cell, with nbclient, from inside the repository (so it fetches nothing and needs no
-        internet; on a GPU), printing each code cell's time and last lines. Needs nbclient,
-        nbformat and ipykernel.
+        every cell, from inside the repository (so it fetches nothing and needs no internet; on a
+        GPU), printing each code cell's time and last lines. With nbclient, nbformat and ipykernel
+        where installed (and the executed notebook written to EXECUTED.ipynb), else all cells in
+        one python3 process (--engine plain).
     python3 python/tests/run_notebook.py --fresh
         as a fresh user would (CI, no GPU needed, seconds): the notebook file alone in an empty
         folder, its first cell run with a local bare repository pasted as REPO_URL, and again with
@@ -36,13 +37,15 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # and marks where each cell's output starts, and the error that stopped it (IPython shows an
 # exception's _render_traceback_() instead of the traceback, and so does this).
 PLAIN = r"""
-import json, sys, traceback
+import json, sys, time, traceback
 cells = json.load(open(sys.argv[1]))
 g = {"__name__": "__main__"}
 for i, src in enumerate(cells):
     print("\x1ecell", flush=True)
+    t0 = time.time()
     try:
         exec(compile(src, "cell", "exec"), g)
+        print("\x1eseconds %.1f" % (time.time() - t0), flush=True)
     except BaseException as e:
         render = getattr(e, "_render_traceback_", None)
         print("\n".join(render()) if render else traceback.format_exc().rstrip(), flush=True)
@@ -77,18 +80,29 @@ def session(nb_path, numbers, cwd, engine, timeout=300):
                 client.execute_cell(cell, i)
                 results.append(outputs_of(cell))
         return results
+    return [(ok, text) for ok, text, _ in plain_cells(nb_path, numbers, cwd, timeout)]
+
+
+def plain_cells(nb_path, numbers, cwd, timeout):
+    """The plain engine: code cells `numbers` in one new python3 process; [(ok, text, seconds)]."""
     srcs = code_sources(nb_path)
     prog = Path(cwd) / ".." / f".cells-{os.getpid()}.json"
     prog.write_text(json.dumps([srcs[n - 1] for n in numbers]))
-    p = subprocess.run([sys.executable, "-c", PLAIN, str(prog)], cwd=cwd, capture_output=True,
-                       text=True, timeout=timeout)
-    prog.unlink()
-    parts = (p.stdout + p.stderr).split("\x1ecell\n")[1:]
+    try:
+        p = subprocess.run([sys.executable, "-c", PLAIN, str(prog)], cwd=cwd, capture_output=True,
+                           text=True, timeout=timeout)
+        out = p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") + "\n\x1eerror\n"
+    finally:
+        prog.unlink()
     results = []
-    for part in parts:
+    for part in out.split("\x1ecell\n")[1:]:
         failed = "\x1eerror" in part
-        results.append((not failed, part.replace("\x1eerror\n", "").rstrip()))
-    results += [(False, "not run")] * (len(numbers) - len(results))
+        t = re.search(r"\x1eseconds ([0-9.]+)\n", part)
+        text = re.sub(r"\x1e(seconds [0-9.]+|error)\n?", "", part).rstrip()
+        results.append((not failed, text, float(t.group(1)) if t else None))
+    results += [(False, "not run", None)] * (len(numbers) - len(results))
     return results
 
 
@@ -187,6 +201,12 @@ def text_of(cell):
     return "".join(out)
 
 
+def default_engine():
+    import importlib.util as u
+
+    return "nbclient" if u.find_spec("ipykernel") and u.find_spec("nbclient") else "plain"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?", default="executed.ipynb")
@@ -195,19 +215,27 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="the fresh-user checks (see above)")
     ap.add_argument("--engine", choices=("nbclient", "plain"), help="default: nbclient if installed")
     args = ap.parse_args()
+    engine = args.engine or default_engine()
     if args.fresh:
-        engine = args.engine
-        if engine is None:
-            try:
-                import ipykernel  # noqa: F401
-                import nbclient  # noqa: F401
-                engine = "nbclient"
-            except ImportError:
-                engine = "plain"
         print(f"fresh-user checks of {NB.name}, cells run by {engine}")
         passed, failed = fresh_user(engine)
         print(f"{passed} passed, {failed} failed")
         return 1 if failed else 0
+    if engine == "plain":  # every code cell in one python3 process, from inside the repository
+        n_code = len(code_sources(NB))
+        print(f"{NB.name}: {n_code} code cells run by the plain engine (no nbclient here)")
+        results = plain_cells(NB, list(range(1, n_code + 1)), NB.parent, args.cell_timeout * n_code)
+        srcs = code_sources(NB)
+        passed = sum(ok for ok, _, _ in results)
+        for n, (ok, text, t) in enumerate(results, 1):
+            state = "ok" if ok else ("not run" if text == "not run" else "FAILED")
+            print(f"cell {n} [{state}, {'%.1f s' % t if t is not None else '-'}] {srcs[n - 1].splitlines()[0]}")
+            for line in ANSI.sub("", text).splitlines()[-4:]:
+                print(f"    {line}")
+        if args.times:
+            Path(args.times).write_text(json.dumps({n: t for n, (_, _, t) in enumerate(results, 1) if t}))
+        print(f"{passed} passed, {n_code - passed} failed")
+        return 0 if passed == n_code else 1
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
