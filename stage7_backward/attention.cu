@@ -347,7 +347,7 @@ typedef struct bwd_params {
 // (N_pad is a multiple of ROW_PAD).
 constexpr int PREPROCESS_THREADS = 128;
 constexpr int PREPROCESS_LANES = 8;
-constexpr int ROW_PAD = 64;  // N_pad: N rounded up to this, a multiple of every tile's rows
+constexpr int ROW_PAD = 128;  // N_pad: N rounded up to this, a multiple of every tile's rows
 
 template <int D>
 __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bwd_params p) {
@@ -631,6 +631,310 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
     store_rows<D>(p.dV + head, dV, key_row, p.N, 1.f);
 }
 
+/* ---- the shared-memory layout: P^T and dS^T through shared memory (FlashAttention-2's) ----- */
+
+// A tile configuration of backward_smem_kernel: 8 warps, KEYS keys a block, QROWS queries a loop
+// tile, STAGES buffers of Q_i, dO_i. P^T and dS^T go through shared memory, so that each of the
+// five products splits its output over the 8 warps in the shape that reads least shared memory
+// for it (32 x 32 or 32 x 64 fragments a warp; see the phases below), instead of all five
+// following the 16 keys a warp owns in backward_kernel.
+typedef struct {
+    int KEYS, QROWS, STAGES, SCORE_PASSES;
+} smem_p_config;
+
+// D = 128: 128 keys x 64 queries (161 KB: an H100, H200 or A100); D = 64: 128 x 128 (162 KB).
+// Where it does not fit (an L4's 99 KB, a T4's 64 KB) the launcher falls back to backward_kernel.
+constexpr smem_p_config SMEM_P_TILES_D128 = {128, 64, 2, 1};
+constexpr smem_p_config SMEM_P_TILES_D64 = {128, 128, 2, 2};
+constexpr int SMEM_P_WARPS = 8;
+constexpr int SMEM_P_KEY_WARPS = 4;  // S^T, dP^T, dK, dV: the warps split the keys 4 ways...
+constexpr int SMEM_P_COL_WARPS = SMEM_P_WARPS / SMEM_P_KEY_WARPS;  // ... and their columns 2 ways
+constexpr int DQ_WARP_ROWS = 32;  // dQ: each warp 32 query rows x its share of the head dim
+
+template <int D>
+__host__ __device__ constexpr smem_p_config smem_p_tiles() {
+    return D == 64 ? SMEM_P_TILES_D64 : SMEM_P_TILES_D128;
+}
+
+// K_j, V_j [KEYS, D]; STAGES x (Q_i, dO_i [QROWS, D]); P^T, dS^T [KEYS, QROWS]; STAGES x (LSE_i,
+// D_i [QROWS] floats)
+__host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D) {
+    return (2 * (size_t)c.KEYS + 2 * (size_t)c.STAGES * c.QROWS) * D * sizeof(__half) +
+           2 * (size_t)c.KEYS * c.QROWS * sizeof(__half) +
+           2 * (size_t)c.STAGES * c.QROWS * sizeof(float);
+}
+
+// C = A B^T for one warp, MT x NT fragments: A = MT m16 row blocks of a [*, D] tile from A_rows,
+// B = NT n8 row blocks of another [*, D] tile from B_rows: S^T = K_j Q_i^T, dP^T = V_j dO_i^T.
+// Each k16 step reads MT + NT / 2 ldmatrix.x4 for MT NT mma.
+template <int D, int MT, int NT>
+__device__ __forceinline__ void gemm_nt(float (&C)[MT][NT][4], uint32_t A_rows, uint32_t B_rows) {
+    constexpr int ROW_BYTES = D * 2;
+    const uint32_t a_off = a_lane_offset<D>(), b_off = b_lane_offset<D>();
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) C[m][n][e] = 0.f;
+        }
+    }
+#pragma unroll 4
+    for (int k = 0; k < D / MMA_K; ++k) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            ldmatrix_x4(a[m], A_rows + (a_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n += X4_BLOCKS) {
+            uint32_t b[4];  // b0, b1 of rows 8n..; b0, b1 of rows 8n + 8..
+            ldmatrix_x4(b, B_rows + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816(C[m][n], a[m], b[0], b[1]);
+                mma_16816(C[m][n + 1], a[m], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// C += A B for one warp over KSTEPS k16 steps, MT x NT fragments. B: a [16 KSTEPS, B_COLS] tile
+// stored row-major (read .trans), the warp's columns from chunk b_chunk. A: A_T = false, a
+// [*, A_COLS] tile row-major, the warp's rows from A_rows (dV += P^T dO_i, dK += dS^T Q_i);
+// A_T = true, stored transposed, [16 KSTEPS, A_COLS] with the warp's rows as columns from chunk
+// a_chunk (dQ_i += dS K_j, dS read from dS^T).
+template <int MT, int NT, int KSTEPS, bool A_T, int A_COLS, int B_COLS>
+__device__ __forceinline__ void gemm_nn(float (&C)[MT][NT][4], uint32_t A, int a_chunk, uint32_t B,
+                                        int b_chunk) {
+    constexpr int A_ROW_BYTES = A_COLS * 2, B_ROW_BYTES = B_COLS * 2;
+    const uint32_t a_off = A_T ? b_lane_offset<A_COLS>() : a_lane_offset<A_COLS>();
+    const uint32_t b_off = a_lane_offset<B_COLS>();
+#pragma unroll 4
+    for (int k = 0; k < KSTEPS; ++k) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            if (A_T) {
+                ldmatrix_x4_trans(a[m], A + (a_off ^ ((a_chunk + m * X4_BLOCKS) * CHUNK_BYTES)) +
+                                            k * MMA_K * A_ROW_BYTES);
+            } else {
+                ldmatrix_x4(a[m], A + (a_off ^ (k * X4_BYTES)) + m * MMA_M * A_ROW_BYTES);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n += X4_BLOCKS) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(
+                b, B + (b_off ^ ((b_chunk + n) * CHUNK_BYTES)) + k * MMA_K * B_ROW_BYTES);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816(C[m][n], a[m], b[0], b[1]);
+                mma_16816(C[m][n + 1], a[m], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// The warp's fragments of a [*, COLS] fp32 tile as fp16 into a swizzled shared tile: fragment
+// (m, n) covers rows row0 + 16m.., columns col0 + 8n.. (P^T and dS^T).
+template <int COLS, int MT, int NT>
+__device__ __forceinline__ void store_fragments(uint32_t tile, const float (&C)[MT][NT][4],
+                                                int row0, int col0) {
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // rows g and g + 8
+                const int r = row0 + MMA_M * m + g + MMA_M / 2 * h;
+                st_shared_b32(
+                    tile + smem_offset<COLS>(r, col0 / CHUNK_HALVES + n) + t * sizeof(uint32_t),
+                    pack_half2(C[m][n][2 * h], C[m][n][2 * h + 1]));
+            }
+        }
+    }
+}
+
+// One warp's block of the scores phase: keys key0.. (MT m16 blocks, from the block's k0) x
+// queries q_col.. (NT n8 blocks, from the tile's q0) of S^T = K_j Q_i^T and dP^T = V_j dO_i^T,
+// then P^T = 2^(c S^T - LSE_i) and dS^T = P^T (dP^T - D_i), stored to P_smem and dS_smem as
+// fp16. MASK (the diagonal tile, and the tile holding N): keys past N and, causal, keys after
+// the query get P = 0; queries past N have LSE = +inf, so P = 0 there without a mask.
+template <int D, int QROWS, int MT, int NT>
+__device__ __forceinline__ void score_gradients(const bwd_params &p, uint32_t K_smem,
+                                                uint32_t V_smem, uint32_t Q_tile, uint32_t dO_tile,
+                                                uint32_t vec_tile, uint32_t P_smem,
+                                                uint32_t dS_smem, int k0, int key0, int q0,
+                                                int q_col, bool mask) {
+    constexpr int ROW_BYTES = D * 2;
+    float S[MT][NT][4], dP[MT][NT][4];
+    gemm_nt<D, MT, NT>(S, K_smem, Q_tile + q_col * ROW_BYTES);    // S^T = K_j Q_i^T
+    gemm_nt<D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int col = q_col + frag_col(n, 0);
+            const float2 lse = ld_shared_f2(vec_tile + col * sizeof(float));
+            const float2 Di = ld_shared_f2(vec_tile + (QROWS + col) * sizeof(float));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + key0 + MMA_M * m + frag_row(e), query = q0 + col + e % 2;
+                const bool off = mask && (key >= p.N || (p.causal && key > query));
+                const float x = fmaf(S[m][n][e], p.scale_log2, -(e % 2 ? lse.y : lse.x));
+                S[m][n][e] = off ? 0.f : fast_exp2(x);
+                dP[m][n][e] = S[m][n][e] * (dP[m][n][e] - (e % 2 ? Di.y : Di.x));
+            }
+        }
+    }
+    store_fragments<QROWS>(P_smem, S, key0, q_col);
+    store_fragments<QROWS>(dS_smem, dP, key0, q_col);
+}
+
+// One block = one key tile K_j, V_j of one (batch, head), KEYS keys; it loops over the query
+// tiles that see it (causal: from its own diagonal on). Per query tile, three phases between two
+// barriers:
+//   scores:    warp (kw, qw) of a 4 x 2 grid: its 32 keys x QROWS / 2 queries of S^T and dP^T, so
+//              P^T and dS^T, in registers; stored to P_smem, dS_smem as fp16
+//   dV, dK:    warp (kw, dw): its 32 keys x D / 2 columns of dV += P^T dO_i, dK += dS^T Q_i
+//              (accumulators for the whole loop)
+//   dQ:        warp (qw', dw'): 32 queries x its share of D of dS K_j, added by fp32 atomics
+template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool DQ_ATOMIC>
+__global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
+    backward_smem_kernel(const bwd_params p) {
+    constexpr int THREADS = SMEM_P_WARPS * WARP_SIZE;
+    constexpr int ROW_BYTES = D * 2;
+    constexpr int WARP_KEYS = KEYS / SMEM_P_KEY_WARPS;         // keys of a warp, every phase but dQ
+    constexpr int WARP_QUERIES = QROWS / SMEM_P_COL_WARPS;     // scores: queries of a warp
+    constexpr int WARP_COLS = D / SMEM_P_COL_WARPS;            // dV, dK: head-dim columns of a warp
+    constexpr int MT = WARP_KEYS / MMA_M;                      // m16 blocks of keys
+    constexpr int PASS_QUERIES = WARP_QUERIES / SCORE_PASSES;  // scores: queries a pass
+    constexpr int NT_S = PASS_QUERIES / MMA_N, NT_KV = WARP_COLS / MMA_N;
+    constexpr int DQ_ROW_WARPS = QROWS / DQ_WARP_ROWS, DQ_COL_WARPS = SMEM_P_WARPS / DQ_ROW_WARPS;
+    constexpr int NT_Q = D / DQ_COL_WARPS / MMA_N;
+    static_assert(STAGES == 2, "the next query tile arrives during this one's math");
+    static_assert(ROW_PAD % QROWS == 0, "lse2 and Dsum are padded to whole query tiles");
+    static_assert(WARP_KEYS % MMA_M == 0 && NT_S % X4_BLOCKS == 0 && NT_KV % X4_BLOCKS == 0 &&
+                      SMEM_P_WARPS % DQ_ROW_WARPS == 0 && NT_Q % X4_BLOCKS == 0,
+                  "the warps' fragments tile the block's products");
+    constexpr uint32_t KV_TILE = KEYS * ROW_BYTES, Q_TILE = QROWS * ROW_BYTES;
+    constexpr uint32_t PS_TILE = KEYS * QROWS * sizeof(__half);
+    constexpr uint32_t VEC = 2 * QROWS * sizeof(float);  // LSE_i, then D_i
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // sm_75 has no cp.async for a second buffer, and a T4's shared memory is too small for this
+    // kernel: the launcher never picks it there.
+    __trap();
+    return;
+#endif
+
+    const int k0 = (int)blockIdx.x * KEYS;             // the block's first key
+    const size_t head = (size_t)blockIdx.y * p.N * D;  // (batch, head) offset
+    const size_t vec = (size_t)blockIdx.y * p.N_pad;   // its rows of lse2 and Dsum
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int kw = warp % SMEM_P_KEY_WARPS, cw = warp / SMEM_P_KEY_WARPS;
+    const int q_begin = p.causal ? k0 : 0;  // earlier queries see no key here
+    const int q_tiles = (p.N - q_begin + QROWS - 1) / QROWS;
+
+    // Shared memory: K_smem, V_smem [KEYS, D]; per stage Q_smem, dO_smem [QROWS, D]; P_smem,
+    // dS_smem [KEYS, QROWS]; per stage vec_smem [2, QROWS] floats. Tiles swizzled.
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t K_smem = smem_u32(smem), V_smem = K_smem + KV_TILE;
+    const uint32_t Q_smem = V_smem + KV_TILE, dO_smem = Q_smem + STAGES * Q_TILE;
+    const uint32_t P_smem = dO_smem + STAGES * Q_TILE, dS_smem = P_smem + PS_TILE;
+    const uint32_t vec_smem = dS_smem + PS_TILE;
+
+    tile_issue<KEYS, D, THREADS>(K_smem, p.K + head + (size_t)k0 * D, p.N - k0);
+    tile_issue<KEYS, D, THREADS>(V_smem, p.V + head + (size_t)k0 * D, p.N - k0);
+    cp_async_commit();
+    issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, head, vec, q_begin);
+
+    float dK[MT][NT_KV][4] = {}, dV[MT][NT_KV][4] = {};  // keys kw x columns cw, fp32
+    for (int it = 0; it < q_tiles; ++it) {
+        const int q0 = q_begin + it * QROWS;
+        const int buf = STAGES == 2 ? it % 2 : 0;
+        const uint32_t Q_tile = Q_smem + buf * Q_TILE, dO_tile = dO_smem + buf * Q_TILE;
+        const uint32_t vec_tile = vec_smem + buf * VEC;
+        cp_async_wait<0>();
+        __syncthreads();  // tile it (and K_j, V_j) visible to all; every warp is done with tile
+                          // it - 1 (its buffer is refilled next) and with P_smem and dS_smem
+        if (it + 1 < q_tiles) {
+            issue_query_tile<D, QROWS, THREADS>(p, Q_smem + (1 - buf) * Q_TILE,
+                                                dO_smem + (1 - buf) * Q_TILE,
+                                                vec_smem + (1 - buf) * VEC, head, vec, q0 + QROWS);
+        }
+
+        // Scores: S^T, P^T, dP^T, dS^T of keys kw, queries cw (SCORE_PASSES column blocks in
+        // turn, so that fewer registers hold S^T and dP^T beside dK and dV).
+#pragma unroll 1
+        for (int pass = 0; pass < SCORE_PASSES; ++pass) {
+            score_gradients<D, QROWS, MT, NT_S>(
+                p, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES, Q_tile,
+                dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw, q0,
+                WARP_QUERIES * cw + pass * PASS_QUERIES,
+                k0 + KEYS > p.N || (p.causal && q0 < k0 + KEYS - 1));
+        }
+        __syncthreads();  // P_smem and dS_smem written by every warp, visible to all
+
+        // dV_j += P^T dO_i, dK_j += dS^T Q_i: keys kw, head-dim columns cw.
+        const int col_chunk = WARP_COLS * cw / CHUNK_HALVES;
+        gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(dV, P_smem + WARP_KEYS * kw * QROWS * 2,
+                                                           0, dO_tile, col_chunk);
+        gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(dK, dS_smem + WARP_KEYS * kw * QROWS * 2,
+                                                           0, Q_tile, col_chunk);
+
+        // dQ_i += dS K_j: query rows qw, head-dim columns dw, by fp32 atomics.
+        if (DQ_ATOMIC) {
+            const int qw = warp % DQ_ROW_WARPS, dw = warp / DQ_ROW_WARPS;
+            constexpr int MQ = DQ_WARP_ROWS / MMA_M;
+            float C[MQ][NT_Q][4] = {};
+            gemm_nn<MQ, NT_Q, KEYS / MMA_K, true, QROWS, D>(
+                C, dS_smem, DQ_WARP_ROWS * qw / CHUNK_HALVES, K_smem,
+                NT_Q * MMA_N * dw / CHUNK_HALVES);
+            const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+#pragma unroll
+            for (int m = 0; m < MQ; ++m) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = q0 + DQ_WARP_ROWS * qw + MMA_M * m + g + MMA_M / 2 * h;
+                    if (row >= p.N) continue;
+                    float *const row_acc =
+                        p.dQ_acc + head + (size_t)row * D + MMA_N * NT_Q * dw + 2 * t;
+#pragma unroll
+                    for (int n = 0; n < NT_Q; ++n) {
+                        float *to = row_acc + MMA_N * n;
+#if __CUDA_ARCH__ >= 900
+                        atomicAdd(reinterpret_cast<float2 *>(to),
+                                  make_float2(C[m][n][2 * h], C[m][n][2 * h + 1]));
+#else
+                        atomicAdd(to, C[m][n][2 * h]);
+                        atomicAdd(to + 1, C[m][n][2 * h + 1]);
+#endif
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = k0 + WARP_KEYS * kw + MMA_M * m + g + MMA_M / 2 * h;
+            if (r >= p.N) continue;
+#pragma unroll
+            for (int n = 0; n < NT_KV; ++n) {
+                const size_t at = head + (size_t)r * D + WARP_COLS * cw + MMA_N * n + 2 * t;
+                *reinterpret_cast<uint32_t *>(p.dK + at) =
+                    pack_half2(dK[m][n][2 * h] * p.scale, dK[m][n][2 * h + 1] * p.scale);
+                *reinterpret_cast<uint32_t *>(p.dV + at) =
+                    pack_half2(dV[m][n][2 * h], dV[m][n][2 * h + 1]);
+            }
+        }
+    }
+}
+
 // dQ = scale * dQ_acc, as fp16: four elements a thread.
 constexpr int CONVERT_THREADS = 256;
 __global__ void __launch_bounds__(CONVERT_THREADS)
@@ -738,7 +1042,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
 
 /* ---- launcher ---------------------------------------------------------------------------- */
 
-enum { VARIANT_DEFAULT = 0, VARIANT_DETERMINISTIC = 1, VARIANTS = 2 };
+enum { VARIANT_DEFAULT = 0, VARIANT_DETERMINISTIC = 1, VARIANT_REGISTERS = 2, VARIANTS = 3 };
 
 // The forward pass is stage 5's: its attention.cu, compiled a second time with its descriptor
 // renamed to attn_forward_stage (Makefile), linked beside this file.
@@ -809,6 +1113,19 @@ static kernel_fn kernel_for(int i, bool atomic) {
     }
 }
 
+// backward_smem_kernel where cp.async is and its shared memory fits the block's limit.
+static bool smem_p_fits(int D, size_t smem_limit, int arch) {
+    const smem_p_config c = D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
+    return arch >= 80 && smem_p_bytes(c, D) <= smem_limit;
+}
+
+template <int D>
+static kernel_fn smem_p_kernel(bool atomic) {
+    constexpr smem_p_config c = smem_p_tiles<D>();
+    return atomic ? backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, true>
+                  : backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, false>;
+}
+
 static cudaError_t launch(kernel_fn fn, dim3 grid, int threads, size_t smem, const bwd_params &p,
                           cudaStream_t stream) {
     ATTN_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -865,11 +1182,18 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     const int mi = choose_tiles(s->D, dev->smem_per_block, arch, true);
     const int di = choose_tiles(s->D, dev->smem_per_block, arch, false);
     if (mi < 0 || di < 0) return cudaErrorInvalidConfiguration;  // stage_unsupported says why
-    const tile_config mc = tiles_at(s->D, true, mi);
-    const kernel_fn mk =
-        s->D == 64 ? kernel_for<64, true>(mi, atomic) : kernel_for<128, true>(mi, atomic);
-    ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N, tile_rows(mc)), (unsigned)BH),
-                    mc.WARPS * WARP_SIZE, main_smem_bytes(mc, s->D), p, stream));
+    if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch)) {
+        const smem_p_config c = s->D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
+        const kernel_fn sk = s->D == 64 ? smem_p_kernel<64>(atomic) : smem_p_kernel<128>(atomic);
+        ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N, c.KEYS), (unsigned)BH),
+                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D), p, stream));
+    } else {
+        const tile_config mc = tiles_at(s->D, true, mi);
+        const kernel_fn mk =
+            s->D == 64 ? kernel_for<64, true>(mi, atomic) : kernel_for<128, true>(mi, atomic);
+        ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N, tile_rows(mc)), (unsigned)BH),
+                        mc.WARPS * WARP_SIZE, main_smem_bytes(mc, s->D), p, stream));
+    }
     if (atomic) {
         const size_t count4 = elems / 4;
         dq_convert_kernel<<<(unsigned)((count4 + CONVERT_THREADS - 1) / CONVERT_THREADS),
@@ -918,7 +1242,7 @@ extern "C" const attn_stage attn_this_stage = {
     "FA2's backward: D = rowsum(dO * O), S and P recomputed from Q, K and LSE, dK/dV in registers "
     "per K/V tile, dQ by fp32 atomics (or a second pass: deterministic); forward = stage 5's",
     ATTN_F16,
-    "default,deterministic",
+    "default,deterministic,registers",
     stage_unsupported,
     stage_workspace_bytes,
     stage_forward,
