@@ -62,6 +62,7 @@ usage: python3 stage6_hopper/compare.py [--stage NAME[@VARIANT]]... [--pass fwd|
 """
 import argparse
 import csv
+import gc
 import math
 import os
 import re
@@ -275,10 +276,18 @@ def capture_and_time(torch, stream, call, calls, replays):
     stream: (the graph, the last call's outputs, median replay ms / calls)."""
     graph = torch.cuda.CUDAGraph()
     out = None
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            out = None  # the previous call's outputs go back to the graph's pool first
-            out = call()
+    # No garbage collection while capturing: a finalizer it runs (a library's kernel module
+    # unloaded, memory freed) would make a call that is not allowed during a capture and end it.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                out = None  # the previous call's outputs go back to the graph's pool first
+                out = call()
+    finally:
+        if collecting:
+            gc.enable()
     for _ in range(WARMUP_REPLAYS):
         graph.replay()
     start = torch.cuda.Event(enable_timing=True)
@@ -554,6 +563,7 @@ def main(argv=None):
                 print("  %s: only %s ran: nothing to check it against" % (name, ref_name),
                       file=sys.stderr)
             t = ref = None
+            gc.collect()  # once per shape, outside every capture (see capture_and_time)
             torch.cuda.empty_cache()
             print(table.row(name, res), flush=True)
             for x in stage_names:
