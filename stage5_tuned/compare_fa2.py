@@ -14,6 +14,10 @@ long = B = H = 1, D = 128: N = 262144 only, or with --long the whole long sweep 
 --binary may be given several times (each program a column; PATH@VARIANT runs --variant
 VARIANT). A program that exits 3 (unsupported on this GPU, e.g. stage 6 off Hopper) shows n/a.
 
+stage6_hopper/compare.py makes the comparison in one process instead, every library timed alike
+(CUDA graphs of back-to-back calls), with the FA3-class kernels and the backward pass too; it
+imports this file's shape list.
+
 usage: python3 stage5_tuned/compare_fa2.py [--binary PROG[@VARIANT]]... [--quick] [--long]
                                            [--no-fa2-shapes] [--csv OUT]
 """
