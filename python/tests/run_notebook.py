@@ -37,8 +37,17 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # and marks where each cell's output starts, and the error that stopped it (IPython shows an
 # exception's _render_traceback_() instead of the traceback, and so does this).
 PLAIN = r"""
-import json, sys, time, traceback
+import json, sys, time, traceback, types
 cells = json.load(open(sys.argv[1]))
+try:
+    import IPython.display  # noqa: F401
+except ImportError:  # outside Jupyter: display() prints what a notebook would show
+    ipy, disp = types.ModuleType("IPython"), types.ModuleType("IPython.display")
+    disp.Image = lambda filename=None, **kw: "[image %s]" % filename
+    disp.Markdown = lambda text: text
+    disp.display = lambda *objs: [print(o) for o in objs]
+    ipy.display, ipy.get_ipython, ipy.version_info = disp, lambda: None, (9, 0, 0)
+    sys.modules["IPython"], sys.modules["IPython.display"] = ipy, disp
 g = {"__name__": "__main__"}
 for i, src in enumerate(cells):
     print("\x1ecell", flush=True)
@@ -201,6 +210,19 @@ def text_of(cell):
     return "".join(out)
 
 
+def cell_numbers(spec, count):
+    """'1,2,5-12' -> [1, 2, 5, ..., 12]; None -> every code cell."""
+    if not spec:
+        return list(range(1, count + 1))
+    out = []
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        out += range(int(a), int(b or a) + 1)
+    if not out or min(out) < 1 or max(out) > count:
+        sys.exit(f"--cells {spec}: the notebook has code cells 1..{count}")
+    return out
+
+
 def default_engine():
     import importlib.util as u
 
@@ -214,6 +236,8 @@ def main() -> int:
     ap.add_argument("--times", help="write {cell number: seconds} as JSON here")
     ap.add_argument("--fresh", action="store_true", help="the fresh-user checks (see above)")
     ap.add_argument("--engine", choices=("nbclient", "plain"), help="default: nbclient if installed")
+    ap.add_argument("--cells", help="plain engine: only these code cells, e.g. 1-4 or 1,2,5-12 (a "
+                    "run longer than one sitting, split; the build folder is reused)")
     args = ap.parse_args()
     engine = args.engine or default_engine()
     if args.fresh:
@@ -222,20 +246,20 @@ def main() -> int:
         print(f"{passed} passed, {failed} failed")
         return 1 if failed else 0
     if engine == "plain":  # every code cell in one python3 process, from inside the repository
-        n_code = len(code_sources(NB))
-        print(f"{NB.name}: {n_code} code cells run by the plain engine (no nbclient here)")
-        results = plain_cells(NB, list(range(1, n_code + 1)), NB.parent, args.cell_timeout * n_code)
         srcs = code_sources(NB)
+        numbers = cell_numbers(args.cells, len(srcs))
+        print(f"{NB.name}: code cells {args.cells or 'all'} run by the plain engine")
+        results = plain_cells(NB, numbers, NB.parent, args.cell_timeout * len(numbers))
         passed = sum(ok for ok, _, _ in results)
-        for n, (ok, text, t) in enumerate(results, 1):
+        for n, (ok, text, t) in zip(numbers, results):
             state = "ok" if ok else ("not run" if text == "not run" else "FAILED")
             print(f"cell {n} [{state}, {'%.1f s' % t if t is not None else '-'}] {srcs[n - 1].splitlines()[0]}")
             for line in ANSI.sub("", text).splitlines()[-4:]:
                 print(f"    {line}")
         if args.times:
-            Path(args.times).write_text(json.dumps({n: t for n, (_, _, t) in enumerate(results, 1) if t}))
-        print(f"{passed} passed, {n_code - passed} failed")
-        return 0 if passed == n_code else 1
+            Path(args.times).write_text(json.dumps({n: t for n, (_, _, t) in zip(numbers, results) if t}))
+        print(f"{passed} passed, {len(numbers) - passed} failed")
+        return 0 if passed == len(numbers) else 1
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
