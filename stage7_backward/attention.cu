@@ -6,18 +6,23 @@
  * the descriptor below hands its forward over). Given Q, K, V, the forward's O and LSE, and dO:
  *
  *   D_i   = rowsum(dO_i * O_i)                          preprocess_kernel, one row per quad
- *   for each key tile K_j, V_j (one block; keys split over the warps, 16 per warp):
+ *   for each key tile K_j, V_j (one block of 8 warps, 128 keys):       backward_smem_kernel
  *     dK_j = dV_j = 0                                    registers, fp32, for the whole loop
  *     for each query tile Q_i, dO_i, LSE_i, D_i (the next one arriving by cp.async):
- *       S^T  = K_j Q_i^T                                 recompute: no N x N buffer anywhere
- *       P^T  = exp(scale S^T - LSE_i)                    the forward's probabilities, exactly
- *       dP^T = V_j dO_i^T
- *       dV_j += P^T dO_i
- *       dS^T = P^T * (dP^T - D_i)                        softmax's Jacobian, row by row
- *       dK_j += dS^T Q_i
- *       dQ_i += dS_i K_j                                 fp32 atomics into a workspace (default)
+ *       scores:  S^T  = K_j Q_i^T                        recompute: no N x N buffer anywhere
+ *                P^T  = exp(scale S^T - LSE_i)           the forward's probabilities, exactly
+ *                dP^T = V_j dO_i^T
+ *                dS^T = P^T * (dP^T - D_i)               softmax's Jacobian, row by row
+ *                P^T, dS^T -> shared memory (fp16)
+ *       dV, dK:  dV_j += P^T dO_i,  dK_j += dS^T Q_i
+ *       dQ:      dQ_i += dS K_j                          fp32 atomics into a workspace (default)
  *     dK_j *= scale; store dK_j, dV_j
  *   dQ = scale * dQ_acc                                  dq_convert_kernel
+ *
+ * P^T and dS^T go through shared memory so that each phase splits its product over the 8 warps
+ * in the shape that reads least shared memory (FlashAttention-2's layout). Where its 161 KB do not
+ * fit (an L4, a T4), backward_kernel runs instead: 16 keys a warp for every product, P^T and dS^T
+ * kept in registers as the A operands of dV and dK (variant registers runs it anywhere).
  *
  * Variant deterministic: the key-tile loop leaves dQ alone, and dq_kernel computes it in a second
  * pass, query tile outer, key tiles inner, accumulating dQ_i in registers (S and dP recomputed once
@@ -28,7 +33,8 @@
  * mma.sync + ldmatrix + cp.async as stage 5: every GPU from sm_75 on (sm_75 loads synchronously).
  *
  * Run:  make build && build/stage7_backward --seq 4096 --heads 16 --dim 128 --causal --bench
- * Variants (--variant): default (dQ by atomics), deterministic (dQ by a second pass).
+ * Variants (--variant): default (dQ by atomics), deterministic (dQ by a second pass), registers
+ * (backward_kernel's layout).
  *
  * NOTE: what is left is Hopper's instruction set again: wgmma with dS and P staged through shared
  * memory, TMA and warp specialisation, as FlashAttention-3's backward does (README.md, "What is
@@ -186,6 +192,21 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[2]), "r"(a[3]), "r"(b1));
+#endif
+}
+
+// d = A B: mma_16816 on a zero accumulator (the first k step of a product), which needs no
+// instructions to clear d first.
+__device__ __forceinline__ void mma_16816_zero(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+#else
+    d[0] = d[1] = d[2] = d[3] = 0.f;
+    mma_16816(d, a, b0, b1);
 #endif
 }
 
@@ -667,35 +688,40 @@ __host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D) {
 // C = A B^T for one warp, MT x NT fragments: A = MT m16 row blocks of a [*, D] tile from A_rows,
 // B = NT n8 row blocks of another [*, D] tile from B_rows: S^T = K_j Q_i^T, dP^T = V_j dO_i^T.
 // Each k16 step reads MT + NT / 2 ldmatrix.x4 for MT NT mma.
-template <int D, int MT, int NT>
-__device__ __forceinline__ void gemm_nt(float (&C)[MT][NT][4], uint32_t A_rows, uint32_t B_rows) {
+template <int D, int MT, int NT, bool FIRST>
+__device__ __forceinline__ void gemm_nt_step(float (&C)[MT][NT][4], uint32_t A_rows,
+                                             uint32_t B_rows, uint32_t a_off, uint32_t b_off,
+                                             int k) {
     constexpr int ROW_BYTES = D * 2;
-    const uint32_t a_off = a_lane_offset<D>(), b_off = b_lane_offset<D>();
+    uint32_t a[MT][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) C[m][n][e] = 0.f;
-        }
+        ldmatrix_x4(a[m], A_rows + (a_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
     }
-#pragma unroll 4
-    for (int k = 0; k < D / MMA_K; ++k) {
-        uint32_t a[MT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n += X4_BLOCKS) {
+        uint32_t b[4];  // b0, b1 of rows 8n..; b0, b1 of rows 8n + 8..
+        ldmatrix_x4(b, B_rows + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            ldmatrix_x4(a[m], A_rows + (a_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
-        }
-#pragma unroll
-        for (int n = 0; n < NT; n += X4_BLOCKS) {
-            uint32_t b[4];  // b0, b1 of rows 8n..; b0, b1 of rows 8n + 8..
-            ldmatrix_x4(b, B_rows + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
+            if (FIRST) {  // C = the first step's product: nothing to clear
+                mma_16816_zero(C[m][n], a[m], b[0], b[1]);
+                mma_16816_zero(C[m][n + 1], a[m], b[2], b[3]);
+            } else {
                 mma_16816(C[m][n], a[m], b[0], b[1]);
                 mma_16816(C[m][n + 1], a[m], b[2], b[3]);
             }
         }
+    }
+}
+
+template <int D, int MT, int NT>
+__device__ __forceinline__ void gemm_nt(float (&C)[MT][NT][4], uint32_t A_rows, uint32_t B_rows) {
+    const uint32_t a_off = a_lane_offset<D>(), b_off = b_lane_offset<D>();
+    gemm_nt_step<D, MT, NT, true>(C, A_rows, B_rows, a_off, b_off, 0);
+#pragma unroll 4
+    for (int k = 1; k < D / MMA_K; ++k) {
+        gemm_nt_step<D, MT, NT, false>(C, A_rows, B_rows, a_off, b_off, k);
     }
 }
 
@@ -704,35 +730,49 @@ __device__ __forceinline__ void gemm_nt(float (&C)[MT][NT][4], uint32_t A_rows, 
 // [*, A_COLS] tile row-major, the warp's rows from A_rows (dV += P^T dO_i, dK += dS^T Q_i);
 // A_T = true, stored transposed, [16 KSTEPS, A_COLS] with the warp's rows as columns from chunk
 // a_chunk (dQ_i += dS K_j, dS read from dS^T).
-template <int MT, int NT, int KSTEPS, bool A_T, int A_COLS, int B_COLS>
-__device__ __forceinline__ void gemm_nn(float (&C)[MT][NT][4], uint32_t A, int a_chunk, uint32_t B,
-                                        int b_chunk) {
+template <int MT, int NT, bool A_T, int A_COLS, int B_COLS, bool FIRST>
+__device__ __forceinline__ void gemm_nn_step(float (&C)[MT][NT][4], uint32_t A, int a_chunk,
+                                             uint32_t B, int b_chunk, uint32_t a_off,
+                                             uint32_t b_off, int k) {
     constexpr int A_ROW_BYTES = A_COLS * 2, B_ROW_BYTES = B_COLS * 2;
-    const uint32_t a_off = A_T ? b_lane_offset<A_COLS>() : a_lane_offset<A_COLS>();
-    const uint32_t b_off = a_lane_offset<B_COLS>();
-#pragma unroll 4
-    for (int k = 0; k < KSTEPS; ++k) {
-        uint32_t a[MT][4];
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        if (A_T) {
+            ldmatrix_x4_trans(a[m], A + (a_off ^ ((a_chunk + m * X4_BLOCKS) * CHUNK_BYTES)) +
+                                        k * MMA_K * A_ROW_BYTES);
+        } else {
+            ldmatrix_x4(a[m], A + (a_off ^ (k * X4_BYTES)) + m * MMA_M * A_ROW_BYTES);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n += X4_BLOCKS) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, B + (b_off ^ ((b_chunk + n) * CHUNK_BYTES)) + k * MMA_K * B_ROW_BYTES);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            if (A_T) {
-                ldmatrix_x4_trans(a[m], A + (a_off ^ ((a_chunk + m * X4_BLOCKS) * CHUNK_BYTES)) +
-                                            k * MMA_K * A_ROW_BYTES);
+            if (FIRST) {
+                mma_16816_zero(C[m][n], a[m], b[0], b[1]);
+                mma_16816_zero(C[m][n + 1], a[m], b[2], b[3]);
             } else {
-                ldmatrix_x4(a[m], A + (a_off ^ (k * X4_BYTES)) + m * MMA_M * A_ROW_BYTES);
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < NT; n += X4_BLOCKS) {
-            uint32_t b[4];
-            ldmatrix_x4_trans(
-                b, B + (b_off ^ ((b_chunk + n) * CHUNK_BYTES)) + k * MMA_K * B_ROW_BYTES);
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
                 mma_16816(C[m][n], a[m], b[0], b[1]);
                 mma_16816(C[m][n + 1], a[m], b[2], b[3]);
             }
         }
+    }
+}
+
+// ZERO: C = A B (C's old contents ignored), else C += A B.
+template <int MT, int NT, int KSTEPS, bool A_T, int A_COLS, int B_COLS, bool ZERO = false>
+__device__ __forceinline__ void gemm_nn(float (&C)[MT][NT][4], uint32_t A, int a_chunk, uint32_t B,
+                                        int b_chunk) {
+    const uint32_t a_off = A_T ? b_lane_offset<A_COLS>() : a_lane_offset<A_COLS>();
+    const uint32_t b_off = a_lane_offset<B_COLS>();
+    gemm_nn_step<MT, NT, A_T, A_COLS, B_COLS, ZERO>(C, A, a_chunk, B, b_chunk, a_off, b_off, 0);
+#pragma unroll
+    for (int k = 1; k < KSTEPS; ++k) {
+        gemm_nn_step<MT, NT, A_T, A_COLS, B_COLS, false>(C, A, a_chunk, B, b_chunk, a_off, b_off,
+                                                         k);
     }
 }
 
@@ -757,11 +797,39 @@ __device__ __forceinline__ void store_fragments(uint32_t tile, const float (&C)[
     }
 }
 
+// In place: S^T becomes P^T = 2^(c S^T - LSE_i) and dP^T becomes dS^T = P^T (dP^T - D_i), for
+// keys key_row.. (MT m16 blocks) x queries q_col.. of the tile at q0 (NT n8 blocks). MASK: keys
+// past N and, causal, keys after the query get P = 0.
+template <int QROWS, int MT, int NT, bool MASK>
+__device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (&dP)[MT][NT][4],
+                                                  const bwd_params &p, uint32_t vec_tile,
+                                                  int key_row, int q0, int q_col) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int col = q_col + frag_col(n, 0);
+            const float2 lse = ld_shared_f2(vec_tile + col * sizeof(float));
+            const float2 Di = ld_shared_f2(vec_tile + (QROWS + col) * sizeof(float));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float x = fmaf(S[m][n][e], p.scale_log2, -(e % 2 ? lse.y : lse.x));
+                S[m][n][e] = fast_exp2(x);
+                if (MASK) {
+                    const int key = key_row + MMA_M * m + frag_row(e), query = q0 + col + e % 2;
+                    if (key >= p.N || (p.causal && key > query)) S[m][n][e] = 0.f;
+                }
+                dP[m][n][e] = S[m][n][e] * (dP[m][n][e] - (e % 2 ? Di.y : Di.x));
+            }
+        }
+    }
+}
+
 // One warp's block of the scores phase: keys key0.. (MT m16 blocks, from the block's k0) x
 // queries q_col.. (NT n8 blocks, from the tile's q0) of S^T = K_j Q_i^T and dP^T = V_j dO_i^T,
-// then P^T = 2^(c S^T - LSE_i) and dS^T = P^T (dP^T - D_i), stored to P_smem and dS_smem as
-// fp16. MASK (the diagonal tile, and the tile holding N): keys past N and, causal, keys after
-// the query get P = 0; queries past N have LSE = +inf, so P = 0 there without a mask.
+// then P^T and dS^T (softmax_gradients), stored to P_smem and dS_smem as fp16. mask: the
+// diagonal tile, and the tile holding N; queries past N have LSE = +inf, so P = 0 there without
+// a mask.
 template <int D, int QROWS, int MT, int NT>
 __device__ __forceinline__ void score_gradients(const bwd_params &p, uint32_t K_smem,
                                                 uint32_t V_smem, uint32_t Q_tile, uint32_t dO_tile,
@@ -772,22 +840,10 @@ __device__ __forceinline__ void score_gradients(const bwd_params &p, uint32_t K_
     float S[MT][NT][4], dP[MT][NT][4];
     gemm_nt<D, MT, NT>(S, K_smem, Q_tile + q_col * ROW_BYTES);    // S^T = K_j Q_i^T
     gemm_nt<D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const int col = q_col + frag_col(n, 0);
-            const float2 lse = ld_shared_f2(vec_tile + col * sizeof(float));
-            const float2 Di = ld_shared_f2(vec_tile + (QROWS + col) * sizeof(float));
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = k0 + key0 + MMA_M * m + frag_row(e), query = q0 + col + e % 2;
-                const bool off = mask && (key >= p.N || (p.causal && key > query));
-                const float x = fmaf(S[m][n][e], p.scale_log2, -(e % 2 ? lse.y : lse.x));
-                S[m][n][e] = off ? 0.f : fast_exp2(x);
-                dP[m][n][e] = S[m][n][e] * (dP[m][n][e] - (e % 2 ? Di.y : Di.x));
-            }
-        }
+    if (mask) {  // the same for the whole warp: the tiles without a mask test nothing
+        softmax_gradients<QROWS, MT, NT, true>(S, dP, p, vec_tile, k0 + key0, q0, q_col);
+    } else {
+        softmax_gradients<QROWS, MT, NT, false>(S, dP, p, vec_tile, k0 + key0, q0, q_col);
     }
     store_fragments<QROWS>(P_smem, S, key0, q_col);
     store_fragments<QROWS>(dS_smem, dP, key0, q_col);
@@ -888,22 +944,23 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         if (DQ_ATOMIC) {
             const int qw = warp % DQ_ROW_WARPS, dw = warp / DQ_ROW_WARPS;
             constexpr int MQ = DQ_WARP_ROWS / MMA_M;
-            float C[MQ][NT_Q][4] = {};
-            gemm_nn<MQ, NT_Q, KEYS / MMA_K, true, QROWS, D>(
+            float C[MQ][NT_Q][4];
+            gemm_nn<MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
                 C, dS_smem, DQ_WARP_ROWS * qw / CHUNK_HALVES, K_smem,
                 NT_Q * MMA_N * dw / CHUNK_HALVES);
+            // One address a thread: its fragment rows and columns are constant offsets from it.
             const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+            const int row0 = q0 + DQ_WARP_ROWS * qw + g;
+            float *const acc = p.dQ_acc + head + (size_t)row0 * D + MMA_N * NT_Q * dw + 2 * t;
 #pragma unroll
             for (int m = 0; m < MQ; ++m) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int row = q0 + DQ_WARP_ROWS * qw + MMA_M * m + g + MMA_M / 2 * h;
-                    if (row >= p.N) continue;
-                    float *const row_acc =
-                        p.dQ_acc + head + (size_t)row * D + MMA_N * NT_Q * dw + 2 * t;
+                    const int r = MMA_M * m + MMA_M / 2 * h;  // the fragment row, from row0
+                    if (row0 + r >= p.N) continue;
 #pragma unroll
                     for (int n = 0; n < NT_Q; ++n) {
-                        float *to = row_acc + MMA_N * n;
+                        float *to = acc + r * D + MMA_N * n;
 #if __CUDA_ARCH__ >= 900
                         atomicAdd(reinterpret_cast<float2 *>(to),
                                   make_float2(C[m][n][2 * h], C[m][n][2 * h + 1]));
