@@ -849,6 +849,45 @@ __device__ __forceinline__ void score_gradients(const bwd_params &p, uint32_t K_
     store_fragments<QROWS>(dS_smem, dP, key0, q_col);
 }
 
+// dQ_acc[q0 + QROWS rows] += dS K_j, split over the 8 warps: warp (qw, dw) takes 32 query rows
+// (A = dS, read .trans from dS_smem where they are columns) x D / DQ_COL_WARPS head-dim columns
+// (B = K_j, .trans), and adds them to global memory by fp32 atomics (red.global.add; two floats
+// at once on sm_90), one address a thread, its fragment rows and columns constant offsets.
+template <int D, int KEYS, int QROWS>
+__device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t dS_smem,
+                                                   uint32_t K_smem, size_t head, int q0) {
+    constexpr int DQ_ROW_WARPS = QROWS / DQ_WARP_ROWS, DQ_COL_WARPS = SMEM_P_WARPS / DQ_ROW_WARPS;
+    constexpr int MQ = DQ_WARP_ROWS / MMA_M, NT_Q = D / DQ_COL_WARPS / MMA_N;
+    static_assert(SMEM_P_WARPS % DQ_ROW_WARPS == 0 && NT_Q % X4_BLOCKS == 0, "dQ over the warps");
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int qw = warp % DQ_ROW_WARPS, dw = warp / DQ_ROW_WARPS;
+    float C[MQ][NT_Q][4];
+    gemm_nn<MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
+        C, dS_smem, DQ_WARP_ROWS * qw / CHUNK_HALVES, K_smem, NT_Q * MMA_N * dw / CHUNK_HALVES);
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+    const int row0 = q0 + DQ_WARP_ROWS * qw + g;
+    float *const acc = p.dQ_acc + head + (size_t)row0 * D + MMA_N * NT_Q * dw + 2 * t;
+#pragma unroll
+    for (int m = 0; m < MQ; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = MMA_M * m + MMA_M / 2 * h;  // the fragment row, from row0
+            if (row0 + r >= p.N) continue;
+#pragma unroll
+            for (int n = 0; n < NT_Q; ++n) {
+                float *to = acc + r * D + MMA_N * n;
+#if __CUDA_ARCH__ >= 900
+                atomicAdd(reinterpret_cast<float2 *>(to),
+                          make_float2(C[m][n][2 * h], C[m][n][2 * h + 1]));
+#else
+                atomicAdd(to, C[m][n][2 * h]);
+                atomicAdd(to + 1, C[m][n][2 * h + 1]);
+#endif
+            }
+        }
+    }
+}
+
 // One block = one key tile K_j, V_j of one (batch, head), KEYS keys; it loops over the query
 // tiles that see it (causal: from its own diagonal on). Per query tile, three phases between two
 // barriers:
@@ -868,12 +907,9 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     constexpr int MT = WARP_KEYS / MMA_M;                      // m16 blocks of keys
     constexpr int PASS_QUERIES = WARP_QUERIES / SCORE_PASSES;  // scores: queries a pass
     constexpr int NT_S = PASS_QUERIES / MMA_N, NT_KV = WARP_COLS / MMA_N;
-    constexpr int DQ_ROW_WARPS = QROWS / DQ_WARP_ROWS, DQ_COL_WARPS = SMEM_P_WARPS / DQ_ROW_WARPS;
-    constexpr int NT_Q = D / DQ_COL_WARPS / MMA_N;
     static_assert(STAGES == 2, "the next query tile arrives during this one's math");
     static_assert(ROW_PAD % QROWS == 0, "lse2 and Dsum are padded to whole query tiles");
-    static_assert(WARP_KEYS % MMA_M == 0 && NT_S % X4_BLOCKS == 0 && NT_KV % X4_BLOCKS == 0 &&
-                      SMEM_P_WARPS % DQ_ROW_WARPS == 0 && NT_Q % X4_BLOCKS == 0,
+    static_assert(WARP_KEYS % MMA_M == 0 && NT_S % X4_BLOCKS == 0 && NT_KV % X4_BLOCKS == 0,
                   "the warps' fragments tile the block's products");
     constexpr uint32_t KV_TILE = KEYS * ROW_BYTES, Q_TILE = QROWS * ROW_BYTES;
     constexpr uint32_t PS_TILE = KEYS * QROWS * sizeof(__half);
@@ -939,39 +975,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
                                                            0, dO_tile, col_chunk);
         gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(dK, dS_smem + WARP_KEYS * kw * QROWS * 2,
                                                            0, Q_tile, col_chunk);
-
-        // dQ_i += dS K_j: query rows qw, head-dim columns dw, by fp32 atomics.
-        if (DQ_ATOMIC) {
-            const int qw = warp % DQ_ROW_WARPS, dw = warp / DQ_ROW_WARPS;
-            constexpr int MQ = DQ_WARP_ROWS / MMA_M;
-            float C[MQ][NT_Q][4];
-            gemm_nn<MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
-                C, dS_smem, DQ_WARP_ROWS * qw / CHUNK_HALVES, K_smem,
-                NT_Q * MMA_N * dw / CHUNK_HALVES);
-            // One address a thread: its fragment rows and columns are constant offsets from it.
-            const int g = lane_index() / QUAD, t = lane_index() % QUAD;
-            const int row0 = q0 + DQ_WARP_ROWS * qw + g;
-            float *const acc = p.dQ_acc + head + (size_t)row0 * D + MMA_N * NT_Q * dw + 2 * t;
-#pragma unroll
-            for (int m = 0; m < MQ; ++m) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r = MMA_M * m + MMA_M / 2 * h;  // the fragment row, from row0
-                    if (row0 + r >= p.N) continue;
-#pragma unroll
-                    for (int n = 0; n < NT_Q; ++n) {
-                        float *to = acc + r * D + MMA_N * n;
-#if __CUDA_ARCH__ >= 900
-                        atomicAdd(reinterpret_cast<float2 *>(to),
-                                  make_float2(C[m][n][2 * h], C[m][n][2 * h + 1]));
-#else
-                        atomicAdd(to, C[m][n][2 * h]);
-                        atomicAdd(to + 1, C[m][n][2 * h + 1]);
-#endif
-                    }
-                }
-            }
-        }
+        // dQ_i += dS K_j, by fp32 atomics (last: LOG.md, step 4's try)
+        if (DQ_ATOMIC) accumulate_dq_tile<D, KEYS, QROWS>(p, dS_smem, K_smem, head, q0);
     }
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
