@@ -1,6 +1,7 @@
 # stage7_loop.gp: the backward's loop (stage7_backward/README.md, "The loop order").
 # Left: the tile grid of one (batch, head); one block owns a key tile (a column) and walks down the
-# query tiles. Right: where each operand lives during that walk.
+# query tiles. Right: where each operand lives during that walk (the default kernel,
+# backward_smem_kernel; the registers variant keeps P^T and dS^T in registers instead).
 #   gnuplot plots/diagrams/stage7_loop.gp      (writes stage7_loop.png beside this script)
 
 dir = system(sprintf("dirname '%s'", ARG0))
@@ -50,14 +51,14 @@ bx = 76; bw = 62
 set object o rect from bx, 44 to bx + bw, 60 fc rgb REG fs solid 1.0 border lc rgb '#bb8833'; o = o + 1
 set object o rect from bx, 24 to bx + bw, 42 fc rgb SMEM fs solid 1.0 border lc rgb '#55aa66'; o = o + 1
 set object o rect from bx, 2 to bx + bw, 22 fc rgb GMEM fs solid 1.0 border lc rgb '#5577aa'; o = o + 1
-set label 20 'registers (each warp: 16 of the block''s keys)' at bx + 1, 58 left font 'Sans,12'
-set label 21 'dK_j, dV_j: fp32, for the whole loop' at bx + 3, 54.5 left
-set label 22 'S^T -> P^T,  dP^T -> dS^T: this query tile only' at bx + 3, 51.5 left
-set label 23 'dV_j += P^T dO_i,  dK_j += dS^T Q_i  (mma.sync, A from registers)' at bx + 3, 48.5 left
+set label 20 'registers (each warp: 32 of the block''s keys)' at bx + 1, 58 left font 'Sans,12'
+set label 21 'dK_j, dV_j: fp32, its keys x half of D, for the whole loop' at bx + 3, 54.5 left
+set label 22 'S^T -> P^T,  dP^T -> dS^T: its keys x half the query tile' at bx + 3, 51.5 left
+set label 23 'dV_j += P^T dO_i,  dK_j += dS^T Q_i,  dQ_i += dS K_j  (mma.sync)' at bx + 3, 48.5 left
 set label 24 'shared memory' at bx + 1, 40 left font 'Sans,12'
 set label 25 'K_j, V_j: loaded once, kept for the whole loop' at bx + 3, 36.5 left
 set label 26 'Q_i, dO_i, LSE_i, D_i: two buffers, the next tile by cp.async' at bx + 3, 33 left
-set label 27 'dS^T [keys x queries]: every warp''s dS, for dQ' at bx + 3, 29.5 left
+set label 27 'P^T, dS^T [keys x queries] (fp16): every warp''s, read by all' at bx + 3, 29.5 left
 set label 28 'global memory (HBM)' at bx + 1, 20 left font 'Sans,12'
 set label 29 'Q, K, V, dO (fp16); LSE, D (fp32, from preprocess_kernel)' at bx + 3, 16.5 left
 set label 30 'dQ_acc (fp32): red.global.add; then dq_convert_kernel -> dQ (fp16)' at bx + 3, 12.5 left tc rgb RED
@@ -69,7 +70,7 @@ set label 33 'cp.async' at bx - 3.5, 24 right font 'Sans,10'
 set arrow 4 from bx - 6, 36 to bx - 6, 52 as 1
 set label 34 'ldmatrix' at bx - 6.5, 45 right font 'Sans,10'
 set arrow 5 from bx + bw + 1.5, 51 to bx + bw + 1.5, 30 as 2
-set label 35 'dS' at bx + bw + 2.5, 40 left tc rgb RED
+set label 35 'P, dS' at bx + bw + 2.5, 40 left tc rgb RED
 set arrow 6 from bx + bw + 1.5, 29 to bx + bw + 1.5, 13 as 2
 set label 36 'dQ +=' at bx + bw + 2.5, 21 left tc rgb RED
 
