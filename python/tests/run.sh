@@ -52,6 +52,14 @@ else
   tally test_compare.py "$out" $?
   if python3 python/tests/check_notebook.py; then ok "notebook cells parse"; else bad "notebook cells parse"; fi
   if python3 python/tests/run_notebook.py --fresh; then ok "notebook: fetched by URL and by upload, re-run, one line without a GPU"; else bad "notebook as a fresh user (run_notebook.py --fresh)"; fi
+  for cells in 99 2-1 x; do # a bad --cells: one line naming the notebook's cells, exit 1, no cell run
+    err=$(python3 python/tests/run_notebook.py --cells "$cells" 2>&1)
+    if [ $? -eq 1 ] && [ "$(grep -c '' <<<"$err")" -eq 1 ] && grep -q 'has code cells 1\.\.' <<<"$err"; then
+      ok "run_notebook.py --cells $cells: one line, exit 1"
+    else
+      bad "run_notebook.py --cells $cells: $err"
+    fi
+  done
   # the example without PyTorch (hidden from the import here, whether or not it is installed):
   # one line naming it, exit 3, no traceback
   err=$(python3 -c "import runpy, sys; sys.modules['torch'] = None; sys.argv = ['transformer_block.py']

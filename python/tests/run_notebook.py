@@ -5,7 +5,9 @@
         every cell, from inside the repository (so it fetches nothing and needs no internet; on a
         GPU), printing each code cell's time and last lines. With nbclient, nbformat and ipykernel
         where installed (and the executed notebook written to EXECUTED.ipynb), else all cells in
-        one python3 process (--engine plain).
+        one python3 process (--engine plain). --cells 1-3, then --cells 1,2,4, ... runs it in
+        parts (each part begins with cells 1 and 2, which set up the session; the build and the
+        sweep's CSV stay in the checkout between parts).
     python3 python/tests/run_notebook.py --fresh
         as a fresh user would (CI, no GPU needed, seconds): the notebook file alone in an empty
         folder, its first cell run with a local bare repository pasted as REPO_URL, and again with
@@ -215,9 +217,12 @@ def cell_numbers(spec, count):
     if not spec:
         return list(range(1, count + 1))
     out = []
-    for part in spec.split(","):
-        a, _, b = part.partition("-")
-        out += range(int(a), int(b or a) + 1)
+    try:
+        for part in spec.split(","):
+            a, _, b = part.partition("-")
+            out += range(int(a), int(b or a) + 1)
+    except ValueError:
+        out = []
     if not out or min(out) < 1 or max(out) > count:
         sys.exit(f"--cells {spec}: the notebook has code cells 1..{count}")
     return out
@@ -245,7 +250,7 @@ def main() -> int:
         passed, failed = fresh_user(engine)
         print(f"{passed} passed, {failed} failed")
         return 1 if failed else 0
-    if engine == "plain":  # every code cell in one python3 process, from inside the repository
+    if engine == "plain" or args.cells:  # code cells in one python3 process, inside the repository
         srcs = code_sources(NB)
         numbers = cell_numbers(args.cells, len(srcs))
         print(f"{NB.name}: code cells {args.cells or 'all'} run by the plain engine")
