@@ -477,8 +477,9 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, stage=B
     q, k, v, o, do: [B, H, N, D] CUDA tensors of the stage's dtype (float16), contiguous; o and
     lse [B, H, N] float32 (natural log) as attention() returned them for the same causal and
     scale (any forward stage: they share the contract). variant: the backward stage's variants
-    ("default": dq by fp32 atomics, "deterministic": bit-identical from run to run). Returns
-    (dq, dk, dv) like q. Errors as attention()'s.
+    ("default": dq by fp32 atomics, "deterministic": bit-identical from run to run,
+    "registers": the layout with P and dS kept in registers, as on GPUs with less shared memory).
+    Returns (dq, dk, dv) like q. Errors as attention()'s.
     """
     if not isinstance(stage, str):
         raise TypeError(f"stage must be a stage name such as '{BACKWARD_STAGE}', not "
