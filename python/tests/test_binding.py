@@ -20,7 +20,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -39,27 +38,7 @@ except ImportError:
     HAVE_TORCH = False
 HAVE_GPU = HAVE_TORCH and torch.cuda.is_available()
 
-results = {"passed": 0, "failed": 0, "skipped": 0}
-
-
-class Skip(Exception):
-    pass
-
-
-def run(name, fn, *args):
-    try:
-        fn(*args)
-    except Skip as e:
-        results["skipped"] += 1
-        print(f"skipped  {name}: {e}")
-        return
-    except Exception:
-        results["failed"] += 1
-        print(f"FAILED   {name}")
-        traceback.print_exc(file=sys.stdout)
-        return
-    results["passed"] += 1
-    print(f"ok       {name}")
+from harness import Skip, run, summary  # noqa: E402  (the runner, shared with the other test)
 
 
 def need_gpu():
@@ -624,9 +603,7 @@ def main():
     run("deterministic backward: bit-identical gradients", t_deterministic_bit_identical)
     run("gradient into lse, double backward, float32 stage: clear errors", t_gradient_errors)
     run("torch.compile(fullgraph=True): forward and backward in one graph", t_torch_compile)
-    p, f, s = results["passed"], results["failed"], results["skipped"]
-    print(f"{p} passed, {f} failed, {s} skipped")
-    return 1 if f else 0
+    return summary()
 
 
 if __name__ == "__main__":

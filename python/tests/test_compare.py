@@ -17,7 +17,6 @@ import math
 import os
 import subprocess
 import sys
-import traceback
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 COMPARE = os.path.join(ROOT, "stage6_hopper", "compare.py")
@@ -26,27 +25,7 @@ LONG_NS = [1024, 2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536, 131072, 26
 FA2_NS = [1024, 2048, 4096, 8192, 16384]
 TOKENS, WIDTH = 16384, 2048  # the fa2 shapes: B * N tokens, H * D model width
 
-results = {"passed": 0, "failed": 0, "skipped": 0}
-
-
-class Skip(Exception):
-    pass
-
-
-def run(name, fn):
-    try:
-        fn()
-    except Skip as e:
-        results["skipped"] += 1
-        print(f"skipped  {name}: {e}")
-        return
-    except Exception:
-        results["failed"] += 1
-        print(f"FAILED   {name}")
-        traceback.print_exc(file=sys.stdout)
-        return
-    results["passed"] += 1
-    print(f"ok       {name}")
+from harness import Skip, run, summary  # noqa: E402  (the runner, shared with the other test)
 
 
 def script(path, args, hide_torch=False):
@@ -276,9 +255,7 @@ def main():
                      ("the cross-check's tolerances, NaN", t_check),
                      ("the CSV's columns", t_csv_columns)):
         run(name, fn)
-    p, f, s = results["passed"], results["failed"], results["skipped"]
-    print(f"{p} passed, {f} failed, {s} skipped")
-    return 1 if f else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,36 @@
+"""The Python tests' runner: each test a function, counted as passed, failed (its traceback
+printed) or skipped (it raised Skip with the reason), ending with "N passed, M failed, K skipped",
+the line python/tests/run.sh adds up. Imported by test_binding.py and test_compare.py (each run as
+a script from any folder: Python puts this folder first on the import path)."""
+
+import sys
+import traceback
+
+results = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+class Skip(Exception):
+    pass
+
+
+def run(name, fn, *args):
+    try:
+        fn(*args)
+    except Skip as e:
+        results["skipped"] += 1
+        print(f"skipped  {name}: {e}")
+        return
+    except Exception:
+        results["failed"] += 1
+        print(f"FAILED   {name}")
+        traceback.print_exc(file=sys.stdout)
+        return
+    results["passed"] += 1
+    print(f"ok       {name}")
+
+
+def summary():
+    """Prints the counts; the exit status: 1 if any test failed."""
+    p, f, s = results["passed"], results["failed"], results["skipped"]
+    print(f"{p} passed, {f} failed, {s} skipped")
+    return 1 if f else 0
