@@ -9,7 +9,8 @@ program, the geometric mean and minimum of FA2 time / stage time and of cuDNN ti
 time (> 1: the stage is faster), over the fa2 shapes and over the long shapes.
 
 Shapes: fa2 = B*N = 16384 tokens, H = 2048 / D, N in 1k..16k, D in {64, 128}, causal 0/1;
-long = B = H = 1, D = 128: N = 262144 only, or with --long the whole long sweep (1k..256k).
+long = B = H = 1, D = 128: N = 262144 only, or with --long the whole long sweep (1k..256k);
+--no-fa2-shapes, --no-long-shapes leave either list out.
 
 --binary may be given several times (each program a column; PATH@VARIANT runs --variant
 VARIANT). A program that exits 3 (unsupported on this GPU, e.g. stage 6 off Hopper) shows n/a.
@@ -19,7 +20,7 @@ stage6_hopper/compare.py makes the comparison in one process instead, every libr
 imports this file's shape list.
 
 usage: python3 stage5_tuned/compare_fa2.py [--binary PROG[@VARIANT]]... [--quick] [--long]
-                                           [--no-fa2-shapes] [--csv OUT]
+                                           [--no-fa2-shapes] [--no-long-shapes] [--csv OUT]
 """
 import argparse
 import csv
@@ -56,20 +57,32 @@ def exit_codes(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..
 EXIT = exit_codes()
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
     p.add_argument("--binary", action="append", metavar="PROG[@VARIANT]",
                    help="stage program, repeatable (default: build/stage5_tuned)")
+    add_shape_options(p)
+    p.add_argument("--csv", metavar="OUT", help="also write the table as CSV to OUT")
+    args = p.parse_args(argv)
+    check_shape_options(p, args)
+    if not args.binary:
+        args.binary = [os.path.join(here, "..", "build", "stage5_tuned")]
+    return args
+
+
+def add_shape_options(p):
+    """The options shapes() reads (this script's and stage6_hopper/compare.py's)."""
     p.add_argument("--quick", action="store_true", help="N up to 4096 only")
     p.add_argument("--long", action="store_true",
                    help="the whole long sweep (B = H = 1, D = 128, N = 1k..256k)")
     p.add_argument("--no-fa2-shapes", action="store_true", help="skip the fa2 shapes")
-    p.add_argument("--csv", metavar="OUT", help="also write the table as CSV to OUT")
-    args = p.parse_args()
-    if not args.binary:
-        args.binary = [os.path.join(here, "..", "build", "stage5_tuned")]
-    return args
+    p.add_argument("--no-long-shapes", action="store_true", help="skip the long shapes")
+
+
+def check_shape_options(p, args):
+    if args.no_fa2_shapes and args.no_long_shapes:
+        p.error("--no-fa2-shapes and --no-long-shapes leave no shape")
 
 
 def shapes(args):
@@ -82,7 +95,7 @@ def shapes(args):
                     if args.quick and n > 4096:
                         continue
                     out.append(("fa2", 16384 // n, 2048 // d, n, d, causal))
-    long_ns = LONG_NS if args.long else (262144,)
+    long_ns = () if args.no_long_shapes else LONG_NS if args.long else (LONG_NS[-1],)
     for n in long_ns:
         if args.quick and n > 4096:
             continue

@@ -141,11 +141,7 @@ def parse_args(argv=None):
                         "stage7_backward backward)")
     p.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="fwd",
                    help="fwd: the forward pass (default); bwd: the gradients only")
-    p.add_argument("--quick", action="store_true", help="N up to 4096 only")
-    p.add_argument("--long", action="store_true",
-                   help="the whole long sweep (B = H = 1, D = 128, N = 1k..256k)")
-    p.add_argument("--no-fa2-shapes", action="store_true", help="skip the fa2 shapes")
-    p.add_argument("--no-long-shapes", action="store_true", help="skip the long shapes")
+    compare_fa2.add_shape_options(p)
     p.add_argument("--graph-ms", type=positive(float), default=GRAPH_MS, metavar="MS",
                    help="the length of one replay R is chosen for (default %g)" % GRAPH_MS)
     p.add_argument("--replays", type=positive(int), default=REPLAYS, metavar="N",
@@ -153,8 +149,7 @@ def parse_args(argv=None):
                         % REPLAYS)
     p.add_argument("--csv", metavar="OUT", help="also write one row per (shape, library) to OUT")
     args = p.parse_args(argv)
-    if args.no_fa2_shapes and args.no_long_shapes:
-        p.error("--no-fa2-shapes and --no-long-shapes leave no shape")
+    compare_fa2.check_shape_options(p, args)
     labels = [label(s) for s in args.stage or ()]
     twice = sorted(set(x for x in labels if labels.count(x) > 1))
     if twice:
@@ -162,12 +157,6 @@ def parse_args(argv=None):
     if not args.stage:
         args.stage = [("stage7_backward" if args.which == "bwd" else "stage5_tuned", None)]
     return args
-
-
-def shapes(args):
-    """(kind, B, H, N, D, causal) in table order: compare_fa2.py's list, less the long shapes
-    with --no-long-shapes."""
-    return [s for s in compare_fa2.shapes(args) if not (args.no_long_shapes and s[0] == "long")]
 
 
 def pass_flops(which, b, h, n, d, causal):
@@ -518,7 +507,7 @@ def main(argv=None):
     failures = 0
     kinds = []
     try:
-        for kind, b, h, n, d, causal in shapes(args):
+        for kind, b, h, n, d, causal in compare_fa2.shapes(args):
             if kind not in kinds:
                 kinds.append(kind)
             name = "%s B=%d H=%d N=%d D=%d%s" % (kind, b, h, n, d, " causal" if causal else "")

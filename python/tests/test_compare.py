@@ -124,7 +124,7 @@ def t_stage_specs():
 # ---- the shapes ----
 
 def shapes(*argv):
-    return cmp.shapes(cmp.parse_args(list(argv)))
+    return cmp.compare_fa2.shapes(cmp.parse_args(list(argv)))
 
 
 def check_fa2(rows, ns):
@@ -168,9 +168,8 @@ def t_shapes():
     assert not long_
     # the same list as compare_fa2.py's, which the subprocess mode and the plots use
     fa2_mod = cmp.compare_fa2
-    for argv in ([], ["--quick"], ["--long"], ["--long", "--no-fa2-shapes"]):
-        a = cmp.parse_args(argv)
-        assert cmp.shapes(a) == fa2_mod.shapes(a), argv
+    for argv in ([], ["--quick"], ["--long"], ["--long", "--no-fa2-shapes"], ["--no-long-shapes"]):
+        assert fa2_mod.shapes(cmp.parse_args(argv)) == fa2_mod.shapes(fa2_mod.parse_args(argv)), argv
     assert list(fa2_mod.LONG_NS) == LONG_NS
 
 
