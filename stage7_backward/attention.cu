@@ -482,6 +482,17 @@ __device__ __forceinline__ void store_score_gradients(uint32_t dS_smem, const ui
     }
 }
 
+// to[0] += x, to[1] += y in global memory by fp32 atomics (red.global.add; both floats in one
+// instruction on sm_90): the dQ accumulator's adds.
+__device__ __forceinline__ void add_pair(float *to, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(to), make_float2(x, y));
+#else
+    atomicAdd(to, x);
+    atomicAdd(to + 1, y);
+#endif
+}
+
 // dQ_acc[q0 + QROWS rows] += dS K_j, split over the warps: warp w takes the 16 query rows of
 // slice w % (QROWS / 16) and its share of the head dim. A = those rows of dS (read .trans from
 // dS_smem, where they are columns), B = K_j (.trans); two head-dim blocks at a time, each added to
@@ -534,13 +545,7 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
             for (int nn = 0; nn < NC; ++nn) {
                 float *to =
                     p.dQ_acc + head + (size_t)row * D + MMA_N * (part * DB_PART + nn0 + nn) + 2 * t;
-#if __CUDA_ARCH__ >= 900
-                atomicAdd(reinterpret_cast<float2 *>(to),
-                          make_float2(C[nn][2 * h], C[nn][2 * h + 1]));
-#else
-                atomicAdd(to, C[nn][2 * h]);
-                atomicAdd(to + 1, C[nn][2 * h + 1]);
-#endif
+                add_pair(to, C[nn][2 * h], C[nn][2 * h + 1]);
             }
         }
     }
@@ -876,13 +881,7 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 #pragma unroll
             for (int n = 0; n < NT_Q; ++n) {
                 float *to = acc + r * D + MMA_N * n;
-#if __CUDA_ARCH__ >= 900
-                atomicAdd(reinterpret_cast<float2 *>(to),
-                          make_float2(C[m][n][2 * h], C[m][n][2 * h + 1]));
-#else
-                atomicAdd(to, C[m][n][2 * h]);
-                atomicAdd(to + 1, C[m][n][2 * h + 1]);
-#endif
+                add_pair(to, C[m][n][2 * h], C[m][n][2 * h + 1]);
             }
         }
     }
