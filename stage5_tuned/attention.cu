@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "split_kv.cuh"
 
 /* ---- tunables ---------------------------------------------------------------------------- */
 
@@ -677,20 +678,6 @@ typedef struct {
     int kv_end;
 } block_work;
 
-// The keys of the query tile whose rows start at q0: [0, N), or, causal with tile skipping, up to
-// its last real row (the key tiles after it are skipped). One rule for the kernel (block_keys),
-// the combine kernel (how many key ranges a row has) and the host's wave simulator (plan.cuh).
-__host__ __device__ __forceinline__ int query_tile_key_end(int q0, int BR, int N,
-                                                           bool causal_skip) {
-    return causal_skip ? min(q0 + BR, N) : N;
-}
-
-// ... and how many key tiles of BC keys they make.
-__host__ __device__ __forceinline__ int query_tile_key_tiles(int q0, int BR, int BC, int N,
-                                                             bool causal_skip) {
-    return (query_tile_key_end(q0, BR, N, causal_skip) + BC - 1) / BC;
-}
-
 // Causal: the last query tiles have the most key tiles; launch them first so the short ones
 // fill the tail of the grid. A query tile's keys: [0, N), or causal up to its last real row
 // (later tiles are skipped); with splits, range `split` of split_tiles tiles of them (a
@@ -844,73 +831,6 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
         const size_t part = (size_t)split * gridDim.y * p.N + row0;  // [split, B * H, N]
         store_partial<D>(O_acc, m_i, l_i, p.O_part + part * D, p.lse_part + part, rows_left);
     }
-}
-
-// Merges the key ranges of split-KV, one row at a time (FA2's combine). Range s of a row
-// holds O_s (normalised by its own sum l_s) and lse_s = log(l_s) + its max, so the whole
-// row's sum is l = sum_s exp(lse_s) and O = sum_s (l_s / l) O_s = sum_s exp(lse_s - lse) O_s.
-// In that order, safely: first the largest lse_s, then sum exp(lse_s - max) (every term <= 1,
-// the largest exactly 1: no overflow, and the sum cannot underflow to 0), lse = max + log(sum),
-// then weights exp(lse_s - lse) <= 1. Ranges with no key for the row (lse_s = -inf) weigh 0.
-// COMBINE_LANES threads per row, 4 columns each (16-byte loads of O_s); the loops over the
-// ranges are unrolled so that their loads are in flight together (one at a time, each waiting
-// for L2, the merge took 8.7 us for 8 ranges at N = 4096 on an H200).
-constexpr int COMBINE_THREADS = 128;
-
-typedef struct combine_params {
-    const float *O_part;    // [splits, B * H, N, D]
-    const float *lse_part;  // [splits, B * H, N]
-    __half *O;              // [B, H, N, D]
-    float *lse;             // [B, H, N]
-    long long rows;         // B * H * N
-    int N, BR, BC;          // shape and the attention kernel's tiles
-    int splits, split_tiles, causal_skip;
-} combine_params;
-
-template <int D>
-__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_params p) {
-    constexpr int COMBINE_LANES = D / 4;
-    constexpr int UNROLL = 8;  // ranges in flight at once: their loads are independent
-    const int lane = thread_index<false>() % COMBINE_LANES;
-    const long long row = (long long)blockIdx.x * (COMBINE_THREADS / COMBINE_LANES) +
-                          (uint32_t)thread_index<false>() / COMBINE_LANES;
-    if (row >= p.rows) return;
-    int ranges = p.splits;  // causal: as many as this row's query tile was given (block_keys)
-    if (p.causal_skip) {
-        const int q0 = (int)(row % p.N) / p.BR * p.BR;
-        const int tiles = query_tile_key_tiles(q0, p.BR, p.BC, p.N, true);
-        ranges = (tiles + p.split_tiles - 1) / p.split_tiles;
-    }
-    const float *lse_s = p.lse_part + row;  // lse_s[s * rows]: range s (same for the row's lanes)
-    float mx = -INFINITY;
-#pragma unroll UNROLL
-    for (int s = 0; s < ranges; ++s) mx = fmaxf(mx, lse_s[s * p.rows]);
-    const float base = mx == -INFINITY ? 0.f : mx;  // no key at all: every weight 0
-    float sum = 0.f;
-#pragma unroll UNROLL
-    for (int s = 0; s < ranges; ++s) sum += expf(lse_s[s * p.rows] - base);
-    const float lse = base + logf(sum);
-    const float4 *O_s = reinterpret_cast<const float4 *>(p.O_part + row * D) + lane;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < ranges; s0 += UNROLL) {  // UNROLL ranges: loads first, then sums
-        float4 x[UNROLL];
-        float l[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const bool in = s0 + u < ranges;
-            x[u] = in ? O_s[(s0 + u) * p.rows * (D / 4)] : make_float4(0.f, 0.f, 0.f, 0.f);
-            l[u] = in ? lse_s[(s0 + u) * p.rows] : -INFINITY;
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const float wt = expf(l[u] - lse);
-            o.x += wt * x[u].x, o.y += wt * x[u].y, o.z += wt * x[u].z, o.w += wt * x[u].w;
-        }
-    }
-    uint2 packed;
-    packed.x = pack_half2(o.x, o.y), packed.y = pack_half2(o.z, o.w);
-    reinterpret_cast<uint2 *>(p.O + row * D)[lane] = packed;
-    if (lane == 0) p.lse[row] = lse;
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */

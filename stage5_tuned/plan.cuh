@@ -7,8 +7,8 @@
  *  - the tiles for this head dim, code arch and shared memory (choose_tiles);
  *  - the kernel instantiation of those tiles and the variant, made ready on this device once
  *    (kernel_for, kernel_ready: the kernel cache, under cache_lock);
- *  - how many key ranges each query tile's keys are cut into (split-KV: choose_splits, from a
- *    simulation of the block scheduler's waves);
+ *  - how many key ranges each query tile's keys are cut into (split-KV: choose_splits in
+ *    split_kv.cuh, from a simulation of the block scheduler's waves);
  *  - all of that once per shape and device, not per launch (make_plan: the plan cache).
  */
 
@@ -142,89 +142,10 @@ static cudaError_t kernel_arch(int *arch) {
     return err;
 }
 
-/* ---- split-KV: how many key ranges ------------------------------------------------------- */
-
-// A query tile's B * H * ceil(N / BR) blocks fill the GPU's slots (SMs x blocks per SM) in
-// waves; a grid of 32 blocks on 264 slots (B = H = 1, N = 4096, H200) leaves 88% of them idle,
-// and 384 blocks (N = 49,152) make 1.45 waves: the second wave runs at 45%. Cutting each query
-// tile's keys into ranges gives more, shorter blocks. FA2 (num_splits_heuristic) estimates the
-// wave efficiency of each split count and takes the smallest within 85% of the best; here the
-// same rule, with the efficiency taken from the block scheduler's own rule: in launch order,
-// each block goes to the slot that frees first. Causal query tiles have different numbers of
-// key tiles, so the keys are cut by work: every range has split_tiles key tiles (the tile's
-// last range fewer), and a short query tile gets fewer ranges. Each range also pays for a
-// prologue (Q and its first K tile) and an fp32 epilogue: SPLIT_OVERHEAD_TILES key tiles' worth
-// (an estimate: about 48 KB of loads and 64 KB of stores against 32 KB of K and V per tile).
-constexpr int MAX_SPLITS = 128;         // FA2's cap; bounds the workspace too
-constexpr double SPLIT_SLACK = 0.85;    // the fewest splits within this share of the best
-constexpr int FULL_WAVES = 6;           // from 6 waves on, the last one costs < 1/7: no split
-constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves are not tried
+// What a key range costs besides its key tiles, in key tiles (choose_splits): a prologue (Q and
+// its first K tile) and an fp32 epilogue, an estimate: about 48 KB of loads and 64 KB of stores
+// against 32 KB of K and V per tile.
 constexpr double SPLIT_OVERHEAD_TILES = 1.0;
-
-static int ceil_div(long long a, long long b) {
-    return (int)((a + b - 1) / b);
-}
-
-// Useful work / (slots x time), in key tiles, for ranges of `per` tiles: the blocks in launch
-// order (heads, then query tiles, heaviest first if causal, then ranges), each to the slot
-// that frees first (a binary min-heap of the slots' finish times).
-static double split_efficiency(const attn_shape *s, tile_config c, bool causal_skip, int slots,
-                               int per, double *heap) {
-    const int q_tiles = ceil_div(s->N, c.BR);
-    double work = 0.;
-    for (int i = 0; i < slots; ++i) heap[i] = 0.;
-    for (int bh = 0; bh < s->B * s->H; ++bh) {
-        for (int qi = 0; qi < q_tiles; ++qi) {
-            const int q = causal_skip ? q_tiles - 1 - qi : qi;  // the kernel's order
-            const int tiles = query_tile_key_tiles(q * c.BR, c.BR, c.BC, s->N, causal_skip);
-            for (int k = 0; k < tiles; k += per) {
-                const int t = tiles - k < per ? tiles - k : per;
-                work += t;
-                heap[0] += t + SPLIT_OVERHEAD_TILES;  // the earliest-free slot takes it
-                for (int i = 0;;) {                   // sift down
-                    int j = 2 * i + 1;
-                    if (j >= slots) break;
-                    if (j + 1 < slots && heap[j + 1] < heap[j]) ++j;
-                    if (heap[i] <= heap[j]) break;
-                    const double x = heap[i];
-                    heap[i] = heap[j], heap[j] = x, i = j;
-                }
-            }
-        }
-    }
-    double end = 0.;
-    for (int i = 0; i < slots; ++i) end = heap[i] > end ? heap[i] : end;
-    return work / (slots * end);
-}
-
-// Key ranges per query tile (1: no split) and key tiles per range.
-static int choose_splits(const attn_shape *s, tile_config c, bool causal_skip, int slots,
-                         int *split_tiles) {
-    const int T = ceil_div(s->N, c.BC);
-    const long long blocks = (long long)s->B * s->H * ceil_div(s->N, c.BR);
-    *split_tiles = T;
-    if (blocks >= (long long)FULL_WAVES * slots || T < 2) return 1;
-    double *heap = (double *)malloc(sizeof(double) * slots);
-    if (!heap) return 1;
-    double eff[MAX_SPLITS + 1] = {0.}, best = 0.;
-    const int most = T < MAX_SPLITS ? T : MAX_SPLITS;
-    for (int n = 1; n <= most; ++n) {
-        // n ranges of ceil(T / n) tiles; skip n when that is the same cut as n - 1 (FA2's
-        // "eligible" splits) and stop past MAX_SIMULATED_WAVES waves of blocks.
-        if (n > 1 && ceil_div(T, n) == ceil_div(T, n - 1)) continue;
-        if (n > 1 && blocks * n > (long long)MAX_SIMULATED_WAVES * slots) break;
-        eff[n] = split_efficiency(s, c, causal_skip, slots, ceil_div(T, n), heap);
-        best = eff[n] > best ? eff[n] : best;
-    }
-    free(heap);
-    for (int n = 1; n <= most; ++n) {
-        if (eff[n] > 0. && eff[n] >= SPLIT_SLACK * best) {
-            *split_tiles = ceil_div(T, n);
-            return ceil_div(T, *split_tiles);
-        }
-    }
-    return 1;
-}
 
 /* ---- the launch plan --------------------------------------------------------------------- */
 
@@ -278,7 +199,8 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     plan->split_tiles = ceil_div(s->N, c.BC), plan->splits = 1;
     if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
         plan->splits =
-            choose_splits(s, c, plan->causal_skip, dev->sm_count * per_sm, &plan->split_tiles);
+            choose_splits(s, c.BR, c.BC, plan->causal_skip, dev->sm_count * per_sm,
+                          SPLIT_OVERHEAD_TILES, &plan->split_tiles);
     }
     // Lazy rescaling pays from LAZY_MIN_N keys per block on (eager_rescale: never).
     const long long keys = (long long)plan->split_tiles * c.BC;

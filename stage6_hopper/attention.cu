@@ -9,20 +9,23 @@
  * one producer warpgroup issues every copy and hands its registers (setmaxnreg) to two or three
  * consumer warpgroups that only compute; the softmax of one key tile runs under the P V of the
  * key tile before; the consumers take turns at issuing their GEMMs (ping-pong); one persistent
- * block per SM takes work tiles from a global counter.
+ * block per SM takes work tiles from a global counter; where those leave SMs idle, a work tile
+ * is a range of a query tile's keys (split-KV, stage 5's rule and merge).
  * Expected gain: about 1.4x over stage 5 where the grid fills the GPU (the fa2 shapes; README.md,
  * Measured, has the reference run's figures).
  *
  * The kernel, one block per SM (attention_kernel); Q_FULL, K_EMPTY, ... are mbarriers:
  *
  *   producer warpgroup, one thread (producer):
- *     w = blockIdx.x
- *     for each of the block's work tiles t (w: BR query rows of one batch*head):
+ *     take_next_work:     w = blockIdx.x (or the next one with key tiles)
+ *     for each of the block's work tiles t (w: BR query rows of one batch*head, and a range of
+ *     their key tiles: all of them unless split):
  *       publish_work:     wait Q_EMPTY[t % QB]; write w; TMA Q -> Q buffer t % QB      (Q_FULL)
- *       next_work_index:  w = the next work tile from the global counter
- *       for each key tile j, the block's it-th:                      (ring slot it % STAGES)
+ *       next_work_index:  w' = the next work tile from the global counter
+ *       for each key tile j of its range, the block's it-th:         (ring slot it % STAGES)
  *         load_key_tile:  wait K_EMPTY; TMA K_j -> K ring slot                        (K_FULL)
  *         load_key_tile:  wait V_EMPTY; TMA V_j -> V ring slot                        (V_FULL)
+ *       take_next_work:   w = w', or the next one after it with key tiles
  *     publish_work "stop"
  *
  *   each consumer warpgroup, 64 query rows (consumer_overlapped): one pipeline over every key
@@ -38,18 +41,20 @@
  *       wait for S (P V may still run)
  *       scores_done:   release K (and Q after its last key tile); mask; softmax -> P, alpha
  *     last_pv:         [wait my turn] O += P V [pass the turn]; wait; release V; epilogue
+ *   (epilogue, split: the range's O / l in fp32 and its LSE to the workspace; after the kernel,
+ *   combine_kernel merges the ranges into O and LSE)
  *
  *   (variant nooverlap: consumer_serial, every wgmma waited for before the next step)
  *
  * Run:  make build && build/stage6_hopper --seq 16384 --heads 16 --dim 128 --causal --bench
- * Variants (--variant): default, nopersistent, nopingpong, nooverlap: each switches one step off.
+ * Variants (--variant): default, nopersistent, nopingpong, nooverlap, nosplit: each switches one
+ * step off.
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  *
  * NOTE: what is left is short rows. The end of a work tile (the epilogue's instructions, on the
  * path that holds the turn, and taking over the next work tile) weighs most where a work tile
- * has few key tiles (LOG.md, steps 11-14); and B = H = 1 with short rows does not fill the GPU:
- * that needs split-KV, which stage 5 has and this stage does not.
+ * has few key tiles (LOG.md, steps 11-14), and split-KV makes more such work tiles.
  */
 
 #include <cuda.h>
@@ -57,9 +62,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "../stage5_tuned/split_kv.cuh"  // split-KV: key ranges, their merge, how many
 #include "attention.h"
 
 // The kernels exist only in sm_90a code (wgmma, setmaxnreg); other targets compile an empty
@@ -578,27 +585,76 @@ __device__ __forceinline__ uint32_t q_stage(const smem_tiles &s, int t) {
     return s.Q + pipeline_state<q_buffers<D, C, BC>()>{t}.slot() * q_bytes<D, C>();
 }
 
-// A work tile: one batch*head and BR query rows, numbered head by head and, inside a head,
-// those with the most key tiles (causal) first. A persistent block (one per SM) starts with work
-// tile blockIdx.x and then takes the next one not yet taken from a global counter, so causal
-// tiles of different lengths even out over the SMs as they would with one block per tile (the
-// variant nopersistent, which launches exactly that). t numbers the block's work tiles: it is
-// the count of the Q buffers' pipeline_state.
+// Division by a number fixed for the launch, in two instructions instead of a division's
+// dozen: n / d = (umulhi(n, mul) + n) >> shift for 0 <= n < 2^31, with shift = ceil(log2 d) and
+// mul = floor(2^32 (2^shift - d) / d) + 1 worked out by the host (Granlund and Montgomery's
+// method, as CUTLASS's FastDivmod). The work tiles' decoding uses it: the producer thread has 24
+// registers, too few for two divisions' temporaries.
 typedef struct {
-    int bh, q0, n_tiles, t;
+    uint32_t mul, shift;
+} fast_divisor;
+
+static fast_divisor make_fast_divisor(uint32_t d) {
+    fast_divisor f;
+    f.shift = 0;
+    while ((1ull << f.shift) < d) ++f.shift;
+    f.mul = (uint32_t)(((1ull << 32) * ((1ull << f.shift) - d)) / d + 1);
+    return f;
+}
+
+__device__ __forceinline__ int fast_divide(int n, fast_divisor f) {
+    return (int)((__umulhi((uint32_t)n, f.mul) + (uint32_t)n) >> f.shift);
+}
+
+// The problem as the producer and the consumers see it: N, causal, how a query tile's key tiles
+// are cut (split-KV: into ranges of split_tiles key tiles, at most `splits` of them; splits = 1:
+// one range, all of them), the softmax scale times log2(e), and where the results go.
+typedef struct {
+    int N, causal, splits, split_tiles;
+    fast_divisor per_head, per_query_tile;  // work tiles: of a head, of a query tile (splits)
+    float scale_log2;
+    __half *O;               // [B, H, N, D]                  (splits = 1)
+    float *lse;              // [B, H, N]                     (splits = 1)
+    float *O_part;           // [splits, B * H, N, D], fp32   (splits > 1: combine_kernel merges)
+    float *lse_part;         // [splits, B * H, N]            (splits > 1)
+    long long rows;          // B * H * N
+    const CUtensorMap *tmO;  // O as [B*H, N, D] in boxes of [1, 16, 64], for the staged stores
+} problem;
+
+// A work tile: one batch*head, BR query rows and a range of their key tiles, [j0, j0 + n_tiles)
+// (all of them unless split). Numbered head by head; inside a head, the query tiles with the most
+// key tiles (causal) first, then their ranges. A causal query tile has fewer key tiles, so fewer
+// ranges, than the longest: its last ranges are empty (n_tiles = 0) and nobody takes them
+// (take_next_work). A persistent block (one per SM) starts with work tile blockIdx.x and then
+// takes the next one not yet taken from a global counter, so work tiles of different lengths even
+// out over the SMs as they would with one block per tile (the variant nopersistent, which
+// launches exactly that). t numbers the block's work tiles: it is the count of the Q buffers'
+// pipeline_state.
+typedef struct {
+    int bh, q0, j0, n_tiles, split, t;
 } work_tile;
 
 template <int C, int BC>
-__device__ __forceinline__ work_tile work_at(int w, int N, int causal) {
+__device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
     constexpr int BR = block_rows<C>();
-    const int q_tiles = (N + BR - 1) / BR;
+    const int q_tiles = (pb.N + BR - 1) / BR;
     work_tile t;
-    t.bh = w / q_tiles;
-    t.q0 = (q_tiles - 1 - w % q_tiles) * BR;
-    const int all = (N + BC - 1) / BC;  // key tiles: all, or (causal) up to the last query row
-    t.n_tiles = causal ? min(all, (t.q0 + BR + BC - 1) / BC) : all;
+    t.bh = fast_divide(w, pb.per_head);
+    const int in_head = w - t.bh * q_tiles * pb.splits;
+    const int q_index = fast_divide(in_head, pb.per_query_tile);
+    t.split = in_head - q_index * pb.splits;
+    t.q0 = (q_tiles - 1 - q_index) * BR;
+    const int tiles = query_tile_key_tiles(t.q0, BR, BC, pb.N, pb.causal);
+    t.j0 = t.split * pb.split_tiles;
+    t.n_tiles = max(0, min(tiles - t.j0, pb.split_tiles));
     t.t = 0;
     return t;
+}
+
+// The first key of key tile j of work tile wt (j counts from the start of its range).
+template <int BC>
+__device__ __forceinline__ int key_tile_start(const work_tile &wt, int j) {
+    return (wt.j0 + j) * BC;
 }
 
 /* ---- the producer ------------------------------------------------------------------------ */
@@ -613,22 +669,23 @@ __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, 
         tma_load_3d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, bh);
 }
 
-// K or V of key tile j of work tile wt into ring slot kv.slot() once the consumers have released
-// it (ring = sm.K or sm.V; FULL and EMPTY = BAR_K_FULL and BAR_K_EMPTY, or V's).
+// K or V of key tile j of work tile wt (the j-th of its range) into ring slot kv.slot() once the
+// consumers have released it (ring = sm.K or sm.V; FULL and EMPTY = BAR_K_FULL and BAR_K_EMPTY,
+// or V's).
 template <int D, int BC, int FULL, int EMPTY>
 __device__ __forceinline__ void load_key_tile(const smem_tiles &sm, uint32_t ring,
                                               const CUtensorMap *map, kv_pipeline kv,
                                               const work_tile &wt, int j) {
     wait_empty(sm, EMPTY, kv);
     copy_tile<D, BC>(ring + kv.slot() * kv_bytes<D, BC>(), map, bar_at(sm, FULL + kv.slot()),
-                     j * BC, wt.bh);
+                     key_tile_start<BC>(wt, j), wt.bh);
 }
 
 // Hand the block's t-th work tile, index w, to the consumers: wait until Q buffer t % QB and its
 // index slot are free, write the index, start Q's copy. w >= works hands over "stop" (no copy).
 template <int D, int C, int BC>
 __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtensorMap *tmQ, int t,
-                                             int w, int N, int causal, int works) {
+                                             int w, const work_tile &wt, int works) {
     const pipeline_state<q_buffers<D, C, BC>()> q = {t};
     const uint32_t full = bar_at(sm, BAR_Q_FULL + q.slot());
     wait_empty(sm, BAR_Q_EMPTY, q);
@@ -637,7 +694,6 @@ __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtenso
         mbar_arrive(full);  // no copy: the consumers read "stop"
         return;
     }
-    const work_tile wt = work_at<C, BC>(w, N, causal);
     copy_tile<D, block_rows<C>()>(q_stage<D, C, BC>(sm, t), tmQ, full, wt.q0, wt.bh);
 }
 
@@ -647,6 +703,18 @@ __device__ __forceinline__ int next_work_index(int works, int *next_work) {
     return (int)gridDim.x >= works ? works : gridDim.x + atomicAdd(next_work, 1);
 }
 
+// Work tile w (wt), or past it the first one with key tiles (a causal split leaves empty ones),
+// or none (works).
+template <int C, int BC>
+__device__ __forceinline__ int take_next_work(int w, const problem &pb, int works, int *next_work,
+                                              work_tile &wt) {
+    for (;; w = next_work_index(works, next_work)) {
+        if (w >= works) return works;
+        wt = work_at<C, BC>(w, pb);
+        if (wt.n_tiles > 0 || pb.splits == 1) return w;  // (unsplit, every one has key tiles)
+    }
+}
+
 // One thread issues every copy: for each work tile, hand it over (Q into its buffer as soon as
 // the consumers are done with the work tile QB before it), then K_j and V_j into the next ring
 // slot as soon as the consumers have released it. Separate barriers let S = Q K_j^T start
@@ -654,19 +722,19 @@ __device__ __forceinline__ int next_work_index(int works, int *next_work) {
 // hand-over, so that its latency hides under the copies.
 template <int D, int C, int BC>
 __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap *tmQ,
-                                         const CUtensorMap *tmK, const CUtensorMap *tmV, int N,
-                                         int causal, int works, int *next_work) {
+                                         const CUtensorMap *tmK, const CUtensorMap *tmV,
+                                         const problem &pb, int works, int *next_work) {
     kv_pipeline kv = {0};  // counts the key tiles issued so far
-    int w = blockIdx.x;
+    work_tile wt;
+    int w = take_next_work<C, BC>(blockIdx.x, pb, works, next_work, wt);
     for (int t = 0;; ++t) {
-        publish_work<D, C, BC>(sm, tmQ, t, w, N, causal, works);
+        publish_work<D, C, BC>(sm, tmQ, t, w, wt, works);
         if (w >= works) return;  // that was "stop"
-        const work_tile wt = work_at<C, BC>(w, N, causal);
-        w = next_work_index(works, next_work);
         for (int j = 0; j < wt.n_tiles; ++j, kv = kv.next()) {
             load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, wt, j);
             load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, kv, wt, j);
         }
+        w = take_next_work<C, BC>(next_work_index(works, next_work), pb, works, next_work, wt);
     }
 }
 
@@ -677,16 +745,6 @@ __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap
 typedef struct {
     int wg, warp, lane, g, t;
 } consumer_place;
-
-// The problem as the consumers see it: N, causal, the softmax scale times log2(e), and where the
-// results go.
-typedef struct {
-    int N, causal;
-    float scale_log2;
-    __half *O;               // [B, H, N, D]
-    float *lse;              // [B, H, N]
-    const CUtensorMap *tmO;  // O as [B*H, N, D] in boxes of [1, 16, 64], for the staged stores
-} problem;
 
 // The first row of the thread's warpgroup (a row of the head), of its warp (a row of the
 // warpgroup's 64), and of the thread's own two rows (a row of the head; the other is 8 further).
@@ -927,14 +985,37 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
     }
 }
 
+// Split-KV: O of one key range, normalised by the range's own l, in fp32 to its slice of O_part
+// for combine_kernel; each lane's two columns of a chunk as one 8-byte store.
+template <int D>
+__device__ __forceinline__ void store_o_partial(const float (&O_acc)[D / 2],
+                                                const float (&inv_l)[2], const consumer_place &p,
+                                                const work_tile &wt, const problem &pb) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row_of(wt, p) + FRAG_ROW_STEP * h;
+        if (row >= pb.N) continue;
+        float *o_row =
+            pb.O_part + ((size_t)wt.split * pb.rows + (size_t)wt.bh * pb.N + row) * D + 2 * p.t;
+#pragma unroll
+        for (int i = 0; i < D / FRAG_CHUNK_COLS; ++i)
+            *reinterpret_cast<float2 *>(o_row + FRAG_CHUNK_COLS * i) = make_float2(
+                O_acc[acc_index(i, h, 0)] * inv_l[h], O_acc[acc_index(i, h, 1)] * inv_l[h]);
+    }
+}
+
 // The end of a work tile: O = O_acc / l (fp16) and LSE = (m + log2 l) ln 2 for the thread's two
-// rows (those inside N). l >= 1 for a row with any key (its max contributes 2^0), so the fast
-// reciprocal and logarithm (MUFU.RCP, MUFU.LG2) are accurate here.
+// rows (those inside N); with split-KV, the key range's O (fp32) and LSE into the workspace. l >=
+// 1 for a row with any key (its max contributes 2^0), so the fast reciprocal and logarithm
+// (MUFU.RCP, MUFU.LG2) are accurate here; a row with no key in its range (causal, split) has l =
+// 0 and m = -inf: O = 0 and LSE = -inf, which the merge weighs 0.
 template <int D, int C, int BC>
 __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const float (&m_i)[2],
                                          const float (&l_i)[2], const consumer_place &p,
                                          const smem_tiles &sm, const work_tile &wt,
                                          const problem &pb) {
+    const bool split = pb.splits > 1;
+    float *const lse = split ? pb.lse_part + (size_t)wt.split * pb.rows : pb.lse;
     float inv_l[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -943,9 +1024,11 @@ __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const floa
         const int row = row_of(wt, p) + FRAG_ROW_STEP * h;
         // m_i is in raw-score units: scale, then natural log.
         if (p.t == 0 && row < pb.N)
-            pb.lse[(size_t)wt.bh * pb.N + row] = (m_i[h] * pb.scale_log2 + __log2f(l)) * LN2;
+            lse[(size_t)wt.bh * pb.N + row] = (m_i[h] * pb.scale_log2 + __log2f(l)) * LN2;
     }
-    if constexpr (o_staged<D, C, BC>())
+    if (split)
+        store_o_partial<D>(O_acc, inv_l, p, wt, pb);
+    else if constexpr (o_staged<D, C, BC>())
         store_o_staged<D>(O_acc, inv_l, p, wt, pb, sm.O + p.wg * o_stage_bytes<D>());
     else
         store_o_direct<D>(O_acc, inv_l, p, wt, pb);
@@ -972,7 +1055,7 @@ __device__ __forceinline__ void pingpong_pass_turn(int wg) {
 template <int BC>
 __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
                                            const consumer_place &p, int j) {
-    const int key0 = j * BC;
+    const int key0 = key_tile_start<BC>(wt, j);
     return key0 + BC > pb.N || (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p));
 }
 
@@ -987,7 +1070,8 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
     release(bar_at(sm, BAR_K_EMPTY + st), p);
     if (j == wt.n_tiles - 1)
         release(bar_at(sm, BAR_Q_EMPTY + pipeline_state<QB>{wt.t}.slot()), p);  // Q's last use
-    if (needs_mask<BC>(pb, wt, p, j)) mask_scores<BC>(S, p, row_of(wt, p), j * BC, pb.N, pb.causal);
+    if (needs_mask<BC>(pb, wt, p, j))
+        mask_scores<BC>(S, p, row_of(wt, p), key_tile_start<BC>(wt, j), pb.N, pb.causal);
     softmax_tile<BC>(S, m_i, l_i, alpha, pb.scale_log2);
 }
 
@@ -1005,7 +1089,7 @@ __device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_p
     if (p.lane == 0) w = atomicAdd(&sm.work[q.slot()], 0);
     w = __shfl_sync(FULL_WARP, w, 0);
     if (w >= works) return false;
-    wt = work_at<C, BC>(w, pb.N, pb.causal);
+    wt = work_at<C, BC>(w, pb);
     wt.t = t;
     return true;
 }
@@ -1258,44 +1342,51 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 }
 
 // Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe them as [B*H, N, D]; O is written
-// through tmO where o_staged(), else directly); lse: [B, H, N] float. works = B * H * ceil(N / BR)
-// work tiles.
-template <int D, int C, int BC, int SCHEDULE>
+// through tmO where o_staged(), else directly); the rest of the problem in prob (its tmO is set
+// here). works = B * H * ceil(N / BR) * splits work tiles. SPLIT: compiled for split-KV; without
+// it splits is the constant 1, and the work tiles' decoding, the producer's skipping of empty
+// ones and the epilogue's fp32 path fold away.
+template <int D, int C, int BC, int SCHEDULE, bool SPLIT>
 __global__ void __launch_bounds__(block_threads<C>(), 1)
     attention_kernel(const __grid_constant__ CUtensorMap tmQ,
                      const __grid_constant__ CUtensorMap tmK,
                      const __grid_constant__ CUtensorMap tmV,
-                     const __grid_constant__ CUtensorMap tmO, __half *O, float *lse, int N,
-                     int causal, float scale_log2, int works, int *next_work) {
+                     const __grid_constant__ CUtensorMap tmO, const problem prob, int works,
+                     int *next_work) {
 #if HOPPER_KERNELS
     extern __shared__ unsigned char smem_raw[];
     const smem_tiles sm = carve_smem<D, C, BC>(smem_raw);
     if (threadIdx.x == 0) init_barriers<D, C, BC>(sm);
     __syncthreads();  // the barriers are initialised before anyone waits on or signals them
 
+    problem pb = prob;
+    if (!SPLIT) {  // one range: all of a query tile's keys
+        pb.splits = 1, pb.split_tiles = INT_MAX;
+        pb.per_query_tile.mul = 1, pb.per_query_tile.shift = 0;  // n / 1
+    }
+    pb.tmO = &tmO;
     if (threadIdx.x < PRODUCER_WARPGROUPS * WARPGROUP) {
         registers_decrease<producer_regs<C>()>();
-        if (threadIdx.x == 0) producer<D, C, BC>(sm, &tmQ, &tmK, &tmV, N, causal, works, next_work);
+        if (threadIdx.x == 0) producer<D, C, BC>(sm, &tmQ, &tmK, &tmV, pb, works, next_work);
     } else {
         registers_increase<consumer_regs<C>()>();
-        problem pb;
-        pb.N = N;
-        pb.causal = causal;
-        pb.scale_log2 = scale_log2;
-        pb.O = O;
-        pb.lse = lse;
-        pb.tmO = &tmO;
         consumer<D, C, BC, SCHEDULE>(sm, pb, works);
     }
 #else
-    (void)tmQ, (void)tmK, (void)tmV, (void)tmO, (void)O, (void)lse, (void)N, (void)causal,
-        (void)scale_log2, (void)works, (void)next_work;
+    (void)tmQ, (void)tmK, (void)tmV, (void)tmO, (void)prob, (void)works, (void)next_work;
 #endif
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */
 
-enum { VARIANT_DEFAULT = 0, VARIANT_NOPERSISTENT, VARIANT_NOPINGPONG, VARIANT_NOOVERLAP, VARIANTS };
+enum {
+    VARIANT_DEFAULT = 0,
+    VARIANT_NOPERSISTENT,
+    VARIANT_NOPINGPONG,
+    VARIANT_NOOVERLAP,
+    VARIANT_NOSPLIT,
+    VARIANTS
+};
 
 // The driver's tensor-map encoder, fetched once through the runtime (no -lcuda needed).
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
@@ -1343,7 +1434,7 @@ static int consumers_for(const attn_shape *s) {
 static int hopper_code_here(void) {
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(
-            &fa, (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG>) !=
+            &fa, (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false>) !=
         cudaSuccess) {
         cudaGetLastError();
         return 0;
@@ -1379,10 +1470,54 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     return NULL;
 }
 
-// The workspace is the work tile counter of the persistent blocks, zeroed before each launch.
+// Split-KV, by stage 5's rule (choose_splits): key ranges per query tile where the work tiles
+// leave SMs idle or make a short last wave, with one slot per SM (the persistent blocks). Decided
+// once per shape and device (the last one is kept: a benchmark launches the same shape many
+// times).
+#ifndef SPLIT_OVERHEAD_TILES_TRY
+#define SPLIT_OVERHEAD_TILES_TRY 1.0
+#endif
+constexpr double SPLIT_OVERHEAD_TILES = SPLIT_OVERHEAD_TILES_TRY;
+typedef struct {
+    attn_shape shape;  // key: the shape (not its scale), SMs, variant
+    int sm_count, variant;
+    int splits, split_tiles;  // value
+} split_plan;
+
+static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int variant) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static split_plan last;  // last.splits == 0: none yet
+    split_plan p;
+    memset(&p, 0, sizeof p);
+    p.shape = *s, p.shape.scale = 0.f, p.sm_count = dev->sm_count, p.variant = variant;
+    pthread_mutex_lock(&lock);
+    const bool hit = last.splits > 0 && last.shape.B == s->B && last.shape.H == s->H &&
+                     last.shape.N == s->N && last.shape.D == s->D &&
+                     last.shape.causal == s->causal && last.sm_count == p.sm_count &&
+                     last.variant == variant;
+    if (hit) p = last;
+    pthread_mutex_unlock(&lock);
+    if (hit) return p;
+    const int BR = consumers_for(s) == 3 ? block_rows<3>() : block_rows<2>(), BC = key_tile_for(s);
+    p.splits = 1, p.split_tiles = ceil_div(s->N, BC);
+    if (variant != VARIANT_NOSPLIT && dev->sm_count > 0)
+        p.splits = choose_splits(s, BR, BC, s->causal, dev->sm_count, SPLIT_OVERHEAD_TILES,
+                                 &p.split_tiles);
+    pthread_mutex_lock(&lock);
+    last = p;
+    pthread_mutex_unlock(&lock);
+    return p;
+}
+
+// The workspace: the work tile counter of the persistent blocks (zeroed before each launch),
+// then with split-KV the key ranges' O_part [splits, B * H, N, D] and lse_part [splits, B * H, N],
+// fp32, 16-byte aligned.
+constexpr size_t PART_ALIGN = 16;
 static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
-    (void)s, (void)dev, (void)variant;
-    return sizeof(int);
+    if (attention_unsupported(s, dev, variant)) return sizeof(int);  // forward() reports it
+    const split_plan sp = plan_splits(s, dev, variant);
+    if (sp.splits == 1) return sizeof(int);
+    return PART_ALIGN + (size_t)sp.splits * s->B * s->H * s->N * (s->D + 1) * sizeof(float);
 }
 
 typedef struct {
@@ -1390,9 +1525,14 @@ typedef struct {
     __half *O;              // [B, H, N, D] fp16
     float *lse;             // [B, H, N]
     int *next_work;         // the persistent blocks' work tile counter (the workspace)
+    float *O_part;          // split-KV's partial results (the workspace after the counter)
+    split_plan split;
     int persistent_blocks;  // one per SM, or 0: one block per work tile (variant nopersistent)
     cudaStream_t stream;
 } launch_args;
+
+typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
+                          const CUtensorMap, const problem, int, int *);
 
 template <int D, int C, int BC, int SCHEDULE>
 static cudaError_t launch(const attn_shape *s, const launch_args *a) {
@@ -1403,16 +1543,37 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     ATTN_TRY(tensor_map(&tmV, a->V, s, BC));
     ATTN_TRY(tensor_map(&tmO, a->O, s, WARP_ROWS));  // a warp's rows (unused unless O is staged)
     const int smem = smem_bytes<D, C, BC>();
-    ATTN_TRY(cudaFuncSetAttribute(attention_kernel<D, C, BC, SCHEDULE>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const int works = s->B * s->H * ((s->N + BR - 1) / BR);
+    const kernel_fn kernel = a->split.splits > 1 ? attention_kernel<D, C, BC, SCHEDULE, true>
+                                                 : attention_kernel<D, C, BC, SCHEDULE, false>;
+    ATTN_TRY(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  smem));
+    const int works = s->B * s->H * ceil_div(s->N, BR) * a->split.splits;
     const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works
                            ? a->persistent_blocks
                            : works;  // (with one block per work tile the counter is never read)
     if (blocks < works) ATTN_TRY(cudaMemsetAsync(a->next_work, 0, sizeof(int), a->stream));
-    const float scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
-    attention_kernel<D, C, BC, SCHEDULE><<<blocks, block_threads<C>(), smem, a->stream>>>(
-        tmQ, tmK, tmV, tmO, a->O, a->lse, s->N, s->causal, scale_log2, works, a->next_work);
+    problem pb;
+    memset(&pb, 0, sizeof pb);
+    pb.N = s->N, pb.causal = s->causal;
+    pb.splits = a->split.splits, pb.split_tiles = a->split.split_tiles;
+    pb.per_head = make_fast_divisor((uint32_t)(ceil_div(s->N, BR) * pb.splits));
+    pb.per_query_tile = make_fast_divisor((uint32_t)pb.splits);
+    pb.scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
+    pb.O = a->O, pb.lse = a->lse;
+    pb.rows = (long long)s->B * s->H * s->N;
+    pb.O_part = a->O_part;
+    pb.lse_part = a->O_part ? a->O_part + (size_t)pb.splits * pb.rows * D : NULL;
+    kernel<<<blocks, block_threads<C>(), smem, a->stream>>>(tmQ, tmK, tmV, tmO, pb, works,
+                                                            a->next_work);
+    ATTN_TRY(cudaGetLastError());
+    if (pb.splits == 1) return cudaSuccess;
+
+    // Merge the key ranges (stage 5's combine_kernel; causal query tiles have fewer ranges).
+    const combine_params cp = {pb.O_part, pb.lse_part, a->O,      a->lse,         pb.rows,  s->N,
+                               BR,        BC,          pb.splits, pb.split_tiles, s->causal};
+    const unsigned rows_per_block = COMBINE_THREADS / (D / 4);
+    combine_kernel<D><<<(unsigned)((pb.rows + rows_per_block - 1) / rows_per_block),
+                        COMBINE_THREADS, 0, a->stream>>>(cp);
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
 }
@@ -1439,14 +1600,13 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
         fprintf(stderr, "stage6_hopper: Q, K, V and O must be 16-byte aligned\n");
         return cudaErrorMisalignedAddress;
     }
-    const launch_args a = {Q,
-                           K,
-                           V,
-                           (__half *)O,
-                           lse,
-                           (int *)workspace,
-                           variant == VARIANT_NOPERSISTENT ? 0 : dev->sm_count,
-                           stream};
+    launch_args a;
+    memset(&a, 0, sizeof a);
+    a.Q = Q, a.K = K, a.V = V, a.O = (__half *)O, a.lse = lse, a.next_work = (int *)workspace;
+    a.split = plan_splits(s, dev, variant);
+    if (a.split.splits > 1) a.O_part = (float *)((char *)workspace + PART_ALIGN);
+    a.persistent_blocks = variant == VARIANT_NOPERSISTENT ? 0 : dev->sm_count;
+    a.stream = stream;
     switch (variant) {
         case VARIANT_NOOVERLAP:
             return launch_schedule<SCHEDULE_SERIAL>(s, &a);
@@ -1462,7 +1622,7 @@ extern "C" const attn_stage attn_this_stage = {
     "FA3-style on Hopper: TMA bulk copies on mbarriers, wgmma from shared-memory descriptors, "
     "producer/consumer warpgroups with setmaxnreg",
     ATTN_F16,
-    "default,nopersistent,nopingpong,nooverlap",
+    "default,nopersistent,nopingpong,nooverlap,nosplit",
     attention_unsupported,
     attention_workspace_bytes,
     attention_forward,

@@ -130,14 +130,16 @@ def norm(token):
 
 
 def generated_numbers(root):
-    """Every number between results markers of the committed READMEs; speedups (1.79x) also
-    under their own key, "x", since a speedup typed in prose must be one of those."""
+    """Every number between results markers of the committed READMEs (not counts such as "14 of
+    20"); speedups (1.79x) also under their own key, "x", since a speedup typed in prose must be
+    one of those."""
     out, speedups = set(), set()
     for readme in [root / "README.md", *sorted(root.glob("stage*/README.md"))]:
         if not readme.is_file():
             continue
         for block in re.findall(r"<!-- results:[\w-]+:begin -->(.*?)<!-- results:[\w-]+:end -->",
                                 readme.read_text(), re.S):
+            block = re.sub(r"\b\d+ of \d+\b", " ", block)  # counts ("faster on 14 of 20"), no readings
             out.update(norm(t) for t in re.findall(NUM, block))
             speedups.update(norm(t) for t in re.findall(rf"(?:{NUM})(?=[x×])", block))
     return out, speedups

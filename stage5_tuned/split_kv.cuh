@@ -1,0 +1,183 @@
+/*
+ * stage5_tuned/split_kv.cuh: split-KV's pieces that do not depend on the attention kernel, for
+ * stage 5 (attention.cu, plan.cuh) and stage 6 (which includes this file; its persistent kernel
+ * cuts the keys the same way). When B * H * ceil(N / BR) query tiles leave SMs idle, each query
+ * tile's keys are cut into ranges of split_tiles key tiles; each range writes an fp32 O normalised
+ * by its own sum and its LSE into a workspace, [splits, B * H, N, D] and [splits, B * H, N], and
+ * combine_kernel merges them. Here: which key tiles a query tile has (query_tile_key_tiles),
+ * the merge (combine_kernel), and how many ranges (choose_splits, host code).
+ */
+
+#include <cuda_fp16.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+
+// The keys of the query tile whose rows start at q0: [0, N), or, causal with tile skipping, up to
+// its last real row (the key tiles after it are skipped). One rule for the kernels (stage 5's
+// block_keys, stage 6's work_at), the combine kernel (how many key ranges a row has) and the
+// host's wave simulator (choose_splits).
+__host__ __device__ __forceinline__ int query_tile_key_end(int q0, int BR, int N,
+                                                           bool causal_skip) {
+    return causal_skip ? min(q0 + BR, N) : N;
+}
+
+// ... and how many key tiles of BC keys they make.
+__host__ __device__ __forceinline__ int query_tile_key_tiles(int q0, int BR, int BC, int N,
+                                                             bool causal_skip) {
+    return (query_tile_key_end(q0, BR, N, causal_skip) + BC - 1) / BC;
+}
+
+/* ---- the merge ---------------------------------------------------------------------------- */
+
+// Merges the key ranges of split-KV, one row at a time (FA2's combine). Range s of a row
+// holds O_s (normalised by its own sum l_s) and lse_s = log(l_s) + its max, so the whole
+// row's sum is l = sum_s exp(lse_s) and O = sum_s (l_s / l) O_s = sum_s exp(lse_s - lse) O_s.
+// In that order, safely: first the largest lse_s, then sum exp(lse_s - max) (every term <= 1,
+// the largest exactly 1: no overflow, and the sum cannot underflow to 0), lse = max + log(sum),
+// then weights exp(lse_s - lse) <= 1. Ranges with no key for the row (lse_s = -inf) weigh 0.
+// COMBINE_LANES threads per row, 4 columns each (16-byte loads of O_s); the loops over the
+// ranges are unrolled so that their loads are in flight together (one at a time, each waiting
+// for L2, the merge took 8.7 us for 8 ranges at N = 4096 on an H200).
+constexpr int COMBINE_THREADS = 128;
+
+typedef struct combine_params {
+    const float *O_part;    // [splits, B * H, N, D]
+    const float *lse_part;  // [splits, B * H, N]
+    __half *O;              // [B, H, N, D]
+    float *lse;             // [B, H, N]
+    long long rows;         // B * H * N
+    int N, BR, BC;          // shape and the attention kernel's tiles
+    int splits, split_tiles, causal_skip;
+} combine_params;
+
+template <int D>
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_params p) {
+    constexpr int COMBINE_LANES = D / 4;
+    constexpr int UNROLL = 8;  // ranges in flight at once: their loads are independent
+    const int lane = (int)threadIdx.x % COMBINE_LANES;
+    const long long row = (long long)blockIdx.x * (COMBINE_THREADS / COMBINE_LANES) +
+                          threadIdx.x / COMBINE_LANES;
+    if (row >= p.rows) return;
+    int ranges = p.splits;  // causal: as many as this row's query tile was given
+    if (p.causal_skip) {
+        const int q0 = (int)(row % p.N) / p.BR * p.BR;
+        const int tiles = query_tile_key_tiles(q0, p.BR, p.BC, p.N, true);
+        ranges = (tiles + p.split_tiles - 1) / p.split_tiles;
+    }
+    const float *lse_s = p.lse_part + row;  // lse_s[s * rows]: range s (same for the row's lanes)
+    float mx = -INFINITY;
+#pragma unroll UNROLL
+    for (int s = 0; s < ranges; ++s) mx = fmaxf(mx, lse_s[s * p.rows]);
+    const float base = mx == -INFINITY ? 0.f : mx;  // no key at all: every weight 0
+    float sum = 0.f;
+#pragma unroll UNROLL
+    for (int s = 0; s < ranges; ++s) sum += expf(lse_s[s * p.rows] - base);
+    const float lse = base + logf(sum);
+    const float4 *O_s = reinterpret_cast<const float4 *>(p.O_part + row * D) + lane;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < ranges; s0 += UNROLL) {  // UNROLL ranges: loads first, then sums
+        float4 x[UNROLL];
+        float l[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool in = s0 + u < ranges;
+            x[u] = in ? O_s[(s0 + u) * p.rows * (D / 4)] : make_float4(0.f, 0.f, 0.f, 0.f);
+            l[u] = in ? lse_s[(s0 + u) * p.rows] : -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const float wt = expf(l[u] - lse);
+            o.x += wt * x[u].x, o.y += wt * x[u].y, o.z += wt * x[u].z, o.w += wt * x[u].w;
+        }
+    }
+    const __half2 halves[2] = {__floats2half2_rn(o.x, o.y), __floats2half2_rn(o.z, o.w)};
+    uint2 packed;
+    memcpy(&packed, halves, sizeof packed);
+    reinterpret_cast<uint2 *>(p.O + row * D)[lane] = packed;
+    if (lane == 0) p.lse[row] = lse;
+}
+
+/* ---- split-KV: how many key ranges ------------------------------------------------------- */
+
+// A query tile's B * H * ceil(N / BR) blocks fill the GPU's slots (SMs x blocks per SM) in
+// waves; a grid of 32 blocks on 264 slots (B = H = 1, N = 4096, H200) leaves 88% of them idle,
+// and 384 blocks (N = 49,152) make 1.45 waves: the second wave runs at 45%. Cutting each query
+// tile's keys into ranges gives more, shorter blocks. FA2 (num_splits_heuristic) estimates the
+// wave efficiency of each split count and takes the smallest within 85% of the best; here the
+// same rule, with the efficiency taken from the block scheduler's own rule: in launch order,
+// each block goes to the slot that frees first. Causal query tiles have different numbers of
+// key tiles, so the keys are cut by work: every range has split_tiles key tiles (the tile's
+// last range fewer), and a short query tile gets fewer ranges. Each range also pays for a
+// prologue (Q and its first K tile) and an fp32 epilogue: `overhead` key tiles' worth, which
+// each stage estimates for its own kernel (stage 5: SPLIT_OVERHEAD_TILES).
+constexpr int MAX_SPLITS = 128;         // FA2's cap; bounds the workspace too
+constexpr double SPLIT_SLACK = 0.85;    // the fewest splits within this share of the best
+constexpr int FULL_WAVES = 6;           // from 6 waves on, the last one costs < 1/7: no split
+constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves are not tried
+
+static int ceil_div(long long a, long long b) {
+    return (int)((a + b - 1) / b);
+}
+
+// Useful work / (slots x time), in key tiles, for ranges of `per` tiles: the blocks in launch
+// order (heads, then query tiles, heaviest first if causal, then ranges), each to the slot
+// that frees first (a binary min-heap of the slots' finish times).
+static double split_efficiency(const attn_shape *s, int BR, int BC, bool causal_skip, int slots,
+                               double overhead, int per, double *heap) {
+    const int q_tiles = ceil_div(s->N, BR);
+    double work = 0.;
+    for (int i = 0; i < slots; ++i) heap[i] = 0.;
+    for (int bh = 0; bh < s->B * s->H; ++bh) {
+        for (int qi = 0; qi < q_tiles; ++qi) {
+            const int q = causal_skip ? q_tiles - 1 - qi : qi;  // the kernel's order
+            const int tiles = query_tile_key_tiles(q * BR, BR, BC, s->N, causal_skip);
+            for (int k = 0; k < tiles; k += per) {
+                const int t = tiles - k < per ? tiles - k : per;
+                work += t;
+                heap[0] += t + overhead;  // the earliest-free slot takes it
+                for (int i = 0;;) {                   // sift down
+                    int j = 2 * i + 1;
+                    if (j >= slots) break;
+                    if (j + 1 < slots && heap[j + 1] < heap[j]) ++j;
+                    if (heap[i] <= heap[j]) break;
+                    const double x = heap[i];
+                    heap[i] = heap[j], heap[j] = x, i = j;
+                }
+            }
+        }
+    }
+    double end = 0.;
+    for (int i = 0; i < slots; ++i) end = heap[i] > end ? heap[i] : end;
+    return work / (slots * end);
+}
+
+// Key ranges per query tile (1: no split) and key tiles per range.
+static int choose_splits(const attn_shape *s, int BR, int BC, bool causal_skip, int slots,
+                         double overhead, int *split_tiles) {
+    const int T = ceil_div(s->N, BC);
+    const long long blocks = (long long)s->B * s->H * ceil_div(s->N, BR);
+    *split_tiles = T;
+    if (blocks >= (long long)FULL_WAVES * slots || T < 2) return 1;
+    double *heap = (double *)malloc(sizeof(double) * slots);
+    if (!heap) return 1;
+    double eff[MAX_SPLITS + 1] = {0.}, best = 0.;
+    const int most = T < MAX_SPLITS ? T : MAX_SPLITS;
+    for (int n = 1; n <= most; ++n) {
+        // n ranges of ceil(T / n) tiles; skip n when that is the same cut as n - 1 (FA2's
+        // "eligible" splits) and stop past MAX_SIMULATED_WAVES waves of blocks.
+        if (n > 1 && ceil_div(T, n) == ceil_div(T, n - 1)) continue;
+        if (n > 1 && blocks * n > (long long)MAX_SIMULATED_WAVES * slots) break;
+        eff[n] = split_efficiency(s, BR, BC, causal_skip, slots, overhead, ceil_div(T, n), heap);
+        best = eff[n] > best ? eff[n] : best;
+    }
+    free(heap);
+    for (int n = 1; n <= most; ++n) {
+        if (eff[n] > 0. && eff[n] >= SPLIT_SLACK * best) {
+            *split_tiles = ceil_div(T, n);
+            return ceil_div(T, *split_tiles);
+        }
+    }
+    return 1;
+}
