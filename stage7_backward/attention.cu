@@ -15,7 +15,8 @@
  *                dS^T = P^T * (dP^T - D_i)               softmax's Jacobian, row by row
  *                P^T, dS^T -> shared memory (fp16)
  *       dV, dK:  dV_j += P^T dO_i,  dK_j += dS^T Q_i
- *       dQ:      dQ_i += dS K_j                          fp32 atomics into a workspace (default)
+ *       dQ:      dQ_i += dS K_j                          fp32 atomics into a workspace (default;
+ *                                                        sm_90 on: the TMA unit's bulk reductions)
  *     dK_j *= scale; store dK_j, dV_j
  *   dQ = scale * dQ_acc                                  dq_convert_kernel
  *
@@ -33,8 +34,8 @@
  * mma.sync + ldmatrix + cp.async as stage 5: every GPU from sm_75 on (sm_75 loads synchronously).
  *
  * Run:  make build && build/stage7_backward --seq 4096 --heads 16 --dim 128 --causal --bench
- * Variants (--variant): default (dQ by atomics), deterministic (dQ by a second pass), registers
- * (backward_kernel's layout).
+ * Variants (--variant): default (dQ by atomics; sm_90 on: bulk reductions), deterministic (dQ by a
+ * second pass), registers (backward_kernel's layout).
  *
  * NOTE: what is left is Hopper's instruction set again: wgmma with dS and P staged through shared
  * memory, TMA and warp specialisation, as FlashAttention-3's backward does (README.md, "What is
@@ -124,6 +125,10 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
                  "r"(v.z), "r"(v.w)
                  : "memory");
+}
+
+__device__ __forceinline__ void st_shared_f2(uint32_t addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 
 __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
@@ -682,12 +687,65 @@ __host__ __device__ constexpr smem_p_config smem_p_tiles() {
     return D == 64 ? SMEM_P_TILES_D64 : SMEM_P_TILES_D128;
 }
 
+// From sm_90 on, the dQ tile reaches dQ_acc through the TMA unit (DQ_BULK): each warp stores its
+// fp32 fragments into a staging tile in shared memory, and one thread per row hands the row to a
+// bulk reduction, cp.reduce.async.bulk .add.f32, which adds it to global memory without the
+// warps' atomics (their queue was what the dQ phase waited on: LOG.md, step 5). Elsewhere the
+// warps add it by red.global.add themselves (accumulate_dq_tile).
+constexpr int DQ_BULK_ARCH = 90;
+__host__ __device__ constexpr bool dq_bulk(int arch) {
+    return arch >= DQ_BULK_ARCH;
+}
+// The staging tile: QROWS rows of D floats, each row DQ_STAGE_PAD bytes longer than its D floats,
+// so that the 8 rows of a fragment's stores fall in 8 different groups of 8 banks.
+constexpr int DQ_STAGE_PAD = 32;
+__host__ __device__ constexpr int dq_stage_row_bytes(int D) {
+    return D * (int)sizeof(float) + DQ_STAGE_PAD;
+}
+
 // K_j, V_j [KEYS, D]; STAGES x (Q_i, dO_i [QROWS, D]); P^T, dS^T [KEYS, QROWS]; STAGES x (LSE_i,
-// D_i [QROWS] floats)
-__host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D) {
+// D_i [QROWS] floats); with DQ_BULK (bulk), the dQ staging tile [QROWS][D floats + pad].
+__host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D, bool bulk) {
     return (2 * (size_t)c.KEYS + 2 * (size_t)c.STAGES * c.QROWS) * D * sizeof(__half) +
            2 * (size_t)c.KEYS * c.QROWS * sizeof(__half) +
-           2 * (size_t)c.STAGES * c.QROWS * sizeof(float);
+           2 * (size_t)c.STAGES * c.QROWS * sizeof(float) +
+           (bulk ? (size_t)c.QROWS * dq_stage_row_bytes(D) : 0);
+}
+
+// sm_90: global[0 .. bytes) += shared[0 .. bytes) in fp32, by the TMA unit, tracked in this
+// thread's bulk groups; the thread's shared-memory writes it reads were made visible to the async
+// proxy first (fence_proxy_async, then a barrier for the other threads' writes).
+__device__ __forceinline__ void bulk_reduce_add(float *global, uint32_t shared, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+            global),
+        "r"(shared), "r"(bytes)
+        : "memory");
+#else
+    (void)global, (void)shared, (void)bytes;
+    __trap();  // the launcher sizes and picks this path only from DQ_BULK_ARCH on
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Wait until this thread's bulk reductions have read their shared memory (READ_ONLY) or are done.
+template <bool READ_ONLY>
+__device__ __forceinline__ void bulk_wait() {
+#if __CUDA_ARCH__ >= 900
+    if (READ_ONLY)
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    else
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
 }
 
 // C = A B^T for one warp, MT x NT fragments: A = MT m16 row blocks of a [*, D] tile from A_rows,
@@ -854,13 +912,50 @@ __device__ __forceinline__ void score_gradients(const bwd_params &p, uint32_t K_
     store_fragments<QROWS>(dS_smem, dP, key0, q_col);
 }
 
+// DQ_BULK: the warp's fp32 fragments (MT m16 blocks of rows from row0, NT n8 blocks of columns
+// from col0) into the dQ staging tile, made visible to the bulk reductions (add_staged_dq_rows,
+// after the next barrier).
+template <int D, int MT, int NT>
+__device__ __forceinline__ void stage_dq_fragments(uint32_t dq_stage, const float (&C)[MT][NT][4],
+                                                   int row0, int col0) {
+    constexpr int ROW_BYTES = dq_stage_row_bytes(D), FLOAT_BYTES = sizeof(float);
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+    const uint32_t at = dq_stage + (row0 + g) * ROW_BYTES + (col0 + 2 * t) * FLOAT_BYTES;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                st_shared_f2(at + (MMA_M * m + MMA_M / 2 * h) * ROW_BYTES + MMA_N * n * FLOAT_BYTES,
+                             C[m][n][2 * h], C[m][n][2 * h + 1]);
+            }
+        }
+    }
+    fence_proxy_async();
+}
+
+// DQ_BULK: after a barrier that follows every warp's stage_dq_fragments, thread r (r < QROWS)
+// hands row q0 + r of the staging tile to a bulk reduction into dQ_acc (rows past N: none).
+template <int D, int QROWS>
+__device__ __forceinline__ void add_staged_dq_rows(const bwd_params &p, uint32_t dq_stage,
+                                                   size_t head, int q0) {
+    const int r = (int)threadIdx.x;
+    if (r >= QROWS || q0 + r >= p.N) return;
+    bulk_reduce_add(p.dQ_acc + head + (size_t)(q0 + r) * D, dq_stage + r * dq_stage_row_bytes(D),
+                    D * (uint32_t)sizeof(float));
+    bulk_commit();
+}
+
 // dQ_acc[q0 + QROWS rows] += dS K_j, split over the 8 warps: warp (qw, dw) takes 32 query rows
 // (A = dS, read .trans from dS_smem where they are columns) x D / DQ_COL_WARPS head-dim columns
-// (B = K_j, .trans), and adds them to global memory by fp32 atomics (red.global.add; two floats
-// at once on sm_90), one address a thread, its fragment rows and columns constant offsets.
-template <int D, int KEYS, int QROWS>
+// (B = K_j, .trans). BULK: into the staging tile (stage_dq_fragments). Else added to global memory
+// by fp32 atomics (red.global.add), one address a thread, its fragment rows and columns constant
+// offsets.
+template <int D, int KEYS, int QROWS, bool BULK>
 __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t dS_smem,
-                                                   uint32_t K_smem, size_t head, int q0) {
+                                                   uint32_t K_smem, uint32_t dq_stage, size_t head,
+                                                   int q0) {
     constexpr int DQ_ROW_WARPS = QROWS / DQ_WARP_ROWS, DQ_COL_WARPS = SMEM_P_WARPS / DQ_ROW_WARPS;
     constexpr int MQ = DQ_WARP_ROWS / MMA_M, NT_Q = D / DQ_COL_WARPS / MMA_N;
     static_assert(SMEM_P_WARPS % DQ_ROW_WARPS == 0 && NT_Q % X4_BLOCKS == 0, "dQ over the warps");
@@ -869,6 +964,10 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
     float C[MQ][NT_Q][4];
     gemm_nn<MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
         C, dS_smem, DQ_WARP_ROWS * qw / CHUNK_HALVES, K_smem, NT_Q * MMA_N * dw / CHUNK_HALVES);
+    if (BULK) {
+        stage_dq_fragments<D, MQ, NT_Q>(dq_stage, C, DQ_WARP_ROWS * qw, NT_Q * MMA_N * dw);
+        return;
+    }
     const int g = lane_index() / QUAD, t = lane_index() % QUAD;
     const int row0 = q0 + DQ_WARP_ROWS * qw + g;
     float *const acc = p.dQ_acc + head + (size_t)row0 * D + MMA_N * NT_Q * dw + 2 * t;
@@ -895,6 +994,8 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 //   dV, dK:    warp (kw, dw): its 32 keys x D / 2 columns of dV += P^T dO_i, dK += dS^T Q_i
 //              (accumulators for the whole loop)
 //   dQ:        warp (qw', dw'): 32 queries x its share of D of dS K_j, added by fp32 atomics
+//              (sm_90 on: stored to a staging tile, whose rows go to dQ_acc by bulk reductions
+//              issued after the next iteration's first barrier)
 template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool DQ_ATOMIC>
 __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     backward_smem_kernel(const bwd_params p) {
@@ -913,6 +1014,11 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     constexpr uint32_t KV_TILE = KEYS * ROW_BYTES, Q_TILE = QROWS * ROW_BYTES;
     constexpr uint32_t PS_TILE = KEYS * QROWS * sizeof(__half);
     constexpr uint32_t VEC = 2 * QROWS * sizeof(float);  // LSE_i, then D_i
+#ifdef __CUDA_ARCH__
+    constexpr bool BULK = DQ_ATOMIC && dq_bulk(__CUDA_ARCH__ / 10);  // dQ by bulk reductions
+#else
+    constexpr bool BULK = false;
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 has no cp.async for a second buffer, and a T4's shared memory is too small for this
     // kernel: the launcher never picks it there.
@@ -929,12 +1035,13 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     const int q_tiles = (p.N - q_begin + QROWS - 1) / QROWS;
 
     // Shared memory: K_smem, V_smem [KEYS, D]; per stage Q_smem, dO_smem [QROWS, D]; P_smem,
-    // dS_smem [KEYS, QROWS]; per stage vec_smem [2, QROWS] floats. Tiles swizzled.
+    // dS_smem [KEYS, QROWS]; per stage vec_smem [2, QROWS] floats; BULK: dq_stage [QROWS, D
+    // floats + pad]. The half tiles swizzled.
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t K_smem = smem_u32(smem), V_smem = K_smem + KV_TILE;
     const uint32_t Q_smem = V_smem + KV_TILE, dO_smem = Q_smem + STAGES * Q_TILE;
     const uint32_t P_smem = dO_smem + STAGES * Q_TILE, dS_smem = P_smem + PS_TILE;
-    const uint32_t vec_smem = dS_smem + PS_TILE;
+    const uint32_t vec_smem = dS_smem + PS_TILE, dq_stage = vec_smem + STAGES * VEC;
 
     tile_issue<KEYS, D, THREADS>(K_smem, p.K + head + (size_t)k0 * D, p.N - k0);
     tile_issue<KEYS, D, THREADS>(V_smem, p.V + head + (size_t)k0 * D, p.N - k0);
@@ -949,7 +1056,9 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         const uint32_t vec_tile = vec_smem + buf * VEC;
         cp_async_wait<0>();
         __syncthreads();  // tile it (and K_j, V_j) visible to all; every warp is done with tile
-                          // it - 1 (its buffer is refilled next) and with P_smem and dS_smem
+                          // it - 1 (its buffer is refilled next) and with P_smem and dS_smem;
+                          // BULK: tile it - 1's dQ rows are staged
+        if (BULK && it > 0) add_staged_dq_rows<D, QROWS>(p, dq_stage, head, q0 - QROWS);
         if (it + 1 < q_tiles) {
             issue_query_tile<D, QROWS, THREADS>(p, Q_smem + (1 - buf) * Q_TILE,
                                                 dO_smem + (1 - buf) * Q_TILE,
@@ -966,7 +1075,9 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
                 WARP_QUERIES * cw + pass * PASS_QUERIES,
                 k0 + KEYS > p.N || (p.causal && q0 < k0 + KEYS - 1));
         }
-        __syncthreads();  // P_smem and dS_smem written by every warp, visible to all
+        if (BULK) bulk_wait<true>();  // the staged rows this thread handed over are read
+        __syncthreads();  // P_smem and dS_smem written by every warp, visible to all; BULK:
+                          // dq_stage free
 
         // dV_j += P^T dO_i, dK_j += dS^T Q_i: keys kw, head-dim columns cw.
         const int col_chunk = WARP_COLS * cw / CHUNK_HALVES;
@@ -974,8 +1085,15 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
                                                            0, dO_tile, col_chunk);
         gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(dK, dS_smem + WARP_KEYS * kw * QROWS * 2,
                                                            0, Q_tile, col_chunk);
-        // dQ_i += dS K_j, by fp32 atomics (last: LOG.md, step 4's try)
-        if (DQ_ATOMIC) accumulate_dq_tile<D, KEYS, QROWS>(p, dS_smem, K_smem, head, q0);
+        // dQ_i += dS K_j, by fp32 atomics or staged for bulk reductions (last: LOG.md, step 4's
+        // try)
+        if (DQ_ATOMIC)
+            accumulate_dq_tile<D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, head, q0);
+    }
+    if (BULK) {           // the last tile's dQ rows
+        __syncthreads();  // every warp's rows of it are staged
+        add_staged_dq_rows<D, QROWS>(p, dq_stage, head, q_begin + (q_tiles - 1) * QROWS);
+        bulk_wait<false>();
     }
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
@@ -1175,9 +1293,9 @@ static kernel_fn kernel_for(int i, bool atomic) {
 }
 
 // backward_smem_kernel where cp.async is and its shared memory fits the block's limit.
-static bool smem_p_fits(int D, size_t smem_limit, int arch) {
+static bool smem_p_fits(int D, size_t smem_limit, int arch, bool atomic) {
     const smem_p_config c = D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
-    return arch >= 80 && smem_p_bytes(c, D) <= smem_limit;
+    return arch >= 80 && smem_p_bytes(c, D, atomic && dq_bulk(arch)) <= smem_limit;
 }
 
 template <int D>
@@ -1243,11 +1361,12 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     const int mi = choose_tiles(s->D, dev->smem_per_block, arch, true);
     const int di = choose_tiles(s->D, dev->smem_per_block, arch, false);
     if (mi < 0 || di < 0) return cudaErrorInvalidConfiguration;  // stage_unsupported says why
-    if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch)) {
+    if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch, atomic)) {
         const smem_p_config c = s->D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
         const kernel_fn sk = s->D == 64 ? smem_p_kernel<64>(atomic) : smem_p_kernel<128>(atomic);
         ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N, c.KEYS), (unsigned)BH),
-                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D), p, stream));
+                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, atomic && dq_bulk(arch)), p,
+                        stream));
     } else {
         const tile_config mc = tiles_at(s->D, true, mi);
         const kernel_fn mk =
