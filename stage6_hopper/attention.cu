@@ -1474,10 +1474,9 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
 // leave SMs idle or make a short last wave, with one slot per SM (the persistent blocks). Decided
 // once per shape and device (the last one is kept: a benchmark launches the same shape many
 // times).
-#ifndef SPLIT_OVERHEAD_TILES_TRY
-#define SPLIT_OVERHEAD_TILES_TRY 1.0
-#endif
-constexpr double SPLIT_OVERHEAD_TILES = SPLIT_OVERHEAD_TILES_TRY;
+// What a key range costs besides its key tiles (Q's copy, the first K tile's wait, the fp32 O
+// and LSE stores), in key tiles: stage 5's estimate (LOG.md, step 15).
+constexpr double SPLIT_OVERHEAD_TILES = 1.0;
 typedef struct {
     attn_shape shape;  // key: the shape (not its scale), SMs, variant
     int sm_count, variant;

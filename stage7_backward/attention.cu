@@ -1293,9 +1293,9 @@ static kernel_fn kernel_for(int i, bool atomic) {
 }
 
 // backward_smem_kernel where cp.async is and its shared memory fits the block's limit.
-static bool smem_p_fits(int D, size_t smem_limit, int arch, bool atomic) {
+static bool smem_p_fits(int D, size_t smem_limit, int arch, bool bulk) {
     const smem_p_config c = D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
-    return arch >= 80 && smem_p_bytes(c, D, atomic && dq_bulk(arch)) <= smem_limit;
+    return arch >= 80 && smem_p_bytes(c, D, bulk) <= smem_limit;
 }
 
 template <int D>
@@ -1361,12 +1361,12 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     const int mi = choose_tiles(s->D, dev->smem_per_block, arch, true);
     const int di = choose_tiles(s->D, dev->smem_per_block, arch, false);
     if (mi < 0 || di < 0) return cudaErrorInvalidConfiguration;  // stage_unsupported says why
-    if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch, atomic)) {
+    const bool bulk = atomic && dq_bulk(arch);  // dQ staged for bulk reductions (DQ_BULK)
+    if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch, bulk)) {
         const smem_p_config c = s->D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
         const kernel_fn sk = s->D == 64 ? smem_p_kernel<64>(atomic) : smem_p_kernel<128>(atomic);
         ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N, c.KEYS), (unsigned)BH),
-                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, atomic && dq_bulk(arch)), p,
-                        stream));
+                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, bulk), p, stream));
     } else {
         const tile_config mc = tiles_at(s->D, true, mi);
         const kernel_fn mk =
