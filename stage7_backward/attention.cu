@@ -35,7 +35,7 @@
  *
  * Run:  make build && build/stage7_backward --seq 4096 --heads 16 --dim 128 --causal --bench
  * Variants (--variant): default (dQ by atomics; sm_90 on: bulk reductions), deterministic (dQ by a
- * second pass), registers (backward_kernel's layout).
+ * second pass), registers (backward_kernel's layout), atomics (dQ by atomics on sm_90 too).
  *
  * NOTE: what is left is Hopper's instruction set again: wgmma with dS and P staged through shared
  * memory, TMA and warp specialisation, as FlashAttention-3's backward does (README.md, "What is
@@ -996,7 +996,7 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 //   dQ:        warp (qw', dw'): 32 queries x its share of D of dS K_j, added by fp32 atomics
 //              (sm_90 on: stored to a staging tile, whose rows go to dQ_acc by bulk reductions
 //              issued after the next iteration's first barrier)
-template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool DQ_ATOMIC>
+template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool DQ_ATOMIC, bool DQ_BULK_OK>
 __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     backward_smem_kernel(const bwd_params p) {
     constexpr int THREADS = SMEM_P_WARPS * WARP_SIZE;
@@ -1015,7 +1015,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     constexpr uint32_t PS_TILE = KEYS * QROWS * sizeof(__half);
     constexpr uint32_t VEC = 2 * QROWS * sizeof(float);  // LSE_i, then D_i
 #ifdef __CUDA_ARCH__
-    constexpr bool BULK = DQ_ATOMIC && dq_bulk(__CUDA_ARCH__ / 10);  // dQ by bulk reductions
+    constexpr bool BULK = DQ_ATOMIC && DQ_BULK_OK && dq_bulk(__CUDA_ARCH__ / 10);  // dQ by bulk
+                                                                                   // reductions
 #else
     constexpr bool BULK = false;
 #endif
@@ -1221,7 +1222,22 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
 
 /* ---- launcher ---------------------------------------------------------------------------- */
 
-enum { VARIANT_DEFAULT = 0, VARIANT_DETERMINISTIC = 1, VARIANT_REGISTERS = 2, VARIANTS = 3 };
+enum {
+    VARIANT_DEFAULT = 0,
+    VARIANT_DETERMINISTIC = 1,
+    VARIANT_REGISTERS = 2,
+    VARIANT_ATOMICS = 3,
+    VARIANTS = 4
+};
+
+// How dQ is added up: DQ_SECOND_PASS (deterministic: dq_kernel), DQ_BY_ATOMICS (the warps'
+// red.global.add), DQ_BY_BULK (backward_smem_kernel on sm_90 on: the TMA unit's bulk reductions;
+// variant atomics switches them off).
+enum dq_way { DQ_SECOND_PASS, DQ_BY_ATOMICS, DQ_BY_BULK };
+static dq_way dq_way_for(int variant, int arch) {
+    if (variant == VARIANT_DETERMINISTIC) return DQ_SECOND_PASS;
+    return variant != VARIANT_ATOMICS && dq_bulk(arch) ? DQ_BY_BULK : DQ_BY_ATOMICS;
+}
 
 // The forward pass is stage 5's: its attention.cu, compiled a second time with its descriptor
 // renamed to attn_forward_stage (Makefile), linked beside this file.
@@ -1293,16 +1309,22 @@ static kernel_fn kernel_for(int i, bool atomic) {
 }
 
 // backward_smem_kernel where cp.async is and its shared memory fits the block's limit.
-static bool smem_p_fits(int D, size_t smem_limit, int arch, bool bulk) {
+static bool smem_p_fits(int D, size_t smem_limit, int arch, dq_way dq) {
     const smem_p_config c = D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
-    return arch >= 80 && smem_p_bytes(c, D, bulk) <= smem_limit;
+    return arch >= 80 && smem_p_bytes(c, D, dq == DQ_BY_BULK) <= smem_limit;
 }
 
 template <int D>
-static kernel_fn smem_p_kernel(bool atomic) {
+static kernel_fn smem_p_kernel(dq_way dq) {
     constexpr smem_p_config c = smem_p_tiles<D>();
-    return atomic ? backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, true>
-                  : backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, false>;
+    switch (dq) {
+        case DQ_SECOND_PASS:
+            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, false, false>;
+        case DQ_BY_ATOMICS:
+            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, true, false>;
+        default:
+            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, true, true>;
+    }
 }
 
 static cudaError_t launch(kernel_fn fn, dim3 grid, int threads, size_t smem, const bwd_params &p,
@@ -1361,12 +1383,13 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     const int mi = choose_tiles(s->D, dev->smem_per_block, arch, true);
     const int di = choose_tiles(s->D, dev->smem_per_block, arch, false);
     if (mi < 0 || di < 0) return cudaErrorInvalidConfiguration;  // stage_unsupported says why
-    const bool bulk = atomic && dq_bulk(arch);  // dQ staged for bulk reductions (DQ_BULK)
-    if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch, bulk)) {
+    const dq_way dq = dq_way_for(variant, arch);
+    if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch, dq)) {
         const smem_p_config c = s->D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
-        const kernel_fn sk = s->D == 64 ? smem_p_kernel<64>(atomic) : smem_p_kernel<128>(atomic);
+        const kernel_fn sk = s->D == 64 ? smem_p_kernel<64>(dq) : smem_p_kernel<128>(dq);
         ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N, c.KEYS), (unsigned)BH),
-                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, bulk), p, stream));
+                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, dq == DQ_BY_BULK), p,
+                        stream));
     } else {
         const tile_config mc = tiles_at(s->D, true, mi);
         const kernel_fn mk =
@@ -1422,7 +1445,7 @@ extern "C" const attn_stage attn_this_stage = {
     "FA2's backward: D = rowsum(dO * O), S and P recomputed from Q, K and LSE, dK/dV in registers "
     "per K/V tile, dQ by fp32 atomics (or a second pass: deterministic); forward = stage 5's",
     ATTN_F16,
-    "default,deterministic,registers",
+    "default,deterministic,registers,atomics",
     stage_unsupported,
     stage_workspace_bytes,
     stage_forward,
