@@ -179,9 +179,10 @@ $(BUILD)/obj/stage7_forward.o: stage5_tuned/attention.cu $(wildcard stage5_tuned
 	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Dattn_this_stage=attn_forward_stage -c $< -o $@ 2> $(BUILD)/ptxas/stage7_forward.txt || { cat $(BUILD)/ptxas/stage7_forward.txt; exit 1; }
 $(BUILD)/stage7_backward: $(BUILD)/obj/stage7_forward.o
 # stage 5 keeps its host planning and split-KV's merge in .cuh files of its folder; stage 6
-# includes split_kv.cuh too
+# includes split_kv.cuh too, and keeps the tensor-map encoder in its folder for stage 7
 $(BUILD)/obj/stage5_tuned.o: $(wildcard stage5_tuned/*.cuh)
-$(BUILD)/obj/stage6_hopper.o: stage5_tuned/split_kv.cuh
+$(BUILD)/obj/stage6_hopper.o: stage5_tuned/split_kv.cuh stage6_hopper/tensor_map.cuh
+$(BUILD)/obj/stage7_backward.o: stage6_hopper/tensor_map.cuh
 
 $(BUILD)/test_common: common/tests/test_common.c $(BUILD)/obj/reference.o $(BUILD)/obj/npy.o
 	$(CC) $(CFLAGS) -Icommon -o $@ $^ -lm

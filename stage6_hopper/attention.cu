@@ -67,6 +67,7 @@
 #include <string.h>
 
 #include "../stage5_tuned/split_kv.cuh"  // split-KV: key ranges, their merge, how many
+#include "tensor_map.cuh"                // tensor_map_encoder
 #include "attention.h"
 
 // The kernels exist only in sm_90a code (wgmma, setmaxnreg); other targets compile an empty
@@ -1387,26 +1388,6 @@ enum {
     VARIANT_NOSPLIT,
     VARIANTS
 };
-
-// The driver's tensor-map encoder, fetched once through the runtime (no -lcuda needed).
-static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-    if (!fn) {
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                             &found) == cudaSuccess &&
-            found == cudaDriverEntryPointSuccess)
-#else
-        if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &found) ==
-                cudaSuccess &&
-            found == cudaDriverEntryPointSuccess)
-#endif
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-    }
-    return fn;
-}
 
 // [B*H, N, D] fp16 seen in boxes of [1, rows, 64] (one 128-byte-swizzled slab); rows past N
 // read as zeros.

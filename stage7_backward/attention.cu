@@ -42,12 +42,14 @@
  * left").
  */
 
+#include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "../stage6_hopper/tensor_map.cuh"  // tensor_map_encoder (DQ_BULK's tensor map)
 #include "attention.h"
 
 /* ---- tunables ---------------------------------------------------------------------------- */
@@ -688,42 +690,45 @@ __host__ __device__ constexpr smem_p_config smem_p_tiles() {
 }
 
 // From sm_90 on, the dQ tile reaches dQ_acc through the TMA unit (DQ_BULK): each warp stores its
-// fp32 fragments into a staging tile in shared memory, and one thread per row hands the row to a
-// bulk reduction, cp.reduce.async.bulk .add.f32, which adds it to global memory without the
-// warps' atomics (their queue was what the dQ phase waited on: LOG.md, step 5). Elsewhere the
-// warps add it by red.global.add themselves (accumulate_dq_tile).
+// fp32 fragments into a staging tile in shared memory, and one thread hands the whole tile to a
+// bulk tensor reduction, cp.reduce.async.bulk.tensor .add, which adds it to global memory without
+// the warps' atomics (their queue was what the dQ phase waited on: LOG.md, steps 5 and 6).
+// Elsewhere the warps add it by red.global.add themselves (accumulate_dq_tile).
 constexpr int DQ_BULK_ARCH = 90;
 __host__ __device__ constexpr bool dq_bulk(int arch) {
     return arch >= DQ_BULK_ARCH;
 }
-// The staging tile: QROWS rows of D floats, each row DQ_STAGE_PAD bytes longer than its D floats,
-// so that the 8 rows of a fragment's stores fall in 8 different groups of 8 banks.
-constexpr int DQ_STAGE_PAD = 32;
-__host__ __device__ constexpr int dq_stage_row_bytes(int D) {
-    return D * (int)sizeof(float) + DQ_STAGE_PAD;
-}
+// The staging tile holds the QROWS x D floats in slabs of DQ_SLAB_COLS columns, [D / DQ_SLAB_COLS]
+// [QROWS][DQ_SLAB_COLS]: a slab row is 32 bytes, so the 4 rows a half-warp's fragment store
+// writes are 128 contiguous bytes, every bank once. The tensor map (dq_tensor_map) walks dQ_acc
+// in the same order: column within the slab, row, slab, (batch, head).
+constexpr int DQ_SLAB_COLS = 8;
+constexpr int DQ_SLAB_ROW_BYTES = DQ_SLAB_COLS * (int)sizeof(float);
+constexpr int DQ_MAP_RANK = 4;
 
 // K_j, V_j [KEYS, D]; STAGES x (Q_i, dO_i [QROWS, D]); P^T, dS^T [KEYS, QROWS]; STAGES x (LSE_i,
-// D_i [QROWS] floats); with DQ_BULK (bulk), the dQ staging tile [QROWS][D floats + pad].
+// D_i [QROWS] floats); with DQ_BULK (bulk), the dQ staging tile, QROWS x D floats.
 __host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D, bool bulk) {
     return (2 * (size_t)c.KEYS + 2 * (size_t)c.STAGES * c.QROWS) * D * sizeof(__half) +
            2 * (size_t)c.KEYS * c.QROWS * sizeof(__half) +
            2 * (size_t)c.STAGES * c.QROWS * sizeof(float) +
-           (bulk ? (size_t)c.QROWS * dq_stage_row_bytes(D) : 0);
+           (bulk ? (size_t)c.QROWS * D * sizeof(float) : 0);
 }
 
-// sm_90: global[0 .. bytes) += shared[0 .. bytes) in fp32, by the TMA unit, tracked in this
-// thread's bulk groups; the thread's shared-memory writes it reads were made visible to the async
-// proxy first (fence_proxy_async, then a barrier for the other threads' writes).
-__device__ __forceinline__ void bulk_reduce_add(float *global, uint32_t shared, uint32_t bytes) {
+// sm_90: the box of *map at coordinates (c0, c1, c2, c3) += the shared-memory box at shared, by
+// the TMA unit (coordinates past the tensor's ends are skipped), tracked in this thread's bulk
+// groups; the shared-memory writes it reads were made visible to the async proxy first
+// (fence_proxy_async, then a barrier for the other threads' writes).
+__device__ __forceinline__ void bulk_tensor_reduce_add(const CUtensorMap *map, uint32_t shared,
+                                                       int c0, int c1, int c2, int c3) {
 #if __CUDA_ARCH__ >= 900
     asm volatile(
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-            global),
-        "r"(shared), "r"(bytes)
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+        " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"((uint64_t)map),
+        "r"(shared), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
         : "memory");
 #else
-    (void)global, (void)shared, (void)bytes;
+    (void)map, (void)shared, (void)c0, (void)c1, (void)c2, (void)c3;
     __trap();  // the launcher sizes and picks this path only from DQ_BULK_ARCH on
 #endif
 }
@@ -913,21 +918,23 @@ __device__ __forceinline__ void score_gradients(const bwd_params &p, uint32_t K_
 }
 
 // DQ_BULK: the warp's fp32 fragments (MT m16 blocks of rows from row0, NT n8 blocks of columns
-// from col0) into the dQ staging tile, made visible to the bulk reductions (add_staged_dq_rows,
-// after the next barrier).
-template <int D, int MT, int NT>
+// from col0, col0 a multiple of DQ_SLAB_COLS) into the dQ staging tile's slabs, made visible to
+// the bulk reduction (add_staged_dq_tile, after the next barrier).
+template <int QROWS, int MT, int NT>
 __device__ __forceinline__ void stage_dq_fragments(uint32_t dq_stage, const float (&C)[MT][NT][4],
                                                    int row0, int col0) {
-    constexpr int ROW_BYTES = dq_stage_row_bytes(D), FLOAT_BYTES = sizeof(float);
+    constexpr int SLAB_BYTES = QROWS * DQ_SLAB_ROW_BYTES, FLOAT_BYTES = sizeof(float);
+    static_assert(MMA_N == DQ_SLAB_COLS, "an n8 block of columns is one slab");
     const int g = lane_index() / QUAD, t = lane_index() % QUAD;
-    const uint32_t at = dq_stage + (row0 + g) * ROW_BYTES + (col0 + 2 * t) * FLOAT_BYTES;
+    const uint32_t at = dq_stage + col0 / DQ_SLAB_COLS * SLAB_BYTES +
+                        (row0 + g) * DQ_SLAB_ROW_BYTES + 2 * t * FLOAT_BYTES;
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-                st_shared_f2(at + (MMA_M * m + MMA_M / 2 * h) * ROW_BYTES + MMA_N * n * FLOAT_BYTES,
+                st_shared_f2(at + n * SLAB_BYTES + (MMA_M * m + MMA_M / 2 * h) * DQ_SLAB_ROW_BYTES,
                              C[m][n][2 * h], C[m][n][2 * h + 1]);
             }
         }
@@ -935,15 +942,13 @@ __device__ __forceinline__ void stage_dq_fragments(uint32_t dq_stage, const floa
     fence_proxy_async();
 }
 
-// DQ_BULK: after a barrier that follows every warp's stage_dq_fragments, thread r (r < QROWS)
-// hands row q0 + r of the staging tile to a bulk reduction into dQ_acc (rows past N: none).
-template <int D, int QROWS>
-__device__ __forceinline__ void add_staged_dq_rows(const bwd_params &p, uint32_t dq_stage,
-                                                   size_t head, int q0) {
-    const int r = (int)threadIdx.x;
-    if (r >= QROWS || q0 + r >= p.N) return;
-    bulk_reduce_add(p.dQ_acc + head + (size_t)(q0 + r) * D, dq_stage + r * dq_stage_row_bytes(D),
-                    D * (uint32_t)sizeof(float));
+// DQ_BULK: after a barrier that follows every warp's stage_dq_fragments, thread 0 hands the
+// staging tile to one bulk tensor reduction into rows q0 .. q0 + QROWS of dQ_acc (rows past N
+// skipped by the TMA unit).
+__device__ __forceinline__ void add_staged_dq_tile(const CUtensorMap *dq_map, uint32_t dq_stage,
+                                                   int q0) {
+    if (threadIdx.x != 0) return;
+    bulk_tensor_reduce_add(dq_map, dq_stage, 0, q0, 0, (int)blockIdx.y);
     bulk_commit();
 }
 
@@ -965,7 +970,7 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
     gemm_nn<MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
         C, dS_smem, DQ_WARP_ROWS * qw / CHUNK_HALVES, K_smem, NT_Q * MMA_N * dw / CHUNK_HALVES);
     if (BULK) {
-        stage_dq_fragments<D, MQ, NT_Q>(dq_stage, C, DQ_WARP_ROWS * qw, NT_Q * MMA_N * dw);
+        stage_dq_fragments<QROWS, MQ, NT_Q>(dq_stage, C, DQ_WARP_ROWS * qw, NT_Q * MMA_N * dw);
         return;
     }
     const int g = lane_index() / QUAD, t = lane_index() % QUAD;
@@ -994,11 +999,11 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 //   dV, dK:    warp (kw, dw): its 32 keys x D / 2 columns of dV += P^T dO_i, dK += dS^T Q_i
 //              (accumulators for the whole loop)
 //   dQ:        warp (qw', dw'): 32 queries x its share of D of dS K_j, added by fp32 atomics
-//              (sm_90 on: stored to a staging tile, whose rows go to dQ_acc by bulk reductions
-//              issued after the next iteration's first barrier)
+//              (sm_90 on: stored to a staging tile, which goes to dQ_acc by one bulk tensor
+//              reduction issued after the next iteration's first barrier)
 template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool DQ_ATOMIC, bool DQ_BULK_OK>
 __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
-    backward_smem_kernel(const bwd_params p) {
+    backward_smem_kernel(const bwd_params p, const __grid_constant__ CUtensorMap dq_map) {
     constexpr int THREADS = SMEM_P_WARPS * WARP_SIZE;
     constexpr int ROW_BYTES = D * 2;
     constexpr int WARP_KEYS = KEYS / SMEM_P_KEY_WARPS;         // keys of a warp, every phase but dQ
@@ -1036,8 +1041,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     const int q_tiles = (p.N - q_begin + QROWS - 1) / QROWS;
 
     // Shared memory: K_smem, V_smem [KEYS, D]; per stage Q_smem, dO_smem [QROWS, D]; P_smem,
-    // dS_smem [KEYS, QROWS]; per stage vec_smem [2, QROWS] floats; BULK: dq_stage [QROWS, D
-    // floats + pad]. The half tiles swizzled.
+    // dS_smem [KEYS, QROWS]; per stage vec_smem [2, QROWS] floats; BULK: dq_stage [D / 8
+    // slabs][QROWS][8] floats. The half tiles swizzled.
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t K_smem = smem_u32(smem), V_smem = K_smem + KV_TILE;
     const uint32_t Q_smem = V_smem + KV_TILE, dO_smem = Q_smem + STAGES * Q_TILE;
@@ -1058,8 +1063,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         cp_async_wait<0>();
         __syncthreads();  // tile it (and K_j, V_j) visible to all; every warp is done with tile
                           // it - 1 (its buffer is refilled next) and with P_smem and dS_smem;
-                          // BULK: tile it - 1's dQ rows are staged
-        if (BULK && it > 0) add_staged_dq_rows<D, QROWS>(p, dq_stage, head, q0 - QROWS);
+                          // BULK: tile it - 1's dQ is staged
+        if (BULK && it > 0) add_staged_dq_tile(&dq_map, dq_stage, q0 - QROWS);
         if (it + 1 < q_tiles) {
             issue_query_tile<D, QROWS, THREADS>(p, Q_smem + (1 - buf) * Q_TILE,
                                                 dO_smem + (1 - buf) * Q_TILE,
@@ -1076,7 +1081,7 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
                 WARP_QUERIES * cw + pass * PASS_QUERIES,
                 k0 + KEYS > p.N || (p.causal && q0 < k0 + KEYS - 1));
         }
-        if (BULK) bulk_wait<true>();  // the staged rows this thread handed over are read
+        if (BULK) bulk_wait<true>();  // the staged tile thread 0 handed over is read
         __syncthreads();  // P_smem and dS_smem written by every warp, visible to all; BULK:
                           // dq_stage free
 
@@ -1091,9 +1096,9 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         if (DQ_ATOMIC)
             accumulate_dq_tile<D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, head, q0);
     }
-    if (BULK) {           // the last tile's dQ rows
-        __syncthreads();  // every warp's rows of it are staged
-        add_staged_dq_rows<D, QROWS>(p, dq_stage, head, q_begin + (q_tiles - 1) * QROWS);
+    if (BULK) {           // the last tile's dQ
+        __syncthreads();  // every warp's part of it is staged
+        add_staged_dq_tile(&dq_map, dq_stage, q_begin + (q_tiles - 1) * QROWS);
         bulk_wait<false>();
     }
 #pragma unroll
@@ -1288,6 +1293,7 @@ static tile_config tiles_at(int D, bool main_kernel, int i) {
 }
 
 typedef void (*kernel_fn)(bwd_params);
+typedef void (*smem_kernel_fn)(bwd_params, CUtensorMap);  // + dQ_acc's map (DQ_BULK)
 
 // The kernel of configuration i of its list: backward_kernel (MAIN, dQ by atomics or not) or
 // dq_kernel, every configuration instantiated.
@@ -1315,7 +1321,7 @@ static bool smem_p_fits(int D, size_t smem_limit, int arch, dq_way dq) {
 }
 
 template <int D>
-static kernel_fn smem_p_kernel(dq_way dq) {
+static smem_kernel_fn smem_p_kernel(dq_way dq) {
     constexpr smem_p_config c = smem_p_tiles<D>();
     switch (dq) {
         case DQ_SECOND_PASS:
@@ -1327,11 +1333,33 @@ static kernel_fn smem_p_kernel(dq_way dq) {
     }
 }
 
-static cudaError_t launch(kernel_fn fn, dim3 grid, int threads, size_t smem, const bwd_params &p,
-                          cudaStream_t stream) {
+// DQ_BULK: dQ_acc [B * H, N, D] floats seen as [B * H][D / DQ_SLAB_COLS slabs][N rows]
+// [DQ_SLAB_COLS] (innermost last: the layout of the staging tile), in boxes of one whole query
+// tile, rows past N out of bounds.
+static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s, int qrows) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return cudaErrorSymbolNotFound;
+    const cuuint64_t row = (cuuint64_t)s->D * sizeof(float);
+    const cuuint64_t dims[DQ_MAP_RANK] = {DQ_SLAB_COLS, (cuuint64_t)s->N,
+                                          (cuuint64_t)(s->D / DQ_SLAB_COLS),
+                                          (cuuint64_t)s->B * s->H};
+    const cuuint64_t strides[DQ_MAP_RANK - 1] = {row, DQ_SLAB_ROW_BYTES, row * s->N};  // bytes
+    const cuuint32_t box[DQ_MAP_RANK] = {DQ_SLAB_COLS, (cuuint32_t)qrows,
+                                         (cuuint32_t)(s->D / DQ_SLAB_COLS), 1};
+    const cuuint32_t elem_strides[DQ_MAP_RANK] = {1, 1, 1, 1};
+    const CUresult r =
+        encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, DQ_MAP_RANK, dQ_acc, dims, strides, box,
+               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <typename FN, typename... ARGS>
+static cudaError_t launch(FN fn, dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                          const ARGS &...args) {
     ATTN_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem));
-    fn<<<grid, threads, smem, stream>>>(p);
+    fn<<<grid, threads, smem, stream>>>(args...);
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
 }
@@ -1386,16 +1414,19 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     const dq_way dq = dq_way_for(variant, arch);
     if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch, dq)) {
         const smem_p_config c = s->D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
-        const kernel_fn sk = s->D == 64 ? smem_p_kernel<64>(dq) : smem_p_kernel<128>(dq);
+        const smem_kernel_fn sk = s->D == 64 ? smem_p_kernel<64>(dq) : smem_p_kernel<128>(dq);
+        CUtensorMap dq_map;
+        memset(&dq_map, 0, sizeof dq_map);  // unread but by the DQ_BULK kernels
+        if (dq == DQ_BY_BULK) ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, c.QROWS));
         ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N, c.KEYS), (unsigned)BH),
-                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, dq == DQ_BY_BULK), p,
-                        stream));
+                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, dq == DQ_BY_BULK), stream,
+                        p, dq_map));
     } else {
         const tile_config mc = tiles_at(s->D, true, mi);
         const kernel_fn mk =
             s->D == 64 ? kernel_for<64, true>(mi, atomic) : kernel_for<128, true>(mi, atomic);
         ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N, tile_rows(mc)), (unsigned)BH),
-                        mc.WARPS * WARP_SIZE, main_smem_bytes(mc, s->D), p, stream));
+                        mc.WARPS * WARP_SIZE, main_smem_bytes(mc, s->D), stream, p));
     }
     if (atomic) {
         const size_t count4 = elems / 4;
@@ -1407,7 +1438,7 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         const kernel_fn dk =
             s->D == 64 ? kernel_for<64, false>(di, false) : kernel_for<128, false>(di, false);
         ATTN_TRY(launch(dk, dim3((unsigned)ceil_div(s->N, tile_rows(dc)), (unsigned)BH),
-                        dc.WARPS * WARP_SIZE, dq_smem_bytes(dc, s->D), p, stream));
+                        dc.WARPS * WARP_SIZE, dq_smem_bytes(dc, s->D), stream, p));
     }
     return cudaSuccess;
 }
