@@ -67,8 +67,8 @@
 #include <string.h>
 
 #include "../stage5_tuned/split_kv.cuh"  // split-KV: key ranges, their merge, how many
-#include "tensor_map.cuh"                // tensor_map_encoder
 #include "attention.h"
+#include "tensor_map.cuh"  // tensor_map_encoder
 
 // The kernels exist only in sm_90a code (wgmma, setmaxnreg); other targets compile an empty
 // kernel, which the launcher never starts (attention_unsupported), and leave the Hopper-only

@@ -1340,9 +1340,8 @@ static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_sha
     PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return cudaErrorSymbolNotFound;
     const cuuint64_t row = (cuuint64_t)s->D * sizeof(float);
-    const cuuint64_t dims[DQ_MAP_RANK] = {DQ_SLAB_COLS, (cuuint64_t)s->N,
-                                          (cuuint64_t)(s->D / DQ_SLAB_COLS),
-                                          (cuuint64_t)s->B * s->H};
+    const cuuint64_t dims[DQ_MAP_RANK] = {
+        DQ_SLAB_COLS, (cuuint64_t)s->N, (cuuint64_t)(s->D / DQ_SLAB_COLS), (cuuint64_t)s->B * s->H};
     const cuuint64_t strides[DQ_MAP_RANK - 1] = {row, DQ_SLAB_ROW_BYTES, row * s->N};  // bytes
     const cuuint32_t box[DQ_MAP_RANK] = {DQ_SLAB_COLS, (cuuint32_t)qrows,
                                          (cuuint32_t)(s->D / DQ_SLAB_COLS), 1};
