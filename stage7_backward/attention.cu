@@ -1071,9 +1071,10 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
                                                 vec_smem + (1 - buf) * VEC, head, vec, q0 + QROWS);
         }
 
-        // Scores: S^T, P^T, dP^T, dS^T of keys kw, queries cw (SCORE_PASSES column blocks in
-        // turn, so that fewer registers hold S^T and dP^T beside dK and dV).
-#pragma unroll 1
+        // Scores: S^T, P^T, dP^T, dS^T of keys kw, queries cw (SCORE_PASSES column blocks, so
+        // that fewer registers hold S^T and dP^T beside dK and dV; unrolled, so that one
+        // block's products run while the warp computes the other's P^T and dS^T).
+#pragma unroll
         for (int pass = 0; pass < SCORE_PASSES; ++pass) {
             score_gradients<D, QROWS, MT, NT_S>(
                 p, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES, Q_tile,
