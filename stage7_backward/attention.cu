@@ -8,6 +8,7 @@
  *   D_i   = rowsum(dO_i * O_i)                          preprocess_kernel, one row per quad
  *   for each key tile K_j, V_j (one block of 8 warps, 128 keys):       backward_smem_kernel
  *     dK_j = dV_j = 0                                    registers, fp32, for the whole loop
+ *     (D = 64: K_j's, V_j's fragments too)               loaded once, read by every S^T, dP^T
  *     for each query tile Q_i, dO_i, LSE_i, D_i (the next one arriving by cp.async):
  *       scores:  S^T  = K_j Q_i^T                        recompute: no N x N buffer anywhere
  *                P^T  = exp(scale S^T - LSE_i)           the forward's probabilities, exactly
@@ -670,15 +671,20 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
 // tile, STAGES buffers of Q_i, dO_i. P^T and dS^T go through shared memory, so that each of the
 // five products splits its output over the 8 warps in the shape that reads least shared memory
 // for it (32 x 32 or 32 x 64 fragments a warp; see the phases below), instead of all five
-// following the 16 keys a warp owns in backward_kernel.
+// following the 16 keys a warp owns in backward_kernel. The scores phase goes over the warp's
+// queries in SCORE_PASSES blocks (fewer registers for S^T and dP^T); KV_REGS: the warp's
+// fragments of K_j and V_j (the A operands of S^T and dP^T, the same for every query tile) are
+// loaded into registers once, so that the scores phase reads only Q_i and dO_i.
 typedef struct {
     int KEYS, QROWS, STAGES, SCORE_PASSES;
+    bool KV_REGS;
 } smem_p_config;
 
-// D = 128: 128 keys x 64 queries (161 KB: an H100, H200 or A100); D = 64: 128 x 128 (162 KB).
-// Where it does not fit (an L4's 99 KB, a T4's 64 KB) the launcher falls back to backward_kernel.
-constexpr smem_p_config SMEM_P_TILES_D128 = {128, 64, 2, 1};
-constexpr smem_p_config SMEM_P_TILES_D64 = {128, 128, 2, 2};
+// D = 128: 128 keys x 64 queries (161 KB: an H100, H200 or A100); D = 64: 128 x 128 (162 KB), K_j
+// and V_j in 64 registers (at D = 128 they would take 128, beside dK and dV's 128). Where it does
+// not fit (an L4's 99 KB, a T4's 64 KB) the launcher falls back to backward_kernel.
+constexpr smem_p_config SMEM_P_TILES_D128 = {128, 64, 2, 1, false};
+constexpr smem_p_config SMEM_P_TILES_D64 = {128, 128, 2, 4, true};
 constexpr int SMEM_P_WARPS = 8;
 constexpr int SMEM_P_KEY_WARPS = 4;  // S^T, dP^T, dK, dV: the warps split the keys 4 ways...
 constexpr int SMEM_P_COL_WARPS = SMEM_P_WARPS / SMEM_P_KEY_WARPS;  // ... and their columns 2 ways
@@ -793,6 +799,49 @@ __device__ __forceinline__ void gemm_nt(float (&C)[MT][NT][4], uint32_t A_rows, 
     }
 }
 
+// The warp's A fragments of a [*, D] tile, MT m16 blocks of rows from A_rows, every k16 step: for
+// a product whose A stays the same for every query tile (K_j in S^T, V_j in dP^T), loaded once.
+template <int D, int MT>
+__device__ __forceinline__ void load_row_fragments(uint32_t (&A)[MT][D / MMA_K][4],
+                                                   uint32_t A_rows) {
+    constexpr int ROW_BYTES = D * 2;
+    const uint32_t a_off = a_lane_offset<D>();
+#pragma unroll
+    for (int k = 0; k < D / MMA_K; ++k) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+            ldmatrix_x4(A[m][k], A_rows + (a_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
+    }
+}
+
+// gemm_nt with A's fragments in registers (load_row_fragments): each k16 step reads NT / 2
+// ldmatrix.x4 of B only.
+template <int D, int MT, int NT>
+__device__ __forceinline__ void gemm_nt_regs(float (&C)[MT][NT][4],
+                                             const uint32_t (&A)[MT][D / MMA_K][4],
+                                             uint32_t B_rows) {
+    constexpr int ROW_BYTES = D * 2;
+    const uint32_t b_off = b_lane_offset<D>();
+#pragma unroll
+    for (int k = 0; k < D / MMA_K; ++k) {
+#pragma unroll
+        for (int n = 0; n < NT; n += X4_BLOCKS) {
+            uint32_t b[4];
+            ldmatrix_x4(b, B_rows + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                if (k == 0) {
+                    mma_16816_zero(C[m][n], A[m][k], b[0], b[1]);
+                    mma_16816_zero(C[m][n + 1], A[m][k], b[2], b[3]);
+                } else {
+                    mma_16816(C[m][n], A[m][k], b[0], b[1]);
+                    mma_16816(C[m][n + 1], A[m][k], b[2], b[3]);
+                }
+            }
+        }
+    }
+}
+
 // C += A B for one warp over KSTEPS k16 steps, MT x NT fragments. B: a [16 KSTEPS, B_COLS] tile
 // stored row-major (read .trans), the warp's columns from chunk b_chunk. A: A_T = false, a
 // [*, A_COLS] tile row-major, the warp's rows from A_rows (dV += P^T dO_i, dK += dS^T Q_i);
@@ -894,20 +943,25 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
 }
 
 // One warp's block of the scores phase: keys key0.. (MT m16 blocks, from the block's k0) x
-// queries q_col.. (NT n8 blocks, from the tile's q0) of S^T = K_j Q_i^T and dP^T = V_j dO_i^T,
-// then P^T and dS^T (softmax_gradients), stored to P_smem and dS_smem as fp16. mask: the
+// queries q_col.. (NT n8 blocks, from the tile's q0) of S^T = K_j Q_i^T and dP^T = V_j dO_i^T
+// (K_j, V_j from shared memory, or KV_REGS from their fragments K_frag, V_frag), then P^T and
+// dS^T (softmax_gradients), stored to P_smem and dS_smem as fp16. mask: the
 // diagonal tile, and the tile holding N; queries past N have LSE = +inf, so P = 0 there without
 // a mask.
-template <int D, int QROWS, int MT, int NT>
-__device__ __forceinline__ void score_gradients(const bwd_params &p, uint32_t K_smem,
-                                                uint32_t V_smem, uint32_t Q_tile, uint32_t dO_tile,
-                                                uint32_t vec_tile, uint32_t P_smem,
-                                                uint32_t dS_smem, int k0, int key0, int q0,
-                                                int q_col, bool mask) {
+template <int D, int QROWS, int MT, int NT, bool KV_REGS, int KF>
+__device__ __forceinline__ void score_gradients(
+    const bwd_params &p, uint32_t K_smem, uint32_t V_smem, const uint32_t (&K_frag)[MT][KF][4],
+    const uint32_t (&V_frag)[MT][KF][4], uint32_t Q_tile, uint32_t dO_tile, uint32_t vec_tile,
+    uint32_t P_smem, uint32_t dS_smem, int k0, int key0, int q0, int q_col, bool mask) {
     constexpr int ROW_BYTES = D * 2;
     float S[MT][NT][4], dP[MT][NT][4];
-    gemm_nt<D, MT, NT>(S, K_smem, Q_tile + q_col * ROW_BYTES);    // S^T = K_j Q_i^T
-    gemm_nt<D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
+    if constexpr (KV_REGS) {
+        gemm_nt_regs<D, MT, NT>(S, K_frag, Q_tile + q_col * ROW_BYTES);
+        gemm_nt_regs<D, MT, NT>(dP, V_frag, dO_tile + q_col * ROW_BYTES);
+    } else {
+        gemm_nt<D, MT, NT>(S, K_smem, Q_tile + q_col * ROW_BYTES);    // S^T = K_j Q_i^T
+        gemm_nt<D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
+    }
     if (mask) {  // the same for the whole warp: the tiles without a mask test nothing
         softmax_gradients<QROWS, MT, NT, true>(S, dP, p, vec_tile, k0 + key0, q0, q_col);
     } else {
@@ -995,13 +1049,15 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 // tiles that see it (causal: from its own diagonal on). Per query tile, three phases between two
 // barriers:
 //   scores:    warp (kw, qw) of a 4 x 2 grid: its 32 keys x QROWS / 2 queries of S^T and dP^T, so
-//              P^T and dS^T, in registers; stored to P_smem, dS_smem as fp16
+//              P^T and dS^T, in registers; stored to P_smem, dS_smem as fp16 (KV_REGS: K_j's and
+//              V_j's fragments from registers, loaded after the first barrier)
 //   dV, dK:    warp (kw, dw): its 32 keys x D / 2 columns of dV += P^T dO_i, dK += dS^T Q_i
 //              (accumulators for the whole loop)
 //   dQ:        warp (qw', dw'): 32 queries x its share of D of dS K_j, added by fp32 atomics
 //              (sm_90 on: stored to a staging tile, which goes to dQ_acc by one bulk tensor
 //              reduction issued after the next iteration's first barrier)
-template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool DQ_ATOMIC, bool DQ_BULK_OK>
+template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool KV_REGS, bool DQ_ATOMIC,
+          bool DQ_BULK_OK>
 __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     backward_smem_kernel(const bwd_params p, const __grid_constant__ CUtensorMap dq_map) {
     constexpr int THREADS = SMEM_P_WARPS * WARP_SIZE;
@@ -1055,6 +1111,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, head, vec, q_begin);
 
     float dK[MT][NT_KV][4] = {}, dV[MT][NT_KV][4] = {};  // keys kw x columns cw, fp32
+    constexpr int KF = KV_REGS ? D / MMA_K : 1;          // k16 steps of K_frag, V_frag (unused: 1)
+    uint32_t K_frag[MT][KF][4], V_frag[MT][KF][4];
     for (int it = 0; it < q_tiles; ++it) {
         const int q0 = q_begin + it * QROWS;
         const int buf = STAGES == 2 ? it % 2 : 0;
@@ -1065,6 +1123,12 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
                           // it - 1 (its buffer is refilled next) and with P_smem and dS_smem;
                           // BULK: tile it - 1's dQ is staged
         if (BULK && it > 0) add_staged_dq_tile(&dq_map, dq_stage, q0 - QROWS);
+        if constexpr (KV_REGS) {  // K_j and V_j have arrived with tile 0: into registers
+            if (it == 0) {
+                load_row_fragments<D, MT>(K_frag, K_smem + WARP_KEYS * kw * ROW_BYTES);
+                load_row_fragments<D, MT>(V_frag, V_smem + WARP_KEYS * kw * ROW_BYTES);
+            }
+        }
         if (it + 1 < q_tiles) {
             issue_query_tile<D, QROWS, THREADS>(p, Q_smem + (1 - buf) * Q_TILE,
                                                 dO_smem + (1 - buf) * Q_TILE,
@@ -1073,12 +1137,12 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
 
         // Scores: S^T, P^T, dP^T, dS^T of keys kw, queries cw (SCORE_PASSES column blocks, so
         // that fewer registers hold S^T and dP^T beside dK and dV; unrolled, so that one
-        // block's products run while the warp computes the other's P^T and dS^T).
+        // block's products run while the warp computes another's P^T and dS^T).
 #pragma unroll
         for (int pass = 0; pass < SCORE_PASSES; ++pass) {
-            score_gradients<D, QROWS, MT, NT_S>(
-                p, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES, Q_tile,
-                dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw, q0,
+            score_gradients<D, QROWS, MT, NT_S, KV_REGS, KF>(
+                p, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES, K_frag,
+                V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw, q0,
                 WARP_QUERIES * cw + pass * PASS_QUERIES,
                 k0 + KEYS > p.N || (p.causal && q0 < k0 + KEYS - 1));
         }
@@ -1326,11 +1390,14 @@ static smem_kernel_fn smem_p_kernel(dq_way dq) {
     constexpr smem_p_config c = smem_p_tiles<D>();
     switch (dq) {
         case DQ_SECOND_PASS:
-            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, false, false>;
+            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
+                                        false, false>;
         case DQ_BY_ATOMICS:
-            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, true, false>;
+            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
+                                        true, false>;
         default:
-            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, true, true>;
+            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
+                                        true, true>;
     }
 }
 
