@@ -1162,22 +1162,28 @@ __device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2]
     scores_done<BC, q_buffers<D, C, BC>()>(S, m_i, l_i, alpha, sm, p, pb, wt, 0, first.slot());
 }
 
+// A work tile whose last P V was issued while the next work tile's rows went on (end_rows): what
+// its epilogue needs once that P V is done (retire_pv).
+typedef struct {
+    bool due;          // the P V in flight is this work tile's last: its epilogue comes next
+    work_tile wt;      // the work tile
+    float m[2], l[2];  // its rows' max and sum
+} finished_tile;
+
 // The P V of key tile it - 1 is done: P and O_acc are free. Release that tile's V; if that P V
-// ended a work tile (finished), write the work tile `done` (its rows' m_done, l_done); then
-// O *= alpha for the softmax of key tile it, and P = fp16(S).
+// ended a work tile (done.due), write that work tile's O and LSE; then O *= alpha for the
+// softmax of key tile it, and P = fp16(S).
 template <int D, int C, int BC>
 __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[BC / 4],
                                           const float (&S)[BC / 2], const float (&alpha)[2],
-                                          bool finished, const work_tile &done,
-                                          const float (&m_done)[2], const float (&l_done)[2],
-                                          const smem_tiles &sm, const consumer_place &p,
-                                          const problem &pb, int it) {
+                                          const finished_tile &done, const smem_tiles &sm,
+                                          const consumer_place &p, const problem &pb, int it) {
     wgmma_wait<0>();
     pin_registers(O_acc);
     pin_registers(P);
     const kv_pipeline kv = {it};
     if (kv.count > 0) release(bar_at(sm, BAR_V_EMPTY + kv.previous().slot()), p);
-    if (finished) epilogue<D, C, BC>(O_acc, m_done, l_done, p, sm, done, pb);
+    if (done.due) epilogue<D, C, BC>(O_acc, done.m, done.l, p, sm, done.wt, pb);
     rescale_o<D>(O_acc, alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
     pack_p<BC>(S, P);
 }
@@ -1219,10 +1225,10 @@ __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D /
 
 // The P V just issued ends work tile wt: keep its rows' m and l for its epilogue (retire_pv), and
 // start the next work tile's rows (O_acc restarts in issue_pv).
-__device__ __forceinline__ void end_rows(work_tile &done, float (&m_done)[2], float (&l_done)[2],
-                                         float (&m_i)[2], float (&l_i)[2], const work_tile &wt) {
-    done = wt;
-    m_done[0] = m_i[0], m_done[1] = m_i[1], l_done[0] = l_i[0], l_done[1] = l_i[1];
+__device__ __forceinline__ void end_rows(finished_tile &done, float (&m_i)[2], float (&l_i)[2],
+                                         const work_tile &wt) {
+    done.wt = wt;
+    done.m[0] = m_i[0], done.m[1] = m_i[1], done.l[0] = l_i[0], done.l[1] = l_i[1];
     m_i[0] = m_i[1] = -INFINITY, l_i[0] = l_i[1] = 0.f;
 }
 
@@ -1268,21 +1274,19 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
 
     // A pass starts with S holding the softmax of key tile j of work tile wt, the block's it-th,
     // while the P V of the key tile before it may still run. If that P V ends a work tile
-    // (finished), `done`, m_done and l_done are that work tile's.
-    work_tile done = wt;
-    float m_done[2] = {0.f, 0.f}, l_done[2] = {0.f, 0.f};
-    bool finished = false;
+    // (done.due), `done` is that work tile.
+    finished_tile done = {false, wt, {0.f, 0.f}, {0.f, 0.f}};
     int it = 0, j = 0;
     for (;; ++it) {
-        retire_pv<D, C, BC>(O_acc, P, S, alpha, finished, done, m_done, l_done, sm, p, pb, it);
+        retire_pv<D, C, BC>(O_acc, P, S, alpha, done, sm, p, pb, it);
 
         work_tile next;  // the work tile of the next key tile
         int next_j;
         if (!next_key_tile<C, BC, QB>(sm, p, pb, works, wt, j, next, next_j)) break;
         const int next_st = issue_turn<D, C, BC, PINGPONG>(S, O_acc, P, sm, p, next, it, j);
 
-        finished = next_j == 0;
-        if (finished) end_rows(done, m_done, l_done, m_i, l_i, wt);
+        done.due = next_j == 0;
+        if (done.due) end_rows(done, m_i, l_i, wt);
         wgmma_wait<1>();  // S of the next key tile is done; P V may still run
         scores_done<BC, QB>(S, m_i, l_i, alpha, sm, p, pb, next, next_j, next_st);
         wt = next;
