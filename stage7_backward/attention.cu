@@ -893,11 +893,43 @@ __device__ __forceinline__ void gemm_nn(float (&C)[MT][NT][4], uint32_t A, int a
     }
 }
 
+// sm_90 on: four 8 x 8 fp16 matrices from registers to shared memory, the inverse of
+// ldmatrix_x4: register i holds matrix i in the accumulator layout (row lane / 4, columns
+// 2 (lane % 4)..), and lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+#else
+    (void)addr, (void)r0, (void)r1, (void)r2, (void)r3;
+    __trap();  // store_fragments takes it from sm_90 on only
+#endif
+}
+
 // The warp's fragments of a [*, COLS] fp32 tile as fp16 into a swizzled shared tile: fragment
-// (m, n) covers rows row0 + 16m.., columns col0 + 8n.. (P^T and dS^T).
+// (m, n) covers rows row0 + 16m.., columns col0 + 8n.. (P^T and dS^T; row0 a multiple of 8, col0
+// of 16). From sm_90 on, one stmatrix_x4 per 16 x 16 block (fragments n and n + 1 of m16 block m:
+// the A-fragment order, so that a lane addresses the row and chunk ldmatrix_x4 would read):
+// a quarter of the store instructions. Before, one 4-byte store per fragment row.
 template <int COLS, int MT, int NT>
 __device__ __forceinline__ void store_fragments(uint32_t tile, const float (&C)[MT][NT][4],
                                                 int row0, int col0) {
+#if __CUDA_ARCH__ >= 900
+    const uint32_t lane_off = a_lane_offset<COLS>();
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int n = 0; n < NT; n += X4_BLOCKS) {
+            const uint32_t chunk = col0 / CHUNK_HALVES + n;  // even: the XOR moves whole pairs
+            stmatrix_x4(tile + (row0 + MMA_M * m) * (COLS * 2) + (lane_off ^ (chunk * CHUNK_BYTES)),
+                        pack_half2(C[m][n][0], C[m][n][1]), pack_half2(C[m][n][2], C[m][n][3]),
+                        pack_half2(C[m][n + 1][0], C[m][n + 1][1]),
+                        pack_half2(C[m][n + 1][2], C[m][n + 1][3]));
+        }
+    }
+#else
     const int g = lane_index() / QUAD, t = lane_index() % QUAD;
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
@@ -912,6 +944,7 @@ __device__ __forceinline__ void store_fragments(uint32_t tile, const float (&C)[
             }
         }
     }
+#endif
 }
 
 // In place: S^T becomes P^T = 2^(c S^T - LSE_i) and dP^T becomes dS^T = P^T (dP^T - D_i), for
