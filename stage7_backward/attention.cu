@@ -363,7 +363,7 @@ typedef struct bwd_params {
     const __half *Q, *K, *V, *O, *dO;  // [B, H, N, D]
     const float *lse;                  // [B, H, N] natural log (the forward's)
     __half *dQ, *dK, *dV;              // [B, H, N, D]
-    float *dQ_acc;                     // [B, H, N, D] fp32, zeroed (atomic variant)
+    float *dQ_acc;                     // [B, H, N, D] fp32, zeroed by preprocess_kernel (atomics)
     float *lse2;                       // [B * H, N_pad]: LSE * log2(e), +inf past N
     float *Dsum;                       // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
     int N, N_pad, causal;
@@ -372,8 +372,10 @@ typedef struct bwd_params {
 
 // D_i = rowsum(dO_i * O_i) in fp32, and LSE_i in log2 units, for the padded rows of every head:
 // rows past N get D = 0 and LSE = +inf, so that their P = 2^(s - inf) = 0 without a mask.
-// PREPROCESS_LANES lanes per row, D / 8 halves each; the grid covers B * H * N_pad rows exactly
-// (N_pad is a multiple of ROW_PAD).
+// With dQ by atomics or bulk reductions, the row of dQ_acc they add into is zeroed here too (as
+// FlashAttention-2's preprocess does: no separate pass over dQ_acc). PREPROCESS_LANES lanes per
+// row, D / 8 halves each; the grid covers B * H * N_pad rows exactly (N_pad is a multiple of
+// ROW_PAD).
 constexpr int PREPROCESS_THREADS = 128;
 constexpr int PREPROCESS_LANES = 8;
 constexpr int ROW_PAD = 128;  // N_pad: N rounded up to this, a multiple of every tile's rows
@@ -390,6 +392,11 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
     float sum = 0.f;
     if (inside) {
         const size_t at = ((size_t)bh * p.N + i) * D + sub * PER_LANE;
+        if (p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it)
+            float4 *const acc = reinterpret_cast<float4 *>(p.dQ_acc + at);
+#pragma unroll
+            for (int c = 0; c < PER_LANE / 4; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
 #pragma unroll
         for (int c = 0; c < PER_LANE; c += CHUNK_HALVES) {
             const uint4 o = *reinterpret_cast<const uint4 *>(p.O + at + c);
@@ -1504,7 +1511,6 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     }
     ATTN_TRY(cudaGetLastError());
     const size_t elems = (size_t)BH * s->N * s->D;
-    if (atomic) ATTN_TRY(cudaMemsetAsync(p.dQ_acc, 0, elems * sizeof(float), stream));
 
     int arch = 0;
     ATTN_TRY(kernel_arch(&arch));
