@@ -393,9 +393,11 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
     if (inside) {
         const size_t at = ((size_t)bh * p.N + i) * D + sub * PER_LANE;
         if (p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it)
+            constexpr int FLOAT4_FLOATS = 4;
             float4 *const acc = reinterpret_cast<float4 *>(p.dQ_acc + at);
 #pragma unroll
-            for (int c = 0; c < PER_LANE / 4; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int c = 0; c < PER_LANE / FLOAT4_FLOATS; ++c)
+                acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int c = 0; c < PER_LANE; c += CHUNK_HALVES) {
@@ -919,7 +921,7 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
 // (m, n) covers rows row0 + 16m.., columns col0 + 8n.. (P^T and dS^T; row0 a multiple of 8, col0
 // of 16). From sm_90 on, one stmatrix_x4 per 16 x 16 block (fragments n and n + 1 of m16 block m:
 // the A-fragment order, so that a lane addresses the row and chunk ldmatrix_x4 would read):
-// a quarter of the store instructions. Before, one 4-byte store per fragment row.
+// a quarter of the store instructions. Before sm_90, one 4-byte store per fragment row.
 template <int COLS, int MT, int NT>
 __device__ __forceinline__ void store_fragments(uint32_t tile, const float (&C)[MT][NT][4],
                                                 int row0, int col0) {
