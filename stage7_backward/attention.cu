@@ -768,6 +768,30 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// One k16 step of C (+)= A B^T for one warp, MT x NT fragments, A's fragments a given (MT m16
+// blocks, in registers), B = NT n8 row blocks of a [*, D] tile from B_rows, NT / 2 ldmatrix.x4.
+// FIRST: C = the product (the first step: nothing to clear).
+template <int D, int MT, int NT, bool FIRST>
+__device__ __forceinline__ void mma_rows_step(float (&C)[MT][NT][4], const uint32_t (&a)[MT][4],
+                                              uint32_t B_rows, uint32_t b_off, int k) {
+    constexpr int ROW_BYTES = D * 2;
+#pragma unroll
+    for (int n = 0; n < NT; n += X4_BLOCKS) {
+        uint32_t b[4];  // b0, b1 of rows 8n..; b0, b1 of rows 8n + 8..
+        ldmatrix_x4(b, B_rows + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            if (FIRST) {
+                mma_16816_zero(C[m][n], a[m], b[0], b[1]);
+                mma_16816_zero(C[m][n + 1], a[m], b[2], b[3]);
+            } else {
+                mma_16816(C[m][n], a[m], b[0], b[1]);
+                mma_16816(C[m][n + 1], a[m], b[2], b[3]);
+            }
+        }
+    }
+}
+
 // C = A B^T for one warp, MT x NT fragments: A = MT m16 row blocks of a [*, D] tile from A_rows,
 // B = NT n8 row blocks of another [*, D] tile from B_rows: S^T = K_j Q_i^T, dP^T = V_j dO_i^T.
 // Each k16 step reads MT + NT / 2 ldmatrix.x4 for MT NT mma.
@@ -781,21 +805,7 @@ __device__ __forceinline__ void gemm_nt_step(float (&C)[MT][NT][4], uint32_t A_r
     for (int m = 0; m < MT; ++m) {
         ldmatrix_x4(a[m], A_rows + (a_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
     }
-#pragma unroll
-    for (int n = 0; n < NT; n += X4_BLOCKS) {
-        uint32_t b[4];  // b0, b1 of rows 8n..; b0, b1 of rows 8n + 8..
-        ldmatrix_x4(b, B_rows + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            if (FIRST) {  // C = the first step's product: nothing to clear
-                mma_16816_zero(C[m][n], a[m], b[0], b[1]);
-                mma_16816_zero(C[m][n + 1], a[m], b[2], b[3]);
-            } else {
-                mma_16816(C[m][n], a[m], b[0], b[1]);
-                mma_16816(C[m][n + 1], a[m], b[2], b[3]);
-            }
-        }
-    }
+    mma_rows_step<D, MT, NT, FIRST>(C, a, B_rows, b_off, k);
 }
 
 template <int D, int MT, int NT>
@@ -811,7 +821,7 @@ __device__ __forceinline__ void gemm_nt(float (&C)[MT][NT][4], uint32_t A_rows, 
 // The warp's A fragments of a [*, D] tile, MT m16 blocks of rows from A_rows, every k16 step: for
 // a product whose A stays the same for every query tile (K_j in S^T, V_j in dP^T), loaded once.
 template <int D, int MT>
-__device__ __forceinline__ void load_row_fragments(uint32_t (&A)[MT][D / MMA_K][4],
+__device__ __forceinline__ void load_row_fragments(uint32_t (&A)[D / MMA_K][MT][4],
                                                    uint32_t A_rows) {
     constexpr int ROW_BYTES = D * 2;
     const uint32_t a_off = a_lane_offset<D>();
@@ -819,7 +829,7 @@ __device__ __forceinline__ void load_row_fragments(uint32_t (&A)[MT][D / MMA_K][
     for (int k = 0; k < D / MMA_K; ++k) {
 #pragma unroll
         for (int m = 0; m < MT; ++m)
-            ldmatrix_x4(A[m][k], A_rows + (a_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
+            ldmatrix_x4(A[k][m], A_rows + (a_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
     }
 }
 
@@ -827,28 +837,12 @@ __device__ __forceinline__ void load_row_fragments(uint32_t (&A)[MT][D / MMA_K][
 // ldmatrix.x4 of B only.
 template <int D, int MT, int NT>
 __device__ __forceinline__ void gemm_nt_regs(float (&C)[MT][NT][4],
-                                             const uint32_t (&A)[MT][D / MMA_K][4],
+                                             const uint32_t (&A)[D / MMA_K][MT][4],
                                              uint32_t B_rows) {
-    constexpr int ROW_BYTES = D * 2;
     const uint32_t b_off = b_lane_offset<D>();
+    mma_rows_step<D, MT, NT, true>(C, A[0], B_rows, b_off, 0);
 #pragma unroll
-    for (int k = 0; k < D / MMA_K; ++k) {
-#pragma unroll
-        for (int n = 0; n < NT; n += X4_BLOCKS) {
-            uint32_t b[4];
-            ldmatrix_x4(b, B_rows + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                if (k == 0) {
-                    mma_16816_zero(C[m][n], A[m][k], b[0], b[1]);
-                    mma_16816_zero(C[m][n + 1], A[m][k], b[2], b[3]);
-                } else {
-                    mma_16816(C[m][n], A[m][k], b[0], b[1]);
-                    mma_16816(C[m][n + 1], A[m][k], b[2], b[3]);
-                }
-            }
-        }
-    }
+    for (int k = 1; k < D / MMA_K; ++k) mma_rows_step<D, MT, NT, false>(C, A[k], B_rows, b_off, k);
 }
 
 // C += A B for one warp over KSTEPS k16 steps, MT x NT fragments. B: a [16 KSTEPS, B_COLS] tile
@@ -992,8 +986,8 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
 // a mask.
 template <int D, int QROWS, int MT, int NT, bool KV_REGS, int KF>
 __device__ __forceinline__ void score_gradients(
-    const bwd_params &p, uint32_t K_smem, uint32_t V_smem, const uint32_t (&K_frag)[MT][KF][4],
-    const uint32_t (&V_frag)[MT][KF][4], uint32_t Q_tile, uint32_t dO_tile, uint32_t vec_tile,
+    const bwd_params &p, uint32_t K_smem, uint32_t V_smem, const uint32_t (&K_frag)[KF][MT][4],
+    const uint32_t (&V_frag)[KF][MT][4], uint32_t Q_tile, uint32_t dO_tile, uint32_t vec_tile,
     uint32_t P_smem, uint32_t dS_smem, int k0, int key0, int q0, int q_col, bool mask) {
     constexpr int ROW_BYTES = D * 2;
     float S[MT][NT][4], dP[MT][NT][4];
@@ -1154,7 +1148,7 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
 
     float dK[MT][NT_KV][4] = {}, dV[MT][NT_KV][4] = {};  // keys kw x columns cw, fp32
     constexpr int KF = KV_REGS ? D / MMA_K : 1;          // k16 steps of K_frag, V_frag (unused: 1)
-    uint32_t K_frag[MT][KF][4], V_frag[MT][KF][4];
+    uint32_t K_frag[KF][MT][4], V_frag[KF][MT][4];
     for (int it = 0; it < q_tiles; ++it) {
         const int q0 = q_begin + it * QROWS;
         const int buf = STAGES == 2 ? it % 2 : 0;
