@@ -7,7 +7,7 @@
  * memory, already swizzled, and counts their bytes on mbarriers; wgmma multiplies 64 rows per
  * warpgroup with its operands read from shared memory through descriptors (P from registers);
  * one producer warpgroup issues every copy and hands its registers (setmaxnreg) to two or three
- * consumer warpgroups that only compute; the softmax of one key tile runs under the P V of the
+ * consumer warpgroups that only compute; the softmax of one key tile starts under the P V of the
  * key tile before; the consumers take turns at issuing their GEMMs (ping-pong); one persistent
  * block per SM takes work tiles from a global counter; where those leave SMs idle, a work tile
  * is a range of a query tile's keys (split-KV, stage 5's rule and merge).
@@ -34,12 +34,13 @@
  *     first_scores:    [wait my turn] S = Q K_0^T [pass the turn]; wait S; scores_done
  *     loop:
  *       retire_pv:     wait for the last P V; release its V; if it ended a work tile, write
- *                      that tile's O / l and LSE (epilogue); O *= alpha; P = fp16(S)
+ *                      that tile's O / l and LSE (epilogue); O *= alpha; exp_pack: P =
+ *                      fp16(2^(S - m)), l (the exponentials beside the rescale and packing)
  *       next_key_tile: j + 1, or key tile 0 of the next work tile (take_work), or leave the loop
  *       issue_turn:    [wait my turn] issue S = Q K_next^T; issue O += P V_j [pass the turn]
  *       end_rows:      if that P V ends the work tile, keep its m, l; start new rows
  *       wait for S (P V may still run)
- *       scores_done:   release K (and Q after its last key tile); mask; softmax -> P, alpha
+ *       scores_done:   release K (and Q after its last key tile); mask; row max -> m, alpha
  *     last_pv:         [wait my turn] O += P V [pass the turn]; wait; release V; epilogue
  *   (epilogue, split: the range's O / l in fp32 and its LSE to the workspace; after the kernel,
  *   combine_kernel merges the ranges into O and LSE)
@@ -239,9 +240,9 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // (the consumers' release of the slot's last use), which a fresh barrier counts as complete.
 template <int SLOTS>
 struct pipeline_state {
-    int count;
-    __device__ __forceinline__ int slot() const { return count % SLOTS; }
-    __device__ __forceinline__ uint32_t phase() const { return (count / SLOTS) & 1; }
+    int count;  // >= 0: taken as unsigned, % and / by SLOTS are a mask and a shift
+    __device__ __forceinline__ int slot() const { return (int)((uint32_t)count % SLOTS); }
+    __device__ __forceinline__ uint32_t phase() const { return ((uint32_t)count / SLOTS) & 1; }
     __device__ __forceinline__ uint32_t empty_phase() const { return phase() ^ 1; }
     __device__ __forceinline__ pipeline_state next() const { return {count + 1}; }
     __device__ __forceinline__ pipeline_state previous() const { return {count - 1}; }
@@ -316,7 +317,6 @@ constexpr uint32_t DESC_ADDR_MASK = 0x3FFFF;  // the 18 address bits the 14-bit 
 constexpr int DESC_LEAD_SHIFT = 16;
 constexpr int DESC_STRIDE_SHIFT = 32;
 constexpr uint64_t DESC_SWIZZLE_128B = 1ull << 62;
-constexpr uint64_t DESC_HIGH_WORD = 0xFFFFFFFF00000000ull;
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes,
                                               uint32_t stride_bytes) {
     return (uint64_t)((addr & DESC_ADDR_MASK) >> DESC_UNIT_SHIFT) |
@@ -325,10 +325,11 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes
 }
 
 // The descriptor of the same matrix `bytes` further on. Only the start address field changes,
-// and inside shared memory it never carries out of its 14 bits, so a 32-bit add does it: each
-// wgmma's descriptor is one add from its tile's, not a fresh encoding (LOG.md, step 8).
+// and inside shared memory it never carries out of its 14 bits, so an add to the whole
+// descriptor does it: each wgmma's descriptor is one add from its tile's, not a fresh encoding
+// (LOG.md, steps 8 and 18).
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
-    return (desc & DESC_HIGH_WORD) | (uint32_t)((uint32_t)desc + (bytes >> DESC_UNIT_SHIFT));
+    return desc + (bytes >> DESC_UNIT_SHIFT);
 }
 
 // Operand A or B stored "K-major" (the K dimension contiguous: Q and K rows, D halves each).
@@ -759,34 +760,43 @@ __device__ __forceinline__ int row_of(const work_tile &wt, const consumer_place 
     return warpgroup_row0(wt, p) + warp_row0(p) + p.g;
 }
 
-// Start S = Q K_j^T for this warpgroup's 64 rows of work tile wt: D / 16 wgmma from shared
-// memory, one group.
+// The operands of S = Q K_j^T as wgmma descriptors: this warpgroup's 64 rows of work tile wt's
+// Q, and K_j (ring slot K_tile). Worked out before a warpgroup waits for its turn, so that the
+// turn goes to issuing (LOG.md, step 18).
+typedef struct {
+    uint64_t Q, K;
+} scores_operands;
 template <int D, int C, int BC>
-__device__ __forceinline__ void issue_scores(float (&S)[BC / 2], const smem_tiles &sm,
-                                             const consumer_place &p, const work_tile &wt,
-                                             uint32_t K_tile) {
-    const uint64_t Q_desc =
-        desc_k_major(q_stage<D, C, BC>(sm, wt.t) + p.wg * MMA_M * SLAB_ROW_BYTES);
-    const uint64_t K_desc = desc_k_major(K_tile);
+__device__ __forceinline__ scores_operands scores_operands_of(const smem_tiles &sm,
+                                                              const consumer_place &p,
+                                                              const work_tile &wt,
+                                                              uint32_t K_tile) {
+    return {desc_k_major(q_stage<D, C, BC>(sm, wt.t) + p.wg * MMA_M * SLAB_ROW_BYTES),
+            desc_k_major(K_tile)};
+}
+
+// Start S = Q K_j^T: D / 16 wgmma from shared memory, one group.
+template <int D, int C, int BC>
+__device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands op) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / MMA_K; ++kk)
         if constexpr (BC == 128)
-            wgmma_m64n128_ss(S, desc_k_major_step<block_rows<C>()>(Q_desc, kk),
-                             desc_k_major_step<BC>(K_desc, kk), kk > 0);
+            wgmma_m64n128_ss(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
+                             desc_k_major_step<BC>(op.K, kk), kk > 0);
         else
-            wgmma_m64n176_ss(S, desc_k_major_step<block_rows<C>()>(Q_desc, kk),
-                             desc_k_major_step<BC>(K_desc, kk), kk > 0);
+            wgmma_m64n176_ss(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
+                             desc_k_major_step<BC>(op.K, kk), kk > 0);
     wgmma_commit();
 }
 
-// Start O += P V_j: BC / 16 wgmma, P from registers (four per k-step), V from shared memory.
+// Start O += P V_j: BC / 16 wgmma, P from registers (four per k-step), V_j from shared memory
+// (V_desc: desc_mn_major of its ring slot).
 // For the first key tile of a work tile (accumulate = 0) the first k-step overwrites O_acc: O
 // starts from zero, whatever the last work tile left in the registers.
 template <int D, int BC>
 __device__ __forceinline__ void issue_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
-                                         uint32_t V_tile, int accumulate) {
-    const uint64_t V_desc = desc_mn_major<BC>(V_tile);
+                                         uint64_t V_desc, int accumulate) {
     pin_registers(O_acc);
     wgmma_fence();
 #pragma unroll
@@ -830,15 +840,14 @@ __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_p
     }
 }
 
-// Online softmax over this tile for the thread's two rows (h = 0, 1): the new row max (4 lanes
-// share a row: two shuffles), S overwritten in place by P = 2^(S - m_new) (fp32), l_i updated.
-// Returns in alpha the factor 2^(m_old - m_new) that O_acc still has to be scaled by: O_acc
-// may be in flight in a wgmma right now, so it is not touched here. The two rows go through
-// each step together, side by side.
+// The online softmax of one key tile for the thread's two rows (h = 0, 1), in two steps, the two
+// rows side by side in each. row_max: the rows' new max (4 lanes share a row: two shuffles),
+// alpha = 2^(m_old - m_new), which O_acc and l_i are to be scaled by, and the exponent's shift
+// m_new * scale_log2. It only reads S, so it can run while the P V before is still in flight.
 template <int BC>
-__device__ __forceinline__ void softmax_tile(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
-                                             float (&alpha)[2], float scale_log2) {
-    float mx[2] = {m_i[0], m_i[1]}, shift[2], sum[2] = {0.f, 0.f};
+__device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2],
+                                        float (&alpha)[2], float (&shift)[2], float scale_log2) {
+    float mx[2] = {m_i[0], m_i[1]};
 #pragma unroll
     for (int i = 0; i < BC / FRAG_CHUNK_COLS; ++i) {
 #pragma unroll
@@ -858,16 +867,28 @@ __device__ __forceinline__ void softmax_tile(float (&S)[BC / 2], float (&m_i)[2]
         m_i[h] = mx[h];
         shift[h] = m_use * scale_log2;
     }
+}
+
+// exp_pack: P = 2^(S scale_log2 - shift), to fp16 straight into the A-operand layout of the P V
+// wgmma, which is the S layout (register k of P packs elements 2k and 2k + 1: columns 2t and
+// 2t + 1 of one row); l_i = l_i alpha + the rows' sums. P's registers are the A operand of the
+// P V before, so this comes after that wgmma's wait.
+template <int BC>
+__device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)[BC / 4],
+                                         float (&l_i)[2], const float (&alpha)[2],
+                                         const float (&shift)[2], float scale_log2) {
+    float sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < BC / FRAG_CHUNK_COLS; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+            float x[2];
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                float &x = S[acc_index(i, h, c)];
-                x = fast_exp2(fmaf(x, scale_log2, -shift[h]));
-                sum[h] += x;
+                x[c] = fast_exp2(fmaf(S[acc_index(i, h, c)], scale_log2, -shift[h]));
+                sum[h] += x[c];
             }
+            P[acc_index(i, h, 0) / 2] = pack_half2(x[0], x[1]);
         }
     }
 #pragma unroll
@@ -884,14 +905,6 @@ __device__ __forceinline__ void rescale_o(float (&O_acc)[D / 2], const float (&a
             for (int c = 0; c < 2; ++c) O_acc[acc_index(i, h, c)] *= alpha[h];
         }
     }
-}
-
-// P to fp16 in the A-operand layout of the P V wgmma, which is the S layout: register k of P
-// packs S[2k] and S[2k + 1] (columns 2t and 2t + 1 of one row).
-template <int BC>
-__device__ __forceinline__ void pack_p(const float (&S)[BC / 2], uint32_t (&P)[BC / 4]) {
-#pragma unroll
-    for (int k = 0; k < BC / 4; ++k) P[k] = pack_half2(S[2 * k], S[2 * k + 1]);
 }
 
 // The sum of a row's l over the 4 lanes of its quad.
@@ -1061,10 +1074,11 @@ __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &w
 }
 
 // S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use,
-// mask where needed, and run the softmax. O_acc is not touched: alpha says how to rescale it.
+// mask where needed, and take the rows' new max (row_max). Neither O_acc nor P is touched: the
+// P V before may still be in flight; alpha and shift say what exp_pack and rescale_o do later.
 template <int BC, int QB>
-__device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
-                                            float (&alpha)[2], const smem_tiles &sm,
+__device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], float (&alpha)[2],
+                                            float (&shift)[2], const smem_tiles &sm,
                                             const consumer_place &p, const problem &pb,
                                             const work_tile &wt, int j, int st) {
     pin_registers(S);
@@ -1073,7 +1087,7 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
         release(bar_at(sm, BAR_Q_EMPTY + pipeline_state<QB>{wt.t}.slot()), p);  // Q's last use
     if (needs_mask<BC>(pb, wt, p, j))
         mask_scores<BC>(S, p, row_of(wt, p), key_tile_start<BC>(wt, j), pb.N, pb.causal);
-    softmax_tile<BC>(S, m_i, l_i, alpha, pb.scale_log2);
+    row_max<BC>(S, m_i, alpha, shift, pb.scale_log2);
 }
 
 // The block's t-th work tile: wait until its Q has landed and its index is published. False
@@ -1123,18 +1137,19 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
         for (int j = 0; j < wt.n_tiles; ++j, ++it) {
             const kv_pipeline kv = {it};
             const int st = kv.slot();
-            float S[BC / 2], alpha[2];
+            float S[BC / 2], alpha[2], shift[2];
             uint32_t P[BC / 4];
 
             wait_full(sm, BAR_K_FULL, kv);
-            issue_scores<D, C, BC>(S, sm, p, wt, k_stage<D, BC>(sm, st));
+            issue_scores<D, C, BC>(S,
+                                   scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, st)));
             wgmma_wait<0>();
-            scores_done<BC, QB>(S, m_i, l_i, alpha, sm, p, pb, wt, j, st);
+            scores_done<BC, QB>(S, m_i, alpha, shift, sm, p, pb, wt, j, st);
             rescale_o<D>(O_acc, alpha);
-            pack_p<BC>(S, P);
+            exp_pack<BC>(S, P, l_i, alpha, shift, pb.scale_log2);
 
             wait_full(sm, BAR_V_FULL, kv);
-            issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), 1);
+            issue_pv<D, BC>(O_acc, P, desc_mn_major<BC>(v_stage<D, BC>(sm, st)), 1);
             wgmma_wait<0>();
             pin_registers(O_acc);
             release(bar_at(sm, BAR_V_EMPTY + st), p);
@@ -1147,19 +1162,20 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
 // key tiles the block has gone through (the K/V ring's kv_pipeline), j is the key tile's index in
 // its work tile. With PINGPONG, the warpgroups take turns at issuing their GEMMs.
 
-// The block's first key tile: S = Q K_0^T only, nothing to overlap with yet; then its softmax.
+// The block's first key tile: S = Q K_0^T only, nothing to overlap with yet; then its row max.
 template <int D, int C, int BC, bool PINGPONG>
-__device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2], float (&l_i)[2],
-                                             float (&alpha)[2], const smem_tiles &sm,
+__device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2], float (&alpha)[2],
+                                             float (&shift)[2], const smem_tiles &sm,
                                              const consumer_place &p, const problem &pb,
                                              const work_tile &wt) {
     const kv_pipeline first = {0};
     wait_full(sm, BAR_K_FULL, first);
     if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_scores<D, C, BC>(S, sm, p, wt, k_stage<D, BC>(sm, first.slot()));
+    issue_scores<D, C, BC>(
+        S, scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, first.slot())));
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
-    scores_done<BC, q_buffers<D, C, BC>()>(S, m_i, l_i, alpha, sm, p, pb, wt, 0, first.slot());
+    scores_done<BC, q_buffers<D, C, BC>()>(S, m_i, alpha, shift, sm, p, pb, wt, 0, first.slot());
 }
 
 // A work tile whose last P V was issued while the next work tile's rows went on (end_rows): what
@@ -1171,11 +1187,13 @@ typedef struct {
 } finished_tile;
 
 // The P V of key tile it - 1 is done: P and O_acc are free. Release that tile's V; if that P V
-// ended a work tile (done.due), write that work tile's O and LSE; then O *= alpha for the
-// softmax of key tile it, and P = fp16(S).
+// ended a work tile (done.due), write that work tile's O and LSE; then the softmax of key tile it
+// goes on: O *= alpha, and P = fp16(2^(S - m)) with l (exp_pack). In one basic block, the
+// compiler interleaves the exponentials (MUFU) with the rescale and the packing (LOG.md, step 18).
 template <int D, int C, int BC>
 __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[BC / 4],
-                                          const float (&S)[BC / 2], const float (&alpha)[2],
+                                          const float (&S)[BC / 2], float (&l_i)[2],
+                                          const float (&alpha)[2], const float (&shift)[2],
                                           const finished_tile &done, const smem_tiles &sm,
                                           const consumer_place &p, const problem &pb, int it) {
     wgmma_wait<0>();
@@ -1185,7 +1203,7 @@ __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[B
     if (kv.count > 0) release(bar_at(sm, BAR_V_EMPTY + kv.previous().slot()), p);
     if (done.due) epilogue<D, C, BC>(O_acc, done.m, done.l, p, sm, done.wt, pb);
     rescale_o<D>(O_acc, alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
-    pack_p<BC>(S, P);
+    exp_pack<BC>(S, P, l_i, alpha, shift, pb.scale_log2);
 }
 
 // The key tile after key tile j of work tile wt: j + 1 of wt, or key tile 0 of the block's next
@@ -1214,11 +1232,14 @@ __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D /
     const kv_pipeline kv = {it}, kv_next = {it + 1};
     const int st = kv.slot(), next_st = kv_next.slot();
 
+    const scores_operands next_scores =
+        scores_operands_of<D, C, BC>(sm, p, next, k_stage<D, BC>(sm, next_st));
+    const uint64_t V_desc = desc_mn_major<BC>(v_stage<D, BC>(sm, st));
     wait_full(sm, BAR_K_FULL, kv_next);
     if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_scores<D, C, BC>(S, sm, p, next, k_stage<D, BC>(sm, next_st));
+    issue_scores<D, C, BC>(S, next_scores);
     wait_full(sm, BAR_V_FULL, kv);
-    issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), j > 0);
+    issue_pv<D, BC>(O_acc, P, V_desc, j > 0);
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     return next_st;
 }
@@ -1242,7 +1263,7 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
     const int st = kv.slot();
     wait_full(sm, BAR_V_FULL, kv);
     if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_pv<D, BC>(O_acc, P, v_stage<D, BC>(sm, st), j > 0);
+    issue_pv<D, BC>(O_acc, P, desc_mn_major<BC>(v_stage<D, BC>(sm, st)), j > 0);
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
     pin_registers(O_acc);
@@ -1252,12 +1273,12 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
 
 // Overlapped (default; nopingpong without the turn-taking): one pipeline over every key tile the
 // block consumes, across its work tiles. Each turn issues S = Q K^T of the next key tile with
-// O += P V of this one, and the softmax of the next key tile runs while that P V is still in
-// flight (FlashAttention-3's intra-warpgroup overlap): the softmax works on S in fp32 and leaves
-// O_acc and P alone until the P V's wait opens the next pass. When a P V ends a work tile, the S
-// issued beside it is already the next work tile's first (its Q is in the other Q buffer), and
-// the finished work tile's O is written while the other warpgroups' GEMMs run. The wait for a
-// P V opens the next pass (retire_pv), after the softmax that runs under it (LOG.md, step 7).
+// O += P V of this one, and the softmax of the next key tile starts while that P V is still in
+// flight (FlashAttention-3's intra-warpgroup overlap): its row max reads S alone and leaves O_acc
+// and P to the wgmma. The P V's wait opens the next pass (retire_pv; LOG.md, step 7), and there
+// the exponentials, O's rescale and P's packing run side by side (step 18). When a P V ends a
+// work tile, the S issued beside it is already the next work tile's first (its Q is in the other
+// Q buffer), and the finished work tile's O is written while the other warpgroups' GEMMs run.
 template <int D, int C, int BC, bool PINGPONG>
 __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
                                                     const problem &pb, int works) {
@@ -1267,18 +1288,18 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     // Warpgroup 0 takes the first turn: the last warpgroup hands it over before its own first wait.
     if (PINGPONG && p.wg == C - 1) pingpong_pass_turn<C>(p.wg);
 
-    float O_acc[D / 2], S[BC / 2], m_i[2], l_i[2], alpha[2];
+    float O_acc[D / 2], S[BC / 2], m_i[2], l_i[2], alpha[2], shift[2];
     uint32_t P[BC / 4];
     start_rows<D>(O_acc, m_i, l_i);
-    first_scores<D, C, BC, PINGPONG>(S, m_i, l_i, alpha, sm, p, pb, wt);
+    first_scores<D, C, BC, PINGPONG>(S, m_i, alpha, shift, sm, p, pb, wt);
 
-    // A pass starts with S holding the softmax of key tile j of work tile wt, the block's it-th,
-    // while the P V of the key tile before it may still run. If that P V ends a work tile
-    // (done.due), `done` is that work tile.
+    // A pass starts with S holding the scores of key tile j of work tile wt, the block's it-th,
+    // and m_i, alpha, shift their row max, while the P V of the key tile before it may still run.
+    // If that P V ends a work tile (done.due), `done` is that work tile.
     finished_tile done = {false, wt, {0.f, 0.f}, {0.f, 0.f}};
     int it = 0, j = 0;
     for (;; ++it) {
-        retire_pv<D, C, BC>(O_acc, P, S, alpha, done, sm, p, pb, it);
+        retire_pv<D, C, BC>(O_acc, P, S, l_i, alpha, shift, done, sm, p, pb, it);
 
         work_tile next;  // the work tile of the next key tile
         int next_j;
@@ -1288,7 +1309,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
         done.due = next_j == 0;
         if (done.due) end_rows(done, m_i, l_i, wt);
         wgmma_wait<1>();  // S of the next key tile is done; P V may still run
-        scores_done<BC, QB>(S, m_i, l_i, alpha, sm, p, pb, next, next_j, next_st);
+        scores_done<BC, QB>(S, m_i, alpha, shift, sm, p, pb, next, next_j, next_st);
         wt = next;
         j = next_j;
     }
