@@ -41,6 +41,7 @@
  *       end_rows:      if that P V ends the work tile, keep its m, l; start new rows
  *       wait for S (P V may still run)
  *       scores_done:   release K (and Q after its last key tile); mask; row max -> m, alpha
+ *                      (and, with two consumers, the first two chunks' exponentials)
  *     last_pv:         [wait my turn] O += P V [pass the turn]; wait; release V; epilogue
  *   (epilogue, split: the range's O / l in fp32 and its LSE to the workspace; after the kernel,
  *   combine_kernel merges the ranges into O and LSE)
@@ -842,11 +843,26 @@ __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_p
 
 // The online softmax of one key tile for the thread's two rows (h = 0, 1), in two steps, the two
 // rows side by side in each. row_max: the rows' new max (4 lanes share a row: two shuffles),
-// alpha = 2^(m_old - m_new), which O_acc and l_i are to be scaled by, and the exponent's shift
-// m_new * scale_log2. It only reads S, so it can run while the P V before is still in flight.
-template <int BC>
-__device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2],
-                                        float (&alpha)[2], float (&shift)[2], float scale_log2) {
+// alpha = 2^(m_old - m_new), which O_acc and l_i are to be scaled by, the exponent's shift
+// m_new * scale_log2, and the exponentials of the first EARLY 8-column chunks (their sums too).
+// It only reads S, so it can run while the P V before is still in flight; the early
+// exponentials keep the multi-function unit busy while the P V finishes (LOG.md, step 19).
+// row_step is what it hands to exp_pack() and rescale_o(), across that P V's wait.
+template <int EARLY>
+struct row_step {
+    float alpha[2], shift[2];
+    float p[EARLY > 0 ? EARLY *FRAG_CHUNK_REGS : 1];  // the early chunks, in acc_index order
+    float sum[2];                                     // their sums, per row
+};
+// Two chunks with two consumers; with three (D = 64) the 160 registers do not hold them.
+constexpr int EARLY_CHUNKS_TWO_CONSUMERS = 2;
+template <int C>
+__host__ __device__ constexpr int early_chunks() {
+    return C == 2 ? EARLY_CHUNKS_TWO_CONSUMERS : 0;
+}
+template <int BC, int EARLY>
+__device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2], float scale_log2,
+                                        row_step<EARLY> &r) {
     float mx[2] = {m_i[0], m_i[1]};
 #pragma unroll
     for (int i = 0; i < BC / FRAG_CHUNK_COLS; ++i) {
@@ -863,21 +879,34 @@ __device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2
     for (int h = 0; h < 2; ++h) {
         // A row that has seen only masked keys keeps m = -inf; use 0 so that no inf - inf appears.
         const float m_use = mx[h] == -INFINITY ? 0.f : mx[h];
-        alpha[h] = fast_exp2((m_i[h] - m_use) * scale_log2);
+        r.alpha[h] = fast_exp2((m_i[h] - m_use) * scale_log2);
         m_i[h] = mx[h];
-        shift[h] = m_use * scale_log2;
+        r.shift[h] = m_use * scale_log2;
+    }
+    r.sum[0] = r.sum[1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < EARLY; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const float x = fast_exp2(fmaf(S[acc_index(i, h, c)], scale_log2, -r.shift[h]));
+                r.p[acc_index(i, h, c)] = x;
+                r.sum[h] += x;
+            }
+        }
     }
 }
 
-// exp_pack: P = 2^(S scale_log2 - shift), to fp16 straight into the A-operand layout of the P V
-// wgmma, which is the S layout (register k of P packs elements 2k and 2k + 1: columns 2t and
-// 2t + 1 of one row); l_i = l_i alpha + the rows' sums. P's registers are the A operand of the
-// P V before, so this comes after that wgmma's wait.
-template <int BC>
+// exp_pack: P = 2^(S scale_log2 - shift) (the early chunks' from row_max), to fp16 straight into
+// the A-operand layout of the P V wgmma, which is the S layout (register k of P packs elements 2k
+// and 2k + 1: columns 2t and 2t + 1 of one row); l_i = l_i alpha + the rows' sums. P's registers
+// are the A operand of the P V before, so this comes after that wgmma's wait.
+template <int BC, int EARLY>
 __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)[BC / 4],
-                                         float (&l_i)[2], const float (&alpha)[2],
-                                         const float (&shift)[2], float scale_log2) {
-    float sum[2] = {0.f, 0.f};
+                                         float (&l_i)[2], float scale_log2,
+                                         const row_step<EARLY> &r) {
+    float sum[2] = {r.sum[0], r.sum[1]};
 #pragma unroll
     for (int i = 0; i < BC / FRAG_CHUNK_COLS; ++i) {
 #pragma unroll
@@ -885,14 +914,18 @@ __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)
             float x[2];
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                x[c] = fast_exp2(fmaf(S[acc_index(i, h, c)], scale_log2, -shift[h]));
-                sum[h] += x[c];
+                if (i < EARLY) {
+                    x[c] = r.p[acc_index(i, h, c)];
+                } else {
+                    x[c] = fast_exp2(fmaf(S[acc_index(i, h, c)], scale_log2, -r.shift[h]));
+                    sum[h] += x[c];
+                }
             }
             P[acc_index(i, h, 0) / 2] = pack_half2(x[0], x[1]);
         }
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) l_i[h] = l_i[h] * alpha[h] + sum[h];
+    for (int h = 0; h < 2; ++h) l_i[h] = l_i[h] * r.alpha[h] + sum[h];
 }
 
 template <int D>
@@ -1075,19 +1108,18 @@ __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &w
 
 // S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use,
 // mask where needed, and take the rows' new max (row_max). Neither O_acc nor P is touched: the
-// P V before may still be in flight; alpha and shift say what exp_pack and rescale_o do later.
-template <int BC, int QB>
-__device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], float (&alpha)[2],
-                                            float (&shift)[2], const smem_tiles &sm,
-                                            const consumer_place &p, const problem &pb,
-                                            const work_tile &wt, int j, int st) {
+// P V before may still be in flight; r says what exp_pack and rescale_o do later.
+template <int BC, int QB, int EARLY>
+__device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], row_step<EARLY> &r,
+                                            const smem_tiles &sm, const consumer_place &p,
+                                            const problem &pb, const work_tile &wt, int j, int st) {
     pin_registers(S);
     release(bar_at(sm, BAR_K_EMPTY + st), p);
     if (j == wt.n_tiles - 1)
         release(bar_at(sm, BAR_Q_EMPTY + pipeline_state<QB>{wt.t}.slot()), p);  // Q's last use
     if (needs_mask<BC>(pb, wt, p, j))
         mask_scores<BC>(S, p, row_of(wt, p), key_tile_start<BC>(wt, j), pb.N, pb.causal);
-    row_max<BC>(S, m_i, alpha, shift, pb.scale_log2);
+    row_max<BC, EARLY>(S, m_i, pb.scale_log2, r);
 }
 
 // The block's t-th work tile: wait until its Q has landed and its index is published. False
@@ -1137,16 +1169,17 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
         for (int j = 0; j < wt.n_tiles; ++j, ++it) {
             const kv_pipeline kv = {it};
             const int st = kv.slot();
-            float S[BC / 2], alpha[2], shift[2];
+            float S[BC / 2];
             uint32_t P[BC / 4];
+            row_step<early_chunks<C>()> r;
 
             wait_full(sm, BAR_K_FULL, kv);
             issue_scores<D, C, BC>(S,
                                    scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, st)));
             wgmma_wait<0>();
-            scores_done<BC, QB>(S, m_i, alpha, shift, sm, p, pb, wt, j, st);
-            rescale_o<D>(O_acc, alpha);
-            exp_pack<BC>(S, P, l_i, alpha, shift, pb.scale_log2);
+            scores_done<BC, QB>(S, m_i, r, sm, p, pb, wt, j, st);
+            rescale_o<D>(O_acc, r.alpha);
+            exp_pack<BC>(S, P, l_i, pb.scale_log2, r);
 
             wait_full(sm, BAR_V_FULL, kv);
             issue_pv<D, BC>(O_acc, P, desc_mn_major<BC>(v_stage<D, BC>(sm, st)), 1);
@@ -1164,8 +1197,8 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
 
 // The block's first key tile: S = Q K_0^T only, nothing to overlap with yet; then its row max.
 template <int D, int C, int BC, bool PINGPONG>
-__device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2], float (&alpha)[2],
-                                             float (&shift)[2], const smem_tiles &sm,
+__device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2],
+                                             row_step<early_chunks<C>()> &r, const smem_tiles &sm,
                                              const consumer_place &p, const problem &pb,
                                              const work_tile &wt) {
     const kv_pipeline first = {0};
@@ -1175,7 +1208,7 @@ __device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2]
         S, scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, first.slot())));
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
-    scores_done<BC, q_buffers<D, C, BC>()>(S, m_i, alpha, shift, sm, p, pb, wt, 0, first.slot());
+    scores_done<BC, q_buffers<D, C, BC>()>(S, m_i, r, sm, p, pb, wt, 0, first.slot());
 }
 
 // A work tile whose last P V was issued while the next work tile's rows went on (end_rows): what
@@ -1193,7 +1226,7 @@ typedef struct {
 template <int D, int C, int BC>
 __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[BC / 4],
                                           const float (&S)[BC / 2], float (&l_i)[2],
-                                          const float (&alpha)[2], const float (&shift)[2],
+                                          const row_step<early_chunks<C>()> &r,
                                           const finished_tile &done, const smem_tiles &sm,
                                           const consumer_place &p, const problem &pb, int it) {
     wgmma_wait<0>();
@@ -1202,8 +1235,8 @@ __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[B
     const kv_pipeline kv = {it};
     if (kv.count > 0) release(bar_at(sm, BAR_V_EMPTY + kv.previous().slot()), p);
     if (done.due) epilogue<D, C, BC>(O_acc, done.m, done.l, p, sm, done.wt, pb);
-    rescale_o<D>(O_acc, alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
-    exp_pack<BC>(S, P, l_i, alpha, shift, pb.scale_log2);
+    rescale_o<D>(O_acc, r.alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
+    exp_pack<BC>(S, P, l_i, pb.scale_log2, r);
 }
 
 // The key tile after key tile j of work tile wt: j + 1 of wt, or key tile 0 of the block's next
@@ -1288,18 +1321,19 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     // Warpgroup 0 takes the first turn: the last warpgroup hands it over before its own first wait.
     if (PINGPONG && p.wg == C - 1) pingpong_pass_turn<C>(p.wg);
 
-    float O_acc[D / 2], S[BC / 2], m_i[2], l_i[2], alpha[2], shift[2];
+    float O_acc[D / 2], S[BC / 2], m_i[2], l_i[2];
     uint32_t P[BC / 4];
+    row_step<early_chunks<C>()> r;
     start_rows<D>(O_acc, m_i, l_i);
-    first_scores<D, C, BC, PINGPONG>(S, m_i, alpha, shift, sm, p, pb, wt);
+    first_scores<D, C, BC, PINGPONG>(S, m_i, r, sm, p, pb, wt);
 
     // A pass starts with S holding the scores of key tile j of work tile wt, the block's it-th,
-    // and m_i, alpha, shift their row max, while the P V of the key tile before it may still run.
-    // If that P V ends a work tile (done.due), `done` is that work tile.
+    // m_i their row max and r the rest of row_max's results, while the P V of the key tile before
+    // it may still run. If that P V ends a work tile (done.due), `done` is that work tile.
     finished_tile done = {false, wt, {0.f, 0.f}, {0.f, 0.f}};
     int it = 0, j = 0;
     for (;; ++it) {
-        retire_pv<D, C, BC>(O_acc, P, S, l_i, alpha, shift, done, sm, p, pb, it);
+        retire_pv<D, C, BC>(O_acc, P, S, l_i, r, done, sm, p, pb, it);
 
         work_tile next;  // the work tile of the next key tile
         int next_j;
@@ -1309,7 +1343,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
         done.due = next_j == 0;
         if (done.due) end_rows(done, m_i, l_i, wt);
         wgmma_wait<1>();  // S of the next key tile is done; P V may still run
-        scores_done<BC, QB>(S, m_i, alpha, shift, sm, p, pb, next, next_j, next_st);
+        scores_done<BC, QB>(S, m_i, r, sm, p, pb, next, next_j, next_st);
         wt = next;
         j = next_j;
     }
