@@ -68,7 +68,7 @@ def t_help():
         assert out.startswith("usage:"), out[:200]
     rc, out, _ = script(COMPARE, ["--help"], hide_torch=True)
     for opt in ("--stage", "--pass", "--quick", "--long", "--no-fa2-shapes", "--no-long-shapes",
-                "--graph-ms", "--replays", "--csv"):
+                "--graph-ms", "--replays", "--rounds", "--csv"):
         assert opt in out, f"--help does not name {opt}"
 
 
@@ -98,6 +98,7 @@ def t_bad_arguments():
     bad = [["--pass", "sideways"], ["--stage", "5"], ["--stage", "stage5_tuned@"],
            ["--stage", "stage5_tuned@a@b"], ["--stage", "build/stage5_tuned"],
            ["--replays", "0"], ["--replays", "2.5"], ["--graph-ms", "-1"], ["--graph-ms", "x"],
+           ["--rounds", "0"], ["--rounds", "1.5"],
            ["--no-fa2-shapes", "--no-long-shapes"],
            ["--stage", "stage5_tuned", "--stage", "stage5_tuned"], ["--bogus"], ["--csv"]]
     for args in bad:
@@ -118,7 +119,8 @@ def t_stage_specs():
     assert [cmp.label(s) for s in a.stage] == ["stage7_backward",
                                                "stage7_backward@deterministic"]
     a = cmp.parse_args(["--graph-ms", "5", "--replays", "3"])
-    assert (a.graph_ms, a.replays) == (5.0, 3), a
+    assert (a.graph_ms, a.replays, a.rounds) == (5.0, 3, 1), a
+    assert cmp.parse_args(["--rounds", "3"]).rounds == 3
 
 
 # ---- the shapes ----
