@@ -54,9 +54,9 @@
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  *
- * NOTE: what is left is short rows. The end of a work tile (the epilogue's instructions, on the
- * path that holds the turn, and taking over the next work tile) weighs most where a work tile
- * has few key tiles (LOG.md, steps 11-14), and split-KV makes more such work tiles.
+ * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
+ * runs besides the softmax and the GEMMs (ring arithmetic, descriptors, the cross-tile
+ * bookkeeping), and one head at N = 1024, which stage 5's 64-key tiles split finer.
  */
 
 #include <cuda.h>
