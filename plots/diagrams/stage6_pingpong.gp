@@ -2,11 +2,11 @@
 # idea"). One producer warpgroup (one thread issues the TMA copies of K and V into a ring of two
 # slots) and two consumer warpgroups of 64 query rows each. A consumer's turn issues two wgmma
 # groups back to back: S = Q K^T of the next key tile and O += P V of this one (issue_turn), then
-# passes the turn to the other warpgroup; it waits only for S (wgmma.wait_group 1) and runs the
-# softmax of the next key tile while its own P V and the other warpgroup's GEMMs keep the tensor
-# cores busy; the wait for P V (wait_group 0) comes after the softmax, then O *= alpha and P =
-# fp16(S) (retire_pv). Durations are illustrative (a turn's GEMMs 6 units, a softmax 5), not
-# measured.
+# passes the turn to the other warpgroup; it waits only for S (wgmma.wait_group 1) and takes the
+# row maxima of the next key tile (row_max) while its own P V runs; after the wait for P V
+# (wait_group 0, retire_pv) come the exponentials, written to fp16 into P, beside O *= alpha
+# (exp_pack), while the other warpgroup's GEMMs keep the tensor cores busy. Durations are
+# illustrative (a turn's GEMMs 6 units, the maxima 1.5, the exponentials 3), not measured.
 #   gnuplot plots/diagrams/stage6_pingpong.gp      (writes stage6_pingpong.png beside this script)
 
 dir = system(sprintf("dirname '%s'", ARG0))
@@ -24,7 +24,7 @@ TMAC = '#9e9e9e'
 W1S = '#2171b5'; W1P = '#6baed6'; W1M = '#c6dbef'   # warpgroup 1: S, P V, softmax
 W2S = '#d94801'; W2P = '#fd8d3c'; W2M = '#fdd0a2'   # warpgroup 2
 RETC = '#555555'; TURNC = '#000000'
-G = 3.0; SM = 5.0; R = 1.0  # one GEMM (S or P V) of a warpgroup, a softmax, O *= alpha + pack
+G = 3.0; RM = 1.5; SE = 3.0  # one GEMM (S or P V) of a warpgroup, the row maxima, the exponentials
 U = 1.9; X0 = 32           # x per time unit, where time 0 is
 tx(t) = X0 + U * t
 o = 1; lb = 100
@@ -47,14 +47,16 @@ do for [r = 0:3] {
         set object o rect from tx(t0 + G), yC - 2.5 to tx(t0 + 2 * G), yC + 2.5 fc rgb cP fs solid 1.0 border lc rgb '#333333'; o = o + 1
         pv = (r == 0) ? 'PV j' : sprintf('PV j+%d', r)
         set label lb pv at tx(t0 + 1.5 * G), yC center font 'Sans,8'; lb = lb + 1
-        # the warpgroup: its issue (a thin bar) before the tensor cores get to it, softmax once S is done
+        # the warpgroup: its issue (a thin bar) before the tensor cores get to it, the row maxima once
+        # S is done, the exponentials once P V is done
         tI = t0 - 3
         if (r > 0) {
             set object o rect from tx(tI), y - 2.5 to tx(tI + 0.3), y + 2.5 fc rgb TURNC fs solid 1.0 noborder; o = o + 1
         }
-        set object o rect from tx(t0 + G), y - 2.5 to tx(t0 + G + SM), y + 2.5 fc rgb cM fs solid 1.0 border lc rgb '#333333'; o = o + 1
-        set label lb sprintf('softmax S j+%d', r + 1) at tx(t0 + G + SM / 2), y center font 'Sans,8'; lb = lb + 1
-        set object o rect from tx(t0 + G + SM), y - 2.5 to tx(t0 + G + SM + R), y + 2.5 fc rgb RETC fs solid 1.0 noborder; o = o + 1
+        set object o rect from tx(t0 + G), y - 2.5 to tx(t0 + G + RM), y + 2.5 fc rgb cM fs solid 1.0 border lc rgb '#333333'; o = o + 1
+        set label lb 'max' at tx(t0 + G + RM / 2), y center font 'Sans,8'; lb = lb + 1
+        set object o rect from tx(t0 + 2 * G), y - 2.5 to tx(t0 + 2 * G + SE), y + 2.5 fc rgb cM fs solid 1.0 border lc rgb RETC lw 2; o = o + 1
+        set label lb sprintf('exp S j+%d', r + 1) at tx(t0 + 2 * G + SE / 2), y center font 'Sans,8'; lb = lb + 1
     }
     # the producer: K and V of key tile j+r+2 into the ring slots the consumers released
     set object o rect from tx(12 * r + 1), yT - 2.5 to tx(12 * r + 4), yT + 2.5 fc rgb TMAC fs solid 1.0 border lc rgb '#333333'; o = o + 1
@@ -72,9 +74,9 @@ set object o rect from 39, 7 to 42, 9 fc rgb W2P fs solid 1.0 border lc rgb '#33
 set label 11 'O += P V (issue_pv)' at 43, 8 left font 'Sans,10'
 set object o rect from 64, 7 to 67, 9 fc rgb W1M fs solid 1.0 border lc rgb '#333333'; o = o + 1
 set object o rect from 67, 7 to 70, 9 fc rgb W2M fs solid 1.0 border lc rgb '#333333'; o = o + 1
-set label 12 'softmax_tile (S still in fp32)' at 71, 8 left font 'Sans,10'
-set object o rect from 100, 7 to 101, 9 fc rgb RETC fs solid 1.0 noborder; o = o + 1
-set label 13 'retire_pv: O *= alpha, P = fp16(S)' at 102, 8 left font 'Sans,10'
+set label 12 'row_max (reads S only)' at 71, 8 left font 'Sans,10'
+set object o rect from 95, 7 to 98, 9 fc rgb W1M fs solid 1.0 border lc rgb RETC lw 2; o = o + 1
+set label 13 'retire_pv: exp_pack to P, O *= alpha' at 99, 8 left font 'Sans,10'
 set object o rect from 4, 2 to 4.4, 4 fc rgb TURNC fs solid 1.0 noborder; o = o + 1
 set label 14 'issue_turn: wait for my turn, issue S and P V, pass the turn (the GEMMs queue behind the other warpgroup''s)' at 6, 3 left font 'Sans,10'
 
