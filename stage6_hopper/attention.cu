@@ -776,6 +776,12 @@ __device__ __forceinline__ scores_operands scores_operands_of(const smem_tiles &
             desc_k_major(K_tile)};
 }
 
+// The operand of O += P V_j from shared memory: V_j (ring slot st) as a wgmma descriptor.
+template <int D, int BC>
+__device__ __forceinline__ uint64_t pv_operand_of(const smem_tiles &sm, int st) {
+    return desc_mn_major<BC>(v_stage<D, BC>(sm, st));
+}
+
 // Start S = Q K_j^T: D / 16 wgmma from shared memory, one group.
 template <int D, int C, int BC>
 __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands op) {
@@ -792,7 +798,7 @@ __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands
 }
 
 // Start O += P V_j: BC / 16 wgmma, P from registers (four per k-step), V_j from shared memory
-// (V_desc: desc_mn_major of its ring slot).
+// (V_desc: pv_operand_of its ring slot).
 // For the first key tile of a work tile (accumulate = 0) the first k-step overwrites O_acc: O
 // starts from zero, whatever the last work tile left in the registers.
 template <int D, int BC>
@@ -849,10 +855,14 @@ __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_p
 // exponentials keep the multi-function unit busy while the P V finishes (LOG.md, step 19).
 // row_step is what it hands to exp_pack() and rescale_o(), across that P V's wait.
 template <int EARLY>
+__host__ __device__ constexpr int early_regs() {  // (an array needs at least one element)
+    return EARLY > 0 ? EARLY * FRAG_CHUNK_REGS : 1;
+}
+template <int EARLY>
 struct row_step {
     float alpha[2], shift[2];
-    float p[EARLY > 0 ? EARLY *FRAG_CHUNK_REGS : 1];  // the early chunks, in acc_index order
-    float sum[2];                                     // their sums, per row
+    float p[early_regs<EARLY>()];  // the early chunks, in acc_index order
+    float sum[2];                  // their sums, per row
 };
 // Two chunks with two consumers; with three (D = 64) the 160 registers do not hold them.
 constexpr int EARLY_CHUNKS_TWO_CONSUMERS = 2;
@@ -1182,7 +1192,7 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
             exp_pack<BC>(S, P, l_i, pb.scale_log2, r);
 
             wait_full(sm, BAR_V_FULL, kv);
-            issue_pv<D, BC>(O_acc, P, desc_mn_major<BC>(v_stage<D, BC>(sm, st)), 1);
+            issue_pv<D, BC>(O_acc, P, pv_operand_of<D, BC>(sm, st), 1);
             wgmma_wait<0>();
             pin_registers(O_acc);
             release(bar_at(sm, BAR_V_EMPTY + st), p);
@@ -1267,7 +1277,7 @@ __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D /
 
     const scores_operands next_scores =
         scores_operands_of<D, C, BC>(sm, p, next, k_stage<D, BC>(sm, next_st));
-    const uint64_t V_desc = desc_mn_major<BC>(v_stage<D, BC>(sm, st));
+    const uint64_t V_desc = pv_operand_of<D, BC>(sm, st);
     wait_full(sm, BAR_K_FULL, kv_next);
     if (PINGPONG) pingpong_wait_turn(p.wg);
     issue_scores<D, C, BC>(S, next_scores);
@@ -1296,7 +1306,7 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
     const int st = kv.slot();
     wait_full(sm, BAR_V_FULL, kv);
     if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_pv<D, BC>(O_acc, P, desc_mn_major<BC>(v_stage<D, BC>(sm, st)), j > 0);
+    issue_pv<D, BC>(O_acc, P, pv_operand_of<D, BC>(sm, st), j > 0);
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
     pin_registers(O_acc);

@@ -545,10 +545,12 @@ def main(argv=None):
                     ms, diff, why, mine = measure(torch, setups[x], t, bool(causal), ref,
                                                   args.which, args.graph_ms, args.replays)
                 except torch.cuda.OutOfMemoryError as e:
-                    r["status"] = "OOM" if rnd == 0 else r["status"]
+                    if rnd == 0:  # (a later round keeps an earlier round's result)
+                        r["status"] = "OOM"
                     print("  %s, %s: OOM (%s)" % (x, name, first_line(e)), file=sys.stderr)
                 except Exception as e:  # the library cannot run this shape here
-                    r["status"] = "n/a" if rnd == 0 else r["status"]
+                    if rnd == 0:
+                        r["status"] = "n/a"
                     print("  %s, %s: n/a (%s)" % (x, name, first_line(e)), file=sys.stderr)
                 else:
                     if why or r["ms"] is None or ms < r["ms"]:  # else an earlier round was faster
