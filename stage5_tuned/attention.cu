@@ -917,7 +917,8 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
                                plan.splits,
                                plan.split_tiles,
                                plan.causal_skip};
-    const unsigned rows_per_block = COMBINE_THREADS / (s->D / 4);
+    const unsigned rows_per_block =
+        s->D == 64 ? combine_rows_per_block<64>() : combine_rows_per_block<128>();
     const unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
     if (s->D == 64) {
         combine_kernel<64><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);

@@ -37,7 +37,7 @@ __host__ __device__ __forceinline__ int query_tile_key_tiles(int q0, int BR, int
 // In that order, safely: first the largest lse_s, then sum exp(lse_s - max) (every term <= 1,
 // the largest exactly 1: no overflow, and the sum cannot underflow to 0), lse = max + log(sum),
 // then weights exp(lse_s - lse) <= 1. Ranges with no key for the row (lse_s = -inf) weigh 0.
-// COMBINE_LANES threads per row, 4 columns each (16-byte loads of O_s); the loops over the
+// combine_lanes() threads per row, 4 columns each (16-byte loads of O_s); the loops over the
 // ranges are unrolled so that their loads are in flight together (one at a time, each waiting
 // for L2, the merge took 8.7 us for 8 ranges at N = 4096 on an H200).
 constexpr int COMBINE_THREADS = 128;
@@ -52,14 +52,20 @@ typedef struct combine_params {
     int splits, split_tiles, causal_skip;
 } combine_params;
 
+// Threads per row (4 columns each), and rows per block.
 template <int D>
-__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_params p) {
-    constexpr int COMBINE_LANES = D / 4;
+__host__ __device__ constexpr int combine_lanes() {
+    return D / 4;
+}
+template <int D>
+__host__ __device__ constexpr int combine_rows_per_block() {
+    return COMBINE_THREADS / combine_lanes<D>();
+}
+
+// One thread's share of the merge: lane `lane` (of combine_lanes()) of row `row`.
+template <int D>
+__device__ __forceinline__ void combine_row(const combine_params &p, long long row, int lane) {
     constexpr int UNROLL = 8;  // ranges in flight at once: their loads are independent
-    const int lane = (int)threadIdx.x % COMBINE_LANES;
-    const long long row = (long long)blockIdx.x * (COMBINE_THREADS / COMBINE_LANES) +
-                          threadIdx.x / COMBINE_LANES;
-    if (row >= p.rows) return;
     int ranges = p.splits;  // causal: as many as this row's query tile was given
     if (p.causal_skip) {
         const int q0 = (int)(row % p.N) / p.BR * p.BR;
@@ -97,6 +103,20 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_
     memcpy(&packed, halves, sizeof packed);
     reinterpret_cast<uint2 *>(p.O + row * D)[lane] = packed;
     if (lane == 0) p.lse[row] = lse;
+}
+
+// The row of this thread (>= p.rows: none), and its lane in the row.
+template <int D>
+__device__ __forceinline__ long long combine_thread_row(int *lane) {
+    *lane = (int)threadIdx.x % combine_lanes<D>();
+    return (long long)blockIdx.x * combine_rows_per_block<D>() + threadIdx.x / combine_lanes<D>();
+}
+
+template <int D>
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_params p) {
+    int lane;
+    const long long row = combine_thread_row<D>(&lane);
+    if (row < p.rows) combine_row<D>(p, row, lane);
 }
 
 /* ---- split-KV: how many key ranges ------------------------------------------------------- */

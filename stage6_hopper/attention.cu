@@ -10,7 +10,9 @@
  * consumer warpgroups that only compute; the softmax of one key tile starts under the P V of the
  * key tile before; the consumers take turns at issuing their GEMMs (ping-pong); one persistent
  * block per SM takes work tiles from a global counter; where those leave SMs idle, a work tile
- * is a range of a query tile's keys (split-KV, stage 5's rule and merge).
+ * is a range of a query tile's keys (split-KV, stage 5's rule and merge), on the smallest grids
+ * of 64 rows (one consumer warpgroup), and the merge starts the moment the attention kernel ends
+ * (programmatic dependent launch).
  * Expected gain: about 1.4x over stage 5 where the grid fills the GPU (the fa2 shapes; README.md,
  * Measured, has the reference run's figures).
  *
@@ -44,19 +46,19 @@
  *                      (and, with two consumers, the first two chunks' exponentials)
  *     last_pv:         [wait my turn] O += P V [pass the turn]; wait; release V; epilogue
  *   (epilogue, split: the range's O / l in fp32 and its LSE to the workspace; after the kernel,
- *   combine_kernel merges the ranges into O and LSE)
+ *   combine_kernel_pdl merges the ranges into O and LSE)
  *
  *   (variant nooverlap: consumer_serial, every wgmma waited for before the next step)
  *
  * Run:  make build && build/stage6_hopper --seq 16384 --heads 16 --dim 128 --causal --bench
- * Variants (--variant): default, nopersistent, nopingpong, nooverlap, nosplit: each switches one
- * step off.
+ * Variants (--variant): default, nopersistent, nopingpong, nooverlap, nosplit (no split-KV and
+ * no one-consumer tiles), nopdl: each switches one step off.
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  *
  * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
  * runs besides the softmax and the GEMMs (ring arithmetic, descriptors, the cross-tile
- * bookkeeping), and one head at N = 1024, which stage 5's 64-key tiles split finer.
+ * bookkeeping); on one head at N <= 2048 stage 6 is only a few percent ahead of stage 5.
  */
 
 #include <cuda.h>
@@ -142,14 +144,14 @@ constexpr int SMEM_PER_BLOCK_MAX = 227 * 1024;
 // setmaxnreg: the block's threads start with an even share of the 65,536 registers (168 each
 // for 384 threads, 128 for 512); the producer gives most of its share to the consumers. Two
 // consumers: 128 x 24 + 256 x 240 = 64,512. Three: 128 x 32 + 384 x 160 = 65,536 (O_acc is 32
-// floats at D = 64, S 64, P 32).
+// floats at D = 64, S 64, P 32). One (small grids): 256 threads, 128 x 32 + 128 x 240.
 template <int C>
 __host__ __device__ constexpr int producer_regs() {
     return C == 2 ? 24 : 32;
 }
 template <int C>
 __host__ __device__ constexpr int consumer_regs() {
-    return C == 2 ? 240 : 160;
+    return C == 3 ? 160 : 240;
 }
 
 // The 128-byte swizzle works on rows of 128 bytes: 64 halves. A tile of D columns is stored as
@@ -284,6 +286,23 @@ __device__ __forceinline__ void bulk_wait_all() {
 // Ordinary shared-memory writes become visible to the copy engine (the async proxy).
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Bring a tensor map (a kernel parameter) into the copy engine's cache ahead of its first copy.
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
+}
+
+// Programmatic dependent launch (PDL): a kernel launched with programmatic stream serialization
+// (launch_pdl) may start before the kernel ahead of it in the stream has finished, once every
+// block of that one has said launch_dependents or exited. Its blocks then do what touches no
+// global memory (barrier init, setmaxnreg) and wait until the kernel ahead has finished and its
+// writes are visible. Without the attribute the wait returns at once.
+__device__ __forceinline__ void let_next_kernel_start() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait_for_previous_kernel() {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
 // stmatrix: four 8 x 8 fp16 matrices from registers in the accumulator layout (lane 4g + t
@@ -528,7 +547,7 @@ __host__ __device__ constexpr int q_buffers() {
 }
 template <int D, int C, int BC>
 __host__ __device__ constexpr bool o_staged() {
-    return C == 2 && smem_bytes_with<D, C, BC, q_buffers<D, C, BC>(), true>() <= SMEM_PER_BLOCK_MAX;
+    return C < 3 && smem_bytes_with<D, C, BC, q_buffers<D, C, BC>(), true>() <= SMEM_PER_BLOCK_MAX;
 }
 template <int D, int C, int BC>
 __host__ __device__ constexpr int smem_bytes() {
@@ -868,7 +887,7 @@ struct row_step {
 constexpr int EARLY_CHUNKS_TWO_CONSUMERS = 2;
 template <int C>
 __host__ __device__ constexpr int early_chunks() {
-    return C == 2 ? EARLY_CHUNKS_TWO_CONSUMERS : 0;
+    return C == 3 ? 0 : EARLY_CHUNKS_TWO_CONSUMERS;
 }
 template <int BC, int EARLY>
 __device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2], float scale_log2,
@@ -1384,7 +1403,7 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb
     if (SCHEDULE == SCHEDULE_SERIAL)
         consumer_serial<D, C, BC>(sm, p, pb, works);
     else
-        consumer_overlapped<D, C, BC, SCHEDULE == SCHEDULE_PINGPONG>(sm, p, pb, works);
+        consumer_overlapped<D, C, BC, (SCHEDULE == SCHEDULE_PINGPONG && C > 1)>(sm, p, pb, works);
     // The O stores still in flight read the shared memory the block is about to give up.
     if (o_staged<D, C, BC>() && p.lane == 0) bulk_wait_all<false>();
 }
@@ -1426,8 +1445,16 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
 #if HOPPER_KERNELS
     extern __shared__ unsigned char smem_raw[];
     const smem_tiles sm = carve_smem<D, C, BC>(smem_raw);
-    if (threadIdx.x == 0) init_barriers<D, C, BC>(sm);
+    if (threadIdx.x == 0) {
+        init_barriers<D, C, BC>(sm);
+        prefetch_tensor_map(&tmQ), prefetch_tensor_map(&tmK), prefetch_tensor_map(&tmV);
+    }
     __syncthreads();  // the barriers are initialised before anyone waits on or signals them
+    // PDL: the merge (split-KV) or the next call's kernel may take the SMs this grid leaves
+    // idle, and it waits for this one; this one reads Q, K, V and writes O only after the kernel
+    // ahead of it is done.
+    let_next_kernel_start();
+    wait_for_previous_kernel();
 
     problem pb = prob;
     if (!SPLIT) {  // one range: all of a query tile's keys
@@ -1447,6 +1474,22 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
 #endif
 }
 
+// Split-KV's merge (stage 5's combine_row), launched with PDL right behind the attention kernel:
+// its blocks are placed on idle SMs (or as attention blocks leave) while that kernel runs, and
+// start merging the moment it ends.
+template <int D>
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel_pdl(const combine_params p) {
+#if HOPPER_KERNELS
+    let_next_kernel_start();
+    wait_for_previous_kernel();  // the key ranges' O and LSE are written
+    int lane;
+    const long long row = combine_thread_row<D>(&lane);
+    if (row < p.rows) combine_row<D>(p, row, lane);
+#else
+    (void)p;
+#endif
+}
+
 /* ---- launcher ---------------------------------------------------------------------------- */
 
 enum {
@@ -1455,6 +1498,7 @@ enum {
     VARIANT_NOPINGPONG,
     VARIANT_NOOVERLAP,
     VARIANT_NOSPLIT,
+    VARIANT_NOPDL,
     VARIANTS
 };
 
@@ -1474,8 +1518,15 @@ static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_sha
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// Consumer warpgroups for this shape (see THREE_CONSUMERS_MIN_N_CAUSAL).
-static int consumers_for(const attn_shape *s) {
+// Consumer warpgroups for this shape (see THREE_CONSUMERS_MIN_N_CAUSAL), and one on grids too
+// small for two: where 128-row work tiles cut down to one key tile each (split-KV's finest cut)
+// still leave SMs idle, 64-row work tiles make twice as many, each with half the work on its
+// critical path (B = H = 1, N = 1024: 128 work tiles for 132 SMs instead of 64). The variant
+// nosplit keeps two or three.
+static int consumers_for(const attn_shape *s, const attn_device *dev, int variant) {
+    const long long finest =
+        (long long)s->B * s->H * ceil_div(s->N, block_rows<2>()) * ceil_div(s->N, KEY_TILE_SHORT);
+    if (variant != VARIANT_NOSPLIT && finest < dev->sm_count) return 1;
     return s->D == 64 && (!s->causal || s->N >= THREE_CONSUMERS_MIN_N_CAUSAL) ? 3 : 2;
 }
 
@@ -1502,19 +1553,21 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
         return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
     // The kernel's shared memory layout is fixed when it is compiled (q_buffers(), o_staged()):
     // a smaller limit (--smem-limit) makes the shape unsupported, it picks no other layout.
-    const int three = consumers_for(s) == 3;
+    const int C = consumers_for(s, dev, variant);
     const size_t smem =
-        s->D == 128 ? (key_tile_for(s) == KEY_TILE_LONG ? smem_bytes<128, 2, KEY_TILE_LONG>()
-                                                        : smem_bytes<128, 2, KEY_TILE_SHORT>())
-        : three     ? smem_bytes<64, 3, KEY_TILE_SHORT>()
-                    : smem_bytes<64, 2, KEY_TILE_SHORT>();
+        C == 1        ? (s->D == 128 ? smem_bytes<128, 1, KEY_TILE_SHORT>()
+                                     : smem_bytes<64, 1, KEY_TILE_SHORT>())
+        : s->D == 128 ? (key_tile_for(s) == KEY_TILE_LONG ? smem_bytes<128, 2, KEY_TILE_LONG>()
+                                                          : smem_bytes<128, 2, KEY_TILE_SHORT>())
+        : C == 3      ? smem_bytes<64, 3, KEY_TILE_SHORT>()
+                      : smem_bytes<64, 2, KEY_TILE_SHORT>();
     if (smem > dev->smem_per_block) {
         static char why_smem[96];
         snprintf(why_smem, sizeof why_smem, "needs %zu bytes of shared memory per block at D = %d",
                  smem, s->D);
         return why_smem;
     }
-    const int BR = three ? block_rows<3>() : block_rows<2>();
+    const int BR = C * MMA_M;  // block_rows<C>()
     if ((long long)s->B * s->H * ((s->N + BR - 1) / BR) > (long long)INT_MAX)
         return "too many work tiles (B * H * ceil(N / rows per tile) must be below 2^31)";
     return NULL;
@@ -1530,7 +1583,7 @@ constexpr double SPLIT_OVERHEAD_TILES = 1.0;
 typedef struct {
     attn_shape shape;  // key: the shape (not its scale), SMs, variant
     int sm_count, variant;
-    int splits, split_tiles;  // value
+    int consumers, splits, split_tiles;  // value: consumers_for(), key ranges
 } split_plan;
 
 static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int variant) {
@@ -1547,7 +1600,9 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     if (hit) p = last;
     pthread_mutex_unlock(&lock);
     if (hit) return p;
-    const int BR = consumers_for(s) == 3 ? block_rows<3>() : block_rows<2>(), BC = key_tile_for(s);
+    p.consumers = consumers_for(s, dev, variant);
+    const int BR = p.consumers * MMA_M;                                  // block_rows<C>()
+    const int BC = p.consumers == 1 ? KEY_TILE_SHORT : key_tile_for(s);  // (as launch_schedule)
     p.splits = 1, p.split_tiles = ceil_div(s->N, BC);
     if (variant != VARIANT_NOSPLIT && dev->sm_count > 0)
         p.splits = choose_splits(s, BR, BC, s->causal, dev->sm_count, SPLIT_OVERHEAD_TILES,
@@ -1577,8 +1632,22 @@ typedef struct {
     float *O_part;          // split-KV's partial results (the workspace after the counter)
     split_plan split;
     int persistent_blocks;  // one per SM, or 0: one block per work tile (variant nopersistent)
+    bool pdl;               // launched with PDL (all but variant nopdl)
     cudaStream_t stream;
 } launch_args;
+
+// A launch's configuration, with programmatic stream serialization when `pdl` (PDL:
+// let_next_kernel_start()); `attr` is where the configuration points for it.
+static cudaLaunchConfig_t launch_config(unsigned blocks, int threads, size_t smem,
+                                        const launch_args *a, cudaLaunchAttribute *attr) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(blocks), config.blockDim = dim3((unsigned)threads);
+    config.dynamicSmemBytes = smem, config.stream = a->stream;
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr, config.numAttrs = a->pdl ? 1 : 0;
+    return config;
+}
 
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                           const CUtensorMap, const problem, int, int *);
@@ -1612,27 +1681,29 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     pb.rows = (long long)s->B * s->H * s->N;
     pb.O_part = a->O_part;
     pb.lse_part = a->O_part ? a->O_part + (size_t)pb.splits * pb.rows * D : NULL;
-    kernel<<<blocks, block_threads<C>(), smem, a->stream>>>(tmQ, tmK, tmV, tmO, pb, works,
-                                                            a->next_work);
-    ATTN_TRY(cudaGetLastError());
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = launch_config(blocks, block_threads<C>(), smem, a, &attr);
+    ATTN_TRY(cudaLaunchKernelEx(&config, kernel, tmQ, tmK, tmV, tmO, pb, works, a->next_work));
     if (pb.splits == 1) return cudaSuccess;
 
-    // Merge the key ranges (stage 5's combine_kernel; causal query tiles have fewer ranges).
+    // Merge the key ranges (stage 5's merge; causal query tiles have fewer ranges).
     const combine_params cp = {pb.O_part, pb.lse_part, a->O,      a->lse,         pb.rows,  s->N,
                                BR,        BC,          pb.splits, pb.split_tiles, s->causal};
-    const unsigned rows_per_block = COMBINE_THREADS / (D / 4);
-    combine_kernel<D><<<(unsigned)((pb.rows + rows_per_block - 1) / rows_per_block),
-                        COMBINE_THREADS, 0, a->stream>>>(cp);
-    ATTN_TRY(cudaGetLastError());
+    const unsigned merge_blocks = (unsigned)ceil_div(pb.rows, combine_rows_per_block<D>());
+    const cudaLaunchConfig_t merge = launch_config(merge_blocks, COMBINE_THREADS, 0, a, &attr);
+    ATTN_TRY(cudaLaunchKernelEx(&merge, combine_kernel_pdl<D>, cp));
     return cudaSuccess;
 }
 
 template <int SCHEDULE>
 static cudaError_t launch_schedule(const attn_shape *s, const launch_args *a) {
+    if (a->split.consumers == 1)  // (small grids: N < 4096, short key tiles)
+        return s->D == 128 ? launch<128, 1, KEY_TILE_SHORT, SCHEDULE>(s, a)
+                           : launch<64, 1, KEY_TILE_SHORT, SCHEDULE>(s, a);
     if (s->D == 128)
         return key_tile_for(s) == KEY_TILE_LONG ? launch<128, 2, KEY_TILE_LONG, SCHEDULE>(s, a)
                                                 : launch<128, 2, KEY_TILE_SHORT, SCHEDULE>(s, a);
-    if (consumers_for(s) == 3) return launch<64, 3, KEY_TILE_SHORT, SCHEDULE>(s, a);
+    if (a->split.consumers == 3) return launch<64, 3, KEY_TILE_SHORT, SCHEDULE>(s, a);
     return launch<64, 2, KEY_TILE_SHORT, SCHEDULE>(s, a);
 }
 
@@ -1655,6 +1726,7 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     a.split = plan_splits(s, dev, variant);
     if (a.split.splits > 1) a.O_part = (float *)((char *)workspace + PART_ALIGN);
     a.persistent_blocks = variant == VARIANT_NOPERSISTENT ? 0 : dev->sm_count;
+    a.pdl = variant != VARIANT_NOPDL;
     a.stream = stream;
     switch (variant) {
         case VARIANT_NOOVERLAP:
@@ -1671,7 +1743,7 @@ extern "C" const attn_stage attn_this_stage = {
     "FA3-style on Hopper: TMA bulk copies on mbarriers, wgmma from shared-memory descriptors, "
     "producer/consumer warpgroups with setmaxnreg",
     ATTN_F16,
-    "default,nopersistent,nopingpong,nooverlap,nosplit",
+    "default,nopersistent,nopingpong,nooverlap,nosplit,nopdl",
     attention_unsupported,
     attention_workspace_bytes,
     attention_forward,
