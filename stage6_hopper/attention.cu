@@ -38,9 +38,10 @@
  *       retire_pv:     wait for the last P V; release its V; if it ended a work tile, write
  *                      that tile's O / l and LSE (epilogue); O *= alpha; exp_pack: P =
  *                      fp16(2^(S - m)), l (the exponentials beside the rescale and packing)
- *       next_key_tile: j + 1, or key tile 0 of the next work tile (take_work), or leave the loop
+ *       next_key_tile: j + 1; after the work tile's last, end_rows (keep its m, l for its
+ *                      epilogue; start new rows) and key tile 0 of the next one (take_work), or
+ *                      leave the loop
  *       issue_turn:    [wait my turn] issue S = Q K_next^T; issue O += P V_j [pass the turn]
- *       end_rows:      if that P V ends the work tile, keep its m, l; start new rows
  *       wait for S (P V may still run)
  *       scores_done:   release K (and Q after its last key tile); mask; row max -> m, alpha
  *                      (and, with two consumers, the first two chunks' exponentials)
@@ -1268,15 +1269,31 @@ __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[B
     exp_pack<BC>(S, P, l_i, pb.scale_log2, r);
 }
 
-// The key tile after key tile j of work tile wt: j + 1 of wt, or key tile 0 of the block's next
-// work tile (take_work). False when there is none: the block is done.
+// Work tile wt's rows end with the P V of its last key tile, about to be issued: keep their m
+// and l for its epilogue (retire_pv, once that P V is done), and start the next work tile's rows
+// (O_acc restarts in issue_pv).
+__device__ __forceinline__ void end_rows(finished_tile &done, float (&m_i)[2], float (&l_i)[2],
+                                         const work_tile &wt) {
+    done.due = true;
+    done.wt = wt;
+    done.m[0] = m_i[0], done.m[1] = m_i[1], done.l[0] = l_i[0], done.l[1] = l_i[1];
+    m_i[0] = m_i[1] = -INFINITY, l_i[0] = l_i[1] = 0.f;
+}
+
+// The key tile after key tile j of work tile wt: j + 1 of wt, or, after wt's last (its rows end:
+// end_rows), key tile 0 of the block's next work tile (take_work). False when there is none: the
+// block is done. The work tile's end is this branch, taken once per work tile; in the pass that
+// the loop runs most it costs a compare.
 template <int C, int BC, int QB>
 __device__ __forceinline__ bool next_key_tile(const smem_tiles &sm, const consumer_place &p,
                                               const problem &pb, int works, const work_tile &wt,
-                                              int j, work_tile &next, int &next_j) {
+                                              int j, work_tile &next, int &next_j,
+                                              finished_tile &done, float (&m_i)[2],
+                                              float (&l_i)[2]) {
     next = wt;
     next_j = j + 1;
     if (next_j == wt.n_tiles) {
+        end_rows(done, m_i, l_i, wt);
         next_j = 0;
         if (!take_work<C, BC, QB>(sm, p, pb, works, wt.t + 1, next)) return false;
     }
@@ -1304,15 +1321,6 @@ __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D /
     issue_pv<D, BC>(O_acc, P, V_desc, j > 0);
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     return next_st;
-}
-
-// The P V just issued ends work tile wt: keep its rows' m and l for its epilogue (retire_pv), and
-// start the next work tile's rows (O_acc restarts in issue_pv).
-__device__ __forceinline__ void end_rows(finished_tile &done, float (&m_i)[2], float (&l_i)[2],
-                                         const work_tile &wt) {
-    done.wt = wt;
-    done.m[0] = m_i[0], done.m[1] = m_i[1], done.l[0] = l_i[0], done.l[1] = l_i[1];
-    m_i[0] = m_i[1] = -INFINITY, l_i[0] = l_i[1] = 0.f;
 }
 
 // The block's last key tile (the it-th): O += P V only, then the last work tile's epilogue.
@@ -1363,20 +1371,19 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     int it = 0, j = 0;
     for (;; ++it) {
         retire_pv<D, C, BC>(O_acc, P, S, l_i, r, done, sm, p, pb, it);
+        done.due = false;
 
         work_tile next;  // the work tile of the next key tile
         int next_j;
-        if (!next_key_tile<C, BC, QB>(sm, p, pb, works, wt, j, next, next_j)) break;
+        if (!next_key_tile<C, BC, QB>(sm, p, pb, works, wt, j, next, next_j, done, m_i, l_i)) break;
         const int next_st = issue_turn<D, C, BC, PINGPONG>(S, O_acc, P, sm, p, next, it, j);
-
-        done.due = next_j == 0;
-        if (done.due) end_rows(done, m_i, l_i, wt);
         wgmma_wait<1>();  // S of the next key tile is done; P V may still run
         scores_done<BC, QB>(S, m_i, r, sm, p, pb, next, next_j, next_st);
         wt = next;
         j = next_j;
     }
-    last_pv<D, C, BC, PINGPONG>(O_acc, P, m_i, l_i, sm, p, pb, wt, it, j);
+    // (next_key_tile ended wt's rows: their m and l are done's)
+    last_pv<D, C, BC, PINGPONG>(O_acc, P, done.m, done.l, sm, p, pb, done.wt, it, j);
 
     // Every turn was handed on; warpgroup 0 takes the last warpgroup's final hand-over, so that no
     // arrival is left pending on its barrier.
