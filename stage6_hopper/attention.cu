@@ -58,8 +58,9 @@
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  *
  * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
- * runs besides the softmax and the GEMMs (ring arithmetic, descriptors, the cross-tile
- * bookkeeping); on one head at N <= 2048 stage 6 is only a few percent ahead of stage 5.
+ * runs besides the softmax and the GEMMs (the ring's slot and phase arithmetic, descriptors
+ * rebuilt from addresses); on one head at N <= 2048 stage 6 is only a few percent ahead of
+ * stage 5.
  */
 
 #include <cuda.h>
@@ -116,8 +117,9 @@ __host__ __device__ constexpr int block_threads() {
     return (C + PRODUCER_WARPGROUPS) * WARPGROUP;
 }
 
-// Keys per K/V tile, BC (a template parameter of the kernel): 176 at D = 128 without a causal
-// mask from N = 4096 (FlashAttention-3's choice), 128 otherwise. S is BC / 2 fp32 registers per
+// Keys per K/V tile, BC (a template parameter of the kernel): 176 with two consumers at D = 128
+// without a causal mask from N = 4096 (FlashAttention-3's choice), 128 otherwise (one consumer
+// runs only on grids far smaller). S is BC / 2 fp32 registers per
 // consumer thread and P another BC / 4; with O_acc (D / 2) that is 196 of the 240 registers at
 // D = 128, BC = 176. Longer key tiles spread the fixed costs of a tile (the waits, the turn, O's
 // rescale, the row maxima's shuffles) over more keys; but with 176 keys shared memory has room
@@ -127,9 +129,10 @@ __host__ __device__ constexpr int block_threads() {
 constexpr int KEY_TILE_SHORT = 128;
 constexpr int KEY_TILE_LONG = 176;
 constexpr int KEY_TILE_LONG_MIN_N = 4096;
-static int key_tile_for(const attn_shape *s) {
-    return s->D == 128 && !s->causal && s->N >= KEY_TILE_LONG_MIN_N ? KEY_TILE_LONG
-                                                                    : KEY_TILE_SHORT;
+static int key_tile_for(const attn_shape *s, int consumers) {
+    return consumers == 2 && s->D == 128 && !s->causal && s->N >= KEY_TILE_LONG_MIN_N
+               ? KEY_TILE_LONG
+               : KEY_TILE_SHORT;
 }
 
 // K/V ring depth: the producer runs up to STAGES tiles ahead of the consumers.
@@ -295,7 +298,7 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap *map) {
 }
 
 // Programmatic dependent launch (PDL): a kernel launched with programmatic stream serialization
-// (launch_pdl) may start before the kernel ahead of it in the stream has finished, once every
+// (launch_config()) may start before the kernel ahead of it in the stream has finished, once every
 // block of that one has said launch_dependents or exited. Its blocks then do what touches no
 // global memory (barrier init, setmaxnreg) and wait until the kernel ahead has finished and its
 // writes are visible. Without the attribute the wait returns at once.
@@ -1564,8 +1567,8 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     const size_t smem =
         C == 1        ? (s->D == 128 ? smem_bytes<128, 1, KEY_TILE_SHORT>()
                                      : smem_bytes<64, 1, KEY_TILE_SHORT>())
-        : s->D == 128 ? (key_tile_for(s) == KEY_TILE_LONG ? smem_bytes<128, 2, KEY_TILE_LONG>()
-                                                          : smem_bytes<128, 2, KEY_TILE_SHORT>())
+        : s->D == 128 ? (key_tile_for(s, C) == KEY_TILE_LONG ? smem_bytes<128, 2, KEY_TILE_LONG>()
+                                                             : smem_bytes<128, 2, KEY_TILE_SHORT>())
         : C == 3      ? smem_bytes<64, 3, KEY_TILE_SHORT>()
                       : smem_bytes<64, 2, KEY_TILE_SHORT>();
     if (smem > dev->smem_per_block) {
@@ -1608,8 +1611,8 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     pthread_mutex_unlock(&lock);
     if (hit) return p;
     p.consumers = consumers_for(s, dev, variant);
-    const int BR = p.consumers * MMA_M;                                  // block_rows<C>()
-    const int BC = p.consumers == 1 ? KEY_TILE_SHORT : key_tile_for(s);  // (as launch_schedule)
+    const int BR = p.consumers * MMA_M;  // block_rows<C>()
+    const int BC = key_tile_for(s, p.consumers);
     p.splits = 1, p.split_tiles = ceil_div(s->N, BC);
     if (variant != VARIANT_NOSPLIT && dev->sm_count > 0)
         p.splits = choose_splits(s, BR, BC, s->causal, dev->sm_count, SPLIT_OVERHEAD_TILES,
@@ -1704,12 +1707,13 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
 
 template <int SCHEDULE>
 static cudaError_t launch_schedule(const attn_shape *s, const launch_args *a) {
-    if (a->split.consumers == 1)  // (small grids: N < 4096, short key tiles)
+    if (a->split.consumers == 1)  // (short key tiles: key_tile_for())
         return s->D == 128 ? launch<128, 1, KEY_TILE_SHORT, SCHEDULE>(s, a)
                            : launch<64, 1, KEY_TILE_SHORT, SCHEDULE>(s, a);
     if (s->D == 128)
-        return key_tile_for(s) == KEY_TILE_LONG ? launch<128, 2, KEY_TILE_LONG, SCHEDULE>(s, a)
-                                                : launch<128, 2, KEY_TILE_SHORT, SCHEDULE>(s, a);
+        return key_tile_for(s, a->split.consumers) == KEY_TILE_LONG
+                   ? launch<128, 2, KEY_TILE_LONG, SCHEDULE>(s, a)
+                   : launch<128, 2, KEY_TILE_SHORT, SCHEDULE>(s, a);
     if (a->split.consumers == 3) return launch<64, 3, KEY_TILE_SHORT, SCHEDULE>(s, a);
     return launch<64, 2, KEY_TILE_SHORT, SCHEDULE>(s, a);
 }
