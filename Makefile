@@ -79,9 +79,17 @@ endif
 endif
 endif
 
+# The goals that compile CUDA, without a CUDA compiler: one line saying what to install and where
+# CUDA_HOME points, instead of the shell's "nvcc: not found" in the middle of a build.
+ifneq ($(filter all build lib objects,$(or $(MAKECMDGOALS),all)),)
+ifeq ($(shell command -v '$(NVCC)' 2>/dev/null),)
+$(error no CUDA compiler: $(NVCC) not found (CUDA_HOME=$(CUDA_HOME)); install the CUDA toolkit, 12.4 or newer (NVIDIA's cuda-toolkit package), or point CUDA_HOME at one: make $(or $(firstword $(MAKECMDGOALS)),all) CUDA_HOME=/usr/local/cuda-12.8)
+endif
+endif
+
 # Before a fat build (no GPU found, nothing built yet): say what is coming and for how long.
 ifeq ($(strip $(ARCH))$(MAKELEVEL),0)
-ifneq ($(filter all build test,$(or $(MAKECMDGOALS),all)),)
+ifneq ($(filter all build test lib,$(or $(MAKECMDGOALS),all)),)
 ifneq ($(words $(wildcard $(STAGE_OBJ))),$(words $(STAGE_OBJ)))
 $(info make: no NVIDIA GPU found (nvidia-smi): building every stage for sm_$(subst $(space), sm_,$(FAT_ARCHS)) + PTX (the fat build, $(words $(STAGES)) stages, $(NPROC) jobs at a time); about $(FAT_BUILD_MINUTES) minutes on 2 cores; the stages print a line each as they start)
 endif

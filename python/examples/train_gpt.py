@@ -6,10 +6,10 @@
     PYTHONPATH=python python3 python/examples/train_gpt.py --small    # a T4: a couple of minutes
 
 The same GPT is trained twice, from the same initial weights, on the same batches in the same
-order, with the same optimizer and fp16 autocast: once with flashcourse.attention (the forward
-pass by --stage, the backward pass by stage 7: FlashAttention-2's backward, through the custom
-operator's autograd formula) and once with F.scaled_dot_product_attention(is_causal=True). The
-attention call is the only difference. The text is the course itself: its lessons (README.md,
+order, with the same optimizer and fp16 autocast: once with flashcourse.scaled_dot_product_attention
+(the forward pass by --stage, by default stage 6 on a Hopper GPU and stage 5 elsewhere; the
+backward pass by stage 7: FlashAttention-2's backward) and once with
+F.scaled_dot_product_attention(is_causal=True). The attention call is the only difference. The text is the course itself: its lessons (README.md,
 stage*/README.md) and its CUDA and C sources, read from this repository, character by character;
 the last 10% of every file is held out for the validation loss.
 
@@ -171,11 +171,11 @@ class GPT(nn.Module):
 
 
 def course_attention(stage: str):
-    """flashcourse.attention as `attend`: the forward by `stage`, the backward by stage 7."""
+    """flashcourse's SDPA drop-in as `attend`: the forward by `stage`, the backward by stage 7.
+    The swap in a model is this one line: F.scaled_dot_product_attention ->
+    flashcourse.scaled_dot_product_attention."""
     def attend(q, k, v):
-        o, _lse = flashcourse.attention(q, k, v, causal=True, stage=stage,
-                                       backward_stage=BACKWARD)
-        return o
+        return flashcourse.scaled_dot_product_attention(q, k, v, is_causal=True, stage=stage)
     return attend
 
 
@@ -386,9 +386,9 @@ def parse_args():
     opt("batch", int, "sequences per step")
     opt("lr", float, "peak learning rate of AdamW, reached after a warm-up, then a cosine "
                       "down to a tenth")
-    ap.add_argument("--stage", default="stage5_tuned",
-                    help="the course's forward stage (default stage5_tuned); the backward pass "
-                         "is always stage7_backward")
+    ap.add_argument("--stage", default="auto",
+                    help="the course's forward stage (default auto: stage6_hopper on a Hopper "
+                         "GPU, else stage5_tuned); the backward pass is always stage7_backward")
     ap.add_argument("--small", action="store_true",
                     help="smaller defaults, for a T4: a couple of minutes for both runs")
     ap.add_argument("--out", type=Path, default=None,
@@ -433,6 +433,8 @@ def main() -> int:
         why = None if args.sdpa_only else course_ready(args)
         if why:
             return fail(why)
+        if args.stage == "auto" and not args.sdpa_only:
+            args.stage = flashcourse.auto_stage()
         gpu = torch.cuda.get_device_name()
     else:
         gpu = "CPU"

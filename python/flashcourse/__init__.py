@@ -6,15 +6,18 @@
     o, lse = flashcourse.attention(q, k, v, causal=True, stage="stage5_tuned")
     o.sum().backward()                         # dq, dk, dv by stage 7's backward pass
     dq, dk, dv = flashcourse.attention_backward(q, k, v, o, lse, do, causal=True)
+    o = flashcourse.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's signature
 
 Each stage is the same attention.cu as its program, linked as a shared library with a small C
 entry point (common/attn_lib.c) and loaded with ctypes: nothing is compiled at import, and
-PyTorch is needed only by attention() and attention_backward(), which are PyTorch custom
-operators (flashcourse::forward, flashcourse::backward), so torch.compile keeps them in its graph.
+PyTorch is needed only by the calls that take tensors. A call checks its arguments once per
+shape and keeps the plan; later calls cost a dictionary lookup and the launches. Under
+torch.compile the passes are PyTorch custom operators (flashcourse::forward,
+flashcourse::backward), kept whole in its graph, and CUDA graphs capture them.
 """
 
-from ._binding import (LibraryNotBuiltError, Stage, attention, attention_backward, exit_codes,
-                       library_dir, stages)
+from ._binding import (LibraryNotBuiltError, Stage, attention, attention_backward, auto_stage,
+                       exit_codes, library_dir, scaled_dot_product_attention, stages)
 
-__all__ = ["attention", "attention_backward", "stages", "Stage", "library_dir", "exit_codes",
-           "LibraryNotBuiltError"]
+__all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "stages", "Stage",
+           "auto_stage", "library_dir", "exit_codes", "LibraryNotBuiltError"]

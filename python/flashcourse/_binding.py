@@ -1,14 +1,19 @@
 """The ctypes side of build/lib/lib<stage>.so (python/lib.mk, common/attn_lib.c).
 
-Each library exports the stage descriptor `attn_this_stage` (common/attention.h) and the entry
-points attn_lib_check / attn_lib_forward, attn_lib_backward_check / attn_lib_backward and
-attn_lib_exit_codes. Nothing here compiles anything, and PyTorch is imported only when
-attention() or attention_backward() is called, so stages() works on a machine without it.
+Each library exports the stage descriptor `attn_this_stage` and the entry points attn_lib_plan
+(every check, once per shape), attn_lib_forward / attn_lib_backward (one pass of a plan),
+attn_lib_last_error and attn_lib_exit_codes. Nothing here compiles anything, and PyTorch is
+imported only when attention() or attention_backward() is called, so stages() works on a machine
+without it.
 
-attention() and attention_backward() check their arguments in plain Python on the tensors'
-metadata (torch.compile traces that part), then call the custom operators of _ops.py
-(flashcourse::forward, flashcourse::backward), whose bodies run the library on the current
-stream and whose autograd formula ties the two together.
+The hot path: the first call of a combination of stage, variant, shapes, dtypes, devices,
+causal, scale and whether gradients are wanted checks everything, in plain Python and in the
+library (attn_lib_plan), and keeps the plans; a later call with the same combination looks
+them up in one dict, checks what can differ between tensors of one shape (contiguity, 16-byte
+alignment), allocates the outputs through PyTorch's caching allocator and makes one ctypes call
+a pass. Nothing waits for the GPU. Eagerly, gradients go through a torch.autograd.Function
+(_ops.AttentionFunction); under torch.compile the same passes are the custom operators
+flashcourse::forward and flashcourse::backward, which its graph keeps whole.
 """
 
 import ctypes
@@ -21,13 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-ABI = 3  # ATTN_LIB_ABI in common/attn_lib.c
-_ERR_LEN = 1024
+ABI = 4  # ATTN_LIB_ABI in common/attn_lib.c
 _INT_MAX = 2**31 - 1
 _FLT_MIN = 2.0**-126  # the smallest normal float32
 _ALIGN = 16  # the widest vector load any stage makes (16 bytes)
 _DTYPES = {0: "float32", 1: "float16"}  # attn_dtype: ATTN_F32, ATTN_F16
 BACKWARD_STAGE = "stage7_backward"  # the stage whose backward pass attention() differentiates with
+HOPPER_STAGE = "stage6_hopper"  # the fastest forward where it runs (sm_90a code on a Hopper GPU)
+FORWARD_STAGE = "stage5_tuned"  # the fastest forward on every other GPU
+_PASS_FWD, _PASS_BWD = 0, 1  # attn_lib_plan's pass
 
 
 def _find_repo() -> Tuple[Optional[Path], Optional[Path]]:
@@ -105,7 +112,28 @@ def _make_hint(d: Path) -> str:
 
 
 _lock = threading.Lock()
-_loaded: Dict[str, Tuple[Stage, ctypes.CDLL, Dict[str, int]]] = {}
+
+
+class _Library:
+    """One loaded stage library: its Stage, its entry points (argument types set once) and its
+    return codes by name."""
+
+    def __init__(self, path: Path, lib: ctypes.CDLL, stage: Stage, codes: Dict[str, int]):
+        self.path, self.lib, self.stage, self.codes = path, lib, stage, codes
+        self.plan_bytes = lib.attn_lib_plan_bytes()
+        self.plan = lib.attn_lib_plan
+        self.forward = lib.attn_lib_forward
+        self.backward = lib.attn_lib_backward
+        self.last_error = lib.attn_lib_last_error
+
+    def check(self, rc: int, call: str):
+        """Nothing if rc is the library's pass code, else the error its last_error names."""
+        if rc != self.codes["pass"]:
+            _raise(rc, self.last_error().decode(errors="replace") or f"{call} returned {rc}",
+                   self.codes)
+
+
+_loaded: Dict[str, _Library] = {}  # by the library's resolved path
 
 
 def _parse_codes(text: str) -> Dict[str, int]:
@@ -120,7 +148,26 @@ def _parse_codes(text: str) -> Dict[str, int]:
     return codes
 
 
-def _load(path: Path) -> Tuple[Stage, ctypes.CDLL, Dict[str, int]]:
+def _declare(lib: ctypes.CDLL):
+    """The entry points' C signatures (common/attn_lib.c)."""
+    P, I, L, F, Z = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float, ctypes.c_size_t
+    sigs = {
+        # pass, device, smem_limit, B, H, N, D, causal, scale, variant, plan, plan_bytes, &ws
+        "attn_lib_plan": (I, [I, I, L, I, I, I, I, I, F, I, P, Z, ctypes.POINTER(Z)]),
+        # plan, Q, K, V, O, lse, workspace, workspace_bytes, stream
+        "attn_lib_forward": (I, [P] * 7 + [Z, P]),
+        # plan, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, workspace_bytes, stream
+        "attn_lib_backward": (I, [P] * 11 + [Z, P]),
+        "attn_lib_plan_bytes": (Z, []),
+        "attn_lib_last_error": (ctypes.c_char_p, []),
+        "attn_lib_exit_codes": (ctypes.c_char_p, []),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+def _load(path: Path) -> _Library:
     key = str(path.resolve())
     with _lock:
         if key in _loaded:
@@ -139,18 +186,7 @@ def _load(path: Path) -> Tuple[Stage, ctypes.CDLL, Dict[str, int]]:
         if abi() != ABI:
             raise RuntimeError(f"{path} has entry points of version {abi()}, this package "
                                f"speaks version {ABI}: rebuild with `make lib`")
-        # device, smem_limit, B, H, N, D, causal, scale, variant
-        shape = [ctypes.c_int, ctypes.c_longlong] + [ctypes.c_int] * 5 + [ctypes.c_float,
-                                                                          ctypes.c_int]
-        tail = [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
-        check = shape + [ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]
-        for fn, args in ((lib.attn_lib_check, check),
-                         (lib.attn_lib_forward, shape + [ctypes.c_void_p] * 6 + tail),
-                         (lib.attn_lib_backward_check, check),
-                         (lib.attn_lib_backward, shape + [ctypes.c_void_p] * 10 + tail)):
-            fn.restype, fn.argtypes = ctypes.c_int, args
-        lib.attn_lib_exit_codes.restype = ctypes.c_char_p
-        lib.attn_lib_exit_codes.argtypes = []
+        _declare(lib)
         codes = _parse_codes(lib.attn_lib_exit_codes().decode())
         st = Stage(
             name=desc.name.decode(),
@@ -160,7 +196,7 @@ def _load(path: Path) -> Tuple[Stage, ctypes.CDLL, Dict[str, int]]:
             path=key,
             backward=bool(desc.backward and desc.backward_workspace_bytes),
         )
-        _loaded[key] = (st, lib, codes)
+        _loaded[key] = _Library(path, lib, st, codes)
         return _loaded[key]
 
 
@@ -170,24 +206,32 @@ def stages() -> List[Stage]:
     paths = sorted(d.glob("libstage*.so")) if d.is_dir() else []
     if not paths:
         raise LibraryNotBuiltError(f"no stage libraries found: {_make_hint(d)}")
-    return [_load(p)[0] for p in paths]
+    return [_load(p).stage for p in paths]
 
 
-def exit_codes(stage: str = "stage5_tuned") -> Dict[str, int]:
+def exit_codes(stage: str = FORWARD_STAGE) -> Dict[str, int]:
     """The return codes of the stage's library, which are the programs' exit codes (their one
     home is the attn_exit enum of common/attention.h), by name: pass, wrong, usage, unsupported,
     oom."""
-    return dict(_stage(stage)[2])
+    return dict(_stage(stage).codes)
 
 
 def _source_stages() -> List[str]:
     return sorted(p.parent.name for p in REPO.glob("stage[0-9]*/attention.cu")) if REPO else []
 
 
-def _stage(name) -> Tuple[Stage, ctypes.CDLL, Dict[str, int]]:
+# (name, $FLASHCOURSE_LIB_DIR) -> the library: the folder is searched once per stage name
+_by_name: Dict[Tuple[str, Optional[str]], _Library] = {}
+
+
+def _stage(name) -> _Library:
     if not isinstance(name, str):
-        raise TypeError(f"stage must be a stage name such as 'stage5_tuned', not "
+        raise TypeError(f"stage must be a stage name such as '{FORWARD_STAGE}', not "
                         f"{type(name).__name__}")
+    key = (name, os.environ.get("FLASHCOURSE_LIB_DIR"))
+    found = _by_name.get(key)
+    if found is not None:
+        return found
     d = library_dir()
     path = d / f"lib{name}.so"
     if not path.is_file():
@@ -200,8 +244,9 @@ def _stage(name) -> Tuple[Stage, ctypes.CDLL, Dict[str, int]]:
             raise ValueError(f"unknown stage '{name}' (stages: {known})")
         raise LibraryNotBuiltError(f"{path} not found: {_make_hint(d)}")
     loaded = _load(path)
-    if loaded[0].name != name:
-        raise RuntimeError(f"{path} holds the stage '{loaded[0].name}', not '{name}'")
+    if loaded.stage.name != name:
+        raise RuntimeError(f"{path} holds the stage '{loaded.stage.name}', not '{name}'")
+    _by_name[key] = loaded
     return loaded
 
 
@@ -220,10 +265,7 @@ def _torch():
     return _torch_mod
 
 
-def _raise(rc: int, err, call: str, codes: Dict[str, int]):
-    if rc == codes["pass"]:
-        return
-    msg = err.value.decode(errors="replace") or f"{call} returned {rc}"
+def _raise(rc: int, msg: str, codes: Dict[str, int]):
     if rc == codes["unsupported"] and "no NVIDIA GPU here" in msg:
         raise RuntimeError(msg)  # the machine, not the arguments
     if rc in (codes["usage"], codes["unsupported"]):
@@ -328,14 +370,52 @@ def _variant_index(st: Stage, variant, what: str = "variant") -> int:
     return st.variants.index(variant)
 
 
-# ---- planning: the library's checks, on shapes and names only (the fake operators use them) ----
+# ---- plans: the library's checks, once per shape ----
+
+class _Plan:
+    """One checked pass of one stage for one shape on one device: attn_lib_plan's bytes (the
+    library keeps nothing; the plan lives as long as this object), the workspace it needs, and
+    what a run allocates."""
+
+    __slots__ = ("library", "buf", "addr", "workspace", "device", "tdevice", "lse_shape",
+                 "run", "stage")
+
+    def __init__(self, library: _Library, backward: bool, device: int, B: int, H: int, N: int,
+                 D: int, causal: bool, s32: float, vi: int, smem_limit: int):
+        self.library, self.stage = library, library.stage.name
+        self.buf = ctypes.create_string_buffer(library.plan_bytes)
+        self.addr = ctypes.addressof(self.buf)
+        ws = ctypes.c_size_t(0)
+        rc = library.plan(_PASS_BWD if backward else _PASS_FWD, device, smem_limit, B, H, N, D,
+                          int(causal), s32, vi, self.addr, library.plan_bytes, ctypes.byref(ws))
+        library.check(rc, "attn_lib_plan")
+        self.workspace, self.device = ws.value, device
+        self.tdevice = _torch().device("cuda", device)
+        self.lse_shape = (B, H, N)
+        self.run = library.backward if backward else library.forward
+
+
+_plans: Dict[tuple, _Plan] = {}
+_PLANS_MAX = 4096  # a long-running process with ever new shapes starts over past this many
+
 
 def _plan(stage: str, backward: bool, shape, device: int, dtype, causal: bool, scale: float,
-          variant: str, smem_limit: int, who: Optional[str] = None):
-    """Every check the library makes before a pass, without running it: (lib, variant index,
-    float32 scale, workspace bytes, codes). dtype: the tensors' torch dtype."""
-    st, lib, codes = _stage(stage)
+          variant: str, smem_limit: int, who: Optional[str] = None) -> _Plan:
+    """Every check the library makes before a pass, without running it, once per combination:
+    the plan, or TypeError / ValueError. dtype: the tensors' torch dtype."""
     torch = _torch()
+    if device is None:
+        device = torch.cuda.current_device()
+    if stage == "auto":
+        stage = _auto_stage(device)
+    B, H, N, D = (int(x) for x in shape)
+    key = (stage, backward, B, H, N, D, device, dtype, causal, scale, variant, smem_limit,
+           os.environ.get("FLASHCOURSE_LIB_DIR"))
+    p = _plans.get(key)
+    if p is not None:
+        return p
+    library = _stage(stage)
+    st = library.stage
     if backward and not st.backward:
         raise ValueError(f"{st.name} has no backward pass (stages with one: "
                          f"{', '.join(s.name for s in stages() if s.backward) or 'none built'})")
@@ -346,63 +426,81 @@ def _plan(stage: str, backward: bool, shape, device: int, dtype, causal: bool, s
         raise TypeError(f"{st.name} takes {st.torch_dtype} tensors (its storage type); "
                         f"these are {dtype}")
     vi = _variant_index(st, variant, "backward variant" if backward and who else "variant")
-    s32 = _scale32(scale)
-    B, H, N, D = (int(x) for x in shape)
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    ws = ctypes.c_size_t(0)
-    check = lib.attn_lib_backward_check if backward else lib.attn_lib_check
-    if device is None:
-        device = torch.cuda.current_device()
-    rc = check(device, smem_limit, B, H, N, D, int(causal), s32, vi, ctypes.byref(ws), err,
-               _ERR_LEN)
-    _raise(rc, err, check.__name__, codes)
-    return lib, vi, s32, ws.value, codes
+    p = _Plan(library, backward, device, B, H, N, D, causal, _scale32(scale), vi, smem_limit)
+    if len(_plans) >= _PLANS_MAX:
+        _plans.clear()
+    _plans[key] = p
+    return p
+
+
+def _raw_stream_public(device: int) -> int:
+    return _torch_mod.cuda.current_stream(device).cuda_stream
+
+
+# The current CUDA stream of a device as the raw handle the library takes: torch's own accessor
+# where it has one (no Stream object made per call), set on the first pass.
+_raw_stream = None
+
+
+def _init_stream_accessor():
+    global _raw_stream
+    get = getattr(_torch()._C, "_cuda_getCurrentRawStream", None)
+    _raw_stream = get if get is not None else _raw_stream_public
+
+
+def forward_with(p: _Plan, q, k, v):
+    """One forward pass of plan p on q, k, v (checked by whoever made p for their shape, dtype
+    and device; contiguous and aligned): (o, lse), allocated through PyTorch on the current
+    stream."""
+    torch = _torch_mod
+    o = torch.empty_like(q)
+    lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.tdevice)
+    ws = p.workspace
+    work = torch.empty(ws, dtype=torch.uint8, device=p.tdevice) if ws else None
+    rc = p.run(p.addr, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+               work.data_ptr() if ws else None, ws, _raw_stream(p.device))
+    if rc:
+        p.library.check(rc, "attn_lib_forward")
+    return o, lse
+
+
+def backward_with(p: _Plan, q, k, v, o, lse, do):
+    """One backward pass of plan p: (dq, dk, dv) like q, k, v, on the current stream."""
+    torch = _torch_mod
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    ws = p.workspace
+    work = torch.empty(ws, dtype=torch.uint8, device=p.tdevice) if ws else None
+    rc = p.run(p.addr, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+               do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+               work.data_ptr() if ws else None, ws, _raw_stream(p.device))
+    if rc:
+        p.library.check(rc, "attn_lib_backward")
+    return dq, dk, dv
+
+
+def _device_of(t) -> int:
+    index = t.device.index
+    return index if index is not None else _torch().cuda.current_device()
 
 
 def _run_forward(q, k, v, causal: bool, scale: float, stage: str, variant: str,
                  smem_limit: int):
-    """The forward pass on the current stream: (o, lse). The operator's body."""
-    torch = _torch()
+    """The forward pass on the current stream: (o, lse). The custom operator's body."""
     _check_aligned(stage, (("q", q), ("k", k), ("v", v)))
-    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    lib, vi, s32, ws, codes = _plan(stage, False, q.shape, dev, q.dtype, causal, scale, variant,
-                                    smem_limit)
-    B, H, N, D = (int(x) for x in q.shape)
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    with torch.cuda.device(dev):
-        stream = torch.cuda.current_stream(dev)
-        o = torch.empty_like(q)
-        lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-        work = torch.empty(ws, dtype=torch.uint8, device=q.device) if ws else None
-        rc = lib.attn_lib_forward(dev, smem_limit, B, H, N, D, int(causal), s32, vi,
-                                  q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                                  lse.data_ptr(), work.data_ptr() if work is not None else None,
-                                  ws, stream.cuda_stream, err, _ERR_LEN)
-        _raise(rc, err, "attn_lib_forward", codes)
-    return o, lse
+    if _raw_stream is None:
+        _init_stream_accessor()
+    p = _plan(stage, False, q.shape, _device_of(q), q.dtype, causal, scale, variant, smem_limit)
+    return forward_with(p, q, k, v)
 
 
 def _run_backward(q, k, v, o, lse, do, causal: bool, scale: float, stage: str, variant: str,
                   smem_limit: int):
-    """The backward pass on the current stream: (dq, dk, dv). The operator's body."""
-    torch = _torch()
+    """The backward pass on the current stream: (dq, dk, dv). The custom operator's body."""
     _check_aligned(stage, (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)))
-    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    lib, vi, s32, ws, codes = _plan(stage, True, q.shape, dev, q.dtype, causal, scale, variant,
-                                    smem_limit)
-    B, H, N, D = (int(x) for x in q.shape)
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    with torch.cuda.device(dev):
-        stream = torch.cuda.current_stream(dev)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        work = torch.empty(ws, dtype=torch.uint8, device=q.device) if ws else None
-        rc = lib.attn_lib_backward(dev, smem_limit, B, H, N, D, int(causal), s32, vi,
-                                   q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                                   lse.data_ptr(), do.data_ptr(), dq.data_ptr(), dk.data_ptr(),
-                                   dv.data_ptr(), work.data_ptr() if work is not None else None,
-                                   ws, stream.cuda_stream, err, _ERR_LEN)
-        _raise(rc, err, "attn_lib_backward", codes)
-    return dq, dk, dv
+    if _raw_stream is None:
+        _init_stream_accessor()
+    p = _plan(stage, True, q.shape, _device_of(q), q.dtype, causal, scale, variant, smem_limit)
+    return backward_with(p, q, k, v, o, lse, do)
 
 
 def _compiling() -> bool:
@@ -414,59 +512,158 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
+# ---- the hot path: one dict lookup per call ----
+
+# What a call with these arguments runs, once they have passed every check: a function of
+# (q, k, v). Keyed by everything the checks looked at except what can differ between tensors of
+# one shape, dtype and device (contiguity and alignment: checked on every call).
+_calls: Dict[tuple, object] = {}
+
+
+def _call_key(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
+              backward_variant, grad: bool):
+    return (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, causal, scale, stage, variant, smem_limit,
+            backward_stage, backward_variant, grad, os.environ.get("FLASHCOURSE_LIB_DIR"))
+
+
+def _ready(q, k, v) -> bool:
+    """What the cached checks cannot know: contiguous, 16-byte aligned tensors."""
+    return (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and
+            not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % _ALIGN)
+
+
+def _make_call(fp: _Plan, bp: Optional[_Plan], stage: str):
+    """The function a cached call runs: the forward plan alone, or both through autograd."""
+    if bp is None:
+        return lambda q, k, v: forward_with(fp, q, k, v)
+    from . import _ops
+    apply = _ops.AttentionFunction.apply
+    return lambda q, k, v: apply(q, k, v, fp, bp, stage)
+
+
 # ---- the public calls ----
 
-def attention(q, k, v, *, causal=False, scale=None, stage="stage5_tuned", variant="default",
+def attention(q, k, v, *, causal=False, scale=None, stage=FORWARD_STAGE, variant="default",
               smem_limit=None, backward_stage=BACKWARD_STAGE, backward_variant="default"):
     """softmax(scale * q k^T) v through one of the course's stages; differentiable.
 
     q, k, v: torch CUDA tensors [B, H, N, D], contiguous, on one device, in the stage's storage
     dtype (stages()[i].dtype: float32 for stages 0-1, float16 after). causal: query i attends to
-    keys 0..i. scale: default 1/sqrt(D). Runs on torch.cuda.current_stream(); workspace, O and
-    LSE are allocated through PyTorch on that stream. smem_limit: lower the shared memory per
-    block the stage may use, as the program's --smem-limit (65536: a T4's path, 101376: an L4's).
+    keys 0..i. scale: default 1/sqrt(D). stage: a stage name, or "auto": stage 6 (the Hopper
+    forward) where it runs, else stage 5. Runs on torch.cuda.current_stream(); o, lse and the
+    workspace are allocated through PyTorch's caching allocator; nothing waits for the GPU, so
+    CUDA graphs capture it. smem_limit: lower the shared memory per block the stage may use, as
+    the program's --smem-limit (65536: a T4's path, 101376: an L4's).
 
     Returns (o, lse): o like q, lse [B, H, N] float32 (natural log of each row's softmax sum,
     including its max). Where q, k or v require grad (and grad mode is on), o is differentiable
     with respect to them: the forward pass by `stage`, the backward pass by `backward_stage`
     (stage 7, float16) with `backward_variant` ("deterministic": bit-identical gradients from
-    run to run), both registered as PyTorch custom operators, so torch.compile keeps them in
-    its graph. A gradient into lse, and double backward, raise RuntimeError.
+    run to run); under torch.compile both are custom operators in its graph. lse is returned
+    as a constant (it does not require grad: a loss through it contributes no gradient, as
+    flash-attn's); double backward raises RuntimeError.
+
+    The first call of a combination of stage, variant, shapes, dtypes, devices, causal and scale
+    checks everything and keeps the plan; later calls cost a dict lookup and the launches.
 
     Bad input raises TypeError (wrong type, device or dtype, or requires_grad on a float32
     stage) or ValueError (shape, layout, variant, or a shape the stage does not support, with
     the stage's reason); a CUDA error raises RuntimeError naming the call.
     """
+    torch = _torch_mod
+    if torch is not None and not torch.compiler.is_compiling():
+        try:
+            grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                                v.requires_grad)
+            call = _calls.get(_call_key(q, k, v, causal, scale, stage, variant, smem_limit,
+                                        backward_stage, backward_variant, grad))
+        except (AttributeError, TypeError):  # not tensors, an unhashable argument: checked below
+            call = None
+        if call is not None and _ready(q, k, v):
+            return call(q, k, v)
+    return _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit,
+                              backward_stage, backward_variant)
+
+
+def auto_stage(device=None) -> str:
+    """The forward stage that stage="auto" runs on a CUDA device (default: the current one):
+    stage 6 (the Hopper forward) where its library is built and runs there, else stage 5."""
+    torch = _torch()
+    if isinstance(device, int) and not isinstance(device, bool):
+        return _auto_stage(device)
+    index = None if device is None else torch.device(device).index
+    return _auto_stage(torch.cuda.current_device() if index is None else index)
+
+
+def _auto_stage(device: int) -> str:
+    """stage="auto": the Hopper stage where its library is built and runs on this device, else
+    stage 5. Asked once per device."""
+    found = _auto.get(device)
+    if found is None:
+        found = FORWARD_STAGE
+        try:
+            _plan(HOPPER_STAGE, False, (1, 1, 128, 64), device, _torch().float16, False, 0.125,
+                  "default", 0)
+            found = HOPPER_STAGE
+        except (LibraryNotBuiltError, ValueError, RuntimeError):
+            pass
+        _auto[device] = found
+    return found
+
+
+_auto: Dict[int, str] = {}
+
+
+def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
+                       backward_variant):
+    """attention() with every check made: the first call of a combination, every call under
+    torch.compile (which traces the checks), and every call that fails one."""
+    given = (causal, scale, stage, variant, smem_limit)  # the cache's key: as the caller gave them
     if not isinstance(stage, str):
-        raise TypeError(f"stage must be a stage name such as 'stage5_tuned', not "
+        raise TypeError(f"stage must be a stage name such as '{FORWARD_STAGE}', not "
                         f"{type(stage).__name__}")
-    if not _compiling():
+    eager = not _compiling()  # then the library's checks now, with clear errors
+    if eager and stage != "auto":
         _stage(stage)  # an unknown stage or a missing library first, whatever the tensors
     torch = _torch()
     _check_tensors(stage, (("q", q), ("k", k), ("v", v)))
+    if eager and stage == "auto":  # (under torch.compile the operators resolve it: _plan)
+        stage = _auto_stage(_device_of(q))
     causal = _check_causal(causal)
     scale = _scale_checked(scale, int(q.shape[-1]))
     sl = _smem_limit(smem_limit)
     if not isinstance(variant, str):
         raise ValueError(f"{stage}: variant must be a name such as 'default', not {variant!r}")
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    eager = not _compiling()  # then the library's checks now, with clear errors
-    if eager:  # (under torch.compile the operator makes them while it traces)
-        _check_aligned(stage, (("q", q), ("k", k), ("v", v)))
-        dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        _plan(stage, False, q.shape, dev, q.dtype, causal, scale, variant, sl)
     if grad and q.dtype != torch.float16:
         raise TypeError(f"{stage} stores {q.dtype}, and the backward pass ({backward_stage}) "
                         "takes float16: for gradients use a float16 stage (stage 2 on), or call "
                         "it under torch.no_grad() or with detached tensors")
     if grad and not (isinstance(backward_stage, str) and isinstance(backward_variant, str)):
         raise TypeError("backward_stage and backward_variant are names (str)")
-    if grad and eager:
-        _plan(backward_stage, True, q.shape, dev, q.dtype, causal, scale, backward_variant, sl,
-              who=stage)
-    from . import _ops
-    return _ops.forward(q, k, v, causal, scale, stage, variant, sl, backward_stage,
-                        backward_variant)
+    if not eager:  # (under torch.compile the operators make the library's checks as they trace)
+        from . import _ops
+        return _ops.forward(q, k, v, causal, scale, stage, variant, sl, backward_stage,
+                            backward_variant)
+    _check_aligned(stage, (("q", q), ("k", k), ("v", v)))
+    if _raw_stream is None:
+        _init_stream_accessor()
+    dev = _device_of(q)
+    fp = _plan(stage, False, q.shape, dev, q.dtype, causal, scale, variant, sl)
+    bp = _plan(backward_stage, True, q.shape, dev, q.dtype, causal, scale, backward_variant, sl,
+               who=stage) if grad else None
+    call = _make_call(fp, bp, stage)
+    if given[1] is None or type(given[1]) in (int, float):  # (a 0-d tensor hashes by identity)
+        try:
+            key = _call_key(q, k, v, *given, backward_stage, backward_variant, grad)
+        except TypeError:  # an unhashable argument: checked every call
+            key = None
+        if key is not None:
+            if len(_calls) >= _PLANS_MAX:
+                _calls.clear()
+            _calls[key] = call
+    return call(q, k, v)
 
 
 def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, stage=BACKWARD_STAGE,
@@ -502,49 +699,79 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, stage=B
     sl = _smem_limit(smem_limit)
     if not isinstance(variant, str):
         raise ValueError(f"{stage}: variant must be a name such as 'default', not {variant!r}")
-    if not _compiling():
-        _check_aligned(stage, named + (("lse", lse),))
-        dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        _plan(stage, True, q.shape, dev, q.dtype, causal, scale, variant, sl)
-    from . import _ops
-    return _ops.backward(q, k, v, o, lse, do, None, causal, scale, stage, variant, sl)
+    if _compiling():
+        from . import _ops
+        return _ops.backward(q, k, v, o, lse, do, causal, scale, stage, variant, sl)
+    return _run_backward(q, k, v, o, lse, do, causal, scale, stage, variant, sl)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False, *, stage="auto",
+                                 backward_variant="default"):
+    """torch.nn.functional.scaled_dot_product_attention's signature and layout, over the
+    course's stages: a one-line swap into a model,
+
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o = flashcourse.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    query, key, value: [B, H, N, D] CUDA tensors of one shape, float16 (the stages' storage
+    type; under autocast, cast them first), head dim 64 or 128. Strided views are copied to
+    contiguous tensors first. Returns the output [B, H, N, D]; differentiable as attention()
+    (stage 7's backward). stage: "auto" (stage 6 on Hopper, else stage 5) or a stage name.
+    What SDPA takes and the stages do not (an attn_mask, dropout, grouped-query heads) raises
+    NotImplementedError saying so.
+    """
+    if attn_mask is not None:
+        raise NotImplementedError("flashcourse.scaled_dot_product_attention takes no attn_mask "
+                                  "(the stages compute full or causal attention: is_causal=True)")
+    if dropout_p:
+        raise NotImplementedError(f"flashcourse.scaled_dot_product_attention has no dropout "
+                                  f"(dropout_p={dropout_p!r}): pass dropout_p=0.0")
+    if enable_gqa:
+        raise NotImplementedError("flashcourse.scaled_dot_product_attention: grouped-query heads "
+                                  "(enable_gqa=True) are not supported yet: repeat key and value "
+                                  "heads to the query's")
+    torch = _torch()
+    if all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+        query, key, value = (t if t.is_contiguous() else t.contiguous()
+                             for t in (query, key, value))
+    o, _ = attention(query, key, value, causal=is_causal, scale=scale, stage=stage,
+                     backward_variant=backward_variant)
+    return o
 
 
 # ---- raw entry points, for the tests ----
+
+def _raw_plan(stage: str, backward: bool, device: int, shape, causal: bool, scale: float,
+              variant: int, smem_limit: int = 0) -> _Plan:
+    B, H, N, D = shape
+    return _Plan(_stage(stage), backward, device, B, H, N, D, causal, scale, variant,
+                 smem_limit)
+
 
 def _forward_raw(stage: str, device: int, shape, causal: bool, scale: float, variant: int,
                  ptrs, workspace_bytes: int = 0, stream: int = 0, smem_limit: int = 0):
     """attn_lib_forward on raw device pointers (q, k, v, o, lse, workspace): for the tests, which
     reach the C entry point's own checks with inputs attention() refuses first."""
-    _, lib, codes = _stage(stage)
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    B, H, N, D = shape
-    rc = lib.attn_lib_forward(device, smem_limit, B, H, N, D, int(causal), scale, variant, *ptrs,
-                              workspace_bytes, stream, err, _ERR_LEN)
-    _raise(rc, err, "attn_lib_forward", codes)
+    p = _raw_plan(stage, False, device, shape, causal, scale, variant, smem_limit)
+    p.library.check(p.run(p.addr, *ptrs, workspace_bytes, stream), "attn_lib_forward")
 
 
 def _backward_raw(stage: str, device: int, shape, causal: bool, scale: float, variant: int,
                   ptrs, workspace_bytes: int = 0, stream: int = 0, smem_limit: int = 0):
     """attn_lib_backward on raw device pointers (q, k, v, o, lse, do, dq, dk, dv, workspace)."""
-    _, lib, codes = _stage(stage)
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    B, H, N, D = shape
-    rc = lib.attn_lib_backward(device, smem_limit, B, H, N, D, int(causal), scale, variant,
-                               *ptrs, workspace_bytes, stream, err, _ERR_LEN)
-    _raise(rc, err, "attn_lib_backward", codes)
+    p = _raw_plan(stage, True, device, shape, causal, scale, variant, smem_limit)
+    p.library.check(p.run(p.addr, *ptrs, workspace_bytes, stream), "attn_lib_backward")
 
 
 def _check_raw(stage: str, device: int, shape, causal: bool, scale: float,
                variant: int, smem_limit: int = 0, backward: bool = False) -> int:
-    """attn_lib_check (or attn_lib_backward_check): the workspace bytes, or the error it raises
-    (tests; no torch needed)."""
-    _, lib, codes = _stage(stage)
-    err = ctypes.create_string_buffer(_ERR_LEN)
+    """attn_lib_plan without a plan: the workspace bytes, or the error it raises (tests; no
+    torch needed)."""
+    library = _stage(stage)
     ws = ctypes.c_size_t(0)
     B, H, N, D = shape
-    check = lib.attn_lib_backward_check if backward else lib.attn_lib_check
-    rc = check(device, smem_limit, B, H, N, D, int(causal), scale, variant, ctypes.byref(ws),
-               err, _ERR_LEN)
-    _raise(rc, err, check.__name__, codes)
+    rc = library.plan(_PASS_BWD if backward else _PASS_FWD, device, smem_limit, B, H, N, D,
+                      int(causal), scale, variant, None, 0, ctypes.byref(ws))
+    library.check(rc, "attn_lib_plan")
     return ws.value

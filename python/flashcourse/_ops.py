@@ -1,16 +1,23 @@
-"""The PyTorch custom operators behind flashcourse.attention (imported on its first call).
+"""The PyTorch side of flashcourse.attention's gradients (imported on its first call).
+
+Eagerly, a call that needs gradients runs AttentionFunction, a torch.autograd.Function over the
+plans _binding.py keeps: its forward and backward are one ctypes call each, so a training step
+pays for the launches and little more.
+
+Under torch.compile, the same passes are custom operators, which the compiled graph keeps whole:
 
     flashcourse::forward   (q, k, v, ...) -> (o, lse)        any stage's forward pass
     flashcourse::backward  (q, k, v, o, lse, do, ...) -> (dq, dk, dv)   a backward stage's
 
-Both are torch.library.custom_op operators: their bodies run the stage library (_binding.py) on
-the current stream with workspace from PyTorch's allocator, their fake implementations give
-torch.compile the output shapes, and register_autograd makes forward's derivative the backward
-operator, so a compiled training step keeps both in one graph. The backward operator has no
-derivative of its own: double backward raises.
+Their bodies run the stage library (_binding.py) on the current stream with outputs and workspace
+from PyTorch's allocator, their fake implementations give torch.compile the output shapes (and
+make the library's checks while it traces), and register_autograd makes forward's derivative the
+backward operator. Nothing here waits for the GPU, so CUDA graphs (torch.compile's
+mode="reduce-overhead") capture both. lse is a constant in both paths (no gradient flows into
+it), and the backward pass has no derivative of its own: double backward raises.
 """
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -22,6 +29,60 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
 
 Tensor = torch.Tensor
 
+
+def _as_grad_input(do: Tensor) -> Tensor:
+    """The upstream gradient as the backward pass takes it: contiguous and 16-byte aligned (a
+    gradient can be a strided view into a larger buffer)."""
+    if not do.is_contiguous():
+        return do.contiguous()
+    return do.clone() if do.data_ptr() % _binding._ALIGN else do
+
+
+def _no_double_backward(stage: str):
+    raise RuntimeError(f"flashcourse.attention: double backward (a gradient of the gradients) "
+                       f"is not supported: the backward pass ({stage}) has no derivative")
+
+
+# ---- eager ----
+
+class AttentionFunction(torch.autograd.Function):
+    """attention() with gradients, eagerly: forward by plan fp, backward by plan bp (both made and
+    checked by _binding._attention_checked for these shapes, dtypes and devices)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, fp, bp, stage):
+        o, lse = _binding.forward_with(fp, q, k, v)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.bp = bp
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zeros made for lse's (absent) gradient
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        if do is None:
+            return (None,) * 6
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _binding.backward_with(ctx.bp, q, k, v, o, lse, _as_grad_input(do))
+        if torch.is_grad_enabled():  # create_graph=True: a derivative of these would be wrong
+            dq, dk, dv = _NoDerivative.apply(ctx.bp.stage, q, k, v, dq, dk, dv)
+        return dq, dk, dv, None, None, None
+
+
+class _NoDerivative(torch.autograd.Function):
+    """dq, dk, dv as they are, tied to q, k, v by a derivative that raises (double backward)."""
+
+    @staticmethod
+    def forward(ctx, stage, q, k, v, dq, dk, dv):
+        ctx.stage = stage
+        return dq, dk, dv
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _no_double_backward(ctx.stage)
+
+
+# ---- torch.compile ----
 
 @torch.library.custom_op("flashcourse::forward", mutates_args=())
 def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, stage: str,
@@ -41,21 +102,15 @@ def _forward_fake(q, k, v, causal, scale, stage, variant, smem_limit, backward_s
 
 
 @torch.library.custom_op("flashcourse::backward", mutates_args=())
-def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
-             dlse: Optional[Tensor], causal: bool, scale: float, stage: str, variant: str,
+def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool,
+             scale: float, stage: str, variant: str,
              smem_limit: int) -> Tuple[Tensor, Tensor, Tensor]:
-    if dlse is not None and bool((dlse != 0).any()):
-        raise RuntimeError(
-            "flashcourse.attention: a gradient flows into the lse output, and the backward "
-            f"pass ({stage}) differentiates o only: use lse.detach() where it enters the loss")
-    if do.data_ptr() % _binding._ALIGN:  # a gradient can be a view into a larger buffer
-        do = do.clone()
-    return _binding._run_backward(q, k, v, o, lse, do, causal, scale, stage, variant,
-                                  smem_limit)
+    return _binding._run_backward(q, k, v, o, lse, _as_grad_input(do), causal, scale, stage,
+                                  variant, smem_limit)
 
 
 @backward.register_fake
-def _backward_fake(q, k, v, o, lse, do, dlse, causal, scale, stage, variant, smem_limit):
+def _backward_fake(q, k, v, o, lse, do, causal, scale, stage, variant, smem_limit):
     _binding._plan(stage, True, q.shape, q.device.index, q.dtype, causal, scale, variant,
                    smem_limit)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -69,19 +124,17 @@ def _forward_setup(ctx, inputs, output):
                    smem_limit, who=stage)
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.args = (causal, scale, bstage, bvariant, smem_limit)
-    # an lse nobody differentiates arrives as None, not as zeros: a gradient into it is seen
+    ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
-def _forward_backward(ctx, do, dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    if do is None and dlse is None:
-        return (None,) * 10
+def _forward_backward(ctx, do, _dlse):
     if do is None:
-        do = torch.zeros_like(o)
+        return (None,) * 10
+    q, k, v, o, lse = ctx.saved_tensors
     causal, scale, bstage, bvariant, smem_limit = ctx.args
-    dq, dk, dv = backward(q, k, v, o, lse, do.contiguous(), dlse, causal, scale, bstage,
-                          bvariant, smem_limit)
+    dq, dk, dv = backward(q, k, v, o, lse, do.contiguous(), causal, scale, bstage, bvariant,
+                          smem_limit)
     return (dq, dk, dv) + (None,) * 7
 
 
@@ -89,12 +142,11 @@ forward.register_autograd(_forward_backward, setup_context=_forward_setup)
 
 
 def _backward_setup(ctx, inputs, output):
-    ctx.stage = inputs[9]
+    ctx.stage = inputs[8]
 
 
 def _backward_backward(ctx, *grads):
-    raise RuntimeError(f"flashcourse.attention: double backward (a gradient of the gradients) "
-                       f"is not supported: the backward pass ({ctx.stage}) has no derivative")
+    _no_double_backward(ctx.stage)
 
 
 backward.register_autograd(_backward_backward, setup_context=_backward_setup)

@@ -19,7 +19,9 @@ bad() { failed=$((failed + 1)); echo "FAILED   pip install: $*"; }
 checks=("pip install ./python succeeds offline" "_install.json names the checkout"
   "python3 -m flashcourse from another folder" "finds the libraries (FLASHCOURSE_LIB_DIR)"
   "one line saying how when no library is built" "one line without a recorded checkout"
-  "pip install -e python" "the checkout is left as it was")
+  "pip install -e python" "the checkout is left as it was"
+  "the torch extra asks for torch >= 2.4" "the sdist has LICENSE and README.md, no tests"
+  "a build in pip's scratch folder (git+URL) records no checkout")
 skip_all() {
   for c in "${checks[@]}"; do echo "SKIP  pip install: $c: $1"; done
   echo "$passed passed, $failed failed"
@@ -135,6 +137,40 @@ elif "$tmp/venv/bin/python" -m pip install -q "${pip_offline[@]}" -e ./python >"
   fi
 else
   bad "${checks[6]}:"; cat "$tmp/pip-e.log"
+fi
+
+# The wheel's metadata: the torch extra's lower bound (torch.library.custom_op: torch 2.4).
+if python3 -m pip wheel -q "${pip_offline[@]}" -w "$tmp/wheel" ./python >"$tmp/wheel.log" 2>&1 &&
+  meta=$(python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); print(z.read(next(n for n in z.namelist() if n.endswith("/METADATA"))).decode())' "$tmp"/wheel/*.whl 2>&1) &&
+  grep -qE "^Requires-Dist: torch ?>= ?2\.4; extra == .torch." <<<"$meta"; then
+  ok "${checks[8]}"
+else
+  bad "${checks[8]}: $(grep -i '^requires-dist' <<<"${meta:-}") $(tail -n 3 "$tmp/wheel.log")"
+fi
+
+# The sdist, as `python -m build --sdist` would make it (setup.py sdist: no network needed).
+if (cd python && python3 setup.py -q sdist -d "$tmp/sdist") >"$tmp/sdist.log" 2>&1; then
+  files=$(tar -tzf "$tmp"/sdist/*.tar.gz)
+  if grep -qE '^[^/]+/LICENSE$' <<<"$files" && grep -qE '^[^/]+/README.md$' <<<"$files" &&
+    ! grep -qE '/tests/|/examples/' <<<"$files"; then
+    ok "${checks[9]}"
+  else
+    bad "${checks[9]}: $(tr '\n' ' ' <<<"$files")"
+  fi
+else
+  bad "${checks[9]}: setup.py sdist failed: $(tail -n 3 "$tmp/sdist.log")"
+fi
+
+# pip install git+URL#subdirectory=python builds in a pip-req-build-* clone that pip deletes:
+# recording that folder would send the package to a checkout that does not exist.
+scratch=$tmp/pip-req-build-x1y2
+mkdir -p "$scratch/common" && cp common/attention.h "$scratch/common/" && cp -rL python "$scratch/"
+rm -rf "$scratch/python/build" "$scratch/python/"*.egg-info
+if python3 -m pip install -q "${pip_offline[@]}" --target "$tmp/site2" "$scratch/python" >"$tmp/pip2.log" 2>&1 &&
+  [ -f "$tmp/site2/flashcourse/_binding.py" ] && [ ! -e "$tmp/site2/flashcourse/_install.json" ]; then
+  ok "${checks[10]}"
+else
+  bad "${checks[10]}: $(ls "$tmp/site2/flashcourse" 2>&1 | tr '\n' ' ') $(tail -n 3 "$tmp/pip2.log")"
 fi
 
 after=$(git status --porcelain --ignored python)

@@ -526,12 +526,19 @@ def t_gradient_errors():
     q, k, v, do = make_grad_inputs((1, 2, 64, 64), 61, "normal")
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     o, lse = flashcourse.attention(*leaves)
+    # lse is a constant: it requires no grad, and a loss through it adds no gradient
+    assert not lse.requires_grad and lse.grad_fn is None, "lse is differentiable"
     try:
         lse.sum().backward()
     except RuntimeError as e:
-        assert "lse" in str(e), e
+        assert "does not require grad" in str(e), e
     else:
-        raise AssertionError("a gradient into lse did not raise")
+        raise AssertionError("a backward from lse alone did not raise")
+    g_o = torch.autograd.grad((o.float() * do.float()).sum(), leaves)
+    o, lse = flashcourse.attention(*leaves)
+    g_both = torch.autograd.grad((o.float() * do.float()).sum() + lse.sum(), leaves)
+    for a, b in zip(g_o, g_both):
+        assert torch.equal(a, b), "lse changed the gradients"
     o, lse = flashcourse.attention(*leaves)
     (g,) = torch.autograd.grad((o * do).sum(), [leaves[0]], create_graph=True)
     try:
@@ -547,6 +554,137 @@ def t_gradient_errors():
            match=["fastest"])
     raises(ValueError, flashcourse.attention, *leaves, backward_stage="stage5_tuned",
            match=["no backward pass"])
+
+
+def t_plans_cached():
+    need_gpu()
+    # A repeated call runs from the cache: it never reaches the checked path again, and what
+    # the cache cannot know (layout, alignment, another shape) still gets the checks' errors.
+    q, k, v, do = make_grad_inputs((1, 2, 128, 64), 81, "normal")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    flashcourse.attention(*leaves, causal=True)  # planned here
+    checked = _binding._attention_checked
+    calls = []
+
+    def counting(*args):
+        calls.append(args)
+        return checked(*args)
+
+    _binding._attention_checked = counting
+    try:
+        for _ in range(3):
+            for t in leaves:
+                t.grad = None
+            o, _ = flashcourse.attention(*leaves, causal=True)
+            o.backward(do)
+        with torch.no_grad():
+            flashcourse.attention(q, k, v, causal=True)  # no grad: its own plan, made once
+            flashcourse.attention(q, k, v, causal=True)
+        assert len(calls) == 1, f"{len(calls)} calls took the checked path, want 1"
+        raises(ValueError, flashcourse.attention, q.transpose(2, 3).contiguous().transpose(2, 3),
+               k, v, causal=True, match="contiguous")
+        flat = torch.empty(q.numel() + 8, dtype=q.dtype, device="cuda")
+        raises(ValueError, flashcourse.attention, flat[1:q.numel() + 1].view(q.shape), k, v,
+               causal=True, match="aligned")
+        raises(ValueError, flashcourse.attention, q, k[:, :, :64], v, causal=True,
+               match="one shape")
+    finally:
+        _binding._attention_checked = checked
+    miss = grad_miss([t.grad for t in leaves], q, k, v, do, True, scale32(1 / 8),
+                     flashcourse.attention(q, k, v, causal=True)[0])
+    assert miss is None, miss
+
+
+def t_no_sync():
+    need_gpu()
+    # A forward and backward wait for nothing: torch's sync debug mode raises on any
+    # synchronising call (a .item(), a .any() in Python, a blocking copy).
+    q, k, v, do = make_grad_inputs((2, 2, 256, 64), 91, "normal")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    for stage in ("stage5_tuned", "auto"):
+        flashcourse.attention(*leaves, causal=True, stage=stage)[0].backward(do)  # planned
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(2):
+                o, _ = flashcourse.attention(*leaves, causal=True, stage=stage)
+                o.backward(do)
+                o = flashcourse.scaled_dot_product_attention(*leaves, is_causal=True, stage=stage)
+                o.backward(do)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def t_sdpa_drop_in():
+    need_gpu()
+    # SDPA's signature and layout, strided views (copied) included, against float64 autograd
+    B, H, N, D = 2, 3, 200, 64
+    g = torch.Generator(device="cuda").manual_seed(101)
+    qkv = torch.randn((B, N, 3, H, D), generator=g, device="cuda").half()
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [B, H, N, D] views, not contiguous
+    do = torch.randn((B, H, N, D), generator=g, device="cuda").half()
+    for causal in (False, True):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        o = flashcourse.scaled_dot_product_attention(*leaves, is_causal=causal)
+        assert o.shape == q.shape and o.dtype == q.dtype
+        want = torch.nn.functional.scaled_dot_product_attention(
+            *[t.double() for t in (q, k, v)], is_causal=causal)
+        assert float((o.double() - want).abs().max()) < 2e-3, "forward differs from SDPA's"
+        o.backward(do)
+        qc, kc, vc = (t.detach().contiguous() for t in (q, k, v))
+        miss = grad_miss([t.grad for t in leaves], qc, kc, vc, do, causal, scale32(1 / 8),
+                         o.detach())
+        assert miss is None, miss
+    call = flashcourse.scaled_dot_product_attention
+    qc = q.contiguous()
+    mask = torch.ones((N, N), dtype=torch.bool, device="cuda")
+    raises(NotImplementedError, call, qc, qc, qc, mask, match="attn_mask")
+    raises(NotImplementedError, call, qc, qc, qc, dropout_p=0.1, match="dropout")
+    raises(NotImplementedError, call, qc, qc, qc, enable_gqa=True, match="grouped-query")
+    raises(TypeError, call, qc.float(), qc.float(), qc.float(), match="float16")
+    o = call(qc, qc, qc, scale=0.3)
+    want = torch.nn.functional.scaled_dot_product_attention(qc.double(), qc.double(),
+                                                            qc.double(), scale=0.3)
+    assert float((o.double() - want).abs().max()) < 2e-3, "scale ignored"
+
+
+def t_cuda_graph():
+    need_gpu()
+    # A forward and backward captured in a CUDA graph replay to the eager results
+    q, k, v, do = make_grad_inputs((2, 2, 384, 128), 111, "normal")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        o, _ = flashcourse.attention(*leaves, causal=True, stage="auto")
+        o.backward(do)
+        return o
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up: plans made, allocator pools filled
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    eager = [step().detach().clone()] + [t.grad.clone() for t in leaves]
+    graph = torch.cuda.CUDAGraph()
+    for t in leaves:
+        t.grad = None
+    with torch.cuda.graph(graph):
+        o_g = step()
+    for t in leaves:  # new inputs, same buffers: the replay must read them
+        t.data.copy_(t.data.flip(2))
+    graph.replay()
+    for t in leaves:
+        t.data.copy_(t.data.flip(2))
+    graph.replay()
+    torch.cuda.synchronize()
+    got = [o_g] + [t.grad for t in leaves]
+    for a, b in zip(eager, got):
+        assert torch.allclose(a.float(), b.float(), atol=2e-3, rtol=0), \
+            float((a.float() - b.float()).abs().max())
 
 
 def t_torch_compile():
@@ -565,6 +703,38 @@ def t_torch_compile():
         grads.append([t.grad for t in leaves])
     for a, b in zip(*grads):
         assert torch.allclose(a.float(), b.float(), atol=2e-3, rtol=0), float((a - b).abs().max())
+
+
+def t_compile_reduce_overhead():
+    need_gpu()
+    # A training step of a small attention model under torch.compile(mode="reduce-overhead"):
+    # one graph (fullgraph), captured in a CUDA graph and replayed, agreeing with eager.
+    torch.manual_seed(0)
+    B, H, N, D = 2, 4, 256, 64
+    lin = torch.nn.Linear(H * D, 3 * H * D, device="cuda", dtype=torch.float16)
+    x = torch.randn((B, N, H * D), device="cuda", dtype=torch.float16)
+
+    def loss_of(x):
+        q, k, v = lin(x).view(B, N, 3, H, D).permute(2, 0, 3, 1, 4)
+        o = flashcourse.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return o.float().square().mean()
+
+    def train(fn, steps):
+        for _ in range(steps):
+            torch.compiler.cudagraph_mark_step_begin()
+            lin.weight.grad = lin.bias.grad = None
+            loss = fn(x)
+            loss.backward()
+            loss = loss.detach().clone()
+        torch.cuda.synchronize()
+        return [loss, lin.weight.grad.clone(), lin.bias.grad.clone()]
+
+    eager = train(loss_of, 1)
+    compiled = torch.compile(loss_of, mode="reduce-overhead", fullgraph=True)
+    got = train(compiled, 4)  # the first steps record, the later ones replay the CUDA graphs
+    for a, b in zip(eager, got):
+        assert torch.allclose(a.float(), b.float(), atol=2e-3, rtol=1e-2), \
+            float((a.float() - b.float()).abs().max())
 
 
 def main():
@@ -601,8 +771,15 @@ def main():
                 t_gradients, fwd, bv)
     run("attention_backward on its own", t_backward_alone)
     run("deterministic backward: bit-identical gradients", t_deterministic_bit_identical)
-    run("gradient into lse, double backward, float32 stage: clear errors", t_gradient_errors)
+    run("lse a constant; double backward, float32 stage: clear errors", t_gradient_errors)
+    run("a repeated call runs from the plan cache; what it cannot know is still checked",
+        t_plans_cached)
+    run("forward and backward never synchronise (sync debug mode: error)", t_no_sync)
+    run("scaled_dot_product_attention: SDPA's signature vs float64 autograd", t_sdpa_drop_in)
+    run("a CUDA graph captures forward and backward and replays them", t_cuda_graph)
     run("torch.compile(fullgraph=True): forward and backward in one graph", t_torch_compile)
+    run("torch.compile(mode='reduce-overhead'): a training step captured and replayed",
+        t_compile_reduce_overhead)
     return summary()
 
 

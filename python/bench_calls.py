@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""What one attention call costs a PyTorch user: flashcourse beside PyTorch's SDPA backends.
+
+    make lib
+    PYTHONPATH=python python3 python/bench_calls.py                  # the table, then the CSV
+    PYTHONPATH=python python3 python/bench_calls.py --train          # + train_gpt.py's tokens/s
+    python3 python/bench_calls.py --readme README.md                 # table from the CSV (no GPU)
+
+Per-call wall time, the CPU included: `calls` back-to-back calls after a warm-up, between two
+torch.cuda.synchronize(), divided by `calls`; the median of --rounds such runs. At the tiny shape
+the GPU finishes each call long before the next is issued, so this is host time: what Python,
+the binding and the launches cost. At the small GPT's shape it is the kernels' time unless the
+host is slower than them. Each call is timed
+  eager     forward (no gradient), and forward + backward (o.backward(do), q, k, v requiring grad);
+  graph     the same calls captured once in a CUDA graph of `calls` calls and replayed: what is
+            left when the host is out of the way (the kernels and their gaps).
+Rows: flashcourse (stage 5's forward, and stage 6's on Hopper; backward by stage 7), beside SDPA's
+default and its FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION backends; and, eagerly,
+two rows that locate the binding's cost: `plan only` (one ctypes call on a kept plan, the
+outputs allocated: the floor of any Python binding over this C entry point) and `custom op`
+(the same forward through the torch.library operator that torch.compile uses).
+
+With --train, python/examples/train_gpt.py runs too, once per forward stage, and its tokens per
+second (course / SDPA) are written beside. Results: plots/<gpu>/bench_calls.csv (--out); --readme FILE rewrites the table
+between <!-- bench_calls:begin --> and <!-- bench_calls:end --> from the reference GPU's CSV.
+"""
+
+import argparse
+import csv
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+
+SHAPES = {  # name: (B, H, N, D), causal
+    "tiny": ((1, 1, 128, 64), True),
+    "gpt": ((16, 8, 1024, 64), True),  # train_gpt.py's default shape
+}
+REF_GPU = "h200"  # the committed results the README's table is drawn from
+BEGIN, END = "<!-- bench_calls:begin -->", "<!-- bench_calls:end -->"
+FIELDS = ["gpu", "shape", "B", "H", "N", "D", "causal", "impl", "mode", "pass", "us_per_call"]
+
+
+def gpu_slug(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug[len("nvidia-"):] if slug.startswith("nvidia-") else slug
+
+
+def per_call_us(torch, fn, calls: int, rounds: int) -> float:
+    """Median over `rounds` of (wall time of `calls` calls of fn, synchronised) / calls, in us."""
+    for _ in range(max(10, calls // 10)):
+        fn()
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(times)
+
+
+def graph_us(torch, fn, calls: int, rounds: int) -> float:
+    """fn called `calls` times inside one CUDA graph; the median replay / calls, in us."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(times)
+
+
+def implementations(torch, flashcourse, stages):
+    """name -> (forward(q, k, v, causal) -> o, the context every call of it runs in). SDPA's
+    backend is chosen once around the whole measurement, as a model would (a context manager
+    entered per call costs more than the call)."""
+    import contextlib
+    F = torch.nn.functional
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa(q, k, v, causal):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def course(stage):
+        return lambda q, k, v, c: flashcourse.attention(q, k, v, causal=c, stage=stage)[0]
+
+    impls = {f"flashcourse {s}": (course(s), contextlib.nullcontext) for s in stages}
+    impls["SDPA default"] = (sdpa, contextlib.nullcontext)
+    impls["SDPA FA2"] = (sdpa, lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION))
+    impls["SDPA cuDNN"] = (sdpa, lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION))
+    return impls
+
+
+def bench_shape(torch, flashcourse, name, shape, causal, stages, calls, rounds, rows, gpu):
+    from flashcourse import _binding, _ops
+    B, H, N, D = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(shape, generator=g, device="cuda", dtype=torch.float16)
+                   for _ in range(4))
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+
+    def add(impl, mode, pss, us):
+        rows.append(dict(gpu=gpu, shape=name, B=B, H=H, N=N, D=D, causal=int(causal), impl=impl,
+                         mode=mode, **{"pass": pss}, us_per_call=f"{us:.1f}"))
+        print(f"  {name:5s} {impl:38s} {mode:6s} {pss:17s} {us:9.1f} us", flush=True)
+
+    for impl, (fn, context) in implementations(torch, flashcourse, stages).items():
+        with context():
+            try:
+                with torch.no_grad():
+                    fn(q, k, v, causal)
+            except Exception as e:  # noqa: BLE001  a backend this GPU or shape lacks
+                print(f"  {name:5s} {impl:38s} skipped: {str(e).splitlines()[0][:80]}")
+                continue
+
+            def fwd():
+                with torch.no_grad():
+                    fn(q, k, v, causal)
+
+            def fwd_bwd():
+                fn(*leaves, causal).backward(do)
+
+            add(impl, "eager", "forward", per_call_us(torch, fwd, calls, rounds))
+            add(impl, "eager", "forward+backward", per_call_us(torch, fwd_bwd, calls, rounds))
+            add(impl, "graph", "forward", graph_us(torch, fwd, calls, rounds))
+            for t in leaves:
+                t.grad = None
+            add(impl, "graph", "forward+backward", graph_us(torch, fwd_bwd, calls, rounds))
+
+    # Where the binding's time goes: its floor (one ctypes call on a kept plan, outputs
+    # allocated) and the custom operator's path (what torch.compile runs), forward only.
+    stage = stages[-1]
+    p = _binding._plan(stage, False, shape, q.device.index, q.dtype, causal, D ** -0.5,
+                       "default", 0)
+    add(f"flashcourse {stage} plan only", "eager", "forward",
+        per_call_us(torch, lambda: _binding.forward_with(p, q, k, v), calls, rounds))
+    add(f"flashcourse {stage} custom op", "eager", "forward",
+        per_call_us(torch, lambda: _ops.forward(q, k, v, causal, D ** -0.5, stage, "default", 0,
+                                                _binding.BACKWARD_STAGE, "default"),
+                    calls, rounds))
+
+
+def train_ratio(gpu: str, stage: str, out: Path, rows):
+    """train_gpt.py's tokens per second, course (forward by `stage`) and SDPA, as two rows."""
+    cmd = [sys.executable, str(REPO / "python/examples/train_gpt.py"), "--stage", stage,
+           "--out", str(out)]
+    print("running " + " ".join(cmd[1:]), flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    print(r.stdout[-1200:], r.stderr[-2000:], flush=True)
+    m = re.search(r"tokens per second\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)x", r.stdout)
+    if not m:
+        print("bench_calls.py: no tokens per second in train_gpt.py's output", file=sys.stderr)
+        return
+    course, sdpa = (float(x.replace(",", "")) for x in m.groups()[:2])
+    for impl, value in ((f"train_gpt course {stage}", course), (f"train_gpt sdpa {stage}", sdpa)):
+        rows.append(dict(gpu=gpu, shape="gpt", B="", H="", N="", D="", causal=1, impl=impl,
+                         mode="eager", **{"pass": "tokens/s"}, us_per_call=f"{value:.0f}"))
+
+
+def table(rows) -> str:
+    """The README's table: per-call microseconds, each row an implementation, each column a
+    shape, pass and mode; then train_gpt.py's tokens per second."""
+    shapes = {r["shape"]: r for r in rows if r["B"]}
+    impls = list(dict.fromkeys(r["impl"] for r in rows if r["B"]))
+    cols = [(s, m, p) for s in shapes for m in ("eager", "graph")
+            for p in ("forward", "forward+backward")]
+    have = {(r["impl"], r["shape"], r["mode"], r["pass"]): r["us_per_call"] for r in rows}
+    cols = [c for c in cols if any((i,) + c in have for i in impls)]
+    short = {"forward": "fwd", "forward+backward": "fwd+bwd"}
+    lines = ["| us per call | " + " | ".join(f"{s} {short[p]}{' (graph)' * (m == 'graph')}"
+                                             for s, m, p in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for i in impls:
+        lines.append(f"| {i} | " + " | ".join(have.get((i,) + c, "") for c in cols) + " |")
+    legend = "; ".join(f"{s}: B={r['B']} H={r['H']} N={r['N']} D={r['D']}"
+                       f"{' causal' if str(r['causal']) == '1' else ''}"
+                       for s, r in shapes.items())
+    gpu = rows[0]["gpu"] if rows else "?"
+    text = ("\n".join(lines) + f"\n\n{legend}. Measured on the {gpu} by `python/bench_calls.py` "
+            f"(plots/{gpu}/bench_calls.csv); eager: wall time per call, the CPU included; graph: "
+            "the same calls replayed from a CUDA graph (the GPU's time).")
+    tps = {r["impl"]: float(r["us_per_call"]) for r in rows if r["pass"] == "tokens/s"}
+    runs = [i[len("train_gpt course "):] for i in tps if i.startswith("train_gpt course ")]
+    for stage in runs:
+        c, s = tps[f"train_gpt course {stage}"], tps.get(f"train_gpt sdpa {stage}")
+        if s:
+            text += (f"\n`train_gpt.py --stage {stage}` (backward by stage 7): course {c:,.0f} "
+                     f"tokens/s, SDPA (default backend) {s:,.0f}: **{c / s:.2f}x**.")
+    return text
+
+
+def write_readme(path: Path, csv_path: Path) -> int:
+    if not csv_path.is_file():
+        print(f"bench_calls.py: no {csv_path}: the table in {path} is left as it is")
+        return 0
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"bench_calls.py: {path} has no {BEGIN} ... {END} markers", file=sys.stderr)
+        return 1
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    new = text[:a] + "\n" + table(rows) + "\n" + text[b:]
+    if new != text:
+        path.write_text(new)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=200, help="calls per timed run (200)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed runs, the median kept (5)")
+    ap.add_argument("--shapes", default="tiny,gpt", help="of: " + ", ".join(SHAPES))
+    ap.add_argument("--train", action="store_true", help="also train_gpt.py's tokens/s ratio")
+    ap.add_argument("--out", type=Path, default=None, help="folder (default plots/<gpu>/)")
+    ap.add_argument("--readme", type=Path, default=None,
+                    help="only rewrite FILE's table from plots/%s/bench_calls.csv" % REF_GPU)
+    args = ap.parse_args()
+    if args.readme:
+        return write_readme(args.readme, REPO / "plots" / REF_GPU / "bench_calls.csv")
+    try:
+        import torch
+    except ImportError as e:
+        print(f"bench_calls.py needs PyTorch: {e}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("bench_calls.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import flashcourse
+    gpu_name = torch.cuda.get_device_name()
+    gpu = gpu_slug(gpu_name)
+    # stage 5's forward everywhere, and stage 6's where it runs (stage="auto" picks it)
+    stages = list(dict.fromkeys(["stage5_tuned", flashcourse.auto_stage()]))
+    print(f"{gpu_name}, torch {torch.__version__}, forward {' and '.join(stages)}, backward "
+          f"stage7_backward; {args.calls} calls x {args.rounds} rounds", flush=True)
+    rows = []
+    for name in args.shapes.split(","):
+        shape, causal = SHAPES[name]
+        bench_shape(torch, flashcourse, name, shape, causal, stages, args.calls, args.rounds,
+                    rows, gpu)
+    out = args.out or REPO / "plots" / gpu
+    out.mkdir(parents=True, exist_ok=True)
+    if args.train:
+        for stage in stages:
+            train_ratio(gpu, stage, out, rows)
+    with open(out / "bench_calls.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    print()
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
