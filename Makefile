@@ -178,11 +178,11 @@ $(BUILD)/obj/stage7_forward.o: stage5_tuned/attention.cu $(wildcard stage5_tuned
 	@echo "$(NVCC) -c $< -Dattn_this_stage=attn_forward_stage [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $@"
 	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Dattn_this_stage=attn_forward_stage -c $< -o $@ 2> $(BUILD)/ptxas/stage7_forward.txt || { cat $(BUILD)/ptxas/stage7_forward.txt; exit 1; }
 $(BUILD)/stage7_backward: $(BUILD)/obj/stage7_forward.o
-# stage 5 keeps its host planning and split-KV's merge in .cuh files of its folder; stage 6
-# includes split_kv.cuh too, and keeps the tensor-map encoder in its folder for stage 7
-$(BUILD)/obj/stage5_tuned.o: $(wildcard stage5_tuned/*.cuh)
-$(BUILD)/obj/stage6_hopper.o: stage5_tuned/split_kv.cuh stage6_hopper/tensor_map.cuh
-$(BUILD)/obj/stage7_backward.o: stage6_hopper/tensor_map.cuh
+# A stage's attention.cu includes the .cuh files of its folder and the device primitives that
+# stages share (common/device/: PTX wrappers, split-KV's plan and merge, the tensor-map encoder).
+DEVICE_HEADERS := $(wildcard common/device/*.cuh)
+$(foreach s,$(STAGES),$(eval $(BUILD)/obj/$(s).o: $(wildcard $(s)/*.cuh) $(DEVICE_HEADERS)))
+$(BUILD)/obj/stage7_forward.o: $(DEVICE_HEADERS)
 
 $(BUILD)/test_common: common/tests/test_common.c $(BUILD)/obj/reference.o $(BUILD)/obj/npy.o
 	$(CC) $(CFLAGS) -Icommon -o $@ $^ -lm
@@ -246,7 +246,7 @@ FLASHCOURSE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/flashcourse
 CLANG_FORMAT_DIR = $(FLASHCOURSE_CACHE)/clang-format-$(CLANG_FORMAT_VERSION)
 CLANG_FORMAT = $(CLANG_FORMAT_DIR)/clang_format/data/bin/clang-format
 FORMAT_CHECK_REQUIRED ?=
-FORMAT_FILES = $(wildcard common/*.c common/*.h common/tests/*.c stage*/attention.cu)
+FORMAT_FILES = $(wildcard common/*.c common/*.h common/tests/*.c common/device/*.cuh stage*/attention.cu stage*/*.cuh)
 # Shell: installs the pinned clang-format unless it is there; sets $$why (empty: installed) when
 # it cannot be had here; exits 1 when pip fails with a package index in reach.
 define ensure_clang_format

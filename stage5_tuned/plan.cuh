@@ -8,14 +8,14 @@
  *  - the kernel instantiation of those tiles and the variant, made ready on this device once
  *    (kernel_for, kernel_ready: the kernel cache, under cache_lock);
  *  - how many key ranges each query tile's keys are cut into (split-KV: choose_splits in
- *    split_kv.cuh, from a simulation of the block scheduler's waves);
+ *    common/device/split_kv.cuh, from a simulation of the block scheduler's waves);
  *  - all of that once per shape and device, not per launch (make_plan: the plan cache).
  */
 
 #include <pthread.h>
 #include <stdlib.h>
 
-/* ---- tiles ------------------------------------------------------------------------------- */
+/* ---- tiles ----------------------------------------------------------------------------------- */
 
 static size_t smem_bytes(tile_config c, int D) {
     return (size_t)(c.BR + 2 * c.BC) * D * sizeof(__half);
@@ -47,7 +47,7 @@ static bool same_tiles(tile_config a, tile_config b) {
     return a.BR == b.BR && a.BC == b.BC && a.WARPS == b.WARPS;
 }
 
-/* ---- the kernel cache ------------------------------------------------------------------- */
+/* ---- the kernel cache ------------------------------------------------------------------------ */
 
 // What the driver is asked once per device (or per kernel and device), not per launch: a
 // launch of FA2 pays for none of it, and host time between the timing events counts.
@@ -147,7 +147,7 @@ static cudaError_t kernel_arch(int *arch) {
 // against 32 KB of K and V per tile.
 constexpr double SPLIT_OVERHEAD_TILES = 1.0;
 
-/* ---- the launch plan --------------------------------------------------------------------- */
+/* ---- the launch plan ------------------------------------------------------------------------- */
 
 // Everything forward() decides before launching, computed once per shape and device (the last
 // one is kept; a benchmark launches the same shape many times).
@@ -186,7 +186,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     ATTN_TRY(kernel_arch(&arch));
     const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
     const size_t smem = smem_bytes(c, s->D);
-    const int threads = c.WARPS * 32;
+    const int threads = c.WARPS * WARP_SIZE;
     kernel_entry *k = kernel_for(s->D, c, variant, false);
     if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
     ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
@@ -198,9 +198,8 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     plan->causal_skip = s->causal && variant != VARIANT_NOSKIP;
     plan->split_tiles = ceil_div(s->N, c.BC), plan->splits = 1;
     if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
-        plan->splits =
-            choose_splits(s, c.BR, c.BC, plan->causal_skip, dev->sm_count * per_sm,
-                          SPLIT_OVERHEAD_TILES, &plan->split_tiles);
+        plan->splits = choose_splits(s, c.BR, c.BC, plan->causal_skip, dev->sm_count * per_sm,
+                                     SPLIT_OVERHEAD_TILES, &plan->split_tiles);
     }
     // Lazy rescaling pays from LAZY_MIN_N keys per block on (eager_rescale: never).
     const long long keys = (long long)plan->split_tiles * c.BC;

@@ -72,9 +72,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../stage5_tuned/split_kv.cuh"  // split-KV: key ranges, their merge, how many
 #include "attention.h"
-#include "tensor_map.cuh"  // tensor_map_encoder
+#include "device/sm90.cuh"        // mbarriers, TMA, wgmma, setmaxnreg, PDL, the fragment vocabulary
+#include "device/split_kv.cuh"    // split-KV: key ranges, their merge, how many
+#include "device/tensor_map.cuh"  // tensor_map_encoder
 
 // The kernels exist only in sm_90a code (wgmma, setmaxnreg); other targets compile an empty
 // kernel, which the launcher never starts (attention_unsupported), and leave the Hopper-only
@@ -88,18 +89,11 @@
 #pragma nv_diag_suppress 177  // "declared but never referenced"
 #endif
 
-/* ---- shapes and tunables ----------------------------------------------------------------- */
+/* ---- shapes and tunables --------------------------------------------------------------------- */
 
-// wgmma's fixed shape for fp16: a warpgroup computes MMA_M = 64 rows, MMA_K = 16 deep, and
-// any N from 8 to 256 in steps of 8 (here BC keys for S, D columns for O).
-constexpr int MMA_M = 64;
-constexpr int MMA_K = 16;
-constexpr int WARP_THREADS = 32;
-constexpr int WARPS_PER_WARPGROUP = 4;  // 4 consecutive warps, the first a multiple of 4
-constexpr int WARPGROUP = WARPS_PER_WARPGROUP * WARP_THREADS;  // 128 threads
+// wgmma's fixed shape for fp16 (common/device/sm90.cuh): a warpgroup computes WGMMA_M = 64 rows,
+// WGMMA_K = 16 deep, and any N from 8 to 256 in steps of 8 (here BC keys for S, D columns for O).
 constexpr int PRODUCER_WARPGROUPS = 1;  // warpgroup 0; the consumers are 1 .. C
-constexpr unsigned FULL_WARP = 0xffffffffu;
-constexpr int HALF_BYTES = 2;  // fp16
 
 // C consumer warpgroups of 64 query rows each, one producer warpgroup in front of them, one
 // block per SM. Two consumers: 128 rows per work tile, 384 threads. Three (D = 64, FlashAttention-
@@ -110,7 +104,7 @@ constexpr int HALF_BYTES = 2;  // fp16
 constexpr int THREE_CONSUMERS_MIN_N_CAUSAL = 2048;
 template <int C>
 __host__ __device__ constexpr int block_rows() {  // BR
-    return C * MMA_M;
+    return C * WGMMA_M;
 }
 template <int C>
 __host__ __device__ constexpr int block_threads() {
@@ -164,7 +158,6 @@ __host__ __device__ constexpr int consumer_regs() {
 // (1024 bytes, the swizzle atom) are the stride the wgmma descriptors give.
 constexpr int SLAB_COLS = 64;
 constexpr int SLAB_ROW_BYTES = SLAB_COLS * HALF_BYTES;
-constexpr int CHUNK_BYTES = 16;  // 8 halves: the unit the swizzle permutes
 constexpr int CHUNKS_PER_SLAB_ROW = SLAB_ROW_BYTES / CHUNK_BYTES;
 constexpr int SWIZZLE_ROWS = 8;
 constexpr int SWIZZLE_ATOM_BYTES = SWIZZLE_ROWS * SLAB_ROW_BYTES;
@@ -181,64 +174,14 @@ __device__ __forceinline__ int swizzled_chunk_offset(int row, int chunk) {
            ((chunk % CHUNKS_PER_SLAB_ROW) ^ (row % SWIZZLE_ROWS)) * CHUNK_BYTES;
 }
 
-// The accumulator fragment of wgmma (and of mma.sync): in a warpgroup's 64 x N result, warp w
-// holds rows 16 w .. 16 w + 15, and lane (g, t) = (lane / 4, lane % 4) the rows g and g + 8 of
-// those (h = 0, 1), columns 8 i + 2 t + c (c = 0, 1) of each 8-column chunk i: four registers per
-// chunk. A row is shared by the 4 lanes of a quad.
-constexpr int WARP_ROWS = MMA_M / WARPS_PER_WARPGROUP;  // 16
-constexpr int QUAD = 4;                                 // lanes per row
-constexpr int FRAG_ROW_STEP = 8;                        // a thread's second row is 8 further
-constexpr int FRAG_CHUNK_COLS = 8;                      // columns per chunk
-constexpr int FRAG_CHUNK_REGS = 4;                      // a thread's registers per chunk
-__device__ __forceinline__ constexpr int acc_index(int i, int h, int c) {
-    return FRAG_CHUNK_REGS * i + 2 * h + c;
-}
+// The accumulator fragment of wgmma (common/device/warp.cuh): in a warpgroup's 64 x N result, warp
+// w holds rows 16 w .. 16 w + 15, and lane (g, t) = (lane / 4, lane % 4) the rows g and g + 8 of
+// those (h = 0, 1), columns 8 i + 2 t + c (c = 0, 1) of each 8-column chunk i: register
+// acc_index(i, h, c), FRAG_REGS per chunk. A row is shared by the 4 lanes of a quad.
+constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // 16
 // wgmma's A operand from registers (P of O += P V) has the same layout, two halves a register:
 // a 64 x 16 k-step is 4 registers a thread.
-constexpr int A_REGS_PER_KSTEP = MMA_M * MMA_K / 2 / WARPGROUP;
-
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.69314718055994531f;
-
-/* ---- device helpers: shared memory, mbarriers, TMA --------------------------------------- */
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// An mbarrier (8 bytes of shared memory) completes a phase when `count` arrivals have happened
-// and every byte announced with expect_tx has landed. Waiting names the phase by its parity.
-constexpr int MBARRIER_BYTES = 8;
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-// One arrival that also announces `bytes` of TMA traffic to wait for (the producer's).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// Spin until the phase of the given parity has completed. A fresh barrier is in phase 0, so
-// waiting for parity 1 returns at once: that is how the producer finds every buffer empty.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile(
-            "{\n"
-            ".reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n"
-            "}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
+constexpr int A_REGS_PER_KSTEP = WGMMA_M * WGMMA_K / 2 / WARPGROUP;
 
 // A ring of SLOTS buffers, each with a "full" and an "empty" mbarrier, used in turn: the
 // count-th use (counted over the whole block, across work tiles, so the ring never resets) is
@@ -255,71 +198,6 @@ struct pipeline_state {
     __device__ __forceinline__ pipeline_state previous() const { return {count - 1}; }
 };
 
-// TMA: copy the box at coordinates (c0 = column, c1 = row, c2 = batch*head) of the tensor that
-// `map` describes into shared memory at dst; completion adds the box's bytes to `bar`.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
-                                            int c0, int c1, int c2) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-        : "memory");
-}
-
-// TMA store: the box at (c0, c1, c2) of the tensor `map` describes, from shared memory at src.
-// Rows past the tensor's end are not written. Stores are tracked per thread in bulk groups.
-__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, uint32_t src, int c0, int c1,
-                                             int c2) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-            (uint64_t)map),
-        "r"(src), "r"(c0), "r"(c1), "r"(c2)
-        : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// Wait until the thread's stores have read their shared memory (READ_ONLY) or are complete.
-template <bool READ_ONLY>
-__device__ __forceinline__ void bulk_wait_all() {
-    if (READ_ONLY)
-        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    else
-        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-// Ordinary shared-memory writes become visible to the copy engine (the async proxy).
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// Bring a tensor map (a kernel parameter) into the copy engine's cache ahead of its first copy.
-__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap *map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
-}
-
-// Programmatic dependent launch (PDL): a kernel launched with programmatic stream serialization
-// (launch_config()) may start before the kernel ahead of it in the stream has finished, once every
-// block of that one has said launch_dependents or exited. Its blocks then do what touches no
-// global memory (barrier init, setmaxnreg) and wait until the kernel ahead has finished and its
-// writes are visible. Without the attribute the wait returns at once.
-__device__ __forceinline__ void let_next_kernel_start() {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-__device__ __forceinline__ void wait_for_previous_kernel() {
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-
-// stmatrix: four 8 x 8 fp16 matrices from registers in the accumulator layout (lane 4g + t
-// holds columns 2t, 2t + 1 of row g, one register per matrix) to shared memory; lane L gives the
-// address of row L % 8 of matrix L / 8.
-constexpr int STMATRIX_ROWS = 8;
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t m0, uint32_t m1, uint32_t m2,
-                                            uint32_t m3) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(m0), "r"(m1), "r"(m2), "r"(m3)
-                 : "memory");
-}
-
 // Named barriers (bar.sync / bar.arrive; barrier 0 is __syncthreads'): NAMED_BARRIER_TURN_WG0 + wg
 // says "consumer warpgroup wg may issue its GEMMs" (ping-pong), for each of the C <= 3 consumers.
 enum named_barrier {
@@ -329,32 +207,6 @@ enum named_barrier {
     NAMED_BARRIER_TURN_WG2,
 };
 constexpr int TURN_THREADS = 2 * WARPGROUP;  // the warpgroup that waits, the one that hands over
-
-/* ---- device helpers: wgmma ---------------------------------------------------------------- */
-
-// A shared-memory matrix descriptor (PTX ISA, "matrix descriptor format"): the start address
-// (bits 0-13), the leading- (16-29) and stride-dimension (32-45) byte offsets, all three in
-// 16-byte units, and the swizzle mode (bits 62-63, 1 = 128-byte swizzle). Tiles start
-// 1024-byte aligned, so the base offset is 0.
-constexpr int DESC_UNIT_SHIFT = 4;            // 16-byte units
-constexpr uint32_t DESC_ADDR_MASK = 0x3FFFF;  // the 18 address bits the 14-bit field holds
-constexpr int DESC_LEAD_SHIFT = 16;
-constexpr int DESC_STRIDE_SHIFT = 32;
-constexpr uint64_t DESC_SWIZZLE_128B = 1ull << 62;
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes,
-                                              uint32_t stride_bytes) {
-    return (uint64_t)((addr & DESC_ADDR_MASK) >> DESC_UNIT_SHIFT) |
-           (uint64_t)(lead_bytes >> DESC_UNIT_SHIFT) << DESC_LEAD_SHIFT |
-           (uint64_t)(stride_bytes >> DESC_UNIT_SHIFT) << DESC_STRIDE_SHIFT | DESC_SWIZZLE_128B;
-}
-
-// The descriptor of the same matrix `bytes` further on. Only the start address field changes,
-// and inside shared memory it never carries out of its 14 bits, so an add to the whole
-// descriptor does it: each wgmma's descriptor is one add from its tile's, not a fresh encoding
-// (LOG.md, steps 8 and 18).
-__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
-    return desc + (bytes >> DESC_UNIT_SHIFT);
-}
 
 // Operand A or B stored "K-major" (the K dimension contiguous: Q and K rows, D halves each).
 // Within a 64-column slab, k-step kk starts kk * 32 bytes into each 128-byte row (the hardware
@@ -366,146 +218,24 @@ __device__ __forceinline__ uint64_t desc_k_major(uint32_t tile) {
 }
 template <int ROWS>
 __device__ __forceinline__ uint64_t desc_k_major_step(uint64_t tile_desc, int kk) {
-    constexpr int STEPS_PER_SLAB = SLAB_COLS / MMA_K;
+    constexpr int STEPS_PER_SLAB = SLAB_COLS / WGMMA_K;
     return desc_advance(tile_desc, slab_offset<ROWS>(kk / STEPS_PER_SLAB) +
-                                       (kk % STEPS_PER_SLAB) * (MMA_K * HALF_BYTES));
+                                       (kk % STEPS_PER_SLAB) * (WGMMA_K * HALF_BYTES));
 }
 
 // Operand B stored "MN-major" (N contiguous: V's rows are keys = the K dimension of P V, with
 // the D output columns contiguous). Along N the 64-column slabs are ROWS * 128 bytes apart
-// (leading offset); along K the 8-row groups 1024 bytes (stride offset). k-step kk is MMA_K key
+// (leading offset); along K the 8-row groups 1024 bytes (stride offset). k-step kk is WGMMA_K key
 // rows further down: 2 swizzle atoms.
 template <int ROWS>
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile) {
     return smem_desc(tile, ROWS * SLAB_ROW_BYTES, SWIZZLE_ATOM_BYTES);
 }
 __device__ __forceinline__ uint64_t desc_mn_major_step(uint64_t tile_desc, int kk) {
-    return desc_advance(tile_desc, kk * MMA_K * SLAB_ROW_BYTES);
+    return desc_advance(tile_desc, kk * WGMMA_K * SLAB_ROW_BYTES);
 }
 
-// wgmma runs asynchronously: fence before the first of a batch (the registers it reads or
-// accumulates into were written by ordinary instructions), commit the batch as a group, wait
-// until at most N groups are still running.
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// The compiler does not know that an accumulator changes between the wgmma that names it and
-// the wait: pinning each register here (after the wait, and before the fence) keeps it from
-// moving ordinary reads or writes of the accumulator into that window.
-template <int R>
-__device__ __forceinline__ void pin_registers(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// The same for an A operand in registers (P of O += P V), which the wgmma reads until it is
-// done: pinned after the wait, P counts as live until then, and its registers are not given to
-// other values while the wgmma may still read them (LOG.md, step 7).
-template <int R>
-__device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
-}
-#define ACC8(d, i)                                                                  \
-    "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
-        "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define ACC32(d) ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24)
-#define ACC64(d) ACC32(d), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56)
-#define ACC88(d) ACC64(d), ACC8(d, 64), ACC8(d, 72), ACC8(d, 80)
-#define REGS32                                                                                   \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define REGS64                                                                           \
-    REGS32                                                                               \
-    ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define REGS88                                                                           \
-    REGS64                                                                               \
-    ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-    "%80, %81, %82, %83, %84, %85, %86, %87"
-
-// d (64 x 128, fp32) {=, +=} A (64 x 16, K-major in shared memory) * B (16 x 128, K-major in
-// shared memory). accumulate = 0 overwrites d. Lane l of warp w in the warpgroup, g = l / 4,
-// t = l % 4, holds d[4i + 2h + c] = (row 16w + g + 8h, column 8i + 2t + c).
-__device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b,
-                                                 int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : ACC64(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// The same with 176 columns (BC = 176): 88 accumulator registers.
-__device__ __forceinline__ void wgmma_m64n176_ss(float (&d)[88], uint64_t a, uint64_t b,
-                                                 int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {" REGS88
-        "}, %88, %89, p, 1, 1, 0, 0;\n}\n"
-        : ACC88(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// d (64 x N, fp32) {=, +=} A (64 x 16 fp16, in registers) * B (16 x N, MN-major in shared
-// memory). A's layout is the accumulator's, two columns packed per register: a[0] = (row g,
-// columns 2t, 2t+1), a[1] = (row g+8, same), a[2] = (row g, 2t+8, 2t+9), a[3] = (row g+8, same).
-__device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t *a, uint64_t b,
-                                                 int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : ACC64(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *a, uint64_t b,
-                                                int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" REGS32
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
-// Registers per warpgroup role (sm_90a): the block starts with an even share, then the
-// producer gives its surplus back and the consumers take it.
-template <int REGS>
-__device__ __forceinline__ void registers_decrease() {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
-}
-template <int REGS>
-__device__ __forceinline__ void registers_increase() {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
-}
-
-/* ---- device helpers: softmax ------------------------------------------------------------- */
-
-// 2^x in one MUFU.EX2 instruction; 2^-inf = +0.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// Two floats -> one register of two halves, lo in the low 16 bits (the lower column).
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    uint32_t u;
-    memcpy(&u, &h, sizeof(u));
-    return u;
-}
-
-/* ---- the kernel's shared memory ---------------------------------------------------------- */
+/* ---- the kernel's shared memory -------------------------------------------------------------- */
 
 // Q_smem q_buffers() x [D/64 slabs][BR rows][64], then the K and V rings, each STAGES x
 // [D/64][BC][64], then (where it fits, o_staged()) one O staging tile [D/64][64][64] per consumer
@@ -530,7 +260,7 @@ enum {
 };
 template <int D>
 __host__ __device__ constexpr int o_stage_bytes() {  // one consumer warpgroup's 64 rows of O
-    return MMA_M * D * HALF_BYTES;
+    return WGMMA_M * D * HALF_BYTES;
 }
 template <int D, int C, int BC, int QB, bool STAGED>
 __host__ __device__ constexpr int smem_bytes_with() {
@@ -683,7 +413,7 @@ __device__ __forceinline__ int key_tile_start(const work_tile &wt, int j) {
     return (wt.j0 + j) * BC;
 }
 
-/* ---- the producer ------------------------------------------------------------------------ */
+/* ---- the producer ---------------------------------------------------------------------------- */
 
 // Announce a tile's bytes on its "full" barrier and copy it, one TMA copy per 64-column slab.
 template <int D, int ROWS>
@@ -764,7 +494,7 @@ __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap
     }
 }
 
-/* ---- the consumers' pieces --------------------------------------------------------------- */
+/* ---- the consumers' pieces ------------------------------------------------------------------- */
 
 // The consumer thread's place: warpgroup wg (0 .. C - 1) owns block rows 64 wg .. 64 wg + 63;
 // in it, warp w owns 16 rows, and lane (g, t) rows g and g + 8 of those (the fragment above).
@@ -775,7 +505,7 @@ typedef struct {
 // The first row of the thread's warpgroup (a row of the head), of its warp (a row of the
 // warpgroup's 64), and of the thread's own two rows (a row of the head; the other is 8 further).
 __device__ __forceinline__ int warpgroup_row0(const work_tile &wt, const consumer_place &p) {
-    return wt.q0 + p.wg * MMA_M;
+    return wt.q0 + p.wg * WGMMA_M;
 }
 __device__ __forceinline__ int warp_row0(const consumer_place &p) {
     return WARP_ROWS * p.warp;
@@ -795,7 +525,7 @@ __device__ __forceinline__ scores_operands scores_operands_of(const smem_tiles &
                                                               const consumer_place &p,
                                                               const work_tile &wt,
                                                               uint32_t K_tile) {
-    return {desc_k_major(q_stage<D, C, BC>(sm, wt.t) + p.wg * MMA_M * SLAB_ROW_BYTES),
+    return {desc_k_major(q_stage<D, C, BC>(sm, wt.t) + p.wg * WGMMA_M * SLAB_ROW_BYTES),
             desc_k_major(K_tile)};
 }
 
@@ -810,7 +540,7 @@ template <int D, int C, int BC>
 __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands op) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / MMA_K; ++kk)
+    for (int kk = 0; kk < D / WGMMA_K; ++kk)
         if constexpr (BC == 128)
             wgmma_m64n128_ss(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
                              desc_k_major_step<BC>(op.K, kk), kk > 0);
@@ -830,7 +560,7 @@ __device__ __forceinline__ void issue_pv(float (&O_acc)[D / 2], const uint32_t (
     pin_registers(O_acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BC / MMA_K; ++kk) {
+    for (int kk = 0; kk < BC / WGMMA_K; ++kk) {
         if constexpr (D == 128)
             wgmma_m64n128_rs(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
                              kk > 0 || accumulate);
@@ -860,12 +590,12 @@ __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_p
     for (int h = 0; h < 2; ++h)
         bound[h] = (causal ? min(N, row0 + FRAG_ROW_STEP * h + 1) : N) - first;
 #pragma unroll
-    for (int i = 0; i < BC / FRAG_CHUNK_COLS; ++i) {
+    for (int i = 0; i < BC / FRAG_COLS; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
             for (int c = 0; c < 2; ++c)
-                if (FRAG_CHUNK_COLS * i + c >= bound[h]) S[acc_index(i, h, c)] = -INFINITY;
+                if (FRAG_COLS * i + c >= bound[h]) S[acc_index(i, h, c)] = -INFINITY;
         }
     }
 }
@@ -879,7 +609,7 @@ __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_p
 // row_step is what it hands to exp_pack() and rescale_o(), across that P V's wait.
 template <int EARLY>
 __host__ __device__ constexpr int early_regs() {  // (an array needs at least one element)
-    return EARLY > 0 ? EARLY * FRAG_CHUNK_REGS : 1;
+    return EARLY > 0 ? EARLY * FRAG_REGS : 1;
 }
 template <int EARLY>
 struct row_step {
@@ -898,7 +628,7 @@ __device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2
                                         row_step<EARLY> &r) {
     float mx[2] = {m_i[0], m_i[1]};
 #pragma unroll
-    for (int i = 0; i < BC / FRAG_CHUNK_COLS; ++i) {
+    for (int i = 0; i < BC / FRAG_COLS; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
             mx[h] = fmaxf(mx[h], fmaxf(S[acc_index(i, h, 0)], S[acc_index(i, h, 1)]));
@@ -941,7 +671,7 @@ __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)
                                          const row_step<EARLY> &r) {
     float sum[2] = {r.sum[0], r.sum[1]};
 #pragma unroll
-    for (int i = 0; i < BC / FRAG_CHUNK_COLS; ++i) {
+    for (int i = 0; i < BC / FRAG_COLS; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float x[2];
@@ -964,7 +694,7 @@ __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)
 template <int D>
 __device__ __forceinline__ void rescale_o(float (&O_acc)[D / 2], const float (&alpha)[2]) {
 #pragma unroll
-    for (int i = 0; i < D / FRAG_CHUNK_COLS; ++i) {
+    for (int i = 0; i < D / FRAG_COLS; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -1012,7 +742,7 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
         const int row = row_of(wt, p) + FRAG_ROW_STEP * h;
         __half *o_row = pb.O + ((size_t)wt.bh * pb.N + row) * D;
 #pragma unroll
-        for (int k = 0; k < D / (QUAD * FRAG_CHUNK_COLS); ++k) {
+        for (int k = 0; k < D / (QUAD * FRAG_COLS); ++k) {
             uint32_t v[QUAD];  // chunks QUAD k .. QUAD k + 3 of the row
 #pragma unroll
             for (int r = 0; r < QUAD; ++r)
@@ -1020,7 +750,7 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
                                   O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
             quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
             if (row < pb.N)
-                *reinterpret_cast<uint4 *>(o_row + FRAG_CHUNK_COLS * (QUAD * k + p.t)) =
+                *reinterpret_cast<uint4 *>(o_row + FRAG_COLS * (QUAD * k + p.t)) =
                     make_uint4(v[0], v[1], v[2], v[3]);
         }
     }
@@ -1036,7 +766,7 @@ template <int D>
 __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], const float (&inv_l)[2],
                                                const consumer_place &p, const work_tile &wt,
                                                const problem &pb, uint32_t stage) {
-    if (p.lane == 0) bulk_wait_all<true>();
+    if (p.lane == 0) bulk_wait<true>();
     __syncwarp();  // the warp's last store has read its rows of the staging tile
     // stmatrix k covers chunks (8 columns) 2k and 2k + 1 of the warp's 16 rows: matrix 0 is rows
     // 0-7 of chunk 2k, 1 rows 8-15 of it, 2 and 3 the same of chunk 2k + 1. Lane L addresses row
@@ -1045,9 +775,9 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
         warp_row0(p) + STMATRIX_ROWS * (p.lane / STMATRIX_ROWS % 2) + p.lane % STMATRIX_ROWS;
     const int second = p.lane / (2 * STMATRIX_ROWS);  // this lane's matrix is of chunk 2k + 1
 #pragma unroll
-    for (int k = 0; k < D / (2 * FRAG_CHUNK_COLS); ++k) {
+    for (int k = 0; k < D / (2 * FRAG_COLS); ++k) {
         const int chunk = 2 * k + second;
-        const uint32_t addr = stage + swizzled_chunk_offset<MMA_M>(row, chunk);
+        const uint32_t addr = stage + swizzled_chunk_offset<WGMMA_M>(row, chunk);
         const float *o = &O_acc[8 * k];  // chunk 2k: o[0..3], chunk 2k + 1: o[4..7]
         stmatrix_x4(addr, pack_half2(o[0] * inv_l[0], o[1] * inv_l[0]),
                     pack_half2(o[2] * inv_l[1], o[3] * inv_l[1]),
@@ -1059,7 +789,7 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
     if (p.lane == 0) {
 #pragma unroll
         for (int c = 0; c < D / SLAB_COLS; ++c)
-            tma_store_3d(pb.tmO, stage + slab_offset<MMA_M>(c) + warp_row0(p) * SLAB_ROW_BYTES,
+            tma_store_3d(pb.tmO, stage + slab_offset<WGMMA_M>(c) + warp_row0(p) * SLAB_ROW_BYTES,
                          c * SLAB_COLS, warpgroup_row0(wt, p) + warp_row0(p), wt.bh);
         bulk_commit();
     }
@@ -1078,8 +808,8 @@ __device__ __forceinline__ void store_o_partial(const float (&O_acc)[D / 2],
         float *o_row =
             pb.O_part + ((size_t)wt.split * pb.rows + (size_t)wt.bh * pb.N + row) * D + 2 * p.t;
 #pragma unroll
-        for (int i = 0; i < D / FRAG_CHUNK_COLS; ++i)
-            *reinterpret_cast<float2 *>(o_row + FRAG_CHUNK_COLS * i) = make_float2(
+        for (int i = 0; i < D / FRAG_COLS; ++i)
+            *reinterpret_cast<float2 *>(o_row + FRAG_COLS * i) = make_float2(
                 O_acc[acc_index(i, h, 0)] * inv_l[h], O_acc[acc_index(i, h, 1)] * inv_l[h]);
     }
 }
@@ -1120,14 +850,11 @@ __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const floa
 // other 128 of the 256). So one warpgroup's wgmma run while the others do their softmax, and
 // the tensor pipe never waits for all softmaxes at once.
 __device__ __forceinline__ void pingpong_wait_turn(int wg) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(NAMED_BARRIER_TURN_WG0 + wg), "n"(TURN_THREADS)
-                 : "memory");
+    named_barrier_sync<TURN_THREADS>(NAMED_BARRIER_TURN_WG0 + wg);
 }
 template <int CONSUMERS>
 __device__ __forceinline__ void pingpong_pass_turn(int wg) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(NAMED_BARRIER_TURN_WG0 + (wg + 1) % CONSUMERS),
-                 "n"(TURN_THREADS)
-                 : "memory");
+    named_barrier_arrive<TURN_THREADS>(NAMED_BARRIER_TURN_WG0 + (wg + 1) % CONSUMERS);
 }
 
 // Key tile j of work tile wt needs a mask when it is the tail tile, or causal with a key past
@@ -1184,7 +911,7 @@ __device__ __forceinline__ void start_rows(float (&O_acc)[D / 2], float (&m_i)[2
     l_i[0] = l_i[1] = 0.f;
 }
 
-/* ---- the consumers' schedules ------------------------------------------------------------ */
+/* ---- the consumers' schedules ---------------------------------------------------------------- */
 
 enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
 
@@ -1399,8 +1126,8 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
 __device__ __forceinline__ consumer_place consumer_place_of_thread() {
     consumer_place p;
     p.wg = __shfl_sync(FULL_WARP, (int)threadIdx.x / WARPGROUP, 0) - PRODUCER_WARPGROUPS;
-    p.warp = (threadIdx.x / WARP_THREADS) % WARPS_PER_WARPGROUP;
-    p.lane = threadIdx.x % WARP_THREADS;
+    p.warp = (threadIdx.x / WARP_SIZE) % WARPS_PER_WARPGROUP;
+    p.lane = threadIdx.x % WARP_SIZE;
     p.g = p.lane / QUAD;
     p.t = p.lane % QUAD;
     return p;
@@ -1415,10 +1142,10 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb
     else
         consumer_overlapped<D, C, BC, (SCHEDULE == SCHEDULE_PINGPONG && C > 1)>(sm, p, pb, works);
     // The O stores still in flight read the shared memory the block is about to give up.
-    if (o_staged<D, C, BC>() && p.lane == 0) bulk_wait_all<false>();
+    if (o_staged<D, C, BC>() && p.lane == 0) bulk_wait<false>();
 }
 
-/* ---- the kernel -------------------------------------------------------------------------- */
+/* ---- the kernel ------------------------------------------------------------------------------ */
 
 // Every buffer's "full" barrier waits for the producer's one expect_tx arrival (and the bytes);
 // every "empty" one for one arrival per consumer warp. Thread 0 initialises them.
@@ -1435,9 +1162,7 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
         mbar_init(bar_at(sm, BAR_K_EMPTY + st), CONSUMER_WARPS);
         mbar_init(bar_at(sm, BAR_V_EMPTY + st), CONSUMER_WARPS);
     }
-    // Make the initialised barriers visible to the copy engine (the async proxy).
-    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::
-                     : "memory");
+    fence_barrier_init();  // visible to the copy engine (the async proxy)
 }
 
 // Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe them as [B*H, N, D]; O is written
@@ -1500,7 +1225,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel_pdl(const comb
 #endif
 }
 
-/* ---- launcher ---------------------------------------------------------------------------- */
+/* ---- launcher -------------------------------------------------------------------------------- */
 
 enum {
     VARIANT_DEFAULT = 0,
@@ -1577,7 +1302,7 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
                  smem, s->D);
         return why_smem;
     }
-    const int BR = C * MMA_M;  // block_rows<C>()
+    const int BR = C * WGMMA_M;  // block_rows<C>()
     if ((long long)s->B * s->H * ((s->N + BR - 1) / BR) > (long long)INT_MAX)
         return "too many work tiles (B * H * ceil(N / rows per tile) must be below 2^31)";
     return NULL;
@@ -1611,7 +1336,7 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     pthread_mutex_unlock(&lock);
     if (hit) return p;
     p.consumers = consumers_for(s, dev, variant);
-    const int BR = p.consumers * MMA_M;  // block_rows<C>()
+    const int BR = p.consumers * WGMMA_M;  // block_rows<C>()
     const int BC = key_tile_for(s, p.consumers);
     p.splits = 1, p.split_tiles = ceil_div(s->N, BC);
     if (variant != VARIANT_NOSPLIT && dev->sm_count > 0)

@@ -50,10 +50,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../stage6_hopper/tensor_map.cuh"  // tensor_map_encoder (DQ_BULK's tensor map)
 #include "attention.h"
+#include "device/sm80.cuh"        // mma.sync, ldmatrix, cp.async, the fragment vocabulary
+#include "device/sm90.cuh"        // sm_90 on: stmatrix, the TMA unit's bulk reductions
+#include "device/tensor_map.cuh"  // tensor_map_encoder (DQ_BULK's tensor map)
 
-/* ---- tunables ---------------------------------------------------------------------------- */
+/* ---- tunables -------------------------------------------------------------------------------- */
 
 // A tile configuration. WARPS warps of 16 rows each: a block owns 16 WARPS keys (backward_kernel)
 // or queries (dq_kernel), and dq_kernel's key tiles have as many rows. QROWS: the query tile of
@@ -88,20 +90,7 @@ __host__ __device__ constexpr int tile_count() {
     return (int)(bytes / sizeof(tile_config));
 }
 
-/* ---- device helpers (stage 5's, the same instructions) ------------------------------------ */
-
-constexpr int MMA_M = 16;
-constexpr int MMA_N = 8;
-constexpr int MMA_K = 16;
-constexpr int WARP_SIZE = 32;
-constexpr int CHUNK_HALVES = 8;  // 16 bytes: one cp.async, one ldmatrix row
-constexpr int CHUNK_BYTES = 16;
-constexpr int X4_DIM = 16;                 // an ldmatrix.x4 reads a 16 x 16 block
-constexpr int X4_BYTES = X4_DIM * 2;       // its width in bytes: two chunks
-constexpr int X4_BLOCKS = X4_DIM / MMA_N;  // n8 blocks of B per ldmatrix.x4
-constexpr int MATRIX_ROWS = 8;             // an ldmatrix matrix: 8 rows of one chunk
-constexpr int QUAD = 4;                    // the lanes that share a fragment row
-constexpr float LOG2E = 1.4426950408889634f;
+/* ---- device helpers (stage 5's, the same instructions) --------------------------------------- */
 
 // Chunk c of row r of a [rows, COLS] half tile is stored at chunk c ^ (r % 8): conflict-free
 // ldmatrix and 16-byte stores (stage 5's swizzle). A row of fewer than 8 chunks (the 32-column dS
@@ -116,129 +105,14 @@ __device__ __forceinline__ uint32_t smem_offset(int row, int chunk) {
     return (uint32_t)(row * (COLS * 2) + (chunk ^ (row % swizzle_rows<COLS>())) * CHUNK_BYTES);
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-}
-
-__device__ __forceinline__ void st_shared_f2(uint32_t addr, float x, float y) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
-}
-
-__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                 : "=f"(v.x), "=f"(v.y)
-                 : "r"(addr)
-                 : "memory");
-    return v;
-}
-
 // 16 bytes global -> shared. sm_80+: cp.async (zero-filled when !valid; completed by
 // cp_async_wait). sm_75 has no cp.async: the chunk goes through a register at once.
 __device__ __forceinline__ void copy_chunk(uint32_t dst, const void *src, bool valid) {
 #if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? CHUNK_BYTES : 0)
-                 : "memory");
+    cp_async_16(dst, src, valid);
 #else
     st_shared_v4(dst, valid ? *reinterpret_cast<const uint4 *>(src) : make_uint4(0, 0, 0, 0));
 #endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Wait until at most N of this thread's commit groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// d += A (16x16) B (16x8), fp16 in, fp32 accumulate; fragment layouts as in stage 5 (g = lane / 4,
-// t = lane % 4): A a[0] (g, 2t..) a[1] (g+8, 2t..) a[2] (g, 2t+8..) a[3] (g+8, 2t+8..);
-// B b0 (k 2t.., n g) b1 (k 2t+8.., n g); C d[0..1] (g, 2t..) d[2..3] (g+8, 2t..).
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-#if __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(b0));
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[2]), "r"(a[3]), "r"(b1));
-#endif
-}
-
-// d = A B: mma_16816 on a zero accumulator (the first k step of a product), which needs no
-// instructions to clear d first.
-__device__ __forceinline__ void mma_16816_zero(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-#if __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
-#else
-    d[0] = d[1] = d[2] = d[3] = 0.f;
-    mma_16816(d, a, b0, b1);
-#endif
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    uint32_t u;
-    memcpy(&u, &h, sizeof(u));
-    return u;
-}
-
-// The lane, read afresh where it is used (volatile: the compiler may not hoist it). The offsets
-// derived from it (ldmatrix addresses, fragment rows and columns) are then recomputed in a few
-// integer instructions in each phase instead of living in registers across the loop, beside dK
-// and dV, where registers are scarcest (stage 5's thread_index, for the same reason).
-__device__ __forceinline__ int lane_index() {
-    int l;
-    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(l));
-    return l;
 }
 
 // ldmatrix lane offsets into a swizzled [*, COLS] tile (stage 5's a_lane_offset and
@@ -286,7 +160,7 @@ __device__ __forceinline__ void vector_issue(uint32_t dst, const float *src) {
     }
 }
 
-/* ---- the warp's matrix products ----------------------------------------------------------- */
+/* ---- the warp's matrix products -------------------------------------------------------------- */
 
 // C = A B^T for one warp: A is the warp's 16 rows of a [*, D] tile at A_rows, B the COLS rows of
 // another [*, D] tile at B_tile, both in shared memory: C[n] = C fragment of columns 8n..8n+7.
@@ -357,7 +231,7 @@ __device__ __forceinline__ int frag_col(int n, int e) {
     return MMA_N * n + 2 * (lane_index() % QUAD) + e % 2;
 }
 
-/* ---- kernels ----------------------------------------------------------------------------- */
+/* ---- kernels --------------------------------------------------------------------------------- */
 
 typedef struct bwd_params {
     const __half *Q, *K, *V, *O, *dO;  // [B, H, N, D]
@@ -413,7 +287,7 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
         }
     }
 #pragma unroll
-    for (int s = PREPROCESS_LANES / 2; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+    for (int s = PREPROCESS_LANES / 2; s > 0; s /= 2) sum += __shfl_xor_sync(FULL_WARP, sum, s);
     if (sub == 0) {
         p.Dsum[row] = inside ? sum : 0.f;
         p.lse2[row] = inside ? p.lse[bh * p.N + i] * LOG2E : INFINITY;
@@ -674,7 +548,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
     store_rows<D>(p.dV + head, dV, key_row, p.N, 1.f);
 }
 
-/* ---- the shared-memory layout: P^T and dS^T through shared memory (FlashAttention-2's) ----- */
+/* ---- the shared-memory layout: P^T and dS^T through shared memory (FlashAttention-2's) ------- */
 
 // A tile configuration of backward_smem_kernel: 8 warps, KEYS keys a block, QROWS queries a loop
 // tile, STAGES buffers of Q_i, dO_i. P^T and dS^T go through shared memory, so that each of the
@@ -728,44 +602,6 @@ __host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D, bool b
            2 * (size_t)c.KEYS * c.QROWS * sizeof(__half) +
            2 * (size_t)c.STAGES * c.QROWS * sizeof(float) +
            (bulk ? (size_t)c.QROWS * D * sizeof(float) : 0);
-}
-
-// sm_90: the box of *map at coordinates (c0, c1, c2, c3) += the shared-memory box at shared, by
-// the TMA unit (coordinates past the tensor's ends are skipped), tracked in this thread's bulk
-// groups; the shared-memory writes it reads were made visible to the async proxy first
-// (fence_proxy_async, then a barrier for the other threads' writes).
-__device__ __forceinline__ void bulk_tensor_reduce_add(const CUtensorMap *map, uint32_t shared,
-                                                       int c0, int c1, int c2, int c3) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
-        " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"((uint64_t)map),
-        "r"(shared), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-        : "memory");
-#else
-    (void)map, (void)shared, (void)c0, (void)c1, (void)c2, (void)c3;
-    __trap();  // the launcher sizes and picks this path only from DQ_BULK_ARCH on
-#endif
-}
-__device__ __forceinline__ void bulk_commit() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-// Wait until this thread's bulk reductions have read their shared memory (READ_ONLY) or are done.
-template <bool READ_ONLY>
-__device__ __forceinline__ void bulk_wait() {
-#if __CUDA_ARCH__ >= 900
-    if (READ_ONLY)
-        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    else
-        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void fence_proxy_async() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
 }
 
 // One k16 step of C (+)= A B^T for one warp, MT x NT fragments, A's fragments a given (MT m16
@@ -896,21 +732,6 @@ __device__ __forceinline__ void gemm_nn(float (&C)[MT][NT][4], uint32_t A, int a
     }
 }
 
-// sm_90 on: four 8 x 8 fp16 matrices from registers to shared memory, the inverse of
-// ldmatrix_x4: register i holds matrix i in the accumulator layout (row lane / 4, columns
-// 2 (lane % 4)..), and lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
-                                            uint32_t r3) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-                 : "memory");
-#else
-    (void)addr, (void)r0, (void)r1, (void)r2, (void)r3;
-    __trap();  // store_fragments takes it from sm_90 on only
-#endif
-}
-
 // The warp's fragments of a [*, COLS] fp32 tile as fp16 into a swizzled shared tile: fragment
 // (m, n) covers rows row0 + 16m.., columns col0 + 8n.. (P^T and dS^T; row0 a multiple of 8, col0
 // of 16). From sm_90 on, one stmatrix_x4 per 16 x 16 block (fragments n and n + 1 of m16 block m:
@@ -1038,7 +859,7 @@ __device__ __forceinline__ void stage_dq_fragments(uint32_t dq_stage, const floa
 __device__ __forceinline__ void add_staged_dq_tile(const CUtensorMap *dq_map, uint32_t dq_stage,
                                                    int q0) {
     if (threadIdx.x != 0) return;
-    bulk_tensor_reduce_add(dq_map, dq_stage, 0, q0, 0, (int)blockIdx.y);
+    tma_reduce_add_4d(dq_map, dq_stage, 0, q0, 0, (int)blockIdx.y);
     bulk_commit();
 }
 
@@ -1326,7 +1147,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
     store_rows<D>(p.dQ + head, dQ, q_row, p.N, p.scale);
 }
 
-/* ---- launcher ---------------------------------------------------------------------------- */
+/* ---- launcher -------------------------------------------------------------------------------- */
 
 enum {
     VARIANT_DEFAULT = 0,
