@@ -19,6 +19,15 @@ inline constexpr int X4_DIM = 16;
 inline constexpr int X4_BYTES = X4_DIM * HALF_BYTES;  // two chunks
 inline constexpr int X4_BLOCKS = X4_DIM / MMA_N;      // n8 blocks of B per ldmatrix.x4
 inline constexpr int MATRIX_ROWS = 8;                 // an ldmatrix matrix: 8 rows of one chunk
+inline constexpr int N8_PER_K16 = MMA_K / MMA_N;      // n8 blocks (of C) per k16 step (of A)
+
+// The A fragment (a[] of mma_16816 below): A_FRAG_REGS registers of two halves; register
+// a_frag_reg(n, h) holds row g + 8h of the k16 step's n8 block n (columns 8n + 2t, +1). Packed
+// from an accumulator, it is block n of the two that make the k16 step, register frag_reg(h, *).
+inline constexpr int A_FRAG_REGS = 4;
+__host__ __device__ __forceinline__ constexpr int a_frag_reg(int n, int h) {
+    return FRAG_LANE_ROWS * n + h;
+}
 
 // Plain shared-memory stores and loads by shared address (the form ldmatrix and cp.async take).
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {

@@ -32,12 +32,21 @@ inline constexpr float LN2 = 0.69314718055994531f;
 // the blocks of a row end to end in one array, register acc_index(n, h, c), as wgmma names them.
 // The A operand of the next product has the same layout, two columns packed per register: blocks
 // 2k and 2k + 1 of an accumulator are, register for register, the A fragment of k16 step k.
-inline constexpr int QUAD = 4;           // lanes per fragment row
-inline constexpr int FRAG_ROW_STEP = 8;  // a thread's second row is 8 further
-inline constexpr int FRAG_COLS = 8;      // columns per block (n8)
-inline constexpr int FRAG_REGS = 4;      // a thread's registers per block
+inline constexpr int QUAD = 4;            // lanes per fragment row
+inline constexpr int FRAG_ROW_STEP = 8;   // a thread's second row is 8 further
+inline constexpr int FRAG_COLS = 8;       // columns per block (n8)
+inline constexpr int FRAG_LANE_ROWS = 2;  // rows of a block a thread holds (h)
+inline constexpr int FRAG_LANE_COLS = 2;  // columns of a block a thread holds per row (c)
+inline constexpr int FRAG_REGS = FRAG_LANE_ROWS * FRAG_LANE_COLS;  // a thread's registers per block
 __host__ __device__ __forceinline__ constexpr int frag_reg(int h, int c) {
-    return 2 * h + c;
+    return FRAG_LANE_COLS * h + c;
+}
+// ... and back: register e of a block holds row half frag_h(e), column frag_c(e).
+__host__ __device__ __forceinline__ constexpr int frag_h(int e) {
+    return e / FRAG_LANE_COLS;
+}
+__host__ __device__ __forceinline__ constexpr int frag_c(int e) {
+    return e % FRAG_LANE_COLS;
 }
 __host__ __device__ __forceinline__ constexpr int acc_index(int n, int h, int c) {
     return FRAG_REGS * n + frag_reg(h, c);
