@@ -215,11 +215,18 @@ sanitize:
 # against stage 5, whose forward it reuses
 DIFF_BASE_7 := stage5_tuned
 PREV_DIR  = $(or $(DIFF_BASE_$(STAGE)),$(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*)))
+# A stage's code as one text in reading order: attention.cu, then the .cuh files of its folder in
+# the order attention.cu includes them (those it does not name last), each after a line naming it.
+stage_code = for f in $(1)/attention.cu $$(sed -n 's/^\#include "\([^/"]*\.cuh\)".*/\1/p' $(1)/attention.cu | sed 's|^|$(1)/|') \
+               $$(ls $(1)/*.cuh 2>/dev/null | grep -v -x -F "$$(sed -n 's/^\#include "\([^/"]*\.cuh\)".*/$(1)\/\1/p' $(1)/attention.cu)"); do \
+               [ -f "$$f" ] && { echo "// ==== $$f"; cat "$$f"; }; done
 # git diff --no-index exits 1 when the files differ, which they always do: that is no error.
 diff:
 	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
-	@git --no-pager diff --no-index --stat $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]
-	@git --no-pager diff --no-index $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && mkdir -p "$$tmp/a" "$$tmp/b" && \
+	{ $(call stage_code,$(PREV_DIR)); } > "$$tmp/a/$(PREV_DIR)" && { $(call stage_code,$(STAGE_DIR)); } > "$$tmp/b/$(STAGE_DIR)" && \
+	cd "$$tmp" && { git --no-pager diff --no-index --stat a/$(PREV_DIR) b/$(STAGE_DIR); [ $$? -le 1 ]; } && \
+	{ git --no-pager diff --no-index a/$(PREV_DIR) b/$(STAGE_DIR); [ $$? -le 1 ]; }
 
 # ncu sections per lesson; PROFILE_ARGS sets the shape.
 PROFILE_ARGS ?= --seq 4096 --dim 128 --heads 16 --batch 4 --check 0 --bench
