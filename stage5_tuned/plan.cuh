@@ -15,6 +15,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "device/kernel_cache.cuh"  // current_device, cache_lock, kernel_versions
+
 /* ---- tiles ----------------------------------------------------------------------------------- */
 
 static size_t smem_bytes(tile_config c, int D) {
@@ -50,18 +52,9 @@ static bool same_tiles(tile_config a, tile_config b) {
 /* ---- the kernel cache ------------------------------------------------------------------------ */
 
 // What the driver is asked once per device (or per kernel and device), not per launch: a
-// launch of FA2 pays for none of it, and host time between the timing events counts.
-constexpr int MAX_DEVICES = 64;
-static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static cudaError_t current_device(int *device) {
-    ATTN_TRY(cudaGetDevice(device));
-    if (*device < 0 || *device >= MAX_DEVICES) {
-        fprintf(stderr, "stage5_tuned: device %d: at most %d devices\n", *device, MAX_DEVICES);
-        return cudaErrorInvalidDevice;
-    }
-    return cudaSuccess;
-}
+// launch of FA2 pays for none of it, and host time between the timing events counts. The
+// device's index (current_device), the lock (cache_lock) and the kernels' code versions
+// (kernel_versions) come from common/device/kernel_cache.cuh, which stages 6 and 7 share.
 
 typedef void (*attention_fn)(fwd_params);
 
@@ -122,24 +115,13 @@ static cudaError_t kernel_ready(kernel_entry *k, int device, size_t smem, int th
 
 // The PTX architecture the kernels were compiled for on this device (75 for a compute_75 PTX
 // build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
-// Asked once per device.
+// Asked once per device (kernel_versions).
 static cudaError_t kernel_arch(int *arch) {
-    static int arch_of[MAX_DEVICES];
-    int device = 0;
-    ATTN_TRY(current_device(&device));
-    pthread_mutex_lock(&cache_lock);
-    *arch = arch_of[device];
-    pthread_mutex_unlock(&cache_lock);
-    if (*arch) return cudaSuccess;
-    cudaFuncAttributes fa;
-    const cudaError_t err = cudaFuncGetAttributes(
-        &fa,
-        (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true, false>);
-    *arch = err == cudaSuccess ? fa.ptxVersion : 0;
-    pthread_mutex_lock(&cache_lock);
-    arch_of[device] = *arch;
-    pthread_mutex_unlock(&cache_lock);
-    return err;
+    int binary = 0;
+    *arch = 0;
+    return kernel_versions(
+        (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true, false>,
+        arch, &binary);
 }
 
 // What a key range costs besides its key tiles, in key tiles (choose_splits): a prologue (Q and

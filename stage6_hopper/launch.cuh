@@ -10,7 +10,8 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "device/tensor_map.cuh"  // tensor_map_encoder
+#include "device/kernel_cache.cuh"  // kernel_versions, kernel_smem_limit: once per device
+#include "device/tensor_map.cuh"    // tensor_map_encoder
 #include "kernel.cuh"
 
 // [B*H, N, D] fp16 seen in boxes of [1, rows, 64] (one 128-byte-swizzled slab); rows past N
@@ -32,14 +33,14 @@ static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_sha
 // Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
 // on an H100 has only the empty kernel).
 static int hopper_code_here(void) {
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(
-            &fa, (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false>) !=
-        cudaSuccess) {
+    int ptx = 0, binary = 0;
+    if (kernel_versions(
+            (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false>, &ptx,
+            &binary) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
-    return fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
+    return ptx >= 90 && binary >= 90;
 }
 
 // Split-KV, by stage 5's rule (choose_splits): key ranges per query tile where the work tiles
@@ -122,8 +123,7 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     const int smem = smem_bytes<D, C, BC>();
     const kernel_fn kernel = a->split.splits > 1 ? attention_kernel<D, C, BC, SCHEDULE, true>
                                                  : attention_kernel<D, C, BC, SCHEDULE, false>;
-    ATTN_TRY(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  smem));
+    ATTN_TRY(kernel_smem_limit((const void *)kernel, smem));  // once per kernel and device
     const int works = s->B * s->H * ceil_div(s->N, BR) * a->split.splits;
     const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works
                            ? a->persistent_blocks

@@ -8,6 +8,7 @@
 
 #include <string.h>
 
+#include "device/kernel_cache.cuh"  // kernel_versions, kernel_smem_limit: once per device
 #include "dq_kernel.cuh"
 #include "preprocess.cuh"
 #include "registers_kernel.cuh"
@@ -42,10 +43,10 @@ static int padded_rows(int N) {
 
 // The PTX architecture the kernels were compiled for on the current device (75 for a compute_75
 // PTX build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
+// Asked once per device (kernel_versions).
 static cudaError_t kernel_arch(int *arch) {
-    cudaFuncAttributes fa;
-    ATTN_TRY(cudaFuncGetAttributes(&fa, (const void *)dq_convert_kernel));
-    *arch = fa.ptxVersion;  // major * 10 + minor
+    int binary = 0;
+    ATTN_TRY(kernel_versions((const void *)dq_convert_kernel, arch, &binary));
     return cudaSuccess;
 }
 
@@ -123,8 +124,7 @@ static smem_kernel_fn smem_p_kernel(dq_way dq) {
 template <typename FN, typename... ARGS>
 static cudaError_t launch(FN fn, dim3 grid, int threads, size_t smem, cudaStream_t stream,
                           const ARGS &...args) {
-    ATTN_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)smem));
+    ATTN_TRY(kernel_smem_limit((const void *)fn, (int)smem));  // once per kernel and device
     fn<<<grid, threads, smem, stream>>>(args...);
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
