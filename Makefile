@@ -186,11 +186,11 @@ $(BUILD)/obj/stage7_forward.o: stage5_tuned/attention.cu $(wildcard stage5_tuned
 	@echo "$(NVCC) -c $< -Dattn_this_stage=attn_forward_stage [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $@"
 	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Dattn_this_stage=attn_forward_stage -c $< -o $@ 2> $(BUILD)/ptxas/stage7_forward.txt || { cat $(BUILD)/ptxas/stage7_forward.txt; exit 1; }
 $(BUILD)/stage7_backward: $(BUILD)/obj/stage7_forward.o
-# stage 5 keeps its host planning and split-KV's merge in .cuh files of its folder; stage 6
-# includes split_kv.cuh too, and keeps the tensor-map encoder in its folder for stage 7
-$(BUILD)/obj/stage5_tuned.o: $(wildcard stage5_tuned/*.cuh)
-$(BUILD)/obj/stage6_hopper.o: stage5_tuned/split_kv.cuh stage6_hopper/tensor_map.cuh
-$(BUILD)/obj/stage7_backward.o: stage6_hopper/tensor_map.cuh
+# A stage's attention.cu includes the .cuh files of its folder and the device primitives that
+# stages share (common/device/: PTX wrappers, split-KV's plan and merge, the tensor-map encoder).
+DEVICE_HEADERS := $(wildcard common/device/*.cuh)
+$(foreach s,$(STAGES),$(eval $(BUILD)/obj/$(s).o: $(wildcard $(s)/*.cuh) $(DEVICE_HEADERS)))
+$(BUILD)/obj/stage7_forward.o: $(DEVICE_HEADERS)
 
 $(BUILD)/test_common: common/tests/test_common.c $(BUILD)/obj/reference.o $(BUILD)/obj/npy.o
 	$(CC) $(CFLAGS) -Icommon -o $@ $^ -lm
@@ -223,11 +223,18 @@ sanitize:
 # against stage 5, whose forward it reuses
 DIFF_BASE_7 := stage5_tuned
 PREV_DIR  = $(or $(DIFF_BASE_$(STAGE)),$(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*)))
+# A stage's code as one text in reading order: attention.cu, then the .cuh files of its folder in
+# the order attention.cu includes them (those it does not name last), each after a line naming it.
+stage_code = for f in $(1)/attention.cu $$(sed -n 's/^\#include "\([^/"]*\.cuh\)".*/\1/p' $(1)/attention.cu | sed 's|^|$(1)/|') \
+               $$(ls $(1)/*.cuh 2>/dev/null | grep -v -x -F "$$(sed -n 's/^\#include "\([^/"]*\.cuh\)".*/$(1)\/\1/p' $(1)/attention.cu)"); do \
+               [ -f "$$f" ] && { echo "// ==== $$f"; cat "$$f"; }; done
 # git diff --no-index exits 1 when the files differ, which they always do: that is no error.
 diff:
 	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
-	@git --no-pager diff --no-index --stat $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]
-	@git --no-pager diff --no-index $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && mkdir -p "$$tmp/a" "$$tmp/b" && \
+	{ $(call stage_code,$(PREV_DIR)); } > "$$tmp/a/$(PREV_DIR)" && { $(call stage_code,$(STAGE_DIR)); } > "$$tmp/b/$(STAGE_DIR)" && \
+	cd "$$tmp" && { git --no-pager diff --no-index --stat a/$(PREV_DIR) b/$(STAGE_DIR); [ $$? -le 1 ]; } && \
+	{ git --no-pager diff --no-index a/$(PREV_DIR) b/$(STAGE_DIR); [ $$? -le 1 ]; }
 
 # ncu sections per lesson; PROFILE_ARGS sets the shape.
 PROFILE_ARGS ?= --seq 4096 --dim 128 --heads 16 --batch 4 --check 0 --bench
@@ -254,7 +261,7 @@ FLASHCOURSE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/flashcourse
 CLANG_FORMAT_DIR = $(FLASHCOURSE_CACHE)/clang-format-$(CLANG_FORMAT_VERSION)
 CLANG_FORMAT = $(CLANG_FORMAT_DIR)/clang_format/data/bin/clang-format
 FORMAT_CHECK_REQUIRED ?=
-FORMAT_FILES = $(wildcard common/*.c common/*.h common/tests/*.c stage*/attention.cu)
+FORMAT_FILES = $(wildcard common/*.c common/*.h common/tests/*.c common/device/*.cuh stage*/attention.cu stage*/*.cuh)
 # Shell: installs the pinned clang-format unless it is there; sets $$why (empty: installed) when
 # it cannot be had here; exits 1 when pip fails with a package index in reach.
 define ensure_clang_format

@@ -45,9 +45,10 @@
 #include <string.h>
 
 #include "attention.h"
-#include "split_kv.cuh"
+#include "device/sm80.cuh"      // mma.sync, ldmatrix, cp.async, the fragment vocabulary
+#include "device/split_kv.cuh"  // split-KV: key ranges, their merge, how many
 
-/* ---- tunables ---------------------------------------------------------------------------- */
+/* ---- tunables -------------------------------------------------------------------------------- */
 
 // A tile configuration: BR query rows per block, BC keys per K/V tile, WARPS warps per block.
 // Each warp owns BR / WARPS query rows (a multiple of 16: one m16 slice per MMA row block) and
@@ -102,23 +103,11 @@ constexpr int EARLY_K_MAX_D = 64;
 constexpr bool LANE_OFFSET_PER_TILE = false;
 #endif
 
-/* ---- device helpers ---------------------------------------------------------------------- */
+/* ---- device helpers -------------------------------------------------------------------------- */
 
-// The mma.sync shape (m16n8k16: A is 16 x 16, B 16 x 8, C 16 x 8) and the unit of shared
-// memory traffic: a 16-byte chunk of 8 halves is one row of an 8 x 8 ldmatrix matrix and one
-// cp.async. An ldmatrix.x4 reads a 16 x 16 block (four 8 x 8 matrices), X4_BYTES wide.
-constexpr int MMA_M = 16;
-constexpr int MMA_N = 8;
-constexpr int MMA_K = 16;
-constexpr int WARP_SIZE = 32;
-constexpr int CHUNK_HALVES = 8;
-constexpr int CHUNK_BYTES = 16;
-constexpr int X4_DIM = 16;
-constexpr int X4_BYTES = X4_DIM * 2;       // two chunks
-constexpr int X4_BLOCKS = X4_DIM / MMA_N;  // n8 blocks of B per ldmatrix.x4
-constexpr int MATRIX_ROWS = 8;             // an ldmatrix matrix: 8 rows of one chunk
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.69314718055994531f;
+// The instructions (mma.sync m16n8k16, ldmatrix, cp.async) and their shapes are wrapped in
+// common/device/sm80.cuh (mma_16816, ldmatrix_x4, cp_async_16, ...), the accumulator fragment's
+// layout is described in common/device/warp.cuh; stage 7 uses the same wrappers.
 
 // Shared-memory tiles are [rows, D] halves, D * 2 bytes per row, split into 16-byte chunks.
 // With SWIZZLE, logical chunk c of row r is stored at chunk c ^ (r % 8). Eight consecutive
@@ -127,122 +116,8 @@ constexpr float LN2 = 0.69314718055994531f;
 // apart hit the same 4 banks: an 8-way conflict.
 template <int D, bool SWIZZLE>
 __device__ __forceinline__ uint32_t smem_offset(int row, int chunk) {
-    return (uint32_t)(row * (D * 2) + (SWIZZLE ? (chunk ^ (row & 7)) : chunk) * CHUNK_BYTES);
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// Plain shared-memory stores and loads by shared address (every tile is named by its shared
-// address only; ldmatrix and cp.async take that form anyway).
-__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-}
-
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-    uint4 v;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(addr)
-                 : "memory");
-    return v;
-}
-
-// Whether this code has cp.async (sm_80+); sm_75 code stages tiles through registers instead.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-constexpr bool HAS_CP_ASYNC = false;
-#else
-constexpr bool HAS_CP_ASYNC = true;
-#endif
-
-// 16-byte asynchronous copy global -> shared (sm_80+). With valid == false the source size is
-// 0 and the 16 bytes in shared memory are zero-filled (the source is not read). Like the commit
-// and the wait, it clobbers "memory": no shared-memory access may move across it.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool valid) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? CHUNK_BYTES : 0)
-                 : "memory");
-#else
-    (void)dst, (void)src, (void)valid;
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async_wait_all() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-
-// ldmatrix .x4: lanes 8i..8i+7 give the addresses of the 8 rows (16 bytes each) of matrix i;
-// afterwards r[i] of lane l holds row l / 4, columns 2 * (l % 4) and +1 of matrix i.
-// With .trans, r[i] of lane l holds instead rows 2 * (l % 4) and +1 of column l / 4.
-// volatile: the same address returns new data after each barrier.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// d += A (16x16, row-major) * B (16x8, column-major), fp16 in, fp32 accumulate. Lane l, with
-// g = l / 4 and t = l % 4, holds (each register = 2 halves, the lower column in the low half):
-//   A: a[0] = (row g,   cols 2t, 2t+1)   a[1] = (row g+8, cols 2t, 2t+1)
-//      a[2] = (row g,   cols 2t+8, +9)   a[3] = (row g+8, cols 2t+8, +9)
-//   B: b0 = (rows 2t, 2t+1, col g)       b1 = (rows 2t+8, 2t+9, col g)
-//   C/D: d[0], d[1] = (row g, cols 2t, 2t+1)   d[2], d[3] = (row g+8, cols 2t, 2t+1)
-// sm_75 has only m16n8k8 (A = a[0..1], B = b0, same C layout): two of them over k = 0..7 and
-// k = 8..15 give the same result.
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-#if __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(b0));
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[2]), "r"(a[3]), "r"(b1));
-#endif
-}
-
-// 2^x in one MUFU.EX2 instruction; 2^-inf = +0.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// Two floats -> one register of two halves, lo in the low 16 bits (the lower column).
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    uint32_t u;
-    memcpy(&u, &h, sizeof(u));
-    return u;
+    return (uint32_t)(row * (D * HALF_BYTES) +
+                      (SWIZZLE ? (chunk ^ (row & 7)) : chunk) * CHUNK_BYTES);
 }
 
 // threadIdx.x. Every kernel here reads it through this function, in one of two ways:
@@ -339,13 +214,14 @@ __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS
     if (rows_left >= ROWS) {  // every tile but the last: nothing to check
 #pragma unroll
         for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
-            copy_chunk(stage[i], to + i * STEP * D * 2, from + i * STEP * D, true);
+            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from + i * STEP * D, true);
         }
     } else {  // rows past N: zero-filled, their source address replaced by row 0 (inside N)
 #pragma unroll
         for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
             const bool valid = row0 + i * STEP < rows_left;
-            copy_chunk(stage[i], to + i * STEP * D * 2, valid ? from + i * STEP * D : src, valid);
+            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from + i * STEP * D : src,
+                       valid);
         }
     }
     cp_async_commit();
@@ -357,7 +233,7 @@ template <int ROWS, int D, int THREADS, bool SWIZZLE>
 __device__ __forceinline__ void tile_finish(
     const uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)], uint32_t tile) {
 #if __CUDA_ARCH__ >= 800
-    cp_async_wait_all();
+    cp_async_wait<0>();
     (void)stage, (void)tile;
 #else
     constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
@@ -366,7 +242,7 @@ __device__ __forceinline__ void tile_finish(
     const uint32_t to = tile + smem_offset<D, SWIZZLE>(tid / CHUNKS_PER_ROW, tid % CHUNKS_PER_ROW);
 #pragma unroll
     for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
-        st_shared_v4(to + i * STEP * D * 2, stage[i]);
+        st_shared_v4(to + i * STEP * D * HALF_BYTES, stage[i]);
     }
 #endif
 }
@@ -386,9 +262,10 @@ template <int MT, int NB>
 __device__ __forceinline__ float row_max(const float (&S)[MT][NB][4], int m, int h) {
     float mx = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < NB; ++n) mx = fmaxf(mx, fmaxf(S[m][n][2 * h], S[m][n][2 * h + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    for (int n = 0; n < NB; ++n)
+        mx = fmaxf(mx, fmaxf(S[m][n][frag_reg(h, 0)], S[m][n][frag_reg(h, 1)]));
+    mx = fmaxf(mx, __shfl_xor_sync(FULL_WARP, mx, 1));
+    return fmaxf(mx, __shfl_xor_sync(FULL_WARP, mx, 2));
 }
 
 // Online-softmax update of one row for a tile whose (scaled) max is m_tile: raise m_i to the new
@@ -403,14 +280,16 @@ __device__ __forceinline__ void rescale_row(float (&m_i)[MT][2], float (&l_i)[MT
     m_i[m][h] = m_new;
     l_i[m][h] *= alpha;
 #pragma unroll
-    for (int n = 0; n < DB; ++n) O_acc[m][n][2 * h] *= alpha, O_acc[m][n][2 * h + 1] *= alpha;
+    for (int n = 0; n < DB; ++n)
+        O_acc[m][n][frag_reg(h, 0)] *= alpha, O_acc[m][n][frag_reg(h, 1)] *= alpha;
 }
 
-/* ---- kernel phases ----------------------------------------------------------------------- */
+/* ---- kernel phases --------------------------------------------------------------------------- */
 
 // Each phase works on one warp's fragments. Array shapes (deduced): MT m16 slices of query rows
 // per warp, NB n8 key blocks of S per slice, DB n8 head-dim blocks of O_acc, KD k16 steps of
-// S = Q K^T, KC k16 steps of O += P V. Fragment coordinates g = lane / 4, t = lane % 4.
+// S = Q K^T, KC k16 steps of O += P V. Fragment coordinates g = lane / 4, t = lane % 4, element
+// frag_reg(h, c) of a block at row g + 8h, column 2t + c (the accumulator fragment of warp.cuh).
 
 // Q fragments for the whole key loop (when they fit in registers): q_frag[m][k] = A operand of
 // slice m, k16 step k.
@@ -475,8 +354,8 @@ template <int RPW, int MT, int NB>
 __device__ __forceinline__ void mask_scores(float (&S)[MT][NB][4], int k0, int q0, int N,
                                             int causal) {
     const int me = thread_index() % WARP_SIZE, my_warp = thread_index() / WARP_SIZE;
-    const int diag = k0 - q0 - my_warp * RPW - me / 4 + 2 * (me % 4);  // key - query - consts
-    const int tail = N - k0 - 2 * (me % 4);  // key >= N  <=>  8n + e%2 >= tail
+    const int diag = k0 - q0 - my_warp * RPW - me / QUAD + 2 * (me % QUAD);  // key - query - consts
+    const int tail = N - k0 - 2 * (me % QUAD);  // key >= N  <=>  8n + e%2 >= tail
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -485,7 +364,7 @@ __device__ __forceinline__ void mask_scores(float (&S)[MT][NB][4], int k0, int q
             for (int e = 0; e < 4; ++e) {
                 // key - query = diag + (8n + e%2) - (16m + 8(e/2))
                 const bool after =
-                    diag + MMA_N * n + (e & 1) - MMA_M * m - MMA_M / 2 * (e >> 1) > 0;
+                    diag + MMA_N * n + (e & 1) - MMA_M * m - FRAG_ROW_STEP * (e >> 1) > 0;
                 if (MMA_N * n + (e & 1) >= tail || (causal && after)) S[m][n][e] = -INFINITY;
             }
         }
@@ -519,7 +398,7 @@ __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_
     }
     // The vote is warp-uniform. (LAZY && vote, not if constexpr (LAZY) around it: nvcc 12.4
     // rolls the loop again in four eager kernels with that.)
-    if (LAZY && __any_sync(0xffffffffu, grows)) {
+    if (LAZY && __any_sync(FULL_WARP, grows)) {
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -535,10 +414,10 @@ __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_
             const float m_base = m_i[m][h] == -INFINITY ? 0.f : m_i[m][h];
 #pragma unroll
             for (int n = 0; n < NB; ++n) {
-                const float p0 = fast_exp2(fmaf(S[m][n][2 * h], scale_log2, -m_base));
-                const float p1 = fast_exp2(fmaf(S[m][n][2 * h + 1], scale_log2, -m_base));
+                const float p0 = fast_exp2(fmaf(S[m][n][frag_reg(h, 0)], scale_log2, -m_base));
+                const float p1 = fast_exp2(fmaf(S[m][n][frag_reg(h, 1)], scale_log2, -m_base));
                 l_i[m][h] += p0 + p1;
-                S[m][n][2 * h] = p0, S[m][n][2 * h + 1] = p1;
+                S[m][n][frag_reg(h, 0)] = p0, S[m][n][frag_reg(h, 1)] = p1;
             }
         }
         // The C fragments of key blocks 2k and 2k+1 are, register for register, the A
@@ -580,8 +459,8 @@ __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
 // A row's l is spread over the 4 lanes of its quad: sum it there (l becomes the row's total) and
 // return 1 / l, or 0 for a row that saw no key.
 __device__ __forceinline__ float row_total_and_inverse(float &l) {
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    l += __shfl_xor_sync(FULL_WARP, l, 1);
+    l += __shfl_xor_sync(FULL_WARP, l, 2);
     return l > 0.f ? 1.f / l : 0.f;
 }
 
@@ -595,7 +474,7 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
                                              uint32_t Q_warp, __half *O, float *lse,
                                              int rows_left) {
     constexpr int RPW = MT * MMA_M;  // rows of this warp
-    const int lane = thread_index() % WARP_SIZE, g = lane / 4, t = lane % 4;
+    const int lane = thread_index() % WARP_SIZE, g = lane / QUAD, t = lane % QUAD;
     __syncwarp();  // this warp's reads of its Q_smem rows are done before they are overwritten
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
@@ -603,12 +482,12 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
         for (int h = 0; h < 2; ++h) {
             float l = l_i[m][h];
             const float inv_l = row_total_and_inverse(l);
-            const int r = MMA_M * m + g + MMA_M / 2 * h;  // row inside the warp's rows
+            const int r = MMA_M * m + g + FRAG_ROW_STEP * h;  // row inside the warp's rows
 #pragma unroll
             for (int n = 0; n < DB; ++n) {
-                st_shared_b32(
-                    Q_warp + smem_offset<D, SWIZZLE>(r, n) + t * sizeof(uint32_t),
-                    pack_half2(O_acc[m][n][2 * h] * inv_l, O_acc[m][n][2 * h + 1] * inv_l));
+                st_shared_b32(Q_warp + smem_offset<D, SWIZZLE>(r, n) + t * sizeof(uint32_t),
+                              pack_half2(O_acc[m][n][frag_reg(h, 0)] * inv_l,
+                                         O_acc[m][n][frag_reg(h, 1)] * inv_l));
             }
             // LSE in natural log: (m + log2 l) is in log2 units of the scaled score.
             if (t == 0 && r < rows_left) lse[r] = (m_i[m][h] + log2f(l)) * LN2;
@@ -636,19 +515,20 @@ template <int D, int MT, int DB>
 __device__ __forceinline__ void store_partial(const float (&O_acc)[MT][DB][4],
                                               const float (&m_i)[MT][2], const float (&l_i)[MT][2],
                                               float *O_part, float *lse_part, int rows_left) {
-    const int lane = thread_index() % WARP_SIZE, g = lane / 4, t = lane % 4;
+    const int lane = thread_index() % WARP_SIZE, g = lane / QUAD, t = lane % QUAD;
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = l_i[m][h];
             const float inv_l = row_total_and_inverse(l);
-            const int r = MMA_M * m + g + MMA_M / 2 * h;  // row inside the warp's rows
+            const int r = MMA_M * m + g + FRAG_ROW_STEP * h;  // row inside the warp's rows
             if (r < rows_left) {
 #pragma unroll
                 for (int n = 0; n < DB; ++n) {
                     *reinterpret_cast<float2 *>(O_part + (size_t)r * D + MMA_N * n + 2 * t) =
-                        make_float2(O_acc[m][n][2 * h] * inv_l, O_acc[m][n][2 * h + 1] * inv_l);
+                        make_float2(O_acc[m][n][frag_reg(h, 0)] * inv_l,
+                                    O_acc[m][n][frag_reg(h, 1)] * inv_l);
                 }
                 if (t == 0) lse_part[r] = (m_i[m][h] + log2f(l)) * LN2;
             }
@@ -656,7 +536,7 @@ __device__ __forceinline__ void store_partial(const float (&O_acc)[MT][DB][4],
     }
 }
 
-/* ---- kernels ----------------------------------------------------------------------------- */
+/* ---- kernels --------------------------------------------------------------------------------- */
 
 // Everything a launch needs, passed by value (kernel parameters live in constant memory).
 typedef struct fwd_params {
@@ -718,13 +598,13 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     }
 #endif
     constexpr int THREADS = WARPS * WARP_SIZE;
-    constexpr int ROW_BYTES = D * 2;  // one row of a tile in shared memory
-    constexpr int RPW = BR / WARPS;   // query rows per warp
-    constexpr int MT = RPW / MMA_M;   // m16 slices per warp
-    constexpr int NB = BC / MMA_N;    // n8 blocks of S per slice (keys)
-    constexpr int DB = D / MMA_N;     // n8 blocks of O_acc per slice (head dim)
-    constexpr int KD = D / MMA_K;     // k16 steps of S = Q K^T
-    constexpr int KC = BC / MMA_K;    // k16 steps of O += P V
+    constexpr int ROW_BYTES = D * HALF_BYTES;  // one row of a tile in shared memory
+    constexpr int RPW = BR / WARPS;            // query rows per warp
+    constexpr int MT = RPW / MMA_M;            // m16 slices per warp
+    constexpr int NB = BC / MMA_N;             // n8 blocks of S per slice (keys)
+    constexpr int DB = D / MMA_N;              // n8 blocks of O_acc per slice (head dim)
+    constexpr int KD = D / MMA_K;              // k16 steps of S = Q K^T
+    constexpr int KC = BC / MMA_K;             // k16 steps of O += P V
     constexpr bool Q_IN_REGS = MT * KD * 4 + MT * NB * 4 + MT * DB * 4 <= Q_REGS_BUDGET;
     constexpr bool EARLY_K = D <= EARLY_K_MAX_D && HAS_CP_ASYNC;
     static_assert(RPW % MMA_M == 0 && BC % X4_DIM == 0 && D % X4_DIM == 0, "tile shapes");
@@ -833,7 +713,7 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     }
 }
 
-/* ---- launcher ---------------------------------------------------------------------------- */
+/* ---- launcher -------------------------------------------------------------------------------- */
 
 enum {
     VARIANT_DEFAULT = 0,
@@ -902,7 +782,7 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     p.scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
     const dim3 grid((unsigned)(ceil_div(s->N, plan.tiles.BR) * plan.splits),
                     (unsigned)(s->B * s->H));
-    plan.kernel->fn<<<grid, plan.tiles.WARPS * 32, plan.smem, stream>>>(p);
+    plan.kernel->fn<<<grid, plan.tiles.WARPS * WARP_SIZE, plan.smem, stream>>>(p);
     ATTN_TRY(cudaGetLastError());
     if (plan.splits == 1) return cudaSuccess;
 

@@ -8,14 +8,16 @@
  *  - the kernel instantiation of those tiles and the variant, made ready on this device once
  *    (kernel_for, kernel_ready: the kernel cache, under cache_lock);
  *  - how many key ranges each query tile's keys are cut into (split-KV: choose_splits in
- *    split_kv.cuh, from a simulation of the block scheduler's waves);
+ *    common/device/split_kv.cuh, from a simulation of the block scheduler's waves);
  *  - all of that once per shape and device, not per launch (make_plan: the plan cache).
  */
 
 #include <pthread.h>
 #include <stdlib.h>
 
-/* ---- tiles ------------------------------------------------------------------------------- */
+#include "device/kernel_cache.cuh"  // current_device, cache_lock, kernel_versions
+
+/* ---- tiles ----------------------------------------------------------------------------------- */
 
 static size_t smem_bytes(tile_config c, int D) {
     return (size_t)(c.BR + 2 * c.BC) * D * sizeof(__half);
@@ -47,21 +49,12 @@ static bool same_tiles(tile_config a, tile_config b) {
     return a.BR == b.BR && a.BC == b.BC && a.WARPS == b.WARPS;
 }
 
-/* ---- the kernel cache ------------------------------------------------------------------- */
+/* ---- the kernel cache ------------------------------------------------------------------------ */
 
 // What the driver is asked once per device (or per kernel and device), not per launch: a
-// launch of FA2 pays for none of it, and host time between the timing events counts.
-constexpr int MAX_DEVICES = 64;
-static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static cudaError_t current_device(int *device) {
-    ATTN_TRY(cudaGetDevice(device));
-    if (*device < 0 || *device >= MAX_DEVICES) {
-        fprintf(stderr, "stage5_tuned: device %d: at most %d devices\n", *device, MAX_DEVICES);
-        return cudaErrorInvalidDevice;
-    }
-    return cudaSuccess;
-}
+// launch of FA2 pays for none of it, and host time between the timing events counts. The
+// device's index (current_device), the lock (cache_lock) and the kernels' code versions
+// (kernel_versions) come from common/device/kernel_cache.cuh, which stages 6 and 7 share.
 
 typedef void (*attention_fn)(fwd_params);
 
@@ -122,24 +115,13 @@ static cudaError_t kernel_ready(kernel_entry *k, int device, size_t smem, int th
 
 // The PTX architecture the kernels were compiled for on this device (75 for a compute_75 PTX
 // build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
-// Asked once per device.
+// Asked once per device (kernel_versions).
 static cudaError_t kernel_arch(int *arch) {
-    static int arch_of[MAX_DEVICES];
-    int device = 0;
-    ATTN_TRY(current_device(&device));
-    pthread_mutex_lock(&cache_lock);
-    *arch = arch_of[device];
-    pthread_mutex_unlock(&cache_lock);
-    if (*arch) return cudaSuccess;
-    cudaFuncAttributes fa;
-    const cudaError_t err = cudaFuncGetAttributes(
-        &fa,
-        (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true, false>);
-    *arch = err == cudaSuccess ? fa.ptxVersion : 0;
-    pthread_mutex_lock(&cache_lock);
-    arch_of[device] = *arch;
-    pthread_mutex_unlock(&cache_lock);
-    return err;
+    int binary = 0;
+    *arch = 0;
+    return kernel_versions(
+        (const void *)attention_kernel<64, SM75.BR, SM75.BC, SM75.WARPS, true, true, true, false>,
+        arch, &binary);
 }
 
 // What a key range costs besides its key tiles, in key tiles (choose_splits): a prologue (Q and
@@ -147,7 +129,7 @@ static cudaError_t kernel_arch(int *arch) {
 // against 32 KB of K and V per tile.
 constexpr double SPLIT_OVERHEAD_TILES = 1.0;
 
-/* ---- the launch plan --------------------------------------------------------------------- */
+/* ---- the launch plan ------------------------------------------------------------------------- */
 
 // Everything forward() decides before launching, computed once per shape and device (the last
 // one is kept; a benchmark launches the same shape many times).
@@ -186,7 +168,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     ATTN_TRY(kernel_arch(&arch));
     const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
     const size_t smem = smem_bytes(c, s->D);
-    const int threads = c.WARPS * 32;
+    const int threads = c.WARPS * WARP_SIZE;
     kernel_entry *k = kernel_for(s->D, c, variant, false);
     if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
     ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
@@ -198,9 +180,8 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     plan->causal_skip = s->causal && variant != VARIANT_NOSKIP;
     plan->split_tiles = ceil_div(s->N, c.BC), plan->splits = 1;
     if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
-        plan->splits =
-            choose_splits(s, c.BR, c.BC, plan->causal_skip, dev->sm_count * per_sm,
-                          SPLIT_OVERHEAD_TILES, &plan->split_tiles);
+        plan->splits = choose_splits(s, c.BR, c.BC, plan->causal_skip, dev->sm_count * per_sm,
+                                     SPLIT_OVERHEAD_TILES, &plan->split_tiles);
     }
     // Lazy rescaling pays from LAZY_MIN_N keys per block on (eager_rescale: never).
     const long long keys = (long long)plan->split_tiles * c.BC;

@@ -1,12 +1,13 @@
 /*
- * stage5_tuned/split_kv.cuh: split-KV's pieces that do not depend on the attention kernel, for
- * stage 5 (attention.cu, plan.cuh) and stage 6 (which includes this file; its persistent kernel
- * cuts the keys the same way). When B * H * ceil(N / BR) query tiles leave SMs idle, each query
- * tile's keys are cut into ranges of split_tiles key tiles; each range writes an fp32 O normalised
- * by its own sum and its LSE into a workspace, [splits, B * H, N, D] and [splits, B * H, N], and
- * combine_kernel merges them. Here: which key tiles a query tile has (query_tile_key_tiles),
- * the merge (combine_kernel), and how many ranges (choose_splits, host code).
+ * common/device/split_kv.cuh: split-KV's pieces that do not depend on the attention kernel, for
+ * stage 5 (which teaches it: attention.cu, plan.cuh) and stage 6 (whose persistent kernel cuts the
+ * keys the same way). When B * H * ceil(N / BR) query tiles leave SMs idle, each query tile's keys
+ * are cut into ranges of split_tiles key tiles; each range writes an fp32 O normalised by its own
+ * sum and its LSE into a workspace, [splits, B * H, N, D] and [splits, B * H, N], and
+ * combine_kernel merges them. Here: which key tiles a query tile has (query_tile_key_tiles), the
+ * merge (combine_kernel), and how many ranges (choose_splits, host code).
  */
+#pragma once
 
 #include <cuda_fp16.h>
 #include <stdlib.h>
@@ -29,7 +30,7 @@ __host__ __device__ __forceinline__ int query_tile_key_tiles(int q0, int BR, int
     return (query_tile_key_end(q0, BR, N, causal_skip) + BC - 1) / BC;
 }
 
-/* ---- the merge ---------------------------------------------------------------------------- */
+/* ---- the merge ------------------------------------------------------------------------------- */
 
 // Merges the key ranges of split-KV, one row at a time (FA2's combine). Range s of a row
 // holds O_s (normalised by its own sum l_s) and lse_s = log(l_s) + its max, so the whole
@@ -66,7 +67,7 @@ __host__ __device__ constexpr int combine_rows_per_block() {
 template <int D>
 __device__ __forceinline__ void combine_row(const combine_params &p, long long row, int lane) {
     constexpr int UNROLL = 8;  // ranges in flight at once: their loads are independent
-    int ranges = p.splits;  // causal: as many as this row's query tile was given
+    int ranges = p.splits;     // causal: as many as this row's query tile was given
     if (p.causal_skip) {
         const int q0 = (int)(row % p.N) / p.BR * p.BR;
         const int tiles = query_tile_key_tiles(q0, p.BR, p.BC, p.N, true);
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_
     if (row < p.rows) combine_row<D>(p, row, lane);
 }
 
-/* ---- split-KV: how many key ranges ------------------------------------------------------- */
+/* ---- split-KV: how many key ranges ----------------------------------------------------------- */
 
 // A query tile's B * H * ceil(N / BR) blocks fill the GPU's slots (SMs x blocks per SM) in
 // waves; a grid of 32 blocks on 264 slots (B = H = 1, N = 4096, H200) leaves 88% of them idle,
@@ -157,7 +158,7 @@ static double split_efficiency(const attn_shape *s, int BR, int BC, bool causal_
                 const int t = tiles - k < per ? tiles - k : per;
                 work += t;
                 heap[0] += t + overhead;  // the earliest-free slot takes it
-                for (int i = 0;;) {                   // sift down
+                for (int i = 0;;) {       // sift down
                     int j = 2 * i + 1;
                     if (j >= slots) break;
                     if (j + 1 < slots && heap[j + 1] < heap[j]) ++j;

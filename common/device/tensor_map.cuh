@@ -1,6 +1,9 @@
-// The driver's tensor-map encoder (cuTensorMapEncodeTiled), fetched once through the runtime, so
-// that no stage links -lcuda. Stage 6 describes its Q, K, V and O tiles with it; stage 7 its dQ
-// reductions. NULL where the driver has none (older than CUDA 12).
+/*
+ * common/device/tensor_map.cuh: the driver's tensor-map encoder (cuTensorMapEncodeTiled), fetched
+ * once through the runtime, so that no stage links -lcuda; host code. Stage 6 describes its Q, K,
+ * V and O tiles with it; stage 7 its dQ reductions. NULL where the driver has none (older than
+ * CUDA 12).
+ */
 #pragma once
 
 #include <cuda.h>

@@ -1,0 +1,322 @@
+/*
+ * common/device/sm90.cuh: Hopper's instructions as inline PTX, for stage 6 (which teaches them) and
+ * stage 7 (the TMA unit's bulk reductions and stmatrix, from sm_90 on): mbarriers, TMA bulk tensor
+ * copies and reductions with their bulk groups and the async-proxy fence, programmatic dependent
+ * launch, stmatrix, named barriers, setmaxnreg, and wgmma with its shared-memory descriptors.
+ *
+ * The wrappers a kernel of every target compiles (stage 7's) give no instruction, or a trap where
+ * the launcher never goes, in code for targets before sm_90. wgmma and setmaxnreg exist only in
+ * sm_90a code: their callers compile them only there (stage 6's HOPPER_KERNELS).
+ * Device code for one translation unit (a stage's attention.cu includes it).
+ */
+#pragma once
+
+#include <cuda.h>
+
+#include "warp.cuh"
+
+/* ---- warpgroups ------------------------------------------------------------------------------ */
+
+// wgmma's unit: a warpgroup, 4 consecutive warps (the first a multiple of 4), computes 64 rows,
+// 16 deep (fp16), any N from 8 to 256 in steps of 8.
+inline constexpr int WGMMA_M = 64;
+inline constexpr int WGMMA_K = 16;
+inline constexpr int WARPS_PER_WARPGROUP = 4;
+inline constexpr int WARPGROUP = WARPS_PER_WARPGROUP * WARP_SIZE;  // 128 threads
+
+/* ---- mbarriers ------------------------------------------------------------------------------- */
+
+// An mbarrier (8 bytes of shared memory) completes a phase when `count` arrivals have happened
+// and every byte announced with expect_tx has landed. Waiting names the phase by its parity.
+inline constexpr int MBARRIER_BYTES = 8;
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// After a block's mbar_init: the initialised barriers become visible to the copy engine (the
+// async proxy) before a copy completes on them.
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::
+                     : "memory");
+}
+
+// One arrival that also announces `bytes` of TMA traffic to wait for (the producer's).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Spin until the phase of the given parity has completed. A fresh barrier is in phase 0, so
+// waiting for parity 1 returns at once: that is how a producer finds every buffer empty.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n"
+            "}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+/* ---- TMA: bulk tensor copies and reductions -------------------------------------------------- */
+
+// Copy the box at coordinates (c0 = column, c1 = row, c2 = batch*head) of the tensor that `map`
+// describes into shared memory at dst; completion adds the box's bytes to `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
+// The box at (c0, c1, c2) of the tensor `map` describes, from shared memory at src. Rows past the
+// tensor's end are not written. Stores are tracked per thread in bulk groups.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, uint32_t src, int c0, int c1,
+                                             int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+            (uint64_t)map),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+
+// The box of *map at coordinates (c0, c1, c2, c3) += the shared-memory box at src, by the TMA
+// unit (coordinates past the tensor's ends are skipped), tracked in this thread's bulk groups.
+// The shared-memory writes it reads must be visible to the async proxy (fence_proxy_async, then a
+// barrier for the other threads' writes). Before sm_90: a trap (no caller goes there).
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap *map, uint32_t src, int c0,
+                                                  int c1, int c2, int c3) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+        " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"((uint64_t)map),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+#else
+    (void)map, (void)src, (void)c0, (void)c1, (void)c2, (void)c3;
+    __trap();
+#endif
+}
+
+// The thread's bulk stores and reductions issued since the last commit form one bulk group.
+__device__ __forceinline__ void bulk_commit() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Wait until the thread's bulk groups have read their shared memory (READ_ONLY) or are complete.
+template <bool READ_ONLY>
+__device__ __forceinline__ void bulk_wait() {
+#if __CUDA_ARCH__ >= 900
+    if (READ_ONLY)
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    else
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// Ordinary shared-memory writes become visible to the copy engine (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Bring a tensor map (a kernel parameter) into the copy engine's cache ahead of its first copy.
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
+}
+
+/* ---- programmatic dependent launch (PDL) ----------------------------------------------------- */
+
+// A kernel launched with programmatic stream serialization (cudaLaunchKernelEx with
+// cudaLaunchAttributeProgrammaticStreamSerialization) may start before the kernel ahead of it in
+// the stream has finished, once every block of that one has said launch_dependents or exited. Its
+// blocks then do what touches no global memory (barrier init, setmaxnreg) and wait until the
+// kernel ahead has finished and its writes are visible. Without the attribute the wait returns at
+// once.
+__device__ __forceinline__ void let_next_kernel_start() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait_for_previous_kernel() {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+/* ---- stmatrix -------------------------------------------------------------------------------- */
+
+// Four 8 x 8 fp16 matrices from registers to shared memory, the inverse of ldmatrix.x4: register i
+// holds matrix i in the accumulator layout (lane 4g + t: columns 2t, 2t + 1 of row g), and lane L
+// gives the address of row L % 8 of matrix L / 8. Before sm_90: a trap (no caller goes there).
+inline constexpr int STMATRIX_ROWS = 8;
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t m0, uint32_t m1, uint32_t m2,
+                                            uint32_t m3) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(m0), "r"(m1), "r"(m2), "r"(m3)
+                 : "memory");
+#else
+    (void)addr, (void)m0, (void)m1, (void)m2, (void)m3;
+    __trap();
+#endif
+}
+
+/* ---- named barriers and setmaxnreg ----------------------------------------------------------- */
+
+// Named barriers (barrier 0 is __syncthreads'): bar.sync waits until THREADS threads (a multiple
+// of the warp size, the caller's included) have arrived on barrier `id`; bar.arrive counts the
+// caller's warp there and goes on.
+template <int THREADS>
+__device__ __forceinline__ void named_barrier_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+}
+template <int THREADS>
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+}
+
+// setmaxnreg (sm_90a): the registers of each thread of the calling warpgroup become REGS, given
+// back to the block's pool (dec) or taken from it (inc).
+template <int REGS>
+__device__ __forceinline__ void registers_decrease() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void registers_increase() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+/* ---- wgmma: shared-memory descriptors -------------------------------------------------------- */
+
+// A shared-memory matrix descriptor (PTX ISA, "matrix descriptor format"): the start address
+// (bits 0-13), the leading- (16-29) and stride-dimension (32-45) byte offsets, all three in
+// 16-byte units, and the swizzle mode (bits 62-63, 1 = 128-byte swizzle). Tiles start
+// 1024-byte aligned, so the base offset is 0.
+inline constexpr int DESC_UNIT_SHIFT = 4;            // 16-byte units
+inline constexpr uint32_t DESC_ADDR_MASK = 0x3FFFF;  // the 18 address bits the 14-bit field holds
+inline constexpr int DESC_LEAD_SHIFT = 16;
+inline constexpr int DESC_STRIDE_SHIFT = 32;
+inline constexpr uint64_t DESC_SWIZZLE_128B = 1ull << 62;
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes,
+                                              uint32_t stride_bytes) {
+    return (uint64_t)((addr & DESC_ADDR_MASK) >> DESC_UNIT_SHIFT) |
+           (uint64_t)(lead_bytes >> DESC_UNIT_SHIFT) << DESC_LEAD_SHIFT |
+           (uint64_t)(stride_bytes >> DESC_UNIT_SHIFT) << DESC_STRIDE_SHIFT | DESC_SWIZZLE_128B;
+}
+
+// The descriptor of the same matrix `bytes` further on. Only the start address field changes,
+// and inside shared memory it never carries out of its 14 bits, so an add to the whole
+// descriptor does it: one add from a tile's descriptor, not a fresh encoding.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+    return desc + (bytes >> DESC_UNIT_SHIFT);
+}
+
+/* ---- wgmma: the asynchronous warpgroup products ---------------------------------------------- */
+
+// wgmma runs asynchronously: fence before the first of a batch (the registers it reads or
+// accumulates into were written by ordinary instructions), commit the batch as a group, wait
+// until at most N groups are still running.
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// The compiler does not know that an accumulator changes between the wgmma that names it and
+// the wait: pinning each register here (after the wait, and before the fence) keeps it from
+// moving ordinary reads or writes of the accumulator into that window.
+template <int R>
+__device__ __forceinline__ void pin_registers(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The same for an A operand in registers, which the wgmma reads until it is done: pinned after
+// the wait, it counts as live until then, and its registers are not given to other values while
+// the wgmma may still read them.
+template <int R>
+__device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+// The accumulator operands of one wgmma: ACC<n>(d) lists n registers of d as "+f" operands,
+// REGS<n> their %0 .. %(n-1) in the instruction.
+#define ACC8(d, i)                                                                  \
+    "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+        "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define ACC32(d) ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24)
+#define ACC64(d) ACC32(d), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56)
+#define ACC88(d) ACC64(d), ACC8(d, 64), ACC8(d, 72), ACC8(d, 80)
+#define REGS32                                                                                   \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define REGS64                                                                           \
+    REGS32                                                                               \
+    ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define REGS88                                                                           \
+    REGS64                                                                               \
+    ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87"
+
+// d (64 x 128, fp32) {=, +=} A (64 x 16, K-major in shared memory) * B (16 x 128, K-major in
+// shared memory). accumulate = 0 overwrites d. Lane l of warp w in the warpgroup, g = l / 4,
+// t = l % 4, holds d[acc_index(i, h, c)] = (row 16w + g + 8h, column 8i + 2t + c).
+__device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : ACC64(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// The same with 176 columns: 88 accumulator registers.
+__device__ __forceinline__ void wgmma_m64n176_ss(float (&d)[88], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {" REGS88
+        "}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+        : ACC88(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d (64 x N, fp32) {=, +=} A (64 x 16 fp16, in registers) * B (16 x N, MN-major in shared
+// memory). A's layout is the accumulator's, two columns packed per register: a[0] = (row g,
+// columns 2t, 2t+1), a[1] = (row g+8, same), a[2] = (row g, 2t+8, 2t+9), a[3] = (row g+8, same).
+__device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t *a, uint64_t b,
+                                                 int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *a, uint64_t b,
+                                                int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" REGS32
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : ACC32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}

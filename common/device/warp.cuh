@@ -1,0 +1,80 @@
+/*
+ * common/device/warp.cuh: the vocabulary of the tensor-core stages (5, 6 and 7), every GPU: the
+ * warp, the 16-byte chunk that shared-memory traffic moves, the accumulator fragment that mma.sync
+ * and wgmma leave in registers, and the one-instruction helpers around them.
+ *
+ * Device code for one translation unit: a stage's attention.cu includes it (through sm80.cuh or
+ * sm90.cuh). Constants are `inline constexpr`, so that a stage may leave some unused.
+ */
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+
+inline constexpr int WARP_SIZE = 32;
+inline constexpr unsigned FULL_WARP = 0xffffffffu;  // every lane: the shuffles' and votes' mask
+inline constexpr int HALF_BYTES = 2;                // fp16
+
+// The unit of shared-memory traffic: 16 bytes, 8 halves. One cp.async, one row of an 8 x 8
+// ldmatrix or stmatrix matrix, one 16-byte load or store; the swizzles permute whole chunks.
+inline constexpr int CHUNK_BYTES = 16;
+inline constexpr int CHUNK_HALVES = CHUNK_BYTES / HALF_BYTES;
+
+inline constexpr float LOG2E = 1.4426950408889634f;
+inline constexpr float LN2 = 0.69314718055994531f;
+
+// The accumulator fragment, one vocabulary for mma.sync's C/D (m16n8, stages 5 and 7) and a warp's
+// 16 rows of a wgmma result (stage 6). Lane (g, t) = (lane / QUAD, lane % QUAD) holds, of each
+// block of 16 rows x FRAG_COLS columns, rows g and g + FRAG_ROW_STEP (h = 0, 1) at columns 2t + c
+// (c = 0, 1): FRAG_REGS registers per block, register frag_reg(h, c). The QUAD lanes of a quad
+// (same g) share a row. Stages 5 and 7 keep the blocks as [..][n][FRAG_REGS] arrays; stage 6 lays
+// the blocks of a row end to end in one array, register acc_index(n, h, c), as wgmma names them.
+// The A operand of the next product has the same layout, two columns packed per register: blocks
+// 2k and 2k + 1 of an accumulator are, register for register, the A fragment of k16 step k.
+inline constexpr int QUAD = 4;            // lanes per fragment row
+inline constexpr int FRAG_ROW_STEP = 8;   // a thread's second row is 8 further
+inline constexpr int FRAG_COLS = 8;       // columns per block (n8)
+inline constexpr int FRAG_LANE_ROWS = 2;  // rows of a block a thread holds (h)
+inline constexpr int FRAG_LANE_COLS = 2;  // columns of a block a thread holds per row (c)
+inline constexpr int FRAG_REGS = FRAG_LANE_ROWS * FRAG_LANE_COLS;  // a thread's registers per block
+__host__ __device__ __forceinline__ constexpr int frag_reg(int h, int c) {
+    return FRAG_LANE_COLS * h + c;
+}
+// ... and back: register e of a block holds row half frag_h(e), column frag_c(e).
+__host__ __device__ __forceinline__ constexpr int frag_h(int e) {
+    return e / FRAG_LANE_COLS;
+}
+__host__ __device__ __forceinline__ constexpr int frag_c(int e) {
+    return e % FRAG_LANE_COLS;
+}
+__host__ __device__ __forceinline__ constexpr int acc_index(int n, int h, int c) {
+    return FRAG_REGS * n + frag_reg(h, c);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// The lane, read afresh where it is used (volatile: the compiler may not hoist it out of a loop,
+// so the offsets derived from it are recomputed instead of held in registers).
+__device__ __forceinline__ int lane_index() {
+    int l;
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(l));
+    return l;
+}
+
+// 2^x in one MUFU.EX2 instruction; 2^-inf = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two floats -> one register of two halves, lo in the low 16 bits (the lower column).
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &h, sizeof(u));
+    return u;
+}

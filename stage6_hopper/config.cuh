@@ -1,0 +1,143 @@
+/*
+ * stage6_hopper/config.cuh: the configuration: the tunables (consumer warpgroups, keys per K/V
+ * tile, depth of the K/V ring, Q buffers, registers per role), the variants, and the one choice of
+ * a kernel configuration for a shape (config_for), from which the checks (attention_unsupported),
+ * the split-KV plan (plan_splits) and the launch (launch_schedule) all read.
+ *
+ * Part of attention.cu's one translation unit, as every .cuh file of this folder.
+ */
+#pragma once
+
+#include "attention.h"
+#include "device/sm90.cuh"      // WGMMA_M, WARPGROUP, ...
+#include "device/split_kv.cuh"  // ceil_div
+
+// The kernels exist only in sm_90a code (wgmma, setmaxnreg); other targets compile an empty
+// kernel, which the launcher never starts (attention_unsupported), and leave the Hopper-only
+// constants below unused.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HOPPER_KERNELS 1
+#else
+#define HOPPER_KERNELS 0
+#endif
+#if defined(__CUDA_ARCH__) && !HOPPER_KERNELS
+#pragma nv_diag_suppress 177  // "declared but never referenced"
+#endif
+
+/* ---- shapes and tunables --------------------------------------------------------------------- */
+
+// wgmma's fixed shape for fp16 (common/device/sm90.cuh): a warpgroup computes WGMMA_M = 64 rows,
+// WGMMA_K = 16 deep, and any N from 8 to 256 in steps of 8 (here BC keys for S, D columns for O).
+constexpr int PRODUCER_WARPGROUPS = 1;  // warpgroup 0; the consumers are 1 .. C
+
+// C consumer warpgroups of 64 query rows each, one producer warpgroup in front of them, one
+// block per SM. Two consumers: 128 rows per work tile, 384 threads. Three (D = 64, FlashAttention-
+// 3's choice there): 192 rows, 512 threads; at D = 64 the softmax costs as much per key as at
+// D = 128 but the GEMMs half as much, and a third warpgroup's softmax helps to fill the tensor
+// pipe. Causal rows below this N keep two (192-row tiles balance short causal rows worse;
+// LOG.md, steps 5 and 10).
+constexpr int THREE_CONSUMERS_MIN_N_CAUSAL = 2048;
+template <int C>
+__host__ __device__ constexpr int block_rows() {  // BR
+    return C * WGMMA_M;
+}
+template <int C>
+__host__ __device__ constexpr int block_threads() {
+    return (C + PRODUCER_WARPGROUPS) * WARPGROUP;
+}
+
+// Keys per K/V tile, BC (a template parameter of the kernel): 176 with two consumers at D = 128
+// without a causal mask from N = 4096 (FlashAttention-3's choice), 128 otherwise (one consumer
+// runs only on grids far smaller). S is BC / 2 fp32 registers per
+// consumer thread and P another BC / 4; with O_acc (D / 2) that is 196 of the 240 registers at
+// D = 128, BC = 176. Longer key tiles spread the fixed costs of a tile (the waits, the turn, O's
+// rescale, the row maxima's shuffles) over more keys; but with 176 keys shared memory has room
+// for neither a second Q buffer nor the O staging tiles (o_staged()), which short rows need
+// more; causal rows waste more of a long tile on the diagonal; and the three-consumer D = 64
+// kernels (160 registers) would spill (LOG.md, steps 9 and 14).
+constexpr int KEY_TILE_SHORT = 128;
+constexpr int KEY_TILE_LONG = 176;
+constexpr int KEY_TILE_LONG_MIN_N = 4096;
+static int key_tile_for(const attn_shape *s, int consumers) {
+    return consumers == 2 && s->D == 128 && !s->causal && s->N >= KEY_TILE_LONG_MIN_N
+               ? KEY_TILE_LONG
+               : KEY_TILE_SHORT;
+}
+
+// K/V ring depth: the producer runs up to STAGES tiles ahead of the consumers.
+constexpr int STAGES = 2;
+
+// Q buffers: with two, the next work tile's Q lands while this one's last key tiles run, and the
+// consumers go from one work tile to the next without waiting for it. Two where shared memory
+// has room (a block may have 227 KB), else one: at D = 128, BC = 176 the K/V ring alone takes
+// 2 x (K 44 KB + V 44 KB) = 176 KB, and Q 32 KB.
+constexpr int Q_BUFFERS_MAX = 2;
+constexpr int SMEM_PER_BLOCK_MAX = 227 * 1024;
+
+// setmaxnreg: the block's threads start with an even share of the 65,536 registers (168 each
+// for 384 threads, 128 for 512); the producer gives most of its share to the consumers. Two
+// consumers: 128 x 24 + 256 x 240 = 64,512. Three: 128 x 32 + 384 x 160 = 65,536 (O_acc is 32
+// floats at D = 64, S 64, P 32). One (small grids): 256 threads, 128 x 32 + 128 x 240.
+template <int C>
+__host__ __device__ constexpr int producer_regs() {
+    return C == 2 ? 24 : 32;
+}
+template <int C>
+__host__ __device__ constexpr int consumer_regs() {
+    return C == 3 ? 160 : 240;
+}
+
+// A warp's rows of a warpgroup's 64 (the accumulator fragment of wgmma, common/device/warp.cuh).
+constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // 16
+
+enum {
+    VARIANT_DEFAULT = 0,
+    VARIANT_NOPERSISTENT,
+    VARIANT_NOPINGPONG,
+    VARIANT_NOOVERLAP,
+    VARIANT_NOSPLIT,
+    VARIANT_NOPDL,
+    VARIANTS
+};
+
+/* ---- the kernel configuration ---------------------------------------------------------------- */
+
+// Consumer warpgroups for this shape (see THREE_CONSUMERS_MIN_N_CAUSAL), and one on grids too
+// small for two: where 128-row work tiles cut down to one key tile each (split-KV's finest cut)
+// still leave SMs idle, 64-row work tiles make twice as many, each with half the work on its
+// critical path (B = H = 1, N = 1024: 128 work tiles for 132 SMs instead of 64). The variant
+// nosplit keeps two or three.
+static int consumers_for(const attn_shape *s, const attn_device *dev, int variant) {
+    const long long finest =
+        (long long)s->B * s->H * ceil_div(s->N, block_rows<2>()) * ceil_div(s->N, KEY_TILE_SHORT);
+    if (variant != VARIANT_NOSPLIT && finest < dev->sm_count) return 1;
+    return s->D == 64 && (!s->causal || s->N >= THREE_CONSUMERS_MIN_N_CAUSAL) ? 3 : 2;
+}
+
+// A kernel configuration: head dim D, consumer warpgroups C, keys per K/V tile BC (the kernel's
+// template parameters; its shared memory, rows per work tile and registers per role follow from
+// them at compile time; the K/V ring's depth, STAGES, is one for all, and q_buffers() fits the Q
+// buffers to each). Every configuration is compiled (for each schedule, with and without
+// split-KV); config_for() picks the one for a shape, and nothing else picks.
+typedef struct {
+    int D, consumers, key_tile;
+} kernel_config;
+
+constexpr kernel_config KERNEL_CONFIGS[] = {
+    {64, 1, KEY_TILE_SHORT}, {128, 1, KEY_TILE_SHORT}, {64, 2, KEY_TILE_SHORT},
+    {64, 3, KEY_TILE_SHORT}, {128, 2, KEY_TILE_SHORT}, {128, 2, KEY_TILE_LONG},
+};
+constexpr int KERNEL_CONFIG_COUNT = (int)(sizeof(KERNEL_CONFIGS) / sizeof(KERNEL_CONFIGS[0]));
+
+static bool same_config(kernel_config a, kernel_config b) {
+    return a.D == b.D && a.consumers == b.consumers && a.key_tile == b.key_tile;
+}
+
+// The configuration for a shape (D in {64, 128}): consumers_for(), then key_tile_for().
+static kernel_config config_for(const attn_shape *s, const attn_device *dev, int variant) {
+    kernel_config c;
+    c.D = s->D;
+    c.consumers = consumers_for(s, dev, variant);
+    c.key_tile = key_tile_for(s, c.consumers);
+    return c;
+}

@@ -1,0 +1,87 @@
+/*
+ * stage6_hopper/kernel.cuh: the kernels: attention_kernel (one block per SM: barriers set up, then
+ * warpgroup 0 the producer and the others consumers, each with its registers) and the PDL merge of
+ * split-KV's key ranges (combine_kernel_pdl).
+ */
+#pragma once
+
+#include "mainloop.cuh"
+#include "producer.cuh"
+
+// Every buffer's "full" barrier waits for the producer's one expect_tx arrival (and the bytes);
+// every "empty" one for one arrival per consumer warp. Thread 0 initialises them.
+template <int D, int C, int BC>
+__device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
+    constexpr int CONSUMER_WARPS = C * WARPS_PER_WARPGROUP;
+    for (int qs = 0; qs < q_buffers<D, C, BC>(); ++qs) {
+        mbar_init(bar_at(sm, BAR_Q_FULL + qs), 1);
+        mbar_init(bar_at(sm, BAR_Q_EMPTY + qs), CONSUMER_WARPS);
+    }
+    for (int st = 0; st < STAGES; ++st) {
+        mbar_init(bar_at(sm, BAR_K_FULL + st), 1);
+        mbar_init(bar_at(sm, BAR_V_FULL + st), 1);
+        mbar_init(bar_at(sm, BAR_K_EMPTY + st), CONSUMER_WARPS);
+        mbar_init(bar_at(sm, BAR_V_EMPTY + st), CONSUMER_WARPS);
+    }
+    fence_barrier_init();  // visible to the copy engine (the async proxy)
+}
+
+// Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe them as [B*H, N, D]; O is written
+// through tmO where o_staged(), else directly); the rest of the problem in prob (its tmO is set
+// here). works = B * H * ceil(N / BR) * splits work tiles. SPLIT: compiled for split-KV; without
+// it splits is the constant 1, and the work tiles' decoding, the producer's skipping of empty
+// ones and the epilogue's fp32 path fold away.
+template <int D, int C, int BC, int SCHEDULE, bool SPLIT>
+__global__ void __launch_bounds__(block_threads<C>(), 1)
+    attention_kernel(const __grid_constant__ CUtensorMap tmQ,
+                     const __grid_constant__ CUtensorMap tmK,
+                     const __grid_constant__ CUtensorMap tmV,
+                     const __grid_constant__ CUtensorMap tmO, const problem prob, int works,
+                     int *next_work) {
+#if HOPPER_KERNELS
+    extern __shared__ unsigned char smem_raw[];
+    const smem_tiles sm = carve_smem<D, C, BC>(smem_raw);
+    if (threadIdx.x == 0) {
+        init_barriers<D, C, BC>(sm);
+        prefetch_tensor_map(&tmQ), prefetch_tensor_map(&tmK), prefetch_tensor_map(&tmV);
+    }
+    __syncthreads();  // the barriers are initialised before anyone waits on or signals them
+    // PDL: the merge (split-KV) or the next call's kernel may take the SMs this grid leaves
+    // idle, and it waits for this one; this one reads Q, K, V and writes O only after the kernel
+    // ahead of it is done.
+    let_next_kernel_start();
+    wait_for_previous_kernel();
+
+    problem pb = prob;
+    if (!SPLIT) {  // one range: all of a query tile's keys
+        pb.splits = 1, pb.split_tiles = INT_MAX;
+        pb.per_query_tile.mul = 1, pb.per_query_tile.shift = 0;  // n / 1
+    }
+    pb.tmO = &tmO;
+    if (threadIdx.x < PRODUCER_WARPGROUPS * WARPGROUP) {
+        registers_decrease<producer_regs<C>()>();
+        if (threadIdx.x == 0) producer<D, C, BC>(sm, &tmQ, &tmK, &tmV, pb, works, next_work);
+    } else {
+        registers_increase<consumer_regs<C>()>();
+        consumer<D, C, BC, SCHEDULE>(sm, pb, works);
+    }
+#else
+    (void)tmQ, (void)tmK, (void)tmV, (void)tmO, (void)prob, (void)works, (void)next_work;
+#endif
+}
+
+// Split-KV's merge (combine_row of common/device/split_kv.cuh), launched with PDL right behind
+// the attention kernel: its blocks are placed on idle SMs (or as attention blocks leave) while
+// that kernel runs, and start merging the moment it ends.
+template <int D>
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel_pdl(const combine_params p) {
+#if HOPPER_KERNELS
+    let_next_kernel_start();
+    wait_for_previous_kernel();  // the key ranges' O and LSE are written
+    int lane;
+    const long long row = combine_thread_row<D>(&lane);
+    if (row < p.rows) combine_row<D>(p, row, lane);
+#else
+    (void)p;
+#endif
+}

@@ -1,0 +1,169 @@
+/*
+ * stage6_hopper/launch.cuh: the host side of a launch: the tensor maps, whether this build has the
+ * sm_90a kernels, split-KV's plan for a shape (plan_splits), and the launch of the chosen
+ * configuration's kernel, then of the merge (launch_schedule, launch).
+ */
+#pragma once
+
+#include <cudaTypedefs.h>
+#include <limits.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "device/kernel_cache.cuh"  // kernel_versions, kernel_smem_limit: once per device
+#include "device/tensor_map.cuh"    // tensor_map_encoder
+#include "kernel.cuh"
+
+// [B*H, N, D] fp16 seen in boxes of [1, rows, 64] (one 128-byte-swizzled slab); rows past N
+// read as zeros.
+static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_shape *s, int rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return cudaErrorSymbolNotFound;
+    const cuuint64_t dims[3] = {(cuuint64_t)s->D, (cuuint64_t)s->N, (cuuint64_t)s->B * s->H};
+    const cuuint64_t strides[2] = {(cuuint64_t)s->D * 2, (cuuint64_t)s->N * s->D * 2};
+    const cuuint32_t box[3] = {SLAB_COLS, (cuuint32_t)rows, 1};
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    const CUresult r =
+        encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, (void *)base, dims, strides, box,
+               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
+// on an H100 has only the empty kernel).
+static int hopper_code_here(void) {
+    int ptx = 0, binary = 0;
+    if (kernel_versions(
+            (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false>, &ptx,
+            &binary) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return ptx >= 90 && binary >= 90;
+}
+
+// Split-KV, by stage 5's rule (choose_splits): key ranges per query tile where the work tiles
+// leave SMs idle or make a short last wave, with one slot per SM (the persistent blocks). Decided
+// once per shape and device (the last one is kept: a benchmark launches the same shape many
+// times).
+// What a key range costs besides its key tiles (Q's copy, the first K tile's wait, the fp32 O
+// and LSE stores), in key tiles: stage 5's estimate (LOG.md, step 15).
+constexpr double SPLIT_OVERHEAD_TILES = 1.0;
+typedef struct {
+    attn_shape shape;  // key: the shape (not its scale), SMs, variant
+    int sm_count, variant;
+    kernel_config config;     // value: config_for(),
+    int splits, split_tiles;  // key ranges
+} split_plan;
+
+static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int variant) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static split_plan last;  // last.splits == 0: none yet
+    split_plan p;
+    memset(&p, 0, sizeof p);
+    p.shape = *s, p.shape.scale = 0.f, p.sm_count = dev->sm_count, p.variant = variant;
+    pthread_mutex_lock(&lock);
+    const bool hit = last.splits > 0 && last.shape.B == s->B && last.shape.H == s->H &&
+                     last.shape.N == s->N && last.shape.D == s->D &&
+                     last.shape.causal == s->causal && last.sm_count == p.sm_count &&
+                     last.variant == variant;
+    if (hit) p = last;
+    pthread_mutex_unlock(&lock);
+    if (hit) return p;
+    p.config = config_for(s, dev, variant);
+    const int BR = p.config.consumers * WGMMA_M;  // block_rows<C>()
+    const int BC = p.config.key_tile;
+    p.splits = 1, p.split_tiles = ceil_div(s->N, BC);
+    if (variant != VARIANT_NOSPLIT && dev->sm_count > 0)
+        p.splits = choose_splits(s, BR, BC, s->causal, dev->sm_count, SPLIT_OVERHEAD_TILES,
+                                 &p.split_tiles);
+    pthread_mutex_lock(&lock);
+    last = p;
+    pthread_mutex_unlock(&lock);
+    return p;
+}
+
+typedef struct {
+    const void *Q, *K, *V;  // [B, H, N, D] fp16
+    __half *O;              // [B, H, N, D] fp16
+    float *lse;             // [B, H, N]
+    int *next_work;         // the persistent blocks' work tile counter (the workspace)
+    float *O_part;          // split-KV's partial results (the workspace after the counter)
+    split_plan split;
+    int persistent_blocks;  // one per SM, or 0: one block per work tile (variant nopersistent)
+    bool pdl;               // launched with PDL (all but variant nopdl)
+    cudaStream_t stream;
+} launch_args;
+
+// A launch's configuration, with programmatic stream serialization when `pdl` (PDL:
+// let_next_kernel_start()); `attr` is where the configuration points for it.
+static cudaLaunchConfig_t launch_config(unsigned blocks, int threads, size_t smem,
+                                        const launch_args *a, cudaLaunchAttribute *attr) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(blocks), config.blockDim = dim3((unsigned)threads);
+    config.dynamicSmemBytes = smem, config.stream = a->stream;
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr, config.numAttrs = a->pdl ? 1 : 0;
+    return config;
+}
+
+typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
+                          const CUtensorMap, const problem, int, int *);
+
+template <int D, int C, int BC, int SCHEDULE>
+static cudaError_t launch(const attn_shape *s, const launch_args *a) {
+    constexpr int BR = block_rows<C>();
+    CUtensorMap tmQ, tmK, tmV, tmO;
+    ATTN_TRY(tensor_map(&tmQ, a->Q, s, BR));
+    ATTN_TRY(tensor_map(&tmK, a->K, s, BC));
+    ATTN_TRY(tensor_map(&tmV, a->V, s, BC));
+    ATTN_TRY(tensor_map(&tmO, a->O, s, WARP_ROWS));  // a warp's rows (unused unless O is staged)
+    const int smem = smem_bytes<D, C, BC>();
+    const kernel_fn kernel = a->split.splits > 1 ? attention_kernel<D, C, BC, SCHEDULE, true>
+                                                 : attention_kernel<D, C, BC, SCHEDULE, false>;
+    ATTN_TRY(kernel_smem_limit((const void *)kernel, smem));  // once per kernel and device
+    const int works = s->B * s->H * ceil_div(s->N, BR) * a->split.splits;
+    const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works
+                           ? a->persistent_blocks
+                           : works;  // (with one block per work tile the counter is never read)
+    if (blocks < works) ATTN_TRY(cudaMemsetAsync(a->next_work, 0, sizeof(int), a->stream));
+    problem pb;
+    memset(&pb, 0, sizeof pb);
+    pb.N = s->N, pb.causal = s->causal;
+    pb.splits = a->split.splits, pb.split_tiles = a->split.split_tiles;
+    pb.per_head = make_fast_divisor((uint32_t)(ceil_div(s->N, BR) * pb.splits));
+    pb.per_query_tile = make_fast_divisor((uint32_t)pb.splits);
+    pb.scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
+    pb.O = a->O, pb.lse = a->lse;
+    pb.rows = (long long)s->B * s->H * s->N;
+    pb.O_part = a->O_part;
+    pb.lse_part = a->O_part ? a->O_part + (size_t)pb.splits * pb.rows * D : NULL;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = launch_config(blocks, block_threads<C>(), smem, a, &attr);
+    ATTN_TRY(cudaLaunchKernelEx(&config, kernel, tmQ, tmK, tmV, tmO, pb, works, a->next_work));
+    if (pb.splits == 1) return cudaSuccess;
+
+    // Merge the key ranges (stage 5's merge; causal query tiles have fewer ranges).
+    const combine_params cp = {pb.O_part, pb.lse_part, a->O,      a->lse,         pb.rows,  s->N,
+                               BR,        BC,          pb.splits, pb.split_tiles, s->causal};
+    const unsigned merge_blocks = (unsigned)ceil_div(pb.rows, combine_rows_per_block<D>());
+    const cudaLaunchConfig_t merge = launch_config(merge_blocks, COMBINE_THREADS, 0, a, &attr);
+    ATTN_TRY(cudaLaunchKernelEx(&merge, combine_kernel_pdl<D>, cp));
+    return cudaSuccess;
+}
+
+// The kernel of the plan's configuration (config_for()), one of KERNEL_CONFIGS, with SCHEDULE.
+template <int SCHEDULE, int I = 0>
+static cudaError_t launch_schedule(const attn_shape *s, const launch_args *a) {
+    if constexpr (I < KERNEL_CONFIG_COUNT) {
+        constexpr kernel_config k = KERNEL_CONFIGS[I];
+        if (same_config(a->split.config, k))
+            return launch<k.D, k.consumers, k.key_tile, SCHEDULE>(s, a);
+        return launch_schedule<SCHEDULE, I + 1>(s, a);
+    } else {
+        (void)s, (void)a;
+        return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
+    }
+}

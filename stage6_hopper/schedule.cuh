@@ -1,0 +1,132 @@
+/*
+ * stage6_hopper/schedule.cuh: who works on what. The work tiles (a batch*head, its rows, a range of
+ * their key tiles) as the persistent blocks take them from a global counter (work_at,
+ * take_next_work), the problem every thread of the kernel reads, and a consumer thread's place
+ * in a work tile (consumer_place: its warpgroup, warp and fragment rows).
+ */
+#pragma once
+
+#include "config.cuh"
+
+// Division by a number fixed for the launch, in two instructions instead of a division's
+// dozen: n / d = (umulhi(n, mul) + n) >> shift for 0 <= n < 2^31, with shift = ceil(log2 d) and
+// mul = floor(2^32 (2^shift - d) / d) + 1 worked out by the host (Granlund and Montgomery's
+// method, as CUTLASS's FastDivmod). The work tiles' decoding uses it: the producer thread has 24
+// registers, too few for two divisions' temporaries.
+typedef struct {
+    uint32_t mul, shift;
+} fast_divisor;
+
+static fast_divisor make_fast_divisor(uint32_t d) {
+    fast_divisor f;
+    f.shift = 0;
+    while ((1ull << f.shift) < d) ++f.shift;
+    f.mul = (uint32_t)(((1ull << 32) * ((1ull << f.shift) - d)) / d + 1);
+    return f;
+}
+
+__device__ __forceinline__ int fast_divide(int n, fast_divisor f) {
+    return (int)((__umulhi((uint32_t)n, f.mul) + (uint32_t)n) >> f.shift);
+}
+
+// The problem as the producer and the consumers see it: N, causal, how a query tile's key tiles
+// are cut (split-KV: into ranges of split_tiles key tiles, at most `splits` of them; splits = 1:
+// one range, all of them), the softmax scale times log2(e), and where the results go.
+typedef struct {
+    int N, causal, splits, split_tiles;
+    fast_divisor per_head, per_query_tile;  // work tiles: of a head, of a query tile (splits)
+    float scale_log2;
+    __half *O;               // [B, H, N, D]                  (splits = 1)
+    float *lse;              // [B, H, N]                     (splits = 1)
+    float *O_part;           // [splits, B * H, N, D], fp32   (splits > 1: combine_kernel merges)
+    float *lse_part;         // [splits, B * H, N]            (splits > 1)
+    long long rows;          // B * H * N
+    const CUtensorMap *tmO;  // O as [B*H, N, D] in boxes of [1, 16, 64], for the staged stores
+} problem;
+
+// A work tile: one batch*head, BR query rows and a range of their key tiles, [j0, j0 + n_tiles)
+// (all of them unless split). Numbered head by head; inside a head, the query tiles with the most
+// key tiles (causal) first, then their ranges. A causal query tile has fewer key tiles, so fewer
+// ranges, than the longest: its last ranges are empty (n_tiles = 0) and nobody takes them
+// (take_next_work). A persistent block (one per SM) starts with work tile blockIdx.x and then
+// takes the next one not yet taken from a global counter, so work tiles of different lengths even
+// out over the SMs as they would with one block per tile (the variant nopersistent, which
+// launches exactly that). t numbers the block's work tiles: it is the count of the Q buffers'
+// pipeline_state.
+typedef struct {
+    int bh, q0, j0, n_tiles, split, t;
+} work_tile;
+
+template <int C, int BC>
+__device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
+    constexpr int BR = block_rows<C>();
+    const int q_tiles = (pb.N + BR - 1) / BR;
+    work_tile t;
+    t.bh = fast_divide(w, pb.per_head);
+    const int in_head = w - t.bh * q_tiles * pb.splits;
+    const int q_index = fast_divide(in_head, pb.per_query_tile);
+    t.split = in_head - q_index * pb.splits;
+    t.q0 = (q_tiles - 1 - q_index) * BR;
+    const int tiles = query_tile_key_tiles(t.q0, BR, BC, pb.N, pb.causal);
+    t.j0 = t.split * pb.split_tiles;
+    t.n_tiles = max(0, min(tiles - t.j0, pb.split_tiles));
+    t.t = 0;
+    return t;
+}
+
+// The first key of key tile j of work tile wt (j counts from the start of its range).
+template <int BC>
+__device__ __forceinline__ int key_tile_start(const work_tile &wt, int j) {
+    return (wt.j0 + j) * BC;
+}
+
+// The work tile a block takes after its current one: the next one not yet taken (a global
+// counter), or none (works) when every block has one work tile at most.
+__device__ __forceinline__ int next_work_index(int works, int *next_work) {
+    return (int)gridDim.x >= works ? works : gridDim.x + atomicAdd(next_work, 1);
+}
+
+// Work tile w (wt), or past it the first one with key tiles (a causal split leaves empty ones),
+// or none (works).
+template <int C, int BC>
+__device__ __forceinline__ int take_next_work(int w, const problem &pb, int works, int *next_work,
+                                              work_tile &wt) {
+    for (;; w = next_work_index(works, next_work)) {
+        if (w >= works) return works;
+        wt = work_at<C, BC>(w, pb);
+        if (wt.n_tiles > 0 || pb.splits == 1) return w;  // (unsplit, every one has key tiles)
+    }
+}
+
+/* ---- a consumer thread's rows ---------------------------------------------------------------- */
+
+// The consumer thread's place: warpgroup wg (0 .. C - 1) owns block rows 64 wg .. 64 wg + 63;
+// in it, warp w owns 16 rows, and lane (g, t) rows g and g + 8 of those (the fragment above).
+typedef struct {
+    int wg, warp, lane, g, t;
+} consumer_place;
+
+// The first row of the thread's warpgroup (a row of the head), of its warp (a row of the
+// warpgroup's 64), and of the thread's own two rows (a row of the head; the other is 8 further).
+__device__ __forceinline__ int warpgroup_row0(const work_tile &wt, const consumer_place &p) {
+    return wt.q0 + p.wg * WGMMA_M;
+}
+__device__ __forceinline__ int warp_row0(const consumer_place &p) {
+    return WARP_ROWS * p.warp;
+}
+__device__ __forceinline__ int row_of(const work_tile &wt, const consumer_place &p) {
+    return warpgroup_row0(wt, p) + warp_row0(p) + p.g;
+}
+
+// Where this consumer thread sits (consumer_place). The warpgroup index is read from lane 0, so
+// that the compiler knows it is one value per warp and keeps the addresses and descriptors built
+// from it in uniform registers, where wgmma takes them (LOG.md, step 8).
+__device__ __forceinline__ consumer_place consumer_place_of_thread() {
+    consumer_place p;
+    p.wg = __shfl_sync(FULL_WARP, (int)threadIdx.x / WARPGROUP, 0) - PRODUCER_WARPGROUPS;
+    p.warp = (threadIdx.x / WARP_SIZE) % WARPS_PER_WARPGROUP;
+    p.lane = threadIdx.x % WARP_SIZE;
+    p.g = p.lane / QUAD;
+    p.t = p.lane % QUAD;
+    return p;
+}

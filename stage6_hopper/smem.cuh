@@ -1,0 +1,192 @@
+/*
+ * stage6_hopper/smem.cuh: the block's shared memory: the 128-byte swizzled slabs that TMA writes
+ * and wgmma reads (and their descriptors), the layout of the Q buffers, the K/V ring, the O
+ * staging tiles and the mbarriers (carve_smem), and the ring's bookkeeping (pipeline_state,
+ * wait_full, wait_empty).
+ */
+#pragma once
+
+#include "config.cuh"
+
+// The 128-byte swizzle works on rows of 128 bytes: 64 halves. A tile of D columns is stored as
+// D / 64 slabs of [rows, 64] halves, one TMA copy each. In a slab, the 16-byte chunk c of row r
+// sits at chunk position c ^ (r % 8): the pattern repeats every 8 rows, and those 8-row groups
+// (1024 bytes, the swizzle atom) are the stride the wgmma descriptors give.
+constexpr int SLAB_COLS = 64;
+constexpr int SLAB_ROW_BYTES = SLAB_COLS * HALF_BYTES;
+constexpr int CHUNKS_PER_SLAB_ROW = SLAB_ROW_BYTES / CHUNK_BYTES;
+constexpr int SWIZZLE_ROWS = 8;
+constexpr int SWIZZLE_ATOM_BYTES = SWIZZLE_ROWS * SLAB_ROW_BYTES;
+
+// Where column slab `slab` of a [D / 64][ROWS][64] tile starts, and where 16-byte chunk `chunk`
+// (columns 8 chunk .. 8 chunk + 7) of its row `row` sits, in bytes from the tile's start.
+template <int ROWS>
+__device__ __forceinline__ int slab_offset(int slab) {
+    return slab * ROWS * SLAB_ROW_BYTES;
+}
+template <int ROWS>
+__device__ __forceinline__ int swizzled_chunk_offset(int row, int chunk) {
+    return (chunk / CHUNKS_PER_SLAB_ROW) * (ROWS * SLAB_ROW_BYTES) + row * SLAB_ROW_BYTES +
+           ((chunk % CHUNKS_PER_SLAB_ROW) ^ (row % SWIZZLE_ROWS)) * CHUNK_BYTES;
+}
+
+// A ring of SLOTS buffers, each with a "full" and an "empty" mbarrier, used in turn: the
+// count-th use (counted over the whole block, across work tiles, so the ring never resets) is
+// slot count % SLOTS, in that slot's phase count / SLOTS, of which a wait names the parity. The
+// consumers wait on "full" for that phase; the producer waits on "empty" for the phase before
+// (the consumers' release of the slot's last use), which a fresh barrier counts as complete.
+template <int SLOTS>
+struct pipeline_state {
+    int count;  // >= 0: taken as unsigned, % and / by SLOTS are a mask and a shift
+    __device__ __forceinline__ int slot() const { return (int)((uint32_t)count % SLOTS); }
+    __device__ __forceinline__ uint32_t phase() const { return ((uint32_t)count / SLOTS) & 1; }
+    __device__ __forceinline__ uint32_t empty_phase() const { return phase() ^ 1; }
+    __device__ __forceinline__ pipeline_state next() const { return {count + 1}; }
+    __device__ __forceinline__ pipeline_state previous() const { return {count - 1}; }
+};
+
+// Operand A or B stored "K-major" (the K dimension contiguous: Q and K rows, D halves each).
+// Within a 64-column slab, k-step kk starts kk * 32 bytes into each 128-byte row (the hardware
+// applies the swizzle to the address); the 8-row groups are 1024 bytes apart (stride offset);
+// the leading offset is unused in this mode.
+constexpr int DESC_UNUSED_LEAD_BYTES = 16;
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t tile) {
+    return smem_desc(tile, DESC_UNUSED_LEAD_BYTES, SWIZZLE_ATOM_BYTES);
+}
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_k_major_step(uint64_t tile_desc, int kk) {
+    constexpr int STEPS_PER_SLAB = SLAB_COLS / WGMMA_K;
+    return desc_advance(tile_desc, slab_offset<ROWS>(kk / STEPS_PER_SLAB) +
+                                       (kk % STEPS_PER_SLAB) * (WGMMA_K * HALF_BYTES));
+}
+
+// Operand B stored "MN-major" (N contiguous: V's rows are keys = the K dimension of P V, with
+// the D output columns contiguous). Along N the 64-column slabs are ROWS * 128 bytes apart
+// (leading offset); along K the 8-row groups 1024 bytes (stride offset). k-step kk is WGMMA_K key
+// rows further down: 2 swizzle atoms.
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile) {
+    return smem_desc(tile, ROWS * SLAB_ROW_BYTES, SWIZZLE_ATOM_BYTES);
+}
+__device__ __forceinline__ uint64_t desc_mn_major_step(uint64_t tile_desc, int kk) {
+    return desc_advance(tile_desc, kk * WGMMA_K * SLAB_ROW_BYTES);
+}
+
+/* ---- the kernel's shared memory -------------------------------------------------------------- */
+
+// Q_smem q_buffers() x [D/64 slabs][BR rows][64], then the K and V rings, each STAGES x
+// [D/64][BC][64], then (where it fits, o_staged()) one O staging tile [D/64][64][64] per consumer
+// warpgroup, then the mbarriers and the work tile indices. Every tile starts 1024-byte aligned
+// (the swizzle atom).
+template <int D, int C>
+__host__ __device__ constexpr int q_bytes() {
+    return block_rows<C>() * D * HALF_BYTES;
+}
+template <int D, int BC>
+__host__ __device__ constexpr int kv_bytes() {
+    return BC * D * HALF_BYTES;
+}
+enum {
+    BAR_Q_FULL,
+    BAR_Q_EMPTY = BAR_Q_FULL + Q_BUFFERS_MAX,
+    BAR_K_FULL = BAR_Q_EMPTY + Q_BUFFERS_MAX,
+    BAR_K_EMPTY = BAR_K_FULL + STAGES,
+    BAR_V_FULL = BAR_K_EMPTY + STAGES,
+    BAR_V_EMPTY = BAR_V_FULL + STAGES,
+    BARRIERS = BAR_V_EMPTY + STAGES
+};
+template <int D>
+__host__ __device__ constexpr int o_stage_bytes() {  // one consumer warpgroup's 64 rows of O
+    return WGMMA_M * D * HALF_BYTES;
+}
+template <int D, int C, int BC, int QB, bool STAGED>
+__host__ __device__ constexpr int smem_bytes_with() {
+    return SWIZZLE_ATOM_BYTES /* alignment slack */ + QB * q_bytes<D, C>() +
+           2 * STAGES * kv_bytes<D, BC>() + (STAGED ? C * o_stage_bytes<D>() : 0) +
+           BARRIERS * MBARRIER_BYTES +
+           Q_BUFFERS_MAX * (int)sizeof(int) /* the work tile indices the producer hands over */;
+}
+// Two Q buffers come first. O is staged in shared memory and stored by TMA (store_o_staged) with
+// two consumers where there is room: not at D = 128 with BC = 176 (K, V and Q take 208 KB). With
+// three consumers (D = 64) the direct stores measured faster (LOG.md, step 13).
+// These are compile-time choices, made against SMEM_PER_BLOCK_MAX, not against the device's
+// limit: --smem-limit can only make a configuration unsupported, never pick another.
+template <int D, int C, int BC>
+__host__ __device__ constexpr int q_buffers() {
+    return smem_bytes_with<D, C, BC, Q_BUFFERS_MAX, false>() <= SMEM_PER_BLOCK_MAX ? Q_BUFFERS_MAX
+                                                                                   : 1;
+}
+template <int D, int C, int BC>
+__host__ __device__ constexpr bool o_staged() {
+    return C < 3 && smem_bytes_with<D, C, BC, q_buffers<D, C, BC>(), true>() <= SMEM_PER_BLOCK_MAX;
+}
+template <int D, int C, int BC>
+__host__ __device__ constexpr int smem_bytes() {
+    return smem_bytes_with<D, C, BC, q_buffers<D, C, BC>(), o_staged<D, C, BC>()>();
+}
+
+typedef struct {
+    uint32_t Q, K, V, O, bar;  // shared addresses: Q_smem, K ring, V ring, O staging, barriers
+    int *work;  // [Q_BUFFERS_MAX] the work tile whose Q is in Q buffer i (the producer's)
+} smem_tiles;
+
+template <int D, int C, int BC>
+__device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
+    smem_tiles s;
+    constexpr uint32_t ALIGN = SWIZZLE_ATOM_BYTES;
+    const uint32_t pad = ((smem_u32(raw) + ALIGN - 1) & ~(ALIGN - 1)) - smem_u32(raw);
+    s.Q = smem_u32(raw) + pad;
+    s.K = s.Q + q_buffers<D, C, BC>() * q_bytes<D, C>();
+    s.V = s.K + STAGES * kv_bytes<D, BC>();
+    s.O = s.V + STAGES * kv_bytes<D, BC>();
+    s.bar = s.O + (o_staged<D, C, BC>() ? C * o_stage_bytes<D>() : 0);
+    s.work = (int *)(raw + pad + (s.bar - s.Q) + BARRIERS * MBARRIER_BYTES);
+    return s;
+}
+__device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
+    return s.bar + MBARRIER_BYTES * i;
+}
+
+// The K/V ring's pipeline_state: its count is the number of key tiles the block has gone
+// through, over all its work tiles. The Q buffers' count is the number of work tiles (t below).
+typedef pipeline_state<STAGES> kv_pipeline;
+
+// Wait until this use's buffer is full (the consumers), or empty again (the producer); `full` and
+// `empty` name the first barrier of the kind (BAR_K_FULL, ...), one per slot.
+template <int SLOTS>
+__device__ __forceinline__ void wait_full(const smem_tiles &sm, int full,
+                                          pipeline_state<SLOTS> ps) {
+    mbar_wait(bar_at(sm, full + ps.slot()), ps.phase());
+}
+template <int SLOTS>
+__device__ __forceinline__ void wait_empty(const smem_tiles &sm, int empty,
+                                           pipeline_state<SLOTS> ps) {
+    mbar_wait(bar_at(sm, empty + ps.slot()), ps.empty_phase());
+}
+
+// K and V ring slot st, and the Q buffer of the block's t-th work tile.
+template <int D, int BC>
+__device__ __forceinline__ uint32_t k_stage(const smem_tiles &s, int st) {
+    return s.K + st * kv_bytes<D, BC>();
+}
+template <int D, int BC>
+__device__ __forceinline__ uint32_t v_stage(const smem_tiles &s, int st) {
+    return s.V + st * kv_bytes<D, BC>();
+}
+template <int D, int C, int BC>
+__device__ __forceinline__ uint32_t q_stage(const smem_tiles &s, int t) {
+    return s.Q + pipeline_state<q_buffers<D, C, BC>()>{t}.slot() * q_bytes<D, C>();
+}
+
+// The shared memory of kernel configuration c (one of KERNEL_CONFIGS; 0 for any other).
+template <int I = 0>
+static size_t config_smem_bytes(kernel_config c) {
+    if constexpr (I < KERNEL_CONFIG_COUNT) {
+        constexpr kernel_config k = KERNEL_CONFIGS[I];
+        if (same_config(c, k)) return smem_bytes<k.D, k.consumers, k.key_tile>();
+        return config_smem_bytes<I + 1>(c);
+    } else {
+        (void)c;
+        return 0;
+    }
+}

@@ -1,0 +1,134 @@
+/*
+ * stage6_hopper/softmax.cuh: the online softmax of one key tile on a consumer's registers, in two
+ * steps that the main loop places around the P V before (row_max while it runs; exp_pack and
+ * rescale_o after its wait), and the causal and tail mask (mask_scores).
+ */
+#pragma once
+
+#include "schedule.cuh"
+
+// Scores of keys past N (tail tile) or past the row (causal) become -inf. Only the diagonal
+// and the tail tile need it. Element (i, h, c) of the thread is key key0 + 2t + 8i + c of row
+// row0 + 8h: it is kept while its offset 8i + c (a constant) is below a bound the thread works
+// out once per row, so each element costs one compare and one select.
+template <int BC>
+__device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_place &p, int row0,
+                                            int key0, int N, int causal) {
+    const int first = key0 + 2 * p.t;  // the key of offset 0
+    int bound[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        bound[h] = (causal ? min(N, row0 + FRAG_ROW_STEP * h + 1) : N) - first;
+#pragma unroll
+    for (int i = 0; i < BC / FRAG_COLS; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+                if (FRAG_COLS * i + c >= bound[h]) S[acc_index(i, h, c)] = -INFINITY;
+        }
+    }
+}
+
+// The online softmax of one key tile for the thread's two rows (h = 0, 1), in two steps, the two
+// rows side by side in each. row_max: the rows' new max (4 lanes share a row: two shuffles),
+// alpha = 2^(m_old - m_new), which O_acc and l_i are to be scaled by, the exponent's shift
+// m_new * scale_log2, and the exponentials of the first EARLY 8-column chunks (their sums too).
+// It only reads S, so it can run while the P V before is still in flight; the early
+// exponentials keep the multi-function unit busy while the P V finishes (LOG.md, step 19).
+// row_step is what it hands to exp_pack() and rescale_o(), across that P V's wait.
+template <int EARLY>
+__host__ __device__ constexpr int early_regs() {  // (an array needs at least one element)
+    return EARLY > 0 ? EARLY * FRAG_REGS : 1;
+}
+template <int EARLY>
+struct row_step {
+    float alpha[2], shift[2];
+    float p[early_regs<EARLY>()];  // the early chunks, in acc_index order
+    float sum[2];                  // their sums, per row
+};
+// Two chunks with two consumers; with three (D = 64) the 160 registers do not hold them.
+constexpr int EARLY_CHUNKS_TWO_CONSUMERS = 2;
+template <int C>
+__host__ __device__ constexpr int early_chunks() {
+    return C == 3 ? 0 : EARLY_CHUNKS_TWO_CONSUMERS;
+}
+template <int BC, int EARLY>
+__device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2], float scale_log2,
+                                        row_step<EARLY> &r) {
+    float mx[2] = {m_i[0], m_i[1]};
+#pragma unroll
+    for (int i = 0; i < BC / FRAG_COLS; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            mx[h] = fmaxf(mx[h], fmaxf(S[acc_index(i, h, 0)], S[acc_index(i, h, 1)]));
+    }
+#pragma unroll
+    for (int lanes = 1; lanes < QUAD; lanes *= 2) {  // the row's max over its quad
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_WARP, mx[h], lanes));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        // A row that has seen only masked keys keeps m = -inf; use 0 so that no inf - inf appears.
+        const float m_use = mx[h] == -INFINITY ? 0.f : mx[h];
+        r.alpha[h] = fast_exp2((m_i[h] - m_use) * scale_log2);
+        m_i[h] = mx[h];
+        r.shift[h] = m_use * scale_log2;
+    }
+    r.sum[0] = r.sum[1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < EARLY; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const float x = fast_exp2(fmaf(S[acc_index(i, h, c)], scale_log2, -r.shift[h]));
+                r.p[acc_index(i, h, c)] = x;
+                r.sum[h] += x;
+            }
+        }
+    }
+}
+
+// exp_pack: P = 2^(S scale_log2 - shift) (the early chunks' from row_max), to fp16 straight into
+// the A-operand layout of the P V wgmma, which is the S layout (register k of P packs elements 2k
+// and 2k + 1: columns 2t and 2t + 1 of one row); l_i = l_i alpha + the rows' sums. P's registers
+// are the A operand of the P V before, so this comes after that wgmma's wait.
+template <int BC, int EARLY>
+__device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)[BC / 4],
+                                         float (&l_i)[2], float scale_log2,
+                                         const row_step<EARLY> &r) {
+    float sum[2] = {r.sum[0], r.sum[1]};
+#pragma unroll
+    for (int i = 0; i < BC / FRAG_COLS; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float x[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                if (i < EARLY) {
+                    x[c] = r.p[acc_index(i, h, c)];
+                } else {
+                    x[c] = fast_exp2(fmaf(S[acc_index(i, h, c)], scale_log2, -r.shift[h]));
+                    sum[h] += x[c];
+                }
+            }
+            P[acc_index(i, h, 0) / 2] = pack_half2(x[0], x[1]);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_i[h] = l_i[h] * r.alpha[h] + sum[h];
+}
+
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&O_acc)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < D / FRAG_COLS; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) O_acc[acc_index(i, h, c)] *= alpha[h];
+        }
+    }
+}

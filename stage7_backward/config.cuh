@@ -1,0 +1,140 @@
+/*
+ * stage7_backward/config.cuh: the configuration: the tiles of the three kernels
+ * (backward_smem_kernel, backward_kernel, dq_kernel), in the order the launcher tries them, their
+ * shared memory, dQ's staging layout for the TMA unit, and the parameters every kernel reads
+ * (bwd_params).
+ *
+ * Part of attention.cu's one translation unit, as every .cuh file of this folder.
+ */
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stddef.h>
+
+#include "device/sm80.cuh"  // MMA_M, MMA_K, ...
+
+/* ---- tunables -------------------------------------------------------------------------------- */
+
+// A tile configuration. WARPS warps of 16 rows each: a block owns 16 WARPS keys (backward_kernel)
+// or queries (dq_kernel), and dq_kernel's key tiles have as many rows. QROWS: the query tile of
+// backward_kernel's loop (its S^T and dP^T are 16 x QROWS per warp, beside dK and dV: at D = 128
+// those hold 128 registers, and 64-query tiles spill). STAGES = 2 double-buffers the loop's tiles
+// (the next arrives during this one's math); 1 loads each tile when it is needed.
+typedef struct {
+    int WARPS, STAGES, QROWS;
+} tile_config;
+
+// In the order tried: the first whose shared memory fits the block's limit is used (and two
+// stages only where cp.async is). backward_kernel at D = 128: 128 keys a block where they fit (an
+// H100's or A100's shared memory; every key tile adds its part to all of dQ, so twice the keys is
+// half the atomic traffic, and each Q_i, dO_i tile loaded serves twice the keys), then 64 keys,
+// then one buffer (a T4's 64 KB): 104.5 KB, 68.5 KB, 52 KB. At D = 64, 64 keys (128 measured no
+// faster there): 57 KB, then 40.5 KB.
+constexpr tile_config MAIN_TILES_D128[] = {{8, 2, 32}, {4, 2, 32}, {4, 1, 32}};
+constexpr tile_config MAIN_TILES_D64[] = {{4, 2, 64}, {4, 1, 64}};
+// dq_kernel (deterministic variant): 64 query rows a block, key tiles double-buffered or not.
+constexpr tile_config DQ_TILES_D128[] = {{4, 2, 0}, {4, 1, 0}};
+constexpr tile_config DQ_TILES_D64[] = {{4, 2, 0}, {4, 1, 0}};
+
+template <int D, bool MAIN>
+__host__ __device__ constexpr const tile_config *tiles_for() {
+    return MAIN ? (D == 64 ? MAIN_TILES_D64 : MAIN_TILES_D128)
+                : (D == 64 ? DQ_TILES_D64 : DQ_TILES_D128);
+}
+template <int D, bool MAIN>
+__host__ __device__ constexpr int tile_count() {
+    constexpr size_t bytes = MAIN ? (D == 64 ? sizeof(MAIN_TILES_D64) : sizeof(MAIN_TILES_D128))
+                                  : (D == 64 ? sizeof(DQ_TILES_D64) : sizeof(DQ_TILES_D128));
+    return (int)(bytes / sizeof(tile_config));
+}
+
+// The main kernels' loop tile carries two row vectors besides Q_i and dO_i: LSE_i and D_i.
+constexpr int LOOP_VECTORS = 2;
+
+// Shared memory of the two kernels, in bytes. ROWS = 16 WARPS: the block's rows.
+__host__ __device__ constexpr int tile_rows(tile_config c) {
+    return MMA_M * c.WARPS;
+}
+// backward_kernel: K_j, V_j [ROWS, D]; STAGES x (Q_i, dO_i [QROWS, D]); dS^T [ROWS, QROWS];
+// STAGES x (LSE_i, D_i [QROWS] floats)
+__host__ __device__ constexpr size_t main_smem_bytes(tile_config c, int D) {
+    return (2 * (size_t)tile_rows(c) + 2 * (size_t)c.STAGES * c.QROWS) * D * sizeof(__half) +
+           (size_t)tile_rows(c) * c.QROWS * sizeof(__half) +
+           LOOP_VECTORS * (size_t)c.STAGES * c.QROWS * sizeof(float);
+}
+// dq_kernel: Q_i, dO_i; STAGES x (K_j, V_j), all [ROWS, D]
+__host__ __device__ constexpr size_t dq_smem_bytes(tile_config c, int D) {
+    return (2 + 2 * (size_t)c.STAGES) * tile_rows(c) * D * sizeof(__half);
+}
+
+/* ---- backward_smem_kernel: P^T and dS^T through shared memory (FlashAttention-2's) ----------- */
+
+// A tile configuration of backward_smem_kernel: 8 warps, KEYS keys a block, QROWS queries a loop
+// tile, STAGES buffers of Q_i, dO_i. P^T and dS^T go through shared memory, so that each of the
+// five products splits its output over the 8 warps in the shape that reads least shared memory
+// for it (32 x 32 or 32 x 64 fragments a warp; see the phases below), instead of all five
+// following the 16 keys a warp owns in backward_kernel. The scores phase goes over the warp's
+// queries in SCORE_PASSES blocks (fewer registers for S^T and dP^T); KV_REGS: the warp's
+// fragments of K_j and V_j (the A operands of S^T and dP^T, the same for every query tile) are
+// loaded into registers once, so that the scores phase reads only Q_i and dO_i.
+typedef struct {
+    int KEYS, QROWS, STAGES, SCORE_PASSES;
+    bool KV_REGS;
+} smem_p_config;
+
+// D = 128: 128 keys x 64 queries (161 KB: an H100, H200 or A100); D = 64: 128 x 128 (162 KB), K_j
+// and V_j in 64 registers (at D = 128 they would take 128, beside dK and dV's 128). Where it does
+// not fit (an L4's 99 KB, a T4's 64 KB) the launcher falls back to backward_kernel.
+constexpr smem_p_config SMEM_P_TILES_D128 = {128, 64, 2, 1, false};
+constexpr smem_p_config SMEM_P_TILES_D64 = {128, 128, 2, 4, true};
+constexpr int SMEM_P_WARPS = 8;
+constexpr int SMEM_P_KEY_WARPS = 4;  // S^T, dP^T, dK, dV: the warps split the keys 4 ways...
+constexpr int SMEM_P_COL_WARPS = SMEM_P_WARPS / SMEM_P_KEY_WARPS;  // ... and their columns 2 ways
+constexpr int DQ_WARP_ROWS = 32;  // dQ: each warp 32 query rows x its share of the head dim
+
+template <int D>
+__host__ __device__ constexpr smem_p_config smem_p_tiles() {
+    return D == 64 ? SMEM_P_TILES_D64 : SMEM_P_TILES_D128;
+}
+
+// From sm_90 on, the dQ tile reaches dQ_acc through the TMA unit (DQ_BULK): each warp stores its
+// fp32 fragments into a staging tile in shared memory, and one thread hands the whole tile to a
+// bulk tensor reduction, cp.reduce.async.bulk.tensor .add, which adds it to global memory without
+// the warps' atomics (their queue was what the dQ phase waited on: LOG.md, steps 5 and 6).
+// Elsewhere the warps add it by red.global.add themselves (accumulate_dq_tile).
+constexpr int DQ_BULK_ARCH = 90;
+__host__ __device__ constexpr bool dq_bulk(int arch) {
+    return arch >= DQ_BULK_ARCH;
+}
+// The staging tile holds the QROWS x D floats in slabs of DQ_SLAB_COLS columns, [D / DQ_SLAB_COLS]
+// [QROWS][DQ_SLAB_COLS]: a slab row is 32 bytes, so the 4 rows a half-warp's fragment store
+// writes are 128 contiguous bytes, every bank once. The tensor map (dq_tensor_map) walks dQ_acc
+// in the same order: column within the slab, row, slab, (batch, head).
+constexpr int DQ_SLAB_COLS = 8;
+constexpr int DQ_SLAB_ROW_BYTES = DQ_SLAB_COLS * (int)sizeof(float);
+constexpr int DQ_MAP_RANK = 4;
+
+// K_j, V_j [KEYS, D]; STAGES x (Q_i, dO_i [QROWS, D]); P^T, dS^T [KEYS, QROWS]; STAGES x (LSE_i,
+// D_i [QROWS] floats); with DQ_BULK (bulk), the dQ staging tile, QROWS x D floats.
+__host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D, bool bulk) {
+    return (2 * (size_t)c.KEYS + 2 * (size_t)c.STAGES * c.QROWS) * D * sizeof(__half) +
+           2 * (size_t)c.KEYS * c.QROWS * sizeof(__half) +
+           LOOP_VECTORS * (size_t)c.STAGES * c.QROWS * sizeof(float) +
+           (bulk ? (size_t)c.QROWS * D * sizeof(float) : 0);
+}
+
+/* ---- the kernels' parameters ----------------------------------------------------------------- */
+
+// Rows of lse2 and Dsum per head: N rounded up to ROW_PAD, a multiple of every tile's rows.
+constexpr int ROW_PAD = 128;  // N_pad: N rounded up to this, a multiple of every tile's rows
+
+typedef struct bwd_params {
+    const __half *Q, *K, *V, *O, *dO;  // [B, H, N, D]
+    const float *lse;                  // [B, H, N] natural log (the forward's)
+    __half *dQ, *dK, *dV;              // [B, H, N, D]
+    float *dQ_acc;                     // [B, H, N, D] fp32, zeroed by preprocess_kernel (atomics)
+    float *lse2;                       // [B * H, N_pad]: LSE * log2(e), +inf past N
+    float *Dsum;                       // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
+    int N, N_pad, causal;
+    float scale, scale_log2;  // scale, scale * log2(e)
+} bwd_params;

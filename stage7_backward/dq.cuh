@@ -1,0 +1,77 @@
+/*
+ * stage7_backward/dq.cuh: dQ, which every key tile adds to: fp32 atomics into dQ_acc (add_pair),
+ * or from sm_90 on the TMA unit's bulk tensor reductions of a staging tile (stage_dq_fragments,
+ * add_staged_dq_tile, and dq_tensor_map, the host's description of dQ_acc for it).
+ */
+#pragma once
+
+#include "config.cuh"
+#include "device/sm90.cuh"
+#include "device/tensor_map.cuh"  // tensor_map_encoder (dq_tensor_map)
+
+// to[0] += x, to[1] += y in global memory by fp32 atomics (red.global.add; both floats in one
+// instruction on sm_90): the dQ accumulator's adds.
+__device__ __forceinline__ void add_pair(float *to, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(to), make_float2(x, y));
+#else
+    atomicAdd(to, x);
+    atomicAdd(to + 1, y);
+#endif
+}
+
+// DQ_BULK: the warp's fp32 fragments (MT m16 blocks of rows from row0, NT n8 blocks of columns
+// from col0, col0 a multiple of DQ_SLAB_COLS) into the dQ staging tile's slabs, made visible to
+// the bulk reduction (add_staged_dq_tile, after the next barrier).
+template <int QROWS, int MT, int NT>
+__device__ __forceinline__ void stage_dq_fragments(uint32_t dq_stage, const float (&C)[MT][NT][4],
+                                                   int row0, int col0) {
+    constexpr int SLAB_BYTES = QROWS * DQ_SLAB_ROW_BYTES, FLOAT_BYTES = sizeof(float);
+    static_assert(MMA_N == DQ_SLAB_COLS, "an n8 block of columns is one slab");
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+    const uint32_t at = dq_stage + col0 / DQ_SLAB_COLS * SLAB_BYTES +
+                        (row0 + g) * DQ_SLAB_ROW_BYTES + FRAG_LANE_COLS * t * FLOAT_BYTES;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                st_shared_f2(
+                    at + n * SLAB_BYTES + (MMA_M * m + FRAG_ROW_STEP * h) * DQ_SLAB_ROW_BYTES,
+                    C[m][n][frag_reg(h, 0)], C[m][n][frag_reg(h, 1)]);
+            }
+        }
+    }
+    fence_proxy_async();
+}
+
+// DQ_BULK: after a barrier that follows every warp's stage_dq_fragments, thread 0 hands the
+// staging tile to one bulk tensor reduction into rows q0 .. q0 + QROWS of dQ_acc (rows past N
+// skipped by the TMA unit).
+__device__ __forceinline__ void add_staged_dq_tile(const CUtensorMap *dq_map, uint32_t dq_stage,
+                                                   int q0) {
+    if (threadIdx.x != 0) return;
+    tma_reduce_add_4d(dq_map, dq_stage, 0, q0, 0, (int)blockIdx.y);
+    bulk_commit();
+}
+
+// DQ_BULK: dQ_acc [B * H, N, D] floats seen as [B * H][D / DQ_SLAB_COLS slabs][N rows]
+// [DQ_SLAB_COLS] (innermost last: the layout of the staging tile), in boxes of one whole query
+// tile, rows past N out of bounds.
+static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s, int qrows) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return cudaErrorSymbolNotFound;
+    const cuuint64_t row = (cuuint64_t)s->D * sizeof(float);
+    const cuuint64_t dims[DQ_MAP_RANK] = {
+        DQ_SLAB_COLS, (cuuint64_t)s->N, (cuuint64_t)(s->D / DQ_SLAB_COLS), (cuuint64_t)s->B * s->H};
+    const cuuint64_t strides[DQ_MAP_RANK - 1] = {row, DQ_SLAB_ROW_BYTES, row * s->N};  // bytes
+    const cuuint32_t box[DQ_MAP_RANK] = {DQ_SLAB_COLS, (cuuint32_t)qrows,
+                                         (cuuint32_t)(s->D / DQ_SLAB_COLS), 1};
+    const cuuint32_t elem_strides[DQ_MAP_RANK] = {1, 1, 1, 1};
+    const CUresult r =
+        encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, DQ_MAP_RANK, dQ_acc, dims, strides, box,
+               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}

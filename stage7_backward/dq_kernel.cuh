@@ -1,0 +1,102 @@
+/*
+ * stage7_backward/dq_kernel.cuh: dq_kernel, the deterministic variant's second pass: one block per
+ * query tile, its dQ_i accumulated in registers over the key tiles (no atomics).
+ */
+#pragma once
+
+#include "gemm.cuh"
+#include "smem.cuh"
+
+// The deterministic variant's second pass: one block = one query tile Q_i, dO_i of one (batch,
+// head), 16 rows per warp; it loops over the key tiles it sees and keeps dQ_i in registers:
+//   S = Q_i K_j^T, P = 2^(c S - LSE_i), dP = dO_i V_j^T, dS = P (dP - D_i), dQ_i += dS K_j.
+template <int D, int WARPS, int STAGES>
+__global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p) {
+    constexpr tile_config CFG = {WARPS, STAGES, 0};
+    constexpr int THREADS = WARPS * WARP_SIZE;
+    constexpr int ROWS = tile_rows(CFG);
+    constexpr int ROW_BYTES = D * HALF_BYTES;
+    constexpr int NB = ROWS / MMA_N, KC = ROWS / MMA_K, DB = D / MMA_N;
+    constexpr uint32_t TILE = ROWS * ROW_BYTES;
+
+    // Causal: the last query tiles have the most key tiles; launch them first.
+    const int q_index = p.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const int q0 = q_index * ROWS;
+    const size_t head = (size_t)blockIdx.y * p.N * D;
+    const size_t vec = (size_t)blockIdx.y * p.N_pad;
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int q_row = q0 + MMA_M * warp;  // this warp's first query
+    const int kv_end = p.causal ? min(q0 + ROWS, p.N) : p.N;
+    const int k_tiles = (kv_end + ROWS - 1) / ROWS;
+
+    // Shared memory: Q_smem, dO_smem [ROWS, D]; per stage K_smem, V_smem [ROWS, D]; swizzled.
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t Q_smem = smem_u32(smem), dO_smem = Q_smem + TILE;
+    const uint32_t K_smem = dO_smem + TILE, V_smem = K_smem + STAGES * TILE;
+
+    tile_issue<ROWS, D, THREADS>(Q_smem, p.Q + head + (size_t)q0 * D, p.N - q0);
+    tile_issue<ROWS, D, THREADS>(dO_smem, p.dO + head + (size_t)q0 * D, p.N - q0);
+    cp_async_commit();
+    if (STAGES == 2) {
+        tile_issue<ROWS, D, THREADS>(K_smem, p.K + head, p.N);
+        tile_issue<ROWS, D, THREADS>(V_smem, p.V + head, p.N);
+        cp_async_commit();
+    }
+    const int g = lane_index() / QUAD;
+    float lse2[FRAG_LANE_ROWS],
+        Di[FRAG_LANE_ROWS];  // rows g and g + 8 of this warp (padded arrays: always in bounds)
+#pragma unroll
+    for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+        lse2[h] = p.lse2[vec + q_row + g + FRAG_ROW_STEP * h];
+        Di[h] = p.Dsum[vec + q_row + g + FRAG_ROW_STEP * h];
+    }
+
+    float dQ[DB][4] = {};
+    for (int it = 0; it < k_tiles; ++it) {
+        const int k0 = it * ROWS;
+        const int buf = STAGES == 2 ? it % STAGES : 0;
+        const uint32_t K_tile = K_smem + buf * TILE, V_tile = V_smem + buf * TILE;
+        if (STAGES == 1) {
+            __syncthreads();  // every warp is done with the last K_j, V_j
+            tile_issue<ROWS, D, THREADS>(K_tile, p.K + head + (size_t)k0 * D, p.N - k0);
+            tile_issue<ROWS, D, THREADS>(V_tile, p.V + head + (size_t)k0 * D, p.N - k0);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // K_j, V_j (and Q_i, dO_i) visible to all; with two stages, every warp
+                          // is also done with K_{j-1}, V_{j-1}, whose buffer is refilled next
+        if (STAGES == 2 && it + 1 < k_tiles) {
+            tile_issue<ROWS, D, THREADS>(K_smem + (STAGES - 1 - buf) * TILE,
+                                         p.K + head + (size_t)(k0 + ROWS) * D, p.N - k0 - ROWS);
+            tile_issue<ROWS, D, THREADS>(V_smem + (STAGES - 1 - buf) * TILE,
+                                         p.V + head + (size_t)(k0 + ROWS) * D, p.N - k0 - ROWS);
+            cp_async_commit();
+        }
+        const uint32_t Q_warp = Q_smem + warp * MMA_M * ROW_BYTES;
+        const uint32_t dO_warp = dO_smem + warp * MMA_M * ROW_BYTES;
+        float S[NB][4], dP[NB][4];
+        uint32_t A[KC][4];
+        gemm_rows_by_rows<D>(S, Q_warp, K_tile);  // S = Q_i K_j^T
+        const bool mask = k0 + ROWS > p.N || (p.causal && k0 + ROWS - 1 > q0);
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+#pragma unroll
+            for (int e = 0; e < FRAG_REGS; ++e) {  // P = 2^(c S - LSE); masked keys: P = 0
+                const int key = k0 + frag_col(n, e), query = q_row + frag_row(e);
+                const bool off = mask && (key >= p.N || (p.causal && key > query));
+                const float x = fmaf(S[n][e], p.scale_log2, -lse2[frag_h(e)]);
+                S[n][e] = off ? 0.f : fast_exp2(x);
+            }
+        }
+        gemm_rows_by_rows<D>(dP, dO_warp, V_tile);  // dP = dO_i V_j^T
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+#pragma unroll
+            for (int e = 0; e < FRAG_REGS; ++e)
+                dP[n][e] = S[n][e] * (dP[n][e] - Di[frag_h(e)]);  // dS
+        }
+        to_a_fragments(A, dP);
+        gemm_frags_by_tile<D>(dQ, A, K_tile);  // dQ_i += dS K_j
+    }
+    store_rows<D>(p.dQ + head, dQ, q_row, p.N, p.scale);
+}

@@ -1,0 +1,209 @@
+/*
+ * stage7_backward/launch.cuh: the launcher of the backward pass (host code): the variants, how dQ
+ * is added up (dq_way_for), the configuration that fits this device (choose_tiles, smem_p_fits),
+ * the kernel instantiations (kernel_for, smem_p_kernel), the workspace, and backward(), which
+ * runs preprocess, the main kernel, then the convert or dq_kernel.
+ */
+#pragma once
+
+#include <string.h>
+
+#include "device/kernel_cache.cuh"  // kernel_versions, kernel_smem_limit: once per device
+#include "dq_kernel.cuh"
+#include "preprocess.cuh"
+#include "registers_kernel.cuh"
+#include "smem_kernel.cuh"
+
+/* ---- launcher -------------------------------------------------------------------------------- */
+
+enum {
+    VARIANT_DEFAULT = 0,
+    VARIANT_DETERMINISTIC = 1,
+    VARIANT_REGISTERS = 2,
+    VARIANT_ATOMICS = 3,
+    VARIANTS = 4
+};
+
+// How dQ is added up: DQ_SECOND_PASS (deterministic: dq_kernel), DQ_BY_ATOMICS (the warps'
+// red.global.add), DQ_BY_BULK (backward_smem_kernel on sm_90 on: the TMA unit's bulk reductions;
+// variant atomics switches them off).
+enum dq_way { DQ_SECOND_PASS, DQ_BY_ATOMICS, DQ_BY_BULK };
+static dq_way dq_way_for(int variant, int arch) {
+    if (variant == VARIANT_DETERMINISTIC) return DQ_SECOND_PASS;
+    return variant != VARIANT_ATOMICS && dq_bulk(arch) ? DQ_BY_BULK : DQ_BY_ATOMICS;
+}
+
+static int ceil_div(int a, int b) {
+    return (a + b - 1) / b;
+}
+
+static int padded_rows(int N) {
+    return ceil_div(N, ROW_PAD) * ROW_PAD;
+}
+
+// The PTX architecture the kernels were compiled for on the current device (75 for a compute_75
+// PTX build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
+// Asked once per device (kernel_versions).
+static cudaError_t kernel_arch(int *arch) {
+    int binary = 0;
+    ATTN_TRY(kernel_versions((const void *)dq_convert_kernel, arch, &binary));
+    return cudaSuccess;
+}
+
+// The first configuration of the kernel's list (MAIN_TILES_D64 ... DQ_TILES_D128, in order) whose
+// shared memory fits the block's limit, with two stages only where cp.async is (arch >= 80); its
+// index, or -1.
+template <int D, bool MAIN>
+static int choose_tiles_for(size_t smem_limit, int arch) {
+    for (int i = 0; i < tile_count<D, MAIN>(); ++i) {
+        const tile_config c = tiles_for<D, MAIN>()[i];
+        if (c.STAGES > 1 && arch < 80) continue;
+        if ((MAIN ? main_smem_bytes(c, D) : dq_smem_bytes(c, D)) <= smem_limit) return i;
+    }
+    return -1;
+}
+
+static int choose_tiles(int D, size_t smem_limit, int arch, bool main_kernel) {
+    if (main_kernel) {
+        return D == 64 ? choose_tiles_for<64, true>(smem_limit, arch)
+                       : choose_tiles_for<128, true>(smem_limit, arch);
+    }
+    return D == 64 ? choose_tiles_for<64, false>(smem_limit, arch)
+                   : choose_tiles_for<128, false>(smem_limit, arch);
+}
+
+static tile_config tiles_at(int D, bool main_kernel, int i) {
+    if (main_kernel) return D == 64 ? MAIN_TILES_D64[i] : MAIN_TILES_D128[i];
+    return D == 64 ? DQ_TILES_D64[i] : DQ_TILES_D128[i];
+}
+
+typedef void (*kernel_fn)(bwd_params);
+typedef void (*smem_kernel_fn)(bwd_params, CUtensorMap);  // + dQ_acc's map (DQ_BULK)
+
+// The kernel of configuration i of its list: backward_kernel (MAIN, dQ by atomics or not) or
+// dq_kernel, every configuration instantiated.
+template <int D, bool MAIN, int I = 0>
+static kernel_fn kernel_for(int i, bool atomic) {
+    if constexpr (I < tile_count<D, MAIN>()) {
+        constexpr tile_config c = tiles_for<D, MAIN>()[I];
+        if (i != I) return kernel_for<D, MAIN, I + 1>(i, atomic);
+        if constexpr (MAIN) {
+            return atomic ? backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, true>
+                          : backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, false>;
+        } else {
+            return dq_kernel<D, c.WARPS, c.STAGES>;
+        }
+    } else {
+        (void)i, (void)atomic;
+        return NULL;
+    }
+}
+
+// backward_smem_kernel where cp.async is and its shared memory fits the block's limit.
+static bool smem_p_fits(int D, size_t smem_limit, int arch, dq_way dq) {
+    const smem_p_config c = D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
+    return arch >= 80 && smem_p_bytes(c, D, dq == DQ_BY_BULK) <= smem_limit;
+}
+
+template <int D>
+static smem_kernel_fn smem_p_kernel(dq_way dq) {
+    constexpr smem_p_config c = smem_p_tiles<D>();
+    switch (dq) {
+        case DQ_SECOND_PASS:
+            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
+                                        false, false>;
+        case DQ_BY_ATOMICS:
+            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
+                                        true, false>;
+        default:
+            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
+                                        true, true>;
+    }
+}
+
+template <typename FN, typename... ARGS>
+static cudaError_t launch(FN fn, dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                          const ARGS &...args) {
+    ATTN_TRY(kernel_smem_limit((const void *)fn, (int)smem));  // once per kernel and device
+    fn<<<grid, threads, smem, stream>>>(args...);
+    ATTN_TRY(cudaGetLastError());
+    return cudaSuccess;
+}
+
+// Workspace: lse2 and Dsum [B * H, N_pad] floats, then (default variant) dQ_acc [B, H, N, D]
+// floats, each starting at a multiple of WORKSPACE_ALIGN bytes.
+constexpr size_t WORKSPACE_ALIGN = 256;
+static size_t aligned(size_t bytes) {
+    return (bytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN;
+}
+
+static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
+    (void)dev;
+    const size_t rows = (size_t)s->B * s->H * padded_rows(s->N);
+    const size_t acc =
+        variant == VARIANT_DETERMINISTIC ? 0 : (size_t)s->B * s->H * s->N * s->D * sizeof(float);
+    return 2 * aligned(rows * sizeof(float)) + aligned(acc);
+}
+
+static cudaError_t backward(const attn_shape *s, const attn_device *dev, const void *Q,
+                            const void *K, const void *V, const void *O, const float *lse,
+                            const void *dO, void *dQ, void *dK, void *dV, void *workspace,
+                            int variant, cudaStream_t stream) {
+    const int BH = s->B * s->H, N_pad = padded_rows(s->N);
+    const size_t rows = (size_t)BH * N_pad;
+    const bool atomic = variant != VARIANT_DETERMINISTIC;
+    bwd_params p;
+    p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
+    p.O = (const __half *)O, p.dO = (const __half *)dO, p.lse = lse;
+    p.dQ = (__half *)dQ, p.dK = (__half *)dK, p.dV = (__half *)dV;
+    p.lse2 = (float *)workspace;
+    p.Dsum = (float *)((char *)workspace + aligned(rows * sizeof(float)));
+    p.dQ_acc = atomic ? (float *)((char *)workspace + 2 * aligned(rows * sizeof(float))) : NULL;
+    p.N = s->N, p.N_pad = N_pad, p.causal = s->causal;
+    p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
+
+    const dim3 pre_grid((unsigned)(rows * PREPROCESS_LANES / PREPROCESS_THREADS));
+    if (s->D == 64) {
+        preprocess_kernel<64><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
+    } else {
+        preprocess_kernel<128><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
+    }
+    ATTN_TRY(cudaGetLastError());
+    const size_t elems = (size_t)BH * s->N * s->D;
+
+    int arch = 0;
+    ATTN_TRY(kernel_arch(&arch));
+    const int mi = choose_tiles(s->D, dev->smem_per_block, arch, true);
+    const int di = choose_tiles(s->D, dev->smem_per_block, arch, false);
+    if (mi < 0 || di < 0) return cudaErrorInvalidConfiguration;  // stage_unsupported says why
+    const dq_way dq = dq_way_for(variant, arch);
+    if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch, dq)) {
+        const smem_p_config c = s->D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
+        const smem_kernel_fn sk = s->D == 64 ? smem_p_kernel<64>(dq) : smem_p_kernel<128>(dq);
+        CUtensorMap dq_map;
+        memset(&dq_map, 0, sizeof dq_map);  // unread but by the DQ_BULK kernels
+        if (dq == DQ_BY_BULK) ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, c.QROWS));
+        ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N, c.KEYS), (unsigned)BH),
+                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, dq == DQ_BY_BULK), stream,
+                        p, dq_map));
+    } else {
+        const tile_config mc = tiles_at(s->D, true, mi);
+        const kernel_fn mk =
+            s->D == 64 ? kernel_for<64, true>(mi, atomic) : kernel_for<128, true>(mi, atomic);
+        ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N, tile_rows(mc)), (unsigned)BH),
+                        mc.WARPS * WARP_SIZE, main_smem_bytes(mc, s->D), stream, p));
+    }
+    if (atomic) {
+        const size_t count4 = elems / 4;
+        dq_convert_kernel<<<(unsigned)((count4 + CONVERT_THREADS - 1) / CONVERT_THREADS),
+                            CONVERT_THREADS, 0, stream>>>(p, count4);
+        ATTN_TRY(cudaGetLastError());
+    } else {
+        const tile_config dc = tiles_at(s->D, false, di);
+        const kernel_fn dk =
+            s->D == 64 ? kernel_for<64, false>(di, false) : kernel_for<128, false>(di, false);
+        ATTN_TRY(launch(dk, dim3((unsigned)ceil_div(s->N, tile_rows(dc)), (unsigned)BH),
+                        dc.WARPS * WARP_SIZE, dq_smem_bytes(dc, s->D), stream, p));
+    }
+    return cudaSuccess;
+}

@@ -1,0 +1,71 @@
+/*
+ * stage7_backward/preprocess.cuh: the passes before and after the main kernel: D_i = rowsum(dO_i *
+ * O_i) and LSE_i in log2 units, padded, with dQ_acc zeroed (preprocess_kernel), and dQ = scale
+ * dQ_acc in fp16 (dq_convert_kernel).
+ */
+#pragma once
+
+#include "config.cuh"
+
+// D_i = rowsum(dO_i * O_i) in fp32, and LSE_i in log2 units, for the padded rows of every head:
+// rows past N get D = 0 and LSE = +inf, so that their P = 2^(s - inf) = 0 without a mask.
+// With dQ by atomics or bulk reductions, the row of dQ_acc they add into is zeroed here too (as
+// FlashAttention-2's preprocess does: no separate pass over dQ_acc). PREPROCESS_LANES lanes per
+// row, D / 8 halves each; the grid covers B * H * N_pad rows exactly (N_pad is a multiple of
+// ROW_PAD).
+constexpr int PREPROCESS_THREADS = 128;
+constexpr int PREPROCESS_LANES = 8;
+
+template <int D>
+__global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bwd_params p) {
+    constexpr int PER_LANE = D / PREPROCESS_LANES;  // halves
+    constexpr int HALF2_PER_CHUNK = CHUNK_HALVES / 2;
+    const size_t row =  // in [B * H, N_pad]
+        ((size_t)blockIdx.x * PREPROCESS_THREADS + threadIdx.x) / PREPROCESS_LANES;
+    const int sub = (int)threadIdx.x % PREPROCESS_LANES;
+    const size_t bh = row / (size_t)p.N_pad;
+    const int i = (int)(row - bh * p.N_pad);
+    const bool inside = i < p.N;
+    float sum = 0.f;
+    if (inside) {
+        const size_t at = ((size_t)bh * p.N + i) * D + sub * PER_LANE;
+        if (p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it)
+            constexpr int FLOAT4_FLOATS = 4;
+            float4 *const acc = reinterpret_cast<float4 *>(p.dQ_acc + at);
+#pragma unroll
+            for (int c = 0; c < PER_LANE / FLOAT4_FLOATS; ++c)
+                acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int c = 0; c < PER_LANE; c += CHUNK_HALVES) {
+            const uint4 o = *reinterpret_cast<const uint4 *>(p.O + at + c);
+            const uint4 d = *reinterpret_cast<const uint4 *>(p.dO + at + c);
+            const __half2 *oh = reinterpret_cast<const __half2 *>(&o);
+            const __half2 *dh = reinterpret_cast<const __half2 *>(&d);
+#pragma unroll
+            for (int x = 0; x < HALF2_PER_CHUNK; ++x) {
+                const float2 of = __half22float2(oh[x]), df = __half22float2(dh[x]);
+                sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
+            }
+        }
+    }
+#pragma unroll
+    for (int s = PREPROCESS_LANES / 2; s > 0; s /= 2) sum += __shfl_xor_sync(FULL_WARP, sum, s);
+    if (sub == 0) {
+        p.Dsum[row] = inside ? sum : 0.f;
+        p.lse2[row] = inside ? p.lse[bh * p.N + i] * LOG2E : INFINITY;
+    }
+}
+
+// dQ = scale * dQ_acc, as fp16: four elements a thread.
+constexpr int CONVERT_THREADS = 256;
+__global__ void __launch_bounds__(CONVERT_THREADS)
+    dq_convert_kernel(const bwd_params p, size_t count4) {
+    const size_t i = (size_t)blockIdx.x * CONVERT_THREADS + threadIdx.x;
+    if (i >= count4) return;
+    const float4 a = reinterpret_cast<const float4 *>(p.dQ_acc)[i];
+    uint2 h;
+    h.x = pack_half2(a.x * p.scale, a.y * p.scale);
+    h.y = pack_half2(a.z * p.scale, a.w * p.scale);
+    reinterpret_cast<uint2 *>(p.dQ)[i] = h;
+}

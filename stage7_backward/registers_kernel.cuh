@@ -1,0 +1,209 @@
+/*
+ * stage7_backward/registers_kernel.cuh: backward_kernel, the layout with P^T and dS^T in registers:
+ * 16 keys a warp for every product. The variant registers, and the fallback where
+ * backward_smem_kernel's shared memory does not fit (an L4, a T4).
+ */
+#pragma once
+
+#include "dq.cuh"
+#include "gemm.cuh"
+#include "smem.cuh"
+
+// P^T = 2^(scale log2(e) S^T - LSE_i log2(e)), in place: rows are this warp's keys (the first is
+// key_row), columns the tile's queries (from q0). MASK (the diagonal tile, and the tile holding N):
+// keys past N and, causal, keys after the query get P = 0. Queries past N have LSE = +inf: P = 0.
+template <int NB>
+__device__ __forceinline__ void probabilities_t(float (&S)[NB][4], uint32_t lse_tile, int key_row,
+                                                int q0, const bwd_params &p, bool mask) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        const float2 lse = ld_shared_f2(lse_tile + frag_col(n, 0) * sizeof(float));
+#pragma unroll
+        for (int e = 0; e < FRAG_REGS; ++e) {
+            const int key = key_row + frag_row(e), query = q0 + frag_col(n, e);
+            const bool off = mask && (key >= p.N || (p.causal && key > query));
+            const float x = fmaf(S[n][e], p.scale_log2, -(frag_c(e) ? lse.y : lse.x));
+            S[n][e] = off ? 0.f : fast_exp2(x);
+        }
+    }
+}
+
+// dS^T = P^T * (dP^T - D_i), in place of dP^T; D_i per column (query).
+template <int NB>
+__device__ __forceinline__ void score_gradients_t(float (&dP)[NB][4], const float (&P)[NB][4],
+                                                  uint32_t D_tile) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        const float2 Di = ld_shared_f2(D_tile + frag_col(n, 0) * sizeof(float));
+#pragma unroll
+        for (int e = 0; e < FRAG_REGS; ++e)
+            dP[n][e] = P[n][e] * (dP[n][e] - (frag_c(e) ? Di.y : Di.x));
+    }
+}
+
+// This warp's rows of dS^T (A fragments) into dS_smem [ROWS keys, QROWS queries], swizzled: A
+// fragment k holds columns 16k.. (a[0], a[1]: rows g, g + 8) and 16k + 8.. (a[2], a[3]).
+template <int QROWS, int KC>
+__device__ __forceinline__ void store_score_gradients(uint32_t dS_smem, const uint32_t (&dS)[KC][4],
+                                                      int warp) {
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+    const int r = MMA_M * warp + g;
+#pragma unroll
+    for (int k = 0; k < KC; ++k) {
+#pragma unroll
+        for (int half = 0; half < N8_PER_K16; ++half) {  // column block 2k + half: chunk 2k + half
+            const uint32_t col = t * sizeof(uint32_t);
+            st_shared_b32(dS_smem + smem_offset<QROWS>(r, N8_PER_K16 * k + half) + col,
+                          dS[k][a_frag_reg(half, 0)]);
+            st_shared_b32(
+                dS_smem + smem_offset<QROWS>(r + FRAG_ROW_STEP, N8_PER_K16 * k + half) + col,
+                dS[k][a_frag_reg(half, 1)]);
+        }
+    }
+}
+
+// dQ_acc[q0 + QROWS rows] += dS K_j, split over the warps: warp w takes the 16 query rows of
+// slice w % (QROWS / 16) and its share of the head dim. A = those rows of dS (read .trans from
+// dS_smem, where they are columns), B = K_j (.trans); two head-dim blocks at a time, each added to
+// global memory by fp32 atomics (red.global.add; two floats at once on sm_90).
+template <int D, int ROWS, int QROWS, int WARPS>
+__device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_smem,
+                                              uint32_t K_smem, size_t head, int q0) {
+    constexpr int KC = ROWS / MMA_K;            // k16 steps over the keys
+    constexpr int SLICES = QROWS / MMA_M;       // m16 slices of the query tile
+    constexpr int PARTS = WARPS / SLICES;       // warps per slice
+    constexpr int DB_PART = D / MMA_N / PARTS;  // n8 blocks of the head dim per warp
+    constexpr int ROW_BYTES_S = QROWS * HALF_BYTES, ROW_BYTES = D * HALF_BYTES;
+    static_assert(WARPS % SLICES == 0 && DB_PART % X4_BLOCKS == 0, "dQ split over the warps");
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int slice = warp % SLICES, part = warp / SLICES;
+    const uint32_t at_off = b_lane_offset<QROWS>() ^ (slice * X4_BYTES);
+    const uint32_t b_off = a_lane_offset<D>();
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+    // Registers: with 64 keys (KC = 4) the whole A (16 registers) is loaded once and two head-dim
+    // blocks accumulated at a time; with 128 keys A would take 32, so the loop runs over the keys
+    // outside, one k16 step of A at a time, and every head-dim block of the warp (16 registers)
+    // accumulates at once.
+    constexpr bool A_WHOLE = KC * A_FRAG_REGS <= X4_BLOCKS * MMA_N * 2;
+    constexpr int NC = A_WHOLE ? X4_BLOCKS : DB_PART;  // n8 blocks accumulated at once
+#pragma unroll
+    for (int nn0 = 0; nn0 < DB_PART; nn0 += NC) {
+        float C[NC][4] = {};
+        uint32_t A[A_WHOLE ? KC : 1][4];
+#pragma unroll
+        for (int k = 0; k < KC; ++k) {
+            uint32_t(&a)[4] = A[A_WHOLE ? k : 0];
+            if (!A_WHOLE || nn0 == 0) {
+                ldmatrix_x4_trans(a, dS_smem + at_off + k * MMA_K * ROW_BYTES_S);
+            }
+#pragma unroll
+            for (int nn = 0; nn < NC; nn += X4_BLOCKS) {
+                const int n = part * DB_PART + nn0 + nn;  // head-dim blocks n, n + 1
+                uint32_t b[4];
+                ldmatrix_x4_trans(
+                    b, K_smem + (b_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
+                mma_16816(C[nn], a, b[0], b[1]);
+                mma_16816(C[nn + 1], a, b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+            const int row = q0 + MMA_M * slice + g + FRAG_ROW_STEP * h;
+            if (row >= p.N) continue;
+#pragma unroll
+            for (int nn = 0; nn < NC; ++nn) {
+                float *to = p.dQ_acc + head + (size_t)row * D +
+                            MMA_N * (part * DB_PART + nn0 + nn) + FRAG_LANE_COLS * t;
+                add_pair(to, C[nn][frag_reg(h, 0)], C[nn][frag_reg(h, 1)]);
+            }
+        }
+    }
+}
+
+// One block = one key tile K_j, V_j of one (batch, head), ROWS keys, 16 per warp; it loops over
+// the query tiles that see it (causal: from its own diagonal on). DQ_ATOMIC: the block also adds
+// its part of dQ (the default); the deterministic variant leaves dQ to dq_kernel.
+template <int D, int WARPS, int STAGES, int QROWS, bool DQ_ATOMIC>
+__global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_params p) {
+    constexpr tile_config CFG = {WARPS, STAGES, QROWS};
+    constexpr int THREADS = WARPS * WARP_SIZE;
+    constexpr int ROWS = tile_rows(CFG);       // keys per block
+    constexpr int ROW_BYTES = D * HALF_BYTES;  // one row of a [*, D] tile in shared memory
+    constexpr int NB = QROWS / MMA_N;          // n8 blocks of S^T per warp (queries)
+    constexpr int KC = QROWS / MMA_K;          // k16 steps over the queries
+    constexpr int DB = D / MMA_N;              // n8 blocks of dK, dV (head dim)
+    constexpr uint32_t KV_TILE = ROWS * ROW_BYTES, Q_TILE = QROWS * ROW_BYTES;
+    constexpr uint32_t VEC = LOOP_VECTORS * QROWS * sizeof(float);  // LSE_i, then D_i
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // sm_75 code has no cp.async to fill a second buffer with: the launcher picks one stage there
+    // (kernel_arch), and the two-stage kernels are not compiled for it.
+    if constexpr (STAGES == 2) {
+        __trap();
+        return;
+    }
+#endif
+
+    const int k0 = (int)blockIdx.x * ROWS;             // the block's first key
+    const size_t head = (size_t)blockIdx.y * p.N * D;  // (batch, head) offset
+    const size_t vec = (size_t)blockIdx.y * p.N_pad;   // its rows of lse2 and Dsum
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int key_row = k0 + MMA_M * warp;  // this warp's first key
+    const int q_begin = p.causal ? k0 : 0;  // earlier queries see no key here
+    const int q_tiles = (p.N - q_begin + QROWS - 1) / QROWS;
+
+    // Shared memory: K_smem, V_smem [ROWS, D]; per stage Q_smem, dO_smem [QROWS, D]; dS_smem
+    // [ROWS keys, QROWS queries]; per stage vec_smem [2, QROWS] floats. Tiles swizzled.
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t K_smem = smem_u32(smem), V_smem = K_smem + KV_TILE;
+    const uint32_t Q_smem = V_smem + KV_TILE, dO_smem = Q_smem + STAGES * Q_TILE;
+    const uint32_t dS_smem = dO_smem + STAGES * Q_TILE;
+    const uint32_t vec_smem = dS_smem + ROWS * QROWS * sizeof(__half);
+
+    tile_issue<ROWS, D, THREADS>(K_smem, p.K + head + (size_t)k0 * D, p.N - k0);
+    tile_issue<ROWS, D, THREADS>(V_smem, p.V + head + (size_t)k0 * D, p.N - k0);
+    cp_async_commit();
+    if (STAGES == 2) {
+        issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, head, vec, q_begin);
+    }
+
+    float dK[DB][4] = {}, dV[DB][4] = {};  // this warp's 16 keys x D, fp32
+    for (int it = 0; it < q_tiles; ++it) {
+        const int q0 = q_begin + it * QROWS;
+        const int buf = STAGES == 2 ? it % STAGES : 0;
+        const uint32_t Q_tile = Q_smem + buf * Q_TILE, dO_tile = dO_smem + buf * Q_TILE;
+        const uint32_t vec_tile = vec_smem + buf * VEC;
+        if (STAGES == 1) {
+            __syncthreads();  // every warp is done with the last tile's Q, dO, LSE, D and dS
+            issue_query_tile<D, QROWS, THREADS>(p, Q_tile, dO_tile, vec_tile, head, vec, q0);
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // tile it (and K_j, V_j) visible to all; with two stages, every warp is
+                          // also done with tile it - 1 (its buffer is refilled next) and dS_smem
+        if (STAGES == 2 && it + 1 < q_tiles) {
+            issue_query_tile<D, QROWS, THREADS>(
+                p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
+                vec_smem + (STAGES - 1 - buf) * VEC, head, vec, q0 + QROWS);
+        }
+        const uint32_t K_warp = K_smem + warp * MMA_M * ROW_BYTES;  // this warp's keys
+        const uint32_t V_warp = V_smem + warp * MMA_M * ROW_BYTES;
+
+        float S[NB][4], dP[NB][4];
+        uint32_t A[KC][4];
+        gemm_rows_by_rows<D>(S, K_warp, Q_tile);  // S^T = K_j Q_i^T
+        const bool mask = k0 + ROWS > p.N || (p.causal && q0 < k0 + ROWS - 1);
+        probabilities_t(S, vec_tile, key_row, q0, p, mask);  // P^T
+        gemm_rows_by_rows<D>(dP, V_warp, dO_tile);           // dP^T = V_j dO_i^T
+        to_a_fragments(A, S);
+        gemm_frags_by_tile<D>(dV, A, dO_tile);                       // dV_j += P^T dO_i
+        score_gradients_t(dP, S, vec_tile + QROWS * sizeof(float));  // dS^T
+        to_a_fragments(A, dP);
+        gemm_frags_by_tile<D>(dK, A, Q_tile);  // dK_j += dS^T Q_i
+        if (DQ_ATOMIC) {
+            store_score_gradients<QROWS>(dS_smem, A, warp);
+            __syncthreads();  // dS_smem written by every warp, visible to all
+            accumulate_dq<D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem, head, q0);
+        }
+    }
+    store_rows<D>(p.dK + head, dK, key_row, p.N, p.scale);
+    store_rows<D>(p.dV + head, dV, key_row, p.N, 1.f);
+}

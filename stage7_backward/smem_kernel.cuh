@@ -1,0 +1,248 @@
+/*
+ * stage7_backward/smem_kernel.cuh: backward_smem_kernel, the default main kernel
+ * (FlashAttention-2's layout): P^T and dS^T through shared memory, so that each of the five
+ * products splits over the 8 warps in the shape that reads least shared memory. One block per key
+ * tile; per query tile, three phases between two barriers (scores, dV and dK, dQ).
+ */
+#pragma once
+
+#include "dq.cuh"
+#include "gemm.cuh"
+#include "smem.cuh"
+
+// In place: S^T becomes P^T = 2^(c S^T - LSE_i) and dP^T becomes dS^T = P^T (dP^T - D_i), for
+// keys key_row.. (MT m16 blocks) x queries q_col.. of the tile at q0 (NT n8 blocks). MASK: keys
+// past N and, causal, keys after the query get P = 0.
+template <int QROWS, int MT, int NT, bool MASK>
+__device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (&dP)[MT][NT][4],
+                                                  const bwd_params &p, uint32_t vec_tile,
+                                                  int key_row, int q0, int q_col) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int col = q_col + frag_col(n, 0);
+            const float2 lse = ld_shared_f2(vec_tile + col * sizeof(float));
+            const float2 Di = ld_shared_f2(vec_tile + (QROWS + col) * sizeof(float));
+#pragma unroll
+            for (int e = 0; e < FRAG_REGS; ++e) {
+                const float x = fmaf(S[m][n][e], p.scale_log2, -(frag_c(e) ? lse.y : lse.x));
+                S[m][n][e] = fast_exp2(x);
+                if (MASK) {
+                    const int key = key_row + MMA_M * m + frag_row(e), query = q0 + col + frag_c(e);
+                    if (key >= p.N || (p.causal && key > query)) S[m][n][e] = 0.f;
+                }
+                dP[m][n][e] = S[m][n][e] * (dP[m][n][e] - (frag_c(e) ? Di.y : Di.x));
+            }
+        }
+    }
+}
+
+// One warp's block of the scores phase: keys key0.. (MT m16 blocks, from the block's k0) x
+// queries q_col.. (NT n8 blocks, from the tile's q0) of S^T = K_j Q_i^T and dP^T = V_j dO_i^T
+// (K_j, V_j from shared memory, or KV_REGS from their fragments K_frag, V_frag), then P^T and
+// dS^T (softmax_gradients), stored to P_smem and dS_smem as fp16. mask: the
+// diagonal tile, and the tile holding N; queries past N have LSE = +inf, so P = 0 there without
+// a mask.
+template <int D, int QROWS, int MT, int NT, bool KV_REGS, int KF>
+__device__ __forceinline__ void score_gradients(
+    const bwd_params &p, uint32_t K_smem, uint32_t V_smem, const uint32_t (&K_frag)[KF][MT][4],
+    const uint32_t (&V_frag)[KF][MT][4], uint32_t Q_tile, uint32_t dO_tile, uint32_t vec_tile,
+    uint32_t P_smem, uint32_t dS_smem, int k0, int key0, int q0, int q_col, bool mask) {
+    constexpr int ROW_BYTES = D * HALF_BYTES;
+    float S[MT][NT][4], dP[MT][NT][4];
+    if constexpr (KV_REGS) {
+        gemm_nt_regs<D, MT, NT>(S, K_frag, Q_tile + q_col * ROW_BYTES);
+        gemm_nt_regs<D, MT, NT>(dP, V_frag, dO_tile + q_col * ROW_BYTES);
+    } else {
+        gemm_nt<D, MT, NT>(S, K_smem, Q_tile + q_col * ROW_BYTES);    // S^T = K_j Q_i^T
+        gemm_nt<D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
+    }
+    if (mask) {  // the same for the whole warp: the tiles without a mask test nothing
+        softmax_gradients<QROWS, MT, NT, true>(S, dP, p, vec_tile, k0 + key0, q0, q_col);
+    } else {
+        softmax_gradients<QROWS, MT, NT, false>(S, dP, p, vec_tile, k0 + key0, q0, q_col);
+    }
+    store_fragments<QROWS>(P_smem, S, key0, q_col);
+    store_fragments<QROWS>(dS_smem, dP, key0, q_col);
+}
+
+// dQ_acc[q0 + QROWS rows] += dS K_j, split over the 8 warps: warp (qw, dw) takes 32 query rows
+// (A = dS, read .trans from dS_smem where they are columns) x D / DQ_COL_WARPS head-dim columns
+// (B = K_j, .trans). BULK: into the staging tile (stage_dq_fragments). Else added to global memory
+// by fp32 atomics (red.global.add), one address a thread, its fragment rows and columns constant
+// offsets.
+template <int D, int KEYS, int QROWS, bool BULK>
+__device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t dS_smem,
+                                                   uint32_t K_smem, uint32_t dq_stage, size_t head,
+                                                   int q0) {
+    constexpr int DQ_ROW_WARPS = QROWS / DQ_WARP_ROWS, DQ_COL_WARPS = SMEM_P_WARPS / DQ_ROW_WARPS;
+    constexpr int MQ = DQ_WARP_ROWS / MMA_M, NT_Q = D / DQ_COL_WARPS / MMA_N;
+    static_assert(SMEM_P_WARPS % DQ_ROW_WARPS == 0 && NT_Q % X4_BLOCKS == 0, "dQ over the warps");
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int qw = warp % DQ_ROW_WARPS, dw = warp / DQ_ROW_WARPS;
+    float C[MQ][NT_Q][4];
+    gemm_nn<MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
+        C, dS_smem, DQ_WARP_ROWS * qw / CHUNK_HALVES, K_smem, NT_Q * MMA_N * dw / CHUNK_HALVES);
+    if (BULK) {
+        stage_dq_fragments<QROWS, MQ, NT_Q>(dq_stage, C, DQ_WARP_ROWS * qw, NT_Q * MMA_N * dw);
+        return;
+    }
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+    const int row0 = q0 + DQ_WARP_ROWS * qw + g;
+    float *const acc = p.dQ_acc + head + (size_t)row0 * D + MMA_N * NT_Q * dw + FRAG_LANE_COLS * t;
+#pragma unroll
+    for (int m = 0; m < MQ; ++m) {
+#pragma unroll
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+            const int r = MMA_M * m + FRAG_ROW_STEP * h;  // the fragment row, from row0
+            if (row0 + r >= p.N) continue;
+#pragma unroll
+            for (int n = 0; n < NT_Q; ++n) {
+                float *to = acc + r * D + MMA_N * n;
+                add_pair(to, C[m][n][frag_reg(h, 0)], C[m][n][frag_reg(h, 1)]);
+            }
+        }
+    }
+}
+
+// One block = one key tile K_j, V_j of one (batch, head), KEYS keys; it loops over the query
+// tiles that see it (causal: from its own diagonal on). Per query tile, three phases between two
+// barriers:
+//   scores:    warp (kw, qw) of a 4 x 2 grid: its 32 keys x QROWS / 2 queries of S^T and dP^T, so
+//              P^T and dS^T, in registers; stored to P_smem, dS_smem as fp16 (KV_REGS: K_j's and
+//              V_j's fragments from registers, loaded after the first barrier)
+//   dV, dK:    warp (kw, dw): its 32 keys x D / 2 columns of dV += P^T dO_i, dK += dS^T Q_i
+//              (accumulators for the whole loop)
+//   dQ:        warp (qw', dw'): 32 queries x its share of D of dS K_j, added by fp32 atomics
+//              (sm_90 on: stored to a staging tile, which goes to dQ_acc by one bulk tensor
+//              reduction issued after the next iteration's first barrier)
+template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool KV_REGS, bool DQ_ATOMIC,
+          bool DQ_BULK_OK>
+__global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
+    backward_smem_kernel(const bwd_params p, const __grid_constant__ CUtensorMap dq_map) {
+    constexpr int THREADS = SMEM_P_WARPS * WARP_SIZE;
+    constexpr int ROW_BYTES = D * HALF_BYTES;
+    constexpr int WARP_KEYS = KEYS / SMEM_P_KEY_WARPS;         // keys of a warp, every phase but dQ
+    constexpr int WARP_QUERIES = QROWS / SMEM_P_COL_WARPS;     // scores: queries of a warp
+    constexpr int WARP_COLS = D / SMEM_P_COL_WARPS;            // dV, dK: head-dim columns of a warp
+    constexpr int MT = WARP_KEYS / MMA_M;                      // m16 blocks of keys
+    constexpr int PASS_QUERIES = WARP_QUERIES / SCORE_PASSES;  // scores: queries a pass
+    constexpr int NT_S = PASS_QUERIES / MMA_N, NT_KV = WARP_COLS / MMA_N;
+    static_assert(STAGES == 2, "the next query tile arrives during this one's math");
+    static_assert(ROW_PAD % QROWS == 0, "lse2 and Dsum are padded to whole query tiles");
+    static_assert(WARP_KEYS % MMA_M == 0 && NT_S % X4_BLOCKS == 0 && NT_KV % X4_BLOCKS == 0,
+                  "the warps' fragments tile the block's products");
+    constexpr uint32_t KV_TILE = KEYS * ROW_BYTES, Q_TILE = QROWS * ROW_BYTES;
+    constexpr uint32_t PS_TILE = KEYS * QROWS * sizeof(__half);
+    constexpr uint32_t VEC = LOOP_VECTORS * QROWS * sizeof(float);  // LSE_i, then D_i
+#ifdef __CUDA_ARCH__
+    constexpr bool BULK = DQ_ATOMIC && DQ_BULK_OK && dq_bulk(__CUDA_ARCH__ / 10);  // dQ by bulk
+                                                                                   // reductions
+#else
+    constexpr bool BULK = false;
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // sm_75 has no cp.async for a second buffer, and a T4's shared memory is too small for this
+    // kernel: the launcher never picks it there.
+    __trap();
+    return;
+#endif
+
+    const int k0 = (int)blockIdx.x * KEYS;             // the block's first key
+    const size_t head = (size_t)blockIdx.y * p.N * D;  // (batch, head) offset
+    const size_t vec = (size_t)blockIdx.y * p.N_pad;   // its rows of lse2 and Dsum
+    const int warp = (int)threadIdx.x / WARP_SIZE;
+    const int kw = warp % SMEM_P_KEY_WARPS, cw = warp / SMEM_P_KEY_WARPS;
+    const int q_begin = p.causal ? k0 : 0;  // earlier queries see no key here
+    const int q_tiles = (p.N - q_begin + QROWS - 1) / QROWS;
+
+    // Shared memory: K_smem, V_smem [KEYS, D]; per stage Q_smem, dO_smem [QROWS, D]; P_smem,
+    // dS_smem [KEYS, QROWS]; per stage vec_smem [2, QROWS] floats; BULK: dq_stage [D / 8
+    // slabs][QROWS][8] floats. The half tiles swizzled.
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t K_smem = smem_u32(smem), V_smem = K_smem + KV_TILE;
+    const uint32_t Q_smem = V_smem + KV_TILE, dO_smem = Q_smem + STAGES * Q_TILE;
+    const uint32_t P_smem = dO_smem + STAGES * Q_TILE, dS_smem = P_smem + PS_TILE;
+    const uint32_t vec_smem = dS_smem + PS_TILE, dq_stage = vec_smem + STAGES * VEC;
+
+    tile_issue<KEYS, D, THREADS>(K_smem, p.K + head + (size_t)k0 * D, p.N - k0);
+    tile_issue<KEYS, D, THREADS>(V_smem, p.V + head + (size_t)k0 * D, p.N - k0);
+    cp_async_commit();
+    issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, head, vec, q_begin);
+
+    float dK[MT][NT_KV][4] = {}, dV[MT][NT_KV][4] = {};  // keys kw x columns cw, fp32
+    constexpr int KF = KV_REGS ? D / MMA_K : 1;          // k16 steps of K_frag, V_frag (unused: 1)
+    uint32_t K_frag[KF][MT][4], V_frag[KF][MT][4];
+    for (int it = 0; it < q_tiles; ++it) {
+        const int q0 = q_begin + it * QROWS;
+        const int buf = STAGES == 2 ? it % STAGES : 0;
+        const uint32_t Q_tile = Q_smem + buf * Q_TILE, dO_tile = dO_smem + buf * Q_TILE;
+        const uint32_t vec_tile = vec_smem + buf * VEC;
+        cp_async_wait<0>();
+        __syncthreads();  // tile it (and K_j, V_j) visible to all; every warp is done with tile
+                          // it - 1 (its buffer is refilled next) and with P_smem and dS_smem;
+                          // BULK: tile it - 1's dQ is staged
+        if (BULK && it > 0) add_staged_dq_tile(&dq_map, dq_stage, q0 - QROWS);
+        if constexpr (KV_REGS) {  // K_j and V_j have arrived with tile 0: into registers
+            if (it == 0) {
+                load_row_fragments<D, MT>(K_frag, K_smem + WARP_KEYS * kw * ROW_BYTES);
+                load_row_fragments<D, MT>(V_frag, V_smem + WARP_KEYS * kw * ROW_BYTES);
+            }
+        }
+        if (it + 1 < q_tiles) {
+            issue_query_tile<D, QROWS, THREADS>(
+                p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
+                vec_smem + (STAGES - 1 - buf) * VEC, head, vec, q0 + QROWS);
+        }
+
+        // Scores: S^T, P^T, dP^T, dS^T of keys kw, queries cw (SCORE_PASSES column blocks, so
+        // that fewer registers hold S^T and dP^T beside dK and dV; unrolled, so that one
+        // block's products run while the warp computes another's P^T and dS^T).
+#pragma unroll
+        for (int pass = 0; pass < SCORE_PASSES; ++pass) {
+            score_gradients<D, QROWS, MT, NT_S, KV_REGS, KF>(
+                p, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES, K_frag,
+                V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw, q0,
+                WARP_QUERIES * cw + pass * PASS_QUERIES,
+                k0 + KEYS > p.N || (p.causal && q0 < k0 + KEYS - 1));
+        }
+        if (BULK) bulk_wait<true>();  // the staged tile thread 0 handed over is read
+        __syncthreads();  // P_smem and dS_smem written by every warp, visible to all; BULK:
+                          // dq_stage free
+
+        // dV_j += P^T dO_i, dK_j += dS^T Q_i: keys kw, head-dim columns cw.
+        const int col_chunk = WARP_COLS * cw / CHUNK_HALVES;
+        gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
+            dV, P_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, dO_tile, col_chunk);
+        gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
+            dK, dS_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, Q_tile, col_chunk);
+        // dQ_i += dS K_j, by fp32 atomics or staged for bulk reductions (last: LOG.md, step 4's
+        // try)
+        if (DQ_ATOMIC)
+            accumulate_dq_tile<D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, head, q0);
+    }
+    if (BULK) {           // the last tile's dQ
+        __syncthreads();  // every warp's part of it is staged
+        add_staged_dq_tile(&dq_map, dq_stage, q_begin + (q_tiles - 1) * QROWS);
+        bulk_wait<false>();
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+#pragma unroll
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+            const int r = k0 + WARP_KEYS * kw + MMA_M * m + g + FRAG_ROW_STEP * h;
+            if (r >= p.N) continue;
+#pragma unroll
+            for (int n = 0; n < NT_KV; ++n) {
+                const size_t at =
+                    head + (size_t)r * D + WARP_COLS * cw + MMA_N * n + FRAG_LANE_COLS * t;
+                *reinterpret_cast<uint32_t *>(p.dK + at) = pack_half2(
+                    dK[m][n][frag_reg(h, 0)] * p.scale, dK[m][n][frag_reg(h, 1)] * p.scale);
+                *reinterpret_cast<uint32_t *>(p.dV + at) =
+                    pack_half2(dV[m][n][frag_reg(h, 0)], dV[m][n][frag_reg(h, 1)]);
+            }
+        }
+    }
+}
