@@ -21,5 +21,5 @@ $(BUILD)/lib/lib%.so: $(BUILD)/obj/%.o $(BUILD)/obj/attn_lib.o
 	@mkdir -p $(@D)
 	$(NVCC) -shared -o $@ $^ -Xlinker --exclude-libs,ALL -Xlinker -z,defs -lpthread $($*_LIBS)
 
-# stage 7's library carries its forward pass (stage 5's, renamed: see the Makefile) too
-$(BUILD)/lib/libstage7_backward.so: $(BUILD)/obj/stage7_forward.o
+# A stage that links another stage's forward pass carries it in its library too (its stage.mk's
+# <stage>_FORWARD: the Makefile adds the object).
