@@ -738,10 +738,13 @@ static void check_outputs(const options *o, gpu_ctx *g, const host_inputs *in, v
     free_download(lse, lraw);
 }
 
-/* Whether this stage's forward pass is its own: a stage with a backward pass links another
- * stage's forward (stage.mk's FORWARD), which that stage reports and times. */
+/* The descriptor of the stage whose forward pass this stage links (its stage.mk's FORWARD: that
+ * stage's object, its descriptor renamed), which that stage reports and times; a weak reference,
+ * absent (NULL) where the stage runs a forward pass of its own. */
+extern const attn_stage attn_forward_stage __attribute__((weak));
+
 static int own_forward(void) {
-    return attn_this_stage.backward == NULL;
+    return &attn_forward_stage == NULL;
 }
 
 /* The passes' times and TFLOP/s: the first run's, or with --bench the median of repeats (a pass
@@ -753,7 +756,7 @@ static void time_passes(const options *o, gpu_ctx *g, void *const b[BUFS],
         timing *t = &r->t[p];
         t->ms_median = t->ms_min = first_ms[p];
         t->repeats = 1;
-        if (p != PASS_FWD && own_forward()) continue;
+        if (p != PASS_FWD && !attn_this_stage.backward) continue;
         if (first_ms[p] > o->budget_s * 1000.0) {
             r->status = "over_budget";
         } else if (o->bench && !(p == PASS_FWD && !own_forward())) {
@@ -801,10 +804,10 @@ static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_res
     return rc;
 }
 
-/* The passes a stage reports: the forward, or for a stage with a backward pass the backward
- * alone and both (its forward is another stage's, reported there). */
+/* The passes a stage reports: its forward when the forward is its own (a linked forward is its
+ * stage's to report), and for a stage with a backward pass the backward alone and both. */
 static int reported(pass_kind p) {
-    return own_forward() ? p == PASS_FWD : p != PASS_FWD;
+    return p == PASS_FWD ? own_forward() : attn_this_stage.backward != NULL;
 }
 
 static double max3(const double v[GRADS]) {
