@@ -47,20 +47,28 @@ GENCODE := $(foreach a,$(ARCH),$(if $(filter compute_%,$(a)),-gencode arch=$(a)$
              -gencode arch=compute_$(patsubst sm_%,%,$(a))$(comma)code=sm_$(patsubst sm_%,%,$(a))))
 endif
 
-# Stage 6's kernels use wgmma and setmaxnreg, which exist only in sm_90a code: wherever a build
-# has sm_90 (native on a Hopper GPU, or in the fat build), stage 6 gets sm_90a instead. On every
-# other target it builds host code and its unsupported() says why.
-stage6_hopper_GENCODE = $(patsubst arch=compute_90$(comma)code=%,arch=compute_90a$(comma)code=%a,$(GENCODE))
+# What a stage needs beyond the generic rules below it declares in its folder's stage.mk (read
+# here, so adding a stage takes its folder and the README's ladder row, nothing else):
+#   <stage>_GENCODE  its targets, when they are not the build's (stage 6: sm_90a for sm_90)
+#   <stage>_LIBS     libraries its program and its library link (stage 0: cuBLAS)
+#   <stage>_FORWARD  the stage whose forward pass it links (stage 7: stage 5's): that stage's
+#                    attention.cu compiled a second time as obj/stage<n>_forward.o, its descriptor
+#                    renamed attn_forward_stage (hidden: the library exports one descriptor)
+#   <stage>_DIFF_BASE  what `make diff` shows it against, when not the stage before it
+include $(wildcard stage[0-9]*/stage.mk)
+# the stages with a backward pass (a linked forward), named by the program to a forward-only one
+BACKWARD_STAGES := $(strip $(foreach s,$(STAGES),$(if $($(s)_FORWARD),$(s))))
+# $(call forward_obj,STAGE): the object of STAGE's linked forward pass
+forward_obj = $(BUILD)/obj/$(firstword $(subst _, ,$(1)))_forward.o
 
 NVCCFLAGS := -std=c++17 -O3 -lineinfo -Xptxas -v -Werror all-warnings -Icommon \
              -Xcompiler -Wall,-Wextra,-Werror
 CFLAGS    := -std=c11 -O2 -Wall -Wextra -Werror -fopenmp -I$(CUDA_HOME)/include
 LDLIBS    := -Xcompiler -fopenmp -lm -ldl
-stage0_naive_LIBS := -lcublas
 
-COMMON_SRC := common/main.c common/reference.c common/reference_bwd.c common/npy.c
+COMMON_SRC := common/main.c common/device_info.c common/reference.c common/reference_bwd.c common/npy.c
 COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/obj/%.o,$(COMMON_SRC))
-HEADERS    := common/attention.h common/common.h common/csv_header.h
+HEADERS    := common/attention.h common/common.h common/csv_header.h common/device_info.h
 
 .DEFAULT_GOAL := all
 .PHONY: all build objects test check sanitize profile diff help clean format format-check
@@ -168,6 +176,8 @@ endif
 $(BUILD)/obj/%.o: common/%.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/main.o: CFLAGS += -DATTN_BACKWARD_STAGES='"$(or $(BACKWARD_STAGES),no stage)"'
+$(BUILD)/obj/main.o: $(wildcard stage[0-9]*/stage.mk)
 
 # The -Xptxas -v report (registers, shared memory, stack frame, spills) is kept beside the object.
 $(BUILD)/obj/%.o: %/attention.cu common/attention.h $(BUILD)/flags.txt
@@ -178,19 +188,22 @@ $(BUILD)/obj/%.o: %/attention.cu common/attention.h $(BUILD)/flags.txt
 $(BUILD)/stage%: $(BUILD)/obj/stage%.o $(COMMON_OBJ)
 	$(NVCC) -o $@ $^ $(LDLIBS) $($(notdir $@)_LIBS)
 
-# Stage 7 holds the backward pass only; its forward is stage 5's: stage5_tuned/attention.cu compiled
-# a second time with its descriptor renamed attn_forward_stage (hidden: stage 7's library exports
-# only stage 7's descriptor), linked beside it (not copied).
-$(BUILD)/obj/stage7_forward.o: stage5_tuned/attention.cu $(wildcard stage5_tuned/*.cuh) common/attention.h $(BUILD)/flags.txt
-	@mkdir -p $(@D) $(BUILD)/ptxas
-	@echo "$(NVCC) -c $< -Dattn_this_stage=attn_forward_stage [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $@"
-	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden $(GENCODE) -Dattn_this_stage=attn_forward_stage -c $< -o $@ 2> $(BUILD)/ptxas/stage7_forward.txt || { cat $(BUILD)/ptxas/stage7_forward.txt; exit 1; }
-$(BUILD)/stage7_backward: $(BUILD)/obj/stage7_forward.o
 # A stage's attention.cu includes the .cuh files of its folder and the device primitives that
 # stages share (common/device/: PTX wrappers, split-KV's plan and merge, the tensor-map encoder).
 DEVICE_HEADERS := $(wildcard common/device/*.cuh)
 $(foreach s,$(STAGES),$(eval $(BUILD)/obj/$(s).o: $(wildcard $(s)/*.cuh) $(DEVICE_HEADERS)))
-$(BUILD)/obj/stage7_forward.o: $(DEVICE_HEADERS)
+
+# A stage that links another stage's forward pass (<stage>_FORWARD): that stage's attention.cu
+# compiled a second time with its descriptor renamed, linked into the program and the library.
+define forward_rules
+$(call forward_obj,$(1)): $($(1)_FORWARD)/attention.cu $(wildcard $($(1)_FORWARD)/*.cuh common/device/*.cuh) common/attention.h $(BUILD)/flags.txt
+	@mkdir -p $$(@D) $(BUILD)/ptxas
+	@echo "$(NVCC) -c $$< -Dattn_this_stage=attn_forward_stage [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $$@"
+	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden $(or $($($(1)_FORWARD)_GENCODE),$(GENCODE)) -Dattn_this_stage=attn_forward_stage -c $$< -o $$@ 2> $(BUILD)/ptxas/$$(basename $$(@F)).txt || { cat $(BUILD)/ptxas/$$(basename $$(@F)).txt; exit 1; }
+$(BUILD)/$(1): $(call forward_obj,$(1))
+$(BUILD)/lib/lib$(1).so: $(call forward_obj,$(1))
+endef
+$(foreach s,$(BACKWARD_STAGES),$(eval $(call forward_rules,$(s))))
 
 $(BUILD)/test_common: common/tests/test_common.c $(BUILD)/obj/reference.o $(BUILD)/obj/npy.o
 	$(CC) $(CFLAGS) -Icommon -o $@ $^ -lm
@@ -219,10 +232,9 @@ sanitize:
 	SANITIZER='$(SANITIZER)' bash common/tests/sanitize.sh $(BUILD) "$(SANITIZE_TOOLS)" $(STAGES)
 
 # ---- one lesson at a time ----
-# what a stage's diff is taken against: the stage before it, but stage 7 (the backward pass)
-# against stage 5, whose forward it reuses
-DIFF_BASE_7 := stage5_tuned
-PREV_DIR  = $(or $(DIFF_BASE_$(STAGE)),$(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*)))
+# what a stage's diff is taken against: the stage before it, or its stage.mk's <stage>_DIFF_BASE
+# (stage 7, the backward pass: stage 5, whose forward it reuses)
+PREV_DIR  = $(or $($(STAGE_DIR)_DIFF_BASE),$(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*)))
 # A stage's code as one text in reading order: attention.cu, then the .cuh files of its folder in
 # the order attention.cu includes them (those it does not name last), each after a line naming it.
 stage_code = for f in $(1)/attention.cu $$(sed -n 's/^\#include "\([^/"]*\.cuh\)".*/\1/p' $(1)/attention.cu | sed 's|^|$(1)/|') \

@@ -12,7 +12,6 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <float.h>
 #include <getopt.h>
@@ -29,6 +28,7 @@
 #include "attention.h"
 #include "common.h"
 #include "csv_header.h"
+#include "device_info.h"
 
 /* Every CUDA call outside a stage goes through this: the call's text, file and line. */
 #define CUDA_CHECK(call)                                                               \
@@ -48,6 +48,11 @@
 #define SLOW_MS 1000.0  /* unless one launch takes longer than this: then ... */
 #define SLOW_REPEATS 3  /* ... this many launches */
 #define MAX_REPEATS 10000
+/* The stages with a backward pass, named where a forward-only stage is asked for one (the
+ * Makefile passes them from the stages' stage.mk declarations). */
+#ifndef ATTN_BACKWARD_STAGES
+#define ATTN_BACKWARD_STAGES "no stage"
+#endif
 
 typedef struct {
     attn_shape shape;
@@ -76,6 +81,12 @@ static const char *const pass_names[PASSES] = {"fwd", "bwd", "fwd+bwd"};
 /* FLOPs per pass, in units of the forward's 4 B H N^2 D (halved when causal): the backward's
  * five matrix products against the forward's two count 2.5 (the FlashAttention papers' rule). */
 static const double pass_flops[PASSES] = {1.0, 2.5, 3.5};
+
+/* The forward's FLOPs: 4 B H N^2 D (two matrix products of 2 N^2 D each per head), halved when
+ * causal (the FlashAttention papers' rule; plots/flops.py is the Python side's home). */
+static double attn_flops(const attn_shape *s) {
+    return 4.0 * s->B * s->H * (double)s->N * s->N * s->D * (s->causal ? 0.5 : 1.0);
+}
 
 typedef struct {
     double ms_median, ms_min, tflops;
@@ -259,6 +270,121 @@ static const char *typed_option(const char *arg) {
     return buf;
 }
 
+/* getopt_long found no such option: which it is, in one line (a flag given a value, a prefix of
+ * several options, or no option at all). */
+static void die_unknown_option(const char *typed) {
+    if (optopt && optopt < 256) die_usage("unknown option '-%c'", optopt);
+    /* the long options the typed one names: itself, or those it is a prefix of */
+    const char *t = typed_option(typed);
+    const struct option *hit = NULL;
+    char matches[256] = "";
+    int n_match = 0;
+    for (const struct option *l = long_options; !strncmp(t, "--", 2) && l->name; l++) {
+        if (strncmp(t + 2, l->name, strlen(t + 2))) continue;
+        if (!strcmp(t + 2, l->name)) { /* exact: no other counts */
+            hit = l, n_match = 1;
+            break;
+        }
+        hit = l, n_match++;
+        snprintf(matches + strlen(matches), sizeof matches - strlen(matches), "%s--%s",
+                 n_match > 1 ? ", " : "", l->name);
+    }
+    if (n_match > 1) die_usage("option '%s' is ambiguous (%s)", t, matches);
+    if (hit && strchr(typed, '=') && hit->has_arg == no_argument)
+        die_usage("--%s takes no value", hit->name);
+    die_usage("unknown option '%s'", t);
+}
+
+/* --batch, --heads, --seq, --dim, --causal, --scale: 1 if c is one of them. */
+static int shape_option(int c, const char *a, const char *v, options *o) {
+    attn_shape *s = &o->shape;
+    switch (c) {
+        case OPT_BATCH:
+            s->B = (int)parse_int(a, v, 1, ATTN_MAX_BH), o->given_B = 1;
+            break;
+        case OPT_HEADS:
+            s->H = (int)parse_int(a, v, 1, ATTN_MAX_BH), o->given_H = 1;
+            break;
+        case OPT_SEQ:
+            s->N = (int)parse_int(a, v, 1, ATTN_MAX_N), o->given_N = 1;
+            break;
+        case OPT_DIM:
+            s->D = (int)parse_int(a, v, 1, 1 << 20), o->given_D = 1;
+            break;
+        case OPT_CAUSAL:
+            s->causal = 1;
+            break;
+        case OPT_SCALE:
+            s->scale = parse_pos_float(a, v), o->given_scale = 1;
+            break;
+        default:
+            return 0;
+    }
+    o->given_run = 1;
+    return 1;
+}
+
+/* The input and output files: 1 if c names one. The backward pass's only for a stage with one. */
+static int file_option(int c, const char *a, const char *v, options *o) {
+    const char **path = c == OPT_Q     ? &o->qpath
+                        : c == OPT_K   ? &o->kpath
+                        : c == OPT_V   ? &o->vpath
+                        : c == OPT_OUT ? &o->outpath
+                        : c == OPT_LSE ? &o->lsepath
+                        : c == OPT_DO  ? &o->dOpath
+                        : c == OPT_DQ  ? &o->dqpath
+                        : c == OPT_DK  ? &o->dkpath
+                        : c == OPT_DV  ? &o->dvpath
+                                       : NULL;
+    if (!path) return 0;
+    if (path >= &o->dOpath && path <= &o->dvpath && !attn_this_stage.backward)
+        die_usage("%s: %s has no backward pass (%s %s)", a, attn_this_stage.name,
+                  ATTN_BACKWARD_STAGES, strchr(ATTN_BACKWARD_STAGES, ' ') ? "have" : "has");
+    *path = v;
+    return 1;
+}
+
+/* --seed, --dist, --check, --bench, --budget, --csv, --variant, --smem-limit, --self-test. */
+static void run_option(int c, const char *a, const char *v, options *o) {
+    const int sets_run =
+        c != OPT_SEED && c != OPT_VARIANT && c != OPT_SMEM_LIMIT && c != OPT_SELF_TEST;
+    switch (c) {
+        case OPT_SEED:
+            o->seed = (uint64_t)parse_int(a, v, 0, INT64_MAX);
+            break;
+        case OPT_DIST:
+            if (strcmp(v, "normal") && strcmp(v, "peaky"))
+                die_usage("--dist: '%s' is not one of normal, peaky", v);
+            o->peaky = !strcmp(v, "peaky");
+            break;
+        case OPT_CHECK:
+            o->check_rows = !strcmp(v, "all") ? -1 : parse_int(a, v, 0, INT64_MAX);
+            break;
+        case OPT_BENCH:
+            o->bench = 1;
+            break;
+        case OPT_BUDGET:
+            o->budget_s = parse_pos(a, v);
+            break;
+        case OPT_CSV:
+            o->csv = 1;
+            break;
+        case OPT_VARIANT:
+            o->variant = attn_variant_index(attn_this_stage.variants, v);
+            if (o->variant < 0)
+                die_usage("--variant: '%s' is not one of %s", v, attn_this_stage.variants);
+            o->variant_given = 1;
+            break;
+        case OPT_SMEM_LIMIT:
+            o->smem_limit = parse_int(a, v, 16384, 1 << 30);
+            break;
+        case OPT_SELF_TEST:
+            o->self_test = 1;
+            break;
+    }
+    if (sets_run) o->given_run = 1;
+}
+
 static void parse_args(int argc, char **argv, options *o) {
     memset(o, 0, sizeof *o);
     o->shape = (attn_shape){1, 1, 1024, 128, 0, 0.0f};
@@ -267,131 +393,18 @@ static void parse_args(int argc, char **argv, options *o) {
     o->budget_s = 60.0;
     opterr = 0; /* the messages below, not getopt's */
     /* "+": stop at the first non-option (reported as unknown); ":": a missing value returns ':' */
-    for (;;) {
-        int idx = -1;
-        int c = getopt_long(argc, argv, "+:h", long_options, &idx);
-        if (c == -1) break;
+    for (int c, idx; idx = -1, (c = getopt_long(argc, argv, "+:h", long_options, &idx)) != -1;) {
         const char *typed = argv[optind - 1];
-        if (c == '?') {
-            if (optopt && optopt < 256) die_usage("unknown option '-%c'", optopt);
-            /* the long options the typed one names: itself, or those it is a prefix of */
-            const char *t = typed_option(typed);
-            const struct option *hit = NULL;
-            char matches[256] = "";
-            int n_match = 0;
-            for (const struct option *l = long_options; !strncmp(t, "--", 2) && l->name; l++) {
-                if (strncmp(t + 2, l->name, strlen(t + 2))) continue;
-                if (!strcmp(t + 2, l->name)) { /* exact: no other counts */
-                    hit = l, n_match = 1;
-                    break;
-                }
-                hit = l, n_match++;
-                snprintf(matches + strlen(matches), sizeof matches - strlen(matches), "%s--%s",
-                         n_match > 1 ? ", " : "", l->name);
-            }
-            if (n_match > 1) die_usage("option '%s' is ambiguous (%s)", t, matches);
-            if (hit && strchr(typed, '=') && hit->has_arg == no_argument)
-                die_usage("--%s takes no value", hit->name);
-            die_usage("unknown option '%s'", t);
-        }
+        if (c == '?') die_unknown_option(typed);
         if (c == ':') die_usage("%s needs a value", typed_option(typed));
-        char name[64]; /* the option's full name, "--seq", for the messages */
-        snprintf(name, sizeof name, "--%s", idx >= 0 ? long_options[idx].name : "help");
-        const char *a = name, *v = optarg;
-        switch (c) {
-            case OPT_HELP:
-                usage();
-                exit(ATTN_EXIT_PASS);
-            case OPT_BATCH:
-                o->shape.B = (int)parse_int(a, v, 1, ATTN_MAX_BH);
-                o->given_B = o->given_run = 1;
-                break;
-            case OPT_HEADS:
-                o->shape.H = (int)parse_int(a, v, 1, ATTN_MAX_BH);
-                o->given_H = o->given_run = 1;
-                break;
-            case OPT_SEQ:
-                o->shape.N = (int)parse_int(a, v, 1, ATTN_MAX_N);
-                o->given_N = o->given_run = 1;
-                break;
-            case OPT_DIM:
-                o->shape.D = (int)parse_int(a, v, 1, 1 << 20);
-                o->given_D = o->given_run = 1;
-                break;
-            case OPT_CAUSAL:
-                o->shape.causal = 1;
-                o->given_run = 1;
-                break;
-            case OPT_SCALE:
-                o->shape.scale = parse_pos_float(a, v);
-                o->given_scale = o->given_run = 1;
-                break;
-            case OPT_SEED:
-                o->seed = (uint64_t)parse_int(a, v, 0, INT64_MAX);
-                break;
-            case OPT_DIST:
-                if (!strcmp(v, "normal"))
-                    o->peaky = 0;
-                else if (!strcmp(v, "peaky"))
-                    o->peaky = 1;
-                else
-                    die_usage("--dist: '%s' is not one of normal, peaky", v);
-                o->given_run = 1;
-                break;
-            case OPT_Q:
-                o->qpath = v;
-                break;
-            case OPT_K:
-                o->kpath = v;
-                break;
-            case OPT_V:
-                o->vpath = v;
-                break;
-            case OPT_OUT:
-                o->outpath = v;
-                break;
-            case OPT_LSE:
-                o->lsepath = v;
-                break;
-            case OPT_DO:
-            case OPT_DQ:
-            case OPT_DK:
-            case OPT_DV:
-                if (!attn_this_stage.backward)
-                    die_usage("%s: %s has no backward pass (stage7_backward has)", a,
-                              attn_this_stage.name);
-                *(c == OPT_DQ   ? &o->dqpath
-                  : c == OPT_DK ? &o->dkpath
-                  : c == OPT_DV ? &o->dvpath
-                                : &o->dOpath) = v;
-                break;
-            case OPT_CHECK:
-                o->check_rows = !strcmp(v, "all") ? -1 : parse_int(a, v, 0, INT64_MAX);
-                o->given_run = 1;
-                break;
-            case OPT_BENCH:
-                o->bench = o->given_run = 1;
-                break;
-            case OPT_BUDGET:
-                o->budget_s = parse_pos(a, v);
-                o->given_run = 1;
-                break;
-            case OPT_CSV:
-                o->csv = o->given_run = 1;
-                break;
-            case OPT_VARIANT:
-                o->variant = attn_variant_index(attn_this_stage.variants, v);
-                if (o->variant < 0)
-                    die_usage("--variant: '%s' is not one of %s", v, attn_this_stage.variants);
-                o->variant_given = 1;
-                break;
-            case OPT_SMEM_LIMIT:
-                o->smem_limit = parse_int(a, v, 16384, 1 << 30);
-                break;
-            case OPT_SELF_TEST:
-                o->self_test = 1;
-                break;
+        if (c == OPT_HELP) {
+            usage();
+            exit(ATTN_EXIT_PASS);
         }
+        char name[64]; /* the option's full name, "--seq", for the messages */
+        snprintf(name, sizeof name, "--%s", long_options[idx].name);
+        if (!shape_option(c, name, optarg, o) && !file_option(c, name, optarg, o))
+            run_option(c, name, optarg, o);
     }
     if (optind < argc) die_usage("unknown option '%s'", argv[optind]);
 }
@@ -414,8 +427,8 @@ static float *load_npy(const char *opt, const char *path, options *o) {
     if (rc != 0) die_usage("%s: %s", opt, err);
     if (a.ndim != 4)
         die_usage("%s: '%s' has %d dimensions, want 4 [B, H, N, D]", opt, path, a.ndim);
-    if (a.shape[3] != 64 && a.shape[3] != 128)
-        die_usage("%s: '%s' has D = %lld, which is not supported (64 or 128)", opt, path,
+    if (!attn_head_dim_ok(a.shape[3]))
+        die_usage("%s: '%s' has D = %lld, which is not supported (" ATTN_HEAD_DIMS ")", opt, path,
                   a.shape[3]);
     long long want[4] = {o->shape.B, o->shape.H, o->shape.N, o->shape.D};
     int given[4] = {o->given_B, o->given_H, o->given_N, o->given_D};
@@ -505,41 +518,14 @@ typedef struct {
 
 static int gpu_init(const options *o, gpu_ctx *g) {
     int count = 0;
-    /* Without the driver library the runtime says "CUDA driver version is insufficient",
-     * which sends a learner to upgrade a driver they do not have: say what is missing. */
-    void *libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    if (!libcuda) {
-        fprintf(stderr, "%s: no NVIDIA GPU here (no NVIDIA driver: libcuda.so.1 not found)\n",
-                prog);
+    char why[512];
+    if (attn_gpu_probe("program", &count, why, sizeof why) != 0) {
+        fprintf(stderr, "%s: %s\n", prog, why);
         return -1;
     }
-    dlclose(libcuda);
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0)) {
-        fprintf(stderr, "%s: no NVIDIA GPU here (the driver finds no device)\n", prog);
-        return -1;
-    }
-    if (e != cudaSuccess) {
-        int drv = 0, rt = 0;
-        (void)cudaDriverGetVersion(&drv), (void)cudaRuntimeGetVersion(&rt);
-        fprintf(stderr,
-                "%s: the NVIDIA driver cannot run this program: %s (driver supports CUDA "
-                "%d.%d, program built with %d.%d)\n",
-                prog, cudaGetErrorString(e), drv / 1000, drv % 1000 / 10, rt / 1000,
-                rt % 1000 / 10);
-        return -1;
-    }
-    struct cudaDeviceProp p;
-    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
-    snprintf(g->name, sizeof g->name, "%s", p.name);
-    for (char *c = g->name; *c; c++)
-        if (*c == ',') *c = ' ';
-    g->dev.cc = p.major * 10 + p.minor;
-    g->dev.smem_per_block = p.sharedMemPerBlockOptin;
-    g->dev.sm_count = p.multiProcessorCount;
-    if (o->smem_limit > 0 && (size_t)o->smem_limit < g->dev.smem_per_block)
-        g->dev.smem_per_block = (size_t)o->smem_limit;
-    g->flush_bytes = 2 * (size_t)p.l2CacheSize;
+    size_t l2 = 0;
+    CUDA_CHECK(attn_device_query(0, o->smem_limit, &g->dev, g->name, sizeof g->name, &l2));
+    g->flush_bytes = 2 * l2;
     if (g->flush_bytes < ((size_t)64 << 20)) g->flush_bytes = (size_t)64 << 20;
     CUDA_CHECK(cudaMalloc(&g->flush, g->flush_bytes));
     CUDA_CHECK(cudaStreamCreate(&g->stream));
@@ -689,21 +675,14 @@ static double run_backward(const options *o, gpu_ctx *g, const host_inputs *in, 
     return ms;
 }
 
-/* One run: allocate, run once on poisoned output, check, then time. Returns an exit code. */
-static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_result *r) {
+/* The device buffers of one run (the backward's only for a stage with a backward pass), the
+ * inputs copied in. 0, or -1 when the device is out of memory (what is allocated stays in b). */
+static int alloc_buffers(const options *o, gpu_ctx *g, const host_inputs *in, void *b[BUFS],
+                         run_result *r) {
     const attn_shape *s = &o->shape;
-    memset(r, 0, sizeof *r);
-    r->status = "ok";
-    const char *why = attn_this_stage.unsupported(s, &g->dev, o->variant);
-    if (why) {
-        fprintf(stderr, "%s: unsupported here: %s\n", prog, why);
-        r->status = "unsupported";
-        return ATTN_EXIT_UNSUPPORTED;
-    }
     const int bwd = attn_this_stage.backward != NULL;
     const size_t n = elems_of(s), rows = (size_t)s->B * s->H * s->N;
     const size_t esz = attn_this_stage.dtype == ATTN_F16 ? 2 : 4;
-    void *b[BUFS] = {0};
     const char *what[BUFS] = {
         "Q", "K", "V", "O", "lse", "workspace", "dO", "dQ", "dK", "dV", "the backward's workspace"};
     size_t bytes[BUFS] = {
@@ -718,73 +697,117 @@ static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_res
         bwd ? n * esz : 0,
         bwd ? n * esz : 0,
         bwd ? attn_this_stage.backward_workspace_bytes(s, &g->dev, o->variant) : 0};
-    int rc = ATTN_EXIT_PASS;
-    for (int i = 0; i < BUFS; i++) {
-        if (dev_alloc(&b[i], bytes[i], what[i], &r->device_mb) != 0) {
-            r->status = "OOM";
-            rc = ATTN_EXIT_OOM;
-            goto done;
-        }
-    }
+    for (int i = 0; i < BUFS; i++)
+        if (dev_alloc(&b[i], bytes[i], what[i], &r->device_mb) != 0) return -1;
     CUDA_CHECK(cudaMemcpy(b[BUF_Q], in->Qs, bytes[BUF_Q], cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(b[BUF_K], in->Ks, bytes[BUF_K], cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(b[BUF_V], in->Vs, bytes[BUF_V], cudaMemcpyHostToDevice));
     if (bwd) CUDA_CHECK(cudaMemcpy(b[BUF_DO], in->dOs, bytes[BUF_DO], cudaMemcpyHostToDevice));
+    return 0;
+}
 
-    /* first run: on NaN-poisoned output (0xff bytes are NaN in fp16 and fp32) */
-    CUDA_CHECK(cudaMemset(b[BUF_O], 0xff, bytes[BUF_O]));
-    CUDA_CHECK(cudaMemset(b[BUF_LSE], 0xff, bytes[BUF_LSE]));
-    double first_ms[PASSES] = {timed_launch(g, o, b, PASS_FWD), 0, 0};
+/* The forward's O and LSE to the host: written where asked, checked against the float64
+ * reference, then the backward pass (a stage with one) given them. The passes' first times. */
+static void check_outputs(const options *o, gpu_ctx *g, const host_inputs *in, void *const b[BUFS],
+                          double first_ms[PASSES], run_result *r) {
+    const attn_shape *s = &o->shape;
+    const int bwd = attn_this_stage.backward != NULL;
+    const size_t n = elems_of(s), rows = (size_t)s->B * s->H * s->N;
+    const size_t esz = attn_this_stage.dtype == ATTN_F16 ? 2 : 4;
     const int need_out = o->check_rows != 0 || o->outpath || o->lsepath;
-    if (need_out || (bwd && (o->dqpath || o->dkpath || o->dvpath))) {
-        void *raw, *lraw;
-        float *O = download(b[BUF_O], n, esz, &raw);
-        float *lse = download(b[BUF_LSE], rows, sizeof(float), &lraw);
-        long long shp[4] = {s->B, s->H, s->N, s->D};
-        write_npy("--out", o->outpath, esz == 2 ? NPY_F16 : NPY_F32, 4, shp, raw);
-        write_npy("--lse", o->lsepath, NPY_F32, 3, shp, lse);
-        if (o->check_rows != 0) {
-            long long nr;
-            long long *rl = rows_to_check(o, (long long)rows, o->seed, &nr);
-            ref_shape rs = {s->B, s->H, s->N, s->D, s->causal, (double)s->scale};
-            check_output(&rs, esz == 2, in->Qf, in->Kf, in->Vf, O, lse, rl, nr, &r->chk);
-            r->checked = 1;
-            free(rl);
-        }
-        if (bwd) first_ms[PASS_BWD] = run_backward(o, g, in, b, O, lse, r);
-        free_download(O, raw);
-        free_download(lse, lraw);
-    } else if (bwd) {
-        first_ms[PASS_BWD] = run_backward(o, g, in, b, NULL, NULL, r);
+    if (!need_out && !(bwd && (o->dqpath || o->dkpath || o->dvpath))) {
+        if (bwd) first_ms[PASS_BWD] = run_backward(o, g, in, b, NULL, NULL, r);
+        return;
     }
-    if ((r->checked && !r->chk.pass) || (r->gchecked && !r->gchk.pass)) {
-        r->status = "FAIL";
-        rc = ATTN_EXIT_WRONG;
+    void *raw, *lraw;
+    float *O = download(b[BUF_O], n, esz, &raw);
+    float *lse = download(b[BUF_LSE], rows, sizeof(float), &lraw);
+    long long shp[4] = {s->B, s->H, s->N, s->D};
+    write_npy("--out", o->outpath, esz == 2 ? NPY_F16 : NPY_F32, 4, shp, raw);
+    write_npy("--lse", o->lsepath, NPY_F32, 3, shp, lse);
+    if (o->check_rows != 0) {
+        long long nr;
+        long long *rl = rows_to_check(o, (long long)rows, o->seed, &nr);
+        ref_shape rs = {s->B, s->H, s->N, s->D, s->causal, (double)s->scale};
+        check_output(&rs, esz == 2, in->Qf, in->Kf, in->Vf, O, lse, rl, nr, &r->chk);
+        r->checked = 1;
+        free(rl);
     }
-    first_ms[PASS_BOTH] = first_ms[PASS_FWD] + first_ms[PASS_BWD];
-    const double flops = 4.0 * s->B * s->H * (double)s->N * s->N * s->D * (s->causal ? 0.5 : 1.0);
+    if (bwd) first_ms[PASS_BWD] = run_backward(o, g, in, b, O, lse, r);
+    free_download(O, raw);
+    free_download(lse, lraw);
+}
+
+/* The descriptor of the stage whose forward pass this stage links (its stage.mk's FORWARD: that
+ * stage's object, its descriptor renamed), which that stage reports and times; a weak reference,
+ * absent (NULL) where the stage runs a forward pass of its own. */
+extern const attn_stage attn_forward_stage __attribute__((weak));
+
+static int own_forward(void) {
+    return &attn_forward_stage == NULL;
+}
+
+/* The passes' times and TFLOP/s: the first run's, or with --bench the median of repeats (a pass
+ * over the budget is not repeated). */
+static void time_passes(const options *o, gpu_ctx *g, void *const b[BUFS],
+                        const double first_ms[PASSES], run_result *r) {
+    const double flops = attn_flops(&o->shape);
     for (int p = 0; p < PASSES; p++) {
         timing *t = &r->t[p];
         t->ms_median = t->ms_min = first_ms[p];
         t->repeats = 1;
-        if (rc != ATTN_EXIT_PASS || (p != PASS_FWD && !bwd)) continue;
+        if (p != PASS_FWD && !attn_this_stage.backward) continue;
         if (first_ms[p] > o->budget_s * 1000.0) {
             r->status = "over_budget";
-        } else if (o->bench && !(bwd && p == PASS_FWD)) { /* stage 7's forward is stage 5's */
+        } else if (o->bench && !(p == PASS_FWD && !own_forward())) {
             bench_pass(g, o, b, (pass_kind)p, first_ms[p], t);
         }
         t->tflops = pass_flops[p] * flops / (t->ms_median * 1e-3) / 1e12;
     }
-done:
+}
+
+/* One run: allocate, run once on poisoned output, check, then time. Returns an exit code. */
+static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_result *r) {
+    memset(r, 0, sizeof *r);
+    r->status = "ok";
+    const char *why = attn_this_stage.unsupported(&o->shape, &g->dev, o->variant);
+    if (why) {
+        fprintf(stderr, "%s: unsupported here: %s\n", prog, why);
+        r->status = "unsupported";
+        return ATTN_EXIT_UNSUPPORTED;
+    }
+    void *b[BUFS] = {0};
+    int rc = ATTN_EXIT_PASS;
+    if (alloc_buffers(o, g, in, b, r) != 0) {
+        r->status = "OOM";
+        rc = ATTN_EXIT_OOM;
+    } else {
+        /* first run: on NaN-poisoned output (0xff bytes are NaN in fp16 and fp32) */
+        const size_t esz = attn_this_stage.dtype == ATTN_F16 ? 2 : 4;
+        const size_t rows = (size_t)o->shape.B * o->shape.H * o->shape.N;
+        CUDA_CHECK(cudaMemset(b[BUF_O], 0xff, rows * o->shape.D * esz));
+        CUDA_CHECK(cudaMemset(b[BUF_LSE], 0xff, rows * sizeof(float)));
+        double first_ms[PASSES] = {timed_launch(g, o, b, PASS_FWD), 0, 0};
+        check_outputs(o, g, in, b, first_ms, r);
+        if ((r->checked && !r->chk.pass) || (r->gchecked && !r->gchk.pass)) {
+            r->status = "FAIL";
+            rc = ATTN_EXIT_WRONG;
+        }
+        first_ms[PASS_BOTH] = first_ms[PASS_FWD] + first_ms[PASS_BWD];
+        if (rc == ATTN_EXIT_PASS)
+            time_passes(o, g, b, first_ms, r);
+        else
+            for (int p = 0; p < PASSES; p++) r->t[p] = (timing){first_ms[p], first_ms[p], 0.0, 1};
+    }
     for (int i = 0; i < BUFS; i++)
         if (b[i]) CUDA_CHECK(cudaFree(b[i]));
     return rc;
 }
 
-/* The passes a stage reports: the forward, or for a stage with a backward pass the backward
- * alone and both (its forward is another stage's, reported there). */
+/* The passes a stage reports: its forward when the forward is its own (a linked forward is its
+ * stage's to report), and for a stage with a backward pass the backward alone and both. */
 static int reported(pass_kind p) {
-    return attn_this_stage.backward ? p != PASS_FWD : p == PASS_FWD;
+    return p == PASS_FWD ? own_forward() : attn_this_stage.backward != NULL;
 }
 
 static double max3(const double v[GRADS]) {
@@ -856,10 +879,45 @@ static void describe(FILE *f, const options *o, const run_result *r) {
 
 /* ---- the standard matrix ---- */
 
+static const int self_test_N[] = {1, 2, 17, 63, 64, 65, 127, 128, 129, 255, 1000, 1024, 2047, 4097};
+static const int self_test_D[] = {64, 128};
+static const int self_test_BH[][2] = {{1, 1}, {2, 3}};
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+/* The matrix per variant: D, causal, (B, H), dist, N; N running fastest. */
+#define SELF_TEST_CASES (COUNT(self_test_D) * 2 * COUNT(self_test_BH) * 2 * COUNT(self_test_N))
+
+/* Case c of the matrix (0 .. SELF_TEST_CASES - 1) for variant v: its shape, inputs and rows. */
+static options self_test_case(const options *base, int v, int c, uint64_t case_no) {
+    const int ni = c % COUNT(self_test_N), peaky = c / COUNT(self_test_N) % 2;
+    const int bh = c / (COUNT(self_test_N) * 2) % COUNT(self_test_BH);
+    const int causal = c / (COUNT(self_test_N) * 2 * COUNT(self_test_BH)) % 2;
+    const int D = self_test_D[c / (COUNT(self_test_N) * 2 * COUNT(self_test_BH) * 2)];
+    options o = *base;
+    o.shape = (attn_shape){self_test_BH[bh][0],   self_test_BH[bh][1], self_test_N[ni], D, causal,
+                           1.0f / sqrtf((float)D)};
+    o.variant = v;
+    o.peaky = peaky;
+    o.bench = 0;
+    o.seed = base->seed * 1000003ull + case_no;
+    long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
+    o.check_rows = rows <= SELF_TEST_FULL_ROWS ? -1 : SELF_TEST_SAMPLE;
+    return o;
+}
+
+/* One case: inputs, run, check; a failure described on stderr. 1 if it passed. */
+static int self_test_run(const options *o, gpu_ctx *g) {
+    host_inputs in;
+    if (make_inputs(o, NULL, NULL, NULL, NULL, &in) != 0) die_host_oom("the inputs");
+    run_result r;
+    int rc = run_case(o, g, &in, &r);
+    free_inputs(&in);
+    if (rc == ATTN_EXIT_PASS) return 1;
+    fprintf(stderr, "FAILED: ");
+    describe(stderr, o, &r);
+    return 0;
+}
+
 static int self_test(const options *base, gpu_ctx *g) {
-    static const int Ns[] = {1, 2, 17, 63, 64, 65, 127, 128, 129, 255, 1000, 1024, 2047, 4097};
-    static const int Ds[] = {64, 128};
-    static const int BH[][2] = {{1, 1}, {2, 3}};
     int passed = 0, failed = 0, nv = attn_variant_count(attn_this_stage.variants);
     uint64_t case_no = 0;
     struct timespec t0, t1;
@@ -876,44 +934,45 @@ static int self_test(const options *base, gpu_ctx *g) {
         if (base->variant_given && v != base->variant) continue;
         char vname[64];
         attn_variant_name(attn_this_stage.variants, v, vname, sizeof vname);
-        int vp = 0, vf = 0;
-        for (int di = 0; di < 2; di++)
-            for (int causal = 0; causal < 2; causal++)
-                for (int bh = 0; bh < 2; bh++)
-                    for (int peaky = 0; peaky < 2; peaky++)
-                        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
-                            options o = *base;
-                            o.shape =
-                                (attn_shape){BH[bh][0], BH[bh][1], Ns[ni],
-                                             Ds[di],    causal,    1.0f / sqrtf((float)Ds[di])};
-                            o.variant = v;
-                            o.peaky = peaky;
-                            o.bench = 0;
-                            o.seed = base->seed * 1000003ull + case_no++;
-                            long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
-                            o.check_rows = rows <= SELF_TEST_FULL_ROWS ? -1 : SELF_TEST_SAMPLE;
-                            host_inputs in;
-                            if (make_inputs(&o, NULL, NULL, NULL, NULL, &in) != 0)
-                                die_host_oom("the inputs");
-                            run_result r;
-                            int rc = run_case(&o, g, &in, &r);
-                            free_inputs(&in);
-                            if (rc == ATTN_EXIT_PASS) {
-                                vp++;
-                            } else {
-                                vf++;
-                                fprintf(stderr, "FAILED: ");
-                                describe(stderr, &o, &r);
-                            }
-                        }
-        printf("%s variant %s: %d passed, %d failed\n", attn_this_stage.name, vname, vp, vf);
-        passed += vp, failed += vf;
+        int vp = 0;
+        for (int c = 0; c < SELF_TEST_CASES; c++) {
+            const options o = self_test_case(base, v, c, case_no++);
+            vp += self_test_run(&o, g);
+        }
+        printf("%s variant %s: %d passed, %d failed\n", attn_this_stage.name, vname, vp,
+               SELF_TEST_CASES - vp);
+        passed += vp, failed += SELF_TEST_CASES - vp;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("%s self-test on %s (smem/block %zu): %.1f s\n", attn_this_stage.name, g->name,
            g->dev.smem_per_block, (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec));
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? ATTN_EXIT_WRONG : ATTN_EXIT_PASS;
+}
+
+/* The options together: the shape's rules, the default scale, what --self-test takes, and the
+ * output files writable before anything runs. */
+static void check_options(options *o) {
+    attn_shape *s = &o->shape;
+    if (!attn_head_dim_ok(s->D)) die_usage("--dim: %d is not supported (" ATTN_HEAD_DIMS ")", s->D);
+    if (attn_shape_check(s) == ATTN_SHAPE_BH)
+        die_usage("--batch x --heads: %lld is over %d", (long long)s->B * s->H, ATTN_MAX_BH);
+    if (!o->given_scale) s->scale = 1.0f / sqrtf((float)s->D);
+    if (o->self_test && (o->qpath || o->kpath || o->vpath || o->outpath || o->lsepath ||
+                         o->dOpath || o->dqpath || o->dkpath || o->dvpath))
+        die_usage(
+            "--self-test makes its own inputs; it takes no --q/--k/--v/--out/--lse/--dO/--dq/"
+            "--dk/--dv");
+    if (o->self_test && o->given_run)
+        die_usage(
+            "--self-test runs its own shapes and checks every row; it takes no --batch, "
+            "--heads, --seq, --dim, --causal, --scale, --dist, --check, --bench, --budget, "
+            "--csv");
+    if (o->outpath) check_writable("--out", o->outpath);
+    if (o->lsepath) check_writable("--lse", o->lsepath);
+    if (o->dqpath) check_writable("--dq", o->dqpath);
+    if (o->dkpath) check_writable("--dk", o->dkpath);
+    if (o->dvpath) check_writable("--dv", o->dvpath);
 }
 
 int main(int argc, char **argv) {
@@ -925,26 +984,7 @@ int main(int argc, char **argv) {
     float *fk = o.kpath ? load_npy("--k", o.kpath, &o) : NULL;
     float *fv = o.vpath ? load_npy("--v", o.vpath, &o) : NULL;
     float *fdo = o.dOpath ? load_npy("--dO", o.dOpath, &o) : NULL;
-    attn_shape *s = &o.shape;
-    if (s->D != 64 && s->D != 128) die_usage("--dim: %d is not supported (64 or 128)", s->D);
-    if ((long long)s->B * s->H > ATTN_MAX_BH)
-        die_usage("--batch x --heads: %lld is over %d", (long long)s->B * s->H, ATTN_MAX_BH);
-    if (!o.given_scale) s->scale = 1.0f / sqrtf((float)s->D);
-    if (o.self_test && (o.qpath || o.kpath || o.vpath || o.outpath || o.lsepath || o.dOpath ||
-                        o.dqpath || o.dkpath || o.dvpath))
-        die_usage(
-            "--self-test makes its own inputs; it takes no --q/--k/--v/--out/--lse/--dO/--dq/"
-            "--dk/--dv");
-    if (o.self_test && o.given_run)
-        die_usage(
-            "--self-test runs its own shapes and checks every row; it takes no --batch, "
-            "--heads, --seq, --dim, --causal, --scale, --dist, --check, --bench, --budget, "
-            "--csv");
-    if (o.outpath) check_writable("--out", o.outpath);
-    if (o.lsepath) check_writable("--lse", o.lsepath);
-    if (o.dqpath) check_writable("--dq", o.dqpath);
-    if (o.dkpath) check_writable("--dk", o.dkpath);
-    if (o.dvpath) check_writable("--dv", o.dvpath);
+    check_options(&o);
 
     gpu_ctx g;
     memset(&g, 0, sizeof g);

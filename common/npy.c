@@ -29,95 +29,91 @@ static const char *dict_value(const char *hdr, const char *key) {
     return p;
 }
 
-int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
-    memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
-        return -1;
-    }
+/* The header dictionary after the magic string and version: malloc'd text, or NULL with a reason
+ * in err. */
+static char *read_header(FILE *f, const char *path, char *err, size_t errlen) {
     unsigned char pre[10];
     if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
         snprintf(err, errlen, "'%s' is not a .npy file", path);
-        fclose(f);
-        return -1;
+        return NULL;
     }
-    size_t hlen;
-    if (pre[6] == 1) {
-        hlen = (size_t)pre[8] | ((size_t)pre[9] << 8);
-    } else if (pre[6] == 2 || pre[6] == 3) {
+    size_t hlen = (size_t)pre[8] | ((size_t)pre[9] << 8);
+    if (pre[6] == 2 || pre[6] == 3) { /* versions 2 and 3: a 4-byte header length */
         unsigned char b[2];
         if (fread(b, 1, 2, f) != 2) {
             snprintf(err, errlen, "'%s': truncated header", path);
-            fclose(f);
-            return -1;
+            return NULL;
         }
-        hlen = (size_t)pre[8] | ((size_t)pre[9] << 8) | ((size_t)b[0] << 16) | ((size_t)b[1] << 24);
-    } else {
+        hlen |= ((size_t)b[0] << 16) | ((size_t)b[1] << 24);
+    } else if (pre[6] != 1) {
         snprintf(err, errlen, "'%s': unsupported .npy version %d", path, pre[6]);
-        fclose(f);
-        return -1;
+        return NULL;
     }
     char *hdr = malloc(hlen + 1);
     if (!hdr || fread(hdr, 1, hlen, f) != hlen) {
         snprintf(err, errlen, "'%s': truncated header", path);
         free(hdr);
-        fclose(f);
-        return -1;
+        return NULL;
     }
     hdr[hlen] = 0;
-    int rc = -1;
-    const char *d = dict_value(hdr, "descr");
-    const char *fo = dict_value(hdr, "fortran_order");
-    const char *sh = dict_value(hdr, "shape");
-    if (!d || !fo || !sh || *sh != '(') {
-        snprintf(err, errlen, "'%s': malformed header", path);
-        goto done;
-    }
+    return hdr;
+}
+
+/* The dtype from the header's 'descr' value d: float16 or float32 only. 0, or -1 with a reason. */
+static int parse_dtype(const char *d, const char *path, npy_array *out, char *err, size_t errlen) {
     if (strncmp(d, "'<f2'", 5) == 0) {
         out->dtype = NPY_F16;
-    } else if (strncmp(d, "'<f4'", 5) == 0) {
+        return 0;
+    }
+    if (strncmp(d, "'<f4'", 5) == 0) {
         out->dtype = NPY_F32;
-    } else if (*d != '\'') {
+        return 0;
+    }
+    if (*d != '\'') {
         snprintf(err, errlen,
                  "'%s': a structured dtype (%.20s...) is not supported (float16 "
                  "'<f2' or float32 '<f4')",
                  path, d);
-        goto done;
-    } else {
-        const char *e = strchr(d + 1, '\'');
-        int len = e ? (int)(e - d - 1) : 8;
-        snprintf(err, errlen, "'%s': dtype %.*s not supported (float16 '<f2' or float32 '<f4')",
-                 path, len, d + 1);
-        goto done;
+        return -1;
     }
-    if (strncmp(fo, "False", 5) != 0) {
-        snprintf(err, errlen, "'%s': Fortran order not supported (save a C-contiguous array)",
-                 path);
-        goto done;
-    }
+    const char *e = strchr(d + 1, '\'');
+    int len = e ? (int)(e - d - 1) : 8;
+    snprintf(err, errlen, "'%s': dtype %.*s not supported (float16 '<f2' or float32 '<f4')", path,
+             len, d + 1);
+    return -1;
+}
+
+/* The shape from the header's 'shape' value sh ("(2, 3, 4)"), and its size in bytes (*overflow
+ * when that does not fit a size_t). 0, or -1 with a reason. */
+static int parse_shape(const char *sh, const char *path, npy_array *out, size_t *bytes,
+                       int *overflow, char *err, size_t errlen) {
     const char *p = sh + 1;
     out->ndim = 0;
-    size_t bytes = (size_t)out->dtype;
-    int overflow = 0;
+    *bytes = (size_t)out->dtype;
+    *overflow = 0;
     for (;;) {
         while (*p == ' ' || *p == ',') p++;
-        if (*p == ')') break;
+        if (*p == ')') return 0;
         char *end;
         errno = 0;
         long long v = strtoll(p, &end, 10);
         if (end == p || v < 0 || errno || out->ndim == 8) {
             snprintf(err, errlen, "'%s': malformed shape", path);
-            goto done;
+            return -1;
         }
-        if (v > 0 && bytes > SIZE_MAX / (unsigned long long)v)
-            overflow = 1;
+        if (v > 0 && *bytes > SIZE_MAX / (unsigned long long)v)
+            *overflow = 1;
         else
-            bytes *= (size_t)v;
+            *bytes *= (size_t)v;
         out->shape[out->ndim++] = v;
         p = end;
     }
-    /* The shape must fit in memory and in the file before anything is allocated for it. */
+}
+
+/* The data: bytes of them, after the header. The shape must fit in memory and in the file before
+ * anything is allocated for it. 0, -1 or NPY_ERR_NOMEM with a reason. */
+static int read_data(FILE *f, const char *path, size_t bytes, int overflow, npy_array *out,
+                     char *err, size_t errlen) {
     long here = ftell(f);
     long long avail = -1;
     if (here >= 0 && fseek(f, 0, SEEK_END) == 0) {
@@ -126,29 +122,60 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
     }
     if (overflow) {
         snprintf(err, errlen, "'%s': shape too large (its size overflows)", path);
-        goto done;
+        return -1;
     }
     if (avail >= 0 && (unsigned long long)avail < (unsigned long long)bytes) {
         snprintf(err, errlen,
                  "'%s': file shorter than its shape says (%lld bytes of data, the "
                  "shape needs %zu)",
                  path, avail, bytes);
-        goto done;
+        return -1;
     }
     out->data = malloc(bytes ? bytes : 1);
     if (!out->data) {
         snprintf(err, errlen, "'%s' needs %zu bytes", path, bytes);
-        rc = NPY_ERR_NOMEM;
-        goto done;
+        return NPY_ERR_NOMEM;
     }
     if (fread(out->data, 1, bytes, f) != bytes) {
         snprintf(err, errlen, "'%s': file shorter than its shape says", path);
         free(out->data);
         out->data = NULL;
-        goto done;
+        return -1;
     }
-    rc = 0;
-done:
+    return 0;
+}
+
+/* The header's values in their checking order, then the data. */
+static int read_body(FILE *f, const char *hdr, const char *path, npy_array *out, char *err,
+                     size_t errlen) {
+    const char *d = dict_value(hdr, "descr");
+    const char *fo = dict_value(hdr, "fortran_order");
+    const char *sh = dict_value(hdr, "shape");
+    if (!d || !fo || !sh || *sh != '(') {
+        snprintf(err, errlen, "'%s': malformed header", path);
+        return -1;
+    }
+    if (parse_dtype(d, path, out, err, errlen) != 0) return -1;
+    if (strncmp(fo, "False", 5) != 0) {
+        snprintf(err, errlen, "'%s': Fortran order not supported (save a C-contiguous array)",
+                 path);
+        return -1;
+    }
+    size_t bytes;
+    int overflow;
+    if (parse_shape(sh, path, out, &bytes, &overflow, err, errlen) != 0) return -1;
+    return read_data(f, path, bytes, overflow, out, err, errlen);
+}
+
+int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    char *hdr = read_header(f, path, err, errlen);
+    int rc = hdr ? read_body(f, hdr, path, out, err, errlen) : -1;
     free(hdr);
     fclose(f);
     return rc;

@@ -57,11 +57,57 @@ static void merge(stats *to, const stats *from) {
     to->sq_err += from->sq_err, to->sq_ref += from->sq_ref;
 }
 
+/* The float64 gradient row of one checked row (an index into [B*H, N]): for a query row dQ_i into
+ * ge (exact) and gf (fp16 roundings); for a key row dK_j into ge, gf and dV_j into ve, vf.
+ * Dsum[B*H*N]: D_i = dO_i . O_i. */
+static void reference_row(const ref_shape *s, const float *Q, const float *K, const float *V,
+                          const float *dO, const float *lse, const double *Dsum, long long row,
+                          int is_query, double *ge, double *gf, double *ve, double *vf) {
+    const long long N = s->N, D = s->D;
+    const long long bh = row / N, at = row % N, head = bh * N;
+    /* a query row: keys 0 .. N-1 (causal: .. at); a key row: queries (causal: at ..) */
+    const long long lo = is_query || !s->causal ? 0 : at;
+    const long long hi = is_query && s->causal ? at + 1 : N;
+    for (long long o = lo; o < hi; o++) {
+        const long long qi = is_query ? at : o, kj = is_query ? o : at;
+        const prob_grad e = entry(s, Q + (head + qi) * D, K + (head + kj) * D, V + (head + kj) * D,
+                                  dO + (head + qi) * D, lse[head + qi], Dsum[head + qi]);
+        const double dS16 = round_f16((float)e.dS), P16 = round_f16((float)e.P);
+        /* query row: dQ_i += dS k_j; key row: dK_j += dS q_i, dV_j += P dO_i */
+        const float *src = is_query ? K + (head + kj) * D : Q + (head + qi) * D;
+        const float *dout = dO + (head + qi) * D;
+        for (long long d = 0; d < D; d++) {
+            ge[d] += e.dS * src[d], gf[d] += dS16 * src[d];
+            if (!is_query) ve[d] += e.P * dout[d], vf[d] += P16 * dout[d];
+        }
+    }
+    for (long long d = 0; d < D; d++) {
+        ge[d] *= s->scale;
+        gf[d] = round_f16((float)(gf[d] * s->scale));
+        vf[d] = round_f16((float)vf[d]);
+    }
+}
+
+/* The pass rule per gradient, from the statistics of every checked row. */
+static void judge(const stats st[GRADS], long long nonfinite, long long rows,
+                  grad_check_result *r) {
+    r->pass = nonfinite == 0;
+    for (int t = 0; t < GRADS; t++) {
+        r->max_abs_err[t] = st[t].max_err;
+        r->rel_err[t] = st[t].sq_ref > 0 ? sqrt(st[t].sq_err / st[t].sq_ref) : sqrt(st[t].sq_err);
+        r->f16_err[t] = st[t].f16_err;
+        r->bound[t] = 2.0 * st[t].f16_err + CHECK_F16_FLOOR * (1.0 + st[t].max_ref);
+        if (!(st[t].max_err <= r->bound[t])) r->pass = 0;
+    }
+    r->rows_checked = rows;
+    r->nonfinite = nonfinite;
+}
+
 void check_gradients(const ref_shape *s, const float *Q, const float *K, const float *V,
                      const float *dO, const float *O, const float *lse, const float *dQ,
                      const float *dK, const float *dV, const long long *qrows, long long nq,
                      const long long *krows, long long nk, grad_check_result *r) {
-    const long long N = s->N, D = s->D, total = (long long)s->B * s->H * N;
+    const long long D = s->D, total = (long long)s->B * s->H * s->N;
     long long nonfinite = 0;
 #pragma omp parallel for reduction(+ : nonfinite) schedule(static)
     for (long long x = 0; x < total * D; x++)
@@ -88,51 +134,15 @@ void check_gradients(const ref_shape *s, const float *Q, const float *K, const f
         for (long long x = 0; x < nq + nk; x++) {
             const int is_query = x < nq;
             const long long row = is_query ? qrows[x] : krows[x - nq];
-            const long long bh = row / N, at = row % N, head = bh * N;
             memset(buf, 0, sizeof(double) * (size_t)(4 * D));
-            /* a query row: keys 0 .. N-1 (causal: .. at); a key row: queries (causal: at ..) */
-            const long long lo = is_query || !s->causal ? 0 : at;
-            const long long hi = is_query && s->causal ? at + 1 : N;
-            for (long long o = lo; o < hi; o++) {
-                const long long qi = is_query ? at : o, kj = is_query ? o : at;
-                const prob_grad e =
-                    entry(s, Q + (head + qi) * D, K + (head + kj) * D, V + (head + kj) * D,
-                          dO + (head + qi) * D, lse[head + qi], Dsum[head + qi]);
-                const double dS16 = round_f16((float)e.dS), P16 = round_f16((float)e.P);
-                /* query row: dQ_i += dS k_j; key row: dK_j += dS q_i, dV_j += P dO_i */
-                const float *src = is_query ? K + (head + kj) * D : Q + (head + qi) * D;
-                const float *dout = dO + (head + qi) * D;
-                for (long long d = 0; d < D; d++) {
-                    ge[d] += e.dS * src[d], gf[d] += dS16 * src[d];
-                    if (!is_query) ve[d] += e.P * dout[d], vf[d] += P16 * dout[d];
-                }
-            }
-            for (long long d = 0; d < D; d++) {
-                ge[d] *= s->scale;
-                gf[d] = round_f16((float)(gf[d] * s->scale));
-                vf[d] = round_f16((float)vf[d]);
-            }
-            if (is_query) {
-                add_row(&mine[GRAD_DQ], dQ + row * D, ge, gf, D);
-            } else {
-                add_row(&mine[GRAD_DK], dK + row * D, ge, gf, D);
-                add_row(&mine[GRAD_DV], dV + row * D, ve, vf, D);
-            }
+            reference_row(s, Q, K, V, dO, lse, Dsum, row, is_query, ge, gf, ve, vf);
+            add_row(&mine[is_query ? GRAD_DQ : GRAD_DK], (is_query ? dQ : dK) + row * D, ge, gf, D);
+            if (!is_query) add_row(&mine[GRAD_DV], dV + row * D, ve, vf, D);
         }
         free(buf);
 #pragma omp critical
         for (int t = 0; t < GRADS; t++) merge(&st[t], &mine[t]);
     }
     free(Dsum);
-
-    r->pass = nonfinite == 0;
-    for (int t = 0; t < GRADS; t++) {
-        r->max_abs_err[t] = st[t].max_err;
-        r->rel_err[t] = st[t].sq_ref > 0 ? sqrt(st[t].sq_err / st[t].sq_ref) : sqrt(st[t].sq_err);
-        r->f16_err[t] = st[t].f16_err;
-        r->bound[t] = 2.0 * st[t].f16_err + CHECK_F16_FLOOR * (1.0 + st[t].max_ref);
-        if (!(st[t].max_err <= r->bound[t])) r->pass = 0;
-    }
-    r->rows_checked = nq + nk;
-    r->nonfinite = nonfinite;
+    judge(st, nonfinite, nq + nk, r);
 }

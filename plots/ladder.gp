@@ -24,13 +24,16 @@ Q = STYLE_Q
 if (!exists("gpu")) gpu = system(S . " -v mode=gpu" . Q)
 set output outdir . '/ladder.png'
 
-# colours by series.awk's colour index (column 4 of mode=bar), as in the other plots
-do for [i = 1:words(palette)] {
-    eval(sprintf("set linetype %d lc rgb '%s'", i, word(palette, i)))
-}
 bname(k) = k eq 'sdpa_flash' ? 'FA2 (SDPA flash)' : k eq 'sdpa_default' ? 'SDPA default' : k
 
 bars = sprintf("%s -v mode=bar -v N=%d -v y=tflops%s", S, NLADDER, Q)
+# colours by series.awk's colour index (column 4 of mode=bar), as in the other plots: linetype i
+# for stage i, the other libraries' after the last stage's
+NSTAGE_LT = int(system(bars . " | awk '$4 > m { m = $4 } END { print m + 0 }'"))
+do for [i = 1:NSTAGE_LT + words(OTHER_COLOURS)] {
+    eval(sprintf("set linetype %d lc rgb '%s'", i, index_colour(i <= NSTAGE_LT ? i : NSTAGE_LT - i)))
+}
+bar_lt(i) = i > 0 ? i : NSTAGE_LT - i
 nbars = int(system(bars . " | awk 'END { print NR }'"))
 ymax = real(system(bars . " | awk 'BEGIN { m = 0 } $2 > m { m = $2 } END { print m }'"))
 ymin = real(system(bars . " | awk '$2 > 0 && (m == \"\" || $2 < m) { m = $2 } END { print (m == \"\" ? 0 : m) }'"))
@@ -61,7 +64,7 @@ if (nbars > 0) {
         set label 1 'not measured' at graph 0.01, first band_top / 1.25 left tc rgb BAND_TEXT font ',9'
     }
     # bars from the foot of the data (lo10) up to the value; the value above each bar
-    plot '< '.bars using 0:(strcol(3) eq 'ok' ? sqrt($2 * lo10) : NaN):($0 - 0.35):($0 + 0.35):(lo10):($2 > 0 ? $2 : NaN):4:xtic(bname(strcol(1))) \
+    plot '< '.bars using 0:(strcol(3) eq 'ok' ? sqrt($2 * lo10) : NaN):($0 - 0.35):($0 + 0.35):(lo10):($2 > 0 ? $2 : NaN):(bar_lt($4)):xtic(bname(strcol(1))) \
             with boxxyerror lc variable fs solid 0.85 border rgb '#333333', \
          '' using 0:(strcol(3) eq 'ok' ? $2 * 1.25 : NaN):(sprintf('%.1f', $2)) with labels font ',11', \
          '' using 0:(strcol(3) eq 'ok' ? NaN : band_top / 2):(why(strcol(3))) with labels font ',11' tc rgb BAND_TEXT

@@ -25,11 +25,12 @@ import argparse
 import gc
 import os
 import re
-import statistics
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import measure  # noqa: E402  (the FLOP count and the timing protocol: one home)
 
 
 def read_csv_header(path=os.path.join(HERE, "..", "common", "csv_header.h")):
@@ -60,10 +61,6 @@ def read_shapes(path=os.path.join(HERE, "shapes.conf")):
 SHAPES = read_shapes()
 LONG_N = SHAPES["LONG_N"]
 FA2_N = SHAPES["FA2_N"]
-FLUSH_BYTES = 256 << 20
-MIN_REPS = 10
-MIN_SECONDS = 0.5
-MAX_REPS = 10000
 
 
 def series(quick):
@@ -88,21 +85,13 @@ def csv_header(path):
 
 BACKENDS = ("sdpa_flash", "sdpa_mem_efficient", "sdpa_default")
 PASSES = ("fwd", "bwd")
-BWD_FLOPS = 2.5  # the backward's FLOPs as a multiple of the forward's (the FA2/FA3 papers')
-
-
-def flops(b, h, n, d, causal, pass_="fwd"):
-    fwd = 4.0 * b * h * n * n * d / (2.0 if causal else 1.0)
-    return fwd * (BWD_FLOPS if pass_ == "bwd" else 1.0)
 
 
 class Runner:
     def __init__(self, torch, budget_s):
         self.torch = torch
         self.budget_ms = budget_s * 1000.0
-        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
+        self.timer = measure.EventTimer(torch)
         from torch.nn.functional import scaled_dot_product_attention as sdpa
         self.sdpa = sdpa
         try:
@@ -119,14 +108,6 @@ class Runner:
                 "sdpa_mem_efficient": lambda: torch.backends.cuda.sdp_kernel(
                     enable_flash=False, enable_math=False, enable_mem_efficient=True),
             }
-
-    def once(self, fn):
-        self.flush.zero_()  # write 256 MB: nothing of the inputs stays in L2
-        self.start.record()
-        fn()
-        self.end.record()
-        self.end.synchronize()
-        return self.start.elapsed_time(self.end)
 
     def measure(self, backend, pass_, b, h, n, d, causal):
         """Returns (status, ms_median, ms_min, repeats, device_mb)."""
@@ -159,18 +140,15 @@ class Runner:
             else:
                 run = forward
 
-            warm = self.once(run)  # warm-up: kernel selection, workspace, first-touch
+            warm = self.timer.once(run)  # warm-up: kernel selection, workspace, first-touch
             mb = (torch.cuda.max_memory_allocated() - base) / 2**20
             if warm > self.budget_ms:
                 return "over_budget", warm, warm, 1, mb
-            times = [self.once(run)]
-            if times[0] > self.budget_ms:
-                return "over_budget", times[0], times[0], 1, mb
-            want = 3 if times[0] > 1000.0 else MIN_REPS
-            while len(times) < want or (want == MIN_REPS and sum(times) < MIN_SECONDS * 1000.0
-                                        and len(times) < MAX_REPS):
-                times.append(self.once(run))
-            return "ok", statistics.median(times), min(times), len(times), mb
+            first = self.timer.once(run)
+            if first > self.budget_ms:
+                return "over_budget", first, first, 1, mb
+            times = self.timer.repeat(run, first)
+            return "ok", measure.median(times), min(times), len(times), mb
         except torch.cuda.OutOfMemoryError:
             return "OOM", None, None, 0, None
         except RuntimeError as e:  # e.g. "No available kernel" for this backend and shape
@@ -266,7 +244,7 @@ def main():
                             torch.cuda.empty_cache()
                         elif status == "over_budget":
                             stop, stop_note = "over_budget", f"N={n} took over {args.budget:g} s"
-                    tf = flops(b, h, n, d, causal, pass_) / (med * 1e-3) / 1e12 if med else None
+                    tf = measure.tflops(measure.flops(b, h, n, d, causal, pass_), med) if med else None
                     row = {
                         "gpu": gpu, "stage": backend, "variant": "default", "pass": pass_,
                         "B": b, "H": h,

@@ -17,9 +17,9 @@
 #              mode: not drawn, no legend entry, no bar (the tables say n/a).
 # mode=ratio   "N base_value/value" where both key and base are ok (y defaults to ms_median)
 # mode=bar     "key value status colour" at N for every key (value 0 where it is not ok)
-# mode=colour  the colour index of key: its place among all stages of the CSV (1..8, then
-#              round again), whatever the filters, so a stage keeps its colour in every plot;
-#              sdpa_flash 9, sdpa_default 10, others 11
+# mode=colour  the colour index of key: its place among all stages of the CSV (1, 2, ..., any
+#              number), whatever the filters, so a stage keeps its colour in every plot;
+#              sdpa_flash -1, sdpa_default -2, others -3
 # mode=statuses  the not-ok statuses present (OOM over_budget FAIL unsupported, in that order)
 # mode=max     the largest value of y over ok rows (0 if none); mode=min the smallest
 # mode=count   how many lines mode=xy (or mode=marks with status=notok) would print
@@ -62,18 +62,19 @@ function ok(k, n) {
     return ((k, n) in st) && st[k, n] == "ok" && isnum(val[k, n])
 }
 
-# A key's colour: its place among all the stage keys of the CSV (whatever the filters), so a
-# stage has the same colour in every plot; sdpa_flash 9, sdpa_default 10, anything else 11.
+# A key's colour index: a stage's place among all the stage keys of the CSV (1, 2, ... whatever
+# the filters and however many stages), so a stage has the same colour in every plot; the other
+# libraries below zero: sdpa_flash -1, sdpa_default -2, anything else -3 (plots/style.gpi).
 function colour(k,    i, c) {
-    if (k == "sdpa_flash") return 9
-    if (k == "sdpa_default") return 10
-    if (k !~ /^stage[0-9]/) return 11
+    if (k == "sdpa_flash") return -1
+    if (k == "sdpa_default") return -2
+    if (k !~ /^stage[0-9]/) return -3
     c = 0
     for (i = 1; i <= nall; i++) {
         if (allkeys[i] ~ /^stage[0-9]/) c++
-        if (allkeys[i] == k) return (c - 1) % 8 + 1
+        if (allkeys[i] == k) return c
     }
-    return 11
+    return -3
 }
 
 END {

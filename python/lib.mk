@@ -17,9 +17,15 @@ $(BUILD)/obj/attn_lib.o: common/attn_lib.c common/attention.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-$(BUILD)/lib/lib%.so: $(BUILD)/obj/%.o $(BUILD)/obj/attn_lib.o
+# the device facts and shape rules (common/device_info.c), position-independent and hidden: the
+# library exports its descriptor and attn_lib_* only
+$(BUILD)/obj/lib_device_info.o: common/device_info.c common/device_info.h common/attention.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
+
+$(BUILD)/lib/lib%.so: $(BUILD)/obj/%.o $(BUILD)/obj/attn_lib.o $(BUILD)/obj/lib_device_info.o
 	@mkdir -p $(@D)
 	$(NVCC) -shared -o $@ $^ -Xlinker --exclude-libs,ALL -Xlinker -z,defs -lpthread $($*_LIBS)
 
-# stage 7's library carries its forward pass (stage 5's, renamed: see the Makefile) too
-$(BUILD)/lib/libstage7_backward.so: $(BUILD)/obj/stage7_forward.o
+# A stage that links another stage's forward pass carries it in its library too (its stage.mk's
+# <stage>_FORWARD: the Makefile adds the object).

@@ -173,12 +173,124 @@ __device__ __forceinline__ void stash_tile(__half *tile,
 }
 #endif
 
-/* ---- kernel ------------------------------------------------------------------------------ */
+/* ---- kernel phases ----------------------------------------------------------------------- */
 
 typedef wmma::fragment<wmma::matrix_a, WM, WN, WK, __half, wmma::row_major> frag_a;   // Q, P
 typedef wmma::fragment<wmma::matrix_b, WM, WN, WK, __half, wmma::col_major> frag_bt;  // K^T
 typedef wmma::fragment<wmma::matrix_b, WM, WN, WK, __half, wmma::row_major> frag_b;   // V
 typedef wmma::fragment<wmma::accumulator, WM, WN, WK, float> frag_acc;                // S, O
+
+// The steps of the kernel's schedule below, each a named piece (__forceinline__, so the names cost
+// no instruction): the kernel's loop body reads as the schedule.
+
+// The row-number fragment (see the note before the kernel): a matrix whose entries are their own
+// row numbers, written into the warp's slice S_w and loaded as an accumulator fragment.
+template <int S_LD>
+__device__ __forceinline__ frag_acc row_number_fragment(float *S_w, int lane) {
+    for (int e = lane; e < WM * WN; e += 32) S_w[(e / WN) * S_LD + e % WN] = (float)(e / WN);
+    __syncwarp();  // the row-number matrix is complete before the warp loads it
+    frag_acc rows;
+    wmma::load_matrix_sync(rows, S_w, S_LD, wmma::mem_row_major);
+    return rows;
+}
+
+// Prologue: Q_i -> Q_smem (rows >= N zero-filled); key tile 0 -> buffer 0 (cp.async: in flight).
+template <int D, int BC, int LD>
+__device__ __forceinline__ void load_q_and_first_tile(__half *Q_smem, __half *K_buf, __half *V_buf,
+                                                      const __half *Q, const __half *K,
+                                                      const __half *V, int q0, int N, int tid) {
+    load_tile<BR, D, LD, THREADS>(Q_smem, Q, q0, N, tid);
+#if HAS_CP_ASYNC
+    load_tile_async<BC, D, LD, THREADS>(K_buf, K, 0, N, tid);
+    load_tile_async<BC, D, LD, THREADS>(V_buf, V, 0, N, tid);
+    cp_async_commit();
+#else
+    load_tile<BC, D, LD, THREADS>(K_buf, K, 0, N, tid);
+    load_tile<BC, D, LD, THREADS>(V_buf, V, 0, N, tid);
+#endif
+}
+
+// Step 1's product for one k slice: S[:, n] += Q_k K_k^T for the BC/16 accumulators side by
+// side; Q_k is the warp's 16 x 16 slice k of Q_i, K_k the key tile from column k * 16 on.
+template <int BC, int LD>
+__device__ __forceinline__ void scores_k(frag_acc S_frag[BC / WN], const frag_a &Q_k,
+                                         const __half *K_k) {
+#pragma unroll
+    for (int n = 0; n < BC / WN; ++n) {
+        frag_bt K_frag;  // K^T read column-major: its column n is key row n of K_j
+        wmma::load_matrix_sync(K_frag, K_k + n * WN * LD, LD);
+        wmma::mma_sync(S_frag[n], Q_k, K_frag, S_frag[n]);
+    }
+}
+
+// One factor per element of an accumulator fragment: the value `per_row` of the element's row,
+// taken from the lane that holds it (row_lane[e], see the note before the kernel).
+typedef struct {
+    float x[frag_acc::num_elements];
+} row_factors;
+
+__device__ __forceinline__ row_factors factors_by_row(float per_row,
+                                                      const int row_lane[frag_acc::num_elements]) {
+    row_factors f;
+#pragma unroll
+    for (int e = 0; e < frag_acc::num_elements; ++e)
+        f.x[e] = __shfl_sync(0xffffffffu, per_row, row_lane[e]);
+    return f;
+}
+
+// Step 2's mask on one float4 piece of a row of S (keys kj0 .. kj0 + 3): keys past N and, when
+// causal, keys after query row i get -inf.
+__device__ __forceinline__ void mask_piece(float S4[4], int kj0, int N, int causal, int i) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int kj = kj0 + u;
+        if (kj >= N || (causal && kj > i)) S4[u] = -INFINITY;
+    }
+}
+
+// Step 2's exponentials: S[t] = exp(S[t] - m_ref), now P in fp32; returns their sum.
+template <int BC>
+__device__ __forceinline__ float exp_and_sum(float S[BC / 2], float m_ref) {
+    float l_new = 0.f;
+#pragma unroll
+    for (int t = 0; t < BC / 2; ++t) {
+        S[t] = __expf(S[t] - m_ref);  // now P, in fp32
+        l_new += S[t];
+    }
+    return l_new;
+}
+
+// Step 3's store of one piece: four floats as four halves (8 bytes) at dst.
+__device__ __forceinline__ void store_half4(__half *dst, const float S4[4]) {
+    const __half2 lo = __floats2half2_rn(S4[0], S4[1]);
+    const __half2 hi = __floats2half2_rn(S4[2], S4[3]);
+    *(uint2 *)dst = make_uint2(*(const unsigned *)&lo, *(const unsigned *)&hi);
+}
+
+// The end's store of one 16-byte chunk of O: eight floats of S_w as eight halves at dst.
+__device__ __forceinline__ void store_half8(__half *dst, const float *src) {
+    const float4 a = *(const float4 *)src;
+    const float4 b = *(const float4 *)(src + 4);
+    const __half2 o0 = __floats2half2_rn(a.x, a.y), o1 = __floats2half2_rn(a.z, a.w);
+    const __half2 o2 = __floats2half2_rn(b.x, b.y), o3 = __floats2half2_rn(b.z, b.w);
+    *(uint4 *)dst = make_uint4(*(const unsigned *)&o0, *(const unsigned *)&o1,
+                               *(const unsigned *)&o2, *(const unsigned *)&o3);
+}
+
+// Step 4's product for one k slice: O_acc[n] += P_k V_k for the D/16 accumulators; P_k is the
+// warp's 16 x 16 slice k of P, V_k the value tile from row k * 16 on.
+template <int D, int LD>
+__device__ __forceinline__ void accumulate_pv_k(frag_acc O_acc[D / WN], const frag_a &P_k,
+                                                const __half *V_k) {
+#pragma unroll
+    for (int n = 0; n < D / WN; ++n) {
+        frag_b V_frag;
+        wmma::load_matrix_sync(V_frag, V_k + n * WN, LD);
+        wmma::mma_sync(O_acc[n], P_k, V_frag, O_acc[n]);
+    }
+}
+
+/* ---- kernel ------------------------------------------------------------------------------ */
 
 // One block: query rows q0 .. q0 + BR - 1 of head bh; warp w owns rows q0 + 16w .. q0 + 16w + 15.
 // Grid: 1D, n_q_tiles * B * H blocks, the Q tile index running fastest (the blocks of one head
@@ -246,24 +358,12 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
     // that holds that row's alpha and l_i: 2 * row.
     int row_lane[frag_acc::num_elements];
     {
-        for (int e = lane; e < WM * WN; e += 32) S_w[(e / WN) * S_LD + e % WN] = (float)(e / WN);
-        __syncwarp();  // the row-number matrix is complete before the warp loads it
-        frag_acc rows;
-        wmma::load_matrix_sync(rows, S_w, S_LD, wmma::mem_row_major);
+        const frag_acc rows = row_number_fragment<S_LD>(S_w, lane);
 #pragma unroll
         for (int e = 0; e < frag_acc::num_elements; ++e) row_lane[e] = 2 * (int)rows.x[e];
     }  // S_w is next written after the __syncthreads below
 
-    // Q_i -> Q_smem (rows >= N zero-filled); prologue: tile 0 -> buffer 0.
-    load_tile<BR, D, LD, THREADS>(Q_smem, Q, q0, N, tid);
-#if HAS_CP_ASYNC
-    load_tile_async<BC, D, LD, THREADS>(K_buf, K, 0, N, tid);
-    load_tile_async<BC, D, LD, THREADS>(V_buf, V, 0, N, tid);
-    cp_async_commit();
-#else
-    load_tile<BC, D, LD, THREADS>(K_buf, K, 0, N, tid);
-    load_tile<BC, D, LD, THREADS>(V_buf, V, 0, N, tid);
-#endif
+    load_q_and_first_tile<D, BC, LD>(Q_smem, K_buf, V_buf, Q, K, V, q0, N, tid);
     __syncthreads();  // Q_smem is filled by all threads (tile 0 may still be in flight)
 
     // The warp's 16 rows of Q_i are the A operand of every S = Q_i K_j^T: at D = 128, load
@@ -331,12 +431,7 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
                     Q_k = Q_frag[k];
                 else
                     wmma::load_matrix_sync(Q_k, Q_w + k * WK, LD);
-#pragma unroll
-                for (int n = 0; n < BC / WN; ++n) {
-                    frag_bt K_frag;  // K^T read column-major: its column n is key row n of K_j
-                    wmma::load_matrix_sync(K_frag, K_smem + n * WN * LD + k * WK, LD);
-                    wmma::mma_sync(S_frag[n], Q_k, K_frag, S_frag[n]);
-                }
+                scores_k<BC, LD>(S_frag, Q_k, K_smem + k * WK);
             }
 #pragma unroll
             for (int n = 0; n < BC / WN; ++n)
@@ -366,13 +461,7 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
                 S[4 * t + 1] = v.y * scale;
                 S[4 * t + 2] = v.z * scale;
                 S[4 * t + 3] = v.w * scale;
-                if (mask) {
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        const int kj = k0 + 4 * seg + u;
-                        if (kj >= N || (causal && kj > i)) S[4 * t + u] = -INFINITY;
-                    }
-                }
+                if (mask) mask_piece(S + 4 * t, k0 + 4 * seg, N, causal, i);
 #pragma unroll
                 for (int u = 0; u < 4; ++u) m_new = fmaxf(m_new, S[4 * t + u]);
             }
@@ -381,12 +470,7 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
             // exp(-inf - -inf) = NaN never happens (the exps are then all 0).
             const float m_ref = (m_new == -INFINITY) ? 0.f : m_new;
             const float alpha = __expf(m_i - m_ref);  // rescales the old l_i, O_acc (0 at start)
-            float l_new = 0.f;
-#pragma unroll
-            for (int t = 0; t < BC / 2; ++t) {
-                S[t] = __expf(S[t] - m_ref);  // now P, in fp32
-                l_new += S[t];
-            }
+            float l_new = exp_and_sum<BC>(S, m_ref);
             l_new += __shfl_xor_sync(0xffffffffu, l_new, 1);  // the pair's sum
             l_i = l_i * alpha + l_new;
             m_i = m_new;
@@ -397,34 +481,23 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
 #pragma unroll
             for (int t = 0; t < SEGS; ++t) {
                 const int seg = h * SEGS + (t + h) % SEGS;
-                const __half2 lo = __floats2half2_rn(S[4 * t + 0], S[4 * t + 1]);
-                const __half2 hi = __floats2half2_rn(S[4 * t + 2], S[4 * t + 3]);
-                *(uint2 *)(P_row + 4 * seg) =
-                    make_uint2(*(const unsigned *)&lo, *(const unsigned *)&hi);
+                store_half4(P_row + 4 * seg, S + 4 * t);
             }
 
             // 4. O_acc = alpha O_acc + P V_j: each element by its row's alpha, then the product
             // on the tensor cores.
-            float alpha_e[frag_acc::num_elements];
-#pragma unroll
-            for (int e = 0; e < frag_acc::num_elements; ++e)
-                alpha_e[e] = __shfl_sync(0xffffffffu, alpha, row_lane[e]);
+            const row_factors alpha_e = factors_by_row(alpha, row_lane);
 #pragma unroll
             for (int n = 0; n < D / WN; ++n)
 #pragma unroll
-                for (int e = 0; e < frag_acc::num_elements; ++e) O_acc[n].x[e] *= alpha_e[e];
+                for (int e = 0; e < frag_acc::num_elements; ++e) O_acc[n].x[e] *= alpha_e.x[e];
 
             __syncwarp();  // the warp's P tile is complete before it is loaded as fragments
 #pragma unroll
             for (int k = 0; k < BC / WK; ++k) {
                 frag_a P_frag;
                 wmma::load_matrix_sync(P_frag, P_w + k * WK, P_LD);
-#pragma unroll
-                for (int n = 0; n < D / WN; ++n) {
-                    frag_b V_frag;
-                    wmma::load_matrix_sync(V_frag, V_smem + k * WK * LD + n * WN, LD);
-                    wmma::mma_sync(O_acc[n], P_frag, V_frag, O_acc[n]);
-                }
+                accumulate_pv_k<D, LD>(O_acc, P_frag, V_smem + k * WK * LD);
             }
         }
 #if !HAS_CP_ASYNC
@@ -438,10 +511,7 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
     if (qw >= N) return;  // a warp of padding rows only; no barrier follows
     if (h == 0 && i < N) lse[i] = m_i + logf(l_i);
     const float inv_l = l_i > 0.f ? 1.f / l_i : 0.f;
-    float inv_l_e[frag_acc::num_elements];
-#pragma unroll
-    for (int e = 0; e < frag_acc::num_elements; ++e)
-        inv_l_e[e] = __shfl_sync(0xffffffffu, inv_l, row_lane[e]);
+    const row_factors inv_l_e = factors_by_row(inv_l, row_lane);
 
 #pragma unroll
     for (int c0 = 0; c0 < D; c0 += BC) {
@@ -451,7 +521,7 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
         for (int n = 0; n < BC / WN; ++n) {
             frag_acc o = O_acc[c0 / WN + n];
 #pragma unroll
-            for (int e = 0; e < frag_acc::num_elements; ++e) o.x[e] *= inv_l_e[e];
+            for (int e = 0; e < frag_acc::num_elements; ++e) o.x[e] *= inv_l_e.x[e];
             wmma::store_matrix_sync(S_w + n * WN, o, S_LD, wmma::mem_row_major);
         }
         __syncwarp();  // the columns are in S_w before lanes read its rows
@@ -459,15 +529,8 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
         for (int t = 0; t < WM * BC / CHUNK / 32; ++t) {
             const int c = lane + 32 * t;  // 16-byte chunk of the 16 x BC block, row-major
             const int row = c / (BC / CHUNK), col = (c % (BC / CHUNK)) * CHUNK;
-            if (qw + row < N) {
-                const float4 a = *(const float4 *)(S_w + row * S_LD + col);
-                const float4 b = *(const float4 *)(S_w + row * S_LD + col + 4);
-                const __half2 o0 = __floats2half2_rn(a.x, a.y), o1 = __floats2half2_rn(a.z, a.w);
-                const __half2 o2 = __floats2half2_rn(b.x, b.y), o3 = __floats2half2_rn(b.z, b.w);
-                *(uint4 *)(O + (size_t)(qw + row) * D + c0 + col) =
-                    make_uint4(*(const unsigned *)&o0, *(const unsigned *)&o1,
-                               *(const unsigned *)&o2, *(const unsigned *)&o3);
-            }
+            if (qw + row < N)
+                store_half8(O + (size_t)(qw + row) * D + c0 + col, S_w + row * S_LD + col);
         }
     }
 }

@@ -31,13 +31,13 @@ import re
 import subprocess
 import sys
 
-# Timed repetitions per PyTorch shape (median): at least MIN_REPS and MIN_SECONDS, the stage
-# programs' --bench protocol. A short burst reads faster: on an H200, cuDNN timed in 15 calls ran
-# about 10% faster than over half a second (the clocks drop under sustained load), which would
-# compare a sustained stage with a cold-clock SDPA.
-MIN_REPS = 10
-MIN_SECONDS = 0.5
-MAX_REPS = 10000
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plots"))
+import measure  # noqa: E402  (the FLOP count and the timing protocol: one home)
+
+# Timed repetitions per PyTorch shape (median): the stage programs' --bench protocol
+# (plots/measure.py: at least 10 calls and half a second). A short burst reads faster: on an H200,
+# cuDNN timed in 15 calls ran about 10% faster than over half a second (the clocks drop under
+# sustained load), which would compare a sustained stage with a cold-clock SDPA.
 WARMUP = 3
 LONG_NS = (1024, 2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536, 131072, 262144)
 
@@ -104,8 +104,7 @@ def shapes(args):
 
 
 def flops(b, h, n, d, causal):
-    f = 4.0 * b * h * n * n * d
-    return f / 2 if causal else f
+    return measure.flops(b, h, n, d, causal)
 
 
 def time_sdpa(torch, sdpa_kernel, backend, b, h, n, d, causal):
@@ -113,30 +112,19 @@ def time_sdpa(torch, sdpa_kernel, backend, b, h, n, d, causal):
     None if the backend cannot run the shape here."""
     try:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
-        flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")  # > any L2
+        timer = measure.EventTimer(torch)  # the L2 flushed before each call
         f = torch.nn.functional.scaled_dot_product_attention
-        times = []
         with sdpa_kernel(backend):
             for _ in range(WARMUP):
                 f(q, k, v, is_causal=bool(causal))
-            while len(times) < MIN_REPS or (sum(times) < MIN_SECONDS * 1000.0
-                                            and len(times) < MAX_REPS):
-                flush.zero_()
-                start = torch.cuda.Event(enable_timing=True)
-                stop = torch.cuda.Event(enable_timing=True)
-                start.record()
-                f(q, k, v, is_causal=bool(causal))
-                stop.record()
-                stop.synchronize()
-                times.append(start.elapsed_time(stop))
+            times = timer.repeat(lambda: f(q, k, v, is_causal=bool(causal)))
     except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # no kernel for it, or no memory
         print("  (%s: %s)" % (backend, str(e).splitlines()[0][:100]), file=sys.stderr)
         return None
     finally:
-        q = k = v = flush = None
+        q = k = v = timer = None
         torch.cuda.empty_cache()
-    times.sort()
-    return times[len(times) // 2]
+    return measure.median(times)
 
 
 def run_stage(spec, b, h, n, d, causal):
@@ -239,7 +227,7 @@ def main():
                 line += " [%s]" % status
             table.append([gpu, kind, b, h, n, d, causal, fmt(fa2_ms, "%.4f"),
                           fmt(cudnn_ms, "%.4f"), nm, fmt(ms, "%.4f"),
-                          fmt(fl / (ms * 1e-3) / 1e12 if ms else None, "%.1f"),
+                          fmt(measure.tflops(fl, ms) if ms else None, "%.1f"),
                           fmt(rf, "%.4f"), fmt(rc, "%.4f"), status])
         print(line, flush=True)
     kinds = [k for k in ("fa2", "long") if any(s[0] == k for s in shapes(args))]

@@ -73,7 +73,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "stage5_tuned"))
-import compare_fa2  # noqa: E402  (the shapes, the FLOP count and the exit codes: one home each)
+import compare_fa2  # noqa: E402  (the shapes and the exit codes: one home each)
+sys.path.insert(0, os.path.join(REPO, "plots"))
+import measure as course_measure  # noqa: E402  (the FLOP count: one home; measure() is this file's)
 
 EXIT = compare_fa2.EXIT
 
@@ -108,8 +110,6 @@ FWD_TOL = 2e-2
 # of a causal row collect every query's part), where fp16's spacing is 0.004 to 0.008, and each
 # library rounds P and dS to 16 bits at different places: 5e-2 x max(1, max |reference|).
 GRAD_TOL = 5e-2
-# Backward FLOPs = 2.5 x the forward's (the FA2/FA3 papers' convention: 5 GEMMs against 2).
-BWD_FLOPS_FACTOR = 2.5
 
 FA2, CUDNN, FA3 = "FA2", "cuDNN", "FA3-class"
 CSV_COLUMNS = ["gpu", "pass", "shape", "B", "H", "N", "D", "causal", "library", "ms", "tflops",
@@ -170,8 +170,8 @@ def parse_args(argv=None):
 
 
 def pass_flops(which, b, h, n, d, causal):
-    f = compare_fa2.flops(b, h, n, d, causal)
-    return f * BWD_FLOPS_FACTOR if which == "bwd" else f
+    """FLOPs of the pass `which` ("fwd" or "bwd": 2.5x the forward's), from plots/measure.py."""
+    return course_measure.flops(b, h, n, d, causal, which)
 
 
 def label(spec):
@@ -554,7 +554,7 @@ def main(argv=None):
                     print("  %s, %s: n/a (%s)" % (x, name, first_line(e)), file=sys.stderr)
                 else:
                     if why or r["ms"] is None or ms < r["ms"]:  # else an earlier round was faster
-                        r.update(ms=ms, tflops=fl / (ms * 1e-3) / 1e12, diff=diff,
+                        r.update(ms=ms, tflops=course_measure.tflops(fl, ms), diff=diff,
                                  status="FAIL" if why else "ok")
                     if why:
                         failures += 1

@@ -6,7 +6,9 @@
    file: the name, its parenthesised parameters, then `{` (C, CUDA, shell), or `def name(`
    (Python). A lesson without such a list fails.
 2. Line references. Every `path:LINE` (or `path:FIRST-LAST`, or a link `path#LLINE`) in a lesson
-   must name a file of the repository with at least that many lines.
+   must name a file of the repository with at least that many lines. A code map entry's own
+   reference (the first on its line into the file it names) must point inside the function it
+   names: from the head of its declaration (template, return type) to its closing brace.
 3. Figures from a run. A number typed in a lesson's prose that reads as a measurement (a time in
    ms, us or s, a rate in TFLOP/s, GB/s or TB/s, a speedup like 1.60x, a percentage with a
    decimal, or a ratio or error with two decimals or more) must appear in the committed results:
@@ -51,10 +53,44 @@ def strip_c(text):
 
 def defines(path, name):
     """Whether the file at `path` defines function `name`."""
+    return bool(extents(path, name))
+
+
+def py_extent(lines, first):
+    """The lines (1-based, inclusive) of the Python def on line `first`: its indented body."""
+    indent = len(lines[first - 1]) - len(lines[first - 1].lstrip())
+    last = first
+    for n in range(first + 1, len(lines) + 1):
+        line = lines[n - 1]
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        if line.strip():
+            last = n
+    return first, last
+
+
+def head_start(code_lines, n):
+    """The first line of the declaration whose name is on line n: the lines above it that carry
+    on the declaration (a template, a return type, __launch_bounds__) count as its head."""
+    while n > 1:
+        prev = code_lines[n - 2].strip()
+        if not prev or prev.endswith((";", "}", "{")) or prev.startswith("#"):
+            break
+        n -= 1
+    return n
+
+
+def extents(path, name):
+    """(first, last) lines of every definition of function `name` in the file at `path`: from
+    the head of its declaration to its closing brace (Python: to the end of its body)."""
     text = path.read_text(errors="replace")
     if path.suffix == ".py":
-        return re.search(rf"^\s*(?:async\s+)?def\s+{name}\s*\(", text, re.M) is not None
+        lines = text.splitlines()
+        return [py_extent(lines, text.count("\n", 0, m.start()) + 1)
+                for m in re.finditer(rf"^\s*(?:async\s+)?def\s+{name}\s*\(", text, re.M)]
     code = strip_c(text) if path.suffix != ".sh" else re.sub(r"#[^\n]*", "", text)
+    code_lines = code.split("\n")
+    found = []
     for m in re.finditer(rf"(?<![\w.>]){name}\s*\(", code):
         if re.search(r"(\.|->|::)\s*$", code[max(0, m.start() - 3):m.start()]):
             continue  # a member call
@@ -66,9 +102,18 @@ def defines(path, name):
             i += 1
         rest = code[i + 1:i + 200]
         # after the parameters: qualifiers, a trailing return type or an initializer list, then {
-        if re.match(r"\s*(?:const\s*|noexcept\s*|override\s*|->\s*[\w:<>\s\*&]+)*\{", rest):
-            return True
-    return False
+        body = re.match(r"\s*(?:const\s*|noexcept\s*|override\s*|->\s*[\w:<>\s\*&]+)*\{", rest)
+        if not body:
+            continue
+        j, depth = i + 1 + body.end() - 1, 0
+        while j < len(code):  # the matching brace
+            depth += {"{": 1, "}": -1}.get(code[j], 0)
+            if depth == 0:
+                break
+            j += 1
+        first = head_start(code_lines, code.count("\n", 0, m.start()) + 1)
+        found.append((first, code.count("\n", 0, j) + 1))
+    return found
 
 
 def code_map_problems(readme, root):
@@ -92,8 +137,29 @@ def code_map_problems(readme, root):
             problems.append(f"{readme}:{n}: code map: {rel} does not exist")
         elif not defines(path, name):
             problems.append(f"{readme}:{n}: code map: {name}() is not defined in {rel}")
+        else:
+            problems += ref_outside(readme, root, n, line, name, path)
     if entries == 0:
         problems.append(f"{readme}: no \"## Code map\" section listing \"- `name()` in `path`: role\"")
+    return problems
+
+
+def ref_outside(readme, root, n, line, name, path):
+    """The entry's line reference (the first on its line into the named function's file: where
+    the function is) when it does not point inside the function (any of its definitions). Later
+    references on the line may point elsewhere: where the function is called, say."""
+    problems, spans = [], extents(path, name)
+    for m in LINE_REF.finditer(line):
+        target = next((p for p in (root / m.group(1), readme.parent / m.group(1)) if p.is_file()),
+                      None)
+        if target is None or target.resolve() != path.resolve():
+            continue
+        nums = [int(x) for x in m.groups()[1:] if x]
+        if not any(first <= min(nums) and max(nums) <= last for first, last in spans):
+            where = ", ".join(f"{first}-{last}" for first, last in spans)
+            problems.append(f"{readme}:{n}: code map: {m.group(0)} is not inside {name}() "
+                            f"(lines {where} of {m.group(1)})")
+        break
     return problems
 
 
@@ -285,7 +351,9 @@ def self_test(root):
     expect("a malformed code map line fails", cm, "not of the form")
     expect("no code map fails", code_map_problems(fx / "no_map.md", fx / "bad"), "no \"## Code map\"")
     expect("a line reference past the end fails", line_ref_problems(bad, fx / "bad"),
-           "kernel.cu:999", "kernel.cu#L500")
+           "kernel.cu#L500", "kernel.cu:999")
+    expect("a code map entry's line outside its function fails", cm,
+           "kernel.cu:2 is not inside defined_here()")
     gen = generated_numbers(root)
     ms, tf = csv_values(root)
     stale = figure_problems(fx / "stale.md", gen, ms, tf)

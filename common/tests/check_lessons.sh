@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The lessons' checks behind `make test` (common/tests/check_lessons.py says what they are): first
-# the checker on its fixtures (a wrong function name, a line reference past the end, and the stale
+# the checker on its fixtures (a wrong function name, a line reference past the end or outside the
+# function its code map entry names, and the stale
 # figures of the lessons before issue 19 must each be reported; a correct lesson must pass), then
 # every stage*/README.md: code map, line references, no untraced figure from a run in its prose
 # (and the top README.md: its prose only);

@@ -9,6 +9,9 @@
   the B x H limit       ATTN_MAX_BH (= ATTN_MAX_GRID_Y, CUDA's gridDim.y limit) in attention.h
   the variants list     parsed by attn_variant_count/_index/_name in attention.h (C), and by the
                         binding's one split of the descriptor's string (Python)
+  the FLOP count and    common/main.c for the programs; plots/measure.py for the scripts that
+  the timing protocol   time other libraries beside them (sdpa_baseline.py, compare_fa2.py,
+                        compare.py, stage 7's sdpa_bwd.py, the examples)
 
 Fails on a second definition: a run of the header's columns written out, an exit code tied to
 its name by a literal number, a literal 65535 in code, a C loop over a `variants` string
@@ -165,6 +168,26 @@ check(not found, f"the C code parses a stage's variants only in {HOME_H}", "\n".
 splits = hits([f for f in CODE if f.endswith((".py", ".ipynb"))], r"variants.*\.split\(")
 check(len(splits) == 1 and "python/flashcourse/_binding.py" in splits[0],
       "the Python code splits the descriptor's variants once, in _binding.py", "\n".join(splits))
+
+# ---- the FLOP count and the timing protocol ----
+HOME_PY = "plots/measure.py"
+# the count written out (4 B H N^2 D), or the backward's factor as a number, outside the homes
+# (main.c for the programs, measure.py for the scripts), the tests that check them, and the
+# sweep tests' fake stage (a stand-in program, not a reader)
+flop_homes = {"common/main.c", HOME_PY, "python/tests/test_compare.py", "plots/tests/fake_stage.sh"}
+found = hits([f for f in CODE if f.endswith((".py", ".c", ".h", ".sh", ".awk", ".ipynb"))],
+             r"4(\.0)? \* .*\b(n \* n|N \* N|N \* s->N)\b|\b2\.5 \* 4\b|BWD_FLOPS\w* = ",
+             skip=flop_homes - {HOME_PY})
+found = [f for f in found if not f.startswith(f"  {HOME_PY}:")]
+check(not found, f"the FLOP count is written in common/main.c and {HOME_PY} only", "\n".join(found))
+found = hits([f for f in CODE if f.endswith((".py", ".ipynb"))],
+             r"^\s*(MIN_REPS|MIN_SECONDS|MAX_REPS|FLUSH_BYTES)\s*=", skip={HOME_PY})
+check(not found, f"the scripts' timing protocol (repeats, seconds, L2 flush) is set in {HOME_PY} only",
+      "\n".join(found))
+bad = names_home({"plots/sdpa_baseline.py": r"import measure", "stage5_tuned/compare_fa2.py":
+                  r"import measure", "stage6_hopper/compare.py": r"import measure",
+                  "stage7_backward/measured/sdpa_bwd.py": r"import measure"})
+check(not bad, f"the scripts that count FLOPs or time SDPA read {HOME_PY}", "\n".join(bad))
 
 print(f"one home each: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

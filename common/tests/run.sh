@@ -13,6 +13,9 @@ set -u
 dir=$1
 cd "$(dirname "$0")/../.."
 stages=$(ls -d stage[0-9]*/ 2>/dev/null | tr -d / | sort)
+# the forward passes a stage links from another (its stage.mk's <stage>_FORWARD), built as
+# obj/stage<n>_forward.o with their own ptxas report
+forwards=$(for s in $stages; do grep -qs "^${s}_FORWARD *:\?=" "$s/stage.mk" && echo "${s%%_*}_forward"; done)
 . common/exit_codes.sh || exit 1 # ATTN_EXIT_*: the programs' exit codes, from attention.h
 passed=0 failed=0
 tmp=$(mktemp -d)
@@ -54,7 +57,7 @@ part "CPU unit tests" "$dir/test_common" "$tmp"
 "$dir/test_common" --fixtures "$tmp" || failed=$((failed + 1))
 for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$dir/$s" "$tmp"; done
 part "make targets: no GPU, a mistyped ARCH, a missing tool, the formatter offline" bash common/tests/make_targets.sh
-part "no spills, no stack frame, no ptxas performance warning (stages 1-7, every target built)" bash common/tests/check_spills.sh "$dir" $stages stage7_forward
+part "no spills, no stack frame, no ptxas performance warning (stages 1-7, every target built)" bash common/tests/check_spills.sh "$dir" $stages $forwards
 part "the fat build's targets (sm_75 to sm_120), the README's list, the spill gate itself" bash common/tests/check_targets.sh "$dir"
 if command -v python3 >/dev/null 2>&1; then
   part "one home each: the CSV header, the exit codes, the B x H limit, the variants list" python3 common/tests/one_home.py
@@ -63,6 +66,7 @@ else
 fi
 part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
 if [ -f plots/tests/run.sh ]; then part "sweep, plots and tables" bash plots/tests/run.sh; fi
+part "adding a stage: its folder and the ladder row only (a copy of stage 4, compute_75)" bash common/tests/add_stage.sh
 part "lessons: code maps, line references, no untraced figure in prose" bash common/tests/check_lessons.sh
 part "C/CUDA sources formatted (pinned clang-format)" make --no-print-directory -s format-check
 if nvidia-smi -L >/dev/null 2>&1; then

@@ -203,12 +203,25 @@ if command -v gnuplot >/dev/null 2>&1; then
     [ $all = 1 ] && [ -n "$keys" ] && [ -z "$(echo "$keys" | grep stage6)" ] &&
         ok "gnuplot scripts: an all-unsupported stage is left out of the plots (keys: $keys)" ||
         bad "gnuplot scripts with an all-unsupported stage (keys: $keys)"
+    # more stages than the hand-picked colours: each keeps a colour of its own
+    { cat $T/fixture.csv
+      for s in 8 9 10 11 12 13 14; do
+        awk -F, -v s=$s 'BEGIN { OFS = "," } NR > 1 && $2 ~ /^stage1_/ { $2 = "stage" s "_extra"; print }' $T/fixture.csv
+      done; } >"$SCRATCH/many.csv"
+    draw_all "$SCRATCH/many.csv" "$SCRATCH/many" 989 && all=1 || all=0
+    cols=$(for k in $(awk -F, -f plots/csv.awk -f plots/series.awk -v mode=keys "$SCRATCH/many.csv" | grep '^stage'); do
+        gnuplot -e "csv='$SCRATCH/many.csv'; plotsdir='plots'; W = 10; HT = 10; load 'plots/style.gpi'; print colour('$k')" 2>&1
+    done | sort | uniq -d)
+    [ $all = 1 ] && [ -z "$cols" ] &&
+        ok "gnuplot scripts: more stages than the hand-picked colours, each stage a colour of its own" ||
+        bad "gnuplot scripts with many stages (a colour shared: $cols)"
 else
     for gp in plots/*.gp; do
         skip "$gp renders $(basename "$gp" .gp).png: gnuplot is not installed (apt-get install -y gnuplot-nox)"
     done
     skip "gnuplot scripts cope with a CSV without SDPA and fa2 rows: gnuplot is not installed"
     skip "gnuplot scripts leave an all-unsupported stage out: gnuplot is not installed"
+    skip "gnuplot scripts give each of many stages a colour: gnuplot is not installed"
 fi
 
 # ---- plots.mk targets on the fixture

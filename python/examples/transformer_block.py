@@ -16,7 +16,6 @@ downloaded; exit 1 if a stage misses, 3 (one line) without PyTorch or without a 
 
 import argparse
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -33,6 +32,9 @@ except ModuleNotFoundError as e:  # only a missing PyTorch gets this line; anyth
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import flashcourse  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plots"))
+import measure  # noqa: E402  (the timing protocol: one home)
 
 
 class Attention(nn.Module):
@@ -70,18 +72,12 @@ class Block(nn.Module):
 
 
 def time_forward(block, x, reps: int) -> float:
-    """Median milliseconds of one forward pass (CUDA events, after warm-up)."""
+    """Median milliseconds of one forward pass (CUDA events, after warm-up; the L2 kept warm, as
+    in a model's step)."""
     for _ in range(3):
         block(x)
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        block(x)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+    timer = measure.EventTimer(torch, flush=False)
+    return measure.median([timer.once(lambda: block(x)) for _ in range(reps)])
 
 
 def main() -> int:

@@ -29,7 +29,9 @@ done; done; done
 echo "== sdpa"
 timeout 200 python3 stage7_backward/measured/sdpa_bwd.py > $OUT/sdpa.csv 2>$OUT/sdpa.err; tail -3 $OUT/sdpa.err
 python3 - <<'PY'
-import csv, os, math
+import csv, os, math, sys
+sys.path.insert(0, "plots")
+import measure  # the FLOP count: one home
 O = os.environ["OUT"]
 s7 = {(r["variant"], r["N"], r["D"], r["causal"]): float(r["bwd_ms"]) for r in csv.DictReader(open(O + "/s7.csv")) if r["bwd_ms"]}
 sd = {}
@@ -41,7 +43,7 @@ for D in ("64", "128"):
   for c in ("0", "1"):
     for N in ("1024", "2048", "4096", "8192", "16384"):
       B, H = 16384 // int(N), 2048 // int(D)
-      fl = 2.5 * 4 * B * H * int(N) ** 2 * int(D) * (0.5 if c == "1" else 1) / 1e9
+      fl = measure.flops(B, H, int(N), int(D), c == "1", "bwd") / 1e9
       a = s7.get(("default", N, D, c)); d = s7.get(("deterministic", N, D, c))
       f = sd.get(("sdpa_flash", N, D, c)); u = sd.get(("sdpa_cudnn", N, D, c))
       if not (a and f and u and d): print(N, D, c, "missing"); continue

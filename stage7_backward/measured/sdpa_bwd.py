@@ -1,20 +1,15 @@
 # SDPA backward times (FLASH_ATTENTION = FA2, CUDNN_ATTENTION) with the stage programs' protocol:
-# CUDA events around each call, L2 flushed before each, warm-up, median of >= 10 calls and 0.5 s.
-import sys, torch
+# CUDA events around each call, L2 flushed before each, warm-up, median of >= 10 calls and 0.5 s
+# (plots/measure.py).
+import os, sys, torch
 from torch.nn.attention import sdpa_kernel, SDPBackend
 import torch.nn.functional as F
-flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "plots"))
+import measure  # the FLOP count and the timing protocol: one home
+timer = measure.EventTimer(torch)
 def timeit(fn):
-    fn()
-    ts = []
-    tot = 0.0
-    while len(ts) < 10 or tot < 500:
-        flush.zero_()
-        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize()
-        t = a.elapsed_time(b); ts.append(t); tot += t
-    ts.sort(); n = len(ts)
-    return ts[n // 2] if n % 2 else 0.5 * (ts[n // 2 - 1] + ts[n // 2])
+    fn()  # warm-up
+    return measure.median(timer.repeat(fn))
 print("backend,B,H,N,D,causal,bwd_ms,tflops")
 for D in (64, 128):
     for causal in (0, 1):
@@ -30,5 +25,5 @@ for D in (64, 128):
                         ms = timeit(lambda: torch.autograd.grad(o, (qq, kk, vv), do, retain_graph=True))
                 except Exception as e:
                     print(f"{name},{B},{H},{N},{D},{causal},,{type(e).__name__}", flush=True); continue
-                fl = 2.5 * 4 * B * H * N * N * D * (0.5 if causal else 1)
-                print(f"{name},{B},{H},{N},{D},{causal},{ms:.4f},{fl / ms / 1e9:.1f}", flush=True)
+                fl = measure.flops(B, H, N, D, causal, "bwd")
+                print(f"{name},{B},{H},{N},{D},{causal},{ms:.4f},{measure.tflops(fl, ms):.1f}", flush=True)

@@ -1,0 +1,6 @@
+# stage7_backward/stage.mk: what the build knows of this stage beyond its attention.cu (the
+# top-level Makefile reads it; the variables are described there).
+# The forward pass is stage 5's, linked beside this stage's backward (not copied).
+stage7_backward_FORWARD := stage5_tuned
+# `make diff STAGE=7` shows the backward pass against stage 5, whose forward it reuses.
+stage7_backward_DIFF_BASE := stage5_tuned
