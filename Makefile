@@ -4,6 +4,8 @@
 #   make QUICK=1         build, a 2-minute sweep (every stage, a few shapes), plots in build/quick/
 #   make test            CPU tests + fat build + spill check + format check (+ self-tests on a GPU)
 #   make check           every stage's --self-test on this GPU (SMEM_LIMIT=65536 for the T4 path)
+#   make lab STAGE=n     write labs/<stage>/: the stage's code with the lesson cut into holes
+#   make grade STAGE=n   build the lab with the course's host program, self-test it: a report card
 #   make build ARCH=75   machine code for one target; ARCH=compute_75 for PTX only; BUILD=dir;
 #                        several at once: ARCH="75 89"
 # Builds run in parallel on every core (make -jN of your own overrides it).
@@ -63,7 +65,7 @@ COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/obj/%.o,$(COMMON_SRC))
 HEADERS    := common/attention.h common/common.h common/csv_header.h
 
 .DEFAULT_GOAL := all
-.PHONY: all build objects test check sanitize profile diff help clean format format-check
+.PHONY: all build objects test check sanitize profile diff help clean format format-check lab grade
 
 .DELETE_ON_ERROR:
 .SECONDARY:
@@ -140,7 +142,7 @@ endif
 # Objects remember the flags they were built with: a build folder reused with another ARCH or
 # toolkit is rebuilt, not mixed.
 BUILD_FLAGS := $(NVCC) $(NVCCFLAGS) $(GENCODE)
-ifeq ($(filter clean help diff format format-check,$(MAKECMDGOALS)),)
+ifeq ($(filter clean help diff format format-check lab grade,$(MAKECMDGOALS)),)
 # An ARCH given by hand is checked against the targets this nvcc knows before flags.txt is
 # touched: a typo (ARCH=99) fails at once and leaves the build folder as it was, so the next
 # plain make rebuilds nothing. (sm_90a and the like: the base target must be known.)
@@ -220,6 +222,19 @@ diff:
 	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
 	@git --no-pager diff --no-index --stat $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]
 	@git --no-pager diff --no-index $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]
+
+# ---- labs (common/labs.py says how the holes are marked in a stage's source) ----
+# make lab STAGE=n writes labs/<stage>/ (ignored by git) and never overwrites a learner's edits
+# (RESTART=1 starts over, keeping theirs as a .bak). make grade STAGE=n builds the learner's copy
+# with this Makefile, as the stage's own program is built, and prints a report card; ARCH= and
+# SMEM_LIMIT= as for make check (ARCH=compute_75 SMEM_LIMIT=65536: the T4 path), GPU_NAME=
+# pretends there is no GPU (then it only compiles, and says what it cannot run).
+LAB_ARGS = $(STAGE) $(if $(filter command line,$(origin ARCH)),--arch '$(ARCH)') \
+           $(if $(SMEM_LIMIT),--smem-limit '$(SMEM_LIMIT)') \
+           $(if $(filter command line environment,$(origin GPU_NAME)),--gpu-name '$(GPU_NAME)')
+lab grade:
+	@test -n "$(STAGE)" || { echo "usage: make $@ STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
+	@python3 common/labs.py $@ $(if $(filter lab,$@),$(STAGE) $(if $(filter-out 0,$(RESTART)),--restart),$(LAB_ARGS))
 
 # ncu sections per lesson; PROFILE_ARGS sets the shape.
 PROFILE_ARGS ?= --seq 4096 --dim 128 --heads 16 --batch 4 --check 0 --bench
@@ -310,6 +325,8 @@ help:
 	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the CSV"
 	@echo "make test-plots    CPU tests of the sweep, plots and tables only"
 	@echo "make diff STAGE=n  what stage n adds over stage n-1"
+	@echo "make lab STAGE=n   write labs/<stage>/: the stage's kernel with the lesson cut into holes (stages 1-3)"
+	@echo "make grade STAGE=n build your lab, self-test it, time it: a report card (no GPU: it only compiles)"
 	@echo "make profile STAGE=n [VARIANT=name]  ncu with the sections for that lesson"
 	@echo "make lib           every stage also as build/lib/lib<stage>.so, for python/flashcourse (see README: From Python)"
 	@echo "stages: $(STAGES)"
