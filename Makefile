@@ -228,13 +228,14 @@ diff:
 # (RESTART=1 starts over, keeping theirs as a .bak). make grade STAGE=n builds the learner's copy
 # with this Makefile, as the stage's own program is built, and prints a report card; ARCH= and
 # SMEM_LIMIT= as for make check (ARCH=compute_75 SMEM_LIMIT=65536: the T4 path), GPU_NAME=
-# pretends there is no GPU (then it only compiles, and says what it cannot run).
+# pretends there is no GPU (then it only compiles, and says what it cannot run); LABS=dir keeps
+# the labs somewhere else than labs/.
 LAB_ARGS = $(STAGE) $(if $(filter command line,$(origin ARCH)),--arch '$(ARCH)') \
            $(if $(SMEM_LIMIT),--smem-limit '$(SMEM_LIMIT)') \
            $(if $(filter command line environment,$(origin GPU_NAME)),--gpu-name '$(GPU_NAME)')
 lab grade:
 	@test -n "$(STAGE)" || { echo "usage: make $@ STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
-	@python3 common/labs.py $@ $(if $(filter lab,$@),$(STAGE) $(if $(filter-out 0,$(RESTART)),--restart),$(LAB_ARGS))
+	@python3 common/labs.py $(if $(LABS),--labs '$(LABS)') $@ $(if $(filter lab,$@),$(STAGE) $(if $(filter-out 0,$(RESTART)),--restart),$(LAB_ARGS))
 
 # ncu sections per lesson; PROFILE_ARGS sets the shape.
 PROFILE_ARGS ?= --seq 4096 --dim 128 --heads 16 --batch 4 --check 0 --bench

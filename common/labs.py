@@ -47,6 +47,7 @@ BEGIN = re.compile(r"^[ \t]*// LAB HOLE (\d+) BEGIN(?: \[([a-z0-9_]+)\])?: (\S.*
 END = re.compile(r"^[ \t]*// LAB HOLE (\d+) END$")
 TODO = re.compile(r"^([ \t]*)// LAB TODO:(?: (.*))?$")
 STUB = re.compile(r"^([ \t]*)// LAB STUB: (.*)$")
+ANY = re.compile(r"LAB +(HOLE|TODO|STUB)\b")  # a marker, well formed or not
 # The code paths a hole can be on, beyond the GPU's own: how to build and run each.
 PATHS = {"t4": {"arch": "compute_75", "smem_limit": "65536",
                 "what": "the sm_75 (T4) path: PTX for compute_75, --smem-limit 65536"}}
@@ -80,6 +81,10 @@ def parse(text, name):
     for n, line in enumerate(text.splitlines(keepends=True), 1):
         bare = line.rstrip("\n")
         b, e = BEGIN.match(bare), END.match(bare)
+        if ANY.search(bare) and not (b or e or TODO.match(bare) or STUB.match(bare)):
+            raise LabError(f"{name}:{n}: not a well-formed lab marker: {bare.strip()}")
+        if part is None and (TODO.match(bare) or STUB.match(bare)):
+            raise LabError(f"{name}:{n}: a LAB TODO or LAB STUB line outside a hole")
         if part is None:
             if e:
                 raise LabError(f"{name}:{n}: LAB HOLE {e.group(1)} END without a BEGIN")
@@ -195,6 +200,13 @@ def stage_files(sdir):
     return files, holes
 
 
+def rel_path(p):
+    try:
+        return p.relative_to(ROOT)
+    except ValueError:
+        return p
+
+
 def hole_title(parts):
     """A hole's title: its one part's, or the part titles' common head ("the cp.async pipeline:
     tile 0 on its way" and "the cp.async pipeline: wait for tile kt" make "the cp.async pipeline")."""
@@ -204,8 +216,11 @@ def hole_title(parts):
     return parts[0]["title"]
 
 
+LABS = ROOT / "labs"
+
+
 def lab_dir(sdir):
-    return ROOT / "labs" / sdir.name
+    return LABS / sdir.name
 
 
 def cmd_lab(args):
@@ -215,7 +230,7 @@ def cmd_lab(args):
         raise LabError(f"{sdir.name} has no lab yet (no LAB HOLE markers in its source)")
     dest = lab_dir(sdir)
     dest.mkdir(parents=True, exist_ok=True)
-    rel = dest.relative_to(ROOT)
+    rel = rel_path(dest)
     num = sdir.name.split("_")[0][5:]
     wrote, kept, same = [], [], []
     for name, text in files.items():
@@ -230,7 +245,7 @@ def cmd_lab(args):
         if path.exists():
             old = path.with_name(f"{name}.{time.strftime('%Y%m%d-%H%M%S')}.bak")
             path.rename(old)
-            print(f"make lab: your {rel}/{name} is kept as {old.relative_to(ROOT)}")
+            print(f"make lab: your {rel}/{name} is kept as {rel}/{old.name}")
         path.write_text(lab_text)
         wrote.append(name)
     guide = sdir / "LAB.md"
@@ -306,7 +321,7 @@ def compile_errors(log, n=12):
     lines = Path(log).read_text(errors="replace").splitlines()
     errs = [ln for ln in lines if re.search(r"error|warning", ln, re.I) and "Error " not in ln]
     errs = errs or lines[-n:]
-    return [re.sub(r"\S*/src/(stage)", r"\1", ln) for ln in errs[:n]]
+    return [re.sub(r"^(?:\S*/src/)?(stage[0-9]+_\w+/)", r"labs/\1", ln) for ln in errs[:n]]
 
 
 def run(cmd, timeout):
@@ -376,7 +391,7 @@ def cmd_grade(args):
     if not holes:
         raise LabError(f"{sdir.name} has no lab yet (no LAB HOLE markers in its source)")
     ldir = lab_dir(sdir)
-    rel = ldir.relative_to(ROOT)
+    rel = rel_path(ldir)
     mine = {}
     for name in files:
         if not (ldir / name).is_file():
@@ -541,6 +556,7 @@ def cmd_holes(args):
 
 
 def main():
+    global LABS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("lab")
@@ -560,7 +576,9 @@ def main():
     a.add_argument("--except", dest="except_hole", type=int, default=0)
     a = sub.add_parser("holes")
     a.add_argument("stage")
+    ap.add_argument("--labs", default=str(LABS), help="where the labs are (default: labs/)")
     args = ap.parse_args()
+    LABS = Path(args.labs).resolve()
     try:
         return {"lab": cmd_lab, "grade": cmd_grade, "render": cmd_render, "fill": cmd_fill,
                 "holes": cmd_holes}[args.cmd](args)
