@@ -472,6 +472,18 @@ function emit_summary(    minn, i, k) {
         printf "| %s | %s | %s | %s |\n", k, tf_summary(k, minn), vs_summary(REF, k, minn),
                vs_summary("sdpa_default", k, minn)
     }
+    printf "\nThe CSV: %d rows (every pass): %d of the course's stages (%s), %d of PyTorch's SDPA; %s.\n",
+           nrows, nstage_rows, status_counts(), other_rows,
+           failed_rows ? failed_rows (failed_rows == 1 ? " failed its check" : " failed their check") \
+                       : "none failed its check"
+}
+
+# "314 ok, 1 OOM": the stage rows by status, in the CSV header's order of statuses.
+function status_counts(    n, i, s, out) {
+    n = split("ok FAIL OOM unsupported over_budget", s, " ")
+    for (i = 1; i <= n; i++)
+        if (s[i] in stage_status) out = out (out == "" ? "" : ", ") stage_status[s[i]] " " s[i]
+    return out
 }
 
 # What the tables, the lessons and the summary measure the stages against: FA2 (sdpa_flash) where the GPU of

@@ -122,6 +122,12 @@ plots/update_readme.sh $T/fixture.csv "$SCRATCH/summary.md" >/dev/null 2>&1
 check "update_readme.sh writes the summary table (summary markers): stage 3's row" \
     grep -q -x -F '| stage3_cp_async | 77.6-84.0 | 0.24 (lowest 0.24; faster on 0 of 3) | 0.18 (lowest 0.17; faster on 0 of 3) |' \
     "$SCRATCH/summary.md"
+# its closing line counts every row of the CSV (every pass), as grep counts them
+rows=$(grep -v -c -e '^gpu,' -e '^$' $T/fixture.csv)
+stage_rows=$(grep -c '^[^,]*,stage[0-9]' $T/fixture.csv)
+check "the summary's closing line: the CSV's rows counted ($rows, $stage_rows of the stages)" \
+    grep -q -x "The CSV: $rows rows (every pass): $stage_rows of the course's stages (28 ok, 1 FAIL, 4 OOM, 1 unsupported, 1 over_budget), $((rows - stage_rows)) of PyTorch's SDPA; 1 failed its check." \
+    "$SCRATCH/summary.md"
 check "update_readme.sh: the summary keeps the prose around it" \
     [ "$(head -n 1 "$SCRATCH/summary.md")" = "Prose." -a "$(tail -n 1 "$SCRATCH/summary.md")" = "More." ]
 printf 'no markers here\n' >"$SCRATCH/nomark.md"
