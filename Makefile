@@ -321,7 +321,7 @@ help:
 	@echo "make format        format the C/CUDA sources with the pinned clang-format $(CLANG_FORMAT_VERSION) (format-check: only check)"
 	@echo "make check         every stage's --self-test on this GPU (SMEM_LIMIT=65536: T4 path)"
 	@echo "make sanitize      compute-sanitizer memcheck, racecheck, synccheck on small shapes"
-	@echo "make bench         the sweep only (BUDGET=60 seconds per launch, QUICK=1 for N <= 16k)"
+	@echo "make bench         the sweep only (BUDGET=60 seconds per launch; QUICK=1: long N $(shell . plots/shapes.conf && echo $$QUICK_LONG_N | tr ' ' ,), fa2 N $(shell . plots/shapes.conf && echo $$QUICK_FA2_N | tr ' ' ,))"
 	@echo "make plots         redraw the PNGs from the CSV"
 	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the CSV"
 	@echo "make test-plots    CPU tests of the sweep, plots and tables only"
