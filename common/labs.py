@@ -466,7 +466,6 @@ def cmd_grade(args):
         jobs.append(j)
         hole_job[n] = j["key"]
     ref = job("stage", None, native_arch, native_smem, "the stage's own code")
-    jobs.append(ref)
 
     print(f"make grade: {sdir.name}, {rel}, on {paths[''][2]}: building {len(jobs)} programs "
           f"(logs in {build_root.relative_to(ROOT)}/)", flush=True)
@@ -484,8 +483,7 @@ def cmd_grade(args):
     with ThreadPoolExecutor(max_workers=jobs_n) as pool:
         for key, res in pool.map(do, jobs):
             results[key] = res
-            if key != "stage":
-                print(f"  graded {key}: {'PASS' if res[0] else 'FAIL'}", flush=True)
+            print(f"  {key}: {'PASS' if res[0] else 'FAIL'}", flush=True)
 
     width = max(len(hole_title(ps)) for ps in holes.values()) + 9
     print(f"\nReport card: {sdir.name} lab ({rel}) on {paths[''][2]}")
@@ -509,6 +507,8 @@ def cmd_grade(args):
         print(f"  {j['what']:<{width}} {'PASS' if ok else 'FAIL'}  {line}")
     speed = "not timed: your file does not pass yet"
     if all_ok:
+        print("  your file passes: building the stage's own code to time both", flush=True)
+        results["stage"] = do(ref)[1]
         if not results["stage"][0]:
             speed = "not timed: the stage's own code did not build (" + results["stage"][1] + ")"
         else:
