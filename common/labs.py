@@ -14,9 +14,11 @@ lines, so a lab is generated from the code it teaches and cannot drift from it:
 A hole is numbered 1, 2, ... in the lesson's order (not necessarily the file's), and may have
 several parts (the same number BEGIN ... END more than once, in one file or several): a part
 keeps its title, and the hole is graded as one. A tag after BEGIN names the code path a hole is
-on when the GPU's native build does not compile it: `// LAB HOLE 3 BEGIN [t4]: ...` is code of
-the sm_75 (T4) path, graded from PTX for compute_75 run with --smem-limit 65536. Markers are
-comments: the stage's machine code is the same with them or without them.
+on when not every build compiles it: `// LAB HOLE 3 BEGIN [t4]: ...` is code of the sm_75 (T4)
+path, graded from PTX for compute_75 run with --smem-limit 65536 on a newer GPU; `[sm80]` is
+code of sm_80 and newer (cp.async), graded natively from sm_80 on, and on a T4 only compiled
+(PTX for compute_80) and reported as not gradable there. Markers are comments: the stage's
+machine code is the same with them or without them.
 
 In the lab the BEGIN and END lines stay (the grader finds the learner's code between them); in
 between, every `LAB TODO:` line becomes `TODO:` and every `LAB STUB: code` line becomes `code`,
@@ -50,7 +52,8 @@ STUB = re.compile(r"^([ \t]*)// LAB STUB: (.*)$")
 ANY = re.compile(r"LAB +(HOLE|TODO|STUB)\b")  # a marker, well formed or not
 # The code paths a hole can be on, beyond the GPU's own: how to build and run each.
 PATHS = {"t4": {"arch": "compute_75", "smem_limit": "65536",
-                "what": "the sm_75 (T4) path: PTX for compute_75, --smem-limit 65536"}}
+                "what": "the sm_75 (T4) path: PTX for compute_75, --smem-limit 65536"},
+         "sm80": {"min_arch": 80, "what": "code for sm_80 and newer"}}
 # Where the grader compiles without a GPU (PTX only): compute_75, but for stages whose kernels
 # exist only on one architecture.
 NO_GPU_ARCH = {"stage6_hopper": "compute_90"}
@@ -439,30 +442,31 @@ def cmd_grade(args):
         print(f"make grade: {gpu} is sm_{cc}; the course needs sm_75 or newer (a T4 or later)")
         return 3
     paths = {"": (native_arch, native_smem, f"{gpu}, ARCH={native_arch}"
-                  + (f", --smem-limit {native_smem}" if native_smem else ""))}
-    explicit = bool(args.arch or args.smem_limit)
+                  + (f", --smem-limit {native_smem}" if native_smem else ""), True)}
     for n, ps in holes.items():
         tag = ps[0]["tag"]
+        if tag and tag not in PATHS:
+            raise LabError(f"{sdir.name}: hole {n}: unknown code path [{tag}]")
         if tag and tag not in paths:
-            if tag not in PATHS:
-                raise LabError(f"{sdir.name}: hole {n}: unknown code path [{tag}]")
-            native_is_it = (explicit and native_arch == PATHS[tag]["arch"]) or cc == "75"
-            paths[tag] = paths[""] if native_is_it else (
-                PATHS[tag]["arch"], PATHS[tag]["smem_limit"], f"{gpu}, {PATHS[tag]['what']}")
+            paths[tag] = code_path(tag, gpu, cc, native_arch, paths[""])
     jobs = [job("yours", set(holes), *paths[""][:2], "your file")]
+    jobs[0]["runs"] = True
     for tag in paths:
         if tag and paths[tag] != paths[""]:
-            jobs.append(job(f"yours-{tag}", set(holes), *paths[tag][:2], f"your file [{tag}]"))
+            j = job(f"yours-{tag}", set(holes), *paths[tag][:2], f"your file [{tag}]")
+            j["runs"] = paths[tag][3]
+            jobs.append(j)
     hole_job = {}
     for n in sorted(holes):
         if not started[n]:
             continue
-        tag = holes[n][0]["tag"]
-        arch, smem = paths[tag][:2]
-        if len(holes) == 1:
-            hole_job[n] = next(j["key"] for j in jobs if j["arch"] == arch and j["smem"] == smem)
+        arch, smem, _, runs = paths[holes[n][0]["tag"]]
+        same = [j for j in jobs if j["arch"] == arch and j["smem"] == smem]
+        if len(holes) == 1 and same:
+            hole_job[n] = same[0]["key"]
             continue
         j = job(f"hole{n}", {n}, arch, smem, f"hole {n}")
+        j["runs"] = runs
         jobs.append(j)
         hole_job[n] = j["key"]
     ref = job("stage", None, native_arch, native_smem, "the stage's own code")
@@ -477,34 +481,38 @@ def cmd_grade(args):
                 compile_errors(j["dir"].with_suffix(".log"), 3)))
         if j["key"] == "stage":
             return j["key"], (True, prog)
+        if not j["runs"]:
+            return j["key"], (None, f"compiles (ARCH={j['arch']}); its code cannot run on this GPU: "
+                                    f"not graded here", prog)
         return j["key"], grade_program(prog, j["smem"]) + (prog,)
 
     results = {}
     with ThreadPoolExecutor(max_workers=jobs_n) as pool:
         for key, res in pool.map(do, jobs):
             results[key] = res
-            print(f"  {key}: {'PASS' if res[0] else 'FAIL'}", flush=True)
+            print(f"  {key}: {verdict(res[0])}", flush=True)
 
-    width = max(len(hole_title(ps)) for ps in holes.values()) + 9
+    width = max(len(hole_title(ps)) + len(ps[0]["tag"]) + 3 for ps in holes.values()) + 9
     print(f"\nReport card: {sdir.name} lab ({rel}) on {paths[''][2]}")
-    passing = 0
+    passing, gradable = 0, 0
     for n in sorted(holes):
-        title = f"hole {n}  {hole_title(holes[n])}"
         tag = holes[n][0]["tag"]
-        where = f" [{tag}]" if tag else ""
+        title = f"hole {n}  {hole_title(holes[n])}" + (f" [{tag}]" if tag else "")
         if not started[n]:
-            print(f"  {title:<{width}} FAIL  not started (still the TODO){where}")
+            gradable += paths[tag][3]
+            print(f"  {title:<{width}} FAIL  not started (still the TODO)")
             continue
         ok, line = results[hole_job[n]][:2]
-        passing += ok
-        print(f"  {title:<{width}} {'PASS' if ok else 'FAIL'}  {line}{where}")
+        gradable += ok is not None
+        passing += ok is True
+        print(f"  {title:<{width}} {verdict(ok)}  {line}")
     all_ok = True
     for j in jobs:
         if not j["key"].startswith("yours"):
             continue
         ok, line = results[j["key"]][:2]
-        all_ok &= ok
-        print(f"  {j['what']:<{width}} {'PASS' if ok else 'FAIL'}  {line}")
+        all_ok &= ok is not False
+        print(f"  {j['what']:<{width}} {verdict(ok)}  {line}")
     speed = "not timed: your file does not pass yet"
     if all_ok:
         print("  your file passes: building the stage's own code to time both", flush=True)
@@ -521,8 +529,32 @@ def cmd_grade(args):
     print(f"  {'speed':<{width}} {speed}")
     for note in notes:
         print("  " + note)
-    print(f"holes passing: {passing} of {len(holes)}")
-    return 0 if all_ok and passing == len(holes) else 1
+    left = len(holes) - gradable
+    print(f"holes passing: {passing} of {gradable}" + (
+        f" ({left} not gradable on this GPU: see above)" if left else ""))
+    return 0 if all_ok and passing == gradable else 1
+
+
+def verdict(ok):
+    return {True: "PASS", False: "FAIL", None: "----"}[ok]
+
+
+def arch_number(arch):
+    return int(re.sub(r"\D", "", arch) or 0)
+
+
+def code_path(tag, gpu, cc, native_arch, native):
+    """(arch, smem limit, description, runs here) of the code path a hole's tag names."""
+    want = PATHS[tag]
+    if "arch" in want:  # a fixed older path (t4): native when the build is that path already
+        if arch_number(native_arch) == arch_number(want["arch"]):
+            return native
+        return want["arch"], want["smem_limit"], f"{gpu}, {want['what']}", True
+    if arch_number(native_arch) >= want["min_arch"]:  # a newer path (sm80): native if it has it
+        return native
+    if int(cc) >= want["min_arch"]:
+        return cc, "", f"{gpu}, ARCH={cc} ({want['what']})", True
+    return f"compute_{want['min_arch']}", "", f"PTX for compute_{want['min_arch']}, compile only", False
 
 
 # ---- the small commands the tests use ----------------------------------------------------------

@@ -112,7 +112,7 @@ __device__ __forceinline__ void load_tile(__half *tile, const __half *__restrict
 // writes src_bytes bytes from gmem and zero-fills the rest, so src_bytes = 0 writes 16 zeros
 // and reads nothing.
 __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, int src_bytes) {
-    // LAB HOLE 1 BEGIN: the cp.async wrappers: issue one 16-byte copy
+    // LAB HOLE 1 BEGIN [sm80]: the cp.async wrappers: issue one 16-byte copy
     // LAB TODO: one cp.async.cg.shared.global of 16 bytes, in inline PTX (asm volatile, with a
     // LAB TODO: "memory" clobber): destination = smem as a 32-bit shared-memory address
     // LAB TODO: (__cvta_generic_to_shared), source = gmem (a 64-bit "l" operand), and src_bytes
@@ -126,7 +126,7 @@ __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, int sr
 
 // Close the group of this thread's cp.asyncs issued so far.
 __device__ __forceinline__ void cp_async_commit() {
-    // LAB HOLE 1 BEGIN: the cp.async wrappers: close the group
+    // LAB HOLE 1 BEGIN [sm80]: the cp.async wrappers: close the group
     // LAB TODO: cp.async.commit_group, in inline PTX with a "memory" clobber.
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     // LAB HOLE 1 END
@@ -134,7 +134,7 @@ __device__ __forceinline__ void cp_async_commit() {
 
 // Wait until all of this thread's committed cp.async groups have landed in shared memory.
 __device__ __forceinline__ void cp_async_wait_all() {
-    // LAB HOLE 1 BEGIN: the cp.async wrappers: wait for every group
+    // LAB HOLE 1 BEGIN [sm80]: the cp.async wrappers: wait for every group
     // LAB TODO: cp.async.wait_group with 0 groups left pending, in inline PTX ("memory" clobber:
     // LAB TODO: no shared-memory read may move above it).
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(BR)
     // Prologue: tile 0 -> buffer 0.
     if (PIPELINE) {
 #if HAS_CP_ASYNC
-        // LAB HOLE 2 BEGIN: the cp.async pipeline: tile 0 on its way
+        // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: tile 0 on its way
         // LAB TODO: issue the copies of K and V tile 0 (rows 0 .. BC - 1) into buffer 0 (K_buf,
         // LAB TODO: V_buf, each [BC][D]) with load_tile_async, and commit them as one group.
         load_tile_async<BC, D, D, BR>(K_buf, K, 0, N, tid);
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(BR)
             load_tile<BC, D, D, BR>(V_buf, V, k0, N, tid);
         } else {
 #if HAS_CP_ASYNC
-            // LAB HOLE 2 BEGIN: the cp.async pipeline: wait for tile kt
+            // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: wait for tile kt
             // LAB TODO: wait until this thread's copies of tile kt have landed (the barrier below
             // LAB TODO: then makes every thread's copies visible to all).
             cp_async_wait_all();  // this thread's copies of tile kt have landed
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(BR)
         __syncthreads();
 
 #if HAS_CP_ASYNC
-        // LAB HOLE 2 BEGIN: the cp.async pipeline: tile kt + 1 on its way
+        // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: tile kt + 1 on its way
         // LAB TODO: if there is a next tile (prefetch), issue the copies of K and V tile kt + 1
         // LAB TODO: (rows k0 + BC ..) into the other buffer, K_next and V_next, and commit them:
         // LAB TODO: they land while this tile is computed on. Why is it safe to overwrite that
