@@ -47,7 +47,7 @@ measure() {
   local out err rc ms
   out=$(timeout "$secs" "$@" 2>"$tmp/err"); rc=$?
   err=$(tail -n 1 "$tmp/err")
-  ms=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next } $c["ms_median"] != "" { print $c["ms_median"], $c["tflops"], $c["status"]; exit }' <<<"$out")
+  ms=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next } ("ms_median" in c) && $c["ms_median"] != "" { print $c["ms_median"], $c["tflops"], $c["status"]; exit }' <<<"$out")
   local line="$label: exit $rc"
   [ "$rc" -eq 124 ] && line="$label: did not finish in $secs s"
   [ -n "$ms" ] && line="$line, $(awk '{printf "%s ms median, %s TFLOP/s, %s", $1, $2, $3}' <<<"$ms")"
