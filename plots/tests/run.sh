@@ -69,6 +69,8 @@ printf '# t\n\n<!-- results:stage7:begin -->\n<!-- results:stage7:end -->\n' >"$
 plots/update_readme.sh "$SCRATCH/bwd.csv" "$SCRATCH/README.bwd.md" "$SCRATCH/README.s7.md" >/dev/null 2>&1
 check "update_readme.sh's backward section: the bwd rows, named as a backward time" \
     grep -q -F '| 1,024 | 0.200 | 0.250 |' "$SCRATCH/README.bwd.md"
+check "the backward section's last column: FA2 time / best stage time (0.25 / 0.20), no stage 0 or 1 to compare" \
+    grep -q -F '| 1,024 | 0.200 | 0.250 | stage7_backward 1.25 |' "$SCRATCH/README.bwd.md"
 check "update_readme.sh's backward section says it times the backward" \
     grep -q '^Backward time in ms' "$SCRATCH/README.bwd.md"
 check "a backward stage's lesson shows its bwd rows beside FA2's" \
