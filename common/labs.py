@@ -20,6 +20,11 @@ code of sm_80 and newer (cp.async), graded natively from sm_80 on, and on a T4 o
 (PTX for compute_80) and reported as not gradable there. Markers are comments: the stage's
 machine code is the same with them or without them.
 
+A stage's holes live in its own folder's files (a primitive of common/device/ is not cut into a
+lab). labs/<stage>/ gets a copy of each file that has holes; the grader builds the stage from a
+tree of links to the repository in which those files are the learner's, with the Makefile, so a
+lab is compiled and linked exactly as the stage's own program (stage 7's forward included).
+
 In the lab the BEGIN and END lines stay (the grader finds the learner's code between them); in
 between, every `LAB TODO:` line becomes `TODO:` and every `LAB STUB: code` line becomes `code`,
 and the solution's lines are left out.
