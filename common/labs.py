@@ -358,6 +358,8 @@ def first_failure(rc, out, err, timeout):
     last = [ln for ln in (err.strip() or out.strip()).splitlines()][-1:] or ["no output"]
     if rc < 0:
         return f"crashed (signal {-rc}): {last[0]}"
+    if rc == EXIT_WRONG:  # no case failed its check: the program stopped (a CUDA error)
+        return f"stopped: {last[0]}"
     return f"exit {rc}: {last[0]}"
 
 
