@@ -269,7 +269,8 @@ __global__ void __launch_bounds__(BR)
             // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: wait for tile kt
             // LAB TODO: wait until this thread's copies of tile kt have landed (the barrier below
             // LAB TODO: then makes every thread's copies visible to all).
-            cp_async_wait_all();  // this thread's copies of tile kt have landed
+            // this thread's copies of tile kt have landed
+            cp_async_wait_all();
             // LAB HOLE 2 END
 #endif
         }
@@ -373,8 +374,8 @@ __global__ void __launch_bounds__(BR)
         // LAB HOLE 3 BEGIN [t4]: the sm_75 register-staged prefetch: stash V
         // LAB TODO: P V is done: stash_tile the V registers into V_next. The next iteration's
         // LAB TODO: __syncthreads makes both halves of tile kt + 1 visible to every thread.
-        if (prefetch)
-            stash_tile<BC, D, D, BR>(V_next, next, tid);  // V of tile kt + 1 -> the other buffer
+        if (prefetch)  // V of tile kt + 1 -> the other buffer
+            stash_tile<BC, D, D, BR>(V_next, next, tid);
         // LAB HOLE 3 END
 #endif
         if (!PIPELINE)
