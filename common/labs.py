@@ -458,8 +458,9 @@ def cmd_grade(args):
             paths[tag] = code_path(tag, gpu, cc, native_arch, paths[""])
     jobs = [job("yours", set(holes), *paths[""][:2], "your file")]
     jobs[0]["runs"] = True
-    for tag in paths:
-        if tag and paths[tag] != paths[""]:
+    for tag in paths:  # your file on each other code path that has a hole you started
+        if tag and paths[tag] != paths[""] and any(
+                started[n] for n in holes if holes[n][0]["tag"] == tag):
             j = job(f"yours-{tag}", set(holes), *paths[tag][:2], f"your file [{tag}]")
             j["runs"] = paths[tag][3]
             jobs.append(j)

@@ -2,7 +2,8 @@
 # The labs' checks behind `make test` (common/labs.py says how holes are marked), with no GPU:
 #   1. the markers: every stage with LAB HOLE markers renders a lab, and filling the lab's holes
 #      from the markers gives back the stage's file byte for byte; leaving any one hole unfilled
-#      does not (each hole has code of its own);
+#      does not (each hole has code of its own); and the lab with any one hole left as the TODO
+#      compiles with the Makefile's nvcc command (front end only, -Xcicc -O0: seconds);
 #   2. the marker grammar: a BEGIN without an END, a malformed marker, a TODO outside a hole and
 #      a learner's file whose holes are not the stage's are each refused with the line named;
 #   3. make lab writes the lab, never overwrites a learner's edits, and RESTART=1 keeps theirs;
@@ -48,6 +49,32 @@ for f in $files; do
     else
       bad "$f: hole $k alone left as the TODO should differ from the stage's file"
     fi
+  done
+done
+
+# ---- 1b. a lab with any one hole left as the TODO (the rest filled) compiles, with the Makefile's
+# nvcc command for the stage (-Xcicc -O0 added: the front end's warnings are errors all the same,
+# in seconds), for compute_75 and, where a hole is tagged [sm80], compute_80 too
+nvcc_cmd() { # nvcc_cmd STAGE_DIR ARCH: the Makefile's compile command of the stage, without -c/-o
+  env -u MAKEFLAGS make -n --no-print-directory BUILD="$tmp/n$2" ARCH="$2" "$tmp/n$2/obj/$1.o" 2>/dev/null |
+    grep -m 1 -- "-c $1/attention.cu -o" | sed -E 's/ -c [^ ]+ -o .*//'
+}
+for f in $files; do
+  s=$(dirname "$f")
+  archs=compute_75
+  grep -q 'LAB HOLE [0-9]* BEGIN \[sm80\]' "$f" && archs="compute_75 compute_80"
+  for a in $archs; do
+    cmd=$(nvcc_cmd "$s" "$a")
+    if [ -z "$cmd" ]; then bad "$f: no nvcc command from make -n for $a"; continue; fi
+    for k in $(grep -oE '// LAB HOLE [0-9]+ BEGIN' "$f" | grep -oE '[0-9]+' | sort -un); do
+      mkdir -p "$tmp/one$k/$s"
+      python3 $labs render "$f" >"$tmp/lab.$k" && python3 $labs fill "$tmp/lab.$k" "$f" --except "$k" >"$tmp/one$k/$f"
+      if $cmd -Xcicc -O0 -c "$tmp/one$k/$f" -o "$tmp/one$k.o" >"$tmp/out" 2>&1; then
+        ok "$f: hole $k left as the TODO, the rest filled: compiles for $a, warnings as errors"
+      else
+        bad "$f: hole $k left as the TODO, the rest filled: does not compile for $a"
+      fi
+    done
   done
 done
 
