@@ -217,11 +217,16 @@ sanitize:
 # against stage 5, whose forward it reuses
 DIFF_BASE_7 := stage5_tuned
 PREV_DIR  = $(or $(DIFF_BASE_$(STAGE)),$(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*)))
-# git diff --no-index exits 1 when the files differ, which they always do: that is no error.
+# git diff --no-index exits 1 when the files differ, which they always do: that is no error. The
+# labs' marker lines (// LAB HOLE, TODO, STUB: comments) are left out, so the diff is the lesson's.
 diff:
 	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
-	@git --no-pager diff --no-index --stat $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]
-	@git --no-pager diff --no-index $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	for d in $(PREV_DIR) $(STAGE_DIR); do \
+	    mkdir -p "$$tmp/$$d" && grep -v -E '^[[:space:]]*// LAB (HOLE [0-9]+ (BEGIN|END)|TODO:|STUB:)' $$d/attention.cu >"$$tmp/$$d/attention.cu"; \
+	done && cd "$$tmp" && \
+	{ git --no-pager diff --no-index --stat $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]; } && \
+	{ git --no-pager diff --no-index $(PREV_DIR)/attention.cu $(STAGE_DIR)/attention.cu; [ $$? -le 1 ]; }
 
 # ---- labs (common/labs.py says how the holes are marked in a stage's source) ----
 # make lab STAGE=n writes labs/<stage>/ (ignored by git) and never overwrites a learner's edits
