@@ -4,6 +4,8 @@
 #   make QUICK=1         build, a 2-minute sweep (every stage, a few shapes), plots in build/quick/
 #   make test            CPU tests + fat build + spill check + format check (+ self-tests on a GPU)
 #   make check           every stage's --self-test on this GPU (SMEM_LIMIT=65536 for the T4 path)
+#   make lab STAGE=n     write labs/<stage>/: the stage's code with the lesson cut into holes
+#   make grade STAGE=n   build the lab with the course's host program, self-test it: a report card
 #   make build ARCH=75   machine code for one target; ARCH=compute_75 for PTX only; BUILD=dir;
 #                        several at once: ARCH="75 89"
 # Builds run in parallel on every core (make -jN of your own overrides it).
@@ -71,7 +73,7 @@ COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/obj/%.o,$(COMMON_SRC))
 HEADERS    := common/attention.h common/common.h common/csv_header.h common/device_info.h
 
 .DEFAULT_GOAL := all
-.PHONY: all build objects test check sanitize profile diff help clean format format-check
+.PHONY: all build objects test check sanitize profile diff help clean format format-check lab grade
 
 .DELETE_ON_ERROR:
 .SECONDARY:
@@ -156,7 +158,7 @@ endif
 # Objects remember the flags they were built with: a build folder reused with another ARCH or
 # toolkit is rebuilt, not mixed.
 BUILD_FLAGS := $(NVCC) $(NVCCFLAGS) $(GENCODE)
-ifeq ($(filter clean help diff format format-check,$(MAKECMDGOALS)),)
+ifeq ($(filter clean help diff format format-check lab grade,$(MAKECMDGOALS)),)
 # An ARCH given by hand is checked against the targets this nvcc knows before flags.txt is
 # touched: a typo (ARCH=99) fails at once and leaves the build folder as it was, so the next
 # plain make rebuilds nothing. (sm_90a and the like: the base target must be known.)
@@ -236,10 +238,11 @@ sanitize:
 # (stage 7, the backward pass: stage 5, whose forward it reuses)
 PREV_DIR  = $(or $($(STAGE_DIR)_DIFF_BASE),$(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*)))
 # A stage's code as one text in reading order: attention.cu, then the .cuh files of its folder in
-# the order attention.cu includes them (those it does not name last), each after a line naming it.
+# the order attention.cu includes them (those it does not name last), each after a line naming it;
+# the labs' marker lines (// LAB HOLE, TODO, STUB: comments) left out, so the diff is the lesson's.
 stage_code = for f in $(1)/attention.cu $$(sed -n 's/^\#include "\([^/"]*\.cuh\)".*/\1/p' $(1)/attention.cu | sed 's|^|$(1)/|') \
                $$(ls $(1)/*.cuh 2>/dev/null | grep -v -x -F "$$(sed -n 's/^\#include "\([^/"]*\.cuh\)".*/$(1)\/\1/p' $(1)/attention.cu)"); do \
-               [ -f "$$f" ] && { echo "// ==== $$f"; cat "$$f"; }; done
+               [ -f "$$f" ] && { echo "// ==== $$f"; grep -v -E '^[[:space:]]*// LAB (HOLE [0-9]+ (BEGIN|END)|TODO:|STUB:)' "$$f"; }; done
 # git diff --no-index exits 1 when the files differ, which they always do: that is no error.
 diff:
 	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
@@ -247,6 +250,20 @@ diff:
 	{ $(call stage_code,$(PREV_DIR)); } > "$$tmp/a/$(PREV_DIR)" && { $(call stage_code,$(STAGE_DIR)); } > "$$tmp/b/$(STAGE_DIR)" && \
 	cd "$$tmp" && { git --no-pager diff --no-index --stat a/$(PREV_DIR) b/$(STAGE_DIR); [ $$? -le 1 ]; } && \
 	{ git --no-pager diff --no-index a/$(PREV_DIR) b/$(STAGE_DIR); [ $$? -le 1 ]; }
+
+# ---- labs (common/labs.py says how the holes are marked in a stage's source) ----
+# make lab STAGE=n writes labs/<stage>/ (ignored by git) and never overwrites a learner's edits
+# (RESTART=1 starts over, keeping theirs as a .bak). make grade STAGE=n builds the learner's copy
+# with this Makefile, as the stage's own program is built, and prints a report card; ARCH= and
+# SMEM_LIMIT= as for make check (ARCH=compute_75 SMEM_LIMIT=65536: the T4 path), GPU_NAME=
+# pretends there is no GPU (then it only compiles, and says what it cannot run); LABS=dir keeps
+# the labs somewhere else than labs/.
+LAB_ARGS = $(STAGE) $(if $(filter command line,$(origin ARCH)),--arch '$(ARCH)') \
+           $(if $(SMEM_LIMIT),--smem-limit '$(SMEM_LIMIT)') \
+           $(if $(filter command line environment,$(origin GPU_NAME)),--gpu-name '$(GPU_NAME)')
+lab grade:
+	@test -n "$(STAGE)" || { echo "usage: make $@ STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
+	@python3 common/labs.py $(if $(LABS),--labs '$(LABS)') $@ $(if $(filter lab,$@),$(STAGE) $(if $(filter-out 0,$(RESTART)),--restart),$(LAB_ARGS))
 
 # ncu sections per lesson; PROFILE_ARGS sets the shape.
 PROFILE_ARGS ?= --seq 4096 --dim 128 --heads 16 --batch 4 --check 0 --bench
@@ -332,11 +349,13 @@ help:
 	@echo "make format        format the C/CUDA sources with the pinned clang-format $(CLANG_FORMAT_VERSION) (format-check: only check)"
 	@echo "make check         every stage's --self-test on this GPU (SMEM_LIMIT=65536: T4 path)"
 	@echo "make sanitize      compute-sanitizer memcheck, racecheck, synccheck on small shapes"
-	@echo "make bench         the sweep only (BUDGET=60 seconds per launch, QUICK=1 for N <= 16k)"
+	@echo "make bench         the sweep only (BUDGET=60 seconds per launch; QUICK=1: long N $(shell . plots/shapes.conf && echo $$QUICK_LONG_N | tr ' ' ,), fa2 N $(shell . plots/shapes.conf && echo $$QUICK_FA2_N | tr ' ' ,))"
 	@echo "make plots         redraw the PNGs from the CSV"
 	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the CSV"
 	@echo "make test-plots    CPU tests of the sweep, plots and tables only"
 	@echo "make diff STAGE=n  what stage n adds over stage n-1"
+	@echo "make lab STAGE=n   write labs/<stage>/: the stage's kernel with the lesson cut into holes (stages 1-3)"
+	@echo "make grade STAGE=n build your lab, self-test it, time it: a report card (no GPU: it only compiles)"
 	@echo "make profile STAGE=n [VARIANT=name]  ncu with the sections for that lesson"
 	@echo "make lib           every stage also as build/lib/lib<stage>.so, for python/flashcourse (see README: From Python)"
 	@echo "stages: $(STAGES)"

@@ -67,6 +67,15 @@ NR == 1 || ($1 == "gpu" && $2 == "stage") {
 
 $0 == "" { next }
 
+# Every row of every pass, counted before the pass filter below (the summary's closing line):
+# the course's stages by status, and the rest (PyTorch's SDPA rows).
+{
+    nrows++
+    if (field("stage") ~ /^stage[0-9]/) { nstage_rows++; stage_status[field("status")]++ }
+    else other_rows++
+    if (field("status") == "FAIL") failed_rows++
+}
+
 # The pass column (common/csv_header.h): readers see the forward rows (a CSV without the column
 # has only those) unless they ask for another pass with -v PASS=bwd or PASS=fwd+bwd (PASS=any:
 # every pass, as style.gpi's colours need: a key keeps its colour in every figure).

@@ -187,7 +187,13 @@ function best_stage(cfg, n, metric,    i, b) {
     return b
 }
 
-function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, last) {
+# Whether key k has a number (metric) at any N of cfg.
+function any_n(cfg, k, metric,    j) {
+    for (j = 1; j <= nN[cfg]; j++) if (has(cfg, k, Ns[cfg, j], metric)) return 1
+    return 0
+}
+
+function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, last, vs_ref) {
     split(cfgs[sw, ci], a, SUBSEP)
     d = a[1]
     c = a[2]
@@ -199,13 +205,19 @@ function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, 
             pass_time(), cfgB[cfg], cfgH[cfg], d, c ? "causal" : "non-causal"
         last = "best stage speedup"
     } else {
+        last = ""
+    }
+    s0 = stage_key(0)
+    s1 = stage_key(1)
+    # a table without stage 0 or 1 (the backward pass: stage 7 alone) compares with the reference
+    vs_ref = metric == "ms" && !(s0 != "" && any_n(cfg, s0, "ms")) && !(s1 != "" && any_n(cfg, s1, "ms"))
+    if (vs_ref) last = REF_NAME " time / best stage time"
+    if (metric != "ms") {
         printf "**D = %d, %s**: %s, B x N = %s tokens, H = %s.\n\n", d,
             c ? "causal" : "non-causal", pass_tflops(), commas(cfgT[cfg]), cfgH[cfg]
         last = "best stage / " REF_NAME (REF == "sdpa_flash" ? "" : " (no FA2 on this GPU)")
     }
     header(last)
-    s0 = stage_key(0)
-    s1 = stage_key(1)
     for (j = 1; j <= nN[cfg]; j++) {
         n = NN[j]
         line = "| " commas(n) " |"
@@ -213,6 +225,10 @@ function table(sw, ci, metric,    cfg, a, d, c, j, n, i, line, b, s0, s1, base, 
         b = best_stage(cfg, n, metric)
         if (b == "") {
             line = line " - |"
+        } else if (vs_ref) {
+            if (has(cfg, REF, n, "ms") && ms[cfg, b, n] + 0 > 0)
+                line = line " " b " " fmt_r(ms[cfg, REF, n] / ms[cfg, b, n]) " |"
+            else line = line " - |"
         } else if (metric == "ms") {
             base = ""
             if (s0 != "" && has(cfg, s0, n, "ms")) base = s0
@@ -472,6 +488,18 @@ function emit_summary(    minn, i, k) {
         printf "| %s | %s | %s | %s |\n", k, tf_summary(k, minn), vs_summary(REF, k, minn),
                vs_summary("sdpa_default", k, minn)
     }
+    printf "\nThe CSV: %d rows (every pass): %d of the course's stages (%s), %d of PyTorch's SDPA; %s.\n",
+           nrows, nstage_rows, status_counts(), other_rows,
+           failed_rows ? failed_rows (failed_rows == 1 ? " failed its check" : " failed their check") \
+                       : "none failed its check"
+}
+
+# "314 ok, 1 OOM": the stage rows by status, in the CSV header's order of statuses.
+function status_counts(    n, i, s, out) {
+    n = split("ok FAIL OOM unsupported over_budget", s, " ")
+    for (i = 1; i <= n; i++)
+        if (s[i] in stage_status) out = out (out == "" ? "" : ", ") stage_status[s[i]] " " s[i]
+    return out
 }
 
 # What the tables, the lessons and the summary measure the stages against: FA2 (sdpa_flash) where the GPU of

@@ -135,6 +135,12 @@ __global__ void __launch_bounds__(BR)
         float S[BC];
 #pragma unroll
         for (int j = 0; j < BC; ++j) S[j] = 0.f;
+        // LAB HOLE 1 BEGIN: the scores S[j] = q_i . k_j of the tile
+        // LAB TODO: add q_i . k_j to S[j] (zeroed above) for the BC keys j of this tile, unscaled.
+        // LAB TODO: q_i is row tid of Q_smem [BR][D]; k_j is row j of K_smem [BC][D] (floats).
+        // LAB TODO: Read both in 16-byte chunks, load_chunk(&Q_smem[...], q) into float q[CHUNK],
+        // LAB TODO: and multiply-add with fmaf. Loop order: keys in passes of KEYS_PER_PASS, then
+        // LAB TODO: d in steps of CHUNK (#pragma unroll 1: rolled), then the pass's keys.
 #pragma unroll
         for (int j0 = 0; j0 < BC; j0 += KEYS_PER_PASS) {
 #pragma unroll 1
@@ -150,7 +156,16 @@ __global__ void __launch_bounds__(BR)
                 }
             }
         }
+        // LAB HOLE 1 END
 
+        // LAB HOLE 2 BEGIN: the online-softmax update
+        // LAB TODO: fold this tile's scores into row i's running m_i, l_i and O_acc[D]:
+        // LAB TODO: scale S[j]; mask it to -INFINITY for keys past N (k0 + j >= N) and, when
+        // LAB TODO: causal, keys after row i; m_new = max(m_i, the S[j]); alpha = exp(m_i - m_new)
+        // LAB TODO: rescales l_i and O_acc; then for each key P = exp(S[j] - m_new), l_i += P and
+        // LAB TODO: O_acc[d] += P * v_j[d] (v_j: row j of V_smem [BC][D], read with load_chunk);
+        // LAB TODO: last, m_i = m_new. Careful: while every key so far is masked, m_new is -inf,
+        // LAB TODO: and exp(-inf - -inf) is NaN: subtract 0 instead then.
         // Scale, mask (keys past N; causal: keys after row i), new running max.
         float m_new = m_i;
 #pragma unroll
@@ -182,11 +197,17 @@ __global__ void __launch_bounds__(BR)
             }
         }
         m_i = m_new;
+        // LAB HOLE 2 END
         __syncthreads();  // every thread is done with K_smem/V_smem before the next tile lands
     }
 
     // O_i = O_acc / l_i and LSE_i = m_i + log(l_i). Query rows past N are never written.
     // Every row i < N has seen key 0, so l_i >= 1 here.
+    // LAB HOLE 3 BEGIN: O and LSE of row i
+    // LAB TODO: for a row i < N (rows past N are never written): O[i][d] = O_acc[d] / l_i, stored
+    // LAB TODO: 16 bytes at a time with store_chunk (O is [N][D] floats for this head), and
+    // LAB TODO: lse[i] = m_i + log(l_i).
+    // LAB STUB: (void)i, (void)m_i, (void)l_i;  // unused until the holes are filled
     if (i < N) {
         const float inv_l = 1.f / l_i;
         float *O_row = O + (size_t)i * D;
@@ -199,6 +220,7 @@ __global__ void __launch_bounds__(BR)
         }
         lse[i] = m_i + logf(l_i);
     }
+    // LAB HOLE 3 END
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */

@@ -55,6 +55,11 @@ constexpr int CHUNK = 16 / sizeof(__half);
 
 // One 16-byte chunk of shared memory -> CHUNK floats in registers (fp16 -> fp32 on use).
 __device__ __forceinline__ void load_chunk(const __half *p, float f[CHUNK]) {
+    // LAB HOLE 2 BEGIN: fp16 loads: 8 halves to 8 floats
+    // LAB TODO: read the 16 bytes at p in one load (as a uint4: p is 16-byte aligned) and convert
+    // LAB TODO: its 8 halves to f[0..7] in order. Hint: each 32-bit word holds two halves, a
+    // LAB TODO: __half2, and __half22float2 converts both at once.
+    // LAB STUB: for (int c = 0; c < CHUNK; ++c) f[c] = 0.f;  // zeros until the hole is filled
     const uint4 v = *(const uint4 *)p;
     const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -62,10 +67,15 @@ __device__ __forceinline__ void load_chunk(const __half *p, float f[CHUNK]) {
         const float2 t = __half22float2(*(const __half2 *)&w[c]);
         f[2 * c] = t.x, f[2 * c + 1] = t.y;
     }
+    // LAB HOLE 2 END
 }
 
 // CHUNK floats -> one 16-byte chunk of global memory (fp32 -> fp16, round to nearest).
 __device__ __forceinline__ void store_chunk(__half *p, const float f[CHUNK]) {
+    // LAB HOLE 3 BEGIN: fp16 stores: 8 floats to 8 halves
+    // LAB TODO: round f[0..7] to halves (to nearest) and write them to p in one 16-byte store.
+    // LAB TODO: Hint: __floats2half2_rn packs two floats into a __half2 (32 bits); four of them
+    // LAB TODO: make a uint4.
     unsigned w[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -73,6 +83,7 @@ __device__ __forceinline__ void store_chunk(__half *p, const float f[CHUNK]) {
         w[c] = *(const unsigned *)&t;
     }
     *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+    // LAB HOLE 3 END
 }
 
 // Rows row0 .. row0 + ROWS - 1 of one head's [N, D] matrix -> tile[ROWS][LD] in shared memory
@@ -156,6 +167,13 @@ __global__ void __launch_bounds__(BR)
         float S[BC];
 #pragma unroll
         for (int j = 0; j < BC; ++j) S[j] = 0.f;
+        // LAB HOLE 1 BEGIN: the scores from the padded Q_smem rows
+        // LAB TODO: add q_i . k_j to S[j] (zeroed above) for the BC keys j of this tile, unscaled.
+        // LAB TODO: q_i is row tid of Q_smem, whose rows are D + PAD halves apart ([BR][D + PAD]:
+        // LAB TODO: the padding, PAD = Q_PAD or 0 for the variant nopad); k_j is row j of K_smem
+        // LAB TODO: [BC][D], unpadded. load_chunk turns 16 bytes (CHUNK = 8 halves) into floats.
+        // LAB TODO: Loop order: keys in passes of KEYS_PER_PASS (4), then d in steps of CHUNK
+        // LAB TODO: (#pragma unroll 1), then the pass's keys: one Q_smem read serves 4 keys.
 #pragma unroll
         for (int j0 = 0; j0 < BC; j0 += KEYS_PER_PASS) {
 #pragma unroll 1
@@ -171,6 +189,7 @@ __global__ void __launch_bounds__(BR)
                 }
             }
         }
+        // LAB HOLE 1 END
 
         // Scale, mask (keys past N; causal: keys after row i), new running max.
         float m_new = m_i;

@@ -112,20 +112,33 @@ __device__ __forceinline__ void load_tile(__half *tile, const __half *__restrict
 // writes src_bytes bytes from gmem and zero-fills the rest, so src_bytes = 0 writes 16 zeros
 // and reads nothing.
 __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, int src_bytes) {
+    // LAB HOLE 1 BEGIN [sm80]: the cp.async wrappers: issue one 16-byte copy
+    // LAB TODO: one cp.async.cg.shared.global of 16 bytes, in inline PTX (asm volatile, with a
+    // LAB TODO: "memory" clobber): destination = smem as a 32-bit shared-memory address
+    // LAB TODO: (__cvta_generic_to_shared), source = gmem (a 64-bit "l" operand), and src_bytes
+    // LAB TODO: as the source size (the copy zero-fills the rest of the 16 bytes).
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
                  "r"(src_bytes)
                  : "memory");
+    // LAB HOLE 1 END
 }
 
 // Close the group of this thread's cp.asyncs issued so far.
 __device__ __forceinline__ void cp_async_commit() {
+    // LAB HOLE 1 BEGIN [sm80]: the cp.async wrappers: close the group
+    // LAB TODO: cp.async.commit_group, in inline PTX with a "memory" clobber.
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+    // LAB HOLE 1 END
 }
 
 // Wait until all of this thread's committed cp.async groups have landed in shared memory.
 __device__ __forceinline__ void cp_async_wait_all() {
+    // LAB HOLE 1 BEGIN [sm80]: the cp.async wrappers: wait for every group
+    // LAB TODO: cp.async.wait_group with 0 groups left pending, in inline PTX ("memory" clobber:
+    // LAB TODO: no shared-memory read may move above it).
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    // LAB HOLE 1 END
 }
 
 // load_tile without waiting: the same rows and chunks, issued as cp.asyncs (not yet committed).
@@ -226,9 +239,13 @@ __global__ void __launch_bounds__(BR)
     // Prologue: tile 0 -> buffer 0.
     if (PIPELINE) {
 #if HAS_CP_ASYNC
+        // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: tile 0 on its way
+        // LAB TODO: issue the copies of K and V tile 0 (rows 0 .. BC - 1) into buffer 0 (K_buf,
+        // LAB TODO: V_buf, each [BC][D]) with load_tile_async, and commit them as one group.
         load_tile_async<BC, D, D, BR>(K_buf, K, 0, N, tid);
         load_tile_async<BC, D, D, BR>(V_buf, V, 0, N, tid);
         cp_async_commit();
+        // LAB HOLE 2 END
 #else
         load_tile<BC, D, D, BR>(K_buf, K, 0, N, tid);
         load_tile<BC, D, D, BR>(V_buf, V, 0, N, tid);
@@ -249,7 +266,12 @@ __global__ void __launch_bounds__(BR)
             load_tile<BC, D, D, BR>(V_buf, V, k0, N, tid);
         } else {
 #if HAS_CP_ASYNC
-            cp_async_wait_all();  // this thread's copies of tile kt have landed
+            // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: wait for tile kt
+            // LAB TODO: wait until this thread's copies of tile kt have landed (the barrier below
+            // LAB TODO: then makes every thread's copies visible to all).
+            // this thread's copies of tile kt have landed
+            cp_async_wait_all();
+            // LAB HOLE 2 END
 #endif
         }
         // K_smem/V_smem (and, at kt == 0, Q_smem) are filled by all threads. PIPELINE: also,
@@ -257,14 +279,28 @@ __global__ void __launch_bounds__(BR)
         __syncthreads();
 
 #if HAS_CP_ASYNC
+        // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: tile kt + 1 on its way
+        // LAB TODO: if there is a next tile (prefetch), issue the copies of K and V tile kt + 1
+        // LAB TODO: (rows k0 + BC ..) into the other buffer, K_next and V_next, and commit them:
+        // LAB TODO: they land while this tile is computed on. Why is it safe to overwrite that
+        // LAB TODO: buffer now, and not before the __syncthreads above?
+        // LAB STUB: (void)K_next, (void)V_next, (void)prefetch;  // unused until filled
         if (prefetch) {  // tile kt + 1 -> the other buffer, in flight while we compute
             load_tile_async<BC, D, D, BR>(K_next, K, k0 + BC, N, tid);
             load_tile_async<BC, D, D, BR>(V_next, V, k0 + BC, N, tid);
             cp_async_commit();
         }
+        // LAB HOLE 2 END
 #else
+        // LAB HOLE 3 BEGIN [t4]: the sm_75 register-staged prefetch: fetch K of tile kt + 1
+        // LAB TODO: sm_75 has no cp.async: stage tile kt + 1 through registers. Declare this
+        // LAB TODO: thread's registers for one tile, uint4 next[BC * D / CHUNK / BR], and if there
+        // LAB TODO: is a next tile (prefetch), fetch_tile its K rows (k0 + BC ..) into them: the
+        // LAB TODO: loads are in flight while S is computed below.
+        // LAB STUB: (void)K_next, (void)V_next, (void)prefetch;  // unused until filled
         uint4 next[BC * D / CHUNK / BR];  // this thread's chunks of K, then V, of tile kt + 1
         if (prefetch) fetch_tile<BC, D, BR>(next, K, k0 + BC, N, tid);
+        // LAB HOLE 3 END
 #endif
 
         // S = q_i . k_j for the BC keys of the tile, in registers. d outer, j inner: each chunk
@@ -293,10 +329,14 @@ __global__ void __launch_bounds__(BR)
             }
         }
 #if !HAS_CP_ASYNC
+        // LAB HOLE 3 BEGIN [t4]: the sm_75 register-staged prefetch: stash K, fetch V
+        // LAB TODO: S is done: stash_tile the K registers into K_next, then fetch_tile the V rows
+        // LAB TODO: of tile kt + 1 into the same registers (in flight during the softmax and P V).
         if (prefetch) {  // K of tile kt + 1: registers -> the other buffer; then fetch its V
             stash_tile<BC, D, D, BR>(K_next, next, tid);
             fetch_tile<BC, D, BR>(next, V, k0 + BC, N, tid);
         }
+        // LAB HOLE 3 END
 #endif
 
         // Scale, mask (keys past N; causal: keys after row i), new running max.
@@ -331,8 +371,12 @@ __global__ void __launch_bounds__(BR)
         }
         m_i = m_new;
 #if !HAS_CP_ASYNC
-        if (prefetch)
-            stash_tile<BC, D, D, BR>(V_next, next, tid);  // V of tile kt + 1 -> the other buffer
+        // LAB HOLE 3 BEGIN [t4]: the sm_75 register-staged prefetch: stash V
+        // LAB TODO: P V is done: stash_tile the V registers into V_next. The next iteration's
+        // LAB TODO: __syncthreads makes both halves of tile kt + 1 visible to every thread.
+        if (prefetch)  // V of tile kt + 1 -> the other buffer
+            stash_tile<BC, D, D, BR>(V_next, next, tid);
+        // LAB HOLE 3 END
 #endif
         if (!PIPELINE)
             __syncthreads();  // every thread is done with K_smem/V_smem before the next tile lands

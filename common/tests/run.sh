@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite behind `make test`: CPU unit tests, bad options, the no-spill check, the
-# plot/table/sweep tests, the format check, and, when a GPU is present, every stage's --self-test.
+# plot/table/sweep tests, the labs, the format check, and, when a GPU is present, every stage's
+# --self-test.
 # Ends with one line "N passed, M failed, K skipped" summing every part, after one line per
 # skipped check naming it and why.
 #
@@ -68,6 +69,7 @@ part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
 if [ -f plots/tests/run.sh ]; then part "sweep, plots and tables" bash plots/tests/run.sh; fi
 part "adding a stage: its folder and the ladder row only (a copy of stage 4, compute_75)" bash common/tests/add_stage.sh
 part "lessons: code maps, line references, no untraced figure in prose" bash common/tests/check_lessons.sh
+part "labs: generated from the markers, filled back byte for byte, make lab / make grade without a GPU" bash common/tests/check_labs.sh
 part "C/CUDA sources formatted (pinned clang-format)" make --no-print-directory -s format-check
 if nvidia-smi -L >/dev/null 2>&1; then
   for s in $stages; do part "$s --self-test" "$dir/$s" --self-test; done

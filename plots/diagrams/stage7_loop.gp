@@ -44,7 +44,8 @@ set arrow 1 from x0 + J * c + c / 2., y0 - 2 * c - 0.6 to x0 + J * c + c / 2., y
 set arrow 2 from x0 + 6 * c + 0.5, y0 - 3.5 * c to x0 + 6 * c + 5, y0 - 3.5 * c as 2
 set label 9 'dQ_i += dS_ij K_j' at x0 + 6 * c + 5.5, y0 - 3.5 * c + 1.2 left tc rgb RED
 set label 10 'from every column' at x0 + 6 * c + 5.5, y0 - 3.5 * c - 1.3 left tc rgb RED
-set label 11 '(fp32 atomics)' at x0 + 6 * c + 5.5, y0 - 3.5 * c - 3.8 left tc rgb RED
+set label 11 '(fp32 atomics; on sm_90' at x0 + 6 * c + 5.5, y0 - 3.5 * c - 3.8 left tc rgb RED
+set label 12 'a TMA reduce-add)' at x0 + 6 * c + 5.5, y0 - 3.5 * c - 6.3 left tc rgb RED
 
 # ---- right: where the operands live ----
 bx = 76; bw = 62
@@ -59,9 +60,10 @@ set label 24 'shared memory' at bx + 1, 40 left font 'Sans,12'
 set label 25 'K_j, V_j: loaded once, kept for the whole loop' at bx + 3, 36.5 left
 set label 26 'Q_i, dO_i, LSE_i, D_i: two buffers, the next tile by cp.async' at bx + 3, 33 left
 set label 27 'P^T, dS^T [keys x queries] (fp16): every warp''s, read by all' at bx + 3, 29.5 left
+set label 37 'sm_90: the dQ tile (fp32), staged for the TMA reduce-add' at bx + 3, 26 left tc rgb RED
 set label 28 'global memory (HBM)' at bx + 1, 20 left font 'Sans,12'
-set label 29 'Q, K, V, dO (fp16); LSE, D (fp32, from preprocess_kernel)' at bx + 3, 16.5 left
-set label 30 'dQ_acc (fp32): red.global.add; then dq_convert_kernel -> dQ (fp16)' at bx + 3, 12.5 left tc rgb RED
+set label 29 'Q, K, V, dO (fp16); LSE, D_i (fp32, from preprocess_kernel)' at bx + 3, 16.5 left
+set label 30 'dQ_acc (fp32): atomics (sm_90: TMA); then dq_convert_kernel -> dQ' at bx + 3, 12.5 left tc rgb RED
 set label 31 'dK_j, dV_j (fp16): written once, after the loop' at bx + 3, 8.5 left
 set label 32 'deterministic variant: no dQ_acc; dq_kernel walks a row instead' at bx + 3, 4.5 left font 'Sans,10'
 # the flows between levels

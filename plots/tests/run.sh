@@ -69,6 +69,8 @@ printf '# t\n\n<!-- results:stage7:begin -->\n<!-- results:stage7:end -->\n' >"$
 plots/update_readme.sh "$SCRATCH/bwd.csv" "$SCRATCH/README.bwd.md" "$SCRATCH/README.s7.md" >/dev/null 2>&1
 check "update_readme.sh's backward section: the bwd rows, named as a backward time" \
     grep -q -F '| 1,024 | 0.200 | 0.250 |' "$SCRATCH/README.bwd.md"
+check "the backward section's last column: FA2 time / best stage time (0.25 / 0.20), no stage 0 or 1 to compare" \
+    grep -q -F '| 1,024 | 0.200 | 0.250 | stage7_backward 1.25 |' "$SCRATCH/README.bwd.md"
 check "update_readme.sh's backward section says it times the backward" \
     grep -q '^Backward time in ms' "$SCRATCH/README.bwd.md"
 check "a backward stage's lesson shows its bwd rows beside FA2's" \
@@ -121,6 +123,12 @@ printf 'Prose.\n<!-- results:summary:begin -->\nold\n<!-- results:summary:end --
 plots/update_readme.sh $T/fixture.csv "$SCRATCH/summary.md" >/dev/null 2>&1
 check "update_readme.sh writes the summary table (summary markers): stage 3's row" \
     grep -q -x -F '| stage3_cp_async | 77.6-84.0 | 0.24 (lowest 0.24; faster on 0 of 3) | 0.18 (lowest 0.17; faster on 0 of 3) |' \
+    "$SCRATCH/summary.md"
+# its closing line counts every row of the CSV (every pass), as grep counts them
+rows=$(grep -v -c -e '^gpu,' -e '^$' $T/fixture.csv)
+stage_rows=$(grep -c '^[^,]*,stage[0-9]' $T/fixture.csv)
+check "the summary's closing line: the CSV's rows counted ($rows, $stage_rows of the stages)" \
+    grep -q -x "The CSV: $rows rows (every pass): $stage_rows of the course's stages (28 ok, 1 FAIL, 4 OOM, 1 unsupported, 1 over_budget), $((rows - stage_rows)) of PyTorch's SDPA; 1 failed its check." \
     "$SCRATCH/summary.md"
 check "update_readme.sh: the summary keeps the prose around it" \
     [ "$(head -n 1 "$SCRATCH/summary.md")" = "Prose." -a "$(tail -n 1 "$SCRATCH/summary.md")" = "More." ]
