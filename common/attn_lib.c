@@ -25,15 +25,13 @@
  * launcher itself writes to stderr (ATTN_TRY names the failing call there).
  */
 #define _POSIX_C_SOURCE 200809L
-#include <dlfcn.h>
-#include <float.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "attention.h"
+#include "device_info.h"
 
 /* 4: plans (attn_lib_plan once, attn_lib_forward / attn_lib_backward per call), errors by
  * attn_lib_last_error */
@@ -82,28 +80,7 @@ static int cuda_fail(cudaError_t e, const char *call) {
                 cudaGetErrorName(e));
 }
 
-/* No device: the program's words (common/main.c), not the runtime's "CUDA driver version is
- * insufficient", which sends a learner to upgrade a driver they do not have. */
-static int no_gpu(cudaError_t e) {
-    const char *name = attn_this_stage.name;
-    void *libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    if (!libcuda)
-        return fail(ATTN_EXIT_UNSUPPORTED,
-                    "%s: no NVIDIA GPU here (no NVIDIA driver: libcuda.so.1 not found)", name);
-    dlclose(libcuda);
-    if (e == cudaErrorNoDevice || e == cudaSuccess)
-        return fail(ATTN_EXIT_UNSUPPORTED,
-                    "%s: no NVIDIA GPU here (the driver finds no device)", name);
-    int drv = 0, rt = 0;
-    (void)cudaDriverGetVersion(&drv), (void)cudaRuntimeGetVersion(&rt);
-    return fail(ATTN_EXIT_UNSUPPORTED,
-                "%s: the NVIDIA driver cannot run this library: %s (driver supports CUDA %d.%d, "
-                "library built with %d.%d)",
-                name, cudaGetErrorString(e), drv / 1000, drv % 1000 / 10, rt / 1000,
-                rt % 1000 / 10);
-}
-
-/* ---- device properties, read once per device ---- */
+/* ---- device properties, read once per device (common/device_info.c: the program's too) ---- */
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static attn_device cache[ATTN_LIB_MAX_DEVICES];
@@ -111,32 +88,24 @@ static int cached[ATTN_LIB_MAX_DEVICES];
 
 static int device_props(int device, long long smem_limit, attn_device *out) {
     int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-        (void)cudaGetLastError();
-        return no_gpu(e);
-    }
+    char why[256];
+    if (attn_gpu_probe("library", &count, why, sizeof why) != 0)
+        return fail(ATTN_EXIT_UNSUPPORTED, "%s: %s", attn_this_stage.name, why);
     if (device < 0 || device >= count || device >= ATTN_LIB_MAX_DEVICES)
         return fail(ATTN_EXIT_USAGE, "%s: CUDA device %d does not exist (%d here)",
                     attn_this_stage.name, device, count);
     int rc = ATTN_EXIT_PASS;
     pthread_mutex_lock(&cache_lock);
     if (!cached[device]) {
-        struct cudaDeviceProp p;
-        e = cudaGetDeviceProperties(&p, device);
-        if (e != cudaSuccess) {
+        cudaError_t e = attn_device_query(device, 0, &cache[device], NULL, 0, NULL);
+        if (e != cudaSuccess)
             rc = cuda_fail(e, "cudaGetDeviceProperties");
-        } else {
-            cache[device].cc = p.major * 10 + p.minor;
-            cache[device].smem_per_block = p.sharedMemPerBlockOptin;
-            cache[device].sm_count = p.multiProcessorCount;
+        else
             cached[device] = 1;
-        }
     }
     if (rc == ATTN_EXIT_PASS) *out = cache[device];
     pthread_mutex_unlock(&cache_lock);
-    if (rc == ATTN_EXIT_PASS && smem_limit > 0 && (size_t)smem_limit < out->smem_per_block)
-        out->smem_per_block = (size_t)smem_limit;
+    if (rc == ATTN_EXIT_PASS) attn_device_limit_smem(out, smem_limit);
     return rc;
 }
 
@@ -167,18 +136,25 @@ static int check_arguments(const attn_shape *s, int variant, int pass) {
     if (variant < 0 || variant >= attn_variant_count(attn_this_stage.variants))
         return fail(ATTN_EXIT_USAGE, "%s: variant index %d is not one of %s", name, variant,
                     attn_this_stage.variants);
-    if (s->B < 1 || s->H < 1 || s->N < 1 || s->D < 1)
-        return fail(ATTN_EXIT_USAGE, "%s: B, H, N and D must be >= 1 (got %d, %d, %d, %d)", name,
-                    s->B, s->H, s->N, s->D);
-    /* The program's limits (attention.h): every stage is tested within them. */
-    if ((long long)s->B * s->H > ATTN_MAX_BH)
-        return fail(ATTN_EXIT_USAGE, "%s: B * H must be at most %d (got %lld)", name, ATTN_MAX_BH,
-                    (long long)s->B * s->H);
-    if (s->N > ATTN_MAX_N)
-        return fail(ATTN_EXIT_USAGE, "%s: N must be at most %d (got %d)", name, ATTN_MAX_N, s->N);
-    if (!(s->scale >= FLT_MIN) || !isfinite(s->scale)) /* as the program: no 0, subnormal, inf */
-        return fail(ATTN_EXIT_USAGE, "%s: scale must be a positive normal float (got %g)", name,
-                    (double)s->scale);
+    switch (attn_shape_check(s)) { /* the program's rules (device_info.c) */
+        case ATTN_SHAPE_OK:
+            break;
+        case ATTN_SHAPE_NOT_POSITIVE:
+            return fail(ATTN_EXIT_USAGE, "%s: B, H, N and D must be >= 1 (got %d, %d, %d, %d)",
+                        name, s->B, s->H, s->N, s->D);
+        case ATTN_SHAPE_BH:
+            return fail(ATTN_EXIT_USAGE, "%s: B * H must be at most %d (got %lld)", name,
+                        ATTN_MAX_BH, (long long)s->B * s->H);
+        case ATTN_SHAPE_N:
+            return fail(ATTN_EXIT_USAGE, "%s: N must be at most %d (got %d)", name, ATTN_MAX_N,
+                        s->N);
+        case ATTN_SHAPE_D:
+            return fail(ATTN_EXIT_USAGE, "%s: head dim must be " ATTN_HEAD_DIMS " (got %d)", name,
+                        s->D);
+        case ATTN_SHAPE_SCALE:
+            return fail(ATTN_EXIT_USAGE, "%s: scale must be a positive normal float (got %g)",
+                        name, (double)s->scale);
+    }
     if (pass == PASS_BWD &&
         (!attn_this_stage.backward || !attn_this_stage.backward_workspace_bytes))
         return fail(ATTN_EXIT_UNSUPPORTED, "stage %s has no backward pass", name);

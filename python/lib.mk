@@ -13,7 +13,7 @@ STAGE_LIBS := $(patsubst %,$(BUILD)/lib/lib%.so,$(STAGES))
 .PHONY: lib
 lib: $(STAGE_LIBS)
 
-$(BUILD)/obj/attn_lib.o: common/attn_lib.c common/attention.h
+$(BUILD)/obj/attn_lib.o: common/attn_lib.c common/attention.h common/device_info.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
