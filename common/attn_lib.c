@@ -152,8 +152,8 @@ static int check_arguments(const attn_shape *s, int variant, int pass) {
             return fail(ATTN_EXIT_USAGE, "%s: head dim must be " ATTN_HEAD_DIMS " (got %d)", name,
                         s->D);
         case ATTN_SHAPE_SCALE:
-            return fail(ATTN_EXIT_USAGE, "%s: scale must be a positive normal float (got %g)",
-                        name, (double)s->scale);
+            return fail(ATTN_EXIT_USAGE, "%s: scale must be a positive normal float (got %g)", name,
+                        (double)s->scale);
     }
     if (pass == PASS_BWD &&
         (!attn_this_stage.backward || !attn_this_stage.backward_workspace_bytes))
@@ -179,7 +179,7 @@ int attn_lib_plan(int pass, int device, long long smem_limit, int B, int H, int 
                   int causal, float scale, int variant, void *plan, size_t plan_bytes,
                   size_t *workspace_bytes) {
     attn_lib_plan_t p = {&attn_this_stage, pass, device, variant, {B, H, N, D, causal != 0, scale},
-                         {0, 0, 0}, 0};
+                         {0, 0, 0},        0};
     if (plan && plan_bytes < sizeof p)
         return fail(ATTN_EXIT_USAGE, "%s: a plan takes %zu bytes, got room for %zu",
                     attn_this_stage.name, sizeof p, plan_bytes);
@@ -247,9 +247,9 @@ int attn_lib_forward(const void *plan, const void *Q, const void *K, const void 
                (cudaStream_t)stream);
 }
 
-int attn_lib_backward(const void *plan, const void *Q, const void *K, const void *V,
-                      const void *O, const float *lse, const void *dO, void *dQ, void *dK,
-                      void *dV, void *workspace, size_t workspace_bytes, void *stream) {
+int attn_lib_backward(const void *plan, const void *Q, const void *K, const void *V, const void *O,
+                      const float *lse, const void *dO, void *dQ, void *dK, void *dV,
+                      void *workspace, size_t workspace_bytes, void *stream) {
     const void *in[] = {Q, K, V, O, lse, dO};
     void *out[] = {dQ, dK, dV};
     return run(PASS_BWD, plan, in, 6, out, 3, "Q, K, V, O, lse, dO, dQ, dK, dV", workspace,

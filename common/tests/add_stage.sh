@@ -39,7 +39,7 @@ if "$build/$new" --help | grep -q "^$new: "; then ok "$new --help names it"; els
 if python3 common/tests/check_lessons.py --root "$repo" "$repo/$new/README.md" >"$tmp/lessons" 2>&1; then
   ok "$new: its lesson's code map"; else tail -n 5 "$tmp/lessons"; bad "$new: its lesson's code map"; fi
 make -C "$repo" --no-print-directory -s diff STAGE=$n >"$tmp/diff" 2>&1 </dev/null
-if grep -q "^diff --git a/.* b/$new/attention.cu" "$tmp/diff"; then
+if grep -q "^diff --git a/a/.* b/b/$new\$" "$tmp/diff"; then
   ok "make diff STAGE=$n"; else bad "make diff STAGE=$n"; fi
 if make -C "$repo" --no-print-directory -s help | grep -q "$new"; then ok "make help lists $new"; else bad "make help"; fi
 echo "$passed passed, $failed failed"
