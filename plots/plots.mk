@@ -134,7 +134,7 @@ tables:
 	    echo "tables: the quick sweep's tables from $$csv (the READMEs keep the full run's)"; \
 	else \
 	    plots/update_readme.sh "$$csv" '$(README)' $(LESSON_READMES); \
-	    if grep -q '^<!-- bench_calls:begin -->$$' '$(README)' && command -v python3 >/dev/null; then \
+	    if grep -q '^<!-- results:bench-calls:begin -->$$' '$(README)' && command -v python3 >/dev/null; then \
 	        python3 python/bench_calls.py --readme '$(README)'; \
 	    fi; \
 	fi

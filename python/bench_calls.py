@@ -22,7 +22,7 @@ outputs allocated: the floor of any Python binding over this C entry point) and 
 
 With --train, python/examples/train_gpt.py runs too, once per forward stage, and its tokens per
 second (course / SDPA) are written beside. Results: plots/<gpu>/bench_calls.csv (--out); --readme FILE rewrites the table
-between <!-- bench_calls:begin --> and <!-- bench_calls:end --> from the reference GPU's CSV.
+between <!-- results:bench-calls:begin --> and <!-- results:bench-calls:end --> from the reference GPU's CSV.
 """
 
 import argparse
@@ -42,7 +42,7 @@ SHAPES = {  # name: (B, H, N, D), causal
     "gpt": ((16, 8, 1024, 64), True),  # train_gpt.py's default shape
 }
 REF_GPU = "h200"  # the committed results the README's table is drawn from
-BEGIN, END = "<!-- bench_calls:begin -->", "<!-- bench_calls:end -->"
+BEGIN, END = "<!-- results:bench-calls:begin -->", "<!-- results:bench-calls:end -->"
 FIELDS = ["gpu", "shape", "B", "H", "N", "D", "causal", "impl", "mode", "pass", "us_per_call"]
 
 
