@@ -4,11 +4,20 @@
  * Every stage's attention.cu defines `attn_this_stage` and nothing else is exported.
  * The host program owns inputs, outputs, checking and timing; a stage owns the algorithm.
  *
- * Layouts (row-major, contiguous):
- *   Q, K, V, O : [B, H, N, D]  in the stage's storage type (float or IEEE half)
- *   lse        : [B, H, N]     float32, natural log: LSE_i = m_i + log(l_i), where m_i is the
- *                              row maximum of scale * q_i . k_j over the keys the row attends to
- * Causal means query i attends to keys j <= i (same N for queries and keys).
+ * Layouts (row-major; by default contiguous):
+ *   Q, O       : [B, H, N, D]      in the stage's storage type (float, IEEE half or bfloat16)
+ *   K, V       : [B, H_kv, N_k, D] (H_kv = H and N_k = N unless the shape says otherwise)
+ *   lse        : [B, H, N]         float32, always contiguous, natural log: LSE_i = m_i + log(l_i),
+ *                                  where m_i is the row maximum of scale * q_i . k_j over the keys
+ *                                  the row attends to; a row that attends to no key: O = 0 and
+ *                                  LSE = -inf
+ * Causal means query i attends to keys j <= i + N_k - N (aligned to the bottom right, as
+ * FlashAttention 2.1 and later: with N_k = N, keys j <= i).
+ *
+ * The plain case is what every stage takes: its storage type, H_kv = H, N_k = N, contiguous
+ * tensors. What models feed beyond it (bf16, grouped-query heads, strided views, queries shorter
+ * or longer than the keys) a stage takes when its descriptor's `takes` says so; the program and
+ * the library refuse the rest before the stage sees it (attn_shape_refused).
  */
 #ifndef ATTENTION_H
 #define ATTENTION_H
@@ -22,11 +31,32 @@
 extern "C" {
 #endif
 
+/* One tensor's strides in elements (the last dimension is contiguous: stride 1). All zero: the
+ * contiguous layout, [B, H, N, D] (K, V: [B, H_kv, N_k, D]). E.g. [B, N, H, D] (flash-attn's
+ * layout) is {N * H * D, D, H * D}; q of a fused [B, N, 3, H, D] projection {3 N H D, D, 3 H D}. */
 typedef struct {
-    int B, H, N, D; /* batch, heads, tokens, head dim */
-    int causal;     /* 1: query i sees keys 0..i */
+    long long batch, head, row;
+} attn_layout;
+
+typedef struct {
+    int B, H, N, D; /* batch, query heads, queries, head dim */
+    int causal;     /* 1: query i sees keys 0 .. i + N_k - N */
     float scale;    /* softmax scale, 1/sqrt(D) unless given */
+    /* Beyond the plain case (zero: the plain case; attn_shape_complete fills them in): */
+    int H_kv; /* key/value heads, H % H_kv == 0: query head h reads K, V head h / (H / H_kv) */
+    int N_k;  /* keys (N is the queries) */
+    int bf16; /* 1: storage is bfloat16 (a stage whose type is IEEE half) */
+    attn_layout q, k, v, o;     /* the forward's tensors (O: any layout, often q's) */
+    attn_layout dO, dQ, dK, dV; /* the backward's (dQ, dK, dV: often q's, k's, v's) */
 } attn_shape;
+
+/* What a stage takes beyond the plain case (its descriptor's `takes`, a set of these). */
+enum {
+    ATTN_TAKES_BF16 = 1,    /* bf16 storage (an fp16 stage) */
+    ATTN_TAKES_GQA = 2,     /* H_kv < H */
+    ATTN_TAKES_STRIDES = 4, /* non-contiguous layouts */
+    ATTN_TAKES_N_K = 8      /* N_k != N */
+};
 
 typedef struct {
     int cc;                /* compute capability as major*10+minor, e.g. 75, 89, 90 */
@@ -34,7 +64,10 @@ typedef struct {
     int sm_count;          /* multiprocessors */
 } attn_device;
 
-typedef enum { ATTN_F32 = 0, ATTN_F16 = 1 } attn_dtype;
+typedef enum {
+    ATTN_F32 = 0,
+    ATTN_F16 = 1
+} attn_dtype; /* a stage's storage type (fp16: bf16 too, with ATTN_TAKES_BF16) */
 
 typedef struct {
     const char *name;     /* "stage3_cp_async" */
@@ -59,7 +92,63 @@ typedef struct {
                             const void *K, const void *V, const void *O, const float *lse,
                             const void *dO, void *dQ, void *dK, void *dV, void *workspace,
                             int variant, cudaStream_t stream);
+    /* Beyond the plain case, what the forward pass takes (ATTN_TAKES_*; 0: the plain case only),
+     * and what the backward pass takes. */
+    unsigned takes, backward_takes;
 } attn_stage;
+
+/* The contiguous layout of a [B, heads, rows, D] tensor. */
+static inline attn_layout attn_contiguous(int heads, int rows, int D) {
+    attn_layout l = {(long long)heads * rows * D, (long long)rows * D, D};
+    return l;
+}
+
+static inline int attn_layout_unset(const attn_layout *l) {
+    return l->batch == 0 && l->head == 0 && l->row == 0;
+}
+
+/* Fills in what the shape leaves zero: H_kv = H, N_k = N, contiguous layouts. Every caller of a
+ * stage completes its shape first (the program and the library do); a stage reads it whole. */
+static inline void attn_shape_complete(attn_shape *s) {
+    if (s->H_kv == 0) s->H_kv = s->H;
+    if (s->N_k == 0) s->N_k = s->N;
+    attn_layout *qs[] = {&s->q, &s->o, &s->dO, &s->dQ}, *ks[] = {&s->k, &s->v, &s->dK, &s->dV};
+    for (int t = 0; t < 4; t++) {
+        if (attn_layout_unset(qs[t])) *qs[t] = attn_contiguous(s->H, s->N, s->D);
+        if (attn_layout_unset(ks[t])) *ks[t] = attn_contiguous(s->H_kv, s->N_k, s->D);
+    }
+}
+
+static inline int attn_layout_is(const attn_layout *l, attn_layout want) {
+    return l->batch == want.batch && l->head == want.head && l->row == want.row;
+}
+
+/* What a complete shape asks beyond the plain case (ATTN_TAKES_*); `backward`: its backward
+ * tensors' layouts too. */
+static inline unsigned attn_shape_asks(const attn_shape *s, int backward) {
+    const attn_layout qc = attn_contiguous(s->H, s->N, s->D),
+                      kc = attn_contiguous(s->H_kv, s->N_k, s->D);
+    unsigned a = (s->bf16 ? ATTN_TAKES_BF16 : 0) | (s->H_kv != s->H ? ATTN_TAKES_GQA : 0) |
+                 (s->N_k != s->N ? ATTN_TAKES_N_K : 0);
+    if (!attn_layout_is(&s->q, qc) || !attn_layout_is(&s->k, kc) || !attn_layout_is(&s->v, kc) ||
+        !attn_layout_is(&s->o, qc))
+        a |= ATTN_TAKES_STRIDES;
+    if (backward && (!attn_layout_is(&s->dO, qc) || !attn_layout_is(&s->dQ, qc) ||
+                     !attn_layout_is(&s->dK, kc) || !attn_layout_is(&s->dV, kc)))
+        a |= ATTN_TAKES_STRIDES;
+    return a;
+}
+
+/* NULL when a stage that takes `takes` runs this complete shape's inputs, else what it does not
+ * take, in a learner's words. */
+static inline const char *attn_shape_refused(const attn_shape *s, unsigned takes, int backward) {
+    const unsigned missing = attn_shape_asks(s, backward) & ~takes;
+    if (missing & ATTN_TAKES_BF16) return "bf16 storage (this stage stores fp16 or fp32)";
+    if (missing & ATTN_TAKES_GQA) return "fewer key/value heads than query heads (GQA, MQA)";
+    if (missing & ATTN_TAKES_N_K) return "a number of keys other than of queries (N_k != N)";
+    if (missing & ATTN_TAKES_STRIDES) return "strided tensors (this stage takes contiguous ones)";
+    return NULL;
+}
 
 /* The one reader of a stage's `variants` list ("default,nopad"): the program and the library
  * both go through these (the Python binding reads the names from the descriptor). */

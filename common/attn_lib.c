@@ -178,8 +178,13 @@ static void leave_device(int prev, int device) {
 int attn_lib_plan(int pass, int device, long long smem_limit, int B, int H, int N, int D,
                   int causal, float scale, int variant, void *plan, size_t plan_bytes,
                   size_t *workspace_bytes) {
-    attn_lib_plan_t p = {&attn_this_stage, pass, device, variant, {B, H, N, D, causal != 0, scale},
-                         {0, 0, 0},        0};
+    attn_lib_plan_t p = {
+        .stage = &attn_this_stage,
+        .pass = pass,
+        .device = device,
+        .variant = variant,
+        .shape = {.B = B, .H = H, .N = N, .D = D, .causal = causal != 0, .scale = scale}};
+    attn_shape_complete(&p.shape);
     if (plan && plan_bytes < sizeof p)
         return fail(ATTN_EXIT_USAGE, "%s: a plan takes %zu bytes, got room for %zu",
                     attn_this_stage.name, sizeof p, plan_bytes);

@@ -15,6 +15,17 @@ float f16_to_f32(uint16_t h);
 static inline float round_f16(float f) {
     return f16_to_f32(f32_to_f16(f));
 }
+/* bfloat16: the top 16 bits of a float, rounded to nearest even (NaN kept quiet) */
+uint16_t f32_to_bf16(float f);
+float bf16_to_f32(uint16_t h);
+static inline float round_bf16(float f) {
+    return bf16_to_f32(f32_to_bf16(f));
+}
+/* Storage types of the checked values: what a 16-bit stage rounds to. */
+typedef enum { STORE_F32 = 0, STORE_F16 = 1, STORE_BF16 = 2 } store_type;
+static inline float round_store(float f, store_type t) {
+    return t == STORE_F16 ? round_f16(f) : t == STORE_BF16 ? round_bf16(f) : f;
+}
 
 /* ---- inputs: a counter-based generator, so any element can be made on any thread ---- */
 /* Fills x[0..n) with N(0,1) samples times `mul`, a pure function of (seed, stream, index). */
@@ -40,15 +51,36 @@ size_t npy_count(const npy_array *a);
 typedef struct {
     int B, H, N, D, causal;
     double scale;
+    int H_kv, N_k; /* key/value heads and keys; 0: H and N */
 } ref_shape;
 
-/* One output row (b*H + h, query i) from float inputs laid out [B, H, N, D].
- * o_exact[D] and lse: float64 softmax(scale q K^T) V.
- * o_f16[D] (may be NULL): the same with P rounded to fp16 before PV and O rounded to fp16,
- * that is, what a correct fp16 kernel computes (normalised by the fp32-exact row sum).
- * scratch holds N doubles. */
-void ref_row(const ref_shape *s, const float *Q, const float *K, const float *V, long long bh,
-             long long i, double *o_exact, double *o_f16, double *lse, double *scratch);
+/* H_kv and N_k of a ref_shape, zero meaning H and N; the group size H / H_kv; the keys query
+ * row i attends to, [0, ref_keys): every key, or causal up to i + N_k - N (0: none). */
+static inline long long ref_kv_heads(const ref_shape *s) {
+    return s->H_kv ? s->H_kv : s->H;
+}
+static inline long long ref_n_k(const ref_shape *s) {
+    return s->N_k ? s->N_k : s->N;
+}
+static inline long long ref_keys(const ref_shape *s, long long i) {
+    const long long N_k = ref_n_k(s), last = i + N_k - s->N;
+    return !s->causal ? N_k : last < 0 ? 0 : last + 1 < N_k ? last + 1 : N_k;
+}
+/* The [B * H_kv, N_k] key/value row index of key j for query head bh (= b * H + h). */
+static inline long long ref_kv_row(const ref_shape *s, long long bh, long long j) {
+    const long long H = s->H, group = H / ref_kv_heads(s);
+    return ((bh / H) * ref_kv_heads(s) + (bh % H) / group) * ref_n_k(s) + j;
+}
+
+/* One output row (b*H + h, query i) from float inputs laid out [B, H, N, D] (Q) and
+ * [B, H_kv, N_k, D] (K, V). o_exact[D] and lse: float64 softmax(scale q K^T) V; a row that
+ * attends to no key gets O = 0 and lse = -inf.
+ * o_16[D] (may be NULL): the same with P rounded to the storage type before PV and O rounded to
+ * it, that is, what a correct 16-bit kernel computes (normalised by the fp32-exact row sum).
+ * scratch holds N_k doubles. */
+void ref_row(const ref_shape *s, store_type st, const float *Q, const float *K, const float *V,
+             long long bh, long long i, double *o_exact, double *o_16, double *lse,
+             double *scratch);
 
 /* The rows to check: the first, the last and a spread of the rest (jittered by seed so the
  * checked rows fall at different positions inside tiles). Returns how many were written
@@ -67,9 +99,10 @@ typedef struct {
     int pass;
 } check_result;
 
-/* Checks O ([B,H,N,D], as floats) and lse ([B,H,N]) at the given rows.
- * f16: 1 for fp16 storage (pass rule: 2x the fp16 reference's error + floor), 0 for fp32. */
-void check_output(const ref_shape *s, int f16, const float *Q, const float *K, const float *V,
+/* Checks O ([B,H,N,D], as floats) and lse ([B,H,N]) at the given rows; every element of O and
+ * lse must be finite, but lse = -inf exactly where a row attends to no key.
+ * st: the storage type (16-bit: pass rule 2x that reference's error + floor; fp32: tight). */
+void check_output(const ref_shape *s, store_type st, const float *Q, const float *K, const float *V,
                   const float *O, const float *lse, const long long *rows, long long nrows,
                   check_result *r);
 
@@ -85,18 +118,19 @@ typedef struct {
     int pass;
 } grad_check_result;
 
-/* Checks dQ at the query rows qrows and dK, dV at the key rows krows (indices into [B*H, N]),
- * all [B, H, N, D] as floats. The reference takes the stored inputs Q, K, V, dO and the forward's
- * stored O and lse (checked by check_output first): D_i = dO_i . O_i, P_ij = exp(scale q_i.k_j -
- * lse_i), dS_ij = P_ij (dO_i.v_j - D_i); dQ_i = scale sum_j dS_ij k_j, dK_j = scale sum_i dS_ij
- * q_i, dV_j = sum_i P_ij dO_i, in float64, over every key of a query row and every query of a key
- * row. The fp16 reference rounds P (for dV) and dS (for dQ, dK) to fp16, and the results, as a
- * correct fp16 kernel does. Pass rule per gradient: max_abs_err <= 2 f16_err + CHECK_F16_FLOOR (1 +
- * max|g_ref|). */
-void check_gradients(const ref_shape *s, const float *Q, const float *K, const float *V,
-                     const float *dO, const float *O, const float *lse, const float *dQ,
-                     const float *dK, const float *dV, const long long *qrows, long long nq,
-                     const long long *krows, long long nk, grad_check_result *r);
+/* Checks dQ at the query rows qrows (indices into [B*H, N]) and dK, dV at the key rows krows
+ * (indices into [B*H_kv, N_k]); dQ [B, H, N, D], dK and dV [B, H_kv, N_k, D], as floats; a key
+ * row's gradient sums over the query heads that share its head (GQA). The reference takes the
+ * stored inputs Q, K, V, dO and the forward's stored O and lse (checked by check_output first): D_i
+ * = dO_i . O_i, P_ij = exp(scale q_i.k_j - lse_i), dS_ij = P_ij (dO_i.v_j - D_i); dQ_i = scale
+ * sum_j dS_ij k_j, dK_j = scale sum_i dS_ij q_i, dV_j = sum_i P_ij dO_i, in float64, over every key
+ * of a query row and every query of a key row. The 16-bit reference rounds P (for dV) and dS (for
+ * dQ, dK) to the storage type, and the results, as a correct 16-bit kernel does. Pass rule per
+ * gradient: max_abs_err <= 2 f16_err + CHECK_F16_FLOOR (1 + max|g_ref|). */
+void check_gradients(const ref_shape *s, store_type st, const float *Q, const float *K,
+                     const float *V, const float *dO, const float *O, const float *lse,
+                     const float *dQ, const float *dK, const float *dV, const long long *qrows,
+                     long long nq, const long long *krows, long long nk, grad_check_result *r);
 
 #define CHECK_F16_FLOOR 1e-4 /* absolute floor for fp16 stages: cases where fp16 is exact */
 #define CHECK_F32_TOL 1e-4   /* fp32 stages: |O - O_ref| <= tol * (1 + max|O_ref|) */

@@ -7,9 +7,10 @@
  * a few dozen rows at N = 262,144 cost about a second. Every element of O and lse is scanned
  * for NaN/Inf: the host poisons both with NaN before a checked run, so unwritten output fails.
  *
- * Pass rule, fp16 storage: max|O - O_ref| <= 2 * max|O_f16ref - O_ref| + CHECK_F16_FLOOR, where
- * O_f16ref is the float64 computation with P rounded to fp16 before PV and O rounded to fp16:
- * the error a correct fp16 kernel makes (FlashAttention's own tests use this rule).
+ * Pass rule, fp16 or bf16 storage: max|O - O_ref| <= 2 * max|O_16ref - O_ref| + CHECK_F16_FLOOR,
+ * where O_16ref is the float64 computation with P rounded to the storage type before PV and O
+ * rounded to it: the error a correct 16-bit kernel makes (FlashAttention's own tests use this
+ * rule, for bf16 with the reference rounded to bf16).
  * fp32 storage: max|O - O_ref| <= CHECK_F32_TOL * (1 + max|O_ref|). LSE in both cases.
  */
 #include <math.h>
@@ -54,6 +55,21 @@ float f16_to_f32(uint16_t h) {
     return f;
 }
 
+uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* NaN: quiet */
+    x += 0x7fffu + ((x >> 16) & 1u); /* round to nearest even; overflow reaches inf */
+    return (uint16_t)(x >> 16);
+}
+
+float bf16_to_f32(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
 static uint64_t mix64(uint64_t z) {
     z += 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -75,13 +91,14 @@ void fill_normal(float *x, size_t n, uint64_t seed, uint32_t stream, float mul) 
     }
 }
 
-void ref_row(const ref_shape *s, const float *Q, const float *K, const float *V, long long bh,
-             long long i, double *o_exact, double *o_f16, double *lse, double *scratch) {
+void ref_row(const ref_shape *s, store_type st, const float *Q, const float *K, const float *V,
+             long long bh, long long i, double *o_exact, double *o_16, double *lse,
+             double *scratch) {
     const long long N = s->N, D = s->D;
-    const float *q = Q + (bh * N + i) * D; /* [D] */
-    const float *Kb = K + bh * N * D;      /* [N, D] */
-    const float *Vb = V + bh * N * D;      /* [N, D] */
-    const long long keys = s->causal ? i + 1 : N;
+    const float *q = Q + (bh * N + i) * D;          /* [D] */
+    const float *Kb = K + ref_kv_row(s, bh, 0) * D; /* [N_k, D]: this head's keys */
+    const float *Vb = V + ref_kv_row(s, bh, 0) * D; /* [N_k, D] */
+    const long long keys = ref_keys(s, i);
     double m = -INFINITY;
     for (long long j = 0; j < keys; j++) {
         double dot = 0.0;
@@ -91,22 +108,22 @@ void ref_row(const ref_shape *s, const float *Q, const float *K, const float *V,
     }
     for (long long d = 0; d < D; d++) {
         o_exact[d] = 0.0;
-        if (o_f16) o_f16[d] = 0.0;
+        if (o_16) o_16[d] = 0.0;
     }
     double l = 0.0;
     for (long long j = 0; j < keys; j++) {
-        double p = exp(scratch[j] - m), p16 = round_f16((float)p);
+        double p = exp(scratch[j] - m), p16 = round_store((float)p, st);
         const float *v = Vb + j * D;
         l += p;
         for (long long d = 0; d < D; d++) o_exact[d] += p * (double)v[d];
-        if (o_f16)
-            for (long long d = 0; d < D; d++) o_f16[d] += p16 * (double)v[d];
+        if (o_16)
+            for (long long d = 0; d < D; d++) o_16[d] += p16 * (double)v[d];
     }
-    for (long long d = 0; d < D; d++) {
-        o_exact[d] /= l;
-        if (o_f16) o_f16[d] = round_f16((float)(o_f16[d] / l));
+    for (long long d = 0; d < D; d++) { /* no key at all: O = 0 (l = 0) */
+        o_exact[d] = l > 0 ? o_exact[d] / l : 0.0;
+        if (o_16) o_16[d] = l > 0 ? round_store((float)(o_16[d] / l), st) : 0.0;
     }
-    *lse = m + log(l);
+    *lse = keys ? m + log(l) : -INFINITY;
 }
 
 long long pick_rows(long long total, long long want, uint64_t seed, long long *rows) {
@@ -126,27 +143,30 @@ long long pick_rows(long long total, long long want, uint64_t seed, long long *r
     return want;
 }
 
-void check_output(const ref_shape *s, int f16, const float *Q, const float *K, const float *V,
+void check_output(const ref_shape *s, store_type st, const float *Q, const float *K, const float *V,
                   const float *O, const float *lse, const long long *rows, long long nrows,
                   check_result *r) {
     const long long N = s->N, D = s->D, total = (long long)s->B * s->H * N;
+    const int f16 = st != STORE_F32; /* a 16-bit storage type's pass rule */
     long long nonfinite = 0;
 #pragma omp parallel for reduction(+ : nonfinite) schedule(static)
     for (long long x = 0; x < total * D; x++) nonfinite += !isfinite(O[x]);
+    /* lse: finite, but -inf exactly where the row attends to no key */
 #pragma omp parallel for reduction(+ : nonfinite) schedule(static)
-    for (long long x = 0; x < total; x++) nonfinite += !isfinite(lse[x]);
+    for (long long x = 0; x < total; x++)
+        nonfinite += ref_keys(s, x % N) ? !isfinite(lse[x]) : !(lse[x] == -INFINITY);
 
     double max_err = 0, f16_err = 0, lse_err = 0, max_ref = 0, sq_err = 0, sq_ref = 0;
 #pragma omp parallel reduction(max : max_err, f16_err, lse_err, max_ref) \
     reduction(+ : sq_err, sq_ref)
     {
-        double *scratch = malloc(sizeof(double) * (size_t)(N + 2 * D));
-        double *oe = scratch + N, *of = oe + D;
+        double *scratch = malloc(sizeof(double) * (size_t)(ref_n_k(s) + 2 * D));
+        double *oe = scratch + ref_n_k(s), *of = oe + D;
 #pragma omp for schedule(dynamic, 1)
         for (long long k = 0; k < nrows; k++) {
             long long bh = rows[k] / N, i = rows[k] % N;
             double l_ref;
-            ref_row(s, Q, K, V, bh, i, oe, f16 ? of : NULL, &l_ref, scratch);
+            ref_row(s, st, Q, K, V, bh, i, oe, f16 ? of : NULL, &l_ref, scratch);
             const float *o = O + rows[k] * D;
             for (long long d = 0; d < D; d++) {
                 double e = fabs((double)o[d] - oe[d]);
@@ -156,7 +176,9 @@ void check_output(const ref_shape *s, int f16, const float *Q, const float *K, c
                 if (fabs(oe[d]) > max_ref) max_ref = fabs(oe[d]);
                 if (f16 && fabs(of[d] - oe[d]) > f16_err) f16_err = fabs(of[d] - oe[d]);
             }
-            double le = fabs((double)lse[rows[k]] - l_ref) / (1.0 + fabs(l_ref));
+            /* no key: lse must be -inf (the full scan above counts any other value) */
+            double le =
+                isinf(l_ref) ? 0.0 : fabs((double)lse[rows[k]] - l_ref) / (1.0 + fabs(l_ref));
             if (!(le <= lse_err)) lse_err = isnan(le) ? INFINITY : le;
         }
         free(scratch);

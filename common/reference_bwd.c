@@ -57,34 +57,51 @@ static void merge(stats *to, const stats *from) {
     to->sq_err += from->sq_err, to->sq_ref += from->sq_ref;
 }
 
-/* The float64 gradient row of one checked row (an index into [B*H, N]): for a query row dQ_i into
- * ge (exact) and gf (fp16 roundings); for a key row dK_j into ge, gf and dV_j into ve, vf.
- * Dsum[B*H*N]: D_i = dO_i . O_i. */
-static void reference_row(const ref_shape *s, const float *Q, const float *K, const float *V,
-                          const float *dO, const float *lse, const double *Dsum, long long row,
-                          int is_query, double *ge, double *gf, double *ve, double *vf) {
-    const long long N = s->N, D = s->D;
-    const long long bh = row / N, at = row % N, head = bh * N;
-    /* a query row: keys 0 .. N-1 (causal: .. at); a key row: queries (causal: at ..) */
-    const long long lo = is_query || !s->causal ? 0 : at;
-    const long long hi = is_query && s->causal ? at + 1 : N;
-    for (long long o = lo; o < hi; o++) {
-        const long long qi = is_query ? at : o, kj = is_query ? o : at;
-        const prob_grad e = entry(s, Q + (head + qi) * D, K + (head + kj) * D, V + (head + kj) * D,
-                                  dO + (head + qi) * D, lse[head + qi], Dsum[head + qi]);
-        const double dS16 = round_f16((float)e.dS), P16 = round_f16((float)e.P);
-        /* query row: dQ_i += dS k_j; key row: dK_j += dS q_i, dV_j += P dO_i */
-        const float *src = is_query ? K + (head + kj) * D : Q + (head + qi) * D;
-        const float *dout = dO + (head + qi) * D;
-        for (long long d = 0; d < D; d++) {
-            ge[d] += e.dS * src[d], gf[d] += dS16 * src[d];
-            if (!is_query) ve[d] += e.P * dout[d], vf[d] += P16 * dout[d];
-        }
+/* One query row's or key row's terms: query i of head bh against key j (rows of [B*H, N] and
+ * [B*H_kv, N_k]), added to the float64 gradient rows (ge, and ve for dV) and to the ones with
+ * the storage type's roundings (gf, vf). */
+static void add_pair(const ref_shape *s, store_type st, const float *Q, const float *K,
+                     const float *V, const float *dO, const float *lse, const double *Dsum,
+                     long long qrow, long long krow, int is_query, double *ge, double *gf,
+                     double *ve, double *vf) {
+    const long long D = s->D;
+    const prob_grad e =
+        entry(s, Q + qrow * D, K + krow * D, V + krow * D, dO + qrow * D, lse[qrow], Dsum[qrow]);
+    const double dS16 = round_store((float)e.dS, st), P16 = round_store((float)e.P, st);
+    /* query row: dQ_i += dS k_j; key row: dK_j += dS q_i, dV_j += P dO_i */
+    const float *src = is_query ? K + krow * D : Q + qrow * D;
+    const float *dout = dO + qrow * D;
+    for (long long d = 0; d < D; d++) {
+        ge[d] += e.dS * src[d], gf[d] += dS16 * src[d];
+        if (!is_query) ve[d] += e.P * dout[d], vf[d] += P16 * dout[d];
+    }
+}
+
+/* The float64 gradient row of one checked row: for a query row (an index into [B*H, N]) dQ_i into
+ * ge (exact) and gf (the storage type's roundings); for a key row (an index into [B*H_kv, N_k])
+ * dK_j into ge, gf and dV_j into ve, vf, summed over the query heads that share the key/value
+ * head (GQA). Dsum[B*H*N]: D_i = dO_i . O_i. */
+static void reference_row(const ref_shape *s, store_type st, const float *Q, const float *K,
+                          const float *V, const float *dO, const float *lse, const double *Dsum,
+                          long long row, int is_query, double *ge, double *gf, double *ve,
+                          double *vf) {
+    const long long N = s->N, D = s->D, H = s->H, N_k = ref_n_k(s), H_kv = ref_kv_heads(s);
+    if (is_query) { /* keys 0 .. ref_keys - 1 */
+        const long long bh = row / N, i = row % N;
+        for (long long j = 0; j < ref_keys(s, i); j++)
+            add_pair(s, st, Q, K, V, dO, lse, Dsum, row, ref_kv_row(s, bh, j), 1, ge, gf, ve, vf);
+    } else { /* every query of every head of the group that sees key j */
+        const long long bk = row / N_k, j = row % N_k, b = bk / H_kv, group = H / H_kv;
+        const long long first = s->causal ? j - (N_k - N) : 0; /* causal: i + N_k - N >= j */
+        for (long long h = bk % H_kv * group; h < (bk % H_kv + 1) * group; h++)
+            for (long long i = first < 0 ? 0 : first; i < N; i++)
+                add_pair(s, st, Q, K, V, dO, lse, Dsum, (b * H + h) * N + i, row, 0, ge, gf, ve,
+                         vf);
     }
     for (long long d = 0; d < D; d++) {
         ge[d] *= s->scale;
-        gf[d] = round_f16((float)(gf[d] * s->scale));
-        vf[d] = round_f16((float)vf[d]);
+        gf[d] = round_store((float)(gf[d] * s->scale), st);
+        vf[d] = round_store((float)vf[d], st);
     }
 }
 
@@ -103,15 +120,17 @@ static void judge(const stats st[GRADS], long long nonfinite, long long rows,
     r->nonfinite = nonfinite;
 }
 
-void check_gradients(const ref_shape *s, const float *Q, const float *K, const float *V,
-                     const float *dO, const float *O, const float *lse, const float *dQ,
-                     const float *dK, const float *dV, const long long *qrows, long long nq,
-                     const long long *krows, long long nk, grad_check_result *r) {
+void check_gradients(const ref_shape *s, store_type st, const float *Q, const float *K,
+                     const float *V, const float *dO, const float *O, const float *lse,
+                     const float *dQ, const float *dK, const float *dV, const long long *qrows,
+                     long long nq, const long long *krows, long long nk, grad_check_result *r) {
     const long long D = s->D, total = (long long)s->B * s->H * s->N;
+    const long long kv_total = (long long)s->B * ref_kv_heads(s) * ref_n_k(s);
     long long nonfinite = 0;
 #pragma omp parallel for reduction(+ : nonfinite) schedule(static)
-    for (long long x = 0; x < total * D; x++)
-        nonfinite += !isfinite(dQ[x]) + !isfinite(dK[x]) + !isfinite(dV[x]);
+    for (long long x = 0; x < total * D; x++) nonfinite += !isfinite(dQ[x]);
+#pragma omp parallel for reduction(+ : nonfinite) schedule(static)
+    for (long long x = 0; x < kv_total * D; x++) nonfinite += !isfinite(dK[x]) + !isfinite(dV[x]);
 
     double *Dsum = malloc(sizeof(double) * (size_t)total);
     if (!Dsum) {
@@ -122,8 +141,8 @@ void check_gradients(const ref_shape *s, const float *Q, const float *K, const f
 #pragma omp parallel for schedule(static)
     for (long long x = 0; x < total; x++) Dsum[x] = dot(dO + x * D, O + x * D, D);
 
-    stats st[GRADS];
-    memset(st, 0, sizeof st);
+    stats all[GRADS];
+    memset(all, 0, sizeof all);
 #pragma omp parallel
     {
         stats mine[GRADS];
@@ -135,14 +154,14 @@ void check_gradients(const ref_shape *s, const float *Q, const float *K, const f
             const int is_query = x < nq;
             const long long row = is_query ? qrows[x] : krows[x - nq];
             memset(buf, 0, sizeof(double) * (size_t)(4 * D));
-            reference_row(s, Q, K, V, dO, lse, Dsum, row, is_query, ge, gf, ve, vf);
+            reference_row(s, st, Q, K, V, dO, lse, Dsum, row, is_query, ge, gf, ve, vf);
             add_row(&mine[is_query ? GRAD_DQ : GRAD_DK], (is_query ? dQ : dK) + row * D, ge, gf, D);
             if (!is_query) add_row(&mine[GRAD_DV], dV + row * D, ve, vf, D);
         }
         free(buf);
 #pragma omp critical
-        for (int t = 0; t < GRADS; t++) merge(&st[t], &mine[t]);
+        for (int t = 0; t < GRADS; t++) merge(&all[t], &mine[t]);
     }
     free(Dsum);
-    judge(st, nonfinite, nq + nk, r);
+    judge(all, nonfinite, nq + nk, r);
 }

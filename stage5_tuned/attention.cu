@@ -39,6 +39,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -77,6 +78,10 @@ constexpr tile_config SM75 = {64, 64, 4};
 // fragments and, on sm_75, the staged tile). Otherwise they are re-read from Q_smem with
 // ldmatrix for every key tile, as FA2 does.
 constexpr int Q_REGS_BUDGET = 192;
+
+// A tile's rows lie within 2^31 elements of its first (tile_issue's 32-bit offsets): row strides
+// up to INT_MAX / MAX_TILE_ROWS, MAX_TILE_ROWS at least every tile's BR and BC.
+constexpr int MAX_TILE_ROWS = 128;
 
 // Rescale only when a row's max grows (LAZY, see the softmax) from this many keys on. Skipping
 // needs a branch, and the rescale before it can no longer hide among the exponentials and the
@@ -177,6 +182,12 @@ __device__ __forceinline__ uint32_t k_lane_offset() {
            (lane / MATRIX_ROWS % 2 ^ sw) * CHUNK_BYTES;
 }
 
+// The offset in elements of row `row` (>= 0) of a tensor whose rows are ld elements apart: one
+// 32 x 32 -> 64-bit multiply (IMAD.WIDE.U32).
+__device__ __forceinline__ size_t rows_offset(int row, unsigned ld) {
+    return (size_t)(unsigned)row * ld;
+}
+
 // Number of 16-byte chunks each thread moves for a [ROWS, D] tile.
 __host__ __device__ constexpr int chunks_per_thread(int rows, int d, int threads) {
     return rows * (d / CHUNK_HALVES) / threads;
@@ -195,8 +206,8 @@ __device__ __forceinline__ void copy_chunk(uint4 &stage, uint32_t dst, const __h
 #endif
 }
 
-// Start loading rows [0, ROWS) of the tile at `src` (row stride D) into the shared tile at
-// `tile`; rows >= rows_left lie beyond N and become zeros. Thread tid moves the 16-byte chunks
+// Start loading rows [0, ROWS) of the tile at `src` (row stride ld elements) into the shared tile
+// at `tile`; rows >= rows_left lie beyond N and become zeros. Thread tid moves the 16-byte chunks
 // (row0 + i * STEP, chunk0), i = 0, 1, ...: consecutive threads read consecutive 16 bytes of
 // global memory. STEP = THREADS / (D / 8) is 8 or 16 rows, a multiple of 8, so every chunk of
 // a thread has the same swizzle and sits a constant i * STEP rows after the first.
@@ -204,26 +215,41 @@ __device__ __forceinline__ void copy_chunk(uint4 &stage, uint32_t dst, const __h
 // stored to shared memory later by tile_finish.
 template <int ROWS, int D, int THREADS, bool SWIZZLE>
 __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
-                                           uint32_t tile, const __half *src, int rows_left) {
+                                           uint32_t tile, const __half *src, unsigned ld,
+                                           int rows_left) {
     constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
     constexpr int STEP = THREADS / CHUNKS_PER_ROW;
     const int tid = thread_index();
     const int row0 = tid / CHUNKS_PER_ROW, chunk0 = tid % CHUNKS_PER_ROW;
     const uint32_t to = tile + smem_offset<D, SWIZZLE>(row0, chunk0);
-    const __half *from = src + row0 * D + chunk0 * CHUNK_HALVES;
+    const __half *from = src + rows_offset(row0, ld) + chunk0 * CHUNK_HALVES;
+    const size_t step = (size_t)STEP * ld;  // elements from one of this thread's rows to the next
+    constexpr int CHUNKS = chunks_per_thread(ROWS, D, THREADS);
+#if __CUDA_ARCH__ >= 800
+    // cp.async: one address walked down this thread's rows in a loop, not one per chunk: the
+    // rows are a runtime stride apart (strided tensors), so unrolled, every chunk would hold a
+    // 64-bit address of its own where at D = 128 the registers are already all in use.
+    const bool full = rows_left >= ROWS;  // every tile but the last: nothing to check
+#pragma unroll 1
+    for (int i = 0; i < CHUNKS; ++i, from += step) {
+        const bool valid = full || row0 + i * STEP < rows_left;
+        // rows past N: zero-filled, their source address replaced by row 0 (inside N)
+        copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from : src, valid);
+    }
+#else
     if (rows_left >= ROWS) {  // every tile but the last: nothing to check
 #pragma unroll
-        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
-            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from + i * STEP * D, true);
-        }
+        for (int i = 0; i < CHUNKS; ++i)
+            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from + i * step, true);
     } else {  // rows past N: zero-filled, their source address replaced by row 0 (inside N)
 #pragma unroll
-        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
+        for (int i = 0; i < CHUNKS; ++i) {
             const bool valid = row0 + i * STEP < rows_left;
-            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from + i * STEP * D : src,
+            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from + i * step : src,
                        valid);
         }
     }
+#endif
     cp_async_commit();
 }
 
@@ -251,8 +277,9 @@ __device__ __forceinline__ void tile_finish(
 // it overlaps; the single_stage variant (!PIPELINED) completes it at once instead.
 template <int ROWS, int D, int THREADS, bool SWIZZLE, bool PIPELINED>
 __device__ __forceinline__ void tile_start(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
-                                           uint32_t tile, const __half *src, int rows_left) {
-    tile_issue<ROWS, D, THREADS, SWIZZLE>(stage, tile, src, rows_left);
+                                           uint32_t tile, const __half *src, unsigned ld,
+                                           int rows_left) {
+    tile_issue<ROWS, D, THREADS, SWIZZLE>(stage, tile, src, ld, rows_left);
     if (!PIPELINED) tile_finish<ROWS, D, THREADS, SWIZZLE>(stage, tile);
 }
 
@@ -466,12 +493,12 @@ __device__ __forceinline__ float row_total_and_inverse(float &l) {
 
 // Epilogue. Each warp normalises its own rows and stages them, as fp16, in its own rows of
 // Q_smem (this warp's ldmatrix reads of Q were its last use of them), then writes them out
-// with 16-byte stores; the LSE goes straight from registers. rows_left = N - the warp's first
-// row: rows at or past it lie beyond N and are not written.
+// with 16-byte stores (O's rows o_ld elements apart); the LSE goes straight from registers.
+// rows_left = N - the warp's first row: rows at or past it lie beyond N and are not written.
 template <int D, bool SWIZZLE, int MT, int DB>
 __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
                                              const float (&m_i)[MT][2], const float (&l_i)[MT][2],
-                                             uint32_t Q_warp, __half *O, float *lse,
+                                             uint32_t Q_warp, __half *O, unsigned o_ld, float *lse,
                                              int rows_left) {
     constexpr int RPW = MT * MMA_M;  // rows of this warp
     const int lane = thread_index() % WARP_SIZE, g = lane / QUAD, t = lane % QUAD;
@@ -500,7 +527,7 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
         const int c = lane + WARP_SIZE * i;
         const int r = c / CHUNKS_PER_ROW, chunk = c % CHUNKS_PER_ROW;
         if (r < rows_left) {
-            *reinterpret_cast<uint4 *>(O + (size_t)r * D + chunk * CHUNK_HALVES) =
+            *reinterpret_cast<uint4 *>(O + rows_offset(r, o_ld) + chunk * CHUNK_HALVES) =
                 ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk));
         }
     }
@@ -540,16 +567,27 @@ __device__ __forceinline__ void store_partial(const float (&O_acc)[MT][DB][4],
 
 // Everything a launch needs, passed by value (kernel parameters live in constant memory).
 typedef struct fwd_params {
-    const __half *Q, *K, *V;  // [B, H, N, D]
-    __half *O;                // [B, H, N, D]  (splits == 1)
+    const __half *Q, *K, *V;  // [B, H, N, D]; K, V [B, H_kv, N_k, D]; strided (attn_layout)
+    __half *O;                // [B, H, N, D], strided  (splits == 1)
     float *lse;               // [B, H, N]     (splits == 1)
     float *O_part;            // [splits, B * H, N, D]: O of each key range (splits > 1)
     float *lse_part;          // [splits, B * H, N]: LSE of each key range (splits > 1)
+    long long q_batch, q_head, kv_batch, kv_head, o_batch, o_head;  // strides in elements
+    unsigned q_row, kv_row, o_row;  // row strides (elements; K and V share one layout)
+    int H, group;                   // query heads; query heads per key/value head (GQA)
+    int N_k;                        // keys (N: queries); causal: query i sees keys <= i + N_k - N
     int N, causal;
     int splits;        // key ranges per query tile; blockIdx.x = query tile * splits + range
     int split_tiles;   // key tiles per range
     float scale_log2;  // scale * log2(e)
 } fwd_params;
+
+// blockIdx.y = batch * H + query head, read afresh (as block_index_x) for the epilogue.
+__device__ __forceinline__ int block_index_y() {
+    int b;
+    asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(b));
+    return b;
+}
 
 // Which rows and keys one block works on.
 typedef struct {
@@ -568,7 +606,7 @@ __device__ __forceinline__ block_work block_keys(const fwd_params &p) {
     const int q_index = (int)blockIdx.x / p.splits, q_tiles = (int)gridDim.x / p.splits;
     const int split = (int)blockIdx.x - q_index * p.splits;  // which key range
     w.q0 = (p.causal ? q_tiles - 1 - q_index : q_index) * BR;
-    const int kv_all = query_tile_key_end(w.q0, BR, p.N, p.causal && SKIP);
+    const int kv_all = query_tile_key_end_nk(w.q0, BR, p.N, p.N_k, p.causal && SKIP);
     w.kv_begin = split * p.split_tiles * BC;
     w.kv_end = min(kv_all, w.kv_begin + p.split_tiles * BC);
     return w;
@@ -616,13 +654,18 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     // Which rows and keys. The key loop counts from the range's first key (K and V point
     // there, and the query row and N are taken relative to it), so that its bounds are the
     // same few registers as for a single pass: at D = 128 the softmax needs every register.
+    // A query tile with no key at all (causal, N > N_k) still writes O = 0 and LSE = -inf unless
+    // split (the merge writes those rows).
     const block_work w = block_keys<BR, BC, SKIP>(p);
-    if (w.kv_begin >= w.kv_end) return;  // causal: this query tile has fewer key ranges
-    const size_t head = (size_t)blockIdx.y * (size_t)p.N * D;  // (batch, head) offset
-    const size_t range = head + (size_t)w.kv_begin * D;        // offset of the range's keys
-    const int N = p.N - w.kv_begin;    // keys from the range's first to the end of the row
-    const int q0 = w.q0 - w.kv_begin;  // the block's first query row, as a key index
-    const int kv_end = w.kv_end - w.kv_begin;
+    if (w.kv_begin >= w.kv_end && p.splits > 1) return;  // causal: fewer key ranges here
+    // K and V share one layout (attention_unsupported): one offset for both, of the range's first
+    // key in this block's key/value head (query head h reads head h / group: GQA).
+    const int b = (int)blockIdx.y / p.H, h = (int)blockIdx.y % p.H;
+    const size_t range =
+        b * p.kv_batch + h / p.group * p.kv_head + rows_offset(w.kv_begin, p.kv_row);
+    const int N = p.N_k - w.kv_begin;  // keys from the range's first to the end of the row
+    const int q0 = w.q0 + (p.N_k - p.N) - w.kv_begin;  // the first query row, as a key index
+    const int kv_end = max(w.kv_end - w.kv_begin, 0);
 
     // Shared memory, each tile named by its shared-space address (what ldmatrix, cp.async and
     // st.shared take): Q_smem [BR, D] (O staging at the end), K_smem and V_smem [BC, D], swizzled.
@@ -638,9 +681,9 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     {
         uint4 stage_q[chunks_per_thread(BR, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
-        tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, p.Q + head + (size_t)w.q0 * D,
-                                            p.N - w.q0);
-        tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_smem, p.K + range, N);
+        const __half *Q_rows = p.Q + b * p.q_batch + h * p.q_head + rows_offset(w.q0, p.q_row);
+        tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, Q_rows, p.q_row, p.N - w.q0);
+        tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_smem, p.K + range, p.kv_row, N);
         tile_finish<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem);
         tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
@@ -669,8 +712,9 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
 
     // The key loop is the pipeline schedule (README.md, "Pipeline"): two barriers per tile,
     // V_j in flight during S, K_{j+1} during the softmax (EARLY_K) or P V.
-    for (int k0 = 0; k0 < kv_end; k0 += BC) {      // key tile j = k0 / BC of the range
-        const size_t kv = range + (size_t)k0 * D;  // offset of K_j and V_j
+    for (int k0 = 0; k0 < kv_end; k0 += BC) {                 // key tile j = k0 / BC of the range
+        const size_t kv = range + rows_offset(k0, p.kv_row);  // offset of K_j and V_j
+        const size_t next = range + rows_offset(k0 + BC, p.kv_row);  // ... and of K_{j+1}
         const bool has_next = k0 + BC < kv_end;
         uint4 stage_v[chunks_per_thread(BC, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
@@ -678,19 +722,19 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
         uint32_t P[MT][KC][4];
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
-        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, p.V + kv, N - k0);
+        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, p.V + kv, p.kv_row, N - k0);
         compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem, lane_off,
                                                  k_lane_offset<ROW_BYTES, SWIZZLE>());
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
         if (EARLY_K && has_next) {
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + kv + BC * D,
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + next, p.kv_row,
                                                            N - (k0 + BC));
         }
         if (needs_mask<BC, SKIP>(k0, q0, N, p.causal)) mask_scores<RPW>(S, k0, q0, N, p.causal);
         online_softmax<LAZY>(S, m_i, l_i, O_acc, P, p.scale_log2);
         if (!EARLY_K && has_next) {
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + kv + BC * D,
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + next, p.kv_row,
                                                            N - (k0 + BC));
         }
         if constexpr (LANE_OFFSET_PER_TILE) {
@@ -705,7 +749,9 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     const size_t row0 = (size_t)blockIdx.y * p.N + first;  // in [B * H, N]
     const int rows_left = p.N - first;                     // rows of it inside N
     if (p.splits == 1) {
-        store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, p.O + row0 * D, p.lse + row0, rows_left);
+        const int ob = block_index_y() / p.H, oh = block_index_y() % p.H;  // b, h, read afresh
+        __half *O_rows = p.O + ob * p.o_batch + oh * p.o_head + rows_offset(first, p.o_row);
+        store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, O_rows, p.o_row, p.lse + row0, rows_left);
     } else {
         const int split = block_index_x() % p.splits;                // which key range (block_keys)
         const size_t part = (size_t)split * gridDim.y * p.N + row0;  // [split, B * H, N]
@@ -735,6 +781,17 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (dev->cc < 75) return "needs sm_75 or newer (mma.sync m16n8k8, ldmatrix)";
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
     if ((long long)s->B * s->H > ATTN_MAX_GRID_Y) return "B * H is more than a grid's y holds";
+    if (s->H_kv < 1 || s->H % s->H_kv)
+        return "H must be a multiple of H_kv (query heads per KV head)";
+    if (s->N_k < 1) return "N_k must be >= 1";
+    if (s->k.batch != s->v.batch || s->k.head != s->v.head || s->k.row != s->v.row)
+        return "K and V must have the same strides";
+    const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};
+    for (int t = 0; t < 4; t++) {  // 16-byte rows: every stride a multiple of 8 halves
+        if (l[t]->batch % CHUNK_HALVES || l[t]->head % CHUNK_HALVES || l[t]->row % CHUNK_HALVES ||
+            l[t]->row < s->D || l[t]->row > INT_MAX / MAX_TILE_ROWS)
+            return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
+    }
     int arch = 0;
     if (kernel_arch(&arch) != cudaSuccess) {
         cudaGetLastError();
@@ -778,6 +835,10 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     p.O = (__half *)O, p.lse = lse;
     p.O_part = (float *)workspace;
     p.lse_part = plan.splits > 1 ? p.O_part + (size_t)plan.splits * rows * s->D : NULL;
+    p.q_batch = s->q.batch, p.q_head = s->q.head, p.q_row = (unsigned)s->q.row;
+    p.kv_batch = s->k.batch, p.kv_head = s->k.head, p.kv_row = (unsigned)s->k.row;
+    p.o_batch = s->o.batch, p.o_head = s->o.head, p.o_row = (unsigned)s->o.row;
+    p.H = s->H, p.group = s->H / s->H_kv, p.N_k = s->N_k;
     p.N = s->N, p.causal = s->causal, p.splits = plan.splits, p.split_tiles = plan.split_tiles;
     p.scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
     const dim3 grid((unsigned)(ceil_div(s->N, plan.tiles.BR) * plan.splits),
@@ -796,7 +857,12 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
                                plan.tiles.BC,
                                plan.splits,
                                plan.split_tiles,
-                               plan.causal_skip};
+                               plan.causal_skip,
+                               s->N_k,
+                               s->H,
+                               s->o.batch,
+                               s->o.head,
+                               (int)s->o.row};
     const unsigned rows_per_block =
         s->D == 64 ? combine_rows_per_block<64>() : combine_rows_per_block<128>();
     const unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
@@ -820,4 +886,6 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
+    ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // besides the plain case
+    0,
 };

@@ -145,8 +145,9 @@ typedef struct {
 
 static bool same_key(const fwd_plan *a, const fwd_plan *b) {
     return a->shape.B == b->shape.B && a->shape.H == b->shape.H && a->shape.N == b->shape.N &&
-           a->shape.D == b->shape.D && a->shape.causal == b->shape.causal &&
-           a->device == b->device && a->variant == b->variant && a->sm_count == b->sm_count &&
+           a->shape.N_k == b->shape.N_k && a->shape.D == b->shape.D &&
+           a->shape.causal == b->shape.causal && a->device == b->device &&
+           a->variant == b->variant && a->sm_count == b->sm_count &&
            a->allow_split == b->allow_split && a->smem_limit == b->smem_limit;
 }
 
@@ -178,7 +179,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
 
     plan->tiles = c, plan->smem = smem;
     plan->causal_skip = s->causal && variant != VARIANT_NOSKIP;
-    plan->split_tiles = ceil_div(s->N, c.BC), plan->splits = 1;
+    plan->split_tiles = ceil_div(s->N_k, c.BC), plan->splits = 1;
     if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
         plan->splits = choose_splits(s, c.BR, c.BC, plan->causal_skip, dev->sm_count * per_sm,
                                      SPLIT_OVERHEAD_TILES, &plan->split_tiles);
@@ -187,7 +188,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     const long long keys = (long long)plan->split_tiles * c.BC;
     const bool lazy = variant == VARIANT_LAZY_RESCALE ||
                       ((variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT) &&
-                       (keys < s->N ? keys : s->N) >= LAZY_MIN_N);
+                       (keys < s->N_k ? keys : s->N_k) >= LAZY_MIN_N);
     plan->kernel = kernel_for(s->D, c, variant, lazy);
     ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
     pthread_mutex_lock(&cache_lock);

@@ -146,8 +146,9 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     if (pb.splits == 1) return cudaSuccess;
 
     // Merge the key ranges (stage 5's merge; causal query tiles have fewer ranges).
-    const combine_params cp = {pb.O_part, pb.lse_part, a->O,      a->lse,         pb.rows,  s->N,
-                               BR,        BC,          pb.splits, pb.split_tiles, s->causal};
+    const combine_params cp = {pb.O_part, pb.lse_part, a->O,      a->lse,         pb.rows,   s->N,
+                               BR,        BC,          pb.splits, pb.split_tiles, s->causal, s->N,
+                               s->H,      s->o.batch,  s->o.head, (int)s->o.row};
     const unsigned merge_blocks = (unsigned)ceil_div(pb.rows, combine_rows_per_block<D>());
     const cudaLaunchConfig_t merge = launch_config(merge_blocks, COMBINE_THREADS, 0, a, &attr);
     ATTN_TRY(cudaLaunchKernelEx(&merge, combine_kernel_pdl<D>, cp));

@@ -113,4 +113,6 @@ extern "C" const attn_stage attn_this_stage = {
     stage_forward,
     backward_workspace_bytes,
     backward,
+    0,  // takes the plain case only (attention.h: no bf16, GQA, strides or N_k != N)
+    0,
 };

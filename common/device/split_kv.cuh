@@ -30,6 +30,18 @@ __host__ __device__ __forceinline__ int query_tile_key_tiles(int q0, int BR, int
     return (query_tile_key_end(q0, BR, N, causal_skip) + BC - 1) / BC;
 }
 
+// The same for N queries against N_k keys (attention.h: causal aligned to the bottom right, query
+// i sees keys up to i + N_k - N): [0, N_k), or, causal with tile skipping, up to the tile's last
+// real row's last key; 0 when no row of the tile sees a key. With N_k = N, query_tile_key_end.
+__host__ __device__ __forceinline__ int query_tile_key_end_nk(int q0, int BR, int N, int N_k,
+                                                              bool causal_skip) {
+    return causal_skip ? max(0, min(min(q0 + BR, N) + (N_k - N), N_k)) : N_k;
+}
+__host__ __device__ __forceinline__ int query_tile_key_tiles_nk(int q0, int BR, int BC, int N,
+                                                                int N_k, bool causal_skip) {
+    return (query_tile_key_end_nk(q0, BR, N, N_k, causal_skip) + BC - 1) / BC;
+}
+
 /* ---- the merge ------------------------------------------------------------------------------- */
 
 // Merges the key ranges of split-KV, one row at a time (FA2's combine). Range s of a row
@@ -46,11 +58,14 @@ constexpr int COMBINE_THREADS = 128;
 typedef struct combine_params {
     const float *O_part;    // [splits, B * H, N, D]
     const float *lse_part;  // [splits, B * H, N]
-    __half *O;              // [B, H, N, D]
+    __half *O;              // [B, H, N, D] in its layout: the strides below (16-bit storage)
     float *lse;             // [B, H, N]
     long long rows;         // B * H * N
     int N, BR, BC;          // shape and the attention kernel's tiles
     int splits, split_tiles, causal_skip;
+    int N_k, H;                 // keys (causal: query i sees keys <= i + N_k - N), query heads
+    long long o_batch, o_head;  // O's strides in elements (attention.h's attn_layout)
+    int o_row;
 } combine_params;
 
 // Threads per row (4 columns each), and rows per block.
@@ -70,7 +85,7 @@ __device__ __forceinline__ void combine_row(const combine_params &p, long long r
     int ranges = p.splits;     // causal: as many as this row's query tile was given
     if (p.causal_skip) {
         const int q0 = (int)(row % p.N) / p.BR * p.BR;
-        const int tiles = query_tile_key_tiles(q0, p.BR, p.BC, p.N, true);
+        const int tiles = query_tile_key_tiles_nk(q0, p.BR, p.BC, p.N, p.N_k, true);
         ranges = (tiles + p.split_tiles - 1) / p.split_tiles;
     }
     const float *lse_s = p.lse_part + row;  // lse_s[s * rows]: range s (same for the row's lanes)
@@ -95,14 +110,16 @@ __device__ __forceinline__ void combine_row(const combine_params &p, long long r
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const float wt = expf(l[u] - lse);
+            const float wt = lse == -INFINITY ? 0.f : expf(l[u] - lse);  // no key: O = 0
             o.x += wt * x[u].x, o.y += wt * x[u].y, o.z += wt * x[u].z, o.w += wt * x[u].w;
         }
     }
     const __half2 halves[2] = {__floats2half2_rn(o.x, o.y), __floats2half2_rn(o.z, o.w)};
     uint2 packed;
     memcpy(&packed, halves, sizeof packed);
-    reinterpret_cast<uint2 *>(p.O + row * D)[lane] = packed;
+    const long long bh = row / p.N, i = row - bh * p.N;  // (batch, head) and query row
+    __half *O = p.O + bh / p.H * p.o_batch + bh % p.H * p.o_head + i * p.o_row;
+    reinterpret_cast<uint2 *>(O)[lane] = packed;
     if (lane == 0) p.lse[row] = lse;
 }
 
@@ -153,7 +170,7 @@ static double split_efficiency(const attn_shape *s, int BR, int BC, bool causal_
     for (int bh = 0; bh < s->B * s->H; ++bh) {
         for (int qi = 0; qi < q_tiles; ++qi) {
             const int q = causal_skip ? q_tiles - 1 - qi : qi;  // the kernel's order
-            const int tiles = query_tile_key_tiles(q * BR, BR, BC, s->N, causal_skip);
+            const int tiles = query_tile_key_tiles_nk(q * BR, BR, BC, s->N, s->N_k, causal_skip);
             for (int k = 0; k < tiles; k += per) {
                 const int t = tiles - k < per ? tiles - k : per;
                 work += t;
@@ -177,7 +194,7 @@ static double split_efficiency(const attn_shape *s, int BR, int BC, bool causal_
 // Key ranges per query tile (1: no split) and key tiles per range.
 static int choose_splits(const attn_shape *s, int BR, int BC, bool causal_skip, int slots,
                          double overhead, int *split_tiles) {
-    const int T = ceil_div(s->N, BC);
+    const int T = ceil_div(s->N_k, BC);
     const long long blocks = (long long)s->B * s->H * ceil_div(s->N, BR);
     *split_tiles = T;
     if (blocks >= (long long)FULL_WAVES * slots || T < 2) return 1;

@@ -67,25 +67,25 @@ static void test_generator(void) {
 
 static void test_reference_by_hand(void) {
     /* one query, two keys, D = 1: s = (0, 1), O = (e^-1 * 1 + 1 * 3) / (1 + e^-1) */
-    ref_shape s = {1, 1, 2, 1, 0, 1.0};
+    ref_shape s = {1, 1, 2, 1, 0, 1.0, 0, 0};
     float Q[2] = {1, 0}, K[2] = {0, 1}, V[2] = {1, 3};
     double o, o16, lse, scratch[2];
-    ref_row(&s, Q, K, V, 0, 0, &o, &o16, &lse, scratch);
+    ref_row(&s, STORE_F16, Q, K, V, 0, 0, &o, &o16, &lse, scratch);
     double e = exp(-1.0);
     EXPECT(fabs(o - (e + 3) / (1 + e)) < 1e-14, "O = %.17g", o);
     EXPECT(fabs(lse - log(1 + exp(1.0))) < 1e-14, "lse = %.17g", lse);
     /* row 1: q = 0, both scores 0: plain mean of V, lse = log 2 */
-    ref_row(&s, Q, K, V, 0, 1, &o, &o16, &lse, scratch);
+    ref_row(&s, STORE_F16, Q, K, V, 0, 1, &o, &o16, &lse, scratch);
     EXPECT(o == 2.0 && o16 == 2.0 && fabs(lse - log(2.0)) < 1e-15, "O = %g lse = %g", o, lse);
     /* causal: row 1 sees keys 0..1, scale 2: s = (0, 2) */
     s.causal = 1;
     s.scale = 2.0;
-    ref_row(&s, Q, K, V, 0, 0, &o, NULL, &lse, scratch);
+    ref_row(&s, STORE_F16, Q, K, V, 0, 0, &o, NULL, &lse, scratch);
     EXPECT(o == 1.0 && lse == 0.0, "causal row 0 = V[0]: O = %g lse = %g", o, lse);
 }
 
 static void test_causal_first_row(void) {
-    ref_shape s = {2, 3, 37, 64, 1, 0.125};
+    ref_shape s = {2, 3, 37, 64, 1, 0.125, 0, 0};
     size_t n = (size_t)2 * 3 * 37 * 64;
     float *Q = malloc(n * 4), *K = malloc(n * 4), *V = malloc(n * 4);
     fill_normal(Q, n, 3, 0, 8.0f), fill_normal(K, n, 3, 1, 1.0f), fill_normal(V, n, 3, 2, 1.0f);
@@ -93,7 +93,7 @@ static void test_causal_first_row(void) {
     double o[64], o16[64], lse, scratch[37];
     int bad = 0;
     for (long long bh = 0; bh < 6; bh++) {
-        ref_row(&s, Q, K, V, bh, 0, o, o16, &lse, scratch);
+        ref_row(&s, STORE_F16, Q, K, V, bh, 0, o, o16, &lse, scratch);
         double dot = 0;
         for (int d = 0; d < 64; d++) dot += (double)Q[bh * 37 * 64 + d] * K[bh * 37 * 64 + d];
         for (int d = 0; d < 64; d++) bad += o[d] != V[bh * 37 * 64 + d] || o16[d] != o[d];
@@ -101,6 +101,56 @@ static void test_causal_first_row(void) {
     }
     EXPECT(bad == 0, "causal first row is V[0] in every head (%d mismatches)", bad);
     free(Q), free(K), free(V);
+}
+
+static void test_bf16(void) {
+    EXPECT(f32_to_bf16(1.0f) == 0x3f80 && bf16_to_f32(0x3f80) == 1.0f, "1.0");
+    /* 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0); 1 + 3 * 2^-8 rounds up */
+    EXPECT(round_bf16(1.0f + 0x1p-8f) == 1.0f, "tie to even: %g", round_bf16(1.0f + 0x1p-8f));
+    EXPECT(round_bf16(1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f, "round up");
+    EXPECT(round_bf16(-3.0e38f) < -2.9e38f && isinf(round_bf16(3.4028235e38f)), "range, overflow");
+    EXPECT(isnan(round_bf16(NAN)), "NaN stays NaN");
+    EXPECT(round_store(1.0f + 0x1p-9f, STORE_F16) == 1.0f + 0x1p-9f &&
+               round_store(1.0f + 0x1p-9f, STORE_BF16) == 1.0f,
+           "fp16 keeps 10 bits, bf16 7");
+}
+
+/* GQA: a query head reads K, V head h / (H / H_kv); the same as MHA with K, V repeated. N_k != N:
+ * causal rows see keys up to i + N_k - N; a row that sees none gets O = 0 and lse = -inf. */
+static void test_model_inputs(void) {
+    enum { B = 2, H = 4, H_KV = 2, N = 5, D = 8 };
+    float Q[B * H * N * D], K[B * H_KV * N * D], V[B * H_KV * N * D];
+    float Kr[B * H * N * D], Vr[B * H * N * D]; /* K, V repeated per query head */
+    fill_normal(Q, sizeof Q / 4, 11, 0, 1.0f);
+    fill_normal(K, sizeof K / 4, 11, 1, 1.0f);
+    fill_normal(V, sizeof V / 4, 11, 2, 1.0f);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int x = 0; x < N * D; x++) {
+                Kr[((b * H + h) * N) * D + x] = K[((b * H_KV + h / 2) * N) * D + x];
+                Vr[((b * H + h) * N) * D + x] = V[((b * H_KV + h / 2) * N) * D + x];
+            }
+    ref_shape g = {B, H, N, D, 1, 0.3, H_KV, 0}, m = {B, H, N, D, 1, 0.3, 0, 0};
+    double o1[D], o2[D], l1, l2, scratch[N];
+    int bad = 0;
+    for (long long bh = 0; bh < B * H; bh++)
+        for (long long i = 0; i < N; i++) {
+            ref_row(&g, STORE_F32, Q, K, V, bh, i, o1, NULL, &l1, scratch);
+            ref_row(&m, STORE_F32, Q, Kr, Vr, bh, i, o2, NULL, &l2, scratch);
+            bad += l1 != l2 || memcmp(o1, o2, sizeof o1) != 0;
+        }
+    EXPECT(bad == 0, "GQA = MHA with K, V repeated (%d rows differ)", bad);
+    /* 5 queries against 3 keys, causal: query i sees keys <= i - 2; rows 0, 1 see none */
+    ref_shape c = {1, 1, N, D, 1, 0.3, 0, 3};
+    ref_row(&c, STORE_F32, Q, K, V, 0, 1, o1, NULL, &l1, scratch);
+    EXPECT(isinf(l1) && l1 < 0 && o1[0] == 0.0 && o1[D - 1] == 0.0, "no key: O = 0, lse = -inf");
+    ref_row(&c, STORE_F32, Q, K, V, 0, 2, o1, NULL, &l1, scratch);
+    EXPECT(ref_keys(&c, 2) == 1 && o1[0] == (double)V[0], "query 2 sees key 0 only: O = V[0]");
+    EXPECT(ref_keys(&c, 4) == 3 && ref_keys(&c, 0) == 0, "the last query sees every key");
+    /* 2 queries against 5 keys, causal: query 0 sees keys 0..3, query 1 all 5 */
+    ref_shape d = {1, 1, 2, D, 1, 0.3, 0, N};
+    EXPECT(ref_keys(&d, 0) == 4 && ref_keys(&d, 1) == 5, "bottom-right aligned: %lld %lld",
+           ref_keys(&d, 0), ref_keys(&d, 1));
 }
 
 static void test_pick_rows(void) {
@@ -118,7 +168,7 @@ static void test_pick_rows(void) {
 typedef enum { RIGHT, NAN_UNCHECKED, SHIFTED_MASK, ROW_SWAP, SKIPPED_KEY } mistake;
 
 static int check_with(int f16, mistake m, int causal) {
-    ref_shape s = {1, 2, 97, 64, causal, 0.125};
+    ref_shape s = {1, 2, 97, 64, causal, 0.125, 0, 0};
     size_t n = (size_t)2 * 97 * 64, rows = 2 * 97;
     float *Q = malloc(n * 4), *K = malloc(n * 4), *V = malloc(n * 4), *O = malloc(n * 4);
     float *lse = malloc(rows * 4);
@@ -141,15 +191,15 @@ static int check_with(int f16, mistake m, int causal) {
                 memcpy(Qs, Q + (bh * 97) * 64, (size_t)(i + 2) * 64 * 4);
                 memcpy(Ks, K + (bh * 97) * 64, (size_t)(i + 2) * 64 * 4);
                 memcpy(Vs, V + (bh * 97) * 64, (size_t)(i + 2) * 64 * 4);
-                ref_row(&t, Qs, Ks, Vs, 0, i, o, o16, &l, scratch);
+                ref_row(&t, STORE_F16, Qs, Ks, Vs, 0, i, o, o16, &l, scratch);
                 free(Qs), free(Ks), free(Vs);
             } else {
-                ref_row(&t, Q, K, V, bh, i, o, o16, &l, scratch);
+                ref_row(&t, STORE_F16, Q, K, V, bh, i, o, o16, &l, scratch);
             }
         } else if (m == ROW_SWAP && i > 0) {
-            ref_row(&t, Q, K, V, bh, i - 1, o, o16, &l, scratch);
+            ref_row(&t, STORE_F16, Q, K, V, bh, i - 1, o, o16, &l, scratch);
         } else if (m == SKIPPED_KEY) { /* key 0 left out of every row but the first */
-            ref_row(&t, Q, K, V, bh, i, o, o16, &l, scratch);
+            ref_row(&t, STORE_F16, Q, K, V, bh, i, o, o16, &l, scratch);
             if (i > 0) {
                 ref_shape u = t;
                 u.N = (int)(97 - 1);
@@ -159,11 +209,11 @@ static int check_with(int f16, mistake m, int causal) {
                       *Qt = malloc(97 * 64 * 4);
                 memcpy(Kt, Ks, 96 * 64 * 4), memcpy(Vt, Vs, 96 * 64 * 4);
                 memcpy(Qt + 64, Q + (bh * 97 + i) * 64, 64 * 4);
-                ref_row(&u, Qt, Kt, Vt, 0, causal ? i - 1 : 1, o, o16, &l, scratch);
+                ref_row(&u, STORE_F16, Qt, Kt, Vt, 0, causal ? i - 1 : 1, o, o16, &l, scratch);
                 free(Kt), free(Vt), free(Qt);
             }
         } else {
-            ref_row(&t, Q, K, V, bh, i, o, o16, &l, scratch);
+            ref_row(&t, STORE_F16, Q, K, V, bh, i, o, o16, &l, scratch);
         }
         for (int d = 0; d < 64; d++) O[r * 64 + d] = (float)(f16 ? o16[d] : o[d]);
         lse[r] = (float)l;
@@ -302,6 +352,8 @@ int main(int argc, char **argv) {
     test_generator();
     test_reference_by_hand();
     test_causal_first_row();
+    test_bf16();
+    test_model_inputs();
     test_pick_rows();
     test_pass_rule();
     test_npy(dir);
