@@ -207,7 +207,8 @@ def generated_numbers(root):
     for readme in [root / "README.md", *sorted(root.glob("stage*/README.md"))]:
         if not readme.is_file():
             continue
-        for block in re.findall(r"<!-- results:[\w-]+:begin -->(.*?)<!-- results:[\w-]+:end -->",
+        # (an exercise's answer block, results:answer-KEY, is generated too, but prose quotes none)
+        for block in re.findall(r"<!-- results:(?!answer-)[\w-]+:begin -->(.*?)<!-- results:[\w-]+:end -->",
                                 readme.read_text(), re.S):
             block = re.sub(r"\b\d+ of \d+\b", " ", block)  # counts ("faster on 14 of 20"), no readings
             out.update(norm(t) for t in re.findall(NUM, block))
