@@ -351,7 +351,7 @@ help:
 	@echo "make sanitize      compute-sanitizer memcheck, racecheck, synccheck on small shapes"
 	@echo "make bench         the sweep only (BUDGET=60 seconds per launch; QUICK=1: long N $(shell . plots/shapes.conf && echo $$QUICK_LONG_N | tr ' ' ,), fa2 N $(shell . plots/shapes.conf && echo $$QUICK_FA2_N | tr ' ' ,))"
 	@echo "make plots         redraw the PNGs from the CSV"
-	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the CSV"
+	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the reference CSV (another GPU: plots/<gpu>/TABLES.md)"
 	@echo "make test-plots    CPU tests of the sweep, plots and tables only"
 	@echo "make diff STAGE=n  what stage n adds over stage n-1"
 	@echo "make lab STAGE=n   write labs/<stage>/: the stage's kernel with the lesson cut into holes (stages 1-3)"
@@ -373,4 +373,7 @@ all: build
 	    echo "make: no NVIDIA GPU here: built every stage; plots and tables come from the committed results in plots/$(REF_GPU)/ (nothing to redraw unless they changed)"; \
 	fi; \
 	$(MAKE) --no-print-directory plots tables || status=$$?; \
+	if [ -n '$(GPU_SLUG)' ] && [ '$(GPU_SLUG)' != '$(REF_GPU)' ] && [ -s 'plots/$(GPU_SLUG)/TABLES.md' ]; then \
+	    echo "make: this GPU's tables: plots/$(GPU_SLUG)/TABLES.md (the lessons show the reference GPU's, plots/$(REF_GPU)/)"; \
+	fi; \
 	exit $$status
