@@ -450,5 +450,30 @@ else
     skip "make tables on a non-reference GPU: make is not installed"
 fi
 
+# ---- answers.py: an exercise's answer block takes its table from the answers' CSV; a block with
+# no rows, and everything outside the blocks, stay as they were
+if command -v python3 >/dev/null 2>&1; then
+    A=$SCRATCH/answers_repo
+    mkdir -p "$A/plots" "$A/stage7_backward/measured"
+    cp plots/answers.py "$A/plots/"
+    printf '# t\n\nProse.\n<!-- results:answer-s7e2:begin -->\nold 2\n<!-- results:answer-s7e2:end -->\nMore.\n<!-- results:answer-s7e3:begin -->\nold 3\n<!-- results:answer-s7e3:end -->\n' \
+        >"$A/stage7_backward/README.md"
+    { echo 'answer,label,command,rc,ms_median,tflops,status,self_test,note,gpu,commit'
+      echo '"s7e2","default, B = 1","build/stage7_backward --variant default","0","2.000","300.0","ok","-","-","NVIDIA H200","abc1234"'
+      echo '"s7e2","registers, B = 1","build/stage7_backward --variant registers","0","2.500","240.0","ok","-","-","NVIDIA H200","abc1234"'
+    } >"$A/stage7_backward/measured/h200_answers.csv"
+    python3 "$A/plots/answers.py" >"$SCRATCH/answers.out" 2>&1
+    check "answers.py writes an answer's table from the CSV, its ratio to the default's time" \
+        grep -q -F '| registers, B = 1 | `build/stage7_backward --variant registers` | 2.500 | 240.0 | 1.250 | exit 0 |' "$A/stage7_backward/README.md"
+    check "answers.py leaves a block without rows, and the prose, as they were" \
+        bash -c "grep -q -x 'old 3' '$A/stage7_backward/README.md' && ! grep -q -x 'old 2' '$A/stage7_backward/README.md' &&
+                 grep -q -x 'More.' '$A/stage7_backward/README.md'"
+    cp "$A/stage7_backward/README.md" "$SCRATCH/answers.once"
+    python3 "$A/plots/answers.py" >/dev/null 2>&1
+    check "answers.py is idempotent" cmp "$SCRATCH/answers.once" "$A/stage7_backward/README.md"
+else
+    skip "answers.py: python3 is not installed"
+fi
+
 echo "$PASS passed, $FAILED failed, $SKIPPED skipped"
 [ $FAILED = 0 ]
