@@ -1,6 +1,6 @@
 # A staged FlashAttention course. `make help` lists the targets.
 #
-#   make                 build, sweep every stage, draw the plots, rewrite the README tables
+#   make                 build, sweep every stage, draw the plots, the tables (another GPU: plots/<gpu>/TABLES.md)
 #   make QUICK=1         build, a 2-minute sweep (every stage, a few shapes), plots in build/quick/
 #   make test            CPU tests + fat build + spill check + format check (+ self-tests on a GPU)
 #   make check           every stage's --self-test on this GPU (SMEM_LIMIT=65536 for the T4 path)
@@ -342,7 +342,7 @@ clean:
 	rm -rf $(BUILD)
 
 help:
-	@echo "make               build, sweep every stage (long and fa2 shapes), plots, README tables"
+	@echo "make               build, sweep every stage (long and fa2 shapes), plots, tables (the READMEs: the reference GPU's; yours: plots/<gpu>/TABLES.md)"
 	@echo "make build         build every stage into $(BUILD)/ (ARCH=75|sm_75|compute_75, BUILD=dir)"
 	@echo "make QUICK=1       build, a quick sweep (every stage, a few shapes: ~2 min on an H200), plots in build/quick/"
 	@echo "make test          CPU tests, fat build, no-spill check, format check; self-tests too on a GPU"
@@ -363,8 +363,9 @@ help:
 include plots/plots.mk
 include python/lib.mk
 
-# The main job. On a machine with a GPU: sweep, then plots and tables from this GPU's CSV (a FAIL
-# row still draws the plots, then fails the job). Without one: from the committed reference run.
+# The main job. On a machine with a GPU: sweep, then plots from this GPU's CSV and its tables in
+# plots/<gpu>/TABLES.md (the READMEs keep the reference GPU's; a FAIL row still draws the plots,
+# then fails the job). Without one: from the committed reference run.
 all: build
 	@status=0; \
 	if [ -n '$(GPU_SLUG)' ]; then \
