@@ -1,6 +1,6 @@
 # A staged FlashAttention course. `make help` lists the targets.
 #
-#   make                 build, sweep every stage, draw the plots, rewrite the README tables
+#   make                 build, sweep every stage, draw the plots, the tables (another GPU: plots/<gpu>/TABLES.md)
 #   make QUICK=1         build, a 2-minute sweep (every stage, a few shapes), plots in build/quick/
 #   make test            CPU tests + fat build + spill check + format check (+ self-tests on a GPU)
 #   make check           every stage's --self-test on this GPU (SMEM_LIMIT=65536 for the T4 path)
@@ -342,7 +342,7 @@ clean:
 	rm -rf $(BUILD)
 
 help:
-	@echo "make               build, sweep every stage (long and fa2 shapes), plots, README tables"
+	@echo "make               build, sweep every stage (long and fa2 shapes), plots, tables (the READMEs: the reference GPU's; yours: plots/<gpu>/TABLES.md)"
 	@echo "make build         build every stage into $(BUILD)/ (ARCH=75|sm_75|compute_75, BUILD=dir)"
 	@echo "make QUICK=1       build, a quick sweep (every stage, a few shapes: ~2 min on an H200), plots in build/quick/"
 	@echo "make test          CPU tests, fat build, no-spill check, format check; self-tests too on a GPU"
@@ -351,7 +351,7 @@ help:
 	@echo "make sanitize      compute-sanitizer memcheck, racecheck, synccheck on small shapes"
 	@echo "make bench         the sweep only (BUDGET=60 seconds per launch; QUICK=1: long N $(shell . plots/shapes.conf && echo $$QUICK_LONG_N | tr ' ' ,), fa2 N $(shell . plots/shapes.conf && echo $$QUICK_FA2_N | tr ' ' ,))"
 	@echo "make plots         redraw the PNGs from the CSV"
-	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the CSV"
+	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the reference CSV (another GPU: plots/<gpu>/TABLES.md)"
 	@echo "make test-plots    CPU tests of the sweep, plots and tables only"
 	@echo "make diff STAGE=n  what stage n adds over stage n-1"
 	@echo "make lab STAGE=n   write labs/<stage>/: the stage's kernel with the lesson cut into holes (stages 1-3)"
@@ -363,8 +363,9 @@ help:
 include plots/plots.mk
 include python/lib.mk
 
-# The main job. On a machine with a GPU: sweep, then plots and tables from this GPU's CSV (a FAIL
-# row still draws the plots, then fails the job). Without one: from the committed reference run.
+# The main job. On a machine with a GPU: sweep, then plots from this GPU's CSV and its tables in
+# plots/<gpu>/TABLES.md (the READMEs keep the reference GPU's; a FAIL row still draws the plots,
+# then fails the job). Without one: from the committed reference run.
 all: build
 	@status=0; \
 	if [ -n '$(GPU_SLUG)' ]; then \
@@ -373,4 +374,7 @@ all: build
 	    echo "make: no NVIDIA GPU here: built every stage; plots and tables come from the committed results in plots/$(REF_GPU)/ (nothing to redraw unless they changed)"; \
 	fi; \
 	$(MAKE) --no-print-directory plots tables || status=$$?; \
+	if [ -n '$(GPU_SLUG)' ] && [ '$(GPU_SLUG)' != '$(REF_GPU)' ] && [ -s 'plots/$(GPU_SLUG)/TABLES.md' ]; then \
+	    echo "make: this GPU's tables: plots/$(GPU_SLUG)/TABLES.md (the lessons show the reference GPU's, plots/$(REF_GPU)/)"; \
+	fi; \
 	exit $$status

@@ -11,7 +11,11 @@
 #                     folder records what they were drawn from), so a clean tree stays clean.
 #                     QUICK=1: from and into $(QUICK_DIR)/
 #   make tables       rewrite the results tables of $(README) and the measured section of every
-#                     stage README from the same CSV (QUICK=1: print the tables instead). A stage
+#                     stage README from the reference GPU's CSV, plots/$(REF_GPU)/results.csv (or
+#                     PLOT_CSV), and the exercises' measured answers (plots/answers.py); on any other
+#                     GPU with results, leave them alone and write the same tables for that GPU into
+#                     plots/<gpu>/TABLES.md (plots/gpu_tables.sh) instead: the lessons' prose argues
+#                     from the reference run (QUICK=1: print the tables instead). A stage
 #                     README carries its section between <!-- results:stageK:begin --> and
 #                     <!-- results:stageK:end -->; one without those markers is left alone.
 #                     LESSON_READMES=list overrides which (default: every stage*/README.md with
@@ -132,10 +136,17 @@ tables:
 	if [ -n '$(QUICK_ON)' ] && [ -n '$(GPU_SLUG)' ] && [ -z '$(PLOT_CSV)' ]; then \
 	    awk -F, -f plots/csv.awk -f plots/table.awk "$$csv"; \
 	    echo "tables: the quick sweep's tables from $$csv (the READMEs keep the full run's)"; \
+	elif [ -z '$(PLOT_CSV)' ] && [ "$$csv" != 'plots/$(REF_GPU)/results.csv' ]; then \
+	    plots/gpu_tables.sh "$$csv" "$$(dirname "$$csv")/TABLES.md" $(LESSON_READMES); \
+	    echo "tables: the lessons keep the reference GPU's tables (plots/$(REF_GPU)/results.csv);" \
+	         "this GPU's tables: $$(dirname "$$csv")/TABLES.md"; \
 	else \
 	    plots/update_readme.sh "$$csv" '$(README)' $(LESSON_READMES); \
 	    if grep -q '^<!-- results:bench-calls:begin -->$$' '$(README)' && command -v python3 >/dev/null; then \
 	        python3 python/bench_calls.py --readme '$(README)'; \
+	    fi; \
+	    if [ -z '$(PLOT_CSV)' ] && [ -n '$(LESSON_READMES)' ] && command -v python3 >/dev/null; then \
+	        python3 plots/answers.py --gpu '$(REF_GPU)' $(LESSON_READMES); \
 	    fi; \
 	fi
 

@@ -21,6 +21,10 @@
    peak, an expectation, a bound). LOG.md files are not lessons: they keep their history.
    The top README.md is not a lesson either (it has no code map), but its prose quotes the same
    runs: rule 3, and only rule 3, applies to it.
+4. Length. A lesson holds at most 2,300 words outside its generated sections (between
+   <!-- results:...:begin/end --> markers) and its HTML comments; a word is a run of non-blank
+   characters with a letter or a digit in it (a table's "|" or a list's "-" is none). The
+   step-by-step history belongs in the stage's LOG.md.
 
 usage: check_lessons.py [--root DIR] [README.md ...]   (default: every stage*/README.md, and the
                                                         top README.md's prose)
@@ -203,7 +207,8 @@ def generated_numbers(root):
     for readme in [root / "README.md", *sorted(root.glob("stage*/README.md"))]:
         if not readme.is_file():
             continue
-        for block in re.findall(r"<!-- results:[\w-]+:begin -->(.*?)<!-- results:[\w-]+:end -->",
+        # (an exercise's answer block, results:answer-KEY, is generated too, but prose quotes none)
+        for block in re.findall(r"<!-- results:(?!answer-)[\w-]+:begin -->(.*?)<!-- results:[\w-]+:end -->",
                                 readme.read_text(), re.S):
             block = re.sub(r"\b\d+ of \d+\b", " ", block)  # counts ("faster on 14 of 20"), no readings
             out.update(norm(t) for t in re.findall(NUM, block))
@@ -289,6 +294,26 @@ def figure_problems(readme, gen, ms, tf):
     return problems
 
 
+# ---- 4: length --------------------------------------------------------------------------------
+
+MAX_WORDS = 2300
+
+
+def word_count(text):
+    """The words of a lesson outside its generated sections and HTML comments (rule 4)."""
+    text = re.sub(r"<!-- results:([\w-]+):begin -->.*?<!-- results:\1:end -->", " ", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    return sum(1 for w in text.split() if re.search(r"[A-Za-z0-9]", w))
+
+
+def length_problems(readme, limit=MAX_WORDS):
+    n = word_count(readme.read_text())
+    if n <= limit:
+        return []
+    return [f"{readme}: {n:,} words outside its generated sections, more than {limit:,}: move the "
+            f"step-by-step history into the stage's LOG.md"]
+
+
 # ---- driver ------------------------------------------------------------------------------------
 
 
@@ -304,6 +329,7 @@ def check(readmes, root):
         if full != top:  # a lesson; the top README is held to rule 3 only
             results.append((f"{r}: code map", code_map_problems(r, root)))
             results.append((f"{r}: line references", line_ref_problems(r, root)))
+            results.append((f"{r}: at most {MAX_WORDS:,} words", length_problems(r)))
         results.append((f"{r}: no untraced figure in prose", figure_problems(r, gen, ms, tf)))
     return results
 
@@ -354,6 +380,22 @@ def self_test(root):
            "kernel.cu#L500", "kernel.cu:999")
     expect("a code map entry's line outside its function fails", cm,
            "kernel.cu:2 is not inside defined_here()")
+    # rule 4: a lesson one word over the limit fails, one at the limit passes, and the words of a
+    # generated section, a comment or a table's rules do not count
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        body = good.read_text()
+        base = word_count(body)
+        over, at = Path(tmp) / "over.md", Path(tmp) / "at.md"
+        filler = lambda n: " ".join(["word"] * n)
+        over.write_text(body + "\n" + filler(MAX_WORDS + 1 - base) + "\n")
+        at.write_text(body + "\n" + filler(MAX_WORDS - base) + "\n<!-- results:stage1:begin -->\n" +
+                      filler(500) + "\n<!-- results:stage1:end -->\n<!-- " + filler(50) +
+                      " -->\n| --- | --- |\n")
+        expect("a lesson over the word limit fails", length_problems(over),
+               f"{MAX_WORDS + 1:,} words outside")
+        expect("a lesson at the word limit passes (generated sections, comments, rules uncounted)",
+               length_problems(at), none=True)
     gen = generated_numbers(root)
     ms, tf = csv_values(root)
     stale = figure_problems(fx / "stale.md", gen, ms, tf)

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# The lessons' exercise answers that are still predictions where a measurement is possible, measured
-# in one GPU session: each experiment builds the stage as the exercise says (an edit of a copy of
-# the repository, never the checkout), runs under its own timeout, and adds a line to the summary
-# printed last (the command, the exit code, the median time or the message). Answers to write from
-# it, with the GPU named: stage 1 exercise 4 (the causal skip), stage 2 exercise 3 (other
-# paddings), stage 3 exercise 3 (double buffering's shared memory), stage 6 exercise 5
-# (--smem-limit picks no other layout).
-# usage: common/tests/measure_answers.sh          (on a GPU; about 10 minutes on an H200)
+# The lessons' exercise answers measured in one GPU session, on the kernels as they are now:
+#   - the answers that were still predictions where a measurement is possible: stage 1 exercise 4
+#     (the causal skip), stage 2 exercise 3 (other paddings), stage 3 exercise 3 (double
+#     buffering's shared memory), stage 6 exercise 5 (--smem-limit picks no other layout): a line
+#     each in the summary printed last (the command, the exit code, the median time or the message);
+#   - the answers of stages 6 and 7 measured on older kernels (stage 6 exercises 1, 2 and 6; stage 7
+#     exercises 2 to 7): the exact commands each exercise asks the learner to run, written as rows
+#     of stage6_hopper/measured/<gpu>_answers.csv and stage7_backward/measured/<gpu>_answers.csv
+#     (<gpu> as plots/plots.mk names it: h200 for the reference GPU), from which
+#     `python3 plots/answers.py` (run by `make tables`) writes each answer's table into its lesson.
+# Each experiment builds the stage as the exercise says (an edit of a copy of the repository, never
+# the checkout); the builds run side by side first, then the timed runs one at a time (--check 0:
+# no float64 reference beside a timing), then the self-tests (CPU-bound: the float64 reference)
+# side by side. Each run has its own timeout. About 8 minutes on an H200 with 16 cores.
+# usage: common/tests/measure_answers.sh          (on a GPU)
 set -u
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -16,89 +23,200 @@ trap 'rm -rf "$tmp"' EXIT
 cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '.')
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 [ -n "$cc" ] || { echo "measure_answers.sh: no NVIDIA GPU here"; exit 2; }
-summary=("GPU: $gpu (sm_$cc), $(nvcc --version | grep -o 'release [0-9.]*'), commit $(git rev-parse --short HEAD 2>/dev/null)")
+slug=$(printf '%s' "$gpu" | tr 'A-Z' 'a-z' | sed -e 's/[^a-z0-9][^a-z0-9]*/-/g' -e 's/^-//' -e 's/-$//' -e 's/^nvidia-//')
+case $slug in h200*) slug=h200 ;; esac # the reference GPU's folder, as plots/h200/
+commit=$(git rev-parse --short HEAD 2>/dev/null)
+jobs=$(nproc 2>/dev/null || echo 4)
+echo "GPU: $gpu (sm_$cc), $(nvcc --version | grep -o 'release [0-9.]*'), commit $commit" >"$tmp/summary.000"
 FA2="--batch 4 --heads 16 --seq 4096 --dim 128"
+hopper=; [ "$cc" = 90 ] && hopper=1
+header=answer,label,command,rc,ms_median,tflops,status,self_test,note,gpu,commit
+seq=0
 
-# variant NAME STAGE_DIR SED_SCRIPT: a copy of the repository with the stage's attention.cu edited
-# by SED_SCRIPT ("" = as it is), built for this GPU into $tmp/NAME/build; sets $p, its program
-variant() {
-  local name=$1 dir=$2 edit=$3 t=$tmp/$1
+# prepare NAME STAGE_DIR FILE SED_SCRIPT [ARCH]: starts, in the background, a copy of the
+# repository with STAGE_DIR/FILE edited by SED_SCRIPT ("" = as it is), built for ARCH (default this
+# GPU) into $tmp/NAME/build
+prepare() {
+  local name=$1 dir=$2 file=$3 edit=$4 arch=${5:-$cc} t=$tmp/$1
   mkdir -p "$t/src"
   (cd "$root" && tar --exclude=./build --exclude='./build-*' --exclude=./labs --exclude=./.git -cf - .) | tar -xf - -C "$t/src"
   if [ -n "$edit" ]; then
-    sed -i "$edit" "$t/src/$dir/attention.cu"
-    if cmp -s "$t/src/$dir/attention.cu" "$root/$dir/attention.cu"; then
-      echo "measure_answers.sh: $name: the edit '$edit' changed nothing in $dir/attention.cu" >&2
-      summary+=("$name: NOT RUN: the edit matched nothing (the exercise's line moved?)")
-      return 1
+    sed -i "$edit" "$t/src/$dir/$file"
+    if cmp -s "$t/src/$dir/$file" "$root/$dir/$file"; then
+      echo "the edit '$edit' changed nothing in $dir/$file (the exercise's line moved?)" >"$t/why"
+      return
     fi
   fi
-  if ! timeout 600 make --no-print-directory -C "$t/src" BUILD="$t/build" ARCH="$cc" "$t/build/$dir" >"$t/build.log" 2>&1; then
-    summary+=("$name: NOT RUN: the build failed (last line: $(tail -n 1 "$t/build.log"))")
+  (timeout 600 make --no-print-directory -C "$t/src" BUILD="$t/build" ARCH="$arch" "$t/build/$dir" >"$t/build.log" 2>&1 ||
+     echo "the build failed (last line: $(tail -n 1 "$t/build.log"))" >"$t/why") &
+}
+
+# ready NAME STAGE_DIR: (after the builds) sets $p, the program, or says why not and fails
+ready() {
+  p=$tmp/$1/build/$2
+  if [ -s "$tmp/$1/why" ] || [ ! -x "$p" ]; then
+    seq=$((seq + 1))
+    echo "$1: NOT RUN: $(cat "$tmp/$1/why" 2>/dev/null || echo 'no program built')" | tee "$tmp/summary.$(printf %03d $seq)"
     return 1
   fi
-  p=$t/build/$dir
 }
 
-# measure LABEL SECONDS PROGRAM ARGS...: one run under a timeout; its median time (with --csv),
-# or its exit code and last line, into the summary
+# measure ANSWER LABEL SECONDS PROGRAM ARGS...: one run under a timeout; its median time (with
+# --csv), or its exit code and last line, into the summary, and (ANSWER not "-") a row of the
+# answers' CSV. NOTE, if set, goes into the row's note; CMD, if set, is the row's command.
 measure() {
-  local label=$1 secs=$2; shift 2
-  local out err rc ms
-  out=$(timeout "$secs" "$@" 2>"$tmp/err"); rc=$?
-  err=$(tail -n 1 "$tmp/err")
+  local answer=$1 label=$2 secs=$3; shift 3
+  local out err rc ms st line n
+  seq=$((seq + 1)); n=$(printf %03d $seq)
+  out=$(timeout "$secs" "$@" 2>"$tmp/err.$n"); rc=$?
+  err=$(tail -n 1 "$tmp/err.$n")
   ms=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next } ("ms_median" in c) && $c["ms_median"] != "" { print $c["ms_median"], $c["tflops"], $c["status"]; exit }' <<<"$out")
-  local line="$label: exit $rc"
+  st=$(grep -oE '^[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -n 1)
+  line="$label: exit $rc"
   [ "$rc" -eq 124 ] && line="$label: did not finish in $secs s"
   [ -n "$ms" ] && line="$line, $(awk '{printf "%s ms median, %s TFLOP/s, %s", $1, $2, $3}' <<<"$ms")"
-  grep -qE '^[0-9]+ passed, [0-9]+ failed' <<<"$out" && line="$line, self-test $(grep -oE '^[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -n 1)"
+  [ -n "$st" ] && line="$line, self-test $st"
   [ "$rc" -ne 0 ] && [ -n "$err" ] && line="$line; stderr: $err"
-  echo "$line"
-  summary+=("$line")
+  echo "$line" | tee "$tmp/summary.$n"
+  if [ "$answer" != - ]; then
+    local cmd ms_ tf_ status_
+    read -r ms_ tf_ status_ <<<"$ms"
+    # the program as the learner names it: build/<stage>
+    cmd=${CMD:-$(printf '%s' "$*" | sed -E -e "s|$tmp/s7t4/build/|build/t4/|" -e "s|$tmp/[a-z0-9]+/build/|build/|")}
+    printf '%s\n' "$answer" "$label" "$cmd" "$rc" "${ms_:--}" "${tf_:--}" "${status_:--}" "${st:--}" "${NOTE:--}" "$gpu" "$commit" |
+      sed -e 's/"/""/g' -e 's/.*/"&"/' | paste -sd, >"$tmp/row.$n"
+  fi
 }
 
-# ---- stage 1, exercise 4: the causal skip (last_row = N - 1: every key tile visited)
-if variant s1 stage1_scalar_flash ""; then
-  measure "stage 1 default, fa2 shape, non-causal" 300 "$p" $FA2 --bench --csv
-  measure "stage 1 default, fa2 shape, causal" 300 "$p" $FA2 --causal --bench --csv
-fi
-if variant s1noskip stage1_scalar_flash 's|const int last_row = min(q0 + BR, N) - 1;|const int last_row = N - 1;|'; then
-  measure "stage 1 ex4 (last_row = N - 1), fa2 shape, causal" 300 "$p" $FA2 --causal --bench --csv
-  measure "stage 1 ex4 (last_row = N - 1), --self-test" 600 "$p" --self-test
-fi
+# in the background, for the self-tests (CPU-bound: side by side)
+measure_bg() { seq=$((seq + 1)); local s=$seq; (seq=$((s - 1)); measure "$@" >/dev/null) & seq=$s; }
 
-# ---- stage 2, exercise 3: Q_PAD = 16 and 4
-if variant s2 stage2_smem_tiling ""; then
-  measure "stage 2 default (Q_PAD = 8), fa2 shape" 300 "$p" $FA2 --bench --csv
-  measure "stage 2 nopad, fa2 shape" 300 "$p" $FA2 --bench --csv --variant nopad
-fi
-if variant s2pad16 stage2_smem_tiling 's|^constexpr int Q_PAD = 8;|constexpr int Q_PAD = 16;|'; then
-  measure "stage 2 ex3 Q_PAD = 16, fa2 shape" 300 "$p" $FA2 --bench --csv
-  measure "stage 2 ex3 Q_PAD = 16, fa2 shape, --smem-limit 65536" 300 "$p" $FA2 --bench --csv --smem-limit 65536
-  measure "stage 2 ex3 Q_PAD = 16, --self-test" 600 "$p" --self-test
-fi
-if variant s2pad4 stage2_smem_tiling 's|^constexpr int Q_PAD = 8;|constexpr int Q_PAD = 4;|'; then
-  measure "stage 2 ex3 Q_PAD = 4, fa2 shape" 300 "$p" $FA2 --bench --csv
-fi
+# ---- the builds, side by side
+prepare s1 stage1_scalar_flash attention.cu ""
+prepare s1noskip stage1_scalar_flash attention.cu 's|const int last_row = min(q0 + BR, N) - 1;|const int last_row = N - 1;|'
+prepare s2 stage2_smem_tiling attention.cu ""
+prepare s2pad16 stage2_smem_tiling attention.cu 's|^constexpr int Q_PAD = 8;|constexpr int Q_PAD = 16;|'
+prepare s2pad4 stage2_smem_tiling attention.cu 's|^constexpr int Q_PAD = 8;|constexpr int Q_PAD = 4;|'
+prepare s3 stage3_cp_async attention.cu ""
+[ -n "$hopper" ] && prepare s6 stage6_hopper attention.cu ""
+prepare s7 stage7_backward attention.cu ""
+# stage 7 exercise 4: PTX for the T4 (compute_75), run here by the driver's JIT
+prepare s7t4 stage7_backward attention.cu "" compute_75
+# stage 7 exercise 5: the barrier after store_score_gradients() in backward_kernel() deleted
+prepare s7nobar stage7_backward registers_kernel.cuh '/__syncthreads();  \/\/ dS_smem written by every warp, visible to all/d'
+# stage 7 exercise 6: no mask in probabilities_t()
+prepare s7nomask stage7_backward registers_kernel.cuh 's|const bool off = mask && (|const bool off = false \&\& (|'
+wait
 
-# ---- stage 3, exercise 3: double buffering's shared memory
-if variant s3 stage3_cp_async ""; then
+# ---- the timed runs, one at a time
+# stage 1, exercise 4: the causal skip (last_row = N - 1: every key tile visited)
+if ready s1 stage1_scalar_flash; then
+  measure - "stage 1 default, fa2 shape, non-causal" 300 "$p" $FA2 --bench --csv --check 0
+  measure - "stage 1 default, fa2 shape, causal" 300 "$p" $FA2 --causal --bench --csv --check 0
+fi
+ready s1noskip stage1_scalar_flash && s1noskip=$p &&
+  measure - "stage 1 ex4 (last_row = N - 1), fa2 shape, causal" 300 "$p" $FA2 --causal --bench --csv --check 0
+# stage 2, exercise 3: Q_PAD = 16 and 4
+if ready s2 stage2_smem_tiling; then
+  measure - "stage 2 default (Q_PAD = 8), fa2 shape" 300 "$p" $FA2 --bench --csv --check 0
+  measure - "stage 2 nopad, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0 --variant nopad
+fi
+if ready s2pad16 stage2_smem_tiling; then
+  s2pad16=$p
+  measure - "stage 2 ex3 Q_PAD = 16, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0
+  measure - "stage 2 ex3 Q_PAD = 16, fa2 shape, --smem-limit 65536" 300 "$p" $FA2 --bench --csv --check 0 --smem-limit 65536
+fi
+ready s2pad4 stage2_smem_tiling && measure - "stage 2 ex3 Q_PAD = 4, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0
+# stage 3, exercise 3: double buffering's shared memory
+if ready s3 stage3_cp_async; then
   for lim in "" 65536 50000; do
     for v in default sync; do
-      measure "stage 3 $v, fa2 shape${lim:+, --smem-limit $lim}" 300 "$p" $FA2 --bench --csv --variant $v ${lim:+--smem-limit $lim}
+      measure - "stage 3 $v, fa2 shape${lim:+, --smem-limit $lim}" 300 "$p" $FA2 --bench --csv --check 0 --variant $v ${lim:+--smem-limit $lim}
     done
   done
 fi
 
-# ---- stage 6, exercise 5: --smem-limit picks no other layout (Hopper only)
-if [ "$cc" = 90 ]; then
-  if variant s6 stage6_hopper ""; then
-    measure "stage 6 ex5, --seq 1024 --dim 128 --bench --smem-limit 200000" 120 "$p" --seq 1024 --dim 128 --bench --smem-limit 200000
-  fi
-else
-  summary+=("stage 6 ex5: not run: sm_$cc is not Hopper")
+# stage 6 (Hopper only): exercise 5, --smem-limit picks no other layout; exercises 1, 2 and 6
+if [ -n "$hopper" ] && ready s6 stage6_hopper; then
+  measure - "stage 6 ex5, --seq 1024 --dim 128 --bench --smem-limit 200000" 120 "$p" --seq 1024 --dim 128 --bench --smem-limit 200000
+  for v in nooverlap nopingpong default; do
+    measure s6e1 "$v, B = 1, H = 16, N = 16,384, D = 128" 120 "$p" --batch 1 --heads 16 --seq 16384 --dim 128 --bench --csv --check 0 --variant $v
+  done
+  for d in 128 64; do
+    for v in default nopersistent; do
+      measure s6e2 "$v, B = 16, H = 16, N = 1,024, D = $d, causal" 120 "$p" --batch 16 --heads 16 --seq 1024 --dim $d --causal --bench --csv --check 0 --variant $v
+    done
+  done
+  for shape in "--seq 4096 --dim 128" "--seq 16384 --dim 128 --causal" "--seq 1024 --dim 128"; do
+    for v in default nosplit; do
+      label="$v, B = H = 1, N = $(sed -E 's/.*--seq ([0-9]+).*/\1/' <<<"$shape"), D = 128$(grep -q causal <<<"$shape" && echo ', causal')"
+      measure s6e6 "$label" 120 "$p" $shape --bench --csv --check 0 --variant $v
+    done
+  done
+elif [ -z "$hopper" ]; then
+  seq=$((seq + 1)); echo "stage 6 exercises 1, 2, 5, 6: not run: sm_$cc is not Hopper" >"$tmp/summary.$(printf %03d $seq)"
 fi
 
+# stage 7: exercises 2 (two layouts), 3 (determinism), 4 (the T4 path), 7 (atomics or the TMA unit)
+S7A="--batch 1 --heads 16 --seq 16384 --dim 128"
+S7B="--batch 1 --heads 32 --seq 16384 --dim 64"
+if ready s7 stage7_backward; then
+  s7=$p
+  for shape in "$S7A" "$S7B"; do
+    label="B = 1, H = $(awk '{print $4}' <<<"$shape"), N = 16,384, D = $(awk '{print $8}' <<<"$shape")"
+    for v in default registers; do measure s7e2 "$v, $label" 180 "$p" $shape --bench --csv --check 0 --variant $v; done
+    for v in default deterministic; do measure s7e3 "$v, $label" 180 "$p" $shape --bench --csv --check 0 --variant $v; done
+  done
+  # exercise 3's second part: two runs of one shape, their dQ and dK files compared
+  for v in default deterministic; do
+    rcs=0
+    for r in a b; do
+      (cd "$tmp" && timeout 120 "$p" --batch 2 --heads 8 --seq 3000 --dim 128 --causal --variant $v --dq "dq_$v$r.npy" --dk "dk_$v$r.npy" >/dev/null 2>&1)
+      rc=$?; [ "$rc" -gt "$rcs" ] && rcs=$rc
+    done
+    for g in dq dk; do
+      if [ -s "$tmp/${g}_${v}a.npy" ] && [ -s "$tmp/${g}_${v}b.npy" ]; then
+        n=$(cmp -l "$tmp/${g}_${v}a.npy" "$tmp/${g}_${v}b.npy" 2>/dev/null | wc -l)
+        [ "$n" -eq 0 ] && what="identical" || what="$n bytes differ"
+      else
+        what="not written"
+      fi
+      CMD="build/stage7_backward --batch 2 --heads 8 --seq 3000 --dim 128 --causal --variant $v --dq dq_${v}{a,b}.npy --dk dk_${v}{a,b}.npy" \
+        NOTE="two runs: ${g} files $what" measure s7e3 "$v, B = 2, H = 8, N = 3,000, D = 128, causal: two runs' $g compared" 120 bash -c "exit $rcs"
+    done
+  done
+  # exercise 4: --smem-limit 65536 on the native build
+  measure s7e4 "native (sm_$cc), --smem-limit 65536, B = 1, H = 16, N = 16,384, D = 128" 180 "$p" $S7A --bench --csv --check 0 --smem-limit 65536
+  # exercise 7 (Hopper): dQ by the warps' atomics against the TMA unit's reductions
+  if [ -n "$hopper" ]; then
+    for v in default atomics; do
+      measure s7e7 "$v, B = 1, H = 16, N = 16,384, D = 128" 180 "$p" $S7A --bench --csv --check 0 --variant $v
+    done
+  fi
+fi
+if ready s7t4 stage7_backward; then
+  s7t4=$p
+  measure s7e4 "compute_75 PTX, --smem-limit 65536, B = 1, H = 16, N = 16,384, D = 128" 300 "$p" $S7A --bench --csv --check 0 --smem-limit 65536
+fi
+
+# ---- the self-tests, side by side (CPU-bound)
+ready s7nobar stage7_backward && s7nobar=$p
+ready s7nomask stage7_backward && s7nomask=$p
+[ -n "${s1noskip:-}" ] && measure_bg - "stage 1 ex4 (last_row = N - 1), --self-test" 600 "$s1noskip" --self-test
+[ -n "${s2pad16:-}" ] && measure_bg - "stage 2 ex3 Q_PAD = 16, --self-test" 600 "$s2pad16" --self-test
+[ -n "${s7t4:-}" ] && measure_bg s7e4 "compute_75 PTX, --self-test --smem-limit 65536" 600 "$s7t4" --self-test --smem-limit 65536
+[ -n "${s7nobar:-}" ] && measure_bg s7e5 "backward_kernel() without the barrier after store_score_gradients(), --self-test --variant registers" 600 "$s7nobar" --self-test --variant registers
+[ -n "${s7nomask:-}" ] && measure_bg s7e6 "probabilities_t() without the mask, --self-test --variant registers" 600 "$s7nomask" --self-test --variant registers
+wait
+
+# ---- the answers' CSVs, the summary
+for s in 6:stage6_hopper 7:stage7_backward; do
+  rows=$(cat "$tmp"/row.* 2>/dev/null | grep "^\"s${s%%:*}e" || true)
+  [ -n "$rows" ] || continue
+  out=${s#*:}/measured/${slug}_answers.csv
+  { echo "$header"; printf '%s\n' "$rows"; } >"$out"
+  echo "measure_answers.sh: wrote $out ($(printf '%s\n' "$rows" | wc -l) rows); python3 plots/answers.py writes them into the lessons"
+done
 echo
 echo "== summary (measured on $gpu)"
-printf '%s\n' "${summary[@]}"
+cat "$tmp"/summary.*

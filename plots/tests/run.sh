@@ -412,5 +412,68 @@ check "sdpa_baseline.py --backends sdpa_mem_efficient --passes bwd plans 35 runs
 check "sdpa_baseline.py --backends with an unknown name: exit 2" \
     bash -c "python3 $T/../sdpa_baseline.py $SCRATCH/s.csv --dry-run --backends sdpa_magic >/dev/null 2>&1; [ \$? -eq 2 ]"
 
+# ---- make tables on a GPU other than the reference one: the lessons and the top README stay as
+# they are (their prose argues from the reference run), and plots/<gpu>/TABLES.md holds that GPU's
+# tables; on the reference GPU the lessons are rewritten from plots/h200/results.csv as before
+if command -v make >/dev/null 2>&1; then
+    R=$SCRATCH/gpu_repo
+    mkdir -p "$R"
+    cp -r plots README.md "$R/"
+    for d in stage*/; do mkdir -p "$R/$d" && cp "$d/README.md" "$R/$d/"; done
+    mkdir -p "$R/plots/fake-gpu" && cp $T/fixture.csv "$R/plots/fake-gpu/results.csv"
+    before=$(cd "$R" && cat README.md stage*/README.md | cksum)
+    if make -s -C "$R" -f plots/plots.mk tables GPU_NAME="NVIDIA Fake GPU" >"$SCRATCH/fake.out" 2>&1; then
+        check "make tables on a non-reference GPU leaves the lessons and the top README untouched" \
+            [ "$(cd "$R" && cat README.md stage*/README.md | cksum)" = "$before" ]
+        check "make tables on a non-reference GPU writes plots/<gpu>/TABLES.md with every stage's tables from its CSV" \
+            bash -c "[ \$(grep -c -F 'Measured on NVIDIA H100 80GB HBM3; from \`plots/fake-gpu/results.csv\`' '$R/plots/fake-gpu/TABLES.md') -ge 8 ] &&
+                     grep -q -x '<!-- results:stage7:begin -->' '$R/plots/fake-gpu/TABLES.md'"
+        check "make tables on a non-reference GPU names the page" grep -q 'plots/fake-gpu/TABLES.md' "$SCRATCH/fake.out"
+        # its stage 3 section is what update_readme.sh writes into a lesson from the same CSV
+        printf '<!-- results:stage3:begin -->\n<!-- results:stage3:end -->\n' >"$SCRATCH/l3.md"
+        plots/update_readme.sh "$R/plots/fake-gpu/results.csv" "$SCRATCH/l3.md" 2>/dev/null
+        check "TABLES.md's stage 3 section is the lesson's section for that CSV" \
+            bash -c "awk '/^<!-- results:stage3:begin -->\$/,/^<!-- results:stage3:end -->\$/' '$R/plots/fake-gpu/TABLES.md' |
+                     sed 's|$R/||' | diff - <(sed 's|$R/||' '$SCRATCH/l3.md')"
+    else
+        bad "make tables GPU_NAME='NVIDIA Fake GPU'"
+        sed 's/^/      /' "$SCRATCH/fake.out" | head -n 20
+    fi
+    # the reference GPU: its CSV rewrites the lessons (here: the committed results, so no change)
+    if make -s -C "$R" -f plots/plots.mk tables GPU_NAME="NVIDIA H200" >"$SCRATCH/ref.out" 2>&1; then
+        check "make tables on the reference GPU writes no TABLES.md" [ ! -e "$R/plots/h200/TABLES.md" ]
+    else
+        bad "make tables GPU_NAME='NVIDIA H200'"
+        sed 's/^/      /' "$SCRATCH/ref.out" | head -n 20
+    fi
+else
+    skip "make tables on a non-reference GPU: make is not installed"
+fi
+
+# ---- answers.py: an exercise's answer block takes its table from the answers' CSV; a block with
+# no rows, and everything outside the blocks, stay as they were
+if command -v python3 >/dev/null 2>&1; then
+    A=$SCRATCH/answers_repo
+    mkdir -p "$A/plots" "$A/stage7_backward/measured"
+    cp plots/answers.py "$A/plots/"
+    printf '# t\n\nProse.\n<!-- results:answer-s7e2:begin -->\nold 2\n<!-- results:answer-s7e2:end -->\nMore.\n<!-- results:answer-s7e3:begin -->\nold 3\n<!-- results:answer-s7e3:end -->\n' \
+        >"$A/stage7_backward/README.md"
+    { echo 'answer,label,command,rc,ms_median,tflops,status,self_test,note,gpu,commit'
+      echo '"s7e2","default, B = 1","build/stage7_backward --variant default","0","2.000","300.0","ok","-","-","NVIDIA H200","abc1234"'
+      echo '"s7e2","registers, B = 1","build/stage7_backward --variant registers","0","2.500","240.0","ok","-","-","NVIDIA H200","abc1234"'
+    } >"$A/stage7_backward/measured/h200_answers.csv"
+    python3 "$A/plots/answers.py" >"$SCRATCH/answers.out" 2>&1
+    check "answers.py writes an answer's table from the CSV, its ratio to the default's time" \
+        grep -q -F '| registers, B = 1 | `build/stage7_backward --variant registers` | 2.500 | 240.0 | 1.250 | exit 0 |' "$A/stage7_backward/README.md"
+    check "answers.py leaves a block without rows, and the prose, as they were" \
+        bash -c "grep -q -x 'old 3' '$A/stage7_backward/README.md' && ! grep -q -x 'old 2' '$A/stage7_backward/README.md' &&
+                 grep -q -x 'More.' '$A/stage7_backward/README.md'"
+    cp "$A/stage7_backward/README.md" "$SCRATCH/answers.once"
+    python3 "$A/plots/answers.py" >/dev/null 2>&1
+    check "answers.py is idempotent" cmp "$SCRATCH/answers.once" "$A/stage7_backward/README.md"
+else
+    skip "answers.py: python3 is not installed"
+fi
+
 echo "$PASS passed, $FAILED failed, $SKIPPED skipped"
 [ $FAILED = 0 ]

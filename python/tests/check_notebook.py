@@ -3,7 +3,7 @@
 code cell plain Python that compiles (no IPython magics, so it also runs as a script), and the
 lab's shape: the first cell takes a pasted REPO_URL or an uploaded ARCHIVE, every lesson is
 linked, every code cell is followed by a "What to look for" note except the two exercises the
-notebook ends with. The notebook itself runs on a GPU: python/tests/run_notebook.py executes it
+notebook ends with, and their answers, one <details> fold each, in the last cell. The notebook itself runs on a GPU: python/tests/run_notebook.py executes it
 headless, and its --fresh checks run the first cells as a fresh user would."""
 
 import json
@@ -41,8 +41,14 @@ def main() -> int:
             problems.append(f"no link to the lesson {lesson.parent.name}/README.md")
     exercises = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
                  and re.search(r"^## Exercise \d", "".join(c["source"]), re.M)]
-    if len(exercises) != 2 or cells[-1]["cell_type"] != "code" or cells[-2] is not cells[exercises[-1]]:
-        problems.append("the notebook must end with two exercises (a '## Exercise N' note and its cell)")
+    if len(exercises) != 2 or len(cells) < 3 or cells[-2]["cell_type"] != "code" or \
+            cells[-3] is not cells[exercises[-1]]:
+        problems.append("the notebook must end with two exercises (a '## Exercise N' note and its "
+                        "cell), then their answers")
+    answers = "".join(cells[-1]["source"]) if cells and cells[-1]["cell_type"] == "markdown" else ""
+    if not answers.startswith("## Answers") or answers.count("<details>") != 2 or \
+            answers.count("</details>") != 2:
+        problems.append("the last cell must be '## Answers', one folded <details> answer per exercise")
     body = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
             and not (exercises and i > exercises[0])]
     for n, i in enumerate(body, 1):
