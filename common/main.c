@@ -48,6 +48,7 @@
 #define SLOW_MS 1000.0  /* unless one launch takes longer than this: then ... */
 #define SLOW_REPEATS 3  /* ... this many launches */
 #define MAX_REPEATS 10000
+#define MOVE_ROWS_SERIAL_BYTES (8 << 20) /* host copies below this size stay on one thread */
 /* The stages with a backward pass, named where a forward-only stage is asked for one (the
  * Makefile passes them from the stages' stage.mk declarations). */
 #ifndef ATTN_BACKWARD_STAGES
@@ -596,7 +597,9 @@ static void move_rows(const options *o, int buf, void *host, void *img, rows_mov
     const int heads = key_tensor(buf) ? s->H_kv : s->H, rows = key_tensor(buf) ? s->N_k : s->N;
     const size_t esz = esz_of(), row_bytes = (size_t)s->D * esz, off = offset_of(o, buf);
     const long long all = (long long)s->B * heads * rows;
-#pragma omp parallel for schedule(static)
+    /* threads only where there is work for them: the self-test's small cases run three programs
+     * side by side, where idle OpenMP threads spinning at a barrier cost more than the copy */
+#pragma omp parallel for schedule(static) if (all * (long long)row_bytes > MOVE_ROWS_SERIAL_BYTES)
     for (long long r = 0; r < all; r++) {
         const long long b = r / ((long long)heads * rows), h = r / rows % heads, i = r % rows;
         char *at = (char *)img + (off + b * l->batch + h * l->head + i * l->row) * esz;
@@ -765,7 +768,8 @@ static float *download(const options *o, const void *dev_buf, int buf, void **ra
     long long written = 0;
     if (span != count) { /* a strided layout: its gaps must still hold the poison */
         move_rows(o, buf, NULL, img, ROWS_ERASE);
-#pragma omp parallel for reduction(+ : written) schedule(static)
+#pragma omp parallel for reduction(+ : written) schedule(static) \
+    if (span * esz > MOVE_ROWS_SERIAL_BYTES)
         for (long long x = 0; x < (long long)(span * esz); x++) written += img[x] != 0xff;
     }
     *stray = written;
