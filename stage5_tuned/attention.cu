@@ -225,31 +225,20 @@ __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS
     const __half *from = src + rows_offset(row0, ld) + chunk0 * CHUNK_HALVES;
     const size_t step = (size_t)STEP * ld;  // elements from one of this thread's rows to the next
     constexpr int CHUNKS = chunks_per_thread(ROWS, D, THREADS);
-#if __CUDA_ARCH__ >= 800
-    // cp.async: one address walked down this thread's rows in a loop, not one per chunk: the
-    // rows are a runtime stride apart (strided tensors), so unrolled, every chunk would hold a
-    // 64-bit address of its own where at D = 128 the registers are already all in use.
-    const bool full = rows_left >= ROWS;  // every tile but the last: nothing to check
-#pragma unroll 1
-    for (int i = 0; i < CHUNKS; ++i, from += step) {
-        const bool valid = full || row0 + i * STEP < rows_left;
-        // rows past N: zero-filled, their source address replaced by row 0 (inside N)
-        copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from : src, valid);
-    }
-#else
+    // Each chunk's source is the one before it plus the stride of STEP rows: one 64-bit address
+    // advanced down this thread's rows (the rows are a runtime stride apart, strided tensors),
+    // so that no chunk holds an address of its own across the others.
     if (rows_left >= ROWS) {  // every tile but the last: nothing to check
 #pragma unroll
-        for (int i = 0; i < CHUNKS; ++i)
-            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from + i * step, true);
+        for (int i = 0; i < CHUNKS; ++i, from += step)
+            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from, true);
     } else {  // rows past N: zero-filled, their source address replaced by row 0 (inside N)
 #pragma unroll
-        for (int i = 0; i < CHUNKS; ++i) {
+        for (int i = 0; i < CHUNKS; ++i, from += step) {
             const bool valid = row0 + i * STEP < rows_left;
-            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from + i * step : src,
-                       valid);
+            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from : src, valid);
         }
     }
-#endif
     cp_async_commit();
 }
 

@@ -514,12 +514,14 @@ def _plan(stage: str, backward: bool, shape, device: int, dtype, causal: bool, s
     torch = _torch()
     if device is None:
         device = torch.cuda.current_device()
-    if stage == "auto":
-        stage = _auto_stage(device)
     geometry = tuple(shape)
     if len(geometry) == 4:
         B, H, N, D = (int(x) for x in geometry)
         geometry = (B, H, N, D, H, N, None)
+    if stage == "auto":
+        B, H, N, D, H_kv, N_k, _ = geometry
+        asks = (TAKES_BF16 if dtype == torch.bfloat16 else 0) | (TAKES_GQA if H_kv != H else 0)
+        stage = _auto_stage(device, asks | (TAKES_N_K if N_k != N else 0))
     key = (stage, backward, geometry, device, dtype, causal, scale, variant, smem_limit,
            os.environ.get("FLASHCOURSE_LIB_DIR"))
     p = _plans.get(key)
@@ -716,9 +718,36 @@ def auto_stage(device=None) -> str:
     return _auto_stage(torch.cuda.current_device() if index is None else index)
 
 
-def _auto_stage(device: int) -> str:
-    """stage="auto": the Hopper stage where its library is built and runs on this device, else
-    stage 5. Asked once per device."""
+def _asks(q, k) -> int:
+    """What q, k ask of a stage beyond the plain case, strides aside (TAKES_* bits)."""
+    asks = TAKES_BF16 if q.dtype == _torch().bfloat16 else 0
+    asks |= TAKES_GQA if k.shape[1] != q.shape[1] else 0
+    return asks | (TAKES_N_K if k.shape[2] != q.shape[2] else 0)
+
+
+def _takes_strides(stage: str, backward_stage: Optional[str]) -> bool:
+    """Whether the stage's forward (and the backward stage's backward, if given) take strided
+    tensors."""
+    if not _stage(stage).stage.takes & TAKES_STRIDES:
+        return False
+    return backward_stage is None or bool(_stage(backward_stage).stage.backward_takes &
+                                          TAKES_STRIDES)
+
+
+def _auto_stage(device: int, asks: int = 0) -> str:
+    """stage="auto": the Hopper stage where its library is built, runs on this device and takes
+    what the inputs ask (asks: TAKES_* bits), else stage 5."""
+    found = _auto.get(device)
+    if found is not None and asks and found == HOPPER_STAGE:
+        return found if _stage(found).stage.takes & asks == asks else FORWARD_STAGE
+    if found is not None:
+        return found
+    found = _auto_probe(device)
+    return _auto_stage(device, asks)
+
+
+def _auto_probe(device: int) -> str:
+    """Whether the Hopper stage runs on this device, asked once per device."""
     found = _auto.get(device)
     if found is None:
         found = FORWARD_STAGE
@@ -749,7 +778,7 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
     torch = _torch()
     _check_tensors(stage, (("q", q), ("k", k), ("v", v)))
     if eager and stage == "auto":  # (under torch.compile the operators resolve it: _plan)
-        stage = _auto_stage(_device_of(q))
+        stage = _auto_stage(_device_of(q), _asks(q, k))
     causal = _check_causal(causal)
     scale = _scale_checked(scale, int(q.shape[-1]))
     sl = _smem_limit(smem_limit)
@@ -762,6 +791,14 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
                         "it under torch.no_grad() or with detached tensors")
     if grad and not (isinstance(backward_stage, str) and isinstance(backward_variant, str)):
         raise TypeError("backward_stage and backward_variant are names (str)")
+    # A stage that does not take strided tensors (or whose backward pass does not, with
+    # gradients) gets contiguous copies; under torch.compile, which traces no library call, any
+    # strided input is copied.
+    strided = not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
+    copy = strided and (not eager or not _takes_strides(stage, backward_stage if grad else None))
+    keys = (q, k, v)  # the cache's key: the tensors as given
+    if copy:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if not eager:  # (under torch.compile the operators make the library's checks as they trace)
         from . import _ops
         return _ops.forward(q, k, v, causal, scale, stage, variant, sl, backward_stage,
@@ -774,9 +811,12 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
     bp = _plan(backward_stage, True, _backward_geometry(q, k, v), dev, q.dtype, causal, scale,
                backward_variant, sl, who=stage) if grad else None
     call = _make_call(fp, bp, stage)
+    if copy:
+        run = call
+        call = lambda q, k, v: run(q.contiguous(), k.contiguous(), v.contiguous())  # noqa: E731
     if given[1] is None or type(given[1]) in (int, float):  # (a 0-d tensor hashes by identity)
         try:
-            key = _call_key(q, k, v, *given, backward_stage, backward_variant, grad)
+            key = _call_key(*keys, *given, backward_stage, backward_variant, grad)
         except TypeError:  # an unhashable argument: checked every call
             key = None
         if key is not None:
