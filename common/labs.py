@@ -43,6 +43,7 @@ usage: labs.py lab STAGE [--restart]          write labs/<stage>/ (never over a 
 """
 
 import argparse
+import fcntl
 import hashlib
 import os
 import re
@@ -322,11 +323,22 @@ def make_tree(where, sdir, override):
 def build(job, sdir, arch, log):
     """Builds one job's program with the repository's Makefile. Returns (ok, program path)."""
     base = job["dir"]
+    base.parent.mkdir(parents=True, exist_ok=True)
+    with open(base.with_suffix(".lock"), "w") as lock:  # one build at a time in a folder (two
+        fcntl.flock(lock, fcntl.LOCK_EX)                # grades side by side may share it)
+        return build_locked(job, sdir, arch, log)
+
+
+def build_locked(job, sdir, arch, log):
+    base = job["dir"]
     make_tree(base / "src", sdir, job["files"])
     os.utime(base)  # used now (prune keeps the latest)
     out = base / "out"
-    if not out.exists() and job.get("seed"):  # the common objects (and a forward pass) built
-        shutil.copytree(job["seed"], out, copy_function=shutil.copy2, symlinks=True)
+    seed = job.get("seed")
+    if not out.exists() and seed and seed.exists():  # the common objects (and a forward pass)
+        with open(seed.parent.with_suffix(".lock"), "w") as lock:  # not while it is rebuilt
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            shutil.copytree(seed, out, copy_function=shutil.copy2, symlinks=True)
     cmd = ["make", "--no-print-directory", "-C", str(base / "src"), f"BUILD={out}",
            f"ARCH={arch}", str(out / sdir.name)]
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
@@ -440,6 +452,7 @@ def prune(build_root):
     for d in dirs[:-KEEP_BUILDS]:
         shutil.rmtree(d, ignore_errors=True)
         d.with_suffix(".log").unlink(missing_ok=True)
+        d.with_suffix(".lock").unlink(missing_ok=True)
 
 
 def cmd_grade(args):

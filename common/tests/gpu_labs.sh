@@ -11,10 +11,12 @@
 # Stage 6 runs only on sm_90a: on another GPU step 1 must say so (unsupported here), and steps
 # 2-3 are skipped.
 # QUICK=1 (the quick proof, about 6 minutes for stages 4-7 on an H200): the stages run side by
-# side, each in its own labs folder, and steps 3 and 4 grade with make grade QUICK=1 (the two
-# quick cases, no self-test, no timing): what it skips is the self-test of the wrongly filled
-# lab's other holes (the quick cases still pass them) and of the T4 run of step 4 (step 2 ran
-# stage 5's T4 path with the self-test). Steps 1 and 2 are the same in both modes.
+# side, and in each, steps 1 and 3 beside step 2 (each step has its own labs folder; a build of
+# the same content is shared, make grade builds it once); steps 3 and 4 grade with make grade
+# QUICK=1 (the two quick cases, no self-test, no timing): what it skips is the self-test of the
+# wrongly filled lab's other holes (the quick cases still pass them) and of the T4 run of step 4
+# (step 2 ran stage 5's T4 path with the self-test). Steps 1 and 2 are the same in both modes,
+# but side by side their times (step 2's speed too) are those of a shared machine.
 # The labs go to a folder of their own (LABS=), never the learner's labs/.
 # usage: common/tests/gpu_labs.sh [STAGE...]     (LIMIT=60, QUICK=0 by default)
 set -u
@@ -43,19 +45,20 @@ wrong() {
   esac
 }
 
-# one stage's steps; its lines go to $top/<n>.out, its results to $top/<n>.sum ("ok"/"FAIL" lines)
-run_stage() {
-  local n=$1 dir L tmp lab_files cc
+# step N STEP: one step of stage N in its own labs folder ($top/labs<N>-<STEP>); its lines go to
+# stdout, its results to $top/<N>-<STEP>.sum ("ok"/"FAIL" lines)
+step() {
+  local n=$1 s=$2 dir L tmp lab_files cc
   dir=$(ls -d stage"$n"_* | head -n 1)
-  L=$top/labs$n tmp=$top/tmp$n
+  L=$top/labs$n-$s tmp=$top/tmp$n-$s
   mkdir -p "$tmp"
-  say() { echo "$*" >>"$top/$n.sum"; echo "$*"; }
+  say() { echo "$*" >>"$top/$n-$s.sum"; echo "$*"; }
   ok() { say "ok    $*"; }
   bad() { say "FAIL  $*"; sed 's/^/      /' "$tmp/out" | tail -n 20; }
   grade() { # grade SECONDS [make args...]: make grade under a timeout, output in $tmp/out
     local secs=$1; shift
     local t0; t0=$(date +%s)
-    timeout "$secs" env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory grade STAGE="$n" LABS="$L" "$@" >"$tmp/out" 2>&1
+    timeout "$secs" env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u QUICK make --no-print-directory grade STAGE="$n" LABS="$L" "$@" >"$tmp/out" 2>&1
     rc=$? took=$(($(date +%s) - t0))
     cat "$tmp/out"
   }
@@ -65,56 +68,75 @@ run_stage() {
   env -u MAKEFLAGS make --no-print-directory lab STAGE="$n" LABS="$L" >/dev/null || { bad "make lab STAGE=$n"; return; }
   lab_files=$(cd "$L/$dir" && ls)
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
-  # 1. unfilled
-  grade 900
-  run_s=$(grep -m 1 -oE '^  yours: FAIL \(build [0-9]+ s, run [0-9]+ s\)' "$tmp/out" | grep -oE 'run [0-9]+' | grep -oE '[0-9]+')
-  if [ "$rc" -eq 124 ]; then
-    bad "stage $n, unfilled lab: make grade did not finish in 900 s"
-  elif [ "${dir#stage6_}" != "$dir" ] && [ "$cc" != 90 ]; then
-    if [ "$rc" -ne 0 ] && grep -q 'unsupported here' "$tmp/out"; then
-      ok "stage $n on sm_$cc: make grade says it cannot run here (sm_90a only): $(grep -m 1 -o 'unsupported here.*' "$tmp/out" | cut -c1-120); steps 2-3 skipped"
+  if [ "${dir#stage6_}" != "$dir" ] && [ "$cc" != 90 ] && [ "$s" != 1 ]; then
+    return  # stage 6 on another GPU: step 1 says it is unsupported, the rest cannot run
+  fi
+  case $s in
+  1) # the unfilled lab
+    grade 900
+    run_s=$(grep -m 1 -oE '^  yours: FAIL \(build [0-9]+ s, run [0-9]+ s\)' "$tmp/out" | grep -oE 'run [0-9]+' | grep -oE '[0-9]+')
+    if [ "$rc" -eq 124 ]; then
+      bad "stage $n, unfilled lab: make grade did not finish in 900 s"
+    elif [ "${dir#stage6_}" != "$dir" ] && [ "$cc" != 90 ]; then
+      if [ "$rc" -ne 0 ] && grep -q 'unsupported here' "$tmp/out"; then
+        ok "stage $n on sm_$cc: make grade says it cannot run here (sm_90a only): $(grep -m 1 -o 'unsupported here.*' "$tmp/out" | cut -c1-120); steps 2-3 skipped"
+      else
+        bad "stage $n on sm_$cc: make grade should say the stage is unsupported here"
+      fi
+    elif [ "$rc" -ne 0 ] && grep -q '^Report card' "$tmp/out" && grep -q 'not started' "$tmp/out" &&
+      ! grep -q -E 'did not finish|crashed' "$tmp/out" && [ -n "$run_s" ] && [ "$run_s" -le "$limit" ]; then
+      ok "stage $n, unfilled lab: fails with a report card, its run in $run_s s (limit $limit s; $took s with the build), no hang, no crash: $(grep -m 1 -E '^  your file ' "$tmp/out" | sed 's/  */ /g' | cut -c1-140)"
     else
-      bad "stage $n on sm_$cc: make grade should say the stage is unsupported here"
+      bad "stage $n, unfilled lab: exit $rc after $took s (run ${run_s:-?} s): want a failing report card, its run within $limit s"
+    fi ;;
+  2) # the stage's own code
+    fill_solution
+    grade 900
+    if [ "$rc" -eq 0 ] && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out" && grep -q 'of the stage.s own kernel.s speed' "$tmp/out"; then
+      ok "stage $n, the solution: passes every hole and is timed ($took s; $(grep -o '[0-9.]* of the stage.s own kernel.s speed' "$tmp/out"))"
+    else
+      bad "stage $n, the solution: exit $rc after $took s: want every hole passing and a speed"
+    fi ;;
+  3) # one hole wrong on purpose
+    wrong "$n"
+    fill_solution
+    sed "$edit" "$dir/$file" >"$L/$dir/$file"
+    if cmp -s "$L/$dir/$file" "$dir/$file"; then
+      say "FAIL  stage $n: the wrong fill did not change $file (its sed is stale)"
+      return
     fi
-    return
-  elif [ "$rc" -ne 0 ] && grep -q '^Report card' "$tmp/out" && grep -q 'not started' "$tmp/out" &&
-    ! grep -q -E 'did not finish|crashed' "$tmp/out" && [ -n "$run_s" ] && [ "$run_s" -le "$limit" ]; then
-    ok "stage $n, unfilled lab: fails with a report card, its run in $run_s s (limit $limit s; $took s with the build), no hang, no crash: $(grep -m 1 -E '^  your file ' "$tmp/out" | sed 's/  */ /g' | cut -c1-140)"
-  else
-    bad "stage $n, unfilled lab: exit $rc after $took s (run ${run_s:-?} s): want a failing report card, its run within $limit s"
-  fi
-  # 2. the stage's own code
-  fill_solution
-  grade 900
-  if [ "$rc" -eq 0 ] && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out" && grep -q 'of the stage.s own kernel.s speed' "$tmp/out"; then
-    ok "stage $n, the solution: passes every hole and is timed ($took s; $(grep -o '[0-9.]* of the stage.s own kernel.s speed' "$tmp/out"))"
-  else
-    bad "stage $n, the solution: exit $rc after $took s: want every hole passing and a speed"
-  fi
-  # 3. one hole wrong on purpose
-  wrong "$n"
-  fill_solution
-  sed "$edit" "$dir/$file" >"$L/$dir/$file"
-  if cmp -s "$L/$dir/$file" "$dir/$file"; then
-    say "FAIL  stage $n: the wrong fill did not change $file (its sed is stale)"
-  else
     grade 900 $qarg
     others=$(grep -E '^  hole [0-9]+ ' "$tmp/out" | grep -v -E "^  hole $hole " | grep -c ' FAIL ')
     if [ "$rc" -ne 0 ] && grep -q -E "^  hole $hole .* FAIL +(first failing case|self-test)" "$tmp/out" && [ "$others" -eq 0 ]; then
       ok "stage $n, hole $hole filled wrong on purpose${qarg:+ ($qarg)}: caught and named ($took s): $(grep -E "^  hole $hole " "$tmp/out" | sed 's/  */ /g' | cut -c1-160)"
     else
       bad "stage $n, hole $hole filled wrong on purpose: exit $rc; want hole $hole FAIL with its first failing case, the others PASS"
-    fi
+    fi ;;
+  4) # the T4 path (stages 3 and 5: their sm_75 code is a hole of the lab)
+    fill_solution
+    grade 900 ARCH=compute_75 SMEM_LIMIT=65536 $qarg
+    if [ "$rc" -eq 0 ] && grep -q 'ARCH=compute_75, --smem-limit 65536' "$tmp/out" && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out"; then
+      ok "stage $n on the T4 path (ARCH=compute_75 SMEM_LIMIT=65536${qarg:+, $qarg}): the solution passes ($took s)"
+    else
+      bad "stage $n on the T4 path: exit $rc; want every hole passing"
+    fi ;;
+  esac
+}
+
+# run_stage N: the steps of stage N, one after the other (QUICK=1: steps 1 and 3 beside step 2,
+# whose build folders they share where the content is the same; step 4 after step 2)
+run_stage() {
+  local n=$1 steps=123
+  case $n in 3 | 5) steps=1234 ;; esac
+  if [ "$quick" = 0 ]; then
+    for s in $(echo $steps | grep -o .); do step "$n" "$s"; done
+    return
   fi
-  # 4. the T4 path (stages 3 and 5: their sm_75 code is a hole of the lab)
-  case $n in 3 | 5) ;; *) return ;; esac
-  fill_solution
-  grade 900 ARCH=compute_75 SMEM_LIMIT=65536 $qarg
-  if [ "$rc" -eq 0 ] && grep -q 'ARCH=compute_75, --smem-limit 65536' "$tmp/out" && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out"; then
-    ok "stage $n on the T4 path (ARCH=compute_75 SMEM_LIMIT=65536${qarg:+, $qarg}): the solution passes ($took s)"
-  else
-    bad "stage $n on the T4 path: exit $rc; want every hole passing"
-  fi
+  step "$n" 1 >"$top/$n-1.out" 2>&1 &
+  step "$n" 3 >"$top/$n-3.out" 2>&1 &
+  { step "$n" 2; [ $steps = 1234 ] && step "$n" 4; } >"$top/$n-2.out" 2>&1
+  wait
+  cat "$top/$n-1.out" "$top/$n-2.out" "$top/$n-3.out"
 }
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || { echo "no GPU here"; exit 2; }
