@@ -56,8 +56,8 @@ done
 # ---- 1b. a lab with any one hole left as the TODO (the rest filled) compiles: the stage's folder
 # copied, the files with that hole's parts replaced, its attention.cu compiled with the Makefile's
 # nvcc command for the stage (-Xcicc -O0 added: the front end's warnings are errors all the same,
-# in seconds), for the one target whose code has the holes (lab_arch) and, where a hole is tagged
-# [sm80], compute_80 too
+# in seconds; LAB_JOBS=2 at a time), for the one target whose code has the holes (lab_arch) and,
+# where a hole is tagged [sm80], compute_80 too
 nvcc_cmd() { # nvcc_cmd STAGE_DIR ARCH: the Makefile's compile command of the stage, without -c/-o
   env -u MAKEFLAGS make -n --no-print-directory BUILD="$tmp/n$2" ARCH="$2" "$tmp/n$2/obj/$1.o" 2>/dev/null |
     grep -m 1 -- "-c $1/attention.cu -o" | sed -E 's/ -c [^ ]+ -o .*//'
@@ -65,6 +65,8 @@ nvcc_cmd() { # nvcc_cmd STAGE_DIR ARCH: the Makefile's compile command of the st
 lab_arch() { # stage 6 exists only as sm_90a code; stage 7's main kernel is compiled from sm_80 on
   case $1 in stage6_*) echo compute_90 ;; stage7_*) echo compute_80 ;; *) echo compute_75 ;; esac
 }
+jobs=${LAB_JOBS:-2}  # compiles at a time
+tasks=()
 for s in $stages; do
   sfiles=$(for f in $files; do [ "$(dirname "$f")" = "$s" ] && echo "$f"; done)
   archs=$(lab_arch "$s")
@@ -73,21 +75,27 @@ for s in $stages; do
     cmd=$(nvcc_cmd "$s" "$a")
     if [ -z "$cmd" ]; then bad "$s: no nvcc command from make -n for $a"; continue; fi
     for k in $(grep -ohE '// LAB HOLE [0-9]+ BEGIN' $sfiles | grep -oE '[0-9]+' | sort -un); do
-      d=$tmp/one$k
-      rm -rf "$d" && mkdir -p "$d/$s" && cp "$s"/*.cu "$d/$s/" && cp "$s"/*.cuh "$s"/*.h "$d/$s/" 2>/dev/null
+      i=${#tasks[@]} d=$tmp/one$i
+      mkdir -p "$d/$s" && cp "$s"/*.cu "$d/$s/" && cp "$s"/*.cuh "$s"/*.h "$d/$s/" 2>/dev/null
       in=""
       for f in $sfiles; do
         grep -qE "// LAB HOLE $k BEGIN" "$f" || continue
-        in="$in $(basename "$f")"
-        python3 $labs render "$f" >"$tmp/lab.$k" && python3 $labs fill "$tmp/lab.$k" "$f" --except "$k" >"$d/$f"
+        in="$in${in:+, }$(basename "$f")"
+        python3 $labs render "$f" >"$tmp/lab.$i" && python3 $labs fill "$tmp/lab.$i" "$f" --except "$k" >"$d/$f"
       done
-      if $cmd -Xcicc -O0 -c "$d/$s/attention.cu" -o "$d.o" >"$tmp/out" 2>&1; then
-        ok "$s: hole $k ($in) left as the TODO, the rest filled: compiles for $a, warnings as errors"
-      else
-        bad "$s: hole $k ($in) left as the TODO, the rest filled: does not compile for $a"
-      fi
+      echo "$cmd -Xcicc -O0 -c $d/$s/attention.cu -o $d.o" >"$tmp/cmd.$i"
+      tasks+=("$s: hole $k ($in) left as the TODO, the rest filled:|compiles for $a, warnings as errors|does not compile for $a")
     done
   done
+done
+for i in "${!tasks[@]}"; do  # $jobs at a time
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  (bash "$tmp/cmd.$i" >"$tmp/log.$i" 2>&1; echo $? >"$tmp/rc.$i") &
+done
+wait
+for i in "${!tasks[@]}"; do
+  IFS='|' read -r what yes no <<<"${tasks[$i]}"
+  if [ "$(cat "$tmp/rc.$i")" = 0 ]; then ok "$what $yes"; else cp "$tmp/log.$i" "$tmp/out"; bad "$what $no"; fi
 done
 
 # ---- 2. the grammar: each broken file refused, with its line
@@ -141,15 +149,23 @@ mk lab STAGE=0 LABS="$L"
 if [ $rc -ne 0 ] && grep -q "has no lab yet" "$tmp/out"; then ok "make lab STAGE=0: no lab there, said in one line"; else bad "make lab STAGE=0 (exit $rc) should say it has no lab"; fi
 
 # ---- 4. make grade with no GPU: each unfilled lab compiles; one line says what cannot run
+# (LAB_JOBS stages at a time, each in its own build folder)
 for s in $stages; do
   n=${s#stage}; n=${n%%_*}
   mk lab STAGE="$n" LABS="$L"
-  t0=$(date +%s)
-  mk grade STAGE="$n" LABS="$L" GPU_NAME=
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  (t0=$(date +%s); env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory grade STAGE="$n" LABS="$L" GPU_NAME= >"$tmp/grade.$n" 2>&1
+    echo "$? $(($(date +%s) - t0))" >"$tmp/grade_rc.$n") &
+done
+wait
+for s in $stages; do
+  n=${s#stage}; n=${n%%_*}
+  read -r rc took <"$tmp/grade_rc.$n"
+  cp "$tmp/grade.$n" "$tmp/out"
   lines=$(grep -c '' "$tmp/out")
   a=compute_75; [ "${s#stage6_}" != "$s" ] && a=compute_90  # labs.py's NO_GPU_ARCH
   if [ $rc -eq 0 ] && [ "$lines" -eq 1 ] && grep -q "no NVIDIA GPU here: .* compiles (ARCH=$a), but the self-test and the timing need a GPU" "$tmp/out"; then
-    ok "make grade STAGE=$n, the unfilled lab, no GPU: compiles, and one line says what it cannot run ($(($(date +%s) - t0)) s)"
+    ok "make grade STAGE=$n, the unfilled lab, no GPU: compiles, and one line says what it cannot run ($took s)"
   else
     bad "make grade STAGE=$n with no GPU (exit $rc, $lines lines): should compile and say so in one line"
   fi
