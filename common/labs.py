@@ -28,6 +28,10 @@ A stage's holes live in its own folder's files (a primitive of common/device/ is
 lab). labs/<stage>/ gets a copy of each file that has holes; the grader builds the stage from a
 tree of links to the repository in which those files are the learner's, with the Makefile, so a
 lab is compiled and linked exactly as the stage's own program (stage 7's forward included).
+Each program is built in build/lab/<stage>/ in a folder named by its target and a hash of its
+files: jobs of the same content (every hole of a lab filled with the stage's code, the stage's own
+program) are built and run once, a later grade finds them built, and a new folder starts from
+the common objects of the last one.
 
 In the lab the BEGIN and END lines stay (the grader finds the learner's code between them); in
 between, every `LAB TODO:` line becomes `TODO:` and every `LAB STUB: code` line becomes `code`,
