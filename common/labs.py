@@ -428,7 +428,7 @@ def bench_ms(prog):
         return None
 
 
-KEEP_BUILDS = 24  # build folders kept per stage (the most recently used)
+KEEP_BUILDS = 12  # build folders kept per stage (the most recently used)
 
 
 def job_dir(build_root, arch, smem, texts):
