@@ -121,8 +121,15 @@ constexpr bool LANE_OFFSET_PER_TILE = false;
 // apart hit the same 4 banks: an 8-way conflict.
 template <int D, bool SWIZZLE>
 __device__ __forceinline__ uint32_t smem_offset(int row, int chunk) {
+    // LAB HOLE 3 BEGIN: the swizzle: where chunk c of row r is stored
+    // LAB TODO: the byte offset in a [rows, D] half tile (D * HALF_BYTES bytes a row, 16-byte
+    // LAB TODO: chunks) of logical chunk `chunk` of row `row`: with SWIZZLE, stored at chunk chunk
+    // LAB TODO: ^ (row % 8), without, at chunk itself. Every store to a tile and (below) every
+    // LAB TODO: ldmatrix address must agree on it.
+    // LAB STUB: return 0u;  // until filled: every chunk lands on the tile's first
     return (uint32_t)(row * (D * HALF_BYTES) +
                       (SWIZZLE ? (chunk ^ (row & 7)) : chunk) * CHUNK_BYTES);
+    // LAB HOLE 3 END
 }
 
 // threadIdx.x. Every kernel here reads it through this function, in one of two ways:
@@ -169,17 +176,33 @@ __device__ __forceinline__ int block_index_x() {
 // registers through the softmax (at D = 128 that spills).
 template <int ROW_BYTES, bool SWIZZLE>
 __device__ __forceinline__ uint32_t a_lane_offset() {
+    // LAB HOLE 3 BEGIN: the swizzle: the A-order ldmatrix lane address
+    // LAB TODO: this lane's byte offset for an A-order x4 load (Q, and V read .trans) of the 16 x
+    // LAB TODO: 16 block at chunk pair 0: lane l addresses block row l % 16 (X4_DIM), logical chunk
+    // LAB TODO: l / 16, stored at chunk (l / 16) ^ (row % 8) when SWIZZLE (row % 8 = l % 8).
+    // LAB TODO: Callers XOR in c * X4_BYTES for chunk pair c, and add whole rows: why does that XOR
+    // LAB TODO: commute with both?
+    // LAB STUB: return 0u;  // until filled
     const uint32_t lane = (uint32_t)thread_index() % WARP_SIZE;  // unsigned: shifts and masks
     const uint32_t sw = SWIZZLE ? lane % MATRIX_ROWS : 0;
     return lane % X4_DIM * ROW_BYTES + (lane / X4_DIM ^ sw) * CHUNK_BYTES;
+    // LAB HOLE 3 END
 }
 
 template <int ROW_BYTES, bool SWIZZLE>
 __device__ __forceinline__ uint32_t k_lane_offset() {
+    // LAB HOLE 3 BEGIN: the swizzle: the K-order ldmatrix lane address
+    // LAB TODO: the same for K (B operand, untransposed) in the order (rows 0-7, chunk 0), (rows
+    // LAB TODO: 0-7, chunk 1), (rows 8-15, chunk 0), (rows 8-15, chunk 1): lane l addresses row l %
+    // LAB TODO: 8 + 8 (l / 16), logical chunk (l / 8) % 2, swizzled by the row's l % 8 as above.
+    // LAB TODO: (In this order each key block's b0 and b1 come back in adjacent registers, as
+    // LAB TODO: mma_16816 takes them.)
+    // LAB STUB: return 0u;  // until filled
     const uint32_t lane = (uint32_t)thread_index() % WARP_SIZE;
     const uint32_t sw = SWIZZLE ? lane % MATRIX_ROWS : 0;
     return (lane % MATRIX_ROWS + lane / X4_DIM * MATRIX_ROWS) * ROW_BYTES +
            (lane / MATRIX_ROWS % 2 ^ sw) * CHUNK_BYTES;
+    // LAB HOLE 3 END
 }
 
 // The offset in elements of row `row` (>= 0) of a tensor whose rows are ld elements apart: one
@@ -201,8 +224,14 @@ __device__ __forceinline__ void copy_chunk(uint4 &stage, uint32_t dst, const __h
     cp_async_16(dst, src, valid);
     (void)stage;
 #else
+    // LAB HOLE 4 BEGIN [t4]: the sm_75 register-staged tile load: one chunk into a register
+    // LAB TODO: sm_75 has no cp.async: load the 16 bytes at src into the register `stage` (one
+    // LAB TODO: uint4 load), or zeros where !valid (a row past N; src then points at row 0, inside
+    // LAB TODO: N). dst is unused here: tile_finish stores the register later.
+    // LAB STUB: (void)stage, (void)dst;  // unused until filled
     stage = valid ? *reinterpret_cast<const uint4 *>(src) : make_uint4(0, 0, 0, 0);
     (void)dst;
+    // LAB HOLE 4 END
 #endif
 }
 
@@ -251,6 +280,13 @@ __device__ __forceinline__ void tile_finish(
     cp_async_wait<0>();
     (void)stage, (void)tile;
 #else
+    // LAB HOLE 4 BEGIN [t4]: the sm_75 register-staged tile load: the registers to shared memory
+    // LAB TODO: store this thread's staged chunks where tile_issue read them from: thread tid moves
+    // LAB TODO: chunk tid % (D / 8) of rows tid / (D / 8) + i * STEP, i < chunks_per_thread(ROWS,
+    // LAB TODO: D, THREADS), with STEP = THREADS / (D / 8) rows (a multiple of 8: every chunk of a
+    // LAB TODO: thread has the same swizzle). Address: tile + smem_offset<D, SWIZZLE>(row, chunk),
+    // LAB TODO: st_shared_v4 of stage[i].
+    // LAB STUB: (void)stage, (void)tile;  // unused until filled
     constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
     constexpr int STEP = THREADS / CHUNKS_PER_ROW;
     const int tid = thread_index();
@@ -259,6 +295,7 @@ __device__ __forceinline__ void tile_finish(
     for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
         st_shared_v4(to + i * STEP * D * HALF_BYTES, stage[i]);
     }
+    // LAB HOLE 4 END
 #endif
 }
 
@@ -348,6 +385,15 @@ __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
                 ldmatrix_x4(a[m], Q_warp + (lane_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
             }
         }
+        // LAB HOLE 1 BEGIN: S = Q K_j^T: K by ldmatrix, then mma.sync
+        // LAB TODO: k16 step k: a[m] holds Q's A fragment of slice m. For the key blocks two at a
+        // LAB TODO: time (n = 0, 2, .. NB - 2; keys 8n .. 8n + 15 of the tile): one ldmatrix_x4 of
+        // LAB TODO: K_j into uint32_t b[4], at K_tile + (k_lane_off ^ (k * X4_BYTES)) + n * MMA_N *
+        // LAB TODO: ROW_BYTES (the lane's address for column chunk pair k of key rows 8n..: see the
+        // LAB TODO: comment above a_lane_offset), untransposed: K's rows are B's columns. b[0],
+        // LAB TODO: b[1] are the B fragment of key block n, b[2], b[3] that of block n + 1. Then
+        // LAB TODO: for every slice m: S[m][n] += a[m] B_n and S[m][n + 1] += a[m] B_n+1 with
+        // LAB TODO: mma_16816.
 #pragma unroll
         for (int n = 0; n < NB; n += X4_BLOCKS) {  // two key blocks per ldmatrix.x4
             // B[k][n] = K[key n][d k]: K rows are the columns of B, read untransposed.
@@ -360,6 +406,7 @@ __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
                 mma_16816_of<BF16>(S[m][n + 1], a[m], b[2], b[3]);
             }
         }
+        // LAB HOLE 1 END
     }
 }
 
@@ -454,6 +501,15 @@ template <int ROW_BYTES, bool BF16, int MT, int DB, int KC>
 __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
                                               const uint32_t (&P)[MT][KC][4], uint32_t V_tile,
                                               uint32_t lane_off) {
+    // LAB HOLE 2 BEGIN: O += P V_j: V by ldmatrix.trans, then mma.sync
+    // LAB TODO: for each k16 step k (keys 16k .. 16k + 15 of the tile) and the head-dim blocks two
+    // LAB TODO: at a time (n = 0, 2, .. DB - 2; columns 8n .. 8n + 15): one ldmatrix_x4_trans of
+    // LAB TODO: V_j into uint32_t b[4] at V_tile + (lane_off ^ (n / X4_BLOCKS * X4_BYTES)) + k *
+    // LAB TODO: MMA_K * ROW_BYTES. V is [key][d], row-major, but B must be k (key) by n (d) in the
+    // LAB TODO: column layout: .trans hands each lane its column. b[0], b[1] = B fragment of d
+    // LAB TODO: block n, b[2], b[3] of block n + 1. Then for every slice m: O_acc[m][n] += P[m][k]
+    // LAB TODO: B_n and O_acc[m][n + 1] += P[m][k] B_n+1 (mma_16816; P[m][k] is already an A
+    // LAB TODO: fragment: the softmax packed it from S's accumulators, register for register).
 #pragma unroll
     for (int k = 0; k < KC; ++k) {
 #pragma unroll
@@ -470,6 +526,7 @@ __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
             }
         }
     }
+    // LAB HOLE 2 END
 }
 
 // A row's l is spread over the 4 lanes of its quad: sum it there (l becomes the row's total) and
