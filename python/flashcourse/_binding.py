@@ -929,7 +929,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
     # [B, N, H, D] -> [B, H, N, D] views: the same memory, the stages read it through strides
     o, _ = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
                      scale=softmax_scale, stage=stage, backward_variant=backward_variant)
-    return o.transpose(1, 2)
+    o = o.transpose(1, 2)  # [B, N, H, D]: contiguous unless a stage without strides took copies
+    return o if o.is_contiguous() else o.contiguous()
 
 
 # ---- raw entry points, for the tests ----
