@@ -46,6 +46,7 @@
 #include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -78,6 +79,13 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
     const char *why = attn_forward_stage.unsupported(s, dev, VARIANT_DEFAULT);
     if (why) return why;
+    // Every tile moves by 16-byte chunks (cp.async), every row by a 32-bit stride (tile_issue).
+    const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
+    for (size_t t = 0; t < sizeof l / sizeof *l; ++t) {
+        if (l[t]->batch % CHUNK_HALVES || l[t]->head % CHUNK_HALVES || l[t]->row % CHUNK_HALVES ||
+            l[t]->row < s->D || l[t]->row > INT_MAX)
+            return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
+    }
     int arch = 0;
     if (kernel_arch(&arch) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -113,6 +121,6 @@ extern "C" const attn_stage attn_this_stage = {
     stage_forward,
     backward_workspace_bytes,
     backward,
-    0,  // takes the plain case only (attention.h: no bf16, GQA, strides or N_k != N)
-    0,
+    ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // its forward's (stage 5's)
+    ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // the backward's (no bf16 yet)
 };

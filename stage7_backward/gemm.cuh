@@ -82,10 +82,10 @@ __device__ __forceinline__ int frag_col(int n, int e) {
 }
 
 // A warp's C fragments of 16 rows (the first is `row`) x D columns, times `mul`, stored as fp16
-// for rows < N.
+// for rows < N, rows ld elements apart.
 template <int D>
 __device__ __forceinline__ void store_rows(__half *out, const float (&C)[D / MMA_N][4], int row,
-                                           int N, float mul) {
+                                           int N, float mul, unsigned ld) {
     const int g = lane_index() / QUAD, t = lane_index() % QUAD;
 #pragma unroll
     for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
@@ -93,7 +93,7 @@ __device__ __forceinline__ void store_rows(__half *out, const float (&C)[D / MMA
         if (r >= N) continue;
 #pragma unroll
         for (int n = 0; n < D / MMA_N; ++n) {
-            *reinterpret_cast<uint32_t *>(out + (size_t)r * D + MMA_N * n + 2 * t) =
+            *reinterpret_cast<uint32_t *>(out + rows_offset(r, ld) + MMA_N * n + 2 * t) =
                 pack_half2(C[n][frag_reg(h, 0)] * mul, C[n][frag_reg(h, 1)] * mul);
         }
     }

@@ -46,7 +46,7 @@ static int padded_rows(int N) {
 // Asked once per device (kernel_versions).
 static cudaError_t kernel_arch(int *arch) {
     int binary = 0;
-    ATTN_TRY(kernel_versions((const void *)dq_convert_kernel, arch, &binary));
+    ATTN_TRY(kernel_versions((const void *)dq_convert_kernel<64>, arch, &binary));
     return cudaSuccess;
 }
 
@@ -156,10 +156,17 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
     p.O = (const __half *)O, p.dO = (const __half *)dO, p.lse = lse;
     p.dQ = (__half *)dQ, p.dK = (__half *)dK, p.dV = (__half *)dV;
+    const attn_layout *from[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
+    tensor_strides *to[] = {&p.layout.q,  &p.layout.k,  &p.layout.v,  &p.layout.o,
+                            &p.layout.dO, &p.layout.dQ, &p.layout.dK, &p.layout.dV};
+    for (size_t t = 0; t < sizeof from / sizeof *from; ++t)
+        *to[t] = {from[t]->batch, from[t]->head, (unsigned)from[t]->row};
     p.lse2 = (float *)workspace;
     p.Dsum = (float *)((char *)workspace + aligned(rows * sizeof(float)));
     p.dQ_acc = atomic ? (float *)((char *)workspace + 2 * aligned(rows * sizeof(float))) : NULL;
-    p.N = s->N, p.N_pad = N_pad, p.causal = s->causal;
+    p.H = s->H, p.H_kv = s->H_kv, p.group = s->H / s->H_kv;
+    p.N = s->N, p.N_k = s->N_k, p.N_pad = N_pad, p.causal = s->causal;
+    p.causal_shift = s->N_k - s->N;
     p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
 
     const dim3 pre_grid((unsigned)(rows * PREPROCESS_LANES / PREPROCESS_THREADS));
@@ -169,7 +176,7 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         preprocess_kernel<128><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
     }
     ATTN_TRY(cudaGetLastError());
-    const size_t elems = (size_t)BH * s->N * s->D;
+    const unsigned BH_kv = (unsigned)(s->B * s->H_kv);  // the main kernels' (batch, K/V head)s
 
     int arch = 0;
     ATTN_TRY(kernel_arch(&arch));
@@ -183,20 +190,25 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         CUtensorMap dq_map;
         memset(&dq_map, 0, sizeof dq_map);  // unread but by the DQ_BULK kernels
         if (dq == DQ_BY_BULK) ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, c.QROWS));
-        ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N, c.KEYS), (unsigned)BH),
+        ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N_k, c.KEYS), BH_kv),
                         SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, dq == DQ_BY_BULK), stream,
                         p, dq_map));
     } else {
         const tile_config mc = tiles_at(s->D, true, mi);
         const kernel_fn mk =
             s->D == 64 ? kernel_for<64, true>(mi, atomic) : kernel_for<128, true>(mi, atomic);
-        ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N, tile_rows(mc)), (unsigned)BH),
+        ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N_k, tile_rows(mc)), BH_kv),
                         mc.WARPS * WARP_SIZE, main_smem_bytes(mc, s->D), stream, p));
     }
     if (atomic) {
-        const size_t count4 = elems / 4;
-        dq_convert_kernel<<<(unsigned)((count4 + CONVERT_THREADS - 1) / CONVERT_THREADS),
-                            CONVERT_THREADS, 0, stream>>>(p, count4);
+        const size_t head_threads = (size_t)s->N * s->D / CONVERT_FLOATS;  // a (batch, head)'s
+        const dim3 grid((unsigned)((head_threads + CONVERT_THREADS - 1) / CONVERT_THREADS),
+                        (unsigned)BH);
+        if (s->D == 64) {
+            dq_convert_kernel<64><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        } else {
+            dq_convert_kernel<128><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        }
         ATTN_TRY(cudaGetLastError());
     } else {
         const tile_config dc = tiles_at(s->D, false, di);

@@ -10,18 +10,20 @@
 #include "smem.cuh"
 
 // P^T = 2^(scale log2(e) S^T - LSE_i log2(e)), in place: rows are this warp's keys (the first is
-// key_row), columns the tile's queries (from q0). MASK (the diagonal tile, and the tile holding N):
-// keys past N and, causal, keys after the query get P = 0. Queries past N have LSE = +inf: P = 0.
+// key_row), columns the tile's queries (the first is key index qk0 = q0 + N_k - N: causal query i
+// sees keys <= i + N_k - N). mask (the diagonal tile, and the tile holding N_k): keys past N_k
+// and, causal, keys after the query's last get P = 0. Queries past N (and those that see no key)
+// have LSE = +inf: P = 0.
 template <int NB>
 __device__ __forceinline__ void probabilities_t(float (&S)[NB][4], uint32_t lse_tile, int key_row,
-                                                int q0, const bwd_params &p, bool mask) {
+                                                int qk0, const bwd_params &p, bool mask) {
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
         const float2 lse = ld_shared_f2(lse_tile + frag_col(n, 0) * sizeof(float));
 #pragma unroll
         for (int e = 0; e < FRAG_REGS; ++e) {
-            const int key = key_row + frag_row(e), query = q0 + frag_col(n, e);
-            const bool off = mask && (key >= p.N || (p.causal && key > query));
+            const int key = key_row + frag_row(e), query = qk0 + frag_col(n, e);  // (a key index)
+            const bool off = mask && (key >= p.N_k || (p.causal && key > query));
             const float x = fmaf(S[n][e], p.scale_log2, -(frag_c(e) ? lse.y : lse.x));
             S[n][e] = off ? 0.f : fast_exp2(x);
         }
@@ -62,7 +64,8 @@ __device__ __forceinline__ void store_score_gradients(uint32_t dS_smem, const ui
     }
 }
 
-// dQ_acc[q0 + QROWS rows] += dS K_j, split over the warps: warp w takes the 16 query rows of
+// dQ_acc[q0 + QROWS rows] += dS K_j (head: the offset of the query head's [N, D] in dQ_acc),
+// split over the warps: warp w takes the 16 query rows of
 // slice w % (QROWS / 16) and its share of the head dim. A = those rows of dS (read .trans from
 // dS_smem, where they are columns), B = K_j (.trans); two head-dim blocks at a time, each added to
 // global memory by fp32 atomics (red.global.add; two floats at once on sm_90).
@@ -120,9 +123,11 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
     }
 }
 
-// One block = one key tile K_j, V_j of one (batch, head), ROWS keys, 16 per warp; it loops over
-// the query tiles that see it (causal: from its own diagonal on). DQ_ATOMIC: the block also adds
-// its part of dQ (the default); the deterministic variant leaves dQ to dq_kernel.
+// One block = one key tile K_j, V_j of one (batch, key/value head), ROWS keys, 16 per warp; it
+// loops over the query tiles that see it (causal: from its own diagonal on) of every query head of
+// its group (GQA: one head after the other, dK_j and dV_j summed over them in registers).
+// DQ_ATOMIC: the block also adds its part of dQ (the default); the deterministic variant leaves dQ
+// to dq_kernel.
 template <int D, int WARPS, int STAGES, int QROWS, bool DQ_ATOMIC>
 __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_params p) {
     constexpr tile_config CFG = {WARPS, STAGES, QROWS};
@@ -143,13 +148,14 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
     }
 #endif
 
-    const int k0 = (int)blockIdx.x * ROWS;             // the block's first key
-    const size_t head = (size_t)blockIdx.y * p.N * D;  // (batch, head) offset
-    const size_t vec = (size_t)blockIdx.y * p.N_pad;   // its rows of lse2 and Dsum
+    const int k0 = (int)blockIdx.x * ROWS;                                  // the block's first key
+    const int b = (int)blockIdx.y / p.H_kv, hk = (int)blockIdx.y % p.H_kv;  // batch, K/V head
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int key_row = k0 + MMA_M * warp;  // this warp's first key
-    const int q_begin = p.causal ? k0 : 0;  // earlier queries see no key here
-    const int q_tiles = (p.N - q_begin + QROWS - 1) / QROWS;
+    // Earlier queries see no key here (causal: query i sees keys <= i + causal_shift); from a
+    // whole query tile, so that LSE_i and D_i stay within their padded rows.
+    const int q_begin = p.causal ? max(k0 - p.causal_shift, 0) / QROWS * QROWS : 0;
+    const int tiles = max((p.N - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
 
     // Shared memory: K_smem, V_smem [ROWS, D]; per stage Q_smem, dO_smem [QROWS, D]; dS_smem
     // [ROWS keys, QROWS queries]; per stage vec_smem [2, QROWS] floats. Tiles swizzled.
@@ -159,30 +165,34 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
     const uint32_t dS_smem = dO_smem + STAGES * Q_TILE;
     const uint32_t vec_smem = dS_smem + ROWS * QROWS * sizeof(__half);
 
-    tile_issue<ROWS, D, THREADS>(K_smem, p.K + head + (size_t)k0 * D, p.N - k0);
-    tile_issue<ROWS, D, THREADS>(V_smem, p.V + head + (size_t)k0 * D, p.N - k0);
+    tile_issue<ROWS, D, THREADS>(
+        K_smem, p.K + head_offset(p.layout.k, b, hk) + rows_offset(k0, p.layout.k.row),
+        p.layout.k.row, p.N_k - k0);
+    tile_issue<ROWS, D, THREADS>(
+        V_smem, p.V + head_offset(p.layout.v, b, hk) + rows_offset(k0, p.layout.v.row),
+        p.layout.v.row, p.N_k - k0);
     cp_async_commit();
-    if (STAGES == 2) {
-        issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, head, vec, q_begin);
-    }
+    int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
+    if (STAGES == 2) issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0);
 
     float dK[DB][4] = {}, dV[DB][4] = {};  // this warp's 16 keys x D, fp32
-    for (int it = 0; it < q_tiles; ++it) {
-        const int q0 = q_begin + it * QROWS;
+    for (int it = 0; it < tiles; ++it) {
         const int buf = STAGES == 2 ? it % STAGES : 0;
         const uint32_t Q_tile = Q_smem + buf * Q_TILE, dO_tile = dO_smem + buf * Q_TILE;
         const uint32_t vec_tile = vec_smem + buf * VEC;
         if (STAGES == 1) {
             __syncthreads();  // every warp is done with the last tile's Q, dO, LSE, D and dS
-            issue_query_tile<D, QROWS, THREADS>(p, Q_tile, dO_tile, vec_tile, head, vec, q0);
+            issue_query_tile<D, QROWS, THREADS>(p, Q_tile, dO_tile, vec_tile, b, hq, q0);
         }
         cp_async_wait<0>();
         __syncthreads();  // tile it (and K_j, V_j) visible to all; with two stages, every warp is
                           // also done with tile it - 1 (its buffer is refilled next) and dS_smem
-        if (STAGES == 2 && it + 1 < q_tiles) {
+        if (STAGES == 2 && it + 1 < tiles) {
+            int hq_next = hq, q0_next = q0;
+            next_query_tile<QROWS>(hq_next, q0_next, q_begin, p.N);
             issue_query_tile<D, QROWS, THREADS>(
                 p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
-                vec_smem + (STAGES - 1 - buf) * VEC, head, vec, q0 + QROWS);
+                vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next);
         }
         const uint32_t K_warp = K_smem + warp * MMA_M * ROW_BYTES;  // this warp's keys
         const uint32_t V_warp = V_smem + warp * MMA_M * ROW_BYTES;
@@ -190,9 +200,10 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
         float S[NB][4], dP[NB][4];
         uint32_t A[KC][4];
         gemm_rows_by_rows<D>(S, K_warp, Q_tile);  // S^T = K_j Q_i^T
-        const bool mask = k0 + ROWS > p.N || (p.causal && q0 < k0 + ROWS - 1);
-        probabilities_t(S, vec_tile, key_row, q0, p, mask);  // P^T
-        gemm_rows_by_rows<D>(dP, V_warp, dO_tile);           // dP^T = V_j dO_i^T
+        const int qk0 = q0 + p.causal_shift;      // the tile's first query as a key index
+        const bool mask = k0 + ROWS > p.N_k || (p.causal && qk0 < k0 + ROWS - 1);
+        probabilities_t(S, vec_tile, key_row, qk0, p, mask);  // P^T
+        gemm_rows_by_rows<D>(dP, V_warp, dO_tile);            // dP^T = V_j dO_i^T
         to_a_fragments(A, S);
         gemm_frags_by_tile<D>(dV, A, dO_tile);                       // dV_j += P^T dO_i
         score_gradients_t(dP, S, vec_tile + QROWS * sizeof(float));  // dS^T
@@ -201,9 +212,12 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
         if (DQ_ATOMIC) {
             store_score_gradients<QROWS>(dS_smem, A, warp);
             __syncthreads();  // dS_smem written by every warp, visible to all
-            accumulate_dq<D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem, head, q0);
+            accumulate_dq<D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem,
+                                                 (size_t)(b * p.H + hq) * p.N * D, q0);
         }
+        next_query_tile<QROWS>(hq, q0, q_begin, p.N);
     }
-    store_rows<D>(p.dK + head, dK, key_row, p.N, p.scale);
-    store_rows<D>(p.dV + head, dV, key_row, p.N, 1.f);
+    store_rows<D>(p.dK + head_offset(p.layout.dK, b, hk), dK, key_row, p.N_k, p.scale,
+                  p.layout.dK.row);
+    store_rows<D>(p.dV + head_offset(p.layout.dV, b, hk), dV, key_row, p.N_k, 1.f, p.layout.dV.row);
 }

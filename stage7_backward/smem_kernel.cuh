@@ -11,12 +11,13 @@
 #include "smem.cuh"
 
 // In place: S^T becomes P^T = 2^(c S^T - LSE_i) and dP^T becomes dS^T = P^T (dP^T - D_i), for
-// keys key_row.. (MT m16 blocks) x queries q_col.. of the tile at q0 (NT n8 blocks). MASK: keys
-// past N and, causal, keys after the query get P = 0.
+// keys key_row.. (MT m16 blocks) x queries q_col.. of the tile whose first query is key index qk0
+// (q0 + N_k - N: causal query i sees keys <= i + N_k - N) (NT n8 blocks). MASK: keys past N_k
+// and, causal, keys after the query's last get P = 0.
 template <int QROWS, int MT, int NT, bool MASK>
 __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (&dP)[MT][NT][4],
                                                   const bwd_params &p, uint32_t vec_tile,
-                                                  int key_row, int q0, int q_col) {
+                                                  int key_row, int qk0, int q_col) {
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -29,8 +30,9 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
                 const float x = fmaf(S[m][n][e], p.scale_log2, -(frag_c(e) ? lse.y : lse.x));
                 S[m][n][e] = fast_exp2(x);
                 if (MASK) {
-                    const int key = key_row + MMA_M * m + frag_row(e), query = q0 + col + frag_c(e);
-                    if (key >= p.N || (p.causal && key > query)) S[m][n][e] = 0.f;
+                    const int key = key_row + MMA_M * m + frag_row(e);
+                    const int query = qk0 + col + frag_c(e);  // as a key index
+                    if (key >= p.N_k || (p.causal && key > query)) S[m][n][e] = 0.f;
                 }
                 dP[m][n][e] = S[m][n][e] * (dP[m][n][e] - (frag_c(e) ? Di.y : Di.x));
             }
@@ -42,13 +44,13 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
 // queries q_col.. (NT n8 blocks, from the tile's q0) of S^T = K_j Q_i^T and dP^T = V_j dO_i^T
 // (K_j, V_j from shared memory, or KV_REGS from their fragments K_frag, V_frag), then P^T and
 // dS^T (softmax_gradients), stored to P_smem and dS_smem as fp16. mask: the
-// diagonal tile, and the tile holding N; queries past N have LSE = +inf, so P = 0 there without
-// a mask.
+// diagonal tile, and the tile holding N_k; queries past N (and those that see no key) have LSE =
+// +inf, so P = 0 there without a mask. qk0: the query tile's first query as a key index.
 template <int D, int QROWS, int MT, int NT, bool KV_REGS, int KF>
 __device__ __forceinline__ void score_gradients(
     const bwd_params &p, uint32_t K_smem, uint32_t V_smem, const uint32_t (&K_frag)[KF][MT][4],
     const uint32_t (&V_frag)[KF][MT][4], uint32_t Q_tile, uint32_t dO_tile, uint32_t vec_tile,
-    uint32_t P_smem, uint32_t dS_smem, int k0, int key0, int q0, int q_col, bool mask) {
+    uint32_t P_smem, uint32_t dS_smem, int k0, int key0, int qk0, int q_col, bool mask) {
     constexpr int ROW_BYTES = D * HALF_BYTES;
     float S[MT][NT][4], dP[MT][NT][4];
     if constexpr (KV_REGS) {
@@ -59,9 +61,9 @@ __device__ __forceinline__ void score_gradients(
         gemm_nt<D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
     }
     if (mask) {  // the same for the whole warp: the tiles without a mask test nothing
-        softmax_gradients<QROWS, MT, NT, true>(S, dP, p, vec_tile, k0 + key0, q0, q_col);
+        softmax_gradients<QROWS, MT, NT, true>(S, dP, p, vec_tile, k0 + key0, qk0, q_col);
     } else {
-        softmax_gradients<QROWS, MT, NT, false>(S, dP, p, vec_tile, k0 + key0, q0, q_col);
+        softmax_gradients<QROWS, MT, NT, false>(S, dP, p, vec_tile, k0 + key0, qk0, q_col);
     }
     store_fragments<QROWS>(P_smem, S, key0, q_col);
     store_fragments<QROWS>(dS_smem, dP, key0, q_col);
@@ -106,9 +108,10 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
     }
 }
 
-// One block = one key tile K_j, V_j of one (batch, head), KEYS keys; it loops over the query
-// tiles that see it (causal: from its own diagonal on). Per query tile, three phases between two
-// barriers:
+// One block = one key tile K_j, V_j of one (batch, key/value head), KEYS keys; it loops over the
+// query tiles that see it (causal: from its own diagonal on) of every query head of its group
+// (GQA: H / H_kv heads, one after the other, dK_j and dV_j summed over them in registers). Per
+// query tile, three phases between two barriers:
 //   scores:    warp (kw, qw) of a 4 x 2 grid: its 32 keys x QROWS / 2 queries of S^T and dP^T, so
 //              P^T and dS^T, in registers; stored to P_smem, dS_smem as fp16 (KV_REGS: K_j's and
 //              V_j's fragments from registers, loaded after the first barrier)
@@ -149,13 +152,14 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     return;
 #endif
 
-    const int k0 = (int)blockIdx.x * KEYS;             // the block's first key
-    const size_t head = (size_t)blockIdx.y * p.N * D;  // (batch, head) offset
-    const size_t vec = (size_t)blockIdx.y * p.N_pad;   // its rows of lse2 and Dsum
+    const int k0 = (int)blockIdx.x * KEYS;                                  // the block's first key
+    const int b = (int)blockIdx.y / p.H_kv, hk = (int)blockIdx.y % p.H_kv;  // batch, K/V head
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int kw = warp % SMEM_P_KEY_WARPS, cw = warp / SMEM_P_KEY_WARPS;
-    const int q_begin = p.causal ? k0 : 0;  // earlier queries see no key here
-    const int q_tiles = (p.N - q_begin + QROWS - 1) / QROWS;
+    // Earlier queries see no key here (causal: query i sees keys <= i + causal_shift); from a
+    // whole query tile, so that LSE_i and D_i stay within their padded rows.
+    const int q_begin = p.causal ? max(k0 - p.causal_shift, 0) / QROWS * QROWS : 0;
+    const int tiles = max((p.N - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
 
     // Shared memory: K_smem, V_smem [KEYS, D]; per stage Q_smem, dO_smem [QROWS, D]; P_smem,
     // dS_smem [KEYS, QROWS]; per stage vec_smem [2, QROWS] floats; BULK: dq_stage [D / 8
@@ -166,16 +170,21 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     const uint32_t P_smem = dO_smem + STAGES * Q_TILE, dS_smem = P_smem + PS_TILE;
     const uint32_t vec_smem = dS_smem + PS_TILE, dq_stage = vec_smem + STAGES * VEC;
 
-    tile_issue<KEYS, D, THREADS>(K_smem, p.K + head + (size_t)k0 * D, p.N - k0);
-    tile_issue<KEYS, D, THREADS>(V_smem, p.V + head + (size_t)k0 * D, p.N - k0);
+    tile_issue<KEYS, D, THREADS>(
+        K_smem, p.K + head_offset(p.layout.k, b, hk) + rows_offset(k0, p.layout.k.row),
+        p.layout.k.row, p.N_k - k0);
+    tile_issue<KEYS, D, THREADS>(
+        V_smem, p.V + head_offset(p.layout.v, b, hk) + rows_offset(k0, p.layout.v.row),
+        p.layout.v.row, p.N_k - k0);
     cp_async_commit();
-    issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, head, vec, q_begin);
+    int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
+    issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0);
 
     float dK[MT][NT_KV][4] = {}, dV[MT][NT_KV][4] = {};  // keys kw x columns cw, fp32
     constexpr int KF = KV_REGS ? D / MMA_K : 1;          // k16 steps of K_frag, V_frag (unused: 1)
     uint32_t K_frag[KF][MT][4], V_frag[KF][MT][4];
-    for (int it = 0; it < q_tiles; ++it) {
-        const int q0 = q_begin + it * QROWS;
+    int hq_prev = hq, q0_prev = q0;  // BULK: the tile staged in the last iteration
+    for (int it = 0; it < tiles; ++it) {
         const int buf = STAGES == 2 ? it % STAGES : 0;
         const uint32_t Q_tile = Q_smem + buf * Q_TILE, dO_tile = dO_smem + buf * Q_TILE;
         const uint32_t vec_tile = vec_smem + buf * VEC;
@@ -183,17 +192,19 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         __syncthreads();  // tile it (and K_j, V_j) visible to all; every warp is done with tile
                           // it - 1 (its buffer is refilled next) and with P_smem and dS_smem;
                           // BULK: tile it - 1's dQ is staged
-        if (BULK && it > 0) add_staged_dq_tile(&dq_map, dq_stage, q0 - QROWS);
+        if (BULK && it > 0) add_staged_dq_tile(&dq_map, dq_stage, q0_prev, b * p.H + hq_prev);
         if constexpr (KV_REGS) {  // K_j and V_j have arrived with tile 0: into registers
             if (it == 0) {
                 load_row_fragments<D, MT>(K_frag, K_smem + WARP_KEYS * kw * ROW_BYTES);
                 load_row_fragments<D, MT>(V_frag, V_smem + WARP_KEYS * kw * ROW_BYTES);
             }
         }
-        if (it + 1 < q_tiles) {
+        if (it + 1 < tiles) {
+            int hq_next = hq, q0_next = q0;
+            next_query_tile<QROWS>(hq_next, q0_next, q_begin, p.N);
             issue_query_tile<D, QROWS, THREADS>(
                 p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
-                vec_smem + (STAGES - 1 - buf) * VEC, head, vec, q0 + QROWS);
+                vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next);
         }
 
         // Scores: S^T, P^T, dP^T, dS^T of keys kw, queries cw (SCORE_PASSES column blocks, so
@@ -203,9 +214,9 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         for (int pass = 0; pass < SCORE_PASSES; ++pass) {
             score_gradients<D, QROWS, MT, NT_S, KV_REGS, KF>(
                 p, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES, K_frag,
-                V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw, q0,
-                WARP_QUERIES * cw + pass * PASS_QUERIES,
-                k0 + KEYS > p.N || (p.causal && q0 < k0 + KEYS - 1));
+                V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw,
+                q0 + p.causal_shift, WARP_QUERIES * cw + pass * PASS_QUERIES,
+                k0 + KEYS > p.N_k || (p.causal && q0 + p.causal_shift < k0 + KEYS - 1));
         }
         if (BULK) bulk_wait<true>();  // the staged tile thread 0 handed over is read
         __syncthreads();  // P_smem and dS_smem written by every warp, visible to all; BULK:
@@ -219,28 +230,34 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
             dK, dS_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, Q_tile, col_chunk);
         // dQ_i += dS K_j, by fp32 atomics or staged for bulk reductions (last: LOG.md, step 4's
         // try)
-        if (DQ_ATOMIC)
-            accumulate_dq_tile<D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, head, q0);
+        if (DQ_ATOMIC) {
+            const size_t acc = (size_t)(b * p.H + hq) * p.N * D;  // its head of dQ_acc
+            accumulate_dq_tile<D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, acc, q0);
+        }
+        hq_prev = hq, q0_prev = q0;
+        next_query_tile<QROWS>(hq, q0, q_begin, p.N);
     }
-    if (BULK) {           // the last tile's dQ
-        __syncthreads();  // every warp's part of it is staged
-        add_staged_dq_tile(&dq_map, dq_stage, q_begin + (q_tiles - 1) * QROWS);
+    if (BULK && tiles > 0) {  // the last tile's dQ
+        __syncthreads();      // every warp's part of it is staged
+        add_staged_dq_tile(&dq_map, dq_stage, q0_prev, b * p.H + hq_prev);
         bulk_wait<false>();
     }
+    __half *const dK_rows = p.dK + head_offset(p.layout.dK, b, hk);  // [N_k, D] of (b, hk)
+    __half *const dV_rows = p.dV + head_offset(p.layout.dV, b, hk);
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         const int g = lane_index() / QUAD, t = lane_index() % QUAD;
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
             const int r = k0 + WARP_KEYS * kw + MMA_M * m + g + FRAG_ROW_STEP * h;
-            if (r >= p.N) continue;
+            if (r >= p.N_k) continue;
 #pragma unroll
             for (int n = 0; n < NT_KV; ++n) {
-                const size_t at =
-                    head + (size_t)r * D + WARP_COLS * cw + MMA_N * n + FRAG_LANE_COLS * t;
-                *reinterpret_cast<uint32_t *>(p.dK + at) = pack_half2(
-                    dK[m][n][frag_reg(h, 0)] * p.scale, dK[m][n][frag_reg(h, 1)] * p.scale);
-                *reinterpret_cast<uint32_t *>(p.dV + at) =
+                const int col = WARP_COLS * cw + MMA_N * n + FRAG_LANE_COLS * t;
+                *reinterpret_cast<uint32_t *>(dK_rows + rows_offset(r, p.layout.dK.row) + col) =
+                    pack_half2(dK[m][n][frag_reg(h, 0)] * p.scale,
+                               dK[m][n][frag_reg(h, 1)] * p.scale);
+                *reinterpret_cast<uint32_t *>(dV_rows + rows_offset(r, p.layout.dV.row) + col) =
                     pack_half2(dV[m][n][frag_reg(h, 0)], dV[m][n][frag_reg(h, 1)]);
             }
         }
