@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
     const bool inside = i < p.N;
     float sum = 0.f;
     if (inside) {
-        const int b = (int)(bh / p.H), h = (int)(bh % p.H);
+        const int b = (int)bh / p.H, h = (int)bh % p.H;  // (B * H fits a grid's y: 32 bits)
         if (p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it; contiguous)
             constexpr int FLOAT4_FLOATS = 4;
             float4 *const acc =
