@@ -334,7 +334,7 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&q_frag)[MT][KD][4], 
 
 // S = Q K_j^T: S[m][n] = C fragment of slice m, key block n (keys k0 + 8n .. + 7). Q comes from
 // q_frag (Q_IN_REGS) or from Q_smem (this warp's rows at Q_warp), K_j from K_smem.
-template <int ROW_BYTES, bool Q_IN_REGS, int KD, int MT, int NB, int QM, int QK>
+template <int ROW_BYTES, bool Q_IN_REGS, int KD, bool BF16, int MT, int NB, int QM, int QK>
 __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
                                                const uint32_t (&q_frag)[QM][QK][4], uint32_t Q_warp,
                                                uint32_t K_tile, uint32_t lane_off,
@@ -367,8 +367,8 @@ __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
             ldmatrix_x4(b, K_tile + (k_lane_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                mma_16816(S[m][n], a[m], b[0], b[1]);
-                mma_16816(S[m][n + 1], a[m], b[2], b[3]);
+                mma_16816_of<BF16>(S[m][n], a[m], b[0], b[1]);
+                mma_16816_of<BF16>(S[m][n + 1], a[m], b[2], b[3]);
             }
         }
     }
@@ -409,7 +409,7 @@ __device__ __forceinline__ void mask_scores(float (&S)[MT][NB][4], int k0, int q
 // bit). Otherwise (!LAZY) each row is rescaled right before its exponentials, with no branch:
 // see LAZY_MIN_N for when each wins.
 // P[m][k] = A operand of slice m, k16 step k of O += P V_j, packed where the scores lie.
-template <bool LAZY, int MT, int NB, int DB, int KC>
+template <bool LAZY, bool BF16, int MT, int NB, int DB, int KC>
 __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_i)[MT][2],
                                                float (&l_i)[MT][2], float (&O_acc)[MT][DB][4],
                                                uint32_t (&P)[MT][KC][4], float scale_log2) {
@@ -452,16 +452,16 @@ __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_
         // (row g+8, keys 8+2t..).
 #pragma unroll
         for (int k = 0; k < KC; ++k) {
-            P[m][k][0] = pack_half2(S[m][2 * k][0], S[m][2 * k][1]);
-            P[m][k][1] = pack_half2(S[m][2 * k][2], S[m][2 * k][3]);
-            P[m][k][2] = pack_half2(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
-            P[m][k][3] = pack_half2(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
+            P[m][k][0] = pack2_of<BF16>(S[m][2 * k][0], S[m][2 * k][1]);
+            P[m][k][1] = pack2_of<BF16>(S[m][2 * k][2], S[m][2 * k][3]);
+            P[m][k][2] = pack2_of<BF16>(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
+            P[m][k][3] = pack2_of<BF16>(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
         }
     }
 }
 
 // O_acc += P V_j, V_j from V_smem.
-template <int ROW_BYTES, int MT, int DB, int KC>
+template <int ROW_BYTES, bool BF16, int MT, int DB, int KC>
 __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
                                               const uint32_t (&P)[MT][KC][4], uint32_t V_tile,
                                               uint32_t lane_off) {
@@ -476,8 +476,8 @@ __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
                 b, V_tile + (lane_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                mma_16816(O_acc[m][n], P[m][k], b[0], b[1]);
-                mma_16816(O_acc[m][n + 1], P[m][k], b[2], b[3]);
+                mma_16816_of<BF16>(O_acc[m][n], P[m][k], b[0], b[1]);
+                mma_16816_of<BF16>(O_acc[m][n + 1], P[m][k], b[2], b[3]);
             }
         }
     }
@@ -495,7 +495,7 @@ __device__ __forceinline__ float row_total_and_inverse(float &l) {
 // Q_smem (this warp's ldmatrix reads of Q were its last use of them), then writes them out
 // with 16-byte stores (O's rows o_ld elements apart); the LSE goes straight from registers.
 // rows_left = N - the warp's first row: rows at or past it lie beyond N and are not written.
-template <int D, bool SWIZZLE, int MT, int DB>
+template <int D, bool SWIZZLE, bool BF16, int MT, int DB>
 __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
                                              const float (&m_i)[MT][2], const float (&l_i)[MT][2],
                                              uint32_t Q_warp, __half *O, unsigned o_ld, float *lse,
@@ -513,8 +513,8 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
 #pragma unroll
             for (int n = 0; n < DB; ++n) {
                 st_shared_b32(Q_warp + smem_offset<D, SWIZZLE>(r, n) + t * sizeof(uint32_t),
-                              pack_half2(O_acc[m][n][frag_reg(h, 0)] * inv_l,
-                                         O_acc[m][n][frag_reg(h, 1)] * inv_l));
+                              pack2_of<BF16>(O_acc[m][n][frag_reg(h, 0)] * inv_l,
+                                             O_acc[m][n][frag_reg(h, 1)] * inv_l));
             }
             // LSE in natural log: (m + log2 l) is in log2 units of the scaled score.
             if (t == 0 && r < rows_left) lse[r] = (m_i[m][h] + log2f(l)) * LN2;
@@ -625,12 +625,14 @@ __device__ __forceinline__ bool needs_mask(int k0, int q0, int N, int causal) {
 // noswizzle turns it off), PIPELINED (single_stage: load, wait, compute), SKIP (noskip: causal
 // processes and masks every key tile), LAZY (rescale only when a row's max grows; chosen by
 // the launcher from the keys per block, see LAZY_MIN_N).
-template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY,
+          bool BF16 = false>
 __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fwd_params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 code runs only the SM75 tiles (the launcher asks kernel_arch which code it has):
-    // with the prefetched tile waiting in registers, larger tiles would spill there.
-    if constexpr (BR != SM75.BR || BC != SM75.BC || WARPS != SM75.WARPS) {
+    // with the prefetched tile waiting in registers, larger tiles would spill there. It has no
+    // bf16 mma either.
+    if constexpr (BR != SM75.BR || BC != SM75.BC || WARPS != SM75.WARPS || BF16) {
         __trap();
         return;
     }
@@ -723,8 +725,8 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
         tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, p.V + kv, p.kv_row, N - k0);
-        compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem, lane_off,
-                                                 k_lane_offset<ROW_BYTES, SWIZZLE>());
+        compute_scores<ROW_BYTES, Q_IN_REGS, KD, BF16>(S, q_frag, Q_warp, K_smem, lane_off,
+                                                       k_lane_offset<ROW_BYTES, SWIZZLE>());
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
         if (EARLY_K && has_next) {
@@ -732,15 +734,15 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
                                                            N - (k0 + BC));
         }
         if (needs_mask<BC, SKIP>(k0, q0, N, p.causal)) mask_scores<RPW>(S, k0, q0, N, p.causal);
-        online_softmax<LAZY>(S, m_i, l_i, O_acc, P, p.scale_log2);
+        online_softmax<LAZY, BF16>(S, m_i, l_i, O_acc, P, p.scale_log2);
         if (!EARLY_K && has_next) {
             tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + next, p.kv_row,
                                                            N - (k0 + BC));
         }
         if constexpr (LANE_OFFSET_PER_TILE) {
-            accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
+            accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
         } else {
-            accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, lane_off);
+            accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, lane_off);
         }
         if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
@@ -751,7 +753,8 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     if (p.splits == 1) {
         const int ob = block_index_y() / p.H, oh = block_index_y() % p.H;  // b, h, read afresh
         __half *O_rows = p.O + ob * p.o_batch + oh * p.o_head + rows_offset(first, p.o_row);
-        store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, O_rows, p.o_row, p.lse + row0, rows_left);
+        store_output<D, SWIZZLE, BF16>(O_acc, m_i, l_i, Q_warp, O_rows, p.o_row, p.lse + row0,
+                                       rows_left);
     } else {
         const int split = block_index_x() % p.splits;                // which key range (block_keys)
         const size_t part = (size_t)split * gridDim.y * p.N + row0;  // [split, B * H, N]
@@ -799,6 +802,12 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     }
     if (choose_tiles(s->D, arch, dev->smem_per_block).BR == 0)
         return "needs 48 KB (D=128) or 24 KB (D=64) of shared memory per block";
+    if (s->bf16 && arch < 80)
+        return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
+    if (s->bf16 && (variant == VARIANT_NOSWIZZLE || variant == VARIANT_SINGLE_STAGE ||
+                    variant == VARIANT_NOSKIP))
+        return "bf16 runs in the kernels of the default tiles and rescaling only (the ablations "
+               "are fp16)";
     return NULL;
 }
 
@@ -867,9 +876,11 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
         s->D == 64 ? combine_rows_per_block<64>() : combine_rows_per_block<128>();
     const unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
     if (s->D == 64) {
-        combine_kernel<64><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
+        (s->bf16 ? combine_kernel<64, true>
+                 : combine_kernel<64, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
     } else {
-        combine_kernel<128><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
+        (s->bf16 ? combine_kernel<128, true>
+                 : combine_kernel<128, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
     }
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
@@ -886,6 +897,7 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
-    ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // besides the plain case
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
+        ATTN_TAKES_N_K,  // besides the plain case
     0,
 };

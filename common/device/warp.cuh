@@ -8,6 +8,7 @@
  */
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <string.h>
@@ -77,4 +78,17 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     uint32_t u;
     memcpy(&u, &h, sizeof(u));
     return u;
+}
+
+// The same in the run's 16-bit storage type (BF16: bfloat16, rounded to nearest even; else fp16).
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack2_of(float lo, float hi) {
+    if constexpr (BF16) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        uint32_t u;
+        memcpy(&u, &h, sizeof(u));
+        return u;
+    } else {
+        return pack_half2(lo, hi);
+    }
 }
