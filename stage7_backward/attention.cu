@@ -97,6 +97,8 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
     if (choose_tiles(s->D, dev->smem_per_block, arch, true) < 0 ||
         choose_tiles(s->D, dev->smem_per_block, arch, false) < 0)
         return "the backward needs 64 KB (D = 128) or 40.5 KB (D = 64) of shared memory per block";
+    if (s->bf16 && arch < 80)
+        return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
     return NULL;
 }
 
@@ -124,6 +126,7 @@ extern "C" const attn_stage attn_this_stage = {
     stage_forward,
     backward_workspace_bytes,
     backward,
-    ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // its forward's (stage 5's)
-    ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // the backward's (no bf16 yet)
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
+        ATTN_TAKES_N_K,  // its forward's (stage 5's)
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // the backward's
 };

@@ -8,6 +8,7 @@
  */
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stddef.h>
 
@@ -140,6 +141,8 @@ typedef struct {
     tensor_strides q, k, v, o, dO, dQ, dK, dV;
 } bwd_layouts;
 
+// The 16-bit tensors are __half pointers whatever their type: fp16, or bf16 where the kernels'
+// BF16 says so (only the products, the packing and the preprocess's reads tell them apart).
 typedef struct bwd_params {
     const __half *Q, *K, *V, *O, *dO;  // Q, O, dO [B, H, N, D]; K, V [B, H_kv, N_k, D]; strided
     const float *lse;                  // [B, H, N] natural log (the forward's), contiguous

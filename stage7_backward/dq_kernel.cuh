@@ -11,7 +11,7 @@
 // head), 16 rows per warp; it loops over the key tiles it sees (of its key/value head h / group:
 // GQA; causal: keys <= query + N_k - N) and keeps dQ_i in registers (rows that see no key: 0):
 //   S = Q_i K_j^T, P = 2^(c S - LSE_i), dP = dO_i V_j^T, dS = P (dP - D_i), dQ_i += dS K_j.
-template <int D, int WARPS, int STAGES>
+template <int D, int WARPS, int STAGES, bool BF16>
 __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p) {
     constexpr tile_config CFG = {WARPS, STAGES, 0};
     constexpr int THREADS = WARPS * WARP_SIZE;
@@ -19,6 +19,13 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
     constexpr int ROW_BYTES = D * HALF_BYTES;
     constexpr int NB = ROWS / MMA_N, KC = ROWS / MMA_K, DB = D / MMA_N;
     constexpr uint32_t TILE = ROWS * ROW_BYTES;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // sm_75 has no bf16 mma: stage_unsupported refuses bf16 there first.
+    if constexpr (BF16) {
+        __trap();
+        return;
+    }
+#endif
 
     // Causal: the last query tiles have the most key tiles; launch them first.
     const int q_index = p.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
@@ -87,7 +94,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
         const uint32_t dO_warp = dO_smem + warp * MMA_M * ROW_BYTES;
         float S[NB][4], dP[NB][4];
         uint32_t A[KC][4];
-        gemm_rows_by_rows<D>(S, Q_warp, K_tile);  // S = Q_i K_j^T
+        gemm_rows_by_rows<BF16, D>(S, Q_warp, K_tile);  // S = Q_i K_j^T
         const bool mask = k0 + ROWS > p.N_k || (p.causal && k0 + ROWS - 1 > q0 + p.causal_shift);
 #pragma unroll
         for (int n = 0; n < NB; ++n) {
@@ -100,16 +107,17 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
                 S[n][e] = off ? 0.f : fast_exp2(x);
             }
         }
-        gemm_rows_by_rows<D>(dP, dO_warp, V_tile);  // dP = dO_i V_j^T
+        gemm_rows_by_rows<BF16, D>(dP, dO_warp, V_tile);  // dP = dO_i V_j^T
 #pragma unroll
         for (int n = 0; n < NB; ++n) {
 #pragma unroll
             for (int e = 0; e < FRAG_REGS; ++e)
                 dP[n][e] = S[n][e] * (dP[n][e] - Di[frag_h(e)]);  // dS
         }
-        to_a_fragments(A, dP);
-        gemm_frags_by_tile<D>(dQ, A, K_tile);  // dQ_i += dS K_j
+        to_a_fragments<BF16>(A, dP);
+        gemm_frags_by_tile<BF16, D>(dQ, A, K_tile);  // dQ_i += dS K_j
     }
     cp_async_wait<0>();  // (no key tile: Q_i's, dO_i's copies land before the block ends)
-    store_rows<D>(p.dQ + head_offset(p.layout.dQ, b, h), dQ, q_row, p.N, p.scale, p.layout.dQ.row);
+    store_rows<BF16, D>(p.dQ + head_offset(p.layout.dQ, b, h), dQ, q_row, p.N, p.scale,
+                        p.layout.dQ.row);
 }

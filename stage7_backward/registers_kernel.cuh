@@ -69,7 +69,7 @@ __device__ __forceinline__ void store_score_gradients(uint32_t dS_smem, const ui
 // slice w % (QROWS / 16) and its share of the head dim. A = those rows of dS (read .trans from
 // dS_smem, where they are columns), B = K_j (.trans); two head-dim blocks at a time, each added to
 // global memory by fp32 atomics (red.global.add; two floats at once on sm_90).
-template <int D, int ROWS, int QROWS, int WARPS>
+template <bool BF16, int D, int ROWS, int QROWS, int WARPS>
 __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_smem,
                                               uint32_t K_smem, size_t head, int q0) {
     constexpr int KC = ROWS / MMA_K;            // k16 steps over the keys
@@ -105,8 +105,8 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
                 uint32_t b[4];
                 ldmatrix_x4_trans(
                     b, K_smem + (b_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
-                mma_16816(C[nn], a, b[0], b[1]);
-                mma_16816(C[nn + 1], a, b[2], b[3]);
+                mma_16816_of<BF16>(C[nn], a, b[0], b[1]);
+                mma_16816_of<BF16>(C[nn + 1], a, b[2], b[3]);
             }
         }
 #pragma unroll
@@ -128,7 +128,7 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
 // its group (GQA: one head after the other, dK_j and dV_j summed over them in registers).
 // DQ_ATOMIC: the block also adds its part of dQ (the default); the deterministic variant leaves dQ
 // to dq_kernel.
-template <int D, int WARPS, int STAGES, int QROWS, bool DQ_ATOMIC>
+template <int D, int WARPS, int STAGES, int QROWS, bool DQ_ATOMIC, bool BF16>
 __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_params p) {
     constexpr tile_config CFG = {WARPS, STAGES, QROWS};
     constexpr int THREADS = WARPS * WARP_SIZE;
@@ -141,8 +141,9 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
     constexpr uint32_t VEC = LOOP_VECTORS * QROWS * sizeof(float);  // LSE_i, then D_i
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 code has no cp.async to fill a second buffer with: the launcher picks one stage there
-    // (kernel_arch), and the two-stage kernels are not compiled for it.
-    if constexpr (STAGES == 2) {
+    // (kernel_arch), and the two-stage kernels are not compiled for it; nor has it a bf16 mma
+    // (stage_unsupported refuses bf16 there first).
+    if constexpr (STAGES == 2 || BF16) {
         __trap();
         return;
     }
@@ -199,25 +200,26 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
 
         float S[NB][4], dP[NB][4];
         uint32_t A[KC][4];
-        gemm_rows_by_rows<D>(S, K_warp, Q_tile);  // S^T = K_j Q_i^T
-        const int qk0 = q0 + p.causal_shift;      // the tile's first query as a key index
+        gemm_rows_by_rows<BF16, D>(S, K_warp, Q_tile);  // S^T = K_j Q_i^T
+        const int qk0 = q0 + p.causal_shift;            // the tile's first query as a key index
         const bool mask = k0 + ROWS > p.N_k || (p.causal && qk0 < k0 + ROWS - 1);
         probabilities_t(S, vec_tile, key_row, qk0, p, mask);  // P^T
-        gemm_rows_by_rows<D>(dP, V_warp, dO_tile);            // dP^T = V_j dO_i^T
-        to_a_fragments(A, S);
-        gemm_frags_by_tile<D>(dV, A, dO_tile);                       // dV_j += P^T dO_i
+        gemm_rows_by_rows<BF16, D>(dP, V_warp, dO_tile);      // dP^T = V_j dO_i^T
+        to_a_fragments<BF16>(A, S);
+        gemm_frags_by_tile<BF16, D>(dV, A, dO_tile);                 // dV_j += P^T dO_i
         score_gradients_t(dP, S, vec_tile + QROWS * sizeof(float));  // dS^T
-        to_a_fragments(A, dP);
-        gemm_frags_by_tile<D>(dK, A, Q_tile);  // dK_j += dS^T Q_i
+        to_a_fragments<BF16>(A, dP);
+        gemm_frags_by_tile<BF16, D>(dK, A, Q_tile);  // dK_j += dS^T Q_i
         if (DQ_ATOMIC) {
             store_score_gradients<QROWS>(dS_smem, A, warp);
             __syncthreads();  // dS_smem written by every warp, visible to all
-            accumulate_dq<D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem,
-                                                 (size_t)(b * p.H + hq) * p.N * D, q0);
+            accumulate_dq<BF16, D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem,
+                                                       (size_t)(b * p.H + hq) * p.N * D, q0);
         }
         next_query_tile<QROWS>(hq, q0, q_begin, p.N);
     }
-    store_rows<D>(p.dK + head_offset(p.layout.dK, b, hk), dK, key_row, p.N_k, p.scale,
-                  p.layout.dK.row);
-    store_rows<D>(p.dV + head_offset(p.layout.dV, b, hk), dV, key_row, p.N_k, 1.f, p.layout.dV.row);
+    store_rows<BF16, D>(p.dK + head_offset(p.layout.dK, b, hk), dK, key_row, p.N_k, p.scale,
+                        p.layout.dK.row);
+    store_rows<BF16, D>(p.dV + head_offset(p.layout.dV, b, hk), dV, key_row, p.N_k, 1.f,
+                        p.layout.dV.row);
 }

@@ -46,7 +46,7 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
 // dS^T (softmax_gradients), stored to P_smem and dS_smem as fp16. mask: the
 // diagonal tile, and the tile holding N_k; queries past N (and those that see no key) have LSE =
 // +inf, so P = 0 there without a mask. qk0: the query tile's first query as a key index.
-template <int D, int QROWS, int MT, int NT, bool KV_REGS, int KF>
+template <bool BF16, int D, int QROWS, int MT, int NT, bool KV_REGS, int KF>
 __device__ __forceinline__ void score_gradients(
     const bwd_params &p, uint32_t K_smem, uint32_t V_smem, const uint32_t (&K_frag)[KF][MT][4],
     const uint32_t (&V_frag)[KF][MT][4], uint32_t Q_tile, uint32_t dO_tile, uint32_t vec_tile,
@@ -54,19 +54,19 @@ __device__ __forceinline__ void score_gradients(
     constexpr int ROW_BYTES = D * HALF_BYTES;
     float S[MT][NT][4], dP[MT][NT][4];
     if constexpr (KV_REGS) {
-        gemm_nt_regs<D, MT, NT>(S, K_frag, Q_tile + q_col * ROW_BYTES);
-        gemm_nt_regs<D, MT, NT>(dP, V_frag, dO_tile + q_col * ROW_BYTES);
+        gemm_nt_regs<BF16, D, MT, NT>(S, K_frag, Q_tile + q_col * ROW_BYTES);
+        gemm_nt_regs<BF16, D, MT, NT>(dP, V_frag, dO_tile + q_col * ROW_BYTES);
     } else {
-        gemm_nt<D, MT, NT>(S, K_smem, Q_tile + q_col * ROW_BYTES);    // S^T = K_j Q_i^T
-        gemm_nt<D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
+        gemm_nt<BF16, D, MT, NT>(S, K_smem, Q_tile + q_col * ROW_BYTES);    // S^T = K_j Q_i^T
+        gemm_nt<BF16, D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
     }
     if (mask) {  // the same for the whole warp: the tiles without a mask test nothing
         softmax_gradients<QROWS, MT, NT, true>(S, dP, p, vec_tile, k0 + key0, qk0, q_col);
     } else {
         softmax_gradients<QROWS, MT, NT, false>(S, dP, p, vec_tile, k0 + key0, qk0, q_col);
     }
-    store_fragments<QROWS>(P_smem, S, key0, q_col);
-    store_fragments<QROWS>(dS_smem, dP, key0, q_col);
+    store_fragments<BF16, QROWS>(P_smem, S, key0, q_col);
+    store_fragments<BF16, QROWS>(dS_smem, dP, key0, q_col);
 }
 
 // dQ_acc[q0 + QROWS rows] += dS K_j, split over the 8 warps: warp (qw, dw) takes 32 query rows
@@ -74,7 +74,7 @@ __device__ __forceinline__ void score_gradients(
 // (B = K_j, .trans). BULK: into the staging tile (stage_dq_fragments). Else added to global memory
 // by fp32 atomics (red.global.add), one address a thread, its fragment rows and columns constant
 // offsets.
-template <int D, int KEYS, int QROWS, bool BULK>
+template <bool BF16, int D, int KEYS, int QROWS, bool BULK>
 __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t dS_smem,
                                                    uint32_t K_smem, uint32_t dq_stage, size_t head,
                                                    int q0) {
@@ -84,7 +84,7 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int qw = warp % DQ_ROW_WARPS, dw = warp / DQ_ROW_WARPS;
     float C[MQ][NT_Q][4];
-    gemm_nn<MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
+    gemm_nn<BF16, MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
         C, dS_smem, DQ_WARP_ROWS * qw / CHUNK_HALVES, K_smem, NT_Q * MMA_N * dw / CHUNK_HALVES);
     if (BULK) {
         stage_dq_fragments<QROWS, MQ, NT_Q>(dq_stage, C, DQ_WARP_ROWS * qw, NT_Q * MMA_N * dw);
@@ -121,7 +121,7 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 //              (sm_90 on: stored to a staging tile, which goes to dQ_acc by one bulk tensor
 //              reduction issued after the next iteration's first barrier)
 template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool KV_REGS, bool DQ_ATOMIC,
-          bool DQ_BULK_OK>
+          bool DQ_BULK_OK, bool BF16>
 __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     backward_smem_kernel(const bwd_params p, const __grid_constant__ CUtensorMap dq_map) {
     constexpr int THREADS = SMEM_P_WARPS * WARP_SIZE;
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         // block's products run while the warp computes another's P^T and dS^T).
 #pragma unroll
         for (int pass = 0; pass < SCORE_PASSES; ++pass) {
-            score_gradients<D, QROWS, MT, NT_S, KV_REGS, KF>(
+            score_gradients<BF16, D, QROWS, MT, NT_S, KV_REGS, KF>(
                 p, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES, K_frag,
                 V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw,
                 q0 + p.causal_shift, WARP_QUERIES * cw + pass * PASS_QUERIES,
@@ -224,15 +224,15 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
 
         // dV_j += P^T dO_i, dK_j += dS^T Q_i: keys kw, head-dim columns cw.
         const int col_chunk = WARP_COLS * cw / CHUNK_HALVES;
-        gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
+        gemm_nn<BF16, MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
             dV, P_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, dO_tile, col_chunk);
-        gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
+        gemm_nn<BF16, MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
             dK, dS_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, Q_tile, col_chunk);
         // dQ_i += dS K_j, by fp32 atomics or staged for bulk reductions (last: LOG.md, step 4's
         // try)
         if (DQ_ATOMIC) {
             const size_t acc = (size_t)(b * p.H + hq) * p.N * D;  // its head of dQ_acc
-            accumulate_dq_tile<D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, acc, q0);
+            accumulate_dq_tile<BF16, D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, acc, q0);
         }
         hq_prev = hq, q0_prev = q0;
         next_query_tile<QROWS>(hq, q0, q_begin, p.N);
@@ -255,10 +255,10 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
             for (int n = 0; n < NT_KV; ++n) {
                 const int col = WARP_COLS * cw + MMA_N * n + FRAG_LANE_COLS * t;
                 *reinterpret_cast<uint32_t *>(dK_rows + rows_offset(r, p.layout.dK.row) + col) =
-                    pack_half2(dK[m][n][frag_reg(h, 0)] * p.scale,
-                               dK[m][n][frag_reg(h, 1)] * p.scale);
+                    pack2_of<BF16>(dK[m][n][frag_reg(h, 0)] * p.scale,
+                                   dK[m][n][frag_reg(h, 1)] * p.scale);
                 *reinterpret_cast<uint32_t *>(dV_rows + rows_offset(r, p.layout.dV.row) + col) =
-                    pack_half2(dV[m][n][frag_reg(h, 0)], dV[m][n][frag_reg(h, 1)]);
+                    pack2_of<BF16>(dV[m][n][frag_reg(h, 0)], dV[m][n][frag_reg(h, 1)]);
             }
         }
     }
