@@ -33,8 +33,8 @@
  * Why K/V outside: dK_j and dV_j then stay in registers for a whole block, and only dQ, which
  * every key tile adds to, needs accumulating across blocks. README.md derives the gradients.
  * What models feed: grouped-query heads (a block walks its key/value head's query heads in turn,
- * so dK_j and dV_j sum over them in registers), strided tensors, and N_k != N (causal aligned to
- * the bottom right).
+ * so dK_j and dV_j sum over them in registers), strided tensors, N_k != N (causal aligned to the
+ * bottom right), and bf16 (sm_80 on: the kernels' BF16 switch).
  * mma.sync + ldmatrix + cp.async as stage 5: every GPU from sm_75 on (sm_75 loads synchronously).
  *
  * Run:  make build && build/stage7_backward --seq 4096 --heads 16 --dim 128 --causal --bench

@@ -2,7 +2,8 @@
  * stage7_backward/gemm.cuh: the warps' matrix products on mma.sync: C = A B^T of two row-major
  * tiles (gemm_rows_by_rows, gemm_nt), C += A B with A in registers or in shared memory
  * (gemm_frags_by_tile, gemm_nn), and the fragments' way out: packed to A fragments, to shared
- * memory (store_fragments), to global memory (store_rows).
+ * memory (store_fragments), to global memory (store_rows). BF16: the 16-bit operands are bf16
+ * (mma.sync .bf16, bf16 packing), else fp16.
  */
 #pragma once
 
@@ -82,7 +83,7 @@ __device__ __forceinline__ int frag_col(int n, int e) {
 }
 
 // A warp's C fragments of 16 rows (the first is `row`) x D columns, times `mul`, stored as fp16
-// for rows < N, rows ld elements apart.
+// (BF16: bf16) for rows < N, rows ld elements apart.
 template <bool BF16, int D>
 __device__ __forceinline__ void store_rows(__half *out, const float (&C)[D / MMA_N][4], int row,
                                            int N, float mul, unsigned ld) {
@@ -230,11 +231,11 @@ __device__ __forceinline__ void gemm_nn(float (&C)[MT][NT][4], uint32_t A, int a
     }
 }
 
-// The warp's fragments of a [*, COLS] fp32 tile as fp16 into a swizzled shared tile: fragment
-// (m, n) covers rows row0 + 16m.., columns col0 + 8n.. (P^T and dS^T; row0 a multiple of 8, col0
-// of 16). From sm_90 on, one stmatrix_x4 per 16 x 16 block (fragments n and n + 1 of m16 block m:
-// the A-fragment order, so that a lane addresses the row and chunk ldmatrix_x4 would read):
-// a quarter of the store instructions. Before sm_90, one 4-byte store per fragment row.
+// The warp's fragments of a [*, COLS] fp32 tile as fp16 (BF16: bf16) into a swizzled shared tile:
+// fragment (m, n) covers rows row0 + 16m.., columns col0 + 8n.. (P^T and dS^T; row0 a multiple
+// of 8, col0 of 16). From sm_90 on, one stmatrix_x4 per 16 x 16 block (fragments n and n + 1 of
+// m16 block m: the A-fragment order, so that a lane addresses the row and chunk ldmatrix_x4 would
+// read): a quarter of the store instructions. Before sm_90, one 4-byte store per fragment row.
 template <bool BF16, int COLS, int MT, int NT>
 __device__ __forceinline__ void store_fragments(uint32_t tile, const float (&C)[MT][NT][4],
                                                 int row0, int col0) {
