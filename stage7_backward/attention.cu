@@ -32,6 +32,9 @@
  *
  * Why K/V outside: dK_j and dV_j then stay in registers for a whole block, and only dQ, which
  * every key tile adds to, needs accumulating across blocks. README.md derives the gradients.
+ * What models feed: grouped-query heads (a block walks its key/value head's query heads in turn,
+ * so dK_j and dV_j sum over them in registers), strided tensors, N_k != N (causal aligned to the
+ * bottom right), and bf16 (sm_80 on: the kernels' BF16 switch).
  * mma.sync + ldmatrix + cp.async as stage 5: every GPU from sm_75 on (sm_75 loads synchronously).
  *
  * Run:  make build && build/stage7_backward --seq 4096 --heads 16 --dim 128 --causal --bench
@@ -46,6 +49,7 @@
 #include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -78,6 +82,13 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
     const char *why = attn_forward_stage.unsupported(s, dev, VARIANT_DEFAULT);
     if (why) return why;
+    // Every tile moves by 16-byte chunks (cp.async), every row by a 32-bit stride (tile_issue).
+    const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
+    for (size_t t = 0; t < sizeof l / sizeof *l; ++t) {
+        if (l[t]->batch % CHUNK_HALVES || l[t]->head % CHUNK_HALVES || l[t]->row % CHUNK_HALVES ||
+            l[t]->row < s->D || l[t]->row > INT_MAX)
+            return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
+    }
     int arch = 0;
     if (kernel_arch(&arch) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -86,6 +97,8 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
     if (choose_tiles(s->D, dev->smem_per_block, arch, true) < 0 ||
         choose_tiles(s->D, dev->smem_per_block, arch, false) < 0)
         return "the backward needs 64 KB (D = 128) or 40.5 KB (D = 64) of shared memory per block";
+    if (s->bf16 && arch < 80)
+        return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
     return NULL;
 }
 
@@ -113,6 +126,7 @@ extern "C" const attn_stage attn_this_stage = {
     stage_forward,
     backward_workspace_bytes,
     backward,
-    0,  // takes the plain case only (attention.h: no bf16, GQA, strides or N_k != N)
-    0,
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
+        ATTN_TAKES_N_K,  // its forward's (stage 5's)
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // the backward's
 };

@@ -8,6 +8,7 @@
  */
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stddef.h>
 
@@ -128,13 +129,38 @@ __host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D, bool b
 // Rows of lse2 and Dsum per head: N rounded up to ROW_PAD, a multiple of every tile's rows.
 constexpr int ROW_PAD = 128;  // N_pad: N rounded up to this, a multiple of every tile's rows
 
+// One tensor's strides in elements (attn_layout; the last dimension contiguous): element (b, h,
+// row, c) lies at b batch + h head + row row_stride + c. The row stride in 32 bits
+// (stage_unsupported bounds it), so that a tile's copy walks its rows with one address.
+typedef struct {
+    long long batch, head;
+    unsigned row;
+} tensor_strides;
+
+typedef struct {
+    tensor_strides q, k, v, o, dO, dQ, dK, dV;
+} bwd_layouts;
+
+// The 16-bit tensors are __half pointers whatever their type: fp16, or bf16 where the kernels'
+// BF16 says so (only the products, the packing and the preprocess's reads tell them apart).
 typedef struct bwd_params {
-    const __half *Q, *K, *V, *O, *dO;  // [B, H, N, D]
-    const float *lse;                  // [B, H, N] natural log (the forward's)
-    __half *dQ, *dK, *dV;              // [B, H, N, D]
-    float *dQ_acc;                     // [B, H, N, D] fp32, zeroed by preprocess_kernel (atomics)
+    const __half *Q, *K, *V, *O, *dO;  // Q, O, dO [B, H, N, D]; K, V [B, H_kv, N_k, D]; strided
+    const float *lse;                  // [B, H, N] natural log (the forward's), contiguous
+    __half *dQ, *dK, *dV;              // dQ [B, H, N, D]; dK, dV [B, H_kv, N_k, D]; strided
+    float *dQ_acc;                     // [B, H, N, D] fp32, contiguous, zeroed by preprocess_kernel
     float *lse2;                       // [B * H, N_pad]: LSE * log2(e), +inf past N
     float *Dsum;                       // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
-    int N, N_pad, causal;
-    float scale, scale_log2;  // scale, scale * log2(e)
+    bwd_layouts layout;                // the eight tensors' strides
+    int H, H_kv, group;                // query heads, key/value heads, H / H_kv (GQA)
+    int N, N_k, N_pad, causal;         // queries, keys, N rounded up to ROW_PAD
+    int causal_shift;                  // N_k - N: causal query i sees keys j <= i + causal_shift
+    float scale, scale_log2;           // scale, scale * log2(e)
 } bwd_params;
+
+// Offsets in elements: of head h of batch b of a tensor, and of row `row` from it.
+__host__ __device__ __forceinline__ size_t head_offset(const tensor_strides &t, int b, int h) {
+    return (size_t)b * t.batch + (size_t)h * t.head;
+}
+__host__ __device__ __forceinline__ size_t rows_offset(int row, unsigned ld) {
+    return (size_t)(unsigned)row * ld;
+}

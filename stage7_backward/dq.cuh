@@ -47,12 +47,12 @@ __device__ __forceinline__ void stage_dq_fragments(uint32_t dq_stage, const floa
 }
 
 // DQ_BULK: after a barrier that follows every warp's stage_dq_fragments, thread 0 hands the
-// staging tile to one bulk tensor reduction into rows q0 .. q0 + QROWS of dQ_acc (rows past N
-// skipped by the TMA unit).
+// staging tile to one bulk tensor reduction into rows q0 .. q0 + QROWS of (batch, head) bh of
+// dQ_acc (rows past N skipped by the TMA unit).
 __device__ __forceinline__ void add_staged_dq_tile(const CUtensorMap *dq_map, uint32_t dq_stage,
-                                                   int q0) {
+                                                   int q0, int bh) {
     if (threadIdx.x != 0) return;
-    tma_reduce_add_4d(dq_map, dq_stage, 0, q0, 0, (int)blockIdx.y);
+    tma_reduce_add_4d(dq_map, dq_stage, 0, q0, 0, bh);
     bulk_commit();
 }
 

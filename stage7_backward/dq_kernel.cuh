@@ -8,9 +8,10 @@
 #include "smem.cuh"
 
 // The deterministic variant's second pass: one block = one query tile Q_i, dO_i of one (batch,
-// head), 16 rows per warp; it loops over the key tiles it sees and keeps dQ_i in registers:
+// head), 16 rows per warp; it loops over the key tiles it sees (of its key/value head h / group:
+// GQA; causal: keys <= query + N_k - N) and keeps dQ_i in registers (rows that see no key: 0):
 //   S = Q_i K_j^T, P = 2^(c S - LSE_i), dP = dO_i V_j^T, dS = P (dP - D_i), dQ_i += dS K_j.
-template <int D, int WARPS, int STAGES>
+template <int D, int WARPS, int STAGES, bool BF16>
 __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p) {
     constexpr tile_config CFG = {WARPS, STAGES, 0};
     constexpr int THREADS = WARPS * WARP_SIZE;
@@ -18,15 +19,26 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
     constexpr int ROW_BYTES = D * HALF_BYTES;
     constexpr int NB = ROWS / MMA_N, KC = ROWS / MMA_K, DB = D / MMA_N;
     constexpr uint32_t TILE = ROWS * ROW_BYTES;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // sm_75 has no bf16 mma: stage_unsupported refuses bf16 there first.
+    if constexpr (BF16) {
+        __trap();
+        return;
+    }
+#endif
 
     // Causal: the last query tiles have the most key tiles; launch them first.
     const int q_index = p.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
     const int q0 = q_index * ROWS;
-    const size_t head = (size_t)blockIdx.y * p.N * D;
-    const size_t vec = (size_t)blockIdx.y * p.N_pad;
+    const int b = (int)blockIdx.y / p.H, h = (int)blockIdx.y % p.H;  // batch, query head
+    const size_t vec = (size_t)blockIdx.y * p.N_pad;                 // its rows of lse2 and Dsum
+    const __half *const K_rows = p.K + head_offset(p.layout.k, b, h / p.group);  // [N_k, D]
+    const __half *const V_rows = p.V + head_offset(p.layout.v, b, h / p.group);
+    const unsigned k_ld = p.layout.k.row, v_ld = p.layout.v.row;
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int q_row = q0 + MMA_M * warp;  // this warp's first query
-    const int kv_end = p.causal ? min(q0 + ROWS, p.N) : p.N;
+    // Causal: the tile's last query (or N's) sees keys up to it + N_k - N (none: no key tile).
+    const int kv_end = p.causal ? max(0, min(min(q0 + ROWS, p.N) + p.causal_shift, p.N_k)) : p.N_k;
     const int k_tiles = (kv_end + ROWS - 1) / ROWS;
 
     // Shared memory: Q_smem, dO_smem [ROWS, D]; per stage K_smem, V_smem [ROWS, D]; swizzled.
@@ -34,12 +46,16 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
     const uint32_t Q_smem = smem_u32(smem), dO_smem = Q_smem + TILE;
     const uint32_t K_smem = dO_smem + TILE, V_smem = K_smem + STAGES * TILE;
 
-    tile_issue<ROWS, D, THREADS>(Q_smem, p.Q + head + (size_t)q0 * D, p.N - q0);
-    tile_issue<ROWS, D, THREADS>(dO_smem, p.dO + head + (size_t)q0 * D, p.N - q0);
+    tile_issue<ROWS, D, THREADS>(
+        Q_smem, p.Q + head_offset(p.layout.q, b, h) + rows_offset(q0, p.layout.q.row),
+        p.layout.q.row, p.N - q0);
+    tile_issue<ROWS, D, THREADS>(
+        dO_smem, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(q0, p.layout.dO.row),
+        p.layout.dO.row, p.N - q0);
     cp_async_commit();
     if (STAGES == 2) {
-        tile_issue<ROWS, D, THREADS>(K_smem, p.K + head, p.N);
-        tile_issue<ROWS, D, THREADS>(V_smem, p.V + head, p.N);
+        tile_issue<ROWS, D, THREADS>(K_smem, K_rows, k_ld, p.N_k);
+        tile_issue<ROWS, D, THREADS>(V_smem, V_rows, v_ld, p.N_k);
         cp_async_commit();
     }
     const int g = lane_index() / QUAD;
@@ -58,8 +74,8 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
         const uint32_t K_tile = K_smem + buf * TILE, V_tile = V_smem + buf * TILE;
         if (STAGES == 1) {
             __syncthreads();  // every warp is done with the last K_j, V_j
-            tile_issue<ROWS, D, THREADS>(K_tile, p.K + head + (size_t)k0 * D, p.N - k0);
-            tile_issue<ROWS, D, THREADS>(V_tile, p.V + head + (size_t)k0 * D, p.N - k0);
+            tile_issue<ROWS, D, THREADS>(K_tile, K_rows + rows_offset(k0, k_ld), k_ld, p.N_k - k0);
+            tile_issue<ROWS, D, THREADS>(V_tile, V_rows + rows_offset(k0, v_ld), v_ld, p.N_k - k0);
             cp_async_commit();
         }
         cp_async_wait<0>();
@@ -67,36 +83,41 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
                           // is also done with K_{j-1}, V_{j-1}, whose buffer is refilled next
         if (STAGES == 2 && it + 1 < k_tiles) {
             tile_issue<ROWS, D, THREADS>(K_smem + (STAGES - 1 - buf) * TILE,
-                                         p.K + head + (size_t)(k0 + ROWS) * D, p.N - k0 - ROWS);
+                                         K_rows + rows_offset(k0 + ROWS, k_ld), k_ld,
+                                         p.N_k - k0 - ROWS);
             tile_issue<ROWS, D, THREADS>(V_smem + (STAGES - 1 - buf) * TILE,
-                                         p.V + head + (size_t)(k0 + ROWS) * D, p.N - k0 - ROWS);
+                                         V_rows + rows_offset(k0 + ROWS, v_ld), v_ld,
+                                         p.N_k - k0 - ROWS);
             cp_async_commit();
         }
         const uint32_t Q_warp = Q_smem + warp * MMA_M * ROW_BYTES;
         const uint32_t dO_warp = dO_smem + warp * MMA_M * ROW_BYTES;
         float S[NB][4], dP[NB][4];
         uint32_t A[KC][4];
-        gemm_rows_by_rows<D>(S, Q_warp, K_tile);  // S = Q_i K_j^T
-        const bool mask = k0 + ROWS > p.N || (p.causal && k0 + ROWS - 1 > q0);
+        gemm_rows_by_rows<BF16, D>(S, Q_warp, K_tile);  // S = Q_i K_j^T
+        const bool mask = k0 + ROWS > p.N_k || (p.causal && k0 + ROWS - 1 > q0 + p.causal_shift);
 #pragma unroll
         for (int n = 0; n < NB; ++n) {
 #pragma unroll
             for (int e = 0; e < FRAG_REGS; ++e) {  // P = 2^(c S - LSE); masked keys: P = 0
-                const int key = k0 + frag_col(n, e), query = q_row + frag_row(e);
-                const bool off = mask && (key >= p.N || (p.causal && key > query));
+                const int key = k0 + frag_col(n, e);
+                const int query = q_row + frag_row(e) + p.causal_shift;  // as a key index
+                const bool off = mask && (key >= p.N_k || (p.causal && key > query));
                 const float x = fmaf(S[n][e], p.scale_log2, -lse2[frag_h(e)]);
                 S[n][e] = off ? 0.f : fast_exp2(x);
             }
         }
-        gemm_rows_by_rows<D>(dP, dO_warp, V_tile);  // dP = dO_i V_j^T
+        gemm_rows_by_rows<BF16, D>(dP, dO_warp, V_tile);  // dP = dO_i V_j^T
 #pragma unroll
         for (int n = 0; n < NB; ++n) {
 #pragma unroll
             for (int e = 0; e < FRAG_REGS; ++e)
                 dP[n][e] = S[n][e] * (dP[n][e] - Di[frag_h(e)]);  // dS
         }
-        to_a_fragments(A, dP);
-        gemm_frags_by_tile<D>(dQ, A, K_tile);  // dQ_i += dS K_j
+        to_a_fragments<BF16>(A, dP);
+        gemm_frags_by_tile<BF16, D>(dQ, A, K_tile);  // dQ_i += dS K_j
     }
-    store_rows<D>(p.dQ + head, dQ, q_row, p.N, p.scale);
+    cp_async_wait<0>();  // (no key tile: Q_i's, dO_i's copies land before the block ends)
+    store_rows<BF16, D>(p.dQ + head_offset(p.layout.dQ, b, h), dQ, q_row, p.N, p.scale,
+                        p.layout.dQ.row);
 }

@@ -2,7 +2,8 @@
  * stage7_backward/gemm.cuh: the warps' matrix products on mma.sync: C = A B^T of two row-major
  * tiles (gemm_rows_by_rows, gemm_nt), C += A B with A in registers or in shared memory
  * (gemm_frags_by_tile, gemm_nn), and the fragments' way out: packed to A fragments, to shared
- * memory (store_fragments), to global memory (store_rows).
+ * memory (store_fragments), to global memory (store_rows). BF16: the 16-bit operands are bf16
+ * (mma.sync .bf16, bf16 packing), else fp16.
  */
 #pragma once
 
@@ -13,7 +14,7 @@
 // C = A B^T for one warp: A is the warp's 16 rows of a [*, D] tile at A_rows, B the COLS rows of
 // another [*, D] tile at B_tile, both in shared memory: C[n] = C fragment of columns 8n..8n+7.
 // S^T = K Q^T, dP^T = V dO^T (main kernel); S = Q K^T, dP = dO V^T (dq_kernel).
-template <int D, int NB>
+template <bool BF16, int D, int NB>
 __device__ __forceinline__ void gemm_rows_by_rows(float (&C)[NB][4], uint32_t A_rows,
                                                   uint32_t B_tile) {
     constexpr int ROW_BYTES = D * HALF_BYTES;
@@ -31,8 +32,8 @@ __device__ __forceinline__ void gemm_rows_by_rows(float (&C)[NB][4], uint32_t A_
         for (int n = 0; n < NB; n += X4_BLOCKS) {
             uint32_t b[4];  // b0, b1 of columns 8n..; b0, b1 of columns 8n + 8..
             ldmatrix_x4(b, B_tile + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
-            mma_16816(C[n], a, b[0], b[1]);
-            mma_16816(C[n + 1], a, b[2], b[3]);
+            mma_16816_of<BF16>(C[n], a, b[0], b[1]);
+            mma_16816_of<BF16>(C[n + 1], a, b[2], b[3]);
         }
     }
 }
@@ -40,7 +41,7 @@ __device__ __forceinline__ void gemm_rows_by_rows(float (&C)[NB][4], uint32_t A_
 // C += A B for one warp: A (16 x 16 KC) in registers as A fragments, B the [16 KC, D] tile at
 // B_tile, row-major (read .trans): dV += P^T dO, dK += dS^T Q (main kernel), dQ += dS K
 // (dq_kernel). C[n] = C fragment of head-dim columns 8n..8n+7.
-template <int D, int KC>
+template <bool BF16, int D, int KC>
 __device__ __forceinline__ void gemm_frags_by_tile(float (&C)[D / MMA_N][4],
                                                    const uint32_t (&A)[KC][4], uint32_t B_tile) {
     constexpr int ROW_BYTES = D * HALF_BYTES;
@@ -52,23 +53,23 @@ __device__ __forceinline__ void gemm_frags_by_tile(float (&C)[D / MMA_N][4],
             uint32_t b[4];
             ldmatrix_x4_trans(b,
                               B_tile + (off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
-            mma_16816(C[n], A[k], b[0], b[1]);
-            mma_16816(C[n + 1], A[k], b[2], b[3]);
+            mma_16816_of<BF16>(C[n], A[k], b[0], b[1]);
+            mma_16816_of<BF16>(C[n + 1], A[k], b[2], b[3]);
         }
     }
 }
 
 // C fragments of column blocks 2k, 2k+1 are, register for register, the A fragment of k16 step k
 // (stage 5's P): pack them to halves.
-template <int NB>
+template <bool BF16, int NB>
 __device__ __forceinline__ void to_a_fragments(uint32_t (&A)[NB / N8_PER_K16][4],
                                                const float (&C)[NB][4]) {
 #pragma unroll
     for (int k = 0; k < NB / N8_PER_K16; ++k) {
-        A[k][0] = pack_half2(C[N8_PER_K16 * k][0], C[N8_PER_K16 * k][1]);
-        A[k][1] = pack_half2(C[N8_PER_K16 * k][2], C[N8_PER_K16 * k][3]);
-        A[k][2] = pack_half2(C[N8_PER_K16 * k + 1][0], C[N8_PER_K16 * k + 1][1]);
-        A[k][3] = pack_half2(C[N8_PER_K16 * k + 1][2], C[N8_PER_K16 * k + 1][3]);
+        A[k][0] = pack2_of<BF16>(C[N8_PER_K16 * k][0], C[N8_PER_K16 * k][1]);
+        A[k][1] = pack2_of<BF16>(C[N8_PER_K16 * k][2], C[N8_PER_K16 * k][3]);
+        A[k][2] = pack2_of<BF16>(C[N8_PER_K16 * k + 1][0], C[N8_PER_K16 * k + 1][1]);
+        A[k][3] = pack2_of<BF16>(C[N8_PER_K16 * k + 1][2], C[N8_PER_K16 * k + 1][3]);
     }
 }
 
@@ -82,10 +83,10 @@ __device__ __forceinline__ int frag_col(int n, int e) {
 }
 
 // A warp's C fragments of 16 rows (the first is `row`) x D columns, times `mul`, stored as fp16
-// for rows < N.
-template <int D>
+// (BF16: bf16) for rows < N, rows ld elements apart.
+template <bool BF16, int D>
 __device__ __forceinline__ void store_rows(__half *out, const float (&C)[D / MMA_N][4], int row,
-                                           int N, float mul) {
+                                           int N, float mul, unsigned ld) {
     const int g = lane_index() / QUAD, t = lane_index() % QUAD;
 #pragma unroll
     for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
@@ -93,8 +94,8 @@ __device__ __forceinline__ void store_rows(__half *out, const float (&C)[D / MMA
         if (r >= N) continue;
 #pragma unroll
         for (int n = 0; n < D / MMA_N; ++n) {
-            *reinterpret_cast<uint32_t *>(out + (size_t)r * D + MMA_N * n + 2 * t) =
-                pack_half2(C[n][frag_reg(h, 0)] * mul, C[n][frag_reg(h, 1)] * mul);
+            *reinterpret_cast<uint32_t *>(out + rows_offset(r, ld) + MMA_N * n + 2 * t) =
+                pack2_of<BF16>(C[n][frag_reg(h, 0)] * mul, C[n][frag_reg(h, 1)] * mul);
         }
     }
 }
@@ -102,7 +103,7 @@ __device__ __forceinline__ void store_rows(__half *out, const float (&C)[D / MMA
 // One k16 step of C (+)= A B^T for one warp, MT x NT fragments, A's fragments a given (MT m16
 // blocks, in registers), B = NT n8 row blocks of a [*, D] tile from B_rows, NT / 2 ldmatrix.x4.
 // FIRST: C = the product (the first step: nothing to clear).
-template <int D, int MT, int NT, bool FIRST>
+template <bool BF16, int D, int MT, int NT, bool FIRST>
 __device__ __forceinline__ void mma_rows_step(float (&C)[MT][NT][4], const uint32_t (&a)[MT][4],
                                               uint32_t B_rows, uint32_t b_off, int k) {
     constexpr int ROW_BYTES = D * HALF_BYTES;
@@ -113,11 +114,11 @@ __device__ __forceinline__ void mma_rows_step(float (&C)[MT][NT][4], const uint3
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             if (FIRST) {
-                mma_16816_zero(C[m][n], a[m], b[0], b[1]);
-                mma_16816_zero(C[m][n + 1], a[m], b[2], b[3]);
+                mma_16816_zero_of<BF16>(C[m][n], a[m], b[0], b[1]);
+                mma_16816_zero_of<BF16>(C[m][n + 1], a[m], b[2], b[3]);
             } else {
-                mma_16816(C[m][n], a[m], b[0], b[1]);
-                mma_16816(C[m][n + 1], a[m], b[2], b[3]);
+                mma_16816_of<BF16>(C[m][n], a[m], b[0], b[1]);
+                mma_16816_of<BF16>(C[m][n + 1], a[m], b[2], b[3]);
             }
         }
     }
@@ -126,7 +127,7 @@ __device__ __forceinline__ void mma_rows_step(float (&C)[MT][NT][4], const uint3
 // C = A B^T for one warp, MT x NT fragments: A = MT m16 row blocks of a [*, D] tile from A_rows,
 // B = NT n8 row blocks of another [*, D] tile from B_rows: S^T = K_j Q_i^T, dP^T = V_j dO_i^T.
 // Each k16 step reads MT + NT / 2 ldmatrix.x4 for MT NT mma.
-template <int D, int MT, int NT, bool FIRST>
+template <bool BF16, int D, int MT, int NT, bool FIRST>
 __device__ __forceinline__ void gemm_nt_step(float (&C)[MT][NT][4], uint32_t A_rows,
                                              uint32_t B_rows, uint32_t a_off, uint32_t b_off,
                                              int k) {
@@ -136,16 +137,16 @@ __device__ __forceinline__ void gemm_nt_step(float (&C)[MT][NT][4], uint32_t A_r
     for (int m = 0; m < MT; ++m) {
         ldmatrix_x4(a[m], A_rows + (a_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
     }
-    mma_rows_step<D, MT, NT, FIRST>(C, a, B_rows, b_off, k);
+    mma_rows_step<BF16, D, MT, NT, FIRST>(C, a, B_rows, b_off, k);
 }
 
-template <int D, int MT, int NT>
+template <bool BF16, int D, int MT, int NT>
 __device__ __forceinline__ void gemm_nt(float (&C)[MT][NT][4], uint32_t A_rows, uint32_t B_rows) {
     const uint32_t a_off = a_lane_offset<D>(), b_off = b_lane_offset<D>();
-    gemm_nt_step<D, MT, NT, true>(C, A_rows, B_rows, a_off, b_off, 0);
+    gemm_nt_step<BF16, D, MT, NT, true>(C, A_rows, B_rows, a_off, b_off, 0);
 #pragma unroll 4
     for (int k = 1; k < D / MMA_K; ++k) {
-        gemm_nt_step<D, MT, NT, false>(C, A_rows, B_rows, a_off, b_off, k);
+        gemm_nt_step<BF16, D, MT, NT, false>(C, A_rows, B_rows, a_off, b_off, k);
     }
 }
 
@@ -166,14 +167,15 @@ __device__ __forceinline__ void load_row_fragments(uint32_t (&A)[D / MMA_K][MT][
 
 // gemm_nt with A's fragments in registers (load_row_fragments): each k16 step reads NT / 2
 // ldmatrix.x4 of B only.
-template <int D, int MT, int NT>
+template <bool BF16, int D, int MT, int NT>
 __device__ __forceinline__ void gemm_nt_regs(float (&C)[MT][NT][4],
                                              const uint32_t (&A)[D / MMA_K][MT][4],
                                              uint32_t B_rows) {
     const uint32_t b_off = b_lane_offset<D>();
-    mma_rows_step<D, MT, NT, true>(C, A[0], B_rows, b_off, 0);
+    mma_rows_step<BF16, D, MT, NT, true>(C, A[0], B_rows, b_off, 0);
 #pragma unroll
-    for (int k = 1; k < D / MMA_K; ++k) mma_rows_step<D, MT, NT, false>(C, A[k], B_rows, b_off, k);
+    for (int k = 1; k < D / MMA_K; ++k)
+        mma_rows_step<BF16, D, MT, NT, false>(C, A[k], B_rows, b_off, k);
 }
 
 // C += A B for one warp over KSTEPS k16 steps, MT x NT fragments. B: a [16 KSTEPS, B_COLS] tile
@@ -181,7 +183,7 @@ __device__ __forceinline__ void gemm_nt_regs(float (&C)[MT][NT][4],
 // [*, A_COLS] tile row-major, the warp's rows from A_rows (dV += P^T dO_i, dK += dS^T Q_i);
 // A_T = true, stored transposed, [16 KSTEPS, A_COLS] with the warp's rows as columns from chunk
 // a_chunk (dQ_i += dS K_j, dS read from dS^T).
-template <int MT, int NT, bool A_T, int A_COLS, int B_COLS, bool FIRST>
+template <bool BF16, int MT, int NT, bool A_T, int A_COLS, int B_COLS, bool FIRST>
 __device__ __forceinline__ void gemm_nn_step(float (&C)[MT][NT][4], uint32_t A, int a_chunk,
                                              uint32_t B, int b_chunk, uint32_t a_off,
                                              uint32_t b_off, int k) {
@@ -203,36 +205,38 @@ __device__ __forceinline__ void gemm_nn_step(float (&C)[MT][NT][4], uint32_t A, 
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             if (FIRST) {
-                mma_16816_zero(C[m][n], a[m], b[0], b[1]);
-                mma_16816_zero(C[m][n + 1], a[m], b[2], b[3]);
+                mma_16816_zero_of<BF16>(C[m][n], a[m], b[0], b[1]);
+                mma_16816_zero_of<BF16>(C[m][n + 1], a[m], b[2], b[3]);
             } else {
-                mma_16816(C[m][n], a[m], b[0], b[1]);
-                mma_16816(C[m][n + 1], a[m], b[2], b[3]);
+                mma_16816_of<BF16>(C[m][n], a[m], b[0], b[1]);
+                mma_16816_of<BF16>(C[m][n + 1], a[m], b[2], b[3]);
             }
         }
     }
 }
 
 // ZERO: C = A B (C's old contents ignored), else C += A B.
-template <int MT, int NT, int KSTEPS, bool A_T, int A_COLS, int B_COLS, bool ZERO = false>
+template <bool BF16, int MT, int NT, int KSTEPS, bool A_T, int A_COLS, int B_COLS,
+          bool ZERO = false>
 __device__ __forceinline__ void gemm_nn(float (&C)[MT][NT][4], uint32_t A, int a_chunk, uint32_t B,
                                         int b_chunk) {
     const uint32_t a_off = A_T ? b_lane_offset<A_COLS>() : a_lane_offset<A_COLS>();
     const uint32_t b_off = a_lane_offset<B_COLS>();
-    gemm_nn_step<MT, NT, A_T, A_COLS, B_COLS, ZERO>(C, A, a_chunk, B, b_chunk, a_off, b_off, 0);
+    gemm_nn_step<BF16, MT, NT, A_T, A_COLS, B_COLS, ZERO>(C, A, a_chunk, B, b_chunk, a_off, b_off,
+                                                          0);
 #pragma unroll
     for (int k = 1; k < KSTEPS; ++k) {
-        gemm_nn_step<MT, NT, A_T, A_COLS, B_COLS, false>(C, A, a_chunk, B, b_chunk, a_off, b_off,
-                                                         k);
+        gemm_nn_step<BF16, MT, NT, A_T, A_COLS, B_COLS, false>(C, A, a_chunk, B, b_chunk, a_off,
+                                                               b_off, k);
     }
 }
 
-// The warp's fragments of a [*, COLS] fp32 tile as fp16 into a swizzled shared tile: fragment
-// (m, n) covers rows row0 + 16m.., columns col0 + 8n.. (P^T and dS^T; row0 a multiple of 8, col0
-// of 16). From sm_90 on, one stmatrix_x4 per 16 x 16 block (fragments n and n + 1 of m16 block m:
-// the A-fragment order, so that a lane addresses the row and chunk ldmatrix_x4 would read):
-// a quarter of the store instructions. Before sm_90, one 4-byte store per fragment row.
-template <int COLS, int MT, int NT>
+// The warp's fragments of a [*, COLS] fp32 tile as fp16 (BF16: bf16) into a swizzled shared tile:
+// fragment (m, n) covers rows row0 + 16m.., columns col0 + 8n.. (P^T and dS^T; row0 a multiple
+// of 8, col0 of 16). From sm_90 on, one stmatrix_x4 per 16 x 16 block (fragments n and n + 1 of
+// m16 block m: the A-fragment order, so that a lane addresses the row and chunk ldmatrix_x4 would
+// read): a quarter of the store instructions. Before sm_90, one 4-byte store per fragment row.
+template <bool BF16, int COLS, int MT, int NT>
 __device__ __forceinline__ void store_fragments(uint32_t tile, const float (&C)[MT][NT][4],
                                                 int row0, int col0) {
 #if __CUDA_ARCH__ >= 900
@@ -244,9 +248,10 @@ __device__ __forceinline__ void store_fragments(uint32_t tile, const float (&C)[
             const uint32_t chunk = col0 / CHUNK_HALVES + n;  // even: the XOR moves whole pairs
             stmatrix_x4(tile + (row0 + MMA_M * m) * (COLS * HALF_BYTES) +
                             (lane_off ^ (chunk * CHUNK_BYTES)),
-                        pack_half2(C[m][n][0], C[m][n][1]), pack_half2(C[m][n][2], C[m][n][3]),
-                        pack_half2(C[m][n + 1][0], C[m][n + 1][1]),
-                        pack_half2(C[m][n + 1][2], C[m][n + 1][3]));
+                        pack2_of<BF16>(C[m][n][0], C[m][n][1]),
+                        pack2_of<BF16>(C[m][n][2], C[m][n][3]),
+                        pack2_of<BF16>(C[m][n + 1][0], C[m][n + 1][1]),
+                        pack2_of<BF16>(C[m][n + 1][2], C[m][n + 1][3]));
         }
     }
 #else
@@ -260,7 +265,7 @@ __device__ __forceinline__ void store_fragments(uint32_t tile, const float (&C)[
                 const int r = row0 + MMA_M * m + g + FRAG_ROW_STEP * h;
                 st_shared_b32(
                     tile + smem_offset<COLS>(r, col0 / CHUNK_HALVES + n) + t * sizeof(uint32_t),
-                    pack_half2(C[m][n][frag_reg(h, 0)], C[m][n][frag_reg(h, 1)]));
+                    pack2_of<BF16>(C[m][n][frag_reg(h, 0)], C[m][n][frag_reg(h, 1)]));
             }
         }
     }

@@ -46,7 +46,7 @@ static int padded_rows(int N) {
 // Asked once per device (kernel_versions).
 static cudaError_t kernel_arch(int *arch) {
     int binary = 0;
-    ATTN_TRY(kernel_versions((const void *)dq_convert_kernel, arch, &binary));
+    ATTN_TRY(kernel_versions((const void *)dq_convert_kernel<64, false>, arch, &binary));
     return cudaSuccess;
 }
 
@@ -81,17 +81,17 @@ typedef void (*kernel_fn)(bwd_params);
 typedef void (*smem_kernel_fn)(bwd_params, CUtensorMap);  // + dQ_acc's map (DQ_BULK)
 
 // The kernel of configuration i of its list: backward_kernel (MAIN, dQ by atomics or not) or
-// dq_kernel, every configuration instantiated.
-template <int D, bool MAIN, int I = 0>
+// dq_kernel, every configuration instantiated (BF16: for bf16 storage).
+template <int D, bool MAIN, bool BF16, int I = 0>
 static kernel_fn kernel_for(int i, bool atomic) {
     if constexpr (I < tile_count<D, MAIN>()) {
         constexpr tile_config c = tiles_for<D, MAIN>()[I];
-        if (i != I) return kernel_for<D, MAIN, I + 1>(i, atomic);
+        if (i != I) return kernel_for<D, MAIN, BF16, I + 1>(i, atomic);
         if constexpr (MAIN) {
-            return atomic ? backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, true>
-                          : backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, false>;
+            return atomic ? backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, true, BF16>
+                          : backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, false, BF16>;
         } else {
-            return dq_kernel<D, c.WARPS, c.STAGES>;
+            return dq_kernel<D, c.WARPS, c.STAGES, BF16>;
         }
     } else {
         (void)i, (void)atomic;
@@ -105,19 +105,19 @@ static bool smem_p_fits(int D, size_t smem_limit, int arch, dq_way dq) {
     return arch >= 80 && smem_p_bytes(c, D, dq == DQ_BY_BULK) <= smem_limit;
 }
 
-template <int D>
+template <int D, bool BF16>
 static smem_kernel_fn smem_p_kernel(dq_way dq) {
     constexpr smem_p_config c = smem_p_tiles<D>();
     switch (dq) {
         case DQ_SECOND_PASS:
             return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
-                                        false, false>;
+                                        false, false, BF16>;
         case DQ_BY_ATOMICS:
             return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
-                                        true, false>;
+                                        true, false, BF16>;
         default:
             return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
-                                        true, true>;
+                                        true, true, BF16>;
     }
 }
 
@@ -145,31 +145,21 @@ static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *d
     return 2 * aligned(rows * sizeof(float)) + aligned(acc);
 }
 
-static cudaError_t backward(const attn_shape *s, const attn_device *dev, const void *Q,
-                            const void *K, const void *V, const void *O, const float *lse,
-                            const void *dO, void *dQ, void *dK, void *dV, void *workspace,
-                            int variant, cudaStream_t stream) {
-    const int BH = s->B * s->H, N_pad = padded_rows(s->N);
-    const size_t rows = (size_t)BH * N_pad;
+// Preprocess, the main kernel, then the convert or dq_kernel, for one storage type (BF16: bf16).
+template <bool BF16>
+static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
+                                    const bwd_params &p, int variant, cudaStream_t stream) {
+    const int BH = s->B * s->H;
+    const size_t rows = (size_t)BH * p.N_pad;
     const bool atomic = variant != VARIANT_DETERMINISTIC;
-    bwd_params p;
-    p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
-    p.O = (const __half *)O, p.dO = (const __half *)dO, p.lse = lse;
-    p.dQ = (__half *)dQ, p.dK = (__half *)dK, p.dV = (__half *)dV;
-    p.lse2 = (float *)workspace;
-    p.Dsum = (float *)((char *)workspace + aligned(rows * sizeof(float)));
-    p.dQ_acc = atomic ? (float *)((char *)workspace + 2 * aligned(rows * sizeof(float))) : NULL;
-    p.N = s->N, p.N_pad = N_pad, p.causal = s->causal;
-    p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
-
     const dim3 pre_grid((unsigned)(rows * PREPROCESS_LANES / PREPROCESS_THREADS));
     if (s->D == 64) {
-        preprocess_kernel<64><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
+        preprocess_kernel<64, BF16><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
     } else {
-        preprocess_kernel<128><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
+        preprocess_kernel<128, BF16><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
     }
     ATTN_TRY(cudaGetLastError());
-    const size_t elems = (size_t)BH * s->N * s->D;
+    const unsigned BH_kv = (unsigned)(s->B * s->H_kv);  // the main kernels' (batch, K/V head)s
 
     int arch = 0;
     ATTN_TRY(kernel_arch(&arch));
@@ -179,31 +169,64 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     const dq_way dq = dq_way_for(variant, arch);
     if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch, dq)) {
         const smem_p_config c = s->D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
-        const smem_kernel_fn sk = s->D == 64 ? smem_p_kernel<64>(dq) : smem_p_kernel<128>(dq);
+        const smem_kernel_fn sk =
+            s->D == 64 ? smem_p_kernel<64, BF16>(dq) : smem_p_kernel<128, BF16>(dq);
         CUtensorMap dq_map;
         memset(&dq_map, 0, sizeof dq_map);  // unread but by the DQ_BULK kernels
         if (dq == DQ_BY_BULK) ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, c.QROWS));
-        ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N, c.KEYS), (unsigned)BH),
+        ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N_k, c.KEYS), BH_kv),
                         SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, dq == DQ_BY_BULK), stream,
                         p, dq_map));
     } else {
         const tile_config mc = tiles_at(s->D, true, mi);
-        const kernel_fn mk =
-            s->D == 64 ? kernel_for<64, true>(mi, atomic) : kernel_for<128, true>(mi, atomic);
-        ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N, tile_rows(mc)), (unsigned)BH),
+        const kernel_fn mk = s->D == 64 ? kernel_for<64, true, BF16>(mi, atomic)
+                                        : kernel_for<128, true, BF16>(mi, atomic);
+        ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N_k, tile_rows(mc)), BH_kv),
                         mc.WARPS * WARP_SIZE, main_smem_bytes(mc, s->D), stream, p));
     }
     if (atomic) {
-        const size_t count4 = elems / 4;
-        dq_convert_kernel<<<(unsigned)((count4 + CONVERT_THREADS - 1) / CONVERT_THREADS),
-                            CONVERT_THREADS, 0, stream>>>(p, count4);
+        const size_t head_threads = (size_t)s->N * s->D / CONVERT_FLOATS;  // a (batch, head)'s
+        const dim3 grid((unsigned)((head_threads + CONVERT_THREADS - 1) / CONVERT_THREADS),
+                        (unsigned)BH);
+        if (s->D == 64) {
+            dq_convert_kernel<64, BF16><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        } else {
+            dq_convert_kernel<128, BF16><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        }
         ATTN_TRY(cudaGetLastError());
     } else {
         const tile_config dc = tiles_at(s->D, false, di);
-        const kernel_fn dk =
-            s->D == 64 ? kernel_for<64, false>(di, false) : kernel_for<128, false>(di, false);
+        const kernel_fn dk = s->D == 64 ? kernel_for<64, false, BF16>(di, false)
+                                        : kernel_for<128, false, BF16>(di, false);
         ATTN_TRY(launch(dk, dim3((unsigned)ceil_div(s->N, tile_rows(dc)), (unsigned)BH),
                         dc.WARPS * WARP_SIZE, dq_smem_bytes(dc, s->D), stream, p));
     }
     return cudaSuccess;
+}
+
+static cudaError_t backward(const attn_shape *s, const attn_device *dev, const void *Q,
+                            const void *K, const void *V, const void *O, const float *lse,
+                            const void *dO, void *dQ, void *dK, void *dV, void *workspace,
+                            int variant, cudaStream_t stream) {
+    const int N_pad = padded_rows(s->N);
+    const size_t rows = (size_t)s->B * s->H * N_pad;
+    const bool atomic = variant != VARIANT_DETERMINISTIC;
+    bwd_params p;
+    p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
+    p.O = (const __half *)O, p.dO = (const __half *)dO, p.lse = lse;
+    p.dQ = (__half *)dQ, p.dK = (__half *)dK, p.dV = (__half *)dV;
+    const attn_layout *from[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
+    tensor_strides *to[] = {&p.layout.q,  &p.layout.k,  &p.layout.v,  &p.layout.o,
+                            &p.layout.dO, &p.layout.dQ, &p.layout.dK, &p.layout.dV};
+    for (size_t t = 0; t < sizeof from / sizeof *from; ++t)
+        *to[t] = {from[t]->batch, from[t]->head, (unsigned)from[t]->row};
+    p.lse2 = (float *)workspace;
+    p.Dsum = (float *)((char *)workspace + aligned(rows * sizeof(float)));
+    p.dQ_acc = atomic ? (float *)((char *)workspace + 2 * aligned(rows * sizeof(float))) : NULL;
+    p.H = s->H, p.H_kv = s->H_kv, p.group = s->H / s->H_kv;
+    p.N = s->N, p.N_k = s->N_k, p.N_pad = N_pad, p.causal = s->causal;
+    p.causal_shift = s->N_k - s->N;
+    p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
+    return s->bf16 ? enqueue_backward<true>(s, dev, p, variant, stream)
+                   : enqueue_backward<false>(s, dev, p, variant, stream);
 }

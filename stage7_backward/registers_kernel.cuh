@@ -10,18 +10,20 @@
 #include "smem.cuh"
 
 // P^T = 2^(scale log2(e) S^T - LSE_i log2(e)), in place: rows are this warp's keys (the first is
-// key_row), columns the tile's queries (from q0). MASK (the diagonal tile, and the tile holding N):
-// keys past N and, causal, keys after the query get P = 0. Queries past N have LSE = +inf: P = 0.
+// key_row), columns the tile's queries (the first is key index qk0 = q0 + N_k - N: causal query i
+// sees keys <= i + N_k - N). mask (the diagonal tile, and the tile holding N_k): keys past N_k
+// and, causal, keys after the query's last get P = 0. Queries past N (and those that see no key)
+// have LSE = +inf: P = 0.
 template <int NB>
 __device__ __forceinline__ void probabilities_t(float (&S)[NB][4], uint32_t lse_tile, int key_row,
-                                                int q0, const bwd_params &p, bool mask) {
+                                                int qk0, const bwd_params &p, bool mask) {
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
         const float2 lse = ld_shared_f2(lse_tile + frag_col(n, 0) * sizeof(float));
 #pragma unroll
         for (int e = 0; e < FRAG_REGS; ++e) {
-            const int key = key_row + frag_row(e), query = q0 + frag_col(n, e);
-            const bool off = mask && (key >= p.N || (p.causal && key > query));
+            const int key = key_row + frag_row(e), query = qk0 + frag_col(n, e);  // (a key index)
+            const bool off = mask && (key >= p.N_k || (p.causal && key > query));
             const float x = fmaf(S[n][e], p.scale_log2, -(frag_c(e) ? lse.y : lse.x));
             S[n][e] = off ? 0.f : fast_exp2(x);
         }
@@ -67,11 +69,12 @@ __device__ __forceinline__ void store_score_gradients(uint32_t dS_smem, const ui
     }
 }
 
-// dQ_acc[q0 + QROWS rows] += dS K_j, split over the warps: warp w takes the 16 query rows of
+// dQ_acc[q0 + QROWS rows] += dS K_j (head: the offset of the query head's [N, D] in dQ_acc),
+// split over the warps: warp w takes the 16 query rows of
 // slice w % (QROWS / 16) and its share of the head dim. A = those rows of dS (read .trans from
 // dS_smem, where they are columns), B = K_j (.trans); two head-dim blocks at a time, each added to
 // global memory by fp32 atomics (red.global.add; two floats at once on sm_90).
-template <int D, int ROWS, int QROWS, int WARPS>
+template <bool BF16, int D, int ROWS, int QROWS, int WARPS>
 __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_smem,
                                               uint32_t K_smem, size_t head, int q0) {
     constexpr int KC = ROWS / MMA_K;            // k16 steps over the keys
@@ -107,8 +110,8 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
                 uint32_t b[4];
                 ldmatrix_x4_trans(
                     b, K_smem + (b_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
-                mma_16816(C[nn], a, b[0], b[1]);
-                mma_16816(C[nn + 1], a, b[2], b[3]);
+                mma_16816_of<BF16>(C[nn], a, b[0], b[1]);
+                mma_16816_of<BF16>(C[nn + 1], a, b[2], b[3]);
             }
         }
 #pragma unroll
@@ -125,10 +128,12 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
     }
 }
 
-// One block = one key tile K_j, V_j of one (batch, head), ROWS keys, 16 per warp; it loops over
-// the query tiles that see it (causal: from its own diagonal on). DQ_ATOMIC: the block also adds
-// its part of dQ (the default); the deterministic variant leaves dQ to dq_kernel.
-template <int D, int WARPS, int STAGES, int QROWS, bool DQ_ATOMIC>
+// One block = one key tile K_j, V_j of one (batch, key/value head), ROWS keys, 16 per warp; it
+// loops over the query tiles that see it (causal: from its own diagonal on) of every query head of
+// its group (GQA: one head after the other, dK_j and dV_j summed over them in registers).
+// DQ_ATOMIC: the block also adds its part of dQ (the default); the deterministic variant leaves dQ
+// to dq_kernel.
+template <int D, int WARPS, int STAGES, int QROWS, bool DQ_ATOMIC, bool BF16>
 __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_params p) {
     constexpr tile_config CFG = {WARPS, STAGES, QROWS};
     constexpr int THREADS = WARPS * WARP_SIZE;
@@ -141,20 +146,22 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
     constexpr uint32_t VEC = LOOP_VECTORS * QROWS * sizeof(float);  // LSE_i, then D_i
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 code has no cp.async to fill a second buffer with: the launcher picks one stage there
-    // (kernel_arch), and the two-stage kernels are not compiled for it.
-    if constexpr (STAGES == 2) {
+    // (kernel_arch), and the two-stage kernels are not compiled for it; nor has it a bf16 mma
+    // (stage_unsupported refuses bf16 there first).
+    if constexpr (STAGES == 2 || BF16) {
         __trap();
         return;
     }
 #endif
 
-    const int k0 = (int)blockIdx.x * ROWS;             // the block's first key
-    const size_t head = (size_t)blockIdx.y * p.N * D;  // (batch, head) offset
-    const size_t vec = (size_t)blockIdx.y * p.N_pad;   // its rows of lse2 and Dsum
+    const int k0 = (int)blockIdx.x * ROWS;                                  // the block's first key
+    const int b = (int)blockIdx.y / p.H_kv, hk = (int)blockIdx.y % p.H_kv;  // batch, K/V head
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int key_row = k0 + MMA_M * warp;  // this warp's first key
-    const int q_begin = p.causal ? k0 : 0;  // earlier queries see no key here
-    const int q_tiles = (p.N - q_begin + QROWS - 1) / QROWS;
+    // Earlier queries see no key here (causal: query i sees keys <= i + causal_shift); from a
+    // whole query tile, so that LSE_i and D_i stay within their padded rows.
+    const int q_begin = p.causal ? max(k0 - p.causal_shift, 0) / QROWS * QROWS : 0;
+    const int tiles = max((p.N - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
 
     // Shared memory: K_smem, V_smem [ROWS, D]; per stage Q_smem, dO_smem [QROWS, D]; dS_smem
     // [ROWS keys, QROWS queries]; per stage vec_smem [2, QROWS] floats. Tiles swizzled.
@@ -164,61 +171,70 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
     const uint32_t dS_smem = dO_smem + STAGES * Q_TILE;
     const uint32_t vec_smem = dS_smem + ROWS * QROWS * sizeof(__half);
 
-    tile_issue<ROWS, D, THREADS>(K_smem, p.K + head + (size_t)k0 * D, p.N - k0);
-    tile_issue<ROWS, D, THREADS>(V_smem, p.V + head + (size_t)k0 * D, p.N - k0);
+    tile_issue<ROWS, D, THREADS>(
+        K_smem, p.K + head_offset(p.layout.k, b, hk) + rows_offset(k0, p.layout.k.row),
+        p.layout.k.row, p.N_k - k0);
+    tile_issue<ROWS, D, THREADS>(
+        V_smem, p.V + head_offset(p.layout.v, b, hk) + rows_offset(k0, p.layout.v.row),
+        p.layout.v.row, p.N_k - k0);
     cp_async_commit();
-    if (STAGES == 2) {
-        issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, head, vec, q_begin);
-    }
+    int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
+    if (STAGES == 2) issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0);
 
     float dK[DB][4] = {}, dV[DB][4] = {};  // this warp's 16 keys x D, fp32
-    for (int it = 0; it < q_tiles; ++it) {
-        const int q0 = q_begin + it * QROWS;
+    for (int it = 0; it < tiles; ++it) {
         const int buf = STAGES == 2 ? it % STAGES : 0;
         const uint32_t Q_tile = Q_smem + buf * Q_TILE, dO_tile = dO_smem + buf * Q_TILE;
         const uint32_t vec_tile = vec_smem + buf * VEC;
         if (STAGES == 1) {
             __syncthreads();  // every warp is done with the last tile's Q, dO, LSE, D and dS
-            issue_query_tile<D, QROWS, THREADS>(p, Q_tile, dO_tile, vec_tile, head, vec, q0);
+            issue_query_tile<D, QROWS, THREADS>(p, Q_tile, dO_tile, vec_tile, b, hq, q0);
         }
         cp_async_wait<0>();
         __syncthreads();  // tile it (and K_j, V_j) visible to all; with two stages, every warp is
                           // also done with tile it - 1 (its buffer is refilled next) and dS_smem
-        if (STAGES == 2 && it + 1 < q_tiles) {
+        if (STAGES == 2 && it + 1 < tiles) {
+            int hq_next = hq, q0_next = q0;
+            next_query_tile<QROWS>(hq_next, q0_next, q_begin, p.N);
             issue_query_tile<D, QROWS, THREADS>(
                 p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
-                vec_smem + (STAGES - 1 - buf) * VEC, head, vec, q0 + QROWS);
+                vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next);
         }
         const uint32_t K_warp = K_smem + warp * MMA_M * ROW_BYTES;  // this warp's keys
         const uint32_t V_warp = V_smem + warp * MMA_M * ROW_BYTES;
 
         float S[NB][4], dP[NB][4];
         uint32_t A[KC][4];
-        gemm_rows_by_rows<D>(S, K_warp, Q_tile);  // S^T = K_j Q_i^T
-        const bool mask = k0 + ROWS > p.N || (p.causal && q0 < k0 + ROWS - 1);
-        probabilities_t(S, vec_tile, key_row, q0, p, mask);  // P^T
-        gemm_rows_by_rows<D>(dP, V_warp, dO_tile);           // dP^T = V_j dO_i^T
+        gemm_rows_by_rows<BF16, D>(S, K_warp, Q_tile);  // S^T = K_j Q_i^T
+        const int qk0 = q0 + p.causal_shift;            // the tile's first query as a key index
+        const bool mask = k0 + ROWS > p.N_k || (p.causal && qk0 < k0 + ROWS - 1);
+        probabilities_t(S, vec_tile, key_row, qk0, p, mask);  // P^T
+        gemm_rows_by_rows<BF16, D>(dP, V_warp, dO_tile);      // dP^T = V_j dO_i^T
         // LAB HOLE 2 BEGIN: dK_j, dV_j accumulated: from P^T and dS^T in registers
         // LAB TODO: here P^T (S) and dP^T are this warp's 16 keys x QROWS queries as accumulator
-        // LAB TODO: fragments. Pack P^T into A fragments (to_a_fragments(A, S): the C layout of two
-        // LAB TODO: n8 blocks is the A layout of a k16 step) and add P^T dO_i to dV
-        // LAB TODO: (gemm_frags_by_tile<D>(dV, A, dO_tile)); then dS^T in place of dP^T
+        // LAB TODO: fragments. Pack P^T into A fragments (to_a_fragments<BF16>(A, S): the C layout
+        // LAB TODO: of two n8 blocks is the A layout of a k16 step) and add P^T dO_i to dV
+        // LAB TODO: (gemm_frags_by_tile<BF16, D>(dV, A, dO_tile)); then dS^T in place of dP^T
         // LAB TODO: (score_gradients_t, D_i after LSE in vec_tile: + QROWS floats), packed into A
         // LAB TODO: the same way, and dK += dS^T Q_i. A must hold dS^T afterwards: dQ below reads
         // LAB TODO: it.
-        // LAB STUB: to_a_fragments(A, S);  // until filled: dK and dV stay 0, dQ reads P^T
-        to_a_fragments(A, S);
-        gemm_frags_by_tile<D>(dV, A, dO_tile);                       // dV_j += P^T dO_i
+        // LAB STUB: to_a_fragments<BF16>(A, S);  // until filled: dK and dV stay 0, dQ reads P^T
+        to_a_fragments<BF16>(A, S);
+        gemm_frags_by_tile<BF16, D>(dV, A, dO_tile);                 // dV_j += P^T dO_i
         score_gradients_t(dP, S, vec_tile + QROWS * sizeof(float));  // dS^T
-        to_a_fragments(A, dP);
-        gemm_frags_by_tile<D>(dK, A, Q_tile);  // dK_j += dS^T Q_i
+        to_a_fragments<BF16>(A, dP);
+        gemm_frags_by_tile<BF16, D>(dK, A, Q_tile);  // dK_j += dS^T Q_i
         // LAB HOLE 2 END
         if (DQ_ATOMIC) {
             store_score_gradients<QROWS>(dS_smem, A, warp);
             __syncthreads();  // dS_smem written by every warp, visible to all
-            accumulate_dq<D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem, head, q0);
+            accumulate_dq<BF16, D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem,
+                                                       (size_t)(b * p.H + hq) * p.N * D, q0);
         }
+        next_query_tile<QROWS>(hq, q0, q_begin, p.N);
     }
-    store_rows<D>(p.dK + head, dK, key_row, p.N, p.scale);
-    store_rows<D>(p.dV + head, dV, key_row, p.N, 1.f);
+    store_rows<BF16, D>(p.dK + head_offset(p.layout.dK, b, hk), dK, key_row, p.N_k, p.scale,
+                        p.layout.dK.row);
+    store_rows<BF16, D>(p.dV + head_offset(p.layout.dV, b, hk), dV, key_row, p.N_k, 1.f,
+                        p.layout.dV.row);
 }

@@ -51,20 +51,35 @@ __device__ __forceinline__ uint32_t b_lane_offset() {
                              lane / MATRIX_ROWS % 2);
 }
 
-// Start copying rows [0, ROWS) of a [rows, D] tile (row stride D) into a swizzled shared tile;
-// rows >= rows_left become zeros. Consecutive threads move consecutive 16-byte chunks. One
-// commit group per call.
+// Start copying rows [0, ROWS) of a [rows, D] tile (row stride ld elements) into a swizzled
+// shared tile; rows >= rows_left become zeros. Thread tid moves the chunks (row0 + i STEP, chunk0),
+// i = 0, 1, ...: consecutive threads read consecutive 16 bytes, and STEP = THREADS / (D / 8) rows
+// is a multiple of 8, so every chunk of a thread has the same swizzle, i STEP rows after the
+// first. sm_80 on: one address walked down the thread's rows in a loop, not one per chunk (the
+// rows are a runtime stride apart: unrolled, each chunk would hold a 64-bit address of its own,
+// beside dK and dV's accumulators). One commit group per call.
 template <int ROWS, int D, int THREADS>
-__device__ __forceinline__ void tile_issue(uint32_t tile, const __half *src, int rows_left) {
+__device__ __forceinline__ void tile_issue(uint32_t tile, const __half *src, unsigned ld,
+                                           int rows_left) {
     constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
-    static_assert(ROWS * CHUNKS_PER_ROW % THREADS == 0, "tile split over the threads");
+    constexpr int STEP =
+        THREADS / CHUNKS_PER_ROW;  // rows from one of a thread's chunks to the next
+    constexpr uint32_t STEP_BYTES = STEP * D * HALF_BYTES;
+    static_assert(THREADS % CHUNKS_PER_ROW == 0 && ROWS % STEP == 0 && STEP % MATRIX_ROWS == 0,
+                  "tile split over the threads, one swizzle a thread");
+    const int row0 = (int)threadIdx.x / CHUNKS_PER_ROW, chunk0 = (int)threadIdx.x % CHUNKS_PER_ROW;
+    const uint32_t to = tile + smem_offset<D>(row0, chunk0);
+    const __half *from = src + rows_offset(row0, ld) + chunk0 * CHUNK_HALVES;
+    const size_t step = (size_t)STEP * ld;  // elements from one of this thread's rows to the next
+#if __CUDA_ARCH__ >= 800
+#pragma unroll 1
+#else
 #pragma unroll
-    for (int i = 0; i < ROWS * CHUNKS_PER_ROW / THREADS; ++i) {
-        const int c = (int)threadIdx.x + i * THREADS;
-        const int row = c / CHUNKS_PER_ROW, chunk = c % CHUNKS_PER_ROW;
-        const bool valid = row < rows_left;
-        copy_chunk(tile + smem_offset<D>(row, chunk),
-                   src + (valid ? (size_t)row * D + chunk * CHUNK_HALVES : 0), valid);
+#endif
+    for (int i = 0; i < ROWS / STEP; ++i, from += step) {
+        const bool valid = row0 + i * STEP < rows_left;
+        // rows past the end: zero-filled, their source address replaced by row 0 (inside)
+        copy_chunk(to + i * STEP_BYTES, valid ? from : src, valid);
     }
 }
 
@@ -77,15 +92,28 @@ __device__ __forceinline__ void vector_issue(uint32_t dst, const float *src) {
     }
 }
 
+// The query tile after (hq, q0) in a main kernel's loop: the next rows of query head hq, or the
+// first tile (q0 = q_begin) of the next head (GQA: the next of the key/value head's group).
+template <int QROWS>
+__device__ __forceinline__ void next_query_tile(int &hq, int &q0, int q_begin, int N) {
+    q0 += QROWS;
+    if (q0 >= N) q0 = q_begin, ++hq;
+}
+
 // The main kernel's loop tile: Q_i and dO_i ([ROWS, D]) and LSE_i, D_i ([ROWS] floats) of query
-// tile q0, copied into buffer `at`. One commit group.
+// tile q0 of query head h of batch b, copied into buffer `at`. One commit group.
 template <int D, int ROWS, int THREADS>
 __device__ __forceinline__ void issue_query_tile(const bwd_params &p, uint32_t Q_tile,
-                                                 uint32_t dO_tile, uint32_t vec_tile, size_t head,
-                                                 size_t vec, int q0) {
-    tile_issue<ROWS, D, THREADS>(Q_tile, p.Q + head + (size_t)q0 * D, p.N - q0);
-    tile_issue<ROWS, D, THREADS>(dO_tile, p.dO + head + (size_t)q0 * D, p.N - q0);
-    vector_issue<ROWS, THREADS>(vec_tile, p.lse2 + vec + q0);
-    vector_issue<ROWS, THREADS>(vec_tile + ROWS * sizeof(float), p.Dsum + vec + q0);
+                                                 uint32_t dO_tile, uint32_t vec_tile, int b, int h,
+                                                 int q0) {
+    const size_t vec = (size_t)(b * p.H + h) * p.N_pad + q0;  // its rows of lse2 and Dsum
+    tile_issue<ROWS, D, THREADS>(
+        Q_tile, p.Q + head_offset(p.layout.q, b, h) + rows_offset(q0, p.layout.q.row),
+        p.layout.q.row, p.N - q0);
+    tile_issue<ROWS, D, THREADS>(
+        dO_tile, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(q0, p.layout.dO.row),
+        p.layout.dO.row, p.N - q0);
+    vector_issue<ROWS, THREADS>(vec_tile, p.lse2 + vec);
+    vector_issue<ROWS, THREADS>(vec_tile + ROWS * sizeof(float), p.Dsum + vec);
     cp_async_commit();
 }

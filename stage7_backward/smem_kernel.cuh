@@ -11,12 +11,13 @@
 #include "smem.cuh"
 
 // In place: S^T becomes P^T = 2^(c S^T - LSE_i) and dP^T becomes dS^T = P^T (dP^T - D_i), for
-// keys key_row.. (MT m16 blocks) x queries q_col.. of the tile at q0 (NT n8 blocks). MASK: keys
-// past N and, causal, keys after the query get P = 0.
+// keys key_row.. (MT m16 blocks) x queries q_col.. of the tile whose first query is key index qk0
+// (q0 + N_k - N: causal query i sees keys <= i + N_k - N) (NT n8 blocks). MASK: keys past N_k
+// and, causal, keys after the query's last get P = 0.
 template <int QROWS, int MT, int NT, bool MASK>
 __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (&dP)[MT][NT][4],
                                                   const bwd_params &p, uint32_t vec_tile,
-                                                  int key_row, int q0, int q_col) {
+                                                  int key_row, int qk0, int q_col) {
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -35,8 +36,9 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
                 const float x = fmaf(S[m][n][e], p.scale_log2, -(frag_c(e) ? lse.y : lse.x));
                 S[m][n][e] = fast_exp2(x);
                 if (MASK) {
-                    const int key = key_row + MMA_M * m + frag_row(e), query = q0 + col + frag_c(e);
-                    if (key >= p.N || (p.causal && key > query)) S[m][n][e] = 0.f;
+                    const int key = key_row + MMA_M * m + frag_row(e);
+                    const int query = qk0 + col + frag_c(e);  // as a key index
+                    if (key >= p.N_k || (p.causal && key > query)) S[m][n][e] = 0.f;
                 }
                 // LAB HOLE 1 BEGIN: dS = P (dP - D_i): in place of dP
                 // LAB TODO: S[m][n][e] is now P^T (keys along rows, queries along columns),
@@ -55,29 +57,29 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
 // queries q_col.. (NT n8 blocks, from the tile's q0) of S^T = K_j Q_i^T and dP^T = V_j dO_i^T
 // (K_j, V_j from shared memory, or KV_REGS from their fragments K_frag, V_frag), then P^T and
 // dS^T (softmax_gradients), stored to P_smem and dS_smem as fp16. mask: the
-// diagonal tile, and the tile holding N; queries past N have LSE = +inf, so P = 0 there without
-// a mask.
-template <int D, int QROWS, int MT, int NT, bool KV_REGS, int KF>
+// diagonal tile, and the tile holding N_k; queries past N (and those that see no key) have LSE =
+// +inf, so P = 0 there without a mask. qk0: the query tile's first query as a key index.
+template <bool BF16, int D, int QROWS, int MT, int NT, bool KV_REGS, int KF>
 __device__ __forceinline__ void score_gradients(
     const bwd_params &p, uint32_t K_smem, uint32_t V_smem, const uint32_t (&K_frag)[KF][MT][4],
     const uint32_t (&V_frag)[KF][MT][4], uint32_t Q_tile, uint32_t dO_tile, uint32_t vec_tile,
-    uint32_t P_smem, uint32_t dS_smem, int k0, int key0, int q0, int q_col, bool mask) {
+    uint32_t P_smem, uint32_t dS_smem, int k0, int key0, int qk0, int q_col, bool mask) {
     constexpr int ROW_BYTES = D * HALF_BYTES;
     float S[MT][NT][4], dP[MT][NT][4];
     if constexpr (KV_REGS) {
-        gemm_nt_regs<D, MT, NT>(S, K_frag, Q_tile + q_col * ROW_BYTES);
-        gemm_nt_regs<D, MT, NT>(dP, V_frag, dO_tile + q_col * ROW_BYTES);
+        gemm_nt_regs<BF16, D, MT, NT>(S, K_frag, Q_tile + q_col * ROW_BYTES);
+        gemm_nt_regs<BF16, D, MT, NT>(dP, V_frag, dO_tile + q_col * ROW_BYTES);
     } else {
-        gemm_nt<D, MT, NT>(S, K_smem, Q_tile + q_col * ROW_BYTES);    // S^T = K_j Q_i^T
-        gemm_nt<D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
+        gemm_nt<BF16, D, MT, NT>(S, K_smem, Q_tile + q_col * ROW_BYTES);    // S^T = K_j Q_i^T
+        gemm_nt<BF16, D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
     }
     if (mask) {  // the same for the whole warp: the tiles without a mask test nothing
-        softmax_gradients<QROWS, MT, NT, true>(S, dP, p, vec_tile, k0 + key0, q0, q_col);
+        softmax_gradients<QROWS, MT, NT, true>(S, dP, p, vec_tile, k0 + key0, qk0, q_col);
     } else {
-        softmax_gradients<QROWS, MT, NT, false>(S, dP, p, vec_tile, k0 + key0, q0, q_col);
+        softmax_gradients<QROWS, MT, NT, false>(S, dP, p, vec_tile, k0 + key0, qk0, q_col);
     }
-    store_fragments<QROWS>(P_smem, S, key0, q_col);
-    store_fragments<QROWS>(dS_smem, dP, key0, q_col);
+    store_fragments<BF16, QROWS>(P_smem, S, key0, q_col);
+    store_fragments<BF16, QROWS>(dS_smem, dP, key0, q_col);
 }
 
 // dQ_acc[q0 + QROWS rows] += dS K_j, split over the 8 warps: warp (qw, dw) takes 32 query rows
@@ -85,7 +87,7 @@ __device__ __forceinline__ void score_gradients(
 // (B = K_j, .trans). BULK: into the staging tile (stage_dq_fragments). Else added to global memory
 // by fp32 atomics (red.global.add), one address a thread, its fragment rows and columns constant
 // offsets.
-template <int D, int KEYS, int QROWS, bool BULK>
+template <bool BF16, int D, int KEYS, int QROWS, bool BULK>
 __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t dS_smem,
                                                    uint32_t K_smem, uint32_t dq_stage, size_t head,
                                                    int q0) {
@@ -95,7 +97,7 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int qw = warp % DQ_ROW_WARPS, dw = warp / DQ_ROW_WARPS;
     float C[MQ][NT_Q][4];
-    gemm_nn<MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
+    gemm_nn<BF16, MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
         C, dS_smem, DQ_WARP_ROWS * qw / CHUNK_HALVES, K_smem, NT_Q * MMA_N * dw / CHUNK_HALVES);
     if (BULK) {
         stage_dq_fragments<QROWS, MQ, NT_Q>(dq_stage, C, DQ_WARP_ROWS * qw, NT_Q * MMA_N * dw);
@@ -119,9 +121,10 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
     }
 }
 
-// One block = one key tile K_j, V_j of one (batch, head), KEYS keys; it loops over the query
-// tiles that see it (causal: from its own diagonal on). Per query tile, three phases between two
-// barriers:
+// One block = one key tile K_j, V_j of one (batch, key/value head), KEYS keys; it loops over the
+// query tiles that see it (causal: from its own diagonal on) of every query head of its group
+// (GQA: H / H_kv heads, one after the other, dK_j and dV_j summed over them in registers). Per
+// query tile, three phases between two barriers:
 //   scores:    warp (kw, qw) of a 4 x 2 grid: its 32 keys x QROWS / 2 queries of S^T and dP^T, so
 //              P^T and dS^T, in registers; stored to P_smem, dS_smem as fp16 (KV_REGS: K_j's and
 //              V_j's fragments from registers, loaded after the first barrier)
@@ -131,7 +134,7 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 //              (sm_90 on: stored to a staging tile, which goes to dQ_acc by one bulk tensor
 //              reduction issued after the next iteration's first barrier)
 template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool KV_REGS, bool DQ_ATOMIC,
-          bool DQ_BULK_OK>
+          bool DQ_BULK_OK, bool BF16>
 __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     backward_smem_kernel(const bwd_params p, const __grid_constant__ CUtensorMap dq_map) {
     constexpr int THREADS = SMEM_P_WARPS * WARP_SIZE;
@@ -162,13 +165,14 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     return;
 #endif
 
-    const int k0 = (int)blockIdx.x * KEYS;             // the block's first key
-    const size_t head = (size_t)blockIdx.y * p.N * D;  // (batch, head) offset
-    const size_t vec = (size_t)blockIdx.y * p.N_pad;   // its rows of lse2 and Dsum
+    const int k0 = (int)blockIdx.x * KEYS;                                  // the block's first key
+    const int b = (int)blockIdx.y / p.H_kv, hk = (int)blockIdx.y % p.H_kv;  // batch, K/V head
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int kw = warp % SMEM_P_KEY_WARPS, cw = warp / SMEM_P_KEY_WARPS;
-    const int q_begin = p.causal ? k0 : 0;  // earlier queries see no key here
-    const int q_tiles = (p.N - q_begin + QROWS - 1) / QROWS;
+    // Earlier queries see no key here (causal: query i sees keys <= i + causal_shift); from a
+    // whole query tile, so that LSE_i and D_i stay within their padded rows.
+    const int q_begin = p.causal ? max(k0 - p.causal_shift, 0) / QROWS * QROWS : 0;
+    const int tiles = max((p.N - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
 
     // Shared memory: K_smem, V_smem [KEYS, D]; per stage Q_smem, dO_smem [QROWS, D]; P_smem,
     // dS_smem [KEYS, QROWS]; per stage vec_smem [2, QROWS] floats; BULK: dq_stage [D / 8
@@ -179,16 +183,21 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     const uint32_t P_smem = dO_smem + STAGES * Q_TILE, dS_smem = P_smem + PS_TILE;
     const uint32_t vec_smem = dS_smem + PS_TILE, dq_stage = vec_smem + STAGES * VEC;
 
-    tile_issue<KEYS, D, THREADS>(K_smem, p.K + head + (size_t)k0 * D, p.N - k0);
-    tile_issue<KEYS, D, THREADS>(V_smem, p.V + head + (size_t)k0 * D, p.N - k0);
+    tile_issue<KEYS, D, THREADS>(
+        K_smem, p.K + head_offset(p.layout.k, b, hk) + rows_offset(k0, p.layout.k.row),
+        p.layout.k.row, p.N_k - k0);
+    tile_issue<KEYS, D, THREADS>(
+        V_smem, p.V + head_offset(p.layout.v, b, hk) + rows_offset(k0, p.layout.v.row),
+        p.layout.v.row, p.N_k - k0);
     cp_async_commit();
-    issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, head, vec, q_begin);
+    int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
+    issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0);
 
     float dK[MT][NT_KV][4] = {}, dV[MT][NT_KV][4] = {};  // keys kw x columns cw, fp32
     constexpr int KF = KV_REGS ? D / MMA_K : 1;          // k16 steps of K_frag, V_frag (unused: 1)
     uint32_t K_frag[KF][MT][4], V_frag[KF][MT][4];
-    for (int it = 0; it < q_tiles; ++it) {
-        const int q0 = q_begin + it * QROWS;
+    int hq_prev = hq, q0_prev = q0;  // BULK: the tile staged in the last iteration
+    for (int it = 0; it < tiles; ++it) {
         const int buf = STAGES == 2 ? it % STAGES : 0;
         const uint32_t Q_tile = Q_smem + buf * Q_TILE, dO_tile = dO_smem + buf * Q_TILE;
         const uint32_t vec_tile = vec_smem + buf * VEC;
@@ -196,17 +205,19 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         __syncthreads();  // tile it (and K_j, V_j) visible to all; every warp is done with tile
                           // it - 1 (its buffer is refilled next) and with P_smem and dS_smem;
                           // BULK: tile it - 1's dQ is staged
-        if (BULK && it > 0) add_staged_dq_tile(&dq_map, dq_stage, q0 - QROWS);
+        if (BULK && it > 0) add_staged_dq_tile(&dq_map, dq_stage, q0_prev, b * p.H + hq_prev);
         if constexpr (KV_REGS) {  // K_j and V_j have arrived with tile 0: into registers
             if (it == 0) {
                 load_row_fragments<D, MT>(K_frag, K_smem + WARP_KEYS * kw * ROW_BYTES);
                 load_row_fragments<D, MT>(V_frag, V_smem + WARP_KEYS * kw * ROW_BYTES);
             }
         }
-        if (it + 1 < q_tiles) {
+        if (it + 1 < tiles) {
+            int hq_next = hq, q0_next = q0;
+            next_query_tile<QROWS>(hq_next, q0_next, q_begin, p.N);
             issue_query_tile<D, QROWS, THREADS>(
                 p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
-                vec_smem + (STAGES - 1 - buf) * VEC, head, vec, q0 + QROWS);
+                vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next);
         }
 
         // Scores: S^T, P^T, dP^T, dS^T of keys kw, queries cw (SCORE_PASSES column blocks, so
@@ -214,11 +225,11 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         // block's products run while the warp computes another's P^T and dS^T).
 #pragma unroll
         for (int pass = 0; pass < SCORE_PASSES; ++pass) {
-            score_gradients<D, QROWS, MT, NT_S, KV_REGS, KF>(
+            score_gradients<BF16, D, QROWS, MT, NT_S, KV_REGS, KF>(
                 p, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES, K_frag,
-                V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw, q0,
-                WARP_QUERIES * cw + pass * PASS_QUERIES,
-                k0 + KEYS > p.N || (p.causal && q0 < k0 + KEYS - 1));
+                V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw,
+                q0 + p.causal_shift, WARP_QUERIES * cw + pass * PASS_QUERIES,
+                k0 + KEYS > p.N_k || (p.causal && q0 + p.causal_shift < k0 + KEYS - 1));
         }
         if (BULK) bulk_wait<true>();  // the staged tile thread 0 handed over is read
         __syncthreads();  // P_smem and dS_smem written by every warp, visible to all; BULK:
@@ -228,43 +239,49 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         // LAB HOLE 2 BEGIN: dK_j, dV_j accumulated: from P^T and dS^T in shared memory
         // LAB TODO: this warp's block of dV (keys kw: WARP_KEYS rows, head-dim columns cw:
         // LAB TODO: WARP_COLS) += P^T dO_i, and of dK += dS^T Q_i, in fp32 registers across every
-        // LAB TODO: query tile. gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(C, A tile, A's
+        // LAB TODO: query tile. gemm_nn<BF16, MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(C, A tile, A's
         // LAB TODO: first chunk, B tile, B's first chunk): A = the warp's rows of P_smem (resp.
         // LAB TODO: dS_smem), [keys, QROWS] halves, from row WARP_KEYS * kw (QROWS * HALF_BYTES
         // LAB TODO: bytes a row), chunk 0; B = dO_tile (resp. Q_tile), [QROWS, D], from chunk
         // LAB TODO: WARP_COLS * cw / CHUNK_HALVES. (dK's factor `scale` is applied once, when dK is
         // LAB TODO: stored.)
         const int col_chunk = WARP_COLS * cw / CHUNK_HALVES;
-        gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
+        gemm_nn<BF16, MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
             dV, P_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, dO_tile, col_chunk);
-        gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
+        gemm_nn<BF16, MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
             dK, dS_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, Q_tile, col_chunk);
         // LAB HOLE 2 END
         // dQ_i += dS K_j, by fp32 atomics or staged for bulk reductions (last: LOG.md, step 4's
         // try)
-        if (DQ_ATOMIC)
-            accumulate_dq_tile<D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, head, q0);
+        if (DQ_ATOMIC) {
+            const size_t acc = (size_t)(b * p.H + hq) * p.N * D;  // its head of dQ_acc
+            accumulate_dq_tile<BF16, D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, acc, q0);
+        }
+        hq_prev = hq, q0_prev = q0;
+        next_query_tile<QROWS>(hq, q0, q_begin, p.N);
     }
-    if (BULK) {           // the last tile's dQ
-        __syncthreads();  // every warp's part of it is staged
-        add_staged_dq_tile(&dq_map, dq_stage, q_begin + (q_tiles - 1) * QROWS);
+    if (BULK && tiles > 0) {  // the last tile's dQ
+        __syncthreads();      // every warp's part of it is staged
+        add_staged_dq_tile(&dq_map, dq_stage, q0_prev, b * p.H + hq_prev);
         bulk_wait<false>();
     }
+    __half *const dK_rows = p.dK + head_offset(p.layout.dK, b, hk);  // [N_k, D] of (b, hk)
+    __half *const dV_rows = p.dV + head_offset(p.layout.dV, b, hk);
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         const int g = lane_index() / QUAD, t = lane_index() % QUAD;
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
             const int r = k0 + WARP_KEYS * kw + MMA_M * m + g + FRAG_ROW_STEP * h;
-            if (r >= p.N) continue;
+            if (r >= p.N_k) continue;
 #pragma unroll
             for (int n = 0; n < NT_KV; ++n) {
-                const size_t at =
-                    head + (size_t)r * D + WARP_COLS * cw + MMA_N * n + FRAG_LANE_COLS * t;
-                *reinterpret_cast<uint32_t *>(p.dK + at) = pack_half2(
-                    dK[m][n][frag_reg(h, 0)] * p.scale, dK[m][n][frag_reg(h, 1)] * p.scale);
-                *reinterpret_cast<uint32_t *>(p.dV + at) =
-                    pack_half2(dV[m][n][frag_reg(h, 0)], dV[m][n][frag_reg(h, 1)]);
+                const int col = WARP_COLS * cw + MMA_N * n + FRAG_LANE_COLS * t;
+                *reinterpret_cast<uint32_t *>(dK_rows + rows_offset(r, p.layout.dK.row) + col) =
+                    pack2_of<BF16>(dK[m][n][frag_reg(h, 0)] * p.scale,
+                                   dK[m][n][frag_reg(h, 1)] * p.scale);
+                *reinterpret_cast<uint32_t *>(dV_rows + rows_offset(r, p.layout.dV.row) + col) =
+                    pack2_of<BF16>(dV[m][n][frag_reg(h, 0)], dV[m][n][frag_reg(h, 1)]);
             }
         }
     }

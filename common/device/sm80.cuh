@@ -174,3 +174,22 @@ __device__ __forceinline__ void mma_16816_zero(float (&d)[4], const uint32_t (&a
     mma_16816(d, a, b0, b1);
 #endif
 }
+
+// mma_16816_zero on bfloat16 operands (BF16), else fp16: sm_80 and newer, as mma_16816_of.
+template <bool BF16>
+__device__ __forceinline__ void mma_16816_zero_of(float (&d)[4], const uint32_t (&a)[4],
+                                                  uint32_t b0, uint32_t b1) {
+    if constexpr (BF16) {
+#if __CUDA_ARCH__ >= 800
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"
+            : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+#else
+        d[0] = d[1] = d[2] = d[3] = 0.f;
+        __trap();
+#endif
+    } else {
+        mma_16816_zero(d, a, b0, b1);
+    }
+}
