@@ -35,17 +35,19 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[QUAD], int t) {
     }
 }
 
-// O straight from the registers to global memory (where shared memory has no room to stage it).
-// After quad_transpose each lane writes 16 contiguous bytes (one chunk), and a warp's store
-// covers 8 rows x 64 bytes: D / 32 stores per row and thread.
+// O straight from the registers to global memory (where shared memory has no room to stage it),
+// in O's layout (its strides). After quad_transpose each lane writes 16 contiguous bytes (one
+// chunk), and a warp's store covers 8 rows x 64 bytes: D / 32 stores per row and thread.
 template <int D>
 __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], const float (&inv_l)[2],
                                                const consumer_place &p, const work_tile &wt,
                                                const problem &pb) {
+    const tile_heads hd = heads_of(wt.bh, pb);
+    __half *const O_head = pb.O + hd.batch * pb.o_batch + hd.head * pb.o_head;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = row_of(wt, p) + FRAG_ROW_STEP * h;
-        __half *o_row = pb.O + ((size_t)wt.bh * pb.N + row) * D;
+        __half *o_row = O_head + row * pb.o_row;
 #pragma unroll
         for (int k = 0; k < D / (QUAD * FRAG_COLS); ++k) {
             uint32_t v[QUAD];  // chunks QUAD k .. QUAD k + 3 of the row
@@ -92,10 +94,11 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
     fence_proxy_async();  // each lane's stmatrix writes are visible to the copy engine
     __syncwarp();         // the warp's block is written
     if (p.lane == 0) {
+        const tile_heads hd = heads_of(wt.bh, pb);
 #pragma unroll
         for (int c = 0; c < D / SLAB_COLS; ++c)
-            tma_store_3d(pb.tmO, stage + slab_offset<WGMMA_M>(c) + warp_row0(p) * SLAB_ROW_BYTES,
-                         c * SLAB_COLS, warpgroup_row0(wt, p) + warp_row0(p), wt.bh);
+            tma_store_4d(pb.tmO, stage + slab_offset<WGMMA_M>(c) + warp_row0(p) * SLAB_ROW_BYTES,
+                         c * SLAB_COLS, warpgroup_row0(wt, p) + warp_row0(p), hd.head, hd.batch);
         bulk_commit();
     }
 }

@@ -26,11 +26,12 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     fence_barrier_init();  // visible to the copy engine (the async proxy)
 }
 
-// Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe them as [B*H, N, D]; O is written
-// through tmO where o_staged(), else directly); the rest of the problem in prob (its tmO is set
-// here). works = B * H * ceil(N / BR) * splits work tiles. SPLIT: compiled for split-KV; without
-// it splits is the constant 1, and the work tiles' decoding, the producer's skipping of empty
-// ones and the epilogue's fp32 path fold away.
+// Q, O: [B, H, N, D] fp16, K, V: [B, H_kv, N_k, D], each in its own layout (the tensor maps
+// describe them as (D, rows, heads, B) with its strides; O is written through tmO where
+// o_staged(), else directly); the rest of the problem in prob (its tmO is set here). works = B * H
+// * ceil(N / BR) * splits work tiles. SPLIT: compiled for split-KV; without it splits is the
+// constant 1, and the work tiles' decoding, the producer's skipping of empty ones and the
+// epilogue's fp32 path fold away.
 template <int D, int C, int BC, int SCHEDULE, bool SPLIT>
 __global__ void __launch_bounds__(block_threads<C>(), 1)
     attention_kernel(const __grid_constant__ CUtensorMap tmQ,
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
 
     problem pb = prob;
     if (!SPLIT) {  // one range: all of a query tile's keys
-        pb.splits = 1, pb.split_tiles = INT_MAX;
+        pb.splits = 1, pb.split_tiles = INT_MAX, pb.min_key_tiles = 1;
         pb.per_query_tile.mul = 1, pb.per_query_tile.shift = 0;  // n / 1
     }
     pb.tmO = &tmO;

@@ -104,13 +104,14 @@ __device__ __forceinline__ void pingpong_pass_turn(int wg) {
     named_barrier_arrive<TURN_THREADS>(NAMED_BARRIER_TURN_WG0 + (wg + 1) % CONSUMERS);
 }
 
-// Key tile j of work tile wt needs a mask when it is the tail tile, or causal with a key past
-// the warpgroup's first row.
+// Key tile j of work tile wt needs a mask when it is the tail tile (keys past N_k), or causal
+// with a key past the warpgroup's first row's diagonal (the row as a key index: + N_k - N).
 template <int BC>
 __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
                                            const consumer_place &p, int j) {
     const int key0 = key_tile_start<BC>(wt, j);
-    return key0 + BC > pb.N || (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p));
+    return key0 + BC > pb.N_k ||
+           (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p) + pb.key_shift);
 }
 
 // S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use,
@@ -125,7 +126,8 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
     if (j == wt.n_tiles - 1)
         release(bar_at(sm, BAR_Q_EMPTY + pipeline_state<QB>{wt.t}.slot()), p);  // Q's last use
     if (needs_mask<BC>(pb, wt, p, j))
-        mask_scores<BC>(S, p, row_of(wt, p), key_tile_start<BC>(wt, j), pb.N, pb.causal);
+        mask_scores<BC>(S, p, row_of(wt, p) + pb.key_shift, key_tile_start<BC>(wt, j), pb.N_k,
+                        pb.causal);
     row_max<BC, EARLY>(S, m_i, pb.scale_log2, r);
 }
 

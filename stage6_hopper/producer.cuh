@@ -8,42 +8,47 @@
 #include "schedule.cuh"
 #include "smem.cuh"
 
-// Announce a tile's bytes on its "full" barrier and copy it, one TMA copy per 64-column slab.
+// Announce a tile's bytes on its "full" barrier and copy rows row0 .. row0 + ROWS - 1 of head
+// `head` of batch `batch`, one TMA copy per 64-column slab.
 template <int D, int ROWS>
 __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, uint32_t full,
-                                          int row0, int bh) {
+                                          int row0, int head, int batch) {
     mbar_arrive_expect_tx(full, ROWS * D * HALF_BYTES);
 #pragma unroll
     for (int c = 0; c < D / SLAB_COLS; ++c)
-        tma_load_3d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, bh);
+        tma_load_4d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, head, batch);
 }
 
-// K or V of key tile j of work tile wt (the j-th of its range) into ring slot kv.slot() once the
-// consumers have released it (ring = sm.K or sm.V; FULL and EMPTY = BAR_K_FULL and BAR_K_EMPTY,
-// or V's).
+// K or V of the key tile that starts at key0 (of K/V head and batch hd) into ring slot kv.slot()
+// once the consumers have released it (ring = sm.K or sm.V; FULL and EMPTY = BAR_K_FULL and
+// BAR_K_EMPTY, or V's).
 template <int D, int BC, int FULL, int EMPTY>
 __device__ __forceinline__ void load_key_tile(const smem_tiles &sm, uint32_t ring,
                                               const CUtensorMap *map, kv_pipeline kv,
-                                              const work_tile &wt, int j) {
-    wait_empty(sm, EMPTY, kv);
-    copy_tile<D, BC>(ring + kv.slot() * kv_bytes<D, BC>(), map, bar_at(sm, FULL + kv.slot()),
-                     key_tile_start<BC>(wt, j), wt.bh);
+                                              const tile_heads &hd, int key0) {
+    wait_empty(sm, EMPTY, kv);  // the consumers are done with the slot's last key tile
+    copy_tile<D, BC>(ring + kv.slot() * kv_bytes<D, BC>(), map, bar_at(sm, FULL + kv.slot()), key0,
+                     hd.kv_head, hd.batch);
 }
 
 // Hand the block's t-th work tile, index w, to the consumers: wait until Q buffer t % QB and its
 // index slot are free, write the index, start Q's copy. w >= works hands over "stop" (no copy).
+// Returns where the work tile's rows lie (heads_of), for its K/V copies.
 template <int D, int C, int BC>
-__device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtensorMap *tmQ, int t,
-                                             int w, const work_tile &wt, int works) {
+__device__ __forceinline__ tile_heads publish_work(const smem_tiles &sm, const CUtensorMap *tmQ,
+                                                   int t, int w, const work_tile &wt,
+                                                   const problem &pb, int works) {
     const pipeline_state<q_buffers<D, C, BC>()> q = {t};
     const uint32_t full = bar_at(sm, BAR_Q_FULL + q.slot());
-    wait_empty(sm, BAR_Q_EMPTY, q);
+    wait_empty(sm, BAR_Q_EMPTY, q);     // the consumers are done with the buffer's last work tile
     atomicExch(&sm.work[q.slot()], w);  // (an atomic, like the consumers' read: see take_work())
     if (w >= works) {
         mbar_arrive(full);  // no copy: the consumers read "stop"
-        return;
+        return {0, 0, 0};
     }
-    copy_tile<D, block_rows<C>()>(q_stage<D, C, BC>(sm, t), tmQ, full, wt.q0, wt.bh);
+    const tile_heads hd = heads_of(wt.bh, pb);
+    copy_tile<D, block_rows<C>()>(q_stage<D, C, BC>(sm, t), tmQ, full, wt.q0, hd.head, hd.batch);
+    return hd;
 }
 
 // One thread issues every copy: for each work tile, hand it over (Q into its buffer as soon as
@@ -59,11 +64,14 @@ __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap
     work_tile wt;
     int w = take_next_work<C, BC>(blockIdx.x, pb, works, next_work, wt);
     for (int t = 0;; ++t) {
-        publish_work<D, C, BC>(sm, tmQ, t, w, wt, works);
+        const tile_heads hd = publish_work<D, C, BC>(sm, tmQ, t, w, wt, pb, works);
         if (w >= works) return;  // that was "stop"
-        for (int j = 0; j < wt.n_tiles; ++j, kv = kv.next()) {
-            load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, wt, j);
-            load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, kv, wt, j);
+        // The range's key tiles by their first keys (two registers for the loop, not three:
+        // the thread has 24, and the K/V head and batch take two).
+        const int key_end = key_tile_start<BC>(wt, wt.n_tiles);
+        for (int key0 = key_tile_start<BC>(wt, 0); key0 < key_end; key0 += BC, kv = kv.next()) {
+            load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, hd, key0);
+            load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, kv, hd, key0);
         }
         w = take_next_work<C, BC>(next_work_index(works, next_work), pb, works, next_work, wt);
     }

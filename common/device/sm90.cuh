@@ -69,25 +69,25 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 
 /* ---- TMA: bulk tensor copies and reductions -------------------------------------------------- */
 
-// Copy the box at coordinates (c0 = column, c1 = row, c2 = batch*head) of the tensor that `map`
-// describes into shared memory at dst; completion adds the box's bytes to `bar`.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
-                                            int c0, int c1, int c2) {
+// Copy the box at coordinates (c0 = column, c1 = row, c2 = head, c3 = batch) of the tensor that
+// `map` describes into shared memory at dst; completion adds the box's bytes to `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
         : "memory");
 }
 
-// The box at (c0, c1, c2) of the tensor `map` describes, from shared memory at src. Rows past the
-// tensor's end are not written. Stores are tracked per thread in bulk groups.
-__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, uint32_t src, int c0, int c1,
-                                             int c2) {
+// The box at (c0, c1, c2, c3) of the tensor `map` describes, from shared memory at src. Rows past
+// the tensor's end are not written. Stores are tracked per thread in bulk groups.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, uint32_t src, int c0, int c1,
+                                             int c2, int c3) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-            (uint64_t)map),
-        "r"(src), "r"(c0), "r"(c1), "r"(c2)
+        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::
+            "l"((uint64_t)map),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
         : "memory");
 }
 
