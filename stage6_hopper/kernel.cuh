@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
     problem pb = prob;
     if (!SPLIT) {  // one range: all of a query tile's keys
         pb.splits = 1, pb.split_tiles = INT_MAX, pb.min_key_tiles = 1;
+        pb.works_per_head = pb.q_tiles;
         pb.per_query_tile.mul = 1, pb.per_query_tile.shift = 0;  // n / 1
     }
     pb.tmO = &tmO;

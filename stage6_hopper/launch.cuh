@@ -128,7 +128,8 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     pb.splits = a->split.splits, pb.split_tiles = a->split.split_tiles;
     pb.min_key_tiles = pb.splits == 1 ? 1 : 0;
     pb.H = s->H;
-    pb.per_head = make_fast_divisor((uint32_t)(ceil_div(s->N, BR) * pb.splits));
+    pb.q_tiles = ceil_div(s->N, BR), pb.works_per_head = pb.q_tiles * pb.splits;
+    pb.per_head = make_fast_divisor((uint32_t)pb.works_per_head);
     pb.per_query_tile = make_fast_divisor((uint32_t)pb.splits);
     pb.per_batch = make_fast_divisor((uint32_t)s->H);
     pb.per_kv_head = make_fast_divisor((uint32_t)(s->H / s->H_kv));

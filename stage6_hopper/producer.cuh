@@ -33,22 +33,20 @@ __device__ __forceinline__ void load_key_tile(const smem_tiles &sm, uint32_t rin
 
 // Hand the block's t-th work tile, index w, to the consumers: wait until Q buffer t % QB and its
 // index slot are free, write the index, start Q's copy. w >= works hands over "stop" (no copy).
-// Returns where the work tile's rows lie (heads_of), for its K/V copies.
 template <int D, int C, int BC>
-__device__ __forceinline__ tile_heads publish_work(const smem_tiles &sm, const CUtensorMap *tmQ,
-                                                   int t, int w, const work_tile &wt,
-                                                   const problem &pb, int works) {
+__device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtensorMap *tmQ, int t,
+                                             int w, const work_tile &wt, const problem &pb,
+                                             int works) {
     const pipeline_state<q_buffers<D, C, BC>()> q = {t};
     const uint32_t full = bar_at(sm, BAR_Q_FULL + q.slot());
     wait_empty(sm, BAR_Q_EMPTY, q);     // the consumers are done with the buffer's last work tile
     atomicExch(&sm.work[q.slot()], w);  // (an atomic, like the consumers' read: see take_work())
     if (w >= works) {
         mbar_arrive(full);  // no copy: the consumers read "stop"
-        return {0, 0, 0};
+        return;
     }
     const tile_heads hd = heads_of(wt.bh, pb);
     copy_tile<D, block_rows<C>()>(q_stage<D, C, BC>(sm, t), tmQ, full, wt.q0, hd.head, hd.batch);
-    return hd;
 }
 
 // One thread issues every copy: for each work tile, hand it over (Q into its buffer as soon as
@@ -64,10 +62,11 @@ __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap
     work_tile wt;
     int w = take_next_work<C, BC>(blockIdx.x, pb, works, next_work, wt);
     for (int t = 0;; ++t) {
-        const tile_heads hd = publish_work<D, C, BC>(sm, tmQ, t, w, wt, pb, works);
+        publish_work<D, C, BC>(sm, tmQ, t, w, wt, pb, works);
         if (w >= works) return;  // that was "stop"
         // The range's key tiles by their first keys (two registers for the loop, not three:
-        // the thread has 24, and the K/V head and batch take two).
+        // the thread has 24, and the 4-D copies' K/V head and batch take one more than bh did).
+        const tile_heads hd = heads_of(wt.bh, pb);  // (publish_work's, worked out once)
         const int key_end = key_tile_start<BC>(wt, wt.n_tiles);
         for (int key0 = key_tile_start<BC>(wt, 0); key0 < key_end; key0 += BC, kv = kv.next()) {
             load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, hd, key0);

@@ -36,7 +36,10 @@ __device__ __forceinline__ int fast_divide(int n, fast_divisor f) {
 // log2(e), and where the results go.
 typedef struct {
     int N, N_k, key_shift, causal, splits, split_tiles;
-    int min_key_tiles;                      // a query tile's fewest: 1 unsplit, 0 split (work_at)
+    int min_key_tiles;            // a query tile's fewest: 1 unsplit, 0 split (work_at)
+    int q_tiles, works_per_head;  // ceil(N / BR), and q_tiles * splits work tiles
+    // (launch constants, not worked out in the kernel: the producer thread has 24 registers, and
+    // the compiler would keep such values in some of them across its loops)
     int H;                                  // query heads (a work tile's bh = batch * H + head)
     fast_divisor per_head, per_query_tile;  // work tiles: of a head, of a query tile (splits)
     fast_divisor per_batch, per_kv_head;    // bh / H = batch; head / (H / H_kv) = K/V head (GQA)
@@ -70,10 +73,10 @@ typedef struct {
 template <int C, int BC>
 __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
     constexpr int BR = block_rows<C>();
-    const int q_tiles = (pb.N + BR - 1) / BR;
+    const int q_tiles = pb.q_tiles;
     work_tile t;
     t.bh = fast_divide(w, pb.per_head);
-    const int in_head = w - t.bh * q_tiles * pb.splits;
+    const int in_head = w - t.bh * pb.works_per_head;
     const int q_index = fast_divide(in_head, pb.per_query_tile);
     t.split = in_head - q_index * pb.splits;
     t.q0 = (q_tiles - 1 - q_index) * BR;
