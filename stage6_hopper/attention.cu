@@ -56,6 +56,8 @@
  * no one-consumer tiles), nopdl: each switches one step off.
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
+ * What models feed, as stage 5 takes it: GQA (--kv-heads), strided layouts (--layout bnhd|qkv) and
+ * N_k != N (--seq-k), through 4-D tensor maps with each tensor's strides; not bf16 (left).
  *
  * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
  * runs besides the softmax and the GEMMs (the ring's slot and phase arithmetic, descriptors
@@ -98,12 +100,13 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
         return "H must be a multiple of H_kv (query heads per KV head)";
     if (s->N_k < 1) return "N_k must be >= 1";
     // Q, K, V and O go through TMA tensor maps (tensor_map_4d): each stride a multiple of 16 bytes
-    // (8 halves) and below 2^40 bytes; rows at least D apart, so that O's rows do not overlap.
+    // (8 halves) and below 2^40 bytes; rows at least D apart, so that O's rows do not overlap, and
+    // at most INT_MAX elements (the merge's row stride, combine_params).
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};
     const int heads[] = {s->H, s->H_kv, s->H_kv, s->H}, rows[] = {s->N, s->N_k, s->N_k, s->N};
     for (int t = 0; t < 4; t++) {
         if (!tensor_map_takes(l[t], s->B, heads[t], rows[t], HALF_BYTES) ||
-            (rows[t] > 1 && l[t]->row < s->D))
+            (rows[t] > 1 && (l[t]->row < s->D || l[t]->row > INT_MAX)))
             return "strides must be multiples of 8 elements (16 bytes, TMA's rule) below 2^39, "
                    "rows "
                    "at least D apart";

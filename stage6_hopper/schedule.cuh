@@ -33,25 +33,24 @@ __device__ __forceinline__ int fast_divide(int n, fast_divisor f) {
 // i sees keys up to i + N_k - N, so key_shift = N_k - N turns a query row into the key index of
 // its diagonal), how a query tile's key tiles are cut (split-KV: into ranges of split_tiles key
 // tiles, at most `splits` of them; splits = 1: one range, all of them), the softmax scale times
-// log2(e), and where the results go.
+// log2(e), and where the results go. Counts the host can work out are launch constants here, not
+// computed in the kernel: the producer thread has 24 registers, and the compiler would hold such
+// values in some of them across its loops.
 typedef struct {
     int N, N_k, key_shift, causal, splits, split_tiles;
-    int min_key_tiles;            // a query tile's fewest: 1 unsplit, 0 split (work_at)
-    int q_tiles, works_per_head;  // ceil(N / BR), and q_tiles * splits work tiles
-    // (launch constants, not worked out in the kernel: the producer thread has 24 registers, and
-    // the compiler would keep such values in some of them across its loops)
+    int min_key_tiles;                      // a query tile's fewest: 1 unsplit, 0 split (work_at)
+    int q_tiles, works_per_head;            // ceil(N / BR); q_tiles * splits work tiles a head
     int H;                                  // query heads (a work tile's bh = batch * H + head)
     fast_divisor per_head, per_query_tile;  // work tiles: of a head, of a query tile (splits)
     fast_divisor per_batch, per_kv_head;    // bh / H = batch; head / (H / H_kv) = K/V head (GQA)
     float scale_log2;
-    __half *O;                  // [B, H, N, D], strided (o_batch, o_head, o_row: elements)
-    long long o_batch, o_head;  //   (splits = 1, written directly where O is not staged)
-    long long o_row;            //
-    float *lse;                 // [B, H, N]                     (splits = 1)
-    float *O_part;              // [splits, B * H, N, D], fp32   (splits > 1: combine_kernel merges)
-    float *lse_part;            // [splits, B * H, N]            (splits > 1)
-    long long rows;             // B * H * N
-    const CUtensorMap *tmO;     // O as (D, N, H, B) in boxes of [1, 1, 16, 64], the staged stores
+    __half *O;                         // [B, H, N, D], strided   (splits = 1, where not staged)
+    long long o_batch, o_head, o_row;  // O's strides, elements
+    float *lse;                        // [B, H, N]                     (splits = 1)
+    float *O_part;                     // [splits, B * H, N, D], fp32   (splits > 1: merged)
+    float *lse_part;                   // [splits, B * H, N]            (splits > 1)
+    long long rows;                    // B * H * N
+    const CUtensorMap *tmO;  // O as (D, N, H, B) in boxes of [1, 1, 16, 64], the staged stores
 } problem;
 
 // A work tile: one batch*head, BR query rows and a range of their key tiles, [j0, j0 + n_tiles)
