@@ -56,8 +56,9 @@
  * no one-consumer tiles), nopdl: each switches one step off.
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
- * What models feed, as stage 5 takes it: GQA (--kv-heads), strided layouts (--layout bnhd|qkv) and
- * N_k != N (--seq-k), through 4-D tensor maps with each tensor's strides; not bf16 (left).
+ * What models feed: GQA (--kv-heads), strided layouts (--layout bnhd|qkv) and N_k != N (--seq-k),
+ * through 4-D tensor maps with each tensor's strides, and bf16 storage (--dtype bf16: a template
+ * parameter of the kernels, wgmma's .bf16 products).
  *
  * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
  * runs besides the softmax and the GEMMs (the ring's slot and phase arithmetic, descriptors
@@ -184,6 +185,7 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
-    ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // besides the plain case (not bf16)
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
+        ATTN_TAKES_N_K,  // beyond the plain case
     0,
 };

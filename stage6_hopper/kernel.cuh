@@ -32,7 +32,7 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // * ceil(N / BR) * splits work tiles. SPLIT: compiled for split-KV; without it splits is the
 // constant 1, and the work tiles' decoding, the producer's skipping of empty ones and the
 // epilogue's fp32 path fold away.
-template <int D, int C, int BC, int SCHEDULE, bool SPLIT>
+template <int D, int C, int BC, int SCHEDULE, bool SPLIT, bool BF16>
 __global__ void __launch_bounds__(block_threads<C>(), 1)
     attention_kernel(const __grid_constant__ CUtensorMap tmQ,
                      const __grid_constant__ CUtensorMap tmK,
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
         if (threadIdx.x == 0) producer<D, C, BC>(sm, &tmQ, &tmK, &tmV, pb, works, next_work);
     } else {
         registers_increase<consumer_regs<C>()>();
-        consumer<D, C, BC, SCHEDULE>(sm, pb, works);
+        consumer<D, C, BC, SCHEDULE, BF16>(sm, pb, works);
     }
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)tmO, (void)prob, (void)works, (void)next_work;
@@ -75,14 +75,14 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
 // Split-KV's merge (combine_row of common/device/split_kv.cuh), launched with PDL right behind
 // the attention kernel: its blocks are placed on idle SMs (or as attention blocks leave) while
 // that kernel runs, and start merging the moment it ends.
-template <int D>
+template <int D, bool BF16>
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel_pdl(const combine_params p) {
 #if HOPPER_KERNELS
     let_next_kernel_start();
     wait_for_previous_kernel();  // the key ranges' O and LSE are written
     int lane;
     const long long row = combine_thread_row<D>(&lane);
-    if (row < p.rows) combine_row<D>(p, row, lane);
+    if (row < p.rows) combine_row<D, BF16>(p, row, lane);
 #else
     (void)p;
 #endif

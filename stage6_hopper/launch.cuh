@@ -14,13 +14,15 @@
 #include "device/tensor_map.cuh"    // tensor_map_encoder
 #include "kernel.cuh"
 
-// Q, K, V or O, a [B, heads, rows, D] fp16 tensor in its layout l, as the 4-D tensor map (D,
-// rows, heads, B) seen in boxes of [1, 1, box_rows, 64] (one 128-byte-swizzled slab); rows past
-// the tensor's read as zeros and are not written.
+// Q, K, V or O, a [B, heads, rows, D] fp16 (or bf16) tensor in its layout l, as the 4-D tensor
+// map (D, rows, heads, B) seen in boxes of [1, 1, box_rows, 64] (one 128-byte-swizzled slab);
+// rows past the tensor's read as zeros and are not written.
 static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_shape *s, int heads,
                               int rows, const attn_layout *l, int box_rows) {
-    return tensor_map_4d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, HALF_BYTES, base, s->B, heads, rows,
-                         s->D, l, SLAB_COLS, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
+    const CUtensorMapDataType type =
+        s->bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return tensor_map_4d(map, type, HALF_BYTES, base, s->B, heads, rows, s->D, l, SLAB_COLS,
+                         box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
@@ -28,8 +30,8 @@ static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_sha
 static int hopper_code_here(void) {
     int ptx = 0, binary = 0;
     if (kernel_versions(
-            (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false>, &ptx,
-            &binary) != cudaSuccess) {
+            (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false, false>,
+            &ptx, &binary) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -78,8 +80,8 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
 }
 
 typedef struct {
-    const void *Q, *K, *V;  // [B, H, N, D] fp16; K, V [B, H_kv, N_k, D]; each in its layout
-    __half *O;              // [B, H, N, D] fp16 in its layout
+    const void *Q, *K, *V;  // [B, H, N, D] fp16 or bf16; K, V [B, H_kv, N_k, D]; in their layouts
+    __half *O;              // [B, H, N, D] fp16 or bf16 (s->bf16) in its layout
     float *lse;             // [B, H, N]
     int *next_work;         // the persistent blocks' work tile counter (the workspace)
     float *O_part;          // split-KV's partial results (the workspace after the counter)
@@ -105,6 +107,16 @@ static cudaLaunchConfig_t launch_config(unsigned blocks, int threads, size_t sme
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                           const CUtensorMap, const problem, int, int *);
 
+// The configuration's kernel for split-KV or not, fp16 or bf16 storage.
+template <int D, int C, int BC, int SCHEDULE>
+static kernel_fn kernel_for(bool split, bool bf16) {
+    if (bf16)
+        return split ? attention_kernel<D, C, BC, SCHEDULE, true, true>
+                     : attention_kernel<D, C, BC, SCHEDULE, false, true>;
+    return split ? attention_kernel<D, C, BC, SCHEDULE, true, false>
+                 : attention_kernel<D, C, BC, SCHEDULE, false, false>;
+}
+
 template <int D, int C, int BC, int SCHEDULE>
 static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     constexpr int BR = block_rows<C>();
@@ -114,8 +126,7 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     ATTN_TRY(tensor_map(&tmV, a->V, s, s->H_kv, s->N_k, &s->v, BC));
     ATTN_TRY(tensor_map(&tmO, a->O, s, s->H, s->N, &s->o, WARP_ROWS));  // (staged O, a warp's rows)
     const int smem = smem_bytes<D, C, BC>();
-    const kernel_fn kernel = a->split.splits > 1 ? attention_kernel<D, C, BC, SCHEDULE, true>
-                                                 : attention_kernel<D, C, BC, SCHEDULE, false>;
+    const kernel_fn kernel = kernel_for<D, C, BC, SCHEDULE>(a->split.splits > 1, s->bf16);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem));  // once per kernel and device
     const int works = s->B * s->H * ceil_div(s->N, BR) * a->split.splits;
     const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works
@@ -150,7 +161,9 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
                                s->H,      s->o.batch,  s->o.head, (int)s->o.row};
     const unsigned merge_blocks = (unsigned)ceil_div(pb.rows, combine_rows_per_block<D>());
     const cudaLaunchConfig_t merge = launch_config(merge_blocks, COMBINE_THREADS, 0, a, &attr);
-    ATTN_TRY(cudaLaunchKernelEx(&merge, combine_kernel_pdl<D>, cp));
+    void (*const merge_kernel)(const combine_params) =
+        s->bf16 ? combine_kernel_pdl<D, true> : combine_kernel_pdl<D, false>;
+    ATTN_TRY(cudaLaunchKernelEx(&merge, merge_kernel, cp));
     return cudaSuccess;
 }
 

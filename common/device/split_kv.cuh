@@ -9,6 +9,7 @@
  */
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +59,7 @@ constexpr int COMBINE_THREADS = 128;
 typedef struct combine_params {
     const float *O_part;    // [splits, B * H, N, D]
     const float *lse_part;  // [splits, B * H, N]
-    __half *O;              // [B, H, N, D] in its layout: the strides below (16-bit storage)
+    __half *O;              // [B, H, N, D] in its layout: the strides below (fp16 or bf16 bits)
     float *lse;             // [B, H, N]
     long long rows;         // B * H * N
     int N, BR, BC;          // shape and the attention kernel's tiles
@@ -78,8 +79,9 @@ __host__ __device__ constexpr int combine_rows_per_block() {
     return COMBINE_THREADS / combine_lanes<D>();
 }
 
-// One thread's share of the merge: lane `lane` (of combine_lanes()) of row `row`.
-template <int D>
+// One thread's share of the merge: lane `lane` (of combine_lanes()) of row `row`; O stored as fp16
+// (BF16 = false) or bf16.
+template <int D, bool BF16 = false>
 __device__ __forceinline__ void combine_row(const combine_params &p, long long row, int lane) {
     constexpr int UNROLL = 8;  // ranges in flight at once: their loads are independent
     int ranges = p.splits;     // causal: as many as this row's query tile was given
@@ -114,9 +116,15 @@ __device__ __forceinline__ void combine_row(const combine_params &p, long long r
             o.x += wt * x[u].x, o.y += wt * x[u].y, o.z += wt * x[u].z, o.w += wt * x[u].w;
         }
     }
-    const __half2 halves[2] = {__floats2half2_rn(o.x, o.y), __floats2half2_rn(o.z, o.w)};
     uint2 packed;
-    memcpy(&packed, halves, sizeof packed);
+    if constexpr (BF16) {
+        const __nv_bfloat162 pairs[2] = {__floats2bfloat162_rn(o.x, o.y),
+                                         __floats2bfloat162_rn(o.z, o.w)};
+        memcpy(&packed, pairs, sizeof packed);
+    } else {
+        const __half2 halves[2] = {__floats2half2_rn(o.x, o.y), __floats2half2_rn(o.z, o.w)};
+        memcpy(&packed, halves, sizeof packed);
+    }
     const long long bh = row / p.N, i = row - bh * p.N;  // (batch, head) and query row
     __half *O = p.O + bh / p.H * p.o_batch + bh % p.H * p.o_head + i * p.o_row;
     reinterpret_cast<uint2 *>(O)[lane] = packed;

@@ -8,6 +8,7 @@
  */
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <string.h>
@@ -77,4 +78,17 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     uint32_t u;
     memcpy(&u, &h, sizeof(u));
     return u;
+}
+
+// The same in the 16-bit storage type: fp16 (BF16 = false) or bfloat16 (true).
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+    if constexpr (BF16) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+        uint32_t u;
+        memcpy(&u, &b, sizeof(u));
+        return u;
+    } else {
+        return pack_half2(lo, hi);
+    }
 }
