@@ -26,8 +26,8 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     fence_barrier_init();  // visible to the copy engine (the async proxy)
 }
 
-// Q, O: [B, H, N, D] fp16, K, V: [B, H_kv, N_k, D], each in its own layout (the tensor maps
-// describe them as (D, rows, heads, B) with its strides; O is written through tmO where
+// Q, O: [B, H, N, D] fp16 (bf16 where BF16), K, V: [B, H_kv, N_k, D], each in its own layout (the
+// tensor maps describe them as (D, rows, heads, B) with its strides; O is written through tmO where
 // o_staged(), else directly); the rest of the problem in prob (its tmO is set here). works = B * H
 // * ceil(N / BR) * splits work tiles. SPLIT: compiled for split-KV; without it splits is the
 // constant 1, and the work tiles' decoding, the producer's skipping of empty ones and the

@@ -92,11 +92,10 @@ __device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2
     }
 }
 
-// exp_pack: P = 2^(S scale_log2 - shift) (the early chunks' from row_max), to fp16 (or bf16,
-// BF16) straight into
-// the A-operand layout of the P V wgmma, which is the S layout (register k of P packs elements 2k
-// and 2k + 1: columns 2t and 2t + 1 of one row); l_i = l_i alpha + the rows' sums. P's registers
-// are the A operand of the P V before, so this comes after that wgmma's wait.
+// exp_pack: P = 2^(S scale_log2 - shift) (the early chunks' from row_max), to fp16 (bf16 where
+// BF16) straight into the A-operand layout of the P V wgmma, which is the S layout (register k of
+// P packs elements 2k and 2k + 1: columns 2t and 2t + 1 of one row); l_i = l_i alpha + the rows'
+// sums. P's registers are the A operand of the P V before, so this comes after that wgmma's wait.
 template <int BC, int EARLY, bool BF16>
 __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)[BC / 4],
                                          float (&l_i)[2], float scale_log2,
