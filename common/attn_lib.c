@@ -4,8 +4,9 @@
  * the stage descriptor `attn_this_stage` and these calls:
  *
  *   attn_lib_plan         every check the program makes before a pass (its shape rules, the
- *                         device, the stage's own unsupported()) for one pass (forward or
- *                         backward), shape, device, variant and shared-memory limit; on success
+ *                         device, what the stage takes, its own unsupported()) for one pass
+ *                         (forward or backward), shape (with H_kv, N_k, bf16 and the tensors'
+ *                         strides), device, variant and shared-memory limit; on success
  *                         the workspace the pass needs and, if the caller gives room for one
  *                         (attn_lib_plan_bytes), a plan: the checked facts, kept by the caller
  *   attn_lib_forward      the stage's forward() of a plan on the caller's pointers and stream
@@ -34,8 +35,8 @@
 #include "device_info.h"
 
 /* 4: plans (attn_lib_plan once, attn_lib_forward / attn_lib_backward per call), errors by
- * attn_lib_last_error */
-#define ATTN_LIB_ABI 4
+ * attn_lib_last_error; 5: attn_lib_plan takes what models feed (H_kv, N_k, bf16, strides) */
+#define ATTN_LIB_ABI 5
 #define ATTN_LIB_MAX_DEVICES 64
 
 /* The binding refuses a library whose entry points it does not know. */
@@ -175,20 +176,66 @@ static void leave_device(int prev, int device) {
     if (prev != device) (void)cudaSetDevice(prev);
 }
 
+/* The shape of a plan: B, H, N, D, causal, scale; H_kv and N_k (0: H and N); bf16; strides: NULL
+ * (every tensor contiguous) or 24 numbers, {batch, head, row} of q, k, v, o, dO, dQ, dK, dV in
+ * elements (a tensor's three zero: contiguous). */
+static attn_shape shape_of(int B, int H, int N, int D, int causal, float scale, int H_kv, int N_k,
+                           int bf16, const long long *strides) {
+    attn_shape s = {.B = B,
+                    .H = H,
+                    .N = N,
+                    .D = D,
+                    .causal = causal != 0,
+                    .scale = scale,
+                    .H_kv = H_kv,
+                    .N_k = N_k,
+                    .bf16 = bf16 != 0};
+    attn_layout *l[] = {&s.q, &s.k, &s.v, &s.o, &s.dO, &s.dQ, &s.dK, &s.dV};
+    for (int t = 0; strides && t < 8; t++)
+        *l[t] = (attn_layout){strides[3 * t], strides[3 * t + 1], strides[3 * t + 2]};
+    if (s.H_kv >= 1 && s.N_k >= 1) attn_shape_complete(&s); /* else check_model_inputs says so */
+    return s;
+}
+
+/* The rules of what models feed that need no device (H_kv divides H, N_k in range, strides that
+ * reach no element twice in a row), then what the stage takes. */
+static int check_model_inputs(const attn_shape *s, int pass) {
+    const char *name = attn_this_stage.name;
+    if (s->H_kv < 1 || s->H % s->H_kv)
+        return fail(ATTN_EXIT_USAGE, "%s: H_kv must divide H (got H = %d, H_kv = %d)", name, s->H,
+                    s->H_kv);
+    if (s->N_k < 1 || s->N_k > ATTN_MAX_N)
+        return fail(ATTN_EXIT_USAGE, "%s: N_k must be in [1, %d] (got %d)", name, ATTN_MAX_N,
+                    s->N_k);
+    const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
+    for (int t = 0; t < 8; t++)
+        if (l[t]->row < s->D || l[t]->head < 0 || l[t]->batch < 0)
+            return fail(ATTN_EXIT_USAGE,
+                        "%s: strides must be >= 0, rows at least D = %d elements apart", name,
+                        s->D);
+    const char *why = attn_shape_refused(
+        s, pass == PASS_BWD ? attn_this_stage.backward_takes : attn_this_stage.takes,
+        pass == PASS_BWD);
+    if (why)
+        return fail(ATTN_EXIT_UNSUPPORTED, "%s%s does not take %s", name,
+                    pass == PASS_BWD ? "'s backward pass" : "", why);
+    return ATTN_EXIT_PASS;
+}
+
 int attn_lib_plan(int pass, int device, long long smem_limit, int B, int H, int N, int D,
-                  int causal, float scale, int variant, void *plan, size_t plan_bytes,
+                  int causal, float scale, int variant, int H_kv, int N_k, int bf16,
+                  const long long *strides, void *plan, size_t plan_bytes,
                   size_t *workspace_bytes) {
-    attn_lib_plan_t p = {
-        .stage = &attn_this_stage,
-        .pass = pass,
-        .device = device,
-        .variant = variant,
-        .shape = {.B = B, .H = H, .N = N, .D = D, .causal = causal != 0, .scale = scale}};
-    attn_shape_complete(&p.shape);
+    attn_lib_plan_t p = {.stage = &attn_this_stage,
+                         .pass = pass,
+                         .device = device,
+                         .variant = variant,
+                         .shape = shape_of(B, H, N, D, causal, scale, H_kv, N_k, bf16, strides)};
     if (plan && plan_bytes < sizeof p)
         return fail(ATTN_EXIT_USAGE, "%s: a plan takes %zu bytes, got room for %zu",
                     attn_this_stage.name, sizeof p, plan_bytes);
     int rc = check_arguments(&p.shape, variant, pass);
+    if (rc == ATTN_EXIT_PASS) rc = check_model_inputs(&p.shape, pass);
     if (rc == ATTN_EXIT_PASS) rc = device_props(device, smem_limit, &p.dev);
     if (rc != ATTN_EXIT_PASS) return rc;
     int prev = device;

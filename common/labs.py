@@ -20,17 +20,25 @@ code of sm_80 and newer (cp.async), graded natively from sm_80 on, and on a T4 o
 (PTX for compute_80) and reported as not gradable there. Markers are comments: the stage's
 machine code is the same with them or without them.
 
+An unfilled lab must fail fast and cleanly: a stub leaves wrong values, or, where doing nothing
+would leave the kernel waiting forever (stage 6's producer: no arrival on an mbarrier the
+consumers wait on), prints "lab hole N unfilled: ..." and traps; the grader reports that line.
+
 A stage's holes live in its own folder's files (a primitive of common/device/ is not cut into a
 lab). labs/<stage>/ gets a copy of each file that has holes; the grader builds the stage from a
 tree of links to the repository in which those files are the learner's, with the Makefile, so a
 lab is compiled and linked exactly as the stage's own program (stage 7's forward included).
+Each program is built in build/lab/<stage>/ in a folder named by its target and a hash of its
+files: jobs of the same content (every hole of a lab filled with the stage's code, the stage's own
+program) are built and run once, a later grade finds them built, and a new folder starts from
+the common objects of the last one.
 
 In the lab the BEGIN and END lines stay (the grader finds the learner's code between them); in
 between, every `LAB TODO:` line becomes `TODO:` and every `LAB STUB: code` line becomes `code`,
 and the solution's lines are left out.
 
 usage: labs.py lab STAGE [--restart]          write labs/<stage>/ (never over a learner's edits)
-       labs.py grade STAGE [--arch A] [--smem-limit B] [--gpu-name NAME] [--jobs J]
+       labs.py grade STAGE [--arch A] [--smem-limit B] [--gpu-name NAME] [--jobs J] [--quick]
        labs.py render FILE                     a stage file's lab text, to stdout
        labs.py fill LAB_FILE SOLUTION_FILE [--except K]
                                                the lab with its holes (all, or all but hole K)
@@ -39,6 +47,8 @@ usage: labs.py lab STAGE [--restart]          write labs/<stage>/ (never over a 
 """
 
 import argparse
+import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -291,7 +301,11 @@ def gpu_present(name_given):
 
 def make_tree(where, sdir, override):
     """A copy of the repository made of links, where the stage's folder has the files of
-    `override` ({name: text}) in place of its own: the Makefile builds it as it builds the stage."""
+    `override` ({name: text}) in place of its own: the Makefile builds it as it builds the stage.
+    A build folder is named by what it builds (job_dir): a tree already there has this content,
+    and is kept, so that make rebuilds only what changed in the repository since."""
+    if (where / ".complete").exists():
+        return
     if where.exists():
         shutil.rmtree(where)
     where.mkdir(parents=True)
@@ -307,13 +321,28 @@ def make_tree(where, sdir, override):
                     (where / entry.name / f.name).symlink_to(f)
         else:
             (where / entry.name).symlink_to(entry)
+    (where / ".complete").touch()
 
 
 def build(job, sdir, arch, log):
     """Builds one job's program with the repository's Makefile. Returns (ok, program path)."""
     base = job["dir"]
+    base.parent.mkdir(parents=True, exist_ok=True)
+    with open(base.with_suffix(".lock"), "w") as lock:  # one build at a time in a folder (two
+        fcntl.flock(lock, fcntl.LOCK_EX)                # grades side by side may share it)
+        return build_locked(job, sdir, arch, log)
+
+
+def build_locked(job, sdir, arch, log):
+    base = job["dir"]
     make_tree(base / "src", sdir, job["files"])
+    os.utime(base)  # used now (prune keeps the latest)
     out = base / "out"
+    seed = job.get("seed")
+    if not out.exists() and seed and seed.exists():  # the common objects (and a forward pass)
+        with open(seed.parent.with_suffix(".lock"), "w") as lock:  # not while it is rebuilt
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            shutil.copytree(seed, out, copy_function=shutil.copy2, symlinks=True)
     cmd = ["make", "--no-print-directory", "-C", str(base / "src"), f"BUILD={out}",
            f"ARCH={arch}", str(out / sdir.name)]
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
@@ -349,6 +378,9 @@ def first_failure(rc, out, err, timeout):
         return None
     if rc == 124:
         return f"did not finish in {timeout} s (a hang? killed)"
+    stubs = [ln for ln in (out + err).splitlines() if re.match(r"lab hole \d+ unfilled", ln)]
+    if stubs:  # a stub that stops the kernel (where doing nothing would hang it) said so
+        return f"stopped by a stub: {stubs[0]}"
     fails = [ln for ln in (err + out).splitlines() if ln.startswith("FAILED: ")]
     if fails:
         return "first failing case: " + fails[0][len("FAILED: "):]
@@ -363,8 +395,8 @@ def first_failure(rc, out, err, timeout):
     return f"exit {rc}: {last[0]}"
 
 
-def grade_program(prog, smem_limit):
-    """Runs the quick cases, then the self-test. Returns (passed, one line)."""
+def grade_program(prog, smem_limit, quick=False):
+    """Runs the quick cases, then (unless quick) the self-test. Returns (passed, one line)."""
     extra = ["--smem-limit", smem_limit] if smem_limit else []
     for case in SMOKE:
         rc, out, err = run([str(prog)] + case + extra, SMOKE_TIMEOUT)
@@ -373,6 +405,8 @@ def grade_program(prog, smem_limit):
         why = first_failure(rc, out, err, SMOKE_TIMEOUT)
         if why:
             return False, why
+    if quick:
+        return True, f"the {len(SMOKE)} quick cases pass (no self-test: a quick grade)"
     rc, out, err = run([str(prog), "--self-test"] + extra, SELF_TEST_TIMEOUT)
     counts = re.findall(r"^(\d+) passed, (\d+) failed$", out, re.M)
     why = first_failure(rc, out, err, SELF_TEST_TIMEOUT)
@@ -392,6 +426,37 @@ def bench_ms(prog):
         return float(rows[1][head.index("ms_median")])
     except (ValueError, IndexError):
         return None
+
+
+KEEP_BUILDS = 12  # build folders kept per stage (the most recently used)
+
+
+def job_dir(build_root, arch, smem, texts):
+    """The build folder of a program: named by its target and a hash of its stage files."""
+    h = hashlib.sha1(f"{arch}\0{smem}".encode())
+    for name in sorted(texts):
+        h.update(f"\0{name}\0{texts[name]}".encode())
+    return build_root / f"{arch}-{smem or 'native'}-{h.hexdigest()[:12]}"
+
+
+def seed_for(build_root, where, sdir):
+    """For a new build folder: the out/ of the latest built one of the same target, whose
+    common objects (stage 7: and its forward pass) make need not build again; make rebuilds the
+    stage's own object, whose files are newer."""
+    if (where / "out").exists():
+        return None
+    target = where.name.rsplit("-", 1)[0]
+    done = [d for d in build_root.glob(f"{target}-*") if (d / "out" / sdir.name).is_file()]
+    return max(done, key=lambda d: d.stat().st_mtime) / "out" if done else None
+
+
+def prune(build_root):
+    """Keeps the KEEP_BUILDS most recently used build folders (a folder is touched on use)."""
+    dirs = sorted((d for d in build_root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    for d in dirs[:-KEEP_BUILDS]:
+        shutil.rmtree(d, ignore_errors=True)
+        d.with_suffix(".log").unlink(missing_ok=True)
+        d.with_suffix(".lock").unlink(missing_ok=True)
 
 
 def cmd_grade(args):
@@ -425,14 +490,18 @@ def cmd_grade(args):
     jobs_n = args.jobs or max(1, (os.cpu_count() or 2) // 2)
 
     def job(key, keep, arch, smem, what):
+        """A program to build: the files (yours with the holes not in `keep` filled from the
+        stage; keep None: the stage's own), in a build folder named by what it builds, so that
+        jobs of the same content share one build (and one run), and a later grade reuses it."""
         fl = {name: fill(mine[name], files[name], keep, f"{rel}/{name}", f"{sdir.name}/{name}")
-              for name in files} if keep is not None else {}
+              if keep is not None else files[name] for name in files}
         return {"key": key, "files": fl, "arch": arch, "smem": smem, "what": what,
-                "dir": build_root / key}
+                "dir": job_dir(build_root, arch, smem, fl)}
 
     if gpu is None:
         arch = args.arch or NO_GPU_ARCH.get(sdir.name, "compute_75")
         j = job("yours", set(holes), arch, None, "your file")
+        j["seed"] = seed_for(build_root, j["dir"], sdir)
         ok, _ = build(j, sdir, arch, j["dir"].with_suffix(".log"))
         if not ok:
             print(f"make grade: {rel}: does not compile (ARCH={arch}):")
@@ -479,26 +548,42 @@ def cmd_grade(args):
         hole_job[n] = j["key"]
     ref = job("stage", None, native_arch, native_smem, "the stage's own code")
 
-    print(f"make grade: {sdir.name}, {rel}, on {paths[''][2]}: building {len(jobs)} programs "
-          f"(logs in {build_root.relative_to(ROOT)}/)", flush=True)
+    first = {}  # build folder -> the first job that builds it (the others share its result)
+    for j in jobs:
+        first.setdefault(j["dir"], j)
+    for j in first.values():
+        j["seed"] = seed_for(build_root, j["dir"], sdir)
+    print(f"make grade: {sdir.name}, {rel}, on {paths[''][2]}: building {len(first)} programs "
+          f"for {len(jobs)} jobs (logs in {build_root.relative_to(ROOT)}/)"
+          + ("; quick: the quick cases only, no self-test, not timed" if args.quick else ""),
+          flush=True)
 
     def do(j):
+        t0 = time.time()
         ok, prog = build(j, sdir, j["arch"], j["dir"].with_suffix(".log"))
+        took = f"build {time.time() - t0:.0f} s"
         if not ok:
             return j["key"], (False, "does not compile: " + "; ".join(
-                compile_errors(j["dir"].with_suffix(".log"), 3)))
+                compile_errors(j["dir"].with_suffix(".log"), 3)), None, took)
         if j["key"] == "stage":
-            return j["key"], (True, prog)
+            return j["key"], (True, prog, prog, took)
         if not j["runs"]:
             return j["key"], (None, f"compiles (ARCH={j['arch']}); its code cannot run on this GPU: "
-                                    f"not graded here", prog)
-        return j["key"], grade_program(prog, j["smem"]) + (prog,)
+                                    f"not graded here", prog, took)
+        t1 = time.time()
+        res = grade_program(prog, j["smem"], args.quick)
+        return j["key"], res + (prog, f"{took}, run {time.time() - t1:.0f} s")
 
     results = {}
     with ThreadPoolExecutor(max_workers=jobs_n) as pool:
-        for key, res in pool.map(do, jobs):
+        for key, res in pool.map(do, list(first.values())):
             results[key] = res
-            print(f"  {key}: {verdict(res[0])}", flush=True)
+            print(f"  {key}: {verdict(res[0])} ({res[3]})", flush=True)
+    for j in jobs:
+        if j["key"] not in results:
+            results[j["key"]] = results[first[j["dir"]]["key"]]
+            print(f"  {j['key']}: the same program as {first[j['dir']]['key']}", flush=True)
+    prune(build_root)
 
     width = max(len(hole_title(ps)) + len(ps[0]["tag"]) + 3 for ps in holes.values()) + 9
     print(f"\nReport card: {sdir.name} lab ({rel}) on {paths[''][2]}")
@@ -522,8 +607,14 @@ def cmd_grade(args):
         all_ok &= ok is not False
         print(f"  {j['what']:<{width}} {verdict(ok)}  {line}")
     speed = "not timed: your file does not pass yet"
-    if all_ok:
-        print("  your file passes: building the stage's own code to time both", flush=True)
+    if all_ok and args.quick:
+        speed = "not timed (a quick grade: make grade without QUICK=1 times it)"
+    elif all_ok:
+        same = ref["dir"] == jobs[0]["dir"]
+        print("  your file passes: " + ("the same program as the stage's own code; timing it twice"
+                                        if same else "building the stage's own code to time both"),
+              flush=True)
+        ref["seed"] = seed_for(build_root, ref["dir"], sdir)
         results["stage"] = do(ref)[1]
         if not results["stage"][0]:
             speed = "not timed: the stage's own code did not build (" + results["stage"][1] + ")"
@@ -538,6 +629,8 @@ def cmd_grade(args):
     for note in notes:
         print("  " + note)
     left = len(holes) - gradable
+    if args.quick:
+        print("  quick grade: only the quick cases ran (make grade without QUICK=1: the self-test)")
     print(f"holes passing: {passing} of {gradable}" + (
         f" ({left} not gradable on this GPU: see above)" if left else ""))
     return 0 if all_ok and passing == gradable else 1
@@ -608,6 +701,8 @@ def main():
     a.add_argument("--smem-limit", default="")
     a.add_argument("--gpu-name", default=None)
     a.add_argument("--jobs", type=int, default=0)
+    a.add_argument("--quick", action="store_true",
+                   help="the quick cases only: no self-test, no timing")
     a = sub.add_parser("render")
     a.add_argument("file")
     a = sub.add_parser("fill")

@@ -215,12 +215,19 @@ __device__ __forceinline__ void load_q_and_first_tile(__half *Q_smem, __half *K_
 template <int BC, int LD>
 __device__ __forceinline__ void scores_k(frag_acc S_frag[BC / WN], const frag_a &Q_k,
                                          const __half *K_k) {
+    // LAB HOLE 1 BEGIN: S = Q_i K_j^T in fragments: one k slice's products
+    // LAB TODO: for each of the BC/16 key blocks n (keys 16n .. 16n + 15 of the tile): load the 16
+    // LAB TODO: x 16 block of K^T as a frag_bt (matrix_b, col_major) from K_k + n * WN * LD with
+    // LAB TODO: leading dimension LD: read column-major, row n of K_j (keys along rows, head dim
+    // LAB TODO: along columns) is column n of K^T. Then S_frag[n] += Q_k K^T with wmma::mma_sync
+    // LAB TODO: (accumulator in, accumulator out).
 #pragma unroll
     for (int n = 0; n < BC / WN; ++n) {
         frag_bt K_frag;  // K^T read column-major: its column n is key row n of K_j
         wmma::load_matrix_sync(K_frag, K_k + n * WN * LD, LD);
         wmma::mma_sync(S_frag[n], Q_k, K_frag, S_frag[n]);
     }
+    // LAB HOLE 1 END
 }
 
 // One factor per element of an accumulator fragment: the value `per_row` of the element's row,
@@ -282,12 +289,17 @@ __device__ __forceinline__ void store_half8(__half *dst, const float *src) {
 template <int D, int LD>
 __device__ __forceinline__ void accumulate_pv_k(frag_acc O_acc[D / WN], const frag_a &P_k,
                                                 const __half *V_k) {
+    // LAB HOLE 2 BEGIN: O += P V_j in fragments: one k slice's products
+    // LAB TODO: for each of the D/16 head-dim blocks n: load V_k's 16 x 16 block of columns 16n ..
+    // LAB TODO: 16n + 15 (V_k + n * WN, leading dimension LD) as a frag_b (matrix_b, row_major: V's
+    // LAB TODO: rows are keys, the k of this product), then O_acc[n] += P_k V with wmma::mma_sync.
 #pragma unroll
     for (int n = 0; n < D / WN; ++n) {
         frag_b V_frag;
         wmma::load_matrix_sync(V_frag, V_k + n * WN, LD);
         wmma::mma_sync(O_acc[n], P_k, V_frag, O_acc[n]);
     }
+    // LAB HOLE 2 END
 }
 
 /* ---- kernel ------------------------------------------------------------------------------ */
@@ -433,9 +445,14 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
                     wmma::load_matrix_sync(Q_k, Q_w + k * WK, LD);
                 scores_k<BC, LD>(S_frag, Q_k, K_smem + k * WK);
             }
+            // LAB HOLE 1 BEGIN: S = Q_i K_j^T in fragments: the scores to the warp's slice
+            // LAB TODO: store the BC/16 accumulators side by side into the warp's slice S_w
+            // LAB TODO: ([16][S_LD] floats): S_frag[n] holds columns 16n .. 16n + 15. Row-major,
+            // LAB TODO: leading dimension S_LD: step 2 reads rows.
 #pragma unroll
             for (int n = 0; n < BC / WN; ++n)
                 wmma::store_matrix_sync(S_w + n * WN, S_frag[n], S_LD, wmma::mem_row_major);
+            // LAB HOLE 1 END
         }
 #if !HAS_CP_ASYNC
         if (prefetch) {  // K of tile kt + 1: registers -> the other buffer; then fetch its V
@@ -493,12 +510,19 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
                 for (int e = 0; e < frag_acc::num_elements; ++e) O_acc[n].x[e] *= alpha_e.x[e];
 
             __syncwarp();  // the warp's P tile is complete before it is loaded as fragments
+            // LAB HOLE 2 BEGIN: O += P V_j in fragments: P as the A operand, k slice by k slice
+            // LAB TODO: for each of the BC/16 k slices (keys 16k .. 16k + 15 of the tile): load the
+            // LAB TODO: warp's P block (P_w + k * WK, halves, leading dimension P_LD) as a frag_a
+            // LAB TODO: (matrix_a, row_major), then add its product with V_j's rows 16k .. (V_smem
+            // LAB TODO: + k * WK * LD) to O_acc: accumulate_pv_k.
+            // LAB STUB: (void)V_smem;  // unused until filled: O stays 0
 #pragma unroll
             for (int k = 0; k < BC / WK; ++k) {
                 frag_a P_frag;
                 wmma::load_matrix_sync(P_frag, P_w + k * WK, P_LD);
                 accumulate_pv_k<D, LD>(O_acc, P_frag, V_smem + k * WK * LD);
             }
+            // LAB HOLE 2 END
         }
 #if !HAS_CP_ASYNC
         if (prefetch)
@@ -516,6 +540,14 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
 #pragma unroll
     for (int c0 = 0; c0 < D; c0 += BC) {
         // Out through S_w, BC columns at a time: accumulators -> floats -> 16-byte half stores.
+        // LAB HOLE 3 BEGIN: O_i = O_acc / l_i through the warp's slice
+        // LAB TODO: first a __syncwarp: every lane is done reading S_w (its last P, or the previous
+        // LAB TODO: columns). The output columns c0 .. c0 + BC - 1 are the accumulators O_acc[c0 /
+        // LAB TODO: 16 + n], n < BC/16. Copy each one (a frag_acc), multiply every element e by its
+        // LAB TODO: row's 1 / l_i (inv_l_e.x[e]: the layout is hidden, so the factor comes per
+        // LAB TODO: element, like alpha in step 4), and store it into S_w at column 16n, row-major,
+        // LAB TODO: leading dimension S_LD; the loop below turns S_w into halves.
+        // LAB STUB: (void)inv_l_e;  // unused until filled: O is what S_w held (the last P)
         __syncwarp();  // the warp is done reading S_w (its last P, or the previous columns)
 #pragma unroll
         for (int n = 0; n < BC / WN; ++n) {
@@ -524,6 +556,7 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
             for (int e = 0; e < frag_acc::num_elements; ++e) o.x[e] *= inv_l_e.x[e];
             wmma::store_matrix_sync(S_w + n * WN, o, S_LD, wmma::mem_row_major);
         }
+        // LAB HOLE 3 END
         __syncwarp();  // the columns are in S_w before lanes read its rows
 #pragma unroll
         for (int t = 0; t < WM * BC / CHUNK / 32; ++t) {

@@ -121,8 +121,15 @@ constexpr bool LANE_OFFSET_PER_TILE = false;
 // apart hit the same 4 banks: an 8-way conflict.
 template <int D, bool SWIZZLE>
 __device__ __forceinline__ uint32_t smem_offset(int row, int chunk) {
+    // LAB HOLE 3 BEGIN: the swizzle: where chunk c of row r is stored
+    // LAB TODO: the byte offset in a [rows, D] half tile (D * HALF_BYTES bytes a row, 16-byte
+    // LAB TODO: chunks) of logical chunk `chunk` of row `row`: with SWIZZLE, stored at chunk chunk
+    // LAB TODO: ^ (row % 8), without, at chunk itself. Every store to a tile and (below) every
+    // LAB TODO: ldmatrix address must agree on it.
+    // LAB STUB: return 0u;  // until filled: every chunk lands on the tile's first
     return (uint32_t)(row * (D * HALF_BYTES) +
                       (SWIZZLE ? (chunk ^ (row & 7)) : chunk) * CHUNK_BYTES);
+    // LAB HOLE 3 END
 }
 
 // threadIdx.x. Every kernel here reads it through this function, in one of two ways:
@@ -169,17 +176,33 @@ __device__ __forceinline__ int block_index_x() {
 // registers through the softmax (at D = 128 that spills).
 template <int ROW_BYTES, bool SWIZZLE>
 __device__ __forceinline__ uint32_t a_lane_offset() {
+    // LAB HOLE 3 BEGIN: the swizzle: the A-order ldmatrix lane address
+    // LAB TODO: this lane's byte offset for an A-order x4 load (Q, and V read .trans) of the 16 x
+    // LAB TODO: 16 block at chunk pair 0: lane l addresses block row l % 16 (X4_DIM), logical chunk
+    // LAB TODO: l / 16, stored at chunk (l / 16) ^ (row % 8) when SWIZZLE (row % 8 = l % 8).
+    // LAB TODO: Callers XOR in c * X4_BYTES for chunk pair c, and add whole rows: why does that XOR
+    // LAB TODO: commute with both?
+    // LAB STUB: return 0u;  // until filled
     const uint32_t lane = (uint32_t)thread_index() % WARP_SIZE;  // unsigned: shifts and masks
     const uint32_t sw = SWIZZLE ? lane % MATRIX_ROWS : 0;
     return lane % X4_DIM * ROW_BYTES + (lane / X4_DIM ^ sw) * CHUNK_BYTES;
+    // LAB HOLE 3 END
 }
 
 template <int ROW_BYTES, bool SWIZZLE>
 __device__ __forceinline__ uint32_t k_lane_offset() {
+    // LAB HOLE 3 BEGIN: the swizzle: the K-order ldmatrix lane address
+    // LAB TODO: the same for K (B operand, untransposed) in the order (rows 0-7, chunk 0), (rows
+    // LAB TODO: 0-7, chunk 1), (rows 8-15, chunk 0), (rows 8-15, chunk 1): lane l addresses row l %
+    // LAB TODO: 8 + 8 (l / 16), logical chunk (l / 8) % 2, swizzled by the row's l % 8 as above.
+    // LAB TODO: (In this order each key block's b0 and b1 come back in adjacent registers, as
+    // LAB TODO: mma_16816 takes them.)
+    // LAB STUB: return 0u;  // until filled
     const uint32_t lane = (uint32_t)thread_index() % WARP_SIZE;
     const uint32_t sw = SWIZZLE ? lane % MATRIX_ROWS : 0;
     return (lane % MATRIX_ROWS + lane / X4_DIM * MATRIX_ROWS) * ROW_BYTES +
            (lane / MATRIX_ROWS % 2 ^ sw) * CHUNK_BYTES;
+    // LAB HOLE 3 END
 }
 
 // The offset in elements of row `row` (>= 0) of a tensor whose rows are ld elements apart: one
@@ -201,8 +224,14 @@ __device__ __forceinline__ void copy_chunk(uint4 &stage, uint32_t dst, const __h
     cp_async_16(dst, src, valid);
     (void)stage;
 #else
+    // LAB HOLE 4 BEGIN [t4]: the sm_75 register-staged tile load: one chunk into a register
+    // LAB TODO: sm_75 has no cp.async: load the 16 bytes at src into the register `stage` (one
+    // LAB TODO: uint4 load), or zeros where !valid (a row past N; src then points at row 0, inside
+    // LAB TODO: N). dst is unused here: tile_finish stores the register later.
+    // LAB STUB: (void)stage, (void)dst;  // unused until filled
     stage = valid ? *reinterpret_cast<const uint4 *>(src) : make_uint4(0, 0, 0, 0);
     (void)dst;
+    // LAB HOLE 4 END
 #endif
 }
 
@@ -225,31 +254,20 @@ __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS
     const __half *from = src + rows_offset(row0, ld) + chunk0 * CHUNK_HALVES;
     const size_t step = (size_t)STEP * ld;  // elements from one of this thread's rows to the next
     constexpr int CHUNKS = chunks_per_thread(ROWS, D, THREADS);
-#if __CUDA_ARCH__ >= 800
-    // cp.async: one address walked down this thread's rows in a loop, not one per chunk: the
-    // rows are a runtime stride apart (strided tensors), so unrolled, every chunk would hold a
-    // 64-bit address of its own where at D = 128 the registers are already all in use.
-    const bool full = rows_left >= ROWS;  // every tile but the last: nothing to check
-#pragma unroll 1
-    for (int i = 0; i < CHUNKS; ++i, from += step) {
-        const bool valid = full || row0 + i * STEP < rows_left;
-        // rows past N: zero-filled, their source address replaced by row 0 (inside N)
-        copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from : src, valid);
-    }
-#else
+    // Each chunk's source is the one before it plus the stride of STEP rows: one 64-bit address
+    // advanced down this thread's rows (the rows are a runtime stride apart, strided tensors),
+    // so that no chunk holds an address of its own across the others.
     if (rows_left >= ROWS) {  // every tile but the last: nothing to check
 #pragma unroll
-        for (int i = 0; i < CHUNKS; ++i)
-            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from + i * step, true);
+        for (int i = 0; i < CHUNKS; ++i, from += step)
+            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from, true);
     } else {  // rows past N: zero-filled, their source address replaced by row 0 (inside N)
 #pragma unroll
-        for (int i = 0; i < CHUNKS; ++i) {
+        for (int i = 0; i < CHUNKS; ++i, from += step) {
             const bool valid = row0 + i * STEP < rows_left;
-            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from + i * step : src,
-                       valid);
+            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from : src, valid);
         }
     }
-#endif
     cp_async_commit();
 }
 
@@ -262,6 +280,13 @@ __device__ __forceinline__ void tile_finish(
     cp_async_wait<0>();
     (void)stage, (void)tile;
 #else
+    // LAB HOLE 4 BEGIN [t4]: the sm_75 register-staged tile load: the registers to shared memory
+    // LAB TODO: store this thread's staged chunks where tile_issue read them from: thread tid moves
+    // LAB TODO: chunk tid % (D / 8) of rows tid / (D / 8) + i * STEP, i < chunks_per_thread(ROWS,
+    // LAB TODO: D, THREADS), with STEP = THREADS / (D / 8) rows (a multiple of 8: every chunk of a
+    // LAB TODO: thread has the same swizzle). Address: tile + smem_offset<D, SWIZZLE>(row, chunk),
+    // LAB TODO: st_shared_v4 of stage[i].
+    // LAB STUB: (void)stage, (void)tile;  // unused until filled
     constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
     constexpr int STEP = THREADS / CHUNKS_PER_ROW;
     const int tid = thread_index();
@@ -270,6 +295,7 @@ __device__ __forceinline__ void tile_finish(
     for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
         st_shared_v4(to + i * STEP * D * HALF_BYTES, stage[i]);
     }
+    // LAB HOLE 4 END
 #endif
 }
 
@@ -334,7 +360,7 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&q_frag)[MT][KD][4], 
 
 // S = Q K_j^T: S[m][n] = C fragment of slice m, key block n (keys k0 + 8n .. + 7). Q comes from
 // q_frag (Q_IN_REGS) or from Q_smem (this warp's rows at Q_warp), K_j from K_smem.
-template <int ROW_BYTES, bool Q_IN_REGS, int KD, int MT, int NB, int QM, int QK>
+template <int ROW_BYTES, bool Q_IN_REGS, int KD, bool BF16, int MT, int NB, int QM, int QK>
 __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
                                                const uint32_t (&q_frag)[QM][QK][4], uint32_t Q_warp,
                                                uint32_t K_tile, uint32_t lane_off,
@@ -359,6 +385,15 @@ __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
                 ldmatrix_x4(a[m], Q_warp + (lane_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
             }
         }
+        // LAB HOLE 1 BEGIN: S = Q K_j^T: K by ldmatrix, then mma.sync
+        // LAB TODO: k16 step k: a[m] holds Q's A fragment of slice m. For the key blocks two at a
+        // LAB TODO: time (n = 0, 2, .. NB - 2; keys 8n .. 8n + 15 of the tile): one ldmatrix_x4 of
+        // LAB TODO: K_j into uint32_t b[4], at K_tile + (k_lane_off ^ (k * X4_BYTES)) + n * MMA_N *
+        // LAB TODO: ROW_BYTES (the lane's address for column chunk pair k of key rows 8n..: see the
+        // LAB TODO: comment above a_lane_offset), untransposed: K's rows are B's columns. b[0],
+        // LAB TODO: b[1] are the B fragment of key block n, b[2], b[3] that of block n + 1. Then
+        // LAB TODO: for every slice m: S[m][n] += a[m] B_n and S[m][n + 1] += a[m] B_n+1 with
+        // LAB TODO: mma_16816.
 #pragma unroll
         for (int n = 0; n < NB; n += X4_BLOCKS) {  // two key blocks per ldmatrix.x4
             // B[k][n] = K[key n][d k]: K rows are the columns of B, read untransposed.
@@ -367,10 +402,11 @@ __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
             ldmatrix_x4(b, K_tile + (k_lane_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                mma_16816(S[m][n], a[m], b[0], b[1]);
-                mma_16816(S[m][n + 1], a[m], b[2], b[3]);
+                mma_16816_of<BF16>(S[m][n], a[m], b[0], b[1]);
+                mma_16816_of<BF16>(S[m][n + 1], a[m], b[2], b[3]);
             }
         }
+        // LAB HOLE 1 END
     }
 }
 
@@ -409,7 +445,7 @@ __device__ __forceinline__ void mask_scores(float (&S)[MT][NB][4], int k0, int q
 // bit). Otherwise (!LAZY) each row is rescaled right before its exponentials, with no branch:
 // see LAZY_MIN_N for when each wins.
 // P[m][k] = A operand of slice m, k16 step k of O += P V_j, packed where the scores lie.
-template <bool LAZY, int MT, int NB, int DB, int KC>
+template <bool LAZY, bool BF16, int MT, int NB, int DB, int KC>
 __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_i)[MT][2],
                                                float (&l_i)[MT][2], float (&O_acc)[MT][DB][4],
                                                uint32_t (&P)[MT][KC][4], float scale_log2) {
@@ -452,19 +488,28 @@ __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_
         // (row g+8, keys 8+2t..).
 #pragma unroll
         for (int k = 0; k < KC; ++k) {
-            P[m][k][0] = pack_half2(S[m][2 * k][0], S[m][2 * k][1]);
-            P[m][k][1] = pack_half2(S[m][2 * k][2], S[m][2 * k][3]);
-            P[m][k][2] = pack_half2(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
-            P[m][k][3] = pack_half2(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
+            P[m][k][0] = pack2_of<BF16>(S[m][2 * k][0], S[m][2 * k][1]);
+            P[m][k][1] = pack2_of<BF16>(S[m][2 * k][2], S[m][2 * k][3]);
+            P[m][k][2] = pack2_of<BF16>(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
+            P[m][k][3] = pack2_of<BF16>(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
         }
     }
 }
 
 // O_acc += P V_j, V_j from V_smem.
-template <int ROW_BYTES, int MT, int DB, int KC>
+template <int ROW_BYTES, bool BF16, int MT, int DB, int KC>
 __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
                                               const uint32_t (&P)[MT][KC][4], uint32_t V_tile,
                                               uint32_t lane_off) {
+    // LAB HOLE 2 BEGIN: O += P V_j: V by ldmatrix.trans, then mma.sync
+    // LAB TODO: for each k16 step k (keys 16k .. 16k + 15 of the tile) and the head-dim blocks two
+    // LAB TODO: at a time (n = 0, 2, .. DB - 2; columns 8n .. 8n + 15): one ldmatrix_x4_trans of
+    // LAB TODO: V_j into uint32_t b[4] at V_tile + (lane_off ^ (n / X4_BLOCKS * X4_BYTES)) + k *
+    // LAB TODO: MMA_K * ROW_BYTES. V is [key][d], row-major, but B must be k (key) by n (d) in the
+    // LAB TODO: column layout: .trans hands each lane its column. b[0], b[1] = B fragment of d
+    // LAB TODO: block n, b[2], b[3] of block n + 1. Then for every slice m: O_acc[m][n] += P[m][k]
+    // LAB TODO: B_n and O_acc[m][n + 1] += P[m][k] B_n+1 (mma_16816; P[m][k] is already an A
+    // LAB TODO: fragment: the softmax packed it from S's accumulators, register for register).
 #pragma unroll
     for (int k = 0; k < KC; ++k) {
 #pragma unroll
@@ -476,11 +521,12 @@ __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
                 b, V_tile + (lane_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                mma_16816(O_acc[m][n], P[m][k], b[0], b[1]);
-                mma_16816(O_acc[m][n + 1], P[m][k], b[2], b[3]);
+                mma_16816_of<BF16>(O_acc[m][n], P[m][k], b[0], b[1]);
+                mma_16816_of<BF16>(O_acc[m][n + 1], P[m][k], b[2], b[3]);
             }
         }
     }
+    // LAB HOLE 2 END
 }
 
 // A row's l is spread over the 4 lanes of its quad: sum it there (l becomes the row's total) and
@@ -495,7 +541,7 @@ __device__ __forceinline__ float row_total_and_inverse(float &l) {
 // Q_smem (this warp's ldmatrix reads of Q were its last use of them), then writes them out
 // with 16-byte stores (O's rows o_ld elements apart); the LSE goes straight from registers.
 // rows_left = N - the warp's first row: rows at or past it lie beyond N and are not written.
-template <int D, bool SWIZZLE, int MT, int DB>
+template <int D, bool SWIZZLE, bool BF16, int MT, int DB>
 __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
                                              const float (&m_i)[MT][2], const float (&l_i)[MT][2],
                                              uint32_t Q_warp, __half *O, unsigned o_ld, float *lse,
@@ -513,8 +559,8 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
 #pragma unroll
             for (int n = 0; n < DB; ++n) {
                 st_shared_b32(Q_warp + smem_offset<D, SWIZZLE>(r, n) + t * sizeof(uint32_t),
-                              pack_half2(O_acc[m][n][frag_reg(h, 0)] * inv_l,
-                                         O_acc[m][n][frag_reg(h, 1)] * inv_l));
+                              pack2_of<BF16>(O_acc[m][n][frag_reg(h, 0)] * inv_l,
+                                             O_acc[m][n][frag_reg(h, 1)] * inv_l));
             }
             // LSE in natural log: (m + log2 l) is in log2 units of the scaled score.
             if (t == 0 && r < rows_left) lse[r] = (m_i[m][h] + log2f(l)) * LN2;
@@ -625,12 +671,14 @@ __device__ __forceinline__ bool needs_mask(int k0, int q0, int N, int causal) {
 // noswizzle turns it off), PIPELINED (single_stage: load, wait, compute), SKIP (noskip: causal
 // processes and masks every key tile), LAZY (rescale only when a row's max grows; chosen by
 // the launcher from the keys per block, see LAZY_MIN_N).
-template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY,
+          bool BF16 = false>
 __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fwd_params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 code runs only the SM75 tiles (the launcher asks kernel_arch which code it has):
-    // with the prefetched tile waiting in registers, larger tiles would spill there.
-    if constexpr (BR != SM75.BR || BC != SM75.BC || WARPS != SM75.WARPS) {
+    // with the prefetched tile waiting in registers, larger tiles would spill there. It has no
+    // bf16 mma either.
+    if constexpr (BR != SM75.BR || BC != SM75.BC || WARPS != SM75.WARPS || BF16) {
         __trap();
         return;
     }
@@ -723,8 +771,8 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
         tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, p.V + kv, p.kv_row, N - k0);
-        compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem, lane_off,
-                                                 k_lane_offset<ROW_BYTES, SWIZZLE>());
+        compute_scores<ROW_BYTES, Q_IN_REGS, KD, BF16>(S, q_frag, Q_warp, K_smem, lane_off,
+                                                       k_lane_offset<ROW_BYTES, SWIZZLE>());
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
         if (EARLY_K && has_next) {
@@ -732,15 +780,15 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
                                                            N - (k0 + BC));
         }
         if (needs_mask<BC, SKIP>(k0, q0, N, p.causal)) mask_scores<RPW>(S, k0, q0, N, p.causal);
-        online_softmax<LAZY>(S, m_i, l_i, O_acc, P, p.scale_log2);
+        online_softmax<LAZY, BF16>(S, m_i, l_i, O_acc, P, p.scale_log2);
         if (!EARLY_K && has_next) {
             tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + next, p.kv_row,
                                                            N - (k0 + BC));
         }
         if constexpr (LANE_OFFSET_PER_TILE) {
-            accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
+            accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
         } else {
-            accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, lane_off);
+            accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, lane_off);
         }
         if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
@@ -751,7 +799,8 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     if (p.splits == 1) {
         const int ob = block_index_y() / p.H, oh = block_index_y() % p.H;  // b, h, read afresh
         __half *O_rows = p.O + ob * p.o_batch + oh * p.o_head + rows_offset(first, p.o_row);
-        store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, O_rows, p.o_row, p.lse + row0, rows_left);
+        store_output<D, SWIZZLE, BF16>(O_acc, m_i, l_i, Q_warp, O_rows, p.o_row, p.lse + row0,
+                                       rows_left);
     } else {
         const int split = block_index_x() % p.splits;                // which key range (block_keys)
         const size_t part = (size_t)split * gridDim.y * p.N + row0;  // [split, B * H, N]
@@ -799,6 +848,12 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     }
     if (choose_tiles(s->D, arch, dev->smem_per_block).BR == 0)
         return "needs 48 KB (D=128) or 24 KB (D=64) of shared memory per block";
+    if (s->bf16 && arch < 80)
+        return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
+    if (s->bf16 && (variant == VARIANT_NOSWIZZLE || variant == VARIANT_SINGLE_STAGE ||
+                    variant == VARIANT_NOSKIP))
+        return "bf16 runs in the kernels of the default tiles and rescaling only (the ablations "
+               "are fp16)";
     return NULL;
 }
 
@@ -867,9 +922,11 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
         s->D == 64 ? combine_rows_per_block<64>() : combine_rows_per_block<128>();
     const unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
     if (s->D == 64) {
-        combine_kernel<64><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
+        (s->bf16 ? combine_kernel<64, true>
+                 : combine_kernel<64, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
     } else {
-        combine_kernel<128><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
+        (s->bf16 ? combine_kernel<128, true>
+                 : combine_kernel<128, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
     }
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
@@ -886,6 +943,7 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
-    ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // besides the plain case
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
+        ATTN_TAKES_N_K,  // besides the plain case
     0,
 };

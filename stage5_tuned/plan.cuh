@@ -65,16 +65,26 @@ typedef struct {
     int blocks_per_sm[MAX_DEVICES];
 } kernel_entry;
 
-template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY,
+          bool BF16 = false>
 static kernel_entry *entry() {
-    static kernel_entry e = {attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>,
-                             {0}};
+    static kernel_entry e = {
+        attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY, BF16>, {0}};
     return &e;
 }
 
-// The variants are instantiations of the same kernel with one lesson switched off.
+// The variants are instantiations of the same kernel with one lesson switched off. bf16: the
+// default tiles and rescaling only, on sm_80 and newer (attention_unsupported says so).
 template <int D, int BR, int BC, int WARPS>
-static kernel_entry *variant_entry(int variant, bool lazy) {
+static kernel_entry *variant_entry(int variant, bool lazy, bool bf16) {
+    if (bf16) {
+        if constexpr (BR == SM75.BR && BC == SM75.BC && WARPS == SM75.WARPS) {
+            return NULL;
+        } else {
+            return lazy ? entry<D, BR, BC, WARPS, true, true, true, true, true>()
+                        : entry<D, BR, BC, WARPS, true, true, true, false, true>();
+        }
+    }
     switch (variant) {
         case VARIANT_NOSWIZZLE:
             return entry<D, BR, BC, WARPS, false, true, true, false>();
@@ -88,9 +98,9 @@ static kernel_entry *variant_entry(int variant, bool lazy) {
     }
 }
 
-#define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy)
+#define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy, bf16)
 
-static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy) {
+static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy, bool bf16) {
     if (D == 64 && same_tiles(c, SM80_D64)) return VARIANT_ENTRY(64, SM80_D64);
     if (D == 64 && same_tiles(c, SM75)) return VARIANT_ENTRY(64, SM75);
     if (D == 128 && same_tiles(c, SM80_D128)) return VARIANT_ENTRY(128, SM80_D128);
@@ -145,9 +155,9 @@ typedef struct {
 
 static bool same_key(const fwd_plan *a, const fwd_plan *b) {
     return a->shape.B == b->shape.B && a->shape.H == b->shape.H && a->shape.N == b->shape.N &&
-           a->shape.N_k == b->shape.N_k && a->shape.D == b->shape.D &&
-           a->shape.causal == b->shape.causal && a->device == b->device &&
-           a->variant == b->variant && a->sm_count == b->sm_count &&
+           a->shape.N_k == b->shape.N_k && a->shape.bf16 == b->shape.bf16 &&
+           a->shape.D == b->shape.D && a->shape.causal == b->shape.causal &&
+           a->device == b->device && a->variant == b->variant && a->sm_count == b->sm_count &&
            a->allow_split == b->allow_split && a->smem_limit == b->smem_limit;
 }
 
@@ -170,7 +180,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
     const size_t smem = smem_bytes(c, s->D);
     const int threads = c.WARPS * WARP_SIZE;
-    kernel_entry *k = kernel_for(s->D, c, variant, false);
+    kernel_entry *k = kernel_for(s->D, c, variant, false, s->bf16);
     if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
     ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
     int per_sm = k->blocks_per_sm[plan->device];
@@ -189,7 +199,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     const bool lazy = variant == VARIANT_LAZY_RESCALE ||
                       ((variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT) &&
                        (keys < s->N_k ? keys : s->N_k) >= LAZY_MIN_N);
-    plan->kernel = kernel_for(s->D, c, variant, lazy);
+    plan->kernel = kernel_for(s->D, c, variant, lazy, s->bf16);
     ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
     pthread_mutex_lock(&cache_lock);
     last = *plan;

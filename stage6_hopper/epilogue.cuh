@@ -53,7 +53,7 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
             uint32_t v[QUAD];  // chunks QUAD k .. QUAD k + 3 of the row
 #pragma unroll
             for (int r = 0; r < QUAD; ++r)
-                v[r] = pack_pair<BF16>(O_acc[acc_index(QUAD * k + r, h, 0)] * inv_l[h],
+                v[r] = pack2_of<BF16>(O_acc[acc_index(QUAD * k + r, h, 0)] * inv_l[h],
                                        O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
             quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
             if (row < pb.N)
@@ -86,10 +86,10 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
         const int chunk = 2 * k + second;
         const uint32_t addr = stage + swizzled_chunk_offset<WGMMA_M>(row, chunk);
         const float *o = &O_acc[8 * k];  // chunk 2k: o[0..3], chunk 2k + 1: o[4..7]
-        stmatrix_x4(addr, pack_pair<BF16>(o[0] * inv_l[0], o[1] * inv_l[0]),
-                    pack_pair<BF16>(o[2] * inv_l[1], o[3] * inv_l[1]),
-                    pack_pair<BF16>(o[4] * inv_l[0], o[5] * inv_l[0]),
-                    pack_pair<BF16>(o[6] * inv_l[1], o[7] * inv_l[1]));
+        stmatrix_x4(addr, pack2_of<BF16>(o[0] * inv_l[0], o[1] * inv_l[0]),
+                    pack2_of<BF16>(o[2] * inv_l[1], o[3] * inv_l[1]),
+                    pack2_of<BF16>(o[4] * inv_l[0], o[5] * inv_l[0]),
+                    pack2_of<BF16>(o[6] * inv_l[1], o[7] * inv_l[1]));
     }
     fence_proxy_async();  // each lane's stmatrix writes are visible to the copy engine
     __syncwarp();         // the warp's block is written

@@ -42,6 +42,17 @@ __device__ __forceinline__ uint64_t pv_operand_of(const smem_tiles &sm, int st) 
 // Start S = Q K_j^T: D / 16 wgmma from shared memory, one group.
 template <int D, int C, int BC, bool BF16>
 __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands op) {
+    // LAB HOLE 3 BEGIN: S = Q K_j^T by wgmma from shared memory
+    // LAB TODO: wgmma_fence (the registers of S are written by the tensor cores from here on), then
+    // LAB TODO: one wgmma per k16 step kk < D / WGMMA_K, both operands from shared memory (_ss),
+    // LAB TODO: K-major: A = this warpgroup's 64 rows of Q,
+    // LAB TODO: desc_k_major_step<block_rows<C>()>(op.Q, kk), B = K_j's BC rows,
+    // LAB TODO: desc_k_major_step<BC>(op.K, kk). The shape is m64 x n(BC) x k16: wgmma_m64n128_ss
+    // LAB TODO: for BC == 128, wgmma_m64n176_ss for BC == 176 (if constexpr), each <BF16> (the
+    // LAB TODO: storage type: .f16 or .bf16 operands). Accumulate (last
+    // LAB TODO: argument) from the second step on: the first overwrites S. Then wgmma_commit: one
+    // LAB TODO: group, waited for later.
+    // LAB STUB: for (int i = 0; i < BC / 2; ++i) S[i] = 0.f;  // until filled: every score 0
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / WGMMA_K; ++kk)
@@ -52,6 +63,7 @@ __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands
             wgmma_m64n176_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
                                    desc_k_major_step<BC>(op.K, kk), kk > 0);
     wgmma_commit();
+    // LAB HOLE 3 END
 }
 
 // Start O += P V_j: BC / 16 wgmma, P from registers (four per k-step), V_j from shared memory

@@ -13,10 +13,19 @@
 template <int D, int ROWS>
 __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, uint32_t full,
                                           int row0, int head, int batch) {
+    // LAB HOLE 1 BEGIN: the TMA copy of a tile onto its full barrier
+    // LAB TODO: one arrival on the tile's full barrier that also announces the bytes the copies
+    // LAB TODO: will bring (mbar_arrive_expect_tx: ROWS rows x D halves), then one TMA copy per
+    // LAB TODO: 64-column slab c < D / SLAB_COLS: tma_load_4d into dst + slab_offset<ROWS>(c),
+    // LAB TODO: completing on `full`, at the tensor coordinates (column c * SLAB_COLS, row row0,
+    // LAB TODO: head, batch). The phase completes when the arrival is in and every announced byte
+    // LAB TODO: has landed: announce too many and the consumers wait forever.
+    // LAB STUB: mbar_arrive(full);  // until filled: no copy, the consumers read a stale tile
     mbar_arrive_expect_tx(full, ROWS * D * HALF_BYTES);
 #pragma unroll
     for (int c = 0; c < D / SLAB_COLS; ++c)
         tma_load_4d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, head, batch);
+    // LAB HOLE 1 END
 }
 
 // K or V of the key tile that starts at key0 (of K/V head and batch hd) into ring slot kv.slot()
@@ -26,9 +35,20 @@ template <int D, int BC, int FULL, int EMPTY>
 __device__ __forceinline__ void load_key_tile(const smem_tiles &sm, uint32_t ring,
                                               const CUtensorMap *map, kv_pipeline kv,
                                               const tile_heads &hd, int key0) {
+    // LAB HOLE 2 BEGIN: the ring's waits: a K or V slot
+    // LAB TODO: wait until the consumers have released ring slot kv.slot() (its empty barrier,
+    // LAB TODO: EMPTY + slot: wait_empty with the pipeline state kv, which knows the phase), then
+    // LAB TODO: copy_tile the key tile's BC rows (from key0, K/V head hd.kv_head, batch hd.batch)
+    // LAB TODO: into the slot's buffer (ring + slot * kv_bytes<D, BC>()), completing on the slot's
+    // LAB TODO: full barrier (bar_at FULL + slot). Copy without the wait and the copy overwrites a
+    // LAB TODO: tile still being read, or completes a full barrier's phase twice before a consumer
+    // LAB TODO: looks: its parity wait then never returns. The stub stops the kernel with a message
+    // LAB TODO: instead (the consumers would wait forever).
+    // LAB STUB: printf("lab hole 2 unfilled: load_key_tile\n"), __trap();  // stops the kernel
     wait_empty(sm, EMPTY, kv);  // the consumers are done with the slot's last key tile
     copy_tile<D, BC>(ring + kv.slot() * kv_bytes<D, BC>(), map, bar_at(sm, FULL + kv.slot()), key0,
                      hd.kv_head, hd.batch);
+    // LAB HOLE 2 END
 }
 
 // Hand the block's t-th work tile, index w, to the consumers: wait until Q buffer t % QB and its
@@ -39,7 +59,15 @@ __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtenso
                                              int works) {
     const pipeline_state<q_buffers<D, C, BC>()> q = {t};
     const uint32_t full = bar_at(sm, BAR_Q_FULL + q.slot());
-    wait_empty(sm, BAR_Q_EMPTY, q);     // the consumers are done with the buffer's last work tile
+    // LAB HOLE 2 BEGIN: the ring's waits: a Q buffer and its work index
+    // LAB TODO: wait until Q buffer q.slot() is free (BAR_Q_EMPTY, state q), then publish the work
+    // LAB TODO: index w in sm.work[q.slot()] (atomicExch: the consumers read it with an atomic),
+    // LAB TODO: and: for w >= works ("stop") one plain arrival on `full`, no copy; otherwise
+    // LAB TODO: copy_tile Q's block_rows<C>() rows from wt.q0 (head and batch: heads_of(wt.bh,
+    // LAB TODO: pb)) into q_stage<D, C, BC>(sm, t), completing on `full`.
+    // LAB STUB: printf("lab hole 2 unfilled: publish_work\n"), __trap();  // stops the kernel
+    // LAB STUB: (void)full;
+    wait_empty(sm, BAR_Q_EMPTY, q);  // the consumers are done with the buffer's last work tile
     atomicExch(&sm.work[q.slot()], w);  // (an atomic, like the consumers' read: see take_work())
     if (w >= works) {
         mbar_arrive(full);  // no copy: the consumers read "stop"
@@ -47,6 +75,7 @@ __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtenso
     }
     const tile_heads hd = heads_of(wt.bh, pb);
     copy_tile<D, block_rows<C>()>(q_stage<D, C, BC>(sm, t), tmQ, full, wt.q0, hd.head, hd.batch);
+    // LAB HOLE 2 END
 }
 
 // One thread issues every copy: for each work tile, hand it over (Q into its buffer as soon as

@@ -115,7 +115,7 @@ __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)
                     sum[h] += x[c];
                 }
             }
-            P[acc_index(i, h, 0) / 2] = pack_pair<BF16>(x[0], x[1]);
+            P[acc_index(i, h, 0) / 2] = pack2_of<BF16>(x[0], x[1]);
         }
     }
 #pragma unroll

@@ -32,6 +32,10 @@ __device__ __forceinline__ void probabilities_t(float (&S)[NB][4], uint32_t lse_
 template <int NB>
 __device__ __forceinline__ void score_gradients_t(float (&dP)[NB][4], const float (&P)[NB][4],
                                                   uint32_t D_tile) {
+    // LAB HOLE 1 BEGIN: dS = P (dP - D_i): in the registers layout
+    // LAB TODO: the same for this layout's fragments: for each n8 block n of queries, load D_i of
+    // LAB TODO: its two columns (D_tile + frag_col(n, 0) floats, ld_shared_f2), then dP[n][e] =
+    // LAB TODO: P[n][e] * (dP[n][e] - D_i of column frag_c(e)) for e < FRAG_REGS.
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
         const float2 Di = ld_shared_f2(D_tile + frag_col(n, 0) * sizeof(float));
@@ -39,6 +43,7 @@ __device__ __forceinline__ void score_gradients_t(float (&dP)[NB][4], const floa
         for (int e = 0; e < FRAG_REGS; ++e)
             dP[n][e] = P[n][e] * (dP[n][e] - (frag_c(e) ? Di.y : Di.x));
     }
+    // LAB HOLE 1 END
 }
 
 // This warp's rows of dS^T (A fragments) into dS_smem [ROWS keys, QROWS queries], swizzled: A
@@ -193,11 +198,21 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
         const bool mask = k0 + ROWS > p.N || (p.causal && q0 < k0 + ROWS - 1);
         probabilities_t(S, vec_tile, key_row, q0, p, mask);  // P^T
         gemm_rows_by_rows<D>(dP, V_warp, dO_tile);           // dP^T = V_j dO_i^T
+        // LAB HOLE 2 BEGIN: dK_j, dV_j accumulated: from P^T and dS^T in registers
+        // LAB TODO: here P^T (S) and dP^T are this warp's 16 keys x QROWS queries as accumulator
+        // LAB TODO: fragments. Pack P^T into A fragments (to_a_fragments(A, S): the C layout of two
+        // LAB TODO: n8 blocks is the A layout of a k16 step) and add P^T dO_i to dV
+        // LAB TODO: (gemm_frags_by_tile<D>(dV, A, dO_tile)); then dS^T in place of dP^T
+        // LAB TODO: (score_gradients_t, D_i after LSE in vec_tile: + QROWS floats), packed into A
+        // LAB TODO: the same way, and dK += dS^T Q_i. A must hold dS^T afterwards: dQ below reads
+        // LAB TODO: it.
+        // LAB STUB: to_a_fragments(A, S);  // until filled: dK and dV stay 0, dQ reads P^T
         to_a_fragments(A, S);
         gemm_frags_by_tile<D>(dV, A, dO_tile);                       // dV_j += P^T dO_i
         score_gradients_t(dP, S, vec_tile + QROWS * sizeof(float));  // dS^T
         to_a_fragments(A, dP);
         gemm_frags_by_tile<D>(dK, A, Q_tile);  // dK_j += dS^T Q_i
+        // LAB HOLE 2 END
         if (DQ_ATOMIC) {
             store_score_gradients<QROWS>(dS_smem, A, warp);
             __syncthreads();  // dS_smem written by every warp, visible to all

@@ -23,7 +23,13 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
         for (int n = 0; n < NT; ++n) {
             const int col = q_col + frag_col(n, 0);
             const float2 lse = ld_shared_f2(vec_tile + col * sizeof(float));
+            // LAB HOLE 1 BEGIN: dS = P (dP - D_i): D_i of the fragment's two queries
+            // LAB TODO: D_i = rowsum(dO_i * O_i) of each query, computed by the preprocess kernel,
+            // LAB TODO: lies in vec_tile after the tile's LSE: float QROWS + col (col = the
+            // LAB TODO: fragment's first query column in the tile). Load the two queries this
+            // LAB TODO: lane's elements belong to (columns col, col + 1) at once: ld_shared_f2.
             const float2 Di = ld_shared_f2(vec_tile + (QROWS + col) * sizeof(float));
+            // LAB HOLE 1 END
 #pragma unroll
             for (int e = 0; e < FRAG_REGS; ++e) {
                 const float x = fmaf(S[m][n][e], p.scale_log2, -(frag_c(e) ? lse.y : lse.x));
@@ -32,7 +38,14 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
                     const int key = key_row + MMA_M * m + frag_row(e), query = q0 + col + frag_c(e);
                     if (key >= p.N || (p.causal && key > query)) S[m][n][e] = 0.f;
                 }
+                // LAB HOLE 1 BEGIN: dS = P (dP - D_i): in place of dP
+                // LAB TODO: S[m][n][e] is now P^T (keys along rows, queries along columns),
+                // LAB TODO: dP[m][n][e] is dP^T. Overwrite dP^T with dS^T = P^T * (dP^T - D_i)
+                // LAB TODO: element by element: D_i of the element's query is Di.x for column c =
+                // LAB TODO: frag_c(e) = 0 and Di.y for c = 1. (Why is this the softmax's Jacobian?
+                // LAB TODO: The lesson's "The gradients".)
                 dP[m][n][e] = S[m][n][e] * (dP[m][n][e] - (frag_c(e) ? Di.y : Di.x));
+                // LAB HOLE 1 END
             }
         }
     }
@@ -212,11 +225,21 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
                           // dq_stage free
 
         // dV_j += P^T dO_i, dK_j += dS^T Q_i: keys kw, head-dim columns cw.
+        // LAB HOLE 2 BEGIN: dK_j, dV_j accumulated: from P^T and dS^T in shared memory
+        // LAB TODO: this warp's block of dV (keys kw: WARP_KEYS rows, head-dim columns cw:
+        // LAB TODO: WARP_COLS) += P^T dO_i, and of dK += dS^T Q_i, in fp32 registers across every
+        // LAB TODO: query tile. gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(C, A tile, A's
+        // LAB TODO: first chunk, B tile, B's first chunk): A = the warp's rows of P_smem (resp.
+        // LAB TODO: dS_smem), [keys, QROWS] halves, from row WARP_KEYS * kw (QROWS * HALF_BYTES
+        // LAB TODO: bytes a row), chunk 0; B = dO_tile (resp. Q_tile), [QROWS, D], from chunk
+        // LAB TODO: WARP_COLS * cw / CHUNK_HALVES. (dK's factor `scale` is applied once, when dK is
+        // LAB TODO: stored.)
         const int col_chunk = WARP_COLS * cw / CHUNK_HALVES;
         gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
             dV, P_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, dO_tile, col_chunk);
         gemm_nn<MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
             dK, dS_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, Q_tile, col_chunk);
+        // LAB HOLE 2 END
         // dQ_i += dS K_j, by fp32 atomics or staged for bulk reductions (last: LOG.md, step 4's
         // try)
         if (DQ_ATOMIC)

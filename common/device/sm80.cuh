@@ -140,6 +140,26 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// The same product on bfloat16 operands (BF16: the 16-bit storage type is bf16, else fp16), same
+// fragments. sm_80 and newer only: sm_75 has no bf16 mma (a kernel there traps; the stages say
+// `unsupported` first).
+template <bool BF16>
+__device__ __forceinline__ void mma_16816_of(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    if constexpr (BF16) {
+#if __CUDA_ARCH__ >= 800
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+        __trap();
+#endif
+    } else {
+        mma_16816(d, a, b0, b1);
+    }
+}
+
 // d = A B: mma_16816 on a zero accumulator (the first k step of a product), which needs no
 // instructions to clear d first.
 __device__ __forceinline__ void mma_16816_zero(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

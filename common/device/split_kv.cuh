@@ -9,12 +9,12 @@
  */
 #pragma once
 
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
+#include "warp.cuh"  // pack2_of
 
 // The keys of the query tile whose rows start at q0: [0, N), or, causal with tile skipping, up to
 // its last real row (the key tiles after it are skipped). One rule for the kernels (stage 5's
@@ -59,7 +59,7 @@ constexpr int COMBINE_THREADS = 128;
 typedef struct combine_params {
     const float *O_part;    // [splits, B * H, N, D]
     const float *lse_part;  // [splits, B * H, N]
-    __half *O;              // [B, H, N, D] in its layout: the strides below (fp16 or bf16 bits)
+    __half *O;              // [B, H, N, D] in its layout: the strides below (16-bit storage)
     float *lse;             // [B, H, N]
     long long rows;         // B * H * N
     int N, BR, BC;          // shape and the attention kernel's tiles
@@ -79,8 +79,8 @@ __host__ __device__ constexpr int combine_rows_per_block() {
     return COMBINE_THREADS / combine_lanes<D>();
 }
 
-// One thread's share of the merge: lane `lane` (of combine_lanes()) of row `row`; O stored as fp16
-// (BF16 = false) or bf16.
+// One thread's share of the merge: lane `lane` (of combine_lanes()) of row `row`; O stored as
+// bf16 (BF16) or fp16.
 template <int D, bool BF16 = false>
 __device__ __forceinline__ void combine_row(const combine_params &p, long long row, int lane) {
     constexpr int UNROLL = 8;  // ranges in flight at once: their loads are independent
@@ -116,15 +116,7 @@ __device__ __forceinline__ void combine_row(const combine_params &p, long long r
             o.x += wt * x[u].x, o.y += wt * x[u].y, o.z += wt * x[u].z, o.w += wt * x[u].w;
         }
     }
-    uint2 packed;
-    if constexpr (BF16) {
-        const __nv_bfloat162 pairs[2] = {__floats2bfloat162_rn(o.x, o.y),
-                                         __floats2bfloat162_rn(o.z, o.w)};
-        memcpy(&packed, pairs, sizeof packed);
-    } else {
-        const __half2 halves[2] = {__floats2half2_rn(o.x, o.y), __floats2half2_rn(o.z, o.w)};
-        memcpy(&packed, halves, sizeof packed);
-    }
+    const uint2 packed = make_uint2(pack2_of<BF16>(o.x, o.y), pack2_of<BF16>(o.z, o.w));
     const long long bh = row / p.N, i = row - bh * p.N;  // (batch, head) and query row
     __half *O = p.O + bh / p.H * p.o_batch + bh % p.H * p.o_head + i * p.o_row;
     reinterpret_cast<uint2 *>(O)[lane] = packed;
@@ -138,11 +130,11 @@ __device__ __forceinline__ long long combine_thread_row(int *lane) {
     return (long long)blockIdx.x * combine_rows_per_block<D>() + threadIdx.x / combine_lanes<D>();
 }
 
-template <int D>
+template <int D, bool BF16 = false>
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_params p) {
     int lane;
     const long long row = combine_thread_row<D>(&lane);
-    if (row < p.rows) combine_row<D>(p, row, lane);
+    if (row < p.rows) combine_row<D, BF16>(p, row, lane);
 }
 
 /* ---- split-KV: how many key ranges ----------------------------------------------------------- */

@@ -80,13 +80,13 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     return u;
 }
 
-// The same in the 16-bit storage type: fp16 (BF16 = false) or bfloat16 (true).
+// The same in the run's 16-bit storage type (BF16: bfloat16, rounded to nearest even; else fp16).
 template <bool BF16>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+__device__ __forceinline__ uint32_t pack2_of(float lo, float hi) {
     if constexpr (BF16) {
-        const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+        const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
         uint32_t u;
-        memcpy(&u, &b, sizeof(u));
+        memcpy(&u, &h, sizeof(u));
         return u;
     } else {
         return pack_half2(lo, hi);

@@ -3,13 +3,14 @@
 #   1. the markers: every stage with LAB HOLE markers renders a lab, and filling the lab's holes
 #      from the markers gives back the stage's file byte for byte; leaving any one hole unfilled
 #      does not (each hole has code of its own); and the lab with any one hole left as the TODO
-#      compiles with the Makefile's nvcc command (front end only, -Xcicc -O0: seconds);
+#      compiles with the Makefile's nvcc command (front end only, -Xcicc -O0: seconds), holes in
+#      any file of the stage's folder;
 #   2. the marker grammar: a BEGIN without an END, a malformed marker, a TODO outside a hole and
 #      a learner's file whose holes are not the stage's are each refused with the line named;
 #   3. make lab writes the lab, never overwrites a learner's edits, and RESTART=1 keeps theirs;
 #   4. make grade on each unfilled lab with no GPU (GPU_NAME=): it compiles with the Makefile's
-#      flags (PTX for compute_75) and says in one line what it cannot run; a lab with a compile
-#      error fails and names the line.
+#      flags (PTX for compute_75; stage 6: compute_90, its only target) and says in one line what
+#      it cannot run; a lab with a compile error fails and names the line.
 # Ends with "N passed, M failed".
 # usage: check_labs.sh
 set -u
@@ -52,30 +53,49 @@ for f in $files; do
   done
 done
 
-# ---- 1b. a lab with any one hole left as the TODO (the rest filled) compiles, with the Makefile's
+# ---- 1b. a lab with any one hole left as the TODO (the rest filled) compiles: the stage's folder
+# copied, the files with that hole's parts replaced, its attention.cu compiled with the Makefile's
 # nvcc command for the stage (-Xcicc -O0 added: the front end's warnings are errors all the same,
-# in seconds), for compute_75 and, where a hole is tagged [sm80], compute_80 too
+# in seconds; LAB_JOBS=2 at a time), for the one target whose code has the holes (lab_arch) and,
+# where a hole is tagged [sm80], compute_80 too
 nvcc_cmd() { # nvcc_cmd STAGE_DIR ARCH: the Makefile's compile command of the stage, without -c/-o
   env -u MAKEFLAGS make -n --no-print-directory BUILD="$tmp/n$2" ARCH="$2" "$tmp/n$2/obj/$1.o" 2>/dev/null |
     grep -m 1 -- "-c $1/attention.cu -o" | sed -E 's/ -c [^ ]+ -o .*//'
 }
-for f in $files; do
-  s=$(dirname "$f")
-  archs=compute_75
-  grep -q 'LAB HOLE [0-9]* BEGIN \[sm80\]' "$f" && archs="compute_75 compute_80"
+lab_arch() { # stage 6 exists only as sm_90a code; stage 7's main kernel is compiled from sm_80 on
+  case $1 in stage6_*) echo compute_90 ;; stage7_*) echo compute_80 ;; *) echo compute_75 ;; esac
+}
+jobs=${LAB_JOBS:-2}  # compiles at a time
+tasks=()
+for s in $stages; do
+  sfiles=$(for f in $files; do [ "$(dirname "$f")" = "$s" ] && echo "$f"; done)
+  archs=$(lab_arch "$s")
+  grep -q 'LAB HOLE [0-9]* BEGIN \[sm80\]' $sfiles && archs="$archs compute_80"
   for a in $archs; do
     cmd=$(nvcc_cmd "$s" "$a")
-    if [ -z "$cmd" ]; then bad "$f: no nvcc command from make -n for $a"; continue; fi
-    for k in $(grep -oE '// LAB HOLE [0-9]+ BEGIN' "$f" | grep -oE '[0-9]+' | sort -un); do
-      mkdir -p "$tmp/one$k/$s"
-      python3 $labs render "$f" >"$tmp/lab.$k" && python3 $labs fill "$tmp/lab.$k" "$f" --except "$k" >"$tmp/one$k/$f"
-      if $cmd -Xcicc -O0 -c "$tmp/one$k/$f" -o "$tmp/one$k.o" >"$tmp/out" 2>&1; then
-        ok "$f: hole $k left as the TODO, the rest filled: compiles for $a, warnings as errors"
-      else
-        bad "$f: hole $k left as the TODO, the rest filled: does not compile for $a"
-      fi
+    if [ -z "$cmd" ]; then bad "$s: no nvcc command from make -n for $a"; continue; fi
+    for k in $(grep -ohE '// LAB HOLE [0-9]+ BEGIN' $sfiles | grep -oE '[0-9]+' | sort -un); do
+      i=${#tasks[@]} d=$tmp/one$i
+      mkdir -p "$d/$s" && cp "$s"/*.cu "$d/$s/" && cp "$s"/*.cuh "$s"/*.h "$d/$s/" 2>/dev/null
+      in=""
+      for f in $sfiles; do
+        grep -qE "// LAB HOLE $k BEGIN" "$f" || continue
+        in="$in${in:+, }$(basename "$f")"
+        python3 $labs render "$f" >"$tmp/lab.$i" && python3 $labs fill "$tmp/lab.$i" "$f" --except "$k" >"$d/$f"
+      done
+      echo "$cmd -Xcicc -O0 -c $d/$s/attention.cu -o $d.o" >"$tmp/cmd.$i"
+      tasks+=("$s: hole $k ($in) left as the TODO, the rest filled:|compiles for $a, warnings as errors|does not compile for $a")
     done
   done
+done
+for i in "${!tasks[@]}"; do  # $jobs at a time
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  (bash "$tmp/cmd.$i" >"$tmp/log.$i" 2>&1; echo $? >"$tmp/rc.$i") &
+done
+wait
+for i in "${!tasks[@]}"; do
+  IFS='|' read -r what yes no <<<"${tasks[$i]}"
+  if [ "$(cat "$tmp/rc.$i")" = 0 ]; then ok "$what $yes"; else cp "$tmp/log.$i" "$tmp/out"; bad "$what $no"; fi
 done
 
 # ---- 2. the grammar: each broken file refused, with its line
@@ -129,14 +149,23 @@ mk lab STAGE=0 LABS="$L"
 if [ $rc -ne 0 ] && grep -q "has no lab yet" "$tmp/out"; then ok "make lab STAGE=0: no lab there, said in one line"; else bad "make lab STAGE=0 (exit $rc) should say it has no lab"; fi
 
 # ---- 4. make grade with no GPU: each unfilled lab compiles; one line says what cannot run
+# (LAB_JOBS stages at a time, each in its own build folder)
 for s in $stages; do
   n=${s#stage}; n=${n%%_*}
   mk lab STAGE="$n" LABS="$L"
-  t0=$(date +%s)
-  mk grade STAGE="$n" LABS="$L" GPU_NAME=
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  (t0=$(date +%s); env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory grade STAGE="$n" LABS="$L" GPU_NAME= >"$tmp/grade.$n" 2>&1
+    echo "$? $(($(date +%s) - t0))" >"$tmp/grade_rc.$n") &
+done
+wait
+for s in $stages; do
+  n=${s#stage}; n=${n%%_*}
+  read -r rc took <"$tmp/grade_rc.$n"
+  cp "$tmp/grade.$n" "$tmp/out"
   lines=$(grep -c '' "$tmp/out")
-  if [ $rc -eq 0 ] && [ "$lines" -eq 1 ] && grep -q "no NVIDIA GPU here: .* compiles (ARCH=compute_75), but the self-test and the timing need a GPU" "$tmp/out"; then
-    ok "make grade STAGE=$n, the unfilled lab, no GPU: compiles, and one line says what it cannot run ($(($(date +%s) - t0)) s)"
+  a=compute_75; [ "${s#stage6_}" != "$s" ] && a=compute_90  # labs.py's NO_GPU_ARCH
+  if [ $rc -eq 0 ] && [ "$lines" -eq 1 ] && grep -q "no NVIDIA GPU here: .* compiles (ARCH=$a), but the self-test and the timing need a GPU" "$tmp/out"; then
+    ok "make grade STAGE=$n, the unfilled lab, no GPU: compiles, and one line says what it cannot run ($took s)"
   else
     bad "make grade STAGE=$n with no GPU (exit $rc, $lines lines): should compile and say so in one line"
   fi

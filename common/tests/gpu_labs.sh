@@ -1,94 +1,157 @@
 #!/usr/bin/env bash
-# The labs on a GPU (stages with LAB HOLE markers; by default 1, 2 and 3), each step under its own
+# The labs on a GPU (stages with LAB HOLE markers; by default every one), each step under its own
 # timeout, a summary last:
-#   1. the unfilled lab: make grade fails, with a report card, within LIMIT seconds (build
-#      included), and names no hang or crash;
+#   1. the unfilled lab: make grade fails, with a report card, its run (after the build) within
+#      LIMIT seconds, and names no hang or crash;
 #   2. the lab filled with the stage's own code: make grade passes (every hole, your file, speed);
 #   3. one hole filled wrong on purpose (below, per stage): make grade fails and the report card
 #      names that hole as FAIL and the others as PASS;
-#   4. the T4 path of one lab (ARCH=compute_75 SMEM_LIMIT=65536): the filled lab passes there.
+#   4. the T4 path of stages 3 and 5 (ARCH=compute_75 SMEM_LIMIT=65536): the filled lab passes
+#      there (stage 5's [t4] hole is also graded on that path in step 2, with the self-test).
+# Stage 6 runs only on sm_90a: on another GPU step 1 must say so (unsupported here), and steps
+# 2-3 are skipped.
+# QUICK=1 (the quick proof, about 6 minutes for stages 4-7 on an H200): the stages run side by
+# side, and in each, steps 1 and 3 beside step 2 (each step has its own labs folder; a build of
+# the same content is shared, make grade builds it once); steps 3 and 4 grade with make grade
+# QUICK=1 (the two quick cases, no self-test, no timing): what it skips is the self-test of the
+# wrongly filled lab's other holes (the quick cases still pass them) and of the T4 run of step 4
+# (step 2 ran stage 5's T4 path with the self-test). Steps 1 and 2 are the same in both modes,
+# but side by side their times (step 2's speed too) are those of a shared machine.
 # The labs go to a folder of their own (LABS=), never the learner's labs/.
-# usage: common/tests/gpu_labs.sh [STAGE...]     (LIMIT=60 by default)
+# usage: common/tests/gpu_labs.sh [STAGE...]     (LIMIT=60, QUICK=0 by default)
 set -u
 cd "$(dirname "$0")/../.."
-stages=${*:-1 2 3}
+all=$(grep -l -E '^[[:space:]]*// LAB HOLE [0-9]+ BEGIN' stage*/*.cu stage*/*.cuh stage*/*.h 2>/dev/null |
+  sed -E 's|^stage([0-9]+)_.*|\1|' | sort -un | tr '\n' ' ')
+stages=${*:-$all}
 limit=${LIMIT:-60}
-passed=0 failed=0
-summary=()
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-L=$tmp/labs
-say() { echo "$*"; summary+=("$*"); }
-ok() { passed=$((passed + 1)); say "ok    $*"; }
-bad() { failed=$((failed + 1)); say "FAIL  $*"; sed 's/^/      /' "$tmp/out" | tail -n 20; }
-grade() { # grade STAGE SECONDS [make args...]: make grade under a timeout, output in $tmp/out
-  local n=$1 secs=$2; shift 2
-  local t0; t0=$(date +%s)
-  timeout "$secs" env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory grade STAGE="$n" LABS="$L" "$@" >"$tmp/out" 2>&1
-  rc=$? took=$(($(date +%s) - t0))
-  cat "$tmp/out"
-}
-# wrong N: the stage's file with one hole broken on purpose; sets $hole (the hole it breaks)
+quick=${QUICK:-0}
+[ "$quick" = 0 ] && qarg="" || qarg="QUICK=1"
+top=$(mktemp -d)
+trap 'rm -rf "$top"' EXIT
+
+# wrong N: one hole of stage N filled wrong on purpose: sets $hole, $file (in the stage's folder)
+# and $edit (a sed script for that file); each changes values, never hangs
 wrong() {
   case $1 in
-    1) hole=2; sed 's|const float alpha = expf(m_i - m_ref);|const float alpha = 1.f;|' ;;
-    2) hole=1; sed 's|load_chunk(&Q_smem\[tid \* (D + PAD) + d\], q);|load_chunk(\&Q_smem[tid * D + d], q);|' ;;
-    3) hole=2; sed 's|load_tile_async<BC, D, D, BR>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, D, BR>(\1_next, \2, k0, N, tid);|' ;;
-    *) hole=0; cat ;;
+    1) hole=2 file=attention.cu edit='s|const float alpha = expf(m_i - m_ref);|const float alpha = 1.f;|' ;;
+    2) hole=1 file=attention.cu edit='s|load_chunk(&Q_smem\[tid \* (D + PAD) + d\], q);|load_chunk(\&Q_smem[tid * D + d], q);|' ;;
+    3) hole=2 file=attention.cu edit='s|load_tile_async<BC, D, D, BR>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, D, BR>(\1_next, \2, k0, N, tid);|' ;;
+    4) hole=1 file=attention.cu edit='s|wmma::load_matrix_sync(K_frag, K_k + n \* WN \* LD, LD);|wmma::load_matrix_sync(K_frag, K_k + n * WN, LD);|' ;;
+    5) hole=3 file=attention.cu edit='s|(SWIZZLE ? (chunk ^ (row \& 7)) : chunk)|(SWIZZLE ? (chunk ^ (row \& 3)) : chunk)|' ;;
+    6) hole=1 file=producer.cuh edit='s|map, full, c \* SLAB_COLS, row0, bh);|map, full, 0, row0, bh);|' ;;
+    7) hole=1 file=smem_kernel.cuh edit='s|(dP\[m\]\[n\]\[e\] - (frag_c(e) ? Di.y : Di.x))|(dP[m][n][e] - (frag_c(e) ? Di.x : Di.y))|' ;;
+    *) hole=0 file=attention.cu edit='' ;;
   esac
 }
-nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || { echo "no GPU here"; exit 2; }
-for n in $stages; do
+
+# step N STEP: one step of stage N in its own labs folder ($top/labs<N>-<STEP>); its lines go to
+# stdout, its results to $top/<N>-<STEP>.sum ("ok"/"FAIL" lines)
+step() {
+  local n=$1 s=$2 dir L tmp lab_files cc
   dir=$(ls -d stage"$n"_* | head -n 1)
-  lab=$L/$dir/attention.cu
+  L=$top/labs$n-$s tmp=$top/tmp$n-$s
+  mkdir -p "$tmp"
+  say() { echo "$*" >>"$top/$n-$s.sum"; echo "$*"; }
+  ok() { say "ok    $*"; }
+  bad() { say "FAIL  $*"; sed 's/^/      /' "$tmp/out" | tail -n 20; }
+  grade() { # grade SECONDS [make args...]: make grade under a timeout, output in $tmp/out
+    local secs=$1; shift
+    local t0; t0=$(date +%s)
+    timeout "$secs" env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u QUICK make --no-print-directory grade STAGE="$n" LABS="$L" "$@" >"$tmp/out" 2>&1
+    rc=$? took=$(($(date +%s) - t0))
+    cat "$tmp/out"
+  }
+  fill_solution() { for f in $lab_files; do cp "$dir/$f" "$L/$dir/$f"; done; }
+  : >"$tmp/out"
   rm -rf "$L"
-  env -u MAKEFLAGS make --no-print-directory lab STAGE="$n" LABS="$L" >/dev/null || { bad "make lab STAGE=$n"; continue; }
-  # 1. unfilled
-  grade "$n" "$((limit + 30))"
-  if [ "$rc" -eq 124 ]; then
-    bad "stage $n, unfilled lab: make grade did not finish in $((limit + 30)) s"
-  elif [ "$rc" -ne 0 ] && grep -q '^Report card' "$tmp/out" && grep -q 'not started' "$tmp/out" &&
-    ! grep -q -E 'did not finish|crashed' "$tmp/out" && [ "$took" -le "$limit" ]; then
-    ok "stage $n, unfilled lab: fails with a report card in $took s (limit $limit s), no hang, no crash"
-  else
-    bad "stage $n, unfilled lab: exit $rc after $took s: want a failing report card within $limit s"
+  env -u MAKEFLAGS make --no-print-directory lab STAGE="$n" LABS="$L" >/dev/null || { bad "make lab STAGE=$n"; return; }
+  lab_files=$(cd "$L/$dir" && ls)
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
+  if [ "${dir#stage6_}" != "$dir" ] && [ "$cc" != 90 ] && [ "$s" != 1 ]; then
+    return  # stage 6 on another GPU: step 1 says it is unsupported, the rest cannot run
   fi
-  # 2. the stage's own code
-  cp "$dir/attention.cu" "$lab"
-  grade "$n" 590
-  if [ "$rc" -eq 0 ] && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out" && grep -q 'of the stage.s own kernel.s speed' "$tmp/out"; then
-    ok "stage $n, the solution: passes every hole and is timed ($took s; $(grep -o '[0-9.]* of the stage.s own kernel.s speed' "$tmp/out"))"
-  else
-    bad "stage $n, the solution: exit $rc after $took s: want every hole passing and a speed"
-  fi
-  # 3. one hole wrong on purpose
-  wrong "$n" <"$dir/attention.cu" >"$lab"
-  if cmp -s "$lab" "$dir/attention.cu"; then
-    failed=$((failed + 1)); say "FAIL  stage $n: the wrong fill did not change the file (its sed is stale)"
-  else
-    grade "$n" 590
+  case $s in
+  1) # the unfilled lab
+    grade 900
+    run_s=$(grep -m 1 -oE '^  yours: FAIL \(build [0-9]+ s, run [0-9]+ s\)' "$tmp/out" | grep -oE 'run [0-9]+' | grep -oE '[0-9]+')
+    if [ "$rc" -eq 124 ]; then
+      bad "stage $n, unfilled lab: make grade did not finish in 900 s"
+    elif [ "${dir#stage6_}" != "$dir" ] && [ "$cc" != 90 ]; then
+      if [ "$rc" -ne 0 ] && grep -q 'unsupported here' "$tmp/out"; then
+        ok "stage $n on sm_$cc: make grade says it cannot run here (sm_90a only): $(grep -m 1 -o 'unsupported here.*' "$tmp/out" | cut -c1-120); steps 2-3 skipped"
+      else
+        bad "stage $n on sm_$cc: make grade should say the stage is unsupported here"
+      fi
+    elif [ "$rc" -ne 0 ] && grep -q '^Report card' "$tmp/out" && grep -q 'not started' "$tmp/out" &&
+      ! grep -q -E 'did not finish|crashed' "$tmp/out" && [ -n "$run_s" ] && [ "$run_s" -le "$limit" ]; then
+      ok "stage $n, unfilled lab: fails with a report card, its run in $run_s s (limit $limit s; $took s with the build), no hang, no crash: $(grep -m 1 -E '^  your file ' "$tmp/out" | sed 's/  */ /g' | cut -c1-140)"
+    else
+      bad "stage $n, unfilled lab: exit $rc after $took s (run ${run_s:-?} s): want a failing report card, its run within $limit s"
+    fi ;;
+  2) # the stage's own code
+    fill_solution
+    grade 900
+    if [ "$rc" -eq 0 ] && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out" && grep -q 'of the stage.s own kernel.s speed' "$tmp/out"; then
+      ok "stage $n, the solution: passes every hole and is timed ($took s; $(grep -o '[0-9.]* of the stage.s own kernel.s speed' "$tmp/out"))"
+    else
+      bad "stage $n, the solution: exit $rc after $took s: want every hole passing and a speed"
+    fi ;;
+  3) # one hole wrong on purpose
+    wrong "$n"
+    fill_solution
+    sed "$edit" "$dir/$file" >"$L/$dir/$file"
+    if cmp -s "$L/$dir/$file" "$dir/$file"; then
+      say "FAIL  stage $n: the wrong fill did not change $file (its sed is stale)"
+      return
+    fi
+    grade 900 $qarg
     others=$(grep -E '^  hole [0-9]+ ' "$tmp/out" | grep -v -E "^  hole $hole " | grep -c ' FAIL ')
     if [ "$rc" -ne 0 ] && grep -q -E "^  hole $hole .* FAIL +(first failing case|self-test)" "$tmp/out" && [ "$others" -eq 0 ]; then
-      ok "stage $n, hole $hole filled wrong on purpose: caught and named ($took s): $(grep -E "^  hole $hole " "$tmp/out" | sed 's/  */ /g' | cut -c1-160)"
+      ok "stage $n, hole $hole filled wrong on purpose${qarg:+ ($qarg)}: caught and named ($took s): $(grep -E "^  hole $hole " "$tmp/out" | sed 's/  */ /g' | cut -c1-160)"
     else
       bad "stage $n, hole $hole filled wrong on purpose: exit $rc; want hole $hole FAIL with its first failing case, the others PASS"
-    fi
+    fi ;;
+  4) # the T4 path (stages 3 and 5: their sm_75 code is a hole of the lab)
+    fill_solution
+    grade 900 ARCH=compute_75 SMEM_LIMIT=65536 $qarg
+    if [ "$rc" -eq 0 ] && grep -q 'ARCH=compute_75, --smem-limit 65536' "$tmp/out" && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out"; then
+      ok "stage $n on the T4 path (ARCH=compute_75 SMEM_LIMIT=65536${qarg:+, $qarg}): the solution passes ($took s)"
+    else
+      bad "stage $n on the T4 path: exit $rc; want every hole passing"
+    fi ;;
+  esac
+}
+
+# run_stage N: the steps of stage N, one after the other (QUICK=1: steps 1 and 3 beside step 2,
+# whose build folders they share where the content is the same; step 4 after step 2)
+run_stage() {
+  local n=$1 steps=123
+  case $n in 3 | 5) steps=1234 ;; esac
+  if [ "$quick" = 0 ]; then
+    for s in $(echo $steps | grep -o .); do step "$n" "$s"; done
+    return
   fi
-done
-# 4. the T4 path of lab 3 (or the first stage given), filled with the stage's code
-n=$(echo "$stages" | tr ' ' '\n' | grep -x 3 || echo "$stages" | awk '{print $1}')
-dir=$(ls -d stage"$n"_* | head -n 1)
-rm -rf "$L"
-env -u MAKEFLAGS make --no-print-directory lab STAGE="$n" LABS="$L" >/dev/null
-cp "$dir/attention.cu" "$L/$dir/attention.cu"
-grade "$n" 590 ARCH=compute_75 SMEM_LIMIT=65536
-if [ "$rc" -eq 0 ] && grep -q 'ARCH=compute_75, --smem-limit 65536' "$tmp/out" && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out"; then
-  ok "stage $n on the T4 path (ARCH=compute_75 SMEM_LIMIT=65536): the solution passes ($took s)"
-else
-  bad "stage $n on the T4 path: exit $rc; want every hole passing"
+  step "$n" 1 >"$top/$n-1.out" 2>&1 &
+  step "$n" 3 >"$top/$n-3.out" 2>&1 &
+  { step "$n" 2; [ $steps = 1234 ] && step "$n" 4; } >"$top/$n-2.out" 2>&1
+  wait
+  cat "$top/$n-1.out" "$top/$n-2.out" "$top/$n-3.out"
+}
+
+nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || { echo "no GPU here"; exit 2; }
+t0=$(date +%s)
+if [ "$quick" = 0 ]; then
+  for n in $stages; do run_stage "$n"; done
+else  # side by side: each stage's build folders and labs are its own
+  for n in $stages; do run_stage "$n" >"$top/$n.out" 2>&1 & done
+  wait
+  for n in $stages; do echo "== stage $n"; cat "$top/$n.out"; done
 fi
 echo
-echo "== summary"
-printf '%s\n' "${summary[@]}"
+echo "== summary ($(($(date +%s) - t0)) s${qarg:+, $qarg})"
+cat "$top"/*.sum 2>/dev/null
+passed=$(cat "$top"/*.sum 2>/dev/null | grep -c '^ok ')
+failed=$(cat "$top"/*.sum 2>/dev/null | grep -c '^FAIL ')
 echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -7,6 +7,7 @@
     o.sum().backward()                         # dq, dk, dv by stage 7's backward pass
     dq, dk, dv = flashcourse.attention_backward(q, k, v, o, lse, do, causal=True)
     o = flashcourse.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's signature
+    o = flashcourse.flash_attn_func(q, k, v, causal=True)     # flash-attn's: [B, N, H, D]
 
 Each stage is the same attention.cu as its program, linked as a shared library with a small C
 entry point (common/attn_lib.c) and loaded with ctypes: nothing is compiled at import, and
@@ -17,7 +18,8 @@ flashcourse::backward), kept whole in its graph, and CUDA graphs capture them.
 """
 
 from ._binding import (LibraryNotBuiltError, Stage, attention, attention_backward, auto_stage,
-                       exit_codes, library_dir, scaled_dot_product_attention, stages)
+                       exit_codes, flash_attn_func, library_dir, scaled_dot_product_attention,
+                       stages)
 
-__all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "stages", "Stage",
-           "auto_stage", "library_dir", "exit_codes", "LibraryNotBuiltError"]
+__all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "flash_attn_func",
+           "stages", "Stage", "auto_stage", "library_dir", "exit_codes", "LibraryNotBuiltError"]

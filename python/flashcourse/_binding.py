@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-ABI = 4  # ATTN_LIB_ABI in common/attn_lib.c
+ABI = 5  # ATTN_LIB_ABI in common/attn_lib.c
 _INT_MAX = 2**31 - 1
 _FLT_MIN = 2.0**-126  # the smallest normal float32
 _ALIGN = 16  # the widest vector load any stage makes (16 bytes)
 _DTYPES = {0: "float32", 1: "float16"}  # attn_dtype: ATTN_F32, ATTN_F16
+# attention.h's ATTN_TAKES_*: what a stage takes beyond the plain case
+TAKES_BF16, TAKES_GQA, TAKES_STRIDES, TAKES_N_K = 1, 2, 4, 8
 BACKWARD_STAGE = "stage7_backward"  # the stage whose backward pass attention() differentiates with
 HOPPER_STAGE = "stage6_hopper"  # the fastest forward where it runs (sm_90a code on a Hopper GPU)
 FORWARD_STAGE = "stage5_tuned"  # the fastest forward on every other GPU
@@ -73,6 +75,8 @@ class _Descriptor(ctypes.Structure):
         ("forward", ctypes.c_void_p),
         ("backward_workspace_bytes", ctypes.c_void_p),
         ("backward", ctypes.c_void_p),
+        ("takes", ctypes.c_uint),
+        ("backward_takes", ctypes.c_uint),
     ]
 
 
@@ -86,10 +90,19 @@ class Stage:
     adds: str  # what this stage adds over the previous one
     path: str  # the library
     backward: bool = False  # the stage has a backward pass (attention_backward)
+    takes: int = 0  # beyond [B, H, N, D] contiguous tensors of its dtype: TAKES_* bits
+    backward_takes: int = 0  # the same for its backward pass
 
     @property
     def torch_dtype(self):
         return getattr(_torch(), self.dtype)
+
+    def torch_dtypes(self, backward: bool = False):
+        """The torch dtypes the stage's forward (backward) pass stores: its dtype, and bfloat16
+        where it takes bf16."""
+        torch = _torch()
+        bf16 = (self.backward_takes if backward else self.takes) & TAKES_BF16
+        return (self.torch_dtype, torch.bfloat16) if bf16 else (self.torch_dtype,)
 
 
 def library_dir() -> Path:
@@ -152,8 +165,9 @@ def _declare(lib: ctypes.CDLL):
     """The entry points' C signatures (common/attn_lib.c)."""
     P, I, L, F, Z = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float, ctypes.c_size_t
     sigs = {
-        # pass, device, smem_limit, B, H, N, D, causal, scale, variant, plan, plan_bytes, &ws
-        "attn_lib_plan": (I, [I, I, L, I, I, I, I, I, F, I, P, Z, ctypes.POINTER(Z)]),
+        # pass, device, smem_limit, B, H, N, D, causal, scale, variant, H_kv, N_k, bf16,
+        # strides (24 long long or NULL), plan, plan_bytes, &ws
+        "attn_lib_plan": (I, [I, I, L, I, I, I, I, I, F, I, I, I, I, P, P, Z, ctypes.POINTER(Z)]),
         # plan, Q, K, V, O, lse, workspace, workspace_bytes, stream
         "attn_lib_forward": (I, [P] * 7 + [Z, P]),
         # plan, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, workspace_bytes, stream
@@ -195,6 +209,8 @@ def _load(path: Path) -> _Library:
             adds=desc.adds.decode(),
             path=key,
             backward=bool(desc.backward and desc.backward_workspace_bytes),
+            takes=int(desc.takes),
+            backward_takes=int(desc.backward_takes),
         )
         _loaded[key] = _Library(path, lib, st, codes)
         return _loaded[key]
@@ -312,8 +328,11 @@ def _smem_limit(smem_limit) -> int:
 
 
 def _check_tensors(who: str, named, dtype=None):
-    """Type, device, dtype, shape and layout of [B, H, N, D] tensors: tensor metadata only, so
-    torch.compile traces it. named: [(name, tensor)], the first one's shape the reference."""
+    """Type, device, dtype and shape of q, k, v (and o, do): tensor metadata only, so
+    torch.compile traces it. named: [(name, tensor)] starting with q, k, v: q [B, H, N, D], k and
+    v [B, H_kv, N_k, D] (H_kv dividing H: grouped-query heads), any others q's shape; any strides
+    with the last dimension contiguous (whether the stage takes strided, grouped or N_k != N
+    inputs, its library says)."""
     torch = _torch()
     for n, t in named:
         if not isinstance(t, torch.Tensor):
@@ -332,21 +351,88 @@ def _check_tensors(who: str, named, dtype=None):
         if t.device != t0.device:
             raise TypeError(f"{who} takes {', '.join(x for x, _ in named)} on one device; "
                             f"{n0} is on {t0.device}, {n} on {t.device}")
-    if t0.dim() != 4:
-        raise ValueError(f"{who} takes {n0}, k, v of shape [B, H, N, D]; {n0} has shape "
-                         f"{tuple(t0.shape)}")
-    for n, t in named[1:]:
-        if t.shape != t0.shape:
-            raise ValueError(f"{who} takes {', '.join(x for x, _ in named)} of one shape "
-                             f"[B, H, N, D]; {n0} is {tuple(t0.shape)}, {n} is "
+    for n, t in named:
+        if t.dim() != 4:
+            raise ValueError(f"{who} takes q of shape [B, H, N, D] and k, v of shape "
+                             f"[B, H_kv, N_k, D]; {n} has shape {tuple(t.shape)}")
+    (_, q), (_, k), (_, v) = named[:3]
+    B, H, N, D = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"{who} takes q [B, H, N, D] and k, v of one shape [B, H_kv, N_k, D]; "
+                         f"q is {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if H % k.shape[1]:
+        raise ValueError(f"{who}: k and v's heads ({k.shape[1]}) must divide q's ({H}): each "
+                         f"key/value head serves H / H_kv query heads")
+    for n, t in named[3:]:
+        if t.shape != q.shape:
+            raise ValueError(f"{who} takes {n} of q's shape {tuple(q.shape)}; it is "
                              f"{tuple(t.shape)}")
     for n, t in named:
-        if not t.is_contiguous():
-            raise ValueError(f"{who} takes contiguous tensors; {n} is not "
+        if t.stride(3) != 1:
+            raise ValueError(f"{who} takes tensors whose last dimension is contiguous; {n} is not "
                              f"(strides {tuple(t.stride())}): pass {n}.contiguous()")
-    if any(x > _INT_MAX for x in t0.shape):
-        raise ValueError(f"{who}: every dimension of [B, H, N, D] must fit in an int; "
-                         f"got {tuple(t0.shape)}")
+    if any(x > _INT_MAX for x in tuple(q.shape) + tuple(k.shape)):
+        raise ValueError(f"{who}: every dimension must fit in an int; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}")
+
+
+def _rows(t) -> tuple:
+    """A [B, H, N, D] tensor's batch, head and row strides (elements)."""
+    st = t.stride()
+    return (st[0], st[1], st[2])
+
+
+_like: Dict[tuple, tuple] = {}
+
+
+def _like_rows(t) -> tuple:
+    """The batch, head and row strides of torch.empty_like(t): the layout of an output allocated
+    like its input (o and dq like q, dk like k, dv like v)."""
+    key = (tuple(t.shape), t.stride())
+    found = _like.get(key)
+    if found is None:
+        found = _rows(_torch().empty_like(t, device="meta"))
+        if len(_like) >= _PLANS_MAX:
+            _like.clear()
+        _like[key] = found
+    return found
+
+
+def _forward_geometry(q, k) -> tuple:
+    """What a forward plan's shape is: (B, H, N, D, H_kv, N_k, 24 strides: q, k, v (k's), o, and
+    zeros for the backward's tensors)."""
+    B, H, N, D = (int(x) for x in q.shape)
+    kr = _rows(k)
+    return (B, H, N, D, int(k.shape[1]), int(k.shape[2]),
+            _rows(q) + kr + kr + _like_rows(q) + (0,) * 12)
+
+
+def _backward_geometry(q, k, v, o=None, do=None) -> tuple:
+    """A backward plan's: q, k, v, o and do as given (o and do None: laid out like an output of
+    q, as attention() allocates o), dq, dk, dv allocated like q, k, v."""
+    B, H, N, D = (int(x) for x in q.shape)
+    o_rows = _rows(o) if o is not None else _like_rows(q)
+    do_rows = _rows(do) if do is not None else o_rows
+    return (B, H, N, D, int(k.shape[1]), int(k.shape[2]),
+            _rows(q) + _rows(k) + _rows(v) + o_rows + do_rows + _like_rows(q) + _like_rows(k) +
+            _like_rows(v))
+
+
+def grad_input(backward_stage: str, o, do):
+    """The upstream gradient do as the backward pass takes it: 16-byte aligned with a contiguous
+    last dimension, in its own layout where the stage takes strides (no copy), else in o's."""
+    if do.stride(3) != 1 or do.data_ptr() % _ALIGN:
+        do = do.clone(memory_format=_torch().contiguous_format)
+    if _stage(backward_stage).stage.backward_takes & TAKES_STRIDES or do.stride() == o.stride():
+        return do
+    return _torch().empty_like(o).copy_(do)
+
+
+def grad_plan(bp: "_Plan", o, do):
+    """The backward plan bp (made for do laid out as o) and do, for the gradient as it came:
+    (plan, do)."""
+    do = grad_input(bp.stage, o, do)
+    return (bp.with_do(do) if bp.geometry[6] else bp), do
 
 
 def _check_aligned(who: str, named):
@@ -375,24 +461,44 @@ def _variant_index(st: Stage, variant, what: str = "variant") -> int:
 class _Plan:
     """One checked pass of one stage for one shape on one device: attn_lib_plan's bytes (the
     library keeps nothing; the plan lives as long as this object), the workspace it needs, and
-    what a run allocates."""
+    what a run allocates. geometry: (B, H, N, D, H_kv, N_k, 24 strides or None)."""
 
     __slots__ = ("library", "buf", "addr", "workspace", "device", "tdevice", "lse_shape",
-                 "run", "stage")
+                 "run", "stage", "geometry", "args", "by_do")
 
-    def __init__(self, library: _Library, backward: bool, device: int, B: int, H: int, N: int,
-                 D: int, causal: bool, s32: float, vi: int, smem_limit: int):
-        self.library, self.stage = library, library.stage.name
+    def __init__(self, library: _Library, backward: bool, device: int, geometry: tuple,
+                 causal: bool, s32: float, vi: int, smem_limit: int, bf16: bool = False):
+        self.library, self.stage, self.geometry = library, library.stage.name, geometry
+        self.args = (backward, device, causal, s32, vi, smem_limit, bf16)
+        self.by_do = {}  # backward: the plans for other layouts of do (with_do)
         self.buf = ctypes.create_string_buffer(library.plan_bytes)
         self.addr = ctypes.addressof(self.buf)
         ws = ctypes.c_size_t(0)
+        B, H, N, D, H_kv, N_k, strides = geometry
+        c_strides = (ctypes.c_longlong * 24)(*strides) if strides else None
         rc = library.plan(_PASS_BWD if backward else _PASS_FWD, device, smem_limit, B, H, N, D,
-                          int(causal), s32, vi, self.addr, library.plan_bytes, ctypes.byref(ws))
+                          int(causal), s32, vi, H_kv, N_k, int(bf16), c_strides, self.addr,
+                          library.plan_bytes, ctypes.byref(ws))
         library.check(rc, "attn_lib_plan")
         self.workspace, self.device = ws.value, device
         self.tdevice = _torch().device("cuda", device)
         self.lse_shape = (B, H, N)
         self.run = library.backward if backward else library.forward
+
+    def with_do(self, do) -> "_Plan":
+        """This backward plan for an upstream gradient do laid out as it is (a stage whose
+        backward pass takes strides: no copy), kept per layout."""
+        rows = _rows(do)
+        strides = self.geometry[6]
+        if strides[12:15] == rows:
+            return self
+        p = self.by_do.get(rows)
+        if p is None:
+            g = self.geometry[:6] + (strides[:12] + rows + strides[15:],)
+            backward, device, causal, s32, vi, smem_limit, bf16 = self.args
+            p = _Plan(self.library, backward, device, g, causal, s32, vi, smem_limit, bf16)
+            self.by_do[rows] = p
+        return p
 
 
 _plans: Dict[tuple, _Plan] = {}
@@ -402,14 +508,21 @@ _PLANS_MAX = 4096  # a long-running process with ever new shapes starts over pas
 def _plan(stage: str, backward: bool, shape, device: int, dtype, causal: bool, scale: float,
           variant: str, smem_limit: int, who: Optional[str] = None) -> _Plan:
     """Every check the library makes before a pass, without running it, once per combination:
-    the plan, or TypeError / ValueError. dtype: the tensors' torch dtype."""
+    the plan, or TypeError / ValueError. shape: [B, H, N, D] (contiguous tensors, as many keys
+    and key/value heads as queries) or a geometry (_forward_geometry, _backward_geometry);
+    dtype: the tensors' torch dtype."""
     torch = _torch()
     if device is None:
         device = torch.cuda.current_device()
+    geometry = tuple(shape)
+    if len(geometry) == 4:
+        B, H, N, D = (int(x) for x in geometry)
+        geometry = (B, H, N, D, H, N, None)
     if stage == "auto":
-        stage = _auto_stage(device)
-    B, H, N, D = (int(x) for x in shape)
-    key = (stage, backward, B, H, N, D, device, dtype, causal, scale, variant, smem_limit,
+        B, H, N, D, H_kv, N_k, _ = geometry
+        asks = (TAKES_BF16 if dtype == torch.bfloat16 else 0) | (TAKES_GQA if H_kv != H else 0)
+        stage = _auto_stage(device, asks | (TAKES_N_K if N_k != N else 0))
+    key = (stage, backward, geometry, device, dtype, causal, scale, variant, smem_limit,
            os.environ.get("FLASHCOURSE_LIB_DIR"))
     p = _plans.get(key)
     if p is not None:
@@ -419,14 +532,16 @@ def _plan(stage: str, backward: bool, shape, device: int, dtype, causal: bool, s
     if backward and not st.backward:
         raise ValueError(f"{st.name} has no backward pass (stages with one: "
                          f"{', '.join(s.name for s in stages() if s.backward) or 'none built'})")
-    if dtype != st.torch_dtype:
+    takes = st.torch_dtypes(backward)
+    if dtype not in takes:
+        names = " or ".join(str(t) for t in takes)
         if backward and who:
-            raise TypeError(f"{who}: the backward pass ({st.name}) takes {st.torch_dtype} "
-                            f"tensors, these are {dtype}")
-        raise TypeError(f"{st.name} takes {st.torch_dtype} tensors (its storage type); "
-                        f"these are {dtype}")
+            raise TypeError(f"{who}: the backward pass ({st.name}) takes {names} tensors, "
+                            f"these are {dtype}")
+        raise TypeError(f"{st.name} takes {names} tensors (its storage type); these are {dtype}")
     vi = _variant_index(st, variant, "backward variant" if backward and who else "variant")
-    p = _Plan(library, backward, device, B, H, N, D, causal, _scale32(scale), vi, smem_limit)
+    p = _Plan(library, backward, device, geometry, causal, _scale32(scale), vi, smem_limit,
+              dtype == torch.bfloat16)
     if len(_plans) >= _PLANS_MAX:
         _plans.clear()
     _plans[key] = p
@@ -467,7 +582,7 @@ def forward_with(p: _Plan, q, k, v):
 def backward_with(p: _Plan, q, k, v, o, lse, do):
     """One backward pass of plan p: (dq, dk, dv) like q, k, v, on the current stream."""
     torch = _torch_mod
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # their layouts
     ws = p.workspace
     work = torch.empty(ws, dtype=torch.uint8, device=p.tdevice) if ws else None
     rc = p.run(p.addr, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
@@ -489,7 +604,8 @@ def _run_forward(q, k, v, causal: bool, scale: float, stage: str, variant: str,
     _check_aligned(stage, (("q", q), ("k", k), ("v", v)))
     if _raw_stream is None:
         _init_stream_accessor()
-    p = _plan(stage, False, q.shape, _device_of(q), q.dtype, causal, scale, variant, smem_limit)
+    p = _plan(stage, False, _forward_geometry(q, k), _device_of(q), q.dtype, causal, scale,
+              variant, smem_limit)
     return forward_with(p, q, k, v)
 
 
@@ -499,7 +615,8 @@ def _run_backward(q, k, v, o, lse, do, causal: bool, scale: float, stage: str, v
     _check_aligned(stage, (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)))
     if _raw_stream is None:
         _init_stream_accessor()
-    p = _plan(stage, True, q.shape, _device_of(q), q.dtype, causal, scale, variant, smem_limit)
+    p = _plan(stage, True, _backward_geometry(q, k, v, o, do), _device_of(q), q.dtype, causal,
+              scale, variant, smem_limit)
     return backward_with(p, q, k, v, o, lse, do)
 
 
@@ -522,15 +639,15 @@ _calls: Dict[tuple, object] = {}
 
 def _call_key(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
               backward_variant, grad: bool):
-    return (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, causal, scale, stage, variant, smem_limit,
-            backward_stage, backward_variant, grad, os.environ.get("FLASHCOURSE_LIB_DIR"))
+    return (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.stride(), k.stride(),
+            v.stride(), q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, scale,
+            stage, variant, smem_limit, backward_stage, backward_variant, grad,
+            os.environ.get("FLASHCOURSE_LIB_DIR"))
 
 
 def _ready(q, k, v) -> bool:
-    """What the cached checks cannot know: contiguous, 16-byte aligned tensors."""
-    return (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and
-            not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % _ALIGN)
+    """What the cached checks cannot know: 16-byte aligned tensors (the strides are the key's)."""
+    return not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % _ALIGN
 
 
 def _make_call(fp: _Plan, bp: Optional[_Plan], stage: str):
@@ -548,15 +665,20 @@ def attention(q, k, v, *, causal=False, scale=None, stage=FORWARD_STAGE, variant
               smem_limit=None, backward_stage=BACKWARD_STAGE, backward_variant="default"):
     """softmax(scale * q k^T) v through one of the course's stages; differentiable.
 
-    q, k, v: torch CUDA tensors [B, H, N, D], contiguous, on one device, in the stage's storage
-    dtype (stages()[i].dtype: float32 for stages 0-1, float16 after). causal: query i attends to
-    keys 0..i. scale: default 1/sqrt(D). stage: a stage name, or "auto": stage 6 (the Hopper
+    q: a torch CUDA tensor [B, H, N, D]; k, v [B, H_kv, N_k, D], on q's device, in the stage's
+    storage dtype (stages()[i].dtype: float32 for stages 0-1, float16 after; bfloat16 too where
+    the stage takes it). Stages 0-4 take H_kv = H, N_k = N and contiguous tensors; stage 5 (and
+    the stages whose Stage.takes say so) also grouped-query heads (H_kv dividing H: query head h
+    reads key/value head h // (H // H_kv)), N_k != N, bf16, and any strides with a contiguous last
+    dimension ([B, N, H, D] views, a fused projection's slices: read in place, no copy). causal:
+    query i attends to keys 0 .. i + N_k - N (aligned to the bottom right, as flash-attn 2.1 and
+    later; a row that attends to no key gets o = 0 and lse = -inf). scale: default 1/sqrt(D). stage: a stage name, or "auto": stage 6 (the Hopper
     forward) where it runs, else stage 5. Runs on torch.cuda.current_stream(); o, lse and the
     workspace are allocated through PyTorch's caching allocator; nothing waits for the GPU, so
     CUDA graphs capture it. smem_limit: lower the shared memory per block the stage may use, as
     the program's --smem-limit (65536: a T4's path, 101376: an L4's).
 
-    Returns (o, lse): o like q, lse [B, H, N] float32 (natural log of each row's softmax sum,
+    Returns (o, lse): o like q (torch.empty_like(q)'s layout), lse [B, H, N] float32 (natural log of each row's softmax sum,
     including its max). Where q, k or v require grad (and grad mode is on), o is differentiable
     with respect to them: the forward pass by `stage`, the backward pass by `backward_stage`
     (stage 7, float16) with `backward_variant` ("deterministic": bit-identical gradients from
@@ -596,9 +718,36 @@ def auto_stage(device=None) -> str:
     return _auto_stage(torch.cuda.current_device() if index is None else index)
 
 
-def _auto_stage(device: int) -> str:
-    """stage="auto": the Hopper stage where its library is built and runs on this device, else
-    stage 5. Asked once per device."""
+def _asks(q, k) -> int:
+    """What q, k ask of a stage beyond the plain case, strides aside (TAKES_* bits)."""
+    asks = TAKES_BF16 if q.dtype == _torch().bfloat16 else 0
+    asks |= TAKES_GQA if k.shape[1] != q.shape[1] else 0
+    return asks | (TAKES_N_K if k.shape[2] != q.shape[2] else 0)
+
+
+def _takes_strides(stage: str, backward_stage: Optional[str]) -> bool:
+    """Whether the stage's forward (and the backward stage's backward, if given) take strided
+    tensors."""
+    if not _stage(stage).stage.takes & TAKES_STRIDES:
+        return False
+    return backward_stage is None or bool(_stage(backward_stage).stage.backward_takes &
+                                          TAKES_STRIDES)
+
+
+def _auto_stage(device: int, asks: int = 0) -> str:
+    """stage="auto": the Hopper stage where its library is built, runs on this device and takes
+    what the inputs ask (asks: TAKES_* bits), else stage 5."""
+    found = _auto.get(device)
+    if found is not None and asks and found == HOPPER_STAGE:
+        return found if _stage(found).stage.takes & asks == asks else FORWARD_STAGE
+    if found is not None:
+        return found
+    found = _auto_probe(device)
+    return _auto_stage(device, asks)
+
+
+def _auto_probe(device: int) -> str:
+    """Whether the Hopper stage runs on this device, asked once per device."""
     found = _auto.get(device)
     if found is None:
         found = FORWARD_STAGE
@@ -629,19 +778,27 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
     torch = _torch()
     _check_tensors(stage, (("q", q), ("k", k), ("v", v)))
     if eager and stage == "auto":  # (under torch.compile the operators resolve it: _plan)
-        stage = _auto_stage(_device_of(q))
+        stage = _auto_stage(_device_of(q), _asks(q, k))
     causal = _check_causal(causal)
     scale = _scale_checked(scale, int(q.shape[-1]))
     sl = _smem_limit(smem_limit)
     if not isinstance(variant, str):
         raise ValueError(f"{stage}: variant must be a name such as 'default', not {variant!r}")
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if grad and q.dtype != torch.float16:
+    if grad and q.dtype == torch.float32:
         raise TypeError(f"{stage} stores {q.dtype}, and the backward pass ({backward_stage}) "
                         "takes float16: for gradients use a float16 stage (stage 2 on), or call "
                         "it under torch.no_grad() or with detached tensors")
     if grad and not (isinstance(backward_stage, str) and isinstance(backward_variant, str)):
         raise TypeError("backward_stage and backward_variant are names (str)")
+    # A stage that does not take strided tensors (or whose backward pass does not, with
+    # gradients) gets contiguous copies; under torch.compile, which traces no library call, any
+    # strided input is copied.
+    strided = not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
+    copy = strided and (not eager or not _takes_strides(stage, backward_stage if grad else None))
+    keys = (q, k, v)  # the cache's key: the tensors as given
+    if copy:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if not eager:  # (under torch.compile the operators make the library's checks as they trace)
         from . import _ops
         return _ops.forward(q, k, v, causal, scale, stage, variant, sl, backward_stage,
@@ -650,13 +807,16 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
     if _raw_stream is None:
         _init_stream_accessor()
     dev = _device_of(q)
-    fp = _plan(stage, False, q.shape, dev, q.dtype, causal, scale, variant, sl)
-    bp = _plan(backward_stage, True, q.shape, dev, q.dtype, causal, scale, backward_variant, sl,
-               who=stage) if grad else None
+    fp = _plan(stage, False, _forward_geometry(q, k), dev, q.dtype, causal, scale, variant, sl)
+    bp = _plan(backward_stage, True, _backward_geometry(q, k, v), dev, q.dtype, causal, scale,
+               backward_variant, sl, who=stage) if grad else None
     call = _make_call(fp, bp, stage)
+    if copy:
+        run = call
+        call = lambda q, k, v: run(q.contiguous(), k.contiguous(), v.contiguous())  # noqa: E731
     if given[1] is None or type(given[1]) in (int, float):  # (a 0-d tensor hashes by identity)
         try:
-            key = _call_key(q, k, v, *given, backward_stage, backward_variant, grad)
+            key = _call_key(*keys, *given, backward_stage, backward_variant, grad)
         except TypeError:  # an unhashable argument: checked every call
             key = None
         if key is not None:
@@ -714,12 +874,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         o = flashcourse.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    query, key, value: [B, H, N, D] CUDA tensors of one shape, float16 (the stages' storage
-    type; under autocast, cast them first), head dim 64 or 128. Strided views are copied to
-    contiguous tensors first. Returns the output [B, H, N, D]; differentiable as attention()
-    (stage 7's backward). stage: "auto" (stage 6 on Hopper, else stage 5) or a stage name.
-    What SDPA takes and the stages do not (an attn_mask, dropout, grouped-query heads) raises
-    NotImplementedError saying so.
+    query [B, H, N, D], key and value [B, H_kv, N_k, D] (H_kv < H: grouped-query heads, with
+    enable_gqa=True as SDPA asks), CUDA tensors of one dtype the stage stores (float16; bfloat16
+    where it takes it: stage 5's forward), head dim 64 or 128, any strides with a contiguous last
+    dimension (views of a fused projection are read in place). is_causal with N != N_k: aligned to
+    the bottom right (query i sees keys <= i + N_k - N; SDPA aligns to the top left). Returns the
+    output [B, H, N, D]; differentiable as attention(). stage: "auto" (stage 6 on Hopper, else
+    stage 5) or a stage name. What SDPA takes and the stages do not (an attn_mask, dropout)
+    raises NotImplementedError saying so; inputs a stage does not take raise ValueError naming it.
     """
     if attn_mask is not None:
         raise NotImplementedError("flashcourse.scaled_dot_product_attention takes no attn_mask "
@@ -727,17 +889,47 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if dropout_p:
         raise NotImplementedError(f"flashcourse.scaled_dot_product_attention has no dropout "
                                   f"(dropout_p={dropout_p!r}): pass dropout_p=0.0")
-    if enable_gqa:
-        raise NotImplementedError("flashcourse.scaled_dot_product_attention: grouped-query heads "
-                                  "(enable_gqa=True) are not supported yet: repeat key and value "
-                                  "heads to the query's")
     torch = _torch()
-    if all(isinstance(t, torch.Tensor) for t in (query, key, value)):
-        query, key, value = (t if t.is_contiguous() else t.contiguous()
-                             for t in (query, key, value))
+    tensors = all(isinstance(t, torch.Tensor) for t in (query, key, value))
+    if (tensors and query.dim() == key.dim() == 4 and key.shape[1] != query.shape[1] and
+            not enable_gqa):
+        raise ValueError(f"flashcourse.scaled_dot_product_attention: key and value have "
+                         f"{key.shape[1]} heads, query {query.shape[1]}: pass enable_gqa=True "
+                         f"for grouped-query heads (as SDPA asks)")
     o, _ = attention(query, key, value, causal=is_causal, scale=scale, stage=stage,
                      backward_variant=backward_variant)
     return o
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *, stage="auto",
+                    backward_variant="default"):
+    """flash-attn's flash_attn_func signature and layout over the course's stages:
+
+        from flash_attn import flash_attn_func          # or:
+        from flashcourse import flash_attn_func
+        o = flash_attn_func(q, k, v, causal=True)
+
+    q [B, N, H, D], k and v [B, N_k, H_kv, D] (H_kv dividing H: grouped-query heads), CUDA
+    tensors of one dtype the stage stores (float16; bfloat16 where it takes it), any strides with
+    a contiguous last dimension (q, k, v of one fused [B, N, 3, H, D] projection are read in
+    place). causal with N != N_k: aligned to the bottom right, as flash-attn 2.1 and later.
+    Returns o [B, N, H, D]; differentiable as attention(). dropout_p must be 0 (no dropout:
+    NotImplementedError otherwise).
+    """
+    if dropout_p:
+        raise NotImplementedError(f"flashcourse.flash_attn_func has no dropout (dropout_p="
+                                  f"{dropout_p!r}): pass dropout_p=0.0")
+    torch = _torch()
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flash_attn_func takes torch tensors; {n} is a {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"flash_attn_func takes q [B, N, H, D], k and v [B, N_k, H_kv, D]; "
+                             f"{n} has shape {tuple(t.shape)}")
+    # [B, N, H, D] -> [B, H, N, D] views: the same memory, the stages read it through strides
+    o, _ = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                     scale=softmax_scale, stage=stage, backward_variant=backward_variant)
+    return o.transpose(1, 2)
 
 
 # ---- raw entry points, for the tests ----
@@ -745,8 +937,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def _raw_plan(stage: str, backward: bool, device: int, shape, causal: bool, scale: float,
               variant: int, smem_limit: int = 0) -> _Plan:
     B, H, N, D = shape
-    return _Plan(_stage(stage), backward, device, B, H, N, D, causal, scale, variant,
-                 smem_limit)
+    return _Plan(_stage(stage), backward, device, (B, H, N, D, H, N, None), causal, scale,
+                 variant, smem_limit)
 
 
 def _forward_raw(stage: str, device: int, shape, causal: bool, scale: float, variant: int,
@@ -772,6 +964,6 @@ def _check_raw(stage: str, device: int, shape, causal: bool, scale: float,
     ws = ctypes.c_size_t(0)
     B, H, N, D = shape
     rc = library.plan(_PASS_BWD if backward else _PASS_FWD, device, smem_limit, B, H, N, D,
-                      int(causal), scale, variant, None, 0, ctypes.byref(ws))
+                      int(causal), scale, variant, H, N, 0, None, None, 0, ctypes.byref(ws))
     library.check(rc, "attn_lib_plan")
     return ws.value

@@ -30,14 +30,6 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
 Tensor = torch.Tensor
 
 
-def _as_grad_input(do: Tensor) -> Tensor:
-    """The upstream gradient as the backward pass takes it: contiguous and 16-byte aligned (a
-    gradient can be a strided view into a larger buffer)."""
-    if not do.is_contiguous():
-        return do.contiguous()
-    return do.clone() if do.data_ptr() % _binding._ALIGN else do
-
-
 def _no_double_backward(stage: str):
     raise RuntimeError(f"flashcourse.attention: double backward (a gradient of the gradients) "
                        f"is not supported: the backward pass ({stage}) has no derivative")
@@ -63,7 +55,8 @@ class AttentionFunction(torch.autograd.Function):
         if do is None:
             return (None,) * 6
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _binding.backward_with(ctx.bp, q, k, v, o, lse, _as_grad_input(do))
+        bp, do = _binding.grad_plan(ctx.bp, o, do)  # do as it came, where the stage takes that
+        dq, dk, dv = _binding.backward_with(bp, q, k, v, o, lse, do)
         if torch.is_grad_enabled():  # create_graph=True: a derivative of these would be wrong
             dq, dk, dv = _NoDerivative.apply(ctx.bp.stage, q, k, v, dq, dk, dv)
         return dq, dk, dv, None, None, None
@@ -95,8 +88,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, stage: 
 def _forward_fake(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
                   backward_variant):
     # the library's checks while torch.compile traces: an unsupported shape fails at compile time
-    _binding._plan(stage, False, q.shape, q.device.index, q.dtype, causal, scale, variant,
-                   smem_limit)
+    _binding._plan(stage, False, _binding._forward_geometry(q, k), q.device.index, q.dtype,
+                   causal, scale, variant, smem_limit)
     B, H, N, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, N), dtype=torch.float32)
 
@@ -105,14 +98,16 @@ def _forward_fake(q, k, v, causal, scale, stage, variant, smem_limit, backward_s
 def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool,
              scale: float, stage: str, variant: str,
              smem_limit: int) -> Tuple[Tensor, Tensor, Tensor]:
-    return _binding._run_backward(q, k, v, o, lse, _as_grad_input(do), causal, scale, stage,
-                                  variant, smem_limit)
+    return _binding._run_backward(q, k, v, o, lse, _binding.grad_input(stage, o, do), causal,
+                                  scale, stage, variant, smem_limit)
 
 
 @backward.register_fake
 def _backward_fake(q, k, v, o, lse, do, causal, scale, stage, variant, smem_limit):
-    _binding._plan(stage, True, q.shape, q.device.index, q.dtype, causal, scale, variant,
-                   smem_limit)
+    # do as the body lays it out (_binding.grad_input: its own layout, or o's)
+    own = _binding._stage(stage).stage.backward_takes & _binding.TAKES_STRIDES and do.stride(3) == 1
+    _binding._plan(stage, True, _binding._backward_geometry(q, k, v, o, do if own else o),
+                   q.device.index, q.dtype, causal, scale, variant, smem_limit)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -120,8 +115,8 @@ def _forward_setup(ctx, inputs, output):
     q, k, v, causal, scale, stage, variant, smem_limit, bstage, bvariant = inputs
     o, lse = output
     # the backward stage takes this shape and dtype (in eager mode attention() checked already)
-    _binding._plan(bstage, True, q.shape, q.device.index, q.dtype, causal, scale, bvariant,
-                   smem_limit, who=stage)
+    _binding._plan(bstage, True, _binding._backward_geometry(q, k, v), q.device.index, q.dtype,
+                   causal, scale, bvariant, smem_limit, who=stage)
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.args = (causal, scale, bstage, bvariant, smem_limit)
     ctx.mark_non_differentiable(lse)
@@ -133,8 +128,7 @@ def _forward_backward(ctx, do, _dlse):
         return (None,) * 10
     q, k, v, o, lse = ctx.saved_tensors
     causal, scale, bstage, bvariant, smem_limit = ctx.args
-    dq, dk, dv = backward(q, k, v, o, lse, do.contiguous(), causal, scale, bstage, bvariant,
-                          smem_limit)
+    dq, dk, dv = backward(q, k, v, o, lse, do, causal, scale, bstage, bvariant, smem_limit)
     return (dq, dk, dv) + (None,) * 7
 
 

@@ -253,6 +253,184 @@ def t_variant(st, variant, cases):
         raise Skip(f"unsupported here: {unsupported[0]}")
 
 
+# ---- GPU: what models feed (bf16, grouped-query heads, strides, N_q != N_k) ----
+
+def model_reference(q, k, v, causal, scale, dtype):
+    """float64 O and LSE of q [B, H, N, D] against k, v [B, H_kv, N_k, D] (query head h reads
+    key/value head h // (H // H_kv); causal aligned to the bottom right: query i sees keys
+    <= i + N_k - N; a row that sees none: O = 0, LSE = -inf), and O of a correct 16-bit
+    computation (P and O rounded to `dtype`), as common/reference.c's ref_row."""
+    B, H, N, D = q.shape
+    H_kv, N_k = k.shape[1], k.shape[2]
+    k64 = k.double().repeat_interleave(H // H_kv, dim=1)
+    v64 = v.double().repeat_interleave(H // H_kv, dim=1)
+    s = torch.matmul(q.double(), k64.transpose(-1, -2)) * scale
+    if causal:
+        keys = torch.arange(N_k, device=q.device)[None, :]
+        s = s.masked_fill(keys > torch.arange(N, device=q.device)[:, None] + (N_k - N), -math.inf)
+    m = s.amax(-1, keepdim=True)
+    none = m == -math.inf  # rows that see no key
+    p = torch.exp(s - torch.where(none, torch.zeros_like(m), m))
+    l = p.sum(-1, keepdim=True)
+    safe = torch.where(none, torch.ones_like(l), l)
+
+    def rnd(x):
+        return x.float().to(dtype).double()
+
+    o = torch.where(none, 0.0, (p @ v64) / safe)
+    o16 = torch.where(none, 0.0, rnd((rnd(p) @ v64) / safe))
+    lse = torch.where(none, -math.inf, m + safe.log()).squeeze(-1)
+    return o, lse, o16
+
+
+def model_miss(o, lse, q, k, v, causal, scale):
+    """The checker's rule for a 16-bit stage on these inputs; a description, or None."""
+    oe, le, o16 = model_reference(q, k, v, causal, scale, q.dtype)
+    none = le == -math.inf
+    bad = int((~torch.isfinite(o)).sum()) + int((~torch.isfinite(lse) & ~none).sum())
+    bad += int((lse[none] != -math.inf).sum())
+    err = float((o.double() - oe).abs().max())
+    lfin = torch.where(none, 0.0, le)
+    lerr = float(torch.where(none, 0.0, (lse.double() - lfin).abs() / (1 + lfin.abs())).max())
+    bound = 2 * float((o16 - oe).abs().max()) + 1e-4
+    if bad or not err <= bound or not lerr <= 5e-4:
+        return (f"max_abs_err {err:.3g} (bound {bound:.3g}), lse_err {lerr:.3g}, "
+                f"{bad} non-finite or wrong -inf")
+    return None
+
+
+# (B, H, H_kv, N, N_k, D, causal, layout); layout: "bhnd", "bnhd" ([B, N, H, D] views), "qkv"
+# (views of one fused [B, N, 3, H, D] projection)
+MODEL_CASES = [
+    (2, 4, 4, 300, 300, 64, True, "bnhd"),
+    (1, 8, 2, 257, 257, 128, False, "bhnd"),
+    (2, 8, 1, 129, 129, 64, True, "bnhd"),  # MQA
+    (1, 6, 3, 100, 100, 128, True, "qkv"),
+    (2, 4, 2, 1, 1000, 128, True, "bhnd"),  # one decode step
+    (1, 4, 4, 17, 1000, 64, True, "bnhd"),
+    (1, 4, 1, 500, 1000, 128, False, "bhnd"),
+    (2, 2, 2, 2000, 1000, 64, True, "bnhd"),  # N > N_k: the first 1000 rows see no key
+    (1, 8, 8, 4097, 4097, 128, True, "qkv"),
+]
+
+
+def make_model_inputs(case, dtype, seed):
+    B, H, H_kv, N, N_k, D, causal, layout = case
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=g, device="cuda").to(dtype)
+
+    if layout == "qkv":
+        q, k, v = (t.transpose(1, 2) for t in rand(B, N, 3, H, D).unbind(2))
+    elif layout == "bnhd":
+        q, k, v = (rand(B, N, H, D).transpose(1, 2), rand(B, N_k, H_kv, D).transpose(1, 2),
+                   rand(B, N_k, H_kv, D).transpose(1, 2))
+    else:
+        q, k, v = rand(B, H, N, D), rand(B, H_kv, N_k, D), rand(B, H_kv, N_k, D)
+    return q, k, v
+
+
+def model_dtypes(st):
+    return [torch.float16] + ([torch.bfloat16] if st.takes & _binding.TAKES_BF16 else [])
+
+
+def t_model_inputs(st):
+    need_gpu()
+    want = _binding.TAKES_GQA | _binding.TAKES_STRIDES | _binding.TAKES_N_K
+    if st.takes & want != want:
+        raise Skip(f"{st.name} takes the plain case only")
+    misses, ran = [], 0
+    for dtype in model_dtypes(st):
+        for ci, case in enumerate(MODEL_CASES):
+            q, k, v = make_model_inputs(case, dtype, 3000 + ci)
+            sc = scale32(1 / math.sqrt(case[5]))
+            try:
+                o, lse = flashcourse.attention(q, k, v, causal=case[6], stage=st.name,
+                                               smem_limit=SMEM_LIMIT)
+            except ValueError as e:  # e.g. bf16 on the T4's path: the stage says why
+                print(f"         {st.name} {case} {dtype}: unsupported here: {e}")
+                continue
+            ran += 1
+            assert o.shape == q.shape and o.dtype == dtype and lse.shape == q.shape[:3]
+            miss = model_miss(o, lse, q, k, v, case[6], sc)
+            if miss:
+                misses.append(f"{case} {dtype}: {miss}")
+            o.fill_(float("nan"))
+            del o, lse
+    assert not misses, "\n".join(misses)
+    if not ran:
+        raise Skip("no case runs here")
+
+
+def t_model_check_can_fail():
+    need_gpu()
+    # the rule catches a key/value head read for the wrong query head, a causal mask aligned to
+    # the top left, and a no-key row given anything but O = 0, LSE = -inf
+    q, k, v = make_model_inputs((1, 4, 2, 40, 60, 64, True, "bhnd"), torch.float16, 7)
+    o, lse, _ = model_reference(q, k, v, True, 0.125, torch.float16)
+    o, lse = o.half(), lse.float()
+    assert model_miss(o, lse, q, k, v, True, 0.125) is None, "the reference fails itself"
+    swapped = model_reference(q, k.flip(1), v.flip(1), True, 0.125, torch.float16)
+    assert model_miss(swapped[0].half(), swapped[1].float(), q, k, v, True, 0.125), "GQA head"
+    kr, vr = (t.double().repeat_interleave(2, dim=1) for t in (k, v))  # top-left aligned mask:
+    sc = (q.double() @ kr.transpose(-1, -2)) * 0.125
+    sc = sc.masked_fill(torch.ones(40, 60, dtype=torch.bool, device="cuda").triu(1), -math.inf)
+    top_left = torch.softmax(sc, -1) @ vr
+    assert model_miss(top_left.half(), lse, q, k, v, True, 0.125), "top-left causal not caught"
+    q2, k2, v2 = make_model_inputs((1, 2, 2, 30, 10, 64, True, "bhnd"), torch.float16, 8)
+    o2, l2, _ = model_reference(q2, k2, v2, True, 0.125, torch.float16)
+    l2 = l2.float().clone()
+    l2[0, 0, 0] = 0.0  # row 0 sees no key (N = 30 > N_k = 10): its LSE must be -inf
+    assert model_miss(o2.half(), l2, q2, k2, v2, True, 0.125), "a no-key row's LSE not caught"
+
+
+def t_flash_attn_func():
+    need_gpu()
+    # flash-attn's [B, N, H, D] signature against the reference, GQA and N_q != N_k included
+    fa = flashcourse.flash_attn_func
+    for ci, (B, N, N_k, H, H_kv, D, causal) in enumerate(
+            [(2, 128, 128, 4, 4, 64, True), (1, 33, 200, 8, 2, 128, True),
+             (2, 300, 100, 4, 1, 64, False), (1, 1, 513, 4, 4, 128, True)]):
+        g = torch.Generator(device="cuda").manual_seed(4000 + ci)
+        q = torch.randn((B, N, H, D), generator=g, device="cuda").half()
+        k = torch.randn((B, N_k, H_kv, D), generator=g, device="cuda").half()
+        v = torch.randn((B, N_k, H_kv, D), generator=g, device="cuda").half()
+        o = fa(q, k, v, causal=causal)
+        assert o.shape == q.shape and o.is_contiguous(), (tuple(o.shape), o.stride())
+        oe, _, o16 = model_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                     causal, scale32(1 / math.sqrt(D)), torch.float16)
+        err = float((o.transpose(1, 2).double() - oe).abs().max())
+        assert err <= 2 * float((o16 - oe).abs().max()) + 1e-4, f"case {ci}: {err:.3g}"
+    q = torch.randn((1, 64, 2, 64), device="cuda").half()
+    raises(NotImplementedError, fa, q, q, q, dropout_p=0.1, match="dropout")
+    raises(ValueError, fa, q[0], q, q, match="[B, N, H, D]")
+
+
+def t_model_inputs_backward():
+    need_gpu()
+    # gradients for these inputs where the backward stage takes them, else one clear error
+    bst = next((s for s in flashcourse.stages() if s.backward), None)
+    if bst is None:
+        raise Skip("no backward stage built")
+    q, k, v = make_model_inputs((1, 8, 2, 100, 150, 64, True, "bnhd"), torch.float16, 21)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    want = _binding.TAKES_GQA | _binding.TAKES_STRIDES | _binding.TAKES_N_K
+    if bst.backward_takes & want != want:
+        raises(ValueError, flashcourse.attention, *leaves, causal=True, stage="stage5_tuned",
+               match=[bst.name, "does not take"])
+        raise Skip(f"{bst.name}'s backward takes the plain case only: a clear error checked")
+    o, _ = flashcourse.attention(*leaves, causal=True, stage="stage5_tuned")
+    do = torch.randn_like(o)
+    o.backward(do)
+    ref = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    oe, _, _ = model_reference(ref[0], ref[1], ref[2], True, scale32(1 / 8), torch.float16)
+    exact = torch.autograd.grad(oe, ref, do.double())
+    for name, g, ge in zip(("dq", "dk", "dv"), [t.grad for t in leaves], exact):
+        err = float((g.double() - ge).abs().max())
+        assert err <= 2e-2 * (1 + float(ge.abs().max())), f"{name}: {err:.3g}"
+
+
 def t_check_can_fail():
     need_gpu()
     q, k, v = make_qkv((1, 2, 129, 64), torch.float16, 7)
@@ -618,7 +796,7 @@ def t_no_sync():
 
 def t_sdpa_drop_in():
     need_gpu()
-    # SDPA's signature and layout, strided views (copied) included, against float64 autograd
+    # SDPA's signature and layout, strided views (read in place) included, vs float64 autograd
     B, H, N, D = 2, 3, 200, 64
     g = torch.Generator(device="cuda").manual_seed(101)
     qkv = torch.randn((B, N, 3, H, D), generator=g, device="cuda").half()
@@ -641,7 +819,12 @@ def t_sdpa_drop_in():
     mask = torch.ones((N, N), dtype=torch.bool, device="cuda")
     raises(NotImplementedError, call, qc, qc, qc, mask, match="attn_mask")
     raises(NotImplementedError, call, qc, qc, qc, dropout_p=0.1, match="dropout")
-    raises(NotImplementedError, call, qc, qc, qc, enable_gqa=True, match="grouped-query")
+    kv = qc[:, :1]  # one key/value head for three query heads: enable_gqa=True, as SDPA asks
+    raises(ValueError, call, qc, kv, kv, match="enable_gqa")
+    o = call(qc, kv, kv, enable_gqa=True, is_causal=True)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        qc.double(), kv.double(), kv.double(), is_causal=True, enable_gqa=True)
+    assert float((o.double() - want).abs().max()) < 2e-3, "grouped-query heads differ from SDPA"
     raises(TypeError, call, qc.float(), qc.float(), qc.float(), match="float16")
     o = call(qc, qc, qc, scale=0.3)
     want = torch.nn.functional.scaled_dot_product_attention(qc.double(), qc.double(),
@@ -764,6 +947,13 @@ def main():
     run("workspace allocated through torch", t_workspace_through_torch)
     run("runs on torch.cuda.current_stream()", t_current_stream)
     run("the gradient check can fail", t_gradient_check_can_fail)
+    run("the model-input check can fail", t_model_check_can_fail)
+    for st in built:
+        if st.takes:
+            run(f"{st.name}: bf16, GQA, [B, N, H, D] and fused-QKV views, N_q != N_k",
+                t_model_inputs, st)
+    run("flash_attn_func: flash-attn's signature, GQA, N_q != N_k", t_flash_attn_func)
+    run("gradients of what models feed (or one clear error)", t_model_inputs_backward)
     for fwd in [s.name for s in built if s.name in ("stage4_wmma", "stage5_tuned",
                                                     "stage6_hopper")]:
         for bv in next((s.variants for s in built if s.backward), ()):
