@@ -54,7 +54,7 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
 #pragma unroll
             for (int r = 0; r < QUAD; ++r)
                 v[r] = pack2_of<BF16>(O_acc[acc_index(QUAD * k + r, h, 0)] * inv_l[h],
-                                       O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
+                                      O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
             quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
             if (row < pb.N)
                 *reinterpret_cast<uint4 *>(o_row + FRAG_COLS * (QUAD * k + p.t)) =

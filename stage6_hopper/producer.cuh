@@ -67,7 +67,7 @@ __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtenso
     // LAB TODO: pb)) into q_stage<D, C, BC>(sm, t), completing on `full`.
     // LAB STUB: printf("lab hole 2 unfilled: publish_work\n"), __trap();  // stops the kernel
     // LAB STUB: (void)full;
-    wait_empty(sm, BAR_Q_EMPTY, q);  // the consumers are done with the buffer's last work tile
+    wait_empty(sm, BAR_Q_EMPTY, q);     // the consumers are done with the buffer's last work tile
     atomicExch(&sm.work[q.slot()], w);  // (an atomic, like the consumers' read: see take_work())
     if (w >= works) {
         mbar_arrive(full);  // no copy: the consumers read "stop"
