@@ -56,6 +56,9 @@
  * no one-consumer tiles), nopdl: each switches one step off.
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
+ * What models feed: GQA (--kv-heads), strided layouts (--layout bnhd|qkv) and N_k != N (--seq-k),
+ * through 4-D tensor maps with each tensor's strides, and bf16 storage (--dtype bf16: a template
+ * parameter of the kernels, wgmma's .bf16 products).
  *
  * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
  * runs besides the softmax and the GEMMs (the ring's slot and phase arithmetic, descriptors
@@ -94,6 +97,21 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (s->D != 64 && s->D != 128) return "head dim must be 64 or 128";
     if (!(s->scale > 0.f)) return "scale must be positive";
     if (s->B < 1 || s->H < 1 || s->N < 1) return "B, H and N must be >= 1";
+    if (s->H_kv < 1 || s->H % s->H_kv)
+        return "H must be a multiple of H_kv (query heads per KV head)";
+    if (s->N_k < 1) return "N_k must be >= 1";
+    // Q, K, V and O go through TMA tensor maps (tensor_map_4d): each stride a multiple of 16 bytes
+    // (8 halves) and below 2^40 bytes; rows at least D apart, so that O's rows do not overlap, and
+    // at most INT_MAX elements (the merge's row stride, combine_params).
+    const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};
+    const int heads[] = {s->H, s->H_kv, s->H_kv, s->H}, rows[] = {s->N, s->N_k, s->N_k, s->N};
+    for (int t = 0; t < 4; t++) {
+        if (!tensor_map_takes(l[t], s->B, heads[t], rows[t], HALF_BYTES) ||
+            (rows[t] > 1 && (l[t]->row < s->D || l[t]->row > INT_MAX)))
+            return "strides must be multiples of 8 elements (16 bytes, TMA's rule) below 2^39, "
+                   "rows "
+                   "at least D apart";
+    }
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
     if (dev->cc != 90) return "needs a Hopper GPU (sm_90): TMA, wgmma and setmaxnreg";
     if (!hopper_code_here())
@@ -167,6 +185,7 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
-    0,  // takes the plain case only (attention.h: no bf16, GQA, strides or N_k != N)
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
+        ATTN_TAKES_N_K,  // beyond the plain case
     0,
 };

@@ -47,19 +47,19 @@ __host__ __device__ constexpr int block_threads() {
 }
 
 // Keys per K/V tile, BC (a template parameter of the kernel): 176 with two consumers at D = 128
-// without a causal mask from N = 4096 (FlashAttention-3's choice), 128 otherwise (one consumer
-// runs only on grids far smaller). S is BC / 2 fp32 registers per
-// consumer thread and P another BC / 4; with O_acc (D / 2) that is 196 of the 240 registers at
-// D = 128, BC = 176. Longer key tiles spread the fixed costs of a tile (the waits, the turn, O's
-// rescale, the row maxima's shuffles) over more keys; but with 176 keys shared memory has room
-// for neither a second Q buffer nor the O staging tiles (o_staged()), which short rows need
-// more; causal rows waste more of a long tile on the diagonal; and the three-consumer D = 64
-// kernels (160 registers) would spill (LOG.md, steps 9 and 14).
+// without a causal mask from N_k = 4096 keys (FlashAttention-3's choice), 128 otherwise (one
+// consumer runs only on grids far smaller). S is BC / 2 fp32 registers per consumer thread and P
+// another BC / 4; with O_acc (D / 2) that is 196 of the 240 registers at D = 128, BC = 176. Longer
+// key tiles spread the fixed costs of a tile (the waits, the turn, O's rescale, the row maxima's
+// shuffles) over more keys; but with 176 keys shared memory has room for neither a second Q buffer
+// nor the O staging tiles (o_staged()), which short rows need more; causal rows waste more of a
+// long tile on the diagonal; and the three-consumer D = 64 kernels (160 registers) would spill
+// (LOG.md, steps 9 and 14).
 constexpr int KEY_TILE_SHORT = 128;
 constexpr int KEY_TILE_LONG = 176;
 constexpr int KEY_TILE_LONG_MIN_N = 4096;
 static int key_tile_for(const attn_shape *s, int consumers) {
-    return consumers == 2 && s->D == 128 && !s->causal && s->N >= KEY_TILE_LONG_MIN_N
+    return consumers == 2 && s->D == 128 && !s->causal && s->N_k >= KEY_TILE_LONG_MIN_N
                ? KEY_TILE_LONG
                : KEY_TILE_SHORT;
 }
@@ -109,7 +109,7 @@ enum {
 // nosplit keeps two or three.
 static int consumers_for(const attn_shape *s, const attn_device *dev, int variant) {
     const long long finest =
-        (long long)s->B * s->H * ceil_div(s->N, block_rows<2>()) * ceil_div(s->N, KEY_TILE_SHORT);
+        (long long)s->B * s->H * ceil_div(s->N, block_rows<2>()) * ceil_div(s->N_k, KEY_TILE_SHORT);
     if (variant != VARIANT_NOSPLIT && finest < dev->sm_count) return 1;
     return s->D == 64 && (!s->causal || s->N >= THREE_CONSUMERS_MIN_N_CAUSAL) ? 3 : 2;
 }

@@ -35,24 +35,26 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[QUAD], int t) {
     }
 }
 
-// O straight from the registers to global memory (where shared memory has no room to stage it).
-// After quad_transpose each lane writes 16 contiguous bytes (one chunk), and a warp's store
-// covers 8 rows x 64 bytes: D / 32 stores per row and thread.
-template <int D>
+// O straight from the registers to global memory (where shared memory has no room to stage it),
+// in O's layout (its strides). After quad_transpose each lane writes 16 contiguous bytes (one
+// chunk), and a warp's store covers 8 rows x 64 bytes: D / 32 stores per row and thread.
+template <int D, bool BF16>
 __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], const float (&inv_l)[2],
                                                const consumer_place &p, const work_tile &wt,
                                                const problem &pb) {
+    const tile_heads hd = heads_of(wt.bh, pb);
+    __half *const O_head = pb.O + hd.batch * pb.o_batch + hd.head * pb.o_head;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = row_of(wt, p) + FRAG_ROW_STEP * h;
-        __half *o_row = pb.O + ((size_t)wt.bh * pb.N + row) * D;
+        __half *o_row = O_head + row * pb.o_row;
 #pragma unroll
         for (int k = 0; k < D / (QUAD * FRAG_COLS); ++k) {
             uint32_t v[QUAD];  // chunks QUAD k .. QUAD k + 3 of the row
 #pragma unroll
             for (int r = 0; r < QUAD; ++r)
-                v[r] = pack_half2(O_acc[acc_index(QUAD * k + r, h, 0)] * inv_l[h],
-                                  O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
+                v[r] = pack2_of<BF16>(O_acc[acc_index(QUAD * k + r, h, 0)] * inv_l[h],
+                                      O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
             quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
             if (row < pb.N)
                 *reinterpret_cast<uint4 *>(o_row + FRAG_COLS * (QUAD * k + p.t)) =
@@ -67,7 +69,7 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
 // thread: no shuffles, no global stores); then lane 0 stores the block with D / 64 TMA copies,
 // which leave out the rows past N. The warp does not wait for them: its next epilogue, a work
 // tile later, first makes sure they have read the block. No barrier across warps.
-template <int D>
+template <int D, bool BF16>
 __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], const float (&inv_l)[2],
                                                const consumer_place &p, const work_tile &wt,
                                                const problem &pb, uint32_t stage) {
@@ -84,18 +86,19 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
         const int chunk = 2 * k + second;
         const uint32_t addr = stage + swizzled_chunk_offset<WGMMA_M>(row, chunk);
         const float *o = &O_acc[8 * k];  // chunk 2k: o[0..3], chunk 2k + 1: o[4..7]
-        stmatrix_x4(addr, pack_half2(o[0] * inv_l[0], o[1] * inv_l[0]),
-                    pack_half2(o[2] * inv_l[1], o[3] * inv_l[1]),
-                    pack_half2(o[4] * inv_l[0], o[5] * inv_l[0]),
-                    pack_half2(o[6] * inv_l[1], o[7] * inv_l[1]));
+        stmatrix_x4(addr, pack2_of<BF16>(o[0] * inv_l[0], o[1] * inv_l[0]),
+                    pack2_of<BF16>(o[2] * inv_l[1], o[3] * inv_l[1]),
+                    pack2_of<BF16>(o[4] * inv_l[0], o[5] * inv_l[0]),
+                    pack2_of<BF16>(o[6] * inv_l[1], o[7] * inv_l[1]));
     }
     fence_proxy_async();  // each lane's stmatrix writes are visible to the copy engine
     __syncwarp();         // the warp's block is written
     if (p.lane == 0) {
+        const tile_heads hd = heads_of(wt.bh, pb);
 #pragma unroll
         for (int c = 0; c < D / SLAB_COLS; ++c)
-            tma_store_3d(pb.tmO, stage + slab_offset<WGMMA_M>(c) + warp_row0(p) * SLAB_ROW_BYTES,
-                         c * SLAB_COLS, warpgroup_row0(wt, p) + warp_row0(p), wt.bh);
+            tma_store_4d(pb.tmO, stage + slab_offset<WGMMA_M>(c) + warp_row0(p) * SLAB_ROW_BYTES,
+                         c * SLAB_COLS, warpgroup_row0(wt, p) + warp_row0(p), hd.head, hd.batch);
         bulk_commit();
     }
 }
@@ -124,7 +127,7 @@ __device__ __forceinline__ void store_o_partial(const float (&O_acc)[D / 2],
 // 1 for a row with any key (its max contributes 2^0), so the fast reciprocal and logarithm
 // (MUFU.RCP, MUFU.LG2) are accurate here; a row with no key in its range (causal, split) has l =
 // 0 and m = -inf: O = 0 and LSE = -inf, which the merge weighs 0.
-template <int D, int C, int BC>
+template <int D, int C, int BC, bool BF16>
 __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const float (&m_i)[2],
                                          const float (&l_i)[2], const consumer_place &p,
                                          const smem_tiles &sm, const work_tile &wt,
@@ -144,7 +147,7 @@ __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const floa
     if (split)
         store_o_partial<D>(O_acc, inv_l, p, wt, pb);
     else if constexpr (o_staged<D, C, BC>())
-        store_o_staged<D>(O_acc, inv_l, p, wt, pb, sm.O + p.wg * o_stage_bytes<D>());
+        store_o_staged<D, BF16>(O_acc, inv_l, p, wt, pb, sm.O + p.wg * o_stage_bytes<D>());
     else
-        store_o_direct<D>(O_acc, inv_l, p, wt, pb);
+        store_o_direct<D, BF16>(O_acc, inv_l, p, wt, pb);
 }

@@ -26,12 +26,13 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     fence_barrier_init();  // visible to the copy engine (the async proxy)
 }
 
-// Q, K, V, O: [B, H, N, D] fp16 (the tensor maps describe them as [B*H, N, D]; O is written
-// through tmO where o_staged(), else directly); the rest of the problem in prob (its tmO is set
-// here). works = B * H * ceil(N / BR) * splits work tiles. SPLIT: compiled for split-KV; without
-// it splits is the constant 1, and the work tiles' decoding, the producer's skipping of empty
-// ones and the epilogue's fp32 path fold away.
-template <int D, int C, int BC, int SCHEDULE, bool SPLIT>
+// Q, O: [B, H, N, D] fp16 (bf16 where BF16), K, V: [B, H_kv, N_k, D], each in its own layout (the
+// tensor maps describe them as (D, rows, heads, B) with its strides; O is written through tmO where
+// o_staged(), else directly); the rest of the problem in prob (its tmO is set here). works = B * H
+// * ceil(N / BR) * splits work tiles. SPLIT: compiled for split-KV; without it splits is the
+// constant 1, and the work tiles' decoding, the producer's skipping of empty ones and the
+// epilogue's fp32 path fold away.
+template <int D, int C, int BC, int SCHEDULE, bool SPLIT, bool BF16>
 __global__ void __launch_bounds__(block_threads<C>(), 1)
     attention_kernel(const __grid_constant__ CUtensorMap tmQ,
                      const __grid_constant__ CUtensorMap tmK,
@@ -54,7 +55,8 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
 
     problem pb = prob;
     if (!SPLIT) {  // one range: all of a query tile's keys
-        pb.splits = 1, pb.split_tiles = INT_MAX;
+        pb.splits = 1, pb.split_tiles = INT_MAX, pb.min_key_tiles = 1;
+        pb.works_per_head = pb.q_tiles;
         pb.per_query_tile.mul = 1, pb.per_query_tile.shift = 0;  // n / 1
     }
     pb.tmO = &tmO;
@@ -63,7 +65,7 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
         if (threadIdx.x == 0) producer<D, C, BC>(sm, &tmQ, &tmK, &tmV, pb, works, next_work);
     } else {
         registers_increase<consumer_regs<C>()>();
-        consumer<D, C, BC, SCHEDULE>(sm, pb, works);
+        consumer<D, C, BC, SCHEDULE, BF16>(sm, pb, works);
     }
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)tmO, (void)prob, (void)works, (void)next_work;
@@ -73,14 +75,14 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
 // Split-KV's merge (combine_row of common/device/split_kv.cuh), launched with PDL right behind
 // the attention kernel: its blocks are placed on idle SMs (or as attention blocks leave) while
 // that kernel runs, and start merging the moment it ends.
-template <int D>
+template <int D, bool BF16>
 __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel_pdl(const combine_params p) {
 #if HOPPER_KERNELS
     let_next_kernel_start();
     wait_for_previous_kernel();  // the key ranges' O and LSE are written
     int lane;
     const long long row = combine_thread_row<D>(&lane);
-    if (row < p.rows) combine_row<D>(p, row, lane);
+    if (row < p.rows) combine_row<D, BF16>(p, row, lane);
 #else
     (void)p;
 #endif

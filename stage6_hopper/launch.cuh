@@ -14,20 +14,15 @@
 #include "device/tensor_map.cuh"    // tensor_map_encoder
 #include "kernel.cuh"
 
-// [B*H, N, D] fp16 seen in boxes of [1, rows, 64] (one 128-byte-swizzled slab); rows past N
-// read as zeros.
-static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_shape *s, int rows) {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (!encode) return cudaErrorSymbolNotFound;
-    const cuuint64_t dims[3] = {(cuuint64_t)s->D, (cuuint64_t)s->N, (cuuint64_t)s->B * s->H};
-    const cuuint64_t strides[2] = {(cuuint64_t)s->D * 2, (cuuint64_t)s->N * s->D * 2};
-    const cuuint32_t box[3] = {SLAB_COLS, (cuuint32_t)rows, 1};
-    const cuuint32_t elem_strides[3] = {1, 1, 1};
-    const CUresult r =
-        encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, (void *)base, dims, strides, box,
-               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+// Q, K, V or O, a [B, heads, rows, D] fp16 (or bf16) tensor in its layout l, as the 4-D tensor
+// map (D, rows, heads, B) seen in boxes of [1, 1, box_rows, 64] (one 128-byte-swizzled slab);
+// rows past the tensor's read as zeros and are not written.
+static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_shape *s, int heads,
+                              int rows, const attn_layout *l, int box_rows) {
+    const CUtensorMapDataType type =
+        s->bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return tensor_map_4d(map, type, HALF_BYTES, base, s->B, heads, rows, s->D, l, SLAB_COLS,
+                         box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
@@ -35,8 +30,8 @@ static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_sha
 static int hopper_code_here(void) {
     int ptx = 0, binary = 0;
     if (kernel_versions(
-            (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false>, &ptx,
-            &binary) != cudaSuccess) {
+            (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false, false>,
+            &ptx, &binary) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -65,7 +60,7 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     p.shape = *s, p.shape.scale = 0.f, p.sm_count = dev->sm_count, p.variant = variant;
     pthread_mutex_lock(&lock);
     const bool hit = last.splits > 0 && last.shape.B == s->B && last.shape.H == s->H &&
-                     last.shape.N == s->N && last.shape.D == s->D &&
+                     last.shape.N == s->N && last.shape.N_k == s->N_k && last.shape.D == s->D &&
                      last.shape.causal == s->causal && last.sm_count == p.sm_count &&
                      last.variant == variant;
     if (hit) p = last;
@@ -74,7 +69,7 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     p.config = config_for(s, dev, variant);
     const int BR = p.config.consumers * WGMMA_M;  // block_rows<C>()
     const int BC = p.config.key_tile;
-    p.splits = 1, p.split_tiles = ceil_div(s->N, BC);
+    p.splits = 1, p.split_tiles = ceil_div(s->N_k, BC);
     if (variant != VARIANT_NOSPLIT && dev->sm_count > 0)
         p.splits = choose_splits(s, BR, BC, s->causal, dev->sm_count, SPLIT_OVERHEAD_TILES,
                                  &p.split_tiles);
@@ -85,8 +80,8 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
 }
 
 typedef struct {
-    const void *Q, *K, *V;  // [B, H, N, D] fp16
-    __half *O;              // [B, H, N, D] fp16
+    const void *Q, *K, *V;  // [B, H, N, D] fp16 or bf16; K, V [B, H_kv, N_k, D]; in their layouts
+    __half *O;              // [B, H, N, D] fp16 or bf16 (s->bf16) in its layout
     float *lse;             // [B, H, N]
     int *next_work;         // the persistent blocks' work tile counter (the workspace)
     float *O_part;          // split-KV's partial results (the workspace after the counter)
@@ -112,17 +107,26 @@ static cudaLaunchConfig_t launch_config(unsigned blocks, int threads, size_t sme
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                           const CUtensorMap, const problem, int, int *);
 
+// The configuration's kernel for split-KV or not, fp16 or bf16 storage.
+template <int D, int C, int BC, int SCHEDULE>
+static kernel_fn kernel_for(bool split, bool bf16) {
+    if (bf16)
+        return split ? attention_kernel<D, C, BC, SCHEDULE, true, true>
+                     : attention_kernel<D, C, BC, SCHEDULE, false, true>;
+    return split ? attention_kernel<D, C, BC, SCHEDULE, true, false>
+                 : attention_kernel<D, C, BC, SCHEDULE, false, false>;
+}
+
 template <int D, int C, int BC, int SCHEDULE>
 static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     constexpr int BR = block_rows<C>();
     CUtensorMap tmQ, tmK, tmV, tmO;
-    ATTN_TRY(tensor_map(&tmQ, a->Q, s, BR));
-    ATTN_TRY(tensor_map(&tmK, a->K, s, BC));
-    ATTN_TRY(tensor_map(&tmV, a->V, s, BC));
-    ATTN_TRY(tensor_map(&tmO, a->O, s, WARP_ROWS));  // a warp's rows (unused unless O is staged)
+    ATTN_TRY(tensor_map(&tmQ, a->Q, s, s->H, s->N, &s->q, BR));
+    ATTN_TRY(tensor_map(&tmK, a->K, s, s->H_kv, s->N_k, &s->k, BC));
+    ATTN_TRY(tensor_map(&tmV, a->V, s, s->H_kv, s->N_k, &s->v, BC));
+    ATTN_TRY(tensor_map(&tmO, a->O, s, s->H, s->N, &s->o, WARP_ROWS));  // (staged O, a warp's rows)
     const int smem = smem_bytes<D, C, BC>();
-    const kernel_fn kernel = a->split.splits > 1 ? attention_kernel<D, C, BC, SCHEDULE, true>
-                                                 : attention_kernel<D, C, BC, SCHEDULE, false>;
+    const kernel_fn kernel = kernel_for<D, C, BC, SCHEDULE>(a->split.splits > 1, s->bf16);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem));  // once per kernel and device
     const int works = s->B * s->H * ceil_div(s->N, BR) * a->split.splits;
     const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works
@@ -131,12 +135,18 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     if (blocks < works) ATTN_TRY(cudaMemsetAsync(a->next_work, 0, sizeof(int), a->stream));
     problem pb;
     memset(&pb, 0, sizeof pb);
-    pb.N = s->N, pb.causal = s->causal;
+    pb.N = s->N, pb.N_k = s->N_k, pb.key_shift = s->N_k - s->N, pb.causal = s->causal;
     pb.splits = a->split.splits, pb.split_tiles = a->split.split_tiles;
-    pb.per_head = make_fast_divisor((uint32_t)(ceil_div(s->N, BR) * pb.splits));
+    pb.min_key_tiles = pb.splits == 1 ? 1 : 0;
+    pb.H = s->H;
+    pb.q_tiles = ceil_div(s->N, BR), pb.works_per_head = pb.q_tiles * pb.splits;
+    pb.per_head = make_fast_divisor((uint32_t)pb.works_per_head);
     pb.per_query_tile = make_fast_divisor((uint32_t)pb.splits);
+    pb.per_batch = make_fast_divisor((uint32_t)s->H);
+    pb.per_kv_head = make_fast_divisor((uint32_t)(s->H / s->H_kv));
     pb.scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
     pb.O = a->O, pb.lse = a->lse;
+    pb.o_batch = s->o.batch, pb.o_head = s->o.head, pb.o_row = s->o.row;
     pb.rows = (long long)s->B * s->H * s->N;
     pb.O_part = a->O_part;
     pb.lse_part = a->O_part ? a->O_part + (size_t)pb.splits * pb.rows * D : NULL;
@@ -147,11 +157,13 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
 
     // Merge the key ranges (stage 5's merge; causal query tiles have fewer ranges).
     const combine_params cp = {pb.O_part, pb.lse_part, a->O,      a->lse,         pb.rows,   s->N,
-                               BR,        BC,          pb.splits, pb.split_tiles, s->causal, s->N,
+                               BR,        BC,          pb.splits, pb.split_tiles, s->causal, s->N_k,
                                s->H,      s->o.batch,  s->o.head, (int)s->o.row};
     const unsigned merge_blocks = (unsigned)ceil_div(pb.rows, combine_rows_per_block<D>());
     const cudaLaunchConfig_t merge = launch_config(merge_blocks, COMBINE_THREADS, 0, a, &attr);
-    ATTN_TRY(cudaLaunchKernelEx(&merge, combine_kernel_pdl<D>, cp));
+    void (*const merge_kernel)(const combine_params) =
+        s->bf16 ? combine_kernel_pdl<D, true> : combine_kernel_pdl<D, false>;
+    ATTN_TRY(cudaLaunchKernelEx(&merge, merge_kernel, cp));
     return cudaSuccess;
 }
 

@@ -40,7 +40,7 @@ __device__ __forceinline__ uint64_t pv_operand_of(const smem_tiles &sm, int st) 
 }
 
 // Start S = Q K_j^T: D / 16 wgmma from shared memory, one group.
-template <int D, int C, int BC>
+template <int D, int C, int BC, bool BF16>
 __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands op) {
     // LAB HOLE 3 BEGIN: S = Q K_j^T by wgmma from shared memory
     // LAB TODO: wgmma_fence (the registers of S are written by the tensor cores from here on), then
@@ -48,7 +48,8 @@ __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands
     // LAB TODO: K-major: A = this warpgroup's 64 rows of Q,
     // LAB TODO: desc_k_major_step<block_rows<C>()>(op.Q, kk), B = K_j's BC rows,
     // LAB TODO: desc_k_major_step<BC>(op.K, kk). The shape is m64 x n(BC) x k16: wgmma_m64n128_ss
-    // LAB TODO: for BC == 128, wgmma_m64n176_ss for BC == 176 (if constexpr). Accumulate (last
+    // LAB TODO: for BC == 128, wgmma_m64n176_ss for BC == 176 (if constexpr), each <BF16> (the
+    // LAB TODO: storage type: .f16 or .bf16 operands). Accumulate (last
     // LAB TODO: argument) from the second step on: the first overwrites S. Then wgmma_commit: one
     // LAB TODO: group, waited for later.
     // LAB STUB: for (int i = 0; i < BC / 2; ++i) S[i] = 0.f;  // until filled: every score 0
@@ -56,11 +57,11 @@ __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands
 #pragma unroll
     for (int kk = 0; kk < D / WGMMA_K; ++kk)
         if constexpr (BC == 128)
-            wgmma_m64n128_ss(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
-                             desc_k_major_step<BC>(op.K, kk), kk > 0);
+            wgmma_m64n128_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
+                                   desc_k_major_step<BC>(op.K, kk), kk > 0);
         else
-            wgmma_m64n176_ss(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
-                             desc_k_major_step<BC>(op.K, kk), kk > 0);
+            wgmma_m64n176_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
+                                   desc_k_major_step<BC>(op.K, kk), kk > 0);
     wgmma_commit();
     // LAB HOLE 3 END
 }
@@ -69,7 +70,7 @@ __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands
 // (V_desc: pv_operand_of its ring slot).
 // For the first key tile of a work tile (accumulate = 0) the first k-step overwrites O_acc: O
 // starts from zero, whatever the last work tile left in the registers.
-template <int D, int BC>
+template <int D, int BC, bool BF16>
 __device__ __forceinline__ void issue_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
                                          uint64_t V_desc, int accumulate) {
     pin_registers(O_acc);
@@ -77,11 +78,11 @@ __device__ __forceinline__ void issue_pv(float (&O_acc)[D / 2], const uint32_t (
 #pragma unroll
     for (int kk = 0; kk < BC / WGMMA_K; ++kk) {
         if constexpr (D == 128)
-            wgmma_m64n128_rs(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
-                             kk > 0 || accumulate);
+            wgmma_m64n128_rs<BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
+                                   kk > 0 || accumulate);
         else
-            wgmma_m64n64_rs(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
-                            kk > 0 || accumulate);
+            wgmma_m64n64_rs<BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
+                                  kk > 0 || accumulate);
     }
     wgmma_commit();
 }
@@ -115,13 +116,14 @@ __device__ __forceinline__ void pingpong_pass_turn(int wg) {
     named_barrier_arrive<TURN_THREADS>(NAMED_BARRIER_TURN_WG0 + (wg + 1) % CONSUMERS);
 }
 
-// Key tile j of work tile wt needs a mask when it is the tail tile, or causal with a key past
-// the warpgroup's first row.
+// Key tile j of work tile wt needs a mask when it is the tail tile (keys past N_k), or causal
+// with a key past the warpgroup's first row's diagonal (the row as a key index: + N_k - N).
 template <int BC>
 __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
                                            const consumer_place &p, int j) {
     const int key0 = key_tile_start<BC>(wt, j);
-    return key0 + BC > pb.N || (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p));
+    return key0 + BC > pb.N_k ||
+           (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p) + pb.key_shift);
 }
 
 // S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use,
@@ -136,7 +138,8 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
     if (j == wt.n_tiles - 1)
         release(bar_at(sm, BAR_Q_EMPTY + pipeline_state<QB>{wt.t}.slot()), p);  // Q's last use
     if (needs_mask<BC>(pb, wt, p, j))
-        mask_scores<BC>(S, p, row_of(wt, p), key_tile_start<BC>(wt, j), pb.N, pb.causal);
+        mask_scores<BC>(S, p, row_of(wt, p) + pb.key_shift, key_tile_start<BC>(wt, j), pb.N_k,
+                        pb.causal);
     row_max<BC, EARLY>(S, m_i, pb.scale_log2, r);
 }
 
@@ -176,7 +179,7 @@ enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
 // Serial (variant nooverlap): each work tile, each key tile in turn: S = Q K^T, softmax,
 // O += P V, every wgmma waited for at once. The tensor pipe idles during this warpgroup's softmax
 // unless the other warpgroup happens to fill it.
-template <int D, int C, int BC>
+template <int D, int C, int BC, bool BF16>
 __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const consumer_place &p,
                                                 const problem &pb, int works) {
     constexpr int QB = q_buffers<D, C, BC>();
@@ -192,20 +195,20 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
             row_step<early_chunks<C>()> r;
 
             wait_full(sm, BAR_K_FULL, kv);
-            issue_scores<D, C, BC>(S,
-                                   scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, st)));
+            issue_scores<D, C, BC, BF16>(
+                S, scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, st)));
             wgmma_wait<0>();
             scores_done<BC, QB>(S, m_i, r, sm, p, pb, wt, j, st);
             rescale_o<D>(O_acc, r.alpha);
-            exp_pack<BC>(S, P, l_i, pb.scale_log2, r);
+            exp_pack<BC, early_chunks<C>(), BF16>(S, P, l_i, pb.scale_log2, r);
 
             wait_full(sm, BAR_V_FULL, kv);
-            issue_pv<D, BC>(O_acc, P, pv_operand_of<D, BC>(sm, st), 1);
+            issue_pv<D, BC, BF16>(O_acc, P, pv_operand_of<D, BC>(sm, st), 1);
             wgmma_wait<0>();
             pin_registers(O_acc);
             release(bar_at(sm, BAR_V_EMPTY + st), p);
         }
-        epilogue<D, C, BC>(O_acc, m_i, l_i, p, sm, wt, pb);
+        epilogue<D, C, BC, BF16>(O_acc, m_i, l_i, p, sm, wt, pb);
     }
 }
 
@@ -214,7 +217,7 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
 // its work tile. With PINGPONG, the warpgroups take turns at issuing their GEMMs.
 
 // The block's first key tile: S = Q K_0^T only, nothing to overlap with yet; then its row max.
-template <int D, int C, int BC, bool PINGPONG>
+template <int D, int C, int BC, bool PINGPONG, bool BF16>
 __device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2],
                                              row_step<early_chunks<C>()> &r, const smem_tiles &sm,
                                              const consumer_place &p, const problem &pb,
@@ -222,7 +225,7 @@ __device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2]
     const kv_pipeline first = {0};
     wait_full(sm, BAR_K_FULL, first);
     if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_scores<D, C, BC>(
+    issue_scores<D, C, BC, BF16>(
         S, scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, first.slot())));
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
@@ -241,7 +244,7 @@ typedef struct {
 // ended a work tile (done.due), write that work tile's O and LSE; then the softmax of key tile it
 // goes on: O *= alpha, and P = fp16(2^(S - m)) with l (exp_pack). In one basic block, the
 // compiler interleaves the exponentials (MUFU) with the rescale and the packing (LOG.md, step 18).
-template <int D, int C, int BC>
+template <int D, int C, int BC, bool BF16>
 __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[BC / 4],
                                           const float (&S)[BC / 2], float (&l_i)[2],
                                           const row_step<early_chunks<C>()> &r,
@@ -252,9 +255,9 @@ __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[B
     pin_registers(P);
     const kv_pipeline kv = {it};
     if (kv.count > 0) release(bar_at(sm, BAR_V_EMPTY + kv.previous().slot()), p);
-    if (done.due) epilogue<D, C, BC>(O_acc, done.m, done.l, p, sm, done.wt, pb);
+    if (done.due) epilogue<D, C, BC, BF16>(O_acc, done.m, done.l, p, sm, done.wt, pb);
     rescale_o<D>(O_acc, r.alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
-    exp_pack<BC>(S, P, l_i, pb.scale_log2, r);
+    exp_pack<BC, early_chunks<C>(), BF16>(S, P, l_i, pb.scale_log2, r);
 }
 
 // Work tile wt's rows end with the P V of its last key tile, about to be issued: keep their m
@@ -291,7 +294,7 @@ __device__ __forceinline__ bool next_key_tile(const smem_tiles &sm, const consum
 // One turn: issue S = Q K^T of the next key tile (work tile `next`, the block's (it + 1)-th) and
 // O += P V of key tile it (index j in its work tile), two wgmma groups back to back. Returns the
 // ring slot of the K it reads.
-template <int D, int C, int BC, bool PINGPONG>
+template <int D, int C, int BC, bool PINGPONG, bool BF16>
 __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D / 2],
                                           const uint32_t (&P)[BC / 4], const smem_tiles &sm,
                                           const consumer_place &p, const work_tile &next, int it,
@@ -304,15 +307,15 @@ __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D /
     const uint64_t V_desc = pv_operand_of<D, BC>(sm, st);
     wait_full(sm, BAR_K_FULL, kv_next);
     if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_scores<D, C, BC>(S, next_scores);
+    issue_scores<D, C, BC, BF16>(S, next_scores);
     wait_full(sm, BAR_V_FULL, kv);
-    issue_pv<D, BC>(O_acc, P, V_desc, j > 0);
+    issue_pv<D, BC, BF16>(O_acc, P, V_desc, j > 0);
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     return next_st;
 }
 
 // The block's last key tile (the it-th): O += P V only, then the last work tile's epilogue.
-template <int D, int C, int BC, bool PINGPONG>
+template <int D, int C, int BC, bool PINGPONG, bool BF16>
 __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
                                         const float (&m_i)[2], const float (&l_i)[2],
                                         const smem_tiles &sm, const consumer_place &p,
@@ -321,12 +324,12 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
     const int st = kv.slot();
     wait_full(sm, BAR_V_FULL, kv);
     if (PINGPONG) pingpong_wait_turn(p.wg);
-    issue_pv<D, BC>(O_acc, P, pv_operand_of<D, BC>(sm, st), j > 0);
+    issue_pv<D, BC, BF16>(O_acc, P, pv_operand_of<D, BC>(sm, st), j > 0);
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
     pin_registers(O_acc);
     release(bar_at(sm, BAR_V_EMPTY + st), p);
-    epilogue<D, C, BC>(O_acc, m_i, l_i, p, sm, wt, pb);
+    epilogue<D, C, BC, BF16>(O_acc, m_i, l_i, p, sm, wt, pb);
 }
 
 // Overlapped (default; nopingpong without the turn-taking): one pipeline over every key tile the
@@ -337,7 +340,7 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
 // the exponentials, O's rescale and P's packing run side by side (step 18). When a P V ends a
 // work tile, the S issued beside it is already the next work tile's first (its Q is in the other
 // Q buffer), and the finished work tile's O is written while the other warpgroups' GEMMs run.
-template <int D, int C, int BC, bool PINGPONG>
+template <int D, int C, int BC, bool PINGPONG, bool BF16>
 __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
                                                     const problem &pb, int works) {
     constexpr int QB = q_buffers<D, C, BC>();
@@ -350,7 +353,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     uint32_t P[BC / 4];
     row_step<early_chunks<C>()> r;
     start_rows<D>(O_acc, m_i, l_i);
-    first_scores<D, C, BC, PINGPONG>(S, m_i, r, sm, p, pb, wt);
+    first_scores<D, C, BC, PINGPONG, BF16>(S, m_i, r, sm, p, pb, wt);
 
     // A pass starts with S holding the scores of key tile j of work tile wt, the block's it-th,
     // m_i their row max and r the rest of row_max's results, while the P V of the key tile before
@@ -358,20 +361,20 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     finished_tile done = {false, wt, {0.f, 0.f}, {0.f, 0.f}};
     int it = 0, j = 0;
     for (;; ++it) {
-        retire_pv<D, C, BC>(O_acc, P, S, l_i, r, done, sm, p, pb, it);
+        retire_pv<D, C, BC, BF16>(O_acc, P, S, l_i, r, done, sm, p, pb, it);
         done.due = false;
 
         work_tile next;  // the work tile of the next key tile
         int next_j;
         if (!next_key_tile<C, BC, QB>(sm, p, pb, works, wt, j, next, next_j, done, m_i, l_i)) break;
-        const int next_st = issue_turn<D, C, BC, PINGPONG>(S, O_acc, P, sm, p, next, it, j);
+        const int next_st = issue_turn<D, C, BC, PINGPONG, BF16>(S, O_acc, P, sm, p, next, it, j);
         wgmma_wait<1>();  // S of the next key tile is done; P V may still run
         scores_done<BC, QB>(S, m_i, r, sm, p, pb, next, next_j, next_st);
         wt = next;
         j = next_j;
     }
     // (next_key_tile ended wt's rows: their m and l are done's)
-    last_pv<D, C, BC, PINGPONG>(O_acc, P, done.m, done.l, sm, p, pb, done.wt, it, j);
+    last_pv<D, C, BC, PINGPONG, BF16>(O_acc, P, done.m, done.l, sm, p, pb, done.wt, it, j);
 
     // Every turn was handed on; warpgroup 0 takes the last warpgroup's final hand-over, so that no
     // arrival is left pending on its barrier.
@@ -379,13 +382,14 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
 }
 
 // One consumer thread: its place in the block, then its schedule over the block's work tiles.
-template <int D, int C, int BC, int SCHEDULE>
+template <int D, int C, int BC, int SCHEDULE, bool BF16>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb, int works) {
     const consumer_place p = consumer_place_of_thread();
     if (SCHEDULE == SCHEDULE_SERIAL)
-        consumer_serial<D, C, BC>(sm, p, pb, works);
+        consumer_serial<D, C, BC, BF16>(sm, p, pb, works);
     else
-        consumer_overlapped<D, C, BC, (SCHEDULE == SCHEDULE_PINGPONG && C > 1)>(sm, p, pb, works);
+        consumer_overlapped<D, C, BC, (SCHEDULE == SCHEDULE_PINGPONG && C > 1), BF16>(sm, p, pb,
+                                                                                      works);
     // The O stores still in flight read the shared memory the block is about to give up.
     if (o_staged<D, C, BC>() && p.lane == 0) bulk_wait<false>();
 }

@@ -8,45 +8,46 @@
 #include "schedule.cuh"
 #include "smem.cuh"
 
-// Announce a tile's bytes on its "full" barrier and copy it, one TMA copy per 64-column slab.
+// Announce a tile's bytes on its "full" barrier and copy rows row0 .. row0 + ROWS - 1 of head
+// `head` of batch `batch`, one TMA copy per 64-column slab.
 template <int D, int ROWS>
 __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, uint32_t full,
-                                          int row0, int bh) {
+                                          int row0, int head, int batch) {
     // LAB HOLE 1 BEGIN: the TMA copy of a tile onto its full barrier
     // LAB TODO: one arrival on the tile's full barrier that also announces the bytes the copies
     // LAB TODO: will bring (mbar_arrive_expect_tx: ROWS rows x D halves), then one TMA copy per
-    // LAB TODO: 64-column slab c < D / SLAB_COLS: tma_load_3d into dst + slab_offset<ROWS>(c),
+    // LAB TODO: 64-column slab c < D / SLAB_COLS: tma_load_4d into dst + slab_offset<ROWS>(c),
     // LAB TODO: completing on `full`, at the tensor coordinates (column c * SLAB_COLS, row row0,
-    // LAB TODO: head bh). The phase completes when the arrival is in and every announced byte has
-    // LAB TODO: landed: announce too many and the consumers wait forever.
+    // LAB TODO: head, batch). The phase completes when the arrival is in and every announced byte
+    // LAB TODO: has landed: announce too many and the consumers wait forever.
     // LAB STUB: mbar_arrive(full);  // until filled: no copy, the consumers read a stale tile
     mbar_arrive_expect_tx(full, ROWS * D * HALF_BYTES);
 #pragma unroll
     for (int c = 0; c < D / SLAB_COLS; ++c)
-        tma_load_3d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, bh);
+        tma_load_4d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, head, batch);
     // LAB HOLE 1 END
 }
 
-// K or V of key tile j of work tile wt (the j-th of its range) into ring slot kv.slot() once the
-// consumers have released it (ring = sm.K or sm.V; FULL and EMPTY = BAR_K_FULL and BAR_K_EMPTY,
-// or V's).
+// K or V of the key tile that starts at key0 (of K/V head and batch hd) into ring slot kv.slot()
+// once the consumers have released it (ring = sm.K or sm.V; FULL and EMPTY = BAR_K_FULL and
+// BAR_K_EMPTY, or V's).
 template <int D, int BC, int FULL, int EMPTY>
 __device__ __forceinline__ void load_key_tile(const smem_tiles &sm, uint32_t ring,
                                               const CUtensorMap *map, kv_pipeline kv,
-                                              const work_tile &wt, int j) {
+                                              const tile_heads &hd, int key0) {
     // LAB HOLE 2 BEGIN: the ring's waits: a K or V slot
     // LAB TODO: wait until the consumers have released ring slot kv.slot() (its empty barrier,
     // LAB TODO: EMPTY + slot: wait_empty with the pipeline state kv, which knows the phase), then
-    // LAB TODO: copy_tile the key tile's BC rows (from key_tile_start<BC>(wt, j), head wt.bh) into
-    // LAB TODO: the slot's buffer (ring + slot * kv_bytes<D, BC>()), completing on the slot's full
-    // LAB TODO: barrier (bar_at FULL + slot). Copy without the wait and the copy overwrites a tile
-    // LAB TODO: still being read, or completes a full barrier's phase twice before a consumer
+    // LAB TODO: copy_tile the key tile's BC rows (from key0, K/V head hd.kv_head, batch hd.batch)
+    // LAB TODO: into the slot's buffer (ring + slot * kv_bytes<D, BC>()), completing on the slot's
+    // LAB TODO: full barrier (bar_at FULL + slot). Copy without the wait and the copy overwrites a
+    // LAB TODO: tile still being read, or completes a full barrier's phase twice before a consumer
     // LAB TODO: looks: its parity wait then never returns. The stub stops the kernel with a message
     // LAB TODO: instead (the consumers would wait forever).
     // LAB STUB: printf("lab hole 2 unfilled: load_key_tile\n"), __trap();  // stops the kernel
-    wait_empty(sm, EMPTY, kv);
-    copy_tile<D, BC>(ring + kv.slot() * kv_bytes<D, BC>(), map, bar_at(sm, FULL + kv.slot()),
-                     key_tile_start<BC>(wt, j), wt.bh);
+    wait_empty(sm, EMPTY, kv);  // the consumers are done with the slot's last key tile
+    copy_tile<D, BC>(ring + kv.slot() * kv_bytes<D, BC>(), map, bar_at(sm, FULL + kv.slot()), key0,
+                     hd.kv_head, hd.batch);
     // LAB HOLE 2 END
 }
 
@@ -54,24 +55,26 @@ __device__ __forceinline__ void load_key_tile(const smem_tiles &sm, uint32_t rin
 // index slot are free, write the index, start Q's copy. w >= works hands over "stop" (no copy).
 template <int D, int C, int BC>
 __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtensorMap *tmQ, int t,
-                                             int w, const work_tile &wt, int works) {
+                                             int w, const work_tile &wt, const problem &pb,
+                                             int works) {
     const pipeline_state<q_buffers<D, C, BC>()> q = {t};
     const uint32_t full = bar_at(sm, BAR_Q_FULL + q.slot());
     // LAB HOLE 2 BEGIN: the ring's waits: a Q buffer and its work index
     // LAB TODO: wait until Q buffer q.slot() is free (BAR_Q_EMPTY, state q), then publish the work
     // LAB TODO: index w in sm.work[q.slot()] (atomicExch: the consumers read it with an atomic),
     // LAB TODO: and: for w >= works ("stop") one plain arrival on `full`, no copy; otherwise
-    // LAB TODO: copy_tile Q's block_rows<C>() rows from wt.q0 (head wt.bh) into q_stage<D, C,
-    // LAB TODO: BC>(sm, t), completing on `full`.
+    // LAB TODO: copy_tile Q's block_rows<C>() rows from wt.q0 (head and batch: heads_of(wt.bh,
+    // LAB TODO: pb)) into q_stage<D, C, BC>(sm, t), completing on `full`.
     // LAB STUB: printf("lab hole 2 unfilled: publish_work\n"), __trap();  // stops the kernel
     // LAB STUB: (void)full;
-    wait_empty(sm, BAR_Q_EMPTY, q);
+    wait_empty(sm, BAR_Q_EMPTY, q);     // the consumers are done with the buffer's last work tile
     atomicExch(&sm.work[q.slot()], w);  // (an atomic, like the consumers' read: see take_work())
     if (w >= works) {
         mbar_arrive(full);  // no copy: the consumers read "stop"
         return;
     }
-    copy_tile<D, block_rows<C>()>(q_stage<D, C, BC>(sm, t), tmQ, full, wt.q0, wt.bh);
+    const tile_heads hd = heads_of(wt.bh, pb);
+    copy_tile<D, block_rows<C>()>(q_stage<D, C, BC>(sm, t), tmQ, full, wt.q0, hd.head, hd.batch);
     // LAB HOLE 2 END
 }
 
@@ -88,11 +91,15 @@ __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap
     work_tile wt;
     int w = take_next_work<C, BC>(blockIdx.x, pb, works, next_work, wt);
     for (int t = 0;; ++t) {
-        publish_work<D, C, BC>(sm, tmQ, t, w, wt, works);
+        publish_work<D, C, BC>(sm, tmQ, t, w, wt, pb, works);
         if (w >= works) return;  // that was "stop"
-        for (int j = 0; j < wt.n_tiles; ++j, kv = kv.next()) {
-            load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, wt, j);
-            load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, kv, wt, j);
+        // The range's key tiles by their first keys (two registers for the loop, not three:
+        // the thread has 24, and the 4-D copies' K/V head and batch take one more than bh did).
+        const tile_heads hd = heads_of(wt.bh, pb);  // (publish_work's, worked out once)
+        const int key_end = key_tile_start<BC>(wt, wt.n_tiles);
+        for (int key0 = key_tile_start<BC>(wt, 0); key0 < key_end; key0 += BC, kv = kv.next()) {
+            load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, hd, key0);
+            load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, kv, hd, key0);
         }
         w = take_next_work<C, BC>(next_work_index(works, next_work), pb, works, next_work, wt);
     }

@@ -29,26 +29,38 @@ __device__ __forceinline__ int fast_divide(int n, fast_divisor f) {
     return (int)((__umulhi((uint32_t)n, f.mul) + (uint32_t)n) >> f.shift);
 }
 
-// The problem as the producer and the consumers see it: N, causal, how a query tile's key tiles
-// are cut (split-KV: into ranges of split_tiles key tiles, at most `splits` of them; splits = 1:
-// one range, all of them), the softmax scale times log2(e), and where the results go.
+// The problem as the producer and the consumers see it: N queries against N_k keys (causal: query
+// i sees keys up to i + N_k - N, so key_shift = N_k - N turns a query row into the key index of
+// its diagonal), how a query tile's key tiles are cut (split-KV: into ranges of split_tiles key
+// tiles, at most `splits` of them; splits = 1: one range, all of them), the softmax scale times
+// log2(e), and where the results go. Counts the host can work out are launch constants here, not
+// computed in the kernel: the producer thread has 24 registers, and the compiler would hold such
+// values in some of them across its loops.
 typedef struct {
-    int N, causal, splits, split_tiles;
+    int N, N_k, key_shift, causal, splits, split_tiles;
+    int min_key_tiles;                      // a query tile's fewest: 1 unsplit, 0 split (work_at)
+    int q_tiles, works_per_head;            // ceil(N / BR); q_tiles * splits work tiles a head
+    int H;                                  // query heads (a work tile's bh = batch * H + head)
     fast_divisor per_head, per_query_tile;  // work tiles: of a head, of a query tile (splits)
+    fast_divisor per_batch, per_kv_head;    // bh / H = batch; head / (H / H_kv) = K/V head (GQA)
     float scale_log2;
-    __half *O;               // [B, H, N, D]                  (splits = 1)
-    float *lse;              // [B, H, N]                     (splits = 1)
-    float *O_part;           // [splits, B * H, N, D], fp32   (splits > 1: combine_kernel merges)
-    float *lse_part;         // [splits, B * H, N]            (splits > 1)
-    long long rows;          // B * H * N
-    const CUtensorMap *tmO;  // O as [B*H, N, D] in boxes of [1, 16, 64], for the staged stores
+    __half *O;                         // [B, H, N, D], strided   (splits = 1, where not staged)
+    long long o_batch, o_head, o_row;  // O's strides, elements
+    float *lse;                        // [B, H, N]                     (splits = 1)
+    float *O_part;                     // [splits, B * H, N, D], fp32   (splits > 1: merged)
+    float *lse_part;                   // [splits, B * H, N]            (splits > 1)
+    long long rows;                    // B * H * N
+    const CUtensorMap *tmO;  // O as (D, N, H, B) in boxes of [1, 1, 16, 64], the staged stores
 } problem;
 
 // A work tile: one batch*head, BR query rows and a range of their key tiles, [j0, j0 + n_tiles)
 // (all of them unless split). Numbered head by head; inside a head, the query tiles with the most
 // key tiles (causal) first, then their ranges. A causal query tile has fewer key tiles, so fewer
 // ranges, than the longest: its last ranges are empty (n_tiles = 0) and nobody takes them
-// (take_next_work). A persistent block (one per SM) starts with work tile blockIdx.x and then
+// (take_next_work). A causal query tile that sees no key at all (N > N_k: its rows come before
+// the first key's diagonal) still takes one key tile when unsplit, wholly masked: its rows end
+// with l = 0 and m = -inf, so O = 0 and LSE = -inf (epilogue); split, its ranges are all empty and
+// the merge writes those. A persistent block (one per SM) starts with work tile blockIdx.x and then
 // takes the next one not yet taken from a global counter, so work tiles of different lengths even
 // out over the SMs as they would with one block per tile (the variant nopersistent, which
 // launches exactly that). t numbers the block's work tiles: it is the count of the Q buffers'
@@ -60,17 +72,31 @@ typedef struct {
 template <int C, int BC>
 __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
     constexpr int BR = block_rows<C>();
-    const int q_tiles = (pb.N + BR - 1) / BR;
+    const int q_tiles = pb.q_tiles;
     work_tile t;
     t.bh = fast_divide(w, pb.per_head);
-    const int in_head = w - t.bh * q_tiles * pb.splits;
+    const int in_head = w - t.bh * pb.works_per_head;
     const int q_index = fast_divide(in_head, pb.per_query_tile);
     t.split = in_head - q_index * pb.splits;
     t.q0 = (q_tiles - 1 - q_index) * BR;
-    const int tiles = query_tile_key_tiles(t.q0, BR, BC, pb.N, pb.causal);
+    const int tiles = max(query_tile_key_tiles_nk(t.q0, BR, BC, pb.N, pb.N_k, pb.causal),
+                          pb.min_key_tiles);  // (unsplit: at least one, see above)
     t.j0 = t.split * pb.split_tiles;
     t.n_tiles = max(0, min(tiles - t.j0, pb.split_tiles));
     t.t = 0;
+    return t;
+}
+
+// Where work tile rows of batch*head bh lie in the 4-D tensor maps (D, rows, heads, B): the batch,
+// the query head (Q, O) and the key/value head it reads (K, V; GQA: head / (H / H_kv)).
+typedef struct {
+    int batch, head, kv_head;
+} tile_heads;
+__device__ __forceinline__ tile_heads heads_of(int bh, const problem &pb) {
+    tile_heads t;
+    t.batch = fast_divide(bh, pb.per_batch);
+    t.head = bh - t.batch * pb.H;
+    t.kv_head = fast_divide(t.head, pb.per_kv_head);
     return t;
 }
 

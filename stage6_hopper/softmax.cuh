@@ -7,18 +7,19 @@
 
 #include "schedule.cuh"
 
-// Scores of keys past N (tail tile) or past the row (causal) become -inf. Only the diagonal
-// and the tail tile need it. Element (i, h, c) of the thread is key key0 + 2t + 8i + c of row
-// row0 + 8h: it is kept while its offset 8i + c (a constant) is below a bound the thread works
-// out once per row, so each element costs one compare and one select.
+// Scores of keys past N_k (tail tile) or past the row's diagonal (causal) become -inf. Only the
+// diagonal and the tail tile need it. row0 is the thread's first row as a key index (row + N_k -
+// N: the last key it sees, causal; below 0 it sees none). Element (i, h, c) of the thread is key
+// key0 + 2t + 8i + c of row row0 + 8h: it is kept while its offset 8i + c (a constant) is below a
+// bound the thread works out once per row, so each element costs one compare and one select.
 template <int BC>
 __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_place &p, int row0,
-                                            int key0, int N, int causal) {
+                                            int key0, int N_k, int causal) {
     const int first = key0 + 2 * p.t;  // the key of offset 0
     int bound[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-        bound[h] = (causal ? min(N, row0 + FRAG_ROW_STEP * h + 1) : N) - first;
+        bound[h] = (causal ? min(N_k, row0 + FRAG_ROW_STEP * h + 1) : N_k) - first;
 #pragma unroll
     for (int i = 0; i < BC / FRAG_COLS; ++i) {
 #pragma unroll
@@ -91,11 +92,11 @@ __device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2
     }
 }
 
-// exp_pack: P = 2^(S scale_log2 - shift) (the early chunks' from row_max), to fp16 straight into
-// the A-operand layout of the P V wgmma, which is the S layout (register k of P packs elements 2k
-// and 2k + 1: columns 2t and 2t + 1 of one row); l_i = l_i alpha + the rows' sums. P's registers
-// are the A operand of the P V before, so this comes after that wgmma's wait.
-template <int BC, int EARLY>
+// exp_pack: P = 2^(S scale_log2 - shift) (the early chunks' from row_max), to fp16 (bf16 where
+// BF16) straight into the A-operand layout of the P V wgmma, which is the S layout (register k of
+// P packs elements 2k and 2k + 1: columns 2t and 2t + 1 of one row); l_i = l_i alpha + the rows'
+// sums. P's registers are the A operand of the P V before, so this comes after that wgmma's wait.
+template <int BC, int EARLY, bool BF16>
 __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)[BC / 4],
                                          float (&l_i)[2], float scale_log2,
                                          const row_step<EARLY> &r) {
@@ -114,7 +115,7 @@ __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)
                     sum[h] += x[c];
                 }
             }
-            P[acc_index(i, h, 0) / 2] = pack_half2(x[0], x[1]);
+            P[acc_index(i, h, 0) / 2] = pack2_of<BF16>(x[0], x[1]);
         }
     }
 #pragma unroll

@@ -69,25 +69,25 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 
 /* ---- TMA: bulk tensor copies and reductions -------------------------------------------------- */
 
-// Copy the box at coordinates (c0 = column, c1 = row, c2 = batch*head) of the tensor that `map`
-// describes into shared memory at dst; completion adds the box's bytes to `bar`.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
-                                            int c0, int c1, int c2) {
+// Copy the box at coordinates (c0 = column, c1 = row, c2 = head, c3 = batch) of the tensor that
+// `map` describes into shared memory at dst; completion adds the box's bytes to `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
         : "memory");
 }
 
-// The box at (c0, c1, c2) of the tensor `map` describes, from shared memory at src. Rows past the
-// tensor's end are not written. Stores are tracked per thread in bulk groups.
-__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, uint32_t src, int c0, int c1,
-                                             int c2) {
+// The box at (c0, c1, c2, c3) of the tensor `map` describes, from shared memory at src. Rows past
+// the tensor's end are not written. Stores are tracked per thread in bulk groups.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, uint32_t src, int c0, int c1,
+                                             int c2, int c3) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-            (uint64_t)map),
-        "r"(src), "r"(c0), "r"(c1), "r"(c2)
+        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::
+            "l"((uint64_t)map),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
         : "memory");
 }
 
@@ -275,48 +275,75 @@ __device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
     ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
     "%80, %81, %82, %83, %84, %85, %86, %87"
 
+// The four products below in fp16 (BF16 = false) or bf16 (true), both with fp32 accumulators:
+// each macro is the asm statement, T the instruction's type suffix (a string literal).
+
 // d (64 x 128, fp32) {=, +=} A (64 x 16, K-major in shared memory) * B (16 x 128, K-major in
 // shared memory). accumulate = 0 overwrites d. Lane l of warp w in the warpgroup, g = l / 4,
 // t = l % 4, holds d[acc_index(i, h, c)] = (row 16w + g + 8h, column 8i + 2t + c).
+#define WGMMA_M64N128_SS(T)                                                \
+    asm volatile(                                                          \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                       \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {" REGS64 \
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                 \
+        : ACC64(d)                                                         \
+        : "l"(a), "l"(b), "r"(accumulate))
+template <bool BF16 = false>
 __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b,
                                                  int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : ACC64(d)
-        : "l"(a), "l"(b), "r"(accumulate));
+    if constexpr (BF16)
+        WGMMA_M64N128_SS("bf16");
+    else
+        WGMMA_M64N128_SS("f16");
 }
 
 // The same with 176 columns: 88 accumulator registers.
+#define WGMMA_M64N176_SS(T)                                                \
+    asm volatile(                                                          \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"                       \
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32." T "." T " {" REGS88 \
+        "}, %88, %89, p, 1, 1, 0, 0;\n}\n"                                 \
+        : ACC88(d)                                                         \
+        : "l"(a), "l"(b), "r"(accumulate))
+template <bool BF16 = false>
 __device__ __forceinline__ void wgmma_m64n176_ss(float (&d)[88], uint64_t a, uint64_t b,
                                                  int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {" REGS88
-        "}, %88, %89, p, 1, 1, 0, 0;\n}\n"
-        : ACC88(d)
-        : "l"(a), "l"(b), "r"(accumulate));
+    if constexpr (BF16)
+        WGMMA_M64N176_SS("bf16");
+    else
+        WGMMA_M64N176_SS("f16");
 }
 
-// d (64 x N, fp32) {=, +=} A (64 x 16 fp16, in registers) * B (16 x N, MN-major in shared
+// d (64 x N, fp32) {=, +=} A (64 x 16 fp16 or bf16, in registers) * B (16 x N, MN-major in shared
 // memory). A's layout is the accumulator's, two columns packed per register: a[0] = (row g,
 // columns 2t, 2t+1), a[1] = (row g+8, same), a[2] = (row g, 2t+8, 2t+9), a[3] = (row g+8, same).
+#define WGMMA_M64N128_RS(T)                                                \
+    asm volatile(                                                          \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                       \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {" REGS64 \
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                   \
+        : ACC64(d)                                                         \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+template <bool BF16 = false>
 __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t *a, uint64_t b,
                                                  int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" REGS64
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : ACC64(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+    if constexpr (BF16)
+        WGMMA_M64N128_RS("bf16");
+    else
+        WGMMA_M64N128_RS("f16");
 }
+#define WGMMA_M64N64_RS(T)                                                \
+    asm volatile(                                                         \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                      \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {" REGS32 \
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                  \
+        : ACC32(d)                                                        \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+template <bool BF16 = false>
 __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *a, uint64_t b,
                                                 int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" REGS32
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+    if constexpr (BF16)
+        WGMMA_M64N64_RS("bf16");
+    else
+        WGMMA_M64N64_RS("f16");
 }
