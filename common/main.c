@@ -768,8 +768,8 @@ static float *download(const options *o, const void *dev_buf, int buf, void **ra
     long long written = 0;
     if (span != count) { /* a strided layout: its gaps must still hold the poison */
         move_rows(o, buf, NULL, img, ROWS_ERASE);
-#pragma omp parallel for reduction(+ : written) schedule(static) \
-    if (span * esz > MOVE_ROWS_SERIAL_BYTES)
+#pragma omp parallel for reduction(+ : written) \
+    schedule(static) if (span * esz > MOVE_ROWS_SERIAL_BYTES)
         for (long long x = 0; x < (long long)(span * esz); x++) written += img[x] != 0xff;
     }
     *stray = written;
