@@ -1110,6 +1110,8 @@ static options self_test_case(const options *base, int v, int c, uint64_t case_n
 static const int model_N_k[] = {17, 128, 1000};
 static const int model_heads[][2] = {{8, 8}, {8, 4}, {8, 1}, {6, 2}};
 #define MODEL_NQ 5
+#define MODEL_FULL_ROWS 1024 /* what-models-feed cases check every row up to this many, else: */
+#define MODEL_SAMPLE 128
 #define MODEL_CASES (COUNT(model_N_k) * MODEL_NQ * COUNT(self_test_D) * 2 * 2)
 
 static options model_case(const options *base, int v, int c, uint64_t case_no) {
@@ -1137,8 +1139,9 @@ static options model_case(const options *base, int v, int c, uint64_t case_no) {
     o.peaky = c / 2 % 2;
     o.bench = 0;
     o.seed = base->seed * 1000003ull + case_no;
+    /* a key row's gradient sums over its group's query heads: a smaller sample than the matrix's */
     long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
-    o.check_rows = rows <= SELF_TEST_FULL_ROWS ? -1 : SELF_TEST_SAMPLE;
+    o.check_rows = rows <= MODEL_FULL_ROWS ? -1 : MODEL_SAMPLE;
     return o;
 }
 
