@@ -39,7 +39,7 @@ wrong() {
     3) hole=2 file=attention.cu edit='s|load_tile_async<BC, D, D, BR>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, D, BR>(\1_next, \2, k0, N, tid);|' ;;
     4) hole=1 file=attention.cu edit='s|wmma::load_matrix_sync(K_frag, K_k + n \* WN \* LD, LD);|wmma::load_matrix_sync(K_frag, K_k + n * WN, LD);|' ;;
     5) hole=3 file=attention.cu edit='s|(SWIZZLE ? (chunk ^ (row \& 7)) : chunk)|(SWIZZLE ? (chunk ^ (row \& 3)) : chunk)|' ;;
-    6) hole=1 file=producer.cuh edit='s|map, full, c \* SLAB_COLS, row0, bh);|map, full, 0, row0, bh);|' ;;
+    6) hole=1 file=producer.cuh edit='s|map, full, c \* SLAB_COLS, row0, head, batch);|map, full, 0, row0, head, batch);|' ;;
     7) hole=1 file=smem_kernel.cuh edit='s|(dP\[m\]\[n\]\[e\] - (frag_c(e) ? Di.y : Di.x))|(dP[m][n][e] - (frag_c(e) ? Di.x : Di.y))|' ;;
     *) hole=0 file=attention.cu edit='' ;;
   esac
