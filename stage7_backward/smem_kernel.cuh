@@ -239,8 +239,9 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         // LAB HOLE 2 BEGIN: dK_j, dV_j accumulated: from P^T and dS^T in shared memory
         // LAB TODO: this warp's block of dV (keys kw: WARP_KEYS rows, head-dim columns cw:
         // LAB TODO: WARP_COLS) += P^T dO_i, and of dK += dS^T Q_i, in fp32 registers across every
-        // LAB TODO: query tile. gemm_nn<BF16, MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(C, A tile,
-        // A's LAB TODO: first chunk, B tile, B's first chunk): A = the warp's rows of P_smem (resp.
+        // LAB TODO: query tile. gemm_nn<BF16, MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(C,
+        // LAB TODO: A tile, A's first chunk, B tile, B's first chunk): A = the warp's rows of
+        // LAB TODO: P_smem (resp.
         // LAB TODO: dS_smem), [keys, QROWS] halves, from row WARP_KEYS * kw (QROWS * HALF_BYTES
         // LAB TODO: bytes a row), chunk 0; B = dO_tile (resp. Q_tile), [QROWS, D], from chunk
         // LAB TODO: WARP_COLS * cw / CHUNK_HALVES. (dK's factor `scale` is applied once, when dK is
