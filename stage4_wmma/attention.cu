@@ -406,6 +406,8 @@ __device__ __forceinline__ float online_softmax_update(float S[BC / 2], float &m
 // Step 3: P -> half, over the S tile: row r of the warp's P_w, this lane's half h.
 template <int BC, int P_LD>
 __device__ __forceinline__ void store_p(__half *P_w, const float S[BC / 2], int r, int h) {
+    static_assert(P_LD * sizeof(__half) <= (BC + S_PAD) * sizeof(float),
+                  "a P row fits in an S row");
     constexpr int SEGS = BC / 8;  // float4 pieces in half an S row: one lane's share
     __syncwarp();                 // every lane has read its S before P overwrites it
     __half *P_row = P_w + r * P_LD;
@@ -502,7 +504,6 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
     constexpr int S_LD = BC + S_PAD;  // row stride of S (floats)
     constexpr int P_LD = BC + PAD;    // row stride of P (halves), lying over S
     static_assert(D % WK == 0 && BC % WN == 0 && D % BC == 0, "tile shapes");
-    static_assert(P_LD * sizeof(__half) <= S_LD * sizeof(float), "a P row fits in an S row");
 
     // WMMA wants its tiles 32-byte aligned: every region and row offset below keeps that.
     extern __shared__ __align__(128) uint4 smem_raw[];
@@ -543,8 +544,7 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
     load_q_fragments<D, LD, Q_IN_REGS>(Q_frag, Q_w);
 
     // Online softmax state of row i (in both lanes of its pair); O_acc as WMMA accumulators.
-    float m_i = -INFINITY;  // running max of the scaled scores
-    float l_i = 0.f;        // running sum of exp(score - m_i)
+    float m_i = -INFINITY, l_i = 0.f;  // running max of the scaled scores, sum of exp(score - m_i)
     frag_acc O_acc[D / WN];
 #pragma unroll
     for (int n = 0; n < D / WN; ++n) wmma::fill_fragment(O_acc[n], 0.f);
@@ -564,9 +564,9 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
 #if HAS_CP_ASYNC
         cp_async_wait_all();  // this thread's copies of tile kt have landed
 #endif
-        // K_smem/V_smem are filled by all threads. Also, every warp is done with tile kt - 1,
-        // so its buffer is free for tile kt + 1 (and each warp has loaded its P of tile kt - 1
-        // before its S of tile kt overwrites it).
+        // K_smem/V_smem are filled by all threads. Also, every warp is done with tile kt - 1, so
+        // its buffer is free for tile kt + 1 (and has loaded its P of kt - 1 before its S
+        // overwrites it).
         __syncthreads();
 
 #if HAS_CP_ASYNC
@@ -575,11 +575,9 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
         uint4 next[BC * D / CHUNK / THREADS];  // this thread's chunks of K, then V, of tile kt + 1
         if (prefetch) fetch_tile<BC, D, THREADS>(next, K, k0 + BC, N, tid);
 #endif
-
-        // A warp whose rows are all >= N, or (causal) all before this tile's first key, has
-        // nothing to add from it: it skips the math but not the loads and the barrier.
+        // A warp whose rows are all >= N, or (causal) all before this tile's first key, skips the
+        // math (not the loads and the barrier): nothing to add from this tile.
         const bool warp_works = qw < N && (!causal || k0 <= qw + WM - 1);
-
         // 1. S = Q_i K_j^T on the tensor cores, into the warp's S_w.
         if (warp_works) scores<D, BC, LD, S_LD, Q_IN_REGS>(S_w, Q_frag, Q_w, K_smem);
 #if !HAS_CP_ASYNC
@@ -588,7 +586,6 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
 
         if (warp_works) {
             __syncwarp();  // the warp's S tile is complete before lanes read its rows
-
             // 2. online softmax on S_w; 3. P (half) over S_w; 4. O_acc = alpha O_acc + P V_j.
             float S[BC / 2];
             const float alpha = online_softmax_update<BC, S_LD>(S, m_i, l_i, S_w, r, h, k0, qw, i,
@@ -597,8 +594,7 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
             accumulate_pv<D, BC, LD, P_LD>(O_acc, alpha, row_lane, P_w, V_smem);
         }
 #if !HAS_CP_ASYNC
-        if (prefetch)
-            stash_tile<BC, D, LD, THREADS>(V_next, next, tid);  // V of tile kt + 1 -> other buffer
+        if (prefetch) stash_tile<BC, D, LD, THREADS>(V_next, next, tid);  // V of tile kt + 1
 #endif
     }
 
