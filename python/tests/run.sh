@@ -6,7 +6,7 @@
 # comparison scripts' command line and shape lists (test_compare.py, no GPU needed), checks the
 # notebook's cells parse, and that the example says in one line that it needs PyTorch where there
 # is none. Ends with "N passed, M failed, K skipped" (common/tests/report.sh: each skip a line
-# "SKIP  what: why", or test_binding.py's "skipped  name: why").
+# "SKIP  what: why", the Python tests' included).
 # usage: python/tests/run.sh BUILD_DIR
 set -u
 dir=$1
