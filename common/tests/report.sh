@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # common/tests/report.sh: the test suites' one reporter, sourced by each bash suite of `make test`
 # (after its cd to the repository): every check is one line of one format, and one record.
 #   ok WHAT              a check that passed: prints "ok    WHAT"
