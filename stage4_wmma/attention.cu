@@ -85,7 +85,7 @@ constexpr int launch_min_blocks() {
 // third block per SM instead, and on sm_75 with 64-key tiles they hold the staged tile: there the
 // fragments are re-read from Q_smem for every key tile.
 template <int D, int BC>
-constexpr bool q_in_regs() {
+__host__ __device__ constexpr bool q_in_regs() {
     return D == 128 && (HAS_CP_ASYNC || BC == BC_SMALL);
 }
 
