@@ -2,11 +2,13 @@
 # Every bad input must give its documented exit code (bad usage or file, or out of host memory)
 # and one line on stderr naming the problem; no GPU needed (options, output paths and .npy files
 # are checked before the device is touched).
-# One line per check and "N passed, M failed, K skipped" last (common/tests/report.sh).
+# One line per failed check and "N passed, M failed, K skipped" last (common/tests/report.sh;
+# every check, passed or not, is in its record).
 # usage: bad_options.sh BINARY FIXTURE_DIR   (fixtures from `test_common --fixtures DIR`)
 set -u
 bin=$1 fx=$2
 . "$(dirname "$0")/report.sh"
+ok() { report_record_ ok "$*"; } # a pass is recorded, not printed: the failures stand out
 limit=""
 expect() { # expect CODE PATTERN ARGS...  (with $limit set: under that address-space limit, KiB)
   local want=$1 pat=$2; shift 2
