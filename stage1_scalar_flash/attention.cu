@@ -73,6 +73,122 @@ __device__ __forceinline__ void load_tile(float *tile, const float *__restrict__
     }
 }
 
+/* ---- kernel phases ----------------------------------------------------------------------- */
+
+// The phases of the kernel's key loop below, each a named piece (__forceinline__, so the names
+// cost no instruction): the kernel reads as the algorithm.
+
+// Scores: S[j] = q_i . k_j for the BC keys of the tile, in registers, KEYS_PER_PASS keys per pass
+// over q_i (unscaled). Every thread of a warp reads the same K_smem chunk (a broadcast), but its
+// own Q_smem row: the rows are D floats apart, so the warp's Q_smem reads pile onto the same banks
+// (the conflict stage 2 removes). The d loop stays rolled: O_acc and S hold most registers, and a
+// longer unrolled stretch lets the compiler hoist more K_smem loads than there are registers left
+// (spills).
+template <int D, int BC>
+__device__ __forceinline__ void scores(float S[BC], const float *Q_smem, const float *K_smem,
+                                       int tid) {
+#pragma unroll
+    for (int j = 0; j < BC; ++j) S[j] = 0.f;
+    // LAB HOLE 1 BEGIN: the scores S[j] = q_i . k_j of the tile
+    // LAB TODO: add q_i . k_j to S[j] (zeroed above) for the BC keys j of this tile, unscaled.
+    // LAB TODO: q_i is row tid of Q_smem [BR][D]; k_j is row j of K_smem [BC][D] (floats).
+    // LAB TODO: Read both in 16-byte chunks, load_chunk(&Q_smem[...], q) into float q[CHUNK],
+    // LAB TODO: and multiply-add with fmaf. Loop order: keys in passes of KEYS_PER_PASS, then
+    // LAB TODO: d in steps of CHUNK (#pragma unroll 1: rolled), then the pass's keys.
+    // LAB STUB: (void)Q_smem, (void)K_smem, (void)tid;  // unused until the hole is filled
+#pragma unroll
+    for (int j0 = 0; j0 < BC; j0 += KEYS_PER_PASS) {
+#pragma unroll 1
+        for (int d = 0; d < D; d += CHUNK) {
+            float q[CHUNK];
+            load_chunk(&Q_smem[tid * D + d], q);
+#pragma unroll
+            for (int j = j0; j < j0 + KEYS_PER_PASS; ++j) {
+                float k[CHUNK];
+                load_chunk(&K_smem[j * D + d], k);
+#pragma unroll
+                for (int c = 0; c < CHUNK; ++c) S[j] = fmaf(q[c], k[c], S[j]);
+            }
+        }
+    }
+    // LAB HOLE 1 END
+}
+
+// Online-softmax update: folds the tile's scores S (keys k0 .. k0 + BC - 1) into row i's running
+// max m_i, sum l_i and output O_acc; V_smem [BC][D] is the tile's values.
+template <int D, int BC>
+__device__ __forceinline__ void online_softmax_update(float S[BC], float &m_i, float &l_i,
+                                                      float O_acc[D], const float *V_smem, int k0,
+                                                      int N, int causal, int i, float scale) {
+    // LAB HOLE 2 BEGIN: the online-softmax update
+    // LAB TODO: fold this tile's scores into row i's running m_i, l_i and O_acc[D]:
+    // LAB TODO: scale S[j]; mask it to -INFINITY for keys past N (k0 + j >= N) and, when
+    // LAB TODO: causal, keys after row i; m_new = max(m_i, the S[j]); alpha = exp(m_i - m_new)
+    // LAB TODO: rescales l_i and O_acc; then for each key P = exp(S[j] - m_new), l_i += P and
+    // LAB TODO: O_acc[d] += P * v_j[d] (v_j: row j of V_smem [BC][D], read with load_chunk);
+    // LAB TODO: last, m_i = m_new. Careful: while every key so far is masked, m_new is -inf,
+    // LAB TODO: and exp(-inf - -inf) is NaN: subtract 0 instead then.
+    // LAB STUB: (void)S, (void)m_i, (void)l_i, (void)O_acc, (void)V_smem, (void)k0, (void)N;
+    // LAB STUB: (void)causal, (void)i, (void)scale;  // unused until the hole is filled
+    // Scale, mask (keys past N; causal: keys after row i), new running max.
+    float m_new = m_i;
+#pragma unroll
+    for (int j = 0; j < BC; ++j) {
+        const int kj = k0 + j;
+        S[j] = (kj >= N || (causal && kj > i)) ? -INFINITY : S[j] * scale;
+        m_new = fmaxf(m_new, S[j]);
+    }
+    // While every key so far is masked, m_new is -inf: subtract 0 instead, so that
+    // exp(-inf - -inf) = NaN never happens (the exps are then all 0).
+    const float m_ref = (m_new == -INFINITY) ? 0.f : m_new;
+    const float alpha = expf(m_i - m_ref);  // rescales the old l_i, O_acc (0 at the start)
+
+    l_i *= alpha;
+#pragma unroll
+    for (int d = 0; d < D; ++d) O_acc[d] *= alpha;
+
+    // P = exp(S - m), then O_acc += P V. V_smem[j][d] is a broadcast too.
+#pragma unroll
+    for (int j = 0; j < BC; ++j) {
+        const float P = expf(S[j] - m_ref);
+        l_i += P;
+#pragma unroll
+        for (int d = 0; d < D; d += CHUNK) {
+            float v[CHUNK];
+            load_chunk(&V_smem[j * D + d], v);
+#pragma unroll
+            for (int c = 0; c < CHUNK; ++c) O_acc[d + c] = fmaf(P, v[c], O_acc[d + c]);
+        }
+    }
+    m_i = m_new;
+    // LAB HOLE 2 END
+}
+
+// Epilogue: O_i = O_acc / l_i and LSE_i = m_i + log(l_i) for row i of this head's O [N, D] and
+// lse [N]. Query rows past N are never written. Every row i < N has seen key 0, so l_i >= 1 here.
+template <int D>
+__device__ __forceinline__ void store_row(float *O, float *lse, const float O_acc[D], float m_i,
+                                          float l_i, int i, int N) {
+    // LAB HOLE 3 BEGIN: O and LSE of row i
+    // LAB TODO: for a row i < N (rows past N are never written): O[i][d] = O_acc[d] / l_i, stored
+    // LAB TODO: 16 bytes at a time with store_chunk (O is [N][D] floats for this head), and
+    // LAB TODO: lse[i] = m_i + log(l_i).
+    // LAB STUB: (void)O, (void)lse, (void)O_acc, (void)i, (void)m_i, (void)l_i, (void)N;
+    if (i < N) {
+        const float inv_l = 1.f / l_i;
+        float *O_row = O + (size_t)i * D;
+#pragma unroll
+        for (int d = 0; d < D; d += CHUNK) {
+            float o[CHUNK];
+#pragma unroll
+            for (int c = 0; c < CHUNK; ++c) o[c] = O_acc[d + c] * inv_l;
+            store_chunk(O_row + d, o);
+        }
+        lse[i] = m_i + logf(l_i);
+    }
+    // LAB HOLE 3 END
+}
+
 /* ---- kernel ------------------------------------------------------------------------------ */
 
 // One block: query rows q0 .. q0 + BR - 1 of head bh; thread tid owns query row i = q0 + tid.
@@ -126,101 +242,13 @@ __global__ void __launch_bounds__(BR)
         load_tile<BC, D, D, BR>(V_smem, V, k0, N, tid);
         __syncthreads();  // K_smem/V_smem (and, at kt == 0, Q_smem) are filled
 
-        // S = q_i . k_j for the BC keys of the tile, in registers, KEYS_PER_PASS keys per pass
-        // over q_i. Every thread of a warp reads the same K_smem chunk (a broadcast), but its
-        // own Q_smem row: the rows are D floats apart, so the warp's Q_smem reads pile onto the
-        // same banks (the conflict stage 2 removes). The d loop stays rolled: O_acc and S hold
-        // most registers, and a longer unrolled stretch lets the compiler hoist more K_smem
-        // loads than there are registers left (spills).
         float S[BC];
-#pragma unroll
-        for (int j = 0; j < BC; ++j) S[j] = 0.f;
-        // LAB HOLE 1 BEGIN: the scores S[j] = q_i . k_j of the tile
-        // LAB TODO: add q_i . k_j to S[j] (zeroed above) for the BC keys j of this tile, unscaled.
-        // LAB TODO: q_i is row tid of Q_smem [BR][D]; k_j is row j of K_smem [BC][D] (floats).
-        // LAB TODO: Read both in 16-byte chunks, load_chunk(&Q_smem[...], q) into float q[CHUNK],
-        // LAB TODO: and multiply-add with fmaf. Loop order: keys in passes of KEYS_PER_PASS, then
-        // LAB TODO: d in steps of CHUNK (#pragma unroll 1: rolled), then the pass's keys.
-#pragma unroll
-        for (int j0 = 0; j0 < BC; j0 += KEYS_PER_PASS) {
-#pragma unroll 1
-            for (int d = 0; d < D; d += CHUNK) {
-                float q[CHUNK];
-                load_chunk(&Q_smem[tid * D + d], q);
-#pragma unroll
-                for (int j = j0; j < j0 + KEYS_PER_PASS; ++j) {
-                    float k[CHUNK];
-                    load_chunk(&K_smem[j * D + d], k);
-#pragma unroll
-                    for (int c = 0; c < CHUNK; ++c) S[j] = fmaf(q[c], k[c], S[j]);
-                }
-            }
-        }
-        // LAB HOLE 1 END
-
-        // LAB HOLE 2 BEGIN: the online-softmax update
-        // LAB TODO: fold this tile's scores into row i's running m_i, l_i and O_acc[D]:
-        // LAB TODO: scale S[j]; mask it to -INFINITY for keys past N (k0 + j >= N) and, when
-        // LAB TODO: causal, keys after row i; m_new = max(m_i, the S[j]); alpha = exp(m_i - m_new)
-        // LAB TODO: rescales l_i and O_acc; then for each key P = exp(S[j] - m_new), l_i += P and
-        // LAB TODO: O_acc[d] += P * v_j[d] (v_j: row j of V_smem [BC][D], read with load_chunk);
-        // LAB TODO: last, m_i = m_new. Careful: while every key so far is masked, m_new is -inf,
-        // LAB TODO: and exp(-inf - -inf) is NaN: subtract 0 instead then.
-        // Scale, mask (keys past N; causal: keys after row i), new running max.
-        float m_new = m_i;
-#pragma unroll
-        for (int j = 0; j < BC; ++j) {
-            const int kj = k0 + j;
-            S[j] = (kj >= N || (causal && kj > i)) ? -INFINITY : S[j] * scale;
-            m_new = fmaxf(m_new, S[j]);
-        }
-        // While every key so far is masked, m_new is -inf: subtract 0 instead, so that
-        // exp(-inf - -inf) = NaN never happens (the exps are then all 0).
-        const float m_ref = (m_new == -INFINITY) ? 0.f : m_new;
-        const float alpha = expf(m_i - m_ref);  // rescales the old l_i, O_acc (0 at the start)
-
-        l_i *= alpha;
-#pragma unroll
-        for (int d = 0; d < D; ++d) O_acc[d] *= alpha;
-
-        // P = exp(S - m), then O_acc += P V. V_smem[j][d] is a broadcast too.
-#pragma unroll
-        for (int j = 0; j < BC; ++j) {
-            const float P = expf(S[j] - m_ref);
-            l_i += P;
-#pragma unroll
-            for (int d = 0; d < D; d += CHUNK) {
-                float v[CHUNK];
-                load_chunk(&V_smem[j * D + d], v);
-#pragma unroll
-                for (int c = 0; c < CHUNK; ++c) O_acc[d + c] = fmaf(P, v[c], O_acc[d + c]);
-            }
-        }
-        m_i = m_new;
-        // LAB HOLE 2 END
+        scores<D, BC>(S, Q_smem, K_smem, tid);
+        online_softmax_update<D, BC>(S, m_i, l_i, O_acc, V_smem, k0, N, causal, i, scale);
         __syncthreads();  // every thread is done with K_smem/V_smem before the next tile lands
     }
 
-    // O_i = O_acc / l_i and LSE_i = m_i + log(l_i). Query rows past N are never written.
-    // Every row i < N has seen key 0, so l_i >= 1 here.
-    // LAB HOLE 3 BEGIN: O and LSE of row i
-    // LAB TODO: for a row i < N (rows past N are never written): O[i][d] = O_acc[d] / l_i, stored
-    // LAB TODO: 16 bytes at a time with store_chunk (O is [N][D] floats for this head), and
-    // LAB TODO: lse[i] = m_i + log(l_i).
-    // LAB STUB: (void)i, (void)m_i, (void)l_i;  // unused until the holes are filled
-    if (i < N) {
-        const float inv_l = 1.f / l_i;
-        float *O_row = O + (size_t)i * D;
-#pragma unroll
-        for (int d = 0; d < D; d += CHUNK) {
-            float o[CHUNK];
-#pragma unroll
-            for (int c = 0; c < CHUNK; ++c) o[c] = O_acc[d + c] * inv_l;
-            store_chunk(O_row + d, o);
-        }
-        lse[i] = m_i + logf(l_i);
-    }
-    // LAB HOLE 3 END
+    store_row<D>(O, lse, O_acc, m_i, l_i, i, N);
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */

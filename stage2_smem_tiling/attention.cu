@@ -103,6 +103,107 @@ __device__ __forceinline__ void load_tile(__half *tile, const __half *__restrict
     }
 }
 
+/* ---- kernel phases ----------------------------------------------------------------------- */
+
+// The phases of the kernel's key loop below, each a named piece (__forceinline__, so the names
+// cost no instruction): the kernel reads as the algorithm.
+
+// S = q_i . k_j for the BC keys of the tile, in registers (unscaled). d outer, j inner: each chunk
+// of q_i read from Q_smem serves KEYS_PER_PASS keys. Every thread of a warp reads the same
+// K_smem chunk (a broadcast), and its own Q_smem row: the rows are D + PAD halves
+// apart, an odd number of 16-byte chunks, so the warp's Q_smem reads spread over all
+// banks (with PAD = 0 they pile onto the same four, as in stage 1).
+// The d loop stays rolled: O_acc and S hold most registers, and a longer unrolled
+// stretch lets the compiler hoist more K_smem loads than there are registers (spills).
+template <int D, int BC, int PAD>
+__device__ __forceinline__ void scores(float S[BC], const __half *Q_smem, const __half *K_smem,
+                                       int tid) {
+#pragma unroll
+    for (int j = 0; j < BC; ++j) S[j] = 0.f;
+    // LAB HOLE 1 BEGIN: the scores from the padded Q_smem rows
+    // LAB TODO: add q_i . k_j to S[j] (zeroed above) for the BC keys j of this tile, unscaled.
+    // LAB TODO: q_i is row tid of Q_smem, whose rows are D + PAD halves apart ([BR][D + PAD]:
+    // LAB TODO: the padding, PAD = Q_PAD or 0 for the variant nopad); k_j is row j of K_smem
+    // LAB TODO: [BC][D], unpadded. load_chunk turns 16 bytes (CHUNK = 8 halves) into floats.
+    // LAB TODO: Loop order: keys in passes of KEYS_PER_PASS (4), then d in steps of CHUNK
+    // LAB TODO: (#pragma unroll 1), then the pass's keys: one Q_smem read serves 4 keys.
+    // LAB STUB: (void)Q_smem, (void)K_smem, (void)tid;  // unused until the hole is filled
+#pragma unroll
+    for (int j0 = 0; j0 < BC; j0 += KEYS_PER_PASS) {
+#pragma unroll 1
+        for (int d = 0; d < D; d += CHUNK) {
+            float q[CHUNK];
+            load_chunk(&Q_smem[tid * (D + PAD) + d], q);
+#pragma unroll
+            for (int j = j0; j < j0 + KEYS_PER_PASS; ++j) {
+                float k[CHUNK];
+                load_chunk(&K_smem[j * D + d], k);
+#pragma unroll
+                for (int c = 0; c < CHUNK; ++c) S[j] = fmaf(q[c], k[c], S[j]);
+            }
+        }
+    }
+    // LAB HOLE 1 END
+}
+
+// Online-softmax update: folds the tile's scores S (keys k0 .. k0 + BC - 1) into row i's running
+// max m_i, sum l_i and output O_acc; V_smem [BC][D] is the tile's values.
+template <int D, int BC>
+__device__ __forceinline__ void online_softmax_update(float S[BC], float &m_i, float &l_i,
+                                                      float O_acc[D], const __half *V_smem, int k0,
+                                                      int N, int causal, int i, float scale) {
+    // Scale, mask (keys past N; causal: keys after row i), new running max.
+    float m_new = m_i;
+#pragma unroll
+    for (int j = 0; j < BC; ++j) {
+        const int kj = k0 + j;
+        S[j] = (kj >= N || (causal && kj > i)) ? -INFINITY : S[j] * scale;
+        m_new = fmaxf(m_new, S[j]);
+    }
+    // While every key so far is masked, m_new is -inf: subtract 0 instead, so that
+    // exp(-inf - -inf) = NaN never happens (the exps are then all 0).
+    const float m_ref = (m_new == -INFINITY) ? 0.f : m_new;
+    const float alpha = expf(m_i - m_ref);  // rescales the old l_i, O_acc (0 at the start)
+
+    l_i *= alpha;
+#pragma unroll
+    for (int d = 0; d < D; ++d) O_acc[d] *= alpha;
+
+    // P = exp(S - m), then O_acc += P V. V_smem[j][d] is a broadcast too.
+#pragma unroll
+    for (int j = 0; j < BC; ++j) {
+        const float P = expf(S[j] - m_ref);
+        l_i += P;
+#pragma unroll
+        for (int d = 0; d < D; d += CHUNK) {
+            float v[CHUNK];
+            load_chunk(&V_smem[j * D + d], v);
+#pragma unroll
+            for (int c = 0; c < CHUNK; ++c) O_acc[d + c] = fmaf(P, v[c], O_acc[d + c]);
+        }
+    }
+    m_i = m_new;
+}
+
+// Epilogue: O_i = O_acc / l_i and LSE_i = m_i + log(l_i) for row i of this head's O [N, D] and
+// lse [N]. Query rows past N are never written. Every row i < N has seen key 0, so l_i >= 1 here.
+template <int D>
+__device__ __forceinline__ void store_row(__half *O, float *lse, const float O_acc[D], float m_i,
+                                          float l_i, int i, int N) {
+    if (i < N) {
+        const float inv_l = 1.f / l_i;
+        __half *O_row = O + (size_t)i * D;
+#pragma unroll
+        for (int d = 0; d < D; d += CHUNK) {
+            float o[CHUNK];
+#pragma unroll
+            for (int c = 0; c < CHUNK; ++c) o[c] = O_acc[d + c] * inv_l;
+            store_chunk(O_row + d, o);
+        }
+        lse[i] = m_i + logf(l_i);
+    }
+}
+
 /* ---- kernel ------------------------------------------------------------------------------ */
 
 // One block: query rows q0 .. q0 + BR - 1 of head bh; thread tid owns query row i = q0 + tid.
@@ -157,88 +258,13 @@ __global__ void __launch_bounds__(BR)
         load_tile<BC, D, D, BR>(V_smem, V, k0, N, tid);
         __syncthreads();  // K_smem/V_smem (and, at kt == 0, Q_smem) are filled
 
-        // S = q_i . k_j for the BC keys of the tile, in registers. d outer, j inner: each chunk
-        // of q_i read from Q_smem serves KEYS_PER_PASS keys. Every thread of a warp reads the same
-        // K_smem chunk (a broadcast), and its own Q_smem row: the rows are D + PAD halves
-        // apart, an odd number of 16-byte chunks, so the warp's Q_smem reads spread over all
-        // banks (with PAD = 0 they pile onto the same four, as in stage 1).
-        // The d loop stays rolled: O_acc and S hold most registers, and a longer unrolled
-        // stretch lets the compiler hoist more K_smem loads than there are registers (spills).
         float S[BC];
-#pragma unroll
-        for (int j = 0; j < BC; ++j) S[j] = 0.f;
-        // LAB HOLE 1 BEGIN: the scores from the padded Q_smem rows
-        // LAB TODO: add q_i . k_j to S[j] (zeroed above) for the BC keys j of this tile, unscaled.
-        // LAB TODO: q_i is row tid of Q_smem, whose rows are D + PAD halves apart ([BR][D + PAD]:
-        // LAB TODO: the padding, PAD = Q_PAD or 0 for the variant nopad); k_j is row j of K_smem
-        // LAB TODO: [BC][D], unpadded. load_chunk turns 16 bytes (CHUNK = 8 halves) into floats.
-        // LAB TODO: Loop order: keys in passes of KEYS_PER_PASS (4), then d in steps of CHUNK
-        // LAB TODO: (#pragma unroll 1), then the pass's keys: one Q_smem read serves 4 keys.
-#pragma unroll
-        for (int j0 = 0; j0 < BC; j0 += KEYS_PER_PASS) {
-#pragma unroll 1
-            for (int d = 0; d < D; d += CHUNK) {
-                float q[CHUNK];
-                load_chunk(&Q_smem[tid * (D + PAD) + d], q);
-#pragma unroll
-                for (int j = j0; j < j0 + KEYS_PER_PASS; ++j) {
-                    float k[CHUNK];
-                    load_chunk(&K_smem[j * D + d], k);
-#pragma unroll
-                    for (int c = 0; c < CHUNK; ++c) S[j] = fmaf(q[c], k[c], S[j]);
-                }
-            }
-        }
-        // LAB HOLE 1 END
-
-        // Scale, mask (keys past N; causal: keys after row i), new running max.
-        float m_new = m_i;
-#pragma unroll
-        for (int j = 0; j < BC; ++j) {
-            const int kj = k0 + j;
-            S[j] = (kj >= N || (causal && kj > i)) ? -INFINITY : S[j] * scale;
-            m_new = fmaxf(m_new, S[j]);
-        }
-        // While every key so far is masked, m_new is -inf: subtract 0 instead, so that
-        // exp(-inf - -inf) = NaN never happens (the exps are then all 0).
-        const float m_ref = (m_new == -INFINITY) ? 0.f : m_new;
-        const float alpha = expf(m_i - m_ref);  // rescales the old l_i, O_acc (0 at the start)
-
-        l_i *= alpha;
-#pragma unroll
-        for (int d = 0; d < D; ++d) O_acc[d] *= alpha;
-
-        // P = exp(S - m), then O_acc += P V. V_smem[j][d] is a broadcast too.
-#pragma unroll
-        for (int j = 0; j < BC; ++j) {
-            const float P = expf(S[j] - m_ref);
-            l_i += P;
-#pragma unroll
-            for (int d = 0; d < D; d += CHUNK) {
-                float v[CHUNK];
-                load_chunk(&V_smem[j * D + d], v);
-#pragma unroll
-                for (int c = 0; c < CHUNK; ++c) O_acc[d + c] = fmaf(P, v[c], O_acc[d + c]);
-            }
-        }
-        m_i = m_new;
+        scores<D, BC, PAD>(S, Q_smem, K_smem, tid);
+        online_softmax_update<D, BC>(S, m_i, l_i, O_acc, V_smem, k0, N, causal, i, scale);
         __syncthreads();  // every thread is done with K_smem/V_smem before the next tile lands
     }
 
-    // O_i = O_acc / l_i and LSE_i = m_i + log(l_i). Query rows past N are never written.
-    // Every row i < N has seen key 0, so l_i >= 1 here.
-    if (i < N) {
-        const float inv_l = 1.f / l_i;
-        __half *O_row = O + (size_t)i * D;
-#pragma unroll
-        for (int d = 0; d < D; d += CHUNK) {
-            float o[CHUNK];
-#pragma unroll
-            for (int c = 0; c < CHUNK; ++c) o[c] = O_acc[d + c] * inv_l;
-            store_chunk(O_row + d, o);
-        }
-        lse[i] = m_i + logf(l_i);
-    }
+    store_row<D>(O, lse, O_acc, m_i, l_i, i, N);
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */

@@ -188,6 +188,160 @@ __device__ __forceinline__ void stash_tile(__half *tile,
 }
 #endif
 
+/* ---- kernel phases ----------------------------------------------------------------------- */
+
+// The phases of the kernel's key loop below, each a named piece (__forceinline__, so the names
+// cost no instruction): the kernel reads as the algorithm.
+
+// Prologue: K/V tile 0 -> buffer 0 of K_buf, V_buf (PIPELINE; cp.async: in flight).
+template <int D, int BC, bool PIPELINE>
+__device__ __forceinline__ void load_first_tile(__half *K_buf, __half *V_buf, const __half *K,
+                                                const __half *V, int N, int tid) {
+    if (PIPELINE) {
+#if HAS_CP_ASYNC
+        // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: tile 0 on its way
+        // LAB TODO: issue the copies of K and V tile 0 (rows 0 .. BC - 1) into buffer 0 (K_buf,
+        // LAB TODO: V_buf, each [BC][D]) with load_tile_async, and commit them as one group.
+        load_tile_async<BC, D, D, BR>(K_buf, K, 0, N, tid);
+        load_tile_async<BC, D, D, BR>(V_buf, V, 0, N, tid);
+        cp_async_commit();
+        // LAB HOLE 2 END
+#else
+        load_tile<BC, D, D, BR>(K_buf, K, 0, N, tid);
+        load_tile<BC, D, D, BR>(V_buf, V, 0, N, tid);
+#endif
+    }
+}
+
+// Tile kt (keys k0 ..) in K_buf, V_buf: stage 2's load into the one buffer (variant sync), or the
+// wait for this thread's copies of it, issued one iteration earlier (PIPELINE).
+template <int D, int BC, bool PIPELINE>
+__device__ __forceinline__ void land_tile(__half *K_buf, __half *V_buf, const __half *K,
+                                          const __half *V, int k0, int N, int tid) {
+    if (!PIPELINE) {
+        // K_j, V_j -> K_smem, V_smem
+        load_tile<BC, D, D, BR>(K_buf, K, k0, N, tid);
+        load_tile<BC, D, D, BR>(V_buf, V, k0, N, tid);
+    } else {
+#if HAS_CP_ASYNC
+        // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: wait for tile kt
+        // LAB TODO: wait until this thread's copies of tile kt have landed (the barrier below
+        // LAB TODO: then makes every thread's copies visible to all).
+        // this thread's copies of tile kt have landed
+        cp_async_wait_all();
+        // LAB HOLE 2 END
+#endif
+    }
+}
+
+#if HAS_CP_ASYNC
+// Prefetch: K/V tile kt + 1 (keys k0 + BC ..) -> K_next, V_next by cp.async, when there is one.
+template <int D, int BC>
+__device__ __forceinline__ void prefetch_tile_async(__half *K_next, __half *V_next, const __half *K,
+                                                    const __half *V, int k0, int N, int tid,
+                                                    bool prefetch) {
+    // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: tile kt + 1 on its way
+    // LAB TODO: if there is a next tile (prefetch), issue the copies of K and V tile kt + 1
+    // LAB TODO: (rows k0 + BC ..) into the other buffer, K_next and V_next, and commit them:
+    // LAB TODO: they land while this tile is computed on. Why is it safe to overwrite that
+    // LAB TODO: buffer now, and not before the __syncthreads above?
+    // LAB STUB: (void)K_next, (void)V_next, (void)prefetch;  // unused until filled
+    if (prefetch) {  // tile kt + 1 -> the other buffer, in flight while we compute
+        load_tile_async<BC, D, D, BR>(K_next, K, k0 + BC, N, tid);
+        load_tile_async<BC, D, D, BR>(V_next, V, k0 + BC, N, tid);
+        cp_async_commit();
+    }
+    // LAB HOLE 2 END
+}
+#endif
+
+// Scores: S[j] = q_i . k_j for the BC keys of the tile, in registers (unscaled). d outer, j inner:
+// each chunk of q_i read from Q_smem serves KEYS_PER_PASS keys. Every thread of a warp reads the
+// same K_smem chunk (a broadcast), and its own Q_smem row: the rows are D + PAD halves apart, an
+// odd number of 16-byte chunks, so the warp's Q_smem reads spread over all banks (with PAD = 0 they
+// pile onto the same four, as in stage 1). The d loop stays rolled: O_acc and S hold most
+// registers, and a longer unrolled stretch lets the compiler hoist more K_smem loads than there are
+// registers (spills).
+template <int D, int BC, int PAD>
+__device__ __forceinline__ void scores(float S[BC], const __half *Q_smem, const __half *K_smem,
+                                       int tid) {
+#pragma unroll
+    for (int j = 0; j < BC; ++j) S[j] = 0.f;
+#pragma unroll
+    for (int j0 = 0; j0 < BC; j0 += KEYS_PER_PASS) {
+#pragma unroll 1
+        for (int d = 0; d < D; d += CHUNK) {
+            float q[CHUNK];
+            load_chunk(&Q_smem[tid * (D + PAD) + d], q);
+#pragma unroll
+            for (int j = j0; j < j0 + KEYS_PER_PASS; ++j) {
+                float k[CHUNK];
+                load_chunk(&K_smem[j * D + d], k);
+#pragma unroll
+                for (int c = 0; c < CHUNK; ++c) S[j] = fmaf(q[c], k[c], S[j]);
+            }
+        }
+    }
+}
+
+// Online-softmax update: folds the tile's scores S (keys k0 .. k0 + BC - 1) into row i's running
+// max m_i, sum l_i and output O_acc; V_smem [BC][D] is the tile's values.
+template <int D, int BC>
+__device__ __forceinline__ void online_softmax_update(float S[BC], float &m_i, float &l_i,
+                                                      float O_acc[D], const __half *V_smem, int k0,
+                                                      int N, int causal, int i, float scale) {
+    // Scale, mask (keys past N; causal: keys after row i), new running max.
+    float m_new = m_i;
+#pragma unroll
+    for (int j = 0; j < BC; ++j) {
+        const int kj = k0 + j;
+        S[j] = (kj >= N || (causal && kj > i)) ? -INFINITY : S[j] * scale;
+        m_new = fmaxf(m_new, S[j]);
+    }
+    // While every key so far is masked, m_new is -inf: subtract 0 instead, so that
+    // exp(-inf - -inf) = NaN never happens (the exps are then all 0).
+    const float m_ref = (m_new == -INFINITY) ? 0.f : m_new;
+    const float alpha = expf(m_i - m_ref);  // rescales the old l_i, O_acc (0 at the start)
+
+    l_i *= alpha;
+#pragma unroll
+    for (int d = 0; d < D; ++d) O_acc[d] *= alpha;
+
+    // P = exp(S - m), then O_acc += P V. V_smem[j][d] is a broadcast too.
+#pragma unroll
+    for (int j = 0; j < BC; ++j) {
+        const float P = expf(S[j] - m_ref);
+        l_i += P;
+#pragma unroll
+        for (int d = 0; d < D; d += CHUNK) {
+            float v[CHUNK];
+            load_chunk(&V_smem[j * D + d], v);
+#pragma unroll
+            for (int c = 0; c < CHUNK; ++c) O_acc[d + c] = fmaf(P, v[c], O_acc[d + c]);
+        }
+    }
+    m_i = m_new;
+}
+
+// Epilogue: O_i = O_acc / l_i and LSE_i = m_i + log(l_i) for row i of this head's O [N, D] and
+// lse [N]. Query rows past N are never written. Every row i < N has seen key 0, so l_i >= 1 here.
+template <int D>
+__device__ __forceinline__ void store_row(__half *O, float *lse, const float O_acc[D], float m_i,
+                                          float l_i, int i, int N) {
+    if (i < N) {
+        const float inv_l = 1.f / l_i;
+        __half *O_row = O + (size_t)i * D;
+#pragma unroll
+        for (int d = 0; d < D; d += CHUNK) {
+            float o[CHUNK];
+#pragma unroll
+            for (int c = 0; c < CHUNK; ++c) o[c] = O_acc[d + c] * inv_l;
+            store_chunk(O_row + d, o);
+        }
+        lse[i] = m_i + logf(l_i);
+    }
+}
+
 /* ---- kernel ------------------------------------------------------------------------------ */
 
 // One block: query rows q0 .. q0 + BR - 1 of head bh; thread tid owns query row i = q0 + tid.
@@ -236,21 +390,7 @@ __global__ void __launch_bounds__(BR)
     const int last_row = min(q0 + BR, N) - 1;
     const int n_kv_tiles = causal ? last_row / BC + 1 : (N + BC - 1) / BC;
 
-    // Prologue: tile 0 -> buffer 0.
-    if (PIPELINE) {
-#if HAS_CP_ASYNC
-        // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: tile 0 on its way
-        // LAB TODO: issue the copies of K and V tile 0 (rows 0 .. BC - 1) into buffer 0 (K_buf,
-        // LAB TODO: V_buf, each [BC][D]) with load_tile_async, and commit them as one group.
-        load_tile_async<BC, D, D, BR>(K_buf, K, 0, N, tid);
-        load_tile_async<BC, D, D, BR>(V_buf, V, 0, N, tid);
-        cp_async_commit();
-        // LAB HOLE 2 END
-#else
-        load_tile<BC, D, D, BR>(K_buf, K, 0, N, tid);
-        load_tile<BC, D, D, BR>(V_buf, V, 0, N, tid);
-#endif
-    }
+    load_first_tile<D, BC, PIPELINE>(K_buf, V_buf, K, V, N, tid);
 
     for (int kt = 0; kt < n_kv_tiles; ++kt) {
         const int k0 = kt * BC;
@@ -260,37 +400,13 @@ __global__ void __launch_bounds__(BR)
         __half *K_next = K_buf + (kt + 1) % 2 * BC * D;                   // [BC][D]
         __half *V_next = V_buf + (kt + 1) % 2 * BC * D;                   // [BC][D]
         const bool prefetch = PIPELINE && kt + 1 < n_kv_tiles;
-        if (!PIPELINE) {
-            // K_j, V_j -> K_smem, V_smem
-            load_tile<BC, D, D, BR>(K_buf, K, k0, N, tid);
-            load_tile<BC, D, D, BR>(V_buf, V, k0, N, tid);
-        } else {
-#if HAS_CP_ASYNC
-            // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: wait for tile kt
-            // LAB TODO: wait until this thread's copies of tile kt have landed (the barrier below
-            // LAB TODO: then makes every thread's copies visible to all).
-            // this thread's copies of tile kt have landed
-            cp_async_wait_all();
-            // LAB HOLE 2 END
-#endif
-        }
+        land_tile<D, BC, PIPELINE>(K_buf, V_buf, K, V, k0, N, tid);
         // K_smem/V_smem (and, at kt == 0, Q_smem) are filled by all threads. PIPELINE: also,
         // every thread is done with tile kt - 1, so its buffer is free for tile kt + 1.
         __syncthreads();
 
 #if HAS_CP_ASYNC
-        // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: tile kt + 1 on its way
-        // LAB TODO: if there is a next tile (prefetch), issue the copies of K and V tile kt + 1
-        // LAB TODO: (rows k0 + BC ..) into the other buffer, K_next and V_next, and commit them:
-        // LAB TODO: they land while this tile is computed on. Why is it safe to overwrite that
-        // LAB TODO: buffer now, and not before the __syncthreads above?
-        // LAB STUB: (void)K_next, (void)V_next, (void)prefetch;  // unused until filled
-        if (prefetch) {  // tile kt + 1 -> the other buffer, in flight while we compute
-            load_tile_async<BC, D, D, BR>(K_next, K, k0 + BC, N, tid);
-            load_tile_async<BC, D, D, BR>(V_next, V, k0 + BC, N, tid);
-            cp_async_commit();
-        }
-        // LAB HOLE 2 END
+        prefetch_tile_async<D, BC>(K_next, V_next, K, V, k0, N, tid, prefetch);
 #else
         // LAB HOLE 3 BEGIN [t4]: the sm_75 register-staged prefetch: fetch K of tile kt + 1
         // LAB TODO: sm_75 has no cp.async: stage tile kt + 1 through registers. Declare this
@@ -303,31 +419,8 @@ __global__ void __launch_bounds__(BR)
         // LAB HOLE 3 END
 #endif
 
-        // S = q_i . k_j for the BC keys of the tile, in registers. d outer, j inner: each chunk
-        // of q_i read from Q_smem serves KEYS_PER_PASS keys. Every thread of a warp reads the same
-        // K_smem chunk (a broadcast), and its own Q_smem row: the rows are D + PAD halves
-        // apart, an odd number of 16-byte chunks, so the warp's Q_smem reads spread over all
-        // banks (with PAD = 0 they pile onto the same four, as in stage 1).
-        // The d loop stays rolled: O_acc and S hold most registers, and a longer unrolled
-        // stretch lets the compiler hoist more K_smem loads than there are registers (spills).
         float S[BC];
-#pragma unroll
-        for (int j = 0; j < BC; ++j) S[j] = 0.f;
-#pragma unroll
-        for (int j0 = 0; j0 < BC; j0 += KEYS_PER_PASS) {
-#pragma unroll 1
-            for (int d = 0; d < D; d += CHUNK) {
-                float q[CHUNK];
-                load_chunk(&Q_smem[tid * (D + PAD) + d], q);
-#pragma unroll
-                for (int j = j0; j < j0 + KEYS_PER_PASS; ++j) {
-                    float k[CHUNK];
-                    load_chunk(&K_smem[j * D + d], k);
-#pragma unroll
-                    for (int c = 0; c < CHUNK; ++c) S[j] = fmaf(q[c], k[c], S[j]);
-                }
-            }
-        }
+        scores<D, BC, PAD>(S, Q_smem, K_smem, tid);
 #if !HAS_CP_ASYNC
         // LAB HOLE 3 BEGIN [t4]: the sm_75 register-staged prefetch: stash K, fetch V
         // LAB TODO: S is done: stash_tile the K registers into K_next, then fetch_tile the V rows
@@ -339,37 +432,7 @@ __global__ void __launch_bounds__(BR)
         // LAB HOLE 3 END
 #endif
 
-        // Scale, mask (keys past N; causal: keys after row i), new running max.
-        float m_new = m_i;
-#pragma unroll
-        for (int j = 0; j < BC; ++j) {
-            const int kj = k0 + j;
-            S[j] = (kj >= N || (causal && kj > i)) ? -INFINITY : S[j] * scale;
-            m_new = fmaxf(m_new, S[j]);
-        }
-        // While every key so far is masked, m_new is -inf: subtract 0 instead, so that
-        // exp(-inf - -inf) = NaN never happens (the exps are then all 0).
-        const float m_ref = (m_new == -INFINITY) ? 0.f : m_new;
-        const float alpha = expf(m_i - m_ref);  // rescales the old l_i, O_acc (0 at the start)
-
-        l_i *= alpha;
-#pragma unroll
-        for (int d = 0; d < D; ++d) O_acc[d] *= alpha;
-
-        // P = exp(S - m), then O_acc += P V. V_smem[j][d] is a broadcast too.
-#pragma unroll
-        for (int j = 0; j < BC; ++j) {
-            const float P = expf(S[j] - m_ref);
-            l_i += P;
-#pragma unroll
-            for (int d = 0; d < D; d += CHUNK) {
-                float v[CHUNK];
-                load_chunk(&V_smem[j * D + d], v);
-#pragma unroll
-                for (int c = 0; c < CHUNK; ++c) O_acc[d + c] = fmaf(P, v[c], O_acc[d + c]);
-            }
-        }
-        m_i = m_new;
+        online_softmax_update<D, BC>(S, m_i, l_i, O_acc, V_smem, k0, N, causal, i, scale);
 #if !HAS_CP_ASYNC
         // LAB HOLE 3 BEGIN [t4]: the sm_75 register-staged prefetch: stash V
         // LAB TODO: P V is done: stash_tile the V registers into V_next. The next iteration's
@@ -382,20 +445,7 @@ __global__ void __launch_bounds__(BR)
             __syncthreads();  // every thread is done with K_smem/V_smem before the next tile lands
     }
 
-    // O_i = O_acc / l_i and LSE_i = m_i + log(l_i). Query rows past N are never written.
-    // Every row i < N has seen key 0, so l_i >= 1 here.
-    if (i < N) {
-        const float inv_l = 1.f / l_i;
-        __half *O_row = O + (size_t)i * D;
-#pragma unroll
-        for (int d = 0; d < D; d += CHUNK) {
-            float o[CHUNK];
-#pragma unroll
-            for (int c = 0; c < CHUNK; ++c) o[c] = O_acc[d + c] * inv_l;
-            store_chunk(O_row + d, o);
-        }
-        lse[i] = m_i + logf(l_i);
-    }
+    store_row<D>(O, lse, O_acc, m_i, l_i, i, N);
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */

@@ -80,6 +80,15 @@ constexpr int launch_min_blocks() {
     return D == 64 && BC == BC_LARGE && HAS_CP_ASYNC ? 3 : MIN_BLOCKS;
 }
 
+// The warp's 16 rows of Q_i are the A operand of every S = Q_i K_j^T: at D = 128, load their 8
+// fragments once and keep them in registers for the whole key loop. At D = 64 the registers buy a
+// third block per SM instead, and on sm_75 with 64-key tiles they hold the staged tile: there the
+// fragments are re-read from Q_smem for every key tile.
+template <int D, int BC>
+__host__ __device__ constexpr bool q_in_regs() {
+    return D == 128 && (HAS_CP_ASYNC || BC == BC_SMALL);
+}
+
 /* ---- device helpers ---------------------------------------------------------------------- */
 
 // Elements per 16-byte chunk: the unit of every global and shared-memory copy below.
@@ -215,19 +224,19 @@ __device__ __forceinline__ void load_q_and_first_tile(__half *Q_smem, __half *K_
 template <int BC, int LD>
 __device__ __forceinline__ void scores_k(frag_acc S_frag[BC / WN], const frag_a &Q_k,
                                          const __half *K_k) {
-    // LAB HOLE 1 BEGIN: S = Q_i K_j^T in fragments: one k slice's products
-    // LAB TODO: for each of the BC/16 key blocks n (keys 16n .. 16n + 15 of the tile): load the 16
-    // LAB TODO: x 16 block of K^T as a frag_bt (matrix_b, col_major) from K_k + n * WN * LD with
-    // LAB TODO: leading dimension LD: read column-major, row n of K_j (keys along rows, head dim
-    // LAB TODO: along columns) is column n of K^T. Then S_frag[n] += Q_k K^T with wmma::mma_sync
-    // LAB TODO: (accumulator in, accumulator out).
+// LAB HOLE 1 BEGIN: S = Q_i K_j^T in fragments: one k slice's products
+// LAB TODO: for each of the BC/16 key blocks n (keys 16n .. 16n + 15 of the tile): load the 16
+// LAB TODO: x 16 block of K^T as a frag_bt (matrix_b, col_major) from K_k + n * WN * LD with
+// LAB TODO: leading dimension LD: read column-major, row n of K_j (keys along rows, head dim
+// LAB TODO: along columns) is column n of K^T. Then S_frag[n] += Q_k K^T with wmma::mma_sync
+// LAB TODO: (accumulator in, accumulator out).
 #pragma unroll
     for (int n = 0; n < BC / WN; ++n) {
         frag_bt K_frag;  // K^T read column-major: its column n is key row n of K_j
         wmma::load_matrix_sync(K_frag, K_k + n * WN * LD, LD);
         wmma::mma_sync(S_frag[n], Q_k, K_frag, S_frag[n]);
     }
-    // LAB HOLE 1 END
+// LAB HOLE 1 END
 }
 
 // One factor per element of an accumulator fragment: the value `per_row` of the element's row,
@@ -289,249 +298,178 @@ __device__ __forceinline__ void store_half8(__half *dst, const float *src) {
 template <int D, int LD>
 __device__ __forceinline__ void accumulate_pv_k(frag_acc O_acc[D / WN], const frag_a &P_k,
                                                 const __half *V_k) {
-    // LAB HOLE 2 BEGIN: O += P V_j in fragments: one k slice's products
-    // LAB TODO: for each of the D/16 head-dim blocks n: load V_k's 16 x 16 block of columns 16n ..
-    // LAB TODO: 16n + 15 (V_k + n * WN, leading dimension LD) as a frag_b (matrix_b, row_major: V's
-    // LAB TODO: rows are keys, the k of this product), then O_acc[n] += P_k V with wmma::mma_sync.
+// LAB HOLE 2 BEGIN: O += P V_j in fragments: one k slice's products
+// LAB TODO: for each of the D/16 head-dim blocks n: load V_k's 16 x 16 block of columns 16n ..
+// LAB TODO: 16n + 15 (V_k + n * WN, leading dimension LD) as a frag_b (matrix_b, row_major: V's
+// LAB TODO: rows are keys, the k of this product), then O_acc[n] += P_k V with wmma::mma_sync.
 #pragma unroll
     for (int n = 0; n < D / WN; ++n) {
         frag_b V_frag;
         wmma::load_matrix_sync(V_frag, V_k + n * WN, LD);
         wmma::mma_sync(O_acc[n], P_k, V_frag, O_acc[n]);
     }
-    // LAB HOLE 2 END
+// LAB HOLE 2 END
 }
 
-/* ---- kernel ------------------------------------------------------------------------------ */
+#if HAS_CP_ASYNC
+// Prefetch: K/V tile kt + 1 (keys k1 ..) -> the other buffer, K_next and V_next, by cp.async: in
+// flight while the block computes on tile kt.
+template <int D, int BC, int LD>
+__device__ __forceinline__ void prefetch_tile_async(__half *K_next, __half *V_next, const __half *K,
+                                                    const __half *V, int k1, int N, int tid) {
+    load_tile_async<BC, D, LD, THREADS>(K_next, K, k1, N, tid);
+    load_tile_async<BC, D, LD, THREADS>(V_next, V, k1, N, tid);
+    cp_async_commit();
+}
+#else
+// sm_75's register-staged prefetch, its middle: K of tile kt + 1 (keys k1 ..), fetched into this
+// thread's registers next, -> the other buffer K_next; then its V into the same registers.
+template <int D, int BC, int LD>
+__device__ __forceinline__ void stash_k_fetch_v(__half *K_next,
+                                                uint4 next[BC * D / CHUNK / THREADS],
+                                                const __half *V, int k1, int N, int tid) {
+    stash_tile<BC, D, LD, THREADS>(K_next, next, tid);
+    fetch_tile<BC, D, THREADS>(next, V, k1, N, tid);
+}
+#endif
 
-// One block: query rows q0 .. q0 + BR - 1 of head bh; warp w owns rows q0 + 16w .. q0 + 16w + 15.
-// Grid: 1D, n_q_tiles * B * H blocks, the Q tile index running fastest (the blocks of one head
-// run together and share its K/V in L2).
-// Per key tile, per warp (between its own steps a __syncwarp orders its smem traffic):
-//   1. S = Q_i K_j^T          WMMA; the 16 x BC floats go to the warp's slice S_w
-//   2. online softmax on S_w  lanes 2r, 2r+1 own row r, BC/2 columns each: scale, mask, row
-//                             max, alpha = exp(m_old - m_new), P = exp(S - m_new), l_i
-//   3. P (half) over S_w      the A operand of the next product
-//   4. O_acc = alpha O_acc + P V_j    WMMA, O_acc in registers
-//
-// Rescaling O_acc by rows. WMMA leaves unspecified which (row, col) of the 16x16 tile a lane's
-// element x[e] holds, so "multiply row r by alpha_r" cannot be written from a known layout.
-// But load_matrix_sync has to put M[r][c] where (r, c) lives, and every fragment of one type
-// shares that placement: loading once a matrix whose entries are their own row numbers tells
-// each lane the row of each of its elements. alpha_r sits in lanes 2r and 2r+1 after step 2, so
-// element e takes its factor with one shuffle from lane 2 * row. No O tile in shared memory,
-// no extra round trip, no extra barrier; the same shuffle divides by l_i at the end.
-template <int D, int BC>
-__global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
-    attention_kernel(const __half *__restrict__ Q,  // [B, H, N, D]
-                     const __half *__restrict__ K,  // [B, H, N, D]
-                     const __half *__restrict__ V,  // [B, H, N, D]
-                     __half *__restrict__ O,        // [B, H, N, D]
-                     float *__restrict__ lse,       // [B, H, N]
-                     int N, int n_q_tiles, int causal, float scale) {
-    constexpr int LD = D + PAD;       // row stride of Q_smem, K_buf, V_buf (halves)
-    constexpr int S_LD = BC + S_PAD;  // row stride of S (floats)
-    constexpr int P_LD = BC + PAD;    // row stride of P (halves), lying over S
-    constexpr int SEGS = BC / 8;      // float4 pieces in half an S row: one lane's share
-    static_assert(D % WK == 0 && BC % WN == 0 && D % BC == 0, "tile shapes");
-    static_assert(P_LD * sizeof(__half) <= S_LD * sizeof(float), "a P row fits in an S row");
-
-    // WMMA wants its tiles 32-byte aligned: every region and row offset below keeps that.
-    extern __shared__ __align__(128) uint4 smem_raw[];
-    __half *Q_smem = (__half *)smem_raw;             // [BR][LD]
-    __half *K_buf = Q_smem + BR * LD;                // [2][BC][LD]
-    __half *V_buf = K_buf + 2 * BC * LD;             // [2][BC][LD]
-    float *S_smem = (float *)(V_buf + 2 * BC * LD);  // [WARPS][16][S_LD]: a slice per warp
-
-    const int tid = threadIdx.x;
-    const int warp = tid / 32, lane = tid % 32;
-    const int q_tile = blockIdx.x % n_q_tiles;
-    const int bh = blockIdx.x / n_q_tiles;
-    const int q0 = q_tile * BR;
-    const int qw = q0 + warp * WM;  // first query row of this warp
-
-    const size_t head = (size_t)bh * N * D;  // 64-bit: B*H*N*D can pass 2^31
-    Q += head;
-    K += head;
-    V += head;
-    O += head;
-    lse += (size_t)bh * N;
-
-    float *S_w = S_smem + warp * WM * S_LD;  // [16][S_LD] this warp's S
-    __half *P_w = (__half *)S_w;             // [16][P_LD] this warp's P, over its S
-    // Softmax layout: lanes 2r and 2r+1 own row r of the warp's 16 (query row i); half h of the
-    // pair holds columns [h * BC/2, (h + 1) * BC/2) as SEGS float4 pieces. Lane h = 1 visits
-    // its pieces rotated by one, so the 8 lanes of a 128-bit S read, and the 16 of a 64-bit P
-    // write, fall on different banks.
-    const int r = lane / 2, h = lane % 2;
-    const int i = qw + r;  // this lane's query row (>= N in a tail tile: computed, not written)
-
-    // The row of each element of an accumulator fragment (see the note above), as the lane
-    // that holds that row's alpha and l_i: 2 * row.
-    int row_lane[frag_acc::num_elements];
-    {
-        const frag_acc rows = row_number_fragment<S_LD>(S_w, lane);
+// Row numbers: row_lane[e] = the lane holding the alpha and l_i of the row of element e of an
+// accumulator fragment (2 * row, see the note before the kernel).
+template <int S_LD>
+__device__ __forceinline__ void row_lanes(int row_lane[frag_acc::num_elements], float *S_w,
+                                          int lane) {
+    const frag_acc rows = row_number_fragment<S_LD>(S_w, lane);
 #pragma unroll
-        for (int e = 0; e < frag_acc::num_elements; ++e) row_lane[e] = 2 * (int)rows.x[e];
-    }  // S_w is next written after the __syncthreads below
+    for (int e = 0; e < frag_acc::num_elements; ++e) row_lane[e] = 2 * (int)rows.x[e];
+}
 
-    load_q_and_first_tile<D, BC, LD>(Q_smem, K_buf, V_buf, Q, K, V, q0, N, tid);
-    __syncthreads();  // Q_smem is filled by all threads (tile 0 may still be in flight)
-
-    // The warp's 16 rows of Q_i are the A operand of every S = Q_i K_j^T: at D = 128, load
-    // their 8 fragments once and keep them in registers for the whole key loop. At D = 64 the
-    // registers buy a third block per SM instead, and on sm_75 with 64-key tiles they hold the
-    // staged tile: there the fragments are re-read from Q_smem for every key tile.
-    constexpr bool Q_IN_REGS = D == 128 && (HAS_CP_ASYNC || BC == BC_SMALL);
-    const __half *Q_w = Q_smem + warp * WM * LD;  // [16][LD] this warp's rows of Q_i
-    frag_a Q_frag[D / WK];
+// The warp's 16 rows of Q_i (Q_w) as the A fragments of S = Q_i K_j^T, kept in registers for the
+// whole key loop when Q_IN_REGS (see the kernel).
+template <int D, int LD, bool Q_IN_REGS>
+__device__ __forceinline__ void load_q_fragments(frag_a Q_frag[D / WK], const __half *Q_w) {
 #pragma unroll
     for (int k = 0; k < D / WK; ++k)
         if (Q_IN_REGS) wmma::load_matrix_sync(Q_frag[k], Q_w + k * WK, LD);
+}
 
-    // Online softmax state of row i (in both lanes of its pair); O_acc as WMMA accumulators.
-    float m_i = -INFINITY;  // running max of the scaled scores
-    float l_i = 0.f;        // running sum of exp(score - m_i)
-    frag_acc O_acc[D / WN];
+// Step 1: S = Q_i K_j^T on the tensor cores: k outer, the BC/16 accumulators side by side; the
+// 16 x BC floats go to the warp's slice S_w. Q_k from registers (Q_IN_REGS) or from Q_w.
+template <int D, int BC, int LD, int S_LD, bool Q_IN_REGS>
+__device__ __forceinline__ void scores(float *S_w, const frag_a Q_frag[D / WK], const __half *Q_w,
+                                       const __half *K_smem) {
+    frag_acc S_frag[BC / WN];
 #pragma unroll
-    for (int n = 0; n < D / WN; ++n) wmma::fill_fragment(O_acc[n], 0.f);
-
-    // Causal: key tiles after the one holding the block's last query row are all masked.
-    const int last_row = min(q0 + BR, N) - 1;
-    const int n_kv_tiles = causal ? last_row / BC + 1 : (N + BC - 1) / BC;
-
-    for (int kt = 0; kt < n_kv_tiles; ++kt) {
-        const int k0 = kt * BC;
-        // Tile kt lives in buffer kt % 2; tile kt + 1 goes to the other one.
-        const __half *K_smem = K_buf + kt % 2 * BC * LD;  // [BC][LD]
-        const __half *V_smem = V_buf + kt % 2 * BC * LD;  // [BC][LD]
-        __half *K_next = K_buf + (kt + 1) % 2 * BC * LD;  // [BC][LD]
-        __half *V_next = V_buf + (kt + 1) % 2 * BC * LD;  // [BC][LD]
-        const bool prefetch = kt + 1 < n_kv_tiles;
-#if HAS_CP_ASYNC
-        cp_async_wait_all();  // this thread's copies of tile kt have landed
-#endif
-        // K_smem/V_smem are filled by all threads. Also, every warp is done with tile kt - 1,
-        // so its buffer is free for tile kt + 1 (and each warp has loaded its P of tile kt - 1
-        // before its S of tile kt overwrites it).
-        __syncthreads();
-
-#if HAS_CP_ASYNC
-        if (prefetch) {  // tile kt + 1 -> the other buffer, in flight while we compute
-            load_tile_async<BC, D, LD, THREADS>(K_next, K, k0 + BC, N, tid);
-            load_tile_async<BC, D, LD, THREADS>(V_next, V, k0 + BC, N, tid);
-            cp_async_commit();
-        }
-#else
-        uint4 next[BC * D / CHUNK / THREADS];  // this thread's chunks of K, then V, of tile kt + 1
-        if (prefetch) fetch_tile<BC, D, THREADS>(next, K, k0 + BC, N, tid);
-#endif
-
-        // A warp whose rows are all >= N, or (causal) all before this tile's first key, has
-        // nothing to add from it: it skips the math but not the loads and the barrier.
-        const bool warp_works = qw < N && (!causal || k0 <= qw + WM - 1);
-
-        // 1. S = Q_i K_j^T on the tensor cores: k outer, the BC/16 accumulators side by side.
-        if (warp_works) {
-            frag_acc S_frag[BC / WN];
+    for (int n = 0; n < BC / WN; ++n) wmma::fill_fragment(S_frag[n], 0.f);
 #pragma unroll
-            for (int n = 0; n < BC / WN; ++n) wmma::fill_fragment(S_frag[n], 0.f);
-#pragma unroll
-            for (int k = 0; k < D / WK; ++k) {
-                frag_a Q_k;
-                if (Q_IN_REGS)
-                    Q_k = Q_frag[k];
-                else
-                    wmma::load_matrix_sync(Q_k, Q_w + k * WK, LD);
-                scores_k<BC, LD>(S_frag, Q_k, K_smem + k * WK);
-            }
-            // LAB HOLE 1 BEGIN: S = Q_i K_j^T in fragments: the scores to the warp's slice
-            // LAB TODO: store the BC/16 accumulators side by side into the warp's slice S_w
-            // LAB TODO: ([16][S_LD] floats): S_frag[n] holds columns 16n .. 16n + 15. Row-major,
-            // LAB TODO: leading dimension S_LD: step 2 reads rows.
-#pragma unroll
-            for (int n = 0; n < BC / WN; ++n)
-                wmma::store_matrix_sync(S_w + n * WN, S_frag[n], S_LD, wmma::mem_row_major);
-            // LAB HOLE 1 END
-        }
-#if !HAS_CP_ASYNC
-        if (prefetch) {  // K of tile kt + 1: registers -> the other buffer; then fetch its V
-            stash_tile<BC, D, LD, THREADS>(K_next, next, tid);
-            fetch_tile<BC, D, THREADS>(next, V, k0 + BC, N, tid);
-        }
-#endif
-
-        if (warp_works) {
-            __syncwarp();  // the warp's S tile is complete before lanes read its rows
-
-            // 2. Scale, mask (keys past N; causal: keys after row i), new running max. Only a
-            // tail tile, or a causal tile reaching past the warp's first row, needs the mask.
-            const bool mask = k0 + BC > N || (causal && k0 + BC - 1 > qw);
-            const float *S_row = S_w + r * S_LD;
-            float S[BC / 2];
-            float m_new = m_i;
-#pragma unroll
-            for (int t = 0; t < SEGS; ++t) {
-                const int seg = h * SEGS + (t + h) % SEGS;  // float4 piece of row r
-                const float4 v = *(const float4 *)(S_row + 4 * seg);
-                S[4 * t + 0] = v.x * scale;
-                S[4 * t + 1] = v.y * scale;
-                S[4 * t + 2] = v.z * scale;
-                S[4 * t + 3] = v.w * scale;
-                if (mask) mask_piece(S + 4 * t, k0 + 4 * seg, N, causal, i);
-#pragma unroll
-                for (int u = 0; u < 4; ++u) m_new = fmaxf(m_new, S[4 * t + u]);
-            }
-            m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));  // the pair's max
-            // While every key so far is masked, m_new is -inf: subtract 0 instead, so that
-            // exp(-inf - -inf) = NaN never happens (the exps are then all 0).
-            const float m_ref = (m_new == -INFINITY) ? 0.f : m_new;
-            const float alpha = __expf(m_i - m_ref);  // rescales the old l_i, O_acc (0 at start)
-            float l_new = exp_and_sum<BC>(S, m_ref);
-            l_new += __shfl_xor_sync(0xffffffffu, l_new, 1);  // the pair's sum
-            l_i = l_i * alpha + l_new;
-            m_i = m_new;
-
-            // 3. P -> half, over the S tile.
-            __syncwarp();  // every lane has read its S before P overwrites it
-            __half *P_row = P_w + r * P_LD;
-#pragma unroll
-            for (int t = 0; t < SEGS; ++t) {
-                const int seg = h * SEGS + (t + h) % SEGS;
-                store_half4(P_row + 4 * seg, S + 4 * t);
-            }
-
-            // 4. O_acc = alpha O_acc + P V_j: each element by its row's alpha, then the product
-            // on the tensor cores.
-            const row_factors alpha_e = factors_by_row(alpha, row_lane);
-#pragma unroll
-            for (int n = 0; n < D / WN; ++n)
-#pragma unroll
-                for (int e = 0; e < frag_acc::num_elements; ++e) O_acc[n].x[e] *= alpha_e.x[e];
-
-            __syncwarp();  // the warp's P tile is complete before it is loaded as fragments
-            // LAB HOLE 2 BEGIN: O += P V_j in fragments: P as the A operand, k slice by k slice
-            // LAB TODO: for each of the BC/16 k slices (keys 16k .. 16k + 15 of the tile): load the
-            // LAB TODO: warp's P block (P_w + k * WK, halves, leading dimension P_LD) as a frag_a
-            // LAB TODO: (matrix_a, row_major), then add its product with V_j's rows 16k .. (V_smem
-            // LAB TODO: + k * WK * LD) to O_acc: accumulate_pv_k.
-            // LAB STUB: (void)V_smem;  // unused until filled: O stays 0
-#pragma unroll
-            for (int k = 0; k < BC / WK; ++k) {
-                frag_a P_frag;
-                wmma::load_matrix_sync(P_frag, P_w + k * WK, P_LD);
-                accumulate_pv_k<D, LD>(O_acc, P_frag, V_smem + k * WK * LD);
-            }
-            // LAB HOLE 2 END
-        }
-#if !HAS_CP_ASYNC
-        if (prefetch)
-            stash_tile<BC, D, LD, THREADS>(V_next, next, tid);  // V of tile kt + 1 -> other buffer
-#endif
+    for (int k = 0; k < D / WK; ++k) {
+        frag_a Q_k;
+        if (Q_IN_REGS)
+            Q_k = Q_frag[k];
+        else
+            wmma::load_matrix_sync(Q_k, Q_w + k * WK, LD);
+        scores_k<BC, LD>(S_frag, Q_k, K_smem + k * WK);
     }
+// LAB HOLE 1 BEGIN: S = Q_i K_j^T in fragments: the scores to the warp's slice
+// LAB TODO: store the BC/16 accumulators side by side into the warp's slice S_w
+// LAB TODO: ([16][S_LD] floats): S_frag[n] holds columns 16n .. 16n + 15. Row-major,
+// LAB TODO: leading dimension S_LD: step 2 reads rows.
+#pragma unroll
+    for (int n = 0; n < BC / WN; ++n)
+        wmma::store_matrix_sync(S_w + n * WN, S_frag[n], S_LD, wmma::mem_row_major);
+// LAB HOLE 1 END
+}
 
-    // O_i = O_acc / l_i and LSE_i = m_i + log(l_i). Query rows past N are never written.
-    // Every row i < N has seen key 0, so l_i >= 1 there.
+// Step 2: the online softmax on row r of the warp's S_w: scale, mask (keys past N; causal: keys
+// after row i), new running max m_i, S = P = exp(S - m_new) in fp32, l_i. Returns alpha =
+// exp(m_old - m_new), which rescales O_acc.
+// Softmax layout: lanes 2r and 2r+1 own row r of the warp's 16 (query row i); half h of the pair
+// holds columns [h * BC/2, (h + 1) * BC/2) as SEGS float4 pieces. Lane h = 1 visits its pieces
+// rotated by one, so the 8 lanes of a 128-bit S read, and the 16 of a 64-bit P write, fall on
+// different banks.
+template <int BC, int S_LD>
+__device__ __forceinline__ float online_softmax_update(float S[BC / 2], float &m_i, float &l_i,
+                                                       const float *S_w, int r, int h, int k0,
+                                                       int qw, int i, int N, int causal,
+                                                       float scale) {
+    constexpr int SEGS = BC / 8;  // float4 pieces in half an S row: one lane's share
+    // Only a tail tile, or a causal tile reaching past the warp's first row, needs the mask.
+    const bool mask = k0 + BC > N || (causal && k0 + BC - 1 > qw);
+    const float *S_row = S_w + r * S_LD;
+    float m_new = m_i;
+#pragma unroll
+    for (int t = 0; t < SEGS; ++t) {
+        const int seg = h * SEGS + (t + h) % SEGS;  // float4 piece of row r
+        const float4 v = *(const float4 *)(S_row + 4 * seg);
+        S[4 * t + 0] = v.x * scale;
+        S[4 * t + 1] = v.y * scale;
+        S[4 * t + 2] = v.z * scale;
+        S[4 * t + 3] = v.w * scale;
+        if (mask) mask_piece(S + 4 * t, k0 + 4 * seg, N, causal, i);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) m_new = fmaxf(m_new, S[4 * t + u]);
+    }
+    m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));  // the pair's max
+    // While every key so far is masked, m_new is -inf: subtract 0 instead, so that
+    // exp(-inf - -inf) = NaN never happens (the exps are then all 0).
+    const float m_ref = (m_new == -INFINITY) ? 0.f : m_new;
+    const float alpha = __expf(m_i - m_ref);  // rescales the old l_i, O_acc (0 at start)
+    float l_new = exp_and_sum<BC>(S, m_ref);
+    l_new += __shfl_xor_sync(0xffffffffu, l_new, 1);  // the pair's sum
+    l_i = l_i * alpha + l_new;
+    m_i = m_new;
+    return alpha;
+}
+
+// Step 3: P -> half, over the S tile: row r of the warp's P_w, this lane's half h.
+template <int BC, int P_LD>
+__device__ __forceinline__ void store_p(__half *P_w, const float S[BC / 2], int r, int h) {
+    static_assert(P_LD * sizeof(__half) <= (BC + S_PAD) * sizeof(float),
+                  "a P row fits in an S row");
+    constexpr int SEGS = BC / 8;  // float4 pieces in half an S row: one lane's share
+    __syncwarp();                 // every lane has read its S before P overwrites it
+    __half *P_row = P_w + r * P_LD;
+#pragma unroll
+    for (int t = 0; t < SEGS; ++t) {
+        const int seg = h * SEGS + (t + h) % SEGS;
+        store_half4(P_row + 4 * seg, S + 4 * t);
+    }
+}
+
+// Step 4: O_acc = alpha O_acc + P V_j: each element by its row's alpha, then the product on the
+// tensor cores (P from the warp's P_w, V_j in V_smem).
+template <int D, int BC, int LD, int P_LD>
+__device__ __forceinline__ void accumulate_pv(frag_acc O_acc[D / WN], float alpha,
+                                              const int row_lane[frag_acc::num_elements],
+                                              const __half *P_w, const __half *V_smem) {
+    const row_factors alpha_e = factors_by_row(alpha, row_lane);
+#pragma unroll
+    for (int n = 0; n < D / WN; ++n)
+#pragma unroll
+        for (int e = 0; e < frag_acc::num_elements; ++e) O_acc[n].x[e] *= alpha_e.x[e];
+
+    __syncwarp();  // the warp's P tile is complete before it is loaded as fragments
+// LAB HOLE 2 BEGIN: O += P V_j in fragments: P as the A operand, k slice by k slice
+// LAB TODO: for each of the BC/16 k slices (keys 16k .. 16k + 15 of the tile): load the
+// LAB TODO: warp's P block (P_w + k * WK, halves, leading dimension P_LD) as a frag_a
+// LAB TODO: (matrix_a, row_major), then add its product with V_j's rows 16k .. (V_smem
+// LAB TODO: + k * WK * LD) to O_acc: accumulate_pv_k.
+// LAB STUB: (void)V_smem;  // unused until filled: O stays 0
+#pragma unroll
+    for (int k = 0; k < BC / WK; ++k) {
+        frag_a P_frag;
+        wmma::load_matrix_sync(P_frag, P_w + k * WK, P_LD);
+        accumulate_pv_k<D, LD>(O_acc, P_frag, V_smem + k * WK * LD);
+    }
+// LAB HOLE 2 END
+}
+
+// Epilogue: O_i = O_acc / l_i and LSE_i = m_i + log(l_i) for the warp's rows qw .. qw + 15 of this
+// head's O [N, D] and lse [N]. Query rows past N are never written. Every row i < N has seen key
+// 0, so l_i >= 1 there.
+template <int D, int BC, int S_LD>
+__device__ __forceinline__ void store_o(__half *O, float *lse, frag_acc O_acc[D / WN], float m_i,
+                                        float l_i, const int row_lane[frag_acc::num_elements],
+                                        float *S_w, int qw, int i, int h, int lane, int N) {
     if (qw >= N) return;  // a warp of padding rows only; no barrier follows
     if (h == 0 && i < N) lse[i] = m_i + logf(l_i);
     const float inv_l = l_i > 0.f ? 1.f / l_i : 0.f;
@@ -566,6 +504,134 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
                 store_half8(O + (size_t)(qw + row) * D + c0 + col, S_w + row * S_LD + col);
         }
     }
+}
+
+/* ---- kernel ------------------------------------------------------------------------------ */
+
+// One block: query rows q0 .. q0 + BR - 1 of head bh; warp w owns rows q0 + 16w .. q0 + 16w + 15.
+// Grid: 1D, n_q_tiles * B * H blocks, the Q tile index running fastest (the blocks of one head
+// run together and share its K/V in L2).
+// Per key tile, per warp (between its own steps a __syncwarp orders its smem traffic):
+//   1. S = Q_i K_j^T          WMMA; the 16 x BC floats go to the warp's slice S_w
+//   2. online softmax on S_w  lanes 2r, 2r+1 own row r, BC/2 columns each: scale, mask, row
+//                             max, alpha = exp(m_old - m_new), P = exp(S - m_new), l_i
+//   3. P (half) over S_w      the A operand of the next product
+//   4. O_acc = alpha O_acc + P V_j    WMMA, O_acc in registers
+//
+// Rescaling O_acc by rows. WMMA leaves unspecified which (row, col) of the 16x16 tile a lane's
+// element x[e] holds, so "multiply row r by alpha_r" cannot be written from a known layout.
+// But load_matrix_sync has to put M[r][c] where (r, c) lives, and every fragment of one type
+// shares that placement: loading once a matrix whose entries are their own row numbers tells
+// each lane the row of each of its elements. alpha_r sits in lanes 2r and 2r+1 after step 2, so
+// element e takes its factor with one shuffle from lane 2 * row. No O tile in shared memory,
+// no extra round trip, no extra barrier; the same shuffle divides by l_i at the end.
+template <int D, int BC>
+__global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
+    attention_kernel(const __half *__restrict__ Q,  // [B, H, N, D]
+                     const __half *__restrict__ K,  // [B, H, N, D]
+                     const __half *__restrict__ V,  // [B, H, N, D]
+                     __half *__restrict__ O,        // [B, H, N, D]
+                     float *__restrict__ lse,       // [B, H, N]
+                     int N, int n_q_tiles, int causal, float scale) {
+    constexpr int LD = D + PAD;       // row stride of Q_smem, K_buf, V_buf (halves)
+    constexpr int S_LD = BC + S_PAD;  // row stride of S (floats)
+    constexpr int P_LD = BC + PAD;    // row stride of P (halves), lying over S
+    static_assert(D % WK == 0 && BC % WN == 0 && D % BC == 0, "tile shapes");
+
+    // WMMA wants its tiles 32-byte aligned: every region and row offset below keeps that.
+    extern __shared__ __align__(128) uint4 smem_raw[];
+    __half *Q_smem = (__half *)smem_raw;             // [BR][LD]
+    __half *K_buf = Q_smem + BR * LD;                // [2][BC][LD]
+    __half *V_buf = K_buf + 2 * BC * LD;             // [2][BC][LD]
+    float *S_smem = (float *)(V_buf + 2 * BC * LD);  // [WARPS][16][S_LD]: a slice per warp
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
+    const int q_tile = blockIdx.x % n_q_tiles;
+    const int bh = blockIdx.x / n_q_tiles;
+    const int q0 = q_tile * BR;
+    const int qw = q0 + warp * WM;  // first query row of this warp
+
+    const size_t head = (size_t)bh * N * D;  // 64-bit: B*H*N*D can pass 2^31
+    Q += head;
+    K += head;
+    V += head;
+    O += head;
+    lse += (size_t)bh * N;
+
+    float *S_w = S_smem + warp * WM * S_LD;  // [16][S_LD] this warp's S
+    __half *P_w = (__half *)S_w;             // [16][P_LD] this warp's P, over its S
+    // Softmax layout (see online_softmax_update): lanes 2r, 2r+1 own row r, half h of it each.
+    const int r = lane / 2, h = lane % 2;
+    const int i = qw + r;  // this lane's query row (>= N in a tail tile: computed, not written)
+
+    int row_lane[frag_acc::num_elements];  // the lane holding the row's alpha, l_i (note above)
+    row_lanes<S_LD>(row_lane, S_w, lane);  // S_w is next written after the __syncthreads below
+
+    load_q_and_first_tile<D, BC, LD>(Q_smem, K_buf, V_buf, Q, K, V, q0, N, tid);
+    __syncthreads();  // Q_smem is filled by all threads (tile 0 may still be in flight)
+
+    constexpr bool Q_IN_REGS = q_in_regs<D, BC>();
+    const __half *Q_w = Q_smem + warp * WM * LD;  // [16][LD] this warp's rows of Q_i
+    frag_a Q_frag[D / WK];                        // the A operand of S = Q_i K_j^T (Q_IN_REGS)
+    load_q_fragments<D, LD, Q_IN_REGS>(Q_frag, Q_w);
+
+    // Online softmax state of row i (in both lanes of its pair); O_acc as WMMA accumulators.
+    float m_i = -INFINITY, l_i = 0.f;  // running max of the scaled scores, sum of exp(score - m_i)
+    frag_acc O_acc[D / WN];
+#pragma unroll
+    for (int n = 0; n < D / WN; ++n) wmma::fill_fragment(O_acc[n], 0.f);
+
+    // Causal: key tiles after the one holding the block's last query row are all masked.
+    const int last_row = min(q0 + BR, N) - 1;
+    const int n_kv_tiles = causal ? last_row / BC + 1 : (N + BC - 1) / BC;
+
+    for (int kt = 0; kt < n_kv_tiles; ++kt) {
+        const int k0 = kt * BC;
+        // Tile kt lives in buffer kt % 2; tile kt + 1 goes to the other one.
+        const __half *K_smem = K_buf + kt % 2 * BC * LD;  // [BC][LD]
+        const __half *V_smem = V_buf + kt % 2 * BC * LD;  // [BC][LD]
+        __half *K_next = K_buf + (kt + 1) % 2 * BC * LD;  // [BC][LD]
+        __half *V_next = V_buf + (kt + 1) % 2 * BC * LD;  // [BC][LD]
+        const bool prefetch = kt + 1 < n_kv_tiles;
+#if HAS_CP_ASYNC
+        cp_async_wait_all();  // this thread's copies of tile kt have landed
+#endif
+        // K_smem/V_smem are filled by all threads. Also, every warp is done with tile kt - 1, so
+        // its buffer is free for tile kt + 1 (and has loaded its P of kt - 1 before its S
+        // overwrites it).
+        __syncthreads();
+
+#if HAS_CP_ASYNC
+        if (prefetch) prefetch_tile_async<D, BC, LD>(K_next, V_next, K, V, k0 + BC, N, tid);
+#else
+        uint4 next[BC * D / CHUNK / THREADS];  // this thread's chunks of K, then V, of tile kt + 1
+        if (prefetch) fetch_tile<BC, D, THREADS>(next, K, k0 + BC, N, tid);
+#endif
+        // A warp whose rows are all >= N, or (causal) all before this tile's first key, skips the
+        // math (not the loads and the barrier): nothing to add from this tile.
+        const bool warp_works = qw < N && (!causal || k0 <= qw + WM - 1);
+        // 1. S = Q_i K_j^T on the tensor cores, into the warp's S_w.
+        if (warp_works) scores<D, BC, LD, S_LD, Q_IN_REGS>(S_w, Q_frag, Q_w, K_smem);
+#if !HAS_CP_ASYNC
+        if (prefetch) stash_k_fetch_v<D, BC, LD>(K_next, next, V, k0 + BC, N, tid);
+#endif
+
+        if (warp_works) {
+            __syncwarp();  // the warp's S tile is complete before lanes read its rows
+            // 2. online softmax on S_w; 3. P (half) over S_w; 4. O_acc = alpha O_acc + P V_j.
+            float S[BC / 2];
+            const float alpha = online_softmax_update<BC, S_LD>(S, m_i, l_i, S_w, r, h, k0, qw, i,
+                                                                N, causal, scale);
+            store_p<BC, P_LD>(P_w, S, r, h);
+            accumulate_pv<D, BC, LD, P_LD>(O_acc, alpha, row_lane, P_w, V_smem);
+        }
+#if !HAS_CP_ASYNC
+        if (prefetch) stash_tile<BC, D, LD, THREADS>(V_next, next, tid);  // V of tile kt + 1
+#endif
+    }
+
+    store_o<D, BC, S_LD>(O, lse, O_acc, m_i, l_i, row_lane, S_w, qw, i, h, lane, N);
 }
 
 /* ---- launcher ---------------------------------------------------------------------------- */
@@ -659,6 +725,4 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
-    0,  // takes the plain case only (attention.h: no bf16, GQA, strides or N_k != N)
-    0,
 };

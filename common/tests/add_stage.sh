@@ -4,14 +4,13 @@
 # stage number and name, its names changed to the new one, a ladder row added; then the copy
 # builds that stage's program and library (PTX for compute_75 only: cheap) and runs the CPU
 # checks that read every stage: its bad options, its lesson's code map, `make diff`, `make help`.
+# One line per check and "N passed, M failed, K skipped" last (common/tests/report.sh).
 # usage: add_stage.sh
 set -u
 cd "$(dirname "$0")/../.."
-passed=0 failed=0
-ok() { echo "ok    $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL  $1"; failed=$((failed + 1)); }
+. common/tests/report.sh
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp"; report_cleanup' EXIT
 repo=$tmp/repo
 mkdir -p "$repo"
 git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$repo" 2>/dev/null
@@ -29,11 +28,12 @@ if make -C "$repo" --no-print-directory -s ARCH=compute_75 BUILD="$build" "$buil
   ok "the new stage $new builds (program and library, compute_75) from its folder alone"
 else
   tail -n 20 "$tmp/build.log"; bad "the new stage $new does not build"
-  echo "$passed passed, $failed failed"; exit 1
+  report_end; exit 1
 fi
 mkdir -p "$tmp/fx" && "$build/test_common" --fixtures "$tmp/fx" >/dev/null 2>&1
-out=$(bash common/tests/bad_options.sh "$build/$new" "$tmp/fx" 2>&1)
-if tail -n 1 <<<"$out" | grep -qE '[0-9]+ passed, 0 failed$'; then ok "$new: bad options"; else
+# the new stage's bad options: their checks are this one check's evidence, not checks of make test
+out=$(env -u REPORT_FILE bash common/tests/bad_options.sh "$build/$new" "$tmp/fx" 2>&1)
+if tail -n 1 <<<"$out" | grep -qE '^[0-9]+ passed, 0 failed, '; then ok "$new: bad options"; else
   tail -n 5 <<<"$out"; bad "$new: bad options"; fi
 if "$build/$new" --help | grep -q "^$new: "; then ok "$new --help names it"; else bad "$new --help"; fi
 if python3 common/tests/check_lessons.py --root "$repo" "$repo/$new/README.md" >"$tmp/lessons" 2>&1; then
@@ -42,5 +42,4 @@ make -C "$repo" --no-print-directory -s diff STAGE=$n >"$tmp/diff" 2>&1 </dev/nu
 if grep -q "^diff --git a/a/.* b/b/$new\$" "$tmp/diff"; then
   ok "make diff STAGE=$n"; else bad "make diff STAGE=$n"; fi
 if make -C "$repo" --no-print-directory -s help | grep -q "$new"; then ok "make help lists $new"; else bad "make help"; fi
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+report_end

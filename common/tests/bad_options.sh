@@ -2,10 +2,13 @@
 # Every bad input must give its documented exit code (bad usage or file, or out of host memory)
 # and one line on stderr naming the problem; no GPU needed (options, output paths and .npy files
 # are checked before the device is touched).
+# One line per failed check and "N passed, M failed, K skipped" last (common/tests/report.sh;
+# every check, passed or not, is in its record).
 # usage: bad_options.sh BINARY FIXTURE_DIR   (fixtures from `test_common --fixtures DIR`)
 set -u
 bin=$1 fx=$2
-passed=0 failed=0
+. "$(dirname "$0")/report.sh"
+ok() { report_record_ ok "$*"; } # a pass is recorded, not printed: the failures stand out
 limit=""
 expect() { # expect CODE PATTERN ARGS...  (with $limit set: under that address-space limit, KiB)
   local want=$1 pat=$2; shift 2
@@ -17,10 +20,9 @@ expect() { # expect CODE PATTERN ARGS...  (with $limit set: under that address-s
   fi
   local lines; lines=$(printf '%s' "$err" | grep -c '' || true)
   if [ "$rc" -eq "$want" ] && { [ "$want" -eq 0 ] || [ "$lines" -eq 1 ]; } && { [ -z "$pat" ] || printf '%s' "$err" | grep -qiF -- "$pat"; }; then
-    passed=$((passed + 1))
+    ok "$(basename "$bin") $* -> exit $rc"
   else
-    failed=$((failed + 1))
-    echo "FAILED: $(basename "$bin") $* -> exit $rc (want $want), stderr: $err"
+    bad "$(basename "$bin") $* -> exit $rc (want $want), stderr: $err"
   fi
 }
 expect 2 "unknown option '--frobnicate'" --frobnicate
@@ -78,10 +80,9 @@ help=$("$bin" --help)
 # the B x H limit, from its home (attention.h: ATTN_MAX_BH is ATTN_MAX_GRID_Y)
 max_bh=$(sed -n 's/^#define ATTN_MAX_GRID_Y \([0-9]*\).*/\1/p' "$(dirname "$0")/../attention.h")
 for want in "B x H <= ${max_bh:-(no ATTN_MAX_GRID_Y in attention.h)}" "in the stage's storage type (float" "4 out of device or host memory"; do
-  if grep -qF -- "$want" <<<"$help"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: --help does not say '$want'"; fi
+  if grep -qF -- "$want" <<<"$help"; then ok "--help says '$want'"; else bad "--help does not say '$want'"; fi
 done
 limit=2097152 # 2 GiB of address space: the 8 GiB of big.npy do not fit
 expect 4 "out of host memory" --q "$fx/big.npy"
 limit=""
-echo "$(basename "$bin") bad options: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+report_end

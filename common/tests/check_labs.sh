@@ -11,15 +11,14 @@
 #   4. make grade on each unfilled lab with no GPU (GPU_NAME=): it compiles with the Makefile's
 #      flags (PTX for compute_75; stage 6: compute_90, its only target) and says in one line what
 #      it cannot run; a lab with a compile error fails and names the line.
-# Ends with "N passed, M failed".
+# Ends with "N passed, M failed, K skipped" (common/tests/report.sh).
 # usage: check_labs.sh
 set -u
 cd "$(dirname "$0")/../.."
-passed=0 failed=0
+. common/tests/report.sh
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-ok() { passed=$((passed + 1)); echo "ok    $*"; }
-bad() { failed=$((failed + 1)); echo "FAIL  $*"; [ -f "$tmp/out" ] && sed 's/^/      /' "$tmp/out" | head -n 10; }
+trap 'rm -rf "$tmp"; report_cleanup' EXIT
+bad() { report_bad_ "$@"; [ -f "$tmp/out" ] && sed 's/^/      /' "$tmp/out" | head -n 10; }
 mk() { # make with no jobserver of the caller's, output in $tmp/out, status in $rc
   env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory "$@" >"$tmp/out" 2>&1
   rc=$?
@@ -177,5 +176,4 @@ if [ $rc -ne 0 ] && grep -q "does not compile" "$tmp/out" && grep -qE 'attention
 else
   bad "make grade on a lab with a compile error (exit $rc) should fail and name the line"
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+report_end

@@ -7,25 +7,18 @@
 # sections, no untraced figure from a run in its prose
 # (and the top README.md: its prose only);
 # and every diagram script under plots/diagrams/ draws its picture.
-# Ends with "N passed, M failed, K skipped" (a check that cannot run here: a line "SKIP  what:
-# why" each); exit 1 if any failed.
+# Ends with "N passed, M failed, K skipped" (common/tests/report.sh; a check that cannot run here: a
+# line "SKIP  what: why" each); exit 1 if any failed.
 set -u
 cd "$(dirname "$0")/../.."
+. common/tests/report.sh
 if ! command -v python3 >/dev/null 2>&1; then
-  echo "FAIL  python3 not found: the lessons' checks need it"
-  echo "0 passed, 1 failed"
+  bad "python3 not found: the lessons' checks need it"
+  report_end
   exit 1
 fi
-passed=0 failed=0 skipped=0
 for args in --self-test ""; do
-  out=$(python3 common/tests/check_lessons.py $args 2>&1)
-  rc=$?
-  echo "$out"
-  skipped=$((skipped + $(grep -c '^SKIP ' <<<"$out")))
-  line=$(grep -oE '^[0-9]+ passed, [0-9]+ failed$' <<<"$out" | tail -n 1)
-  [ -n "$line" ] || line="0 passed, 1 failed"
-  passed=$((passed + $(awk '{print $1}' <<<"$line"))) failed=$((failed + $(awk '{print $3}' <<<"$line")))
-  [ "$rc" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
+  report_run "check_lessons.py${args:+ $args}" python3 common/tests/check_lessons.py $args
 done
 # the lessons' diagrams drawn by gnuplot scripts: each renders its PNG without a warning
 if command -v gnuplot >/dev/null 2>&1; then
@@ -36,17 +29,16 @@ if command -v gnuplot >/dev/null 2>&1; then
     cp "$gp" "$tmp/$name.gp" # a copy: every script writes its PNG beside itself, here in $tmp
     if gnuplot "$tmp/$name.gp" >"$tmp/out" 2>&1 && [ -s "$tmp/$name.png" ] &&
       ! grep -qi -E 'warning|error' "$tmp/out"; then
-      passed=$((passed + 1)); echo "ok    $gp draws $name.png"
+      ok "$gp draws $name.png"
     else
-      failed=$((failed + 1)); echo "FAIL  $gp draws $name.png"; sed 's/^/      /' "$tmp/out" | head -n 10
+      bad "$gp draws $name.png"; sed 's/^/      /' "$tmp/out" | head -n 10
     fi
   done
   rm -rf "$tmp"
 else
   for gp in plots/diagrams/*.gp; do
     [ -f "$gp" ] || continue
-    skipped=$((skipped + 1)); echo "SKIP  $gp draws $(basename "$gp" .gp).png: gnuplot is not installed"
+    skip "$gp draws $(basename "$gp" .gp).png: gnuplot is not installed"
   done
 fi
-echo "$passed passed, $failed failed, $skipped skipped"
-[ "$failed" -eq 0 ]
+report_end

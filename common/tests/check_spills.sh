@@ -6,39 +6,36 @@
 # build: sm_75 to sm_120).
 # Reads the -Xptxas -v reports the build keeps in BUILD/ptxas/<name>.txt and the build's targets
 # from BUILD/flags.txt (every code=sm_XX of its -gencode flags; stage 6 compiles sm_90 as sm_90a).
+# One line per check and "N passed, M failed, K skipped" last (common/tests/report.sh).
 # usage: check_spills.sh BUILD_DIR NAME...   (NAME: a stage, or stage7_forward, stage 5's forward
 #                                             compiled again for stage 7's library)
 set -u
 dir=$1; shift
-passed=0 failed=0
+. "$(dirname "$0")/report.sh"
 targets=$(grep -oE 'code=sm_[0-9]+[af]?' "$dir/flags.txt" 2>/dev/null | sed 's/^code=//' | sort -u -V | tr '\n' ' ')
 if [ -z "$targets" ]; then
-  echo "FAILED: no machine-code target (code=sm_XX) in $dir/flags.txt: which targets did the build make?"
-  echo "spill check: 0 passed, 1 failed"
+  bad "no machine-code target (code=sm_XX) in $dir/flags.txt: which targets did the build make?"
+  report_end
   exit 1
 fi
 for s in "$@"; do
   case $s in stage0_*) continue ;; esac
   f=$dir/ptxas/$s.txt
-  if [ ! -s "$f" ]; then echo "FAILED: $s: no ptxas report at $f"; failed=$((failed + 1)); continue; fi
+  if [ ! -s "$f" ]; then bad "$s: no ptxas report at $f"; continue; fi
   kernels=$(grep -c "Compiling entry function" "$f")
   missing=""
   for t in $targets; do
     grep -qE "Compiling entry function .* for '${t}a?'" "$f" || missing="$missing $t"
   done
-  bad=$(grep -E "[1-9][0-9]* bytes (stack frame|spill stores|spill loads)|Potential Performance Loss" "$f" |
+  found=$(grep -E "[1-9][0-9]* bytes (stack frame|spill stores|spill loads)|Potential Performance Loss" "$f" |
     sort | uniq -c)
-  if [ "$kernels" -gt 0 ] && [ -z "$bad" ] && [ -z "$missing" ]; then
-    passed=$((passed + 1))
-    echo "$s: $kernels kernel builds on ${targets% }: no spills, no stack frame, no performance warning"
+  if [ "$kernels" -gt 0 ] && [ -z "$found" ] && [ -z "$missing" ]; then
+    ok "$s: $kernels kernel builds on ${targets% }: no spills, no stack frame, no performance warning"
   elif [ -n "$missing" ]; then
-    failed=$((failed + 1))
-    echo "FAILED: $s: no kernel compiled for$missing in $f (the build's targets: ${targets% })"
+    bad "$s: no kernel compiled for$missing in $f (the build's targets: ${targets% })"
   else
-    failed=$((failed + 1))
-    echo "FAILED: $s spills, has a stack frame or a performance warning (or no kernels):"; echo "$bad"
+    bad "$s spills, has a stack frame or a performance warning (or no kernels):"; echo "$found"
     grep -B3 -E "[1-9][0-9]* bytes (stack frame|spill)" "$f" | grep -E "Compiling|Function properties" | head -10
   fi
 done
-echo "spill check: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+report_end

@@ -3,18 +3,17 @@
 # here either stops before its first compile or runs with -n): what `make bench`, `make QUICK=1`,
 # a mistyped ARCH, `make sanitize` / `make profile` and the format check say and do when
 # something is missing; and how .ci/run sums make test's closing count. GPU_NAME= pretends there
-# is no GPU, GPU_NAME=name that there is one. Ends with "N passed, M failed, K skipped".
+# is no GPU, GPU_NAME=name that there is one. Ends with "N passed, M failed, K skipped"
+# (common/tests/report.sh).
 # usage: make_targets.sh
 set -u
 cd "$(dirname "$0")/../.."
-passed=0 failed=0 skipped=0
+. common/tests/report.sh
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp"; report_cleanup' EXIT
 # every make here uses a build folder of its own: the checkout's build/ (flags.txt) stays as it is
 flags_before=$(cat build/flags.txt 2>/dev/null)
-ok() { passed=$((passed + 1)); echo "ok    $*"; }
-bad() { failed=$((failed + 1)); echo "FAIL  $*"; sed 's/^/      /' "$tmp/out" | head -n 10; }
-skip() { skipped=$((skipped + 1)); echo "SKIP  $*"; }
+bad() { report_bad_ "$@"; sed 's/^/      /' "$tmp/out" | head -n 10; }
 # mk ARGS...: make with the output (stdout and stderr) in $tmp/out, its status in $rc; never a
 # real compile (NVCC and CC fail at once if it came to that). Not FORMAT_CHECK_REQUIRED from the
 # caller (.ci/run sets it): the tests below give it where they mean it.
@@ -161,9 +160,16 @@ got=$(ci_sum "440 passed, 2 failed, 31 skipped" "12 passed, 0 failed"); rc=$?
 got=$(ci_sum "no count" "12 passed, 0 failed"); rc=$?
 [ "$rc" -ne 0 ] && ok ".ci/run fails when make test printed no count ($got)" ||
   { echo "$got" >"$tmp/out"; bad ".ci/run without make test's count (exit $rc): '$got'"; }
-line=$(grep -E '^echo "\$passed passed, \$failed failed, \$skipped skipped"$' common/tests/run.sh)
-[ -n "$line" ] && ok "common/tests/run.sh ends with the count .ci/run reads" ||
-  { : >"$tmp/out"; bad "common/tests/run.sh's closing count is not 'N passed, M failed, K skipped'"; }
+# run.sh's closing count is report.sh's report_end over its record: on a sample record of one
+# pass, two failures and one skip it prints the line .ci/run reads, and fails
+printf 'ok\ta\tx\nFAIL\ta\ty\nSKIP\tb\tz: why\nFAIL\tb\tw\n' >"$tmp/record"
+got=$(REPORT_FILE="$tmp/record" bash -c '. common/tests/report.sh; report_start_=0; report_end' 2>&1); rc=$?
+if [ "$(tail -n 1 common/tests/run.sh)" = report_end ] && [ "$rc" -ne 0 ] &&
+  [ "$got" = "1 passed, 2 failed, 1 skipped" ]; then
+  ok "common/tests/run.sh ends with report_end: the count .ci/run reads ($got)"
+else
+  echo "$got" >"$tmp/out"; bad "common/tests/run.sh's closing count (report_end, exit $rc) is not 'N passed, M failed, K skipped'"
+fi
 
 if [ "$(cat build/flags.txt 2>/dev/null)" = "$flags_before" ]; then
   ok "build/flags.txt is as it was (none of these makes touched the checkout's build)"
@@ -171,5 +177,4 @@ else
   : >"$tmp/out"; bad "build/flags.txt changed while these tests ran (the next make rebuilds everything)"
 fi
 
-echo "$passed passed, $failed failed, $skipped skipped"
-[ "$failed" -eq 0 ]
+report_end

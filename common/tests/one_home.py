@@ -34,10 +34,10 @@ def check(ok, what, detail=""):
     global passed, failed
     if ok:
         passed += 1
-        print(f"ok       {what}")
+        print(f"ok    {what}")
     else:
         failed += 1
-        print(f"FAILED   {what}" + (f":\n{detail}" if detail else ""))
+        print(f"FAIL  {what}" + (f":\n{detail}" if detail else ""))
 
 
 def files():

@@ -1,22 +1,18 @@
 #!/usr/bin/env bash
 # plots/tests/run.sh: CPU tests of the main job's scripts (no GPU): tables, README update,
 # plots, make targets, and the sweep's budget / out-of-memory / failure logic with fake stages.
-# Prints one line per check and `N passed, M failed, K skipped` last; exits 1 if any failed.
+# Prints one line per check and `N passed, M failed, K skipped` last (common/tests/report.sh);
+# exits 1 if any failed.
 # A check that cannot run here (gnuplot missing) prints "SKIP  what: why", one line each, and
 # counts as skipped, so the three numbers add up to the same total everywhere.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 T=plots/tests
-PASS=0
-FAILED=0
-SKIPPED=0
+. common/tests/report.sh
 SCRATCH=$(mktemp -d)
-trap 'rm -rf "$SCRATCH"' EXIT
+trap 'rm -rf "$SCRATCH"; report_cleanup' EXIT
 
-ok() { PASS=$((PASS + 1)); echo "ok    $*"; }
-bad() { FAILED=$((FAILED + 1)); echo "FAIL  $*"; }
-skip() { SKIPPED=$((SKIPPED + 1)); echo "SKIP  $*"; }
 check() { # description command...
     local what=$1
     shift
@@ -475,5 +471,4 @@ else
     skip "answers.py: python3 is not installed"
 fi
 
-echo "$PASS passed, $FAILED failed, $SKIPPED skipped"
-[ $FAILED = 0 ]
+report_end

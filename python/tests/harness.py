@@ -1,6 +1,7 @@
 """The Python tests' runner: each test a function, counted as passed, failed (its traceback
-printed) or skipped (it raised Skip with the reason), ending with "N passed, M failed, K skipped",
-the line python/tests/run.sh adds up. Imported by test_binding.py and test_compare.py (each run as
+printed) or skipped (it raised Skip with the reason), one line each in the test suites' one format
+("ok    name", "FAIL  name", "SKIP  name: why": common/tests/report.sh), ending with "N passed, M
+failed, K skipped"; python/tests/run.sh records each line. Imported by test_binding.py and test_compare.py (each run as
 a script from any folder: Python puts this folder first on the import path)."""
 
 import sys
@@ -18,15 +19,15 @@ def run(name, fn, *args):
         fn(*args)
     except Skip as e:
         results["skipped"] += 1
-        print(f"skipped  {name}: {e}")
+        print(f"SKIP  {name}: {e}")
         return
     except Exception:
         results["failed"] += 1
-        print(f"FAILED   {name}")
+        print(f"FAIL  {name}")
         traceback.print_exc(file=sys.stdout)
         return
     results["passed"] += 1
-    print(f"ok       {name}")
+    print(f"ok    {name}")
 
 
 def summary():

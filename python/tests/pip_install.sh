@@ -6,16 +6,16 @@
 # python/ (no python/build/, no egg-info). Without the network pip cannot fetch setuptools for an
 # isolated build, so it builds with the setuptools installed here (--no-build-isolation --no-deps
 # --no-index); where that setuptools cannot build a wheel, each check says SKIP and why.
-# Ends with "N passed, M failed".
+# Ends with "N passed, M failed, K skipped" (common/tests/report.sh).
 # usage: python/tests/pip_install.sh BUILD_DIR   (BUILD_DIR/lib holds the libraries: make lib)
 set -u
 dir=$1
 cd "$(dirname "$0")/../.."
 repo=$(pwd -P)
 libs=$(cd "$dir/lib" 2>/dev/null && pwd -P)
-passed=0 failed=0
-ok() { passed=$((passed + 1)); echo "ok       pip install: $*"; }
-bad() { failed=$((failed + 1)); echo "FAILED   pip install: $*"; }
+. common/tests/report.sh
+ok() { report_ok_ "pip install: $*"; }
+bad() { report_bad_ "pip install: $*"; }
 checks=("pip install ./python succeeds offline" "_install.json names the checkout"
   "python3 -m flashcourse from another folder" "finds the libraries (FLASHCOURSE_LIB_DIR)"
   "one line saying how when no library is built" "one line without a recorded checkout"
@@ -23,8 +23,8 @@ checks=("pip install ./python succeeds offline" "_install.json names the checkou
   "the torch extra asks for torch >= 2.4" "the sdist has LICENSE and README.md, no tests"
   "a build in pip's scratch folder (git+URL) records no checkout")
 skip_all() {
-  for c in "${checks[@]}"; do echo "SKIP  pip install: $c: $1"; done
-  echo "$passed passed, $failed failed"
+  for c in "${checks[@]}"; do skip "pip install: $c: $1"; done
+  report_end
   exit 0
 }
 command -v python3 >/dev/null 2>&1 || skip_all "python3 not found"
@@ -51,7 +51,7 @@ EOF
 [ -z "$why" ] || skip_all "pip cannot build the package without the network here ($why; online, pip install ./python fetches it)"
 
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp"; report_cleanup' EXIT
 mkdir "$tmp/elsewhere" "$tmp/empty"
 export PYTHONDONTWRITEBYTECODE=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 unset PYTHONPATH FLASHCOURSE_LIB_DIR
@@ -127,7 +127,7 @@ fi
 
 # The editable install, into a virtual environment that sees this python's setuptools.
 if ! python3 -m venv --system-site-packages --without-pip "$tmp/venv" >"$tmp/venv.log" 2>&1; then
-  echo "SKIP  pip install: ${checks[6]}: python3 -m venv does not work here ($(tail -n 1 "$tmp/venv.log"))"
+  skip "pip install: ${checks[6]}: python3 -m venv does not work here ($(tail -n 1 "$tmp/venv.log"))"
 elif "$tmp/venv/bin/python" -m pip install -q "${pip_offline[@]}" -e ./python >"$tmp/pip-e.log" 2>&1; then
   where=$(cd "$tmp/elsewhere" && "$tmp/venv/bin/python" -c 'import flashcourse; print(flashcourse.__file__); print(flashcourse.library_dir())' 2>&1)
   if [ "$where" = "$repo/python/flashcourse/__init__.py"$'\n'"$repo/build/lib" ]; then
@@ -179,5 +179,4 @@ if [ "$after" = "$before" ]; then
 else
   bad "${checks[7]}: new in python/: $(diff <(echo "$before") <(echo "$after") | grep '^>' | tr '\n' ' ')"
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+report_end

@@ -5,27 +5,13 @@
 # does (pip_install.sh: `pip install ./python` finds this checkout's libraries), tests the
 # comparison scripts' command line and shape lists (test_compare.py, no GPU needed), checks the
 # notebook's cells parse, and that the example says in one line that it needs PyTorch where there
-# is none. Ends with "N passed, M failed, K skipped" (each skip a line "SKIP  what: why", or
-# test_binding.py's "skipped  name: why").
+# is none. Ends with "N passed, M failed, K skipped" (common/tests/report.sh: each skip a line
+# "SKIP  what: why", the Python tests' included).
 # usage: python/tests/run.sh BUILD_DIR
 set -u
 dir=$1
 cd "$(dirname "$0")/../.."
-passed=0 failed=0 skipped=0
-ok() { passed=$((passed + 1)); echo "ok       $*"; }
-bad() { failed=$((failed + 1)); echo "FAILED   $*"; }
-tally() { # tally NAME OUTPUT RC: echoes a part's output, adds its "N passed, M failed" and skips
-  local name=$1 out=$2 rc=$3 line
-  echo "$out"
-  skipped=$((skipped + $(grep -c -E '^(SKIP|skipped) ' <<<"$out")))
-  line=$(grep -oE '^[0-9]+ passed, [0-9]+ failed' <<<"$out" | tail -n 1)
-  if [ -n "$line" ]; then
-    passed=$((passed + $(awk '{print $1}' <<<"$line"))) failed=$((failed + $(awk '{print $3}' <<<"$line")))
-    [ "$rc" -eq 0 ] || [ "$(awk '{print $3}' <<<"$line")" -ne 0 ] || bad "$name exit $rc"
-  else
-    bad "$name printed no summary (exit $rc)"
-  fi
-}
+. common/tests/report.sh
 
 # ARCH= keeps the objects of the fat build that `make test` has just made: only linking is left.
 if make --no-print-directory lib ARCH= BUILD="$dir"; then ok "make lib"; else bad "make lib"; fi
@@ -39,17 +25,13 @@ for src in stage[0-9]*/attention.cu; do
 done
 
 if ! command -v python3 >/dev/null 2>&1; then
-  skipped=$((skipped + 1))
-  echo "SKIP  the binding's tests, the notebook checks and the example's: python3 not found"
+  skip "the binding's tests, the notebook checks and the example's: python3 not found"
 else
-  out=$(FLASHCOURSE_LIB_DIR="$dir/lib" python3 python/tests/test_binding.py 2>&1)
-  tally test_binding.py "$out" $?
+  FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_binding.py python3 python/tests/test_binding.py
   # pip install ./python (not -e): the installed package finds this checkout's libraries
-  out=$(bash python/tests/pip_install.sh "$dir" 2>&1)
-  tally pip_install.sh "$out" $?
+  report_run pip_install.sh bash python/tests/pip_install.sh "$dir"
   # the comparison scripts (stage6_hopper/compare.py, stage5_tuned/compare_fa2.py) without a GPU
-  out=$(python3 python/tests/test_compare.py 2>&1)
-  tally test_compare.py "$out" $?
+  report_run test_compare.py python3 python/tests/test_compare.py
   if python3 python/tests/check_notebook.py; then ok "notebook cells parse"; else bad "notebook cells parse"; fi
   if python3 python/tests/run_notebook.py --fresh; then ok "notebook: fetched by URL and by upload, re-run, one line without a GPU"; else bad "notebook as a fresh user (run_notebook.py --fresh)"; fi
   for cells in 99 2-1 x; do # a bad --cells: one line naming the notebook's cells, exit 1, no cell run
@@ -71,5 +53,4 @@ runpy.run_path('python/examples/transformer_block.py', run_name='__main__')" 2>&
     bad "transformer_block.py without PyTorch: exit $rc (want 3), stderr: $err"
   fi
 fi
-echo "$passed passed, $failed failed, $skipped skipped"
-[ "$failed" -eq 0 ]
+report_end
