@@ -236,7 +236,7 @@ __device__ __forceinline__ void scores_k(frag_acc S_frag[BC / WN], const frag_a 
         wmma::load_matrix_sync(K_frag, K_k + n * WN * LD, LD);
         wmma::mma_sync(S_frag[n], Q_k, K_frag, S_frag[n]);
     }
-// LAB HOLE 1 END
+    // LAB HOLE 1 END
 }
 
 // One factor per element of an accumulator fragment: the value `per_row` of the element's row,
@@ -308,7 +308,7 @@ __device__ __forceinline__ void accumulate_pv_k(frag_acc O_acc[D / WN], const fr
         wmma::load_matrix_sync(V_frag, V_k + n * WN, LD);
         wmma::mma_sync(O_acc[n], P_k, V_frag, O_acc[n]);
     }
-// LAB HOLE 2 END
+    // LAB HOLE 2 END
 }
 
 #if HAS_CP_ASYNC
@@ -376,7 +376,7 @@ __device__ __forceinline__ void scores(float *S_w, const frag_a Q_frag[D / WK], 
 #pragma unroll
     for (int n = 0; n < BC / WN; ++n)
         wmma::store_matrix_sync(S_w + n * WN, S_frag[n], S_LD, wmma::mem_row_major);
-// LAB HOLE 1 END
+    // LAB HOLE 1 END
 }
 
 // Step 2: the online softmax on row r of the warp's S_w: scale, mask (keys past N; causal: keys
@@ -460,7 +460,7 @@ __device__ __forceinline__ void accumulate_pv(frag_acc O_acc[D / WN], float alph
         wmma::load_matrix_sync(P_frag, P_w + k * WK, P_LD);
         accumulate_pv_k<D, LD>(O_acc, P_frag, V_smem + k * WK * LD);
     }
-// LAB HOLE 2 END
+    // LAB HOLE 2 END
 }
 
 // Epilogue: O_i = O_acc / l_i and LSE_i = m_i + log(l_i) for the warp's rows qw .. qw + 15 of this
