@@ -725,4 +725,6 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
+    0,  // takes the plain case only (attention.h: no bf16, GQA, strides or N_k != N)
+    0,
 };
