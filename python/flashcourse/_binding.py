@@ -672,8 +672,9 @@ def attention(q, k, v, *, causal=False, scale=None, stage=FORWARD_STAGE, variant
     reads key/value head h // (H // H_kv)), N_k != N, bf16, and any strides with a contiguous last
     dimension ([B, N, H, D] views, a fused projection's slices: read in place, no copy). causal:
     query i attends to keys 0 .. i + N_k - N (aligned to the bottom right, as flash-attn 2.1 and
-    later; a row that attends to no key gets o = 0 and lse = -inf). scale: default 1/sqrt(D). stage: a stage name, or "auto": stage 6 (the Hopper
-    forward) where it runs, else stage 5. Runs on torch.cuda.current_stream(); o, lse and the
+    later; a row that attends to no key gets o = 0 and lse = -inf). scale: default 1/sqrt(D).
+    stage: a stage name, or "auto": stage 6 (the Hopper forward) where it runs and takes the
+    inputs, else stage 5. Runs on torch.cuda.current_stream(); o, lse and the
     workspace are allocated through PyTorch's caching allocator; nothing waits for the GPU, so
     CUDA graphs capture it. smem_limit: lower the shared memory per block the stage may use, as
     the program's --smem-limit (65536: a T4's path, 101376: an L4's).
