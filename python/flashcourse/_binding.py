@@ -679,8 +679,8 @@ def attention(q, k, v, *, causal=False, scale=None, stage=FORWARD_STAGE, variant
     CUDA graphs capture it. smem_limit: lower the shared memory per block the stage may use, as
     the program's --smem-limit (65536: a T4's path, 101376: an L4's).
 
-    Returns (o, lse): o like q (torch.empty_like(q)'s layout), lse [B, H, N] float32 (natural log of each row's softmax sum,
-    including its max). Where q, k or v require grad (and grad mode is on), o is differentiable
+    Returns (o, lse): o like q (torch.empty_like(q)'s layout), lse [B, H, N] float32 (natural
+    log of each row's softmax sum, including its max). Where q, k or v require grad (and grad mode is on), o is differentiable
     with respect to them: the forward pass by `stage`, the backward pass by `backward_stage`
     (stage 7, float16) with `backward_variant` ("deterministic": bit-identical gradients from
     run to run); under torch.compile both are custom operators in its graph. lse is returned
