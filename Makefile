@@ -195,13 +195,14 @@ $(BUILD)/stage%: $(BUILD)/obj/stage%.o $(COMMON_OBJ)
 DEVICE_HEADERS := $(wildcard common/device/*.cuh)
 $(foreach s,$(STAGES),$(eval $(BUILD)/obj/$(s).o: $(wildcard $(s)/*.cuh) $(DEVICE_HEADERS)))
 
-# A stage that links another stage's forward pass (<stage>_FORWARD): that stage's attention.cu
-# compiled a second time with its descriptor renamed, linked into the program and the library.
+# A stage that links another stage's forward pass (<stage>_FORWARD): that stage's own object with
+# its descriptor renamed attn_forward_stage (objcopy: the same machine code, not compiled twice),
+# linked into the program and the library.
+OBJCOPY ?= objcopy
 define forward_rules
-$(call forward_obj,$(1)): $($(1)_FORWARD)/attention.cu $(wildcard $($(1)_FORWARD)/*.cuh common/device/*.cuh) common/attention.h $(BUILD)/flags.txt
-	@mkdir -p $$(@D) $(BUILD)/ptxas
-	@echo "$(NVCC) -c $$< -Dattn_this_stage=attn_forward_stage [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $$@"
-	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden $(or $($($(1)_FORWARD)_GENCODE),$(GENCODE)) -Dattn_this_stage=attn_forward_stage -c $$< -o $$@ 2> $(BUILD)/ptxas/$$(basename $$(@F)).txt || { cat $(BUILD)/ptxas/$$(basename $$(@F)).txt; exit 1; }
+$(call forward_obj,$(1)): $(BUILD)/obj/$($(1)_FORWARD).o
+	@mkdir -p $$(@D)
+	$(OBJCOPY) --redefine-sym attn_this_stage=attn_forward_stage $$< $$@
 $(BUILD)/$(1): $(call forward_obj,$(1))
 $(BUILD)/lib/lib$(1).so: $(call forward_obj,$(1))
 endef

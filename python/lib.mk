@@ -23,9 +23,11 @@ $(BUILD)/obj/lib_device_info.o: common/device_info.c common/device_info.h common
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
 
-$(BUILD)/lib/lib%.so: $(BUILD)/obj/%.o $(BUILD)/obj/attn_lib.o $(BUILD)/obj/lib_device_info.o
+# python/lib.map: the symbols a library exports (the descriptor and attn_lib_*), the rest local
+$(BUILD)/lib/lib%.so: $(BUILD)/obj/%.o $(BUILD)/obj/attn_lib.o $(BUILD)/obj/lib_device_info.o python/lib.map
 	@mkdir -p $(@D)
-	$(NVCC) -shared -o $@ $^ -Xlinker --exclude-libs,ALL -Xlinker -z,defs -lpthread $($*_LIBS)
+	$(NVCC) -shared -o $@ $(filter %.o,$^) -Xlinker --exclude-libs,ALL -Xlinker -z,defs \
+	  -Xlinker --version-script=python/lib.map -lpthread $($*_LIBS)
 
 # A stage that links another stage's forward pass carries it in its library too (its stage.mk's
 # <stage>_FORWARD: the Makefile adds the object).
