@@ -39,7 +39,6 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -78,10 +77,6 @@ constexpr tile_config SM75 = {64, 64, 4};
 // fragments and, on sm_75, the staged tile). Otherwise they are re-read from Q_smem with
 // ldmatrix for every key tile, as FA2 does.
 constexpr int Q_REGS_BUDGET = 192;
-
-// A tile's rows lie within 2^31 elements of its first (tile_issue's 32-bit offsets): row strides
-// up to INT_MAX / MAX_TILE_ROWS, MAX_TILE_ROWS at least every tile's BR and BC.
-constexpr int MAX_TILE_ROWS = 128;
 
 // Rescale only when a row's max grows (LAZY, see the softmax) from this many keys on. Skipping
 // needs a branch, and the rescale before it can no longer hide among the exponentials and the
@@ -205,12 +200,6 @@ __device__ __forceinline__ uint32_t k_lane_offset() {
     // LAB HOLE 3 END
 }
 
-// The offset in elements of row `row` (>= 0) of a tensor whose rows are ld elements apart: one
-// 32 x 32 -> 64-bit multiply (IMAD.WIDE.U32).
-__device__ __forceinline__ size_t rows_offset(int row, unsigned ld) {
-    return (size_t)(unsigned)row * ld;
-}
-
 // Number of 16-byte chunks each thread moves for a [ROWS, D] tile.
 __host__ __device__ constexpr int chunks_per_thread(int rows, int d, int threads) {
     return rows * (d / CHUNK_HALVES) / threads;
@@ -235,8 +224,8 @@ __device__ __forceinline__ void copy_chunk(uint4 &stage, uint32_t dst, const __h
 #endif
 }
 
-// Start loading rows [0, ROWS) of the tile at `src` (row stride ld elements) into the shared tile
-// at `tile`; rows >= rows_left lie beyond N and become zeros. Thread tid moves the 16-byte chunks
+// Start loading rows [0, ROWS) of the tile at `src` (row stride D) into the shared tile at
+// `tile`; rows >= rows_left lie beyond N and become zeros. Thread tid moves the 16-byte chunks
 // (row0 + i * STEP, chunk0), i = 0, 1, ...: consecutive threads read consecutive 16 bytes of
 // global memory. STEP = THREADS / (D / 8) is 8 or 16 rows, a multiple of 8, so every chunk of
 // a thread has the same swizzle and sits a constant i * STEP rows after the first.
@@ -244,28 +233,24 @@ __device__ __forceinline__ void copy_chunk(uint4 &stage, uint32_t dst, const __h
 // stored to shared memory later by tile_finish.
 template <int ROWS, int D, int THREADS, bool SWIZZLE>
 __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
-                                           uint32_t tile, const __half *src, unsigned ld,
-                                           int rows_left) {
+                                           uint32_t tile, const __half *src, int rows_left) {
     constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
     constexpr int STEP = THREADS / CHUNKS_PER_ROW;
     const int tid = thread_index();
     const int row0 = tid / CHUNKS_PER_ROW, chunk0 = tid % CHUNKS_PER_ROW;
     const uint32_t to = tile + smem_offset<D, SWIZZLE>(row0, chunk0);
-    const __half *from = src + rows_offset(row0, ld) + chunk0 * CHUNK_HALVES;
-    const size_t step = (size_t)STEP * ld;  // elements from one of this thread's rows to the next
-    constexpr int CHUNKS = chunks_per_thread(ROWS, D, THREADS);
-    // Each chunk's source is the one before it plus the stride of STEP rows: one 64-bit address
-    // advanced down this thread's rows (the rows are a runtime stride apart, strided tensors),
-    // so that no chunk holds an address of its own across the others.
+    const __half *from = src + row0 * D + chunk0 * CHUNK_HALVES;
     if (rows_left >= ROWS) {  // every tile but the last: nothing to check
 #pragma unroll
-        for (int i = 0; i < CHUNKS; ++i, from += step)
-            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from, true);
+        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
+            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from + i * STEP * D, true);
+        }
     } else {  // rows past N: zero-filled, their source address replaced by row 0 (inside N)
 #pragma unroll
-        for (int i = 0; i < CHUNKS; ++i, from += step) {
+        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
             const bool valid = row0 + i * STEP < rows_left;
-            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from : src, valid);
+            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from + i * STEP * D : src,
+                       valid);
         }
     }
     cp_async_commit();
@@ -303,9 +288,8 @@ __device__ __forceinline__ void tile_finish(
 // it overlaps; the single_stage variant (!PIPELINED) completes it at once instead.
 template <int ROWS, int D, int THREADS, bool SWIZZLE, bool PIPELINED>
 __device__ __forceinline__ void tile_start(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
-                                           uint32_t tile, const __half *src, unsigned ld,
-                                           int rows_left) {
-    tile_issue<ROWS, D, THREADS, SWIZZLE>(stage, tile, src, ld, rows_left);
+                                           uint32_t tile, const __half *src, int rows_left) {
+    tile_issue<ROWS, D, THREADS, SWIZZLE>(stage, tile, src, rows_left);
     if (!PIPELINED) tile_finish<ROWS, D, THREADS, SWIZZLE>(stage, tile);
 }
 
@@ -360,7 +344,7 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&q_frag)[MT][KD][4], 
 
 // S = Q K_j^T: S[m][n] = C fragment of slice m, key block n (keys k0 + 8n .. + 7). Q comes from
 // q_frag (Q_IN_REGS) or from Q_smem (this warp's rows at Q_warp), K_j from K_smem.
-template <int ROW_BYTES, bool Q_IN_REGS, int KD, bool BF16, int MT, int NB, int QM, int QK>
+template <int ROW_BYTES, bool Q_IN_REGS, int KD, int MT, int NB, int QM, int QK>
 __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
                                                const uint32_t (&q_frag)[QM][QK][4], uint32_t Q_warp,
                                                uint32_t K_tile, uint32_t lane_off,
@@ -402,8 +386,8 @@ __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
             ldmatrix_x4(b, K_tile + (k_lane_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                mma_16816_of<BF16>(S[m][n], a[m], b[0], b[1]);
-                mma_16816_of<BF16>(S[m][n + 1], a[m], b[2], b[3]);
+                mma_16816(S[m][n], a[m], b[0], b[1]);
+                mma_16816(S[m][n + 1], a[m], b[2], b[3]);
             }
         }
         // LAB HOLE 1 END
@@ -445,7 +429,7 @@ __device__ __forceinline__ void mask_scores(float (&S)[MT][NB][4], int k0, int q
 // bit). Otherwise (!LAZY) each row is rescaled right before its exponentials, with no branch:
 // see LAZY_MIN_N for when each wins.
 // P[m][k] = A operand of slice m, k16 step k of O += P V_j, packed where the scores lie.
-template <bool LAZY, bool BF16, int MT, int NB, int DB, int KC>
+template <bool LAZY, int MT, int NB, int DB, int KC>
 __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_i)[MT][2],
                                                float (&l_i)[MT][2], float (&O_acc)[MT][DB][4],
                                                uint32_t (&P)[MT][KC][4], float scale_log2) {
@@ -488,16 +472,16 @@ __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_
         // (row g+8, keys 8+2t..).
 #pragma unroll
         for (int k = 0; k < KC; ++k) {
-            P[m][k][0] = pack2_of<BF16>(S[m][2 * k][0], S[m][2 * k][1]);
-            P[m][k][1] = pack2_of<BF16>(S[m][2 * k][2], S[m][2 * k][3]);
-            P[m][k][2] = pack2_of<BF16>(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
-            P[m][k][3] = pack2_of<BF16>(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
+            P[m][k][0] = pack_half2(S[m][2 * k][0], S[m][2 * k][1]);
+            P[m][k][1] = pack_half2(S[m][2 * k][2], S[m][2 * k][3]);
+            P[m][k][2] = pack_half2(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
+            P[m][k][3] = pack_half2(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
         }
     }
 }
 
 // O_acc += P V_j, V_j from V_smem.
-template <int ROW_BYTES, bool BF16, int MT, int DB, int KC>
+template <int ROW_BYTES, int MT, int DB, int KC>
 __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
                                               const uint32_t (&P)[MT][KC][4], uint32_t V_tile,
                                               uint32_t lane_off) {
@@ -521,8 +505,8 @@ __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
                 b, V_tile + (lane_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                mma_16816_of<BF16>(O_acc[m][n], P[m][k], b[0], b[1]);
-                mma_16816_of<BF16>(O_acc[m][n + 1], P[m][k], b[2], b[3]);
+                mma_16816(O_acc[m][n], P[m][k], b[0], b[1]);
+                mma_16816(O_acc[m][n + 1], P[m][k], b[2], b[3]);
             }
         }
     }
@@ -539,12 +523,12 @@ __device__ __forceinline__ float row_total_and_inverse(float &l) {
 
 // Epilogue. Each warp normalises its own rows and stages them, as fp16, in its own rows of
 // Q_smem (this warp's ldmatrix reads of Q were its last use of them), then writes them out
-// with 16-byte stores (O's rows o_ld elements apart); the LSE goes straight from registers.
-// rows_left = N - the warp's first row: rows at or past it lie beyond N and are not written.
-template <int D, bool SWIZZLE, bool BF16, int MT, int DB>
+// with 16-byte stores; the LSE goes straight from registers. rows_left = N - the warp's first
+// row: rows at or past it lie beyond N and are not written.
+template <int D, bool SWIZZLE, int MT, int DB>
 __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
                                              const float (&m_i)[MT][2], const float (&l_i)[MT][2],
-                                             uint32_t Q_warp, __half *O, unsigned o_ld, float *lse,
+                                             uint32_t Q_warp, __half *O, float *lse,
                                              int rows_left) {
     constexpr int RPW = MT * MMA_M;  // rows of this warp
     const int lane = thread_index() % WARP_SIZE, g = lane / QUAD, t = lane % QUAD;
@@ -559,8 +543,8 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
 #pragma unroll
             for (int n = 0; n < DB; ++n) {
                 st_shared_b32(Q_warp + smem_offset<D, SWIZZLE>(r, n) + t * sizeof(uint32_t),
-                              pack2_of<BF16>(O_acc[m][n][frag_reg(h, 0)] * inv_l,
-                                             O_acc[m][n][frag_reg(h, 1)] * inv_l));
+                              pack_half2(O_acc[m][n][frag_reg(h, 0)] * inv_l,
+                                         O_acc[m][n][frag_reg(h, 1)] * inv_l));
             }
             // LSE in natural log: (m + log2 l) is in log2 units of the scaled score.
             if (t == 0 && r < rows_left) lse[r] = (m_i[m][h] + log2f(l)) * LN2;
@@ -573,7 +557,7 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
         const int c = lane + WARP_SIZE * i;
         const int r = c / CHUNKS_PER_ROW, chunk = c % CHUNKS_PER_ROW;
         if (r < rows_left) {
-            *reinterpret_cast<uint4 *>(O + rows_offset(r, o_ld) + chunk * CHUNK_HALVES) =
+            *reinterpret_cast<uint4 *>(O + (size_t)r * D + chunk * CHUNK_HALVES) =
                 ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk));
         }
     }
@@ -613,27 +597,16 @@ __device__ __forceinline__ void store_partial(const float (&O_acc)[MT][DB][4],
 
 // Everything a launch needs, passed by value (kernel parameters live in constant memory).
 typedef struct fwd_params {
-    const __half *Q, *K, *V;  // [B, H, N, D]; K, V [B, H_kv, N_k, D]; strided (attn_layout)
-    __half *O;                // [B, H, N, D], strided  (splits == 1)
+    const __half *Q, *K, *V;  // [B, H, N, D]
+    __half *O;                // [B, H, N, D]  (splits == 1)
     float *lse;               // [B, H, N]     (splits == 1)
     float *O_part;            // [splits, B * H, N, D]: O of each key range (splits > 1)
     float *lse_part;          // [splits, B * H, N]: LSE of each key range (splits > 1)
-    long long q_batch, q_head, kv_batch, kv_head, o_batch, o_head;  // strides in elements
-    unsigned q_row, kv_row, o_row;  // row strides (elements; K and V share one layout)
-    int H, group;                   // query heads; query heads per key/value head (GQA)
-    int N_k;                        // keys (N: queries); causal: query i sees keys <= i + N_k - N
     int N, causal;
     int splits;        // key ranges per query tile; blockIdx.x = query tile * splits + range
     int split_tiles;   // key tiles per range
     float scale_log2;  // scale * log2(e)
 } fwd_params;
-
-// blockIdx.y = batch * H + query head, read afresh (as block_index_x) for the epilogue.
-__device__ __forceinline__ int block_index_y() {
-    int b;
-    asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(b));
-    return b;
-}
 
 // Which rows and keys one block works on.
 typedef struct {
@@ -652,7 +625,7 @@ __device__ __forceinline__ block_work block_keys(const fwd_params &p) {
     const int q_index = (int)blockIdx.x / p.splits, q_tiles = (int)gridDim.x / p.splits;
     const int split = (int)blockIdx.x - q_index * p.splits;  // which key range
     w.q0 = (p.causal ? q_tiles - 1 - q_index : q_index) * BR;
-    const int kv_all = query_tile_key_end_nk(w.q0, BR, p.N, p.N_k, p.causal && SKIP);
+    const int kv_all = query_tile_key_end(w.q0, BR, p.N, p.causal && SKIP);
     w.kv_begin = split * p.split_tiles * BC;
     w.kv_end = min(kv_all, w.kv_begin + p.split_tiles * BC);
     return w;
@@ -671,14 +644,12 @@ __device__ __forceinline__ bool needs_mask(int k0, int q0, int N, int causal) {
 // noswizzle turns it off), PIPELINED (single_stage: load, wait, compute), SKIP (noskip: causal
 // processes and masks every key tile), LAZY (rescale only when a row's max grows; chosen by
 // the launcher from the keys per block, see LAZY_MIN_N).
-template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY,
-          bool BF16 = false>
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
 __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fwd_params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 code runs only the SM75 tiles (the launcher asks kernel_arch which code it has):
-    // with the prefetched tile waiting in registers, larger tiles would spill there. It has no
-    // bf16 mma either.
-    if constexpr (BR != SM75.BR || BC != SM75.BC || WARPS != SM75.WARPS || BF16) {
+    // with the prefetched tile waiting in registers, larger tiles would spill there.
+    if constexpr (BR != SM75.BR || BC != SM75.BC || WARPS != SM75.WARPS) {
         __trap();
         return;
     }
@@ -702,18 +673,13 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     // Which rows and keys. The key loop counts from the range's first key (K and V point
     // there, and the query row and N are taken relative to it), so that its bounds are the
     // same few registers as for a single pass: at D = 128 the softmax needs every register.
-    // A query tile with no key at all (causal, N > N_k) still writes O = 0 and LSE = -inf unless
-    // split (the merge writes those rows).
     const block_work w = block_keys<BR, BC, SKIP>(p);
-    if (w.kv_begin >= w.kv_end && p.splits > 1) return;  // causal: fewer key ranges here
-    // K and V share one layout (attention_unsupported): one offset for both, of the range's first
-    // key in this block's key/value head (query head h reads head h / group: GQA).
-    const int b = (int)blockIdx.y / p.H, h = (int)blockIdx.y % p.H;
-    const size_t range =
-        b * p.kv_batch + h / p.group * p.kv_head + rows_offset(w.kv_begin, p.kv_row);
-    const int N = p.N_k - w.kv_begin;  // keys from the range's first to the end of the row
-    const int q0 = w.q0 + (p.N_k - p.N) - w.kv_begin;  // the first query row, as a key index
-    const int kv_end = max(w.kv_end - w.kv_begin, 0);
+    if (w.kv_begin >= w.kv_end) return;  // causal: this query tile has fewer key ranges
+    const size_t head = (size_t)blockIdx.y * (size_t)p.N * D;  // (batch, head) offset
+    const size_t range = head + (size_t)w.kv_begin * D;        // offset of the range's keys
+    const int N = p.N - w.kv_begin;    // keys from the range's first to the end of the row
+    const int q0 = w.q0 - w.kv_begin;  // the block's first query row, as a key index
+    const int kv_end = w.kv_end - w.kv_begin;
 
     // Shared memory, each tile named by its shared-space address (what ldmatrix, cp.async and
     // st.shared take): Q_smem [BR, D] (O staging at the end), K_smem and V_smem [BC, D], swizzled.
@@ -729,9 +695,9 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     {
         uint4 stage_q[chunks_per_thread(BR, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
-        const __half *Q_rows = p.Q + b * p.q_batch + h * p.q_head + rows_offset(w.q0, p.q_row);
-        tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, Q_rows, p.q_row, p.N - w.q0);
-        tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_smem, p.K + range, p.kv_row, N);
+        tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, p.Q + head + (size_t)w.q0 * D,
+                                            p.N - w.q0);
+        tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_smem, p.K + range, N);
         tile_finish<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem);
         tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
@@ -760,9 +726,8 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
 
     // The key loop is the pipeline schedule (README.md, "Pipeline"): two barriers per tile,
     // V_j in flight during S, K_{j+1} during the softmax (EARLY_K) or P V.
-    for (int k0 = 0; k0 < kv_end; k0 += BC) {                 // key tile j = k0 / BC of the range
-        const size_t kv = range + rows_offset(k0, p.kv_row);  // offset of K_j and V_j
-        const size_t next = range + rows_offset(k0 + BC, p.kv_row);  // ... and of K_{j+1}
+    for (int k0 = 0; k0 < kv_end; k0 += BC) {      // key tile j = k0 / BC of the range
+        const size_t kv = range + (size_t)k0 * D;  // offset of K_j and V_j
         const bool has_next = k0 + BC < kv_end;
         uint4 stage_v[chunks_per_thread(BC, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
@@ -770,25 +735,25 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
         uint32_t P[MT][KC][4];
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
-        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, p.V + kv, p.kv_row, N - k0);
-        compute_scores<ROW_BYTES, Q_IN_REGS, KD, BF16>(S, q_frag, Q_warp, K_smem, lane_off,
-                                                       k_lane_offset<ROW_BYTES, SWIZZLE>());
+        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, p.V + kv, N - k0);
+        compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem, lane_off,
+                                                 k_lane_offset<ROW_BYTES, SWIZZLE>());
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
         if (EARLY_K && has_next) {
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + next, p.kv_row,
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + kv + BC * D,
                                                            N - (k0 + BC));
         }
         if (needs_mask<BC, SKIP>(k0, q0, N, p.causal)) mask_scores<RPW>(S, k0, q0, N, p.causal);
-        online_softmax<LAZY, BF16>(S, m_i, l_i, O_acc, P, p.scale_log2);
+        online_softmax<LAZY>(S, m_i, l_i, O_acc, P, p.scale_log2);
         if (!EARLY_K && has_next) {
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + next, p.kv_row,
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + kv + BC * D,
                                                            N - (k0 + BC));
         }
         if constexpr (LANE_OFFSET_PER_TILE) {
-            accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
+            accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
         } else {
-            accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, lane_off);
+            accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, lane_off);
         }
         if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
@@ -797,10 +762,7 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     const size_t row0 = (size_t)blockIdx.y * p.N + first;  // in [B * H, N]
     const int rows_left = p.N - first;                     // rows of it inside N
     if (p.splits == 1) {
-        const int ob = block_index_y() / p.H, oh = block_index_y() % p.H;  // b, h, read afresh
-        __half *O_rows = p.O + ob * p.o_batch + oh * p.o_head + rows_offset(first, p.o_row);
-        store_output<D, SWIZZLE, BF16>(O_acc, m_i, l_i, Q_warp, O_rows, p.o_row, p.lse + row0,
-                                       rows_left);
+        store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, p.O + row0 * D, p.lse + row0, rows_left);
     } else {
         const int split = block_index_x() % p.splits;                // which key range (block_keys)
         const size_t part = (size_t)split * gridDim.y * p.N + row0;  // [split, B * H, N]
@@ -830,17 +792,6 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (dev->cc < 75) return "needs sm_75 or newer (mma.sync m16n8k8, ldmatrix)";
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
     if ((long long)s->B * s->H > ATTN_MAX_GRID_Y) return "B * H is more than a grid's y holds";
-    if (s->H_kv < 1 || s->H % s->H_kv)
-        return "H must be a multiple of H_kv (query heads per KV head)";
-    if (s->N_k < 1) return "N_k must be >= 1";
-    if (s->k.batch != s->v.batch || s->k.head != s->v.head || s->k.row != s->v.row)
-        return "K and V must have the same strides";
-    const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};
-    for (int t = 0; t < 4; t++) {  // 16-byte rows: every stride a multiple of 8 halves
-        if (l[t]->batch % CHUNK_HALVES || l[t]->head % CHUNK_HALVES || l[t]->row % CHUNK_HALVES ||
-            l[t]->row < s->D || l[t]->row > INT_MAX / MAX_TILE_ROWS)
-            return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
-    }
     int arch = 0;
     if (kernel_arch(&arch) != cudaSuccess) {
         cudaGetLastError();
@@ -848,12 +799,6 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     }
     if (choose_tiles(s->D, arch, dev->smem_per_block).BR == 0)
         return "needs 48 KB (D=128) or 24 KB (D=64) of shared memory per block";
-    if (s->bf16 && arch < 80)
-        return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
-    if (s->bf16 && (variant == VARIANT_NOSWIZZLE || variant == VARIANT_SINGLE_STAGE ||
-                    variant == VARIANT_NOSKIP))
-        return "bf16 runs in the kernels of the default tiles and rescaling only (the ablations "
-               "are fp16)";
     return NULL;
 }
 
@@ -890,10 +835,6 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     p.O = (__half *)O, p.lse = lse;
     p.O_part = (float *)workspace;
     p.lse_part = plan.splits > 1 ? p.O_part + (size_t)plan.splits * rows * s->D : NULL;
-    p.q_batch = s->q.batch, p.q_head = s->q.head, p.q_row = (unsigned)s->q.row;
-    p.kv_batch = s->k.batch, p.kv_head = s->k.head, p.kv_row = (unsigned)s->k.row;
-    p.o_batch = s->o.batch, p.o_head = s->o.head, p.o_row = (unsigned)s->o.row;
-    p.H = s->H, p.group = s->H / s->H_kv, p.N_k = s->N_k;
     p.N = s->N, p.causal = s->causal, p.splits = plan.splits, p.split_tiles = plan.split_tiles;
     p.scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
     const dim3 grid((unsigned)(ceil_div(s->N, plan.tiles.BR) * plan.splits),
@@ -913,7 +854,7 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
                                plan.splits,
                                plan.split_tiles,
                                plan.causal_skip,
-                               s->N_k,
+                               s->N,
                                s->H,
                                s->o.batch,
                                s->o.head,
@@ -922,11 +863,9 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
         s->D == 64 ? combine_rows_per_block<64>() : combine_rows_per_block<128>();
     const unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
     if (s->D == 64) {
-        (s->bf16 ? combine_kernel<64, true>
-                 : combine_kernel<64, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
+        combine_kernel<64><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
     } else {
-        (s->bf16 ? combine_kernel<128, true>
-                 : combine_kernel<128, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
+        combine_kernel<128><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
     }
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
@@ -943,7 +882,6 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
-    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
-        ATTN_TAKES_N_K,  // besides the plain case
+    0,  // takes the plain case only (attention.h: no bf16, GQA, strides or N_k != N)
     0,
 };

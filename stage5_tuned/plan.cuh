@@ -65,26 +65,16 @@ typedef struct {
     int blocks_per_sm[MAX_DEVICES];
 } kernel_entry;
 
-template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY,
-          bool BF16 = false>
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
 static kernel_entry *entry() {
-    static kernel_entry e = {
-        attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY, BF16>, {0}};
+    static kernel_entry e = {attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>,
+                             {0}};
     return &e;
 }
 
-// The variants are instantiations of the same kernel with one lesson switched off. bf16: the
-// default tiles and rescaling only, on sm_80 and newer (attention_unsupported says so).
+// The variants are instantiations of the same kernel with one lesson switched off.
 template <int D, int BR, int BC, int WARPS>
-static kernel_entry *variant_entry(int variant, bool lazy, bool bf16) {
-    if (bf16) {
-        if constexpr (BR == SM75.BR && BC == SM75.BC && WARPS == SM75.WARPS) {
-            return NULL;
-        } else {
-            return lazy ? entry<D, BR, BC, WARPS, true, true, true, true, true>()
-                        : entry<D, BR, BC, WARPS, true, true, true, false, true>();
-        }
-    }
+static kernel_entry *variant_entry(int variant, bool lazy) {
     switch (variant) {
         case VARIANT_NOSWIZZLE:
             return entry<D, BR, BC, WARPS, false, true, true, false>();
@@ -98,9 +88,9 @@ static kernel_entry *variant_entry(int variant, bool lazy, bool bf16) {
     }
 }
 
-#define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy, bf16)
+#define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy)
 
-static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy, bool bf16) {
+static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy) {
     if (D == 64 && same_tiles(c, SM80_D64)) return VARIANT_ENTRY(64, SM80_D64);
     if (D == 64 && same_tiles(c, SM75)) return VARIANT_ENTRY(64, SM75);
     if (D == 128 && same_tiles(c, SM80_D128)) return VARIANT_ENTRY(128, SM80_D128);
@@ -155,7 +145,6 @@ typedef struct {
 
 static bool same_key(const fwd_plan *a, const fwd_plan *b) {
     return a->shape.B == b->shape.B && a->shape.H == b->shape.H && a->shape.N == b->shape.N &&
-           a->shape.N_k == b->shape.N_k && a->shape.bf16 == b->shape.bf16 &&
            a->shape.D == b->shape.D && a->shape.causal == b->shape.causal &&
            a->device == b->device && a->variant == b->variant && a->sm_count == b->sm_count &&
            a->allow_split == b->allow_split && a->smem_limit == b->smem_limit;
@@ -180,7 +169,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
     const size_t smem = smem_bytes(c, s->D);
     const int threads = c.WARPS * WARP_SIZE;
-    kernel_entry *k = kernel_for(s->D, c, variant, false, s->bf16);
+    kernel_entry *k = kernel_for(s->D, c, variant, false);
     if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
     ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
     int per_sm = k->blocks_per_sm[plan->device];
@@ -189,7 +178,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
 
     plan->tiles = c, plan->smem = smem;
     plan->causal_skip = s->causal && variant != VARIANT_NOSKIP;
-    plan->split_tiles = ceil_div(s->N_k, c.BC), plan->splits = 1;
+    plan->split_tiles = ceil_div(s->N, c.BC), plan->splits = 1;
     if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
         plan->splits = choose_splits(s, c.BR, c.BC, plan->causal_skip, dev->sm_count * per_sm,
                                      SPLIT_OVERHEAD_TILES, &plan->split_tiles);
@@ -198,8 +187,8 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     const long long keys = (long long)plan->split_tiles * c.BC;
     const bool lazy = variant == VARIANT_LAZY_RESCALE ||
                       ((variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT) &&
-                       (keys < s->N_k ? keys : s->N_k) >= LAZY_MIN_N);
-    plan->kernel = kernel_for(s->D, c, variant, lazy, s->bf16);
+                       (keys < s->N ? keys : s->N) >= LAZY_MIN_N);
+    plan->kernel = kernel_for(s->D, c, variant, lazy);
     ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
     pthread_mutex_lock(&cache_lock);
     last = *plan;

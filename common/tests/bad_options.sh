@@ -34,7 +34,9 @@ expect 2 "--seq: '0'" --seq=0
 expect 2 "--self-test runs its own shapes" --seq=16 --self-test
 expect 2 "--causal takes no value" --causal=1
 expect 2 "--causal takes no value" --caus=1
-expect 2 "option '--d' is ambiguous (--dim, --dist" --d 64
+expect 2 "option '--d' is ambiguous (--dim, --dtype, --dist" --d 64
+expect 2 "--layout: 'nhd' is not one of bhnd, bnhd, qkv" --layout nhd
+expect 2 "--kv-heads: 3 does not divide --heads 4" --heads 4 --kv-heads 3
 expect 2 "unknown option 'extra'" --seq 16 extra
 expect 2 "unknown option '-x'" -x
 expect 2 "--batch: '0'" --batch 0

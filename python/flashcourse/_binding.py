@@ -667,8 +667,8 @@ def attention(q, k, v, *, causal=False, scale=None, stage=FORWARD_STAGE, variant
 
     q: a torch CUDA tensor [B, H, N, D]; k, v [B, H_kv, N_k, D], on q's device, in the stage's
     storage dtype (stages()[i].dtype: float32 for stages 0-1, float16 after; bfloat16 too where
-    the stage takes it). Stages 0-4 take H_kv = H, N_k = N and contiguous tensors; stages 5-7 (the
-    stages whose Stage.takes say so) also grouped-query heads (H_kv dividing H: query head h
+    the stage takes it). Stages 0-5 take H_kv = H, N_k = N and contiguous tensors; stage 6 and stage
+    7's backward (the stages whose Stage.takes say so) also grouped-query heads (H_kv dividing H: query head h
     reads key/value head h // (H // H_kv)), N_k != N, bf16, and any strides with a contiguous last
     dimension ([B, N, H, D] views, a fused projection's slices: read in place, no copy). causal:
     query i attends to keys 0 .. i + N_k - N (aligned to the bottom right, as flash-attn 2.1 and
@@ -877,7 +877,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     query [B, H, N, D], key and value [B, H_kv, N_k, D] (H_kv < H: grouped-query heads, with
     enable_gqa=True as SDPA asks), CUDA tensors of one dtype the stage stores (float16; bfloat16
-    where the stages take it: stages 5-7), head dim 64 or 128, any strides with a contiguous last
+    where the stages take it: stage 6, stage 7's backward), head dim 64 or 128, any strides with a contiguous last
     dimension (views of a fused projection are read in place). is_causal with N != N_k: aligned to
     the bottom right (query i sees keys <= i + N_k - N; SDPA aligns to the top left). Returns the
     output [B, H, N, D]; differentiable as attention(). stage: "auto" (stage 6 on Hopper, else
