@@ -114,7 +114,9 @@ endif
 endif
 endif
 
-build: $(addprefix $(BUILD)/,$(STAGES)) $(BUILD)/test_common
+# the last stages first: their objects take longest to compile, so the jobs end together
+reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
+build: $(addprefix $(BUILD)/,$(call reverse,$(STAGES))) $(BUILD)/test_common
 
 # The stages' device code only (no link): what CI compiles with a second toolkit.
 objects: $(STAGE_OBJ)
