@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cuda12.sh DIR: puts a CUDA 12.4 compiler in DIR (nothing outside DIR is touched) and prints DIR.
-# CI compiles every stage with it for sm_75 and sm_89, so the course is known to build with the
+# CI compiles every stage with it for sm_75 (the T4), so the course is known to build with the
 # CUDA 12 of Colab and Kaggle (where the T4s are), not only with the newest toolkit.
 #
 # Where the pieces come from: PyPI's nvidia-cuda-nvcc-cu12 wheels (12.4 to 12.9) hold ptxas,
