@@ -152,6 +152,12 @@ static int check_arguments(const attn_shape *s, int variant, int pass) {
         case ATTN_SHAPE_D:
             return fail(ATTN_EXIT_USAGE, "%s: head dim must be " ATTN_HEAD_DIMS " (got %d)", name,
                         s->D);
+        case ATTN_SHAPE_KV_HEADS:
+            return fail(ATTN_EXIT_USAGE, "%s: H_kv must divide H (got H = %d, H_kv = %d)", name,
+                        s->H, s->H_kv);
+        case ATTN_SHAPE_N_K:
+            return fail(ATTN_EXIT_USAGE, "%s: N_k must be in [1, %d] (got %d)", name, ATTN_MAX_N,
+                        s->N_k);
         case ATTN_SHAPE_SCALE:
             return fail(ATTN_EXIT_USAGE, "%s: scale must be a positive normal float (got %g)", name,
                         (double)s->scale);
@@ -193,20 +199,14 @@ static attn_shape shape_of(int B, int H, int N, int D, int causal, float scale, 
     attn_layout *l[] = {&s.q, &s.k, &s.v, &s.o, &s.dO, &s.dQ, &s.dK, &s.dV};
     for (int t = 0; strides && t < 8; t++)
         *l[t] = (attn_layout){strides[3 * t], strides[3 * t + 1], strides[3 * t + 2]};
-    if (s.H_kv >= 1 && s.N_k >= 1) attn_shape_complete(&s); /* else check_model_inputs says so */
+    attn_shape_complete(&s); /* zeros filled in; a negative H_kv or N_k the shape rules refuse */
     return s;
 }
 
-/* The rules of what models feed that need no device (H_kv divides H, N_k in range, strides that
- * reach no element twice in a row), then what the stage takes. */
+/* The layouts' rule that needs no device (strides that reach no element twice in a row; H_kv and
+ * N_k are the shape rules' of device_info.c), then what the stage takes. */
 static int check_model_inputs(const attn_shape *s, int pass) {
     const char *name = attn_this_stage.name;
-    if (s->H_kv < 1 || s->H % s->H_kv)
-        return fail(ATTN_EXIT_USAGE, "%s: H_kv must divide H (got H = %d, H_kv = %d)", name, s->H,
-                    s->H_kv);
-    if (s->N_k < 1 || s->N_k > ATTN_MAX_N)
-        return fail(ATTN_EXIT_USAGE, "%s: N_k must be in [1, %d] (got %d)", name, ATTN_MAX_N,
-                    s->N_k);
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
     for (int t = 0; t < 8; t++)
         if (l[t]->row < s->D || l[t]->head < 0 || l[t]->batch < 0)

@@ -69,6 +69,8 @@ attn_shape_rule attn_shape_check(const attn_shape *s) {
     if ((long long)s->B * s->H > ATTN_MAX_BH) return ATTN_SHAPE_BH;
     if (s->N > ATTN_MAX_N) return ATTN_SHAPE_N;
     if (!attn_head_dim_ok(s->D)) return ATTN_SHAPE_D;
+    if (s->H_kv < 0 || (s->H_kv && s->H % s->H_kv)) return ATTN_SHAPE_KV_HEADS;
+    if (s->N_k < 0 || s->N_k > ATTN_MAX_N) return ATTN_SHAPE_N_K;
     if (!(s->scale >= FLT_MIN) || !isfinite(s->scale)) return ATTN_SHAPE_SCALE;
     return ATTN_SHAPE_OK;
 }

@@ -35,6 +35,8 @@ typedef enum {
     ATTN_SHAPE_BH,           /* B x H over ATTN_MAX_BH */
     ATTN_SHAPE_N,            /* N over ATTN_MAX_N */
     ATTN_SHAPE_D,            /* D not one of the head dims every stage runs */
+    ATTN_SHAPE_KV_HEADS,     /* H_kv negative or not dividing H (0: H) */
+    ATTN_SHAPE_N_K,          /* N_k negative or over ATTN_MAX_N (0: N) */
     ATTN_SHAPE_SCALE         /* scale not a positive normal float */
 } attn_shape_rule;
 

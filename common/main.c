@@ -1223,7 +1223,7 @@ static void check_options(options *o) {
     if (attn_shape_check(s) == ATTN_SHAPE_BH)
         die_usage("--batch x --heads: %lld is over %d", (long long)s->B * s->H, ATTN_MAX_BH);
     if (!o->given_scale) s->scale = 1.0f / sqrtf((float)s->D);
-    if (s->H_kv && s->H % s->H_kv)
+    if (attn_shape_check(s) == ATTN_SHAPE_KV_HEADS)
         die_usage(
             "--kv-heads: %d does not divide --heads %d (each key/value head serves H / H_kv "
             "query heads)",

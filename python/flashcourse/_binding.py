@@ -520,8 +520,7 @@ def _plan(stage: str, backward: bool, shape, device: int, dtype, causal: bool, s
         geometry = (B, H, N, D, H, N, None)
     if stage == "auto":
         B, H, N, D, H_kv, N_k, _ = geometry
-        asks = (TAKES_BF16 if dtype == torch.bfloat16 else 0) | (TAKES_GQA if H_kv != H else 0)
-        stage = _auto_stage(device, asks | (TAKES_N_K if N_k != N else 0))
+        stage = _auto_stage(device, _asks_of(dtype, H, H_kv, N, N_k))
     key = (stage, backward, geometry, device, dtype, causal, scale, variant, smem_limit,
            os.environ.get("FLASHCOURSE_LIB_DIR"))
     p = _plans.get(key)
@@ -719,11 +718,15 @@ def auto_stage(device=None) -> str:
     return _auto_stage(torch.cuda.current_device() if index is None else index)
 
 
+def _asks_of(dtype, H: int, H_kv: int, N: int, N_k: int) -> int:
+    """What a call asks of a stage beyond the plain case, strides aside (TAKES_* bits)."""
+    asks = TAKES_BF16 if dtype == _torch().bfloat16 else 0
+    asks |= TAKES_GQA if H_kv != H else 0
+    return asks | (TAKES_N_K if N_k != N else 0)
+
+
 def _asks(q, k) -> int:
-    """What q, k ask of a stage beyond the plain case, strides aside (TAKES_* bits)."""
-    asks = TAKES_BF16 if q.dtype == _torch().bfloat16 else 0
-    asks |= TAKES_GQA if k.shape[1] != q.shape[1] else 0
-    return asks | (TAKES_N_K if k.shape[2] != q.shape[2] else 0)
+    return _asks_of(q.dtype, q.shape[1], k.shape[1], q.shape[2], k.shape[2])
 
 
 def _takes_strides(stage: str, backward_stage: Optional[str]) -> bool:
@@ -738,13 +741,10 @@ def _takes_strides(stage: str, backward_stage: Optional[str]) -> bool:
 def _auto_stage(device: int, asks: int = 0) -> str:
     """stage="auto": the Hopper stage where its library is built, runs on this device and takes
     what the inputs ask (asks: TAKES_* bits), else stage 5."""
-    found = _auto.get(device)
-    if found is not None and asks and found == HOPPER_STAGE:
-        return found if _stage(found).stage.takes & asks == asks else FORWARD_STAGE
-    if found is not None:
-        return found
     found = _auto_probe(device)
-    return _auto_stage(device, asks)
+    if asks and found == HOPPER_STAGE and _stage(found).stage.takes & asks != asks:
+        return FORWARD_STAGE
+    return found
 
 
 def _auto_probe(device: int) -> str:
