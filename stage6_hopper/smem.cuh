@@ -1,34 +1,12 @@
 /*
- * stage6_hopper/smem.cuh: the block's shared memory: the 128-byte swizzled slabs that TMA writes
- * and wgmma reads (and their descriptors), the layout of the Q buffers, the K/V ring, the O
- * staging tiles and the mbarriers (carve_smem), and the ring's bookkeeping (pipeline_state,
- * wait_full, wait_empty).
+ * stage6_hopper/smem.cuh: the block's shared memory: the layout of the Q buffers, the K/V ring, the
+ * O staging tiles and the mbarriers (carve_smem), and the ring's bookkeeping (pipeline_state,
+ * wait_full, wait_empty). The 128-byte swizzled slabs that TMA writes and wgmma reads, and their
+ * descriptors (slab_offset, desc_k_major, desc_mn_major, ...), are common/device/sm90.cuh's.
  */
 #pragma once
 
 #include "config.cuh"
-
-// The 128-byte swizzle works on rows of 128 bytes: 64 halves. A tile of D columns is stored as
-// D / 64 slabs of [rows, 64] halves, one TMA copy each. In a slab, the 16-byte chunk c of row r
-// sits at chunk position c ^ (r % 8): the pattern repeats every 8 rows, and those 8-row groups
-// (1024 bytes, the swizzle atom) are the stride the wgmma descriptors give.
-constexpr int SLAB_COLS = 64;
-constexpr int SLAB_ROW_BYTES = SLAB_COLS * HALF_BYTES;
-constexpr int CHUNKS_PER_SLAB_ROW = SLAB_ROW_BYTES / CHUNK_BYTES;
-constexpr int SWIZZLE_ROWS = 8;
-constexpr int SWIZZLE_ATOM_BYTES = SWIZZLE_ROWS * SLAB_ROW_BYTES;
-
-// Where column slab `slab` of a [D / 64][ROWS][64] tile starts, and where 16-byte chunk `chunk`
-// (columns 8 chunk .. 8 chunk + 7) of its row `row` sits, in bytes from the tile's start.
-template <int ROWS>
-__device__ __forceinline__ int slab_offset(int slab) {
-    return slab * ROWS * SLAB_ROW_BYTES;
-}
-template <int ROWS>
-__device__ __forceinline__ int swizzled_chunk_offset(int row, int chunk) {
-    return (chunk / CHUNKS_PER_SLAB_ROW) * (ROWS * SLAB_ROW_BYTES) + row * SLAB_ROW_BYTES +
-           ((chunk % CHUNKS_PER_SLAB_ROW) ^ (row % SWIZZLE_ROWS)) * CHUNK_BYTES;
-}
 
 // A ring of SLOTS buffers, each with a "full" and an "empty" mbarrier, used in turn: the
 // count-th use (counted over the whole block, across work tiles, so the ring never resets) is
@@ -44,33 +22,6 @@ struct pipeline_state {
     __device__ __forceinline__ pipeline_state next() const { return {count + 1}; }
     __device__ __forceinline__ pipeline_state previous() const { return {count - 1}; }
 };
-
-// Operand A or B stored "K-major" (the K dimension contiguous: Q and K rows, D halves each).
-// Within a 64-column slab, k-step kk starts kk * 32 bytes into each 128-byte row (the hardware
-// applies the swizzle to the address); the 8-row groups are 1024 bytes apart (stride offset);
-// the leading offset is unused in this mode.
-constexpr int DESC_UNUSED_LEAD_BYTES = 16;
-__device__ __forceinline__ uint64_t desc_k_major(uint32_t tile) {
-    return smem_desc(tile, DESC_UNUSED_LEAD_BYTES, SWIZZLE_ATOM_BYTES);
-}
-template <int ROWS>
-__device__ __forceinline__ uint64_t desc_k_major_step(uint64_t tile_desc, int kk) {
-    constexpr int STEPS_PER_SLAB = SLAB_COLS / WGMMA_K;
-    return desc_advance(tile_desc, slab_offset<ROWS>(kk / STEPS_PER_SLAB) +
-                                       (kk % STEPS_PER_SLAB) * (WGMMA_K * HALF_BYTES));
-}
-
-// Operand B stored "MN-major" (N contiguous: V's rows are keys = the K dimension of P V, with
-// the D output columns contiguous). Along N the 64-column slabs are ROWS * 128 bytes apart
-// (leading offset); along K the 8-row groups 1024 bytes (stride offset). k-step kk is WGMMA_K key
-// rows further down: 2 swizzle atoms.
-template <int ROWS>
-__device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile) {
-    return smem_desc(tile, ROWS * SLAB_ROW_BYTES, SWIZZLE_ATOM_BYTES);
-}
-__device__ __forceinline__ uint64_t desc_mn_major_step(uint64_t tile_desc, int kk) {
-    return desc_advance(tile_desc, kk * WGMMA_K * SLAB_ROW_BYTES);
-}
 
 /* ---- the kernel's shared memory -------------------------------------------------------------- */
 

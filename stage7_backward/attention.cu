@@ -55,16 +55,16 @@
 #include <string.h>
 
 #include "attention.h"
-#include "device/sm80.cuh"        // mma.sync, ldmatrix, cp.async, the fragment vocabulary
-#include "device/sm90.cuh"        // sm_90 on: stmatrix, the TMA unit's bulk reductions
-#include "device/tensor_map.cuh"  // tensor_map_encoder (DQ_BULK's tensor map)
+#include "device/backward_prepost.cuh"  // bwd_params; D_i and LSE_i before, dQ to fp16 after
+#include "device/sm80.cuh"              // mma.sync, ldmatrix, cp.async, the fragment vocabulary
+#include "device/sm90.cuh"              // sm_90 on: stmatrix, the TMA unit's bulk reductions
+#include "device/tensor_map.cuh"        // tensor_map_encoder (DQ_BULK's tensor map)
 
 // The stage, one file per role, in reading order (clang-format would sort them):
 // clang-format off
-#include "config.cuh"            // tiles of the three kernels, their shared memory, bwd_params
+#include "config.cuh"            // tiles of the three kernels, their shared memory
 #include "smem.cuh"              // swizzled tiles, ldmatrix lane addresses, cp.async copies
 #include "gemm.cuh"              // the warps' products on mma.sync, fragments out
-#include "preprocess.cuh"        // D_i and LSE_i before; dQ to fp16 after
 #include "dq.cuh"                // dQ's accumulation: atomics, or the TMA unit's reductions
 #include "smem_kernel.cuh"       // backward_smem_kernel: P^T, dS^T through shared memory
 #include "registers_kernel.cuh"  // backward_kernel: P^T, dS^T in registers (small GPUs)

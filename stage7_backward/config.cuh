@@ -1,8 +1,8 @@
 /*
  * stage7_backward/config.cuh: the configuration: the tiles of the three kernels
  * (backward_smem_kernel, backward_kernel, dq_kernel), in the order the launcher tries them, their
- * shared memory, dQ's staging layout for the TMA unit, and the parameters every kernel reads
- * (bwd_params).
+ * shared memory and whether dQ goes through the TMA unit (the parameters every kernel reads,
+ * bwd_params, and dQ's staging layout are common/device/backward_prepost.cuh's).
  *
  * Part of attention.cu's one translation unit, as every .cuh file of this folder.
  */
@@ -12,7 +12,8 @@
 #include <cuda_fp16.h>
 #include <stddef.h>
 
-#include "device/sm80.cuh"  // MMA_M, MMA_K, ...
+#include "device/backward_prepost.cuh"  // bwd_params, ROW_PAD, DQ_SLAB_COLS: shared with stage 8
+#include "device/sm80.cuh"              // MMA_M, MMA_K, ...
 
 /* ---- tunables -------------------------------------------------------------------------------- */
 
@@ -107,13 +108,6 @@ constexpr int DQ_BULK_ARCH = 90;
 __host__ __device__ constexpr bool dq_bulk(int arch) {
     return arch >= DQ_BULK_ARCH;
 }
-// The staging tile holds the QROWS x D floats in slabs of DQ_SLAB_COLS columns, [D / DQ_SLAB_COLS]
-// [QROWS][DQ_SLAB_COLS]: a slab row is 32 bytes, so the 4 rows a half-warp's fragment store
-// writes are 128 contiguous bytes, every bank once. The tensor map (dq_tensor_map) walks dQ_acc
-// in the same order: column within the slab, row, slab, (batch, head).
-constexpr int DQ_SLAB_COLS = 8;
-constexpr int DQ_SLAB_ROW_BYTES = DQ_SLAB_COLS * (int)sizeof(float);
-constexpr int DQ_MAP_RANK = 4;
 
 // K_j, V_j [KEYS, D]; STAGES x (Q_i, dO_i [QROWS, D]); P^T, dS^T [KEYS, QROWS]; STAGES x (LSE_i,
 // D_i [QROWS] floats); with DQ_BULK (bulk), the dQ staging tile, QROWS x D floats.
@@ -122,45 +116,4 @@ __host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D, bool b
            2 * (size_t)c.KEYS * c.QROWS * sizeof(__half) +
            LOOP_VECTORS * (size_t)c.STAGES * c.QROWS * sizeof(float) +
            (bulk ? (size_t)c.QROWS * D * sizeof(float) : 0);
-}
-
-/* ---- the kernels' parameters ----------------------------------------------------------------- */
-
-// Rows of lse2 and Dsum per head: N rounded up to ROW_PAD, a multiple of every tile's rows.
-constexpr int ROW_PAD = 128;  // N_pad: N rounded up to this, a multiple of every tile's rows
-
-// One tensor's strides in elements (attn_layout; the last dimension contiguous): element (b, h,
-// row, c) lies at b batch + h head + row row_stride + c. The row stride in 32 bits
-// (stage_unsupported bounds it), so that a tile's copy walks its rows with one address.
-typedef struct {
-    long long batch, head;
-    unsigned row;
-} tensor_strides;
-
-typedef struct {
-    tensor_strides q, k, v, o, dO, dQ, dK, dV;
-} bwd_layouts;
-
-// The 16-bit tensors are __half pointers whatever their type: fp16, or bf16 where the kernels'
-// BF16 says so (only the products, the packing and the preprocess's reads tell them apart).
-typedef struct bwd_params {
-    const __half *Q, *K, *V, *O, *dO;  // Q, O, dO [B, H, N, D]; K, V [B, H_kv, N_k, D]; strided
-    const float *lse;                  // [B, H, N] natural log (the forward's), contiguous
-    __half *dQ, *dK, *dV;              // dQ [B, H, N, D]; dK, dV [B, H_kv, N_k, D]; strided
-    float *dQ_acc;                     // [B, H, N, D] fp32, contiguous, zeroed by preprocess_kernel
-    float *lse2;                       // [B * H, N_pad]: LSE * log2(e), +inf past N
-    float *Dsum;                       // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
-    bwd_layouts layout;                // the eight tensors' strides
-    int H, H_kv, group;                // query heads, key/value heads, H / H_kv (GQA)
-    int N, N_k, N_pad, causal;         // queries, keys, N rounded up to ROW_PAD
-    int causal_shift;                  // N_k - N: causal query i sees keys j <= i + causal_shift
-    float scale, scale_log2;           // scale, scale * log2(e)
-} bwd_params;
-
-// Offsets in elements: of head h of batch b of a tensor, and of row `row` from it.
-__host__ __device__ __forceinline__ size_t head_offset(const tensor_strides &t, int b, int h) {
-    return (size_t)b * t.batch + (size_t)h * t.head;
-}
-__host__ __device__ __forceinline__ size_t rows_offset(int row, unsigned ld) {
-    return (size_t)(unsigned)row * ld;
 }

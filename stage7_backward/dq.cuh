@@ -1,13 +1,13 @@
 /*
  * stage7_backward/dq.cuh: dQ, which every key tile adds to: fp32 atomics into dQ_acc (add_pair),
  * or from sm_90 on the TMA unit's bulk tensor reductions of a staging tile (stage_dq_fragments,
- * add_staged_dq_tile, and dq_tensor_map, the host's description of dQ_acc for it).
+ * add_staged_dq_tile; dq_tensor_map, the host's description of dQ_acc for it, is
+ * common/device/backward_prepost.cuh's).
  */
 #pragma once
 
 #include "config.cuh"
 #include "device/sm90.cuh"
-#include "device/tensor_map.cuh"  // tensor_map_encoder (dq_tensor_map)
 
 // to[0] += x, to[1] += y in global memory by fp32 atomics (red.global.add; both floats in one
 // instruction on sm_90): the dQ accumulator's adds.
@@ -54,24 +54,4 @@ __device__ __forceinline__ void add_staged_dq_tile(const CUtensorMap *dq_map, ui
     if (threadIdx.x != 0) return;
     tma_reduce_add_4d(dq_map, dq_stage, 0, q0, 0, bh);
     bulk_commit();
-}
-
-// DQ_BULK: dQ_acc [B * H, N, D] floats seen as [B * H][D / DQ_SLAB_COLS slabs][N rows]
-// [DQ_SLAB_COLS] (innermost last: the layout of the staging tile), in boxes of one whole query
-// tile, rows past N out of bounds.
-static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s, int qrows) {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (!encode) return cudaErrorSymbolNotFound;
-    const cuuint64_t row = (cuuint64_t)s->D * sizeof(float);
-    const cuuint64_t dims[DQ_MAP_RANK] = {
-        DQ_SLAB_COLS, (cuuint64_t)s->N, (cuuint64_t)(s->D / DQ_SLAB_COLS), (cuuint64_t)s->B * s->H};
-    const cuuint64_t strides[DQ_MAP_RANK - 1] = {row, DQ_SLAB_ROW_BYTES, row * s->N};  // bytes
-    const cuuint32_t box[DQ_MAP_RANK] = {DQ_SLAB_COLS, (cuuint32_t)qrows,
-                                         (cuuint32_t)(s->D / DQ_SLAB_COLS), 1};
-    const cuuint32_t elem_strides[DQ_MAP_RANK] = {1, 1, 1, 1};
-    const CUresult r =
-        encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, DQ_MAP_RANK, dQ_acc, dims, strides, box,
-               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }

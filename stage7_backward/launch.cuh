@@ -2,7 +2,8 @@
  * stage7_backward/launch.cuh: the launcher of the backward pass (host code): the variants, how dQ
  * is added up (dq_way_for), the configuration that fits this device (choose_tiles, smem_p_fits),
  * the kernel instantiations (kernel_for, smem_p_kernel), the workspace, and backward(), which
- * runs preprocess, the main kernel, then the convert or dq_kernel.
+ * runs preprocess, the main kernel, then the convert or dq_kernel (the passes before and after:
+ * common/device/backward_prepost.cuh, shared with stage 8).
  */
 #pragma once
 
@@ -10,7 +11,6 @@
 
 #include "device/kernel_cache.cuh"  // kernel_versions, kernel_smem_limit: once per device
 #include "dq_kernel.cuh"
-#include "preprocess.cuh"
 #include "registers_kernel.cuh"
 #include "smem_kernel.cuh"
 

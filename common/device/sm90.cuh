@@ -1,8 +1,10 @@
 /*
- * common/device/sm90.cuh: Hopper's instructions as inline PTX, for stage 6 (which teaches them) and
- * stage 7 (the TMA unit's bulk reductions and stmatrix, from sm_90 on): mbarriers, TMA bulk tensor
- * copies and reductions with their bulk groups and the async-proxy fence, programmatic dependent
- * launch, stmatrix, named barriers, setmaxnreg, and wgmma with its shared-memory descriptors.
+ * common/device/sm90.cuh: Hopper's instructions as inline PTX, for stage 6 (which teaches them),
+ * stage 7 (the TMA unit's bulk reductions and stmatrix, from sm_90 on) and stage 8 (the backward
+ * on wgmma): mbarriers, TMA bulk tensor copies and reductions with their bulk groups and the
+ * async-proxy fence, plain bulk copies, programmatic dependent launch, stmatrix, named barriers,
+ * setmaxnreg, and wgmma with its shared-memory descriptors and the 128-byte swizzled tiles they
+ * describe.
  *
  * The wrappers a kernel of every target compiles (stage 7's) give no instruction, or a trap where
  * the launcher never goes, in code for targets before sm_90. wgmma and setmaxnreg exist only in
@@ -77,6 +79,18 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map
         "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
         "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
+// A plain bulk copy (no tensor map): `bytes` contiguous bytes (a multiple of 16, both addresses
+// 16-byte aligned) from global memory at src into shared memory at dst; completion adds them to
+// `bar`, as tma_load_4d's do. Stage 8 brings a query tile's LSE_i and D_i rows with it.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
+                                          uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n" ::"r"(dst),
+        "l"((uint64_t)src), "r"(bytes), "r"(bar)
         : "memory");
 }
 
@@ -222,6 +236,57 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) 
     return desc + (bytes >> DESC_UNIT_SHIFT);
 }
 
+/* ---- wgmma: 128-byte swizzled tiles and their descriptors ------------------------------------ */
+
+// The 128-byte swizzle works on rows of 128 bytes: 64 halves. A tile of D columns is stored as
+// D / 64 slabs of [rows, 64] halves, one TMA copy each. In a slab, the 16-byte chunk c of row r
+// sits at chunk position c ^ (r % 8): the pattern repeats every 8 rows, and those 8-row groups
+// (1024 bytes, the swizzle atom) are the stride the wgmma descriptors give.
+inline constexpr int SLAB_COLS = 64;
+inline constexpr int SLAB_ROW_BYTES = SLAB_COLS * HALF_BYTES;
+inline constexpr int CHUNKS_PER_SLAB_ROW = SLAB_ROW_BYTES / CHUNK_BYTES;
+inline constexpr int SWIZZLE_ROWS = 8;
+inline constexpr int SWIZZLE_ATOM_BYTES = SWIZZLE_ROWS * SLAB_ROW_BYTES;
+
+// Where column slab `slab` of a [D / 64][ROWS][64] tile starts, and where 16-byte chunk `chunk`
+// (columns 8 chunk .. 8 chunk + 7) of its row `row` sits, in bytes from the tile's start.
+template <int ROWS>
+__device__ __forceinline__ int slab_offset(int slab) {
+    return slab * ROWS * SLAB_ROW_BYTES;
+}
+template <int ROWS>
+__device__ __forceinline__ int swizzled_chunk_offset(int row, int chunk) {
+    return (chunk / CHUNKS_PER_SLAB_ROW) * (ROWS * SLAB_ROW_BYTES) + row * SLAB_ROW_BYTES +
+           ((chunk % CHUNKS_PER_SLAB_ROW) ^ (row % SWIZZLE_ROWS)) * CHUNK_BYTES;
+}
+
+// Operand A or B stored "K-major" (the K dimension contiguous: Q and K rows, D halves each).
+// Within a 64-column slab, k-step kk starts kk * 32 bytes into each 128-byte row (the hardware
+// applies the swizzle to the address); the 8-row groups are 1024 bytes apart (stride offset);
+// the leading offset is unused in this mode.
+inline constexpr int DESC_UNUSED_LEAD_BYTES = 16;
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t tile) {
+    return smem_desc(tile, DESC_UNUSED_LEAD_BYTES, SWIZZLE_ATOM_BYTES);
+}
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_k_major_step(uint64_t tile_desc, int kk) {
+    constexpr int STEPS_PER_SLAB = SLAB_COLS / WGMMA_K;
+    return desc_advance(tile_desc, slab_offset<ROWS>(kk / STEPS_PER_SLAB) +
+                                       (kk % STEPS_PER_SLAB) * (WGMMA_K * HALF_BYTES));
+}
+
+// Operand B (or A) stored "MN-major" (N, or M, contiguous; the wgmma's transpose bit for that
+// operand is set): V's rows are keys = the K dimension of P V, with the D output columns
+// contiguous. Along N the 64-column slabs are ROWS * 128 bytes apart (leading offset); along K the
+// 8-row groups 1024 bytes (stride offset). k-step kk is WGMMA_K rows further down: 2 swizzle atoms.
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile) {
+    return smem_desc(tile, ROWS * SLAB_ROW_BYTES, SWIZZLE_ATOM_BYTES);
+}
+__device__ __forceinline__ uint64_t desc_mn_major_step(uint64_t tile_desc, int kk) {
+    return desc_advance(tile_desc, kk * WGMMA_K * SLAB_ROW_BYTES);
+}
+
 /* ---- wgmma: the asynchronous warpgroup products ---------------------------------------------- */
 
 // wgmma runs asynchronously: fence before the first of a batch (the registers it reads or
@@ -312,6 +377,25 @@ __device__ __forceinline__ void wgmma_m64n176_ss(float (&d)[88], uint64_t a, uin
         WGMMA_M64N176_SS("bf16");
     else
         WGMMA_M64N176_SS("f16");
+}
+
+// d (64 x 64, fp32) {=, +=} A (64 x 16) * B (16 x 64), both from shared memory, each K-major (its
+// TRANS bit 0) or MN-major (1: M, or N, contiguous; the 16-bit types' transpose bits). Stage 8's
+// S^T = K Q^T and dP^T = V dO^T (K-major both) and dQ = dS K (MN-major both: dS^T and K as stored).
+#define WGMMA_M64N64_SS(T)                                                \
+    asm volatile(                                                         \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                      \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {" REGS32 \
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"                            \
+        : ACC32(d)                                                        \
+        : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
+template <bool BF16, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t a, uint64_t b,
+                                                int accumulate) {
+    if constexpr (BF16)
+        WGMMA_M64N64_SS("bf16");
+    else
+        WGMMA_M64N64_SS("f16");
 }
 
 // d (64 x N, fp32) {=, +=} A (64 x 16 fp16 or bf16, in registers) * B (16 x N, MN-major in shared

@@ -1,0 +1,183 @@
+/*
+ * common/device/backward_prepost.cuh: what the backward stages (7, on mma.sync, and 8, on wgmma)
+ * share around their main kernels: the parameters those passes read (bwd_params), the pass before
+ * (preprocess_kernel: D_i = rowsum(dO_i * O_i) and LSE_i in log2 units, padded, with dQ_acc
+ * zeroed), the pass after (dq_convert_kernel: dQ = scale dQ_acc in the storage type), and dQ_acc's
+ * description for the TMA unit's bulk reductions (dq_tensor_map, host code; its staging tile's
+ * layout, DQ_SLAB_COLS).
+ *
+ * Device and host code for one translation unit (a stage's attention.cu includes it).
+ */
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stddef.h>
+
+#include "tensor_map.cuh"  // tensor_map_encoder (dq_tensor_map)
+#include "warp.cuh"        // CHUNK_BYTES, pack2_of, LOG2E, ...
+
+/* ---- the kernels' parameters ----------------------------------------------------------------- */
+
+// Rows of lse2 and Dsum per head: N rounded up to ROW_PAD, a multiple of every tile's rows.
+constexpr int ROW_PAD = 128;  // N_pad: N rounded up to this, a multiple of every tile's rows
+
+// One tensor's strides in elements (attn_layout; the last dimension contiguous): element (b, h,
+// row, c) lies at b batch + h head + row row_stride + c. The row stride in 32 bits
+// (stage_unsupported bounds it), so that a tile's copy walks its rows with one address.
+typedef struct {
+    long long batch, head;
+    unsigned row;
+} tensor_strides;
+
+typedef struct {
+    tensor_strides q, k, v, o, dO, dQ, dK, dV;
+} bwd_layouts;
+
+// The 16-bit tensors are __half pointers whatever their type: fp16, or bf16 where the kernels'
+// BF16 says so (only the products, the packing and the preprocess's reads tell them apart).
+typedef struct bwd_params {
+    const __half *Q, *K, *V, *O, *dO;  // Q, O, dO [B, H, N, D]; K, V [B, H_kv, N_k, D]; strided
+    const float *lse;                  // [B, H, N] natural log (the forward's), contiguous
+    __half *dQ, *dK, *dV;              // dQ [B, H, N, D]; dK, dV [B, H_kv, N_k, D]; strided
+    float *dQ_acc;                     // [B, H, N, D] fp32, contiguous, zeroed by preprocess_kernel
+    float *lse2;                       // [B * H, N_pad]: LSE * log2(e), +inf past N
+    float *Dsum;                       // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
+    bwd_layouts layout;                // the eight tensors' strides
+    int H, H_kv, group;                // query heads, key/value heads, H / H_kv (GQA)
+    int N, N_k, N_pad, causal;         // queries, keys, N rounded up to ROW_PAD
+    int causal_shift;                  // N_k - N: causal query i sees keys j <= i + causal_shift
+    float scale, scale_log2;           // scale, scale * log2(e)
+} bwd_params;
+
+// Offsets in elements: of head h of batch b of a tensor, and of row `row` from it.
+__host__ __device__ __forceinline__ size_t head_offset(const tensor_strides &t, int b, int h) {
+    return (size_t)b * t.batch + (size_t)h * t.head;
+}
+__host__ __device__ __forceinline__ size_t rows_offset(int row, unsigned ld) {
+    return (size_t)(unsigned)row * ld;
+}
+
+/* ---- dQ_acc through the TMA unit ------------------------------------------------------------ */
+
+// The staging tile holds the QROWS x D floats in slabs of DQ_SLAB_COLS columns, [D / DQ_SLAB_COLS]
+// [QROWS][DQ_SLAB_COLS]: a slab row is 32 bytes, so the 4 rows a half-warp's fragment store
+// writes are 128 contiguous bytes, every bank once. The tensor map (dq_tensor_map) walks dQ_acc
+// in the same order: column within the slab, row, slab, (batch, head).
+constexpr int DQ_SLAB_COLS = 8;
+constexpr int DQ_SLAB_ROW_BYTES = DQ_SLAB_COLS * (int)sizeof(float);
+constexpr int DQ_MAP_RANK = 4;
+
+// dQ_acc [B * H, N, D] floats seen as [B * H][D / DQ_SLAB_COLS slabs][N rows]
+// [DQ_SLAB_COLS] (innermost last: the layout of the staging tile), in boxes of one whole query
+// tile, rows past N out of bounds.
+static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s, int qrows) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return cudaErrorSymbolNotFound;
+    const cuuint64_t row = (cuuint64_t)s->D * sizeof(float);
+    const cuuint64_t dims[DQ_MAP_RANK] = {
+        DQ_SLAB_COLS, (cuuint64_t)s->N, (cuuint64_t)(s->D / DQ_SLAB_COLS), (cuuint64_t)s->B * s->H};
+    const cuuint64_t strides[DQ_MAP_RANK - 1] = {row, DQ_SLAB_ROW_BYTES, row * s->N};  // bytes
+    const cuuint32_t box[DQ_MAP_RANK] = {DQ_SLAB_COLS, (cuuint32_t)qrows,
+                                         (cuuint32_t)(s->D / DQ_SLAB_COLS), 1};
+    const cuuint32_t elem_strides[DQ_MAP_RANK] = {1, 1, 1, 1};
+    const CUresult r =
+        encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, DQ_MAP_RANK, dQ_acc, dims, strides, box,
+               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* ---- the passes before and after ----------------------------------------------------------- */
+
+// D_i = rowsum(dO_i * O_i) in fp32 (O and dO read in their layouts, fp16 or BF16 bf16), and LSE_i
+// in log2 units, for the padded rows of every head: rows past N get D = 0 and LSE = +inf, so that
+// their P = 2^(s - inf) = 0 without a mask; so do rows that see no key (causal, N > N_k: the
+// forward wrote O = 0, so D = 0, and LSE = -inf, whose 2^(s + inf) no kernel may compute). With dQ
+// by atomics or bulk reductions, the row of dQ_acc they add into is zeroed here too (as
+// FlashAttention-2's preprocess does: no separate pass over dQ_acc). PREPROCESS_LANES lanes per
+// row, D / 8 halves each; the grid covers B * H * N_pad rows exactly (N_pad is a multiple of
+// ROW_PAD).
+constexpr int PREPROCESS_THREADS = 128;
+constexpr int PREPROCESS_LANES = 8;
+
+// Two 16-bit values (bf16 with BF16, else fp16) packed in a register, as floats.
+template <bool BF16>
+__device__ __forceinline__ float2 unpack2_of(uint32_t u) {
+    if constexpr (BF16) {
+        __nv_bfloat162 h;
+        memcpy(&h, &u, sizeof h);
+        return __bfloat1622float2(h);
+    } else {
+        __half2 h;
+        memcpy(&h, &u, sizeof h);
+        return __half22float2(h);
+    }
+}
+
+template <int D, bool BF16>
+__global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bwd_params p) {
+    constexpr int PER_LANE = D / PREPROCESS_LANES;  // halves
+    constexpr int PAIRS_PER_CHUNK = CHUNK_BYTES / sizeof(uint32_t);
+    const size_t row =  // in [B * H, N_pad]
+        ((size_t)blockIdx.x * PREPROCESS_THREADS + threadIdx.x) / PREPROCESS_LANES;
+    const int sub = (int)threadIdx.x % PREPROCESS_LANES;
+    const size_t bh = row / (size_t)p.N_pad;
+    const int i = (int)(row - bh * p.N_pad);
+    const bool inside = i < p.N;
+    float sum = 0.f;
+    if (inside) {
+        const int b = (int)bh / p.H, h = (int)bh % p.H;  // (B * H fits a grid's y: 32 bits)
+        if (p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it; contiguous)
+            constexpr int FLOAT4_FLOATS = 4;
+            float4 *const acc =
+                reinterpret_cast<float4 *>(p.dQ_acc + ((size_t)bh * p.N + i) * D + sub * PER_LANE);
+#pragma unroll
+            for (int c = 0; c < PER_LANE / FLOAT4_FLOATS; ++c)
+                acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        const __half *const O_row =
+            p.O + head_offset(p.layout.o, b, h) + rows_offset(i, p.layout.o.row) + sub * PER_LANE;
+        const __half *const dO_row = p.dO + head_offset(p.layout.dO, b, h) +
+                                     rows_offset(i, p.layout.dO.row) + sub * PER_LANE;
+#pragma unroll
+        for (int c = 0; c < PER_LANE; c += CHUNK_HALVES) {
+            const uint4 o = *reinterpret_cast<const uint4 *>(O_row + c);
+            const uint4 d = *reinterpret_cast<const uint4 *>(dO_row + c);
+            const uint32_t *ow = reinterpret_cast<const uint32_t *>(&o);
+            const uint32_t *dw = reinterpret_cast<const uint32_t *>(&d);
+#pragma unroll
+            for (int x = 0; x < PAIRS_PER_CHUNK; ++x) {
+                const float2 of = unpack2_of<BF16>(ow[x]), df = unpack2_of<BF16>(dw[x]);
+                sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
+            }
+        }
+    }
+#pragma unroll
+    for (int s = PREPROCESS_LANES / 2; s > 0; s /= 2) sum += __shfl_xor_sync(FULL_WARP, sum, s);
+    if (sub == 0) {
+        p.Dsum[row] = inside ? sum : 0.f;
+        const float lse = inside ? p.lse[bh * p.N + i] : INFINITY;
+        p.lse2[row] = lse == -INFINITY ? INFINITY : lse * LOG2E;  // (a row with no key: +inf)
+    }
+}
+
+// dQ = scale * dQ_acc, as fp16 (bf16 with BF16), written in dQ's layout: four elements a thread,
+// blockIdx.y the (batch, head), blockIdx.x the threads' float4s of it (dQ_acc is contiguous).
+constexpr int CONVERT_THREADS = 256;
+constexpr int CONVERT_FLOATS = 4;  // a thread's elements: one float4 of dQ_acc
+template <int D, bool BF16>
+__global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_params p) {
+    constexpr int ROW_FLOAT4S = D / CONVERT_FLOATS;
+    const size_t i = (size_t)blockIdx.x * CONVERT_THREADS + threadIdx.x;  // float4 of the head
+    if (i >= (size_t)p.N * ROW_FLOAT4S) return;
+    const int bh = (int)blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int row = (int)(i / ROW_FLOAT4S), col = (int)(i % ROW_FLOAT4S) * CONVERT_FLOATS;
+    const float4 a = reinterpret_cast<const float4 *>(p.dQ_acc + (size_t)bh * p.N * D)[i];
+    uint2 out;
+    out.x = pack2_of<BF16>(a.x * p.scale, a.y * p.scale);
+    out.y = pack2_of<BF16>(a.z * p.scale, a.w * p.scale);
+    *reinterpret_cast<uint2 *>(p.dQ + head_offset(p.layout.dQ, b, h) +
+                               rows_offset(row, p.layout.dQ.row) + col) = out;
+}
