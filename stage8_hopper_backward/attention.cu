@@ -1,0 +1,132 @@
+/*
+ * stage8_hopper_backward: FlashAttention-3's backward pass (dQ, dK, dV) on Hopper (sm_90a), written
+ * out instruction by instruction. README.md is the lesson; LOG.md the optimization log.
+ *
+ * New over stage 7 (the same algorithm on mma.sync): the five products on wgmma, 64 rows a
+ * warpgroup, with P^T and dS^T as A operands straight from the registers the scores left them
+ * in; Q_i, dO_i, LSE_i and D_i brought by TMA into a ring on mbarriers; a producer warpgroup that
+ * issues every copy and every dQ reduction and gives its registers (setmaxnreg) to two consumer
+ * warpgroups that only compute. The forward pass is stage 6's, linked (stage.mk). Expected gain:
+ * about 1.5x over stage 7's backward where the grid fills the GPU (LOG.md, step 1's prediction).
+ *
+ *   D_i = rowsum(dO_i * O_i), LSE_i * log2(e)           preprocess_kernel (stage 7's, shared)
+ *   backward_kernel: one block per (key tile j of KEYS = 128 keys, batch, key/value head)
+ *     producer warpgroup, load warp (load_tiles):
+ *       K_j, V_j -> shared memory, once                                            (KV_FULL)
+ *       for each query head h of the group, each query tile i that sees the keys (it-th):
+ *         wait Q_EMPTY[it % 2]; TMA Q_i, bulk LSE_i (Q_FULL); TMA dO_i, bulk D_i  (DO_FULL)
+ *     producer warpgroup, dQ warp (reduce_dq), for the same walk:
+ *         wait DQ_FULL; dQ_acc[h, i] += the staging tiles (TMA bulk reduce-add); wait until
+ *         read; arrive DQ_EMPTY
+ *     each of the two consumer warpgroups, keys 64 wg .. 64 wg + 63 of the tile (consumer):
+ *       dK = dV = 0 (fp32 registers, for the whole block); wait KV_FULL
+ *       for the same walk (consumer_step):
+ *         wait Q_FULL;  S^T  = K_j Q_i^T         wgmma SS, K-major both        (issue_scores)
+ *         wait DO_FULL; dP^T = V_j dO_i^T        wgmma SS, K-major both
+ *         wait S^T:     P^T  = 2^(S^T scale log2(e) - LSE_i), masked        (probabilities)
+ *         wait dP^T:    dS^T = P^T * (dP^T - D_i)                         (score_gradients)
+ *         dS^T -> dS_smem[it % 2] (stmatrix, 128-byte swizzle)                   (store_ds)
+ *         dV += P^T dO_i, dK += dS^T Q_i         wgmma RS: A from registers (issue_dkv)
+ *         named barrier: dS^T written (both warpgroups at D = 128)              (ds_written)
+ *         dQ_i part = dS K_j                     wgmma SS, MN-major both       (issue_dq)
+ *         wait all; arrive Q_EMPTY; wait DQ_EMPTY; part -> staging; arrive DQ_FULL (stage_dq)
+ *       dK *= scale; store dK_j, dV_j                                            (store_dkv)
+ *   dQ = scale dQ_acc, in the storage type                 dq_convert_kernel (stage 7's, shared)
+ *
+ * Run:  make build && build/stage8_hopper_backward --seq 4096 --heads 16 --dim 128 --causal --bench
+ * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
+ * build has it); everywhere else the stage reports itself unsupported (exit 3).
+ * What models feed: GQA (a block walks the query heads of its key/value head, so dK_j and dV_j sum
+ * over them in registers), strided layouts (4-D tensor maps, strided stores), N_k != N (causal
+ * aligned bottom right) and bf16 (a template parameter: wgmma's .bf16 products).
+ *
+ * NOTE: what is left (LOG.md): every step waits for its own wgmma before the next starts (no
+ * overlap of one step's softmax with another's products, as FlashAttention-3 has), dK and dV leave
+ * by 4-byte stores, dQ's adds are not reproducible (variant deterministic to come), and the tiles
+ * at D = 64 are not tuned.
+ */
+
+#include <cuda.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention.h"
+#include "device/backward_prepost.cuh"  // bwd_params; D_i and LSE_i before, dQ's conversion after
+#include "device/sm80.cuh"              // plain shared-memory loads and stores by address
+#include "device/sm90.cuh"        // mbarriers, TMA, bulk copies, wgmma, stmatrix, named barriers
+#include "device/tensor_map.cuh"  // tensor_map_4d
+
+// The stage, one file per role, in reading order (clang-format would sort them):
+// clang-format off
+#include "config.cuh"    // tiles, warpgroups, shared memory, barriers, bwd_problem
+#include "producer.cuh"  // the load warp: K_j, V_j, then Q_i, dO_i, LSE_i, D_i by TMA
+#include "dq.cuh"        // dQ: the consumers' staging, the dQ warp's bulk reduce-add
+#include "epilogue.cuh"  // dK_j, dV_j to global memory
+#include "mainloop.cuh"  // the consumers: the five products
+#include "kernel.cuh"    // backward_kernel: the warpgroups' roles
+#include "launch.cuh"    // tensor maps, workspace, the three passes (backward)
+// clang-format on
+
+/* ---- the stage's descriptor: the forward pass is stage 6's ----------------------------------- */
+
+// The forward pass is stage 6's: its object with its descriptor renamed attn_forward_stage
+// (Makefile), linked beside this file.
+extern "C" const attn_stage attn_forward_stage;
+
+static const char *stage_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
+    if (variant < 0 || variant >= VARIANTS) return "unknown variant";
+    const char *why = attn_forward_stage.unsupported(s, dev, 0);
+    if (why) return why;  // D, Hopper, the sm_90a code, Q/K/V/O strides for TMA
+    // dO goes through a tensor map too; every stride a multiple of 8 elements (16 bytes), rows at
+    // least D apart and in 32 bits (dQ's conversion and dK's, dV's stores walk rows by them).
+    const attn_layout *l[] = {&s->dO, &s->dQ, &s->dK, &s->dV};
+    for (size_t t = 0; t < sizeof l / sizeof *l; ++t) {
+        if (l[t]->batch % CHUNK_HALVES || l[t]->head % CHUNK_HALVES || l[t]->row % CHUNK_HALVES ||
+            l[t]->row < s->D || l[t]->row > INT_MAX)
+            return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
+    }
+    if (!tensor_map_takes(&s->dO, s->B, s->H, s->N, HALF_BYTES))
+        return "dO's strides must be below 2^39 elements (TMA's limit)";
+    if (!hopper_code_here())
+        return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
+    const size_t smem = s->D == 64 ? smem_bytes<64>() : smem_bytes<128>();
+    if (smem > dev->smem_per_block) {
+        static char why_smem[96];
+        snprintf(why_smem, sizeof why_smem,
+                 "the backward needs %zu bytes of shared memory per block at D = %d", smem, s->D);
+        return why_smem;
+    }
+    return NULL;
+}
+
+static size_t stage_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
+    (void)variant;
+    return attn_forward_stage.workspace_bytes(s, dev, 0);
+}
+
+// The forward pass: stage 6's default, whatever this stage's variant.
+static cudaError_t stage_forward(const attn_shape *s, const attn_device *dev, const void *Q,
+                                 const void *K, const void *V, void *O, float *lse, void *workspace,
+                                 int variant, cudaStream_t stream) {
+    (void)variant;
+    return attn_forward_stage.forward(s, dev, Q, K, V, O, lse, workspace, 0, stream);
+}
+
+extern "C" const attn_stage attn_this_stage = {
+    "stage8_hopper_backward",
+    "FA3's backward on Hopper: the five products on wgmma (P^T, dS^T from registers), Q, dO, LSE, "
+    "D by TMA into a ring on mbarriers, producer/consumer warpgroups, dQ by the TMA unit's "
+    "reduce-add; forward = stage 6's",
+    ATTN_F16,
+    "default",
+    stage_unsupported,
+    stage_workspace_bytes,
+    stage_forward,
+    backward_workspace_bytes,
+    backward,
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // its forward's
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // the backward's
+};

@@ -1,0 +1,222 @@
+/*
+ * stage8_hopper_backward/config.cuh: the configuration: the tiles (keys per block, queries per
+ * step, the depth of the Q/dO ring), the warpgroups and their registers, how the two consumer
+ * warpgroups split dQ_i = dS K_j at each head dim, the block's shared memory (smem_bytes,
+ * carve_smem), its mbarriers and named barriers, and the parameters the main kernel reads
+ * (bwd_problem).
+ *
+ * Part of attention.cu's one translation unit, as every .cuh file of this folder.
+ */
+#pragma once
+
+#include "attention.h"
+#include "device/backward_prepost.cuh"  // bwd_params, tensor_strides, ROW_PAD, DQ_SLAB_COLS
+#include "device/sm90.cuh"              // WGMMA_M, WARPGROUP, slabs and descriptors, ...
+
+// The main kernel exists only in sm_90a code (wgmma, setmaxnreg); other targets compile an empty
+// kernel, which the launcher never starts (stage_unsupported), and leave the Hopper-only
+// constants below unused.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HOPPER_KERNELS 1
+#else
+#define HOPPER_KERNELS 0
+#endif
+#if defined(__CUDA_ARCH__) && !HOPPER_KERNELS
+#pragma nv_diag_suppress 177  // "declared but never referenced"
+#endif
+
+/* ---- tiles and warpgroups -------------------------------------------------------------------- */
+
+// A block owns KEYS keys of one (batch, key/value head): each of the CONSUMERS warpgroups 64 of
+// them (wgmma's M), with their dK_j and dV_j in its registers for the whole block. Per step it
+// takes QROWS queries of one query head (wgmma's N for S^T and dP^T, and the K of dV and dK).
+// FlashAttention-3's tile at D = 128 (128 x 64); at D = 64 it takes 128 queries a step, which
+// LOG.md keeps as a prediction to measure.
+constexpr int CONSUMERS = 2;
+constexpr int PRODUCER_WARPGROUPS = 1;  // warpgroup 0; the consumers are 1 and 2
+constexpr int BLOCK_THREADS = (CONSUMERS + PRODUCER_WARPGROUPS) * WARPGROUP;  // 384
+constexpr int KEYS = CONSUMERS * WGMMA_M;                                     // 128
+constexpr int QROWS = 64;
+constexpr int CONSUMER_WARPS = CONSUMERS * WARPS_PER_WARPGROUP;
+
+// The Q/dO ring: the producer runs up to Q_STAGES query tiles (Q_i, dO_i, LSE_i, D_i) ahead.
+constexpr int Q_STAGES = 2;
+
+// dS^T goes through shared memory for dQ_i = dS K_j: two buffers, so that a warpgroup writes
+// step i + 1's while the other may still read step i's (see mainloop.cuh, dq_product).
+constexpr int DS_BUFFERS = 2;
+
+// The producer warpgroup's warps: one issues every load, one every dQ reduction; the other two
+// leave at once.
+constexpr int LOAD_WARP = 0;
+constexpr int DQ_WARP = 1;
+
+// setmaxnreg: 384 threads start with 168 registers each (65,536 / 384, rounded down to 8); the
+// producer gives most of its share to the consumers: 128 x 24 + 256 x 240 = 64,512.
+constexpr int PRODUCER_REGS = 24;
+constexpr int CONSUMER_REGS = 240;
+
+// dQ_i = dS K_j (queries x D, summed over the block's 128 keys) is one wgmma M = 64 tall: the two
+// consumer warpgroups split it. At D = 128 by columns: warpgroup w computes D / 2 = 64 columns
+// over all 128 keys (it reads the other's dS^T rows: a named barrier between them). At D = 64 a
+// column split would give 32-column operands, narrower than the 128-byte swizzle's 64 halves
+// (no canonical wgmma layout), so by keys: warpgroup w sums over its own 64 keys, reads only its
+// own dS^T, and the two partial tiles reach dQ_acc by two reductions.
+template <int D>
+__host__ __device__ constexpr bool dq_splits_keys() {
+    return D == SLAB_COLS;
+}
+template <int D>
+__host__ __device__ constexpr int dq_cols() {  // N of a warpgroup's dQ wgmma
+    return dq_splits_keys<D>() ? D : D / CONSUMERS;
+}
+template <int D>
+__host__ __device__ constexpr int dq_keys() {  // K of a warpgroup's dQ wgmma
+    return dq_splits_keys<D>() ? WGMMA_M : KEYS;
+}
+template <int D>
+__host__ __device__ constexpr int dq_tiles() {  // staging tiles, one reduction each
+    return dq_splits_keys<D>() ? CONSUMERS : 1;
+}
+// Either way a warpgroup's dQ part is 64 x 64 (a 64-column slab of K_j as wgmma's B): 32 fp32
+// registers a thread, as are S^T and dP^T (64 keys x 64 queries).
+constexpr int DQ_REGS = WGMMA_M * SLAB_COLS / WARPGROUP;
+constexpr int SCORE_REGS = WGMMA_M * QROWS / WARPGROUP;
+constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of a wgmma result
+
+// The one variant so far (deterministic and atomicdq are LOG.md's next steps).
+enum { VARIANT_DEFAULT = 0, VARIANTS };
+
+/* ---- shared memory --------------------------------------------------------------------------- */
+
+// K_smem, V_smem [D/64][KEYS][64]; Q_STAGES x (Q_smem, dO_smem [D/64][QROWS][64]), all in the
+// 128-byte swizzle TMA writes; DS_BUFFERS x dS_smem [KEYS][QROWS] (dS^T, one 64-column slab,
+// swizzled the same way by the consumers' stmatrix); dq_tiles() x dQ_stage [D/8][QROWS][8] floats
+// (backward_prepost.cuh's staging layout); Q_STAGES x (LSE_smem, Dsum_smem [QROWS] floats); the
+// mbarriers. Every tile starts 1024-byte aligned (the swizzle atom).
+template <int D>
+__host__ __device__ constexpr int kv_tile_bytes() {
+    return KEYS * D * HALF_BYTES;
+}
+template <int D>
+__host__ __device__ constexpr int q_tile_bytes() {
+    return QROWS * D * HALF_BYTES;
+}
+constexpr int DS_TILE_BYTES = KEYS * QROWS * HALF_BYTES;
+template <int D>
+__host__ __device__ constexpr int dq_tile_bytes() {
+    return QROWS * D * (int)sizeof(float);
+}
+constexpr int VEC_BYTES = QROWS * (int)sizeof(float);  // LSE_i or D_i of one query tile
+
+// mbarriers: KV_FULL (K_j and V_j, once), Q_FULL and DO_FULL (per ring slot: Q_i with LSE_i, dO_i
+// with D_i), Q_EMPTY (per slot: the consumers are done with all four), DQ_FULL (the staging
+// tiles hold a step's dQ_i), DQ_EMPTY (the reduction has read them).
+enum {
+    BAR_KV_FULL,
+    BAR_Q_FULL,
+    BAR_DO_FULL = BAR_Q_FULL + Q_STAGES,
+    BAR_Q_EMPTY = BAR_DO_FULL + Q_STAGES,
+    BAR_DQ_FULL = BAR_Q_EMPTY + Q_STAGES,
+    BAR_DQ_EMPTY,
+    BARRIERS
+};
+
+template <int D>
+__host__ __device__ constexpr int smem_bytes() {
+    return SWIZZLE_ATOM_BYTES /* alignment slack */ + 2 * kv_tile_bytes<D>() +
+           2 * Q_STAGES * q_tile_bytes<D>() + DS_BUFFERS * DS_TILE_BYTES +
+           dq_tiles<D>() * dq_tile_bytes<D>() + 2 * Q_STAGES * VEC_BYTES +
+           BARRIERS * MBARRIER_BYTES;
+}
+
+typedef struct {
+    uint32_t K, V, Q, dO, dS, dQ, lse, Dsum, bar;  // shared addresses
+} smem_tiles;
+
+template <int D>
+__device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
+    smem_tiles s;
+    constexpr uint32_t ALIGN = SWIZZLE_ATOM_BYTES;
+    s.K = (smem_u32(raw) + ALIGN - 1) & ~(ALIGN - 1);
+    s.V = s.K + kv_tile_bytes<D>();
+    s.Q = s.V + kv_tile_bytes<D>();
+    s.dO = s.Q + Q_STAGES * q_tile_bytes<D>();
+    s.dS = s.dO + Q_STAGES * q_tile_bytes<D>();
+    s.dQ = s.dS + DS_BUFFERS * DS_TILE_BYTES;
+    s.lse = s.dQ + dq_tiles<D>() * dq_tile_bytes<D>();
+    s.Dsum = s.lse + Q_STAGES * VEC_BYTES;
+    s.bar = s.Dsum + Q_STAGES * VEC_BYTES;
+    return s;
+}
+__device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
+    return s.bar + MBARRIER_BYTES * i;
+}
+
+// The ring: the block's it-th query tile (counted over all its query heads) sits in slot
+// it % Q_STAGES, in that slot's phase it / Q_STAGES, whose parity a wait names. Consumers wait
+// for a slot's fill in that phase; the producer for its release in the phase before, which a fresh
+// barrier counts as complete (waiting for parity 1 returns at once).
+__device__ __forceinline__ int ring_slot(int it) {
+    return it % Q_STAGES;
+}
+__device__ __forceinline__ uint32_t ring_phase(int it) {
+    return (uint32_t)(it / Q_STAGES) & 1;
+}
+
+// Named barriers (barrier 0 is __syncthreads'): "every warp that writes the dS^T the dQ wgmma
+// reads has written it". At D = 128 both consumer warpgroups (each reads all 128 rows), at D = 64
+// each warpgroup alone (it reads its own 64), on its own barrier.
+enum named_barrier {
+    NAMED_BARRIER_SYNCTHREADS = 0,
+    NAMED_BARRIER_DS_ALL,
+    NAMED_BARRIER_DS_WG0,  // + the consumer warpgroup
+};
+
+/* ---- the main kernel's parameters ------------------------------------------------------------ */
+
+// One block: key tile blockIdx.x (keys key0 = KEYS blockIdx.x ..) of (batch, key/value head)
+// blockIdx.y = batch * H_kv + kv_head; it walks the group's query heads kv_head * group ..
+// (kv_head + 1) * group - 1, each over the query tiles that see its keys.
+typedef struct {
+    int N, N_k, N_pad;      // queries, keys, N rounded up to ROW_PAD (lse2's and Dsum's rows)
+    int H, H_kv, group;     // query heads, key/value heads, H / H_kv
+    int causal, key_shift;  // key_shift = N_k - N: causal query i sees keys j <= i + key_shift
+    int q_tiles;            // ceil(N / QROWS)
+    float scale, scale_log2;
+    const float *lse2;  // [B * H, N_pad]: LSE * log2(e), +inf past N (preprocess_kernel)
+    const float *Dsum;  // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
+    __half *dK, *dV;    // [B, H_kv, N_k, D] in their layouts (fp16, or bf16 with BF16)
+    tensor_strides dk, dv;
+} bwd_problem;
+
+// The query tiles a key tile meets: all of them, or causal, from the first whose last query sees
+// the tile's first key (query i sees key j when j <= i + key_shift). Returns that first tile;
+// *count the number (0: no query sees these keys; their dK, dV are zero).
+__host__ __device__ __forceinline__ int query_tiles_of(const bwd_problem &pb, int key0,
+                                                       int *count) {
+    int first = 0;
+    if (pb.causal) {
+        const int first_query = key0 - pb.key_shift;  // the first query that sees key0
+        first = first_query <= 0 ? 0 : first_query / QROWS;
+    }
+    *count = first < pb.q_tiles ? pb.q_tiles - first : 0;
+    return first;
+}
+
+// A consumer thread's place: its warpgroup (0 or 1: keys 64 wg .. 64 wg + 63 of the block), its
+// warp in the warpgroup (16 of those keys), its lane, and the lane's fragment row g and column
+// pair t.
+typedef struct {
+    int wg, warp, lane, g, t;
+} consumer_place;
+
+__device__ __forceinline__ consumer_place consumer_place_of_thread() {
+    consumer_place p;
+    p.wg = __shfl_sync(FULL_WARP, (int)threadIdx.x / WARPGROUP, 0) - PRODUCER_WARPGROUPS;
+    p.warp = (int)(threadIdx.x / WARP_SIZE) % WARPS_PER_WARPGROUP;
+    p.lane = (int)threadIdx.x % WARP_SIZE;
+    p.g = p.lane / QUAD;
+    p.t = p.lane % QUAD;
+    return p;
+}

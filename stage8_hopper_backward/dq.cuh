@@ -1,0 +1,71 @@
+/*
+ * stage8_hopper_backward/dq.cuh: dQ across the blocks. Every key tile adds its part of dQ_i to
+ * every query tile it meets, so dQ is summed in fp32 in global memory (dQ_acc, zeroed by
+ * preprocess_kernel): the consumers put a step's dQ_i into the staging tiles (stage_dq), and the
+ * producer's dQ warp hands them to the TMA unit's bulk reduce-add (reduce_dq), which adds them
+ * to dQ_acc in L2 while the consumers go on; dq_convert_kernel scales and rounds dQ_acc after.
+ */
+#pragma once
+
+#include "config.cuh"
+
+// The consumers' side, after the step's dQ wgmma is done: wait until the reduction has read the
+// staging tiles of the step before (DQ_EMPTY), write this warpgroup's dQ part there (the
+// accumulator of a 64 x 64 wgmma: register acc_index(n, h, c) is row 16 warp + g + 8h, column
+// 8n + 2t + c of its part), make the writes visible to the TMA unit (the async proxy), and arrive
+// on DQ_FULL, one arrival per warp. In the staging layout [D/8][QROWS][8] floats a warp's store of
+// one n8 block and row half is 8 rows x 32 bytes, contiguous: no bank conflict.
+template <int D>
+__device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const smem_tiles &sm,
+                                         int wg, int warp, int lane, int it) {
+    constexpr int SLAB_BYTES = QROWS * DQ_SLAB_ROW_BYTES, FLOAT_BYTES = sizeof(float);
+    static_assert(FRAG_COLS == DQ_SLAB_COLS, "an n8 block of columns is one staging slab");
+    static_assert(dq_cols<D>() == SLAB_COLS, "a warpgroup's dQ part is 64 columns wide");
+    // At D = 64 each warpgroup has a tile of its own; at D = 128 its columns of the one tile.
+    const uint32_t tile = sm.dQ + (dq_splits_keys<D>() ? wg * dq_tile_bytes<D>() : 0);
+    const int first_slab = dq_splits_keys<D>() ? 0 : wg * dq_cols<D>() / DQ_SLAB_COLS;
+    const int g = lane / QUAD, t = lane % QUAD;
+    const uint32_t at = tile + first_slab * SLAB_BYTES +
+                        (WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
+                        FRAG_LANE_COLS * t * FLOAT_BYTES;
+    mbar_wait(bar_at(sm, BAR_DQ_EMPTY), (uint32_t)(it & 1) ^ 1);  // the last step's tiles are read
+#pragma unroll
+    for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
+#pragma unroll
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h)
+            st_shared_f2(at + n * SLAB_BYTES + FRAG_ROW_STEP * h * DQ_SLAB_ROW_BYTES,
+                         dQ_acc[acc_index(n, h, 0)], dQ_acc[acc_index(n, h, 1)]);
+    }
+    fence_proxy_async();  // this thread's writes, visible to the TMA unit
+    __syncwarp();         // the warp's writes are all in
+    if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL));
+}
+
+// The dQ warp's one thread: for each step of the block (the same walk as the loads), wait until
+// every consumer warp has staged its dQ part (DQ_FULL), add the staging tiles to rows q0 ..
+// q0 + QROWS - 1 of (batch, head)'s dQ_acc (rows past N skipped by the TMA unit), wait until the
+// reduction has read them, and hand them back (DQ_EMPTY). The adds of different blocks into the
+// same rows land in any order: fp32 sums, not bitwise reproducible (the deterministic variant is
+// LOG.md's next step). At the end it waits for its reductions to complete.
+template <int D>
+__device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMap *tmdQ,
+                                          const bwd_problem &pb) {
+    const int key0 = blockIdx.x * KEYS;
+    const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
+    int tiles;
+    const int first = query_tiles_of(pb, key0, &tiles);
+    int it = 0;
+    for (int hh = 0; hh < pb.group; ++hh) {
+        const int bh = batch * pb.H + kv_head * pb.group + hh;  // dQ_acc's (batch, head)
+        for (int qt = first; qt < first + tiles; ++qt, ++it) {
+            mbar_wait(bar_at(sm, BAR_DQ_FULL), (uint32_t)it & 1);  // the consumers' parts staged
+#pragma unroll
+            for (int k = 0; k < dq_tiles<D>(); ++k)
+                tma_reduce_add_4d(tmdQ, sm.dQ + k * dq_tile_bytes<D>(), 0, qt * QROWS, 0, bh);
+            bulk_commit();
+            bulk_wait<true>();  // the reductions have read the staging tiles
+            mbar_arrive(bar_at(sm, BAR_DQ_EMPTY));
+        }
+    }
+    bulk_wait<false>();  // every reduction done before the block's shared memory goes
+}

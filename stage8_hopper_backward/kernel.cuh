@@ -1,0 +1,61 @@
+/*
+ * stage8_hopper_backward/kernel.cuh: the main kernel: one block per (key tile, batch, key/value
+ * head); its barriers set up, then warpgroup 0 the producer (a load warp, a dQ warp) with few
+ * registers and warpgroups 1 and 2 the consumers with many.
+ */
+#pragma once
+
+#include "dq.cuh"
+#include "mainloop.cuh"
+#include "producer.cuh"
+
+// A "full" barrier waits for the producer's one expect_tx arrival (and the bytes), Q_EMPTY and
+// DQ_FULL for one arrival per consumer warp, DQ_EMPTY for the dQ warp's. Thread 0 initialises
+// them.
+__device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
+    mbar_init(bar_at(sm, BAR_KV_FULL), 1);
+    for (int st = 0; st < Q_STAGES; ++st) {
+        mbar_init(bar_at(sm, BAR_Q_FULL + st), 1);
+        mbar_init(bar_at(sm, BAR_DO_FULL + st), 1);
+        mbar_init(bar_at(sm, BAR_Q_EMPTY + st), CONSUMER_WARPS);
+    }
+    mbar_init(bar_at(sm, BAR_DQ_FULL), CONSUMER_WARPS);
+    mbar_init(bar_at(sm, BAR_DQ_EMPTY), 1);
+    fence_barrier_init();  // visible to the copy engine (the async proxy)
+}
+
+// Q, dO: [B, H, N, D] and K, V: [B, H_kv, N_k, D], 16-bit (bf16 where BF16), each through its
+// tensor map (D, rows, heads, B) with its strides, in 128-byte swizzled boxes of 64 columns
+// (QROWS rows for Q and dO, KEYS for K and V); dQ_acc [B * H, N, D] fp32 through tmdQ
+// (dq_tensor_map); the rest in pb. Grid: (ceil(N_k / KEYS), B * H_kv), BLOCK_THREADS threads.
+template <int D, bool BF16>
+__global__ void __launch_bounds__(BLOCK_THREADS, 1)
+    backward_kernel(const __grid_constant__ CUtensorMap tmQ,
+                    const __grid_constant__ CUtensorMap tmK,
+                    const __grid_constant__ CUtensorMap tmV,
+                    const __grid_constant__ CUtensorMap tmdO,
+                    const __grid_constant__ CUtensorMap tmdQ, const bwd_problem pb) {
+#if HOPPER_KERNELS
+    extern __shared__ unsigned char smem_raw[];
+    const smem_tiles sm = carve_smem<D>(smem_raw);
+    if (threadIdx.x == 0) {
+        init_barriers(sm);
+        prefetch_tensor_map(&tmQ), prefetch_tensor_map(&tmK), prefetch_tensor_map(&tmV);
+        prefetch_tensor_map(&tmdO), prefetch_tensor_map(&tmdQ);
+    }
+    __syncthreads();  // the barriers are initialised before anyone waits on or signals them
+    if (threadIdx.x < PRODUCER_WARPGROUPS * WARPGROUP) {
+        registers_decrease<PRODUCER_REGS>();
+        const int warp = (int)threadIdx.x / WARP_SIZE, lane = (int)threadIdx.x % WARP_SIZE;
+        if (warp == LOAD_WARP && lane == 0)
+            load_tiles<D>(sm, &tmQ, &tmK, &tmV, &tmdO, pb);
+        else if (warp == DQ_WARP && lane == 0)
+            reduce_dq<D>(sm, &tmdQ, pb);
+    } else {
+        registers_increase<CONSUMER_REGS>();
+        consumer<D, BF16>(sm, pb);
+    }
+#else
+    (void)tmQ, (void)tmK, (void)tmV, (void)tmdO, (void)tmdQ, (void)pb;
+#endif
+}

@@ -1,0 +1,247 @@
+/*
+ * stage8_hopper_backward/mainloop.cuh: the consumers: each consumer warpgroup owns 64 of the
+ * block's keys and, for every query tile the producer brings, runs the five products on wgmma:
+ * S^T and dP^T from shared memory (issue_scores), P^T and dS^T in its registers (probabilities,
+ * score_gradients), dV and dK with those as A operands from registers (issue_dkv), dS^T to shared
+ * memory (store_ds) and dQ_i's part from it (issue_dq), then hands the Q/dO slot back and dQ_i's
+ * part to the dQ warp (consumer_step, consumer).
+ */
+#pragma once
+
+#include "config.cuh"
+#include "dq.cuh"
+#include "epilogue.cuh"
+
+// wgmma's A operand from registers has the accumulator's layout, two 16-bit values a register:
+// a 64 x 16 k-step is 4 registers a thread, and register j of a packed 64 x 64 tile holds the
+// accumulator's registers 2j and 2j + 1 (warp.cuh: blocks 2k and 2k + 1 are k-step k).
+constexpr int A_REGS_PER_KSTEP = WGMMA_M * WGMMA_K / 2 / WARPGROUP;  // 4
+constexpr int PACKED_REGS = SCORE_REGS / 2;                          // 16
+
+// Start X^T = A B^T for the scores: 64 rows of K_j (or V_j) times Q_i^T (or dO_i^T), D deep, both
+// K-major in shared memory (rows of D halves, as TMA wrote them): D / 16 wgmma, one group.
+template <int D, bool BF16>
+__device__ __forceinline__ void issue_scores(float (&X)[SCORE_REGS], uint64_t rows_desc,
+                                             uint64_t tile_desc) {
+    pin_registers(X);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / WGMMA_K; ++kk)
+        wgmma_m64n64_ss<BF16, 0, 0>(X, desc_k_major_step<KEYS>(rows_desc, kk),
+                                    desc_k_major_step<QROWS>(tile_desc, kk), kk > 0);
+    wgmma_commit();
+}
+
+// Whether a step needs the mask: the key tile runs past N_k, or (causal) its last key lies past
+// the diagonal of the query tile's first query.
+__device__ __forceinline__ bool step_needs_mask(const bwd_problem &pb, int key0, int q0) {
+    return key0 + KEYS > pb.N_k || (pb.causal && key0 + KEYS - 1 > q0 + pb.key_shift);
+}
+
+// S^T has landed: P^T = 2^(S^T scale log2(e) - LSE_i log2(e)) in place, the forward's
+// probabilities exactly (lse2 is the LSE in log2 units; +inf on query rows past N and rows that
+// see no key, whose P is then 0 with no mask). Masked: keys past N_k and (causal) keys past a
+// query's diagonal get P = 0. The thread's columns are queries 8n + 2t + c of the tile, its rows
+// keys key_row and key_row + 8.
+__device__ __forceinline__ void probabilities(float (&S)[SCORE_REGS], const bwd_problem &pb,
+                                              uint32_t lse_smem, int key_row, int q0, int t,
+                                              bool mask) {
+#pragma unroll
+    for (int n = 0; n < QROWS / FRAG_COLS; ++n) {
+        const float2 lse = ld_shared_f2(lse_smem + (FRAG_COLS * n + FRAG_LANE_COLS * t) * 4);
+#pragma unroll
+        for (int e = 0; e < FRAG_REGS; ++e) {
+            const int i = FRAG_REGS * n + e;
+            float p = fast_exp2(fmaf(S[i], pb.scale_log2, -(frag_c(e) ? lse.y : lse.x)));
+            if (mask) {
+                const int key = key_row + FRAG_ROW_STEP * frag_h(e);
+                const int query = q0 + FRAG_COLS * n + FRAG_LANE_COLS * t + frag_c(e);
+                if (key >= pb.N_k || (pb.causal && key > query + pb.key_shift)) p = 0.f;
+            }
+            S[i] = p;
+        }
+    }
+}
+
+// dP^T has landed: dS^T = P^T * (dP^T - D_i) in place (softmax's Jacobian; D_i per query column).
+__device__ __forceinline__ void score_gradients(float (&dP)[SCORE_REGS],
+                                                const float (&P)[SCORE_REGS], uint32_t Dsum_smem,
+                                                int t) {
+#pragma unroll
+    for (int n = 0; n < QROWS / FRAG_COLS; ++n) {
+        const float2 Di = ld_shared_f2(Dsum_smem + (FRAG_COLS * n + FRAG_LANE_COLS * t) * 4);
+#pragma unroll
+        for (int e = 0; e < FRAG_REGS; ++e) {
+            const int i = FRAG_REGS * n + e;
+            dP[i] = P[i] * (dP[i] - (frag_c(e) ? Di.y : Di.x));
+        }
+    }
+}
+
+// A 64 x 64 fp32 tile as wgmma's A operand (16-bit pairs, in the storage type).
+template <bool BF16>
+__device__ __forceinline__ void pack_a(uint32_t (&A)[PACKED_REGS], const float (&X)[SCORE_REGS]) {
+#pragma unroll
+    for (int j = 0; j < PACKED_REGS; ++j) A[j] = pack2_of<BF16>(X[2 * j], X[2 * j + 1]);
+}
+
+// The warpgroup's 64 x 64 block of dS^T (rows: its keys; columns: the queries) into dS_smem
+// [KEYS][QROWS], 16-bit, in the 128-byte swizzle (one slab: a row of 64 queries is 128 bytes), by
+// stmatrix: instruction k writes chunks (8 queries) 2k and 2k + 1 of the warp's 16 rows, four
+// 8 x 8 matrices straight from the A registers (matrix 0: rows 0-7 of chunk 2k, 1: rows 8-15, 2
+// and 3: the same of chunk 2k + 1); lane L addresses row L % 8 of matrix L / 8. Then visible to
+// the wgmma that read it (the async proxy).
+__device__ __forceinline__ void store_ds(const uint32_t (&dS)[PACKED_REGS], uint32_t dS_tile,
+                                         const consumer_place &p) {
+    const int row = WGMMA_M * p.wg + WARP_ROWS * p.warp +
+                    STMATRIX_ROWS * (p.lane / STMATRIX_ROWS % 2) + p.lane % STMATRIX_ROWS;
+    const int second = p.lane / (2 * STMATRIX_ROWS);  // this lane's matrix is of chunk 2k + 1
+#pragma unroll
+    for (int k = 0; k < QROWS / (2 * FRAG_COLS); ++k)
+        stmatrix_x4(dS_tile + swizzled_chunk_offset<KEYS>(row, 2 * k + second),
+                    dS[A_REGS_PER_KSTEP * k], dS[A_REGS_PER_KSTEP * k + 1],
+                    dS[A_REGS_PER_KSTEP * k + 2], dS[A_REGS_PER_KSTEP * k + 3]);
+    fence_proxy_async();
+}
+
+// Start dV_j += P^T dO_i and dK_j += dS^T Q_i: QROWS / 16 wgmma each, A from registers (P^T,
+// dS^T: rows are the warpgroup's keys, the K dimension the queries), B from shared memory
+// MN-major (dO_i's and Q_i's rows are queries = K, their D columns N: the transpose bit), one
+// group.
+template <int D, bool BF16>
+__device__ __forceinline__ void issue_dkv(float (&dV)[D / 2], float (&dK)[D / 2],
+                                          const uint32_t (&P)[PACKED_REGS],
+                                          const uint32_t (&dS)[PACKED_REGS], uint64_t dO_desc,
+                                          uint64_t Q_desc) {
+    pin_registers(dV);
+    pin_registers(dK);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < QROWS / WGMMA_K; ++kk) {
+        if constexpr (D == 128)
+            wgmma_m64n128_rs<BF16>(dV, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(dO_desc, kk),
+                                   1);
+        else
+            wgmma_m64n64_rs<BF16>(dV, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(dO_desc, kk),
+                                  1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < QROWS / WGMMA_K; ++kk) {
+        if constexpr (D == 128)
+            wgmma_m64n128_rs<BF16>(dK, &dS[A_REGS_PER_KSTEP * kk], desc_mn_major_step(Q_desc, kk),
+                                   1);
+        else
+            wgmma_m64n64_rs<BF16>(dK, &dS[A_REGS_PER_KSTEP * kk], desc_mn_major_step(Q_desc, kk),
+                                  1);
+    }
+    wgmma_commit();
+}
+
+// Start this warpgroup's part of dQ_i = dS K_j (queries x its dq_cols() columns, over dq_keys()
+// keys; config.cuh says which): A = dS read from dS^T in shared memory (its rows are keys = K, its
+// 64 contiguous queries M: MN-major, the transpose bit for A), B = K_j as stored (rows are keys =
+// K, D columns N: MN-major). The first k-step overwrites dQ_part.
+template <int D, bool BF16>
+__device__ __forceinline__ void issue_dq(float (&dQ_part)[DQ_REGS], const smem_tiles &sm,
+                                         uint32_t dS_tile, int wg) {
+    // D = 64: its own 64 keys (rows of dS^T and K_j); D = 128: all 128 keys, its 64-column slab.
+    const uint32_t rows = dq_splits_keys<D>() ? wg * WGMMA_M * SLAB_ROW_BYTES : 0;
+    const uint64_t dS_desc = desc_mn_major<KEYS>(dS_tile + rows);
+    const uint64_t K_desc =
+        desc_mn_major<KEYS>(sm.K + (dq_splits_keys<D>() ? rows : slab_offset<KEYS>(wg)));
+    pin_registers(dQ_part);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < dq_keys<D>() / WGMMA_K; ++kk)
+        wgmma_m64n64_ss<BF16, 1, 1>(dQ_part, desc_mn_major_step(dS_desc, kk),
+                                    desc_mn_major_step(K_desc, kk), kk > 0);
+    wgmma_commit();
+}
+
+// Every warp whose dS^T rows the dQ wgmma reads has written them: at D = 128 both consumer
+// warpgroups (256 threads), at D = 64 the warpgroup's own four warps.
+template <int D>
+__device__ __forceinline__ void ds_written(int wg) {
+    if constexpr (dq_splits_keys<D>())
+        named_barrier_sync<WARPGROUP>(NAMED_BARRIER_DS_WG0 + wg);
+    else
+        named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_DS_ALL);
+}
+
+// One step: query tile q0 (of the block's it-th, ring slot it % Q_STAGES) against the warpgroup's
+// 64 keys. dS^T goes to buffer it % 2: the other warpgroup may still be reading the step before's
+// (D = 128), but not the one two steps back, since it passed this step's ds_written only after its
+// dQ wgmma of that step was done.
+template <int D, bool BF16>
+__device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D / 2],
+                                              const smem_tiles &sm, const consumer_place &p,
+                                              const bwd_problem &pb, uint64_t K_desc,
+                                              uint64_t V_desc, int key0, int q0, int it) {
+    const int slot = ring_slot(it);
+    const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
+                   dO_tile = sm.dO + slot * q_tile_bytes<D>();
+    const uint32_t dS_tile = sm.dS + (it % DS_BUFFERS) * DS_TILE_BYTES;
+    const int key_row = key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first
+    float S[SCORE_REGS], dP[SCORE_REGS], dQ_part[DQ_REGS];
+    uint32_t P16[PACKED_REGS], dS16[PACKED_REGS];
+
+    // S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, each as soon as its tile has landed
+    mbar_wait(bar_at(sm, BAR_Q_FULL + slot), ring_phase(it));
+    issue_scores<D, BF16>(S, K_desc, desc_k_major(Q_tile));
+    mbar_wait(bar_at(sm, BAR_DO_FULL + slot), ring_phase(it));
+    issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile));
+
+    // P^T while dP^T runs; then dS^T
+    wgmma_wait<1>();
+    pin_registers(S);
+    probabilities(S, pb, sm.lse + slot * VEC_BYTES, key_row, q0, p.t,
+                  step_needs_mask(pb, key0, q0));
+    wgmma_wait<0>();
+    pin_registers(dP);
+    score_gradients(dP, S, sm.Dsum + slot * VEC_BYTES, p.t);
+    pack_a<BF16>(P16, S);
+    pack_a<BF16>(dS16, dP);
+
+    // dS^T to shared memory; dV, dK from registers; dQ_i's part from shared memory
+    store_ds(dS16, dS_tile, p);
+    issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<QROWS>(dO_tile),
+                       desc_mn_major<QROWS>(Q_tile));
+    ds_written<D>(p.wg);
+    issue_dq<D, BF16>(dQ_part, sm, dS_tile, p.wg);
+    wgmma_wait<0>();
+    pin_registers(dV);
+    pin_registers(dK);
+    pin_registers(dQ_part);
+    pin_registers(P16);
+    pin_registers(dS16);
+
+    // Q_i, dO_i, LSE_i and D_i are read (every wgmma of the step is done): the slot goes back
+    __syncwarp();
+    if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
+    stage_dq<D>(dQ_part, sm, p.wg, p.warp, p.lane, it);
+}
+
+// One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
+// head of the group (the producer's walk, in the same order); dK_j *= scale; store both.
+template <int D, bool BF16>
+__device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
+    const consumer_place p = consumer_place_of_thread();
+    const int key0 = blockIdx.x * KEYS;
+    const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
+    float dV[D / 2], dK[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dV[i] = dK[i] = 0.f;
+    // this warpgroup's 64 rows of K_j and V_j, the A operands of S^T and dP^T
+    const uint64_t K_desc = desc_k_major(sm.K + p.wg * WGMMA_M * SLAB_ROW_BYTES);
+    const uint64_t V_desc = desc_k_major(sm.V + p.wg * WGMMA_M * SLAB_ROW_BYTES);
+    mbar_wait(bar_at(sm, BAR_KV_FULL), 0);  // (also when no query tile comes: the copies land)
+
+    int tiles;
+    const int first = query_tiles_of(pb, key0, &tiles);
+    int it = 0;
+    for (int hh = 0; hh < pb.group; ++hh)
+        for (int qt = first; qt < first + tiles; ++qt, ++it)
+            consumer_step<D, BF16>(dV, dK, sm, p, pb, K_desc, V_desc, key0, qt * QROWS, it);
+    store_dkv<D, BF16>(dK, dV, p, pb, key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g, batch,
+                       kv_head);
+}
