@@ -8,8 +8,8 @@
 
 #include "config.cuh"
 
-// Announce nothing; copy rows row0 .. row0 + ROWS - 1 of head `head` of batch `batch` into dst,
-// one TMA copy per 64-column slab, completing on `full` (which the caller armed with the bytes).
+// Rows row0 .. row0 + ROWS - 1 of head `head` of batch `batch` into dst, one TMA copy per
+// 64-column slab, completing on `full` (the caller has announced the bytes there).
 template <int D, int ROWS>
 __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, uint32_t full,
                                           int row0, int head, int batch) {
