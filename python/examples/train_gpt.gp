@@ -51,8 +51,8 @@ if (strlen(sdpa) == 0) sdpa = 'PyTorch SDPA'
 k = system(sprintf("awk '/^# course: / { if (match($0, /stage[0-9]+/)) print substr($0, RSTART + 5, RLENGTH - 5); exit }' '%s'", data))
 ci = strlen(k) > 0 ? int(k) + 1 : 6
 if (ci < 1 || ci > 8) ci = 6
-COURSE_STYLE = sprintf('lw 2 dt 1 lc rgb "%s"', word(palette, ci))
-SDPA_STYLE = sprintf('lw 2 dt 2 lc rgb "%s"', word(palette, 9))
+COURSE_STYLE = sprintf('lw 2 dt 1 lc rgb "%s"', index_colour(ci))
+SDPA_STYLE = sprintf('lw 2 dt 2 lc rgb "%s"', index_colour(-1))
 ROWS = sprintf("< awk -F, '/^[0-9]/' '%s'", data)
 
 set datafile separator comma
@@ -81,7 +81,7 @@ dmax = real(system(sprintf("awk -F, '/^[0-9]/ { d = $2 - $3; if (d < 0) d = -d; 
 dmax = dmax > 0.005 ? 1.1 * dmax : 0.005
 set yrange [-dmax:dmax]
 unset key
-plot ROWS using 1:($2 - $3) with lines lw 1 lc rgb word(palette, ci), \
+plot ROWS using 1:($2 - $3) with lines lw 1 lc rgb index_colour(ci), \
      0 with lines dt 3 lc rgb '#999999'
 unset multiplot
 set output

@@ -4,14 +4,21 @@
     make lib
     PYTHONPATH=python python3 python/examples/train_gpt.py            # H100 / H200: about a minute
     PYTHONPATH=python python3 python/examples/train_gpt.py --small    # a T4: a couple of minutes
+    PYTHONPATH=python python3 python/examples/train_gpt.py --dtype bf16 --kv-heads 2   # Hopper
 
 The same GPT is trained twice, from the same initial weights, on the same batches in the same
-order, with the same optimizer and fp16 autocast: once with flashcourse.scaled_dot_product_attention
-(the forward pass by --stage, by default stage 6 on a Hopper GPU and stage 5 elsewhere; the
-backward pass by stage 7: FlashAttention-2's backward) and once with
-F.scaled_dot_product_attention(is_causal=True). The attention call is the only difference. The text is the course itself: its lessons (README.md,
-stage*/README.md) and its CUDA and C sources, read from this repository, character by character;
-the last 10% of every file is held out for the validation loss.
+order, with the same optimizer and autocast (--dtype: fp16, with a gradient scaler, or bf16,
+without one): once with flashcourse.scaled_dot_product_attention (the forward pass by --stage, by
+default stage 6 on a Hopper GPU and stage 5 elsewhere; the backward pass by stage 7:
+FlashAttention-2's backward) and once with F.scaled_dot_product_attention. The model calls both
+the same way, o = sdpa(q, k, v, is_causal=True, enable_gqa=...): the function it is given is the
+only difference, the one-line swap a user makes. --kv-heads makes it grouped-query attention: the
+key and value projections make fewer heads than the query's, and both functions take k and v
+with those heads (no repeat). bf16 and grouped-query heads need a stage whose descriptor says it
+takes them (stage 6's forward, stage 7's backward: a Hopper GPU); another stage is refused before
+training, in one line. The text is the course itself: its lessons (README.md, stage*/README.md)
+and its CUDA and C sources, read from this repository, character by character; the last 10% of
+every file is held out for the validation loss.
 
 Printed: a progress line every few steps, each run's training throughput (tokens per second over
 the steps after the warm-up, timed between two torch.cuda.synchronize() calls), its final loss
@@ -26,10 +33,12 @@ steadier: on an H100, two SDPA runs of the default settings (same seed, same bat
 validation losses 0.04 apart, final losses 0.06 apart, their backward passes being
 nondeterministic. Exit status: 0 when the two validation losses agree within 0.1 nats (a wrong
 gradient costs far more), 1 when they do not or a loss is not finite, 2 when something is
-missing (PyTorch, a CUDA GPU, the stage libraries: `make lib`) or an option is wrong.
+missing (PyTorch, a CUDA GPU, the stage libraries: `make lib`, a stage that takes --dtype bf16 or
+--kv-heads) or an option is wrong.
 """
 
 import argparse
+import functools
 import math
 import re
 import shutil
@@ -101,34 +110,42 @@ def load_text(root: Path):
 # ---- the model: a GPT whose attention is a function given to it ----
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention; `attend(q, k, v) -> o` does the attention itself on
-    contiguous [B, H, N, D] tensors of attn_dtype (float16 on the GPU: what the course's stages
-    take). Both runs give it exactly the same q, k and v."""
+    """Multi-head causal self-attention with `kv_heads` key/value heads (fewer than `heads`:
+    grouped-query attention, query head h reading key/value head h // (heads / kv_heads)).
+    `sdpa` is F.scaled_dot_product_attention or a drop-in with its signature; it gets q
+    [B, H, N, D] and k, v [B, H_kv, N, D], contiguous, of attn_dtype (float16 or bfloat16 on the
+    GPU: what the course's stages take). Both runs give it exactly the same q, k and v."""
 
-    def __init__(self, heads: int, head_dim: int, attend, attn_dtype):
+    def __init__(self, heads: int, kv_heads: int, head_dim: int, sdpa, attn_dtype):
         super().__init__()
-        self.heads, self.head_dim = heads, head_dim
-        self.attend, self.attn_dtype = attend, attn_dtype
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.sdpa, self.attn_dtype = sdpa, attn_dtype
         width = heads * head_dim
-        self.qkv = nn.Linear(width, 3 * width)
+        # one fused projection: q's heads, then k's and v's (3 x width with kv_heads = heads)
+        self.qkv = nn.Linear(width, width + 2 * kv_heads * head_dim)
         self.proj = nn.Linear(width, width)
 
     def forward(self, x):
         B, N, _ = x.shape
-        q, k, v = self.qkv(x).view(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        H, H_kv, D = self.heads, self.kv_heads, self.head_dim
+        q, k, v = self.qkv(x).split((H * D, H_kv * D, H_kv * D), dim=-1)
+        q = q.view(B, N, H, D).transpose(1, 2)  # [B, H, N, D]
+        k, v = (t.view(B, N, H_kv, D).transpose(1, 2) for t in (k, v))  # [B, H_kv, N, D]
         q, k, v = (t.to(self.attn_dtype).contiguous() for t in (q, k, v))
-        o = self.attend(q, k, v)  # [B, H, N, D]
+        # SDPA's call; enable_gqa only where the heads differ (torch < 2.5 does not know it)
+        gqa = {"enable_gqa": True} if H_kv != H else {}
+        o = self.sdpa(q, k, v, is_causal=True, **gqa)  # [B, H, N, D]
         return self.proj(o.transpose(1, 2).reshape(B, N, -1))
 
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attention(norm(x)), then x + MLP(norm(x))."""
 
-    def __init__(self, heads: int, head_dim: int, attend, attn_dtype):
+    def __init__(self, heads: int, kv_heads: int, head_dim: int, sdpa, attn_dtype):
         super().__init__()
         width = heads * head_dim
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attn = CausalSelfAttention(heads, head_dim, attend, attn_dtype)
+        self.attn = CausalSelfAttention(heads, kv_heads, head_dim, sdpa, attn_dtype)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
                                  nn.Linear(4 * width, width))
 
@@ -141,13 +158,13 @@ class GPT(nn.Module):
     """Token and position embeddings, `layers` blocks, a final norm and the output layer (tied
     to the token embedding): logits for the next character at every position."""
 
-    def __init__(self, vocab: int, seq: int, layers: int, heads: int, head_dim: int, attend,
-                 attn_dtype):
+    def __init__(self, vocab: int, seq: int, layers: int, heads: int, kv_heads: int,
+                 head_dim: int, sdpa, attn_dtype):
         super().__init__()
         width = heads * head_dim
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(seq, width)
-        self.blocks = nn.ModuleList(Block(heads, head_dim, attend, attn_dtype)
+        self.blocks = nn.ModuleList(Block(heads, kv_heads, head_dim, sdpa, attn_dtype)
                                     for _ in range(layers))
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab, bias=False)
@@ -170,17 +187,12 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
-def course_attention(stage: str):
-    """flashcourse's SDPA drop-in as `attend`: the forward by `stage`, the backward by stage 7.
-    The swap in a model is this one line: F.scaled_dot_product_attention ->
-    flashcourse.scaled_dot_product_attention."""
-    def attend(q, k, v):
-        return flashcourse.scaled_dot_product_attention(q, k, v, is_causal=True, stage=stage)
-    return attend
-
-
-def sdpa_attention(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def course_sdpa(stage: str):
+    """flashcourse's SDPA drop-in, its forward pass by `stage` (its backward by stage 7). The
+    swap in a model is this one line: F.scaled_dot_product_attention ->
+    flashcourse.scaled_dot_product_attention (whose stage="auto" picks the stage itself; the
+    stage is named here so that --stage and what is printed are the one that ran)."""
+    return functools.partial(flashcourse.scaled_dot_product_attention, stage=stage)
 
 
 # ---- training ----
@@ -194,12 +206,23 @@ def learning_rate(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
 
 
+def autocast_dtype(dtype: str, device):
+    """The autocast type of --dtype on `device`, or None: no autocast (float32). On the GPU
+    float16 or bfloat16; on the CPU (--sdpa-only) bfloat16 with --dtype bf16, else float32 (the
+    CPU's autocast type is bfloat16)."""
+    if dtype == "bf16":
+        return torch.bfloat16
+    return torch.float16 if device.type == "cuda" else None
+
+
 class Setup:
     """Everything the two runs share: the data on the device, the batch order, the initial
     weights, the options."""
 
-    def __init__(self, args, device, amp: bool, train_ids, val_ids, vocab: int):
-        self.args, self.device, self.amp, self.vocab = args, device, amp, vocab
+    def __init__(self, args, device, train_ids, val_ids, vocab: int):
+        self.args, self.device, self.vocab = args, device, vocab
+        self.amp_dtype = autocast_dtype(args.dtype, device)
+        self.amp = self.amp_dtype is not None
         self.train_ids, self.val_ids = train_ids.to(device), val_ids.to(device)
         self.offsets = torch.arange(args.seq + 1, device=device)
         # The batch order: window starts for every step, drawn once from a seeded generator.
@@ -209,12 +232,13 @@ class Setup:
         # The initial weights, made once and loaded into both models.
         torch.manual_seed(SEED)
         self.init_state = {k: v.detach().clone()
-                           for k, v in self.new_model(sdpa_attention).state_dict().items()}
+                           for k, v in self.new_model(F.scaled_dot_product_attention)
+                           .state_dict().items()}
 
-    def new_model(self, attend):
+    def new_model(self, sdpa):
         a = self.args
-        dtype = torch.float16 if self.amp else torch.float32
-        return GPT(self.vocab, a.seq, a.layers, a.heads, a.dim, attend, dtype).to(self.device)
+        return GPT(self.vocab, a.seq, a.layers, a.heads, a.kv_heads, a.dim, sdpa,
+                   self.amp_dtype or torch.float32).to(self.device)
 
     def batch(self, ids, starts):
         """Inputs and targets (the next characters) of the windows starting at `starts`."""
@@ -222,7 +246,7 @@ class Setup:
         return w[:, :-1], w[:, 1:]
 
     def loss(self, model, x, y, reduction="mean"):
-        with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
             logits = model(x)
         return F.cross_entropy(logits.float().view(-1, self.vocab), y.reshape(-1),
                                reduction=reduction)
@@ -247,11 +271,11 @@ def validation_loss(s: Setup, model) -> float:
     return total.item() / (n * seq)
 
 
-def train(s: Setup, name: str, attend):
+def train(s: Setup, name: str, sdpa):
     """One run: (the loss of every step, tokens per second after the warm-up, validation loss)."""
     a = s.args
     torch.manual_seed(SEED)  # the same random state in both runs (nothing in the step draws)
-    model = s.new_model(attend)
+    model = s.new_model(sdpa)
     model.load_state_dict(s.init_state)
     # AdamW on every weight matrix and embedding, no decay on biases and norms; fused: one
     # kernel, and with the gradient scaler no host-device synchronisation in the step.
@@ -260,8 +284,9 @@ def train(s: Setup, name: str, attend):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": rest, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), fused=s.device.type == "cuda")
-    # fp16 gradients can underflow: scale the loss up (and skip a step whose gradients overflow)
-    scaler = torch.amp.GradScaler(s.device.type, enabled=s.amp)
+    # fp16 gradients can underflow: scale the loss up (and skip a step whose gradients overflow);
+    # bf16 has float32's exponent range, and no scaler (disabled, it passes everything through)
+    scaler = torch.amp.GradScaler(s.device.type, enabled=s.amp_dtype == torch.float16)
 
     losses = torch.zeros(a.steps, device=s.device)
     warmup = min(10, a.steps // 5)  # steps left out of the timing: first calls, allocations
@@ -304,24 +329,67 @@ def train(s: Setup, name: str, attend):
 
 # ---- the checks before training, the outputs after ----
 
-def course_ready(args):
-    """None when the course's forward stage and stage 7's backward run this shape here, else
-    the reason (one line): a tiny forward and backward at the training's head count and
-    length."""
+def stages_take(args, auto: bool):
+    """None when the forward stage (args.stage) and stage 7's backward take what the model
+    asks beyond the plain case (bf16, grouped-query heads), as their descriptors' takes flags
+    say (Stage.takes, Stage.backward_takes), else the reason (one line). A stage not built is
+    left to course_ready's call, which names what to build."""
+    from flashcourse._binding import TAKES_BF16, TAKES_GQA  # attention.h's ATTN_TAKES_*
+    asks = []
+    if args.dtype == "bf16":
+        asks.append(("--dtype bf16", "bfloat16 tensors", TAKES_BF16))
+    if args.kv_heads != args.heads:
+        asks.append((f"--kv-heads {args.kv_heads}", f"grouped-query heads ({args.kv_heads} "
+                     f"key/value heads for {args.heads} query heads)", TAKES_GQA))
+    built = {st.name: st for st in flashcourse.stages()}
+    for flag, what, bit in asks:
+        for name, backward in ((args.stage, False), (BACKWARD, True)):
+            st = built.get(name)
+            if st is None or (st.backward_takes if backward else st.takes) & bit:
+                continue
+            which = "backward" if backward else "forward"
+            takers = [s.name for s in built.values()
+                      if (s.backward_takes if backward else s.takes) & bit]
+            how = (" (--stage auto: stage6_hopper where it runs, a Hopper GPU, else "
+                   "stage5_tuned)" if auto and not backward else "")
+            return (f"{flag}: {name}{how} does not take {what} in its {which} pass (its "
+                    f"descriptor's takes flags); the built stages that do: "
+                    f"{', '.join(takers) or 'none'}; or leave {flag} out")
+    return None
+
+
+def course_ready(args, auto: bool):
+    """None when the course's forward stage and stage 7's backward train this model here, else
+    the reason (one line): what their descriptors say they take, then a tiny forward and
+    backward through the drop-in at the training's heads, key/value heads, length and dtype."""
     try:
-        shape = (1, args.heads, args.seq, args.dim)
-        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16, requires_grad=True)
-                   for _ in range(3))
-        o, _ = flashcourse.attention(q, k, v, causal=True, stage=args.stage,
-                                     backward_stage=BACKWARD)
+        why = stages_take(args, auto)
+        if why:
+            return why
+        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+        q, k, v = (torch.randn((1, h, args.seq, args.dim), device="cuda", dtype=dtype,
+                               requires_grad=True)
+                   for h in (args.heads, args.kv_heads, args.kv_heads))
+        gqa = {"enable_gqa": True} if args.kv_heads != args.heads else {}
+        o = course_sdpa(args.stage)(q, k, v, is_causal=True, **gqa)
         o.float().sum().backward()
         torch.cuda.synchronize()
     except flashcourse.LibraryNotBuiltError as e:
         return str(e)
     except (ImportError, TypeError, ValueError, RuntimeError) as e:
         return f"the course's attention cannot train here ({args.stage} forward, " \
-               f"{BACKWARD} backward): {e}"
+               f"{BACKWARD} backward, {args.dtype}): {e}"
     return None
+
+
+def sdpa_takes_gqa() -> bool:
+    """Whether F.scaled_dot_product_attention takes enable_gqa (torch 2.5 and later)."""
+    try:
+        q, kv = torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 1, 8)
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except (TypeError, RuntimeError):
+        return False
+    return True
 
 
 def gpu_slug(name: str) -> str:
@@ -362,8 +430,9 @@ def draw(csv: Path, out: Path) -> str:
 def parse_args():
     ap = argparse.ArgumentParser(
         description="Train a small character-level GPT twice, with the course's attention "
-                    "(flashcourse.attention: a forward stage + stage 7's backward) and with "
-                    "PyTorch's F.scaled_dot_product_attention, and compare the two.",
+                    "(flashcourse.scaled_dot_product_attention: a forward stage + stage 7's "
+                    "backward) and with PyTorch's F.scaled_dot_product_attention, called the "
+                    "same way, and compare the two.",
         epilog="Defaults suit an H100 or H200 (about a minute for both runs); --small a T4. "
                "Exit 0: the validation losses agree; 1: they do not; 2: something is missing.")
     d, sm = DEFAULTS, SMALL
@@ -380,8 +449,17 @@ def parse_args():
     ap.add_argument("--heads", type=int, default=None,
                     help=f"attention heads (default {d['width']} / D: {d['width'] // 64} at "
                          f"D = 64; --small: {sm['width']} / D)")
+    ap.add_argument("--kv-heads", type=int, default=None, metavar="H_KV",
+                    help="key/value heads, dividing --heads; fewer is grouped-query attention: "
+                         "k, v projected to H_KV heads, both functions called with "
+                         "enable_gqa=True (the course's stages that take it: stage 6's forward, "
+                         "stage 7's backward) (default: --heads)")
     ap.add_argument("--dim", type=int, default=None, choices=(64, 128),
                     help=f"head dimension D {default('dim')}")
+    ap.add_argument("--dtype", default="f16", choices=("f16", "bf16"),
+                    help="autocast and attention type: f16 (float16, with a gradient scaler) "
+                         "or bf16 (bfloat16, no scaler; the course's stages that take it: "
+                         "stage 6's forward, stage 7's backward) (default f16)")
     opt("seq", int, "sequence length N (characters per window)")
     opt("batch", int, "sequences per step")
     opt("lr", float, "peak learning rate of AdamW, reached after a warm-up, then a cosine "
@@ -404,9 +482,14 @@ def parse_args():
             setattr(args, key, value)
     if args.heads is None:
         args.heads = max(1, base["width"] // args.dim)
-    for key in ("steps", "layers", "heads", "seq", "batch"):
+    if args.kv_heads is None:
+        args.kv_heads = args.heads
+    for key in ("steps", "layers", "heads", "kv_heads", "seq", "batch"):
         if getattr(args, key) < 1:
-            ap.error(f"--{key} must be at least 1, got {getattr(args, key)}")
+            ap.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+    if args.heads % args.kv_heads:
+        ap.error(f"--kv-heads must divide --heads (each key/value head serves the same number "
+                 f"of query heads): {args.kv_heads} does not divide {args.heads}")
     if args.steps < 10:
         ap.error(f"--steps must be at least 10 (the first steps are left out of the timing), "
                  f"got {args.steps}")
@@ -429,12 +512,21 @@ def main() -> int:
         return fail("needs a CUDA GPU: torch.cuda.is_available() is False "
                     f"(torch {torch.__version__})")
     device = torch.device("cuda" if cuda else "cpu")
+    gqa = args.kv_heads != args.heads
+    if gqa and not sdpa_takes_gqa():
+        return fail(f"--kv-heads {args.kv_heads}: F.scaled_dot_product_attention takes no "
+                    f"enable_gqa in torch {torch.__version__} (torch 2.5 and later do)")
     if cuda:
-        why = None if args.sdpa_only else course_ready(args)
-        if why:
-            return fail(why)
-        if args.stage == "auto" and not args.sdpa_only:
-            args.stage = flashcourse.auto_stage()
+        if not args.sdpa_only:
+            auto = args.stage == "auto"
+            if auto:  # the drop-in's own choice, named: what runs is what is printed
+                try:
+                    args.stage = flashcourse.auto_stage()
+                except (ImportError, RuntimeError) as e:
+                    return fail(f"the course's attention cannot train here: {e}")
+            why = course_ready(args, auto)
+            if why:
+                return fail(why)
         gpu = torch.cuda.get_device_name()
     else:
         gpu = "CPU"
@@ -458,29 +550,42 @@ def main() -> int:
     except OSError as e:
         return fail(f"cannot make the folder --out {out}: {e}")
 
-    s = Setup(args, device, cuda, train_ids, val_ids, len(chars))
+    s = Setup(args, device, train_ids, val_ids, len(chars))
     width = args.heads * args.dim
     params = sum(p.numel() for p in s.init_state.values()) - s.init_state["head.weight"].numel()
     course_name = "SDPA (--sdpa-only)" if args.sdpa_only else \
         f"{args.stage} forward + {BACKWARD} backward"
+    # the type the model computes in: --dtype's autocast (float32 on the CPU without bf16)
+    dtype_name = {torch.float16: "fp16", torch.bfloat16: "bf16", None: "float32"}[s.amp_dtype]
     model_words = (f"{args.layers} layer{'s' * (args.layers > 1)}, {args.heads} "
                    f"head{'s' * (args.heads > 1)} x {args.dim} (width {width}), "
-                   f"{params / 1e6:.1f}M parameters; {args.steps} steps of {args.batch} x "
-                   f"{args.seq} characters, lr {args.lr:g}")
-    say(f"train_gpt.py on {gpu} (torch {torch.__version__}"
-        f"{', fp16 autocast' if cuda else ', float32 on the CPU'}, seed {SEED})")
+                   f"{args.kv_heads} key/value head{'s' * (args.kv_heads > 1)}, "
+                   f"{params / 1e6:.1f}M parameters, {dtype_name}; {args.steps} steps of "
+                   f"{args.batch} x {args.seq} characters, lr {args.lr:g}")
+    amp_words = {"fp16": "fp16 autocast with a gradient scaler", "bf16": "bf16 autocast",
+                 "float32": "float32"}[dtype_name]
+    say(f"train_gpt.py on {gpu} (torch {torch.__version__}, {amp_words}"
+        f"{'' if cuda else ' on the CPU'}, seed {SEED})")
     say(f"text: {nfiles} files of the course, {len(train_ids):,} characters to train on, "
         f"{len(val_ids):,} held out (the last {HELD_OUT:.0%} of each), {len(chars)} symbols")
     say(f"model: {model_words}")
 
     results = {}
-    runs = (("course", course_name, sdpa_attention if args.sdpa_only else
-             course_attention(args.stage)),
-            ("sdpa", "F.scaled_dot_product_attention(is_causal=True)", sdpa_attention))
-    for key, words, attend in runs:
+    # One call in the model, two functions: the drop-in and SDPA itself (SDPA twice with
+    # --sdpa-only, the check of this script without the course).
+    call = f"(q, k, v, is_causal=True{', enable_gqa=True' if gqa else ''})"
+    sdpa = F.scaled_dot_product_attention
+    if args.sdpa_only:
+        course = (f"F.scaled_dot_product_attention{call} in the course's place (--sdpa-only)",
+                  sdpa)
+    else:
+        course = (f"flashcourse.scaled_dot_product_attention{call}: {course_name}",
+                  course_sdpa(args.stage))
+    runs = (("course", *course), ("sdpa", f"F.scaled_dot_product_attention{call}", sdpa))
+    for key, words, fn in runs:
         say(f"run {len(results) + 1}/2, {key}: {words}")
         try:
-            results[key] = train(s, key, attend)
+            results[key] = train(s, key, fn)
         except torch.cuda.OutOfMemoryError:
             return fail(f"out of GPU memory in the {key} run: try a smaller --batch or --seq",
                         code=1)

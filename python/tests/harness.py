@@ -1,8 +1,9 @@
 """The Python tests' runner: each test a function, counted as passed, failed (its traceback
 printed) or skipped (it raised Skip with the reason), one line each in the test suites' one format
 ("ok    name", "FAIL  name", "SKIP  name: why": common/tests/report.sh), ending with "N passed, M
-failed, K skipped"; python/tests/run.sh records each line. Imported by test_binding.py and test_compare.py (each run as
-a script from any folder: Python puts this folder first on the import path)."""
+failed, K skipped"; python/tests/run.sh records each line. Imported by test_binding.py,
+test_compare.py and test_train_gpt.py (each run as a script from any folder: Python puts this
+folder first on the import path)."""
 
 import sys
 import traceback

@@ -3,10 +3,11 @@
 # (make lib), checks what each exports, then runs python/tests/test_binding.py against them (its
 # GPU and PyTorch tests say `skipped` where there is neither), installs the package as a user
 # does (pip_install.sh: `pip install ./python` finds this checkout's libraries), tests the
-# comparison scripts' command line and shape lists (test_compare.py, no GPU needed), checks the
-# notebook's cells parse, and that the example says in one line that it needs PyTorch where there
-# is none. Ends with "N passed, M failed, K skipped" (common/tests/report.sh: each skip a line
-# "SKIP  what: why", the Python tests' included).
+# comparison scripts' command line and shape lists (test_compare.py, no GPU needed) and
+# train_gpt.py's (test_train_gpt.py: --dtype, --kv-heads, the stages it refuses, --sdpa-only on a
+# CPU where PyTorch is), checks the notebook's cells parse, and that the example says in one line
+# that it needs PyTorch where there is none. Ends with "N passed, M failed, K skipped"
+# (common/tests/report.sh: each skip a line "SKIP  what: why", the Python tests' included).
 # usage: python/tests/run.sh BUILD_DIR
 set -u
 dir=$1
@@ -32,6 +33,9 @@ else
   report_run pip_install.sh bash python/tests/pip_install.sh "$dir"
   # the comparison scripts (stage6_hopper/compare.py, stage5_tuned/compare_fa2.py) without a GPU
   report_run test_compare.py python3 python/tests/test_compare.py
+  # train_gpt.py's options and checks before training without a GPU (its --sdpa-only run where
+  # PyTorch is installed)
+  report_run test_train_gpt.py python3 python/tests/test_train_gpt.py
   if python3 python/tests/check_notebook.py; then ok "notebook cells parse"; else bad "notebook cells parse"; fi
   if python3 python/tests/run_notebook.py --fresh; then ok "notebook: fetched by URL and by upload, re-run, one line without a GPU"; else bad "notebook as a fresh user (run_notebook.py --fresh)"; fi
   for cells in 99 2-1 x; do # a bad --cells: one line naming the notebook's cells, exit 1, no cell run
