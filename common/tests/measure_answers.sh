@@ -177,7 +177,7 @@ if ready s7 stage7_backward; then
     for g in dq dk; do
       if [ -s "$tmp/${g}_${v}a.npy" ] && [ -s "$tmp/${g}_${v}b.npy" ]; then
         n=$(cmp -l "$tmp/${g}_${v}a.npy" "$tmp/${g}_${v}b.npy" 2>/dev/null | wc -l)
-        [ "$n" -eq 0 ] && what="identical" || what="$n bytes differ"
+        case $n in 0) what="identical" ;; 1) what="1 byte differs" ;; *) what="$n bytes differ" ;; esac
       else
         what="not written"
       fi
