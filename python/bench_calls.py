@@ -14,15 +14,18 @@ host is slower than them. Each call is timed
   eager     forward (no gradient), and forward + backward (o.backward(do), q, k, v requiring grad);
   graph     the same calls captured once in a CUDA graph of `calls` calls and replayed: what is
             left when the host is out of the way (the kernels and their gaps).
-Rows: flashcourse (stage 5's forward, and stage 6's on Hopper; backward by stage 7), beside SDPA's
-default and its FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION backends; and, eagerly,
-two rows that locate the binding's cost: `plan only` (one ctypes call on a kept plan, the
-outputs allocated: the floor of any Python binding over this C entry point) and `custom op`
-(the same forward through the torch.library operator that torch.compile uses).
+Rows: flashcourse, each labelled by the forward and the backward stage it runs (stage 5's forward
+with stage 7's backward everywhere, and on Hopper also what stage="auto" and backward_stage="auto"
+pick there: stage 6's forward with stage 8's backward), beside SDPA's default and its
+FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION backends; and, eagerly, two rows that locate
+the binding's cost: `plan only` (one ctypes call on a kept plan, the outputs allocated: the floor
+of any Python binding over this C entry point) and `custom op` (the same forward through the
+torch.library operator that torch.compile uses).
 
-With --train, python/examples/train_gpt.py runs too, once per forward stage, and its tokens per
-second (course / SDPA) are written beside. Results: plots/<gpu>/bench_calls.csv (--out); --readme FILE rewrites the table
-between <!-- results:bench-calls:begin --> and <!-- results:bench-calls:end --> from the reference GPU's CSV.
+With --train, python/examples/train_gpt.py runs too, once per forward and backward stage pair, and
+its tokens per second (course / SDPA) are written beside. Results: plots/<gpu>/bench_calls.csv
+(--out); --readme FILE rewrites the table between <!-- results:bench-calls:begin --> and
+<!-- results:bench-calls:end --> from the reference GPU's CSV.
 """
 
 import argparse
@@ -89,10 +92,16 @@ def graph_us(torch, fn, calls: int, rounds: int) -> float:
     return statistics.median(times)
 
 
-def implementations(torch, flashcourse, stages):
-    """name -> (forward(q, k, v, causal) -> o, the context every call of it runs in). SDPA's
-    backend is chosen once around the whole measurement, as a model would (a context manager
-    entered per call costs more than the call)."""
+def label(pair) -> str:
+    """A flashcourse row's name: its forward and backward stages."""
+    return f"flashcourse {pair[0]} + {pair[1]}"
+
+
+def implementations(torch, flashcourse, pairs):
+    """name -> (forward(q, k, v, causal) -> o, the context every call of it runs in). pairs:
+    the (forward, backward) stages of the flashcourse rows, both named in the call (what runs
+    is what the row says). SDPA's backend is chosen once around the whole measurement, as a
+    model would (a context manager entered per call costs more than the call)."""
     import contextlib
     F = torch.nn.functional
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -100,17 +109,18 @@ def implementations(torch, flashcourse, stages):
     def sdpa(q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-    def course(stage):
-        return lambda q, k, v, c: flashcourse.attention(q, k, v, causal=c, stage=stage)[0]
+    def course(stage, backward_stage):
+        return lambda q, k, v, c: flashcourse.attention(q, k, v, causal=c, stage=stage,
+                                                        backward_stage=backward_stage)[0]
 
-    impls = {f"flashcourse {s}": (course(s), contextlib.nullcontext) for s in stages}
+    impls = {label(p): (course(*p), contextlib.nullcontext) for p in pairs}
     impls["SDPA default"] = (sdpa, contextlib.nullcontext)
     impls["SDPA FA2"] = (sdpa, lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION))
     impls["SDPA cuDNN"] = (sdpa, lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION))
     return impls
 
 
-def bench_shape(torch, flashcourse, name, shape, causal, stages, calls, rounds, rows, gpu):
+def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, rows, gpu):
     from flashcourse import _binding, _ops
     B, H, N, D = shape
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -121,15 +131,15 @@ def bench_shape(torch, flashcourse, name, shape, causal, stages, calls, rounds, 
     def add(impl, mode, pss, us):
         rows.append(dict(gpu=gpu, shape=name, B=B, H=H, N=N, D=D, causal=int(causal), impl=impl,
                          mode=mode, **{"pass": pss}, us_per_call=f"{us:.1f}"))
-        print(f"  {name:5s} {impl:38s} {mode:6s} {pss:17s} {us:9.1f} us", flush=True)
+        print(f"  {name:5s} {impl:52s} {mode:6s} {pss:17s} {us:9.1f} us", flush=True)
 
-    for impl, (fn, context) in implementations(torch, flashcourse, stages).items():
+    for impl, (fn, context) in implementations(torch, flashcourse, pairs).items():
         with context():
             try:
                 with torch.no_grad():
                     fn(q, k, v, causal)
             except Exception as e:  # noqa: BLE001  a backend this GPU or shape lacks
-                print(f"  {name:5s} {impl:38s} skipped: {str(e).splitlines()[0][:80]}")
+                print(f"  {name:5s} {impl:52s} skipped: {str(e).splitlines()[0][:80]}")
                 continue
 
             def fwd():
@@ -148,21 +158,23 @@ def bench_shape(torch, flashcourse, name, shape, causal, stages, calls, rounds, 
 
     # Where the binding's time goes: its floor (one ctypes call on a kept plan, outputs
     # allocated) and the custom operator's path (what torch.compile runs), forward only.
-    stage = stages[-1]
+    stage, backward_stage = pairs[-1]
     p = _binding._plan(stage, False, shape, q.device.index, q.dtype, causal, D ** -0.5,
                        "default", 0)
     add(f"flashcourse {stage} plan only", "eager", "forward",
         per_call_us(torch, lambda: _binding.forward_with(p, q, k, v), calls, rounds))
     add(f"flashcourse {stage} custom op", "eager", "forward",
         per_call_us(torch, lambda: _ops.forward(q, k, v, causal, D ** -0.5, stage, "default", 0,
-                                                _binding.BACKWARD_STAGE, "default"),
+                                                backward_stage, "default"),
                     calls, rounds))
 
 
-def train_ratio(gpu: str, stage: str, out: Path, rows):
-    """train_gpt.py's tokens per second, course (forward by `stage`) and SDPA, as two rows."""
+def train_ratio(gpu: str, pair, out: Path, rows):
+    """train_gpt.py's tokens per second, course (forward and backward by the stages of `pair`)
+    and SDPA, as two rows named "train_gpt course|sdpa <forward> + <backward>"."""
+    stage, backward_stage = pair
     cmd = [sys.executable, str(REPO / "python/examples/train_gpt.py"), "--stage", stage,
-           "--out", str(out)]
+           "--backward-stage", backward_stage, "--out", str(out)]
     print("running " + " ".join(cmd[1:]), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
     print(r.stdout[-1200:], r.stderr[-2000:], flush=True)
@@ -171,7 +183,8 @@ def train_ratio(gpu: str, stage: str, out: Path, rows):
         print("bench_calls.py: no tokens per second in train_gpt.py's output", file=sys.stderr)
         return
     course, sdpa = (float(x.replace(",", "")) for x in m.groups()[:2])
-    for impl, value in ((f"train_gpt course {stage}", course), (f"train_gpt sdpa {stage}", sdpa)):
+    run = f"{stage} + {backward_stage}"
+    for impl, value in ((f"train_gpt course {run}", course), (f"train_gpt sdpa {run}", sdpa)):
         rows.append(dict(gpu=gpu, shape="gpt", B="", H="", N="", D="", causal=1, impl=impl,
                          mode="eager", **{"pass": "tokens/s"}, us_per_call=f"{value:.0f}"))
 
@@ -200,10 +213,13 @@ def table(rows) -> str:
             "the same calls replayed from a CUDA graph (the GPU's time).")
     tps = {r["impl"]: float(r["us_per_call"]) for r in rows if r["pass"] == "tokens/s"}
     runs = [i[len("train_gpt course "):] for i in tps if i.startswith("train_gpt course ")]
-    for stage in runs:
-        c, s = tps[f"train_gpt course {stage}"], tps.get(f"train_gpt sdpa {stage}")
+    for run in runs:  # "<forward> + <backward>" (older CSVs: "<forward>", the backward stage 7)
+        c, s = tps[f"train_gpt course {run}"], tps.get(f"train_gpt sdpa {run}")
+        stage, _, backward = run.partition(" + ")
+        how = (f"`train_gpt.py --stage {stage} --backward-stage {backward}`" if backward else
+               f"`train_gpt.py --stage {stage}` (backward by stage 7)")
         if s:
-            text += (f"\n`train_gpt.py --stage {stage}` (backward by stage 7): course {c:,.0f} "
+            text += (f"\n{how}: course {c:,.0f} "
                      f"tokens/s, SDPA (default backend) {s:,.0f}: **{c / s:.2f}x**.")
     return text
 
@@ -248,20 +264,24 @@ def main() -> int:
     import flashcourse
     gpu_name = torch.cuda.get_device_name()
     gpu = gpu_slug(gpu_name)
-    # stage 5's forward everywhere, and stage 6's where it runs (stage="auto" picks it)
-    stages = list(dict.fromkeys(["stage5_tuned", flashcourse.auto_stage()]))
-    print(f"{gpu_name}, torch {torch.__version__}, forward {' and '.join(stages)}, backward "
-          f"stage7_backward; {args.calls} calls x {args.rounds} rounds", flush=True)
+    # stage 5's forward with stage 7's backward everywhere, and what "auto" picks for each where
+    # it differs (on Hopper: stage 6's forward, stage 8's backward)
+    from flashcourse import _binding
+    pairs = list(dict.fromkeys([(_binding.FORWARD_STAGE, _binding.BACKWARD_STAGE),
+                                (flashcourse.auto_stage(), flashcourse.auto_backward_stage())]))
+    print(f"{gpu_name}, torch {torch.__version__}, forward + backward "
+          f"{' and '.join(f'{f} + {b}' for f, b in pairs)}; {args.calls} calls x {args.rounds} "
+          f"rounds", flush=True)
     rows = []
     for name in args.shapes.split(","):
         shape, causal = SHAPES[name]
-        bench_shape(torch, flashcourse, name, shape, causal, stages, args.calls, args.rounds,
+        bench_shape(torch, flashcourse, name, shape, causal, pairs, args.calls, args.rounds,
                     rows, gpu)
     out = args.out or REPO / "plots" / gpu
     out.mkdir(parents=True, exist_ok=True)
     if args.train:
-        for stage in stages:
-            train_ratio(gpu, stage, out, rows)
+        for pair in pairs:
+            train_ratio(gpu, pair, out, rows)
     with open(out / "bench_calls.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()

@@ -9,16 +9,17 @@
 The same GPT is trained twice, from the same initial weights, on the same batches in the same
 order, with the same optimizer and autocast (--dtype: fp16, with a gradient scaler, or bf16,
 without one): once with flashcourse.scaled_dot_product_attention (the forward pass by --stage, by
-default stage 6 on a Hopper GPU and stage 5 elsewhere; the backward pass by stage 7:
-FlashAttention-2's backward) and once with F.scaled_dot_product_attention. The model calls both
-the same way, o = sdpa(q, k, v, is_causal=True, enable_gqa=...): the function it is given is the
-only difference, the one-line swap a user makes. --kv-heads makes it grouped-query attention: the
-key and value projections make fewer heads than the query's, and both functions take k and v
+default stage 6 on a Hopper GPU and stage 5 elsewhere; the backward pass by --backward-stage, by
+default stage 8, FlashAttention-3's backward, on a Hopper GPU and stage 7, FlashAttention-2's,
+elsewhere; both printed as resolved) and once with F.scaled_dot_product_attention. The model calls
+both the same way, o = sdpa(q, k, v, is_causal=True, enable_gqa=...): the function it is given is
+the only difference, the one-line swap a user makes. --kv-heads makes it grouped-query attention:
+the key and value projections make fewer heads than the query's, and both functions take k and v
 with those heads (no repeat). bf16 and grouped-query heads need a stage whose descriptor says it
-takes them (stage 6's forward, stage 7's backward: a Hopper GPU); another stage is refused before
-training, in one line. The text is the course itself: its lessons (README.md, stage*/README.md)
-and its CUDA and C sources, read from this repository, character by character; the last 10% of
-every file is held out for the validation loss.
+takes them (stage 6's forward, stage 7's or stage 8's backward: a Hopper GPU); another stage is
+refused before training, in one line. The text is the course itself: its lessons (README.md,
+stage*/README.md) and its CUDA and C sources, read from this repository, character by character;
+the last 10% of every file is held out for the validation loss.
 
 Printed: a progress line every few steps, each run's training throughput (tokens per second over
 the steps after the warm-up, timed between two torch.cuda.synchronize() calls), its final loss
@@ -70,7 +71,6 @@ CORPUS = ("README.md", "stage*/README.md", "stage*/*.cu", "stage*/*.cuh", "commo
 HELD_OUT = 0.10  # the last 10% of every file: the validation text
 AGREE = 0.1  # the largest |validation loss difference| (nats) that counts as agreement
 SEED = 0
-BACKWARD = "stage7_backward"  # the backward stage flashcourse.attention differentiates with
 
 # The defaults (an H100 or H200: under a minute for both runs) and --small's (a T4). An option
 # given on the command line wins over both; without --heads, the heads are width / --dim.
@@ -187,12 +187,14 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
-def course_sdpa(stage: str):
-    """flashcourse's SDPA drop-in, its forward pass by `stage` (its backward by stage 7). The
-    swap in a model is this one line: F.scaled_dot_product_attention ->
-    flashcourse.scaled_dot_product_attention (whose stage="auto" picks the stage itself; the
-    stage is named here so that --stage and what is printed are the one that ran)."""
-    return functools.partial(flashcourse.scaled_dot_product_attention, stage=stage)
+def course_sdpa(stage: str, backward_stage: str):
+    """flashcourse's SDPA drop-in, its forward pass by `stage`, its backward by
+    `backward_stage`. The swap in a model is this one line: F.scaled_dot_product_attention ->
+    flashcourse.scaled_dot_product_attention (whose stage="auto" and backward_stage="auto" pick
+    the stages themselves; they are named here so that --stage, --backward-stage and what is
+    printed are the ones that ran)."""
+    return functools.partial(flashcourse.scaled_dot_product_attention, stage=stage,
+                             backward_stage=backward_stage)
 
 
 # ---- training ----
@@ -329,9 +331,10 @@ def train(s: Setup, name: str, sdpa):
 
 # ---- the checks before training, the outputs after ----
 
-def stages_take(args, auto: bool):
-    """None when the forward stage (args.stage) and stage 7's backward take what the model
-    asks beyond the plain case (bf16, grouped-query heads), as their descriptors' takes flags
+def stages_take(args, auto: bool, backward_auto: bool = False):
+    """None when the forward stage (args.stage) and the backward stage (args.backward_stage)
+    take what the model asks beyond the plain case (bf16, grouped-query heads), as their
+    descriptors' takes flags
     say (Stage.takes, Stage.backward_takes), else the reason (one line). A stage not built is
     left to course_ready's call, which names what to build."""
     from flashcourse._binding import TAKES_BF16, TAKES_GQA  # attention.h's ATTN_TAKES_*
@@ -343,27 +346,32 @@ def stages_take(args, auto: bool):
                      f"key/value heads for {args.heads} query heads)", TAKES_GQA))
     built = {st.name: st for st in flashcourse.stages()}
     for flag, what, bit in asks:
-        for name, backward in ((args.stage, False), (BACKWARD, True)):
+        for name, backward in ((args.stage, False), (args.backward_stage, True)):
             st = built.get(name)
             if st is None or (st.backward_takes if backward else st.takes) & bit:
                 continue
             which = "backward" if backward else "forward"
             takers = [s.name for s in built.values()
                       if (s.backward_takes if backward else s.takes) & bit]
-            how = (" (--stage auto: stage6_hopper where it runs, a Hopper GPU, else "
-                   "stage5_tuned)" if auto and not backward else "")
+            how = ""
+            if auto and not backward:
+                how = (" (--stage auto: stage6_hopper where it runs, a Hopper GPU, else "
+                       "stage5_tuned)")
+            elif backward_auto and backward:
+                how = (" (--backward-stage auto: stage8_hopper_backward where it runs, a Hopper "
+                       "GPU, else stage7_backward)")
             return (f"{flag}: {name}{how} does not take {what} in its {which} pass (its "
                     f"descriptor's takes flags); the built stages that do: "
                     f"{', '.join(takers) or 'none'}; or leave {flag} out")
     return None
 
 
-def course_ready(args, auto: bool):
-    """None when the course's forward stage and stage 7's backward train this model here, else
+def course_ready(args, auto: bool, backward_auto: bool = False):
+    """None when the course's forward and backward stages train this model here, else
     the reason (one line): what their descriptors say they take, then a tiny forward and
     backward through the drop-in at the training's heads, key/value heads, length and dtype."""
     try:
-        why = stages_take(args, auto)
+        why = stages_take(args, auto, backward_auto)
         if why:
             return why
         dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
@@ -371,14 +379,14 @@ def course_ready(args, auto: bool):
                                requires_grad=True)
                    for h in (args.heads, args.kv_heads, args.kv_heads))
         gqa = {"enable_gqa": True} if args.kv_heads != args.heads else {}
-        o = course_sdpa(args.stage)(q, k, v, is_causal=True, **gqa)
+        o = course_sdpa(args.stage, args.backward_stage)(q, k, v, is_causal=True, **gqa)
         o.float().sum().backward()
         torch.cuda.synchronize()
     except flashcourse.LibraryNotBuiltError as e:
         return str(e)
     except (ImportError, TypeError, ValueError, RuntimeError) as e:
         return f"the course's attention cannot train here ({args.stage} forward, " \
-               f"{BACKWARD} backward, {args.dtype}): {e}"
+               f"{args.backward_stage} backward, {args.dtype}): {e}"
     return None
 
 
@@ -430,8 +438,8 @@ def draw(csv: Path, out: Path) -> str:
 def parse_args():
     ap = argparse.ArgumentParser(
         description="Train a small character-level GPT twice, with the course's attention "
-                    "(flashcourse.scaled_dot_product_attention: a forward stage + stage 7's "
-                    "backward) and with PyTorch's F.scaled_dot_product_attention, called the "
+                    "(flashcourse.scaled_dot_product_attention: a forward stage + a backward "
+                    "stage) and with PyTorch's F.scaled_dot_product_attention, called the "
                     "same way, and compare the two.",
         epilog="Defaults suit an H100 or H200 (about a minute for both runs); --small a T4. "
                "Exit 0: the validation losses agree; 1: they do not; 2: something is missing.")
@@ -453,20 +461,23 @@ def parse_args():
                     help="key/value heads, dividing --heads; fewer is grouped-query attention: "
                          "k, v projected to H_KV heads, both functions called with "
                          "enable_gqa=True (the course's stages that take it: stage 6's forward, "
-                         "stage 7's backward) (default: --heads)")
+                         "stage 7's and stage 8's backward) (default: --heads)")
     ap.add_argument("--dim", type=int, default=None, choices=(64, 128),
                     help=f"head dimension D {default('dim')}")
     ap.add_argument("--dtype", default="f16", choices=("f16", "bf16"),
                     help="autocast and attention type: f16 (float16, with a gradient scaler) "
                          "or bf16 (bfloat16, no scaler; the course's stages that take it: "
-                         "stage 6's forward, stage 7's backward) (default f16)")
+                         "stage 6's forward, stage 7's and stage 8's backward) (default f16)")
     opt("seq", int, "sequence length N (characters per window)")
     opt("batch", int, "sequences per step")
     opt("lr", float, "peak learning rate of AdamW, reached after a warm-up, then a cosine "
                       "down to a tenth")
     ap.add_argument("--stage", default="auto",
                     help="the course's forward stage (default auto: stage6_hopper on a Hopper "
-                         "GPU, else stage5_tuned); the backward pass is always stage7_backward")
+                         "GPU, else stage5_tuned); printed as resolved")
+    ap.add_argument("--backward-stage", default="auto",
+                    help="the course's backward stage (default auto: stage8_hopper_backward on "
+                         "a Hopper GPU, else stage7_backward); printed as resolved")
     ap.add_argument("--small", action="store_true",
                     help="smaller defaults, for a T4: a couple of minutes for both runs")
     ap.add_argument("--out", type=Path, default=None,
@@ -519,12 +530,16 @@ def main() -> int:
     if cuda:
         if not args.sdpa_only:
             auto = args.stage == "auto"
-            if auto:  # the drop-in's own choice, named: what runs is what is printed
-                try:
+            backward_auto = args.backward_stage == "auto"
+            # the drop-in's own choices, named: what runs is what is printed
+            try:
+                if auto:
                     args.stage = flashcourse.auto_stage()
-                except (ImportError, RuntimeError) as e:
-                    return fail(f"the course's attention cannot train here: {e}")
-            why = course_ready(args, auto)
+                if backward_auto:
+                    args.backward_stage = flashcourse.auto_backward_stage()
+            except (ImportError, RuntimeError) as e:
+                return fail(f"the course's attention cannot train here: {e}")
+            why = course_ready(args, auto, backward_auto)
             if why:
                 return fail(why)
         gpu = torch.cuda.get_device_name()
@@ -554,7 +569,7 @@ def main() -> int:
     width = args.heads * args.dim
     params = sum(p.numel() for p in s.init_state.values()) - s.init_state["head.weight"].numel()
     course_name = "SDPA (--sdpa-only)" if args.sdpa_only else \
-        f"{args.stage} forward + {BACKWARD} backward"
+        f"{args.stage} forward + {args.backward_stage} backward"
     # the type the model computes in: --dtype's autocast (float32 on the CPU without bf16)
     dtype_name = {torch.float16: "fp16", torch.bfloat16: "bf16", None: "float32"}[s.amp_dtype]
     model_words = (f"{args.layers} layer{'s' * (args.layers > 1)}, {args.heads} "
@@ -580,7 +595,7 @@ def main() -> int:
                   sdpa)
     else:
         course = (f"flashcourse.scaled_dot_product_attention{call}: {course_name}",
-                  course_sdpa(args.stage))
+                  course_sdpa(args.stage, args.backward_stage))
     runs = (("course", *course), ("sdpa", f"F.scaled_dot_product_attention{call}", sdpa))
     for key, words, fn in runs:
         say(f"run {len(results) + 1}/2, {key}: {words}")

@@ -4,7 +4,7 @@
     import flashcourse
     flashcourse.stages()                       # what is built: name, dtype, variants, backward
     o, lse = flashcourse.attention(q, k, v, causal=True, stage="stage5_tuned")
-    o.sum().backward()                         # dq, dk, dv by stage 7's backward pass
+    o.sum().backward()                         # dq, dk, dv by stage 8 (Hopper) or stage 7
     dq, dk, dv = flashcourse.attention_backward(q, k, v, o, lse, do, causal=True)
     o = flashcourse.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's signature
     o = flashcourse.flash_attn_func(q, k, v, causal=True)     # flash-attn's: [B, N, H, D]
@@ -17,9 +17,10 @@ torch.compile the passes are PyTorch custom operators (flashcourse::forward,
 flashcourse::backward), kept whole in its graph, and CUDA graphs capture them.
 """
 
-from ._binding import (LibraryNotBuiltError, Stage, attention, attention_backward, auto_stage,
-                       exit_codes, flash_attn_func, library_dir, scaled_dot_product_attention,
-                       stages)
+from ._binding import (LibraryNotBuiltError, Stage, attention, attention_backward,
+                       auto_backward_stage, auto_stage, exit_codes, flash_attn_func, library_dir,
+                       scaled_dot_product_attention, stages)
 
 __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "flash_attn_func",
-           "stages", "Stage", "auto_stage", "library_dir", "exit_codes", "LibraryNotBuiltError"]
+           "stages", "Stage", "auto_stage", "auto_backward_stage", "library_dir", "exit_codes",
+           "LibraryNotBuiltError"]

@@ -33,9 +33,10 @@ _ALIGN = 16  # the widest vector load any stage makes (16 bytes)
 _DTYPES = {0: "float32", 1: "float16"}  # attn_dtype: ATTN_F32, ATTN_F16
 # attention.h's ATTN_TAKES_*: what a stage takes beyond the plain case
 TAKES_BF16, TAKES_GQA, TAKES_STRIDES, TAKES_N_K = 1, 2, 4, 8
-BACKWARD_STAGE = "stage7_backward"  # the stage whose backward pass attention() differentiates with
 HOPPER_STAGE = "stage6_hopper"  # the fastest forward where it runs (sm_90a code on a Hopper GPU)
 FORWARD_STAGE = "stage5_tuned"  # the fastest forward on every other GPU
+HOPPER_BACKWARD_STAGE = "stage8_hopper_backward"  # the fastest backward where it runs (Hopper)
+BACKWARD_STAGE = "stage7_backward"  # the backward elsewhere, and for the calls stage 8 refuses
 _PASS_FWD, _PASS_BWD = 0, 1  # attn_lib_plan's pass
 
 
@@ -510,7 +511,8 @@ def _plan(stage: str, backward: bool, shape, device: int, dtype, causal: bool, s
     """Every check the library makes before a pass, without running it, once per combination:
     the plan, or TypeError / ValueError. shape: [B, H, N, D] (contiguous tensors, as many keys
     and key/value heads as queries) or a geometry (_forward_geometry, _backward_geometry);
-    dtype: the tensors' torch dtype."""
+    dtype: the tensors' torch dtype. stage "auto": the forward's (_auto_stage) or, with
+    backward, the backward's (_auto_backward_stage) for what the call asks."""
     torch = _torch()
     if device is None:
         device = torch.cuda.current_device()
@@ -518,9 +520,11 @@ def _plan(stage: str, backward: bool, shape, device: int, dtype, causal: bool, s
     if len(geometry) == 4:
         B, H, N, D = (int(x) for x in geometry)
         geometry = (B, H, N, D, H, N, None)
-    if stage == "auto":
+    if stage == "auto":  # the one place a plan's "auto" is resolved (torch.compile's included)
         B, H, N, D, H_kv, N_k, _ = geometry
-        stage = _auto_stage(device, _asks_of(dtype, H, H_kv, N, N_k))
+        asks = _asks_of(dtype, H, H_kv, N, N_k)
+        stage = (_auto_backward_stage(device, asks, variant, smem_limit) if backward else
+                 _auto_stage(device, asks))
     key = (stage, backward, geometry, device, dtype, causal, scale, variant, smem_limit,
            os.environ.get("FLASHCOURSE_LIB_DIR"))
     p = _plans.get(key)
@@ -661,14 +665,15 @@ def _make_call(fp: _Plan, bp: Optional[_Plan], stage: str):
 # ---- the public calls ----
 
 def attention(q, k, v, *, causal=False, scale=None, stage=FORWARD_STAGE, variant="default",
-              smem_limit=None, backward_stage=BACKWARD_STAGE, backward_variant="default"):
+              smem_limit=None, backward_stage="auto", backward_variant="default"):
     """softmax(scale * q k^T) v through one of the course's stages; differentiable.
 
     q: a torch CUDA tensor [B, H, N, D]; k, v [B, H_kv, N_k, D], on q's device, in the stage's
     storage dtype (stages()[i].dtype: float32 for stages 0-1, float16 after; bfloat16 too where
-    the stage takes it). Stages 0-5 take H_kv = H, N_k = N and contiguous tensors; stage 6 and stage
-    7's backward (the stages whose Stage.takes say so) also grouped-query heads (H_kv dividing H: query head h
-    reads key/value head h // (H // H_kv)), N_k != N, bf16, and any strides with a contiguous last
+    the stage takes it). Stages 0-5 take H_kv = H, N_k = N and contiguous tensors; stage 6 and
+    the backward passes of stages 7 and 8 (the stages whose Stage.takes say so) also
+    grouped-query heads (H_kv dividing H: query head h reads key/value head h // (H // H_kv)),
+    N_k != N, bf16, and any strides with a contiguous last
     dimension ([B, N, H, D] views, a fused projection's slices: read in place, no copy). causal:
     query i attends to keys 0 .. i + N_k - N (aligned to the bottom right, as flash-attn 2.1 and
     later; a row that attends to no key gets o = 0 and lse = -inf). scale: default 1/sqrt(D).
@@ -681,8 +686,11 @@ def attention(q, k, v, *, causal=False, scale=None, stage=FORWARD_STAGE, variant
     Returns (o, lse): o like q (torch.empty_like(q)'s layout), lse [B, H, N] float32 (natural
     log of each row's softmax sum, including its max). Where q, k or v require grad (and grad mode is on), o is differentiable
     with respect to them: the forward pass by `stage`, the backward pass by `backward_stage`
-    (stage 7, float16) with `backward_variant` ("deterministic": bit-identical gradients from
-    run to run); under torch.compile both are custom operators in its graph. lse is returned
+    with `backward_variant` ("deterministic": bit-identical gradients from run to run, stage
+    7's); backward_stage: a stage name, or "auto" (the default): stage 8 (the Hopper backward)
+    where it runs and takes the inputs, else stage 7 (a variant stage 8 lacks, an smem_limit it
+    does not fit: stage 7; flashcourse.auto_backward_stage() says which). Under torch.compile
+    both passes are custom operators in its graph. lse is returned
     as a constant (it does not require grad: a loss through it contributes no gradient, as
     flash-attn's); double backward raises RuntimeError.
 
@@ -691,7 +699,8 @@ def attention(q, k, v, *, causal=False, scale=None, stage=FORWARD_STAGE, variant
 
     Bad input raises TypeError (wrong type, device or dtype, or requires_grad on a float32
     stage) or ValueError (shape, layout, variant, or a shape the stage does not support, with
-    the stage's reason); a CUDA error raises RuntimeError naming the call.
+    the stage's reason, naming the stage that ran, "auto" resolved); a CUDA error raises
+    RuntimeError naming the call.
     """
     torch = _torch_mod
     if torch is not None and not torch.compiler.is_compiling():
@@ -708,14 +717,28 @@ def attention(q, k, v, *, causal=False, scale=None, stage=FORWARD_STAGE, variant
                               backward_stage, backward_variant)
 
 
+def _device_index(device) -> int:
+    """A CUDA device (None: the current one; an index, "cuda:1", a torch.device) as its index."""
+    torch = _torch()
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    index = None if device is None else torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
 def auto_stage(device=None) -> str:
     """The forward stage that stage="auto" runs on a CUDA device (default: the current one):
     stage 6 (the Hopper forward) where its library is built and runs there, else stage 5."""
-    torch = _torch()
-    if isinstance(device, int) and not isinstance(device, bool):
-        return _auto_stage(device)
-    index = None if device is None else torch.device(device).index
-    return _auto_stage(torch.cuda.current_device() if index is None else index)
+    return _auto_stage(_device_index(device))
+
+
+def auto_backward_stage(device=None) -> str:
+    """The backward stage that backward_stage="auto" (the default) runs on a CUDA device
+    (default: the current one): stage 8 (the Hopper backward) where its library is built and
+    runs there, else stage 7. For one call it is stage 8 where that stage also takes what the
+    call asks (its dtype, heads and key count; the backward variant, which stage 8 has only as
+    "default"; smem_limit), else stage 7; this says it for the default variant, no smem_limit."""
+    return _auto_backward_stage(_device_index(device))
 
 
 def _asks_of(dtype, H: int, H_kv: int, N: int, N_k: int) -> int:
@@ -729,11 +752,16 @@ def _asks(q, k) -> int:
     return _asks_of(q.dtype, q.shape[1], k.shape[1], q.shape[2], k.shape[2])
 
 
-def _takes_strides(stage: str, backward_stage: Optional[str]) -> bool:
+def _takes_strides(stage: str, backward_stage: Optional[str], device: int = 0, asks: int = 0,
+                   backward_variant: str = "default", smem_limit: int = 0) -> bool:
     """Whether the stage's forward (and the backward stage's backward, if given) take strided
-    tensors."""
+    tensors; "auto" for either is resolved as a call on `device` that asks `asks` would be."""
+    if stage == "auto":
+        stage = _auto_stage(device, asks)
     if not _stage(stage).stage.takes & TAKES_STRIDES:
         return False
+    if backward_stage == "auto":
+        backward_stage = _auto_backward_stage(device, asks, backward_variant, smem_limit)
     return backward_stage is None or bool(_stage(backward_stage).stage.backward_takes &
                                           TAKES_STRIDES)
 
@@ -765,6 +793,47 @@ def _auto_probe(device: int) -> str:
 _auto: Dict[int, str] = {}
 
 
+def _auto_backward_stage(device: int, asks: int = 0, variant: str = "default",
+                         smem_limit: int = 0) -> str:
+    """backward_stage="auto": the Hopper backward (stage 8) where its library is built, runs on
+    this device within smem_limit and takes what the call asks (asks: TAKES_* bits; the
+    backward variant, of its variants), else stage 7. A dict lookup once probed."""
+    found = _auto_backward_probe(device, smem_limit)
+    if found == HOPPER_BACKWARD_STAGE and (asks or variant != "default"):
+        st = _stage(found).stage
+        if st.backward_takes & asks != asks or variant not in st.variants:
+            return BACKWARD_STAGE
+    return found
+
+
+def _auto_backward_probe(device: int, smem_limit: int = 0) -> str:
+    """Whether stage 8's backward runs on this device (at both head dims, within smem_limit:
+    0 for the device's own), asked once per device and limit."""
+    key = (device, smem_limit)
+    found = _auto_bwd.get(key)
+    if found is None:
+        found = BACKWARD_STAGE
+        try:
+            for D in (64, 128):
+                _plan(HOPPER_BACKWARD_STAGE, True, (1, 1, 128, D), device, _torch().float16,
+                      False, 0.125, "default", smem_limit)
+            found = HOPPER_BACKWARD_STAGE
+        except (LibraryNotBuiltError, ValueError, RuntimeError):
+            pass
+        _auto_bwd[key] = found
+    return found
+
+
+_auto_bwd: Dict[Tuple[int, int], str] = {}
+
+
+def _resolve_backward(stage: str, q, k, variant: str, smem_limit: int) -> str:
+    """A backward stage name as given, or what "auto" is for q and k (the custom operators')."""
+    if stage != "auto":
+        return stage
+    return _auto_backward_stage(_device_of(q), _asks(q, k), variant, smem_limit)
+
+
 def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
                        backward_variant):
     """attention() with every check made: the first call of a combination, every call under
@@ -786,12 +855,16 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
     if not isinstance(variant, str):
         raise ValueError(f"{stage}: variant must be a name such as 'default', not {variant!r}")
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if grad and q.dtype == torch.float32:
-        raise TypeError(f"{stage} stores {q.dtype}, and the backward pass ({backward_stage}) "
-                        "takes float16: for gradients use a float16 stage (stage 2 on), or call "
-                        "it under torch.no_grad() or with detached tensors")
     if grad and not (isinstance(backward_stage, str) and isinstance(backward_variant, str)):
         raise TypeError("backward_stage and backward_variant are names (str)")
+    if eager and grad and backward_stage == "auto":  # (under torch.compile: _ops, _plan)
+        backward_stage = _auto_backward_stage(_device_of(q), _asks(q, k), backward_variant, sl)
+    if grad and q.dtype == torch.float32:
+        named = (backward_stage if backward_stage != "auto" else
+                 f"{HOPPER_BACKWARD_STAGE} or {BACKWARD_STAGE}")
+        raise TypeError(f"{stage} stores {q.dtype}, and the backward pass ({named}) takes "
+                        "float16: for gradients use a float16 stage (stage 2 on), or call it "
+                        "under torch.no_grad() or with detached tensors")
     # A stage that does not take strided tensors (or whose backward pass does not, with
     # gradients) gets contiguous copies; under torch.compile, which traces no library call, any
     # strided input is copied.
@@ -827,26 +900,33 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
     return call(q, k, v)
 
 
-def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, stage=BACKWARD_STAGE,
+def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, stage="auto",
                        variant="default", smem_limit=None):
     """dq, dk, dv of attention(q, k, v) for the upstream gradient do = dLoss/do, by `stage`'s
-    backward pass (stage 7: FlashAttention-2's), on the current stream.
+    backward pass, on the current stream. stage: a stage name, or "auto" (the default): stage 8
+    (the Hopper backward, FlashAttention-3's) where it runs and takes the inputs, else stage 7
+    (FlashAttention-2's), as attention()'s backward_stage.
 
     q, k, v, o, do: [B, H, N, D] CUDA tensors of the stage's dtype (float16), contiguous; o and
     lse [B, H, N] float32 (natural log) as attention() returned them for the same causal and
     scale (any forward stage: they share the contract). variant: the backward stage's variants
-    ("default": dq by fp32 atomics, "deterministic": bit-identical from run to run,
-    "registers": the layout with P and dS kept in registers, as on GPUs with less shared memory).
-    Returns (dq, dk, dv) like q. Errors as attention()'s.
+    (stage 7's: "default": dq by fp32 atomics, "deterministic": bit-identical from run to run,
+    "registers": the layout with P and dS kept in registers, as on GPUs with less shared memory;
+    stage 8 has "default" only, so "auto" with another variant is stage 7).
+    Returns (dq, dk, dv) like q. Errors as attention()'s, naming the stage that ran.
     """
     if not isinstance(stage, str):
         raise TypeError(f"stage must be a stage name such as '{BACKWARD_STAGE}', not "
                         f"{type(stage).__name__}")
-    if not _compiling():
+    eager = not _compiling()
+    if eager and stage != "auto":
         _stage(stage)
     torch = _torch()
     named = (("q", q), ("k", k), ("v", v), ("o", o), ("do", do))
     _check_tensors(stage, named)
+    if eager and stage == "auto":  # (under torch.compile the operator resolves it: _ops)
+        stage = _auto_backward_stage(_device_of(q), _asks(q, k), variant,
+                                     _smem_limit(smem_limit))
     if not isinstance(lse, torch.Tensor):
         raise TypeError(f"{stage} takes torch tensors; lse is a {type(lse).__name__}")
     if lse.device != q.device or lse.dtype != torch.float32:
@@ -860,7 +940,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, stage=B
     sl = _smem_limit(smem_limit)
     if not isinstance(variant, str):
         raise ValueError(f"{stage}: variant must be a name such as 'default', not {variant!r}")
-    if _compiling():
+    if not eager:
         from . import _ops
         return _ops.backward(q, k, v, o, lse, do, causal, scale, stage, variant, sl)
     return _run_backward(q, k, v, o, lse, do, causal, scale, stage, variant, sl)
@@ -868,7 +948,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, stage=B
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *, stage="auto",
-                                 backward_variant="default"):
+                                 backward_stage="auto", backward_variant="default"):
     """torch.nn.functional.scaled_dot_product_attention's signature and layout, over the
     course's stages: a one-line swap into a model,
 
@@ -877,12 +957,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     query [B, H, N, D], key and value [B, H_kv, N_k, D] (H_kv < H: grouped-query heads, with
     enable_gqa=True as SDPA asks), CUDA tensors of one dtype the stage stores (float16; bfloat16
-    where the stages take it: stage 6, stage 7's backward), head dim 64 or 128, any strides with a contiguous last
-    dimension (views of a fused projection are read in place). is_causal with N != N_k: aligned to
-    the bottom right (query i sees keys <= i + N_k - N; SDPA aligns to the top left). Returns the
-    output [B, H, N, D]; differentiable as attention(). stage: "auto" (stage 6 on Hopper, else
-    stage 5) or a stage name. What SDPA takes and the stages do not (an attn_mask, dropout)
-    raises NotImplementedError saying so; inputs a stage does not take raise ValueError naming it.
+    where the stages take it: stage 6, stage 7's and stage 8's backward), head dim 64 or 128, any
+    strides with a contiguous last dimension (views of a fused projection are read in place).
+    is_causal with N != N_k: aligned to the bottom right (query i sees keys <= i + N_k - N; SDPA
+    aligns to the top left). Returns the output [B, H, N, D]; differentiable as attention().
+    stage: "auto" (stage 6 on Hopper, else stage 5) or a stage name; backward_stage: "auto"
+    (stage 8, the Hopper backward, where it runs and takes the inputs, else stage 7) or a stage
+    name. What SDPA takes and the stages do not (an attn_mask, dropout) raises
+    NotImplementedError saying so; inputs a stage does not take raise ValueError naming it.
     """
     if attn_mask is not None:
         raise NotImplementedError("flashcourse.scaled_dot_product_attention takes no attn_mask "
@@ -898,12 +980,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                          f"{key.shape[1]} heads, query {query.shape[1]}: pass enable_gqa=True "
                          f"for grouped-query heads (as SDPA asks)")
     o, _ = attention(query, key, value, causal=is_causal, scale=scale, stage=stage,
-                     backward_variant=backward_variant)
+                     backward_stage=backward_stage, backward_variant=backward_variant)
     return o
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *, stage="auto",
-                    backward_variant="default"):
+                    backward_stage="auto", backward_variant="default"):
     """flash-attn's flash_attn_func signature and layout over the course's stages:
 
         from flash_attn import flash_attn_func          # or:
@@ -914,8 +996,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
     tensors of one dtype the stage stores (float16; bfloat16 where it takes it), any strides with
     a contiguous last dimension (q, k, v of one fused [B, N, 3, H, D] projection are read in
     place). causal with N != N_k: aligned to the bottom right, as flash-attn 2.1 and later.
-    Returns o [B, N, H, D]; differentiable as attention(). dropout_p must be 0 (no dropout:
-    NotImplementedError otherwise).
+    Returns o [B, N, H, D]; differentiable as attention(). stage: "auto" (stage 6 on Hopper,
+    else stage 5) or a stage name; backward_stage: "auto" (stage 8, the Hopper backward, where
+    it runs and takes the inputs, else stage 7) or a stage name. dropout_p must be 0 (no
+    dropout: NotImplementedError otherwise).
     """
     if dropout_p:
         raise NotImplementedError(f"flashcourse.flash_attn_func has no dropout (dropout_p="
@@ -929,7 +1013,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
                              f"{n} has shape {tuple(t.shape)}")
     # [B, N, H, D] -> [B, H, N, D] views: the same memory, the stages read it through strides
     o, _ = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
-                     scale=softmax_scale, stage=stage, backward_variant=backward_variant)
+                     scale=softmax_scale, stage=stage, backward_stage=backward_stage,
+                     backward_variant=backward_variant)
     o = o.transpose(1, 2)  # [B, N, H, D]: contiguous unless a stage without strides took copies
     return o if o.is_contiguous() else o.contiguous()
 

@@ -12,9 +12,13 @@ Under torch.compile, the same passes are custom operators, which the compiled gr
 Their bodies run the stage library (_binding.py) on the current stream with outputs and workspace
 from PyTorch's allocator, their fake implementations give torch.compile the output shapes (and
 make the library's checks while it traces), and register_autograd makes forward's derivative the
-backward operator. Nothing here waits for the GPU, so CUDA graphs (torch.compile's
-mode="reduce-overhead") capture both. lse is a constant in both paths (no gradient flows into
-it), and the backward pass has no derivative of its own: double backward raises.
+backward operator. A stage given as "auto" reaches them as it is (torch.compile traces no
+library call) and is resolved where they plan: _binding._plan for the passes, _forward_setup for
+the backward operator the graph records, which is given the resolved name (stage 8 on Hopper
+where it takes the call, else stage 7). Nothing here waits for the GPU, so CUDA graphs
+(torch.compile's mode="reduce-overhead") capture both. lse is a constant in both paths (no
+gradient flows into it), and the backward pass has no derivative of its own: double backward
+raises.
 """
 
 from typing import Tuple
@@ -98,12 +102,14 @@ def _forward_fake(q, k, v, causal, scale, stage, variant, smem_limit, backward_s
 def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool,
              scale: float, stage: str, variant: str,
              smem_limit: int) -> Tuple[Tensor, Tensor, Tensor]:
+    stage = _binding._resolve_backward(stage, q, k, variant, smem_limit)  # "auto": stage 8 or 7
     return _binding._run_backward(q, k, v, o, lse, _binding.grad_input(stage, o, do), causal,
                                   scale, stage, variant, smem_limit)
 
 
 @backward.register_fake
 def _backward_fake(q, k, v, o, lse, do, causal, scale, stage, variant, smem_limit):
+    stage = _binding._resolve_backward(stage, q, k, variant, smem_limit)  # as the body does
     # do as the body lays it out (_binding.grad_input: its own layout, or o's)
     own = _binding._stage(stage).stage.backward_takes & _binding.TAKES_STRIDES and do.stride(3) == 1
     _binding._plan(stage, True, _binding._backward_geometry(q, k, v, o, do if own else o),
@@ -114,8 +120,13 @@ def _backward_fake(q, k, v, o, lse, do, causal, scale, stage, variant, smem_limi
 def _forward_setup(ctx, inputs, output):
     q, k, v, causal, scale, stage, variant, smem_limit, bstage, bvariant = inputs
     o, lse = output
+    # "auto" resolved once here, so the backward operator in the graph is given the stage's name
+    device = _binding._device_of(q)
+    if stage == "auto":  # (for the messages: the forward operator resolves its own)
+        stage = _binding._auto_stage(device, _binding._asks(q, k))
+    bstage = _binding._resolve_backward(bstage, q, k, bvariant, smem_limit)
     # the backward stage takes this shape and dtype (in eager mode attention() checked already)
-    _binding._plan(bstage, True, _binding._backward_geometry(q, k, v), q.device.index, q.dtype,
+    _binding._plan(bstage, True, _binding._backward_geometry(q, k, v), device, q.dtype,
                    causal, scale, bvariant, smem_limit, who=stage)
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.args = (causal, scale, bstage, bvariant, smem_limit)
@@ -136,7 +147,8 @@ forward.register_autograd(_forward_backward, setup_context=_forward_setup)
 
 
 def _backward_setup(ctx, inputs, output):
-    ctx.stage = inputs[8]
+    q, k, stage, variant, smem_limit = inputs[0], inputs[1], inputs[8], inputs[9], inputs[10]
+    ctx.stage = _binding._resolve_backward(stage, q, k, variant, smem_limit)
 
 
 def _backward_backward(ctx, *grads):

@@ -14,6 +14,8 @@ sampled; every bad input of the binding; the current stream. Ends with "N passed
 shared memory per block (65536: a T4, 101376: an L4), with a PTX-only build for that GPU.
 """
 
+import dataclasses
+import inspect
 import math
 import os
 import struct
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -145,6 +148,91 @@ def t_without_torch():
     if HAVE_TORCH:
         raise Skip("PyTorch is installed here")
     raises(ImportError, flashcourse.attention, None, None, None, match="install torch")
+
+
+HOPPER_BWD, BWD = _binding.HOPPER_BACKWARD_STAGE, _binding.BACKWARD_STAGE
+
+
+def t_auto_backward_choice():
+    # backward_stage="auto" is every entry point's default, and its choice, with the library's
+    # answers faked (no GPU, no PyTorch, no library needed): stage 8 where its backward plans on
+    # the device (within smem_limit) and it takes what the call asks (bits, variant), else
+    # stage 7; probed once per device and limit; _plan and _takes_strides resolve it too.
+    sdpa, fa = flashcourse.scaled_dot_product_attention, flashcourse.flash_attn_func
+    for fn, param in ((flashcourse.attention, "backward_stage"), (sdpa, "backward_stage"),
+                      (fa, "backward_stage"), (flashcourse.attention_backward, "stage")):
+        default = inspect.signature(fn).parameters[param].default
+        assert default == "auto", f"{fn.__name__}({param}={default!r})"
+    assert "auto_backward_stage" in flashcourse.__all__
+    b = _binding
+    every = b.TAKES_BF16 | b.TAKES_GQA | b.TAKES_STRIDES | b.TAKES_N_K
+
+    def stage(name, variants=("default",), takes=0, backward_takes=0):
+        return flashcourse.Stage(name=name, dtype="float16", variants=variants, adds="", path="",
+                                 backward=bool(backward_takes), takes=takes,
+                                 backward_takes=backward_takes)
+
+    descs = {s.name: s for s in (
+        stage("stage5_tuned"), stage(b.HOPPER_STAGE, takes=every),
+        stage(BWD, ("default", "deterministic"), backward_takes=every),
+        stage(HOPPER_BWD, takes=every, backward_takes=every))}
+    planned = []  # (stage, backward, device, smem_limit, D) of every plan made
+
+    class FakePlan:  # the library's plan: the Hopper stages run on device 0 with >= 100000 B
+        def __init__(self, library, backward, device, geometry, causal, s32, vi, smem_limit,
+                     bf16=False):
+            name = library.stage.name
+            planned.append((name, backward, device, smem_limit, geometry[3]))
+            if name in (b.HOPPER_STAGE, HOPPER_BWD) and device != 0:
+                raise ValueError(f"{name}: needs a Hopper GPU (sm_90)")
+            if name == HOPPER_BWD and 0 < smem_limit < 100000:
+                raise ValueError(f"{name}: the backward needs 100000 bytes of shared memory")
+            self.stage = name
+
+    fake_torch = SimpleNamespace(float16="float16", bfloat16="bfloat16")
+    saved = (b._stage, b._Plan, b._torch_mod, dict(b._auto), dict(b._auto_bwd), dict(b._plans))
+    b._stage = lambda name: SimpleNamespace(stage=descs[name])
+    b._Plan = FakePlan
+    if not HAVE_TORCH:
+        b._torch_mod = fake_torch
+    f16 = b._torch().float16
+    for cache in (b._auto, b._auto_bwd, b._plans):
+        cache.clear()
+    try:
+        choose = b._auto_backward_stage
+        assert choose(0) == HOPPER_BWD
+        assert choose(0, b.TAKES_BF16 | b.TAKES_GQA | b.TAKES_N_K) == HOPPER_BWD
+        assert choose(0, 0, "deterministic") == BWD, "a variant stage 8 lacks"
+        assert choose(0, 0, "default", 65536) == BWD, "an smem_limit stage 8 does not fit"
+        assert choose(0, 0, "default", 200000) == HOPPER_BWD
+        assert choose(1) == BWD, "a device stage 8 does not run on"
+        probes = len(planned)
+        assert {(p[0], p[1], p[4]) for p in planned} == {(HOPPER_BWD, True, 64),
+                                                          (HOPPER_BWD, True, 128)}, planned
+        for _ in range(3):  # cached: no plan made again
+            choose(0), choose(1), choose(0, 0, "default", 65536), choose(0, b.TAKES_GQA)
+        assert len(planned) == probes, planned[probes:]
+        # _plan resolves "auto" for the backward (the backward's choice) and the forward (its own)
+        g = (1, 4, 64, 64, 2, 96, None)  # grouped-query heads, N_k != N: stage 8 takes them
+        assert b._plan("auto", True, g, 0, f16, True, 0.125, "default", 0).stage == HOPPER_BWD
+        assert b._plan("auto", True, g, 1, f16, True, 0.125, "default", 0).stage == BWD
+        assert b._plan("auto", True, g, 0, f16, True, 0.125, "deterministic", 0).stage == BWD
+        assert b._plan("auto", False, g, 0, f16, True, 0.125, "default", 0).stage == \
+            b.HOPPER_STAGE
+        # _takes_strides: "auto" resolved for the device and what the call asks
+        assert b._takes_strides("auto", "auto", 0) and not b._takes_strides("auto", "auto", 1)
+        assert b._takes_strides(b.HOPPER_STAGE, "auto", 1)  # stage 7's backward takes strides
+        # a stage 8 that did not take bf16 or strides: stage 7 for a call that asks for them
+        descs[HOPPER_BWD] = dataclasses.replace(descs[HOPPER_BWD],
+                                                backward_takes=b.TAKES_GQA | b.TAKES_N_K)
+        assert choose(0, b.TAKES_BF16) == BWD and choose(0, b.TAKES_GQA) == HOPPER_BWD
+        assert not b._takes_strides(b.HOPPER_STAGE, "auto", 0)
+        assert b._takes_strides(b.HOPPER_STAGE, "auto", 0, backward_variant="deterministic")
+    finally:
+        b._stage, b._Plan, b._torch_mod = saved[:3]
+        for cache, old in zip((b._auto, b._auto_bwd, b._plans), saved[3:]):
+            cache.clear()
+            cache.update(old)
 
 
 # ---- GPU: results against the float64 reference ----
@@ -417,20 +505,28 @@ def t_flash_attn_func():
     raises(ValueError, fa, q[0], q, q, match="[B, N, H, D]")
 
 
-def t_model_inputs_backward():
+def t_model_inputs_backward(backward_stage="auto"):
     need_gpu()
     # gradients for these inputs where the backward stage takes them, else one clear error
-    bst = next((s for s in flashcourse.stages() if s.backward), None)
-    if bst is None:
+    if not any(s.backward for s in flashcourse.stages()):
         raise Skip("no backward stage built")
     q, k, v = make_model_inputs((1, 8, 2, 100, 150, 64, True, "bnhd"), torch.float16, 21)
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     want = _binding.TAKES_GQA | _binding.TAKES_STRIDES | _binding.TAKES_N_K
-    if bst.backward_takes & want != want:
+    bst = _binding._stage(backward_stage).stage if backward_stage != "auto" else None
+    if bst is not None and bst.backward_takes & want != want:
         raises(ValueError, flashcourse.attention, *leaves, causal=True, stage="stage6_hopper",
-               match=[bst.name, "does not take"])
+               backward_stage=backward_stage, match=[bst.name, "does not take"])
         raise Skip(f"{bst.name}'s backward takes the plain case only: a clear error checked")
-    o, _ = flashcourse.attention(*leaves, causal=True, stage=model_forward_stage())
+    try:
+        o, _ = flashcourse.attention(*leaves, causal=True, stage=model_forward_stage(),
+                                     backward_stage=backward_stage)
+    except ValueError as e:
+        if bst is None:
+            raise
+        raise Skip(f"{backward_stage} does not run here: {e}")
+    if bst is None:  # auto: stage 8 takes these where it runs, as stage 7 does elsewhere
+        assert o.grad_fn.bp.stage == flashcourse.auto_backward_stage(), o.grad_fn.bp.stage
     do = torch.randn_like(o)
     o.backward(do)
     ref = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
@@ -640,7 +736,7 @@ def make_grad_inputs(shape, seed, dist):
     return [x.half() for x in t]
 
 
-def t_gradients(stage, backward_variant):
+def t_gradients(stage, backward_variant, backward_stage="auto"):
     need_gpu()
     misses = []
     cases = GRAD_CASES[::3] if QUICK else GRAD_CASES
@@ -649,10 +745,12 @@ def t_gradients(stage, backward_variant):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         try:
             o, lse = flashcourse.attention(*leaves, causal=causal, scale=scale, stage=stage,
-                                           smem_limit=SMEM_LIMIT,
+                                           smem_limit=SMEM_LIMIT, backward_stage=backward_stage,
                                            backward_variant=backward_variant)
         except ValueError as e:
-            raise Skip(f"{stage} does not run here: {e}")
+            raise Skip(f"{stage} forward, {backward_stage} backward do not run here: {e}")
+        if backward_stage == "auto" and ci == 0:  # what auto chose, in the test's words
+            print(f"         {stage} forward, auto backward: {o.grad_fn.bp.stage}")
         assert o.requires_grad and not lse.requires_grad or lse.grad_fn is not None
         o.backward(do)
         sc = scale32(scale if scale is not None else 1 / math.sqrt(D))
@@ -695,6 +793,93 @@ def t_backward_alone():
            stage="stage5_tuned", match=["stage5_tuned", "no backward pass"])
     raises(ValueError, flashcourse.attention_backward, q, k, v, o, lse, do,
            variant="fastest", match=["fastest", "deterministic"])
+
+
+def stage8_not_here(smem_limit=0):
+    """None where stage 8's backward plans on this device at D = 64 and 128 (within
+    smem_limit), else why not, in the library's words."""
+    dev = torch.cuda.current_device()
+    try:
+        for D in (64, 128):
+            _binding._check_raw(HOPPER_BWD, dev, (1, 1, 128, D), False, 0.125, 0, smem_limit,
+                                backward=True)
+    except (flashcourse.LibraryNotBuiltError, ValueError, RuntimeError) as e:
+        return str(e)
+    return None
+
+
+def t_auto_backward():
+    need_gpu()
+    # backward_stage="auto": stage 8 on an sm_90 GPU where its library is built (with sm_90a
+    # code), stage 7 on any other; a variant stage 8 lacks or an smem_limit it does not fit:
+    # stage 7; explicit names as given; errors name the stage chosen. What attention()
+    # differentiates with is its autograd.Function's plan: o.grad_fn.bp.
+    dev = torch.cuda.current_device()
+    cc = torch.cuda.get_device_capability(dev)
+    built = (flashcourse.library_dir() / f"lib{HOPPER_BWD}.so").is_file()
+    why = stage8_not_here()
+    if cc == (9, 0) and built:
+        assert why is None or "sm_90a" in why, f"stage 8 does not run on this Hopper GPU: {why}"
+    else:
+        assert why is not None, f"stage 8's backward plans on an sm_{cc[0]}{cc[1]} GPU"
+    want = HOPPER_BWD if why is None else BWD
+    print(f"         sm_{cc[0]}{cc[1]}, stage 8 {'built' if built else 'not built'}: auto is "
+          f"{want}{'' if why is None else f' (stage 8: {why})'}")
+    for d in (None, dev, f"cuda:{dev}", torch.device("cuda", dev)):
+        got = flashcourse.auto_backward_stage(d)
+        assert got == want, f"auto_backward_stage({d!r}) = {got}, want {want}"
+    q, k, v, do = make_grad_inputs((1, 2, 192, 64), 131, "normal")
+
+    def used(**kw):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        o, _ = flashcourse.attention(*leaves, causal=True, **kw)
+        return o.grad_fn.bp.stage
+
+    assert used() == want and used(backward_stage="auto") == want
+    assert used(backward_stage=BWD) == BWD, "an explicit stage 7 not kept"
+    if why is None:
+        assert used(backward_stage=HOPPER_BWD) == HOPPER_BWD
+        assert "deterministic" not in _binding._stage(HOPPER_BWD).stage.variants
+    assert used(backward_variant="deterministic") == BWD, "a variant stage 8 lacks"
+    for limit in (65536, 101376):  # a T4's and an L4's shared memory: stage 7's where 8 misses
+        if why is None and stage8_not_here(limit) is not None:
+            try:  # (where stage 5's forward and stage 7's backward run within it)
+                for st, bwd in (("stage5_tuned", False), (BWD, True)):
+                    _binding._check_raw(st, dev, tuple(q.shape), True, 0.125, 0, limit,
+                                        backward=bwd)
+            except ValueError:
+                continue
+            assert used(smem_limit=limit) == BWD, f"smem_limit {limit}: not stage 7"
+            break
+    # errors name the stage chosen
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    raises(ValueError, flashcourse.attention, *leaves, backward_variant="fastest",
+           match=[BWD, "fastest", "deterministic"])
+    q32 = q.float().requires_grad_(True)
+    msg = raises(TypeError, flashcourse.attention, q32, k.float(), v.float(), stage="stage0_naive",
+                 match=[want, "no_grad"])
+    assert "auto" not in msg, msg
+    # attention_backward: auto and stage 7 named, both against float64 autograd
+    with torch.no_grad():
+        o, lse = flashcourse.attention(q, k, v, causal=True)
+    for stage in ("auto", BWD) + ((HOPPER_BWD,) if why is None else ()):
+        got = flashcourse.attention_backward(q, k, v, o, lse, do, causal=True, stage=stage)
+        miss = grad_miss(got, q, k, v, do, True, scale32(1 / 8), o)
+        assert miss is None, f"attention_backward(stage={stage!r}): {miss}"
+    raises(ValueError, flashcourse.attention_backward, q, k, v, o, lse, do, causal=True,
+           variant="fastest", match=[BWD, "fastest"])
+    # SDPA's and flash-attn's signatures: the same choice, and a name passed through
+    for call, args in ((flashcourse.scaled_dot_product_attention, (q, k, v)),
+                       (flashcourse.flash_attn_func, tuple(t.transpose(1, 2) for t in (q, k, v)))):
+        for bs, expect in (("auto", want), (BWD, BWD)):
+            leaves = [t.detach().clone().requires_grad_(True) for t in args]
+            o2 = call(*leaves, backward_stage=bs)
+            o2.float().sum().backward()
+            assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+            node = o2.grad_fn
+            while node is not None and not hasattr(node, "bp"):  # past transposes, copies
+                node = node.next_functions[0][0] if node.next_functions else None
+            assert node is not None and node.bp.stage == expect, (call.__name__, bs)
 
 
 def t_deterministic_bit_identical():
@@ -946,6 +1131,8 @@ def main():
     run("C entry point argument checks", t_c_argument_checks)
     run("no GPU: one clear error", t_no_gpu_message)
     run("no PyTorch: one clear error", t_without_torch)
+    run("backward_stage='auto' by default: stage 8 where it plans and takes the call, else "
+        "stage 7 (faked library answers)", t_auto_backward_choice)
     try:
         built = flashcourse.stages()
     except Exception:
@@ -967,12 +1154,21 @@ def main():
             run(f"{st.name}: bf16, GQA, [B, N, H, D] and fused-QKV views, N_q != N_k",
                 t_model_inputs, st)
     run("flash_attn_func: flash-attn's signature, GQA, N_q != N_k", t_flash_attn_func)
-    run("gradients of what models feed (or one clear error)", t_model_inputs_backward)
-    for fwd in [s.name for s in built if s.name in ("stage4_wmma", "stage5_tuned",
-                                                    "stage6_hopper")]:
-        for bv in next((s.variants for s in built if s.backward), ()):
-            run(f"gradients: {fwd} forward, stage 7 {bv} backward vs float64 autograd",
-                t_gradients, fwd, bv)
+    run("gradients of what models feed, auto backward (or one clear error)",
+        t_model_inputs_backward)
+    for bst in [s for s in built if s.backward]:
+        run(f"gradients of what models feed, {bst.name} (or one clear error)",
+            t_model_inputs_backward, bst.name)
+    fwds = [s.name for s in built if s.name in ("stage4_wmma", "stage5_tuned", "stage6_hopper")]
+    for fwd in fwds:
+        for bst in [s for s in built if s.backward]:
+            for bv in bst.variants:
+                run(f"gradients: {fwd} forward, {bst.name} {bv} backward vs float64 autograd",
+                    t_gradients, fwd, bv, bst.name)
+        run(f"gradients: {fwd} forward, auto backward (stage 8 on Hopper, else 7) vs float64 "
+            "autograd", t_gradients, fwd, "default", "auto")
+    run("backward_stage='auto': stage 8 on sm_90 where built, else stage 7; explicit names kept; "
+        "errors name the stage chosen", t_auto_backward)
     run("attention_backward on its own", t_backward_alone)
     run("deterministic backward: bit-identical gradients", t_deterministic_bit_identical)
     run("lse a constant; double backward, float32 stage: clear errors", t_gradient_errors)

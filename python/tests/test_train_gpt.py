@@ -3,13 +3,13 @@
 
     python3 python/tests/test_train_gpt.py
 
---help names --dtype and --kv-heads; bad options (--kv-heads not dividing --heads, or below 1, an
-unknown --dtype) exit 2 with argparse's error; without PyTorch (hidden from the import here,
-whether or not it is installed) one line naming it, exit 2; the refusal before training of a stage
-whose descriptor does not take bf16 or grouped-query heads (fake descriptors: no library needed);
-and, where PyTorch is installed, the hidden --sdpa-only path on a tiny model with --dtype bf16 and
---kv-heads (bf16 autocast on a CPU, both runs SDPA, so their losses agree exactly). Ends with
-"N passed, M failed, K skipped".
+--help names --dtype, --kv-heads and --backward-stage (auto: stage 8 on Hopper); bad options
+(--kv-heads not dividing --heads, or below 1, an unknown --dtype) exit 2 with argparse's error;
+without PyTorch (hidden from the import here, whether or not it is installed) one line naming it,
+exit 2; the refusal before training of a stage whose descriptor does not take bf16 or grouped-query
+heads (fake descriptors: no library needed); and, where PyTorch is installed, the hidden
+--sdpa-only path on a tiny model with --dtype bf16 and --kv-heads (bf16 autocast on a CPU, both
+runs SDPA, so their losses agree exactly). Ends with "N passed, M failed, K skipped".
 """
 
 import csv
@@ -60,7 +60,8 @@ def load_hidden_torch():
 def t_help():
     rc, out, err = script(["--help"], hide_torch=True)
     assert rc == 0 and out.startswith("usage:"), (rc, out[:200], err)
-    for opt in ("--dtype {f16,bf16}", "--kv-heads H_KV", "enable_gqa=True", "no scaler"):
+    for opt in ("--dtype {f16,bf16}", "--kv-heads H_KV", "enable_gqa=True", "no scaler",
+                "--backward-stage BACKWARD_STAGE", "stage8_hopper_backward on a Hopper GPU"):
         assert opt in " ".join(out.split()), f"--help does not say {opt!r}"
 
 
@@ -98,17 +99,21 @@ def t_stage_refusal():
     s5, s6, s7 = stage("stage5_tuned"), stage("stage6_hopper", hopper), \
         stage("stage7_backward", backward_takes=hopper)
     s7_f16_only = stage("stage7_backward", backward_takes=b.TAKES_GQA | b.TAKES_STRIDES)
+    s8 = stage("stage8_hopper_backward", hopper, hopper)
+    s8_f16_only = stage("stage8_hopper_backward", hopper, b.TAKES_GQA | b.TAKES_STRIDES)
 
-    def why(built, stage_name, dtype="f16", kv_heads=8, auto=False):
-        args = SimpleNamespace(stage=stage_name, dtype=dtype, heads=8, kv_heads=kv_heads)
+    def why(built, stage_name, dtype="f16", kv_heads=8, auto=False,
+            backward="stage7_backward", backward_auto=False):
+        args = SimpleNamespace(stage=stage_name, dtype=dtype, heads=8, kv_heads=kv_heads,
+                               backward_stage=backward)
         real = fc.stages
         fc.stages = lambda: built
         try:
-            return mod.stages_take(args, auto)
+            return mod.stages_take(args, auto, backward_auto)
         finally:
             fc.stages = real
 
-    everything = [s5, s6, s7]
+    everything = [s5, s6, s7, s8]
     assert why(everything, "stage5_tuned") is None  # the plain case: every stage
     assert why(everything, "stage6_hopper", "bf16", 2) is None
     w = why(everything, "stage5_tuned", "bf16", auto=True)
@@ -124,6 +129,18 @@ def t_stage_refusal():
     assert w and "stage7_backward" in w and "backward pass" in w and \
         "the built stages that do: none" in w, w
     assert why([s5, s7], "stage6_hopper", "bf16", 2) is None  # not built: the probe says so
+    # the backward stage is the one named (--backward-stage, or auto's choice), stage 8 included
+    assert why(everything, "stage6_hopper", "bf16", 2, backward="stage8_hopper_backward",
+               backward_auto=True) is None
+    w = why([s5, s6, s7, s8_f16_only], "stage6_hopper", "bf16",
+            backward="stage8_hopper_backward", backward_auto=True)
+    for part in ("--dtype bf16: stage8_hopper_backward", "--backward-stage auto", "backward pass",
+                 "the built stages that do: stage7_backward"):
+        assert w and part in w, (part, w)
+    assert "--stage auto" not in w, w
+    w = why(everything, "stage6_hopper", "bf16", backward="stage5_tuned")
+    assert w and "stage5_tuned" in w and "backward pass" in w, w
+    assert "--backward-stage auto" not in w, w
 
 
 def t_sdpa_only_cpu():
@@ -146,12 +163,13 @@ def t_sdpa_only_cpu():
 
 
 def main():
-    for name, fn in (("train_gpt.py --help names --dtype and --kv-heads", t_help),
+    for name, fn in (("train_gpt.py --help names --dtype, --kv-heads and --backward-stage",
+                      t_help),
                      ("train_gpt.py bad --kv-heads / --dtype: argparse's error, exit 2",
                       t_bad_options),
                      ("train_gpt.py without PyTorch: one line, exit 2", t_no_torch),
-                     ("train_gpt.py refuses a stage whose descriptor does not take bf16 or "
-                      "grouped-query heads, in one line", t_stage_refusal),
+                     ("train_gpt.py refuses a forward or backward stage whose descriptor does "
+                      "not take bf16 or grouped-query heads, in one line", t_stage_refusal),
                      ("train_gpt.py --sdpa-only --dtype bf16 --kv-heads 1 on a tiny model",
                       t_sdpa_only_cpu)):
         run(name, fn)
