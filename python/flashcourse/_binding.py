@@ -839,6 +839,7 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
     """attention() with every check made: the first call of a combination, every call under
     torch.compile (which traces the checks), and every call that fails one."""
     given = (causal, scale, stage, variant, smem_limit)  # the cache's key: as the caller gave them
+    given_backward = backward_stage  # ("auto" stays "auto" in the key, as attention() looks it up)
     if not isinstance(stage, str):
         raise TypeError(f"stage must be a stage name such as '{FORWARD_STAGE}', not "
                         f"{type(stage).__name__}")
@@ -890,7 +891,7 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
         call = lambda q, k, v: run(q.contiguous(), k.contiguous(), v.contiguous())  # noqa: E731
     if given[1] is None or type(given[1]) in (int, float):  # (a 0-d tensor hashes by identity)
         try:
-            key = _call_key(*keys, *given, backward_stage, backward_variant, grad)
+            key = _call_key(*keys, *given, given_backward, backward_variant, grad)
         except TypeError:  # an unhashable argument: checked every call
             key = None
         if key is not None:
