@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The lessons' exercise answers measured in one GPU session, on the kernels as they are now:
-#   - the answers that were still predictions where a measurement is possible: stage 1 exercise 4
-#     (the causal skip), stage 2 exercise 3 (other paddings), stage 3 exercise 3 (double
-#     buffering's shared memory), stage 6 exercise 5 (--smem-limit picks no other layout): a line
-#     each in the summary printed last (the command, the exit code, the median time or the message);
+#   - stage 1 exercise 4 (the causal skip), stage 2 exercise 3 (other paddings), stage 3 exercise 3
+#     (double buffering's shared memory), stage 6 exercise 5 (--smem-limit picks no other layout):
+#     rows of stageN_*/measured/<gpu>_answers.csv, as below;
 #   - the answers of stages 6 and 7 measured on older kernels (stage 6 exercises 1, 2 and 6; stage 7
 #     exercises 2 to 7): the exact commands each exercise asks the learner to run, written as rows
 #     of stage6_hopper/measured/<gpu>_answers.csv and stage7_backward/measured/<gpu>_answers.csv
@@ -111,34 +110,36 @@ wait
 # ---- the timed runs, one at a time
 # stage 1, exercise 4: the causal skip (last_row = N - 1: every key tile visited)
 if ready s1 stage1_scalar_flash; then
-  measure - "stage 1 default, fa2 shape, non-causal" 300 "$p" $FA2 --bench --csv --check 0
-  measure - "stage 1 default, fa2 shape, causal" 300 "$p" $FA2 --causal --bench --csv --check 0
+  measure s1e4 "default, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0
+  measure s1e4 "default, fa2 shape, causal" 300 "$p" $FA2 --causal --bench --csv --check 0
 fi
 ready s1noskip stage1_scalar_flash && s1noskip=$p &&
-  measure - "stage 1 ex4 (last_row = N - 1), fa2 shape, causal" 300 "$p" $FA2 --causal --bench --csv --check 0
+  measure s1e4 "last_row = N - 1, fa2 shape, causal" 300 "$p" $FA2 --causal --bench --csv --check 0
 # stage 2, exercise 3: Q_PAD = 16 and 4
 if ready s2 stage2_smem_tiling; then
-  measure - "stage 2 default (Q_PAD = 8), fa2 shape" 300 "$p" $FA2 --bench --csv --check 0
-  measure - "stage 2 nopad, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0 --variant nopad
+  measure s2e3 "default (Q_PAD = 8), fa2 shape" 300 "$p" $FA2 --bench --csv --check 0
+  measure s2e3 "nopad, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0 --variant nopad
 fi
 if ready s2pad16 stage2_smem_tiling; then
   s2pad16=$p
-  measure - "stage 2 ex3 Q_PAD = 16, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0
-  measure - "stage 2 ex3 Q_PAD = 16, fa2 shape, --smem-limit 65536" 300 "$p" $FA2 --bench --csv --check 0 --smem-limit 65536
+  measure s2e3 "Q_PAD = 16, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0
+  measure s2e3 "Q_PAD = 16, fa2 shape, --smem-limit 65536" 300 "$p" $FA2 --bench --csv --check 0 --smem-limit 65536
 fi
-ready s2pad4 stage2_smem_tiling && measure - "stage 2 ex3 Q_PAD = 4, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0
+ready s2pad4 stage2_smem_tiling && measure s2e3 "Q_PAD = 4, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0
 # stage 3, exercise 3: double buffering's shared memory
 if ready s3 stage3_cp_async; then
   for lim in "" 65536 50000; do
     for v in default sync; do
-      measure - "stage 3 $v, fa2 shape${lim:+, --smem-limit $lim}" 300 "$p" $FA2 --bench --csv --check 0 --variant $v ${lim:+--smem-limit $lim}
+      measure s3e3 "$v, fa2 shape${lim:+, --smem-limit $lim}" 300 "$p" $FA2 --bench --csv --check 0 --variant $v ${lim:+--smem-limit $lim}
     done
   done
 fi
 
 # stage 6 (Hopper only): exercise 5, --smem-limit picks no other layout; exercises 1, 2 and 6
 if [ -n "$hopper" ] && ready s6 stage6_hopper; then
-  measure - "stage 6 ex5, --seq 1024 --dim 128 --bench --smem-limit 200000" 120 "$p" --seq 1024 --dim 128 --bench --smem-limit 200000
+  measure s6e5 "default, B = H = 1, N = 1,024, D = 128" 120 "$p" --seq 1024 --dim 128 --bench --csv --check 0
+  measure s6e5 "--smem-limit 200000, B = H = 1, N = 1,024, D = 128" 120 "$p" --seq 1024 --dim 128 --bench --csv --check 0 --smem-limit 200000
+  measure s6e5 "--smem-limit 100000, B = H = 1, N = 1,024, D = 128" 120 "$p" --seq 1024 --dim 128 --bench --csv --check 0 --smem-limit 100000
   for v in nooverlap nopingpong default; do
     measure s6e1 "$v, B = 1, H = 16, N = 16,384, D = 128" 120 "$p" --batch 1 --heads 16 --seq 16384 --dim 128 --bench --csv --check 0 --variant $v
   done
@@ -202,15 +203,15 @@ fi
 # ---- the self-tests, side by side (CPU-bound)
 ready s7nobar stage7_backward && s7nobar=$p
 ready s7nomask stage7_backward && s7nomask=$p
-[ -n "${s1noskip:-}" ] && measure_bg - "stage 1 ex4 (last_row = N - 1), --self-test" 600 "$s1noskip" --self-test
-[ -n "${s2pad16:-}" ] && measure_bg - "stage 2 ex3 Q_PAD = 16, --self-test" 600 "$s2pad16" --self-test
+[ -n "${s1noskip:-}" ] && measure_bg s1e4 "last_row = N - 1, --self-test" 600 "$s1noskip" --self-test
+[ -n "${s2pad16:-}" ] && measure_bg s2e3 "Q_PAD = 16, --self-test" 600 "$s2pad16" --self-test
 [ -n "${s7t4:-}" ] && measure_bg s7e4 "compute_75 PTX, --self-test --smem-limit 65536" 600 "$s7t4" --self-test --smem-limit 65536
 [ -n "${s7nobar:-}" ] && measure_bg s7e5 "backward_kernel() without the barrier after store_score_gradients(), --self-test --variant registers" 600 "$s7nobar" --self-test --variant registers
 [ -n "${s7nomask:-}" ] && measure_bg s7e6 "probabilities_t() without the mask, --self-test --variant registers" 600 "$s7nomask" --self-test --variant registers
 wait
 
 # ---- the answers' CSVs, the summary
-for s in 6:stage6_hopper 7:stage7_backward; do
+for s in 1:stage1_scalar_flash 2:stage2_smem_tiling 3:stage3_cp_async 6:stage6_hopper 7:stage7_backward; do
   rows=$(cat "$tmp"/row.* 2>/dev/null | grep "^\"s${s%%:*}e" || true)
   [ -n "$rows" ] || continue
   out=${s#*:}/measured/${slug}_answers.csv
