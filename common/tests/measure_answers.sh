@@ -24,7 +24,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 [ -n "$cc" ] || { echo "measure_answers.sh: no NVIDIA GPU here"; exit 2; }
 slug=$(printf '%s' "$gpu" | tr 'A-Z' 'a-z' | sed -e 's/[^a-z0-9][^a-z0-9]*/-/g' -e 's/^-//' -e 's/-$//' -e 's/^nvidia-//')
 case $slug in h200*) slug=h200 ;; esac # the reference GPU's folder, as plots/h200/
-commit=$(git rev-parse --short HEAD 2>/dev/null)
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}  # COMMIT=: where the copy has no history of its own
 jobs=$(nproc 2>/dev/null || echo 4)
 echo "GPU: $gpu (sm_$cc), $(nvcc --version | grep -o 'release [0-9.]*'), commit $commit" >"$tmp/summary.000"
 FA2="--batch 4 --heads 16 --seq 4096 --dim 128"
@@ -215,6 +215,7 @@ for s in 1:stage1_scalar_flash 2:stage2_smem_tiling 3:stage3_cp_async 6:stage6_h
   rows=$(cat "$tmp"/row.* 2>/dev/null | grep "^\"s${s%%:*}e" || true)
   [ -n "$rows" ] || continue
   out=${s#*:}/measured/${slug}_answers.csv
+  mkdir -p "${out%/*}"
   { echo "$header"; printf '%s\n' "$rows"; } >"$out"
   echo "measure_answers.sh: wrote $out ($(printf '%s\n' "$rows" | wc -l) rows); python3 plots/answers.py writes them into the lessons"
 done
