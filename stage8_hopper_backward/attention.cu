@@ -14,7 +14,7 @@
  *     producer warpgroup, load warp (load_tiles):
  *       K_j, V_j -> shared memory, once                                            (KV_FULL)
  *       for each query head h of the group, each query tile i that sees the keys (it-th):
- *         wait Q_EMPTY[it % 2]; TMA Q_i, bulk LSE_i (Q_FULL); TMA dO_i, bulk D_i  (DO_FULL)
+ *         wait Q_EMPTY[it % 2]; TMA Q_i, the warp stores LSE_i (Q_FULL); TMA dO_i, D_i (DO_FULL)
  *     producer warpgroup, dQ warp (reduce_dq), for the same walk:
  *         wait DQ_FULL; dQ_acc[h, i] += the staging tiles (TMA bulk reduce-add); wait until
  *         read; arrive DQ_EMPTY
@@ -56,8 +56,8 @@
 #include "attention.h"
 #include "device/backward_prepost.cuh"  // bwd_params; D_i and LSE_i before, dQ's conversion after
 #include "device/sm80.cuh"              // plain shared-memory loads and stores by address
-#include "device/sm90.cuh"        // mbarriers, TMA, bulk copies, wgmma, stmatrix, named barriers
-#include "device/tensor_map.cuh"  // tensor_map_4d
+#include "device/sm90.cuh"              // mbarriers, TMA, wgmma, stmatrix, named barriers
+#include "device/tensor_map.cuh"        // tensor_map_4d
 
 // The stage, one file per role, in reading order (clang-format would sort them):
 // clang-format off

@@ -109,9 +109,16 @@ __host__ __device__ constexpr int dq_tile_bytes() {
 }
 constexpr int VEC_BYTES = QROWS * (int)sizeof(float);  // LSE_i or D_i of one query tile
 
-// mbarriers: KV_FULL (K_j and V_j, once), Q_FULL and DO_FULL (per ring slot: Q_i with LSE_i, dO_i
-// with D_i), Q_EMPTY (per slot: the consumers are done with all four), DQ_FULL (the staging
-// tiles hold a step's dQ_i), DQ_EMPTY (the reduction has read them).
+// mbarriers, and what each protects:
+//   KV_FULL   K_j and V_j have landed (TMA, once).
+//   Q_FULL    per ring slot: Q_i has landed (TMA) and LSE_i is stored (the load warp's stores).
+//   DO_FULL   per slot: dO_i has landed and D_i is stored, the same way.
+//   Q_EMPTY   per slot: every consumer thread is done with the slot: its wgmma have read Q_i and
+//             dO_i, its loads have read LSE_i and D_i; the load warp may overwrite all four.
+//   DQ_FULL   the staging tiles hold a step's dQ_i parts (the consumers' stores).
+//   DQ_EMPTY  the dQ warp's reduction has read the staging tiles.
+// Each side arrives after its own accesses and waits before the other's, so that every access to
+// a buffer is ordered by one barrier's release and acquire (kernel.cuh: who arrives how often).
 enum {
     BAR_KV_FULL,
     BAR_Q_FULL,

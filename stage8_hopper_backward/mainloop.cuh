@@ -215,12 +215,10 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     pin_registers(P16);
     pin_registers(dS16);
 
-    // Q_i, dO_i, LSE_i and D_i are read (every wgmma of the step is done): the slot goes back.
-    // LSE_i and D_i were read by the generic proxy and the slot's next copies are the async
-    // proxy's: the fence orders the two (a write-after-read across proxies).
-    fence_proxy_async();
-    __syncwarp();
-    if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
+    // Q_i, dO_i (read by the step's wgmma, all done) and LSE_i, D_i (read by this thread's loads)
+    // are no longer needed: every thread arrives, so that its own loads are ordered before the
+    // load warp's next stores into the slot (producer.cuh).
+    mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
     stage_dq<D>(dQ_part, sm, p.wg, p.warp, p.lane, it);
 }
 

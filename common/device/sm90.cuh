@@ -2,9 +2,8 @@
  * common/device/sm90.cuh: Hopper's instructions as inline PTX, for stage 6 (which teaches them),
  * stage 7 (the TMA unit's bulk reductions and stmatrix, from sm_90 on) and stage 8 (the backward
  * on wgmma): mbarriers, TMA bulk tensor copies and reductions with their bulk groups and the
- * async-proxy fence, plain bulk copies, programmatic dependent launch, stmatrix, named barriers,
- * setmaxnreg, and wgmma with its shared-memory descriptors and the 128-byte swizzled tiles they
- * describe.
+ * async-proxy fence, programmatic dependent launch, stmatrix, named barriers, setmaxnreg, and
+ * wgmma with its shared-memory descriptors and the 128-byte swizzled tiles they describe.
  *
  * The wrappers a kernel of every target compiles (stage 7's) give no instruction, or a trap where
  * the launcher never goes, in code for targets before sm_90. wgmma and setmaxnreg exist only in
@@ -48,6 +47,13 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
                  : "memory");
 }
 
+// Announce `bytes` of TMA traffic without arriving: the caller's arrival comes later (stage 8's
+// load warp announces the tiles, then every lane arrives after its own stores).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -79,18 +85,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map
         "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
         "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-        : "memory");
-}
-
-// A plain bulk copy (no tensor map): `bytes` contiguous bytes (a multiple of 16, both addresses
-// 16-byte aligned) from global memory at src into shared memory at dst; completion adds them to
-// `bar`, as tma_load_4d's do. Stage 8 brings a query tile's LSE_i and D_i rows with it.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
-                                          uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-        "[%3];\n" ::"r"(dst),
-        "l"((uint64_t)src), "r"(bytes), "r"(bar)
         : "memory");
 }
 
