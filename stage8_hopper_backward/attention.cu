@@ -119,9 +119,9 @@ extern "C" const attn_stage attn_this_stage = {
     "stage8_hopper_backward",
     "FA3's backward on Hopper: the five products on wgmma (P^T, dS^T from registers), Q, dO, LSE, "
     "D by TMA into a ring on mbarriers, producer/consumer warpgroups, dQ by the TMA unit's "
-    "reduce-add; forward = stage 6's",
+    "reduce-add (atomicdq: fp32 atomics from the registers); forward = stage 6's",
     ATTN_F16,
-    "default",
+    "default,atomicdq",
     stage_unsupported,
     stage_workspace_bytes,
     stage_forward,

@@ -84,8 +84,13 @@ constexpr int DQ_REGS = WGMMA_M * SLAB_COLS / WARPGROUP;
 constexpr int SCORE_REGS = WGMMA_M * QROWS / WARPGROUP;
 constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of a wgmma result
 
-// The one variant so far (deterministic and atomicdq are LOG.md's next steps).
-enum { VARIANT_DEFAULT = 0, VARIANTS };
+// The variants, in the descriptor's order (attention.cu), and how each adds dQ_i's parts into
+// dQ_acc (the main kernel's template parameter): DQ_BULK, the consumers stage the part in shared
+// memory and the dQ warp hands it to the TMA unit's bulk reduce-add (the lesson); DQ_ATOMIC
+// (atomicdq), each consumer thread adds its registers by fp32 reductions (red.global.add), no
+// staging, the dQ warp idle: what the TMA unit's reduction buys.
+enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICDQ, VARIANTS };
+enum dq_way { DQ_BULK, DQ_ATOMIC };
 
 /* ---- shared memory --------------------------------------------------------------------------- */
 
@@ -193,6 +198,7 @@ typedef struct {
     float scale, scale_log2;
     const float *lse2;  // [B * H, N_pad]: LSE * log2(e), +inf past N (preprocess_kernel)
     const float *Dsum;  // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
+    float *dQ_acc;      // [B * H, N, D] fp32, contiguous (DQ_ATOMIC's adds; DQ_BULK's via tmdQ)
     __half *dK, *dV;    // [B, H_kv, N_k, D] in their layouts (fp16, or bf16 with BF16)
     tensor_strides dk, dv;
 } bwd_problem;

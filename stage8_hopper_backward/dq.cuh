@@ -4,6 +4,7 @@
  * preprocess_kernel): the consumers put a step's dQ_i into the staging tiles (stage_dq), and the
  * producer's dQ warp hands them to the TMA unit's bulk reduce-add (reduce_dq), which adds them
  * to dQ_acc in L2 while the consumers go on; dq_convert_kernel scales and rounds dQ_acc after.
+ * Variant atomicdq adds from the consumers' registers by fp32 atomics instead (add_dq_atomic).
  */
 #pragma once
 
@@ -39,6 +40,30 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
     fence_proxy_async();  // this thread's writes, visible to the TMA unit
     __syncwarp();         // the warp's writes are all in
     if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL));
+}
+
+// DQ_ATOMIC (variant atomicdq), after the step's dQ wgmma is done: the thread's part of dQ_i
+// straight from its registers into rows q0 .. of (batch, head) bh of dQ_acc, two floats a
+// reduction (16 a thread; rows past N skipped), no staging tile, no barrier: the adds leave from
+// 256 threads instead of one TMA instruction, and at D = 64 both warpgroups add into the same
+// elements. Columns: the warpgroup's half at D = 128, all 64 at D = 64 (dq_splits_keys).
+template <int D>
+__device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[DQ_REGS],
+                                              const bwd_problem &pb, int wg, int warp, int lane,
+                                              int bh, int q0) {
+    const int g = lane / QUAD, t = lane % QUAD;
+    const int col0 = dq_splits_keys<D>() ? 0 : wg * dq_cols<D>();
+    float *const head = pb.dQ_acc + (size_t)bh * pb.N * D;
+#pragma unroll
+    for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+        const int row = q0 + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
+        if (row >= pb.N) continue;
+        float *const out = head + (size_t)row * D + col0 + FRAG_LANE_COLS * t;
+#pragma unroll
+        for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n)
+            red_add_f32x2(out + FRAG_COLS * n, dQ_part[acc_index(n, h, 0)],
+                          dQ_part[acc_index(n, h, 1)]);
+    }
 }
 
 // The dQ warp's one thread: for each step of the block (the same walk as the loads), wait until

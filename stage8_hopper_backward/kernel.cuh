@@ -30,7 +30,7 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // tensor map (D, rows, heads, B) with its strides, in 128-byte swizzled boxes of 64 columns
 // (QROWS rows for Q and dO, KEYS for K and V); dQ_acc [B * H, N, D] fp32 through tmdQ
 // (dq_tensor_map); the rest in pb. Grid: (ceil(N_k / KEYS), B * H_kv), BLOCK_THREADS threads.
-template <int D, bool BF16>
+template <int D, bool BF16, dq_way DQ>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tmQ,
                     const __grid_constant__ CUtensorMap tmK,
@@ -51,11 +51,11 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         const int warp = (int)threadIdx.x / WARP_SIZE, lane = (int)threadIdx.x % WARP_SIZE;
         if (warp == LOAD_WARP)
             load_tiles<D>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
-        else if (warp == DQ_WARP && lane == 0)
-            reduce_dq<D>(sm, &tmdQ, pb);
+        else if (DQ != DQ_ATOMIC && warp == DQ_WARP && lane == 0)
+            reduce_dq<D>(sm, &tmdQ, pb);  // (DQ_ATOMIC: the consumers add dQ themselves)
     } else {
         registers_increase<CONSUMER_REGS>();
-        consumer<D, BF16>(sm, pb);
+        consumer<D, BF16, DQ>(sm, pb);
     }
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)tmdO, (void)tmdQ, (void)pb;

@@ -23,7 +23,8 @@ static int ceil_div(int a, int b) {
 // on an H100 has only the empty kernel).
 static int hopper_code_here(void) {
     int ptx = 0, binary = 0;
-    if (kernel_versions((const void *)backward_kernel<64, false>, &ptx, &binary) != cudaSuccess) {
+    if (kernel_versions((const void *)backward_kernel<64, false, DQ_BULK>, &ptx, &binary) !=
+        cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -61,9 +62,17 @@ static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *d
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                           const CUtensorMap, const CUtensorMap, const bwd_problem);
 
+// The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ.
+template <int D, bool BF16>
+static kernel_fn kernel_for(int variant) {
+    return variant == VARIANT_ATOMICDQ ? backward_kernel<D, BF16, DQ_ATOMIC>
+                                       : backward_kernel<D, BF16, DQ_BULK>;
+}
+
 // The three passes for head dim D and storage type BF16.
 template <int D, bool BF16>
-static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, cudaStream_t stream) {
+static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, int variant,
+                                    cudaStream_t stream) {
     const size_t rows = (size_t)s->B * s->H * p.N_pad;
     const dim3 pre_grid((unsigned)(rows * PREPROCESS_LANES / PREPROCESS_THREADS));
     preprocess_kernel<D, BF16><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
@@ -82,9 +91,9 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, cu
     pb.causal = s->causal, pb.key_shift = s->N_k - s->N;
     pb.q_tiles = ceil_div(s->N, QROWS);
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
-    pb.lse2 = p.lse2, pb.Dsum = p.Dsum;
+    pb.lse2 = p.lse2, pb.Dsum = p.Dsum, pb.dQ_acc = p.dQ_acc;
     pb.dK = p.dK, pb.dV = p.dV, pb.dk = p.layout.dK, pb.dv = p.layout.dV;
-    const kernel_fn kernel = backward_kernel<D, BF16>;
+    const kernel_fn kernel = kernel_for<D, BF16>(variant);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     const dim3 grid((unsigned)ceil_div(s->N_k, KEYS), (unsigned)(s->B * s->H_kv));
     kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdQ, pb);
@@ -132,8 +141,8 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     p.causal_shift = s->N_k - s->N;
     p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
     if (s->D == 64)
-        return s->bf16 ? enqueue_backward<64, true>(s, p, stream)
-                       : enqueue_backward<64, false>(s, p, stream);
-    return s->bf16 ? enqueue_backward<128, true>(s, p, stream)
-                   : enqueue_backward<128, false>(s, p, stream);
+        return s->bf16 ? enqueue_backward<64, true>(s, p, variant, stream)
+                       : enqueue_backward<64, false>(s, p, variant, stream);
+    return s->bf16 ? enqueue_backward<128, true>(s, p, variant, stream)
+                   : enqueue_backward<128, false>(s, p, variant, stream);
 }

@@ -117,6 +117,18 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap *map, uint32
 #endif
 }
 
+// to[0] += x, to[1] += y in global memory, one fp32 reduction of two floats (red.global.add.v2.f32,
+// sm_90 on; relaxed, no value returned): stage 8's atomicdq variant adds dQ_i's part with it.
+// Before sm_90: a trap (no caller goes there).
+__device__ __forceinline__ void red_add_f32x2(float *to, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(to), "f"(x), "f"(y) : "memory");
+#else
+    (void)to, (void)x, (void)y;
+    __trap();
+#endif
+}
+
 // The thread's bulk stores and reductions issued since the last commit form one bulk group.
 __device__ __forceinline__ void bulk_commit() {
 #if __CUDA_ARCH__ >= 900
