@@ -33,6 +33,9 @@
  *       dK *= scale; store dK_j, dV_j                                            (store_dkv)
  *   dQ = scale dQ_acc, in the storage type                 dq_convert_kernel (stage 7's, shared)
  *
+ * Variants: atomicdq (dQ by the consumers' fp32 atomics, the dQ warp idle), deterministic (each
+ * query tile's dQ adds in key-tile order, by a counter in global memory: bit-identical dQ).
+ *
  * Run:  make build && build/stage8_hopper_backward --seq 4096 --heads 16 --dim 128 --causal --bench
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
@@ -42,8 +45,8 @@
  *
  * NOTE: what is left (LOG.md): every step waits for its own wgmma before the next starts (no
  * overlap of one step's softmax with another's products, as FlashAttention-3 has), dK and dV leave
- * by 4-byte stores, dQ's adds are not reproducible (variant deterministic to come), and the tiles
- * at D = 64 are not tuned.
+ * by 4-byte stores, dQ's adds land in any order (variant deterministic orders them by key tile),
+ * and the tiles at D = 64 are not tuned.
  */
 
 #include <cuda.h>
@@ -119,9 +122,10 @@ extern "C" const attn_stage attn_this_stage = {
     "stage8_hopper_backward",
     "FA3's backward on Hopper: the five products on wgmma (P^T, dS^T from registers), Q, dO, LSE, "
     "D by TMA into a ring on mbarriers, producer/consumer warpgroups, dQ by the TMA unit's "
-    "reduce-add (atomicdq: fp32 atomics from the registers); forward = stage 6's",
+    "reduce-add (atomicdq: fp32 atomics from the registers; deterministic: the adds in key-tile "
+    "order); forward = stage 6's",
     ATTN_F16,
-    "default,atomicdq",
+    "default,atomicdq,deterministic",
     stage_unsupported,
     stage_workspace_bytes,
     stage_forward,

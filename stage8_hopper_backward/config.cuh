@@ -88,9 +88,11 @@ constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of
 // dQ_acc (the main kernel's template parameter): DQ_BULK, the consumers stage the part in shared
 // memory and the dQ warp hands it to the TMA unit's bulk reduce-add (the lesson); DQ_ATOMIC
 // (atomicdq), each consumer thread adds its registers by fp32 reductions (red.global.add), no
-// staging, the dQ warp idle: what the TMA unit's reduction buys.
-enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICDQ, VARIANTS };
-enum dq_way { DQ_BULK, DQ_ATOMIC };
+// staging, the dQ warp idle: what the TMA unit's reduction buys; DQ_ORDERED (deterministic), as
+// DQ_BULK, but the key tiles add into each query tile in turn, 0, 1, 2, ... (dq.cuh, reduce_dq),
+// so that dQ is bit-identical from run to run.
+enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICDQ, VARIANT_DETERMINISTIC, VARIANTS };
+enum dq_way { DQ_BULK, DQ_ATOMIC, DQ_ORDERED };
 
 /* ---- shared memory --------------------------------------------------------------------------- */
 
@@ -199,6 +201,7 @@ typedef struct {
     const float *lse2;  // [B * H, N_pad]: LSE * log2(e), +inf past N (preprocess_kernel)
     const float *Dsum;  // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
     float *dQ_acc;      // [B * H, N, D] fp32, contiguous (DQ_ATOMIC's adds; DQ_BULK's via tmdQ)
+    int *dq_turn;       // [B * H, q_tiles]: key tiles that have added into the tile (DQ_ORDERED)
     __half *dK, *dV;    // [B, H_kv, N_k, D] in their layouts (fp16, or bf16 with BF16)
     tensor_strides dk, dv;
 } bwd_problem;

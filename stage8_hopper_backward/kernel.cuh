@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         if (warp == LOAD_WARP)
             load_tiles<D>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
         else if (DQ != DQ_ATOMIC && warp == DQ_WARP && lane == 0)
-            reduce_dq<D>(sm, &tmdQ, pb);  // (DQ_ATOMIC: the consumers add dQ themselves)
+            reduce_dq<D, DQ>(sm, &tmdQ, pb);  // (DQ_ATOMIC: the consumers add dQ themselves)
     } else {
         registers_increase<CONSUMER_REGS>();
         consumer<D, BF16, DQ>(sm, pb);

@@ -129,6 +129,19 @@ __device__ __forceinline__ void red_add_f32x2(float *to, float x, float y) {
 #endif
 }
 
+// A counter in global memory that blocks take turns by (stage 8's deterministic dQ): read it with
+// acquire semantics at GPU scope (what the block that raised it wrote before is visible after),
+// and raise it with release semantics (what this thread wrote before is visible to whoever reads
+// the new value with acquire).
+__device__ __forceinline__ int ld_acquire_gpu(const int *at) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(at) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release_gpu_add(int *at, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(at), "r"(v) : "memory");
+}
+
 // The thread's bulk stores and reductions issued since the last commit form one bulk group.
 __device__ __forceinline__ void bulk_commit() {
 #if __CUDA_ARCH__ >= 900
@@ -151,6 +164,15 @@ __device__ __forceinline__ void bulk_wait() {
 __device__ __forceinline__ void fence_proxy_async() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// The same for global memory, both ways: the copy engine's completed writes (a finished bulk
+// reduction) are ordered with this thread's ordinary accesses that follow, and its ordinary
+// accesses (an acquire) with the bulk operations it issues next.
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
 }
 
