@@ -14,7 +14,7 @@
  *     producer warpgroup, load warp (load_tiles):
  *       K_j, V_j -> shared memory, once                                            (KV_FULL)
  *       for each query head h of the group, each query tile i that sees the keys (it-th):
- *         wait Q_EMPTY[it % 2]; TMA Q_i, bulk LSE_i (Q_FULL); TMA dO_i, bulk D_i  (DO_FULL)
+ *         wait Q_EMPTY[it % 2]; TMA Q_i, the warp stores LSE_i (Q_FULL); TMA dO_i, D_i (DO_FULL)
  *     producer warpgroup, dQ warp (reduce_dq), for the same walk:
  *         wait DQ_FULL; dQ_acc[h, i] += the staging tiles (TMA bulk reduce-add); wait until
  *         read; arrive DQ_EMPTY
@@ -33,6 +33,9 @@
  *       dK *= scale; store dK_j, dV_j                                            (store_dkv)
  *   dQ = scale dQ_acc, in the storage type                 dq_convert_kernel (stage 7's, shared)
  *
+ * Variants: atomicdq (dQ by the consumers' fp32 atomics, the dQ warp idle), deterministic (each
+ * query tile's dQ adds in key-tile order, by a counter in global memory: bit-identical dQ).
+ *
  * Run:  make build && build/stage8_hopper_backward --seq 4096 --heads 16 --dim 128 --causal --bench
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
@@ -42,8 +45,8 @@
  *
  * NOTE: what is left (LOG.md): every step waits for its own wgmma before the next starts (no
  * overlap of one step's softmax with another's products, as FlashAttention-3 has), dK and dV leave
- * by 4-byte stores, dQ's adds are not reproducible (variant deterministic to come), and the tiles
- * at D = 64 are not tuned.
+ * by 4-byte stores, dQ's adds land in any order (variant deterministic orders them by key tile),
+ * and the tiles at D = 64 are not tuned.
  */
 
 #include <cuda.h>
@@ -56,8 +59,8 @@
 #include "attention.h"
 #include "device/backward_prepost.cuh"  // bwd_params; D_i and LSE_i before, dQ's conversion after
 #include "device/sm80.cuh"              // plain shared-memory loads and stores by address
-#include "device/sm90.cuh"        // mbarriers, TMA, bulk copies, wgmma, stmatrix, named barriers
-#include "device/tensor_map.cuh"  // tensor_map_4d
+#include "device/sm90.cuh"              // mbarriers, TMA, wgmma, stmatrix, named barriers
+#include "device/tensor_map.cuh"        // tensor_map_4d
 
 // The stage, one file per role, in reading order (clang-format would sort them):
 // clang-format off
@@ -119,9 +122,10 @@ extern "C" const attn_stage attn_this_stage = {
     "stage8_hopper_backward",
     "FA3's backward on Hopper: the five products on wgmma (P^T, dS^T from registers), Q, dO, LSE, "
     "D by TMA into a ring on mbarriers, producer/consumer warpgroups, dQ by the TMA unit's "
-    "reduce-add; forward = stage 6's",
+    "reduce-add (atomicdq: fp32 atomics from the registers; deterministic: the adds in key-tile "
+    "order); forward = stage 6's",
     ATTN_F16,
-    "default",
+    "default,atomicdq,deterministic",
     stage_unsupported,
     stage_workspace_bytes,
     stage_forward,

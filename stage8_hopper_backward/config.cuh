@@ -84,8 +84,15 @@ constexpr int DQ_REGS = WGMMA_M * SLAB_COLS / WARPGROUP;
 constexpr int SCORE_REGS = WGMMA_M * QROWS / WARPGROUP;
 constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of a wgmma result
 
-// The one variant so far (deterministic and atomicdq are LOG.md's next steps).
-enum { VARIANT_DEFAULT = 0, VARIANTS };
+// The variants, in the descriptor's order (attention.cu), and how each adds dQ_i's parts into
+// dQ_acc (the main kernel's template parameter): DQ_BULK, the consumers stage the part in shared
+// memory and the dQ warp hands it to the TMA unit's bulk reduce-add (the lesson); DQ_ATOMIC
+// (atomicdq), each consumer thread adds its registers by fp32 reductions (red.global.add), no
+// staging, the dQ warp idle: what the TMA unit's reduction buys; DQ_ORDERED (deterministic), as
+// DQ_BULK, but the key tiles add into each query tile in turn, 0, 1, 2, ... (dq.cuh, reduce_dq),
+// so that dQ is bit-identical from run to run.
+enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICDQ, VARIANT_DETERMINISTIC, VARIANTS };
+enum dq_way { DQ_BULK, DQ_ATOMIC, DQ_ORDERED };
 
 /* ---- shared memory --------------------------------------------------------------------------- */
 
@@ -109,9 +116,16 @@ __host__ __device__ constexpr int dq_tile_bytes() {
 }
 constexpr int VEC_BYTES = QROWS * (int)sizeof(float);  // LSE_i or D_i of one query tile
 
-// mbarriers: KV_FULL (K_j and V_j, once), Q_FULL and DO_FULL (per ring slot: Q_i with LSE_i, dO_i
-// with D_i), Q_EMPTY (per slot: the consumers are done with all four), DQ_FULL (the staging
-// tiles hold a step's dQ_i), DQ_EMPTY (the reduction has read them).
+// mbarriers, and what each protects:
+//   KV_FULL   K_j and V_j have landed (TMA, once).
+//   Q_FULL    per ring slot: Q_i has landed (TMA) and LSE_i is stored (the load warp's stores).
+//   DO_FULL   per slot: dO_i has landed and D_i is stored, the same way.
+//   Q_EMPTY   per slot: every consumer thread is done with the slot: its wgmma have read Q_i and
+//             dO_i, its loads have read LSE_i and D_i; the load warp may overwrite all four.
+//   DQ_FULL   the staging tiles hold a step's dQ_i parts (the consumers' stores).
+//   DQ_EMPTY  the dQ warp's reduction has read the staging tiles.
+// Each side arrives after its own accesses and waits before the other's, so that every access to
+// a buffer is ordered by one barrier's release and acquire (kernel.cuh: who arrives how often).
 enum {
     BAR_KV_FULL,
     BAR_Q_FULL,
@@ -186,6 +200,8 @@ typedef struct {
     float scale, scale_log2;
     const float *lse2;  // [B * H, N_pad]: LSE * log2(e), +inf past N (preprocess_kernel)
     const float *Dsum;  // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
+    float *dQ_acc;      // [B * H, N, D] fp32, contiguous (DQ_ATOMIC's adds; DQ_BULK's via tmdQ)
+    int *dq_turn;       // [B * H, q_tiles]: key tiles that have added into the tile (DQ_ORDERED)
     __half *dK, *dV;    // [B, H_kv, N_k, D] in their layouts (fp16, or bf16 with BF16)
     tensor_strides dk, dv;
 } bwd_problem;

@@ -4,6 +4,8 @@
  * preprocess_kernel): the consumers put a step's dQ_i into the staging tiles (stage_dq), and the
  * producer's dQ warp hands them to the TMA unit's bulk reduce-add (reduce_dq), which adds them
  * to dQ_acc in L2 while the consumers go on; dq_convert_kernel scales and rounds dQ_acc after.
+ * Variant atomicdq adds from the consumers' registers by fp32 atomics instead (add_dq_atomic);
+ * variant deterministic orders the dQ warps' reductions into each query tile by key tile.
  */
 #pragma once
 
@@ -41,13 +43,67 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
     if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL));
 }
 
+// DQ_ATOMIC (variant atomicdq), after the step's dQ wgmma is done: the thread's part of dQ_i
+// straight from its registers into rows q0 .. of (batch, head) bh of dQ_acc, two floats a
+// reduction (16 a thread; rows past N skipped), no staging tile, no barrier: the adds leave from
+// 256 threads instead of one TMA instruction, and at D = 64 both warpgroups add into the same
+// elements. Columns: the warpgroup's half at D = 128, all 64 at D = 64 (dq_splits_keys).
+template <int D>
+__device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[DQ_REGS],
+                                              const bwd_problem &pb, int wg, int warp, int lane,
+                                              int bh, int q0) {
+    const int g = lane / QUAD, t = lane % QUAD;
+    const int col0 = dq_splits_keys<D>() ? 0 : wg * dq_cols<D>();
+    float *const head = pb.dQ_acc + (size_t)bh * pb.N * D;
+#pragma unroll
+    for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+        const int row = q0 + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
+        if (row >= pb.N) continue;
+        float *const out = head + (size_t)row * D + col0 + FRAG_LANE_COLS * t;
+#pragma unroll
+        for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n)
+            red_add_f32x2(out + FRAG_COLS * n, dQ_part[acc_index(n, h, 0)],
+                          dQ_part[acc_index(n, h, 1)]);
+    }
+}
+
+// DQ_ORDERED: wait for this key tile's turn at query tile qt of (batch, head) bh, which is when
+// the key tiles before it have all added theirs: the key tiles that meet a query tile are always
+// 0, 1, .., j_max (causal: a key tile meets every query tile from its first on, and that first
+// grows with the key tile), so key tile j's turn comes when the counter reads j. Then the
+// ordinary acquire is ordered before the bulk reduction that follows (a proxy fence).
+__device__ __forceinline__ int *wait_for_turn(const bwd_problem &pb, int bh, int qt) {
+    int *const turn = pb.dq_turn + (size_t)bh * pb.q_tiles + qt;
+    while (ld_acquire_gpu(turn) != (int)blockIdx.x) {
+    }
+    fence_proxy_async_global();
+    return turn;
+}
+
+// DQ_ORDERED: this key tile's reductions are complete (not only read: their adds are in dQ_acc),
+// ordered before the ordinary release that follows (a proxy fence); the next key tile's turn.
+__device__ __forceinline__ void pass_turn(int *turn) {
+    bulk_wait<false>();
+    fence_proxy_async_global();
+    red_release_gpu_add(turn, 1);
+}
+
 // The dQ warp's one thread: for each step of the block (the same walk as the loads), wait until
 // every consumer warp has staged its dQ part (DQ_FULL), add the staging tiles to rows q0 ..
 // q0 + QROWS - 1 of (batch, head)'s dQ_acc (rows past N skipped by the TMA unit), wait until the
-// reduction has read them, and hand them back (DQ_EMPTY). The adds of different blocks into the
-// same rows land in any order: fp32 sums, not bitwise reproducible (the deterministic variant is
-// LOG.md's next step). At the end it waits for its reductions to complete.
-template <int D>
+// reduction has read them, and hand them back (DQ_EMPTY). DQ_BULK: the adds of different blocks
+// into the same rows land in any order, fp32 sums, not bitwise reproducible. DQ_ORDERED
+// (deterministic): each step waits for its key tile's turn, adds, waits until its adds are
+// complete and passes the turn on; at D = 64 the two partial tiles one after the other, each
+// complete before the next starts (two bulk reductions in flight may add in either order). At
+// the end it waits for its reductions to complete.
+//
+// Why DQ_ORDERED cannot deadlock: key tile j waits only for key tiles j' < j of the same (batch,
+// key/value head), blocks (j', blockIdx.y) of the grid (ceil(N_k / KEYS), B * H_kv), whose linear
+// index is lower; the GPU starts blocks in increasing linear index, so they are running or done
+// when j waits, and the lowest unfinished block waits for no one. They need not all be resident
+// at once (as FlashAttention-3's deterministic backward, which relies on the same order).
+template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMap *tmdQ,
                                           const bwd_problem &pb) {
     const int key0 = blockIdx.x * KEYS;
@@ -59,11 +115,22 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         const int bh = batch * pb.H + kv_head * pb.group + hh;  // dQ_acc's (batch, head)
         for (int qt = first; qt < first + tiles; ++qt, ++it) {
             mbar_wait(bar_at(sm, BAR_DQ_FULL), (uint32_t)it & 1);  // the consumers' parts staged
+            if constexpr (DQ == DQ_ORDERED) {
+                int *const turn = wait_for_turn(pb, bh, qt);
 #pragma unroll
-            for (int k = 0; k < dq_tiles<D>(); ++k)
-                tma_reduce_add_4d(tmdQ, sm.dQ + k * dq_tile_bytes<D>(), 0, qt * QROWS, 0, bh);
-            bulk_commit();
-            bulk_wait<true>();  // the reductions have read the staging tiles
+                for (int k = 0; k < dq_tiles<D>(); ++k) {
+                    if (k > 0) bulk_wait<false>();  // tile k - 1's adds complete first
+                    tma_reduce_add_4d(tmdQ, sm.dQ + k * dq_tile_bytes<D>(), 0, qt * QROWS, 0, bh);
+                    bulk_commit();
+                }
+                pass_turn(turn);  // (the staging tiles are read too)
+            } else {
+#pragma unroll
+                for (int k = 0; k < dq_tiles<D>(); ++k)
+                    tma_reduce_add_4d(tmdQ, sm.dQ + k * dq_tile_bytes<D>(), 0, qt * QROWS, 0, bh);
+                bulk_commit();
+                bulk_wait<true>();  // the reductions have read the staging tiles
+            }
             mbar_arrive(bar_at(sm, BAR_DQ_EMPTY));
         }
     }

@@ -9,15 +9,17 @@
 #include "mainloop.cuh"
 #include "producer.cuh"
 
-// A "full" barrier waits for the producer's one expect_tx arrival (and the bytes), Q_EMPTY and
-// DQ_FULL for one arrival per consumer warp, DQ_EMPTY for the dQ warp's. Thread 0 initialises
-// them.
+// What each barrier counts (config.cuh says what it protects): KV_FULL the load warp's lane 0
+// (one expect_tx arrival, and the bytes); Q_FULL and DO_FULL every lane of the load warp (after
+// its stores of LSE_i or D_i; lane 0 also announces the tile's bytes); Q_EMPTY every consumer
+// thread (after its loads of LSE_i and D_i and its wgmma reads of the tiles); DQ_FULL one arrival
+// per consumer warp; DQ_EMPTY the dQ warp's. Thread 0 initialises them.
 __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     mbar_init(bar_at(sm, BAR_KV_FULL), 1);
     for (int st = 0; st < Q_STAGES; ++st) {
-        mbar_init(bar_at(sm, BAR_Q_FULL + st), 1);
-        mbar_init(bar_at(sm, BAR_DO_FULL + st), 1);
-        mbar_init(bar_at(sm, BAR_Q_EMPTY + st), CONSUMER_WARPS);
+        mbar_init(bar_at(sm, BAR_Q_FULL + st), WARP_SIZE);
+        mbar_init(bar_at(sm, BAR_DO_FULL + st), WARP_SIZE);
+        mbar_init(bar_at(sm, BAR_Q_EMPTY + st), CONSUMERS * WARPGROUP);
     }
     mbar_init(bar_at(sm, BAR_DQ_FULL), CONSUMER_WARPS);
     mbar_init(bar_at(sm, BAR_DQ_EMPTY), 1);
@@ -28,7 +30,7 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // tensor map (D, rows, heads, B) with its strides, in 128-byte swizzled boxes of 64 columns
 // (QROWS rows for Q and dO, KEYS for K and V); dQ_acc [B * H, N, D] fp32 through tmdQ
 // (dq_tensor_map); the rest in pb. Grid: (ceil(N_k / KEYS), B * H_kv), BLOCK_THREADS threads.
-template <int D, bool BF16>
+template <int D, bool BF16, dq_way DQ>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tmQ,
                     const __grid_constant__ CUtensorMap tmK,
@@ -47,13 +49,13 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     if (threadIdx.x < PRODUCER_WARPGROUPS * WARPGROUP) {
         registers_decrease<PRODUCER_REGS>();
         const int warp = (int)threadIdx.x / WARP_SIZE, lane = (int)threadIdx.x % WARP_SIZE;
-        if (warp == LOAD_WARP && lane == 0)
-            load_tiles<D>(sm, &tmQ, &tmK, &tmV, &tmdO, pb);
-        else if (warp == DQ_WARP && lane == 0)
-            reduce_dq<D>(sm, &tmdQ, pb);
+        if (warp == LOAD_WARP)
+            load_tiles<D>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
+        else if (DQ != DQ_ATOMIC && warp == DQ_WARP && lane == 0)
+            reduce_dq<D, DQ>(sm, &tmdQ, pb);  // (DQ_ATOMIC: the consumers add dQ themselves)
     } else {
         registers_increase<CONSUMER_REGS>();
-        consumer<D, BF16>(sm, pb);
+        consumer<D, BF16, DQ>(sm, pb);
     }
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)tmdO, (void)tmdQ, (void)pb;

@@ -23,7 +23,8 @@ static int ceil_div(int a, int b) {
 // on an H100 has only the empty kernel).
 static int hopper_code_here(void) {
     int ptx = 0, binary = 0;
-    if (kernel_versions((const void *)backward_kernel<64, false>, &ptx, &binary) != cudaSuccess) {
+    if (kernel_versions((const void *)backward_kernel<64, false, DQ_BULK>, &ptx, &binary) !=
+        cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -41,8 +42,9 @@ static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_sha
                          box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-// Workspace: lse2 and Dsum [B * H, N_pad] floats, then dQ_acc [B, H, N, D] floats, each starting
-// at a multiple of WORKSPACE_ALIGN bytes.
+// Workspace: lse2 and Dsum [B * H, N_pad] floats, then dQ_acc [B, H, N, D] floats, then (variant
+// deterministic) dq_turn [B * H, ceil(N / QROWS)] ints, each starting at a multiple of
+// WORKSPACE_ALIGN bytes.
 constexpr size_t WORKSPACE_ALIGN = 256;
 static size_t aligned(size_t bytes) {
     return (bytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN;
@@ -52,18 +54,30 @@ static int padded_rows(int N) {
 }
 
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
-    (void)dev, (void)variant;
+    (void)dev;
     const size_t rows = (size_t)s->B * s->H * padded_rows(s->N);
+    const size_t turns =
+        variant == VARIANT_DETERMINISTIC ? (size_t)s->B * s->H * ceil_div(s->N, QROWS) : 0;
     return 2 * aligned(rows * sizeof(float)) +
-           aligned((size_t)s->B * s->H * s->N * s->D * sizeof(float));
+           aligned((size_t)s->B * s->H * s->N * s->D * sizeof(float)) +
+           aligned(turns * sizeof(int));
 }
 
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                           const CUtensorMap, const CUtensorMap, const bwd_problem);
 
+// The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ.
+template <int D, bool BF16>
+static kernel_fn kernel_for(int variant) {
+    return variant == VARIANT_ATOMICDQ        ? backward_kernel<D, BF16, DQ_ATOMIC>
+           : variant == VARIANT_DETERMINISTIC ? backward_kernel<D, BF16, DQ_ORDERED>
+                                              : backward_kernel<D, BF16, DQ_BULK>;
+}
+
 // The three passes for head dim D and storage type BF16.
 template <int D, bool BF16>
-static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, cudaStream_t stream) {
+static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, int *dq_turn,
+                                    int variant, cudaStream_t stream) {
     const size_t rows = (size_t)s->B * s->H * p.N_pad;
     const dim3 pre_grid((unsigned)(rows * PREPROCESS_LANES / PREPROCESS_THREADS));
     preprocess_kernel<D, BF16><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
@@ -82,9 +96,12 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, cu
     pb.causal = s->causal, pb.key_shift = s->N_k - s->N;
     pb.q_tiles = ceil_div(s->N, QROWS);
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
-    pb.lse2 = p.lse2, pb.Dsum = p.Dsum;
+    pb.lse2 = p.lse2, pb.Dsum = p.Dsum, pb.dQ_acc = p.dQ_acc, pb.dq_turn = dq_turn;
+    if (dq_turn)  // every query tile's turn starts at key tile 0
+        ATTN_TRY(
+            cudaMemsetAsync(dq_turn, 0, (size_t)s->B * s->H * pb.q_tiles * sizeof(int), stream));
     pb.dK = p.dK, pb.dV = p.dV, pb.dk = p.layout.dK, pb.dv = p.layout.dV;
-    const kernel_fn kernel = backward_kernel<D, BF16>;
+    const kernel_fn kernel = kernel_for<D, BF16>(variant);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     const dim3 grid((unsigned)ceil_div(s->N_k, KEYS), (unsigned)(s->B * s->H_kv));
     kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdQ, pb);
@@ -127,13 +144,17 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     p.lse2 = (float *)workspace;
     p.Dsum = (float *)((char *)workspace + aligned(rows * sizeof(float)));
     p.dQ_acc = (float *)((char *)workspace + 2 * aligned(rows * sizeof(float)));
+    int *const dq_turn =
+        variant == VARIANT_DETERMINISTIC
+            ? (int *)((char *)p.dQ_acc + aligned((size_t)s->B * s->H * s->N * s->D * sizeof(float)))
+            : NULL;
     p.H = s->H, p.H_kv = s->H_kv, p.group = s->H / s->H_kv;
     p.N = s->N, p.N_k = s->N_k, p.N_pad = N_pad, p.causal = s->causal;
     p.causal_shift = s->N_k - s->N;
     p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
     if (s->D == 64)
-        return s->bf16 ? enqueue_backward<64, true>(s, p, stream)
-                       : enqueue_backward<64, false>(s, p, stream);
-    return s->bf16 ? enqueue_backward<128, true>(s, p, stream)
-                   : enqueue_backward<128, false>(s, p, stream);
+        return s->bf16 ? enqueue_backward<64, true>(s, p, dq_turn, variant, stream)
+                       : enqueue_backward<64, false>(s, p, dq_turn, variant, stream);
+    return s->bf16 ? enqueue_backward<128, true>(s, p, dq_turn, variant, stream)
+                   : enqueue_backward<128, false>(s, p, dq_turn, variant, stream);
 }

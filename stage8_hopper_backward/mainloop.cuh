@@ -172,11 +172,11 @@ __device__ __forceinline__ void ds_written(int wg) {
 // 64 keys. dS^T goes to buffer it % 2: the other warpgroup may still be reading the step before's
 // (D = 128), but not the one two steps back, since it passed this step's ds_written only after its
 // dQ wgmma of that step was done.
-template <int D, bool BF16>
+template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D / 2],
                                               const smem_tiles &sm, const consumer_place &p,
                                               const bwd_problem &pb, uint64_t K_desc,
-                                              uint64_t V_desc, int key0, int q0, int it) {
+                                              uint64_t V_desc, int key0, int q0, int bh, int it) {
     const int slot = ring_slot(it);
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
                    dO_tile = sm.dO + slot * q_tile_bytes<D>();
@@ -215,18 +215,19 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     pin_registers(P16);
     pin_registers(dS16);
 
-    // Q_i, dO_i, LSE_i and D_i are read (every wgmma of the step is done): the slot goes back.
-    // LSE_i and D_i were read by the generic proxy and the slot's next copies are the async
-    // proxy's: the fence orders the two (a write-after-read across proxies).
-    fence_proxy_async();
-    __syncwarp();
-    if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
-    stage_dq<D>(dQ_part, sm, p.wg, p.warp, p.lane, it);
+    // Q_i, dO_i (read by the step's wgmma, all done) and LSE_i, D_i (read by this thread's loads)
+    // are no longer needed: every thread arrives, so that its own loads are ordered before the
+    // load warp's next stores into the slot (producer.cuh).
+    mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
+    if constexpr (DQ == DQ_ATOMIC)
+        add_dq_atomic<D>(dQ_part, pb, p.wg, p.warp, p.lane, bh, q0);
+    else
+        stage_dq<D>(dQ_part, sm, p.wg, p.warp, p.lane, it);
 }
 
 // One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
 // head of the group (the producer's walk, in the same order); dK_j *= scale; store both.
-template <int D, bool BF16>
+template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
     const int key0 = blockIdx.x * KEYS;
@@ -242,9 +243,11 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     int tiles;
     const int first = query_tiles_of(pb, key0, &tiles);
     int it = 0;
-    for (int hh = 0; hh < pb.group; ++hh)
+    for (int hh = 0; hh < pb.group; ++hh) {
+        const int bh = batch * pb.H + kv_head * pb.group + hh;  // dQ_acc's (batch, head)
         for (int qt = first; qt < first + tiles; ++qt, ++it)
-            consumer_step<D, BF16>(dV, dK, sm, p, pb, K_desc, V_desc, key0, qt * QROWS, it);
+            consumer_step<D, BF16, DQ>(dV, dK, sm, p, pb, K_desc, V_desc, key0, qt * QROWS, bh, it);
+    }
     store_dkv<D, BF16>(dK, dV, p, pb, key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g, batch,
                        kv_head);
 }

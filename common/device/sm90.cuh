@@ -2,9 +2,8 @@
  * common/device/sm90.cuh: Hopper's instructions as inline PTX, for stage 6 (which teaches them),
  * stage 7 (the TMA unit's bulk reductions and stmatrix, from sm_90 on) and stage 8 (the backward
  * on wgmma): mbarriers, TMA bulk tensor copies and reductions with their bulk groups and the
- * async-proxy fence, plain bulk copies, programmatic dependent launch, stmatrix, named barriers,
- * setmaxnreg, and wgmma with its shared-memory descriptors and the 128-byte swizzled tiles they
- * describe.
+ * async-proxy fence, programmatic dependent launch, stmatrix, named barriers, setmaxnreg, and
+ * wgmma with its shared-memory descriptors and the 128-byte swizzled tiles they describe.
  *
  * The wrappers a kernel of every target compiles (stage 7's) give no instruction, or a trap where
  * the launcher never goes, in code for targets before sm_90. wgmma and setmaxnreg exist only in
@@ -48,6 +47,13 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
                  : "memory");
 }
 
+// Announce `bytes` of TMA traffic without arriving: the caller's arrival comes later (stage 8's
+// load warp announces the tiles, then every lane arrives after its own stores).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -82,18 +88,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map
         : "memory");
 }
 
-// A plain bulk copy (no tensor map): `bytes` contiguous bytes (a multiple of 16, both addresses
-// 16-byte aligned) from global memory at src into shared memory at dst; completion adds them to
-// `bar`, as tma_load_4d's do. Stage 8 brings a query tile's LSE_i and D_i rows with it.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
-                                          uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-        "[%3];\n" ::"r"(dst),
-        "l"((uint64_t)src), "r"(bytes), "r"(bar)
-        : "memory");
-}
-
 // The box at (c0, c1, c2, c3) of the tensor `map` describes, from shared memory at src. Rows past
 // the tensor's end are not written. Stores are tracked per thread in bulk groups.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, uint32_t src, int c0, int c1,
@@ -123,6 +117,31 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap *map, uint32
 #endif
 }
 
+// to[0] += x, to[1] += y in global memory, one fp32 reduction of two floats (red.global.add.v2.f32,
+// sm_90 on; relaxed, no value returned): stage 8's atomicdq variant adds dQ_i's part with it.
+// Before sm_90: a trap (no caller goes there).
+__device__ __forceinline__ void red_add_f32x2(float *to, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(to), "f"(x), "f"(y) : "memory");
+#else
+    (void)to, (void)x, (void)y;
+    __trap();
+#endif
+}
+
+// A counter in global memory that blocks take turns by (stage 8's deterministic dQ): read it with
+// acquire semantics at GPU scope (what the block that raised it wrote before is visible after),
+// and raise it with release semantics (what this thread wrote before is visible to whoever reads
+// the new value with acquire).
+__device__ __forceinline__ int ld_acquire_gpu(const int *at) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(at) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release_gpu_add(int *at, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(at), "r"(v) : "memory");
+}
+
 // The thread's bulk stores and reductions issued since the last commit form one bulk group.
 __device__ __forceinline__ void bulk_commit() {
 #if __CUDA_ARCH__ >= 900
@@ -145,6 +164,15 @@ __device__ __forceinline__ void bulk_wait() {
 __device__ __forceinline__ void fence_proxy_async() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// The same for global memory, both ways: the copy engine's completed writes (a finished bulk
+// reduction) are ordered with this thread's ordinary accesses that follow, and its ordinary
+// accesses (an acquire) with the bulk operations it issues next.
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
 }
 
