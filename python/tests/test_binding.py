@@ -174,7 +174,7 @@ def t_auto_backward_choice():
 
     descs = {s.name: s for s in (
         stage("stage5_tuned"), stage(b.HOPPER_STAGE, takes=every),
-        stage(BWD, ("default", "deterministic"), backward_takes=every),
+        stage(BWD, ("default", "deterministic", "registers"), backward_takes=every),
         stage(HOPPER_BWD, takes=every, backward_takes=every))}
     planned = []  # (stage, backward, device, smem_limit, D) of every plan made
 
@@ -202,7 +202,7 @@ def t_auto_backward_choice():
         choose = b._auto_backward_stage
         assert choose(0) == HOPPER_BWD
         assert choose(0, b.TAKES_BF16 | b.TAKES_GQA | b.TAKES_N_K) == HOPPER_BWD
-        assert choose(0, 0, "deterministic") == BWD, "a variant stage 8 lacks"
+        assert choose(0, 0, "registers") == BWD, "a variant stage 8 lacks"
         assert choose(0, 0, "default", 65536) == BWD, "an smem_limit stage 8 does not fit"
         assert choose(0, 0, "default", 200000) == HOPPER_BWD
         assert choose(1) == BWD, "a device stage 8 does not run on"
@@ -216,7 +216,7 @@ def t_auto_backward_choice():
         g = (1, 4, 64, 64, 2, 96, None)  # grouped-query heads, N_k != N: stage 8 takes them
         assert b._plan("auto", True, g, 0, f16, True, 0.125, "default", 0).stage == HOPPER_BWD
         assert b._plan("auto", True, g, 1, f16, True, 0.125, "default", 0).stage == BWD
-        assert b._plan("auto", True, g, 0, f16, True, 0.125, "deterministic", 0).stage == BWD
+        assert b._plan("auto", True, g, 0, f16, True, 0.125, "registers", 0).stage == BWD
         assert b._plan("auto", False, g, 0, f16, True, 0.125, "default", 0).stage == \
             b.HOPPER_STAGE
         # _takes_strides: "auto" resolved for the device and what the call asks
@@ -227,7 +227,7 @@ def t_auto_backward_choice():
                                                 backward_takes=b.TAKES_GQA | b.TAKES_N_K)
         assert choose(0, b.TAKES_BF16) == BWD and choose(0, b.TAKES_GQA) == HOPPER_BWD
         assert not b._takes_strides(b.HOPPER_STAGE, "auto", 0)
-        assert b._takes_strides(b.HOPPER_STAGE, "auto", 0, backward_variant="deterministic")
+        assert b._takes_strides(b.HOPPER_STAGE, "auto", 0, backward_variant="registers")
     finally:
         b._stage, b._Plan, b._torch_mod = saved[:3]
         for cache, old in zip((b._auto, b._auto_bwd, b._plans), saved[3:]):
@@ -839,8 +839,9 @@ def t_auto_backward():
     assert used(backward_stage=BWD) == BWD, "an explicit stage 7 not kept"
     if why is None:
         assert used(backward_stage=HOPPER_BWD) == HOPPER_BWD
-        assert "deterministic" not in _binding._stage(HOPPER_BWD).stage.variants
-    assert used(backward_variant="deterministic") == BWD, "a variant stage 8 lacks"
+        assert "registers" not in _binding._stage(HOPPER_BWD).stage.variants
+        assert used(backward_variant="deterministic") == HOPPER_BWD, "a variant both have"
+    assert used(backward_variant="registers") == BWD, "a variant stage 8 lacks"
     for limit in (65536, 101376):  # a T4's and an L4's shared memory: stage 7's where 8 misses
         if why is None and stage8_not_here(limit) is not None:
             try:  # (where stage 5's forward and stage 7's backward run within it)
