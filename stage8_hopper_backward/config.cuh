@@ -189,7 +189,7 @@ enum named_barrier {
 
 /* ---- the main kernel's parameters ------------------------------------------------------------ */
 
-// One block: key tile blockIdx.x (keys key0 = KEYS blockIdx.x ..) of (batch, key/value head)
+// One block: key tile j = block_key_tile() (keys key0 = KEYS j ..) of (batch, key/value head)
 // blockIdx.y = batch * H_kv + kv_head; it walks the group's query heads kv_head * group ..
 // (kv_head + 1) * group - 1, each over the query tiles that see its keys.
 typedef struct {
@@ -197,6 +197,8 @@ typedef struct {
     int H, H_kv, group;     // query heads, key/value heads, H / H_kv
     int causal, key_shift;  // key_shift = N_k - N: causal query i sees keys j <= i + key_shift
     int q_tiles;            // ceil(N / QROWS)
+    int key_tiles;          // ceil(N_k / KEYS): the grid's x
+    int diagonal_order;     // DQ_ORDERED under a causal mask: see dq_turn_of()
     float scale, scale_log2;
     const float *lse2;  // [B * H, N_pad]: LSE * log2(e), +inf past N (preprocess_kernel)
     const float *Dsum;  // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
@@ -205,6 +207,27 @@ typedef struct {
     __half *dK, *dV;    // [B, H_kv, N_k, D] in their layouts (fp16, or bf16 with BF16)
     tensor_strides dk, dv;
 } bwd_problem;
+
+// The block's key tile: blockIdx.x, or with diagonal_order the last key tile first (the grid
+// runs them from the diagonal's end down, so that the tile a block waits for started earlier).
+__device__ __forceinline__ int block_key_tile(const bwd_problem &pb) {
+    return pb.diagonal_order ? pb.key_tiles - 1 - (int)blockIdx.x : (int)blockIdx.x;
+}
+
+// DQ_ORDERED: how many key tiles add into query tile qt before key tile j does (its turn). The key
+// tiles that meet a query tile are always 0 .. j_max (causal: j_max is the key tile of the last
+// key its last query sees). In key-tile order (no mask) j's turn is j: every block starts at query
+// tile 0. Under a causal mask (diagonal_order) the adds go from j_max down to 0, so the block that
+// starts at a query tile, the one on its diagonal, adds first there and never waits at its start,
+// and each block waits only for the one above it (key tile j + 1), a step ahead on the same walk.
+// In key-tile order instead, key tile j would wait at its first query tile for key tiles
+// 0 .. j - 1 to walk up to it: a staircase of idle blocks (LOG.md, step 4's measurement).
+__host__ __device__ __forceinline__ int dq_turn_of(const bwd_problem &pb, int j, int qt) {
+    if (!pb.diagonal_order) return j;
+    const int last_query = min((qt + 1) * QROWS, pb.N) - 1;
+    const int last_key = min(pb.N_k - 1, last_query + pb.key_shift);
+    return last_key / KEYS - j;
+}
 
 // The query tiles a key tile meets: all of them, or causal, from the first whose last query sees
 // the tile's first key (query i sees key j when j <= i + key_shift). Returns that first tile;

@@ -67,14 +67,14 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[DQ_REGS],
     }
 }
 
-// DQ_ORDERED: wait for this key tile's turn at query tile qt of (batch, head) bh, which is when
-// the key tiles before it have all added theirs: the key tiles that meet a query tile are always
-// 0, 1, .., j_max (causal: a key tile meets every query tile from its first on, and that first
-// grows with the key tile), so key tile j's turn comes when the counter reads j. Then the
-// ordinary acquire is ordered before the bulk reduction that follows (a proxy fence).
+// DQ_ORDERED: wait for this key tile's turn at query tile qt of (batch, head) bh (dq_turn_of),
+// which is when the key tiles before it in the order have all added theirs and the counter reads
+// their number. Then the ordinary acquire is ordered before the bulk reduction that follows (a
+// proxy fence).
 __device__ __forceinline__ int *wait_for_turn(const bwd_problem &pb, int bh, int qt) {
     int *const turn = pb.dq_turn + (size_t)bh * pb.q_tiles + qt;
-    while (ld_acquire_gpu(turn) != (int)blockIdx.x) {
+    const int mine = dq_turn_of(pb, block_key_tile(pb), qt);
+    while (ld_acquire_gpu(turn) != mine) {
     }
     fence_proxy_async_global();
     return turn;
@@ -98,15 +98,17 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // complete before the next starts (two bulk reductions in flight may add in either order). At
 // the end it waits for its reductions to complete.
 //
-// Why DQ_ORDERED cannot deadlock: key tile j waits only for key tiles j' < j of the same (batch,
-// key/value head), blocks (j', blockIdx.y) of the grid (ceil(N_k / KEYS), B * H_kv), whose linear
-// index is lower; the GPU starts blocks in increasing linear index, so they are running or done
-// when j waits, and the lowest unfinished block waits for no one. They need not all be resident
-// at once (as FlashAttention-3's deterministic backward, which relies on the same order).
+// Why DQ_ORDERED cannot deadlock: a key tile waits only for key tiles earlier in its query tile's
+// order (j' < j; under diagonal_order j' > j) of the same (batch, key/value head), and the grid
+// (key_tiles, B * H_kv) maps them to blocks of lower linear index (block_key_tile: under
+// diagonal_order block x is key tile key_tiles - 1 - x); the GPU starts blocks in increasing
+// linear index, so they are running or done when a block waits, and the lowest unfinished block
+// waits for no one. They need not all be resident at once (as FlashAttention-3's deterministic
+// backward, which relies on the same order).
 template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMap *tmdQ,
                                           const bwd_problem &pb) {
-    const int key0 = blockIdx.x * KEYS;
+    const int key0 = block_key_tile(pb) * KEYS;
     const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
     int tiles;
     const int first = query_tiles_of(pb, key0, &tiles);

@@ -95,15 +95,17 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
     pb.H = s->H, pb.H_kv = s->H_kv, pb.group = s->H / s->H_kv;
     pb.causal = s->causal, pb.key_shift = s->N_k - s->N;
     pb.q_tiles = ceil_div(s->N, QROWS);
+    pb.key_tiles = ceil_div(s->N_k, KEYS);
+    pb.diagonal_order = variant == VARIANT_DETERMINISTIC && s->causal;  // dq_turn_of()
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     pb.lse2 = p.lse2, pb.Dsum = p.Dsum, pb.dQ_acc = p.dQ_acc, pb.dq_turn = dq_turn;
-    if (dq_turn)  // every query tile's turn starts at key tile 0
+    if (dq_turn)  // every query tile's counter starts at 0: no key tile has added
         ATTN_TRY(
             cudaMemsetAsync(dq_turn, 0, (size_t)s->B * s->H * pb.q_tiles * sizeof(int), stream));
     pb.dK = p.dK, pb.dV = p.dV, pb.dk = p.layout.dK, pb.dv = p.layout.dV;
     const kernel_fn kernel = kernel_for<D, BF16>(variant);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
-    const dim3 grid((unsigned)ceil_div(s->N_k, KEYS), (unsigned)(s->B * s->H_kv));
+    const dim3 grid((unsigned)pb.key_tiles, (unsigned)(s->B * s->H_kv));
     kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdQ, pb);
     ATTN_TRY(cudaGetLastError());
 

@@ -230,7 +230,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
-    const int key0 = blockIdx.x * KEYS;
+    const int key0 = block_key_tile(pb) * KEYS;
     const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
     float dV[D / 2], dK[D / 2];
 #pragma unroll

@@ -40,7 +40,7 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
                                            const CUtensorMap *tmdO, const bwd_problem &pb,
                                            int lane) {
     static_assert(QROWS == 2 * WARP_SIZE, "a lane moves two floats of LSE_i and of D_i");
-    const int key0 = blockIdx.x * KEYS;
+    const int key0 = block_key_tile(pb) * KEYS;
     const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
     if (lane == 0) {
         const uint32_t kv_full = bar_at(sm, BAR_KV_FULL);
