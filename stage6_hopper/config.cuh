@@ -12,14 +12,9 @@
 #include "device/sm90.cuh"      // WGMMA_M, WARPGROUP, ...
 #include "device/split_kv.cuh"  // ceil_div
 
-// The kernels exist only in sm_90a code (wgmma, setmaxnreg); other targets compile an empty
-// kernel, which the launcher never starts (attention_unsupported), and leave the Hopper-only
-// constants below unused.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HOPPER_KERNELS 1
-#else
-#define HOPPER_KERNELS 0
-#endif
+// The kernels exist only in sm_90a code (HOPPER_KERNELS); other targets compile an empty kernel,
+// which the launcher never starts (attention_unsupported), and leave the Hopper-only constants
+// below unused.
 #if defined(__CUDA_ARCH__) && !HOPPER_KERNELS
 #pragma nv_diag_suppress 177  // "declared but never referenced"
 #endif

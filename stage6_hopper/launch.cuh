@@ -11,19 +11,10 @@
 #include <string.h>
 
 #include "device/kernel_cache.cuh"  // kernel_versions, kernel_smem_limit: once per device
-#include "device/tensor_map.cuh"    // tensor_map_encoder
+#include "device/tensor_map.cuh"    // tensor_map_slabs
 #include "kernel.cuh"
 
 // Q, K, V or O, a [B, heads, rows, D] fp16 (or bf16) tensor in its layout l, as the 4-D tensor
-// map (D, rows, heads, B) seen in boxes of [1, 1, box_rows, 64] (one 128-byte-swizzled slab);
-// rows past the tensor's read as zeros and are not written.
-static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_shape *s, int heads,
-                              int rows, const attn_layout *l, int box_rows) {
-    const CUtensorMapDataType type =
-        s->bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return tensor_map_4d(map, type, HALF_BYTES, base, s->B, heads, rows, s->D, l, SLAB_COLS,
-                         box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
-}
 
 // Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
 // on an H100 has only the empty kernel).
@@ -121,10 +112,11 @@ template <int D, int C, int BC, int SCHEDULE>
 static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     constexpr int BR = block_rows<C>();
     CUtensorMap tmQ, tmK, tmV, tmO;
-    ATTN_TRY(tensor_map(&tmQ, a->Q, s, s->H, s->N, &s->q, BR));
-    ATTN_TRY(tensor_map(&tmK, a->K, s, s->H_kv, s->N_k, &s->k, BC));
-    ATTN_TRY(tensor_map(&tmV, a->V, s, s->H_kv, s->N_k, &s->v, BC));
-    ATTN_TRY(tensor_map(&tmO, a->O, s, s->H, s->N, &s->o, WARP_ROWS));  // (staged O, a warp's rows)
+    ATTN_TRY(tensor_map_slabs(&tmQ, a->Q, s, s->H, s->N, &s->q, BR));
+    ATTN_TRY(tensor_map_slabs(&tmK, a->K, s, s->H_kv, s->N_k, &s->k, BC));
+    ATTN_TRY(tensor_map_slabs(&tmV, a->V, s, s->H_kv, s->N_k, &s->v, BC));
+    ATTN_TRY(tensor_map_slabs(&tmO, a->O, s, s->H, s->N, &s->o,
+                              WARP_ROWS));  // (staged O, a warp's rows)
     const int smem = smem_bytes<D, C, BC>();
     const kernel_fn kernel = kernel_for<D, C, BC, SCHEDULE>(a->split.splits > 1, s->bf16);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem));  // once per kernel and device

@@ -37,10 +37,6 @@ static int ceil_div(int a, int b) {
     return (a + b - 1) / b;
 }
 
-static int padded_rows(int N) {
-    return ceil_div(N, ROW_PAD) * ROW_PAD;
-}
-
 // The PTX architecture the kernels were compiled for on the current device (75 for a compute_75
 // PTX build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
 // Asked once per device (kernel_versions).
@@ -130,12 +126,7 @@ static cudaError_t launch(FN fn, dim3 grid, int threads, size_t smem, cudaStream
     return cudaSuccess;
 }
 
-// Workspace: lse2 and Dsum [B * H, N_pad] floats, then (default variant) dQ_acc [B, H, N, D]
-// floats, each starting at a multiple of WORKSPACE_ALIGN bytes.
-constexpr size_t WORKSPACE_ALIGN = 256;
-static size_t aligned(size_t bytes) {
-    return (bytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN;
-}
+// Workspace (bwd_params_of): lse2 and Dsum, then (every variant but deterministic) dQ_acc.
 
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     (void)dev;
@@ -208,25 +199,8 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
                             const void *K, const void *V, const void *O, const float *lse,
                             const void *dO, void *dQ, void *dK, void *dV, void *workspace,
                             int variant, cudaStream_t stream) {
-    const int N_pad = padded_rows(s->N);
-    const size_t rows = (size_t)s->B * s->H * N_pad;
-    const bool atomic = variant != VARIANT_DETERMINISTIC;
-    bwd_params p;
-    p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
-    p.O = (const __half *)O, p.dO = (const __half *)dO, p.lse = lse;
-    p.dQ = (__half *)dQ, p.dK = (__half *)dK, p.dV = (__half *)dV;
-    const attn_layout *from[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
-    tensor_strides *to[] = {&p.layout.q,  &p.layout.k,  &p.layout.v,  &p.layout.o,
-                            &p.layout.dO, &p.layout.dQ, &p.layout.dK, &p.layout.dV};
-    for (size_t t = 0; t < sizeof from / sizeof *from; ++t)
-        *to[t] = {from[t]->batch, from[t]->head, (unsigned)from[t]->row};
-    p.lse2 = (float *)workspace;
-    p.Dsum = (float *)((char *)workspace + aligned(rows * sizeof(float)));
-    p.dQ_acc = atomic ? (float *)((char *)workspace + 2 * aligned(rows * sizeof(float))) : NULL;
-    p.H = s->H, p.H_kv = s->H_kv, p.group = s->H / s->H_kv;
-    p.N = s->N, p.N_k = s->N_k, p.N_pad = N_pad, p.causal = s->causal;
-    p.causal_shift = s->N_k - s->N;
-    p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
+    const bwd_params p = bwd_params_of(s, Q, K, V, O, lse, dO, dQ, dK, dV, workspace,
+                                       variant != VARIANT_DETERMINISTIC);  // (dQ by atomics)
     return s->bf16 ? enqueue_backward<true>(s, dev, p, variant, stream)
                    : enqueue_backward<false>(s, dev, p, variant, stream);
 }

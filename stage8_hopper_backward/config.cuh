@@ -13,14 +13,9 @@
 #include "device/backward_prepost.cuh"  // bwd_params, tensor_strides, ROW_PAD, DQ_SLAB_COLS
 #include "device/sm90.cuh"              // WGMMA_M, WARPGROUP, slabs and descriptors, ...
 
-// The main kernel exists only in sm_90a code (wgmma, setmaxnreg); other targets compile an empty
+// The main kernel exists only in sm_90a code (HOPPER_KERNELS); other targets compile an empty
 // kernel, which the launcher never starts (stage_unsupported), and leave the Hopper-only
 // constants below unused.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HOPPER_KERNELS 1
-#else
-#define HOPPER_KERNELS 0
-#endif
 #if defined(__CUDA_ARCH__) && !HOPPER_KERNELS
 #pragma nv_diag_suppress 177  // "declared but never referenced"
 #endif

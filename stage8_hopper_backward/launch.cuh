@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "device/kernel_cache.cuh"  // kernel_versions, kernel_smem_limit: once per device
-#include "device/tensor_map.cuh"    // tensor_map_4d
+#include "device/tensor_map.cuh"    // tensor_map_slabs
 #include "kernel.cuh"
 
 // attention.cu's: NULL when the stage runs this shape here, else why not.
@@ -31,28 +31,8 @@ static int hopper_code_here(void) {
     return ptx >= 90 && binary >= 90;
 }
 
-// Q, K, V or dO, a [B, heads, rows, D] 16-bit tensor in its layout l, as the 4-D tensor map
-// (D, rows, heads, B) seen in boxes of [1, 1, box_rows, 64] (one 128-byte-swizzled slab); rows
-// past the tensor's read as zeros.
-static cudaError_t tensor_map(CUtensorMap *map, const void *base, const attn_shape *s, int heads,
-                              int rows, const attn_layout *l, int box_rows) {
-    const CUtensorMapDataType type =
-        s->bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return tensor_map_4d(map, type, HALF_BYTES, base, s->B, heads, rows, s->D, l, SLAB_COLS,
-                         box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
-}
-
-// Workspace: lse2 and Dsum [B * H, N_pad] floats, then dQ_acc [B, H, N, D] floats, then (variant
-// deterministic) dq_turn [B * H, ceil(N / QROWS)] ints, each starting at a multiple of
-// WORKSPACE_ALIGN bytes.
-constexpr size_t WORKSPACE_ALIGN = 256;
-static size_t aligned(size_t bytes) {
-    return (bytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN;
-}
-static int padded_rows(int N) {
-    return ceil_div(N, ROW_PAD) * ROW_PAD;
-}
-
+// Workspace (bwd_params_of): lse2 and Dsum, dQ_acc, then (variant deterministic) dq_turn
+// [B * H, ceil(N / QROWS)] ints, at a multiple of WORKSPACE_ALIGN bytes.
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     (void)dev;
     const size_t rows = (size_t)s->B * s->H * padded_rows(s->N);
@@ -84,10 +64,10 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
     ATTN_TRY(cudaGetLastError());
 
     CUtensorMap tmQ, tmK, tmV, tmdO, tmdQ;
-    ATTN_TRY(tensor_map(&tmQ, p.Q, s, s->H, s->N, &s->q, QROWS));
-    ATTN_TRY(tensor_map(&tmK, p.K, s, s->H_kv, s->N_k, &s->k, KEYS));
-    ATTN_TRY(tensor_map(&tmV, p.V, s, s->H_kv, s->N_k, &s->v, KEYS));
-    ATTN_TRY(tensor_map(&tmdO, p.dO, s, s->H, s->N, &s->dO, QROWS));
+    ATTN_TRY(tensor_map_slabs(&tmQ, p.Q, s, s->H, s->N, &s->q, QROWS));
+    ATTN_TRY(tensor_map_slabs(&tmK, p.K, s, s->H_kv, s->N_k, &s->k, KEYS));
+    ATTN_TRY(tensor_map_slabs(&tmV, p.V, s, s->H_kv, s->N_k, &s->v, KEYS));
+    ATTN_TRY(tensor_map_slabs(&tmdO, p.dO, s, s->H, s->N, &s->dO, QROWS));
     ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, QROWS));
     bwd_problem pb;
     memset(&pb, 0, sizeof pb);
@@ -131,29 +111,11 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         fprintf(stderr, "stage8_hopper_backward: Q, K, V and dO must be 16-byte aligned\n");
         return cudaErrorMisalignedAddress;
     }
-    const int N_pad = padded_rows(s->N);
-    const size_t rows = (size_t)s->B * s->H * N_pad;
-    bwd_params p;
-    memset(&p, 0, sizeof p);
-    p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
-    p.O = (const __half *)O, p.dO = (const __half *)dO, p.lse = lse;
-    p.dQ = (__half *)dQ, p.dK = (__half *)dK, p.dV = (__half *)dV;
-    const attn_layout *from[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
-    tensor_strides *to[] = {&p.layout.q,  &p.layout.k,  &p.layout.v,  &p.layout.o,
-                            &p.layout.dO, &p.layout.dQ, &p.layout.dK, &p.layout.dV};
-    for (size_t t = 0; t < sizeof from / sizeof *from; ++t)
-        *to[t] = {from[t]->batch, from[t]->head, (unsigned)from[t]->row};
-    p.lse2 = (float *)workspace;
-    p.Dsum = (float *)((char *)workspace + aligned(rows * sizeof(float)));
-    p.dQ_acc = (float *)((char *)workspace + 2 * aligned(rows * sizeof(float)));
+    const bwd_params p = bwd_params_of(s, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, true);
     int *const dq_turn =
         variant == VARIANT_DETERMINISTIC
             ? (int *)((char *)p.dQ_acc + aligned((size_t)s->B * s->H * s->N * s->D * sizeof(float)))
             : NULL;
-    p.H = s->H, p.H_kv = s->H_kv, p.group = s->H / s->H_kv;
-    p.N = s->N, p.N_k = s->N_k, p.N_pad = N_pad, p.causal = s->causal;
-    p.causal_shift = s->N_k - s->N;
-    p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
     if (s->D == 64)
         return s->bf16 ? enqueue_backward<64, true>(s, p, dq_turn, variant, stream)
                        : enqueue_backward<64, false>(s, p, dq_turn, variant, stream);

@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "tensor_map.cuh"  // tensor_map_encoder (dq_tensor_map)
 #include "warp.cuh"        // CHUNK_BYTES, pack2_of, LOG2E, ...
@@ -57,6 +58,48 @@ __host__ __device__ __forceinline__ size_t head_offset(const tensor_strides &t, 
 }
 __host__ __device__ __forceinline__ size_t rows_offset(int row, unsigned ld) {
     return (size_t)(unsigned)row * ld;
+}
+
+/* ---- the parameters of a call ---------------------------------------------------------------- */
+
+// The workspace: lse2 and Dsum [B * H, N_pad] floats, then (where the stage accumulates dQ in
+// fp32) dQ_acc [B, H, N, D] floats, each part starting at a multiple of WORKSPACE_ALIGN bytes
+// (a stage may put more after them).
+constexpr size_t WORKSPACE_ALIGN = 256;
+static inline size_t aligned(size_t bytes) {
+    return (bytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN;
+}
+static inline int padded_rows(int N) {
+    return (N + ROW_PAD - 1) / ROW_PAD * ROW_PAD;
+}
+
+// The parameters of the contract's backward() call for the passes before and after and the main
+// kernel: its tensors with their strides, the shape, and the workspace's parts (dQ_acc NULL
+// without with_dq_acc).
+static bwd_params bwd_params_of(const attn_shape *s, const void *Q, const void *K, const void *V,
+                                const void *O, const float *lse, const void *dO, void *dQ, void *dK,
+                                void *dV, void *workspace, bool with_dq_acc) {
+    const int N_pad = padded_rows(s->N);
+    const size_t rows = (size_t)s->B * s->H * N_pad;
+    bwd_params p;
+    memset(&p, 0, sizeof p);
+    p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
+    p.O = (const __half *)O, p.dO = (const __half *)dO, p.lse = lse;
+    p.dQ = (__half *)dQ, p.dK = (__half *)dK, p.dV = (__half *)dV;
+    const attn_layout *from[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
+    tensor_strides *to[] = {&p.layout.q,  &p.layout.k,  &p.layout.v,  &p.layout.o,
+                            &p.layout.dO, &p.layout.dQ, &p.layout.dK, &p.layout.dV};
+    for (size_t t = 0; t < sizeof from / sizeof *from; ++t)
+        *to[t] = {from[t]->batch, from[t]->head, (unsigned)from[t]->row};
+    p.lse2 = (float *)workspace;
+    p.Dsum = (float *)((char *)workspace + aligned(rows * sizeof(float)));
+    p.dQ_acc =
+        with_dq_acc ? (float *)((char *)workspace + 2 * aligned(rows * sizeof(float))) : NULL;
+    p.H = s->H, p.H_kv = s->H_kv, p.group = s->H / s->H_kv;
+    p.N = s->N, p.N_k = s->N_k, p.N_pad = N_pad, p.causal = s->causal;
+    p.causal_shift = s->N_k - s->N;
+    p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
+    return p;
 }
 
 /* ---- dQ_acc through the TMA unit ------------------------------------------------------------ */

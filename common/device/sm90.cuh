@@ -7,7 +7,7 @@
  *
  * The wrappers a kernel of every target compiles (stage 7's) give no instruction, or a trap where
  * the launcher never goes, in code for targets before sm_90. wgmma and setmaxnreg exist only in
- * sm_90a code: their callers compile them only there (stage 6's HOPPER_KERNELS).
+ * sm_90a code: their callers compile them only there (HOPPER_KERNELS, below).
  * Device code for one translation unit (a stage's attention.cu includes it).
  */
 #pragma once
@@ -15,6 +15,14 @@
 #include <cuda.h>
 
 #include "warp.cuh"
+
+// 1 in sm_90a code, the only code with wgmma and setmaxnreg: stages 6 and 8 compile their kernels'
+// bodies only there (elsewhere an empty kernel, which their launchers never start).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HOPPER_KERNELS 1
+#else
+#define HOPPER_KERNELS 0
+#endif
 
 /* ---- warpgroups ------------------------------------------------------------------------------ */
 

@@ -1,8 +1,9 @@
 /*
  * common/device/tensor_map.cuh: the driver's tensor-map encoder (cuTensorMapEncodeTiled), fetched
- * once through the runtime, so that no stage links -lcuda; host code. Stage 6 describes its Q, K,
- * V and O tiles with it (tensor_map_4d: a [B, heads, rows, D] tensor in its attn_layout); stage 7
- * its dQ reductions. NULL where the driver has none (older than CUDA 12).
+ * once through the runtime, so that no stage links -lcuda; host code. Stages 6 and 8 describe
+ * their Q, K, V, O and dO tiles with it (tensor_map_slabs over tensor_map_4d: a [B, heads, rows,
+ * D] tensor in its attn_layout); stages 7 and 8 their dQ reductions. NULL where the driver has none
+ * (older than CUDA 12).
  */
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "attention.h"  // attn_layout
+#include "sm90.cuh"     // SLAB_COLS, HALF_BYTES: the slab wgmma's descriptors read
 
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
@@ -79,4 +81,16 @@ static inline cudaError_t tensor_map_4d(CUtensorMap *map, CUtensorMapDataType ty
         map, type, 4, (void *)base, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
         swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// Q, K, V, O, dO of a stage on wgmma (stages 6 and 8): a 16-bit [B, heads, rows, D] tensor (bf16
+// where s->bf16) seen in boxes of [1, 1, box_rows, SLAB_COLS], one 128-byte-swizzled slab of
+// sm90.cuh; rows past `rows` read as zeros and are not written.
+static inline cudaError_t tensor_map_slabs(CUtensorMap *map, const void *base, const attn_shape *s,
+                                           int heads, int rows, const attn_layout *l,
+                                           int box_rows) {
+    const CUtensorMapDataType type =
+        s->bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return tensor_map_4d(map, type, HALF_BYTES, base, s->B, heads, rows, s->D, l, SLAB_COLS,
+                         box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
