@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The lessons' exercise answers measured in one GPU session, on the kernels as they are now:
 #   - stage 1 exercise 4 (the causal skip), stage 2 exercise 3 (other paddings), stage 3 exercise 3
-#     (double buffering's shared memory), stage 6 exercise 5 (--smem-limit picks no other layout):
-#     rows of stageN_*/measured/<gpu>_answers.csv, as below;
+#     (double buffering's shared memory), stage 6 exercise 5 (--smem-limit picks no other layout),
+#     stage 8 exercises 1-3 (a Hopper GPU: which gradients each break fails): rows of
+#     stageN_*/measured/<gpu>_answers.csv, as below;
 #   - the answers of stages 6 and 7 measured on older kernels (stage 6 exercises 1, 2 and 6; stage 7
 #     exercises 2 to 7): the exact commands each exercise asks the learner to run, written as rows
 #     of stage6_hopper/measured/<gpu>_answers.csv and stage7_backward/measured/<gpu>_answers.csv
@@ -105,6 +106,13 @@ prepare s7t4 stage7_backward attention.cu "" compute_75
 prepare s7nobar stage7_backward registers_kernel.cuh '/__syncthreads();  \/\/ dS_smem written by every warp, visible to all/d'
 # stage 7 exercise 6: no mask in probabilities_t()
 prepare s7nomask stage7_backward registers_kernel.cuh 's|const bool off = mask && (|const bool off = false \&\& (|'
+# stage 8 (Hopper only), exercise 1: the dQ product's A operand not transposed; exercise 2: no
+# named barrier before the dQ product; exercise 3: no mask in probabilities()
+if [ -n "$hopper" ]; then
+  prepare s8ta stage8_hopper_backward mainloop.cuh 's|wgmma_m64n64_ss<BF16, 1, 1>(dQ_part|wgmma_m64n64_ss<BF16, 0, 1>(dQ_part|'
+  prepare s8nobar stage8_hopper_backward mainloop.cuh '/^    ds_written<D>(p.wg);$/d'
+  prepare s8nomask stage8_hopper_backward mainloop.cuh 's|^            if (mask) {|            if (false) {|'
+fi
 wait
 
 # ---- the timed runs, one at a time
@@ -200,6 +208,31 @@ if ready s7t4 stage7_backward; then
   measure s7e4 "compute_75 PTX, --smem-limit 65536, B = 1, H = 16, N = 16,384, D = 128" 300 "$p" $S7A --bench --csv --check 0 --smem-limit 65536
 fi
 
+# stage 8 (Hopper only), exercises 1 and 3: which gradients the checker finds past their bounds
+# (over_bound reads the checker's line: "dQ 3.6e-04 (bound 8.9e-04), dK ...")
+over_bound() {
+  awk '{ for (i = 1; i < NF - 2; i++) if ($i ~ /^(max_abs_err|dQ|dK|dV)$/) { b = $(i + 3); gsub(/[(),]/, "", b)
+         if ($(i + 1) + 0 > b + 0) s = s " " ($i == "max_abs_err" ? "O" : $i) } }
+       END { print (s == "" ? "none" : substr(s, 2)) }'
+}
+# check8 ANSWER LABEL PROGRAM ARGS...: one checked run, the gradients past their bounds as its note
+check8() {
+  local answer=$1 label=$2 prog=$3 out rc; shift 3
+  timeout 120 "$prog" "$@" >"$tmp/check8.out" 2>&1; rc=$?
+  out=$(tail -n 1 "$tmp/check8.out")
+  CMD="build/stage8_hopper_backward $*" NOTE="past the bound: $(over_bound <<<"$out")" \
+    measure "$answer" "$label" 120 bash -c "exit $rc"
+}
+if [ -n "$hopper" ]; then
+  ready s8ta stage8_hopper_backward &&
+    check8 s8e1 "issue_dq() with A not transposed, N = 256, D = 128" "$p" --seq 256 --dim 128
+  if ready s8nomask stage8_hopper_backward; then
+    check8 s8e3 "probabilities() without the mask, N = 1,000, D = 64, peaky" "$p" --seq 1000 --dim 64 --dist peaky
+    check8 s8e3 "probabilities() without the mask, N = 1,000, D = 64, peaky, causal" "$p" --seq 1000 --dim 64 --dist peaky --causal
+  fi
+  ready s8nobar stage8_hopper_backward && s8nobar=$p
+fi
+
 # ---- the self-tests, side by side (CPU-bound)
 ready s7nobar stage7_backward && s7nobar=$p
 ready s7nomask stage7_backward && s7nomask=$p
@@ -208,10 +241,11 @@ ready s7nomask stage7_backward && s7nomask=$p
 [ -n "${s7t4:-}" ] && measure_bg s7e4 "compute_75 PTX, --self-test --smem-limit 65536" 600 "$s7t4" --self-test --smem-limit 65536
 [ -n "${s7nobar:-}" ] && measure_bg s7e5 "backward_kernel() without the barrier after store_score_gradients(), --self-test --variant registers" 600 "$s7nobar" --self-test --variant registers
 [ -n "${s7nomask:-}" ] && measure_bg s7e6 "probabilities_t() without the mask, --self-test --variant registers" 600 "$s7nomask" --self-test --variant registers
+[ -n "${s8nobar:-}" ] && measure_bg s8e2 "consumer_step() without ds_written(), --self-test" 600 "$s8nobar" --self-test
 wait
 
 # ---- the answers' CSVs, the summary
-for s in 1:stage1_scalar_flash 2:stage2_smem_tiling 3:stage3_cp_async 6:stage6_hopper 7:stage7_backward; do
+for s in 1:stage1_scalar_flash 2:stage2_smem_tiling 3:stage3_cp_async 6:stage6_hopper 7:stage7_backward 8:stage8_hopper_backward; do
   rows=$(cat "$tmp"/row.* 2>/dev/null | grep "^\"s${s%%:*}e" || true)
   [ -n "$rows" ] || continue
   out=${s#*:}/measured/${slug}_answers.csv
