@@ -6,8 +6,7 @@
  * warpgroup, with P^T and dS^T as A operands straight from the registers the scores left them
  * in; Q_i, dO_i, LSE_i and D_i brought by TMA into a ring on mbarriers; a producer warpgroup that
  * issues every copy and every dQ reduction and gives its registers (setmaxnreg) to two consumer
- * warpgroups that only compute. The forward pass is stage 6's, linked (stage.mk). Expected gain:
- * about 1.5x over stage 7's backward where the grid fills the GPU (LOG.md, step 1's prediction).
+ * warpgroups that only compute. The forward pass is stage 6's, linked (stage.mk).
  *
  *   D_i = rowsum(dO_i * O_i), LSE_i * log2(e)           preprocess_kernel (stage 7's, shared)
  *   backward_kernel: one block per (key tile j of KEYS = 128 keys, batch, key/value head)
@@ -34,7 +33,8 @@
  *   dQ = scale dQ_acc, in the storage type                 dq_convert_kernel (stage 7's, shared)
  *
  * Variants: atomicdq (dQ by the consumers' fp32 atomics, the dQ warp idle), deterministic (each
- * query tile's dQ adds in key-tile order, by a counter in global memory: bit-identical dQ).
+ * query tile's dQ adds in a fixed key-tile order, by a counter in global memory: bit-identical dQ;
+ * dq_turn_of() says the order).
  *
  * Run:  make build && build/stage8_hopper_backward --seq 4096 --heads 16 --dim 128 --causal --bench
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
@@ -45,8 +45,8 @@
  *
  * NOTE: what is left (LOG.md): every step waits for its own wgmma before the next starts (no
  * overlap of one step's softmax with another's products, as FlashAttention-3 has), dK and dV leave
- * by 4-byte stores, dQ's adds land in any order (variant deterministic orders them by key tile),
- * and the tiles at D = 64 are not tuned.
+ * by 4-byte stores, dQ's adds land in any order (variant deterministic orders them), and the tiles
+ * at D = 64 are not tuned.
  */
 
 #include <cuda.h>
