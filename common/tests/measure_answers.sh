@@ -2,7 +2,9 @@
 # The lessons' exercise answers measured in one GPU session, on the kernels as they are now:
 #   - stage 1 exercise 4 (the causal skip), stage 2 exercise 3 (other paddings), stage 3 exercise 3
 #     (double buffering's shared memory), stage 6 exercise 5 (--smem-limit picks no other layout),
-#     stage 8 exercises 1-3 (a Hopper GPU: which gradients each break fails): rows of
+#     stage 8 exercises 1-3 (a Hopper GPU: which gradients each break fails), and the break-it
+#     exercises of stages 0-3 and 6 (stage 0 ex. 4, stage 1 ex. 5, stage 2 ex. 4, stage 3 ex. 4, stage 6
+#     ex. 3 and 4: the runs each asks for and the self-test): rows of
 #     stageN_*/measured/<gpu>_answers.csv, as below;
 #   - the answers of stages 6 and 7 measured on older kernels (stage 6 exercises 1, 2 and 6; stage 7
 #     exercises 2 to 7): the exact commands each exercise asks the learner to run, written as rows
@@ -106,6 +108,17 @@ prepare s7t4 stage7_backward attention.cu "" compute_75
 prepare s7nobar stage7_backward registers_kernel.cuh '/__syncthreads();  \/\/ dS_smem written by every warp, visible to all/d'
 # stage 7 exercise 6: no mask in probabilities_t()
 prepare s7nomask stage7_backward registers_kernel.cuh 's|const bool off = mask && (|const bool off = false \&\& (|'
+# the break-it exercises of stages 0-3 and 6: stage 0 ex. 4 (the mask off by one), stage 1 ex. 5
+# (no rescale), stage 2 ex. 4 (no tail mask), stage 3 ex. 4 (the prefetch loads tile j again), stage 6
+# ex. 3 (no wait for S) and ex. 4 (no wait for K)
+prepare s0mask stage0_naive attention.cu 's|const int n_keys = causal ? i + 1 : N;  // keys this row|const int n_keys = causal ? i : N;  // keys this row|'
+prepare s1alpha stage1_scalar_flash attention.cu 's|const float alpha = expf(m_i - m_ref);|const float alpha = 1.f;|'
+prepare s2tail stage2_smem_tiling attention.cu 's|(kj >= N \|\| (causal \&\& kj > i))|(causal \&\& kj > i)|'
+prepare s3pre stage3_cp_async attention.cu 's|load_tile_async<BC, D, D, BR>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, D, BR>(\1_next, \2, k0, N, tid);|'
+if [ -n "$hopper" ]; then
+  prepare s6nowaits stage6_hopper mainloop.cuh '/^        wgmma_wait<1>();  \/\/ S of the next key tile is done; P V may still run$/d'
+  prepare s6nowaitk stage6_hopper mainloop.cuh '/^    wait_full(sm, BAR_K_FULL, kv_next);$/d'
+fi
 # stage 8 (Hopper only), exercise 1: the dQ product's A operand not transposed; exercise 2: no
 # named barrier before the dQ product; exercise 3: no mask in probabilities()
 if [ -n "$hopper" ]; then
@@ -233,6 +246,44 @@ if [ -n "$hopper" ]; then
   ready s8nobar stage8_hopper_backward && s8nobar=$p
 fi
 
+# the break-it exercises: the runs each asks for (exit code, the checker's verdict), then (below)
+# the self-test beside the others
+if ready s0mask stage0_naive; then
+  s0mask=$p
+  for v in default cublas; do
+    for c in "" --causal; do
+      measure s0e4 "$v, N = 1,024, D = 128${c:+, causal}" 120 "$p" --seq 1024 --dim 128 $c --variant $v
+    done
+  done
+fi
+if ready s1alpha stage1_scalar_flash; then
+  s1alpha=$p
+  for n in 16 4096; do measure s1e5 "alpha = 1, N = $n, D = 128" 120 "$p" --seq $n --dim 128; done
+fi
+if ready s2tail stage2_smem_tiling; then
+  s2tail=$p
+  for a in "--seq 4096 --dim 128" "--seq 17 --dim 128" "--seq 17 --dim 128 --causal"; do
+    measure s2e4 "no tail mask, $a" 120 "$p" $a
+  done
+fi
+if ready s3pre stage3_cp_async; then
+  s3pre=$p
+  for a in "--seq 32 --dim 128" "--seq 4096 --dim 128" "--seq 4096 --dim 128 --variant sync"; do
+    measure s3e4 "prefetch of tile j, $a" 120 "$p" $a
+  done
+fi
+if [ -n "$hopper" ]; then
+  # exercise 3's build: ptxas's C7515 (wgmma serialized) in its report, and whether the build
+  # stops there (the course's builds make warnings errors)
+  n=$(grep -c C7515 "$tmp/s6nowaits/build/ptxas/stage6_hopper.txt" 2>/dev/null) || n=0
+  [ -s "$tmp/s6nowaits/why" ] && b=1 || b=0
+  CMD="make build (mainloop.cuh without the wait for S); grep C7515 build/ptxas/stage6_hopper.txt" \
+    NOTE="ptxas C7515 lines: $n; the build $([ $b = 1 ] && echo 'stops (warnings are errors)' || echo succeeds)" \
+    measure s6e3 "no wgmma_wait<1>() for S: the build" 10 bash -c "exit $b"
+  ready s6nowaits stage6_hopper && s6nowaits=$p
+  ready s6nowaitk stage6_hopper && s6nowaitk=$p
+fi
+
 # ---- the self-tests, side by side (CPU-bound)
 ready s7nobar stage7_backward && s7nobar=$p
 ready s7nomask stage7_backward && s7nomask=$p
@@ -243,9 +294,17 @@ ready s7nomask stage7_backward && s7nomask=$p
 [ -n "${s7nomask:-}" ] && measure_bg s7e6 "probabilities_t() without the mask, --self-test --variant registers" 600 "$s7nomask" --self-test --variant registers
 [ -n "${s8nobar:-}" ] && measure_bg s8e2 "consumer_step() without ds_written(), --self-test" 600 "$s8nobar" --self-test
 wait
+# the break-it exercises' self-tests (after the ones above: at most about six side by side)
+[ -n "${s0mask:-}" ] && measure_bg s0e4 "mask off by one, --self-test" 600 "$s0mask" --self-test
+[ -n "${s1alpha:-}" ] && measure_bg s1e5 "alpha = 1, --self-test" 600 "$s1alpha" --self-test
+[ -n "${s2tail:-}" ] && measure_bg s2e4 "no tail mask, --self-test" 600 "$s2tail" --self-test
+[ -n "${s3pre:-}" ] && measure_bg s3e4 "prefetch of tile j, --self-test" 600 "$s3pre" --self-test
+[ -n "${s6nowaits:-}" ] && measure_bg s6e3 "no wgmma_wait<1>() for S, --self-test --variant default" 600 "$s6nowaits" --self-test --variant default
+[ -n "${s6nowaitk:-}" ] && measure_bg s6e4 "no wait for K in issue_turn(), --self-test --variant default" 600 "$s6nowaitk" --self-test --variant default
+wait
 
 # ---- the answers' CSVs, the summary
-for s in 1:stage1_scalar_flash 2:stage2_smem_tiling 3:stage3_cp_async 6:stage6_hopper 7:stage7_backward 8:stage8_hopper_backward; do
+for s in 0:stage0_naive 1:stage1_scalar_flash 2:stage2_smem_tiling 3:stage3_cp_async 6:stage6_hopper 7:stage7_backward 8:stage8_hopper_backward; do
   rows=$(cat "$tmp"/row.* 2>/dev/null | grep "^\"s${s%%:*}e" || true)
   [ -n "$rows" ] || continue
   out=${s#*:}/measured/${slug}_answers.csv
