@@ -103,6 +103,11 @@ static inline attn_layout attn_contiguous(int heads, int rows, int D) {
     return l;
 }
 
+/* Tiles of b rows that cover a rows (a >= 0, b > 0): the launchers' grid arithmetic. */
+static inline int ceil_div(long long a, long long b) {
+    return (int)((a + b - 1) / b);
+}
+
 static inline int attn_layout_unset(const attn_layout *l) {
     return l->batch == 0 && l->head == 0 && l->row == 0;
 }

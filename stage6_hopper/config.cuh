@@ -10,7 +10,7 @@
 
 #include "attention.h"
 #include "device/sm90.cuh"      // WGMMA_M, WARPGROUP, ...
-#include "device/split_kv.cuh"  // ceil_div
+#include "device/split_kv.cuh"  // choose_splits, combine_kernel
 
 // The kernels exist only in sm_90a code (HOPPER_KERNELS); other targets compile an empty kernel,
 // which the launcher never starts (attention_unsupported), and leave the Hopper-only constants

@@ -33,10 +33,6 @@ static dq_way dq_way_for(int variant, int arch) {
     return variant != VARIANT_ATOMICS && dq_bulk(arch) ? DQ_BY_BULK : DQ_BY_ATOMICS;
 }
 
-static int ceil_div(int a, int b) {
-    return (a + b - 1) / b;
-}
-
 // The PTX architecture the kernels were compiled for on the current device (75 for a compute_75
 // PTX build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
 // Asked once per device (kernel_versions).

@@ -15,10 +15,6 @@
 // attention.cu's: NULL when the stage runs this shape here, else why not.
 static const char *stage_unsupported(const attn_shape *s, const attn_device *dev, int variant);
 
-static int ceil_div(int a, int b) {
-    return (a + b - 1) / b;
-}
-
 // Whether the main kernel on this device is the sm_90a one (a compute_75 PTX build JIT-compiled
 // on an H100 has only the empty kernel).
 static int hopper_code_here(void) {

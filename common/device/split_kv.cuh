@@ -155,10 +155,6 @@ constexpr double SPLIT_SLACK = 0.85;    // the fewest splits within this share o
 constexpr int FULL_WAVES = 6;           // from 6 waves on, the last one costs < 1/7: no split
 constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves are not tried
 
-static int ceil_div(long long a, long long b) {
-    return (int)((a + b - 1) / b);
-}
-
 // Useful work / (slots x time), in key tiles, for ranges of `per` tiles: the blocks in launch
 // order (heads, then query tiles, heaviest first if causal, then ranges), each to the slot
 // that frees first (a binary min-heap of the slots' finish times).

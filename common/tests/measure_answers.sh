@@ -14,8 +14,11 @@
 # Each experiment builds the stage as the exercise says (an edit of a copy of the repository, never
 # the checkout); the builds run side by side first, then the timed runs one at a time (--check 0:
 # no float64 reference beside a timing), then the self-tests (CPU-bound: the float64 reference)
-# side by side. Each run has its own timeout. About 8 minutes on an H200 with 16 cores.
+# side by side. Each run has its own timeout. Over 9 minutes on an H200 with 16 cores: ONLY (below)
+# splits it into runs that fit a shorter session.
 # usage: common/tests/measure_answers.sh          (on a GPU)
+#        ONLY="s0e4 s8e2" common/tests/measure_answers.sh   (those answers only: the builds and runs
+#        they need; their rows replace the same answers' rows of the CSVs, other rows are kept)
 set -u
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -34,6 +37,13 @@ FA2="--batch 4 --heads 16 --seq 4096 --dim 128"
 hopper=; [ "$cc" = 90 ] && hopper=1
 header=answer,label,command,rc,ms_median,tflops,status,self_test,note,gpu,commit
 seq=0
+# want ANSWER...: whether this run measures any of these answers (all of them without ONLY)
+want() {
+  [ -z "${ONLY:-}" ] && return 0
+  local a
+  for a in "$@"; do case " $ONLY " in *" $a "*) return 0 ;; esac; done
+  return 1
+}
 
 # prepare NAME STAGE_DIR FILE SED_SCRIPT [ARCH]: starts, in the background, a copy of the
 # repository with STAGE_DIR/FILE edited by SED_SCRIPT ("" = as it is), built for ARCH (default this
@@ -56,6 +66,7 @@ prepare() {
 # ready NAME STAGE_DIR: (after the builds) sets $p, the program, or says why not and fails
 ready() {
   p=$tmp/$1/build/$2
+  [ -d "$tmp/$1" ] || return 1  # not wanted in this run (ONLY)
   if [ -s "$tmp/$1/why" ] || [ ! -x "$p" ]; then
     seq=$((seq + 1))
     echo "$1: NOT RUN: $(cat "$tmp/$1/why" 2>/dev/null || echo 'no program built')" | tee "$tmp/summary.$(printf %03d $seq)"
@@ -94,37 +105,37 @@ measure() {
 measure_bg() { seq=$((seq + 1)); local s=$seq; (seq=$((s - 1)); measure "$@" >/dev/null) & seq=$s; }
 
 # ---- the builds, side by side
-prepare s1 stage1_scalar_flash attention.cu ""
-prepare s1noskip stage1_scalar_flash attention.cu 's|const int last_row = min(q0 + BR, N) - 1;|const int last_row = N - 1;|'
-prepare s2 stage2_smem_tiling attention.cu ""
-prepare s2pad16 stage2_smem_tiling attention.cu 's|^constexpr int Q_PAD = 8;|constexpr int Q_PAD = 16;|'
-prepare s2pad4 stage2_smem_tiling attention.cu 's|^constexpr int Q_PAD = 8;|constexpr int Q_PAD = 4;|'
-prepare s3 stage3_cp_async attention.cu ""
-[ -n "$hopper" ] && prepare s6 stage6_hopper attention.cu ""
-prepare s7 stage7_backward attention.cu ""
+want s1e4 && prepare s1 stage1_scalar_flash attention.cu ""
+want s1e4 && prepare s1noskip stage1_scalar_flash attention.cu 's|const int last_row = min(q0 + BR, N) - 1;|const int last_row = N - 1;|'
+want s2e3 && prepare s2 stage2_smem_tiling attention.cu ""
+want s2e3 && prepare s2pad16 stage2_smem_tiling attention.cu 's|^constexpr int Q_PAD = 8;|constexpr int Q_PAD = 16;|'
+want s2e3 && prepare s2pad4 stage2_smem_tiling attention.cu 's|^constexpr int Q_PAD = 8;|constexpr int Q_PAD = 4;|'
+want s3e3 && prepare s3 stage3_cp_async attention.cu ""
+[ -n "$hopper" ] && want s6e1 s6e2 s6e5 s6e6 && prepare s6 stage6_hopper attention.cu ""
+want s7e2 s7e3 s7e4 s7e7 && prepare s7 stage7_backward attention.cu ""
 # stage 7 exercise 4: PTX for the T4 (compute_75), run here by the driver's JIT
-prepare s7t4 stage7_backward attention.cu "" compute_75
+want s7e4 && prepare s7t4 stage7_backward attention.cu "" compute_75
 # stage 7 exercise 5: the barrier after store_score_gradients() in backward_kernel() deleted
-prepare s7nobar stage7_backward registers_kernel.cuh '/__syncthreads();  \/\/ dS_smem written by every warp, visible to all/d'
+want s7e5 && prepare s7nobar stage7_backward registers_kernel.cuh '/__syncthreads();  \/\/ dS_smem written by every warp, visible to all/d'
 # stage 7 exercise 6: no mask in probabilities_t()
-prepare s7nomask stage7_backward registers_kernel.cuh 's|const bool off = mask && (|const bool off = false \&\& (|'
+want s7e6 && prepare s7nomask stage7_backward registers_kernel.cuh 's|const bool off = mask && (|const bool off = false \&\& (|'
 # the break-it exercises of stages 0-3 and 6: stage 0 ex. 4 (the mask off by one), stage 1 ex. 5
 # (no rescale), stage 2 ex. 4 (no tail mask), stage 3 ex. 4 (the prefetch loads tile j again), stage 6
 # ex. 3 (no wait for S) and ex. 4 (no wait for K)
-prepare s0mask stage0_naive attention.cu 's|const int n_keys = causal ? i + 1 : N;  // keys this row|const int n_keys = causal ? i : N;  // keys this row|'
-prepare s1alpha stage1_scalar_flash attention.cu 's|const float alpha = expf(m_i - m_ref);|const float alpha = 1.f;|'
-prepare s2tail stage2_smem_tiling attention.cu 's|(kj >= N \|\| (causal \&\& kj > i))|(causal \&\& kj > i)|'
-prepare s3pre stage3_cp_async attention.cu 's|load_tile_async<BC, D, D, BR>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, D, BR>(\1_next, \2, k0, N, tid);|'
+want s0e4 && prepare s0mask stage0_naive attention.cu 's|const int n_keys = causal ? i + 1 : N;  // keys this row|const int n_keys = causal ? i : N;  // keys this row|'
+want s1e5 && prepare s1alpha stage1_scalar_flash attention.cu 's|const float alpha = expf(m_i - m_ref);|const float alpha = 1.f;|'
+want s2e4 && prepare s2tail stage2_smem_tiling attention.cu 's|(kj >= N \|\| (causal \&\& kj > i))|(causal \&\& kj > i)|'
+want s3e4 && prepare s3pre stage3_cp_async attention.cu 's|load_tile_async<BC, D, D, BR>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, D, BR>(\1_next, \2, k0, N, tid);|'
 if [ -n "$hopper" ]; then
-  prepare s6nowaits stage6_hopper mainloop.cuh '/^        wgmma_wait<1>();  \/\/ S of the next key tile is done; P V may still run$/d'
-  prepare s6nowaitk stage6_hopper mainloop.cuh '/^    wait_full(sm, BAR_K_FULL, kv_next);$/d'
+  want s6e3 && prepare s6nowaits stage6_hopper mainloop.cuh '/^        wgmma_wait<1>();  \/\/ S of the next key tile is done; P V may still run$/d'
+  want s6e4 && prepare s6nowaitk stage6_hopper mainloop.cuh '/^    wait_full(sm, BAR_K_FULL, kv_next);$/d'
 fi
 # stage 8 (Hopper only), exercise 1: the dQ product's A operand not transposed; exercise 2: no
 # named barrier before the dQ product; exercise 3: no mask in probabilities()
 if [ -n "$hopper" ]; then
-  prepare s8ta stage8_hopper_backward mainloop.cuh 's|wgmma_m64n64_ss<BF16, 1, 1>(dQ_part|wgmma_m64n64_ss<BF16, 0, 1>(dQ_part|'
-  prepare s8nobar stage8_hopper_backward mainloop.cuh '/^    ds_written<D>(p.wg);$/d'
-  prepare s8nomask stage8_hopper_backward mainloop.cuh 's|^            if (mask) {|            if (false) {|'
+  want s8e1 && prepare s8ta stage8_hopper_backward mainloop.cuh 's|wgmma_m64n64_ss<BF16, 1, 1>(dQ_part|wgmma_m64n64_ss<BF16, 0, 1>(dQ_part|'
+  want s8e2 && prepare s8nobar stage8_hopper_backward mainloop.cuh '/^    ds_written<D>(p.wg);$/d'
+  want s8e3 && prepare s8nomask stage8_hopper_backward mainloop.cuh 's|^            if (mask) {|            if (false) {|'
 fi
 wait
 
@@ -275,11 +286,13 @@ fi
 if [ -n "$hopper" ]; then
   # exercise 3's build: ptxas's C7515 (wgmma serialized) in its report, and whether the build
   # stops there (the course's builds make warnings errors)
+  want s6e3 && {
   n=$(grep -c C7515 "$tmp/s6nowaits/build/ptxas/stage6_hopper.txt" 2>/dev/null) || n=0
   [ -s "$tmp/s6nowaits/why" ] && b=1 || b=0
   CMD="make build (mainloop.cuh without the wait for S); grep C7515 build/ptxas/stage6_hopper.txt" \
     NOTE="ptxas C7515 lines: $n; the build $([ $b = 1 ] && echo 'stops (warnings are errors)' || echo succeeds)" \
     measure s6e3 "no wgmma_wait<1>() for S: the build" 10 bash -c "exit $b"
+  }
   ready s6nowaits stage6_hopper && s6nowaits=$p
   ready s6nowaitk stage6_hopper && s6nowaitk=$p
 fi
@@ -292,9 +305,9 @@ ready s7nomask stage7_backward && s7nomask=$p
 [ -n "${s7t4:-}" ] && measure_bg s7e4 "compute_75 PTX, --self-test --smem-limit 65536" 600 "$s7t4" --self-test --smem-limit 65536
 [ -n "${s7nobar:-}" ] && measure_bg s7e5 "backward_kernel() without the barrier after store_score_gradients(), --self-test --variant registers" 600 "$s7nobar" --self-test --variant registers
 [ -n "${s7nomask:-}" ] && measure_bg s7e6 "probabilities_t() without the mask, --self-test --variant registers" 600 "$s7nomask" --self-test --variant registers
-[ -n "${s8nobar:-}" ] && measure_bg s8e2 "consumer_step() without ds_written(), --self-test" 600 "$s8nobar" --self-test
 wait
-# the break-it exercises' self-tests (after the ones above: at most about six side by side)
+# the break-it exercises' self-tests and stage 8's (after the ones above: at most seven side by side)
+[ -n "${s8nobar:-}" ] && measure_bg s8e2 "consumer_step() without ds_written(), --self-test" 600 "$s8nobar" --self-test
 [ -n "${s0mask:-}" ] && measure_bg s0e4 "mask off by one, --self-test" 600 "$s0mask" --self-test
 [ -n "${s1alpha:-}" ] && measure_bg s1e5 "alpha = 1, --self-test" 600 "$s1alpha" --self-test
 [ -n "${s2tail:-}" ] && measure_bg s2e4 "no tail mask, --self-test" 600 "$s2tail" --self-test
@@ -309,7 +322,11 @@ for s in 0:stage0_naive 1:stage1_scalar_flash 2:stage2_smem_tiling 3:stage3_cp_a
   [ -n "$rows" ] || continue
   out=${s#*:}/measured/${slug}_answers.csv
   mkdir -p "${out%/*}"
-  { echo "$header"; printf '%s\n' "$rows"; } >"$out"
+  kept=
+  if [ -n "${ONLY:-}" ] && [ -f "$out" ]; then  # the rows of answers this run did not measure
+    kept=$(tail -n +2 "$out" | while IFS= read -r r; do a=${r%%,*}; want "${a//\"/}" || printf '%s\n' "$r"; done)
+  fi
+  { echo "$header"; [ -n "$kept" ] && printf '%s\n' "$kept"; printf '%s\n' "$rows"; } >"$out"
   echo "measure_answers.sh: wrote $out ($(printf '%s\n' "$rows" | wc -l) rows); python3 plots/answers.py writes them into the lessons"
 done
 echo
