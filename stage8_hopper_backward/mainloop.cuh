@@ -104,6 +104,20 @@ __device__ __forceinline__ void store_ds(const uint32_t (&dS)[PACKED_REGS], uint
     fence_proxy_async();
 }
 
+// acc (64 keys x D) += A B over the QROWS queries: A a packed 64 x 64 tile in registers, B (desc)
+// QROWS x D in shared memory, MN-major; QROWS / 16 wgmma, no fence, no commit (issue_dkv's).
+template <int D, bool BF16>
+__device__ __forceinline__ void accumulate_rs(float (&acc)[D / 2], const uint32_t (&A)[PACKED_REGS],
+                                              uint64_t desc) {
+#pragma unroll
+    for (int kk = 0; kk < QROWS / WGMMA_K; ++kk) {
+        if constexpr (D == 128)
+            wgmma_m64n128_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
+        else
+            wgmma_m64n64_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
+    }
+}
+
 // Start dV_j += P^T dO_i and dK_j += dS^T Q_i: QROWS / 16 wgmma each, A from registers (P^T,
 // dS^T: rows are the warpgroup's keys, the K dimension the queries), B from shared memory
 // MN-major (dO_i's and Q_i's rows are queries = K, their D columns N: the transpose bit), one
@@ -116,24 +130,8 @@ __device__ __forceinline__ void issue_dkv(float (&dV)[D / 2], float (&dK)[D / 2]
     pin_registers(dV);
     pin_registers(dK);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < QROWS / WGMMA_K; ++kk) {
-        if constexpr (D == 128)
-            wgmma_m64n128_rs<BF16>(dV, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(dO_desc, kk),
-                                   1);
-        else
-            wgmma_m64n64_rs<BF16>(dV, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(dO_desc, kk),
-                                  1);
-    }
-#pragma unroll
-    for (int kk = 0; kk < QROWS / WGMMA_K; ++kk) {
-        if constexpr (D == 128)
-            wgmma_m64n128_rs<BF16>(dK, &dS[A_REGS_PER_KSTEP * kk], desc_mn_major_step(Q_desc, kk),
-                                   1);
-        else
-            wgmma_m64n64_rs<BF16>(dK, &dS[A_REGS_PER_KSTEP * kk], desc_mn_major_step(Q_desc, kk),
-                                  1);
-    }
+    accumulate_rs<D, BF16>(dV, P, dO_desc);
+    accumulate_rs<D, BF16>(dK, dS, Q_desc);
     wgmma_commit();
 }
 
