@@ -41,6 +41,10 @@ constexpr int Q_STAGES = 2;
 // step i + 1's while the other may still read step i's (see mainloop.cuh, dq_product).
 constexpr int DS_BUFFERS = 2;
 
+// dQ_i's staging tiles, twice: step i's parts go to buffer i % DQ_BUFFERS, so that the consumers
+// stage step i + 1's while the dQ warp's reduction still reads step i's.
+constexpr int DQ_BUFFERS = 2;
+
 // The producer warpgroup's warps: one issues every load, one every dQ reduction; the other two
 // leave at once.
 constexpr int LOAD_WARP = 0;
@@ -117,8 +121,8 @@ constexpr int VEC_BYTES = QROWS * (int)sizeof(float);  // LSE_i or D_i of one qu
 //   DO_FULL   per slot: dO_i has landed and D_i is stored, the same way.
 //   Q_EMPTY   per slot: every consumer thread is done with the slot: its wgmma have read Q_i and
 //             dO_i, its loads have read LSE_i and D_i; the load warp may overwrite all four.
-//   DQ_FULL   the staging tiles hold a step's dQ_i parts (the consumers' stores).
-//   DQ_EMPTY  the dQ warp's reduction has read the staging tiles.
+//   DQ_FULL   per staging buffer: its tiles hold a step's dQ_i parts (the consumers' stores).
+//   DQ_EMPTY  per staging buffer: the dQ warp's reduction has read its tiles.
 // Each side arrives after its own accesses and waits before the other's, so that every access to
 // a buffer is ordered by one barrier's release and acquire (kernel.cuh: who arrives how often).
 enum {
@@ -127,15 +131,15 @@ enum {
     BAR_DO_FULL = BAR_Q_FULL + Q_STAGES,
     BAR_Q_EMPTY = BAR_DO_FULL + Q_STAGES,
     BAR_DQ_FULL = BAR_Q_EMPTY + Q_STAGES,
-    BAR_DQ_EMPTY,
-    BARRIERS
+    BAR_DQ_EMPTY = BAR_DQ_FULL + DQ_BUFFERS,
+    BARRIERS = BAR_DQ_EMPTY + DQ_BUFFERS
 };
 
 template <int D>
 __host__ __device__ constexpr int smem_bytes() {
     return SWIZZLE_ATOM_BYTES /* alignment slack */ + 2 * kv_tile_bytes<D>() +
            2 * Q_STAGES * q_tile_bytes<D>() + DS_BUFFERS * DS_TILE_BYTES +
-           dq_tiles<D>() * dq_tile_bytes<D>() + 2 * Q_STAGES * VEC_BYTES +
+           DQ_BUFFERS * dq_tiles<D>() * dq_tile_bytes<D>() + 2 * Q_STAGES * VEC_BYTES +
            BARRIERS * MBARRIER_BYTES;
 }
 
@@ -153,7 +157,7 @@ __device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
     s.dO = s.Q + Q_STAGES * q_tile_bytes<D>();
     s.dS = s.dO + Q_STAGES * q_tile_bytes<D>();
     s.dQ = s.dS + DS_BUFFERS * DS_TILE_BYTES;
-    s.lse = s.dQ + dq_tiles<D>() * dq_tile_bytes<D>();
+    s.lse = s.dQ + DQ_BUFFERS * dq_tiles<D>() * dq_tile_bytes<D>();
     s.Dsum = s.lse + Q_STAGES * VEC_BYTES;
     s.bar = s.Dsum + Q_STAGES * VEC_BYTES;
     return s;
@@ -171,6 +175,19 @@ __device__ __forceinline__ int ring_slot(int it) {
 }
 __device__ __forceinline__ uint32_t ring_phase(int it) {
     return (uint32_t)(it / Q_STAGES) & 1;
+}
+
+// dQ's staging buffers, the same way: step it stages into buffer it % DQ_BUFFERS (its tiles from
+// dq_buffer_at), in that buffer's phase it / DQ_BUFFERS.
+__device__ __forceinline__ int dq_buffer(int it) {
+    return it % DQ_BUFFERS;
+}
+__device__ __forceinline__ uint32_t dq_phase(int it) {
+    return (uint32_t)(it / DQ_BUFFERS) & 1;
+}
+template <int D>
+__device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
+    return s.dQ + dq_buffer(it) * dq_tiles<D>() * dq_tile_bytes<D>();
 }
 
 // Named barriers (barrier 0 is __syncthreads'): "every warp that writes the dS^T the dQ wgmma

@@ -12,11 +12,11 @@
 #include "config.cuh"
 
 // The consumers' side, after the step's dQ wgmma is done: wait until the reduction has read the
-// staging tiles of the step before (DQ_EMPTY), write this warpgroup's dQ part there (the
-// accumulator of a 64 x 64 wgmma: register acc_index(n, h, c) is row 16 warp + g + 8h, column
-// 8n + 2t + c of its part), make the writes visible to the TMA unit (the async proxy), and arrive
-// on DQ_FULL, one arrival per warp. In the staging layout [D/8][QROWS][8] floats a warp's store of
-// one n8 block and row half is 8 rows x 32 bytes, contiguous: no bank conflict.
+// staging tiles of buffer it % DQ_BUFFERS, two steps back (DQ_EMPTY), write this warpgroup's dQ
+// part there (the accumulator of a 64 x 64 wgmma: register acc_index(n, h, c) is row 16 warp + g +
+// 8h, column 8n + 2t + c of its part), make the writes visible to the TMA unit (the async proxy),
+// and arrive on DQ_FULL, one arrival per warp. In the staging layout [D/8][QROWS][8] floats a
+// warp's store of one n8 block and row half is 8 rows x 32 bytes, contiguous: no bank conflict.
 template <int D>
 __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const smem_tiles &sm,
                                          int wg, int warp, int lane, int it) {
@@ -24,13 +24,14 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
     static_assert(FRAG_COLS == DQ_SLAB_COLS, "an n8 block of columns is one staging slab");
     static_assert(dq_cols<D>() == SLAB_COLS, "a warpgroup's dQ part is 64 columns wide");
     // At D = 64 each warpgroup has a tile of its own; at D = 128 its columns of the one tile.
-    const uint32_t tile = sm.dQ + (dq_splits_keys<D>() ? wg * dq_tile_bytes<D>() : 0);
+    const uint32_t tile =
+        dq_buffer_at<D>(sm, it) + (dq_splits_keys<D>() ? wg * dq_tile_bytes<D>() : 0);
     const int first_slab = dq_splits_keys<D>() ? 0 : wg * dq_cols<D>() / DQ_SLAB_COLS;
     const int g = lane / QUAD, t = lane % QUAD;
     const uint32_t at = tile + first_slab * SLAB_BYTES +
                         (WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
                         FRAG_LANE_COLS * t * FLOAT_BYTES;
-    mbar_wait(bar_at(sm, BAR_DQ_EMPTY), (uint32_t)(it & 1) ^ 1);  // the last step's tiles are read
+    mbar_wait(bar_at(sm, BAR_DQ_EMPTY + dq_buffer(it)), dq_phase(it) ^ 1);  // the buffer is read
 #pragma unroll
     for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
 #pragma unroll
@@ -40,7 +41,7 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
     }
     fence_proxy_async();  // this thread's writes, visible to the TMA unit
     __syncwarp();         // the warp's writes are all in
-    if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL));
+    if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL + dq_buffer(it)));
 }
 
 // DQ_ATOMIC (variant atomicdq), after the step's dQ wgmma is done: the thread's part of dQ_i
@@ -89,9 +90,9 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 }
 
 // The dQ warp's one thread: for each step of the block (the same walk as the loads), wait until
-// every consumer warp has staged its dQ part (DQ_FULL), add the staging tiles to rows q0 ..
-// q0 + QROWS - 1 of (batch, head)'s dQ_acc (rows past N skipped by the TMA unit), wait until the
-// reduction has read them, and hand them back (DQ_EMPTY). DQ_BULK: the adds of different blocks
+// every consumer warp has staged its dQ part in the step's buffer (DQ_FULL), add its tiles to rows
+// q0 .. q0 + QROWS - 1 of (batch, head)'s dQ_acc (rows past N skipped by the TMA unit), wait until
+// the reduction has read them, and hand them back (DQ_EMPTY). DQ_BULK: the adds of different blocks
 // into the same rows land in any order, fp32 sums, not bitwise reproducible. DQ_ORDERED
 // (deterministic): each step waits for its key tile's turn, adds, waits until its adds are
 // complete and passes the turn on; at D = 64 the two partial tiles one after the other, each
@@ -112,29 +113,31 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
     int tiles;
     const int first = query_tiles_of(pb, key0, &tiles);
-    int it = 0;
-    for (int hh = 0; hh < pb.group; ++hh) {
-        const int bh = batch * pb.H + kv_head * pb.group + hh;  // dQ_acc's (batch, head)
-        for (int qt = first; qt < first + tiles; ++qt, ++it) {
-            mbar_wait(bar_at(sm, BAR_DQ_FULL), (uint32_t)it & 1);  // the consumers' parts staged
-            if constexpr (DQ == DQ_ORDERED) {
-                int *const turn = wait_for_turn(pb, bh, qt);
+    // one loop over the block's steps (the load warp's walk), the head and the tile carried along:
+    // the warp runs on PRODUCER_REGS registers
+    int bh = batch * pb.H + kv_head * pb.group, qt = first;  // dQ_acc's (batch, head), the tile
+    for (int it = 0; it < pb.group * tiles; ++it) {
+        // the consumers' parts staged
+        mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_buffer(it)), dq_phase(it));
+        const uint32_t tiles_at = dq_buffer_at<D>(sm, it);
+        if constexpr (DQ == DQ_ORDERED) {
+            int *const turn = wait_for_turn(pb, bh, qt);
 #pragma unroll
-                for (int k = 0; k < dq_tiles<D>(); ++k) {
-                    if (k > 0) bulk_wait<false>();  // tile k - 1's adds complete first
-                    tma_reduce_add_4d(tmdQ, sm.dQ + k * dq_tile_bytes<D>(), 0, qt * QROWS, 0, bh);
-                    bulk_commit();
-                }
-                pass_turn(turn);  // (the staging tiles are read too)
-            } else {
-#pragma unroll
-                for (int k = 0; k < dq_tiles<D>(); ++k)
-                    tma_reduce_add_4d(tmdQ, sm.dQ + k * dq_tile_bytes<D>(), 0, qt * QROWS, 0, bh);
+            for (int k = 0; k < dq_tiles<D>(); ++k) {
+                if (k > 0) bulk_wait<false>();  // tile k - 1's adds complete first
+                tma_reduce_add_4d(tmdQ, tiles_at + k * dq_tile_bytes<D>(), 0, qt * QROWS, 0, bh);
                 bulk_commit();
-                bulk_wait<true>();  // the reductions have read the staging tiles
             }
-            mbar_arrive(bar_at(sm, BAR_DQ_EMPTY));
+            pass_turn(turn);  // (the staging tiles are read too)
+        } else {
+#pragma unroll
+            for (int k = 0; k < dq_tiles<D>(); ++k)
+                tma_reduce_add_4d(tmdQ, tiles_at + k * dq_tile_bytes<D>(), 0, qt * QROWS, 0, bh);
+            bulk_commit();
+            bulk_wait<true>();  // the reductions have read the staging tiles
         }
+        mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_buffer(it)));
+        if (++qt == first + tiles) qt = first, ++bh;  // the first tile of the next head
     }
     bulk_wait<false>();  // every reduction done before the block's shared memory goes
 }

@@ -21,8 +21,10 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
         mbar_init(bar_at(sm, BAR_DO_FULL + st), WARP_SIZE);
         mbar_init(bar_at(sm, BAR_Q_EMPTY + st), CONSUMERS * WARPGROUP);
     }
-    mbar_init(bar_at(sm, BAR_DQ_FULL), CONSUMER_WARPS);
-    mbar_init(bar_at(sm, BAR_DQ_EMPTY), 1);
+    for (int b = 0; b < DQ_BUFFERS; ++b) {
+        mbar_init(bar_at(sm, BAR_DQ_FULL + b), CONSUMER_WARPS);
+        mbar_init(bar_at(sm, BAR_DQ_EMPTY + b), 1);
+    }
     fence_barrier_init();  // visible to the copy engine (the async proxy)
 }
 
