@@ -1,6 +1,6 @@
 # stage8_warpgroups.gp: stage 8's block (stage8_hopper_backward/README.md, "The idea"): who does
 # what and where each operand lives. Left: the producer warpgroup (the load warp, the dQ warp);
-# middle: shared memory (K_j, V_j once, the two-slot ring, dS^T, the dQ staging tiles) with the
+# middle: shared memory (K_j, V_j once, the two-slot ring, dS^T, the dQ staging buffers) with the
 # mbarriers and the named barrier that guard it; right: the two consumer warpgroups; bottom: global
 # memory.
 #   gnuplot plots/diagrams/stage8_warpgroups.gp   (writes stage8_warpgroups.png beside this script)
@@ -39,7 +39,7 @@ set label 14 '  Q_i, dO_i by TMA; LSE_i, D_i' at 4, 42.5 left
 set label 15 '  by the lanes'' stores' at 4, 39.5 left
 set label 16 'dQ warp (one thread issues):' at 4, 33.5 left
 set label 17 '  wait DQ_FULL, bulk reduce-add' at 4, 30.5 left
-set label 18 '  the staging tile into dQ_acc,' at 4, 27.5 left
+set label 18 '  step i''s buffer into dQ_acc,' at 4, 27.5 left
 set label 19 '  wait until read, arrive DQ_EMPTY' at 4, 24.5 left
 
 # shared memory
@@ -49,7 +49,7 @@ set label 22 'ring slot 0: Q_i, dO_i, LSE_i, D_i     Q_FULL, DO_FULL, Q_EMPTY' a
 set label 23 'ring slot 1: the next step''s (loads while slot 0 is used)' at 48, 44.5 left
 set label 24 'dS^T, two buffers (stmatrix): the dQ product''s A' at 48, 38.5 left tc rgb RED
 set label 25 '     named barrier DS_ALL: every warp has written it' at 48, 35.5 left tc rgb RED
-set label 26 'dQ_i staging tile(s), fp32               DQ_FULL, DQ_EMPTY' at 48, 29.5 left tc rgb RED
+set label 26 'dQ_i staging: 2 buffers (i % 2), fp32   DQ_FULL, DQ_EMPTY x2' at 48, 29.5 left tc rgb RED
 set label 27 'mbarriers: a full barrier counts bytes (TMA) and arrivals,' at 48, 24.5 left font 'Sans,10'
 set label 28 'an empty one the consumers'' arrivals' at 48, 22 left font 'Sans,10'
 
