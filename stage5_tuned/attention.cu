@@ -39,6 +39,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -77,6 +78,13 @@ constexpr tile_config SM75 = {64, 64, 4};
 // fragments and, on sm_75, the staged tile). Otherwise they are re-read from Q_smem with
 // ldmatrix for every key tile, as FA2 does.
 constexpr int Q_REGS_BUDGET = 192;
+
+// What models feed (bf16, GQA, strides, N_k != N) runs in instantiations of its own (MODEL), of
+// the default tiles and rescaling only: the plain case keeps kernels whose addresses are compile-
+// time multiples of D, and the ablation variants take the plain case only. A MODEL tile's rows lie
+// within 2^31 elements of its first (tile_issue's 32-bit row offsets): row strides up to
+// INT_MAX / MAX_TILE_ROWS, MAX_TILE_ROWS at least every tile's BR and BC.
+constexpr int MAX_TILE_ROWS = 128;
 
 // Rescale only when a row's max grows (LAZY, see the softmax) from this many keys on. Skipping
 // needs a branch, and the rescale before it can no longer hide among the exponentials and the
@@ -224,33 +232,54 @@ __device__ __forceinline__ void copy_chunk(uint4 &stage, uint32_t dst, const __h
 #endif
 }
 
-// Start loading rows [0, ROWS) of the tile at `src` (row stride D) into the shared tile at
-// `tile`; rows >= rows_left lie beyond N and become zeros. Thread tid moves the 16-byte chunks
+// Start loading rows [0, ROWS) of the tile at `src` (row stride D; MODEL: ld) into the shared tile
+// at `tile`; rows >= rows_left lie beyond N and become zeros. Thread tid moves the 16-byte chunks
 // (row0 + i * STEP, chunk0), i = 0, 1, ...: consecutive threads read consecutive 16 bytes of
 // global memory. STEP = THREADS / (D / 8) is 8 or 16 rows, a multiple of 8, so every chunk of
 // a thread has the same swizzle and sits a constant i * STEP rows after the first.
 // sm_80+: cp.async, one commit group per tile. sm_75: 16-byte loads into `stage` (registers),
-// stored to shared memory later by tile_finish.
-template <int ROWS, int D, int THREADS, bool SWIZZLE>
+// stored to shared memory later by tile_finish. MODEL: each chunk's source is the one before it
+// plus the stride of STEP rows, one 64-bit address advanced down this thread's rows, so that no
+// chunk holds an address of its own across the others.
+template <int ROWS, int D, int THREADS, bool SWIZZLE, bool MODEL = false>
 __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
-                                           uint32_t tile, const __half *src, int rows_left) {
+                                           uint32_t tile, const __half *src, int rows_left,
+                                           unsigned ld = D) {
     constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
     constexpr int STEP = THREADS / CHUNKS_PER_ROW;
     const int tid = thread_index();
     const int row0 = tid / CHUNKS_PER_ROW, chunk0 = tid % CHUNKS_PER_ROW;
     const uint32_t to = tile + smem_offset<D, SWIZZLE>(row0, chunk0);
-    const __half *from = src + row0 * D + chunk0 * CHUNK_HALVES;
-    if (rows_left >= ROWS) {  // every tile but the last: nothing to check
+    if constexpr (!MODEL) {
+        (void)ld;
+        const __half *from = src + row0 * D + chunk0 * CHUNK_HALVES;
+        if (rows_left >= ROWS) {  // every tile but the last: nothing to check
 #pragma unroll
-        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
-            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from + i * STEP * D, true);
+            for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
+                copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from + i * STEP * D, true);
+            }
+        } else {  // rows past N: zero-filled, their source address replaced by row 0 (inside N)
+#pragma unroll
+            for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
+                const bool valid = row0 + i * STEP < rows_left;
+                copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES,
+                           valid ? from + i * STEP * D : src, valid);
+            }
         }
-    } else {  // rows past N: zero-filled, their source address replaced by row 0 (inside N)
+    } else {
+        const __half *from = src + rows_offset(row0, ld) + chunk0 * CHUNK_HALVES;
+        const size_t step =
+            (size_t)STEP * ld;  // elements from one of this thread's rows to the next
+        if (rows_left >= ROWS) {
 #pragma unroll
-        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
-            const bool valid = row0 + i * STEP < rows_left;
-            copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from + i * STEP * D : src,
-                       valid);
+            for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i, from += step)
+                copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from, true);
+        } else {
+#pragma unroll
+            for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i, from += step) {
+                const bool valid = row0 + i * STEP < rows_left;
+                copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from : src, valid);
+            }
         }
     }
     cp_async_commit();
@@ -286,10 +315,11 @@ __device__ __forceinline__ void tile_finish(
 
 // A K/V tile load inside the key loop: started here, completed by tile_finish after the compute
 // it overlaps; the single_stage variant (!PIPELINED) completes it at once instead.
-template <int ROWS, int D, int THREADS, bool SWIZZLE, bool PIPELINED>
+template <int ROWS, int D, int THREADS, bool SWIZZLE, bool PIPELINED, bool MODEL = false>
 __device__ __forceinline__ void tile_start(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
-                                           uint32_t tile, const __half *src, int rows_left) {
-    tile_issue<ROWS, D, THREADS, SWIZZLE>(stage, tile, src, rows_left);
+                                           uint32_t tile, const __half *src, int rows_left,
+                                           unsigned ld = D) {
+    tile_issue<ROWS, D, THREADS, SWIZZLE, MODEL>(stage, tile, src, rows_left, ld);
     if (!PIPELINED) tile_finish<ROWS, D, THREADS, SWIZZLE>(stage, tile);
 }
 
@@ -344,7 +374,7 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&q_frag)[MT][KD][4], 
 
 // S = Q K_j^T: S[m][n] = C fragment of slice m, key block n (keys k0 + 8n .. + 7). Q comes from
 // q_frag (Q_IN_REGS) or from Q_smem (this warp's rows at Q_warp), K_j from K_smem.
-template <int ROW_BYTES, bool Q_IN_REGS, int KD, int MT, int NB, int QM, int QK>
+template <int ROW_BYTES, bool Q_IN_REGS, int KD, bool BF16 = false, int MT, int NB, int QM, int QK>
 __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
                                                const uint32_t (&q_frag)[QM][QK][4], uint32_t Q_warp,
                                                uint32_t K_tile, uint32_t lane_off,
@@ -377,7 +407,7 @@ __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
         // LAB TODO: comment above a_lane_offset), untransposed: K's rows are B's columns. b[0],
         // LAB TODO: b[1] are the B fragment of key block n, b[2], b[3] that of block n + 1. Then
         // LAB TODO: for every slice m: S[m][n] += a[m] B_n and S[m][n + 1] += a[m] B_n+1 with
-        // LAB TODO: mma_16816.
+        // LAB TODO: mma_16816_of<BF16> (mma_16816 in the storage type).
 #pragma unroll
         for (int n = 0; n < NB; n += X4_BLOCKS) {  // two key blocks per ldmatrix.x4
             // B[k][n] = K[key n][d k]: K rows are the columns of B, read untransposed.
@@ -386,8 +416,8 @@ __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
             ldmatrix_x4(b, K_tile + (k_lane_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                mma_16816(S[m][n], a[m], b[0], b[1]);
-                mma_16816(S[m][n + 1], a[m], b[2], b[3]);
+                mma_16816_of<BF16>(S[m][n], a[m], b[0], b[1]);
+                mma_16816_of<BF16>(S[m][n + 1], a[m], b[2], b[3]);
             }
         }
         // LAB HOLE 1 END
@@ -429,7 +459,7 @@ __device__ __forceinline__ void mask_scores(float (&S)[MT][NB][4], int k0, int q
 // bit). Otherwise (!LAZY) each row is rescaled right before its exponentials, with no branch:
 // see LAZY_MIN_N for when each wins.
 // P[m][k] = A operand of slice m, k16 step k of O += P V_j, packed where the scores lie.
-template <bool LAZY, int MT, int NB, int DB, int KC>
+template <bool LAZY, bool BF16 = false, int MT, int NB, int DB, int KC>
 __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_i)[MT][2],
                                                float (&l_i)[MT][2], float (&O_acc)[MT][DB][4],
                                                uint32_t (&P)[MT][KC][4], float scale_log2) {
@@ -472,16 +502,16 @@ __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_
         // (row g+8, keys 8+2t..).
 #pragma unroll
         for (int k = 0; k < KC; ++k) {
-            P[m][k][0] = pack_half2(S[m][2 * k][0], S[m][2 * k][1]);
-            P[m][k][1] = pack_half2(S[m][2 * k][2], S[m][2 * k][3]);
-            P[m][k][2] = pack_half2(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
-            P[m][k][3] = pack_half2(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
+            P[m][k][0] = pack2_of<BF16>(S[m][2 * k][0], S[m][2 * k][1]);
+            P[m][k][1] = pack2_of<BF16>(S[m][2 * k][2], S[m][2 * k][3]);
+            P[m][k][2] = pack2_of<BF16>(S[m][2 * k + 1][0], S[m][2 * k + 1][1]);
+            P[m][k][3] = pack2_of<BF16>(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
         }
     }
 }
 
 // O_acc += P V_j, V_j from V_smem.
-template <int ROW_BYTES, int MT, int DB, int KC>
+template <int ROW_BYTES, bool BF16 = false, int MT, int DB, int KC>
 __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
                                               const uint32_t (&P)[MT][KC][4], uint32_t V_tile,
                                               uint32_t lane_off) {
@@ -492,7 +522,7 @@ __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
     // LAB TODO: MMA_K * ROW_BYTES. V is [key][d], row-major, but B must be k (key) by n (d) in the
     // LAB TODO: column layout: .trans hands each lane its column. b[0], b[1] = B fragment of d
     // LAB TODO: block n, b[2], b[3] of block n + 1. Then for every slice m: O_acc[m][n] += P[m][k]
-    // LAB TODO: B_n and O_acc[m][n + 1] += P[m][k] B_n+1 (mma_16816; P[m][k] is already an A
+    // LAB TODO: B_n and O_acc[m][n + 1] += P[m][k] B_n+1 (mma_16816_of<BF16>; P[m][k] is an A
     // LAB TODO: fragment: the softmax packed it from S's accumulators, register for register).
 #pragma unroll
     for (int k = 0; k < KC; ++k) {
@@ -505,8 +535,8 @@ __device__ __forceinline__ void accumulate_pv(float (&O_acc)[MT][DB][4],
                 b, V_tile + (lane_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                mma_16816(O_acc[m][n], P[m][k], b[0], b[1]);
-                mma_16816(O_acc[m][n + 1], P[m][k], b[2], b[3]);
+                mma_16816_of<BF16>(O_acc[m][n], P[m][k], b[0], b[1]);
+                mma_16816_of<BF16>(O_acc[m][n + 1], P[m][k], b[2], b[3]);
             }
         }
     }
@@ -523,13 +553,13 @@ __device__ __forceinline__ float row_total_and_inverse(float &l) {
 
 // Epilogue. Each warp normalises its own rows and stages them, as fp16, in its own rows of
 // Q_smem (this warp's ldmatrix reads of Q were its last use of them), then writes them out
-// with 16-byte stores; the LSE goes straight from registers. rows_left = N - the warp's first
-// row: rows at or past it lie beyond N and are not written.
-template <int D, bool SWIZZLE, int MT, int DB>
+// with 16-byte stores (O's rows D apart; MODEL: o_ld); the LSE goes straight from registers.
+// rows_left = N - the warp's first row: rows at or past it lie beyond N and are not written.
+template <int D, bool SWIZZLE, bool MODEL = false, bool BF16 = false, int MT, int DB>
 __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
                                              const float (&m_i)[MT][2], const float (&l_i)[MT][2],
-                                             uint32_t Q_warp, __half *O, float *lse,
-                                             int rows_left) {
+                                             uint32_t Q_warp, __half *O, float *lse, int rows_left,
+                                             unsigned o_ld = D) {
     constexpr int RPW = MT * MMA_M;  // rows of this warp
     const int lane = thread_index() % WARP_SIZE, g = lane / QUAD, t = lane % QUAD;
     __syncwarp();  // this warp's reads of its Q_smem rows are done before they are overwritten
@@ -543,8 +573,8 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
 #pragma unroll
             for (int n = 0; n < DB; ++n) {
                 st_shared_b32(Q_warp + smem_offset<D, SWIZZLE>(r, n) + t * sizeof(uint32_t),
-                              pack_half2(O_acc[m][n][frag_reg(h, 0)] * inv_l,
-                                         O_acc[m][n][frag_reg(h, 1)] * inv_l));
+                              pack2_of<BF16>(O_acc[m][n][frag_reg(h, 0)] * inv_l,
+                                             O_acc[m][n][frag_reg(h, 1)] * inv_l));
             }
             // LSE in natural log: (m + log2 l) is in log2 units of the scaled score.
             if (t == 0 && r < rows_left) lse[r] = (m_i[m][h] + log2f(l)) * LN2;
@@ -557,8 +587,14 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
         const int c = lane + WARP_SIZE * i;
         const int r = c / CHUNKS_PER_ROW, chunk = c % CHUNKS_PER_ROW;
         if (r < rows_left) {
-            *reinterpret_cast<uint4 *>(O + (size_t)r * D + chunk * CHUNK_HALVES) =
-                ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk));
+            if constexpr (MODEL) {
+                *reinterpret_cast<uint4 *>(O + rows_offset(r, o_ld) + chunk * CHUNK_HALVES) =
+                    ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk));
+            } else {
+                (void)o_ld;
+                *reinterpret_cast<uint4 *>(O + (size_t)r * D + chunk * CHUNK_HALVES) =
+                    ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk));
+            }
         }
     }
 }
@@ -597,7 +633,7 @@ __device__ __forceinline__ void store_partial(const float (&O_acc)[MT][DB][4],
 
 // Everything a launch needs, passed by value (kernel parameters live in constant memory).
 typedef struct fwd_params {
-    const __half *Q, *K, *V;  // [B, H, N, D]
+    const __half *Q, *K, *V;  // [B, H, N, D] (bf16 bits in a bf16 call's MODEL kernel)
     __half *O;                // [B, H, N, D]  (splits == 1)
     float *lse;               // [B, H, N]     (splits == 1)
     float *O_part;            // [splits, B * H, N, D]: O of each key range (splits > 1)
@@ -607,6 +643,23 @@ typedef struct fwd_params {
     int split_tiles;   // key tiles per range
     float scale_log2;  // scale * log2(e)
 } fwd_params;
+
+// A MODEL kernel's second parameter: where its inputs lie. Q, K, V and O strided (attn_layout; K
+// and V one layout), K and V [B, H_kv, N_k, D]. The plain kernels have no such parameter (a larger
+// parameter block alone changes their machine code): their tensors are contiguous, N_k = N.
+typedef struct model_layout {
+    long long q_batch, q_head, kv_batch, kv_head, o_batch, o_head;  // strides in elements
+    unsigned q_row, kv_row, o_row;  // row strides (elements; K and V share one layout)
+    int H, group;                   // query heads; query heads per key/value head (GQA)
+    int N_k;                        // keys (N: queries); causal: query i sees keys <= i + N_k - N
+} model_layout;
+
+// blockIdx.y = batch * H + query head, read afresh (as block_index_x) for the epilogue.
+__device__ __forceinline__ int block_index_y() {
+    int b;
+    asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(b));
+    return b;
+}
 
 // Which rows and keys one block works on.
 typedef struct {
@@ -619,13 +672,17 @@ typedef struct {
 // fill the tail of the grid. A query tile's keys: [0, N), or causal up to its last real row
 // (later tiles are skipped); with splits, range `split` of split_tiles tiles of them (a
 // causal query tile may have fewer ranges than splits: its remaining blocks get none).
-template <int BR, int BC, bool SKIP>
-__device__ __forceinline__ block_work block_keys(const fwd_params &p) {
+template <int BR, int BC, bool SKIP, bool MODEL>
+__device__ __forceinline__ block_work block_keys(const fwd_params &p, const model_layout &l) {
     block_work w;
     const int q_index = (int)blockIdx.x / p.splits, q_tiles = (int)gridDim.x / p.splits;
     const int split = (int)blockIdx.x - q_index * p.splits;  // which key range
     w.q0 = (p.causal ? q_tiles - 1 - q_index : q_index) * BR;
-    const int kv_all = query_tile_key_end(w.q0, BR, p.N, p.causal && SKIP);
+    int kv_all;
+    if constexpr (MODEL)
+        kv_all = query_tile_key_end_nk(w.q0, BR, p.N, l.N_k, p.causal && SKIP);
+    else
+        kv_all = query_tile_key_end(w.q0, BR, p.N, p.causal && SKIP);
     w.kv_begin = split * p.split_tiles * BC;
     w.kv_end = min(kv_all, w.kv_begin + p.split_tiles * BC);
     return w;
@@ -643,13 +700,16 @@ __device__ __forceinline__ bool needs_mask(int k0, int q0, int N, int causal) {
 // of them unless split); it loops over the key tiles. Template switches: SWIZZLE (variant
 // noswizzle turns it off), PIPELINED (single_stage: load, wait, compute), SKIP (noskip: causal
 // processes and masks every key tile), LAZY (rescale only when a row's max grows; chosen by
-// the launcher from the keys per block, see LAZY_MIN_N).
-template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
-__global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fwd_params p) {
+// the launcher from the keys per block, see LAZY_MIN_N), MODEL (what models feed: strides, GQA,
+// N_k != N), BF16 (bf16 storage; MODEL kernels only).
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY,
+          bool MODEL, bool BF16>
+__device__ __forceinline__ void attention_block(const fwd_params &p, const model_layout &l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 code runs only the SM75 tiles (the launcher asks kernel_arch which code it has):
-    // with the prefetched tile waiting in registers, larger tiles would spill there.
-    if constexpr (BR != SM75.BR || BC != SM75.BC || WARPS != SM75.WARPS) {
+    // with the prefetched tile waiting in registers, larger tiles would spill there. It has no
+    // bf16 mma either.
+    if constexpr (BR != SM75.BR || BC != SM75.BC || WARPS != SM75.WARPS || BF16) {
         __trap();
         return;
     }
@@ -673,13 +733,34 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     // Which rows and keys. The key loop counts from the range's first key (K and V point
     // there, and the query row and N are taken relative to it), so that its bounds are the
     // same few registers as for a single pass: at D = 128 the softmax needs every register.
-    const block_work w = block_keys<BR, BC, SKIP>(p);
-    if (w.kv_begin >= w.kv_end) return;  // causal: this query tile has fewer key ranges
-    const size_t head = (size_t)blockIdx.y * (size_t)p.N * D;  // (batch, head) offset
-    const size_t range = head + (size_t)w.kv_begin * D;        // offset of the range's keys
-    const int N = p.N - w.kv_begin;    // keys from the range's first to the end of the row
-    const int q0 = w.q0 - w.kv_begin;  // the block's first query row, as a key index
-    const int kv_end = w.kv_end - w.kv_begin;
+    // MODEL: K and V share one layout (attention_unsupported), one offset for both, of the
+    // range's first key in this block's key/value head (query head h reads head h / group: GQA);
+    // the keys are N_k and query row i sits at key index i + N_k - N (the causal diagonal); a
+    // query tile that sees no key (causal, N > N_k) still writes O = 0 and LSE = -inf unless
+    // split (the merge writes those rows).
+    const block_work w = block_keys<BR, BC, SKIP, MODEL>(p, l);
+    size_t head, range;  // offsets: of the (batch, head)'s Q, of the range's first key
+    unsigned kv_ld;      // K and V: elements from one row to the next
+    int N, q0, kv_end;   // keys from the range's first to the row's end; the block's first query
+                         // row, as a key index; the range's end
+    if constexpr (!MODEL) {
+        if (w.kv_begin >= w.kv_end) return;  // causal: this query tile has fewer key ranges
+        head = (size_t)blockIdx.y * (size_t)p.N * D;
+        range = head + (size_t)w.kv_begin * D;
+        kv_ld = D;
+        N = p.N - w.kv_begin;
+        q0 = w.q0 - w.kv_begin;
+        kv_end = w.kv_end - w.kv_begin;
+    } else {
+        if (w.kv_begin >= w.kv_end && p.splits > 1) return;  // causal: fewer key ranges here
+        const int b = (int)blockIdx.y / l.H, h = (int)blockIdx.y % l.H;
+        head = b * l.q_batch + h * l.q_head;
+        range = b * l.kv_batch + h / l.group * l.kv_head + rows_offset(w.kv_begin, l.kv_row);
+        kv_ld = l.kv_row;
+        N = l.N_k - w.kv_begin;
+        q0 = w.q0 + (l.N_k - p.N) - w.kv_begin;
+        kv_end = max(w.kv_end - w.kv_begin, 0);
+    }
 
     // Shared memory, each tile named by its shared-space address (what ldmatrix, cp.async and
     // st.shared take): Q_smem [BR, D] (O staging at the end), K_smem and V_smem [BC, D], swizzled.
@@ -695,9 +776,14 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     {
         uint4 stage_q[chunks_per_thread(BR, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
-        tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, p.Q + head + (size_t)w.q0 * D,
-                                            p.N - w.q0);
-        tile_issue<BC, D, THREADS, SWIZZLE>(stage_k, K_smem, p.K + range, N);
+        if constexpr (MODEL) {
+            tile_issue<BR, D, THREADS, SWIZZLE, true>(
+                stage_q, Q_smem, p.Q + head + rows_offset(w.q0, l.q_row), p.N - w.q0, l.q_row);
+        } else {
+            tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, p.Q + head + (size_t)w.q0 * D,
+                                                p.N - w.q0);
+        }
+        tile_issue<BC, D, THREADS, SWIZZLE, MODEL>(stage_k, K_smem, p.K + range, N, kv_ld);
         tile_finish<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem);
         tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
@@ -726,8 +812,12 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
 
     // The key loop is the pipeline schedule (README.md, "Pipeline"): two barriers per tile,
     // V_j in flight during S, K_{j+1} during the softmax (EARLY_K) or P V.
-    for (int k0 = 0; k0 < kv_end; k0 += BC) {      // key tile j = k0 / BC of the range
-        const size_t kv = range + (size_t)k0 * D;  // offset of K_j and V_j
+    for (int k0 = 0; k0 < kv_end; k0 += BC) {  // key tile j = k0 / BC of the range
+        size_t kv, next = 0;                   // offsets of K_j and V_j, and (MODEL) of K_{j+1}
+        if constexpr (MODEL)
+            kv = range + rows_offset(k0, kv_ld), next = range + rows_offset(k0 + BC, kv_ld);
+        else
+            kv = range + (size_t)k0 * D;
         const bool has_next = k0 + BC < kv_end;
         uint4 stage_v[chunks_per_thread(BC, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
@@ -735,25 +825,26 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
         uint32_t P[MT][KC][4];
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
-        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_v, V_smem, p.V + kv, N - k0);
-        compute_scores<ROW_BYTES, Q_IN_REGS, KD>(S, q_frag, Q_warp, K_smem, lane_off,
-                                                 k_lane_offset<ROW_BYTES, SWIZZLE>());
+        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_v, V_smem, p.V + kv, N - k0,
+                                                              kv_ld);
+        compute_scores<ROW_BYTES, Q_IN_REGS, KD, BF16>(S, q_frag, Q_warp, K_smem, lane_off,
+                                                       k_lane_offset<ROW_BYTES, SWIZZLE>());
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
         if (EARLY_K && has_next) {
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + kv + BC * D,
-                                                           N - (k0 + BC));
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(
+                stage_k, K_smem, (MODEL ? p.K + next : p.K + kv + BC * D), N - (k0 + BC), kv_ld);
         }
         if (needs_mask<BC, SKIP>(k0, q0, N, p.causal)) mask_scores<RPW>(S, k0, q0, N, p.causal);
-        online_softmax<LAZY>(S, m_i, l_i, O_acc, P, p.scale_log2);
+        online_softmax<LAZY, BF16>(S, m_i, l_i, O_acc, P, p.scale_log2);
         if (!EARLY_K && has_next) {
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED>(stage_k, K_smem, p.K + kv + BC * D,
-                                                           N - (k0 + BC));
+            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(
+                stage_k, K_smem, (MODEL ? p.K + next : p.K + kv + BC * D), N - (k0 + BC), kv_ld);
         }
         if constexpr (LANE_OFFSET_PER_TILE) {
-            accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
+            accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
         } else {
-            accumulate_pv<ROW_BYTES>(O_acc, P, V_smem, lane_off);
+            accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, lane_off);
         }
         if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
@@ -762,12 +853,34 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     const size_t row0 = (size_t)blockIdx.y * p.N + first;  // in [B * H, N]
     const int rows_left = p.N - first;                     // rows of it inside N
     if (p.splits == 1) {
-        store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, p.O + row0 * D, p.lse + row0, rows_left);
+        if constexpr (MODEL) {
+            const int ob = block_index_y() / l.H, oh = block_index_y() % l.H;  // b, h afresh
+            __half *O_rows = p.O + ob * l.o_batch + oh * l.o_head + rows_offset(first, l.o_row);
+            store_output<D, SWIZZLE, true, BF16>(O_acc, m_i, l_i, Q_warp, O_rows, p.lse + row0,
+                                                 rows_left, l.o_row);
+        } else {
+            store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, p.O + row0 * D, p.lse + row0,
+                                     rows_left);
+        }
     } else {
         const int split = block_index_x() % p.splits;                // which key range (block_keys)
         const size_t part = (size_t)split * gridDim.y * p.N + row0;  // [split, B * H, N]
         store_partial<D>(O_acc, m_i, l_i, p.O_part + part * D, p.lse_part + part, rows_left);
     }
+}
+
+// The kernels: the plain case, every variant (attention_block's MODEL off: no layout parameter);
+// what models feed, the default tiles and eager rescaling only (a lazy MODEL kernel at D = 64
+// spills on sm_100).
+template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
+__global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fwd_params p) {
+    attention_block<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY, false, false>(p,
+                                                                                    model_layout{});
+}
+template <int D, int BR, int BC, int WARPS, bool BF16>
+__global__ void __launch_bounds__(WARP_SIZE *WARPS, 1)
+    attention_kernel_model(const fwd_params p, const model_layout l) {
+    attention_block<D, BR, BC, WARPS, true, true, true, false, true, BF16>(p, l);
 }
 
 /* ---- launcher -------------------------------------------------------------------------------- */
@@ -792,6 +905,21 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (dev->cc < 75) return "needs sm_75 or newer (mma.sync m16n8k8, ldmatrix)";
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
     if ((long long)s->B * s->H > ATTN_MAX_GRID_Y) return "B * H is more than a grid's y holds";
+    if (s->H_kv < 1 || s->H % s->H_kv)
+        return "H must be a multiple of H_kv (query heads per KV head)";
+    if (s->N_k < 1) return "N_k must be >= 1";
+    if (s->k.batch != s->v.batch || s->k.head != s->v.head || s->k.row != s->v.row)
+        return "K and V must have the same strides";
+    const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};
+    for (int t = 0; t < 4; t++) {  // 16-byte rows: every stride a multiple of 8 halves
+        if (l[t]->batch % CHUNK_HALVES || l[t]->head % CHUNK_HALVES || l[t]->row % CHUNK_HALVES ||
+            l[t]->row < s->D || l[t]->row > INT_MAX / MAX_TILE_ROWS)
+            return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
+    }
+    if (attn_shape_asks(s, 0) && variant != VARIANT_DEFAULT && variant != VARIANT_NOSPLIT &&
+        variant != VARIANT_EAGER_RESCALE)
+        return "bf16, GQA, strides and N_k != N run in the default tiles' eager kernels only "
+               "(variants default, nosplit, eager_rescale)";
     int arch = 0;
     if (kernel_arch(&arch) != cudaSuccess) {
         cudaGetLastError();
@@ -799,6 +927,8 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     }
     if (choose_tiles(s->D, arch, dev->smem_per_block).BR == 0)
         return "needs 48 KB (D=128) or 24 KB (D=64) of shared memory per block";
+    if (s->bf16 && (arch < 80 || same_tiles(choose_tiles(s->D, arch, dev->smem_per_block), SM75)))
+        return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
     return NULL;
 }
 
@@ -837,9 +967,19 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     p.lse_part = plan.splits > 1 ? p.O_part + (size_t)plan.splits * rows * s->D : NULL;
     p.N = s->N, p.causal = s->causal, p.splits = plan.splits, p.split_tiles = plan.split_tiles;
     p.scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
+
     const dim3 grid((unsigned)(ceil_div(s->N, plan.tiles.BR) * plan.splits),
                     (unsigned)(s->B * s->H));
-    plan.kernel->fn<<<grid, plan.tiles.WARPS * WARP_SIZE, plan.smem, stream>>>(p);
+    const unsigned threads = plan.tiles.WARPS * WARP_SIZE;
+    if (plan.model) {
+        const model_layout l = {
+            s->q.batch,         s->q.head, s->k.batch,         s->k.head,
+            s->o.batch,         s->o.head, (unsigned)s->q.row, (unsigned)s->k.row,
+            (unsigned)s->o.row, s->H,      s->H / s->H_kv,     s->N_k};
+        plan.kernel->model<<<grid, threads, plan.smem, stream>>>(p, l);
+    } else {
+        plan.kernel->fn<<<grid, threads, plan.smem, stream>>>(p);
+    }
     ATTN_TRY(cudaGetLastError());
     if (plan.splits == 1) return cudaSuccess;
 
@@ -854,7 +994,7 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
                                plan.splits,
                                plan.split_tiles,
                                plan.causal_skip,
-                               s->N,
+                               s->N_k,
                                s->H,
                                s->o.batch,
                                s->o.head,
@@ -863,9 +1003,11 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
         s->D == 64 ? combine_rows_per_block<64>() : combine_rows_per_block<128>();
     const unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
     if (s->D == 64) {
-        combine_kernel<64><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
+        (s->bf16 ? combine_kernel<64, true>
+                 : combine_kernel<64, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
     } else {
-        combine_kernel<128><<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
+        (s->bf16 ? combine_kernel<128, true>
+                 : combine_kernel<128, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
     }
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
@@ -882,6 +1024,7 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
-    0,  // takes the plain case only (attention.h: no bf16, GQA, strides or N_k != N)
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
+        ATTN_TAKES_N_K,  // besides the plain case (the default tiles' kernels: MODEL)
     0,
 };

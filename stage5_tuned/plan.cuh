@@ -57,24 +57,47 @@ static bool same_tiles(tile_config a, tile_config b) {
 // (kernel_versions) come from common/device/kernel_cache.cuh, which stages 6 and 7 share.
 
 typedef void (*attention_fn)(fwd_params);
+typedef void (*attention_model_fn)(fwd_params, model_layout);
 
-// One kernel instantiation and, per device, how many of its blocks fit on one SM (0: not
-// asked yet; asking also raises its dynamic shared-memory limit).
+// One kernel instantiation (a plain one, fn, or a MODEL one, model) and, per device, how many of
+// its blocks fit on one SM (0: not asked yet; asking also raises its dynamic shared-memory limit).
 typedef struct {
     attention_fn fn;
+    attention_model_fn model;
     int blocks_per_sm[MAX_DEVICES];
 } kernel_entry;
 
+static const void *kernel_code(const kernel_entry *k) {
+    return k->fn ? (const void *)k->fn : (const void *)k->model;
+}
+
 template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
 static kernel_entry *entry() {
-    static kernel_entry e = {attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>,
-                             {0}};
+    static kernel_entry e = {
+        attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>, NULL, {0}};
+    return &e;
+}
+template <int D, int BR, int BC, int WARPS, bool BF16>
+static kernel_entry *model_entry() {
+    static kernel_entry e = {NULL, attention_kernel_model<D, BR, BC, WARPS, BF16>, {0}};
     return &e;
 }
 
-// The variants are instantiations of the same kernel with one lesson switched off.
+// The variants are instantiations of the same kernel with one lesson switched off. What models
+// feed (model: bf16, GQA, strides, N_k != N) runs in the default tiles' MODEL kernels, eager
+// rescaling, bf16 on sm_80 and newer only (attention_unsupported says so).
 template <int D, int BR, int BC, int WARPS>
-static kernel_entry *variant_entry(int variant, bool lazy) {
+static kernel_entry *variant_entry(int variant, bool lazy, bool model, bool bf16) {
+    if (model) {
+        if (bf16) {
+            if constexpr (BR == SM75.BR && BC == SM75.BC && WARPS == SM75.WARPS) {
+                return NULL;
+            } else {
+                return model_entry<D, BR, BC, WARPS, true>();
+            }
+        }
+        return model_entry<D, BR, BC, WARPS, false>();
+    }
     switch (variant) {
         case VARIANT_NOSWIZZLE:
             return entry<D, BR, BC, WARPS, false, true, true, false>();
@@ -88,9 +111,10 @@ static kernel_entry *variant_entry(int variant, bool lazy) {
     }
 }
 
-#define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy)
+#define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy, model, bf16)
 
-static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy) {
+static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy, bool model,
+                                bool bf16) {
     if (D == 64 && same_tiles(c, SM80_D64)) return VARIANT_ENTRY(64, SM80_D64);
     if (D == 64 && same_tiles(c, SM75)) return VARIANT_ENTRY(64, SM75);
     if (D == 128 && same_tiles(c, SM80_D128)) return VARIANT_ENTRY(128, SM80_D128);
@@ -103,12 +127,11 @@ static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy) {
 static cudaError_t kernel_ready(kernel_entry *k, int device, size_t smem, int threads) {
     if (k->blocks_per_sm[device] > 0) return cudaSuccess;
     if (smem > 48 * 1024) {
-        ATTN_TRY(cudaFuncSetAttribute((const void *)k->fn,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ATTN_TRY(cudaFuncSetAttribute(kernel_code(k), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)smem));
     }
     int blocks = 0;
-    ATTN_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)k->fn, threads, smem));
+    ATTN_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel_code(k), threads, smem));
     k->blocks_per_sm[device] = blocks > 0 ? blocks : 1;
     return cudaSuccess;
 }
@@ -141,12 +164,15 @@ typedef struct {
     kernel_entry *kernel;
     size_t smem;
     int splits, split_tiles, causal_skip;
+    int model;  // the shape asks more than the plain case (attn_shape_asks): MODEL kernels
 } fwd_plan;
 
 static bool same_key(const fwd_plan *a, const fwd_plan *b) {
     return a->shape.B == b->shape.B && a->shape.H == b->shape.H && a->shape.N == b->shape.N &&
-           a->shape.D == b->shape.D && a->shape.causal == b->shape.causal &&
-           a->device == b->device && a->variant == b->variant && a->sm_count == b->sm_count &&
+           a->shape.N_k == b->shape.N_k && a->shape.H_kv == b->shape.H_kv &&
+           a->shape.bf16 == b->shape.bf16 && a->model == b->model && a->shape.D == b->shape.D &&
+           a->shape.causal == b->shape.causal && a->device == b->device &&
+           a->variant == b->variant && a->sm_count == b->sm_count &&
            a->allow_split == b->allow_split && a->smem_limit == b->smem_limit;
 }
 
@@ -157,6 +183,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     plan->shape = *s, plan->shape.scale = 0.f;  // the scale does not change the plan
     plan->variant = variant, plan->sm_count = dev->sm_count, plan->allow_split = allow_split;
     plan->smem_limit = dev->smem_per_block;
+    plan->model = attn_shape_asks(s, 0) != 0;
     ATTN_TRY(current_device(&plan->device));
     pthread_mutex_lock(&cache_lock);
     const bool hit = last.kernel && same_key(&last, plan);
@@ -169,7 +196,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
     const size_t smem = smem_bytes(c, s->D);
     const int threads = c.WARPS * WARP_SIZE;
-    kernel_entry *k = kernel_for(s->D, c, variant, false);
+    kernel_entry *k = kernel_for(s->D, c, variant, false, plan->model, s->bf16);
     if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
     ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
     int per_sm = k->blocks_per_sm[plan->device];
@@ -178,7 +205,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
 
     plan->tiles = c, plan->smem = smem;
     plan->causal_skip = s->causal && variant != VARIANT_NOSKIP;
-    plan->split_tiles = ceil_div(s->N, c.BC), plan->splits = 1;
+    plan->split_tiles = ceil_div(s->N_k, c.BC), plan->splits = 1;
     if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
         plan->splits = choose_splits(s, c.BR, c.BC, plan->causal_skip, dev->sm_count * per_sm,
                                      SPLIT_OVERHEAD_TILES, &plan->split_tiles);
@@ -187,8 +214,8 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     const long long keys = (long long)plan->split_tiles * c.BC;
     const bool lazy = variant == VARIANT_LAZY_RESCALE ||
                       ((variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT) &&
-                       (keys < s->N ? keys : s->N) >= LAZY_MIN_N);
-    plan->kernel = kernel_for(s->D, c, variant, lazy);
+                       (keys < s->N_k ? keys : s->N_k) >= LAZY_MIN_N);
+    plan->kernel = kernel_for(s->D, c, variant, lazy, plan->model, s->bf16);
     ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
     pthread_mutex_lock(&cache_lock);
     last = *plan;

@@ -126,6 +126,7 @@ extern "C" const attn_stage attn_this_stage = {
     stage_forward,
     backward_workspace_bytes,
     backward,
-    0,  // its forward's (stage 5's): the plain case
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
+        ATTN_TAKES_N_K,  // its forward's (stage 5's)
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // the backward's
 };

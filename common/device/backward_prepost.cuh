@@ -52,12 +52,9 @@ typedef struct bwd_params {
     float scale, scale_log2;           // scale, scale * log2(e)
 } bwd_params;
 
-// Offsets in elements: of head h of batch b of a tensor, and of row `row` from it.
+// The offset in elements of head h of batch b of a tensor (and rows_offset, warp.cuh, of a row).
 __host__ __device__ __forceinline__ size_t head_offset(const tensor_strides &t, int b, int h) {
     return (size_t)b * t.batch + (size_t)h * t.head;
-}
-__host__ __device__ __forceinline__ size_t rows_offset(int row, unsigned ld) {
-    return (size_t)(unsigned)row * ld;
 }
 
 /* ---- the parameters of a call ---------------------------------------------------------------- */

@@ -25,6 +25,12 @@ inline constexpr int CHUNK_HALVES = CHUNK_BYTES / HALF_BYTES;
 inline constexpr float LOG2E = 1.4426950408889634f;
 inline constexpr float LN2 = 0.69314718055994531f;
 
+// The offset in elements of row `row` (>= 0) of a tensor whose rows are ld elements apart: one
+// 32 x 32 -> 64-bit multiply (IMAD.WIDE.U32). Strided tensors (stages 5-8).
+__host__ __device__ __forceinline__ size_t rows_offset(int row, unsigned ld) {
+    return (size_t)(unsigned)row * ld;
+}
+
 // The accumulator fragment, one vocabulary for mma.sync's C/D (m16n8, stages 5 and 7) and a warp's
 // 16 rows of a wgmma result (stage 6). Lane (g, t) = (lane / QUAD, lane % QUAD) holds, of each
 // block of 16 rows x FRAG_COLS columns, rows g and g + FRAG_ROW_STEP (h = 0, 1) at columns 2t + c

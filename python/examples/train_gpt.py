@@ -16,7 +16,7 @@ both the same way, o = sdpa(q, k, v, is_causal=True, enable_gqa=...): the functi
 the only difference, the one-line swap a user makes. --kv-heads makes it grouped-query attention:
 the key and value projections make fewer heads than the query's, and both functions take k and v
 with those heads (no repeat). bf16 and grouped-query heads need a stage whose descriptor says it
-takes them (stage 6's forward, stage 7's or stage 8's backward: a Hopper GPU); another stage is
+takes them (stage 5's or 6's forward, stage 7's or 8's backward; bf16 from sm_80); another stage is
 refused before training, in one line. The text is the course itself: its lessons (README.md,
 stage*/README.md) and its CUDA and C sources, read from this repository, character by character;
 the last 10% of every file is held out for the validation loss.
@@ -460,14 +460,15 @@ def parse_args():
     ap.add_argument("--kv-heads", type=int, default=None, metavar="H_KV",
                     help="key/value heads, dividing --heads; fewer is grouped-query attention: "
                          "k, v projected to H_KV heads, both functions called with "
-                         "enable_gqa=True (the course's stages that take it: stage 6's forward, "
-                         "stage 7's and stage 8's backward) (default: --heads)")
+                         "enable_gqa=True (the course's stages that take it: stage 5's and 6's "
+                         "forward, stage 7's and 8's backward) (default: --heads)")
     ap.add_argument("--dim", type=int, default=None, choices=(64, 128),
                     help=f"head dimension D {default('dim')}")
     ap.add_argument("--dtype", default="f16", choices=("f16", "bf16"),
                     help="autocast and attention type: f16 (float16, with a gradient scaler) "
                          "or bf16 (bfloat16, no scaler; the course's stages that take it: "
-                         "stage 6's forward, stage 7's and stage 8's backward) (default f16)")
+                         "stage 5's and 6's forward, stage 7's and 8's backward; sm_80 and newer) "
+                         "(default f16)")
     opt("seq", int, "sequence length N (characters per window)")
     opt("batch", int, "sequences per step")
     opt("lr", float, "peak learning rate of AdamW, reached after a warm-up, then a cosine "

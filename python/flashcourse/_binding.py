@@ -670,8 +670,8 @@ def attention(q, k, v, *, causal=False, scale=None, stage=FORWARD_STAGE, variant
 
     q: a torch CUDA tensor [B, H, N, D]; k, v [B, H_kv, N_k, D], on q's device, in the stage's
     storage dtype (stages()[i].dtype: float32 for stages 0-1, float16 after; bfloat16 too where
-    the stage takes it). Stages 0-5 take H_kv = H, N_k = N and contiguous tensors; stage 6 and
-    the backward passes of stages 7 and 8 (the stages whose Stage.takes say so) also
+    the stage takes it). Stages 0-4 take H_kv = H, N_k = N and contiguous tensors; stages 5 and
+    6 and the backward passes of stages 7 and 8 (the stages whose Stage.takes say so) also
     grouped-query heads (H_kv dividing H: query head h reads key/value head h // (H // H_kv)),
     N_k != N, bf16, and any strides with a contiguous last
     dimension ([B, N, H, D] views, a fused projection's slices: read in place, no copy). causal:
