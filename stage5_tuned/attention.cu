@@ -80,9 +80,9 @@ constexpr tile_config SM75 = {64, 64, 4};
 constexpr int Q_REGS_BUDGET = 192;
 
 // What models feed (bf16, GQA, strides, N_k != N) runs in instantiations of its own (MODEL), of
-// the default tiles and rescaling only: the plain case keeps kernels whose addresses are compile-
-// time multiples of D, and the ablation variants take the plain case only. A MODEL tile's rows lie
-// within 2^31 elements of its first (tile_issue's 32-bit row offsets): row strides up to
+// the default tiles with eager rescaling only: the plain case keeps kernels whose addresses are
+// compile- time multiples of D, and the ablation variants take the plain case only. A MODEL tile's
+// rows lie within 2^31 elements of its first (tile_issue's 32-bit row offsets): row strides up to
 // INT_MAX / MAX_TILE_ROWS, MAX_TILE_ROWS at least every tile's BR and BC.
 constexpr int MAX_TILE_ROWS = 128;
 
@@ -268,8 +268,8 @@ __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS
         }
     } else {
         const __half *from = src + rows_offset(row0, ld) + chunk0 * CHUNK_HALVES;
-        const size_t step =
-            (size_t)STEP * ld;  // elements from one of this thread's rows to the next
+        // elements from one of this thread's rows to the next
+        const size_t step = (size_t)STEP * ld;
         if (rows_left >= ROWS) {
 #pragma unroll
             for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i, from += step)
