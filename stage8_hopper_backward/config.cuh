@@ -24,26 +24,35 @@
 
 // A block owns KEYS keys of one (batch, key/value head): each of the CONSUMERS warpgroups 64 of
 // them (wgmma's M), with their dK_j and dV_j in its registers for the whole block. Per step it
-// takes QROWS queries of one query head (wgmma's N for S^T and dP^T, and the K of dV and dK).
-// FlashAttention-3's tile at D = 128 (128 x 64); at D = 64 it takes 128 queries a step, which
-// LOG.md keeps as a prediction to measure.
+// takes qrows<D>() queries of one query head (wgmma's N for S^T and dP^T, and the K of dV and
+// dK): FlashAttention-3's tiles, 128 keys x 64 queries at D = 128 and 128 x 128 at D = 64, where
+// the products of a step are half as deep and the step's barriers and softmax work would
+// otherwise weigh twice as much against them.
 constexpr int CONSUMERS = 2;
 constexpr int PRODUCER_WARPGROUPS = 1;  // warpgroup 0; the consumers are 1 and 2
 constexpr int BLOCK_THREADS = (CONSUMERS + PRODUCER_WARPGROUPS) * WARPGROUP;  // 384
 constexpr int KEYS = CONSUMERS * WGMMA_M;                                     // 128
-constexpr int QROWS = 64;
 constexpr int CONSUMER_WARPS = CONSUMERS * WARPS_PER_WARPGROUP;
+template <int D>
+__host__ __device__ constexpr int qrows() {
+    return D == SLAB_COLS ? CONSUMERS * WGMMA_M : WGMMA_M;
+}
 
 // The Q/dO ring: the producer runs up to Q_STAGES query tiles (Q_i, dO_i, LSE_i, D_i) ahead.
 constexpr int Q_STAGES = 2;
 
 // dS^T goes through shared memory for dQ_i = dS K_j: two buffers, so that a warpgroup writes
-// step i + 1's while the other may still read step i's (see mainloop.cuh, dq_product).
+// step i + 1's while the other may still read step i's (see mainloop.cuh, consumer_step).
 constexpr int DS_BUFFERS = 2;
 
-// dQ_i's staging tiles, twice: step i's parts go to buffer i % DQ_BUFFERS, so that the consumers
-// stage step i + 1's while the dQ warp's reduction still reads step i's.
-constexpr int DQ_BUFFERS = 2;
+// dQ_i's staging tile: step i's goes to buffer i % dq_buffers<D>(), so that the consumers stage
+// step i + 1's while the dQ warp's reduction still reads step i's. At D = 64 a second buffer
+// does not fit beside the 128-query tiles (smem_bytes: 88 bytes over the 232,448 a block may have).
+constexpr int DQ_BUFFERS_MAX = 2;
+template <int D>
+__host__ __device__ constexpr int dq_buffers() {
+    return D == SLAB_COLS ? 1 : DQ_BUFFERS_MAX;
+}
 
 // The producer warpgroup's warps: one issues every load, one every dQ reduction; the other two
 // leave at once.
@@ -55,32 +64,27 @@ constexpr int DQ_WARP = 1;
 constexpr int PRODUCER_REGS = 24;
 constexpr int CONSUMER_REGS = 240;
 
-// dQ_i = dS K_j (queries x D, summed over the block's 128 keys) is one wgmma M = 64 tall: the two
-// consumer warpgroups split it. At D = 128 by columns: warpgroup w computes D / 2 = 64 columns
-// over all 128 keys (it reads the other's dS^T rows: a named barrier between them). At D = 64 a
-// column split would give 32-column operands, narrower than the 128-byte swizzle's 64 halves
-// (no canonical wgmma layout), so by keys: warpgroup w sums over its own 64 keys, reads only its
-// own dS^T, and the two partial tiles reach dQ_acc by two reductions.
+// dQ_i = dS K_j (queries x D, summed over the block's 128 keys): the two consumer warpgroups split
+// it, each reading both warpgroups' dS^T rows (a named barrier between them). At D = 128 (64
+// queries: one wgmma M) by columns: warpgroup w computes D / 2 = 64 of them. At D = 64 (128
+// queries) by rows: warpgroup w computes queries 64 w .. 64 w + 63, all 64 columns (a 32-column
+// half would be narrower than the 128-byte swizzle's 64 halves: no canonical wgmma layout).
 template <int D>
-__host__ __device__ constexpr bool dq_splits_keys() {
-    return D == SLAB_COLS;
+__host__ __device__ constexpr bool dq_splits_rows() {
+    return qrows<D>() > WGMMA_M;
 }
-template <int D>
-__host__ __device__ constexpr int dq_cols() {  // N of a warpgroup's dQ wgmma
-    return dq_splits_keys<D>() ? D : D / CONSUMERS;
-}
-template <int D>
-__host__ __device__ constexpr int dq_keys() {  // K of a warpgroup's dQ wgmma
-    return dq_splits_keys<D>() ? WGMMA_M : KEYS;
-}
-template <int D>
-__host__ __device__ constexpr int dq_tiles() {  // staging tiles, one reduction each
-    return dq_splits_keys<D>() ? CONSUMERS : 1;
-}
-// Either way a warpgroup's dQ part is 64 x 64 (a 64-column slab of K_j as wgmma's B): 32 fp32
-// registers a thread, as are S^T and dP^T (64 keys x 64 queries).
+// Either way a warpgroup's dQ part is 64 x 64 (wgmma's M = 64 queries, N = 64 columns, a slab of
+// K_j as B): 32 fp32 registers a thread.
 constexpr int DQ_REGS = WGMMA_M * SLAB_COLS / WARPGROUP;
-constexpr int SCORE_REGS = WGMMA_M * QROWS / WARPGROUP;
+// S^T and dP^T: a warpgroup's 64 keys x qrows<D>() queries; packed as 16-bit A operands, half.
+template <int D>
+__host__ __device__ constexpr int score_regs() {
+    return WGMMA_M * qrows<D>() / WARPGROUP;
+}
+template <int D>
+__host__ __device__ constexpr int packed_regs() {
+    return score_regs<D>() / 2;
+}
 constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of a wgmma result
 
 // The variants, in the descriptor's order (attention.cu), and how each adds dQ_i's parts into
@@ -95,25 +99,31 @@ enum dq_way { DQ_BULK, DQ_ATOMIC, DQ_ORDERED };
 
 /* ---- shared memory --------------------------------------------------------------------------- */
 
-// K_smem, V_smem [D/64][KEYS][64]; Q_STAGES x (Q_smem, dO_smem [D/64][QROWS][64]), all in the
-// 128-byte swizzle TMA writes; DS_BUFFERS x dS_smem [KEYS][QROWS] (dS^T, one 64-column slab,
-// swizzled the same way by the consumers' stmatrix); dq_tiles() x dQ_stage [D/8][QROWS][8] floats
-// (backward_prepost.cuh's staging layout); Q_STAGES x (LSE_smem, Dsum_smem [QROWS] floats); the
-// mbarriers. Every tile starts 1024-byte aligned (the swizzle atom).
+// K_smem, V_smem [D/64][KEYS][64]; Q_STAGES x (Q_smem, dO_smem [D/64][qrows][64]), all in the
+// 128-byte swizzle TMA writes; DS_BUFFERS x dS_smem [qrows/64][KEYS][64] (dS^T in 64-query slabs,
+// swizzled the same way by the consumers' stmatrix); dq_buffers() x dQ_stage [D/8][qrows][8]
+// floats (backward_prepost.cuh's staging layout); Q_STAGES x (LSE_smem, Dsum_smem [qrows]
+// floats); the mbarriers. Every tile starts 1024-byte aligned (the swizzle atom).
 template <int D>
 __host__ __device__ constexpr int kv_tile_bytes() {
     return KEYS * D * HALF_BYTES;
 }
 template <int D>
 __host__ __device__ constexpr int q_tile_bytes() {
-    return QROWS * D * HALF_BYTES;
+    return qrows<D>() * D * HALF_BYTES;
 }
-constexpr int DS_TILE_BYTES = KEYS * QROWS * HALF_BYTES;
+template <int D>
+__host__ __device__ constexpr int ds_tile_bytes() {
+    return KEYS * qrows<D>() * HALF_BYTES;
+}
 template <int D>
 __host__ __device__ constexpr int dq_tile_bytes() {
-    return QROWS * D * (int)sizeof(float);
+    return qrows<D>() * D * (int)sizeof(float);
 }
-constexpr int VEC_BYTES = QROWS * (int)sizeof(float);  // LSE_i or D_i of one query tile
+template <int D>
+__host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query tile
+    return qrows<D>() * (int)sizeof(float);
+}
 
 // mbarriers, and what each protects:
 //   KV_FULL   K_j and V_j have landed (TMA, once).
@@ -121,8 +131,8 @@ constexpr int VEC_BYTES = QROWS * (int)sizeof(float);  // LSE_i or D_i of one qu
 //   DO_FULL   per slot: dO_i has landed and D_i is stored, the same way.
 //   Q_EMPTY   per slot: every consumer thread is done with the slot: its wgmma have read Q_i and
 //             dO_i, its loads have read LSE_i and D_i; the load warp may overwrite all four.
-//   DQ_FULL   per staging buffer: its tiles hold a step's dQ_i parts (the consumers' stores).
-//   DQ_EMPTY  per staging buffer: the dQ warp's reduction has read its tiles.
+//   DQ_FULL   per staging buffer: it holds a step's dQ_i parts (the consumers' stores).
+//   DQ_EMPTY  per staging buffer: the dQ warp's reduction has read it.
 // Each side arrives after its own accesses and waits before the other's, so that every access to
 // a buffer is ordered by one barrier's release and acquire (kernel.cuh: who arrives how often).
 enum {
@@ -131,15 +141,15 @@ enum {
     BAR_DO_FULL = BAR_Q_FULL + Q_STAGES,
     BAR_Q_EMPTY = BAR_DO_FULL + Q_STAGES,
     BAR_DQ_FULL = BAR_Q_EMPTY + Q_STAGES,
-    BAR_DQ_EMPTY = BAR_DQ_FULL + DQ_BUFFERS,
-    BARRIERS = BAR_DQ_EMPTY + DQ_BUFFERS
+    BAR_DQ_EMPTY = BAR_DQ_FULL + DQ_BUFFERS_MAX,
+    BARRIERS = BAR_DQ_EMPTY + DQ_BUFFERS_MAX
 };
 
 template <int D>
 __host__ __device__ constexpr int smem_bytes() {
     return SWIZZLE_ATOM_BYTES /* alignment slack */ + 2 * kv_tile_bytes<D>() +
-           2 * Q_STAGES * q_tile_bytes<D>() + DS_BUFFERS * DS_TILE_BYTES +
-           DQ_BUFFERS * dq_tiles<D>() * dq_tile_bytes<D>() + 2 * Q_STAGES * VEC_BYTES +
+           2 * Q_STAGES * q_tile_bytes<D>() + DS_BUFFERS * ds_tile_bytes<D>() +
+           dq_buffers<D>() * dq_tile_bytes<D>() + 2 * Q_STAGES * vec_bytes<D>() +
            BARRIERS * MBARRIER_BYTES;
 }
 
@@ -156,10 +166,10 @@ __device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
     s.Q = s.V + kv_tile_bytes<D>();
     s.dO = s.Q + Q_STAGES * q_tile_bytes<D>();
     s.dS = s.dO + Q_STAGES * q_tile_bytes<D>();
-    s.dQ = s.dS + DS_BUFFERS * DS_TILE_BYTES;
-    s.lse = s.dQ + DQ_BUFFERS * dq_tiles<D>() * dq_tile_bytes<D>();
-    s.Dsum = s.lse + Q_STAGES * VEC_BYTES;
-    s.bar = s.Dsum + Q_STAGES * VEC_BYTES;
+    s.dQ = s.dS + DS_BUFFERS * ds_tile_bytes<D>();
+    s.lse = s.dQ + dq_buffers<D>() * dq_tile_bytes<D>();
+    s.Dsum = s.lse + Q_STAGES * vec_bytes<D>();
+    s.bar = s.Dsum + Q_STAGES * vec_bytes<D>();
     return s;
 }
 __device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
@@ -177,26 +187,26 @@ __device__ __forceinline__ uint32_t ring_phase(int it) {
     return (uint32_t)(it / Q_STAGES) & 1;
 }
 
-// dQ's staging buffers, the same way: step it stages into buffer it % DQ_BUFFERS (its tiles from
-// dq_buffer_at), in that buffer's phase it / DQ_BUFFERS.
+// dQ's staging buffers, the same way: step it stages into buffer it % dq_buffers() (at
+// dq_buffer_at), in that buffer's phase it / dq_buffers().
+template <int D>
 __device__ __forceinline__ int dq_buffer(int it) {
-    return it % DQ_BUFFERS;
+    return it % dq_buffers<D>();
 }
+template <int D>
 __device__ __forceinline__ uint32_t dq_phase(int it) {
-    return (uint32_t)(it / DQ_BUFFERS) & 1;
+    return (uint32_t)(it / dq_buffers<D>()) & 1;
 }
 template <int D>
 __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
-    return s.dQ + dq_buffer(it) * dq_tiles<D>() * dq_tile_bytes<D>();
+    return s.dQ + dq_buffer<D>(it) * dq_tile_bytes<D>();
 }
 
 // Named barriers (barrier 0 is __syncthreads'): "every warp that writes the dS^T the dQ wgmma
-// reads has written it". At D = 128 both consumer warpgroups (each reads all 128 rows), at D = 64
-// each warpgroup alone (it reads its own 64), on its own barrier.
+// reads has written it": both consumer warpgroups (each reads all 128 key rows).
 enum named_barrier {
     NAMED_BARRIER_SYNCTHREADS = 0,
     NAMED_BARRIER_DS_ALL,
-    NAMED_BARRIER_DS_WG0,  // + the consumer warpgroup
 };
 
 /* ---- the main kernel's parameters ------------------------------------------------------------ */
@@ -208,7 +218,7 @@ typedef struct {
     int N, N_k, N_pad;      // queries, keys, N rounded up to ROW_PAD (lse2's and Dsum's rows)
     int H, H_kv, group;     // query heads, key/value heads, H / H_kv
     int causal, key_shift;  // key_shift = N_k - N: causal query i sees keys j <= i + key_shift
-    int q_tiles;            // ceil(N / QROWS)
+    int q_tiles;            // ceil(N / qrows<D>())
     int key_tiles;          // ceil(N_k / KEYS): the grid's x
     int diagonal_order;     // DQ_ORDERED under a causal mask: see dq_turn_of()
     float scale, scale_log2;
@@ -234,9 +244,10 @@ __device__ __forceinline__ int block_key_tile(const bwd_problem &pb) {
 // and each block waits only for the one above it (key tile j + 1), a step ahead on the same walk.
 // In key-tile order instead, key tile j would wait at its first query tile for key tiles
 // 0 .. j - 1 to walk up to it: a staircase of idle blocks (LOG.md, step 4's measurement).
+template <int D>
 __host__ __device__ __forceinline__ int dq_turn_of(const bwd_problem &pb, int j, int qt) {
     if (!pb.diagonal_order) return j;
-    const int last_query = min((qt + 1) * QROWS, pb.N) - 1;
+    const int last_query = min((qt + 1) * qrows<D>(), pb.N) - 1;
     const int last_key = min(pb.N_k - 1, last_query + pb.key_shift);
     return last_key / KEYS - j;
 }
@@ -244,12 +255,13 @@ __host__ __device__ __forceinline__ int dq_turn_of(const bwd_problem &pb, int j,
 // The query tiles a key tile meets: all of them, or causal, from the first whose last query sees
 // the tile's first key (query i sees key j when j <= i + key_shift). Returns that first tile;
 // *count the number (0: no query sees these keys; their dK, dV are zero).
+template <int D>
 __host__ __device__ __forceinline__ int query_tiles_of(const bwd_problem &pb, int key0,
                                                        int *count) {
     int first = 0;
     if (pb.causal) {
         const int first_query = key0 - pb.key_shift;  // the first query that sees key0
-        first = first_query <= 0 ? 0 : first_query / QROWS;
+        first = first_query <= 0 ? 0 : first_query / qrows<D>();
     }
     *count = first < pb.q_tiles ? pb.q_tiles - first : 0;
     return first;

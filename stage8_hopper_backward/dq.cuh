@@ -1,9 +1,9 @@
 /*
  * stage8_hopper_backward/dq.cuh: dQ across the blocks. Every key tile adds its part of dQ_i to
  * every query tile it meets, so dQ is summed in fp32 in global memory (dQ_acc, zeroed by
- * preprocess_kernel): the consumers put a step's dQ_i into the staging tiles (stage_dq), and the
- * producer's dQ warp hands them to the TMA unit's bulk reduce-add (reduce_dq), which adds them
- * to dQ_acc in L2 while the consumers go on; dq_convert_kernel scales and rounds dQ_acc after.
+ * preprocess_kernel): the consumers put a step's dQ_i into a staging tile (stage_dq), and the
+ * producer's dQ warp hands it to the TMA unit's bulk reduce-add (reduce_dq), which adds it to
+ * dQ_acc in L2 while the consumers go on; dq_convert_kernel scales and rounds dQ_acc after.
  * Variant atomicdq adds from the consumers' registers by fp32 atomics instead (add_dq_atomic);
  * variant deterministic orders the dQ warps' reductions into each query tile by key tile.
  */
@@ -11,29 +11,36 @@
 
 #include "config.cuh"
 
+// Where a warpgroup's 64 x 64 dQ part lies in the query tile: at D = 64 rows 64 wg .., all
+// columns; at D = 128 all 64 rows, columns 64 wg .. (config.cuh, dq_splits_rows).
+template <int D>
+__device__ __forceinline__ int dq_part_row(int wg) {
+    return dq_splits_rows<D>() ? wg * WGMMA_M : 0;
+}
+template <int D>
+__device__ __forceinline__ int dq_part_col(int wg) {
+    return dq_splits_rows<D>() ? 0 : wg * SLAB_COLS;
+}
+
 // The consumers' side, after the step's dQ wgmma is done: wait until the reduction has read the
-// staging tiles of buffer it % DQ_BUFFERS, two steps back (DQ_EMPTY), write this warpgroup's dQ
-// part there (the accumulator of a 64 x 64 wgmma: register acc_index(n, h, c) is row 16 warp + g +
-// 8h, column 8n + 2t + c of its part), make the writes visible to the TMA unit (the async proxy),
-// and arrive on DQ_FULL, one arrival per warp. In the staging layout [D/8][QROWS][8] floats a
-// warp's store of one n8 block and row half is 8 rows x 32 bytes, contiguous: no bank conflict.
+// staging tile of buffer it % dq_buffers() (DQ_EMPTY), write this warpgroup's dQ part there (the
+// accumulator of a 64 x 64 wgmma: register acc_index(n, h, c) is row 16 warp + g + 8h, column
+// 8n + 2t + c of its part), make the writes visible to the TMA unit (the async proxy), and arrive
+// on DQ_FULL, one arrival per warp. In the staging layout [D/8][qrows][8] floats a warp's store
+// of one n8 block and row half is 8 rows x 32 bytes, contiguous: no bank conflict.
 template <int D>
 __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const smem_tiles &sm,
                                          int wg, int warp, int lane, int it) {
-    constexpr int SLAB_BYTES = QROWS * DQ_SLAB_ROW_BYTES, FLOAT_BYTES = sizeof(float);
+    constexpr int SLAB_BYTES = qrows<D>() * DQ_SLAB_ROW_BYTES, FLOAT_BYTES = sizeof(float);
     static_assert(FRAG_COLS == DQ_SLAB_COLS, "an n8 block of columns is one staging slab");
-    static_assert(dq_cols<D>() == SLAB_COLS, "a warpgroup's dQ part is 64 columns wide");
-    // At D = 64 each warpgroup has a tile of its own; at D = 128 its columns of the one tile.
-    const uint32_t tile =
-        dq_buffer_at<D>(sm, it) + (dq_splits_keys<D>() ? wg * dq_tile_bytes<D>() : 0);
-    const int first_slab = dq_splits_keys<D>() ? 0 : wg * dq_cols<D>() / DQ_SLAB_COLS;
+    const int first_slab = dq_part_col<D>(wg) / DQ_SLAB_COLS;
     const int g = lane / QUAD, t = lane % QUAD;
-    const uint32_t at = tile + first_slab * SLAB_BYTES +
-                        (WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
+    const uint32_t at = dq_buffer_at<D>(sm, it) + first_slab * SLAB_BYTES +
+                        (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
                         FRAG_LANE_COLS * t * FLOAT_BYTES;
-    mbar_wait(bar_at(sm, BAR_DQ_EMPTY + dq_buffer(it)), dq_phase(it) ^ 1);  // the buffer is read
+    mbar_wait(bar_at(sm, BAR_DQ_EMPTY + dq_buffer<D>(it)), dq_phase<D>(it) ^ 1);  // it is read
 #pragma unroll
-    for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
+    for (int n = 0; n < SLAB_COLS / FRAG_COLS; ++n) {
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h)
             st_shared_f2(at + n * SLAB_BYTES + FRAG_ROW_STEP * h * DQ_SLAB_ROW_BYTES,
@@ -41,28 +48,26 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
     }
     fence_proxy_async();  // this thread's writes, visible to the TMA unit
     __syncwarp();         // the warp's writes are all in
-    if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL + dq_buffer(it)));
+    if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL + dq_buffer<D>(it)));
 }
 
 // DQ_ATOMIC (variant atomicdq), after the step's dQ wgmma is done: the thread's part of dQ_i
 // straight from its registers into rows q0 .. of (batch, head) bh of dQ_acc, two floats a
 // reduction (16 a thread; rows past N skipped), no staging tile, no barrier: the adds leave from
-// 256 threads instead of one TMA instruction, and at D = 64 both warpgroups add into the same
-// elements. Columns: the warpgroup's half at D = 128, all 64 at D = 64 (dq_splits_keys).
+// 256 threads instead of one TMA instruction. The warpgroup's part: dq_part_row, dq_part_col.
 template <int D>
 __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[DQ_REGS],
                                               const bwd_problem &pb, int wg, int warp, int lane,
                                               int bh, int q0) {
     const int g = lane / QUAD, t = lane % QUAD;
-    const int col0 = dq_splits_keys<D>() ? 0 : wg * dq_cols<D>();
     float *const head = pb.dQ_acc + (size_t)bh * pb.N * D;
 #pragma unroll
     for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
-        const int row = q0 + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
+        const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
         if (row >= pb.N) continue;
-        float *const out = head + (size_t)row * D + col0 + FRAG_LANE_COLS * t;
+        float *const out = head + (size_t)row * D + dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
 #pragma unroll
-        for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n)
+        for (int n = 0; n < SLAB_COLS / FRAG_COLS; ++n)
             red_add_f32x2(out + FRAG_COLS * n, dQ_part[acc_index(n, h, 0)],
                           dQ_part[acc_index(n, h, 1)]);
     }
@@ -72,9 +77,10 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[DQ_REGS],
 // which is when the key tiles before it in the order have all added theirs and the counter reads
 // their number. Then the ordinary acquire is ordered before the bulk reduction that follows (a
 // proxy fence).
+template <int D>
 __device__ __forceinline__ int *wait_for_turn(const bwd_problem &pb, int bh, int qt) {
     int *const turn = pb.dq_turn + (size_t)bh * pb.q_tiles + qt;
-    const int mine = dq_turn_of(pb, block_key_tile(pb), qt);
+    const int mine = dq_turn_of<D>(pb, block_key_tile(pb), qt);
     while (ld_acquire_gpu(turn) != mine) {
     }
     fence_proxy_async_global();
@@ -90,14 +96,12 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 }
 
 // The dQ warp's one thread: for each step of the block (the same walk as the loads), wait until
-// every consumer warp has staged its dQ part in the step's buffer (DQ_FULL), add its tiles to rows
-// q0 .. q0 + QROWS - 1 of (batch, head)'s dQ_acc (rows past N skipped by the TMA unit), wait until
-// the reduction has read them, and hand them back (DQ_EMPTY). DQ_BULK: the adds of different blocks
+// every consumer warp has staged its dQ part in the step's buffer (DQ_FULL), add the tile to rows
+// q0 .. q0 + qrows - 1 of (batch, head)'s dQ_acc (rows past N skipped by the TMA unit), wait until
+// the reduction has read it, and hand it back (DQ_EMPTY). DQ_BULK: the adds of different blocks
 // into the same rows land in any order, fp32 sums, not bitwise reproducible. DQ_ORDERED
 // (deterministic): each step waits for its key tile's turn, adds, waits until its adds are
-// complete and passes the turn on; at D = 64 the two partial tiles one after the other, each
-// complete before the next starts (two bulk reductions in flight may add in either order). At
-// the end it waits for its reductions to complete.
+// complete and passes the turn on. At the end it waits for its reductions to complete.
 //
 // Why DQ_ORDERED cannot deadlock: a key tile waits only for key tiles earlier in its query tile's
 // order (j' < j; under diagonal_order j' > j) of the same (batch, key/value head), and the grid
@@ -112,31 +116,25 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     const int key0 = block_key_tile(pb) * KEYS;
     const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
     int tiles;
-    const int first = query_tiles_of(pb, key0, &tiles);
+    const int first = query_tiles_of<D>(pb, key0, &tiles);
     // one loop over the block's steps (the load warp's walk), the head and the tile carried along:
     // the warp runs on PRODUCER_REGS registers
     int bh = batch * pb.H + kv_head * pb.group, qt = first;  // dQ_acc's (batch, head), the tile
     for (int it = 0; it < pb.group * tiles; ++it) {
         // the consumers' parts staged
-        mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_buffer(it)), dq_phase(it));
-        const uint32_t tiles_at = dq_buffer_at<D>(sm, it);
+        mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_buffer<D>(it)), dq_phase<D>(it));
+        const uint32_t tile = dq_buffer_at<D>(sm, it);
         if constexpr (DQ == DQ_ORDERED) {
-            int *const turn = wait_for_turn(pb, bh, qt);
-#pragma unroll
-            for (int k = 0; k < dq_tiles<D>(); ++k) {
-                if (k > 0) bulk_wait<false>();  // tile k - 1's adds complete first
-                tma_reduce_add_4d(tmdQ, tiles_at + k * dq_tile_bytes<D>(), 0, qt * QROWS, 0, bh);
-                bulk_commit();
-            }
-            pass_turn(turn);  // (the staging tiles are read too)
-        } else {
-#pragma unroll
-            for (int k = 0; k < dq_tiles<D>(); ++k)
-                tma_reduce_add_4d(tmdQ, tiles_at + k * dq_tile_bytes<D>(), 0, qt * QROWS, 0, bh);
+            int *const turn = wait_for_turn<D>(pb, bh, qt);
+            tma_reduce_add_4d(tmdQ, tile, 0, qt * qrows<D>(), 0, bh);
             bulk_commit();
-            bulk_wait<true>();  // the reductions have read the staging tiles
+            pass_turn(turn);  // (the staging tile is read too)
+        } else {
+            tma_reduce_add_4d(tmdQ, tile, 0, qt * qrows<D>(), 0, bh);
+            bulk_commit();
+            bulk_wait<true>();  // the reduction has read the staging tile
         }
-        mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_buffer(it)));
+        mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_buffer<D>(it)));
         if (++qt == first + tiles) qt = first, ++bh;  // the first tile of the next head
     }
     bulk_wait<false>();  // every reduction done before the block's shared memory goes

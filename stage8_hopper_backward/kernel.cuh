@@ -14,6 +14,7 @@
 // its stores of LSE_i or D_i; lane 0 also announces the tile's bytes); Q_EMPTY every consumer
 // thread (after its loads of LSE_i and D_i and its wgmma reads of the tiles); DQ_FULL one arrival
 // per consumer warp; DQ_EMPTY the dQ warp's. Thread 0 initialises them.
+template <int D>
 __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     mbar_init(bar_at(sm, BAR_KV_FULL), 1);
     for (int st = 0; st < Q_STAGES; ++st) {
@@ -21,7 +22,7 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
         mbar_init(bar_at(sm, BAR_DO_FULL + st), WARP_SIZE);
         mbar_init(bar_at(sm, BAR_Q_EMPTY + st), CONSUMERS * WARPGROUP);
     }
-    for (int b = 0; b < DQ_BUFFERS; ++b) {
+    for (int b = 0; b < dq_buffers<D>(); ++b) {
         mbar_init(bar_at(sm, BAR_DQ_FULL + b), CONSUMER_WARPS);
         mbar_init(bar_at(sm, BAR_DQ_EMPTY + b), 1);
     }
@@ -30,7 +31,7 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 
 // Q, dO: [B, H, N, D] and K, V: [B, H_kv, N_k, D], 16-bit (bf16 where BF16), each through its
 // tensor map (D, rows, heads, B) with its strides, in 128-byte swizzled boxes of 64 columns
-// (QROWS rows for Q and dO, KEYS for K and V); dQ_acc [B * H, N, D] fp32 through tmdQ
+// (qrows<D>() rows for Q and dO, KEYS for K and V); dQ_acc [B * H, N, D] fp32 through tmdQ
 // (dq_tensor_map); the rest in pb. Grid: (ceil(N_k / KEYS), B * H_kv), BLOCK_THREADS threads.
 template <int D, bool BF16, dq_way DQ>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
@@ -43,7 +44,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     extern __shared__ unsigned char smem_raw[];
     const smem_tiles sm = carve_smem<D>(smem_raw);
     if (threadIdx.x == 0) {
-        init_barriers(sm);
+        init_barriers<D>(sm);
         prefetch_tensor_map(&tmQ), prefetch_tensor_map(&tmK), prefetch_tensor_map(&tmV);
         prefetch_tensor_map(&tmdO), prefetch_tensor_map(&tmdQ);
     }

@@ -28,12 +28,14 @@ static int hopper_code_here(void) {
 }
 
 // Workspace (bwd_params_of): lse2 and Dsum, dQ_acc, then (variant deterministic) dq_turn
-// [B * H, ceil(N / QROWS)] ints, at a multiple of WORKSPACE_ALIGN bytes.
+// [B * H, ceil(N / qrows)] ints, at a multiple of WORKSPACE_ALIGN bytes.
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     (void)dev;
     const size_t rows = (size_t)s->B * s->H * padded_rows(s->N);
     const size_t turns =
-        variant == VARIANT_DETERMINISTIC ? (size_t)s->B * s->H * ceil_div(s->N, QROWS) : 0;
+        variant == VARIANT_DETERMINISTIC
+            ? (size_t)s->B * s->H * ceil_div(s->N, s->D == 64 ? qrows<64>() : qrows<128>())
+            : 0;
     return 2 * aligned(rows * sizeof(float)) +
            aligned((size_t)s->B * s->H * s->N * s->D * sizeof(float)) +
            aligned(turns * sizeof(int));
@@ -60,17 +62,17 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
     ATTN_TRY(cudaGetLastError());
 
     CUtensorMap tmQ, tmK, tmV, tmdO, tmdQ;
-    ATTN_TRY(tensor_map_slabs(&tmQ, p.Q, s, s->H, s->N, &s->q, QROWS));
+    ATTN_TRY(tensor_map_slabs(&tmQ, p.Q, s, s->H, s->N, &s->q, qrows<D>()));
     ATTN_TRY(tensor_map_slabs(&tmK, p.K, s, s->H_kv, s->N_k, &s->k, KEYS));
     ATTN_TRY(tensor_map_slabs(&tmV, p.V, s, s->H_kv, s->N_k, &s->v, KEYS));
-    ATTN_TRY(tensor_map_slabs(&tmdO, p.dO, s, s->H, s->N, &s->dO, QROWS));
-    ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, QROWS));
+    ATTN_TRY(tensor_map_slabs(&tmdO, p.dO, s, s->H, s->N, &s->dO, qrows<D>()));
+    ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>()));
     bwd_problem pb;
     memset(&pb, 0, sizeof pb);
     pb.N = s->N, pb.N_k = s->N_k, pb.N_pad = p.N_pad;
     pb.H = s->H, pb.H_kv = s->H_kv, pb.group = s->H / s->H_kv;
     pb.causal = s->causal, pb.key_shift = s->N_k - s->N;
-    pb.q_tiles = ceil_div(s->N, QROWS);
+    pb.q_tiles = ceil_div(s->N, qrows<D>());
     pb.key_tiles = ceil_div(s->N_k, KEYS);
     pb.diagonal_order = variant == VARIANT_DETERMINISTIC && s->causal;  // dq_turn_of()
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;

@@ -13,22 +13,27 @@
 #include "epilogue.cuh"
 
 // wgmma's A operand from registers has the accumulator's layout, two 16-bit values a register:
-// a 64 x 16 k-step is 4 registers a thread, and register j of a packed 64 x 64 tile holds the
+// a 64 x 16 k-step is 4 registers a thread, and register j of a packed 64 x N tile holds the
 // accumulator's registers 2j and 2j + 1 (warp.cuh: blocks 2k and 2k + 1 are k-step k).
 constexpr int A_REGS_PER_KSTEP = WGMMA_M * WGMMA_K / 2 / WARPGROUP;  // 4
-constexpr int PACKED_REGS = SCORE_REGS / 2;                          // 16
 
 // Start X^T = A B^T for the scores: 64 rows of K_j (or V_j) times Q_i^T (or dO_i^T), D deep, both
-// K-major in shared memory (rows of D halves, as TMA wrote them): D / 16 wgmma, one group.
+// K-major in shared memory (rows of D halves, as TMA wrote them): D / 16 wgmma of N = qrows<D>(),
+// one group.
 template <int D, bool BF16>
-__device__ __forceinline__ void issue_scores(float (&X)[SCORE_REGS], uint64_t rows_desc,
+__device__ __forceinline__ void issue_scores(float (&X)[score_regs<D>()], uint64_t rows_desc,
                                              uint64_t tile_desc) {
     pin_registers(X);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / WGMMA_K; ++kk)
-        wgmma_m64n64_ss<BF16, 0, 0>(X, desc_k_major_step<KEYS>(rows_desc, kk),
-                                    desc_k_major_step<QROWS>(tile_desc, kk), kk > 0);
+    for (int kk = 0; kk < D / WGMMA_K; ++kk) {
+        const uint64_t a = desc_k_major_step<KEYS>(rows_desc, kk),
+                       b = desc_k_major_step<qrows<D>()>(tile_desc, kk);
+        if constexpr (qrows<D>() == 2 * WGMMA_M)
+            wgmma_m64n128_ss<BF16>(X, a, b, kk > 0);
+        else
+            wgmma_m64n64_ss<BF16, 0, 0>(X, a, b, kk > 0);
+    }
     wgmma_commit();
 }
 
@@ -43,11 +48,12 @@ __device__ __forceinline__ bool step_needs_mask(const bwd_problem &pb, int key0,
 // see no key, whose P is then 0 with no mask). Masked: keys past N_k and (causal) keys past a
 // query's diagonal get P = 0. The thread's columns are queries 8n + 2t + c of the tile, its rows
 // keys key_row and key_row + 8.
-__device__ __forceinline__ void probabilities(float (&S)[SCORE_REGS], const bwd_problem &pb,
+template <int D>
+__device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const bwd_problem &pb,
                                               uint32_t lse_smem, int key_row, int q0, int t,
                                               bool mask) {
 #pragma unroll
-    for (int n = 0; n < QROWS / FRAG_COLS; ++n) {
+    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
         const float2 lse = ld_shared_f2(lse_smem + (FRAG_COLS * n + FRAG_LANE_COLS * t) * 4);
 #pragma unroll
         for (int e = 0; e < FRAG_REGS; ++e) {
@@ -63,54 +69,59 @@ __device__ __forceinline__ void probabilities(float (&S)[SCORE_REGS], const bwd_
     }
 }
 
-// dP^T has landed: dS^T = P^T * (dP^T - D_i) in place (softmax's Jacobian; D_i per query column).
-__device__ __forceinline__ void score_gradients(float (&dP)[SCORE_REGS],
-                                                const float (&P)[SCORE_REGS], uint32_t Dsum_smem,
-                                                int t) {
+// dP^T has landed: dS^T = P^T * (dP^T - D_i) (softmax's Jacobian; D_i per query column), and
+// P^T and dS^T as wgmma's A operands: 16-bit pairs in the storage type, register j holding the
+// accumulator's registers 2j and 2j + 1 (a column pair of one row). Each pair is packed as soon
+// as it is computed, so that P^T and dP^T in fp32 die as their packed halves appear.
+template <int D, bool BF16>
+__device__ __forceinline__ void score_gradients(uint32_t (&P16)[packed_regs<D>()],
+                                                uint32_t (&dS16)[packed_regs<D>()],
+                                                const float (&P)[score_regs<D>()],
+                                                const float (&dP)[score_regs<D>()],
+                                                uint32_t Dsum_smem, int t) {
 #pragma unroll
-    for (int n = 0; n < QROWS / FRAG_COLS; ++n) {
+    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
         const float2 Di = ld_shared_f2(Dsum_smem + (FRAG_COLS * n + FRAG_LANE_COLS * t) * 4);
 #pragma unroll
-        for (int e = 0; e < FRAG_REGS; ++e) {
-            const int i = FRAG_REGS * n + e;
-            dP[i] = P[i] * (dP[i] - (frag_c(e) ? Di.y : Di.x));
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+            const int i = acc_index(n, h, 0), j = i / FRAG_LANE_COLS;  // columns c = 0, 1
+            P16[j] = pack2_of<BF16>(P[i], P[i + 1]);
+            dS16[j] = pack2_of<BF16>(P[i] * (dP[i] - Di.x), P[i + 1] * (dP[i + 1] - Di.y));
         }
     }
 }
 
-// A 64 x 64 fp32 tile as wgmma's A operand (16-bit pairs, in the storage type).
-template <bool BF16>
-__device__ __forceinline__ void pack_a(uint32_t (&A)[PACKED_REGS], const float (&X)[SCORE_REGS]) {
-#pragma unroll
-    for (int j = 0; j < PACKED_REGS; ++j) A[j] = pack2_of<BF16>(X[2 * j], X[2 * j + 1]);
-}
-
-// The warpgroup's 64 x 64 block of dS^T (rows: its keys; columns: the queries) into dS_smem
-// [KEYS][QROWS], 16-bit, in the 128-byte swizzle (one slab: a row of 64 queries is 128 bytes), by
-// stmatrix: instruction k writes chunks (8 queries) 2k and 2k + 1 of the warp's 16 rows, four
+// The warpgroup's 64 x qrows block of dS^T (rows: its keys; columns: the queries) into dS_smem
+// [qrows/64][KEYS][64], 16-bit, in the 128-byte swizzle (a slab row of 64 queries is 128 bytes),
+// by stmatrix: instruction k writes chunks (8 queries) 2k and 2k + 1 of the warp's 16 rows, four
 // 8 x 8 matrices straight from the A registers (matrix 0: rows 0-7 of chunk 2k, 1: rows 8-15, 2
 // and 3: the same of chunk 2k + 1); lane L addresses row L % 8 of matrix L / 8. Then visible to
 // the wgmma that read it (the async proxy).
-__device__ __forceinline__ void store_ds(const uint32_t (&dS)[PACKED_REGS], uint32_t dS_tile,
+template <int D>
+__device__ __forceinline__ void store_ds(const uint32_t (&dS)[packed_regs<D>()], uint32_t dS_tile,
                                          const consumer_place &p) {
     const int row = WGMMA_M * p.wg + WARP_ROWS * p.warp +
                     STMATRIX_ROWS * (p.lane / STMATRIX_ROWS % 2) + p.lane % STMATRIX_ROWS;
     const int second = p.lane / (2 * STMATRIX_ROWS);  // this lane's matrix is of chunk 2k + 1
+    // chunk 2k + second: the odd one's swizzle bit folded into the row's base, so that each
+    // address is the base and a constant (2k is even: its bit 0 is free)
+    const uint32_t row_base = swizzle_row_base(dS_tile, row) ^ (uint32_t)(second * CHUNK_BYTES);
 #pragma unroll
-    for (int k = 0; k < QROWS / (2 * FRAG_COLS); ++k)
-        stmatrix_x4(dS_tile + swizzled_chunk_offset<KEYS>(row, 2 * k + second),
-                    dS[A_REGS_PER_KSTEP * k], dS[A_REGS_PER_KSTEP * k + 1],
-                    dS[A_REGS_PER_KSTEP * k + 2], dS[A_REGS_PER_KSTEP * k + 3]);
+    for (int k = 0; k < qrows<D>() / (2 * FRAG_COLS); ++k)
+        stmatrix_x4(swizzled_chunk_at<KEYS>(row_base, 2 * k), dS[A_REGS_PER_KSTEP * k],
+                    dS[A_REGS_PER_KSTEP * k + 1], dS[A_REGS_PER_KSTEP * k + 2],
+                    dS[A_REGS_PER_KSTEP * k + 3]);
     fence_proxy_async();
 }
 
-// acc (64 keys x D) += A B over the QROWS queries: A a packed 64 x 64 tile in registers, B (desc)
-// QROWS x D in shared memory, MN-major; QROWS / 16 wgmma, no fence, no commit (issue_dkv's).
+// acc (64 keys x D) += A B over the qrows queries: A a packed 64 x qrows tile in registers, B
+// (desc) qrows x D in shared memory, MN-major; qrows / 16 wgmma, no fence, no commit (issue_dkv's).
 template <int D, bool BF16>
-__device__ __forceinline__ void accumulate_rs(float (&acc)[D / 2], const uint32_t (&A)[PACKED_REGS],
+__device__ __forceinline__ void accumulate_rs(float (&acc)[D / 2],
+                                              const uint32_t (&A)[packed_regs<D>()],
                                               uint64_t desc) {
 #pragma unroll
-    for (int kk = 0; kk < QROWS / WGMMA_K; ++kk) {
+    for (int kk = 0; kk < qrows<D>() / WGMMA_K; ++kk) {
         if constexpr (D == 128)
             wgmma_m64n128_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
         else
@@ -118,14 +129,14 @@ __device__ __forceinline__ void accumulate_rs(float (&acc)[D / 2], const uint32_
     }
 }
 
-// Start dV_j += P^T dO_i and dK_j += dS^T Q_i: QROWS / 16 wgmma each, A from registers (P^T,
+// Start dV_j += P^T dO_i and dK_j += dS^T Q_i: qrows / 16 wgmma each, A from registers (P^T,
 // dS^T: rows are the warpgroup's keys, the K dimension the queries), B from shared memory
 // MN-major (dO_i's and Q_i's rows are queries = K, their D columns N: the transpose bit), one
 // group.
 template <int D, bool BF16>
 __device__ __forceinline__ void issue_dkv(float (&dV)[D / 2], float (&dK)[D / 2],
-                                          const uint32_t (&P)[PACKED_REGS],
-                                          const uint32_t (&dS)[PACKED_REGS], uint64_t dO_desc,
+                                          const uint32_t (&P)[packed_regs<D>()],
+                                          const uint32_t (&dS)[packed_regs<D>()], uint64_t dO_desc,
                                           uint64_t Q_desc) {
     pin_registers(dV);
     pin_registers(dK);
@@ -135,41 +146,36 @@ __device__ __forceinline__ void issue_dkv(float (&dV)[D / 2], float (&dK)[D / 2]
     wgmma_commit();
 }
 
-// Start this warpgroup's part of dQ_i = dS K_j (queries x its dq_cols() columns, over dq_keys()
-// keys; config.cuh says which): A = dS read from dS^T in shared memory (its rows are keys = K, its
-// 64 contiguous queries M: MN-major, the transpose bit for A), B = K_j as stored (rows are keys =
-// K, D columns N: MN-major). The first k-step overwrites dQ_part.
+// Start this warpgroup's part of dQ_i = dS K_j (64 queries x 64 columns, over all 128 keys;
+// config.cuh says which part): A = dS read from dS^T in shared memory (its rows are keys = K, its
+// 64 contiguous queries of a slab M: MN-major, the transpose bit for A), B = K_j as stored (rows
+// are keys = K, D columns N: MN-major). The first k-step overwrites dQ_part.
 template <int D, bool BF16>
 __device__ __forceinline__ void issue_dq(float (&dQ_part)[DQ_REGS], const smem_tiles &sm,
                                          uint32_t dS_tile, int wg) {
-    // D = 64: its own 64 keys (rows of dS^T and K_j); D = 128: all 128 keys, its 64-column slab.
-    const uint32_t rows = dq_splits_keys<D>() ? wg * WGMMA_M * SLAB_ROW_BYTES : 0;
-    const uint64_t dS_desc = desc_mn_major<KEYS>(dS_tile + rows);
+    // D = 64: its 64-query slab of dS^T, all of K_j; D = 128: dS^T, its 64-column slab of K_j.
+    const uint64_t dS_desc =
+        desc_mn_major<KEYS>(dS_tile + (dq_splits_rows<D>() ? slab_offset<KEYS>(wg) : 0));
     const uint64_t K_desc =
-        desc_mn_major<KEYS>(sm.K + (dq_splits_keys<D>() ? rows : slab_offset<KEYS>(wg)));
+        desc_mn_major<KEYS>(sm.K + (dq_splits_rows<D>() ? 0 : slab_offset<KEYS>(wg)));
     pin_registers(dQ_part);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < dq_keys<D>() / WGMMA_K; ++kk)
+    for (int kk = 0; kk < KEYS / WGMMA_K; ++kk)
         wgmma_m64n64_ss<BF16, 1, 1>(dQ_part, desc_mn_major_step(dS_desc, kk),
                                     desc_mn_major_step(K_desc, kk), kk > 0);
     wgmma_commit();
 }
 
-// Every warp whose dS^T rows the dQ wgmma reads has written them: at D = 128 both consumer
-// warpgroups (256 threads), at D = 64 the warpgroup's own four warps.
-template <int D>
-__device__ __forceinline__ void ds_written(int wg) {
-    if constexpr (dq_splits_keys<D>())
-        named_barrier_sync<WARPGROUP>(NAMED_BARRIER_DS_WG0 + wg);
-    else
-        named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_DS_ALL);
+// Every warp whose dS^T rows the dQ wgmma reads has written them: both consumer warpgroups.
+__device__ __forceinline__ void ds_written() {
+    named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_DS_ALL);
 }
 
 // One step: query tile q0 (of the block's it-th, ring slot it % Q_STAGES) against the warpgroup's
-// 64 keys. dS^T goes to buffer it % 2: the other warpgroup may still be reading the step before's
-// (D = 128), but not the one two steps back, since it passed this step's ds_written only after its
-// dQ wgmma of that step was done.
+// 64 keys. dS^T goes to buffer it % 2: the other warpgroup may still be reading the step before's,
+// but not the one two steps back, since it passed this step's ds_written only after its dQ wgmma
+// of that step was done.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D / 2],
                                               const smem_tiles &sm, const consumer_place &p,
@@ -178,10 +184,10 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     const int slot = ring_slot(it);
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
                    dO_tile = sm.dO + slot * q_tile_bytes<D>();
-    const uint32_t dS_tile = sm.dS + (it % DS_BUFFERS) * DS_TILE_BYTES;
+    const uint32_t dS_tile = sm.dS + (it % DS_BUFFERS) * ds_tile_bytes<D>();
     const int key_row = key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first
-    float S[SCORE_REGS], dP[SCORE_REGS], dQ_part[DQ_REGS];
-    uint32_t P16[PACKED_REGS], dS16[PACKED_REGS];
+    float S[score_regs<D>()], dP[score_regs<D>()], dQ_part[DQ_REGS];
+    uint32_t P16[packed_regs<D>()], dS16[packed_regs<D>()];
 
     // S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, each as soon as its tile has landed
     mbar_wait(bar_at(sm, BAR_Q_FULL + slot), ring_phase(it));
@@ -189,22 +195,20 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     mbar_wait(bar_at(sm, BAR_DO_FULL + slot), ring_phase(it));
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile));
 
-    // P^T while dP^T runs; then dS^T
+    // P^T while dP^T runs; then dS^T, both packed
     wgmma_wait<1>();
     pin_registers(S);
-    probabilities(S, pb, sm.lse + slot * VEC_BYTES, key_row, q0, p.t,
-                  step_needs_mask(pb, key0, q0));
+    probabilities<D>(S, pb, sm.lse + slot * vec_bytes<D>(), key_row, q0, p.t,
+                     step_needs_mask(pb, key0, q0));
     wgmma_wait<0>();
     pin_registers(dP);
-    score_gradients(dP, S, sm.Dsum + slot * VEC_BYTES, p.t);
-    pack_a<BF16>(P16, S);
-    pack_a<BF16>(dS16, dP);
+    score_gradients<D, BF16>(P16, dS16, S, dP, sm.Dsum + slot * vec_bytes<D>(), p.t);
 
     // dS^T to shared memory; dV, dK from registers; dQ_i's part from shared memory
-    store_ds(dS16, dS_tile, p);
-    issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<QROWS>(dO_tile),
-                       desc_mn_major<QROWS>(Q_tile));
-    ds_written<D>(p.wg);
+    store_ds<D>(dS16, dS_tile, p);
+    issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<qrows<D>()>(dO_tile),
+                       desc_mn_major<qrows<D>()>(Q_tile));
+    ds_written();
     issue_dq<D, BF16>(dQ_part, sm, dS_tile, p.wg);
     wgmma_wait<0>();
     pin_registers(dV);
@@ -239,12 +243,13 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     mbar_wait(bar_at(sm, BAR_KV_FULL), 0);  // (also when no query tile comes: the copies land)
 
     int tiles;
-    const int first = query_tiles_of(pb, key0, &tiles);
+    const int first = query_tiles_of<D>(pb, key0, &tiles);
     int it = 0;
     for (int hh = 0; hh < pb.group; ++hh) {
         const int bh = batch * pb.H + kv_head * pb.group + hh;  // dQ_acc's (batch, head)
         for (int qt = first; qt < first + tiles; ++qt, ++it)
-            consumer_step<D, BF16, DQ>(dV, dK, sm, p, pb, K_desc, V_desc, key0, qt * QROWS, bh, it);
+            consumer_step<D, BF16, DQ>(dV, dK, sm, p, pb, K_desc, V_desc, key0, qt * qrows<D>(), bh,
+                                       it);
     }
     store_dkv<D, BF16>(dK, dV, p, pb, key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g, batch,
                        kv_head);

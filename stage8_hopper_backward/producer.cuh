@@ -2,7 +2,7 @@
  * stage8_hopper_backward/producer.cuh: the load warp of the producer warpgroup: its lane 0 copies
  * the block's K_j and V_j once, then for every query tile of every query head of the group Q_i
  * and dO_i by TMA into the next slot of the ring, as the consumers release it, while the whole
- * warp copies LSE_i and D_i (64 floats each) with ordinary loads and stores, on mbarriers.
+ * warp copies LSE_i and D_i (a float per query each) by cp.async, on mbarriers.
  */
 #pragma once
 
@@ -20,26 +20,29 @@ __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, 
 
 // The load warp. Lane 0: K_j, V_j for the whole block on KV_FULL. Then per query tile (the
 // block's it-th), every lane: wait until the consumers have released its slot (Q_EMPTY); lane 0
-// announces the tiles' bytes and starts Q_i on Q_FULL and dO_i on DO_FULL (TMA); each lane stores
-// two floats of LSE_i and arrives on Q_FULL, then two of D_i and arrives on DO_FULL, so that
-// S^T = K_j Q_i^T may start before dO_i lands. Rows past N (and keys past N_k) arrive as zeros
-// from TMA; lse2 and Dsum are padded to N_pad, a multiple of QROWS, so their loads never leave
-// the head's rows.
+// announces the tiles' bytes and starts Q_i on Q_FULL and dO_i on DO_FULL (TMA); each lane starts
+// a cp.async of its floats of LSE_i and arrives on Q_FULL when it has landed, then the same with
+// D_i on DO_FULL, so that S^T = K_j Q_i^T may start before dO_i lands. Rows past N (and keys past
+// N_k) arrive as zeros from TMA; lse2 and Dsum are padded to N_pad, a multiple of qrows, so their
+// copies never leave the head's rows.
 //
-// Why the warp, not a bulk copy, moves LSE_i and D_i: the consumers read them with ordinary loads
-// (the generic proxy), and a bulk copy writes in the async proxy; writes in one proxy after
-// reads in the other need a proxy fence on the reading side, which the PTX memory model asks
-// for and compute-sanitizer's racecheck does not see. Ordinary stores keep every access to
-// these two rows in one proxy, ordered by the mbarriers alone: each lane's stores come before
-// its own arrival on the full barrier (release), which the consumers' wait acquires; each
-// consumer thread's loads come before its own arrival on Q_EMPTY, which every lane here waits
-// for before it stores into the slot again.
+// Why the lanes' cp.async, not a bulk copy, moves LSE_i and D_i: the consumers read them with
+// ordinary loads (the generic proxy), and a bulk copy writes in the async proxy; writes in one
+// proxy after reads in the other need a proxy fence on the reading side, which the PTX memory
+// model asks for and compute-sanitizer's racecheck does not see. cp.async writes in the generic
+// proxy, so every access to these two rows is ordered by the mbarriers alone: each lane's
+// arrival on the full barrier happens once its copies are complete (mbar_arrive_after_cp_async),
+// and the consumers' wait acquires it; each consumer thread's loads come before its own arrival
+// on Q_EMPTY, which every lane here waits for before it copies into the slot again. The floats
+// never pass through the warp's registers (it runs on PRODUCER_REGS of them).
 template <int D>
 __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorMap *tmQ,
                                            const CUtensorMap *tmK, const CUtensorMap *tmV,
                                            const CUtensorMap *tmdO, const bwd_problem &pb,
                                            int lane) {
-    static_assert(QROWS == 2 * WARP_SIZE, "a lane moves two floats of LSE_i and of D_i");
+    constexpr int ROWS = qrows<D>(), LANE_FLOATS = ROWS / WARP_SIZE;
+    constexpr int LANE_BYTES = LANE_FLOATS * (int)sizeof(float);  // one cp.async: 8 or 16
+    static_assert(ROW_PAD % ROWS == 0, "N_pad (a multiple of ROW_PAD) is one of the tile's rows");
     const int key0 = block_key_tile(pb) * KEYS;
     const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
     if (lane == 0) {
@@ -53,33 +56,32 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     // consumers' order), with the head, the tile and this lane's place in lse2 and Dsum carried
     // along: the warp runs on PRODUCER_REGS registers.
     int tiles;
-    const int first = query_tiles_of(pb, key0, &tiles);
-    const uint32_t lane_bytes = (uint32_t)(lane * 2 * sizeof(float));  // its two floats of a row
+    const int first = query_tiles_of<D>(pb, key0, &tiles);
+    const uint32_t lane_bytes = (uint32_t)(lane * LANE_BYTES);  // its floats' place in a row
     int head = kv_head * pb.group, qt = first;
-    size_t row = ((size_t)batch * pb.H + head) * pb.N_pad + (size_t)first * QROWS + 2 * lane;
+    size_t row =
+        ((size_t)batch * pb.H + head) * pb.N_pad + (size_t)first * ROWS + LANE_FLOATS * lane;
     for (int it = 0; it < pb.group * tiles; ++it) {
-        const int slot = ring_slot(it), q0 = qt * QROWS;
-        // the two rows' loads in flight while the slot drains
-        const float2 lse = __ldg(reinterpret_cast<const float2 *>(pb.lse2 + row));
-        const float2 Di = __ldg(reinterpret_cast<const float2 *>(pb.Dsum + row));
+        const int slot = ring_slot(it), q0 = qt * ROWS;
         mbar_wait(bar_at(sm, BAR_Q_EMPTY + slot), ring_phase(it) ^ 1);  // the slot is free
         const uint32_t q_full = bar_at(sm, BAR_Q_FULL + slot);
         const uint32_t do_full = bar_at(sm, BAR_DO_FULL + slot);
         if (lane == 0) {
             mbar_expect_tx(q_full, q_tile_bytes<D>());
-            copy_tile<D, QROWS>(sm.Q + slot * q_tile_bytes<D>(), tmQ, q_full, q0, head, batch);
+            copy_tile<D, ROWS>(sm.Q + slot * q_tile_bytes<D>(), tmQ, q_full, q0, head, batch);
             mbar_expect_tx(do_full, q_tile_bytes<D>());
-            copy_tile<D, QROWS>(sm.dO + slot * q_tile_bytes<D>(), tmdO, do_full, q0, head, batch);
+            copy_tile<D, ROWS>(sm.dO + slot * q_tile_bytes<D>(), tmdO, do_full, q0, head, batch);
         }
-        st_shared_f2(sm.lse + slot * VEC_BYTES + lane_bytes, lse.x, lse.y);
-        mbar_arrive(q_full);
-        st_shared_f2(sm.Dsum + slot * VEC_BYTES + lane_bytes, Di.x, Di.y);
-        mbar_arrive(do_full);
+        cp_async_ca<LANE_BYTES>(sm.lse + slot * vec_bytes<D>() + lane_bytes, pb.lse2 + row);
+        mbar_arrive_after_cp_async(q_full);
+        cp_async_ca<LANE_BYTES>(sm.Dsum + slot * vec_bytes<D>() + lane_bytes, pb.Dsum + row);
+        mbar_arrive_after_cp_async(do_full);
         if (++qt < first + tiles) {  // the next tile of this head
-            row += QROWS;
+            row += ROWS;
         } else {  // the first tile of the next head
-            row += pb.N_pad - (size_t)(tiles - 1) * QROWS;
+            row += pb.N_pad - (size_t)(tiles - 1) * ROWS;
             qt = first, ++head;
         }
     }
+    cp_async_wait_all();  // no copy of this warp's still in flight when it leaves
 }

@@ -82,6 +82,26 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool 
 #endif
 }
 
+// A BYTES-byte (4, 8 or 16) asynchronous copy global -> shared through L1 (.ca, the sizes under 16
+// allowed; sm_80+), for small rows a warp moves lane by lane (stage 8's LSE_i and D_i).
+template <int BYTES>
+__device__ __forceinline__ void cp_async_ca(uint32_t dst, const void *src) {
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(BYTES)
+                 : "memory");
+#else
+    (void)dst, (void)src;
+#endif
+}
+
+// Wait until every cp.async this thread has issued is complete.
+__device__ __forceinline__ void cp_async_wait_all() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // The thread's copies issued since the last commit form one group.
 __device__ __forceinline__ void cp_async_commit() {
 #if __CUDA_ARCH__ >= 800

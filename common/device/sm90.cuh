@@ -66,6 +66,13 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
+// An arrival that happens once every cp.async this thread has issued so far is complete (their
+// writes visible to whoever waits for the phase); .noinc: it is one of the `count` arrivals the
+// barrier was initialised with, as mbar_arrive's.
+__device__ __forceinline__ void mbar_arrive_after_cp_async(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Spin until the phase of the given parity has completed. A fresh barrier is in phase 0, so
 // waiting for parity 1 returns at once: that is how a producer finds every buffer empty.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
@@ -294,6 +301,18 @@ template <int ROWS>
 __device__ __forceinline__ int swizzled_chunk_offset(int row, int chunk) {
     return (chunk / CHUNKS_PER_SLAB_ROW) * (ROWS * SLAB_ROW_BYTES) + row * SLAB_ROW_BYTES +
            ((chunk % CHUNKS_PER_SLAB_ROW) ^ (row % SWIZZLE_ROWS)) * CHUNK_BYTES;
+}
+// The same address in two parts, for a thread that writes many chunks of one row: the row's
+// base in a 1024-byte aligned tile (swizzle_row_base: its bits 4-6 hold row % 8, as the chunk's
+// position will), then each chunk by one XOR with a constant and one add (swizzled_chunk_at), so
+// that the addresses need not be kept as registers.
+__device__ __forceinline__ uint32_t swizzle_row_base(uint32_t tile, int row) {
+    return tile + row * SLAB_ROW_BYTES + (row % SWIZZLE_ROWS) * CHUNK_BYTES;
+}
+template <int ROWS>
+__device__ __forceinline__ uint32_t swizzled_chunk_at(uint32_t row_base, int chunk) {
+    return (row_base ^ (uint32_t)((chunk % CHUNKS_PER_SLAB_ROW) * CHUNK_BYTES)) +
+           (chunk / CHUNKS_PER_SLAB_ROW) * (ROWS * SLAB_ROW_BYTES);
 }
 
 // Operand A or B stored "K-major" (the K dimension contiguous: Q and K rows, D halves each).

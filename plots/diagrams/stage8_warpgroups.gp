@@ -36,7 +36,7 @@ set label 11 'load warp (one thread issues):' at 4, 51.5 left
 set label 12 '  K_j, V_j once (TMA)' at 4, 48.5 left
 set label 13 '  per step: wait Q_EMPTY, then' at 4, 45.5 left
 set label 14 '  Q_i, dO_i by TMA; LSE_i, D_i' at 4, 42.5 left
-set label 15 '  by the lanes'' stores' at 4, 39.5 left
+set label 15 '  by the lanes'' cp.async' at 4, 39.5 left
 set label 16 'dQ warp (one thread issues):' at 4, 33.5 left
 set label 17 '  wait DQ_FULL, bulk reduce-add' at 4, 30.5 left
 set label 18 '  step i''s buffer into dQ_acc,' at 4, 27.5 left
@@ -49,7 +49,7 @@ set label 22 'ring slot 0: Q_i, dO_i, LSE_i, D_i     Q_FULL, DO_FULL, Q_EMPTY' a
 set label 23 'ring slot 1: the next step''s (loads while slot 0 is used)' at 48, 44.5 left
 set label 24 'dS^T, two buffers (stmatrix): the dQ product''s A' at 48, 38.5 left tc rgb RED
 set label 25 '     named barrier DS_ALL: every warp has written it' at 48, 35.5 left tc rgb RED
-set label 26 'dQ_i staging: 2 buffers (i % 2), fp32   DQ_FULL, DQ_EMPTY x2' at 48, 29.5 left tc rgb RED
+set label 26 'dQ_i staging (D = 128: 2 buffers), fp32   DQ_FULL, DQ_EMPTY' at 48, 29.5 left tc rgb RED
 set label 27 'mbarriers: a full barrier counts bytes (TMA) and arrivals,' at 48, 24.5 left font 'Sans,10'
 set label 28 'an empty one the consumers'' arrivals' at 48, 22 left font 'Sans,10'
 
@@ -62,7 +62,7 @@ set label 34 'dV += P^T dO, dK += dS^T Q (wgmma, RS)' at 110, 43 left
 set label 35 'consumer warpgroup 1: keys 64..127' at 109, 36 left font 'Sans,12'
 set label 36 'the same, on its 64 keys; both compute' at 110, 32 left
 set label 37 'dQ_i = dS K_j (wgmma, SS) from dS^T' at 110, 29 left tc rgb RED
-set label 38 '(D = 128: by columns; D = 64: by keys)' at 110, 26 left tc rgb RED
+set label 38 '(D = 128: its columns; D = 64: its queries)' at 110, 26 left tc rgb RED
 
 # global memory
 set label 40 'global memory (HBM)' at 3, 11 left font 'Sans,12'
