@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Train a small character-level GPT with the course's attention, then again with PyTorch's.
+"""Train a small character-level GPT with the course's attention and with PyTorch's, side by side.
 
     make lib
     PYTHONPATH=python python3 python/examples/train_gpt.py            # H100 / H200: about a minute
     PYTHONPATH=python python3 python/examples/train_gpt.py --small    # a T4: a couple of minutes
     PYTHONPATH=python python3 python/examples/train_gpt.py --dtype bf16 --kv-heads 2   # Hopper
 
-The same GPT is trained twice, from the same initial weights, on the same batches in the same
-order, with the same optimizer and autocast (--dtype: fp16, with a gradient scaler, or bf16,
+The same GPT is trained twice, the two runs taking turns of 25 steps (the first to go
+alternating), from the same initial weights, on the same batches in the same order, with the
+same optimizer and autocast (--dtype: fp16, with a gradient scaler, or bf16,
 without one): once with flashcourse.scaled_dot_product_attention (the forward pass by --stage, by
 default stage 6 on a Hopper GPU and stage 5 elsewhere; the backward pass by --backward-stage, by
 default stage 8, FlashAttention-3's backward, on a Hopper GPU and stage 7, FlashAttention-2's,
@@ -22,7 +23,8 @@ stage*/README.md) and its CUDA and C sources, read from this repository, charact
 the last 10% of every file is held out for the validation loss.
 
 Printed: a progress line every few steps, each run's training throughput (tokens per second over
-the steps after the warm-up, timed between two torch.cuda.synchronize() calls), its final loss
+its turns but the first, the warm-up, each turn timed between two torch.cuda.synchronize() calls:
+taking turns, a change in the machine's pace falls on both runs alike), its final loss
 (the mean training loss of the last steps) and its validation loss (every held-out window, in
 the same batches, for both). Written to --out (default plots/<gpu>/, as `make bench` names it):
 train_gpt.csv (step, loss_course, loss_sdpa, after '# key: text' lines that describe the run)
@@ -273,8 +275,10 @@ def validation_loss(s: Setup, model) -> float:
     return total.item() / (n * seq)
 
 
-def train(s: Setup, name: str, sdpa):
-    """One run: (the loss of every step, tokens per second after the warm-up, validation loss)."""
+def train(s: Setup, name: str, sdpa, result: dict):
+    """One run, as a generator: each next() trains the next chunk of steps (the last may be
+    shorter) and yields how many steps are done; after the last, result gets the loss of every
+    step and the validation loss. The caller times the chunks (train_both)."""
     a = s.args
     torch.manual_seed(SEED)  # the same random state in both runs (nothing in the step draws)
     model = s.new_model(sdpa)
@@ -291,14 +295,9 @@ def train(s: Setup, name: str, sdpa):
     scaler = torch.amp.GradScaler(s.device.type, enabled=s.amp_dtype == torch.float16)
 
     losses = torch.zeros(a.steps, device=s.device)
-    warmup = min(10, a.steps // 5)  # steps left out of the timing: first calls, allocations
     every = max(1, a.steps // 20)
-    t0 = None
+    chunk = chunk_steps(a.steps)
     for step in range(a.steps):
-        if step == warmup:  # the clock starts once the warm-up steps have run
-            s.sync()
-            t0 = mark = time.perf_counter()
-            mark_step = step
         lr = learning_rate(step, a.steps, a.lr)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -312,21 +311,57 @@ def train(s: Setup, name: str, sdpa):
         opt.zero_grad(set_to_none=True)
         losses[step] = loss.detach()  # kept on the device: no wait for the GPU in the loop
         if (step + 1) % every == 0 or step + 1 == a.steps:
-            value = losses[step].item()  # waits for this step, so the time below is real
-            pace = ""
-            if t0 is not None and step + 1 > mark_step:
-                now = time.perf_counter()
-                pace = f"  {(now - mark) * 1e3 / (step + 1 - mark_step):7.1f} ms/step"
-                mark, mark_step = now, step + 1
-            say(f"  [{name}] step {step + 1:5d}/{a.steps}  loss {value:.4f}  lr {lr:.2e}{pace}")
-    s.sync()
-    seconds = time.perf_counter() - t0
-    tokens_per_s = (a.steps - warmup) * a.batch * a.seq / seconds
-    val = validation_loss(s, model)
+            say(f"  [{name}] step {step + 1:5d}/{a.steps}  loss {losses[step].item():.4f}  "
+                f"lr {lr:.2e}")
+        if (step + 1) % chunk == 0 or step + 1 == a.steps:
+            yield step + 1
+    result["losses"] = losses.tolist()
+    result["val"] = validation_loss(s, model)
     del model, opt
     if s.device.type == "cuda":
         torch.cuda.empty_cache()
-    return losses.tolist(), tokens_per_s, val
+
+
+CHUNK = 25  # steps a run trains before the other run's turn
+
+
+def chunk_steps(steps: int) -> int:
+    """Steps per turn: CHUNK, fewer for a short run (at least 4 turns each)."""
+    return max(1, min(CHUNK, steps // 4))
+
+
+def train_both(s: Setup, runs):
+    """The runs, (key, attention function) each, trained in turns of chunk_steps() steps, the
+    first to go alternating, each turn timed between two synchronisations of the device: a change
+    in the machine's pace (clocks, the host's other work) falls on both runs alike, where two
+    runs one after the other would each get their own. Returns {key: (the loss of every step,
+    tokens per second, validation loss)}; the tokens per second count every turn but a run's
+    first (the warm-up: first calls, allocations)."""
+    a = s.args
+    results = {key: {} for key, _ in runs}
+    gens = {key: train(s, key, fn, results[key]) for key, fn in runs}
+    seconds = dict.fromkeys(gens, 0.0)
+    timed = dict.fromkeys(gens, 0)
+    done = dict.fromkeys(gens, 0)
+    turn = 0
+    while gens:
+        keys = list(gens) if turn % 2 == 0 else list(reversed(gens))
+        for key in keys:
+            s.sync()
+            t0 = time.perf_counter()
+            try:
+                now = next(gens[key])
+            except StopIteration:  # (the validation loss, after the last turn: not timed)
+                del gens[key]
+                continue
+            s.sync()
+            if done[key] > 0:
+                seconds[key] += time.perf_counter() - t0
+                timed[key] += now - done[key]
+            done[key] = now
+        turn += 1
+    return {key: (r["losses"], timed[key] * a.batch * a.seq / seconds[key], r["val"])
+            for key, r in results.items()}
 
 
 # ---- the checks before training, the outputs after ----
@@ -586,7 +621,6 @@ def main() -> int:
         f"{len(val_ids):,} held out (the last {HELD_OUT:.0%} of each), {len(chars)} symbols")
     say(f"model: {model_words}")
 
-    results = {}
     # One call in the model, two functions: the drop-in and SDPA itself (SDPA twice with
     # --sdpa-only, the check of this script without the course).
     call = f"(q, k, v, is_causal=True{', enable_gqa=True' if gqa else ''})"
@@ -598,13 +632,14 @@ def main() -> int:
         course = (f"flashcourse.scaled_dot_product_attention{call}: {course_name}",
                   course_sdpa(args.stage, args.backward_stage))
     runs = (("course", *course), ("sdpa", f"F.scaled_dot_product_attention{call}", sdpa))
-    for key, words, fn in runs:
-        say(f"run {len(results) + 1}/2, {key}: {words}")
-        try:
-            results[key] = train(s, key, fn)
-        except torch.cuda.OutOfMemoryError:
-            return fail(f"out of GPU memory in the {key} run: try a smaller --batch or --seq",
-                        code=1)
+    for key, words, _ in runs:
+        say(f"{key}: {words}")
+    say(f"the two runs take turns, {chunk_steps(args.steps)} steps each")
+    try:
+        results = train_both(s, [(key, fn) for key, _, fn in runs])
+    except torch.cuda.OutOfMemoryError:
+        return fail("out of GPU memory (the two models train side by side): try a smaller "
+                    "--batch or --seq", code=1)
 
     # The summary: throughput, the mean of the last steps' losses, the validation loss.
     last = max(1, min(50, args.steps // 10))
