@@ -43,6 +43,24 @@ __device__ __forceinline__ bool step_needs_mask(const bwd_problem &pb, int key0,
     return key0 + KEYS > pb.N_k || (pb.causal && key0 + KEYS - 1 > q0 + pb.key_shift);
 }
 
+// The thread's column pairs of LSE_i or D_i (a float per query of the tile, in shared memory):
+// queries 8n + 2t and 8n + 2t + 1, for every n8 block n.
+template <int D>
+__device__ __forceinline__ void load_columns(float2 (&v)[qrows<D>() / FRAG_COLS], uint32_t smem,
+                                             int t) {
+#pragma unroll
+    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n)
+        v[n] = ld_shared_f2(smem + (FRAG_COLS * n + FRAG_LANE_COLS * t) * (int)sizeof(float));
+}
+
+// Whether a step loads LSE_i before it waits for S^T: the loads' latency off the softmax's path,
+// for registers (qrows / 4 a thread) that D = 128's 64-query steps have and D = 64's 128-query
+// ones do not (they spill).
+template <int D>
+__device__ __forceinline__ constexpr bool lse_ahead() {
+    return qrows<D>() == WGMMA_M;
+}
+
 // S^T has landed: P^T = 2^(S^T scale log2(e) - LSE_i log2(e)) in place, the forward's
 // probabilities exactly (lse2 is the LSE in log2 units; +inf on query rows past N and rows that
 // see no key, whose P is then 0 with no mask). Masked: keys past N_k and (causal) keys past a
@@ -50,11 +68,11 @@ __device__ __forceinline__ bool step_needs_mask(const bwd_problem &pb, int key0,
 // keys key_row and key_row + 8.
 template <int D>
 __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const bwd_problem &pb,
-                                              uint32_t lse_smem, int key_row, int q0, int t,
-                                              bool mask) {
+                                              const float2 (&lse_cols)[qrows<D>() / FRAG_COLS],
+                                              int key_row, int q0, int t, bool mask) {
 #pragma unroll
     for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
-        const float2 lse = ld_shared_f2(lse_smem + (FRAG_COLS * n + FRAG_LANE_COLS * t) * 4);
+        const float2 lse = lse_cols[n];
 #pragma unroll
         for (int e = 0; e < FRAG_REGS; ++e) {
             const int i = FRAG_REGS * n + e;
@@ -78,10 +96,10 @@ __device__ __forceinline__ void score_gradients(uint32_t (&P16)[packed_regs<D>()
                                                 uint32_t (&dS16)[packed_regs<D>()],
                                                 const float (&P)[score_regs<D>()],
                                                 const float (&dP)[score_regs<D>()],
-                                                uint32_t Dsum_smem, int t) {
+                                                const float2 (&D_cols)[qrows<D>() / FRAG_COLS]) {
 #pragma unroll
     for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
-        const float2 Di = ld_shared_f2(Dsum_smem + (FRAG_COLS * n + FRAG_LANE_COLS * t) * 4);
+        const float2 Di = D_cols[n];
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
             const int i = acc_index(n, h, 0), j = i / FRAG_LANE_COLS;  // columns c = 0, 1
@@ -188,21 +206,25 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     const int key_row = key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first
     float S[score_regs<D>()], dP[score_regs<D>()], dQ_part[DQ_REGS];
     uint32_t P16[packed_regs<D>()], dS16[packed_regs<D>()];
+    float2 lse[qrows<D>() / FRAG_COLS], Di[qrows<D>() / FRAG_COLS];
 
-    // S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, each as soon as its tile has landed
+    // S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, each as soon as its tile has landed; at D = 128
+    // LSE_i (landed with Q_i) into registers while they run (lse_ahead)
     mbar_wait(bar_at(sm, BAR_Q_FULL + slot), ring_phase(it));
     issue_scores<D, BF16>(S, K_desc, desc_k_major(Q_tile));
+    if constexpr (lse_ahead<D>()) load_columns<D>(lse, sm.lse + slot * vec_bytes<D>(), p.t);
     mbar_wait(bar_at(sm, BAR_DO_FULL + slot), ring_phase(it));
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile));
 
     // P^T while dP^T runs; then dS^T, both packed
     wgmma_wait<1>();
     pin_registers(S);
-    probabilities<D>(S, pb, sm.lse + slot * vec_bytes<D>(), key_row, q0, p.t,
-                     step_needs_mask(pb, key0, q0));
+    if constexpr (!lse_ahead<D>()) load_columns<D>(lse, sm.lse + slot * vec_bytes<D>(), p.t);
+    probabilities<D>(S, pb, lse, key_row, q0, p.t, step_needs_mask(pb, key0, q0));
     wgmma_wait<0>();
     pin_registers(dP);
-    score_gradients<D, BF16>(P16, dS16, S, dP, sm.Dsum + slot * vec_bytes<D>(), p.t);
+    load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>(), p.t);
+    score_gradients<D, BF16>(P16, dS16, S, dP, Di);
 
     // dS^T to shared memory; dV, dK from registers; dQ_i's part from shared memory
     store_ds<D>(dS16, dS_tile, p);
