@@ -10,10 +10,10 @@
 #include "producer.cuh"
 
 // What each barrier counts (config.cuh says what it protects): KV_FULL the load warp's lane 0
-// (one expect_tx arrival, and the bytes); Q_FULL and DO_FULL every lane of the load warp (after
-// its stores of LSE_i or D_i; lane 0 also announces the tile's bytes); Q_EMPTY every consumer
-// thread (after its loads of LSE_i and D_i and its wgmma reads of the tiles); DQ_FULL one arrival
-// per consumer warp; DQ_EMPTY the dQ warp's. Thread 0 initialises them.
+// (one expect_tx arrival, and the bytes); Q_FULL and DO_FULL every lane of the load warp (once
+// its cp.async of LSE_i or D_i has landed; lane 0 also announces the tile's bytes); Q_EMPTY every
+// consumer thread (after its loads of LSE_i and D_i and its wgmma reads of the tiles); DQ_FULL one
+// arrival per consumer warp; DQ_EMPTY the dQ warp's. Thread 0 initialises them.
 template <int D>
 __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     mbar_init(bar_at(sm, BAR_KV_FULL), 1);
