@@ -42,7 +42,7 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
                                            int lane) {
     constexpr int ROWS = qrows<D>(), LANE_FLOATS = ROWS / WARP_SIZE;
     constexpr int LANE_BYTES = LANE_FLOATS * (int)sizeof(float);  // one cp.async: 8 or 16
-    static_assert(ROW_PAD % ROWS == 0, "N_pad (a multiple of ROW_PAD) is one of the tile's rows");
+    static_assert(ROW_PAD % ROWS == 0, "N_pad (a multiple of ROW_PAD) is a whole number of tiles");
     const int key0 = block_key_tile(pb) * KEYS;
     const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
     if (lane == 0) {

@@ -6,7 +6,7 @@
     PYTHONPATH=python python3 python/examples/train_gpt.py --small    # a T4: a couple of minutes
     PYTHONPATH=python python3 python/examples/train_gpt.py --dtype bf16 --kv-heads 2   # Hopper
 
-The same GPT is trained twice, the two runs taking turns of 25 steps (the first to go
+The same GPT is trained twice, the two runs taking turns of a few steps (CHUNK; the first to go
 alternating), from the same initial weights, on the same batches in the same order, with the
 same optimizer and autocast (--dtype: fp16, with a gradient scaler, or bf16,
 without one): once with flashcourse.scaled_dot_product_attention (the forward pass by --stage, by
