@@ -588,12 +588,12 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
         const int r = c / CHUNKS_PER_ROW, chunk = c % CHUNKS_PER_ROW;
         if (r < rows_left) {
             if constexpr (MODEL) {
-                *reinterpret_cast<uint4 *>(O + rows_offset(r, o_ld) + chunk * CHUNK_HALVES) =
-                    ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk));
+                st_global_v4(O + rows_offset(r, o_ld) + chunk * CHUNK_HALVES,
+                             ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk)));
             } else {
                 (void)o_ld;
-                *reinterpret_cast<uint4 *>(O + (size_t)r * D + chunk * CHUNK_HALVES) =
-                    ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk));
+                st_global_v4(O + (size_t)r * D + chunk * CHUNK_HALVES,
+                             ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk)));
             }
         }
     }

@@ -57,8 +57,8 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
                                       O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
             quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
             if (row < pb.N)
-                *reinterpret_cast<uint4 *>(o_row + FRAG_COLS * (QUAD * k + p.t)) =
-                    make_uint4(v[0], v[1], v[2], v[3]);
+                st_global_v4(o_row + FRAG_COLS * (QUAD * k + p.t),
+                             make_uint4(v[0], v[1], v[2], v[3]));
         }
     }
 }

@@ -218,6 +218,6 @@ __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_p
     uint2 out;
     out.x = pack2_of<BF16>(a.x * p.scale, a.y * p.scale);
     out.y = pack2_of<BF16>(a.z * p.scale, a.w * p.scale);
-    *reinterpret_cast<uint2 *>(p.dQ + head_offset(p.layout.dQ, b, h) +
-                               rows_offset(row, p.layout.dQ.row) + col) = out;
+    st_global_v2(p.dQ + head_offset(p.layout.dQ, b, h) + rows_offset(row, p.layout.dQ.row) + col,
+                 out);
 }

@@ -63,6 +63,19 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+// One 8- or 16-byte store to global memory (the address aligned to its size), as one instruction
+// whatever the compiler can prove about the address: a plain uint2 or uint4 store through a
+// pointer whose offset comes from runtime strides may be emitted as 4-byte stores, each a warp
+// writing every fourth word of its bytes.
+__device__ __forceinline__ void st_global_v2(void *p, uint2 v) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+__device__ __forceinline__ void st_global_v4(void *p, uint4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
 // The lane, read afresh where it is used (volatile: the compiler may not hoist it out of a loop,
 // so the offsets derived from it are recomputed instead of held in registers).
 __device__ __forceinline__ int lane_index() {
