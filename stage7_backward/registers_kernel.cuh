@@ -186,9 +186,9 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
         const int buf = STAGES == 2 ? it % STAGES : 0;
         const uint32_t Q_tile = Q_smem + buf * Q_TILE, dO_tile = dO_smem + buf * Q_TILE;
         const uint32_t vec_tile = vec_smem + buf * VEC;
-        if (STAGES == 1) {
+        if (STAGES == 1) {    // (the T4's configuration: its sm_75 code unrolls every copy)
             __syncthreads();  // every warp is done with the last tile's Q, dO, LSE, D and dS
-            issue_query_tile<D, QROWS, THREADS>(p, Q_tile, dO_tile, vec_tile, b, hq, q0);
+            issue_query_tile<D, QROWS, THREADS, false>(p, Q_tile, dO_tile, vec_tile, b, hq, q0);
         }
         cp_async_wait<0>();
         __syncthreads();  // tile it (and K_j, V_j) visible to all; with two stages, every warp is

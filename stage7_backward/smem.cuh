@@ -55,10 +55,12 @@ __device__ __forceinline__ uint32_t b_lane_offset() {
 // shared tile; rows >= rows_left become zeros. Thread tid moves the chunks (row0 + i STEP, chunk0),
 // i = 0, 1, ...: consecutive threads read consecutive 16 bytes, and STEP = THREADS / (D / 8) rows
 // is a multiple of 8, so every chunk of a thread has the same swizzle, i STEP rows after the
-// first. sm_80 on: one address walked down the thread's rows in a loop, not one per chunk (the
-// rows are a runtime stride apart: unrolled, each chunk would hold a 64-bit address of its own,
-// beside dK and dV's accumulators). One commit group per call.
-template <int ROWS, int D, int THREADS>
+// first. WHOLE_UNROLLED: a whole tile of contiguous rows (ld = D, the [B, H, N, D] layout; every
+// tile but a sequence's last) is copied unrolled, every chunk a compile-time offset from the
+// thread's first. Else, sm_80 on: one address walked down the thread's rows in a loop, not one per
+// chunk (the rows are a runtime stride apart: unrolled, each chunk would hold a 64-bit address of
+// its own, beside dK and dV's accumulators). One commit group per call.
+template <int ROWS, int D, int THREADS, bool WHOLE_UNROLLED = true>
 __device__ __forceinline__ void tile_issue(uint32_t tile, const __half *src, unsigned ld,
                                            int rows_left) {
     constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
@@ -70,6 +72,13 @@ __device__ __forceinline__ void tile_issue(uint32_t tile, const __half *src, uns
     const int row0 = (int)threadIdx.x / CHUNKS_PER_ROW, chunk0 = (int)threadIdx.x % CHUNKS_PER_ROW;
     const uint32_t to = tile + smem_offset<D>(row0, chunk0);
     const __half *from = src + rows_offset(row0, ld) + chunk0 * CHUNK_HALVES;
+    if (WHOLE_UNROLLED && ld == D && rows_left >= ROWS) {  // the same for the whole block
+#pragma unroll
+        for (int i = 0; i < ROWS / STEP; ++i) {
+            copy_chunk(to + i * STEP_BYTES, from + i * STEP * D, true);
+        }
+        return;
+    }
     const size_t step = (size_t)STEP * ld;  // elements from one of this thread's rows to the next
 #if __CUDA_ARCH__ >= 800
 #pragma unroll 1
@@ -83,13 +92,15 @@ __device__ __forceinline__ void tile_issue(uint32_t tile, const __half *src, uns
     }
 }
 
-// Start copying ROWS floats (a padded row vector: always in bounds) into shared memory.
+// Start copying ROWS floats (a padded row vector: always in bounds) into shared memory: one
+// 16-byte chunk for each of the block's first threads.
 template <int ROWS, int THREADS>
 __device__ __forceinline__ void vector_issue(uint32_t dst, const float *src) {
     constexpr int CHUNKS = ROWS * (int)sizeof(float) / CHUNK_BYTES;
-    for (int c = (int)threadIdx.x; c < CHUNKS; c += THREADS) {
+    static_assert(CHUNKS <= THREADS, "one chunk a thread at most");
+    const int c = (int)threadIdx.x;
+    if (c < CHUNKS)
         copy_chunk(dst + c * CHUNK_BYTES, src + c * (CHUNK_BYTES / sizeof(float)), true);
-    }
 }
 
 // The query tile after (hq, q0) in a main kernel's loop: the next rows of query head hq, or the
@@ -102,18 +113,18 @@ __device__ __forceinline__ void next_query_tile(int &hq, int &q0, int q_begin, i
 
 // The main kernel's loop tile: Q_i and dO_i ([ROWS, D]) and LSE_i, D_i ([ROWS] floats) of query
 // tile q0 of query head h of batch b, copied into buffer `at`. One commit group.
-template <int D, int ROWS, int THREADS>
+template <int D, int ROWS, int THREADS, bool WHOLE_UNROLLED = true>
 __device__ __forceinline__ void issue_query_tile(const bwd_params &p, uint32_t Q_tile,
                                                  uint32_t dO_tile, uint32_t vec_tile, int b, int h,
                                                  int q0) {
     const size_t vec = (size_t)(b * p.H + h) * p.N_pad + q0;  // its rows of lse2 and Dsum
-    tile_issue<ROWS, D, THREADS>(
-        Q_tile, p.Q + head_offset(p.layout.q, b, h) + rows_offset(q0, p.layout.q.row),
-        p.layout.q.row, p.N - q0);
-    tile_issue<ROWS, D, THREADS>(
-        dO_tile, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(q0, p.layout.dO.row),
-        p.layout.dO.row, p.N - q0);
     vector_issue<ROWS, THREADS>(vec_tile, p.lse2 + vec);
     vector_issue<ROWS, THREADS>(vec_tile + ROWS * sizeof(float), p.Dsum + vec);
+    tile_issue<ROWS, D, THREADS, WHOLE_UNROLLED>(
+        Q_tile, p.Q + head_offset(p.layout.q, b, h) + rows_offset(q0, p.layout.q.row),
+        p.layout.q.row, p.N - q0);
+    tile_issue<ROWS, D, THREADS, WHOLE_UNROLLED>(
+        dO_tile, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(q0, p.layout.dO.row),
+        p.layout.dO.row, p.N - q0);
     cp_async_commit();
 }
