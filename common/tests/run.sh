@@ -21,11 +21,13 @@ export REPORT_FILE=$tmp/record REPORT_SUITE=run.sh
 : >"$REPORT_FILE"
 . common/tests/report.sh
 
-part() { # part NAME COMMAND...: one suite, its checks recorded (report.sh's report_run)
-  local name=$1
+part() { # part NAME COMMAND...: one suite, its checks recorded (report.sh's report_run), timed
+  local name=$1 t0=$SECONDS rc=0
   shift
   echo "== $name"
-  REPORT_SUITE=$name report_run "$name" "$@"
+  REPORT_SUITE=$name report_run "$name" "$@" || rc=$?
+  echo "-- $name: $((SECONDS - t0)) s"
+  return $rc
 }
 
 self_test() { # self_test STAGE: its --self-test; a stage that does not run on this GPU waives it
