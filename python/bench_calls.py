@@ -17,10 +17,13 @@ host is slower than them. Each call is timed
 Rows: flashcourse, each labelled by the forward and the backward stage it runs (stage 5's forward
 with stage 7's backward everywhere, and on Hopper also what stage="auto" and backward_stage="auto"
 pick there: stage 6's forward with stage 8's backward), beside SDPA's default and its
-FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION backends; and, eagerly, two rows that locate
-the binding's cost: `plan only` (one ctypes call on a kept plan, the outputs allocated: the floor
-of any Python binding over this C entry point) and `custom op` (the same forward through the
-torch.library operator that torch.compile uses).
+FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION backends; and, eagerly, three rows that
+locate the binding's cost: `Python path` (the last pair's calls through the binding's
+torch.autograd.Function and ctypes instead of its C++ operator: what a call costs where
+`make lib` did not build that), `plan only` (one ctypes call on a kept plan, the outputs
+allocated: the floor of any Python binding over this C entry point) and `custom op` (the same
+forward through the torch.library operator that torch.compile uses). The flashcourse rows run
+through the eager path flashcourse.eager_path() names (printed first).
 
 With --train, python/examples/train_gpt.py runs too, --train-runs times (3) per forward and
 backward stage pair, and the tokens per second (course / SDPA) of the run with the median ratio
@@ -157,9 +160,27 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
                 t.grad = None
             add(impl, "graph", "forward+backward", graph_us(torch, fwd_bwd, calls, rounds))
 
-    # Where the binding's time goes: its floor (one ctypes call on a kept plan, outputs
-    # allocated) and the custom operator's path (what torch.compile runs), forward only.
+    # Where the binding's time goes: the same calls by its Python path (torch.autograd.Function
+    # over ctypes, where the eager operator is not built), its floor (one ctypes call on a kept
+    # plan, outputs allocated) and the custom operator's path (what torch.compile runs).
     stage, backward_stage = pairs[-1]
+    fn = implementations(torch, flashcourse, pairs[-1:])[label(pairs[-1])][0]
+    saved = _binding._eager
+    _binding._eager = (None, "Python (bench_calls.py)")
+    _binding._calls.clear()
+    try:
+        python_row = f"{label(pairs[-1])}, Python path"
+
+        def py_fwd():
+            with torch.no_grad():
+                fn(q, k, v, causal)
+
+        add(python_row, "eager", "forward", per_call_us(torch, py_fwd, calls, rounds))
+        add(python_row, "eager", "forward+backward",
+            per_call_us(torch, lambda: fn(*leaves, causal).backward(do), calls, rounds))
+    finally:
+        _binding._eager = saved
+        _binding._calls.clear()
     p = _binding._plan(stage, False, shape, q.device.index, q.dtype, causal, D ** -0.5,
                        "default", 0)
     add(f"flashcourse {stage} plan only", "eager", "forward",
@@ -283,7 +304,8 @@ def main() -> int:
     from flashcourse import _binding
     pairs = list(dict.fromkeys([(_binding.FORWARD_STAGE, _binding.BACKWARD_STAGE),
                                 (flashcourse.auto_stage(), flashcourse.auto_backward_stage())]))
-    print(f"{gpu_name}, torch {torch.__version__}, forward + backward "
+    print(f"{gpu_name}, torch {torch.__version__}, eager path {flashcourse.eager_path()}, "
+          f"forward + backward "
           f"{' and '.join(f'{f} + {b}' for f, b in pairs)}; {args.calls} calls x {args.rounds} "
           f"rounds", flush=True)
     rows = []

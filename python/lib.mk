@@ -31,3 +31,13 @@ $(BUILD)/lib/lib%.so: $(BUILD)/obj/%.o $(BUILD)/obj/attn_lib.o $(BUILD)/obj/lib_
 
 # A stage that links another stage's forward pass carries it in its library too (its stage.mk's
 # <stage>_FORWARD: the Makefile adds the object).
+
+# The eager operator (python/flashcourse/_eager.cpp: attention's forward and backward as one
+# torch::autograd::Function in C++, the binding's hot path) against python3's torch, where it has
+# one; python/build_eager.py says in one line why not otherwise, and the binding runs its Python
+# path.
+EAGER_OP := $(BUILD)/lib/libflashcourse_eager.so
+.PHONY: eager-op
+lib: eager-op
+eager-op:
+	@python3 python/build_eager.py $(EAGER_OP)

@@ -12,15 +12,17 @@
 Each stage is the same attention.cu as its program, linked as a shared library with a small C
 entry point (common/attn_lib.c) and loaded with ctypes: nothing is compiled at import, and
 PyTorch is needed only by the calls that take tensors. A call checks its arguments once per
-shape and keeps the plan; later calls cost a dictionary lookup and the launches. Under
+shape and keeps the plan; later calls cost a dictionary lookup and the launches, through one
+small C++ operator where `make lib` built it against this torch (flashcourse.eager_path() says
+which; without it, the same calls in Python, with more host time a call). Under
 torch.compile the passes are PyTorch custom operators (flashcourse::forward,
 flashcourse::backward), kept whole in its graph, and CUDA graphs capture them.
 """
 
 from ._binding import (LibraryNotBuiltError, Stage, attention, attention_backward,
-                       auto_backward_stage, auto_stage, exit_codes, flash_attn_func, library_dir,
-                       scaled_dot_product_attention, stages)
+                       auto_backward_stage, auto_stage, eager_path, exit_codes, flash_attn_func,
+                       library_dir, scaled_dot_product_attention, stages)
 
 __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "flash_attn_func",
            "stages", "Stage", "auto_stage", "auto_backward_stage", "library_dir", "exit_codes",
-           "LibraryNotBuiltError"]
+           "eager_path", "LibraryNotBuiltError"]

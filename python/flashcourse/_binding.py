@@ -10,10 +10,13 @@ The hot path: the first call of a combination of stage, variant, shapes, dtypes,
 causal, scale and whether gradients are wanted checks everything, in plain Python and in the
 library (attn_lib_plan), and keeps the plans; a later call with the same combination looks
 them up in one dict, checks what can differ between tensors of one shape (contiguity, 16-byte
-alignment), allocates the outputs through PyTorch's caching allocator and makes one ctypes call
-a pass. Nothing waits for the GPU. Eagerly, gradients go through a torch.autograd.Function
-(_ops.AttentionFunction); under torch.compile the same passes are the custom operators
-flashcourse::forward and flashcourse::backward, which its graph keeps whole.
+alignment), allocates the outputs through PyTorch's caching allocator and makes one library call
+a pass. Nothing waits for the GPU. Eagerly, the passes and their gradient go through the eager
+operator, flashcourse_eager::attention (_eager.cpp, a torch::autograd::Function in C++ that calls
+the same plans through the function pointers loaded here) where `make lib` built it for this
+torch, else through a torch.autograd.Function (_ops.AttentionFunction) and ctypes. Under
+torch.compile the same passes are the custom operators flashcourse::forward and
+flashcourse::backward, which its graph keeps whole.
 """
 
 import ctypes
@@ -654,12 +657,134 @@ def _ready(q, k, v) -> bool:
 
 
 def _make_call(fp: _Plan, bp: Optional[_Plan], stage: str):
-    """The function a cached call runs: the forward plan alone, or both through autograd."""
+    """The function a cached call runs: the forward plan alone, or both through autograd; by
+    the eager operator (C++) where it is loaded, else in Python."""
+    op = _eager_op()
+    if op is not None:
+        call = _eager_call(fp, bp)
+        return lambda q, k, v: op(q, k, v, call)
     if bp is None:
         return lambda q, k, v: forward_with(fp, q, k, v)
     from . import _ops
     apply = _ops.AttentionFunction.apply
     return lambda q, k, v: apply(q, k, v, fp, bp, stage)
+
+
+# ---- the eager operator: the hot path in C++ (python/flashcourse/_eager.cpp) ----
+
+_EAGER_ABI = 1  # EAGER_ABI in _eager.cpp
+_DO_LAYOUTS_MAX = 4  # DO_LAYOUTS_MAX in _eager.cpp
+_EAGER_LIB = "libflashcourse_eager.so"
+
+
+_P, _I, _L, _U = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
+
+
+class _EagerCall(ctypes.Structure):
+    """_eager.cpp's struct eager_call: one cached call, its plans and entry points."""
+    _fields_ = ([("abi", _L),
+                 ("forward", _P), ("forward_plan", _U), ("forward_workspace", _U),
+                 ("forward_error", _P),
+                 ("backward", _P), ("backward_plan", _U), ("backward_workspace", _U),
+                 ("backward_error", _P),
+                 ("plan", _P), ("plan_bytes", _U)] +
+                [(n, _I) for n in ("device", "B", "H", "N", "D", "causal", "variant", "H_kv",
+                                   "N_k", "bf16")] +
+                [("smem_limit", _L), ("scale", ctypes.c_float), ("backward_takes_strides", _I),
+                 ("strides", _L * 24)] +
+                [(n, _I) for n in ("code_pass", "code_usage", "code_unsupported", "code_oom")] +
+                [("backward_stage", _P), ("do_plans", _U), ("do_layouts", _I),
+                 ("do_rows", (_L * 3) * _DO_LAYOUTS_MAX),
+                 ("do_workspace", _U * _DO_LAYOUTS_MAX)])
+
+
+def _address(fn) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def _eager_call(fp: _Plan, bp: Optional[_Plan]):
+    """The eager operator's description of a call: a CPU byte tensor holding an _EagerCall, the
+    forward plan, the backward plan and room for DO_LAYOUTS_MAX more (_eager.cpp's eager_call;
+    the plans are copies, so the tensor alone holds what the operator and its autograd node
+    read)."""
+    torch = _torch()
+    c = _EagerCall()
+    c.abi = _EAGER_ABI
+    lib = fp.library
+    head = ctypes.sizeof(_EagerCall)
+    c.forward, c.forward_plan, c.forward_workspace = _address(lib.forward), head, fp.workspace
+    c.forward_error = _address(lib.last_error)
+    for name in ("pass", "usage", "unsupported", "oom"):
+        setattr(c, f"code_{name}", lib.codes[name])
+    size = head + lib.plan_bytes
+    if bp is not None:
+        blib = bp.library
+        c.backward, c.backward_plan = _address(blib.backward), size
+        c.backward_workspace, c.backward_error = bp.workspace, _address(blib.last_error)
+        c.plan, c.plan_bytes = _address(blib.plan), blib.plan_bytes
+        backward, device, causal, s32, vi, smem_limit, bf16 = bp.args
+        B, H, N, D, H_kv, N_k, strides = bp.geometry
+        c.device, c.B, c.H, c.N, c.D, c.causal, c.variant = device, B, H, N, D, int(causal), vi
+        c.H_kv, c.N_k, c.bf16, c.smem_limit, c.scale = H_kv, N_k, int(bf16), smem_limit, s32
+        c.backward_takes_strides = int(bool(blib.stage.backward_takes & TAKES_STRIDES))
+        c.strides[:] = strides if strides else (0,) * 24
+        c.backward_stage = _address(_stage_names.setdefault(bp.stage, ctypes.create_string_buffer(
+            bp.stage.encode())))
+        c.do_plans = size + blib.plan_bytes
+        size = c.do_plans + _DO_LAYOUTS_MAX * blib.plan_bytes
+    t = torch.zeros(size, dtype=torch.uint8)
+    base = t.data_ptr()
+    ctypes.memmove(base, ctypes.addressof(c), head)
+    ctypes.memmove(base + c.forward_plan, fp.addr, lib.plan_bytes)
+    if bp is not None:
+        ctypes.memmove(base + c.backward_plan, bp.addr, bp.library.plan_bytes)
+    return t
+
+
+_stage_names: Dict[str, ctypes.Array] = {}  # the backward stages' names, for _EagerCall (kept)
+
+
+_eager = None  # (the operator or None, where it came from or why not): _eager_op()
+
+
+def _eager_op():
+    """The eager operator flashcourse_eager::attention, loaded at the first call, or None: not
+    built (`make lib` builds it where python3 has torch), built for another torch, not loadable,
+    or FLASHCOURSE_EAGER_OP=0 (read once)."""
+    global _eager
+    if _eager is None:
+        _eager = _load_eager()
+    return _eager[0]
+
+
+def _load_eager():
+    torch = _torch()
+    if os.environ.get("FLASHCOURSE_EAGER_OP", "1") == "0":
+        return None, "Python (FLASHCOURSE_EAGER_OP=0)"
+    path = library_dir() / _EAGER_LIB
+    if not path.is_file():
+        return None, f"Python ({path} not built: `make lib` builds it where python3 has torch)"
+    try:
+        built = path.with_suffix(".torch").read_text().strip()
+    except OSError:
+        built = "unknown"
+    if built != torch.__version__:
+        return None, (f"Python ({path} was built for torch {built}, this is "
+                      f"{torch.__version__}: `make lib` again)")
+    try:
+        torch.ops.load_library(str(path))
+        op = torch.ops.flashcourse_eager.attention.default
+    except (OSError, RuntimeError, AttributeError) as e:
+        return None, f"Python ({path} does not load: {str(e).splitlines()[0]})"
+    return op, f"C++ ({path})"
+
+
+def eager_path() -> str:
+    """Which code runs an eager call's passes: "C++ (<the eager operator's library>)" or "Python
+    (<why not the C++ operator>)". Both give the same results; the C++ operator costs less host
+    time per call."""
+    _eager_op()
+    return _eager[1]
 
 
 # ---- the public calls ----

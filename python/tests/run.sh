@@ -28,6 +28,20 @@ done
 if ! command -v python3 >/dev/null 2>&1; then
   skip "the binding's tests, the notebook checks and the example's: python3 not found"
 else
+  # the eager operator's build without torch (hidden here, whether or not it is installed): one
+  # line saying so, exit 0, nothing written (make lib goes on; the binding runs its Python path)
+  tmp=$(mktemp -d)
+  err=$(python3 -c "import runpy, sys; sys.modules['torch'] = None
+sys.argv = ['build_eager.py', '$tmp/libflashcourse_eager.so']
+runpy.run_path('python/build_eager.py', run_name='__main__')" 2>&1)
+  rc=$?
+  if [ "$rc" -eq 0 ] && [ "$(grep -c '' <<<"$err")" -eq 1 ] && grep -q 'no torch' <<<"$err" &&
+    [ -z "$(ls -A "$tmp")" ]; then
+    ok "build_eager.py without torch: one line, exit 0, nothing built"
+  else
+    bad "build_eager.py without torch: exit $rc, output: $err"
+  fi
+  rm -rf "$tmp"
   FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_binding.py python3 python/tests/test_binding.py
   # pip install ./python (not -e): the installed package finds this checkout's libraries
   report_run pip_install.sh bash python/tests/pip_install.sh "$dir"

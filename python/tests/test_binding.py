@@ -51,6 +51,22 @@ def need_gpu():
         raise Skip("no CUDA GPU here")
 
 
+class python_path:
+    """Eager calls by the binding's Python path (torch.autograd.Function over ctypes) inside the
+    block, whatever eager_path() says: where a test reads the plan attention() differentiates
+    with (o.grad_fn.bp), which the C++ operator's autograd node does not show; both paths plan
+    alike (_attention_checked)."""
+
+    def __enter__(self):
+        self.saved = _binding._eager
+        _binding._eager = (None, "Python (the tests' python_path)")
+        _binding._calls.clear()
+
+    def __exit__(self, *exc):
+        _binding._eager = self.saved
+        _binding._calls.clear()
+
+
 def raises(exc, fn, *args, match=None, **kw):
     """fn(*args, **kw) must raise exc (not a subclass's sibling), with `match` in its message."""
     try:
@@ -526,7 +542,9 @@ def t_model_inputs_backward(backward_stage="auto"):
             raise
         raise Skip(f"{backward_stage} does not run here: {e}")
     if bst is None:  # auto: stage 8 takes these where it runs, as stage 7 does elsewhere
-        assert o.grad_fn.bp.stage == flashcourse.auto_backward_stage(), o.grad_fn.bp.stage
+        with python_path():
+            o2, _ = flashcourse.attention(*leaves, causal=True, stage=model_forward_stage())
+        assert o2.grad_fn.bp.stage == flashcourse.auto_backward_stage(), o2.grad_fn.bp.stage
     do = torch.randn_like(o)
     o.backward(do)
     ref = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
@@ -750,7 +768,7 @@ def t_gradients(stage, backward_variant, backward_stage="auto"):
         except ValueError as e:
             raise Skip(f"{stage} forward, {backward_stage} backward do not run here: {e}")
         if backward_stage == "auto" and ci == 0:  # what auto chose, in the test's words
-            print(f"         {stage} forward, auto backward: {o.grad_fn.bp.stage}")
+            print(f"         {stage} forward, auto backward: {flashcourse.auto_backward_stage()}")
         assert o.requires_grad and not lse.requires_grad or lse.grad_fn is not None
         o.backward(do)
         sc = scale32(scale if scale is not None else 1 / math.sqrt(D))
@@ -810,6 +828,11 @@ def stage8_not_here(smem_limit=0):
 
 def t_auto_backward():
     need_gpu()
+    with python_path():  # (o.grad_fn.bp below)
+        auto_backward()
+
+
+def auto_backward():
     # backward_stage="auto": stage 8 on an sm_90 GPU where its library is built (with sm_90a
     # code), stage 7 on any other; a variant stage 8 lacks or an smem_limit it does not fit:
     # stage 7; explicit names as given; errors name the stage chosen. What attention()
@@ -928,6 +951,61 @@ def t_gradient_errors():
            match=["fastest"])
     raises(ValueError, flashcourse.attention, *leaves, backward_stage="stage5_tuned",
            match=["no backward pass"])
+
+
+def t_eager_op():
+    need_gpu()
+    # The eager operator (C++, make lib where python3 has torch) against the Python path, on the
+    # same plans: o, lse and the deterministic gradients bit-identical; dO in o's layout, in its
+    # own ([B, N, H, D] views: a plan per layout, four at most) and in more layouts than that
+    # (copied into o's); double backward's error. (Both against float64: t_gradients.)
+    path = flashcourse.eager_path()
+    print(f"         eager path: {path}")
+    lib = flashcourse.library_dir() / _binding._EAGER_LIB
+    if not path.startswith("C++"):
+        if lib.is_file() and os.environ.get("FLASHCOURSE_EAGER_OP") != "0":
+            raise AssertionError(f"{lib} is built but not used: {path}")
+        raise Skip(f"the eager operator is not in use: {path}")
+    B, H, H_kv, N, D = 2, 4, 2, 333, 64
+    g = torch.Generator(device="cuda").manual_seed(141)
+    q = torch.randn((B, H, N, D), generator=g, device="cuda").half()
+    k, v = (torch.randn((B, H_kv, N, D), generator=g, device="cuda").half() for _ in range(2))
+    base = torch.randn((B, N, H, D), generator=g, device="cuda").half()
+    wide2 = torch.randn((B, N, H, 2 * D), generator=g, device="cuda").half()
+    wide3 = torch.randn((B, N, H, 3 * D), generator=g, device="cuda").half()
+    gaps = torch.randn((B, H, N + 7, D), generator=g, device="cuda").half()
+    dos = [base.transpose(1, 2).contiguous(),  # o's layout: the binding's plan
+           base.transpose(1, 2),  # [B, N, H, D]: a plan made by the operator
+           wide3[..., D:2 * D].transpose(1, 2),  # rows 3 H D apart: a second
+           gaps[:, :, 7:],  # a head's rows N + 7 apart: a third
+           base.permute(2, 0, 1, 3).contiguous().permute(1, 0, 2, 3),  # [H, B, N, D]: the fourth
+           wide2[..., D:].transpose(1, 2),  # a fifth layout: copied into o's
+           base.flip(0).transpose(1, 2)]  # [B, N, H, D] again: the first plan made
+    kw = dict(causal=True, scale=0.11, stage="stage5_tuned", backward_stage="stage7_backward",
+              backward_variant="deterministic")
+
+    def run_all():
+        out = []
+        for do in dos:
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            o, lse = flashcourse.attention(*leaves, **kw)
+            o.backward(do)
+            out.append([o.detach(), lse] + [t.grad for t in leaves])
+        return out
+
+    cpp = run_all()
+    with python_path():
+        py = run_all()
+    for i, (a, b) in enumerate(zip(cpp, py)):
+        for name, x, y in zip(("o", "lse", "dq", "dk", "dv"), a, b):
+            assert torch.equal(x, y), f"dO layout {i} {tuple(dos[i].stride())}: {name} differs"
+    # create_graph: the gradients exist, their own gradient raises
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o, _ = flashcourse.attention(*leaves, **kw)
+    (gq,) = torch.autograd.grad((o * dos[0]).sum(), [leaves[0]], create_graph=True)
+    assert torch.equal(gq, cpp[0][2]), "create_graph changed dq"
+    msg = raises(RuntimeError, gq.sum().backward, match="double backward")
+    assert "stage7_backward" in msg, msg
 
 
 def t_plans_cached():
@@ -1173,6 +1251,8 @@ def main():
     run("attention_backward on its own", t_backward_alone)
     run("deterministic backward: bit-identical gradients", t_deterministic_bit_identical)
     run("lse a constant; double backward, float32 stage: clear errors", t_gradient_errors)
+    run("the eager operator (C++) vs the Python path: bit-identical, dO in five layouts, "
+        "double backward's error", t_eager_op)
     run("a repeated call runs from the plan cache; what it cannot know is still checked",
         t_plans_cached)
     run("forward and backward never synchronise (sync debug mode: error)", t_no_sync)

@@ -1,0 +1,269 @@
+/*
+ * python/flashcourse/_eager.cpp: the eager hot path of flashcourse.attention in C++, the
+ * operator flashcourse_eager::attention (build/lib/libflashcourse_eager.so, `make lib` where
+ * python3 has torch; python/lib.mk).
+ *
+ * flashcourse.attention checks a call's arguments once, in Python, and keeps the plans the stage
+ * libraries made for it (python/flashcourse/_binding.py). What runs on every later call is one
+ * forward pass and, through autograd, one backward pass of those plans. Done in Python, that is
+ * a torch.autograd.Function, whose backward the autograd engine reaches through the interpreter:
+ * about 100 us of host time per forward + backward at a tiny shape, three times the library's
+ * own. Here the same two passes are a torch::autograd::Function in C++: the outputs allocated
+ * through PyTorch's caching allocator, the library's attn_lib_forward / attn_lib_backward called
+ * through the function pointers the binding loaded (ctypes), on the current stream, nothing
+ * waiting for the GPU. The binding describes a call once, as a struct eager_call with its plans
+ * in a CPU byte tensor (_binding._EagerCall, the same fields), and passes that with each call.
+ *
+ * Nothing is checked here that the binding checked for this call, except what can differ
+ * between tensors of one shape: the upstream gradient's layout. dO reaches the backward pass in
+ * its own layout where the backward stage takes strides (a second plan for that layout, made
+ * here once per layout by attn_lib_plan, as _Plan.with_do does; four at most), else copied
+ * into o's layout.
+ * The binding falls back to its Python path (torch.autograd.Function over ctypes) where this
+ * library is missing, was built for another torch, or FLASHCOURSE_EAGER_OP=0.
+ */
+#include <ATen/ATen.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+// common/attn_lib.c's entry points
+typedef int (*forward_fn)(const void *plan, const void *Q, const void *K, const void *V, void *O,
+                          float *lse, void *workspace, size_t workspace_bytes, void *stream);
+typedef int (*backward_fn)(const void *plan, const void *Q, const void *K, const void *V,
+                           const void *O, const float *lse, const void *dO, void *dQ, void *dK,
+                           void *dV, void *workspace, size_t workspace_bytes, void *stream);
+typedef int (*plan_fn)(int pass, int device, long long smem_limit, int B, int H, int N, int D,
+                       int causal, float scale, int variant, int H_kv, int N_k, int bf16,
+                       const long long *strides, void *plan, size_t plan_bytes,
+                       size_t *workspace_bytes);
+typedef const char *(*last_error_fn)(void);
+
+constexpr int64_t EAGER_ABI = 1;   // _binding._EAGER_ABI
+constexpr int PASS_BWD = 1;        // attn_lib_plan's pass
+constexpr int DO_ROWS = 12;        // dO's {batch, head, row} strides among the plan's 24
+constexpr int DO_LAYOUTS_MAX = 4;  // _binding._DO_LAYOUTS_MAX: more are copied into o's layout
+
+// One call as the binding describes it (_binding._EagerCall: the same fields, in this order), at
+// the start of a CPU byte tensor that holds its plans after it (offsets from the struct). The
+// tensor is the operator's argument, and the autograd node keeps it: a call's plans live as long
+// as a graph that may run its backward pass, whatever the binding's cache drops meanwhile.
+struct eager_call {
+    int64_t abi;  // EAGER_ABI
+    // the forward pass: the forward stage's attn_lib_forward, its plan, the workspace it needs
+    forward_fn forward;
+    uint64_t forward_plan;  // offset
+    uint64_t forward_workspace;
+    last_error_fn forward_error;
+    // the backward pass (backward NULL: the call wants no gradient)
+    backward_fn backward;
+    uint64_t backward_plan;  // offset
+    uint64_t backward_workspace;
+    last_error_fn backward_error;
+    // the backward plan's arguments (attn_lib_plan), for a dO laid out otherwise than the plan's
+    plan_fn plan;
+    uint64_t plan_bytes;
+    int32_t device, B, H, N, D, causal, variant, H_kv, N_k, bf16;
+    int64_t smem_limit;
+    float scale;
+    int32_t backward_takes_strides;  // else dO is copied into o's layout
+    int64_t strides[24];             // q, k, v, o, dO, dQ, dK, dV: {batch, head, row}
+    // the library's return codes (attn_lib_exit_codes) and the backward stage's name
+    int32_t code_pass, code_usage, code_unsupported, code_oom;
+    const char *backward_stage;
+    // backward plans for other layouts of dO, made here: room for DO_LAYOUTS_MAX of plan_bytes
+    // each at offset do_plans, do_layouts of them made, {batch, head, row} each
+    uint64_t do_plans;
+    int32_t do_layouts;
+    int64_t do_rows[DO_LAYOUTS_MAX][3];
+    uint64_t do_workspace[DO_LAYOUTS_MAX];
+};
+
+eager_call *call_at(const at::Tensor &call) {
+    TORCH_CHECK(call.device().is_cpu() && call.scalar_type() == at::kByte && call.is_contiguous() &&
+                    call.numel() >= (int64_t)sizeof(eager_call),
+                "flashcourse_eager: the call is the binding's byte tensor (_binding._eager_call)");
+    eager_call *c = reinterpret_cast<eager_call *>(call.data_ptr());
+    TORCH_CHECK(c->abi == EAGER_ABI,
+                "flashcourse_eager: not a call of this library's version (rebuild: make lib)");
+    return c;
+}
+
+const void *at_offset(const eager_call *c, uint64_t offset) {
+    return reinterpret_cast<const char *>(c) + offset;
+}
+
+// A nonzero return code as the binding raises it (_binding._raise): ValueError for a usage or
+// unsupported code (but "no NVIDIA GPU here"), torch.OutOfMemoryError, else RuntimeError.
+[[noreturn]] void fail(const eager_call *c, int rc, last_error_fn last_error, const char *call) {
+    const char *why = last_error ? last_error() : nullptr;
+    std::string msg = why && *why ? why : std::string(call) + " returned " + std::to_string(rc);
+    if (rc == c->code_oom) C10_THROW_ERROR(OutOfMemoryError, msg);
+    if ((rc == c->code_usage || rc == c->code_unsupported) &&
+        msg.find("no NVIDIA GPU here") == std::string::npos)
+        C10_THROW_ERROR(ValueError, msg);
+    C10_THROW_ERROR(Error, msg);
+}
+
+void *current_stream(const at::Tensor &t) {
+    return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+        ->getStream(t.device())
+        .native_handle();
+}
+
+at::Tensor workspace(uint64_t bytes, const at::Tensor &like) {
+    return bytes ? at::empty({(int64_t)bytes}, like.options().dtype(at::kByte)) : at::Tensor();
+}
+
+std::vector<at::Tensor> run_forward(const eager_call *c, const at::Tensor &q, const at::Tensor &k,
+                                    const at::Tensor &v) {
+    at::Tensor o = at::empty_like(q);
+    at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    at::Tensor ws = workspace(c->forward_workspace, q);
+    int rc = c->forward(at_offset(c, c->forward_plan), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                        o.data_ptr(), lse.data_ptr<float>(), ws.defined() ? ws.data_ptr() : nullptr,
+                        c->forward_workspace, current_stream(q));
+    if (rc != c->code_pass) fail(c, rc, c->forward_error, "attn_lib_forward");
+    return {o, lse};
+}
+
+std::mutex do_plans_lock;  // the do_* fields of every call
+
+// The backward plan for dO laid out with these {batch, head, row} strides: the binding's plan
+// where they are the ones it was made for (o's), else one made here once per layout; NULL when
+// DO_LAYOUTS_MAX are made already (the caller copies dO into o's layout).
+const void *plan_for_rows(eager_call *c, const int64_t rows[3], uint64_t *ws) {
+    auto same = [rows](const int64_t *r) {
+        return r[0] == rows[0] && r[1] == rows[1] && r[2] == rows[2];
+    };
+    if (same(c->strides + DO_ROWS)) {
+        *ws = c->backward_workspace;
+        return at_offset(c, c->backward_plan);
+    }
+    std::lock_guard<std::mutex> hold(do_plans_lock);
+    for (int i = 0; i < c->do_layouts; i++)
+        if (same(c->do_rows[i])) {
+            *ws = c->do_workspace[i];
+            return at_offset(c, c->do_plans + i * c->plan_bytes);
+        }
+    if (c->do_layouts == DO_LAYOUTS_MAX) return nullptr;
+    long long strides[24];
+    for (int i = 0; i < 24; i++)
+        strides[i] = i >= DO_ROWS && i < DO_ROWS + 3 ? rows[i - DO_ROWS] : c->strides[i];
+    char *plan = reinterpret_cast<char *>(c) + c->do_plans + c->do_layouts * c->plan_bytes;
+    size_t bytes = 0;
+    int rc =
+        c->plan(PASS_BWD, c->device, c->smem_limit, c->B, c->H, c->N, c->D, c->causal, c->scale,
+                c->variant, c->H_kv, c->N_k, c->bf16, strides, plan, c->plan_bytes, &bytes);
+    if (rc != c->code_pass) fail(c, rc, c->backward_error, "attn_lib_plan");
+    for (int i = 0; i < 3; i++) c->do_rows[c->do_layouts][i] = rows[i];
+    c->do_workspace[c->do_layouts] = *ws = bytes;
+    c->do_layouts++;
+    return plan;
+}
+
+std::vector<at::Tensor> run_backward(eager_call *c, const at::Tensor &q, const at::Tensor &k,
+                                     const at::Tensor &v, const at::Tensor &o,
+                                     const at::Tensor &lse, at::Tensor d_o) {
+    // dO as the backward pass takes it (_binding.grad_input): a contiguous last dimension and
+    // 16-byte aligned, then in its own layout if the stage takes strides, else in o's
+    if (d_o.stride(3) != 1 || reinterpret_cast<uintptr_t>(d_o.data_ptr()) % 16)
+        d_o = d_o.clone(at::MemoryFormat::Contiguous);
+    if (!c->backward_takes_strides && d_o.strides() != o.strides())
+        d_o = at::empty_like(o).copy_(d_o);
+    const int64_t rows[3] = {d_o.stride(0), d_o.stride(1), d_o.stride(2)};
+    uint64_t ws_bytes = 0;
+    const void *plan = plan_for_rows(c, rows, &ws_bytes);
+    if (!plan) {  // a fifth layout of dO: into o's, the binding's plan's
+        d_o = at::empty_like(o).copy_(d_o);
+        ws_bytes = c->backward_workspace;
+        plan = at_offset(c, c->backward_plan);
+    }
+
+    at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+    at::Tensor ws = workspace(ws_bytes, q);
+    int rc = c->backward(plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                         lse.data_ptr<float>(), d_o.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                         dv.data_ptr(), ws.defined() ? ws.data_ptr() : nullptr, ws_bytes,
+                         current_stream(q));
+    if (rc != c->code_pass) fail(c, rc, c->backward_error, "attn_lib_backward");
+    return {dq, dk, dv};
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// dq, dk, dv as they are, tied to q, k, v by a derivative that raises: a backward pass with
+// create_graph=True gets gradients whose own gradient (double backward) says it is unsupported.
+struct NoDerivative : public torch::autograd::Function<NoDerivative> {
+    static variable_list forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
+                                 const at::Tensor &v, const at::Tensor &dq, const at::Tensor &dk,
+                                 const at::Tensor &dv, const at::Tensor &call) {
+        ctx->saved_data["call"] = call;
+        return {dq, dk, dv};
+    }
+    static variable_list backward(AutogradContext *ctx, variable_list) {
+        eager_call *c = call_at(ctx->saved_data["call"].toTensor());
+        C10_THROW_ERROR(Error, std::string("flashcourse.attention: double backward (a gradient "
+                                           "of the gradients) is not supported: the backward "
+                                           "pass (") +
+                                   c->backward_stage + ") has no derivative");
+    }
+};
+
+// o, lse = attention(q, k, v); lse is a constant (no gradient flows through it), and a missing
+// gradient of o stays missing (no zeros made).
+struct Attention : public torch::autograd::Function<Attention> {
+    static variable_list forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
+                                 const at::Tensor &v, const at::Tensor &call) {
+        eager_call *c = call_at(call);
+        variable_list out = run_forward(c, q, k, v);
+        ctx->save_for_backward({q, k, v, out[0], out[1]});
+        ctx->saved_data["call"] = call;
+        ctx->mark_non_differentiable({out[1]});
+        ctx->set_materialize_grads(false);
+        return out;
+    }
+    static variable_list backward(AutogradContext *ctx, variable_list grads) {
+        if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+        const at::Tensor call = ctx->saved_data["call"].toTensor();
+        eager_call *c = call_at(call);
+        TORCH_CHECK(c->backward,
+                    "flashcourse_eager: this call was planned without a backward "
+                    "pass");
+        variable_list s = ctx->get_saved_variables();
+        variable_list d = run_backward(c, s[0], s[1], s[2], s[3], s[4], grads[0]);
+        if (at::GradMode::is_enabled())  // create_graph=True: a derivative of these would be wrong
+            d = NoDerivative::apply(s[0], s[1], s[2], d[0], d[1], d[2], call);
+        return {d[0], d[1], d[2], at::Tensor()};  // (none for the call)
+    }
+};
+
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor &q, const at::Tensor &k,
+                                             const at::Tensor &v, const at::Tensor &call) {
+    eager_call *c = call_at(call);
+    if (!c->backward) {  // no gradient wanted: the forward pass alone, no autograd node
+        variable_list out = run_forward(c, q, k, v);
+        return {out[0], out[1]};
+    }
+    variable_list out = Attention::apply(q, k, v, call);
+    return {out[0], out[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(flashcourse_eager, m) {
+    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor call) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(flashcourse_eager, CompositeImplicitAutograd, m) {
+    m.impl("attention", attention);
+}
