@@ -7,9 +7,10 @@
     python3 python/bench_calls.py --readme README.md                 # table from the CSV (no GPU)
 
 Per-call wall time, the CPU included: `calls` back-to-back calls after a warm-up, between two
-torch.cuda.synchronize(), divided by `calls`; the median of --rounds such runs. At the tiny shape
-the GPU finishes each call long before the next is issued, so this is host time: what Python,
-the binding and the launches cost. At the small GPT's shape it is the kernels' time unless the
+torch.cuda.synchronize(), divided by `calls`; the median of --rounds such runs, every row's runs
+taken in turns (round 1 of each row, then round 2, ...), so that a change in the host's pace falls
+on all rows alike. At the tiny shape the GPU finishes each call long before the next is issued,
+so this is host time: what Python, the binding and the launches cost. At the small GPT's shape it is the kernels' time unless the
 host is slower than them. Each call is timed
   eager     forward (no gradient), and forward + backward (o.backward(do), q, k, v requiring grad);
   graph     the same calls captured once in a CUDA graph of `calls` calls and replayed: what is
@@ -33,6 +34,7 @@ are written beside. Results: plots/<gpu>/bench_calls.csv
 """
 
 import argparse
+import contextlib
 import csv
 import re
 import statistics
@@ -60,21 +62,28 @@ def gpu_slug(name: str) -> str:
 
 def per_call_us(torch, fn, calls: int, rounds: int) -> float:
     """Median over `rounds` of (wall time of `calls` calls of fn, synchronised) / calls, in us."""
+    warm_up(fn, calls)
+    return statistics.median(eager_round(torch, fn, calls) for _ in range(rounds))
+
+
+def warm_up(fn, calls: int):
     for _ in range(max(10, calls // 10)):
         fn()
-    times = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(times)
 
 
-def graph_us(torch, fn, calls: int, rounds: int) -> float:
-    """fn called `calls` times inside one CUDA graph; the median replay / calls, in us."""
+def eager_round(torch, fn, calls: int) -> float:
+    """One timed run: `calls` calls of fn between two synchronisations, us per call."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def capture(torch, fn, calls: int):
+    """fn called `calls` times inside one CUDA graph (after three warm-up calls on a side stream):
+    a function that replays it once and returns us per call."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -86,14 +95,21 @@ def graph_us(torch, fn, calls: int, rounds: int) -> float:
         for _ in range(calls):
             fn()
     graph.replay()
-    times = []
-    for _ in range(rounds):
+
+    def replay() -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         graph.replay()
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(times)
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    return replay
+
+
+def graph_us(torch, fn, calls: int, rounds: int) -> float:
+    """fn called `calls` times inside one CUDA graph; the median replay / calls, in us."""
+    replay = capture(torch, fn, calls)
+    return statistics.median(replay() for _ in range(rounds))
 
 
 def label(pair) -> str:
@@ -106,7 +122,6 @@ def implementations(torch, flashcourse, pairs):
     the (forward, backward) stages of the flashcourse rows, both named in the call (what runs
     is what the row says). SDPA's backend is chosen once around the whole measurement, as a
     model would (a context manager entered per call costs more than the call)."""
-    import contextlib
     F = torch.nn.functional
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -124,20 +139,50 @@ def implementations(torch, flashcourse, pairs):
     return impls
 
 
+class python_path:
+    """The binding's Python path (torch.autograd.Function over ctypes) inside the block, with a
+    call cache of its own, kept from one block to the next: the eager operator's calls and these
+    alternate round by round without planning again."""
+
+    def __init__(self, binding):
+        self.binding, self.calls = binding, {}
+
+    def __call__(self):
+        return self
+
+    def __enter__(self):
+        b = self.binding
+        self.saved = b._eager, b._calls
+        b._eager, b._calls = (None, "Python (bench_calls.py)"), self.calls
+
+    def __exit__(self, *exc):
+        self.binding._eager, self.binding._calls = self.saved
+
+
 def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, rows, gpu):
+    """Every row's measurements at one shape, taken round by round in turn (each a run of `calls`
+    calls), so that a change in the host's pace falls on all of them alike; a row's value is the
+    median of its rounds."""
     from flashcourse import _binding, _ops
     B, H, N, D = shape
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(shape, generator=g, device="cuda", dtype=torch.float16)
                    for _ in range(4))
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    timers = []  # (impl, mode, pass, context, one timed round)
 
-    def add(impl, mode, pss, us):
-        rows.append(dict(gpu=gpu, shape=name, B=B, H=H, N=N, D=D, causal=int(causal), impl=impl,
-                         mode=mode, **{"pass": pss}, us_per_call=f"{us:.1f}"))
-        print(f"  {name:5s} {impl:52s} {mode:6s} {pss:17s} {us:9.1f} us", flush=True)
+    def eager(impl, pss, context, fn):
+        with context():
+            warm_up(fn, calls)
+        timers.append((impl, "eager", pss, context, lambda: eager_round(torch, fn, calls)))
 
-    for impl, (fn, context) in implementations(torch, flashcourse, pairs).items():
+    impls = implementations(torch, flashcourse, pairs)
+    # Where the binding's time goes: the last pair's calls by its Python path (where the eager
+    # operator is not built), its floor (one ctypes call on a kept plan, outputs allocated) and
+    # the custom operator's path (what torch.compile runs).
+    impls[f"{label(pairs[-1])}, Python path"] = (impls[label(pairs[-1])][0],
+                                                 python_path(_binding))
+    for impl, (fn, context) in impls.items():
         with context():
             try:
                 with torch.no_grad():
@@ -146,49 +191,43 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
                 print(f"  {name:5s} {impl:52s} skipped: {str(e).splitlines()[0][:80]}")
                 continue
 
-            def fwd():
-                with torch.no_grad():
-                    fn(q, k, v, causal)
-
-            def fwd_bwd():
-                fn(*leaves, causal).backward(do)
-
-            add(impl, "eager", "forward", per_call_us(torch, fwd, calls, rounds))
-            add(impl, "eager", "forward+backward", per_call_us(torch, fwd_bwd, calls, rounds))
-            add(impl, "graph", "forward", graph_us(torch, fwd, calls, rounds))
-            for t in leaves:
-                t.grad = None
-            add(impl, "graph", "forward+backward", graph_us(torch, fwd_bwd, calls, rounds))
-
-    # Where the binding's time goes: the same calls by its Python path (torch.autograd.Function
-    # over ctypes, where the eager operator is not built), its floor (one ctypes call on a kept
-    # plan, outputs allocated) and the custom operator's path (what torch.compile runs).
-    stage, backward_stage = pairs[-1]
-    fn = implementations(torch, flashcourse, pairs[-1:])[label(pairs[-1])][0]
-    saved = _binding._eager
-    _binding._eager = (None, "Python (bench_calls.py)")
-    _binding._calls.clear()
-    try:
-        python_row = f"{label(pairs[-1])}, Python path"
-
-        def py_fwd():
+        def fwd(fn=fn):
             with torch.no_grad():
                 fn(q, k, v, causal)
 
-        add(python_row, "eager", "forward", per_call_us(torch, py_fwd, calls, rounds))
-        add(python_row, "eager", "forward+backward",
-            per_call_us(torch, lambda: fn(*leaves, causal).backward(do), calls, rounds))
-    finally:
-        _binding._eager = saved
-        _binding._calls.clear()
+        def fwd_bwd(fn=fn):
+            fn(*leaves, causal).backward(do)
+
+        eager(impl, "forward", context, fwd)
+        eager(impl, "forward+backward", context, fwd_bwd)
+        if impl.endswith("Python path"):
+            continue
+        with context():
+            replay = capture(torch, fwd, calls)
+            for t in leaves:
+                t.grad = None
+            replay_bwd = capture(torch, fwd_bwd, calls)
+        timers.append((impl, "graph", "forward", context, replay))
+        timers.append((impl, "graph", "forward+backward", context, replay_bwd))
+    stage, backward_stage = pairs[-1]
     p = _binding._plan(stage, False, shape, q.device.index, q.dtype, causal, D ** -0.5,
                        "default", 0)
-    add(f"flashcourse {stage} plan only", "eager", "forward",
-        per_call_us(torch, lambda: _binding.forward_with(p, q, k, v), calls, rounds))
-    add(f"flashcourse {stage} custom op", "eager", "forward",
-        per_call_us(torch, lambda: _ops.forward(q, k, v, causal, D ** -0.5, stage, "default", 0,
-                                                backward_stage, "default"),
-                    calls, rounds))
+    eager(f"flashcourse {stage} plan only", "forward", contextlib.nullcontext,
+          lambda: _binding.forward_with(p, q, k, v))
+    eager(f"flashcourse {stage} custom op", "forward", contextlib.nullcontext,
+          lambda: _ops.forward(q, k, v, causal, D ** -0.5, stage, "default", 0, backward_stage,
+                               "default"))
+
+    times = [[] for _ in timers]
+    for _ in range(rounds):
+        for i, (impl, mode, pss, context, one) in enumerate(timers):
+            with context():
+                times[i].append(one())
+    for (impl, mode, pss, _, _), ts in zip(timers, times):
+        us = statistics.median(ts)
+        rows.append(dict(gpu=gpu, shape=name, B=B, H=H, N=N, D=D, causal=int(causal), impl=impl,
+                         mode=mode, **{"pass": pss}, us_per_call=f"{us:.1f}"))
+        print(f"  {name:5s} {impl:52s} {mode:6s} {pss:17s} {us:9.1f} us", flush=True)
 
 
 def train_ratio(gpu: str, pair, out: Path, rows, runs: int):
@@ -275,7 +314,7 @@ def write_readme(path: Path, csv_path: Path) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=200, help="calls per timed run (200)")
-    ap.add_argument("--rounds", type=int, default=5, help="timed runs, the median kept (5)")
+    ap.add_argument("--rounds", type=int, default=7, help="timed runs, the median kept (7)")
     ap.add_argument("--shapes", default="tiny,gpt", help="of: " + ", ".join(SHAPES))
     ap.add_argument("--train", action="store_true", help="also train_gpt.py's tokens/s ratio")
     ap.add_argument("--train-runs", type=int, default=3,
