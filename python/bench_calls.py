@@ -7,9 +7,9 @@
     python3 python/bench_calls.py --readme README.md                 # table from the CSV (no GPU)
 
 Per-call wall time, the CPU included: `calls` back-to-back calls after a warm-up, between two
-torch.cuda.synchronize(), divided by `calls`; the median of --rounds such runs, every row's runs
-taken in turns (round 1 of each row, then round 2, ...), so that a change in the host's pace falls
-on all rows alike. At the tiny shape the GPU finishes each call long before the next is issued,
+torch.cuda.synchronize(), divided by `calls`; the median of --rounds such runs, the eager rows'
+runs taken in turns (round 1 of each row, then round 2, ...), so that a change in the host's pace
+falls on all of them alike. At the tiny shape the GPU finishes each call long before the next is issued,
 so this is host time: what Python, the binding and the launches cost. At the small GPT's shape it is the kernels' time unless the
 host is slower than them. Each call is timed
   eager     forward (no gradient), and forward + backward (o.backward(do), q, k, v requiring grad);
@@ -160,16 +160,23 @@ class python_path:
 
 
 def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, rows, gpu):
-    """Every row's measurements at one shape, taken round by round in turn (each a run of `calls`
-    calls), so that a change in the host's pace falls on all of them alike; a row's value is the
-    median of its rounds."""
+    """The rows at one shape. The eager rows (host time) are timed round by round in turn (each
+    round a run of `calls` calls), so that a change in the host's pace falls on all of them
+    alike; the graph rows (the GPU's time) one implementation after the other. A row's value is
+    the median of its rounds."""
     from flashcourse import _binding, _ops
     B, H, N, D = shape
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(shape, generator=g, device="cuda", dtype=torch.float16)
                    for _ in range(4))
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    timers = []  # (impl, mode, pass, context, one timed round)
+    timers = []  # the eager rows: (impl, mode, pass, context, one timed round)
+    measured = []
+
+    def add(impl, mode, pss, us):
+        measured.append(dict(gpu=gpu, shape=name, B=B, H=H, N=N, D=D, causal=int(causal),
+                             impl=impl, mode=mode, **{"pass": pss}, us_per_call=f"{us:.1f}"))
+        print(f"  {name:5s} {impl:52s} {mode:6s} {pss:17s} {us:9.1f} us", flush=True)
 
     def eager(impl, pss, context, fn):
         with context():
@@ -202,13 +209,16 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
         eager(impl, "forward+backward", context, fwd_bwd)
         if impl.endswith("Python path"):
             continue
+        # CUDA graphs: the GPU's time, which the host's pace does not move; each graph timed and
+        # dropped at once (a graph kept while other calls allocate and free could replay into
+        # memory that is no longer its own: a backend's workspace, the leaves' gradients)
         with context():
-            replay = capture(torch, fwd, calls)
+            add(impl, "graph", "forward", graph_us(torch, fwd, calls, rounds))
             for t in leaves:
                 t.grad = None
-            replay_bwd = capture(torch, fwd_bwd, calls)
-        timers.append((impl, "graph", "forward", context, replay))
-        timers.append((impl, "graph", "forward+backward", context, replay_bwd))
+            add(impl, "graph", "forward+backward", graph_us(torch, fwd_bwd, calls, rounds))
+            for t in leaves:
+                t.grad = None
     stage, backward_stage = pairs[-1]
     p = _binding._plan(stage, False, shape, q.device.index, q.dtype, causal, D ** -0.5,
                        "default", 0)
@@ -224,10 +234,9 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
             with context():
                 times[i].append(one())
     for (impl, mode, pss, _, _), ts in zip(timers, times):
-        us = statistics.median(ts)
-        rows.append(dict(gpu=gpu, shape=name, B=B, H=H, N=N, D=D, causal=int(causal), impl=impl,
-                         mode=mode, **{"pass": pss}, us_per_call=f"{us:.1f}"))
-        print(f"  {name:5s} {impl:52s} {mode:6s} {pss:17s} {us:9.1f} us", flush=True)
+        add(impl, mode, pss, statistics.median(ts))
+    names = list(dict.fromkeys(t[0] for t in timers))  # the rows in the order of the table
+    rows.extend(sorted(measured, key=lambda r: (names.index(r["impl"]), r["mode"], r["pass"])))
 
 
 def train_ratio(gpu: str, pair, out: Path, rows, runs: int):
