@@ -6,13 +6,14 @@
  * flashcourse.attention checks a call's arguments once, in Python, and keeps the plans the stage
  * libraries made for it (python/flashcourse/_binding.py). What runs on every later call is one
  * forward pass and, through autograd, one backward pass of those plans. Done in Python, that is
- * a torch.autograd.Function, whose backward the autograd engine reaches through the interpreter:
- * about 100 us of host time per forward + backward at a tiny shape, three times the library's
- * own. Here the same two passes are a torch::autograd::Function in C++: the outputs allocated
- * through PyTorch's caching allocator, the library's attn_lib_forward / attn_lib_backward called
- * through the function pointers the binding loaded (ctypes), on the current stream, nothing
- * waiting for the GPU. The binding describes a call once, as a struct eager_call with its plans
- * in a CPU byte tensor (_binding._EagerCall, the same fields), and passes that with each call.
+ * a torch.autograd.Function, whose backward the autograd engine reaches through the interpreter,
+ * and at small shapes that host time, not the kernels, decides a training step's pace (the
+ * README's per-call table has both paths). Here the same two passes are a torch::autograd::Function
+ * in C++: the outputs allocated through PyTorch's caching allocator, the library's attn_lib_forward
+ * / attn_lib_backward called through the function pointers the binding loaded (ctypes), on the
+ * current stream, nothing waiting for the GPU. The binding describes a call once, as a struct
+ * eager_call with its plans in a CPU byte tensor (_binding._EagerCall, the same fields), and passes
+ * that with each call.
  *
  * Nothing is checked here that the binding checked for this call, except what can differ
  * between tensors of one shape: the upstream gradient's layout. dO reaches the backward pass in
@@ -31,7 +32,6 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
-#include <vector>
 
 namespace {
 
