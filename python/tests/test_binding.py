@@ -1251,7 +1251,7 @@ def main():
     run("attention_backward on its own", t_backward_alone)
     run("deterministic backward: bit-identical gradients", t_deterministic_bit_identical)
     run("lse a constant; double backward, float32 stage: clear errors", t_gradient_errors)
-    run("the eager operator (C++) vs the Python path: bit-identical, dO in five layouts, "
+    run("the eager operator (C++) vs the Python path: bit-identical, dO in six layouts, "
         "double backward's error", t_eager_op)
     run("a repeated call runs from the plan cache; what it cannot know is still checked",
         t_plans_cached)
