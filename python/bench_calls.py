@@ -9,9 +9,9 @@
 Per-call wall time, the CPU included: `calls` back-to-back calls after a warm-up, between two
 torch.cuda.synchronize(), divided by `calls`; the median of --rounds such runs, the eager rows'
 runs taken in turns (round 1 of each row, then round 2, ...), so that a change in the host's pace
-falls on all of them alike. At the tiny shape the GPU finishes each call long before the next is issued,
-so this is host time: what Python, the binding and the launches cost. At the small GPT's shape it is the kernels' time unless the
-host is slower than them. Each call is timed
+falls on all of them alike. At the tiny shape the GPU finishes each call long before the next is
+issued, so this is host time: what Python, the binding and the launches cost. At the small GPT's
+shape it is the kernels' time unless the host is slower than them. Each call is timed
   eager     forward (no gradient), and forward + backward (o.backward(do), q, k, v requiring grad);
   graph     the same calls captured once in a CUDA graph of `calls` calls and replayed: what is
             left when the host is out of the way (the kernels and their gaps).
@@ -60,12 +60,6 @@ def gpu_slug(name: str) -> str:
     return slug[len("nvidia-"):] if slug.startswith("nvidia-") else slug
 
 
-def per_call_us(torch, fn, calls: int, rounds: int) -> float:
-    """Median over `rounds` of (wall time of `calls` calls of fn, synchronised) / calls, in us."""
-    warm_up(fn, calls)
-    return statistics.median(eager_round(torch, fn, calls) for _ in range(rounds))
-
-
 def warm_up(fn, calls: int):
     for _ in range(max(10, calls // 10)):
         fn()
@@ -81,9 +75,8 @@ def eager_round(torch, fn, calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def capture(torch, fn, calls: int):
-    """fn called `calls` times inside one CUDA graph (after three warm-up calls on a side stream):
-    a function that replays it once and returns us per call."""
+def graph_us(torch, fn, calls: int, rounds: int) -> float:
+    """fn called `calls` times inside one CUDA graph; the median replay / calls, in us."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -95,21 +88,14 @@ def capture(torch, fn, calls: int):
         for _ in range(calls):
             fn()
     graph.replay()
-
-    def replay() -> float:
+    times = []
+    for _ in range(rounds):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         graph.replay()
         torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / calls * 1e6
-
-    return replay
-
-
-def graph_us(torch, fn, calls: int, rounds: int) -> float:
-    """fn called `calls` times inside one CUDA graph; the median replay / calls, in us."""
-    replay = capture(torch, fn, calls)
-    return statistics.median(replay() for _ in range(rounds))
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(times)
 
 
 def label(pair) -> str:
@@ -137,26 +123,6 @@ def implementations(torch, flashcourse, pairs):
     impls["SDPA FA2"] = (sdpa, lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION))
     impls["SDPA cuDNN"] = (sdpa, lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION))
     return impls
-
-
-class python_path:
-    """The binding's Python path (torch.autograd.Function over ctypes) inside the block, with a
-    call cache of its own, kept from one block to the next: the eager operator's calls and these
-    alternate round by round without planning again."""
-
-    def __init__(self, binding):
-        self.binding, self.calls = binding, {}
-
-    def __call__(self):
-        return self
-
-    def __enter__(self):
-        b = self.binding
-        self.saved = b._eager, b._calls
-        b._eager, b._calls = (None, "Python (bench_calls.py)"), self.calls
-
-    def __exit__(self, *exc):
-        self.binding._eager, self.binding._calls = self.saved
 
 
 def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, rows, gpu):
@@ -187,8 +153,8 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
     # Where the binding's time goes: the last pair's calls by its Python path (where the eager
     # operator is not built), its floor (one ctypes call on a kept plan, outputs allocated) and
     # the custom operator's path (what torch.compile runs).
-    impls[f"{label(pairs[-1])}, Python path"] = (impls[label(pairs[-1])][0],
-                                                 python_path(_binding))
+    python_path = _binding._PythonPath()  # (one call cache for all its rounds)
+    impls[f"{label(pairs[-1])}, Python path"] = (impls[label(pairs[-1])][0], lambda: python_path)
     for impl, (fn, context) in impls.items():
         with context():
             try:

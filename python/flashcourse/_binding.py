@@ -779,6 +779,26 @@ def _load_eager():
     return op, f"C++ ({path})"
 
 
+class _PythonPath:
+    """Eager calls by the Python path (torch.autograd.Function over ctypes) inside the block,
+    whatever eager_path() says, with a call cache of this object's own (kept from one block to
+    the next); the eager operator and its cache are back afterwards. For the tests that read the
+    Python path's plan (o.grad_fn.bp) and bench_calls.py's `Python path` row."""
+
+    def __init__(self):
+        self.calls = {}
+
+    def __enter__(self):
+        global _eager, _calls
+        self.saved = _eager, _calls
+        _eager, _calls = (None, "Python (a _PythonPath block)"), self.calls
+        return self
+
+    def __exit__(self, *exc):
+        global _eager, _calls
+        _eager, _calls = self.saved
+
+
 def eager_path() -> str:
     """Which code runs an eager call's passes: "C++ (<the eager operator's library>)" or "Python
     (<why not the C++ operator>)". Both give the same results; the C++ operator costs less host

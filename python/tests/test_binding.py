@@ -51,20 +51,11 @@ def need_gpu():
         raise Skip("no CUDA GPU here")
 
 
-class python_path:
-    """Eager calls by the binding's Python path (torch.autograd.Function over ctypes) inside the
-    block, whatever eager_path() says: where a test reads the plan attention() differentiates
-    with (o.grad_fn.bp), which the C++ operator's autograd node does not show; both paths plan
-    alike (_attention_checked)."""
-
-    def __enter__(self):
-        self.saved = _binding._eager
-        _binding._eager = (None, "Python (the tests' python_path)")
-        _binding._calls.clear()
-
-    def __exit__(self, *exc):
-        _binding._eager = self.saved
-        _binding._calls.clear()
+def python_path():
+    """Eager calls by the binding's Python path inside the block, whatever eager_path() says:
+    where a test reads the plan attention() differentiates with (o.grad_fn.bp), which the C++
+    operator's autograd node does not show; both paths plan alike (_attention_checked)."""
+    return _binding._PythonPath()
 
 
 def raises(exc, fn, *args, match=None, **kw):
