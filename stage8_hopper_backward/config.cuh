@@ -41,18 +41,36 @@ __host__ __device__ constexpr int qrows() {
 // The Q/dO ring: the producer runs up to Q_STAGES query tiles (Q_i, dO_i, LSE_i, D_i) ahead.
 constexpr int Q_STAGES = 2;
 
-// dS^T goes through shared memory for dQ_i = dS K_j: two buffers, so that a warpgroup writes
-// step i + 1's while the other may still read step i's (see mainloop.cuh, consumer_step).
-constexpr int DS_BUFFERS = 2;
+// dQ_i = dS K_j reads both warpgroups' dS^T rows (below), so a warpgroup's dQ product waits until
+// the other has written its rows. At D = 128 it comes a step late (dq_lateness): step i issues
+// dQ_{i-1}'s product after its own dV and dK, when the other warpgroup wrote dS^T_{i-1} half a
+// step ago or more, so that neither waits for the other every step and one's softmax can run
+// under the other's products. At D = 64 (128-query steps) dQ_i stays in step i: a third dS^T
+// buffer (below) does not fit beside its tiles.
+template <int D>
+__host__ __device__ constexpr int dq_lateness() {
+    return qrows<D>() == WGMMA_M ? 1 : 0;
+}
 
-// dQ_i's staging tile: step i's goes to buffer i % dq_buffers<D>(), so that the consumers stage
-// step i + 1's while the dQ warp's reduction still reads step i's. At D = 64 a second buffer
-// does not fit beside the 128-query tiles (smem_bytes: 88 bytes over the 232,448 a block may have).
-constexpr int DQ_BUFFERS_MAX = 2;
+// dS^T goes through shared memory: step i's into buffer i % ds_buffers(). A warpgroup reads step
+// i's in step i + dq_lateness(); the other starts step i + ds_buffers() (and writes the buffer
+// again) only once the Q/dO slot of step i + ds_buffers() - Q_STAGES is free, which this
+// warpgroup hands back at the end of that step (its wgmma all done). So Q_STAGES + dq_lateness()
+// buffers are enough, with no barrier for a buffer's reuse.
+template <int D>
+__host__ __device__ constexpr int ds_buffers() {
+    return Q_STAGES + dq_lateness<D>();
+}
+constexpr int DS_BUFFERS_MAX = Q_STAGES + 1;
+
+// dQ_i's staging tile: one. A second, so that the consumers stage step i + 1's while the dQ
+// warp's reduction still reads step i's, does not fit at D = 64 beside the 128-query tiles
+// (232,536 bytes of the 232,448 a block may have), nor at D = 128 beside the third dS^T buffer.
 template <int D>
 __host__ __device__ constexpr int dq_buffers() {
-    return D == SLAB_COLS ? 1 : DQ_BUFFERS_MAX;
+    return 1;
 }
+constexpr int DQ_BUFFERS_MAX = 1;
 
 // The producer warpgroup's warps: one issues every load, one every dQ reduction; the other two
 // leave at once.
@@ -100,7 +118,7 @@ enum dq_way { DQ_BULK, DQ_ATOMIC, DQ_ORDERED };
 /* ---- shared memory --------------------------------------------------------------------------- */
 
 // K_smem, V_smem [D/64][KEYS][64]; Q_STAGES x (Q_smem, dO_smem [D/64][qrows][64]), all in the
-// 128-byte swizzle TMA writes; DS_BUFFERS x dS_smem [qrows/64][KEYS][64] (dS^T in 64-query slabs,
+// 128-byte swizzle TMA writes; ds_buffers() x dS_smem [qrows/64][KEYS][64] (dS^T in 64-query slabs,
 // swizzled the same way by the consumers' stmatrix); dq_buffers() x dQ_stage [D/8][qrows][8]
 // floats (backward_prepost.cuh's staging layout); Q_STAGES x (LSE_smem, Dsum_smem [qrows]
 // floats); the mbarriers. Every tile starts 1024-byte aligned (the swizzle atom).
@@ -131,6 +149,10 @@ __host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query ti
 //   DO_FULL   per slot: dO_i has landed and D_i is stored, the same way.
 //   Q_EMPTY   per slot: every consumer thread is done with the slot: its wgmma have read Q_i and
 //             dO_i, its loads have read LSE_i and D_i; the load warp may overwrite all four.
+//   DS_FULL   per dS^T buffer, where dQ comes a step late (D = 128): every consumer warp has
+//             written its rows of a step's dS^T (stmatrix, fenced for the async proxy: the dQ
+//             wgmma read them). A barrier that can be waited on a step after its arrivals, as a
+//             named barrier cannot (its arrivals count toward whichever meeting comes next).
 //   DQ_FULL   per staging buffer: it holds a step's dQ_i parts (the consumers' stores).
 //   DQ_EMPTY  per staging buffer: the dQ warp's reduction has read it.
 // Each side arrives after its own accesses and waits before the other's, so that every access to
@@ -140,7 +162,8 @@ enum {
     BAR_Q_FULL,
     BAR_DO_FULL = BAR_Q_FULL + Q_STAGES,
     BAR_Q_EMPTY = BAR_DO_FULL + Q_STAGES,
-    BAR_DQ_FULL = BAR_Q_EMPTY + Q_STAGES,
+    BAR_DS_FULL = BAR_Q_EMPTY + Q_STAGES,
+    BAR_DQ_FULL = BAR_DS_FULL + DS_BUFFERS_MAX,
     BAR_DQ_EMPTY = BAR_DQ_FULL + DQ_BUFFERS_MAX,
     BARRIERS = BAR_DQ_EMPTY + DQ_BUFFERS_MAX
 };
@@ -148,7 +171,7 @@ enum {
 template <int D>
 __host__ __device__ constexpr int smem_bytes() {
     return SWIZZLE_ATOM_BYTES /* alignment slack */ + 2 * kv_tile_bytes<D>() +
-           2 * Q_STAGES * q_tile_bytes<D>() + DS_BUFFERS * ds_tile_bytes<D>() +
+           2 * Q_STAGES * q_tile_bytes<D>() + ds_buffers<D>() * ds_tile_bytes<D>() +
            dq_buffers<D>() * dq_tile_bytes<D>() + 2 * Q_STAGES * vec_bytes<D>() +
            BARRIERS * MBARRIER_BYTES;
 }
@@ -166,7 +189,7 @@ __device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
     s.Q = s.V + kv_tile_bytes<D>();
     s.dO = s.Q + Q_STAGES * q_tile_bytes<D>();
     s.dS = s.dO + Q_STAGES * q_tile_bytes<D>();
-    s.dQ = s.dS + DS_BUFFERS * ds_tile_bytes<D>();
+    s.dQ = s.dS + ds_buffers<D>() * ds_tile_bytes<D>();
     s.lse = s.dQ + dq_buffers<D>() * dq_tile_bytes<D>();
     s.Dsum = s.lse + Q_STAGES * vec_bytes<D>();
     s.bar = s.Dsum + Q_STAGES * vec_bytes<D>();
@@ -187,8 +210,21 @@ __device__ __forceinline__ uint32_t ring_phase(int it) {
     return (uint32_t)(it / Q_STAGES) & 1;
 }
 
-// dQ's staging buffers, the same way: step it stages into buffer it % dq_buffers() (at
-// dq_buffer_at), in that buffer's phase it / dq_buffers().
+// dS^T's buffers and dQ's staging buffers, the same way: step it writes dS^T into buffer
+// it % ds_buffers() (ds_buffer_at), in that buffer's phase it / ds_buffers(), and stages dQ_i
+// into buffer it % dq_buffers() (dq_buffer_at), in phase it / dq_buffers().
+template <int D>
+__device__ __forceinline__ int ds_buffer(int it) {
+    return it % ds_buffers<D>();
+}
+template <int D>
+__device__ __forceinline__ uint32_t ds_phase(int it) {
+    return (uint32_t)(it / ds_buffers<D>()) & 1;
+}
+template <int D>
+__device__ __forceinline__ uint32_t ds_buffer_at(const smem_tiles &s, int it) {
+    return s.dS + ds_buffer<D>(it) * ds_tile_bytes<D>();
+}
 template <int D>
 __device__ __forceinline__ int dq_buffer(int it) {
     return it % dq_buffers<D>();
@@ -202,8 +238,9 @@ __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
     return s.dQ + dq_buffer<D>(it) * dq_tile_bytes<D>();
 }
 
-// Named barriers (barrier 0 is __syncthreads'): "every warp that writes the dS^T the dQ wgmma
-// reads has written it": both consumer warpgroups (each reads all 128 key rows).
+// Named barriers (barrier 0 is __syncthreads'): at D = 64, where dQ_i comes in step i, "both
+// warpgroups' dS^T of this step is written" (the two meet there every step anyway, and a named
+// barrier is the cheapest meeting); at D = 128 the DS_FULL mbarriers say it, a step later.
 enum named_barrier {
     NAMED_BARRIER_SYNCTHREADS = 0,
     NAMED_BARRIER_DS_ALL,

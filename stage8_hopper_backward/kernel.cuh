@@ -12,8 +12,8 @@
 // What each barrier counts (config.cuh says what it protects): KV_FULL the load warp's lane 0
 // (one expect_tx arrival, and the bytes); Q_FULL and DO_FULL every lane of the load warp (once
 // its cp.async of LSE_i or D_i has landed; lane 0 also announces the tile's bytes); Q_EMPTY every
-// consumer thread (after its loads of LSE_i and D_i and its wgmma reads of the tiles); DQ_FULL one
-// arrival per consumer warp; DQ_EMPTY the dQ warp's. Thread 0 initialises them.
+// consumer thread (after its loads of LSE_i and D_i and its wgmma reads of the tiles); DS_FULL and
+// DQ_FULL one arrival per consumer warp; DQ_EMPTY the dQ warp's. Thread 0 initialises them.
 template <int D>
 __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     mbar_init(bar_at(sm, BAR_KV_FULL), 1);
@@ -22,6 +22,9 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
         mbar_init(bar_at(sm, BAR_DO_FULL + st), WARP_SIZE);
         mbar_init(bar_at(sm, BAR_Q_EMPTY + st), CONSUMERS * WARPGROUP);
     }
+    if (dq_lateness<D>() > 0)
+        for (int b = 0; b < ds_buffers<D>(); ++b)
+            mbar_init(bar_at(sm, BAR_DS_FULL + b), CONSUMER_WARPS);
     for (int b = 0; b < dq_buffers<D>(); ++b) {
         mbar_init(bar_at(sm, BAR_DQ_FULL + b), CONSUMER_WARPS);
         mbar_init(bar_at(sm, BAR_DQ_EMPTY + b), 1);

@@ -185,24 +185,65 @@ __device__ __forceinline__ void issue_dq(float (&dQ_part)[DQ_REGS], const smem_t
     wgmma_commit();
 }
 
-// Every warp whose dS^T rows the dQ wgmma reads has written them: both consumer warpgroups.
-__device__ __forceinline__ void ds_written() {
-    named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_DS_ALL);
+// This warp's rows of step it's dS^T are in their buffer (store_ds fenced them for the async
+// proxy). Where dQ comes a step late: one arrival per warp on the buffer's DS_FULL.
+template <int D>
+__device__ __forceinline__ void announce_ds(const smem_tiles &sm, const consumer_place &p, int it) {
+    if constexpr (dq_lateness<D>() > 0) {
+        __syncwarp();  // the warp's stores are all in
+        if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ds_buffer<D>(it)));
+    }
 }
 
-// One step: query tile q0 (of the block's it-th, ring slot it % Q_STAGES) against the warpgroup's
-// 64 keys. dS^T goes to buffer it % 2: the other warpgroup may still be reading the step before's,
-// but not the one two steps back, since it passed this step's ds_written only after its dQ wgmma
-// of that step was done.
-template <int D, bool BF16, dq_way DQ>
+// Every consumer warp has written its rows of step it's dS^T: both warpgroups' keys, all of which
+// the dQ wgmma reads. In the same step (D = 64): both warpgroups meet at a named barrier; a step
+// late (D = 128): the buffer's DS_FULL, long complete unless the other warpgroup lags.
+template <int D>
+__device__ __forceinline__ void wait_ds(const smem_tiles &sm, int it) {
+    if constexpr (dq_lateness<D>() > 0)
+        mbar_wait(bar_at(sm, BAR_DS_FULL + ds_buffer<D>(it)), ds_phase<D>(it));
+    else
+        named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_DS_ALL);
+}
+
+// A step of the block's walk: its place in it (the ring slot, the dS^T and staging buffers), the
+// (batch, head) of dQ_acc it adds into and its first query.
+typedef struct {
+    int it, bh, q0;
+} walk_step;
+
+// The next step of the walk: the next query tile of the head, or the first of the next head.
+__device__ __forceinline__ walk_step next_step(walk_step s, int first, int tiles, int rows) {
+    ++s.it;
+    s.q0 += rows;
+    if (s.q0 == (first + tiles) * rows) s.q0 = first * rows, ++s.bh;
+    return s;
+}
+
+// Step s's dQ part, its wgmma done: to the staging tile (or, atomicdq, to dQ_acc).
+template <int D, dq_way DQ>
+__device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[DQ_REGS], const smem_tiles &sm,
+                                             const consumer_place &p, const bwd_problem &pb,
+                                             walk_step s) {
+    if constexpr (DQ == DQ_ATOMIC)
+        add_dq_atomic<D>(dQ_part, pb, p.wg, p.warp, p.lane, s.bh, s.q0);
+    else
+        stage_dq<D>(dQ_part, sm, p.wg, p.warp, p.lane, s.it);
+}
+
+// One step: query tile cur.q0 (ring slot cur.it % Q_STAGES) against the warpgroup's 64 keys, and
+// the dQ part of step cur.it - dq_lateness() (dq; none in a late block's first step). dS^T goes to
+// buffer cur.it % ds_buffers() (config.cuh says why no step overwrites one still read).
+template <int D, bool BF16, dq_way DQ, bool FIRST>
 __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D / 2],
                                               const smem_tiles &sm, const consumer_place &p,
                                               const bwd_problem &pb, uint64_t K_desc,
-                                              uint64_t V_desc, int key0, int q0, int bh, int it) {
-    const int slot = ring_slot(it);
+                                              uint64_t V_desc, int key0, walk_step cur,
+                                              walk_step dq) {
+    constexpr bool WITH_DQ = !(FIRST && dq_lateness<D>() > 0);
+    const int slot = ring_slot(cur.it);
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
                    dO_tile = sm.dO + slot * q_tile_bytes<D>();
-    const uint32_t dS_tile = sm.dS + (it % DS_BUFFERS) * ds_tile_bytes<D>();
     const int key_row = key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first
     float S[score_regs<D>()], dP[score_regs<D>()], dQ_part[DQ_REGS];
     uint32_t P16[packed_regs<D>()], dS16[packed_regs<D>()];
@@ -210,32 +251,36 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
 
     // S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, each as soon as its tile has landed; at D = 128
     // LSE_i (landed with Q_i) into registers while they run (lse_ahead)
-    mbar_wait(bar_at(sm, BAR_Q_FULL + slot), ring_phase(it));
+    mbar_wait(bar_at(sm, BAR_Q_FULL + slot), ring_phase(cur.it));
     issue_scores<D, BF16>(S, K_desc, desc_k_major(Q_tile));
     if constexpr (lse_ahead<D>()) load_columns<D>(lse, sm.lse + slot * vec_bytes<D>(), p.t);
-    mbar_wait(bar_at(sm, BAR_DO_FULL + slot), ring_phase(it));
+    mbar_wait(bar_at(sm, BAR_DO_FULL + slot), ring_phase(cur.it));
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile));
 
     // P^T while dP^T runs; then dS^T, both packed
     wgmma_wait<1>();
     pin_registers(S);
     if constexpr (!lse_ahead<D>()) load_columns<D>(lse, sm.lse + slot * vec_bytes<D>(), p.t);
-    probabilities<D>(S, pb, lse, key_row, q0, p.t, step_needs_mask(pb, key0, q0));
+    probabilities<D>(S, pb, lse, key_row, cur.q0, p.t, step_needs_mask(pb, key0, cur.q0));
     wgmma_wait<0>();
     pin_registers(dP);
     load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>(), p.t);
     score_gradients<D, BF16>(P16, dS16, S, dP, Di);
 
-    // dS^T to shared memory; dV, dK from registers; dQ_i's part from shared memory
-    store_ds<D>(dS16, dS_tile, p);
+    // dS^T to shared memory (the other warpgroup's dQ reads it); dV, dK from registers; then the
+    // dQ part from shared memory, once both warpgroups' dS^T of its step are there
+    store_ds<D>(dS16, ds_buffer_at<D>(sm, cur.it), p);
+    announce_ds<D>(sm, p, cur.it);
     issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<qrows<D>()>(dO_tile),
                        desc_mn_major<qrows<D>()>(Q_tile));
-    ds_written();
-    issue_dq<D, BF16>(dQ_part, sm, dS_tile, p.wg);
+    if constexpr (WITH_DQ) {
+        wait_ds<D>(sm, dq.it);
+        issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
+    }
     wgmma_wait<0>();
     pin_registers(dV);
     pin_registers(dK);
-    pin_registers(dQ_part);
+    if constexpr (WITH_DQ) pin_registers(dQ_part);
     pin_registers(P16);
     pin_registers(dS16);
 
@@ -243,14 +288,24 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     // are no longer needed: every thread arrives, so that its own loads are ordered before the
     // load warp's next stores into the slot (producer.cuh).
     mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
-    if constexpr (DQ == DQ_ATOMIC)
-        add_dq_atomic<D>(dQ_part, pb, p.wg, p.warp, p.lane, bh, q0);
-    else
-        stage_dq<D>(dQ_part, sm, p.wg, p.warp, p.lane, it);
+    if constexpr (WITH_DQ) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, dq);
+}
+
+// The dQ part of a late block's last step, after the loop.
+template <int D, bool BF16, dq_way DQ>
+__device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_place &p,
+                                        const bwd_problem &pb, walk_step dq) {
+    float dQ_part[DQ_REGS];
+    wait_ds<D>(sm, dq.it);
+    issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
+    wgmma_wait<0>();
+    pin_registers(dQ_part);
+    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, dq);
 }
 
 // One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
-// head of the group (the producer's walk, in the same order); dK_j *= scale; store both.
+// head of the group (the producer's walk, in the same order), each with the dQ part of the step
+// dq_lateness() before; dK_j *= scale; store both.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
@@ -266,12 +321,23 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
 
     int tiles;
     const int first = query_tiles_of<D>(pb, key0, &tiles);
-    int it = 0;
-    for (int hh = 0; hh < pb.group; ++hh) {
-        const int bh = batch * pb.H + kv_head * pb.group + hh;  // dQ_acc's (batch, head)
-        for (int qt = first; qt < first + tiles; ++qt, ++it)
-            consumer_step<D, BF16, DQ>(dV, dK, sm, p, pb, K_desc, V_desc, key0, qt * qrows<D>(), bh,
-                                       it);
+    const int steps = pb.group * tiles;
+    if (steps > 0) {
+        walk_step cur = {0, batch * pb.H + kv_head * pb.group, first * qrows<D>()};
+        if constexpr (dq_lateness<D>() > 0) {
+            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, K_desc, V_desc, key0, cur, cur);
+            for (int it = 1; it < steps; ++it) {
+                const walk_step prev = cur;
+                cur = next_step(cur, first, tiles, qrows<D>());
+                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, K_desc, V_desc, key0, cur,
+                                                  prev);
+            }
+            last_dq<D, BF16, DQ>(sm, p, pb, cur);
+        } else {
+            for (int it = 0; it < steps; ++it, cur = next_step(cur, first, tiles, qrows<D>()))
+                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, K_desc, V_desc, key0, cur,
+                                                  cur);
+        }
     }
     store_dkv<D, BF16>(dK, dV, p, pb, key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g, batch,
                        kv_head);

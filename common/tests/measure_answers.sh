@@ -131,10 +131,10 @@ if [ -n "$hopper" ]; then
   want s6e4 && prepare s6nowaitk stage6_hopper mainloop.cuh '/^    wait_full(sm, BAR_K_FULL, kv_next);$/d'
 fi
 # stage 8 (Hopper only), exercise 1: the dQ product's A operand not transposed; exercise 2: no
-# named barrier before the dQ product; exercise 3: no mask in probabilities()
+# wait for dS^T before the dQ product; exercise 3: no mask in probabilities()
 if [ -n "$hopper" ]; then
   want s8e1 && prepare s8ta stage8_hopper_backward mainloop.cuh 's|wgmma_m64n64_ss<BF16, 1, 1>(dQ_part|wgmma_m64n64_ss<BF16, 0, 1>(dQ_part|'
-  want s8e2 && prepare s8nobar stage8_hopper_backward mainloop.cuh '/^    ds_written();$/d'
+  want s8e2 && prepare s8nobar stage8_hopper_backward mainloop.cuh '/^        wait_ds<D>(sm, dq.it);$/d'
   want s8e3 && prepare s8nomask stage8_hopper_backward mainloop.cuh 's|^            if (mask) {|            if (false) {|'
 fi
 wait
@@ -307,7 +307,7 @@ ready s7nomask stage7_backward && s7nomask=$p
 [ -n "${s7nomask:-}" ] && measure_bg s7e6 "probabilities_t() without the mask, --self-test --variant registers" 600 "$s7nomask" --self-test --variant registers
 wait
 # the break-it exercises' self-tests and stage 8's (after the ones above: at most seven side by side)
-[ -n "${s8nobar:-}" ] && measure_bg s8e2 "consumer_step() without ds_written(), --self-test" 600 "$s8nobar" --self-test
+[ -n "${s8nobar:-}" ] && measure_bg s8e2 "consumer_step() without wait_ds(), --self-test" 600 "$s8nobar" --self-test
 [ -n "${s0mask:-}" ] && measure_bg s0e4 "mask off by one, --self-test" 600 "$s0mask" --self-test
 [ -n "${s1alpha:-}" ] && measure_bg s1e5 "alpha = 1, --self-test" 600 "$s1alpha" --self-test
 [ -n "${s2tail:-}" ] && measure_bg s2e4 "no tail mask, --self-test" 600 "$s2tail" --self-test
