@@ -24,11 +24,15 @@
  *         wait DO_FULL; dP^T = V_j dO_i^T        wgmma SS, K-major both
  *         wait S^T:     P^T  = 2^(S^T scale log2(e) - LSE_i), masked        (probabilities)
  *         wait dP^T:    dS^T = P^T * (dP^T - D_i)                         (score_gradients)
- *         dS^T -> dS_smem[it % 2] (stmatrix, 128-byte swizzle)                   (store_ds)
+ *         dS^T -> dS_smem[it % 2, 3 at D = 128] (stmatrix, 128-byte swizzle)    (store_ds)
+ *         arrive DS_FULL (D = 128)                                           (announce_ds)
  *         dV += P^T dO_i, dK += dS^T Q_i         wgmma RS: A from registers (issue_dkv)
- *         named barrier: dS^T written (both warpgroups at D = 128)              (ds_written)
- *         dQ_i part = dS K_j                     wgmma SS, MN-major both       (issue_dq)
+ *         c = it (D = 64), it - 1 (D = 128: a step late; none in the first step)
+ *         wait until both warpgroups wrote dS^T_c: named barrier DS_ALL (D = 64),
+ *           DS_FULL[c] (D = 128)                                                   (wait_ds)
+ *         dQ_c part = dS_c K_j                   wgmma SS, MN-major both       (issue_dq)
  *         wait all; arrive Q_EMPTY; wait DQ_EMPTY; part -> staging; arrive DQ_FULL (stage_dq)
+ *       D = 128: the last step's dQ part the same way                             (last_dq)
  *       dK *= scale; store dK_j, dV_j                                            (store_dkv)
  *   dQ = scale dQ_acc, in the storage type                 dq_convert_kernel (stage 7's, shared)
  *
@@ -43,10 +47,10 @@
  * over them in registers), strided layouts (4-D tensor maps, strided stores), N_k != N (causal
  * aligned bottom right) and bf16 (a template parameter: wgmma's .bf16 products).
  *
- * NOTE: what is left (LOG.md): every step waits for its own wgmma before the next starts (no
- * overlap of one step's softmax with another's products, as FlashAttention-3 has), dK and dV leave
- * by 4-byte stores, dQ's adds land in any order (variant deterministic orders them), and the tiles
- * at D = 64 are not tuned.
+ * NOTE: what is left (LOG.md): every block pays for its start (K_j, V_j, the first tiles) and its
+ * end (dK, dV by 4-byte stores, the last dQ part) with nothing of its own to overlap them (no
+ * persistent blocks, as FlashAttention-3 has), dQ's adds land in any order (variant deterministic
+ * orders them), and the tiles at D = 64 are not tuned.
  */
 
 #include <cuda.h>
