@@ -139,7 +139,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     const int BH = s->B * s->H;
     const size_t rows = (size_t)BH * p.N_pad;
     const bool atomic = variant != VARIANT_DETERMINISTIC;
-    const dim3 pre_grid((unsigned)(rows * PREPROCESS_LANES / PREPROCESS_THREADS));
+    const dim3 pre_grid = preprocess_grid(rows, s->D);
     if (s->D == 64) {
         preprocess_kernel<64, BF16><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
     } else {

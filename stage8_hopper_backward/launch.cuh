@@ -57,7 +57,7 @@ template <int D, bool BF16>
 static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, int *dq_turn,
                                     int variant, cudaStream_t stream) {
     const size_t rows = (size_t)s->B * s->H * p.N_pad;
-    const dim3 pre_grid((unsigned)(rows * PREPROCESS_LANES / PREPROCESS_THREADS));
+    const dim3 pre_grid = preprocess_grid(rows, D);
     preprocess_kernel<D, BF16><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
     ATTN_TRY(cudaGetLastError());
 

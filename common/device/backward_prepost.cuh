@@ -136,11 +136,18 @@ static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_sha
 // their P = 2^(s - inf) = 0 without a mask; so do rows that see no key (causal, N > N_k: the
 // forward wrote O = 0, so D = 0, and LSE = -inf, whose 2^(s + inf) no kernel may compute). With dQ
 // by atomics or bulk reductions, the row of dQ_acc they add into is zeroed here too (as
-// FlashAttention-2's preprocess does: no separate pass over dQ_acc). PREPROCESS_LANES lanes per
-// row, D / 8 halves each; the grid covers B * H * N_pad rows exactly (N_pad is a multiple of
-// ROW_PAD).
+// FlashAttention-2's preprocess does: no separate pass over dQ_acc). A lane per 16-byte chunk of
+// a row (D / 8 lanes: one load of O and one of dO each, and the chunk's floats of dQ_acc zeroed),
+// so that D = 128 keeps as many loads in flight per byte as D = 64; the grid covers B * H * N_pad
+// rows exactly (N_pad is a multiple of ROW_PAD).
 constexpr int PREPROCESS_THREADS = 128;
-constexpr int PREPROCESS_LANES = 8;
+__host__ __device__ constexpr int preprocess_lanes(int D) {
+    return D / CHUNK_HALVES;
+}
+// The grid of preprocess_kernel for `rows` padded rows (B * H * N_pad) at head dim D.
+static inline dim3 preprocess_grid(size_t rows, int D) {
+    return dim3((unsigned)(rows * preprocess_lanes(D) / PREPROCESS_THREADS));
+}
 
 // Two 16-bit values (bf16 with BF16, else fp16) packed in a register, as floats.
 template <bool BF16>
@@ -158,11 +165,12 @@ __device__ __forceinline__ float2 unpack2_of(uint32_t u) {
 
 template <int D, bool BF16>
 __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bwd_params p) {
-    constexpr int PER_LANE = D / PREPROCESS_LANES;  // halves
+    constexpr int LANES = preprocess_lanes(D);
     constexpr int PAIRS_PER_CHUNK = CHUNK_BYTES / sizeof(uint32_t);
-    const size_t row =  // in [B * H, N_pad]
-        ((size_t)blockIdx.x * PREPROCESS_THREADS + threadIdx.x) / PREPROCESS_LANES;
-    const int sub = (int)threadIdx.x % PREPROCESS_LANES;
+    static_assert(WARP_SIZE % LANES == 0, "a row's lanes lie in one warp");
+    const size_t row =
+        ((size_t)blockIdx.x * PREPROCESS_THREADS + threadIdx.x) / LANES;  // [B * H, N_pad]
+    const int sub = (int)threadIdx.x % LANES;                             // the row's chunk
     const size_t bh = row / (size_t)p.N_pad;
     const int i = (int)(row - bh * p.N_pad);
     const bool inside = i < p.N;
@@ -171,31 +179,28 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
         const int b = (int)bh / p.H, h = (int)bh % p.H;  // (B * H fits a grid's y: 32 bits)
         if (p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it; contiguous)
             constexpr int FLOAT4_FLOATS = 4;
-            float4 *const acc =
-                reinterpret_cast<float4 *>(p.dQ_acc + ((size_t)bh * p.N + i) * D + sub * PER_LANE);
+            float4 *const acc = reinterpret_cast<float4 *>(p.dQ_acc + ((size_t)bh * p.N + i) * D +
+                                                           sub * CHUNK_HALVES);
 #pragma unroll
-            for (int c = 0; c < PER_LANE / FLOAT4_FLOATS; ++c)
+            for (int c = 0; c < CHUNK_HALVES / FLOAT4_FLOATS; ++c)
                 acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        const __half *const O_row =
-            p.O + head_offset(p.layout.o, b, h) + rows_offset(i, p.layout.o.row) + sub * PER_LANE;
-        const __half *const dO_row = p.dO + head_offset(p.layout.dO, b, h) +
-                                     rows_offset(i, p.layout.dO.row) + sub * PER_LANE;
+        const uint4 o =
+            *reinterpret_cast<const uint4 *>(p.O + head_offset(p.layout.o, b, h) +
+                                             rows_offset(i, p.layout.o.row) + sub * CHUNK_HALVES);
+        const uint4 d =
+            *reinterpret_cast<const uint4 *>(p.dO + head_offset(p.layout.dO, b, h) +
+                                             rows_offset(i, p.layout.dO.row) + sub * CHUNK_HALVES);
+        const uint32_t *ow = reinterpret_cast<const uint32_t *>(&o);
+        const uint32_t *dw = reinterpret_cast<const uint32_t *>(&d);
 #pragma unroll
-        for (int c = 0; c < PER_LANE; c += CHUNK_HALVES) {
-            const uint4 o = *reinterpret_cast<const uint4 *>(O_row + c);
-            const uint4 d = *reinterpret_cast<const uint4 *>(dO_row + c);
-            const uint32_t *ow = reinterpret_cast<const uint32_t *>(&o);
-            const uint32_t *dw = reinterpret_cast<const uint32_t *>(&d);
-#pragma unroll
-            for (int x = 0; x < PAIRS_PER_CHUNK; ++x) {
-                const float2 of = unpack2_of<BF16>(ow[x]), df = unpack2_of<BF16>(dw[x]);
-                sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
-            }
+        for (int x = 0; x < PAIRS_PER_CHUNK; ++x) {
+            const float2 of = unpack2_of<BF16>(ow[x]), df = unpack2_of<BF16>(dw[x]);
+            sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
         }
     }
 #pragma unroll
-    for (int s = PREPROCESS_LANES / 2; s > 0; s /= 2) sum += __shfl_xor_sync(FULL_WARP, sum, s);
+    for (int s = LANES / 2; s > 0; s /= 2) sum += __shfl_xor_sync(FULL_WARP, sum, s);
     if (sub == 0) {
         p.Dsum[row] = inside ? sum : 0.f;
         const float lse = inside ? p.lse[bh * p.N + i] : INFINITY;
