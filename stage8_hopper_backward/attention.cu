@@ -48,7 +48,7 @@
  * aligned bottom right) and bf16 (a template parameter: wgmma's .bf16 products).
  *
  * NOTE: what is left (LOG.md, steps 12 and 13): per unit of work the main loop is level with
- * cuDNN's and 12% behind FA3-class's at D = 128; at short sequences a constant per call (the
+ * cuDNN's and behind FA3-class's at D = 128; at short sequences a constant per call (the
  * passes before and after, and a part of the main kernel that does not grow with N) puts it behind
  * cuDNN. dQ's adds land in any order (variant deterministic orders them), and the tiles at D = 64
  * are not tuned.
