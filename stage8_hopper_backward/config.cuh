@@ -65,7 +65,7 @@ constexpr int DS_BUFFERS_MAX = Q_STAGES + 1;
 
 // dQ_i's staging tile: one. A second, so that the consumers stage step i + 1's while the dQ
 // warp's reduction still reads step i's, does not fit at D = 64 beside the 128-query tiles
-// (232,536 bytes of the 232,448 a block may have), nor at D = 128 beside the third dS^T buffer.
+// (232,544 bytes of the 232,448 a block may have), nor at D = 128 beside the third dS^T buffer.
 template <int D>
 __host__ __device__ constexpr int dq_buffers() {
     return 1;
