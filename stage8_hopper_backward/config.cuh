@@ -199,43 +199,27 @@ __device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
     return s.bar + MBARRIER_BYTES * i;
 }
 
-// The ring: the block's it-th query tile (counted over all its query heads) sits in slot
-// it % Q_STAGES, in that slot's phase it / Q_STAGES, whose parity a wait names. Consumers wait
-// for a slot's fill in that phase; the producer for its release in the phase before, which a fresh
-// barrier counts as complete (waiting for parity 1 returns at once).
-__device__ __forceinline__ int ring_slot(int it) {
-    return it % Q_STAGES;
+// The block's rings: its it-th step (counted over all its query tiles and query heads) uses buffer
+// it % DEPTH of a ring of DEPTH, in that buffer's phase it / DEPTH, whose parity a wait names.
+// The side that fills a buffer waits for its release in the phase before, which a fresh barrier
+// counts as complete (waiting for parity 1 returns at once). Three rings: the Q/dO slots
+// (Q_STAGES), dS^T's buffers (ds_buffers(), at ds_buffer_at) and dQ's staging tiles
+// (dq_buffers(), at dq_buffer_at).
+template <int DEPTH>
+__device__ __forceinline__ int ring_buffer(int it) {
+    return it % DEPTH;
 }
-__device__ __forceinline__ uint32_t ring_phase(int it) {
-    return (uint32_t)(it / Q_STAGES) & 1;
-}
-
-// dS^T's buffers and dQ's staging buffers, the same way: step it writes dS^T into buffer
-// it % ds_buffers() (ds_buffer_at), in that buffer's phase it / ds_buffers(), and stages dQ_i
-// into buffer it % dq_buffers() (dq_buffer_at), in phase it / dq_buffers().
-template <int D>
-__device__ __forceinline__ int ds_buffer(int it) {
-    return it % ds_buffers<D>();
-}
-template <int D>
-__device__ __forceinline__ uint32_t ds_phase(int it) {
-    return (uint32_t)(it / ds_buffers<D>()) & 1;
+template <int DEPTH>
+__device__ __forceinline__ uint32_t ring_parity(int it) {
+    return (uint32_t)(it / DEPTH) & 1;
 }
 template <int D>
 __device__ __forceinline__ uint32_t ds_buffer_at(const smem_tiles &s, int it) {
-    return s.dS + ds_buffer<D>(it) * ds_tile_bytes<D>();
-}
-template <int D>
-__device__ __forceinline__ int dq_buffer(int it) {
-    return it % dq_buffers<D>();
-}
-template <int D>
-__device__ __forceinline__ uint32_t dq_phase(int it) {
-    return (uint32_t)(it / dq_buffers<D>()) & 1;
+    return s.dS + ring_buffer<ds_buffers<D>()>(it) * ds_tile_bytes<D>();
 }
 template <int D>
 __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
-    return s.dQ + dq_buffer<D>(it) * dq_tile_bytes<D>();
+    return s.dQ + ring_buffer<dq_buffers<D>()>(it) * dq_tile_bytes<D>();
 }
 
 // Named barriers (barrier 0 is __syncthreads'): at D = 64, where dQ_i comes in step i, "both

@@ -191,7 +191,7 @@ template <int D>
 __device__ __forceinline__ void announce_ds(const smem_tiles &sm, const consumer_place &p, int it) {
     if constexpr (dq_lateness<D>() > 0) {
         __syncwarp();  // the warp's stores are all in
-        if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ds_buffer<D>(it)));
+        if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ring_buffer<ds_buffers<D>()>(it)));
     }
 }
 
@@ -201,7 +201,8 @@ __device__ __forceinline__ void announce_ds(const smem_tiles &sm, const consumer
 template <int D>
 __device__ __forceinline__ void wait_ds(const smem_tiles &sm, int it) {
     if constexpr (dq_lateness<D>() > 0)
-        mbar_wait(bar_at(sm, BAR_DS_FULL + ds_buffer<D>(it)), ds_phase<D>(it));
+        mbar_wait(bar_at(sm, BAR_DS_FULL + ring_buffer<ds_buffers<D>()>(it)),
+                  ring_parity<ds_buffers<D>()>(it));
     else
         named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_DS_ALL);
 }
@@ -241,7 +242,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
                                               uint64_t V_desc, int key0, walk_step cur,
                                               walk_step dq) {
     constexpr bool WITH_DQ = !(FIRST && dq_lateness<D>() > 0);
-    const int slot = ring_slot(cur.it);
+    const int slot = ring_buffer<Q_STAGES>(cur.it);
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
                    dO_tile = sm.dO + slot * q_tile_bytes<D>();
     const int key_row = key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first
@@ -251,10 +252,10 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
 
     // S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, each as soon as its tile has landed; at D = 128
     // LSE_i (landed with Q_i) into registers while they run (lse_ahead)
-    mbar_wait(bar_at(sm, BAR_Q_FULL + slot), ring_phase(cur.it));
+    mbar_wait(bar_at(sm, BAR_Q_FULL + slot), ring_parity<Q_STAGES>(cur.it));
     issue_scores<D, BF16>(S, K_desc, desc_k_major(Q_tile));
     if constexpr (lse_ahead<D>()) load_columns<D>(lse, sm.lse + slot * vec_bytes<D>(), p.t);
-    mbar_wait(bar_at(sm, BAR_DO_FULL + slot), ring_phase(cur.it));
+    mbar_wait(bar_at(sm, BAR_DO_FULL + slot), ring_parity<Q_STAGES>(cur.it));
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile));
 
     // P^T while dP^T runs; then dS^T, both packed

@@ -62,8 +62,9 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     size_t row =
         ((size_t)batch * pb.H + head) * pb.N_pad + (size_t)first * ROWS + LANE_FLOATS * lane;
     for (int it = 0; it < pb.group * tiles; ++it) {
-        const int slot = ring_slot(it), q0 = qt * ROWS;
-        mbar_wait(bar_at(sm, BAR_Q_EMPTY + slot), ring_phase(it) ^ 1);  // the slot is free
+        const int slot = ring_buffer<Q_STAGES>(it), q0 = qt * ROWS;
+        mbar_wait(bar_at(sm, BAR_Q_EMPTY + slot),
+                  ring_parity<Q_STAGES>(it) ^ 1);  // the slot is free
         const uint32_t q_full = bar_at(sm, BAR_Q_FULL + slot);
         const uint32_t do_full = bar_at(sm, BAR_DO_FULL + slot);
         if (lane == 0) {
