@@ -43,10 +43,10 @@ constexpr int Q_STAGES = 2;
 
 // dQ_i = dS K_j reads both warpgroups' dS^T rows (below), so a warpgroup's dQ product waits until
 // the other has written its rows. At D = 128 it comes a step late (dq_lateness): step i issues
-// dQ_{i-1}'s product after its own dV and dK, when the other warpgroup wrote dS^T_{i-1} half a
-// step ago or more, so that neither waits for the other every step and one's softmax can run
-// under the other's products. At D = 64 (128-query steps) dQ_i stays in step i: a third dS^T
-// buffer (below) does not fit beside its tiles.
+// dQ_{i-1}'s product after its own dV and dK, when the other warpgroup wrote dS^T_{i-1} a step
+// ago unless it lags, so that the two need not meet at every step (LOG.md, step 11: what it
+// bought). At D = 64 (128-query steps) dQ_i stays in step i: a third dS^T buffer (below) does
+// not fit beside its tiles.
 template <int D>
 __host__ __device__ constexpr int dq_lateness() {
     return qrows<D>() == WGMMA_M ? 1 : 0;
@@ -66,11 +66,7 @@ constexpr int DS_BUFFERS_MAX = Q_STAGES + 1;
 // dQ_i's staging tile: one. A second, so that the consumers stage step i + 1's while the dQ
 // warp's reduction still reads step i's, does not fit at D = 64 beside the 128-query tiles
 // (232,544 bytes of the 232,448 a block may have), nor at D = 128 beside the third dS^T buffer.
-template <int D>
-__host__ __device__ constexpr int dq_buffers() {
-    return 1;
-}
-constexpr int DQ_BUFFERS_MAX = 1;
+constexpr int DQ_BUFFERS = 1;
 
 // The producer warpgroup's warps: one issues every load, one every dQ reduction; the other two
 // leave at once.
@@ -119,7 +115,7 @@ enum dq_way { DQ_BULK, DQ_ATOMIC, DQ_ORDERED };
 
 // K_smem, V_smem [D/64][KEYS][64]; Q_STAGES x (Q_smem, dO_smem [D/64][qrows][64]), all in the
 // 128-byte swizzle TMA writes; ds_buffers() x dS_smem [qrows/64][KEYS][64] (dS^T in 64-query slabs,
-// swizzled the same way by the consumers' stmatrix); dq_buffers() x dQ_stage [D/8][qrows][8]
+// swizzled the same way by the consumers' stmatrix); DQ_BUFFERS x dQ_stage [D/8][qrows][8]
 // floats (backward_prepost.cuh's staging layout); Q_STAGES x (LSE_smem, Dsum_smem [qrows]
 // floats); the mbarriers. Every tile starts 1024-byte aligned (the swizzle atom).
 template <int D>
@@ -164,15 +160,15 @@ enum {
     BAR_Q_EMPTY = BAR_DO_FULL + Q_STAGES,
     BAR_DS_FULL = BAR_Q_EMPTY + Q_STAGES,
     BAR_DQ_FULL = BAR_DS_FULL + DS_BUFFERS_MAX,
-    BAR_DQ_EMPTY = BAR_DQ_FULL + DQ_BUFFERS_MAX,
-    BARRIERS = BAR_DQ_EMPTY + DQ_BUFFERS_MAX
+    BAR_DQ_EMPTY = BAR_DQ_FULL + DQ_BUFFERS,
+    BARRIERS = BAR_DQ_EMPTY + DQ_BUFFERS
 };
 
 template <int D>
 __host__ __device__ constexpr int smem_bytes() {
     return SWIZZLE_ATOM_BYTES /* alignment slack */ + 2 * kv_tile_bytes<D>() +
            2 * Q_STAGES * q_tile_bytes<D>() + ds_buffers<D>() * ds_tile_bytes<D>() +
-           dq_buffers<D>() * dq_tile_bytes<D>() + 2 * Q_STAGES * vec_bytes<D>() +
+           DQ_BUFFERS * dq_tile_bytes<D>() + 2 * Q_STAGES * vec_bytes<D>() +
            BARRIERS * MBARRIER_BYTES;
 }
 
@@ -190,7 +186,7 @@ __device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
     s.dO = s.Q + Q_STAGES * q_tile_bytes<D>();
     s.dS = s.dO + Q_STAGES * q_tile_bytes<D>();
     s.dQ = s.dS + ds_buffers<D>() * ds_tile_bytes<D>();
-    s.lse = s.dQ + dq_buffers<D>() * dq_tile_bytes<D>();
+    s.lse = s.dQ + DQ_BUFFERS * dq_tile_bytes<D>();
     s.Dsum = s.lse + Q_STAGES * vec_bytes<D>();
     s.bar = s.Dsum + Q_STAGES * vec_bytes<D>();
     return s;
@@ -204,7 +200,7 @@ __device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
 // The side that fills a buffer waits for its release in the phase before, which a fresh barrier
 // counts as complete (waiting for parity 1 returns at once). Three rings: the Q/dO slots
 // (Q_STAGES), dS^T's buffers (ds_buffers(), at ds_buffer_at) and dQ's staging tiles
-// (dq_buffers(), at dq_buffer_at).
+// (DQ_BUFFERS, at dq_buffer_at).
 template <int DEPTH>
 __device__ __forceinline__ int ring_buffer(int it) {
     return it % DEPTH;
@@ -219,7 +215,7 @@ __device__ __forceinline__ uint32_t ds_buffer_at(const smem_tiles &s, int it) {
 }
 template <int D>
 __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
-    return s.dQ + ring_buffer<dq_buffers<D>()>(it) * dq_tile_bytes<D>();
+    return s.dQ + ring_buffer<DQ_BUFFERS>(it) * dq_tile_bytes<D>();
 }
 
 // Named barriers (barrier 0 is __syncthreads'): at D = 64, where dQ_i comes in step i, "both

@@ -23,7 +23,7 @@ __device__ __forceinline__ int dq_part_col(int wg) {
 }
 
 // The consumers' side, after the step's dQ wgmma is done: wait until the reduction has read the
-// staging tile of buffer it % dq_buffers() (DQ_EMPTY), write this warpgroup's dQ part there (the
+// staging tile of buffer it % DQ_BUFFERS (DQ_EMPTY), write this warpgroup's dQ part there (the
 // accumulator of a 64 x 64 wgmma: register acc_index(n, h, c) is row 16 warp + g + 8h, column
 // 8n + 2t + c of its part), make the writes visible to the TMA unit (the async proxy), and arrive
 // on DQ_FULL, one arrival per warp. In the staging layout [D/8][qrows][8] floats a warp's store
@@ -38,8 +38,8 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
     const uint32_t at = dq_buffer_at<D>(sm, it) + first_slab * SLAB_BYTES +
                         (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
                         FRAG_LANE_COLS * t * FLOAT_BYTES;
-    mbar_wait(bar_at(sm, BAR_DQ_EMPTY + ring_buffer<dq_buffers<D>()>(it)),
-              ring_parity<dq_buffers<D>()>(it) ^ 1);  // it is read
+    mbar_wait(bar_at(sm, BAR_DQ_EMPTY + ring_buffer<DQ_BUFFERS>(it)),
+              ring_parity<DQ_BUFFERS>(it) ^ 1);  // it is read
 #pragma unroll
     for (int n = 0; n < SLAB_COLS / FRAG_COLS; ++n) {
 #pragma unroll
@@ -49,7 +49,7 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
     }
     fence_proxy_async();  // this thread's writes, visible to the TMA unit
     __syncwarp();         // the warp's writes are all in
-    if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL + ring_buffer<dq_buffers<D>()>(it)));
+    if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL + ring_buffer<DQ_BUFFERS>(it)));
 }
 
 // DQ_ATOMIC (variant atomicdq), after the step's dQ wgmma is done: the thread's part of dQ_i
@@ -123,8 +123,8 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     int bh = batch * pb.H + kv_head * pb.group, qt = first;  // dQ_acc's (batch, head), the tile
     for (int it = 0; it < pb.group * tiles; ++it) {
         // the consumers' parts staged
-        mbar_wait(bar_at(sm, BAR_DQ_FULL + ring_buffer<dq_buffers<D>()>(it)),
-                  ring_parity<dq_buffers<D>()>(it));
+        mbar_wait(bar_at(sm, BAR_DQ_FULL + ring_buffer<DQ_BUFFERS>(it)),
+                  ring_parity<DQ_BUFFERS>(it));
         const uint32_t tile = dq_buffer_at<D>(sm, it);
         if constexpr (DQ == DQ_ORDERED) {
             int *const turn = wait_for_turn<D>(pb, bh, qt);
@@ -136,7 +136,7 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
             bulk_commit();
             bulk_wait<true>();  // the reduction has read the staging tile
         }
-        mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + ring_buffer<dq_buffers<D>()>(it)));
+        mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + ring_buffer<DQ_BUFFERS>(it)));
         if (++qt == first + tiles) qt = first, ++bh;  // the first tile of the next head
     }
     bulk_wait<false>();  // every reduction done before the block's shared memory goes

@@ -25,7 +25,7 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     if (dq_lateness<D>() > 0)
         for (int b = 0; b < ds_buffers<D>(); ++b)
             mbar_init(bar_at(sm, BAR_DS_FULL + b), CONSUMER_WARPS);
-    for (int b = 0; b < dq_buffers<D>(); ++b) {
+    for (int b = 0; b < DQ_BUFFERS; ++b) {
         mbar_init(bar_at(sm, BAR_DQ_FULL + b), CONSUMER_WARPS);
         mbar_init(bar_at(sm, BAR_DQ_EMPTY + b), 1);
     }
