@@ -44,8 +44,8 @@
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  * What models feed: GQA (a block walks the query heads of its key/value head, so dK_j and dV_j sum
- * over them in registers), strided layouts (4-D tensor maps, strided stores), N_k != N (causal
- * aligned bottom right) and bf16 (a template parameter: wgmma's .bf16 products).
+ * over them in registers), strided layouts (4-D tensor maps; dQ's conversion by strided stores),
+ * N_k != N (causal aligned bottom right) and bf16 (a template parameter: wgmma's .bf16 products).
  *
  * NOTE: what is left (LOG.md, steps 12 and 13): per unit of work the main loop is level with
  * cuDNN's and behind FA3-class's at D = 128; at short sequences a constant per call (the
@@ -88,16 +88,18 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
     const char *why = attn_forward_stage.unsupported(s, dev, 0);
     if (why) return why;  // D, Hopper, the sm_90a code, Q/K/V/O strides for TMA
-    // dO goes through a tensor map too; every stride a multiple of 8 elements (16 bytes), rows at
-    // least D apart and in 32 bits (dQ's conversion and dK's, dV's stores walk rows by them).
+    // dO, dK and dV go through tensor maps too; every stride a multiple of 8 elements (16 bytes),
+    // rows at least D apart and in 32 bits (dQ's conversion walks rows by them).
     const attn_layout *l[] = {&s->dO, &s->dQ, &s->dK, &s->dV};
     for (size_t t = 0; t < sizeof l / sizeof *l; ++t) {
         if (l[t]->batch % CHUNK_HALVES || l[t]->head % CHUNK_HALVES || l[t]->row % CHUNK_HALVES ||
             l[t]->row < s->D || l[t]->row > INT_MAX)
             return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
     }
-    if (!tensor_map_takes(&s->dO, s->B, s->H, s->N, HALF_BYTES))
-        return "dO's strides must be below 2^39 elements (TMA's limit)";
+    if (!tensor_map_takes(&s->dO, s->B, s->H, s->N, HALF_BYTES) ||
+        !tensor_map_takes(&s->dK, s->B, s->H_kv, s->N_k, HALF_BYTES) ||
+        !tensor_map_takes(&s->dV, s->B, s->H_kv, s->N_k, HALF_BYTES))
+        return "dO's, dK's and dV's strides must be below 2^39 elements (TMA's limit)";
     if (!hopper_code_here())
         return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
     const size_t smem = s->D == 64 ? smem_bytes<64>() : smem_bytes<128>();

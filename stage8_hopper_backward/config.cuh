@@ -68,10 +68,12 @@ constexpr int DS_BUFFERS_MAX = Q_STAGES + 1;
 // (232,544 bytes of the 232,448 a block may have), nor at D = 128 beside the third dS^T buffer.
 constexpr int DQ_BUFFERS = 1;
 
-// The producer warpgroup's warps: one issues every load, one every dQ reduction; the other two
-// leave at once.
+// The producer warpgroup's warps: one issues every load, one every dQ reduction, one the block's
+// dK_j and dV_j stores at its end (the others' registers are spoken for across their loops); the
+// fourth leaves at once.
 constexpr int LOAD_WARP = 0;
 constexpr int DQ_WARP = 1;
+constexpr int STORE_WARP = 2;
 
 // setmaxnreg: 384 threads start with 168 registers each (65,536 / 384, rounded down to 8); the
 // producer gives most of its share to the consumers: 128 x 24 + 256 x 240 = 64,512.
@@ -218,12 +220,21 @@ __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
     return s.dQ + ring_buffer<DQ_BUFFERS>(it) * dq_tile_bytes<D>();
 }
 
-// Named barriers (barrier 0 is __syncthreads'): at D = 64, where dQ_i comes in step i, "both
-// warpgroups' dS^T of this step is written" (the two meet there every step anyway, and a named
-// barrier is the cheapest meeting); at D = 128 the DS_FULL mbarriers say it, a step later.
+// Named barriers (barrier 0 is __syncthreads'), and what each protects:
+//   DS_ALL      the two consumer warpgroups, at D = 64, where dQ_i comes in step i: both
+//               warpgroups' dS^T of this step is written (the two meet there every step anyway,
+//               and a named barrier is the cheapest meeting; at D = 128 the DS_FULL mbarriers say
+//               it, a step later).
+//   KV_FREE     the two consumer warpgroups, at the block's end: both warpgroups' wgmma are done,
+//               so that no product reads K_j or V_j any more and the consumers may stage dK_j and
+//               dV_j there (epilogue.cuh).
+//   DKV_STAGED  the consumers (arrive) and the store warp (wait): dK_j and dV_j are staged, fenced
+//               for the async proxy, and the store warp's TMA stores may read them.
 enum named_barrier {
     NAMED_BARRIER_SYNCTHREADS = 0,
     NAMED_BARRIER_DS_ALL,
+    NAMED_BARRIER_KV_FREE,
+    NAMED_BARRIER_DKV_STAGED,
 };
 
 /* ---- the main kernel's parameters ------------------------------------------------------------ */
@@ -243,8 +254,6 @@ typedef struct {
     const float *Dsum;  // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
     float *dQ_acc;      // [B * H, N, D] fp32, contiguous (DQ_ATOMIC's adds; DQ_BULK's via tmdQ)
     int *dq_turn;       // [B * H, q_tiles]: key tiles that have added into the tile (DQ_ORDERED)
-    __half *dK, *dV;    // [B, H_kv, N_k, D] in their layouts (fp16, or bf16 with BF16)
-    tensor_strides dk, dv;
 } bwd_problem;
 
 // The block's key tile: blockIdx.x, or with diagonal_order the last key tile first (the grid

@@ -1,38 +1,68 @@
 /*
  * stage8_hopper_backward/epilogue.cuh: the end of a block: dK_j *= scale (S = scale Q K^T: the
  * scale the consumers left out of every step), then dK_j and dV_j, summed over every query tile of
- * every query head of the group in fp32 registers, to global memory in the storage type.
+ * every query head of the group in fp32 registers, to global memory in the storage type: the
+ * consumers write them over K_j and V_j in shared memory (stage_dkv), the store warp stores them
+ * by TMA (store_dkv), in whole 128-byte rows (a warp's 4-byte stores straight from the
+ * accumulator layout would write 16 bytes of each of 8 rows).
  */
 #pragma once
 
 #include "config.cuh"
 
-// One accumulator (a warpgroup's 64 keys x D, the thread's rows key_row and key_row + 8, columns
-// 8n + 2t, +1) times `scale`, packed to 16 bits, into rows key_row.. of (batch, kv_head) of a
-// [B, H_kv, N_k, D] tensor with strides st; rows past N_k are left alone. One 4-byte store a
-// column pair (a TMA store through shared memory is LOG.md's next step for it).
+// One accumulator (a warpgroup's 64 keys x D; the thread's columns 8n + 2t, +1 of rows
+// row and row + 8 of its warp's 16) times `scale`, packed to 16 bits, into a [D / 64][KEYS][64]
+// tile in the 128-byte swizzle: one 4-byte store a column pair. A warp's store writes 8 rows, each
+// row's chunk n at position n ^ (row % 8): 8 different 16-byte bank groups, no bank conflict.
 template <int D, bool BF16>
-__device__ __forceinline__ void store_rows(const float (&acc)[D / 2], float scale, __half *base,
-                                           const tensor_strides &st, int batch, int kv_head,
-                                           int key_row, int N_k, int t) {
-    __half *const head = base + head_offset(st, batch, kv_head);
+__device__ __forceinline__ void stage_rows(const float (&acc)[D / 2], float scale, uint32_t tile,
+                                           int row, int t) {
 #pragma unroll
     for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
-        const int row = key_row + FRAG_ROW_STEP * h;
-        if (row >= N_k) continue;
-        __half *const out = head + rows_offset(row, st.row) + FRAG_LANE_COLS * t;
+        const uint32_t base =
+            swizzle_row_base(tile, row + FRAG_ROW_STEP * h) + FRAG_LANE_COLS * HALF_BYTES * t;
 #pragma unroll
         for (int n = 0; n < D / FRAG_COLS; ++n)
-            *reinterpret_cast<uint32_t *>(out + FRAG_COLS * n) =
-                pack2_of<BF16>(acc[acc_index(n, h, 0)] * scale, acc[acc_index(n, h, 1)] * scale);
+            st_shared_b32(
+                swizzled_chunk_at<KEYS>(base, n),
+                pack2_of<BF16>(acc[acc_index(n, h, 0)] * scale, acc[acc_index(n, h, 1)] * scale));
     }
 }
 
-// dK_j = scale dK_acc and dV_j = dV_acc, this thread's part (key_row: its first key).
+// A consumer thread's part of dK_j = scale dK_acc and dV_j = dV_acc, over its rows of K_j's and
+// V_j's tiles (the same layout); then visible to the copy engine, and announced to the store
+// warp (DKV_STAGED). The tiles are free once both warpgroups' wgmma are done (KV_FREE): the dQ
+// products read all 128 keys of K_j.
 template <int D, bool BF16>
-__device__ __forceinline__ void store_dkv(const float (&dK)[D / 2], const float (&dV)[D / 2],
-                                          const consumer_place &p, const bwd_problem &pb,
-                                          int key_row, int batch, int kv_head) {
-    store_rows<D, BF16>(dK, pb.scale, pb.dK, pb.dk, batch, kv_head, key_row, pb.N_k, p.t);
-    store_rows<D, BF16>(dV, 1.f, pb.dV, pb.dv, batch, kv_head, key_row, pb.N_k, p.t);
+__device__ __forceinline__ void stage_dkv(const float (&dK)[D / 2], const float (&dV)[D / 2],
+                                          const smem_tiles &sm, const consumer_place &p,
+                                          float scale) {
+    named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_KV_FREE);
+    const int row = WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first row
+    stage_rows<D, BF16>(dK, scale, sm.K, row, p.t);
+    stage_rows<D, BF16>(dV, 1.f, sm.V, row, p.t);
+    fence_proxy_async();  // this thread's stores are visible to the copy engine
+    named_barrier_arrive<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
+}
+
+// The store warp: once the consumers have staged dK_j and dV_j (DKV_STAGED), lane 0 stores them
+// to keys key0 .. of (batch, kv_head) of dK and dV (tmdK, tmdV: KEYS-row boxes; keys past N_k are
+// not written), D / 64 TMA copies each, and waits until they have read the tiles: the block's
+// shared memory lives until then.
+template <int D>
+__device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMap *tmdK,
+                                          const CUtensorMap *tmdV, const bwd_problem &pb,
+                                          int lane) {
+    named_barrier_sync<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
+    if (lane == 0) {
+        const int key0 = block_key_tile(pb) * KEYS;
+        const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
+#pragma unroll
+        for (int c = 0; c < D / SLAB_COLS; ++c) {
+            tma_store_4d(tmdK, sm.K + slab_offset<KEYS>(c), c * SLAB_COLS, key0, kv_head, batch);
+            tma_store_4d(tmdV, sm.V + slab_offset<KEYS>(c), c * SLAB_COLS, key0, kv_head, batch);
+        }
+        bulk_commit();
+        bulk_wait<true>();  // the copies have read the tiles
+    }
 }

@@ -1,7 +1,7 @@
 /*
  * stage8_hopper_backward/kernel.cuh: the main kernel: one block per (key tile, batch, key/value
- * head); its barriers set up, then warpgroup 0 the producer (a load warp, a dQ warp) with few
- * registers and warpgroups 1 and 2 the consumers with many.
+ * head); its barriers set up, then warpgroup 0 the producer (a load warp, a dQ warp, a store warp)
+ * with few registers and warpgroups 1 and 2 the consumers with many.
  */
 #pragma once
 
@@ -32,9 +32,9 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     fence_barrier_init();  // visible to the copy engine (the async proxy)
 }
 
-// Q, dO: [B, H, N, D] and K, V: [B, H_kv, N_k, D], 16-bit (bf16 where BF16), each through its
-// tensor map (D, rows, heads, B) with its strides, in 128-byte swizzled boxes of 64 columns
-// (qrows<D>() rows for Q and dO, KEYS for K and V); dQ_acc [B * H, N, D] fp32 through tmdQ
+// Q, dO: [B, H, N, D] and K, V, dK, dV: [B, H_kv, N_k, D], 16-bit (bf16 where BF16), each through
+// its tensor map (D, rows, heads, B) with its strides, in 128-byte swizzled boxes of 64 columns
+// (qrows<D>() rows for Q and dO, KEYS for the others); dQ_acc [B * H, N, D] fp32 through tmdQ
 // (dq_tensor_map); the rest in pb. Grid: (ceil(N_k / KEYS), B * H_kv), BLOCK_THREADS threads.
 template <int D, bool BF16, dq_way DQ>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
@@ -42,7 +42,9 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
                     const __grid_constant__ CUtensorMap tmK,
                     const __grid_constant__ CUtensorMap tmV,
                     const __grid_constant__ CUtensorMap tmdO,
-                    const __grid_constant__ CUtensorMap tmdQ, const bwd_problem pb) {
+                    const __grid_constant__ CUtensorMap tmdQ,
+                    const __grid_constant__ CUtensorMap tmdK,
+                    const __grid_constant__ CUtensorMap tmdV, const bwd_problem pb) {
 #if HOPPER_KERNELS
     extern __shared__ unsigned char smem_raw[];
     const smem_tiles sm = carve_smem<D>(smem_raw);
@@ -50,6 +52,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         init_barriers<D>(sm);
         prefetch_tensor_map(&tmQ), prefetch_tensor_map(&tmK), prefetch_tensor_map(&tmV);
         prefetch_tensor_map(&tmdO), prefetch_tensor_map(&tmdQ);
+        prefetch_tensor_map(&tmdK), prefetch_tensor_map(&tmdV);
     }
     __syncthreads();  // the barriers are initialised before anyone waits on or signals them
     if (threadIdx.x < PRODUCER_WARPGROUPS * WARPGROUP) {
@@ -59,11 +62,13 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
             load_tiles<D>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
         else if (DQ != DQ_ATOMIC && warp == DQ_WARP && lane == 0)
             reduce_dq<D, DQ>(sm, &tmdQ, pb);  // (DQ_ATOMIC: the consumers add dQ themselves)
+        else if (warp == STORE_WARP)
+            store_dkv<D>(sm, &tmdK, &tmdV, pb, lane);
     } else {
         registers_increase<CONSUMER_REGS>();
         consumer<D, BF16, DQ>(sm, pb);
     }
 #else
-    (void)tmQ, (void)tmK, (void)tmV, (void)tmdO, (void)tmdQ, (void)pb;
+    (void)tmQ, (void)tmK, (void)tmV, (void)tmdO, (void)tmdQ, (void)tmdK, (void)tmdV, (void)pb;
 #endif
 }

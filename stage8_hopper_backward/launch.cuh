@@ -42,7 +42,8 @@ static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *d
 }
 
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
-                          const CUtensorMap, const CUtensorMap, const bwd_problem);
+                          const CUtensorMap, const CUtensorMap, const CUtensorMap,
+                          const CUtensorMap, const bwd_problem);
 
 // The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ.
 template <int D, bool BF16>
@@ -61,12 +62,14 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
     preprocess_kernel<D, BF16><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
     ATTN_TRY(cudaGetLastError());
 
-    CUtensorMap tmQ, tmK, tmV, tmdO, tmdQ;
+    CUtensorMap tmQ, tmK, tmV, tmdO, tmdQ, tmdK, tmdV;
     ATTN_TRY(tensor_map_slabs(&tmQ, p.Q, s, s->H, s->N, &s->q, qrows<D>()));
     ATTN_TRY(tensor_map_slabs(&tmK, p.K, s, s->H_kv, s->N_k, &s->k, KEYS));
     ATTN_TRY(tensor_map_slabs(&tmV, p.V, s, s->H_kv, s->N_k, &s->v, KEYS));
     ATTN_TRY(tensor_map_slabs(&tmdO, p.dO, s, s->H, s->N, &s->dO, qrows<D>()));
     ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>()));
+    ATTN_TRY(tensor_map_slabs(&tmdK, p.dK, s, s->H_kv, s->N_k, &s->dK, KEYS));
+    ATTN_TRY(tensor_map_slabs(&tmdV, p.dV, s, s->H_kv, s->N_k, &s->dV, KEYS));
     bwd_problem pb;
     memset(&pb, 0, sizeof pb);
     pb.N = s->N, pb.N_k = s->N_k, pb.N_pad = p.N_pad;
@@ -80,11 +83,11 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
     if (dq_turn)  // every query tile's counter starts at 0: no key tile has added
         ATTN_TRY(
             cudaMemsetAsync(dq_turn, 0, (size_t)s->B * s->H * pb.q_tiles * sizeof(int), stream));
-    pb.dK = p.dK, pb.dV = p.dV, pb.dk = p.layout.dK, pb.dv = p.layout.dV;
     const kernel_fn kernel = kernel_for<D, BF16>(variant);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     const dim3 grid((unsigned)pb.key_tiles, (unsigned)(s->B * s->H_kv));
-    kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdQ, pb);
+    kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdQ, tmdK, tmdV,
+                                                             pb);
     ATTN_TRY(cudaGetLastError());
 
     const size_t head_threads = (size_t)s->N * D / CONVERT_FLOATS;  // a (batch, head)'s
@@ -104,9 +107,11 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         fprintf(stderr, "stage8_hopper_backward: %s\n", why);
         return cudaErrorInvalidValue;
     }
-    // TMA reads from 16-byte aligned addresses.
-    if (((uintptr_t)Q | (uintptr_t)K | (uintptr_t)V | (uintptr_t)dO) % 16) {
-        fprintf(stderr, "stage8_hopper_backward: Q, K, V and dO must be 16-byte aligned\n");
+    // TMA reads and writes 16-byte aligned addresses.
+    if (((uintptr_t)Q | (uintptr_t)K | (uintptr_t)V | (uintptr_t)dO | (uintptr_t)dK |
+         (uintptr_t)dV) %
+        16) {
+        fprintf(stderr, "stage8_hopper_backward: Q, K, V, dO, dK and dV must be 16-byte aligned\n");
         return cudaErrorMisalignedAddress;
     }
     const bwd_params p = bwd_params_of(s, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, true);

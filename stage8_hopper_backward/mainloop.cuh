@@ -340,6 +340,5 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
                                                   cur);
         }
     }
-    store_dkv<D, BF16>(dK, dV, p, pb, key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g, batch,
-                       kv_head);
+    stage_dkv<D, BF16>(dK, dV, sm, p, pb.scale);
 }

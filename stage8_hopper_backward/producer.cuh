@@ -53,16 +53,16 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     }
 
     // One loop over the block's steps (every query tile of every query head of the group, the
-    // consumers' order), with the head, the tile and this lane's place in lse2 and Dsum carried
-    // along: the warp runs on PRODUCER_REGS registers.
+    // consumers' order), with the head and the tile carried along, and this lane's place in lse2
+    // and Dsum worked out afresh at each step: the warp runs on PRODUCER_REGS registers, too few
+    // to keep a 64-bit increment across the loop.
     int tiles;
     const int first = query_tiles_of<D>(pb, key0, &tiles);
     const uint32_t lane_bytes = (uint32_t)(lane * LANE_BYTES);  // its floats' place in a row
     int head = kv_head * pb.group, qt = first;
-    size_t row =
-        ((size_t)batch * pb.H + head) * pb.N_pad + (size_t)first * ROWS + LANE_FLOATS * lane;
     for (int it = 0; it < pb.group * tiles; ++it) {
         const int slot = ring_buffer<Q_STAGES>(it), q0 = qt * ROWS;
+        const size_t row = ((size_t)batch * pb.H + head) * pb.N_pad + q0 + LANE_FLOATS * lane;
         mbar_wait(bar_at(sm, BAR_Q_EMPTY + slot),
                   ring_parity<Q_STAGES>(it) ^ 1);  // the slot is free
         const uint32_t q_full = bar_at(sm, BAR_Q_FULL + slot);
@@ -77,12 +77,7 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
         mbar_arrive_after_cp_async(q_full);
         cp_async_ca<LANE_BYTES>(sm.Dsum + slot * vec_bytes<D>() + lane_bytes, pb.Dsum + row);
         mbar_arrive_after_cp_async(do_full);
-        if (++qt < first + tiles) {  // the next tile of this head
-            row += ROWS;
-        } else {  // the first tile of the next head
-            row += pb.N_pad - (size_t)(tiles - 1) * ROWS;
-            qt = first, ++head;
-        }
+        if (++qt == first + tiles) qt = first, ++head;  // the first tile of the next head
     }
     cp_async_wait_all();  // no copy of this warp's still in flight when it leaves
 }
