@@ -1,7 +1,7 @@
 # stage8_warpgroups.gp: stage 8's block (stage8_hopper_backward/README.md, "The idea"): who does
-# what and where each operand lives. Left: the producer warpgroup (the load warp, the dQ warp);
-# middle: shared memory (K_j, V_j once, the two-slot ring, dS^T, the dQ staging buffers) with the
-# mbarriers and the named barrier that guard it; right: the two consumer warpgroups; bottom: global
+# what and where each operand lives. Left: the producer warpgroup (the load, dQ and store warps);
+# middle: shared memory (K_j, V_j once, the two-slot ring, dS^T, the dQ staging tile) with the
+# barriers that guard it; right: the two consumer warpgroups; bottom: global
 # memory.
 #   gnuplot plots/diagrams/stage8_warpgroups.gp   (writes stage8_warpgroups.png beside this script)
 
@@ -37,19 +37,20 @@ set label 12 '  K_j, V_j once (TMA)' at 4, 48.5 left
 set label 13 '  per step: wait Q_EMPTY, then' at 4, 45.5 left
 set label 14 '  Q_i, dO_i by TMA; LSE_i, D_i' at 4, 42.5 left
 set label 15 '  by the lanes'' cp.async' at 4, 39.5 left
-set label 16 'dQ warp (one thread issues):' at 4, 33.5 left
-set label 17 '  wait DQ_FULL, bulk reduce-add' at 4, 30.5 left
-set label 18 '  step i''s buffer into dQ_acc,' at 4, 27.5 left
-set label 19 '  wait until read, arrive DQ_EMPTY' at 4, 24.5 left
+set label 16 'dQ warp (one thread issues):' at 4, 35 left
+set label 17 '  wait DQ_FULL, bulk reduce-add' at 4, 32 left
+set label 18 '  step i''s tile into dQ_acc,' at 4, 29 left
+set label 19 '  wait until read, arrive DQ_EMPTY' at 4, 26 left
+set label 9 'store warp: dK_j, dV_j by TMA' at 4, 22 left
 
 # shared memory
 set label 20 'shared memory (128-byte swizzled slabs)' at 47, 56 left font 'Sans,12'
-set label 21 'K_j, V_j: 128 keys, for the whole walk            KV_FULL' at 48, 51.5 left
+set label 21 'K_j, V_j: 128 keys, the whole walk; then dK_j, dV_j   KV_FULL' at 48, 51.5 left
 set label 22 'ring slot 0: Q_i, dO_i, LSE_i, D_i     Q_FULL, DO_FULL, Q_EMPTY' at 48, 47.5 left
 set label 23 'ring slot 1: the next step''s (loads while slot 0 is used)' at 48, 44.5 left
-set label 24 'dS^T, two buffers (stmatrix): the dQ product''s A' at 48, 38.5 left tc rgb RED
-set label 25 '     named barrier DS_ALL: every warp has written it' at 48, 35.5 left tc rgb RED
-set label 26 'dQ_i staging (D = 128: 2 buffers), fp32   DQ_FULL, DQ_EMPTY' at 48, 29.5 left tc rgb RED
+set label 24 'dS^T, 2 buffers (3 at D = 128; stmatrix): the dQ product''s A' at 48, 38.5 left tc rgb RED
+set label 25 '     DS_ALL (D = 64), DS_FULL (D = 128): every warp wrote it' at 48, 35.5 left tc rgb RED
+set label 26 'dQ_i staging tile, fp32   DQ_FULL, DQ_EMPTY' at 48, 29.5 left tc rgb RED
 set label 27 'mbarriers: a full barrier counts bytes (TMA) and arrivals,' at 48, 24.5 left font 'Sans,10'
 set label 28 'an empty one the consumers'' arrivals' at 48, 22 left font 'Sans,10'
 
@@ -82,7 +83,9 @@ set arrow 4 from 107.5, 27 to 98.5, 29.5 as 2
 set label 53 'dQ_i part' at 103, 25.5 center font 'Sans,10' tc rgb RED
 set arrow 5 from 85, 28 to 85, 9.5 as 2
 set label 54 'bulk reduce-add' at 86, 17 left font 'Sans,10' tc rgb RED
-set arrow 6 from 126, 20 to 126, 9.5 as 1
-set label 55 'stores' at 127, 15 left font 'Sans,10'
+set arrow 6 from 107.5, 22 to 98.5, 48.5 as 1
+set label 55 'st.shared' at 100, 44 left font 'Sans,10'
+set arrow 7 from 60, 20 to 110, 9.5 as 1
+set label 56 'TMA stores' at 66, 17 left font 'Sans,10'
 
 plot NaN notitle
