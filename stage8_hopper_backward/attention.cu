@@ -47,11 +47,10 @@
  * over them in registers), strided layouts (4-D tensor maps; dQ's conversion by strided stores),
  * N_k != N (causal aligned bottom right) and bf16 (a template parameter: wgmma's .bf16 products).
  *
- * NOTE: what is left (LOG.md, steps 12 and 13): per unit of work the main loop is level with
- * cuDNN's and behind FA3-class's at D = 128; at short sequences a constant per call (the
- * passes before and after, and a part of the main kernel that does not grow with N) puts it behind
- * cuDNN. dQ's adds land in any order (variant deterministic orders them), and the tiles at D = 64
- * are not tuned.
+ * NOTE: what is left (LOG.md, steps 13 to 16): ahead of cuDNN's backward at every fa2 and long
+ * shape, behind FA3-class's at all of them, by its steps (FA3's 80-query steps at D = 128 are
+ * worked out in step 13, not built). dQ's adds land in any order (variant deterministic orders
+ * them), and the tiles at D = 64 are not tuned.
  */
 
 #include <cuda.h>
