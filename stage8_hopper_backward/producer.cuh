@@ -53,9 +53,9 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     }
 
     // One loop over the block's steps (every query tile of every query head of the group, the
-    // consumers' order), with the head and the tile carried along, and this lane's place in lse2
-    // and Dsum worked out afresh at each step: the warp runs on PRODUCER_REGS registers, too few
-    // to keep a 64-bit increment across the loop.
+    // consumers' order), with the head and the tile carried along and this lane's place in lse2
+    // and Dsum worked out afresh at each step: the warp runs on PRODUCER_REGS registers (LOG.md,
+    // step 14: what a 64-bit running offset cost).
     int tiles;
     const int first = query_tiles_of<D>(pb, key0, &tiles);
     const uint32_t lane_bytes = (uint32_t)(lane * LANE_BYTES);  // its floats' place in a row
