@@ -262,6 +262,19 @@ __device__ __forceinline__ int block_key_tile(const bwd_problem &pb) {
     return pb.diagonal_order ? pb.key_tiles - 1 - (int)blockIdx.x : (int)blockIdx.x;
 }
 
+// Where the block works: its first key (key0 = KEYS block_key_tile()), batch and key/value head.
+typedef struct {
+    int key0, batch, kv_head;
+} block_place;
+
+__device__ __forceinline__ block_place block_place_of(const bwd_problem &pb) {
+    block_place b;
+    b.key0 = block_key_tile(pb) * KEYS;
+    b.batch = (int)blockIdx.y / pb.H_kv;
+    b.kv_head = (int)blockIdx.y % pb.H_kv;
+    return b;
+}
+
 // DQ_ORDERED: how many key tiles add into query tile qt before key tile j does (its turn). The key
 // tiles that meet a query tile are always 0 .. j_max (causal: j_max is the key tile of the last
 // key its last query sees). In key-tile order (no mask) j's turn is j: every block starts at query

@@ -114,13 +114,13 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMap *tmdQ,
                                           const bwd_problem &pb) {
-    const int key0 = block_key_tile(pb) * KEYS;
-    const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
+    const block_place b = block_place_of(pb);
     int tiles;
-    const int first = query_tiles_of<D>(pb, key0, &tiles);
+    const int first = query_tiles_of<D>(pb, b.key0, &tiles);
     // one loop over the block's steps (the load warp's walk), the head and the tile carried along:
     // the warp runs on PRODUCER_REGS registers
-    int bh = batch * pb.H + kv_head * pb.group, qt = first;  // dQ_acc's (batch, head), the tile
+    int bh = b.batch * pb.H + b.kv_head * pb.group;  // dQ_acc's (batch, head)
+    int qt = first;                                  // the tile
     for (int it = 0; it < pb.group * tiles; ++it) {
         // the consumers' parts staged
         mbar_wait(bar_at(sm, BAR_DQ_FULL + ring_buffer<DQ_BUFFERS>(it)),

@@ -55,12 +55,13 @@ __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMa
                                           int lane) {
     named_barrier_sync<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
     if (lane == 0) {
-        const int key0 = block_key_tile(pb) * KEYS;
-        const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
+        const block_place b = block_place_of(pb);
 #pragma unroll
         for (int c = 0; c < D / SLAB_COLS; ++c) {
-            tma_store_4d(tmdK, sm.K + slab_offset<KEYS>(c), c * SLAB_COLS, key0, kv_head, batch);
-            tma_store_4d(tmdV, sm.V + slab_offset<KEYS>(c), c * SLAB_COLS, key0, kv_head, batch);
+            tma_store_4d(tmdK, sm.K + slab_offset<KEYS>(c), c * SLAB_COLS, b.key0, b.kv_head,
+                         b.batch);
+            tma_store_4d(tmdV, sm.V + slab_offset<KEYS>(c), c * SLAB_COLS, b.key0, b.kv_head,
+                         b.batch);
         }
         bulk_commit();
         bulk_wait<true>();  // the copies have read the tiles

@@ -310,8 +310,7 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
-    const int key0 = block_key_tile(pb) * KEYS;
-    const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
+    const block_place b = block_place_of(pb);
     float dV[D / 2], dK[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dV[i] = dK[i] = 0.f;
@@ -321,22 +320,22 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     mbar_wait(bar_at(sm, BAR_KV_FULL), 0);  // (also when no query tile comes: the copies land)
 
     int tiles;
-    const int first = query_tiles_of<D>(pb, key0, &tiles);
+    const int first = query_tiles_of<D>(pb, b.key0, &tiles);
     const int steps = pb.group * tiles;
     if (steps > 0) {
-        walk_step cur = {0, batch * pb.H + kv_head * pb.group, first * qrows<D>()};
+        walk_step cur = {0, b.batch * pb.H + b.kv_head * pb.group, first * qrows<D>()};
         if constexpr (dq_lateness<D>() > 0) {
-            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, K_desc, V_desc, key0, cur, cur);
+            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, K_desc, V_desc, b.key0, cur, cur);
             for (int it = 1; it < steps; ++it) {
                 const walk_step prev = cur;
                 cur = next_step(cur, first, tiles, qrows<D>());
-                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, K_desc, V_desc, key0, cur,
+                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, K_desc, V_desc, b.key0, cur,
                                                   prev);
             }
             last_dq<D, BF16, DQ>(sm, p, pb, cur);
         } else {
             for (int it = 0; it < steps; ++it, cur = next_step(cur, first, tiles, qrows<D>()))
-                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, K_desc, V_desc, key0, cur,
+                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, K_desc, V_desc, b.key0, cur,
                                                   cur);
         }
     }

@@ -43,13 +43,12 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     constexpr int ROWS = qrows<D>(), LANE_FLOATS = ROWS / WARP_SIZE;
     constexpr int LANE_BYTES = LANE_FLOATS * (int)sizeof(float);  // one cp.async: 8 or 16
     static_assert(ROW_PAD % ROWS == 0, "N_pad (a multiple of ROW_PAD) is a whole number of tiles");
-    const int key0 = block_key_tile(pb) * KEYS;
-    const int batch = (int)blockIdx.y / pb.H_kv, kv_head = (int)blockIdx.y % pb.H_kv;
+    const block_place b = block_place_of(pb);
     if (lane == 0) {
         const uint32_t kv_full = bar_at(sm, BAR_KV_FULL);
         mbar_arrive_expect_tx(kv_full, 2 * kv_tile_bytes<D>());
-        copy_tile<D, KEYS>(sm.K, tmK, kv_full, key0, kv_head, batch);
-        copy_tile<D, KEYS>(sm.V, tmV, kv_full, key0, kv_head, batch);
+        copy_tile<D, KEYS>(sm.K, tmK, kv_full, b.key0, b.kv_head, b.batch);
+        copy_tile<D, KEYS>(sm.V, tmV, kv_full, b.key0, b.kv_head, b.batch);
     }
 
     // One loop over the block's steps (every query tile of every query head of the group, the
@@ -57,21 +56,21 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     // and Dsum worked out afresh at each step: the warp runs on PRODUCER_REGS registers (LOG.md,
     // step 14: what a 64-bit running offset cost).
     int tiles;
-    const int first = query_tiles_of<D>(pb, key0, &tiles);
+    const int first = query_tiles_of<D>(pb, b.key0, &tiles);
     const uint32_t lane_bytes = (uint32_t)(lane * LANE_BYTES);  // its floats' place in a row
-    int head = kv_head * pb.group, qt = first;
+    int head = b.kv_head * pb.group, qt = first;
     for (int it = 0; it < pb.group * tiles; ++it) {
         const int slot = ring_buffer<Q_STAGES>(it), q0 = qt * ROWS;
-        const size_t row = ((size_t)batch * pb.H + head) * pb.N_pad + q0 + LANE_FLOATS * lane;
+        const size_t row = ((size_t)b.batch * pb.H + head) * pb.N_pad + q0 + LANE_FLOATS * lane;
         mbar_wait(bar_at(sm, BAR_Q_EMPTY + slot),
                   ring_parity<Q_STAGES>(it) ^ 1);  // the slot is free
         const uint32_t q_full = bar_at(sm, BAR_Q_FULL + slot);
         const uint32_t do_full = bar_at(sm, BAR_DO_FULL + slot);
         if (lane == 0) {
             mbar_expect_tx(q_full, q_tile_bytes<D>());
-            copy_tile<D, ROWS>(sm.Q + slot * q_tile_bytes<D>(), tmQ, q_full, q0, head, batch);
+            copy_tile<D, ROWS>(sm.Q + slot * q_tile_bytes<D>(), tmQ, q_full, q0, head, b.batch);
             mbar_expect_tx(do_full, q_tile_bytes<D>());
-            copy_tile<D, ROWS>(sm.dO + slot * q_tile_bytes<D>(), tmdO, do_full, q0, head, batch);
+            copy_tile<D, ROWS>(sm.dO + slot * q_tile_bytes<D>(), tmdO, do_full, q0, head, b.batch);
         }
         cp_async_ca<LANE_BYTES>(sm.lse + slot * vec_bytes<D>() + lane_bytes, pb.lse2 + row);
         mbar_arrive_after_cp_async(q_full);
