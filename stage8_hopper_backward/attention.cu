@@ -24,15 +24,14 @@
  *         wait DO_FULL; dP^T = V_j dO_i^T        wgmma SS, K-major both
  *         wait S^T:     P^T  = 2^(S^T scale log2(e) - LSE_i), masked        (probabilities)
  *         wait dP^T:    dS^T = P^T * (dP^T - D_i)                         (score_gradients)
- *         dS^T -> dS_smem[it % 2, 3 at D = 128] (stmatrix, 128-byte swizzle)    (store_ds)
- *         arrive DS_FULL (D = 128)                                           (announce_ds)
+ *         dS^T -> dS_smem[it % 3] (stmatrix, 128-byte swizzle)                 (store_ds)
+ *         arrive DS_FULL[it % 3]                                             (announce_ds)
  *         dV += P^T dO_i, dK += dS^T Q_i         wgmma RS: A from registers (issue_dkv)
- *         c = it (D = 64), it - 1 (D = 128: a step late; none in the first step)
- *         wait until both warpgroups wrote dS^T_c: named barrier DS_ALL (D = 64),
- *           DS_FULL[c] (D = 128)                                                   (wait_ds)
+ *         c = it - 1 (dQ a step late; none in the first step)
+ *         wait until both warpgroups wrote dS^T_c: DS_FULL[c % 3]                 (wait_ds)
  *         dQ_c part = dS_c K_j                   wgmma SS, MN-major both       (issue_dq)
  *         wait all; arrive Q_EMPTY; wait DQ_EMPTY; part -> staging; arrive DQ_FULL (stage_dq)
- *       D = 128: the last step's dQ part the same way                             (last_dq)
+ *       the last step's dQ part the same way                                      (last_dq)
  *       dK *= scale; store dK_j, dV_j                                            (store_dkv)
  *   dQ = scale dQ_acc, in the storage type                 dq_convert_kernel (stage 7's, shared)
  *
@@ -47,7 +46,7 @@
  * over them in registers), strided layouts (4-D tensor maps; dQ's conversion by strided stores),
  * N_k != N (causal aligned bottom right) and bf16 (a template parameter: wgmma's .bf16 products).
  *
- * NOTE: what is left (LOG.md, steps 13 to 16): ahead of cuDNN's backward at every fa2 and long
+ * NOTE: what is left (LOG.md, steps 13 to 17): ahead of cuDNN's backward at every fa2 and long
  * shape, behind FA3-class's at all of them, by its steps (FA3's 80-query steps at D = 128 are
  * worked out in step 13, not built). dQ's adds land in any order (variant deterministic orders
  * them), and the tiles at D = 64 are not tuned.

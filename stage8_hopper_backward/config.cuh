@@ -42,30 +42,21 @@ __host__ __device__ constexpr int qrows() {
 constexpr int Q_STAGES = 2;
 
 // dQ_i = dS K_j reads both warpgroups' dS^T rows (below), so a warpgroup's dQ product waits until
-// the other has written its rows. At D = 128 it comes a step late (dq_lateness): step i issues
-// dQ_{i-1}'s product after its own dV and dK, when the other warpgroup wrote dS^T_{i-1} a step
-// ago unless it lags, so that the two need not meet at every step (LOG.md, step 11: what it
-// bought). At D = 64 (128-query steps) dQ_i stays in step i: a third dS^T buffer (below) does
-// not fit beside its tiles.
-template <int D>
-__host__ __device__ constexpr int dq_lateness() {
-    return qrows<D>() == WGMMA_M ? 1 : 0;
-}
-
-// dS^T goes through shared memory: step i's into buffer i % ds_buffers(). A warpgroup reads step
-// i's in step i + dq_lateness(); the other starts step i + ds_buffers() (and writes the buffer
-// again) only once the Q/dO slot of step i + ds_buffers() - Q_STAGES is free, which this
-// warpgroup hands back at the end of that step (its wgmma all done). So Q_STAGES + dq_lateness()
-// buffers are enough, with no barrier for a buffer's reuse.
-template <int D>
-__host__ __device__ constexpr int ds_buffers() {
-    return Q_STAGES + dq_lateness<D>();
-}
-constexpr int DS_BUFFERS_MAX = Q_STAGES + 1;
+// the other has written its rows. It comes a step late: step i issues dQ_{i-1}'s product after
+// its own dV and dK, when the other warpgroup wrote dS^T_{i-1} a step ago unless it lags, so that
+// the two need not meet at every step (LOG.md, steps 11 and 17: what it bought at each head dim).
+//
+// dS^T goes through shared memory: step i's into buffer i % DS_BUFFERS. A warpgroup reads step
+// i's in step i + 1; the other starts step i + DS_BUFFERS (and writes the buffer again) only once
+// the Q/dO slot of step i + DS_BUFFERS - Q_STAGES is free, which this warpgroup hands back at the
+// end of that step (its wgmma all done). So Q_STAGES + 1 buffers are enough, with no barrier for
+// a buffer's reuse.
+constexpr int DS_BUFFERS = Q_STAGES + 1;
 
 // dQ_i's staging tile: one. A second, so that the consumers stage step i + 1's while the dQ
-// warp's reduction still reads step i's, does not fit at D = 64 beside the 128-query tiles
-// (232,544 bytes of the 232,448 a block may have), nor at D = 128 beside the third dS^T buffer.
+// warp's reduction still reads step i's, does not fit beside the three dS^T buffers at either head
+// dim (smem_bytes: 231,520 bytes at D = 64 and 214,112 at D = 128, of the 232,448 a block may
+// have; a staging tile is 32,768).
 constexpr int DQ_BUFFERS = 1;
 
 // The producer warpgroup's warps: one issues every load, one every dQ reduction, one the block's
@@ -116,10 +107,11 @@ enum dq_way { DQ_BULK, DQ_ATOMIC, DQ_ORDERED };
 /* ---- shared memory --------------------------------------------------------------------------- */
 
 // K_smem, V_smem [D/64][KEYS][64]; Q_STAGES x (Q_smem, dO_smem [D/64][qrows][64]), all in the
-// 128-byte swizzle TMA writes; ds_buffers() x dS_smem [qrows/64][KEYS][64] (dS^T in 64-query slabs,
+// 128-byte swizzle TMA writes; DS_BUFFERS x dS_smem [qrows/64][KEYS][64] (dS^T in 64-query slabs,
 // swizzled the same way by the consumers' stmatrix); DQ_BUFFERS x dQ_stage [D/8][qrows][8]
 // floats (backward_prepost.cuh's staging layout); Q_STAGES x (LSE_smem, Dsum_smem [qrows]
-// floats); the mbarriers. Every tile starts 1024-byte aligned (the swizzle atom).
+// floats); the mbarriers. Every tile starts 1024-byte aligned (the swizzle atom): the block's
+// shared memory is declared so aligned (kernel.cuh), with no slack to round its start up.
 template <int D>
 __host__ __device__ constexpr int kv_tile_bytes() {
     return KEYS * D * HALF_BYTES;
@@ -147,7 +139,7 @@ __host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query ti
 //   DO_FULL   per slot: dO_i has landed and D_i is stored, the same way.
 //   Q_EMPTY   per slot: every consumer thread is done with the slot: its wgmma have read Q_i and
 //             dO_i, its loads have read LSE_i and D_i; the load warp may overwrite all four.
-//   DS_FULL   per dS^T buffer, where dQ comes a step late (D = 128): every consumer warp has
+//   DS_FULL   per dS^T buffer (dQ comes a step late): every consumer warp has
 //             written its rows of a step's dS^T (stmatrix, fenced for the async proxy: the dQ
 //             wgmma read them). A barrier that can be waited on a step after its arrivals, as a
 //             named barrier cannot (its arrivals count toward whichever meeting comes next).
@@ -161,17 +153,16 @@ enum {
     BAR_DO_FULL = BAR_Q_FULL + Q_STAGES,
     BAR_Q_EMPTY = BAR_DO_FULL + Q_STAGES,
     BAR_DS_FULL = BAR_Q_EMPTY + Q_STAGES,
-    BAR_DQ_FULL = BAR_DS_FULL + DS_BUFFERS_MAX,
+    BAR_DQ_FULL = BAR_DS_FULL + DS_BUFFERS,
     BAR_DQ_EMPTY = BAR_DQ_FULL + DQ_BUFFERS,
     BARRIERS = BAR_DQ_EMPTY + DQ_BUFFERS
 };
 
 template <int D>
 __host__ __device__ constexpr int smem_bytes() {
-    return SWIZZLE_ATOM_BYTES /* alignment slack */ + 2 * kv_tile_bytes<D>() +
-           2 * Q_STAGES * q_tile_bytes<D>() + ds_buffers<D>() * ds_tile_bytes<D>() +
-           DQ_BUFFERS * dq_tile_bytes<D>() + 2 * Q_STAGES * vec_bytes<D>() +
-           BARRIERS * MBARRIER_BYTES;
+    return 2 * kv_tile_bytes<D>() + 2 * Q_STAGES * q_tile_bytes<D>() +
+           DS_BUFFERS * ds_tile_bytes<D>() + DQ_BUFFERS * dq_tile_bytes<D>() +
+           2 * Q_STAGES * vec_bytes<D>() + BARRIERS * MBARRIER_BYTES;
 }
 
 typedef struct {
@@ -179,15 +170,14 @@ typedef struct {
 } smem_tiles;
 
 template <int D>
-__device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
+__device__ __forceinline__ smem_tiles carve_smem(const unsigned char *raw) {
     smem_tiles s;
-    constexpr uint32_t ALIGN = SWIZZLE_ATOM_BYTES;
-    s.K = (smem_u32(raw) + ALIGN - 1) & ~(ALIGN - 1);
+    s.K = smem_u32(raw);
     s.V = s.K + kv_tile_bytes<D>();
     s.Q = s.V + kv_tile_bytes<D>();
     s.dO = s.Q + Q_STAGES * q_tile_bytes<D>();
     s.dS = s.dO + Q_STAGES * q_tile_bytes<D>();
-    s.dQ = s.dS + ds_buffers<D>() * ds_tile_bytes<D>();
+    s.dQ = s.dS + DS_BUFFERS * ds_tile_bytes<D>();
     s.lse = s.dQ + DQ_BUFFERS * dq_tile_bytes<D>();
     s.Dsum = s.lse + Q_STAGES * vec_bytes<D>();
     s.bar = s.Dsum + Q_STAGES * vec_bytes<D>();
@@ -201,7 +191,7 @@ __device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
 // it % DEPTH of a ring of DEPTH, in that buffer's phase it / DEPTH, whose parity a wait names.
 // The side that fills a buffer waits for its release in the phase before, which a fresh barrier
 // counts as complete (waiting for parity 1 returns at once). Three rings: the Q/dO slots
-// (Q_STAGES), dS^T's buffers (ds_buffers(), at ds_buffer_at) and dQ's staging tiles
+// (Q_STAGES), dS^T's buffers (DS_BUFFERS, at ds_buffer_at) and dQ's staging tiles
 // (DQ_BUFFERS, at dq_buffer_at).
 template <int DEPTH>
 __device__ __forceinline__ int ring_buffer(int it) {
@@ -213,7 +203,7 @@ __device__ __forceinline__ uint32_t ring_parity(int it) {
 }
 template <int D>
 __device__ __forceinline__ uint32_t ds_buffer_at(const smem_tiles &s, int it) {
-    return s.dS + ring_buffer<ds_buffers<D>()>(it) * ds_tile_bytes<D>();
+    return s.dS + ring_buffer<DS_BUFFERS>(it) * ds_tile_bytes<D>();
 }
 template <int D>
 __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
@@ -221,10 +211,6 @@ __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
 }
 
 // Named barriers (barrier 0 is __syncthreads'), and what each protects:
-//   DS_ALL      the two consumer warpgroups, at D = 64, where dQ_i comes in step i: both
-//               warpgroups' dS^T of this step is written (the two meet there every step anyway,
-//               and a named barrier is the cheapest meeting; at D = 128 the DS_FULL mbarriers say
-//               it, a step later).
 //   KV_FREE     the two consumer warpgroups, at the block's end: both warpgroups' wgmma are done,
 //               so that no product reads K_j or V_j any more and the consumers may stage dK_j and
 //               dV_j there (epilogue.cuh).
@@ -232,7 +218,6 @@ __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
 //               for the async proxy, and the store warp's TMA stores may read them.
 enum named_barrier {
     NAMED_BARRIER_SYNCTHREADS = 0,
-    NAMED_BARRIER_DS_ALL,
     NAMED_BARRIER_KV_FREE,
     NAMED_BARRIER_DKV_STAGED,
 };

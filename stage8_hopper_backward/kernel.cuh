@@ -22,9 +22,7 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
         mbar_init(bar_at(sm, BAR_DO_FULL + st), WARP_SIZE);
         mbar_init(bar_at(sm, BAR_Q_EMPTY + st), CONSUMERS * WARPGROUP);
     }
-    if (dq_lateness<D>() > 0)
-        for (int b = 0; b < ds_buffers<D>(); ++b)
-            mbar_init(bar_at(sm, BAR_DS_FULL + b), CONSUMER_WARPS);
+    for (int b = 0; b < DS_BUFFERS; ++b) mbar_init(bar_at(sm, BAR_DS_FULL + b), CONSUMER_WARPS);
     for (int b = 0; b < DQ_BUFFERS; ++b) {
         mbar_init(bar_at(sm, BAR_DQ_FULL + b), CONSUMER_WARPS);
         mbar_init(bar_at(sm, BAR_DQ_EMPTY + b), 1);
@@ -46,7 +44,8 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
                     const __grid_constant__ CUtensorMap tmdK,
                     const __grid_constant__ CUtensorMap tmdV, const bwd_problem pb) {
 #if HOPPER_KERNELS
-    extern __shared__ unsigned char smem_raw[];
+    extern __shared__ __align__(SWIZZLE_ATOM_BYTES) unsigned char smem_raw[];
+    if (smem_u32(smem_raw) % SWIZZLE_ATOM_BYTES != 0) __trap();  // the tiles' swizzle needs it
     const smem_tiles sm = carve_smem<D>(smem_raw);
     if (threadIdx.x == 0) {
         init_barriers<D>(sm);

@@ -186,25 +186,19 @@ __device__ __forceinline__ void issue_dq(float (&dQ_part)[DQ_REGS], const smem_t
 }
 
 // This warp's rows of step it's dS^T are in their buffer (store_ds fenced them for the async
-// proxy). Where dQ comes a step late: one arrival per warp on the buffer's DS_FULL.
+// proxy): one arrival per warp on the buffer's DS_FULL.
 template <int D>
 __device__ __forceinline__ void announce_ds(const smem_tiles &sm, const consumer_place &p, int it) {
-    if constexpr (dq_lateness<D>() > 0) {
-        __syncwarp();  // the warp's stores are all in
-        if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ring_buffer<ds_buffers<D>()>(it)));
-    }
+    __syncwarp();  // the warp's stores are all in
+    if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ring_buffer<DS_BUFFERS>(it)));
 }
 
 // Every consumer warp has written its rows of step it's dS^T: both warpgroups' keys, all of which
-// the dQ wgmma reads. In the same step (D = 64): both warpgroups meet at a named barrier; a step
-// late (D = 128): the buffer's DS_FULL, long complete unless the other warpgroup lags.
+// the dQ wgmma reads. Waited a step after the arrivals: the buffer's DS_FULL, long complete unless
+// the other warpgroup lags.
 template <int D>
 __device__ __forceinline__ void wait_ds(const smem_tiles &sm, int it) {
-    if constexpr (dq_lateness<D>() > 0)
-        mbar_wait(bar_at(sm, BAR_DS_FULL + ring_buffer<ds_buffers<D>()>(it)),
-                  ring_parity<ds_buffers<D>()>(it));
-    else
-        named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_DS_ALL);
+    mbar_wait(bar_at(sm, BAR_DS_FULL + ring_buffer<DS_BUFFERS>(it)), ring_parity<DS_BUFFERS>(it));
 }
 
 // A step of the block's walk: its place in it (the ring slot, the dS^T and staging buffers), the
@@ -233,15 +227,15 @@ __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[DQ_REGS], co
 }
 
 // One step: query tile cur.q0 (ring slot cur.it % Q_STAGES) against the warpgroup's 64 keys, and
-// the dQ part of step cur.it - dq_lateness() (dq; none in a late block's first step). dS^T goes to
-// buffer cur.it % ds_buffers() (config.cuh says why no step overwrites one still read).
+// the dQ part of the step before (dq; none in the block's first step). dS^T goes to buffer
+// cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read).
 template <int D, bool BF16, dq_way DQ, bool FIRST>
 __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D / 2],
                                               const smem_tiles &sm, const consumer_place &p,
                                               const bwd_problem &pb, uint64_t K_desc,
                                               uint64_t V_desc, int key0, walk_step cur,
                                               walk_step dq) {
-    constexpr bool WITH_DQ = !(FIRST && dq_lateness<D>() > 0);
+    constexpr bool WITH_DQ = !FIRST;
     const int slot = ring_buffer<Q_STAGES>(cur.it);
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
                    dO_tile = sm.dO + slot * q_tile_bytes<D>();
@@ -292,7 +286,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     if constexpr (WITH_DQ) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, dq);
 }
 
-// The dQ part of a late block's last step, after the loop.
+// The dQ part of the block's last step, after the loop.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_place &p,
                                         const bwd_problem &pb, walk_step dq) {
@@ -306,7 +300,7 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 
 // One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
 // head of the group (the producer's walk, in the same order), each with the dQ part of the step
-// dq_lateness() before; dK_j *= scale; store both.
+// before (the last step's after the loop); dK_j *= scale; store both.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
@@ -324,20 +318,13 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     const int steps = pb.group * tiles;
     if (steps > 0) {
         walk_step cur = {0, b.batch * pb.H + b.kv_head * pb.group, first * qrows<D>()};
-        if constexpr (dq_lateness<D>() > 0) {
-            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, K_desc, V_desc, b.key0, cur, cur);
-            for (int it = 1; it < steps; ++it) {
-                const walk_step prev = cur;
-                cur = next_step(cur, first, tiles, qrows<D>());
-                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, K_desc, V_desc, b.key0, cur,
-                                                  prev);
-            }
-            last_dq<D, BF16, DQ>(sm, p, pb, cur);
-        } else {
-            for (int it = 0; it < steps; ++it, cur = next_step(cur, first, tiles, qrows<D>()))
-                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, K_desc, V_desc, b.key0, cur,
-                                                  cur);
+        consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, K_desc, V_desc, b.key0, cur, cur);
+        for (int it = 1; it < steps; ++it) {
+            const walk_step prev = cur;
+            cur = next_step(cur, first, tiles, qrows<D>());
+            consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, K_desc, V_desc, b.key0, cur, prev);
         }
+        last_dq<D, BF16, DQ>(sm, p, pb, cur);
     }
     stage_dkv<D, BF16>(dK, dV, sm, p, pb.scale);
 }

@@ -48,8 +48,8 @@ set label 20 'shared memory (128-byte swizzled slabs)' at 47, 56 left font 'Sans
 set label 21 'K_j, V_j: 128 keys, the whole walk; then dK_j, dV_j   KV_FULL' at 48, 51.5 left
 set label 22 'ring slot 0: Q_i, dO_i, LSE_i, D_i     Q_FULL, DO_FULL, Q_EMPTY' at 48, 47.5 left
 set label 23 'ring slot 1: the next step''s (loads while slot 0 is used)' at 48, 44.5 left
-set label 24 'dS^T, 2 buffers (3 at D = 128; stmatrix): the dQ product''s A' at 48, 38.5 left tc rgb RED
-set label 25 '     DS_ALL (D = 64), DS_FULL (D = 128): every warp wrote it' at 48, 35.5 left tc rgb RED
+set label 24 'dS^T, 3 buffers (stmatrix): the dQ product''s A, a step late' at 48, 38.5 left tc rgb RED
+set label 25 '     DS_FULL: every warp wrote it' at 48, 35.5 left tc rgb RED
 set label 26 'dQ_i staging tile, fp32   DQ_FULL, DQ_EMPTY' at 48, 29.5 left tc rgb RED
 set label 27 'mbarriers: a full barrier counts bytes (TMA) and arrivals,' at 48, 24.5 left font 'Sans,10'
 set label 28 'an empty one the consumers'' arrivals' at 48, 22 left font 'Sans,10'
