@@ -308,6 +308,7 @@ ready s7nomask stage7_backward && s7nomask=$p
 wait
 # the break-it exercises' self-tests and stage 8's (after the ones above: at most seven side by side)
 [ -n "${s8nobar:-}" ] && measure_bg s8e2 "consumer_step() without wait_ds(), --self-test" 600 "$s8nobar" --self-test
+[ -n "${s8nobar:-}" ] && measure_bg s8e2 "consumer_step() without wait_ds(), racecheck (exit 9: a hazard reported)" 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$s8nobar" --heads 4 --seq 700 --dim 64
 [ -n "${s0mask:-}" ] && measure_bg s0e4 "mask off by one, --self-test" 600 "$s0mask" --self-test
 [ -n "${s1alpha:-}" ] && measure_bg s1e5 "alpha = 1, --self-test" 600 "$s1alpha" --self-test
 [ -n "${s2tail:-}" ] && measure_bg s2e4 "no tail mask, --self-test" 600 "$s2tail" --self-test
