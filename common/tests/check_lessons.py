@@ -398,6 +398,12 @@ def self_test(root):
                length_problems(at), none=True)
     gen = generated_numbers(root)
     ms, tf = csv_values(root)
+    # The fixture's stale readings, taken out of what the results hold: a later sweep may measure
+    # one of them for real, and the check must still be seen to catch a figure they do not hold.
+    stale_tf, stale_ms = ("337.3", "331.2"), ("101.7", "103.3", "14")
+    gen = (gen[0] - {*stale_tf, *stale_ms}, gen[1])
+    tf = [x for x in tf if f"{x:.1f}" not in stale_tf]
+    ms = [x for x in ms if f"{x:.1f}" not in stale_ms and f"{x:.0f}" not in stale_ms]
     stale = figure_problems(fx / "stale.md", gen, ms, tf)
     for needle in ["337.3 TFLOP/s", "1.000", "0.955", "1.044", "331.2 TFLOP/s", "101.7 ms",
                    "103.3 ms", "1.015", "1.125", "1.046", "1.129", "0.977", "1.5x", "1.7x", "1.4x",
