@@ -187,7 +187,6 @@ __device__ __forceinline__ void issue_dq(float (&dQ_part)[DQ_REGS], const smem_t
 
 // This warp's rows of step it's dS^T are in their buffer (store_ds fenced them for the async
 // proxy): one arrival per warp on the buffer's DS_FULL.
-template <int D>
 __device__ __forceinline__ void announce_ds(const smem_tiles &sm, const consumer_place &p, int it) {
     __syncwarp();  // the warp's stores are all in
     if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ring_buffer<DS_BUFFERS>(it)));
@@ -196,7 +195,6 @@ __device__ __forceinline__ void announce_ds(const smem_tiles &sm, const consumer
 // Every consumer warp has written its rows of step it's dS^T: both warpgroups' keys, all of which
 // the dQ wgmma reads. Waited a step after the arrivals: the buffer's DS_FULL, long complete unless
 // the other warpgroup lags.
-template <int D>
 __device__ __forceinline__ void wait_ds(const smem_tiles &sm, int it) {
     mbar_wait(bar_at(sm, BAR_DS_FULL + ring_buffer<DS_BUFFERS>(it)), ring_parity<DS_BUFFERS>(it));
 }
@@ -265,11 +263,11 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     // dS^T to shared memory (the other warpgroup's dQ reads it); dV, dK from registers; then the
     // dQ part from shared memory, once both warpgroups' dS^T of its step are there
     store_ds<D>(dS16, ds_buffer_at<D>(sm, cur.it), p);
-    announce_ds<D>(sm, p, cur.it);
+    announce_ds(sm, p, cur.it);
     issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<qrows<D>()>(dO_tile),
                        desc_mn_major<qrows<D>()>(Q_tile));
     if constexpr (WITH_DQ) {
-        wait_ds<D>(sm, dq.it);
+        wait_ds(sm, dq.it);
         issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
     }
     wgmma_wait<0>();
@@ -291,7 +289,7 @@ template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_place &p,
                                         const bwd_problem &pb, walk_step dq) {
     float dQ_part[DQ_REGS];
-    wait_ds<D>(sm, dq.it);
+    wait_ds(sm, dq.it);
     issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
     wgmma_wait<0>();
     pin_registers(dQ_part);
