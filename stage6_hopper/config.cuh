@@ -67,7 +67,7 @@ constexpr int STAGES = 2;
 // has room (a block may have 227 KB), else one: at D = 128, BC = 176 the K/V ring alone takes
 // 2 x (K 44 KB + V 44 KB) = 176 KB, and Q 32 KB.
 constexpr int Q_BUFFERS_MAX = 2;
-constexpr int SMEM_PER_BLOCK_MAX = 227 * 1024;
+// (the 227 KB a block may have: SMEM_PER_BLOCK_MAX, common/device/sm90.cuh)
 
 // setmaxnreg: the block's threads start with an even share of the 65,536 registers (168 each
 // for 384 threads, 128 for 512); the producer gives most of its share to the consumers. Two

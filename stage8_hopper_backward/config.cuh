@@ -55,8 +55,7 @@ constexpr int DS_BUFFERS = Q_STAGES + 1;
 
 // dQ_i's staging tile: one. A second, so that the consumers stage step i + 1's while the dQ
 // warp's reduction still reads step i's, does not fit beside the three dS^T buffers at either head
-// dim (smem_bytes: 231,520 bytes at D = 64 and 214,112 at D = 128, of the 232,448 a block may
-// have; a staging tile is 32,768).
+// dim: smem_bytes() plus a 32 KB staging tile is over SMEM_PER_BLOCK_MAX at both.
 constexpr int DQ_BUFFERS = 1;
 
 // The producer warpgroup's warps: one issues every load, one every dQ reduction, one the block's
@@ -164,6 +163,9 @@ __host__ __device__ constexpr int smem_bytes() {
            DS_BUFFERS * ds_tile_bytes<D>() + DQ_BUFFERS * dq_tile_bytes<D>() +
            2 * Q_STAGES * vec_bytes<D>() + BARRIERS * MBARRIER_BYTES;
 }
+
+static_assert(smem_bytes<64>() <= SMEM_PER_BLOCK_MAX && smem_bytes<128>() <= SMEM_PER_BLOCK_MAX,
+              "the block's tiles fit the shared memory a Hopper block may have");
 
 typedef struct {
     uint32_t K, V, Q, dO, dS, dQ, lse, Dsum, bar;  // shared addresses

@@ -33,6 +33,10 @@ inline constexpr int WGMMA_K = 16;
 inline constexpr int WARPS_PER_WARPGROUP = 4;
 inline constexpr int WARPGROUP = WARPS_PER_WARPGROUP * WARP_SIZE;  // 128 threads
 
+// The shared memory a block may have on an H100 or H200 (opting in past the default 48 KB): the
+// budget the Hopper stages' tile choices are made against at compile time.
+inline constexpr int SMEM_PER_BLOCK_MAX = 227 * 1024;
+
 /* ---- mbarriers ------------------------------------------------------------------------------- */
 
 // An mbarrier (8 bytes of shared memory) completes a phase when `count` arrivals have happened
