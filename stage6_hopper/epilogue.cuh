@@ -36,18 +36,24 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[QUAD], int t) {
 }
 
 // O straight from the registers to global memory (where shared memory has no room to stage it),
-// in O's layout (its strides). After quad_transpose each lane writes 16 contiguous bytes (one
-// chunk), and a warp's store covers 8 rows x 64 bytes: D / 32 stores per row and thread.
-template <int D, bool BF16>
+// in O's layout (its strides; the plain kernels': [B, H, N, D] contiguous). After quad_transpose
+// each lane writes 16 contiguous bytes (one chunk), and a warp's store covers 8 rows x 64 bytes:
+// D / 32 stores per row and thread.
+template <int D, bool BF16, bool MODEL>
 __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], const float (&inv_l)[2],
                                                const consumer_place &p, const work_tile &wt,
                                                const problem &pb) {
-    const tile_heads hd = heads_of(wt.bh, pb);
+    // Each chunk one 16-byte store: st_global_v4 (warp.cuh) where the address comes from strides
+    // (MODEL), which the compiler could split, and at D = 64; the plain D = 128 kernels store
+    // through a uint4 pointer. The two are the same instruction, scheduled differently around
+    // the main loop (LOG.md, step 23).
+    constexpr bool STORE_V4 = MODEL || D == 64;
+    const tile_heads hd = heads_of<MODEL>(wt.bh, pb);
     __half *const O_head = pb.O + hd.batch * pb.o_batch + hd.head * pb.o_head;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = row_of(wt, p) + FRAG_ROW_STEP * h;
-        __half *o_row = O_head + row * pb.o_row;
+        __half *o_row = MODEL ? O_head + row * pb.o_row : pb.O + ((size_t)wt.bh * pb.N + row) * D;
 #pragma unroll
         for (int k = 0; k < D / (QUAD * FRAG_COLS); ++k) {
             uint32_t v[QUAD];  // chunks QUAD k .. QUAD k + 3 of the row
@@ -56,9 +62,14 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
                 v[r] = pack2_of<BF16>(O_acc[acc_index(QUAD * k + r, h, 0)] * inv_l[h],
                                       O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
             quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
-            if (row < pb.N)
-                st_global_v4(o_row + FRAG_COLS * (QUAD * k + p.t),
-                             make_uint4(v[0], v[1], v[2], v[3]));
+            if (row < pb.N) {
+                if constexpr (STORE_V4)
+                    st_global_v4(o_row + FRAG_COLS * (QUAD * k + p.t),
+                                 make_uint4(v[0], v[1], v[2], v[3]));
+                else
+                    *reinterpret_cast<uint4 *>(o_row + FRAG_COLS * (QUAD * k + p.t)) =
+                        make_uint4(v[0], v[1], v[2], v[3]);
+            }
         }
     }
 }
@@ -69,7 +80,7 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
 // thread: no shuffles, no global stores); then lane 0 stores the block with D / 64 TMA copies,
 // which leave out the rows past N. The warp does not wait for them: its next epilogue, a work
 // tile later, first makes sure they have read the block. No barrier across warps.
-template <int D, bool BF16>
+template <int D, bool BF16, bool MODEL>
 __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], const float (&inv_l)[2],
                                                const consumer_place &p, const work_tile &wt,
                                                const problem &pb, uint32_t stage) {
@@ -94,7 +105,7 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
     fence_proxy_async();  // each lane's stmatrix writes are visible to the copy engine
     __syncwarp();         // the warp's block is written
     if (p.lane == 0) {
-        const tile_heads hd = heads_of(wt.bh, pb);
+        const tile_heads hd = heads_of<MODEL>(wt.bh, pb);
 #pragma unroll
         for (int c = 0; c < D / SLAB_COLS; ++c)
             tma_store_4d(pb.tmO, stage + slab_offset<WGMMA_M>(c) + warp_row0(p) * SLAB_ROW_BYTES,
@@ -127,7 +138,7 @@ __device__ __forceinline__ void store_o_partial(const float (&O_acc)[D / 2],
 // 1 for a row with any key (its max contributes 2^0), so the fast reciprocal and logarithm
 // (MUFU.RCP, MUFU.LG2) are accurate here; a row with no key in its range (causal, split) has l =
 // 0 and m = -inf: O = 0 and LSE = -inf, which the merge weighs 0.
-template <int D, int C, int BC, bool BF16>
+template <int D, int C, int BC, bool BF16, bool MODEL>
 __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const float (&m_i)[2],
                                          const float (&l_i)[2], const consumer_place &p,
                                          const smem_tiles &sm, const work_tile &wt,
@@ -147,7 +158,7 @@ __device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const floa
     if (split)
         store_o_partial<D>(O_acc, inv_l, p, wt, pb);
     else if constexpr (o_staged<D, C, BC>())
-        store_o_staged<D, BF16>(O_acc, inv_l, p, wt, pb, sm.O + p.wg * o_stage_bytes<D>());
+        store_o_staged<D, BF16, MODEL>(O_acc, inv_l, p, wt, pb, sm.O + p.wg * o_stage_bytes<D>());
     else
-        store_o_direct<D, BF16>(O_acc, inv_l, p, wt, pb);
+        store_o_direct<D, BF16, MODEL>(O_acc, inv_l, p, wt, pb);
 }

@@ -21,7 +21,8 @@
 static int hopper_code_here(void) {
     int ptx = 0, binary = 0;
     if (kernel_versions(
-            (const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false, false>,
+            (const void *)
+                attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false, false, false>,
             &ptx, &binary) != cudaSuccess) {
         cudaGetLastError();
         return 0;
@@ -98,27 +99,47 @@ static cudaLaunchConfig_t launch_config(unsigned blocks, int threads, size_t sme
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                           const CUtensorMap, const problem, int, int *);
 
-// The configuration's kernel for split-KV or not, fp16 or bf16 storage.
+// The configuration's kernel for split-KV or not: the plain case's, or for what models feed
+// (model), with fp16 or bf16 storage.
 template <int D, int C, int BC, int SCHEDULE>
-static kernel_fn kernel_for(bool split, bool bf16) {
+static kernel_fn kernel_for(bool split, bool model, bool bf16) {
     if (bf16)
-        return split ? attention_kernel<D, C, BC, SCHEDULE, true, true>
-                     : attention_kernel<D, C, BC, SCHEDULE, false, true>;
-    return split ? attention_kernel<D, C, BC, SCHEDULE, true, false>
-                 : attention_kernel<D, C, BC, SCHEDULE, false, false>;
+        return split ? attention_kernel<D, C, BC, SCHEDULE, true, true, true>
+                     : attention_kernel<D, C, BC, SCHEDULE, false, true, true>;
+    if (model)
+        return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, true>
+                     : attention_kernel<D, C, BC, SCHEDULE, false, false, true>;
+    return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, false>
+                 : attention_kernel<D, C, BC, SCHEDULE, false, false, false>;
+}
+
+// The plain case's Q, K, V or O, [B, H, N, D] fp16 contiguous, as the plain kernels see it: one
+// batch of B * H heads, so that a work tile's batch*head is the head coordinate (heads_of).
+static cudaError_t tensor_map_plain(CUtensorMap *map, const void *base, const attn_shape *s,
+                                    int box_rows) {
+    const attn_layout folded = attn_contiguous(s->B * s->H, s->N, s->D);
+    return tensor_map_4d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, HALF_BYTES, base, 1, s->B * s->H,
+                         s->N, s->D, &folded, SLAB_COLS, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 template <int D, int C, int BC, int SCHEDULE>
 static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     constexpr int BR = block_rows<C>();
-    CUtensorMap tmQ, tmK, tmV, tmO;
-    ATTN_TRY(tensor_map_slabs(&tmQ, a->Q, s, s->H, s->N, &s->q, BR));
-    ATTN_TRY(tensor_map_slabs(&tmK, a->K, s, s->H_kv, s->N_k, &s->k, BC));
-    ATTN_TRY(tensor_map_slabs(&tmV, a->V, s, s->H_kv, s->N_k, &s->v, BC));
-    ATTN_TRY(tensor_map_slabs(&tmO, a->O, s, s->H, s->N, &s->o,
-                              WARP_ROWS));  // (staged O, a warp's rows)
+    CUtensorMap tmQ, tmK, tmV, tmO;  // (tmO: staged O, a warp's rows)
+    const bool model = attn_shape_asks(s, 0) != 0;
+    if (model) {
+        ATTN_TRY(tensor_map_slabs(&tmQ, a->Q, s, s->H, s->N, &s->q, BR));
+        ATTN_TRY(tensor_map_slabs(&tmK, a->K, s, s->H_kv, s->N_k, &s->k, BC));
+        ATTN_TRY(tensor_map_slabs(&tmV, a->V, s, s->H_kv, s->N_k, &s->v, BC));
+        ATTN_TRY(tensor_map_slabs(&tmO, a->O, s, s->H, s->N, &s->o, WARP_ROWS));
+    } else {
+        ATTN_TRY(tensor_map_plain(&tmQ, a->Q, s, BR));
+        ATTN_TRY(tensor_map_plain(&tmK, a->K, s, BC));
+        ATTN_TRY(tensor_map_plain(&tmV, a->V, s, BC));
+        ATTN_TRY(tensor_map_plain(&tmO, a->O, s, WARP_ROWS));
+    }
     const int smem = smem_bytes<D, C, BC>();
-    const kernel_fn kernel = kernel_for<D, C, BC, SCHEDULE>(a->split.splits > 1, s->bf16);
+    const kernel_fn kernel = kernel_for<D, C, BC, SCHEDULE>(a->split.splits > 1, model, s->bf16);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem));  // once per kernel and device
     const int works = s->B * s->H * ceil_div(s->N, BR) * a->split.splits;
     const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works

@@ -118,18 +118,21 @@ __device__ __forceinline__ void pingpong_pass_turn(int wg) {
 
 // Key tile j of work tile wt needs a mask when it is the tail tile (keys past N_k), or causal
 // with a key past the warpgroup's first row's diagonal (the row as a key index: + N_k - N).
-template <int BC>
+template <int BC, bool MODEL>
 __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
                                            const consumer_place &p, int j) {
     const int key0 = key_tile_start<BC>(wt, j);
-    return key0 + BC > pb.N_k ||
-           (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p) + pb.key_shift);
+    if constexpr (MODEL)
+        return key0 + BC > pb.N_k ||
+               (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p) + pb.key_shift);
+    else
+        return key0 + BC > pb.N || (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p));
 }
 
 // S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use,
 // mask where needed, and take the rows' new max (row_max). Neither O_acc nor P is touched: the
 // P V before may still be in flight; r says what exp_pack and rescale_o do later.
-template <int BC, int QB, int EARLY>
+template <int BC, int QB, bool MODEL, int EARLY>
 __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], row_step<EARLY> &r,
                                             const smem_tiles &sm, const consumer_place &p,
                                             const problem &pb, const work_tile &wt, int j, int st) {
@@ -137,15 +140,19 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
     release(bar_at(sm, BAR_K_EMPTY + st), p);
     if (j == wt.n_tiles - 1)
         release(bar_at(sm, BAR_Q_EMPTY + pipeline_state<QB>{wt.t}.slot()), p);  // Q's last use
-    if (needs_mask<BC>(pb, wt, p, j))
-        mask_scores<BC>(S, p, row_of(wt, p) + pb.key_shift, key_tile_start<BC>(wt, j), pb.N_k,
-                        pb.causal);
+    if (needs_mask<BC, MODEL>(pb, wt, p, j)) {
+        if constexpr (MODEL)
+            mask_scores<BC>(S, p, row_of(wt, p) + pb.key_shift, key_tile_start<BC>(wt, j), pb.N_k,
+                            pb.causal);
+        else
+            mask_scores<BC>(S, p, row_of(wt, p), key_tile_start<BC>(wt, j), pb.N, pb.causal);
+    }
     row_max<BC, EARLY>(S, m_i, pb.scale_log2, r);
 }
 
 // The block's t-th work tile: wait until its Q has landed and its index is published. False
 // means "stop": no work tiles are left.
-template <int C, int BC, int QB>
+template <int C, int BC, int QB, bool MODEL>
 __device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_place &p,
                                           const problem &pb, int works, int t, work_tile &wt) {
     const pipeline_state<QB> q = {t};
@@ -157,7 +164,7 @@ __device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_p
     if (p.lane == 0) w = atomicAdd(&sm.work[q.slot()], 0);
     w = __shfl_sync(FULL_WARP, w, 0);
     if (w >= works) return false;
-    wt = work_at<C, BC>(w, pb);
+    wt = work_at<C, BC, MODEL>(w, pb);
     wt.t = t;
     return true;
 }
@@ -179,12 +186,12 @@ enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
 // Serial (variant nooverlap): each work tile, each key tile in turn: S = Q K^T, softmax,
 // O += P V, every wgmma waited for at once. The tensor pipe idles during this warpgroup's softmax
 // unless the other warpgroup happens to fill it.
-template <int D, int C, int BC, bool BF16>
+template <int D, int C, int BC, bool BF16, bool MODEL>
 __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const consumer_place &p,
                                                 const problem &pb, int works) {
     constexpr int QB = q_buffers<D, C, BC>();
     work_tile wt;
-    for (int t = 0, it = 0; take_work<C, BC, QB>(sm, p, pb, works, t, wt); ++t) {
+    for (int t = 0, it = 0; take_work<C, BC, QB, MODEL>(sm, p, pb, works, t, wt); ++t) {
         float O_acc[D / 2], m_i[2], l_i[2];
         start_rows<D>(O_acc, m_i, l_i);
         for (int j = 0; j < wt.n_tiles; ++j, ++it) {
@@ -198,7 +205,7 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
             issue_scores<D, C, BC, BF16>(
                 S, scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, st)));
             wgmma_wait<0>();
-            scores_done<BC, QB>(S, m_i, r, sm, p, pb, wt, j, st);
+            scores_done<BC, QB, MODEL>(S, m_i, r, sm, p, pb, wt, j, st);
             rescale_o<D>(O_acc, r.alpha);
             exp_pack<BC, early_chunks<C>(), BF16>(S, P, l_i, pb.scale_log2, r);
 
@@ -208,7 +215,7 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
             pin_registers(O_acc);
             release(bar_at(sm, BAR_V_EMPTY + st), p);
         }
-        epilogue<D, C, BC, BF16>(O_acc, m_i, l_i, p, sm, wt, pb);
+        epilogue<D, C, BC, BF16, MODEL>(O_acc, m_i, l_i, p, sm, wt, pb);
     }
 }
 
@@ -217,7 +224,7 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
 // its work tile. With PINGPONG, the warpgroups take turns at issuing their GEMMs.
 
 // The block's first key tile: S = Q K_0^T only, nothing to overlap with yet; then its row max.
-template <int D, int C, int BC, bool PINGPONG, bool BF16>
+template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL>
 __device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2],
                                              row_step<early_chunks<C>()> &r, const smem_tiles &sm,
                                              const consumer_place &p, const problem &pb,
@@ -229,7 +236,7 @@ __device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2]
         S, scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, first.slot())));
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
-    scores_done<BC, q_buffers<D, C, BC>()>(S, m_i, r, sm, p, pb, wt, 0, first.slot());
+    scores_done<BC, q_buffers<D, C, BC>(), MODEL>(S, m_i, r, sm, p, pb, wt, 0, first.slot());
 }
 
 // A work tile whose last P V was issued while the next work tile's rows went on (end_rows): what
@@ -244,7 +251,7 @@ typedef struct {
 // ended a work tile (done.due), write that work tile's O and LSE; then the softmax of key tile it
 // goes on: O *= alpha, and P = fp16(2^(S - m)) with l (exp_pack). In one basic block, the
 // compiler interleaves the exponentials (MUFU) with the rescale and the packing (LOG.md, step 18).
-template <int D, int C, int BC, bool BF16>
+template <int D, int C, int BC, bool BF16, bool MODEL>
 __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[BC / 4],
                                           const float (&S)[BC / 2], float (&l_i)[2],
                                           const row_step<early_chunks<C>()> &r,
@@ -255,7 +262,7 @@ __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[B
     pin_registers(P);
     const kv_pipeline kv = {it};
     if (kv.count > 0) release(bar_at(sm, BAR_V_EMPTY + kv.previous().slot()), p);
-    if (done.due) epilogue<D, C, BC, BF16>(O_acc, done.m, done.l, p, sm, done.wt, pb);
+    if (done.due) epilogue<D, C, BC, BF16, MODEL>(O_acc, done.m, done.l, p, sm, done.wt, pb);
     rescale_o<D>(O_acc, r.alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
     exp_pack<BC, early_chunks<C>(), BF16>(S, P, l_i, pb.scale_log2, r);
 }
@@ -275,7 +282,7 @@ __device__ __forceinline__ void end_rows(finished_tile &done, float (&m_i)[2], f
 // end_rows), key tile 0 of the block's next work tile (take_work). False when there is none: the
 // block is done. The work tile's end is this branch, taken once per work tile; in the pass that
 // the loop runs most it costs a compare.
-template <int C, int BC, int QB>
+template <int C, int BC, int QB, bool MODEL>
 __device__ __forceinline__ bool next_key_tile(const smem_tiles &sm, const consumer_place &p,
                                               const problem &pb, int works, const work_tile &wt,
                                               int j, work_tile &next, int &next_j,
@@ -286,7 +293,7 @@ __device__ __forceinline__ bool next_key_tile(const smem_tiles &sm, const consum
     if (next_j == wt.n_tiles) {
         end_rows(done, m_i, l_i, wt);
         next_j = 0;
-        if (!take_work<C, BC, QB>(sm, p, pb, works, wt.t + 1, next)) return false;
+        if (!take_work<C, BC, QB, MODEL>(sm, p, pb, works, wt.t + 1, next)) return false;
     }
     return true;
 }
@@ -315,7 +322,7 @@ __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D /
 }
 
 // The block's last key tile (the it-th): O += P V only, then the last work tile's epilogue.
-template <int D, int C, int BC, bool PINGPONG, bool BF16>
+template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL>
 __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
                                         const float (&m_i)[2], const float (&l_i)[2],
                                         const smem_tiles &sm, const consumer_place &p,
@@ -329,7 +336,7 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
     wgmma_wait<0>();
     pin_registers(O_acc);
     release(bar_at(sm, BAR_V_EMPTY + st), p);
-    epilogue<D, C, BC, BF16>(O_acc, m_i, l_i, p, sm, wt, pb);
+    epilogue<D, C, BC, BF16, MODEL>(O_acc, m_i, l_i, p, sm, wt, pb);
 }
 
 // Overlapped (default; nopingpong without the turn-taking): one pipeline over every key tile the
@@ -340,12 +347,12 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
 // the exponentials, O's rescale and P's packing run side by side (step 18). When a P V ends a
 // work tile, the S issued beside it is already the next work tile's first (its Q is in the other
 // Q buffer), and the finished work tile's O is written while the other warpgroups' GEMMs run.
-template <int D, int C, int BC, bool PINGPONG, bool BF16>
+template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL>
 __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
                                                     const problem &pb, int works) {
     constexpr int QB = q_buffers<D, C, BC>();
     work_tile wt;
-    if (!take_work<C, BC, QB>(sm, p, pb, works, 0, wt)) return;
+    if (!take_work<C, BC, QB, MODEL>(sm, p, pb, works, 0, wt)) return;
     // Warpgroup 0 takes the first turn: the last warpgroup hands it over before its own first wait.
     if (PINGPONG && p.wg == C - 1) pingpong_pass_turn<C>(p.wg);
 
@@ -353,7 +360,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     uint32_t P[BC / 4];
     row_step<early_chunks<C>()> r;
     start_rows<D>(O_acc, m_i, l_i);
-    first_scores<D, C, BC, PINGPONG, BF16>(S, m_i, r, sm, p, pb, wt);
+    first_scores<D, C, BC, PINGPONG, BF16, MODEL>(S, m_i, r, sm, p, pb, wt);
 
     // A pass starts with S holding the scores of key tile j of work tile wt, the block's it-th,
     // m_i their row max and r the rest of row_max's results, while the P V of the key tile before
@@ -361,20 +368,21 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     finished_tile done = {false, wt, {0.f, 0.f}, {0.f, 0.f}};
     int it = 0, j = 0;
     for (;; ++it) {
-        retire_pv<D, C, BC, BF16>(O_acc, P, S, l_i, r, done, sm, p, pb, it);
+        retire_pv<D, C, BC, BF16, MODEL>(O_acc, P, S, l_i, r, done, sm, p, pb, it);
         done.due = false;
 
         work_tile next;  // the work tile of the next key tile
         int next_j;
-        if (!next_key_tile<C, BC, QB>(sm, p, pb, works, wt, j, next, next_j, done, m_i, l_i)) break;
+        if (!next_key_tile<C, BC, QB, MODEL>(sm, p, pb, works, wt, j, next, next_j, done, m_i, l_i))
+            break;
         const int next_st = issue_turn<D, C, BC, PINGPONG, BF16>(S, O_acc, P, sm, p, next, it, j);
         wgmma_wait<1>();  // S of the next key tile is done; P V may still run
-        scores_done<BC, QB>(S, m_i, r, sm, p, pb, next, next_j, next_st);
+        scores_done<BC, QB, MODEL>(S, m_i, r, sm, p, pb, next, next_j, next_st);
         wt = next;
         j = next_j;
     }
     // (next_key_tile ended wt's rows: their m and l are done's)
-    last_pv<D, C, BC, PINGPONG, BF16>(O_acc, P, done.m, done.l, sm, p, pb, done.wt, it, j);
+    last_pv<D, C, BC, PINGPONG, BF16, MODEL>(O_acc, P, done.m, done.l, sm, p, pb, done.wt, it, j);
 
     // Every turn was handed on; warpgroup 0 takes the last warpgroup's final hand-over, so that no
     // arrival is left pending on its barrier.
@@ -382,14 +390,14 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
 }
 
 // One consumer thread: its place in the block, then its schedule over the block's work tiles.
-template <int D, int C, int BC, int SCHEDULE, bool BF16>
+template <int D, int C, int BC, int SCHEDULE, bool BF16, bool MODEL>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb, int works) {
     const consumer_place p = consumer_place_of_thread();
     if (SCHEDULE == SCHEDULE_SERIAL)
-        consumer_serial<D, C, BC, BF16>(sm, p, pb, works);
+        consumer_serial<D, C, BC, BF16, MODEL>(sm, p, pb, works);
     else
-        consumer_overlapped<D, C, BC, (SCHEDULE == SCHEDULE_PINGPONG && C > 1), BF16>(sm, p, pb,
-                                                                                      works);
+        consumer_overlapped<D, C, BC, (SCHEDULE == SCHEDULE_PINGPONG && C > 1), BF16, MODEL>(
+            sm, p, pb, works);
     // The O stores still in flight read the shared memory the block is about to give up.
     if (o_staged<D, C, BC>() && p.lane == 0) bulk_wait<false>();
 }

@@ -53,7 +53,7 @@ __device__ __forceinline__ void load_key_tile(const smem_tiles &sm, uint32_t rin
 
 // Hand the block's t-th work tile, index w, to the consumers: wait until Q buffer t % QB and its
 // index slot are free, write the index, start Q's copy. w >= works hands over "stop" (no copy).
-template <int D, int C, int BC>
+template <int D, int C, int BC, bool MODEL>
 __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtensorMap *tmQ, int t,
                                              int w, const work_tile &wt, const problem &pb,
                                              int works) {
@@ -63,8 +63,8 @@ __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtenso
     // LAB TODO: wait until Q buffer q.slot() is free (BAR_Q_EMPTY, state q), then publish the work
     // LAB TODO: index w in sm.work[q.slot()] (atomicExch: the consumers read it with an atomic),
     // LAB TODO: and: for w >= works ("stop") one plain arrival on `full`, no copy; otherwise
-    // LAB TODO: copy_tile Q's block_rows<C>() rows from wt.q0 (head and batch: heads_of(wt.bh,
-    // LAB TODO: pb)) into q_stage<D, C, BC>(sm, t), completing on `full`.
+    // LAB TODO: copy_tile Q's block_rows<C>() rows from wt.q0 (head and batch:
+    // LAB TODO: heads_of<MODEL>(wt.bh, pb)) into q_stage<D, C, BC>(sm, t), completing on `full`.
     // LAB STUB: printf("lab hole 2 unfilled: publish_work\n"), __trap();  // stops the kernel
     // LAB STUB: (void)full;
     wait_empty(sm, BAR_Q_EMPTY, q);     // the consumers are done with the buffer's last work tile
@@ -73,7 +73,7 @@ __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtenso
         mbar_arrive(full);  // no copy: the consumers read "stop"
         return;
     }
-    const tile_heads hd = heads_of(wt.bh, pb);
+    const tile_heads hd = heads_of<MODEL>(wt.bh, pb);
     copy_tile<D, block_rows<C>()>(q_stage<D, C, BC>(sm, t), tmQ, full, wt.q0, hd.head, hd.batch);
     // LAB HOLE 2 END
 }
@@ -83,24 +83,34 @@ __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtenso
 // slot as soon as the consumers have released it. Separate barriers let S = Q K_j^T start
 // before V_j lands. The counter's atomic for the next work tile is taken right after a
 // hand-over, so that its latency hides under the copies.
-template <int D, int C, int BC>
+template <int D, int C, int BC, bool MODEL>
 __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap *tmQ,
                                          const CUtensorMap *tmK, const CUtensorMap *tmV,
                                          const problem &pb, int works, int *next_work) {
     kv_pipeline kv = {0};  // counts the key tiles issued so far
     work_tile wt;
-    int w = take_next_work<C, BC>(blockIdx.x, pb, works, next_work, wt);
+    int w = take_next_work<C, BC, MODEL>(blockIdx.x, pb, works, next_work, wt);
     for (int t = 0;; ++t) {
-        publish_work<D, C, BC>(sm, tmQ, t, w, wt, pb, works);
-        if (w >= works) return;  // that was "stop"
-        // The range's key tiles by their first keys (two registers for the loop, not three:
-        // the thread has 24, and the 4-D copies' K/V head and batch take one more than bh did).
-        const tile_heads hd = heads_of(wt.bh, pb);  // (publish_work's, worked out once)
-        const int key_end = key_tile_start<BC>(wt, wt.n_tiles);
-        for (int key0 = key_tile_start<BC>(wt, 0); key0 < key_end; key0 += BC, kv = kv.next()) {
-            load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, hd, key0);
-            load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, kv, hd, key0);
+        publish_work<D, C, BC, MODEL>(sm, tmQ, t, w, wt, pb, works);
+        if (w >= works) return;                            // that was "stop"
+        const tile_heads hd = heads_of<MODEL>(wt.bh, pb);  // (publish_work's, worked out once)
+        if constexpr (MODEL) {
+            // The range's key tiles by their first keys (two registers for the loop, not three:
+            // the thread has 24, and the K/V head and batch take one more than bh does).
+            const int key_end = key_tile_start<BC>(wt, wt.n_tiles);
+            for (int key0 = key_tile_start<BC>(wt, 0); key0 < key_end; key0 += BC, kv = kv.next()) {
+                load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, hd, key0);
+                load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, kv, hd, key0);
+            }
+        } else {
+            for (int j = 0; j < wt.n_tiles; ++j, kv = kv.next()) {
+                load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, hd,
+                                                              key_tile_start<BC>(wt, j));
+                load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, kv, hd,
+                                                              key_tile_start<BC>(wt, j));
+            }
         }
-        w = take_next_work<C, BC>(next_work_index(works, next_work), pb, works, next_work, wt);
+        w = take_next_work<C, BC, MODEL>(next_work_index(works, next_work), pb, works, next_work,
+                                         wt);
     }
 }

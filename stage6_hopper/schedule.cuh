@@ -33,24 +33,28 @@ __device__ __forceinline__ int fast_divide(int n, fast_divisor f) {
 // i sees keys up to i + N_k - N, so key_shift = N_k - N turns a query row into the key index of
 // its diagonal), how a query tile's key tiles are cut (split-KV: into ranges of split_tiles key
 // tiles, at most `splits` of them; splits = 1: one range, all of them), the softmax scale times
-// log2(e), and where the results go. Counts the host can work out are launch constants here, not
+// log2(e), and where the results go. The plain case's fields come first, as the plain kernels
+// (MODEL off: fp16, [B, H, N, D] contiguous, H_kv = H, N_k = N) read them; what models feed
+// (MODEL on) adds the rest. Counts the host can work out are launch constants there, not
 // computed in the kernel: the producer thread has 24 registers, and the compiler would hold such
 // values in some of them across its loops.
 typedef struct {
-    int N, N_k, key_shift, causal, splits, split_tiles;
-    int min_key_tiles;                      // a query tile's fewest: 1 unsplit, 0 split (work_at)
-    int q_tiles, works_per_head;            // ceil(N / BR); q_tiles * splits work tiles a head
-    int H;                                  // query heads (a work tile's bh = batch * H + head)
+    int N, causal, splits, split_tiles;
     fast_divisor per_head, per_query_tile;  // work tiles: of a head, of a query tile (splits)
-    fast_divisor per_batch, per_kv_head;    // bh / H = batch; head / (H / H_kv) = K/V head (GQA)
     float scale_log2;
-    __half *O;                         // [B, H, N, D], strided   (splits = 1, where not staged)
-    long long o_batch, o_head, o_row;  // O's strides, elements
-    float *lse;                        // [B, H, N]                     (splits = 1)
-    float *O_part;                     // [splits, B * H, N, D], fp32   (splits > 1: merged)
-    float *lse_part;                   // [splits, B * H, N]            (splits > 1)
-    long long rows;                    // B * H * N
-    const CUtensorMap *tmO;  // O as (D, N, H, B) in boxes of [1, 1, 16, 64], the staged stores
+    __half *O;               // [B, H, N, D]                  (splits = 1, where not staged)
+    float *lse;              // [B, H, N]                     (splits = 1)
+    float *O_part;           // [splits, B * H, N, D], fp32   (splits > 1: combine_kernel merges)
+    float *lse_part;         // [splits, B * H, N]            (splits > 1)
+    long long rows;          // B * H * N
+    const CUtensorMap *tmO;  // O in boxes of 16 rows x 64 columns, for the staged stores
+    // what models feed (MODEL)
+    int N_k, key_shift;
+    int min_key_tiles;                    // a query tile's fewest: 1 unsplit, 0 split (work_at)
+    int q_tiles, works_per_head;          // ceil(N / BR); q_tiles * splits work tiles a head
+    int H;                                // query heads (a work tile's bh = batch * H + head)
+    fast_divisor per_batch, per_kv_head;  // bh / H = batch; head / (H / H_kv) = K/V head (GQA)
+    long long o_batch, o_head, o_row;     // O's strides, elements
 } problem;
 
 // A work tile: one batch*head, BR query rows and a range of their key tiles, [j0, j0 + n_tiles)
@@ -69,18 +73,28 @@ typedef struct {
     int bh, q0, j0, n_tiles, split, t;
 } work_tile;
 
-template <int C, int BC>
+template <int C, int BC, bool MODEL>
 __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
     constexpr int BR = block_rows<C>();
-    const int q_tiles = pb.q_tiles;
     work_tile t;
     t.bh = fast_divide(w, pb.per_head);
-    const int in_head = w - t.bh * pb.works_per_head;
-    const int q_index = fast_divide(in_head, pb.per_query_tile);
-    t.split = in_head - q_index * pb.splits;
-    t.q0 = (q_tiles - 1 - q_index) * BR;
-    const int tiles = max(query_tile_key_tiles_nk(t.q0, BR, BC, pb.N, pb.N_k, pb.causal),
-                          pb.min_key_tiles);  // (unsplit: at least one, see above)
+    int tiles;
+    if constexpr (MODEL) {
+        const int q_tiles = pb.q_tiles;
+        const int in_head = w - t.bh * pb.works_per_head;
+        const int q_index = fast_divide(in_head, pb.per_query_tile);
+        t.split = in_head - q_index * pb.splits;
+        t.q0 = (q_tiles - 1 - q_index) * BR;
+        tiles = max(query_tile_key_tiles_nk(t.q0, BR, BC, pb.N, pb.N_k, pb.causal),
+                    pb.min_key_tiles);  // (unsplit: at least one, see above)
+    } else {
+        const int q_tiles = (pb.N + BR - 1) / BR;
+        const int in_head = w - t.bh * q_tiles * pb.splits;
+        const int q_index = fast_divide(in_head, pb.per_query_tile);
+        t.split = in_head - q_index * pb.splits;
+        t.q0 = (q_tiles - 1 - q_index) * BR;
+        tiles = query_tile_key_tiles(t.q0, BR, BC, pb.N, pb.causal);
+    }
     t.j0 = t.split * pb.split_tiles;
     t.n_tiles = max(0, min(tiles - t.j0, pb.split_tiles));
     t.t = 0;
@@ -88,15 +102,21 @@ __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
 }
 
 // Where work tile rows of batch*head bh lie in the 4-D tensor maps (D, rows, heads, B): the batch,
-// the query head (Q, O) and the key/value head it reads (K, V; GQA: head / (H / H_kv)).
+// the query head (Q, O) and the key/value head it reads (K, V; GQA: head / (H / H_kv)). The plain
+// kernels' maps fold batch and head into one dimension (one batch of B * H heads): bh is the head.
 typedef struct {
     int batch, head, kv_head;
 } tile_heads;
+template <bool MODEL>
 __device__ __forceinline__ tile_heads heads_of(int bh, const problem &pb) {
     tile_heads t;
-    t.batch = fast_divide(bh, pb.per_batch);
-    t.head = bh - t.batch * pb.H;
-    t.kv_head = fast_divide(t.head, pb.per_kv_head);
+    if constexpr (MODEL) {
+        t.batch = fast_divide(bh, pb.per_batch);
+        t.head = bh - t.batch * pb.H;
+        t.kv_head = fast_divide(t.head, pb.per_kv_head);
+    } else {
+        t.batch = 0, t.head = t.kv_head = bh;
+    }
     return t;
 }
 
@@ -114,12 +134,12 @@ __device__ __forceinline__ int next_work_index(int works, int *next_work) {
 
 // Work tile w (wt), or past it the first one with key tiles (a causal split leaves empty ones),
 // or none (works).
-template <int C, int BC>
+template <int C, int BC, bool MODEL>
 __device__ __forceinline__ int take_next_work(int w, const problem &pb, int works, int *next_work,
                                               work_tile &wt) {
     for (;; w = next_work_index(works, next_work)) {
         if (w >= works) return works;
-        wt = work_at<C, BC>(w, pb);
+        wt = work_at<C, BC, MODEL>(w, pb);
         if (wt.n_tiles > 0 || pb.splits == 1) return w;  // (unsplit, every one has key tiles)
     }
 }
