@@ -58,7 +58,8 @@
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  * What models feed: GQA (--kv-heads), strided layouts (--layout bnhd|qkv) and N_k != N (--seq-k),
  * through 4-D tensor maps with each tensor's strides, and bf16 storage (--dtype bf16: a template
- * parameter of the kernels, wgmma's .bf16 products).
+ * parameter of the kernels, wgmma's .bf16 products), in the MODEL kernels; the plain case (fp16
+ * [B, H, N, D], H_kv = H, N_k = N) has kernels of its own with its own code alone.
  *
  * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
  * runs besides the softmax and the GEMMs (the ring's slot and phase arithmetic, descriptors
