@@ -85,7 +85,9 @@ __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
         const int q_index = fast_divide(in_head, pb.per_query_tile);
         t.split = in_head - q_index * pb.splits;
         t.q0 = (q_tiles - 1 - q_index) * BR;
-        tiles = max(query_tile_key_tiles_nk(t.q0, BR, BC, pb.N, pb.N_k, pb.causal),
+        // The plain case's rule on the query rows moved onto the keys' diagonal (key_shift):
+        // keys up to min(q0 + BR + key_shift, N_k); <= 0 tiles where no row sees a key.
+        tiles = max(query_tile_key_tiles(t.q0 + pb.key_shift, BR, BC, pb.N_k, pb.causal),
                     pb.min_key_tiles);  // (unsplit: at least one, see above)
     } else {
         const int q_tiles = (pb.N + BR - 1) / BR;
