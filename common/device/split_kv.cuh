@@ -32,8 +32,8 @@ __host__ __device__ __forceinline__ int query_tile_key_tiles(int q0, int BR, int
 }
 
 // The same for N queries against N_k keys (attention.h: causal aligned to the bottom right, query
-// i sees keys up to i + N_k - N): [0, N_k), or, causal with tile skipping, up to the tile's last
-// real row's last key; 0 when no row of the tile sees a key. With N_k = N, query_tile_key_end.
+// i sees keys up to i + N_k - N): query_tile_key_end of the rows moved by N_k - N over N_k keys,
+// at least 0 (0: no row of the tile sees a key); stage 6's work_at counts its tiles that way.
 __host__ __device__ __forceinline__ int query_tile_key_end_nk(int q0, int BR, int N, int N_k,
                                                               bool causal_skip) {
     return causal_skip ? max(0, min(min(q0 + BR, N) + (N_k - N), N_k)) : N_k;
