@@ -1,19 +1,12 @@
 /*
  * attn_lib.c: the C entry point of build/lib/lib<stage>.so (`make lib`), linked beside one
- * stage's object. A caller that holds device pointers (python/flashcourse, through ctypes) gets
- * the stage descriptor `attn_this_stage` and these calls:
+ * stage's object: the calls attn_lib.h declares (python/flashcourse reaches them through ctypes),
+ * beside the stage descriptor `attn_this_stage`.
  *
- *   attn_lib_plan         every check the program makes before a pass (its shape rules, the
- *                         device, what the stage takes, its own unsupported()) for one pass
- *                         (forward or backward), shape (with H_kv, N_k, bf16 and the tensors'
- *                         strides), device, variant and shared-memory limit; on success
- *                         the workspace the pass needs and, if the caller gives room for one
- *                         (attn_lib_plan_bytes), a plan: the checked facts, kept by the caller
- *   attn_lib_forward      the stage's forward() of a plan on the caller's pointers and stream
- *   attn_lib_backward     the stage's backward() of a plan, likewise
- *   attn_lib_last_error   the calling thread's last failure, one line
- *   attn_lib_exit_codes   "pass=<n>,wrong=<n>,usage=<n>,unsupported=<n>,oom=<n>": the codes
- *                         below by name, from the attn_exit enum of attention.h
+ * attn_lib_plan makes every check the program makes before a pass (its shape rules, the device,
+ * what the stage takes, its own unsupported()) for one attn_lib_request: one pass (forward or
+ * backward), shape (with H_kv, N_k, bf16 and the tensors' strides), device, variant and
+ * shared-memory limit.
  *
  * The split is the per-call cost: a caller plans a shape once and runs it many times, and a
  * run does no more than a launch needs (the NULL and workspace checks, the device made current
@@ -31,12 +24,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "attn_lib.h"
 #include "attention.h"
 #include "device_info.h"
 
-/* 4: plans (attn_lib_plan once, attn_lib_forward / attn_lib_backward per call), errors by
- * attn_lib_last_error; 5: attn_lib_plan takes what models feed (H_kv, N_k, bf16, strides) */
-#define ATTN_LIB_ABI 5
 #define ATTN_LIB_MAX_DEVICES 64
 
 /* The binding refuses a library whose entry points it does not know. */
@@ -57,6 +48,19 @@ static void make_exit_codes(void) {
 const char *attn_lib_exit_codes(void) {
     pthread_once(&exit_codes_once, make_exit_codes);
     return exit_codes;
+}
+
+static char limits[128];
+static pthread_once_t limits_once = PTHREAD_ONCE_INIT;
+
+static void make_limits(void) {
+    snprintf(limits, sizeof limits, "max_bh=%d,max_n=%d", ATTN_MAX_BH, ATTN_MAX_N);
+}
+
+/* The shape limits by name: the one home is attention.h (ATTN_MAX_BH, ATTN_MAX_N). */
+const char *attn_lib_limits(void) {
+    pthread_once(&limits_once, make_limits);
+    return limits;
 }
 
 /* The calling thread's last failure: the caller reads it after a non-zero return code (ctypes
@@ -112,7 +116,7 @@ static int device_props(int device, long long smem_limit, attn_device *out) {
 
 /* ---- plans: every check once, then runs ---- */
 
-enum { PASS_FWD = 0, PASS_BWD = 1 };
+enum { PASS_FWD = ATTN_LIB_FORWARD, PASS_BWD = ATTN_LIB_BACKWARD };
 
 /* What attn_lib_plan checked, kept by the caller (attn_lib_plan_bytes of room) and handed back
  * to every run. `stage` ties it to this library: a plan of another stage's library is refused. */
@@ -182,23 +186,21 @@ static void leave_device(int prev, int device) {
     if (prev != device) (void)cudaSetDevice(prev);
 }
 
-/* The shape of a plan: B, H, N, D, causal, scale; H_kv and N_k (0: H and N); bf16; strides: NULL
- * (every tensor contiguous) or 24 numbers, {batch, head, row} of q, k, v, o, dO, dQ, dK, dV in
- * elements (a tensor's three zero: contiguous). */
-static attn_shape shape_of(int B, int H, int N, int D, int causal, float scale, int H_kv, int N_k,
-                           int bf16, const long long *strides) {
-    attn_shape s = {.B = B,
-                    .H = H,
-                    .N = N,
-                    .D = D,
-                    .causal = causal != 0,
-                    .scale = scale,
-                    .H_kv = H_kv,
-                    .N_k = N_k,
-                    .bf16 = bf16 != 0};
+/* The shape of a request: H_kv and N_k 0 (H and N) and a tensor's strides all zero (contiguous)
+ * filled in by attn_shape_complete. */
+static attn_shape shape_of(const attn_lib_request *r) {
+    attn_shape s = {.B = r->B,
+                    .H = r->H,
+                    .N = r->N,
+                    .D = r->D,
+                    .causal = r->causal != 0,
+                    .scale = r->scale,
+                    .H_kv = r->H_kv,
+                    .N_k = r->N_k,
+                    .bf16 = r->bf16 != 0};
     attn_layout *l[] = {&s.q, &s.k, &s.v, &s.o, &s.dO, &s.dQ, &s.dK, &s.dV};
-    for (int t = 0; strides && t < 8; t++)
-        *l[t] = (attn_layout){strides[3 * t], strides[3 * t + 1], strides[3 * t + 2]};
+    for (int t = 0; t < 8; t++)
+        *l[t] = (attn_layout){r->strides[3 * t], r->strides[3 * t + 1], r->strides[3 * t + 2]};
     attn_shape_complete(&s); /* zeros filled in; a negative H_kv or N_k the shape rules refuse */
     return s;
 }
@@ -222,15 +224,14 @@ static int check_model_inputs(const attn_shape *s, int pass) {
     return ATTN_EXIT_PASS;
 }
 
-int attn_lib_plan(int pass, int device, long long smem_limit, int B, int H, int N, int D,
-                  int causal, float scale, int variant, int H_kv, int N_k, int bf16,
-                  const long long *strides, void *plan, size_t plan_bytes,
+int attn_lib_plan(const attn_lib_request *r, void *plan, size_t plan_bytes,
                   size_t *workspace_bytes) {
-    attn_lib_plan_t p = {.stage = &attn_this_stage,
-                         .pass = pass,
-                         .device = device,
-                         .variant = variant,
-                         .shape = shape_of(B, H, N, D, causal, scale, H_kv, N_k, bf16, strides)};
+    if (!r) return fail(ATTN_EXIT_USAGE, "%s: attn_lib_plan of no request", attn_this_stage.name);
+    int pass = r->pass, device = r->device, variant = r->variant;
+    long long smem_limit = r->smem_limit;
+    attn_lib_plan_t p = {
+        .stage = &attn_this_stage, .pass = pass, .device = device, .variant = variant,
+        .shape = shape_of(r)};
     if (plan && plan_bytes < sizeof p)
         return fail(ATTN_EXIT_USAGE, "%s: a plan takes %zu bytes, got room for %zu",
                     attn_this_stage.name, sizeof p, plan_bytes);

@@ -130,7 +130,7 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
     round a run of `calls` calls), so that a change in the host's pace falls on all of them
     alike; the graph rows (the GPU's time) one implementation after the other. A row's value is
     the median of its rounds."""
-    from flashcourse import _binding, _ops
+    from flashcourse import _ops, _plans, _run
     B, H, N, D = shape
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(shape, generator=g, device="cuda", dtype=torch.float16)
@@ -153,7 +153,7 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
     # Where the binding's time goes: the last pair's calls by its Python path (where the eager
     # operator is not built), its floor (one ctypes call on a kept plan, outputs allocated) and
     # the custom operator's path (what torch.compile runs).
-    python_path = _binding._PythonPath()  # (one call cache for all its rounds)
+    python_path = _run.PythonPath()  # (one call cache for all its rounds)
     impls[f"{label(pairs[-1])}, Python path"] = (impls[label(pairs[-1])][0], lambda: python_path)
     for impl, (fn, context) in impls.items():
         with context():
@@ -186,10 +186,10 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
             for t in leaves:
                 t.grad = None
     stage, backward_stage = pairs[-1]
-    p = _binding._plan(stage, False, shape, q.device.index, q.dtype, causal, D ** -0.5,
-                       "default", 0)
+    p = _plans.plan(stage, False, shape, q.device.index, q.dtype, causal, D ** -0.5, "default",
+                    0)
     eager(f"flashcourse {stage} plan only", "forward", contextlib.nullcontext,
-          lambda: _binding.forward_with(p, q, k, v))
+          lambda: _run.forward_with(p, q, k, v))
     eager(f"flashcourse {stage} custom op", "forward", contextlib.nullcontext,
           lambda: _ops.forward(q, k, v, causal, D ** -0.5, stage, "default", 0, backward_stage,
                                "default"))
@@ -315,8 +315,8 @@ def main() -> int:
     gpu = gpu_slug(gpu_name)
     # stage 5's forward with stage 7's backward everywhere, and what "auto" picks for each where
     # it differs (on Hopper: stage 6's forward, stage 8's backward)
-    from flashcourse import _binding
-    pairs = list(dict.fromkeys([(_binding.FORWARD_STAGE, _binding.BACKWARD_STAGE),
+    from flashcourse import _library
+    pairs = list(dict.fromkeys([(_library.FORWARD_STAGE, _library.BACKWARD_STAGE),
                                 (flashcourse.auto_stage(), flashcourse.auto_backward_stage())]))
     print(f"{gpu_name}, torch {torch.__version__}, eager path {flashcourse.eager_path()}, "
           f"forward + backward "

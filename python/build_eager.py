@@ -1,5 +1,6 @@
 """Builds the eager operator, python/flashcourse/_eager.cpp, into <lib dir>/libflashcourse_eager.so
-against the torch that python3 imports (`make lib` runs it; python/lib.mk):
+against the torch that the python running it imports (`make lib` runs it with $(PYTHON), the
+first python3 on PATH unless PYTHON names another; python/lib.mk):
 
     python3 python/build_eager.py build/lib/libflashcourse_eager.so
 
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "flashcourse" / "_eager.cpp"
+HEADERS = Path(__file__).resolve().parents[1] / "common"  # attn_lib.h: the entry points' ABI
 
 
 def say(msg: str):
@@ -34,7 +36,8 @@ def main() -> int:
         import torch
         from torch.utils import cpp_extension
     except ImportError:
-        say(f"python3 has no torch: {out.name} not built (the binding runs its Python path)")
+        say(f"{sys.executable} has no torch: {out.name} not built (the binding runs its Python "
+            "path; PYTHON=<a python with torch> make lib builds it)")
         return 0
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not cxx:
@@ -42,7 +45,8 @@ def main() -> int:
         return 0
     version = torch.__version__
     if (out.is_file() and stamp.is_file() and stamp.read_text().strip() == version and
-            out.stat().st_mtime >= SOURCE.stat().st_mtime):
+            out.stat().st_mtime >= max(SOURCE.stat().st_mtime,
+                                       (HEADERS / "attn_lib.h").stat().st_mtime)):
         return 0  # up to date
     std = "-std=c++20"
     probe = subprocess.run([cxx, std, "-x", "c++", "-E", "-"], input="", capture_output=True,
@@ -53,7 +57,7 @@ def main() -> int:
     lib_dirs = cpp_extension.library_paths()
     cmd = [cxx, std, "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-Wno-unused-parameter",
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-    cmd += [f"-isystem{p}" for p in cpp_extension.include_paths()]
+    cmd += [f"-I{HEADERS}"] + [f"-isystem{p}" for p in cpp_extension.include_paths()]
     cmd += [str(SOURCE), "-o", str(out)]
     cmd += [f"-L{p}" for p in lib_dirs] + [f"-Wl,-rpath,{p}" for p in lib_dirs]
     cmd += ["-lc10", "-ltorch_cpu", "-ltorch"]

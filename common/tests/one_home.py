@@ -6,7 +6,8 @@
   the exit codes        the attn_exit enum of common/attention.h: main.c and attn_lib.c use it, the
                         binding asks the library (attn_lib_exit_codes), compare_fa2.py reads the
                         enum, the bash scripts source common/exit_codes.sh, the Makefile reads it
-  the B x H limit       ATTN_MAX_BH (= ATTN_MAX_GRID_Y, CUDA's gridDim.y limit) in attention.h
+  the B x H limit       ATTN_MAX_BH (= ATTN_MAX_GRID_Y, CUDA's gridDim.y limit) in attention.h;
+                        the binding asks the library (attn_lib_limits)
   the variants list     parsed by attn_variant_count/_index/_name in attention.h (C), and by the
                         binding's one split of the descriptor's string (Python)
   the FLOP count and    common/main.c for the programs; plots/measure.py for the scripts that
@@ -129,7 +130,7 @@ check(not wrong, f"the docs that list exit codes ({listed} codes) list the enum'
 bad = names_home({
     "common/main.c": r"ATTN_EXIT_UNSUPPORTED",
     "common/attn_lib.c": r"ATTN_EXIT_PASS, ATTN_EXIT_WRONG, ATTN_EXIT_USAGE",
-    "python/flashcourse/_binding.py": r"attn_lib_exit_codes",
+    "python/flashcourse/_library.py": r"attn_lib_exit_codes",
     "stage5_tuned/compare_fa2.py": r"ATTN_EXIT_",
     "common/exit_codes.sh": r"attention\.h",
     "plots/sweep.sh": r"exit_codes\.sh",
@@ -151,6 +152,10 @@ if grid and bh:
 check(limit == 65535, f"{HOME_H}: ATTN_MAX_BH = {limit} (CUDA's gridDim.y limit)")
 found = hits(CODE, r"\b65,?535\b|\b0x[fF]{4}\b|\(1 << 16\) - 1", skip={HOME_H})
 check(not found, f"no literal B x H limit (65535) in code outside {HOME_H}", "\n".join(found))
+bad = names_home({"common/attn_lib.c": r"ATTN_MAX_BH", "python/flashcourse/_library.py":
+                  r"attn_lib_limits", "python/flashcourse/api.py": r"limits\[\"max_bh\"\]"})
+check(not bad, "the binding splits calls over B x H by the limit the library reads from "
+      f"{HOME_H} (attn_lib_limits)", "\n".join(bad))
 stated = hits(DOCS, r"B (x|\*|·|×) H (is at most|<=|≤|must be at most) ")
 wrong = [s for s in stated
          if int(re.search(r"B (?:x|\*|·|×) H (?:is at most|<=|≤|must be at most) ([\d,]+)",
@@ -166,8 +171,8 @@ for name in ("attn_variant_count", "attn_variant_index", "attn_variant_name"):
         found.append(f"  {HOME_H}: no {name}")
 check(not found, f"the C code parses a stage's variants only in {HOME_H}", "\n".join(found))
 splits = hits([f for f in CODE if f.endswith((".py", ".ipynb"))], r"variants.*\.split\(")
-check(len(splits) == 1 and "python/flashcourse/_binding.py" in splits[0],
-      "the Python code splits the descriptor's variants once, in _binding.py", "\n".join(splits))
+check(len(splits) == 1 and "python/flashcourse/_library.py" in splits[0],
+      "the Python code splits the descriptor's variants once, in _library.py", "\n".join(splits))
 
 # ---- the FLOP count and the timing protocol ----
 HOME_PY = "plots/measure.py"

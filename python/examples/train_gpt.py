@@ -372,7 +372,7 @@ def stages_take(args, auto: bool, backward_auto: bool = False):
     descriptors' takes flags
     say (Stage.takes, Stage.backward_takes), else the reason (one line). A stage not built is
     left to course_ready's call, which names what to build."""
-    from flashcourse._binding import TAKES_BF16, TAKES_GQA  # attention.h's ATTN_TAKES_*
+    from flashcourse._library import TAKES_BF16, TAKES_GQA  # attention.h's ATTN_TAKES_*
     asks = []
     if args.dtype == "bf16":
         asks.append(("--dtype bf16", "bfloat16 tensors", TAKES_BF16))

@@ -4,7 +4,7 @@
  * python3 has torch; python/lib.mk).
  *
  * flashcourse.attention checks a call's arguments once, in Python, and keeps the plans the stage
- * libraries made for it (python/flashcourse/_binding.py). What runs on every later call is one
+ * libraries made for it (python/flashcourse/_plans.py). What runs on every later call is one
  * forward pass and, through autograd, one backward pass of those plans. Done in Python, that is
  * a torch.autograd.Function, whose backward the autograd engine reaches through the interpreter,
  * and at small shapes that host time, not the kernels, decides a training step's pace (the
@@ -12,13 +12,13 @@
  * in C++: the outputs allocated through PyTorch's caching allocator, the library's attn_lib_forward
  * / attn_lib_backward called through the function pointers the binding loaded (ctypes), on the
  * current stream, nothing waiting for the GPU. The binding describes a call once, as a struct
- * eager_call with its plans in a CPU byte tensor (_binding._EagerCall, the same fields), and passes
+ * eager_call with its plans in a CPU byte tensor (_run._EagerCall, the same fields), and passes
  * that with each call.
  *
  * Nothing is checked here that the binding checked for this call, except what can differ
  * between tensors of one shape: the upstream gradient's layout. dO reaches the backward pass in
  * its own layout where the backward stage takes strides (a second plan for that layout, made
- * here once per layout by attn_lib_plan, as _Plan.with_do does; four at most), else copied
+ * here once per layout by attn_lib_plan, as _plans._Plan.with_do does; four at most), else copied
  * into o's layout.
  * The binding falls back to its Python path (torch.autograd.Function over ctypes) where this
  * library is missing, was built for another torch, or FLASHCOURSE_EAGER_OP=0.
@@ -29,30 +29,25 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "attn_lib.h"  // common/: build_eager.py puts it on the include path
+
 #include <cstdint>
 #include <mutex>
 #include <string>
 
 namespace {
 
-// common/attn_lib.c's entry points
-typedef int (*forward_fn)(const void *plan, const void *Q, const void *K, const void *V, void *O,
-                          float *lse, void *workspace, size_t workspace_bytes, void *stream);
-typedef int (*backward_fn)(const void *plan, const void *Q, const void *K, const void *V,
-                           const void *O, const float *lse, const void *dO, void *dQ, void *dK,
-                           void *dV, void *workspace, size_t workspace_bytes, void *stream);
-typedef int (*plan_fn)(int pass, int device, long long smem_limit, int B, int H, int N, int D,
-                       int causal, float scale, int variant, int H_kv, int N_k, int bf16,
-                       const long long *strides, void *plan, size_t plan_bytes,
-                       size_t *workspace_bytes);
-typedef const char *(*last_error_fn)(void);
+// common/attn_lib.h's entry points, reached through the pointers the binding loaded
+typedef decltype(&attn_lib_forward) forward_fn;
+typedef decltype(&attn_lib_backward) backward_fn;
+typedef decltype(&attn_lib_plan) plan_fn;
+typedef decltype(&attn_lib_last_error) last_error_fn;
 
-constexpr int64_t EAGER_ABI = 1;   // _binding._EAGER_ABI
-constexpr int PASS_BWD = 1;        // attn_lib_plan's pass
-constexpr int DO_ROWS = 12;        // dO's {batch, head, row} strides among the plan's 24
-constexpr int DO_LAYOUTS_MAX = 4;  // _binding._DO_LAYOUTS_MAX: more are copied into o's layout
+constexpr int64_t EAGER_ABI = 2;   // _run._EAGER_ABI
+constexpr int DO_ROWS = 12;        // dO's {batch, head, row} strides among the request's 24
+constexpr int DO_LAYOUTS_MAX = 4;  // _run._DO_LAYOUTS_MAX: more are copied into o's layout
 
-// One call as the binding describes it (_binding._EagerCall: the same fields, in this order), at
+// One call as the binding describes it (_run._EagerCall: the same fields, in this order), at
 // the start of a CPU byte tensor that holds its plans after it (offsets from the struct). The
 // tensor is the operator's argument, and the autograd node keeps it: a call's plans live as long
 // as a graph that may run its backward pass, whatever the binding's cache drops meanwhile.
@@ -68,14 +63,11 @@ struct eager_call {
     uint64_t backward_plan;  // offset
     uint64_t backward_workspace;
     last_error_fn backward_error;
-    // the backward plan's arguments (attn_lib_plan), for a dO laid out otherwise than the plan's
+    // the backward plan's request (attn_lib_plan), for a dO laid out otherwise than the plan's
     plan_fn plan;
     uint64_t plan_bytes;
-    int32_t device, B, H, N, D, causal, variant, H_kv, N_k, bf16;
-    int64_t smem_limit;
-    float scale;
+    attn_lib_request request;
     int32_t backward_takes_strides;  // else dO is copied into o's layout
-    int64_t strides[24];             // q, k, v, o, dO, dQ, dK, dV: {batch, head, row}
     // the library's return codes (attn_lib_exit_codes) and the backward stage's name
     int32_t code_pass, code_usage, code_unsupported, code_oom;
     const char *backward_stage;
@@ -90,7 +82,7 @@ struct eager_call {
 eager_call *call_at(const at::Tensor &call) {
     TORCH_CHECK(call.device().is_cpu() && call.scalar_type() == at::kByte && call.is_contiguous() &&
                     call.numel() >= (int64_t)sizeof(eager_call),
-                "flashcourse_eager: the call is the binding's byte tensor (_binding._eager_call)");
+                "flashcourse_eager: the call is the binding's byte tensor (_run._eager_call)");
     eager_call *c = reinterpret_cast<eager_call *>(call.data_ptr());
     TORCH_CHECK(c->abi == EAGER_ABI,
                 "flashcourse_eager: not a call of this library's version (rebuild: make lib)");
@@ -101,7 +93,7 @@ const void *at_offset(const eager_call *c, uint64_t offset) {
     return reinterpret_cast<const char *>(c) + offset;
 }
 
-// A nonzero return code as the binding raises it (_binding._raise): ValueError for a usage or
+// A nonzero return code as the binding raises it (_library._raise): ValueError for a usage or
 // unsupported code (but "no NVIDIA GPU here"), torch.OutOfMemoryError, else RuntimeError.
 [[noreturn]] void fail(const eager_call *c, int rc, last_error_fn last_error, const char *call) {
     const char *why = last_error ? last_error() : nullptr;
@@ -144,7 +136,7 @@ const void *plan_for_rows(eager_call *c, const int64_t rows[3], uint64_t *ws) {
     auto same = [rows](const int64_t *r) {
         return r[0] == rows[0] && r[1] == rows[1] && r[2] == rows[2];
     };
-    if (same(c->strides + DO_ROWS)) {
+    if (same(c->request.strides + DO_ROWS)) {
         *ws = c->backward_workspace;
         return at_offset(c, c->backward_plan);
     }
@@ -155,14 +147,11 @@ const void *plan_for_rows(eager_call *c, const int64_t rows[3], uint64_t *ws) {
             return at_offset(c, c->do_plans + i * c->plan_bytes);
         }
     if (c->do_layouts == DO_LAYOUTS_MAX) return nullptr;
-    long long strides[24];
-    for (int i = 0; i < 24; i++)
-        strides[i] = i >= DO_ROWS && i < DO_ROWS + 3 ? rows[i - DO_ROWS] : c->strides[i];
+    attn_lib_request r = c->request;
+    for (int i = 0; i < 3; i++) r.strides[DO_ROWS + i] = rows[i];
     char *plan = reinterpret_cast<char *>(c) + c->do_plans + c->do_layouts * c->plan_bytes;
     size_t bytes = 0;
-    int rc =
-        c->plan(PASS_BWD, c->device, c->smem_limit, c->B, c->H, c->N, c->D, c->causal, c->scale,
-                c->variant, c->H_kv, c->N_k, c->bf16, strides, plan, c->plan_bytes, &bytes);
+    int rc = c->plan(&r, plan, c->plan_bytes, &bytes);
     if (rc != c->code_pass) fail(c, rc, c->backward_error, "attn_lib_plan");
     for (int i = 0; i < 3; i++) c->do_rows[c->do_layouts][i] = rows[i];
     c->do_workspace[c->do_layouts] = *ws = bytes;
@@ -173,7 +162,7 @@ const void *plan_for_rows(eager_call *c, const int64_t rows[3], uint64_t *ws) {
 std::vector<at::Tensor> run_backward(eager_call *c, const at::Tensor &q, const at::Tensor &k,
                                      const at::Tensor &v, const at::Tensor &o,
                                      const at::Tensor &lse, at::Tensor d_o) {
-    // dO as the backward pass takes it (_binding.grad_input): a contiguous last dimension and
+    // dO as the backward pass takes it (_plans.grad_input): a contiguous last dimension and
     // 16-byte aligned, then in its own layout if the stage takes strides, else in o's
     if (d_o.stride(3) != 1 || reinterpret_cast<uintptr_t>(d_o.data_ptr()) % 16)
         d_o = d_o.clone(at::MemoryFormat::Contiguous);

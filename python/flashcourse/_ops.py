@@ -1,31 +1,36 @@
-"""The PyTorch side of flashcourse.attention's gradients (imported on its first call).
+"""The PyTorch side of flashcourse.attention's gradients (imported on the first call that
+needs them, and by torch.compile's path).
 
-Eagerly, a call that needs gradients runs AttentionFunction, a torch.autograd.Function over the
-plans _binding.py keeps: its forward and backward are one ctypes call each, so a training step
-pays for the launches and little more.
+Eagerly, a call that needs gradients runs AttentionFunction where the eager operator is not
+loaded (_run.make_call): a torch.autograd.Function over the plans _plans.py keeps, its forward
+and backward one ctypes call each, so a training step pays for the launches and little more.
 
 Under torch.compile, the same passes are custom operators, which the compiled graph keeps whole:
 
     flashcourse::forward   (q, k, v, ...) -> (o, lse)        any stage's forward pass
     flashcourse::backward  (q, k, v, o, lse, do, ...) -> (dq, dk, dv)   a backward stage's
 
-Their bodies run the stage library (_binding.py) on the current stream with outputs and workspace
-from PyTorch's allocator, their fake implementations give torch.compile the output shapes (and
-make the library's checks while it traces), and register_autograd makes forward's derivative the
-backward operator. A stage given as "auto" reaches them as it is (torch.compile traces no
-library call) and is resolved where they plan: _binding._plan for the passes, _forward_setup for
-the backward operator the graph records, which is given the resolved name (stage 8 on Hopper
-where it takes the call, else stage 7). Nothing here waits for the GPU, so CUDA graphs
+Their bodies run the stage library (_run.run_forward, _run.run_backward) on the current stream
+with outputs and workspace from PyTorch's allocator, their fake implementations give
+torch.compile the output shapes (and make the library's checks while it traces), and
+register_autograd makes forward's derivative the backward operator. A stage given as "auto"
+reaches them as it is (torch.compile traces no library call) and _plans.resolve turns it into a
+name where they plan; the backward operator the graph records is given the resolved name (stage 8
+on Hopper where it takes the call, else stage 7). Nothing here waits for the GPU, so CUDA graphs
 (torch.compile's mode="reduce-overhead") capture both. lse is a constant in both paths (no
 gradient flows into it), and the backward pass has no derivative of its own: double backward
 raises.
+
+Imports: _plans and _run at import time; nothing imports this module at its own import time (the
+package's order: _library, _plans, _run, _ops, api, dropins).
 """
 
 from typing import Tuple
 
 import torch
 
-from . import _binding
+from . import _plans, _run
+from ._library import TAKES_STRIDES, stage_library
 
 if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
     raise ImportError(f"flashcourse.attention needs torch >= 2.4 (torch.library.custom_op); "
@@ -43,11 +48,11 @@ def _no_double_backward(stage: str):
 
 class AttentionFunction(torch.autograd.Function):
     """attention() with gradients, eagerly: forward by plan fp, backward by plan bp (both made and
-    checked by _binding._attention_checked for these shapes, dtypes and devices)."""
+    checked by api._attention_checked for these shapes, dtypes and devices)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, fp, bp, stage):
-        o, lse = _binding.forward_with(fp, q, k, v)
+    def forward(ctx, q, k, v, fp, bp):
+        o, lse = _run.forward_with(fp, q, k, v)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.bp = bp
         ctx.mark_non_differentiable(lse)
@@ -57,13 +62,13 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse):
         if do is None:
-            return (None,) * 6
+            return (None,) * 5
         q, k, v, o, lse = ctx.saved_tensors
-        bp, do = _binding.grad_plan(ctx.bp, o, do)  # do as it came, where the stage takes that
-        dq, dk, dv = _binding.backward_with(bp, q, k, v, o, lse, do)
+        bp, do = _plans.grad_plan(ctx.bp, o, do)  # do as it came, where the stage takes that
+        dq, dk, dv = _run.backward_with(bp, q, k, v, o, lse, do)
         if torch.is_grad_enabled():  # create_graph=True: a derivative of these would be wrong
             dq, dk, dv = _NoDerivative.apply(ctx.bp.stage, q, k, v, dq, dk, dv)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None
 
 
 class _NoDerivative(torch.autograd.Function):
@@ -81,19 +86,25 @@ class _NoDerivative(torch.autograd.Function):
 
 # ---- torch.compile ----
 
+def _resolve_backward(stage: str, q, k, variant: str, smem_limit: int) -> str:
+    """A backward stage name as given, or what "auto" is for q and k (_plans.resolve)."""
+    return _plans.resolve(stage, True, _plans.device_of(q), _plans.asks(q, k), variant,
+                          smem_limit)
+
+
 @torch.library.custom_op("flashcourse::forward", mutates_args=())
 def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, stage: str,
             variant: str, smem_limit: int, backward_stage: str,
             backward_variant: str) -> Tuple[Tensor, Tensor]:
-    return _binding._run_forward(q, k, v, causal, scale, stage, variant, smem_limit)
+    return _run.run_forward(q, k, v, causal, scale, stage, variant, smem_limit)
 
 
 @forward.register_fake
 def _forward_fake(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
                   backward_variant):
     # the library's checks while torch.compile traces: an unsupported shape fails at compile time
-    _binding._plan(stage, False, _binding._forward_geometry(q, k), q.device.index, q.dtype,
-                   causal, scale, variant, smem_limit)
+    _plans.plan(stage, False, _plans.forward_geometry(q, k), q.device.index, q.dtype, causal,
+                scale, variant, smem_limit)
     B, H, N, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, N), dtype=torch.float32)
 
@@ -102,18 +113,18 @@ def _forward_fake(q, k, v, causal, scale, stage, variant, smem_limit, backward_s
 def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool,
              scale: float, stage: str, variant: str,
              smem_limit: int) -> Tuple[Tensor, Tensor, Tensor]:
-    stage = _binding._resolve_backward(stage, q, k, variant, smem_limit)  # "auto": stage 8 or 7
-    return _binding._run_backward(q, k, v, o, lse, _binding.grad_input(stage, o, do), causal,
-                                  scale, stage, variant, smem_limit)
+    stage = _resolve_backward(stage, q, k, variant, smem_limit)  # "auto": stage 8 or 7
+    return _run.run_backward(q, k, v, o, lse, _plans.grad_input(stage, o, do), causal, scale,
+                             stage, variant, smem_limit)
 
 
 @backward.register_fake
 def _backward_fake(q, k, v, o, lse, do, causal, scale, stage, variant, smem_limit):
-    stage = _binding._resolve_backward(stage, q, k, variant, smem_limit)  # as the body does
-    # do as the body lays it out (_binding.grad_input: its own layout, or o's)
-    own = _binding._stage(stage).stage.backward_takes & _binding.TAKES_STRIDES and do.stride(3) == 1
-    _binding._plan(stage, True, _binding._backward_geometry(q, k, v, o, do if own else o),
-                   q.device.index, q.dtype, causal, scale, variant, smem_limit)
+    stage = _resolve_backward(stage, q, k, variant, smem_limit)  # as the body does
+    # do as the body lays it out (_plans.grad_input: its own layout, or o's)
+    own = stage_library(stage).stage.backward_takes & TAKES_STRIDES and do.stride(3) == 1
+    _plans.plan(stage, True, _plans.backward_geometry(q, k, v, o, do if own else o),
+                q.device.index, q.dtype, causal, scale, variant, smem_limit)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -121,13 +132,13 @@ def _forward_setup(ctx, inputs, output):
     q, k, v, causal, scale, stage, variant, smem_limit, bstage, bvariant = inputs
     o, lse = output
     # "auto" resolved once here, so the backward operator in the graph is given the stage's name
-    device = _binding._device_of(q)
-    if stage == "auto":  # (for the messages: the forward operator resolves its own)
-        stage = _binding._auto_stage(device, _binding._asks(q, k))
-    bstage = _binding._resolve_backward(bstage, q, k, bvariant, smem_limit)
+    device = _plans.device_of(q)
+    # (for the messages: the forward operator resolves its own)
+    stage = _plans.resolve(stage, False, device, _plans.asks(q, k))
+    bstage = _resolve_backward(bstage, q, k, bvariant, smem_limit)
     # the backward stage takes this shape and dtype (in eager mode attention() checked already)
-    _binding._plan(bstage, True, _binding._backward_geometry(q, k, v), device, q.dtype,
-                   causal, scale, bvariant, smem_limit, who=stage)
+    _plans.plan(bstage, True, _plans.backward_geometry(q, k, v), device, q.dtype, causal, scale,
+                bvariant, smem_limit, who=stage)
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.args = (causal, scale, bstage, bvariant, smem_limit)
     ctx.mark_non_differentiable(lse)
@@ -148,7 +159,7 @@ forward.register_autograd(_forward_backward, setup_context=_forward_setup)
 
 def _backward_setup(ctx, inputs, output):
     q, k, stage, variant, smem_limit = inputs[0], inputs[1], inputs[8], inputs[9], inputs[10]
-    ctx.stage = _binding._resolve_backward(stage, q, k, variant, smem_limit)
+    ctx.stage = _resolve_backward(stage, q, k, variant, smem_limit)
 
 
 def _backward_backward(ctx, *grads):

@@ -21,7 +21,7 @@ for src in stage[0-9]*/attention.cu; do
   if [ ! -f "$so" ]; then bad "$so not built"; continue; fi
   # exactly the descriptor and the entry points; the static CUDA runtime inside stays private
   got=$(nm -D --defined-only "$so" | awk '$3 !~ /^_/ { print $3 }' | sort | tr '\n' ' ')
-  want="attn_lib_abi attn_lib_backward attn_lib_exit_codes attn_lib_forward attn_lib_last_error attn_lib_plan attn_lib_plan_bytes attn_this_stage "
+  want="attn_lib_abi attn_lib_backward attn_lib_exit_codes attn_lib_forward attn_lib_last_error attn_lib_limits attn_lib_plan attn_lib_plan_bytes attn_this_stage "
   if [ "$got" = "$want" ]; then ok "$so exports: $got"; else bad "$so exports: '$got', want '$want'"; fi
 done
 

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 import flashcourse  # noqa: E402
-from flashcourse import _binding  # noqa: E402
+from flashcourse import _library, _plans, _run, api  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 SMEM_LIMIT = int(sys.argv[sys.argv.index("--smem-limit") + 1]) if "--smem-limit" in sys.argv else None
@@ -55,7 +55,7 @@ def python_path():
     """Eager calls by the binding's Python path inside the block, whatever eager_path() says:
     where a test reads the plan attention() differentiates with (o.grad_fn.bp), which the C++
     operator's autograd node does not show; both paths plan alike (_attention_checked)."""
-    return _binding._PythonPath()
+    return _run.PythonPath()
 
 
 def raises(exc, fn, *args, match=None, **kw):
@@ -75,10 +75,16 @@ def raises(exc, fn, *args, match=None, **kw):
     raise AssertionError(f"expected {exc.__name__}, nothing raised")
 
 
+def forward_raw(stage, device, shape, causal, scale, variant, ptrs, workspace_bytes=0):
+    """attn_lib_forward on raw pointers: a plan of the C entry point, run as it is."""
+    p = _plans.raw_plan(stage, False, device, shape, causal, scale, variant)
+    _run.forward_raw(p, ptrs, workspace_bytes)
+
+
 # ---- CPU: descriptors and the C entry point's own checks ----
 
 def source_stages():
-    return sorted(p.parent.name for p in _binding.REPO.glob("stage[0-9]*/attention.cu"))
+    return sorted(p.parent.name for p in _library.REPO.glob("stage[0-9]*/attention.cu"))
 
 
 def t_descriptors():
@@ -125,13 +131,13 @@ def t_unknown_stage():
 def t_c_argument_checks():
     # Checked in C before any device is touched: the same on a machine without a GPU.
     for s in flashcourse.stages():
-        raises(ValueError, _binding._check_raw, s.name, 0, (1, 1, 64, 64), 0, 0.125, 99,
+        raises(ValueError, _plans.check_raw, s.name, 0, (1, 1, 64, 64), 0, 0.125, 99,
                match=[s.name, "variant index 99"])
-        raises(ValueError, _binding._check_raw, s.name, 0, (1, 0, 64, 64), 0, 0.125, 0,
+        raises(ValueError, _plans.check_raw, s.name, 0, (1, 0, 64, 64), 0, 0.125, 0,
                match=[s.name, ">= 1"])
-        raises(ValueError, _binding._check_raw, s.name, 0, (1, 1, 64, 64), 0, -1.0, 0,
+        raises(ValueError, _plans.check_raw, s.name, 0, (1, 1, 64, 64), 0, -1.0, 0,
                match=[s.name, "scale"])
-        raises(ValueError, _binding._check_raw, s.name, 0, (1, 1, 64, 64), 0, float("nan"), 0,
+        raises(ValueError, _plans.check_raw, s.name, 0, (1, 1, 64, 64), 0, float("nan"), 0,
                match=[s.name, "scale"])
 
 
@@ -140,7 +146,7 @@ def t_no_gpu_message():
         raise Skip("a GPU is here")
     # the program's words (common/main.c), not CUDA's "driver version is insufficient"
     for s in flashcourse.stages():
-        raises(RuntimeError, _binding._check_raw, s.name, 0, (1, 1, 64, 64), 0, 0.125, 0,
+        raises(RuntimeError, _plans.check_raw, s.name, 0, (1, 1, 64, 64), 0, 0.125, 0,
                match=[s.name, "no NVIDIA GPU here"])
 
 
@@ -157,7 +163,7 @@ def t_without_torch():
     raises(ImportError, flashcourse.attention, None, None, None, match="install torch")
 
 
-HOPPER_BWD, BWD = _binding.HOPPER_BACKWARD_STAGE, _binding.BACKWARD_STAGE
+HOPPER_BWD, BWD = _library.HOPPER_BACKWARD_STAGE, _library.BACKWARD_STAGE
 
 
 def t_auto_backward_choice():
@@ -171,7 +177,7 @@ def t_auto_backward_choice():
         default = inspect.signature(fn).parameters[param].default
         assert default == "auto", f"{fn.__name__}({param}={default!r})"
     assert "auto_backward_stage" in flashcourse.__all__
-    b = _binding
+    b, P = _library, _plans
     every = b.TAKES_BF16 | b.TAKES_GQA | b.TAKES_STRIDES | b.TAKES_N_K
 
     def stage(name, variants=("default",), takes=0, backward_takes=0):
@@ -197,16 +203,19 @@ def t_auto_backward_choice():
             self.stage = name
 
     fake_torch = SimpleNamespace(float16="float16", bfloat16="bfloat16")
-    saved = (b._stage, b._Plan, b._torch_mod, dict(b._auto), dict(b._auto_bwd), dict(b._plans))
-    b._stage = lambda name: SimpleNamespace(stage=descs[name])
-    b._Plan = FakePlan
+    saved = (P.stage_library, P._Plan, b.torch_mod, dict(P._probed), dict(P._plans))
+    P.stage_library = lambda name, who=None: SimpleNamespace(stage=descs[name])
+    P._Plan = FakePlan
     if not HAVE_TORCH:
-        b._torch_mod = fake_torch
+        b.torch_mod = fake_torch
     f16 = b._torch().float16
-    for cache in (b._auto, b._auto_bwd, b._plans):
+    for cache in (P._probed, P._plans):
         cache.clear()
     try:
-        choose = b._auto_backward_stage
+        def choose(device, asks=0, variant="default", smem_limit=0):
+            return P.resolve("auto", True, device, asks, variant, smem_limit)
+
+        assert P.resolve("stage7_backward", True, 0) == "stage7_backward", "a name as given"
         assert choose(0) == HOPPER_BWD
         assert choose(0, b.TAKES_BF16 | b.TAKES_GQA | b.TAKES_N_K) == HOPPER_BWD
         assert choose(0, 0, "registers") == BWD, "a variant stage 8 lacks"
@@ -219,27 +228,56 @@ def t_auto_backward_choice():
         for _ in range(3):  # cached: no plan made again
             choose(0), choose(1), choose(0, 0, "default", 65536), choose(0, b.TAKES_GQA)
         assert len(planned) == probes, planned[probes:]
-        # _plan resolves "auto" for the backward (the backward's choice) and the forward (its own)
+        # the forward's "auto": stage 6 where it plans, else stage 5, by the same function
+        assert P.resolve("auto", False, 0) == b.HOPPER_STAGE
+        assert P.resolve("auto", False, 1) == b.FORWARD_STAGE
+        # plan() resolves "auto" for the backward (the backward's choice) and the forward (its own)
         g = (1, 4, 64, 64, 2, 96, None)  # grouped-query heads, N_k != N: stage 8 takes them
-        assert b._plan("auto", True, g, 0, f16, True, 0.125, "default", 0).stage == HOPPER_BWD
-        assert b._plan("auto", True, g, 1, f16, True, 0.125, "default", 0).stage == BWD
-        assert b._plan("auto", True, g, 0, f16, True, 0.125, "registers", 0).stage == BWD
-        assert b._plan("auto", False, g, 0, f16, True, 0.125, "default", 0).stage == \
+        assert P.plan("auto", True, g, 0, f16, True, 0.125, "default", 0).stage == HOPPER_BWD
+        assert P.plan("auto", True, g, 1, f16, True, 0.125, "default", 0).stage == BWD
+        assert P.plan("auto", True, g, 0, f16, True, 0.125, "registers", 0).stage == BWD
+        assert P.plan("auto", False, g, 0, f16, True, 0.125, "default", 0).stage == \
             b.HOPPER_STAGE
-        # _takes_strides: "auto" resolved for the device and what the call asks
-        assert b._takes_strides("auto", "auto", 0) and not b._takes_strides("auto", "auto", 1)
-        assert b._takes_strides(b.HOPPER_STAGE, "auto", 1)  # stage 7's backward takes strides
+        # takes_strides on the resolved names
+        assert P.takes_strides(P.resolve("auto", False, 0), choose(0))
+        assert not P.takes_strides(P.resolve("auto", False, 1), choose(1))
+        assert P.takes_strides(b.HOPPER_STAGE, choose(1))  # stage 7's backward takes strides
         # a stage 8 that did not take bf16 or strides: stage 7 for a call that asks for them
         descs[HOPPER_BWD] = dataclasses.replace(descs[HOPPER_BWD],
                                                 backward_takes=b.TAKES_GQA | b.TAKES_N_K)
         assert choose(0, b.TAKES_BF16) == BWD and choose(0, b.TAKES_GQA) == HOPPER_BWD
-        assert not b._takes_strides(b.HOPPER_STAGE, "auto", 0)
-        assert b._takes_strides(b.HOPPER_STAGE, "auto", 0, backward_variant="registers")
+        assert not P.takes_strides(b.HOPPER_STAGE, choose(0))
+        assert P.takes_strides(b.HOPPER_STAGE, choose(0, 0, "registers"))
     finally:
-        b._stage, b._Plan, b._torch_mod = saved[:3]
-        for cache, old in zip((b._auto, b._auto_bwd, b._plans), saved[3:]):
+        P.stage_library, P._Plan, b.torch_mod = saved[:3]
+        for cache, old in zip((P._probed, P._plans), saved[3:]):
             cache.clear()
             cache.update(old)
+
+
+def t_one_auto_resolver():
+    # "auto" is resolved in one function (_plans.resolve): no other module of the package
+    # compares a stage with "auto" to pick one, and the package imports in one direction.
+    import ast
+    pkg = HERE.parent / "flashcourse"
+    order = ["_version", "_library", "_plans", "_run", "_ops", "api", "dropins", "__init__"]
+    for path in sorted(pkg.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        if path.stem != "__main__":
+            assert path.stem in order, f"{path.name} is not in the package's order {order}"
+        assert len(path.read_text().splitlines()) <= 450, f"{path.name} is over 450 lines"
+        for node in tree.body:  # imports at import time (module level) go back in the order only
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and path.stem in order:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                for m in names:
+                    assert order.index(m) < order.index(path.stem), \
+                        f"{path.name} imports {m} at import time: against the package's order"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name in (
+                    "_auto_stage", "_auto_backward_stage", "_resolve_backward_stage"):
+                raise AssertionError(f"{path.name} defines {node.name}: resolve is the one place")
+    src = (pkg / "_plans.py").read_text()
+    assert src.count("def resolve(") == 1
 
 
 # ---- GPU: results against the float64 reference ----
@@ -427,12 +465,12 @@ def make_model_inputs(case, dtype, seed):
 
 
 def model_dtypes(st):
-    return [torch.float16] + ([torch.bfloat16] if st.takes & _binding.TAKES_BF16 else [])
+    return [torch.float16] + ([torch.bfloat16] if st.takes & _library.TAKES_BF16 else [])
 
 
 def t_model_inputs(st):
     need_gpu()
-    want = _binding.TAKES_GQA | _binding.TAKES_STRIDES | _binding.TAKES_N_K
+    want = _library.TAKES_GQA | _library.TAKES_STRIDES | _library.TAKES_N_K
     if st.takes & want != want:
         raise Skip(f"{st.name} takes the plain case only")
     misses, ran = [], 0
@@ -483,8 +521,8 @@ def t_model_check_can_fail():
 def model_forward_stage():
     """A built forward stage that takes what models feed and runs here (stage 6 on Hopper), or
     Skip."""
-    want = _binding.TAKES_GQA | _binding.TAKES_STRIDES | _binding.TAKES_N_K
-    if flashcourse.stages() and _binding._stage(flashcourse.auto_stage()).stage.takes & want == want:
+    want = _library.TAKES_GQA | _library.TAKES_STRIDES | _library.TAKES_N_K
+    if flashcourse.stages() and _library.stage_library(flashcourse.auto_stage()).stage.takes & want == want:
         return flashcourse.auto_stage()
     raise Skip("no forward stage that takes grouped-query heads, strides and N_k != N runs here")
 
@@ -519,8 +557,8 @@ def t_model_inputs_backward(backward_stage="auto"):
         raise Skip("no backward stage built")
     q, k, v = make_model_inputs((1, 8, 2, 100, 150, 64, True, "bnhd"), torch.float16, 21)
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-    want = _binding.TAKES_GQA | _binding.TAKES_STRIDES | _binding.TAKES_N_K
-    bst = _binding._stage(backward_stage).stage if backward_stage != "auto" else None
+    want = _library.TAKES_GQA | _library.TAKES_STRIDES | _library.TAKES_N_K
+    bst = _library.stage_library(backward_stage).stage if backward_stage != "auto" else None
     if bst is not None and bst.backward_takes & want != want:
         raises(ValueError, flashcourse.attention, *leaves, causal=True, stage="stage6_hopper",
                backward_stage=backward_stage, match=[bst.name, "does not take"])
@@ -604,7 +642,7 @@ def t_bad_inputs(st):
     raises(TypeError, call, q, k, v, stage=name, causal="yes", match="causal")
     # whether this stage runs here at all (stage 6 needs sm_90a code and a Hopper GPU)
     try:
-        _binding._check_raw(name, q.device.index or 0, tuple(q.shape), True, 0.125, 0)
+        _plans.check_raw(name, q.device.index or 0, tuple(q.shape), True, 0.125, 0)
         not_here = None
     except ValueError as e:
         not_here = str(e)
@@ -642,19 +680,19 @@ def t_c_entry_checks():
     o, lse = torch.empty_like(q), torch.empty((1, 1, 64), device="cuda")
     ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), None]
     sc = scale32(0.125)
-    need = _binding._check_raw("stage0_naive", 0, (1, 1, 64, 64), False, sc, 0)
+    need = _plans.check_raw("stage0_naive", 0, (1, 1, 64, 64), False, sc, 0)
     assert need == 64 * 64 * 4, need
-    raises(ValueError, _binding._forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
+    raises(ValueError, forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
            ptrs, 0, match=["stage0_naive", "NULL"])
     ws = torch.empty(need, dtype=torch.uint8, device="cuda")
-    raises(ValueError, _binding._forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
+    raises(ValueError, forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
            ptrs[:5] + [ws.data_ptr()], need - 1, match=["stage0_naive", "workspace"])
-    raises(ValueError, _binding._forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
+    raises(ValueError, forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
            [None] + ptrs[1:5] + [ws.data_ptr()], need, match="NULL")
-    raises(ValueError, _binding._check_raw, "stage0_naive", 99, (1, 1, 64, 64), False, sc, 0,
+    raises(ValueError, _plans.check_raw, "stage0_naive", 99, (1, 1, 64, 64), False, sc, 0,
            match="device 99")
     h = [t.half() for t in (q, k, v, o)]
-    raises(RuntimeError, _binding._forward_raw, "stage5_tuned", 0, (1, 1, 64, 64), False, sc,
+    raises(RuntimeError, forward_raw, "stage5_tuned", 0, (1, 1, 64, 64), False, sc,
            0, [h[0].data_ptr() + 2] + [t.data_ptr() for t in h[1:]] + [lse.data_ptr(), None],
            match=["stage5_tuned", "forward failed", "misaligned"])
     torch.cuda.synchronize()  # the context is unharmed
@@ -810,7 +848,7 @@ def stage8_not_here(smem_limit=0):
     dev = torch.cuda.current_device()
     try:
         for D in (64, 128):
-            _binding._check_raw(HOPPER_BWD, dev, (1, 1, 128, D), False, 0.125, 0, smem_limit,
+            _plans.check_raw(HOPPER_BWD, dev, (1, 1, 128, D), False, 0.125, 0, smem_limit,
                                 backward=True)
     except (flashcourse.LibraryNotBuiltError, ValueError, RuntimeError) as e:
         return str(e)
@@ -853,14 +891,14 @@ def auto_backward():
     assert used(backward_stage=BWD) == BWD, "an explicit stage 7 not kept"
     if why is None:
         assert used(backward_stage=HOPPER_BWD) == HOPPER_BWD
-        assert "registers" not in _binding._stage(HOPPER_BWD).stage.variants
+        assert "registers" not in _library.stage_library(HOPPER_BWD).stage.variants
         assert used(backward_variant="deterministic") == HOPPER_BWD, "a variant both have"
     assert used(backward_variant="registers") == BWD, "a variant stage 8 lacks"
     for limit in (65536, 101376):  # a T4's and an L4's shared memory: stage 7's where 8 misses
         if why is None and stage8_not_here(limit) is not None:
             try:  # (where stage 5's forward and stage 7's backward run within it)
                 for st, bwd in (("stage5_tuned", False), (BWD, True)):
-                    _binding._check_raw(st, dev, tuple(q.shape), True, 0.125, 0, limit,
+                    _plans.check_raw(st, dev, tuple(q.shape), True, 0.125, 0, limit,
                                         backward=bwd)
             except ValueError:
                 continue
@@ -952,7 +990,7 @@ def t_eager_op():
     # (copied into o's); double backward's error. (Both against float64: t_gradients.)
     path = flashcourse.eager_path()
     print(f"         eager path: {path}")
-    lib = flashcourse.library_dir() / _binding._EAGER_LIB
+    lib = flashcourse.library_dir() / _run.EAGER_LIB
     if not path.startswith("C++"):
         if lib.is_file() and os.environ.get("FLASHCOURSE_EAGER_OP") != "0":
             raise AssertionError(f"{lib} is built but not used: {path}")
@@ -1006,14 +1044,14 @@ def t_plans_cached():
     q, k, v, do = make_grad_inputs((1, 2, 128, 64), 81, "normal")
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     flashcourse.attention(*leaves, causal=True)  # planned here
-    checked = _binding._attention_checked
+    checked = api._attention_checked
     calls = []
 
     def counting(*args):
         calls.append(args)
         return checked(*args)
 
-    _binding._attention_checked = counting
+    api._attention_checked = counting
     try:
         for _ in range(3):
             for t in leaves:
@@ -1032,7 +1070,7 @@ def t_plans_cached():
         raises(ValueError, flashcourse.attention, q, k[:, :, :64], v, causal=True,
                match="one shape")
     finally:
-        _binding._attention_checked = checked
+        api._attention_checked = checked
     miss = grad_miss([t.grad for t in leaves], q, k, v, do, True, scale32(1 / 8),
                      flashcourse.attention(q, k, v, causal=True)[0])
     assert miss is None, miss
@@ -1203,6 +1241,8 @@ def main():
     run("no PyTorch: one clear error", t_without_torch)
     run("backward_stage='auto' by default: stage 8 where it plans and takes the call, else "
         "stage 7 (faked library answers)", t_auto_backward_choice)
+    run("'auto' resolved in one function; the package's modules import in one order, each "
+        "under 450 lines", t_one_auto_resolver)
     try:
         built = flashcourse.stages()
     except Exception:

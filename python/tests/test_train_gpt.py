@@ -89,7 +89,7 @@ def t_no_torch():
 def t_stage_refusal():
     mod = load_hidden_torch()
     fc = mod.flashcourse
-    from flashcourse import _binding as b
+    from flashcourse import _library as b
     hopper = b.TAKES_BF16 | b.TAKES_GQA | b.TAKES_STRIDES | b.TAKES_N_K
 
     def stage(name, takes=0, backward_takes=0):

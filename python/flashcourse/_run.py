@@ -1,0 +1,265 @@
+"""The run paths: one pass of a plan on tensors, and what a cached call runs.
+
+A call that passed its checks is kept as a function of (q, k, v) in `calls` (api.attention looks
+it up first: the per-call cost is that lookup and the launches). Eagerly it runs through the
+eager operator, flashcourse_eager::attention (_eager.cpp: the forward pass and, through autograd,
+the backward pass as one torch::autograd::Function in C++ over the same plans), where `make lib`
+built it for this torch, else through the Python path (_ops.AttentionFunction over ctypes; the
+forward pass alone where no gradient is wanted). Under torch.compile the passes are the custom
+operators of _ops.py, whose bodies are run_forward and run_backward here. Nothing waits for the
+GPU; outputs and workspace come from PyTorch's caching allocator, on the current stream.
+"""
+
+import ctypes
+import os
+from typing import Dict, Optional
+
+from . import _library
+from ._library import TAKES_STRIDES, Request, _torch, library_dir
+from ._plans import (ALIGN, _Plan, backward_geometry, check_aligned, device_of, forward_geometry,
+                     plan)
+
+
+def _raw_stream_public(device: int) -> int:
+    return _library.torch_mod.cuda.current_stream(device).cuda_stream
+
+
+# The current CUDA stream of a device as the raw handle the library takes: torch's own accessor
+# where it has one (no Stream object made per call), set on the first pass.
+_raw_stream = None
+
+
+def init_stream_accessor():
+    global _raw_stream
+    if _raw_stream is None:
+        get = getattr(_torch()._C, "_cuda_getCurrentRawStream", None)
+        _raw_stream = get if get is not None else _raw_stream_public
+
+
+def forward_with(p: _Plan, q, k, v):
+    """One forward pass of plan p on q, k, v (checked by whoever made p for their shape, dtype
+    and device; aligned): (o, lse), allocated through PyTorch on the current stream."""
+    torch = _library.torch_mod
+    o = torch.empty_like(q)
+    lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.tdevice)
+    ws = p.workspace
+    work = torch.empty(ws, dtype=torch.uint8, device=p.tdevice) if ws else None
+    rc = p.run(p.addr, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+               work.data_ptr() if ws else None, ws, _raw_stream(p.device))
+    if rc:
+        p.library.check(rc, "attn_lib_forward")
+    return o, lse
+
+
+def backward_with(p: _Plan, q, k, v, o, lse, do):
+    """One backward pass of plan p: (dq, dk, dv) like q, k, v, on the current stream."""
+    torch = _library.torch_mod
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # their layouts
+    ws = p.workspace
+    work = torch.empty(ws, dtype=torch.uint8, device=p.tdevice) if ws else None
+    rc = p.run(p.addr, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+               do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+               work.data_ptr() if ws else None, ws, _raw_stream(p.device))
+    if rc:
+        p.library.check(rc, "attn_lib_backward")
+    return dq, dk, dv
+
+
+def run_forward(q, k, v, causal: bool, scale: float, stage: str, variant: str,
+                smem_limit: int):
+    """The forward pass on the current stream: (o, lse). The custom operator's body."""
+    check_aligned(stage, (("q", q), ("k", k), ("v", v)))
+    init_stream_accessor()
+    p = plan(stage, False, forward_geometry(q, k), device_of(q), q.dtype, causal, scale,
+             variant, smem_limit)
+    return forward_with(p, q, k, v)
+
+
+def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, stage: str, variant: str,
+                 smem_limit: int):
+    """The backward pass on the current stream: (dq, dk, dv). The custom operator's body."""
+    check_aligned(stage, (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)))
+    init_stream_accessor()
+    p = plan(stage, True, backward_geometry(q, k, v, o, do), device_of(q), q.dtype, causal,
+             scale, variant, smem_limit)
+    return backward_with(p, q, k, v, o, lse, do)
+
+
+# ---- the call cache: one dict lookup per call ----
+
+# What a call with these arguments runs, once they have passed every check: a function of
+# (q, k, v). Keyed by everything the checks looked at except what can differ between tensors of
+# one shape, dtype and device (alignment: checked on every call, ready()).
+calls: Dict[tuple, object] = {}
+
+
+def call_key(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
+             backward_variant, grad: bool):
+    return (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.stride(), k.stride(),
+            v.stride(), q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, scale,
+            stage, variant, smem_limit, backward_stage, backward_variant, grad,
+            os.environ.get("FLASHCOURSE_LIB_DIR"))
+
+
+def ready(q, k, v) -> bool:
+    """What the cached checks cannot know: 16-byte aligned tensors (the strides are the key's)."""
+    return not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % ALIGN
+
+
+def make_call(fp: _Plan, bp: Optional[_Plan]):
+    """The function a cached call runs: the forward plan alone, or both through autograd; by
+    the eager operator (C++) where it is loaded, else in Python."""
+    op = eager_op()
+    if op is not None:
+        call = _eager_call(fp, bp)
+        return lambda q, k, v: op(q, k, v, call)
+    if bp is None:
+        return lambda q, k, v: forward_with(fp, q, k, v)
+    from . import _ops  # (imports torch.library: only for calls with gradients)
+    apply = _ops.AttentionFunction.apply
+    return lambda q, k, v: apply(q, k, v, fp, bp)
+
+
+# ---- the eager operator: the hot path in C++ (python/flashcourse/_eager.cpp) ----
+
+_EAGER_ABI = 2  # EAGER_ABI in _eager.cpp
+_DO_LAYOUTS_MAX = 4  # DO_LAYOUTS_MAX in _eager.cpp
+EAGER_LIB = "libflashcourse_eager.so"
+
+_P, _I, _L, _U = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
+
+
+class _EagerCall(ctypes.Structure):
+    """_eager.cpp's struct eager_call: one cached call, its plans and entry points."""
+    _fields_ = ([("abi", _L),
+                 ("forward", _P), ("forward_plan", _U), ("forward_workspace", _U),
+                 ("forward_error", _P),
+                 ("backward", _P), ("backward_plan", _U), ("backward_workspace", _U),
+                 ("backward_error", _P),
+                 ("plan", _P), ("plan_bytes", _U), ("request", Request),
+                 ("backward_takes_strides", _I)] +
+                [(n, _I) for n in ("code_pass", "code_usage", "code_unsupported", "code_oom")] +
+                [("backward_stage", _P), ("do_plans", _U), ("do_layouts", _I),
+                 ("do_rows", (_L * 3) * _DO_LAYOUTS_MAX),
+                 ("do_workspace", _U * _DO_LAYOUTS_MAX)])
+
+
+def _address(fn) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+_stage_names: Dict[str, ctypes.Array] = {}  # the backward stages' names, for _EagerCall (kept)
+
+
+def _eager_call(fp: _Plan, bp: Optional[_Plan]):
+    """The eager operator's description of a call: a CPU byte tensor holding an _EagerCall, the
+    forward plan, the backward plan and room for DO_LAYOUTS_MAX more (_eager.cpp's eager_call;
+    the plans are copies, so the tensor alone holds what the operator and its autograd node
+    read)."""
+    torch = _torch()
+    c = _EagerCall()
+    c.abi = _EAGER_ABI
+    lib = fp.library
+    head = ctypes.sizeof(_EagerCall)
+    c.forward, c.forward_plan, c.forward_workspace = _address(lib.forward), head, fp.workspace
+    c.forward_error = _address(lib.last_error)
+    for name in ("pass", "usage", "unsupported", "oom"):
+        setattr(c, f"code_{name}", lib.codes[name])
+    size = head + lib.plan_bytes
+    if bp is not None:
+        blib = bp.library
+        c.backward, c.backward_plan = _address(blib.backward), size
+        c.backward_workspace, c.backward_error = bp.workspace, _address(blib.last_error)
+        c.plan, c.plan_bytes = _address(blib.plan), blib.plan_bytes
+        c.request = bp.request  # (a copy)
+        c.backward_takes_strides = int(bool(blib.stage.backward_takes & TAKES_STRIDES))
+        c.backward_stage = _address(_stage_names.setdefault(bp.stage, ctypes.create_string_buffer(
+            bp.stage.encode())))
+        c.do_plans = size + blib.plan_bytes
+        size = c.do_plans + _DO_LAYOUTS_MAX * blib.plan_bytes
+    t = torch.zeros(size, dtype=torch.uint8)
+    base = t.data_ptr()
+    ctypes.memmove(base, ctypes.addressof(c), head)
+    ctypes.memmove(base + c.forward_plan, fp.addr, lib.plan_bytes)
+    if bp is not None:
+        ctypes.memmove(base + c.backward_plan, bp.addr, bp.library.plan_bytes)
+    return t
+
+
+_eager = None  # (the operator or None, where it came from or why not): eager_op()
+
+
+def eager_op():
+    """The eager operator flashcourse_eager::attention, loaded at the first call, or None: not
+    built (`make lib` builds it where its python3 has torch), built for another torch, not
+    loadable, or FLASHCOURSE_EAGER_OP=0 (read once)."""
+    global _eager
+    if _eager is None:
+        _eager = _load_eager()
+    return _eager[0]
+
+
+def _load_eager():
+    torch = _torch()
+    if os.environ.get("FLASHCOURSE_EAGER_OP", "1") == "0":
+        return None, "Python (FLASHCOURSE_EAGER_OP=0)"
+    path = library_dir() / EAGER_LIB
+    if not path.is_file():
+        return None, (f"Python ({path} not built: `make lib` builds it where the python3 it "
+                      f"runs, or its PYTHON, has torch)")
+    try:
+        built = path.with_suffix(".torch").read_text().strip()
+    except OSError:
+        built = "unknown"
+    if built != torch.__version__:
+        return None, (f"Python ({path} was built for torch {built}, this is "
+                      f"{torch.__version__}: `make lib` again with this torch's python)")
+    try:
+        torch.ops.load_library(str(path))
+        op = torch.ops.flashcourse_eager.attention.default
+    except (OSError, RuntimeError, AttributeError) as e:
+        return None, f"Python ({path} does not load: {str(e).splitlines()[0]})"
+    return op, f"C++ ({path})"
+
+
+class PythonPath:
+    """Eager calls by the Python path (torch.autograd.Function over ctypes) inside the block,
+    whatever eager_path() says, with a call cache of this object's own (kept from one block to
+    the next); the eager operator and its cache are back afterwards. For the tests that read the
+    Python path's plan (o.grad_fn.bp) and bench_calls.py's `Python path` row."""
+
+    def __init__(self):
+        self.calls = {}
+
+    def __enter__(self):
+        global _eager, calls
+        self.saved = _eager, calls
+        _eager, calls = (None, "Python (a PythonPath block)"), self.calls
+        return self
+
+    def __exit__(self, *exc):
+        global _eager, calls
+        _eager, calls = self.saved
+
+
+def eager_path() -> str:
+    """Which code runs an eager call's passes: "C++ (<the eager operator's library>)" or "Python
+    (<why not the C++ operator>)". Both give the same results; the C++ operator costs less host
+    time per call."""
+    eager_op()
+    return _eager[1]
+
+
+# ---- raw entry points, for the tests ----
+
+def forward_raw(p: _Plan, ptrs, workspace_bytes: int = 0, stream: int = 0):
+    """attn_lib_forward of plan p (_plans.raw_plan) on raw device pointers (q, k, v, o, lse,
+    workspace): the tests reach the C entry point's own checks with inputs attention() refuses
+    first."""
+    p.library.check(p.run(p.addr, *ptrs, workspace_bytes, stream), "attn_lib_forward")
+
+
+def backward_raw(p: _Plan, ptrs, workspace_bytes: int = 0, stream: int = 0):
+    """attn_lib_backward of plan p on raw device pointers (q, k, v, o, lse, do, dq, dk, dv,
+    workspace)."""
+    p.library.check(p.run(p.addr, *ptrs, workspace_bytes, stream), "attn_lib_backward")
