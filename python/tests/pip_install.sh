@@ -61,7 +61,7 @@ pip_offline=(--no-build-isolation --no-deps --no-index)
 installed() { (cd "$tmp/elsewhere" && PYTHONPATH="$tmp/site" "$@"); }
 
 if python3 -m pip install -q "${pip_offline[@]}" --target "$tmp/site" ./python >"$tmp/pip.log" 2>&1 &&
-  [ -f "$tmp/site/flashcourse/_binding.py" ]; then
+  [ -f "$tmp/site/flashcourse/_library.py" ]; then
   ok "${checks[0]} (--target, ${pip_offline[*]})"
 else
   bad "${checks[0]}:"; cat "$tmp/pip.log"
@@ -167,7 +167,7 @@ scratch=$tmp/pip-req-build-x1y2
 mkdir -p "$scratch/common" && cp common/attention.h "$scratch/common/" && cp -rL python "$scratch/"
 rm -rf "$scratch/python/build" "$scratch/python/"*.egg-info
 if python3 -m pip install -q "${pip_offline[@]}" --target "$tmp/site2" "$scratch/python" >"$tmp/pip2.log" 2>&1 &&
-  [ -f "$tmp/site2/flashcourse/_binding.py" ] && [ ! -e "$tmp/site2/flashcourse/_install.json" ]; then
+  [ -f "$tmp/site2/flashcourse/_library.py" ] && [ ! -e "$tmp/site2/flashcourse/_install.json" ]; then
   ok "${checks[10]}"
 else
   bad "${checks[10]}: $(ls "$tmp/site2/flashcourse" 2>&1 | tr '\n' ' ') $(tail -n 3 "$tmp/pip2.log")"

@@ -2,11 +2,13 @@
 # The Python binding's part of `make test`: links every stage library from BUILD_DIR's objects
 # (make lib), checks what each exports, then runs python/tests/test_binding.py against them (its
 # GPU and PyTorch tests say `skipped` where there is neither), installs the package as a user
-# does (pip_install.sh: `pip install ./python` finds this checkout's libraries), tests the
-# comparison scripts' command line and shape lists (test_compare.py, no GPU needed) and
-# train_gpt.py's (test_train_gpt.py: --dtype, --kv-heads, the stages it refuses, --sdpa-only on a
-# CPU where PyTorch is), checks the notebook's cells parse, and that the example says in one line
-# that it needs PyTorch where there is none. Ends with "N passed, M failed, K skipped"
+# does (pip_install.sh: `pip install ./python` finds this checkout's libraries; wheel.sh: the wheel
+# `make wheel` writes, installed into a fresh venv, finds its own), the drop-ins against torch's
+# SDPA and flash-attn's keywords (test_dropins.py: GPU), tests the comparison scripts' command
+# line and shape lists (test_compare.py, no GPU needed) and train_gpt.py's (test_train_gpt.py:
+# --dtype, --kv-heads, the stages it refuses, --sdpa-only on a CPU where PyTorch is), checks the
+# notebook's cells parse, and that the example says in one line that it needs PyTorch where there
+# is none. Ends with "N passed, M failed, K skipped"
 # (common/tests/report.sh: each skip a line "SKIP  what: why", the Python tests' included).
 # usage: python/tests/run.sh BUILD_DIR
 set -u
@@ -45,6 +47,10 @@ runpy.run_path('python/build_eager.py', run_name='__main__')" 2>&1)
   FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_binding.py python3 python/tests/test_binding.py
   # pip install ./python (not -e): the installed package finds this checkout's libraries
   report_run pip_install.sh bash python/tests/pip_install.sh "$dir"
+  # make wheel's wheel installed into a fresh venv outside the checkout: finds its own libraries
+  report_run wheel.sh bash python/tests/wheel.sh "$dir"
+  # the drop-ins against torch's SDPA (GPU; SKIP lines without one)
+  FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_dropins.py python3 python/tests/test_dropins.py
   # the comparison scripts (stage6_hopper/compare.py, stage5_tuned/compare_fa2.py) without a GPU
   report_run test_compare.py python3 python/tests/test_compare.py
   # train_gpt.py's options and checks before training without a GPU (its --sdpa-only run where
