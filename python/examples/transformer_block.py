@@ -51,9 +51,9 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).view(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.backend == "sdpa":
             o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        else:  # the stages take contiguous [B, H, N, D]
-            o, _ = flashcourse.attention(q.contiguous(), k.contiguous(), v.contiguous(),
-                                         causal=self.causal, stage=self.backend)
+        else:  # q, k, v as the fused projection's views: the stages that take strides (5, 6)
+            # read them in place; the binding gives the others contiguous copies
+            o, _ = flashcourse.attention(q, k, v, causal=self.causal, stage=self.backend)
         return self.out(o.transpose(1, 2).reshape(B, N, -1))
 
 

@@ -49,7 +49,7 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
     log of each row's softmax sum, including its max). Where q, k or v require grad (and grad
     mode is on), o is differentiable with respect to them: the forward pass by `stage`, the
     backward pass by `backward_stage` with `backward_variant` ("deterministic": bit-identical
-    gradients from run to run, stage 7's); backward_stage: a stage name, or "auto" (the
+    gradients from run to run, stage 7's and stage 8's); backward_stage: a stage name, or "auto" (the
     default): stage 8 (the Hopper backward) where it runs and takes the inputs, else stage 7 (a
     variant stage 8 lacks, an smem_limit it does not fit: stage 7; auto_backward_stage() says
     which). Under torch.compile both passes are custom operators in its graph. lse is returned
@@ -290,8 +290,8 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
     o for the same causal and scale (any forward stage: they share the contract). variant: the
     backward stage's variants (stage 7's: "default": dq by fp32 atomics, "deterministic":
     bit-identical from run to run, "registers": the layout with P and dS kept in registers, as on
-    GPUs with less shared memory; stage 8 has "default" only, so "auto" with another variant is
-    stage 7). Returns (dq, dk, dv) like q, k, v (zero where there is nothing to compute). Errors
+    GPUs with less shared memory; stage 8's: "default", "deterministic", "atomicdq"; "auto" with a
+    variant stage 8 lacks is stage 7; Stage.variants lists them). Returns (dq, dk, dv) like q, k, v (zero where there is nothing to compute). Errors
     as attention()'s, naming the stage given (or flashcourse.attention_backward for "auto").
     """
     name = stage if isinstance(stage, str) and stage != "auto" else \
@@ -337,6 +337,6 @@ def auto_backward_stage(device=None) -> str:
     """The backward stage that backward_stage="auto" (the default) runs on a CUDA device
     (default: the current one): stage 8 (the Hopper backward) where its library is built and
     runs there, else stage 7. For one call it is stage 8 where that stage also takes what the
-    call asks (its dtype, heads and key count; the backward variant, which stage 8 has only as
-    "default"; smem_limit), else stage 7; this says it for the default variant, no smem_limit."""
+    call asks (its dtype, heads and key count; the backward variant, among stage 8's variants;
+    smem_limit), else stage 7; this says it for the default variant, no smem_limit."""
     return resolve("auto", True, device_index(device))

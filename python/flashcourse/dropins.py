@@ -154,7 +154,7 @@ def flash_attn_func(q: "Tensor", k: "Tensor", v: "Tensor", dropout_p: float = 0.
     Returns o [B, N, H, D]; with return_attn_probs=True, (o, softmax_lse, S_dmask) as flash-attn
     returns them without dropout: lse [B, H, N] float32 (natural log), S_dmask an empty tensor.
     deterministic=True: the backward pass's deterministic variant (bit-identical gradients from
-    run to run; stage 7's). Differentiable as attention(). stage: "auto" (stage 6 on Hopper, else
+    run to run; stage 8's on Hopper, else stage 7's). Differentiable as attention(). stage: "auto" (stage 6 on Hopper, else
     stage 5) or a stage name; backward_stage: "auto" (stage 8 where it runs and takes the inputs,
     else stage 7) or a stage name.
 
