@@ -3,7 +3,7 @@
 The package loads the stage libraries that `make lib` builds in the repository (build/lib), and
 the package's files alone do not say where that is once they are copied into site-packages. So a
 plain install records the checkout it was built from: flashcourse/_install.json, {"repo": "<the
-checkout's absolute path>"}, which flashcourse/_binding.py reads (_find_repo). An editable install
+checkout's absolute path>"}, which flashcourse/_library.py reads (_find_repo). An editable install
 (`pip install -e python`) needs no record: the package stays in the checkout and finds it there.
 A package built from a copy that is not inside a checkout records nothing, and neither does one
 built in a folder pip deletes afterwards (`pip install git+URL#subdirectory=python` clones into a
