@@ -696,12 +696,111 @@ __device__ __forceinline__ bool needs_mask(int k0, int q0, int N, int causal) {
     return k0 + BC > N || (causal && (!SKIP || k0 + BC - 1 > q0));
 }
 
+// Where one block's tensors lie and which keys it loops over. The key loop counts from the
+// range's first key (K and V point there, and the query row and N are taken relative to it), so
+// that its bounds are the same few registers as for a single pass: at D = 128 the softmax needs
+// every register.
+typedef struct {
+    size_t head;     // offset of the (batch, head)'s Q
+    size_t range;    // offset of the range's first key (K and V)
+    unsigned kv_ld;  // K and V: elements from one row to the next
+    int N;           // keys from the range's first to the row's end
+    int q0;          // the block's first query row, as a key index
+    int kv_end;      // the range's end
+} block_place;
+
+// Phase 1, the place: the block's offsets and key bounds. MODEL: K and V share one layout
+// (attention_unsupported), one offset for both, of the range's first key in this block's
+// key/value head (query head h reads head h / group: GQA); the keys are N_k and query row i sits
+// at key index i + key_shift (the causal diagonal).
+template <int D, bool MODEL>
+__device__ __forceinline__ block_place place_block(const fwd_params &p, const model_layout &l,
+                                                   const block_work &w) {
+    block_place s;
+    if constexpr (!MODEL) {
+        s.head = (size_t)blockIdx.y * (size_t)p.N * D;
+        s.range = s.head + (size_t)w.kv_begin * D;
+        s.kv_ld = D;
+        s.N = p.N - w.kv_begin;
+        s.q0 = w.q0 - w.kv_begin;
+        s.kv_end = w.kv_end - w.kv_begin;
+    } else {
+        const int b = (int)blockIdx.y / l.H, h = (int)blockIdx.y % l.H;
+        const int key_shift = l.N_k - p.N;  // N_k - N: query row i as a key index, i + key_shift
+        s.head = b * l.q_batch + h * l.q_head;
+        s.range = b * l.kv_batch + h / l.group * l.kv_head + rows_offset(w.kv_begin, l.kv_row);
+        s.kv_ld = l.kv_row;
+        s.N = l.N_k - w.kv_begin;
+        s.q0 = w.q0 + key_shift - w.kv_begin;
+        s.kv_end = max(w.kv_end - w.kv_begin, 0);
+    }
+    return s;
+}
+
+// Phase 3, the online softmax's start. Its state is in the log2 domain: m_i = running max of
+// scale*log2(e) * q.k, l_i = this lane's part of the running sum of 2^(s - m_i) (the 4 lanes of a
+// row are summed once at the end); index [m][h]: slice m, row g (h = 0) or g + 8 (h = 1). No key
+// seen yet: m_i = -inf, l_i = 0, O_acc = 0.
+template <int MT, int DB>
+__device__ __forceinline__ void start_softmax(float (&m_i)[MT][2], float (&l_i)[MT][2],
+                                              float (&O_acc)[MT][DB][4]) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) m_i[m][h] = -INFINITY, l_i[m][h] = 0.f;
+#pragma unroll
+        for (int n = 0; n < DB; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) O_acc[m][n][e] = 0.f;
+        }
+    }
+}
+
+// Phase 4's prefetch: K_{j+1}, the key tile after the one at k0 (kv: its offset; next:
+// MODEL's offset of K_{j+1}), on its way into K_smem.
+template <int D, int BC, int THREADS, bool SWIZZLE, bool PIPELINED, bool MODEL>
+__device__ __forceinline__ void start_next_k(uint4 (&stage_k)[chunks_per_thread(BC, D, THREADS)],
+                                             uint32_t K_smem, const fwd_params &p,
+                                             const block_place &s, size_t kv, size_t next, int k0) {
+    tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(
+        stage_k, K_smem, (MODEL ? p.K + next : p.K + kv + BC * D), s.N - (k0 + BC), s.kv_ld);
+}
+
+// Phase 5, the epilogue: the warp's rows of O and LSE (one pass), or of this key range's partial
+// O and LSE for the merge (split-KV). Q_warp: the warp's Q rows, free now, stage O.
+template <int D, int RPW, bool SWIZZLE, bool MODEL, bool BF16, int MT, int DB>
+__device__ __forceinline__ void store_block(const fwd_params &p, const model_layout &l,
+                                            const block_work &w, int warp, uint32_t Q_warp,
+                                            const float (&O_acc)[MT][DB][4],
+                                            const float (&m_i)[MT][2], const float (&l_i)[MT][2]) {
+    const int first = w.q0 + warp * RPW;                   // this warp's first row
+    const size_t row0 = (size_t)blockIdx.y * p.N + first;  // in [B * H, N]
+    const int rows_left = p.N - first;                     // rows of it inside N
+    if (p.splits == 1) {
+        if constexpr (MODEL) {
+            const int ob = block_index_y() / l.H, oh = block_index_y() % l.H;  // b, h afresh
+            __half *O_rows = p.O + ob * l.o_batch + oh * l.o_head + rows_offset(first, l.o_row);
+            store_output<D, SWIZZLE, true, BF16>(O_acc, m_i, l_i, Q_warp, O_rows, p.lse + row0,
+                                                 rows_left, l.o_row);
+        } else {
+            store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, p.O + row0 * D, p.lse + row0,
+                                     rows_left);
+        }
+    } else {
+        const int split = block_index_x() % p.splits;                // which key range (block_keys)
+        const size_t part = (size_t)split * gridDim.y * p.N + row0;  // [split, B * H, N]
+        store_partial<D>(O_acc, m_i, l_i, p.O_part + part * D, p.lse_part + part, rows_left);
+    }
+}
+
 // One block = one tile of BR query rows of one (batch, head) and one range of its keys (all
 // of them unless split); it loops over the key tiles. Template switches: SWIZZLE (variant
 // noswizzle turns it off), PIPELINED (single_stage: load, wait, compute), SKIP (noskip: causal
 // processes and masks every key tile), LAZY (rescale only when a row's max grows; chosen by
 // the launcher from the keys per block, see LAZY_MIN_N), MODEL (what models feed: strides, GQA,
-// N_k != N), BF16 (bf16 storage; MODEL kernels only).
+// N_k != N), BF16 (bf16 storage; MODEL kernels only). Its phases, numbered below: the place (which
+// rows and keys), the prologue (Q and the first key tile), Q's fragments and the softmax's start,
+// the key loop (the pipeline schedule), the epilogue.
 template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY,
           bool MODEL, bool BF16>
 __device__ __forceinline__ void attention_block(const fwd_params &p, const model_layout &l) {
@@ -730,37 +829,13 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
     static_assert(chunks_per_thread(BC, D, THREADS) * THREADS == BC * D / CHUNK_HALVES,
                   "K/V tile split");
 
-    // Which rows and keys. The key loop counts from the range's first key (K and V point
-    // there, and the query row and N are taken relative to it), so that its bounds are the
-    // same few registers as for a single pass: at D = 128 the softmax needs every register.
-    // MODEL: K and V share one layout (attention_unsupported), one offset for both, of the
-    // range's first key in this block's key/value head (query head h reads head h / group: GQA);
-    // the keys are N_k and query row i sits at key index i + N_k - N (the causal diagonal); a
-    // query tile that sees no key (causal, N > N_k) still writes O = 0 and LSE = -inf unless
-    // split (the merge writes those rows).
+    // 1. The place: which rows and keys (block_keys), and where they lie.
     const block_work w = block_keys<BR, BC, SKIP, MODEL>(p, l);
-    size_t head, range;  // offsets: of the (batch, head)'s Q, of the range's first key
-    unsigned kv_ld;      // K and V: elements from one row to the next
-    int N, q0, kv_end;   // keys from the range's first to the row's end; the block's first query
-                         // row, as a key index; the range's end
-    if constexpr (!MODEL) {
-        if (w.kv_begin >= w.kv_end) return;  // causal: this query tile has fewer key ranges
-        head = (size_t)blockIdx.y * (size_t)p.N * D;
-        range = head + (size_t)w.kv_begin * D;
-        kv_ld = D;
-        N = p.N - w.kv_begin;
-        q0 = w.q0 - w.kv_begin;
-        kv_end = w.kv_end - w.kv_begin;
-    } else {
-        if (w.kv_begin >= w.kv_end && p.splits > 1) return;  // causal: fewer key ranges here
-        const int b = (int)blockIdx.y / l.H, h = (int)blockIdx.y % l.H;
-        head = b * l.q_batch + h * l.q_head;
-        range = b * l.kv_batch + h / l.group * l.kv_head + rows_offset(w.kv_begin, l.kv_row);
-        kv_ld = l.kv_row;
-        N = l.N_k - w.kv_begin;
-        q0 = w.q0 + (l.N_k - p.N) - w.kv_begin;
-        kv_end = max(w.kv_end - w.kv_begin, 0);
-    }
+    // A causal query tile has fewer key ranges than splits: its remaining blocks have none. (MODEL:
+    // a query tile that sees no key, causal with N > N_k, still writes O = 0 and LSE = -inf
+    // unless split: then the merge writes those rows.)
+    if (w.kv_begin >= w.kv_end && (!MODEL || p.splits > 1)) return;
+    const block_place s = place_block<D, MODEL>(p, l, w);
 
     // Shared memory, each tile named by its shared-space address (what ldmatrix, cp.async and
     // st.shared take): Q_smem [BR, D] (O staging at the end), K_smem and V_smem [BC, D], swizzled.
@@ -769,78 +844,65 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
                    V_smem = K_smem + BC * ROW_BYTES;
 
     const int warp = thread_index<false>() / WARP_SIZE;
-
     const uint32_t Q_warp = Q_smem + warp * RPW * ROW_BYTES;  // this warp's Q rows
 
-    // Prologue: Q tile and the range's first key tile.
+    // 2. The prologue: Q tile and the range's first key tile.
     {
         uint4 stage_q[chunks_per_thread(BR, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
         if constexpr (MODEL) {
             tile_issue<BR, D, THREADS, SWIZZLE, true>(
-                stage_q, Q_smem, p.Q + head + rows_offset(w.q0, l.q_row), p.N - w.q0, l.q_row);
+                stage_q, Q_smem, p.Q + s.head + rows_offset(w.q0, l.q_row), p.N - w.q0, l.q_row);
         } else {
-            tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, p.Q + head + (size_t)w.q0 * D,
+            tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, p.Q + s.head + (size_t)w.q0 * D,
                                                 p.N - w.q0);
         }
-        tile_issue<BC, D, THREADS, SWIZZLE, MODEL>(stage_k, K_smem, p.K + range, N, kv_ld);
+        tile_issue<BC, D, THREADS, SWIZZLE, MODEL>(stage_k, K_smem, p.K + s.range, s.N, s.kv_ld);
         tile_finish<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem);
         tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
     __syncthreads();  // Q_smem and K_smem (first tile) written by all threads, visible to all warps
 
+    // 3. Q's fragments (when they stay in registers) and the softmax's start.
     const uint32_t lane_off = a_lane_offset<ROW_BYTES, SWIZZLE>();
     uint32_t q_frag[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
     if constexpr (Q_IN_REGS)
         load_q_fragments<ROW_BYTES>(q_frag, Q_warp, a_lane_offset<ROW_BYTES, SWIZZLE>());
 
-    // Online softmax state, in the log2 domain: m_i = running max of scale*log2(e) * q.k,
-    // l_i = this lane's part of the running sum of 2^(s - m_i) (the 4 lanes of a row are summed
-    // once at the end). Index [m][h]: slice m, row g (h = 0) or g + 8 (h = 1).
-    float m_i[MT][2], l_i[MT][2];
-    float O_acc[MT][DB][4];  // O_acc[m][n]: C fragment of rows of slice m, head-dim block n
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) m_i[m][h] = -INFINITY, l_i[m][h] = 0.f;
-#pragma unroll
-        for (int n = 0; n < DB; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) O_acc[m][n][e] = 0.f;
-        }
-    }
+    float m_i[MT][2], l_i[MT][2];  // the online softmax's state (start_softmax)
+    float O_acc[MT][DB][4];        // O_acc[m][n]: C fragment of rows of slice m, head-dim block n
+    start_softmax(m_i, l_i, O_acc);
 
-    // The key loop is the pipeline schedule (README.md, "Pipeline"): two barriers per tile,
+    // 4. The key loop is the pipeline schedule (README.md, "Pipeline"): two barriers per tile,
     // V_j in flight during S, K_{j+1} during the softmax (EARLY_K) or P V.
-    for (int k0 = 0; k0 < kv_end; k0 += BC) {  // key tile j = k0 / BC of the range
-        size_t kv, next = 0;                   // offsets of K_j and V_j, and (MODEL) of K_{j+1}
+    for (int k0 = 0; k0 < s.kv_end; k0 += BC) {  // key tile j = k0 / BC of the range
+        size_t kv, next = 0;                     // offsets of K_j and V_j, and (MODEL) of K_{j+1}
         if constexpr (MODEL)
-            kv = range + rows_offset(k0, kv_ld), next = range + rows_offset(k0 + BC, kv_ld);
+            kv = s.range + rows_offset(k0, s.kv_ld), next = s.range + rows_offset(k0 + BC, s.kv_ld);
         else
-            kv = range + (size_t)k0 * D;
-        const bool has_next = k0 + BC < kv_end;
+            kv = s.range + (size_t)k0 * D;
+        const bool has_next = k0 + BC < s.kv_end;
         uint4 stage_v[chunks_per_thread(BC, D, THREADS)];
         uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
         float S[MT][NB][4];
         uint32_t P[MT][KC][4];
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
-        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_v, V_smem, p.V + kv, N - k0,
-                                                              kv_ld);
+        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_v, V_smem, p.V + kv, s.N - k0,
+                                                              s.kv_ld);
         compute_scores<ROW_BYTES, Q_IN_REGS, KD, BF16>(S, q_frag, Q_warp, K_smem, lane_off,
                                                        k_lane_offset<ROW_BYTES, SWIZZLE>());
         if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
-        if (EARLY_K && has_next) {
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(
-                stage_k, K_smem, (MODEL ? p.K + next : p.K + kv + BC * D), N - (k0 + BC), kv_ld);
-        }
-        if (needs_mask<BC, SKIP>(k0, q0, N, p.causal)) mask_scores<RPW>(S, k0, q0, N, p.causal);
+        if (EARLY_K && has_next)
+            start_next_k<D, BC, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_k, K_smem, p, s, kv, next,
+                                                                    k0);
+        if (needs_mask<BC, SKIP>(k0, s.q0, s.N, p.causal))
+            mask_scores<RPW>(S, k0, s.q0, s.N, p.causal);
         online_softmax<LAZY, BF16>(S, m_i, l_i, O_acc, P, p.scale_log2);
-        if (!EARLY_K && has_next) {
-            tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(
-                stage_k, K_smem, (MODEL ? p.K + next : p.K + kv + BC * D), N - (k0 + BC), kv_ld);
-        }
+        if (!EARLY_K && has_next)
+            start_next_k<D, BC, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_k, K_smem, p, s, kv, next,
+                                                                    k0);
         if constexpr (LANE_OFFSET_PER_TILE) {
             accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
         } else {
@@ -849,24 +911,8 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
         if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
     }
 
-    const int first = w.q0 + warp * RPW;                   // this warp's first row
-    const size_t row0 = (size_t)blockIdx.y * p.N + first;  // in [B * H, N]
-    const int rows_left = p.N - first;                     // rows of it inside N
-    if (p.splits == 1) {
-        if constexpr (MODEL) {
-            const int ob = block_index_y() / l.H, oh = block_index_y() % l.H;  // b, h afresh
-            __half *O_rows = p.O + ob * l.o_batch + oh * l.o_head + rows_offset(first, l.o_row);
-            store_output<D, SWIZZLE, true, BF16>(O_acc, m_i, l_i, Q_warp, O_rows, p.lse + row0,
-                                                 rows_left, l.o_row);
-        } else {
-            store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, p.O + row0 * D, p.lse + row0,
-                                     rows_left);
-        }
-    } else {
-        const int split = block_index_x() % p.splits;                // which key range (block_keys)
-        const size_t part = (size_t)split * gridDim.y * p.N + row0;  // [split, B * H, N]
-        store_partial<D>(O_acc, m_i, l_i, p.O_part + part * D, p.lse_part + part, rows_left);
-    }
+    // 5. The epilogue.
+    store_block<D, RPW, SWIZZLE, MODEL, BF16>(p, l, w, warp, Q_warp, O_acc, m_i, l_i);
 }
 
 // The kernels: the plain case, every variant (attention_block's MODEL off: no layout parameter);
