@@ -10,53 +10,26 @@
 #                        several at once: ARCH="75 89"
 # Builds run in parallel on every core (make -jN of your own overrides it).
 
-CUDA_HOME ?= /usr/local/cuda
-NVCC      ?= $(CUDA_HOME)/bin/nvcc
+include mk/detect.mk
 CC        ?= gcc
 BUILD     ?= build
 STAGES    := $(sort $(patsubst %/attention.cu,%,$(wildcard stage[0-9]*/attention.cu)))
-# The fat build's targets: T4, A100, RTX 30/A10, L4/RTX 40, H100/H200, B200, RTX 50 (PTX for the
-# newest). A toolkit that lacks a target (sm_100 and sm_120 need CUDA 12.8) builds the others
-# and says which it left out. common/tests/check_spills.sh checks every target a build made.
-FAT_ARCHS_WANTED := 75 80 86 89 90 100 120
-NPROC     := $(shell nproc 2>/dev/null || echo 2)
-# the fat build of every stage, 2 jobs at a time on 2 cores (measured: see the README)
-FAT_BUILD_MINUTES := 5-8
-empty :=
-space := $(empty) $(empty)
-ifeq ($(MAKELEVEL)$(filter -j%,$(MAKEFLAGS)),0)
-MAKEFLAGS += -j$(NPROC)
-endif
-
-comma := ,
-# The GPU present, by name (empty: none). GPU_NAME= on the command line pretends there is none.
-ifeq ($(origin GPU_NAME),undefined)
-GPU_NAME := $(shell n=$$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null) && \
-                    printf '%s\n' "$$n" | head -n 1)
-endif
-# ARCH: from the GPU present, else the fat build (every target above plus PTX for the newest).
-ifeq ($(origin ARCH),undefined)
-ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.' | tr -cd '0-9')
-endif
-ifeq ($(strip $(ARCH)),)
-FAT_NVCC_CODES := $(filter sm_%,$(shell $(NVCC) --list-gpu-code 2>/dev/null))
-FAT_ARCHS := $(strip $(if $(FAT_NVCC_CODES),$(foreach a,$(FAT_ARCHS_WANTED),$(if $(filter sm_$(a),$(FAT_NVCC_CODES)),$(a))),$(FAT_ARCHS_WANTED)))
-FAT_LEFT_OUT := $(filter-out $(FAT_ARCHS),$(FAT_ARCHS_WANTED))
-GENCODE := $(foreach a,$(FAT_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
-           -gencode arch=compute_$(lastword $(FAT_ARCHS)),code=compute_$(lastword $(FAT_ARCHS))
-else
-GENCODE := $(foreach a,$(ARCH),$(if $(filter compute_%,$(a)),-gencode arch=$(a)$(comma)code=$(a),\
-             -gencode arch=compute_$(patsubst sm_%,%,$(a))$(comma)code=sm_$(patsubst sm_%,%,$(a))))
-endif
 
 # What a stage needs beyond the generic rules below it declares in its folder's stage.mk (read
 # here, so adding a stage takes its folder and the README's ladder row, nothing else):
-#   <stage>_GENCODE  its targets, when they are not the build's (stage 6: sm_90a for sm_90)
+#   <stage>_GENCODE  its targets, when they are not the build's (stages 6 and 8: $(sm90a_gencode),
+#                    sm_90a for sm_90, mk/detect.mk)
 #   <stage>_LIBS     libraries its program and its library link (stage 0: cuBLAS)
 #   <stage>_FORWARD  the stage whose forward pass it links (stage 7: stage 5's): that stage's
 #                    attention.cu compiled a second time as obj/stage<n>_forward.o, its descriptor
 #                    renamed attn_forward_stage (hidden: the library exports one descriptor)
 #   <stage>_DIFF_BASE  what `make diff` shows it against, when not the stage before it
+#   <stage>_PROFILE_SECTIONS  the ncu sections `make profile` shows: its lesson's (none: ncu's own)
+#   <stage>_PROFILE_KERNELS   which kernels `make profile` measures (ncu --kernel-name; none: the
+#                    first ones launched; a backward stage: its backward's, not its forward's)
+#   <stage>_LAB_ARCH  the target `make grade` compiles a lab for without a GPU (PTX only; none:
+#                    compute_75), when the stage's kernels exist on one architecture only
+#                    (common/labs.py reads it: one `:=` line)
 include $(wildcard stage[0-9]*/stage.mk)
 # the stages with a backward pass (a linked forward), named by the program to a forward-only one
 BACKWARD_STAGES := $(strip $(foreach s,$(STAGES),$(if $($(s)_FORWARD),$(s))))
@@ -79,103 +52,19 @@ HEADERS    := common/attention.h common/common.h common/csv_header.h common/devi
 .SECONDARY:
 
 STAGE_OBJ := $(patsubst %,$(BUILD)/obj/%.o,$(STAGES))
+# make profile STAGE=n: the stage's folder, and the numbers there are
+STAGE_DIR = $(firstword $(wildcard stage$(STAGE)_*))
+STAGE_NUMBERS := $(patsubst stage%,%,$(foreach s,$(STAGES),$(firstword $(subst _, ,$(s)))))
 
-# make QUICK=1 with no GPU has nothing to sweep: say first that it is a plain make.
-ifeq ($(strip $(GPU_NAME))$(MAKELEVEL),0)
-ifneq ($(filter-out 0,$(QUICK)),)
-ifneq ($(filter all,$(or $(MAKECMDGOALS),all)),)
-$(info make QUICK=1: no NVIDIA GPU here, so no quick sweep: this is a plain make (build every stage, then plots and tables from the committed results))
-endif
-endif
-endif
+include mk/preflight.mk
 
-# The goals that compile CUDA, without a CUDA compiler: one line saying what to install and where
-# CUDA_HOME points, instead of the shell's "nvcc: not found" in the middle of a build.
-ifneq ($(filter all build lib objects,$(or $(MAKECMDGOALS),all)),)
-ifeq ($(shell command -v '$(NVCC)' 2>/dev/null),)
-$(error no CUDA compiler: $(NVCC) not found (CUDA_HOME=$(CUDA_HOME)); install the CUDA toolkit, 12.4 or newer (NVIDIA's cuda-toolkit package), or point CUDA_HOME at one: make $(or $(firstword $(MAKECMDGOALS)),all) CUDA_HOME=/usr/local/cuda-12.8)
-endif
-endif
-
-# Before a fat build (no GPU found, nothing built yet): say what is coming and for how long.
-ifeq ($(strip $(ARCH))$(MAKELEVEL),0)
-ifneq ($(filter all build test lib,$(or $(MAKECMDGOALS),all)),)
-ifneq ($(words $(wildcard $(STAGE_OBJ))),$(words $(STAGE_OBJ)))
-$(info make: no NVIDIA GPU found (nvidia-smi): building every stage for sm_$(subst $(space), sm_,$(FAT_ARCHS)) + PTX (the fat build, $(words $(STAGES)) stages, $(NPROC) jobs at a time); about $(FAT_BUILD_MINUTES) minutes on 2 cores; the stages print a line each as they start)
-endif
-endif
-endif
-# A fat build with a toolkit that lacks some of its targets: say which are left out.
-ifneq ($(FAT_LEFT_OUT),)
-ifeq ($(MAKELEVEL),0)
-ifneq ($(filter all build test objects lib,$(or $(MAKECMDGOALS),all)),)
-$(info make: $(NVCC) cannot compile for sm_$(subst $(space), sm_,$(FAT_LEFT_OUT)): the fat build leaves $(if $(word 2,$(FAT_LEFT_OUT)),them,it) out (sm_100 and sm_120 need CUDA 12.8 or newer))
-endif
-endif
-endif
-
+# ---- build ----
 # the last stages first: their objects take longest to compile, so the jobs end together
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 build: $(addprefix $(BUILD)/,$(call reverse,$(STAGES))) $(BUILD)/test_common
 
 # The stages' device code only (no link): what CI compiles with a second toolkit.
 objects: $(STAGE_OBJ)
-
-# check, sanitize and profile need a GPU (and a tool): without one, one line naming what is
-# missing and exit 2, before anything is built. In this order: profile's stage number, the GPU,
-# the tool. A tool not on PATH is looked for in the toolkit (CUDA_HOME) before it is called missing.
-STAGE_DIR = $(firstword $(wildcard stage$(STAGE)_*))
-STAGE_NUMBERS := $(patsubst stage%,%,$(foreach s,$(STAGES),$(firstword $(subst _, ,$(s)))))
-SANITIZER := $(or $(shell command -v compute-sanitizer 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/compute-sanitizer),$(wildcard $(CUDA_HOME)/compute-sanitizer/compute-sanitizer))
-NCU := $(or $(shell command -v ncu 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/ncu),$(lastword $(sort $(wildcard $(CUDA_HOME)/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu))))
-# $(call tool_missing,GOAL,TOOL,PACKAGE): why TOOL is not here, and how to get it
-CUDA_PKG_VERSION = $(shell $(CUDA_HOME)/bin/nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1-\2/p')
-tool_missing = $(1): $(2) not found: it is not on PATH, and $(if $(wildcard $(CUDA_HOME)/bin/nvcc),the CUDA toolkit in $(CUDA_HOME) does not include it (install the toolkit's $(3) package$(if $(CUDA_PKG_VERSION),$(comma) e.g. apt-get install $(3)-$(CUDA_PKG_VERSION)))$(comma) or set CUDA_HOME to a toolkit that has it,there is no CUDA toolkit in $(CUDA_HOME) (CUDA_HOME=dir names one))
-ifneq ($(filter check sanitize profile,$(MAKECMDGOALS)),)
-ifneq ($(filter profile,$(MAKECMDGOALS)),)
-ifeq ($(strip $(STAGE)),)
-$(error profile: which stage? make profile STAGE=n [VARIANT=name] [PROFILE_ARGS=...], n one of $(STAGE_NUMBERS))
-endif
-ifneq ($(words $(STAGE)),1)
-$(error profile: STAGE=$(STAGE) is not one stage number (one of $(STAGE_NUMBERS)))
-else ifeq ($(filter $(STAGE),$(STAGE_NUMBERS)),)
-$(error profile: STAGE=$(STAGE) is not a stage number (one of $(STAGE_NUMBERS)))
-endif
-endif
-ifeq ($(strip $(GPU_NAME)),)
-$(error $(firstword $(filter check sanitize profile,$(MAKECMDGOALS))): no NVIDIA GPU here (nvidia-smi finds none), and it runs the kernels on one; make test runs the tests that need none)
-endif
-ifneq ($(filter sanitize,$(MAKECMDGOALS)),)
-ifeq ($(SANITIZER),)
-$(error $(call tool_missing,sanitize,compute-sanitizer,cuda-sanitizer))
-endif
-endif
-ifneq ($(filter profile,$(MAKECMDGOALS)),)
-ifeq ($(NCU),)
-$(error $(call tool_missing,profile,ncu (Nsight Compute),cuda-nsight-compute))
-endif
-endif
-endif
-
-# Objects remember the flags they were built with: a build folder reused with another ARCH or
-# toolkit is rebuilt, not mixed.
-BUILD_FLAGS := $(NVCC) $(NVCCFLAGS) $(GENCODE)
-ifeq ($(filter clean help diff format format-check lab grade,$(MAKECMDGOALS)),)
-# An ARCH given by hand is checked against the targets this nvcc knows before flags.txt is
-# touched: a typo (ARCH=99) fails at once and leaves the build folder as it was, so the next
-# plain make rebuilds nothing. (sm_90a and the like: the base target must be known.)
-ifneq ($(filter command line environment,$(origin ARCH)),)
-ifneq ($(strip $(ARCH)),)
-NVCC_TARGETS := $(shell $(NVCC) --list-gpu-code 2>/dev/null; $(NVCC) --list-gpu-arch 2>/dev/null)
-ARCH_TARGETS := $(foreach a,$(ARCH),$(if $(filter compute_%,$(a)),$(a),sm_$(patsubst sm_%,%,$(a))))
-ARCH_BAD := $(strip $(foreach t,$(ARCH_TARGETS),$(if $(filter $(patsubst %a,%,$(patsubst %f,%,$(t))),$(NVCC_TARGETS)),,$(t))))
-ifneq ($(and $(NVCC_TARGETS),$(ARCH_BAD)),)
-$(error ARCH=$(strip $(ARCH)): $(NVCC) has no target $(ARCH_BAD); it knows $(filter sm_%,$(NVCC_TARGETS)) (ARCH=75 or sm_75: machine code; compute_75: PTX only); $(BUILD)/ is left as it was)
-endif
-endif
-endif
-$(shell mkdir -p $(BUILD) && { [ "$$(cat $(BUILD)/flags.txt 2>/dev/null)" = '$(BUILD_FLAGS)' ] || echo '$(BUILD_FLAGS)' > $(BUILD)/flags.txt; })
-endif
 
 $(BUILD)/obj/%.o: common/%.c $(HEADERS)
 	@mkdir -p $(@D)
@@ -269,79 +158,17 @@ lab grade:
 	@test -n "$(STAGE)" || { echo "usage: make $@ STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
 	@python3 common/labs.py $(if $(LABS),--labs '$(LABS)') $@ $(if $(filter lab,$@),$(STAGE) $(if $(filter-out 0,$(RESTART)),--restart),$(LAB_ARGS))
 
-# ncu sections per lesson; PROFILE_ARGS sets the shape.
+# ncu sections per lesson (each stage's stage.mk: <stage>_PROFILE_SECTIONS, _PROFILE_KERNELS);
+# PROFILE_ARGS sets the shape.
 PROFILE_ARGS ?= --seq 4096 --dim 128 --heads 16 --batch 4 --check 0 --bench
-PROFILE_SECTIONS_0 := SpeedOfLight MemoryWorkloadAnalysis
-PROFILE_SECTIONS_1 := SpeedOfLight MemoryWorkloadAnalysis_Tables
-PROFILE_SECTIONS_2 := SpeedOfLight MemoryWorkloadAnalysis_Tables
-PROFILE_SECTIONS_3 := SpeedOfLight WarpStateStats
-PROFILE_SECTIONS_4 := SpeedOfLight ComputeWorkloadAnalysis
-PROFILE_SECTIONS_5 := SpeedOfLight ComputeWorkloadAnalysis Occupancy WarpStateStats
 PROFILE_METRICS := l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
 profile:
 	@$(MAKE) --no-print-directory build
-	'$(NCU)' --clock-control none --launch-skip 1 --launch-count 3 \
-	  $(foreach s,$(PROFILE_SECTIONS_$(STAGE)),--section $(s)) --metrics $(PROFILE_METRICS) \
+	'$(NCU)' --clock-control none --launch-skip 1 --launch-count 3 $(if $($(STAGE_DIR)_PROFILE_KERNELS),--kernel-name $($(STAGE_DIR)_PROFILE_KERNELS)) \
+	  $(foreach s,$($(STAGE_DIR)_PROFILE_SECTIONS),--section $(s)) --metrics $(PROFILE_METRICS) \
 	  $(BUILD)/$(STAGE_DIR) $(PROFILE_ARGS) $(if $(VARIANT),--variant $(VARIANT))
 
-# The formatter is pinned (formatters of other versions disagree): clang-format from pip, kept
-# in the user's cache (FLASHCOURSE_CACHE), outside the build folder: make clean keeps it, and
-# every checkout shares it. Without it and without a package index to fetch it from (offline),
-# format-check says in one line that it is skipped and why, and passes; FORMAT_CHECK_REQUIRED=1
-# (CI) makes that a failure.
-CLANG_FORMAT_VERSION := 19.1.7
-FLASHCOURSE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/flashcourse
-CLANG_FORMAT_DIR = $(FLASHCOURSE_CACHE)/clang-format-$(CLANG_FORMAT_VERSION)
-CLANG_FORMAT = $(CLANG_FORMAT_DIR)/clang_format/data/bin/clang-format
-FORMAT_CHECK_REQUIRED ?=
-FORMAT_FILES = $(wildcard common/*.c common/*.h common/tests/*.c common/device/*.cuh stage*/attention.cu stage*/*.cuh \
-  python/flashcourse/*.cpp)
-# Shell: installs the pinned clang-format unless it is there; sets $$why (empty: installed) when
-# it cannot be had here; exits 1 when pip fails with a package index in reach.
-define ensure_clang_format
-why=; \
-if [ ! -x '$(CLANG_FORMAT)' ]; then \
-    if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null 2>&1; then \
-        why="python3 with pip is not installed here"; \
-    else \
-        mkdir -p '$(FLASHCOURSE_CACHE)'; tmp='$(CLANG_FORMAT_DIR)'.tmp$$$$; rm -rf "$$tmp"; \
-        if python3 -m pip install -q --disable-pip-version-check --no-warn-script-location \
-               --retries 1 --timeout 20 --target "$$tmp" clang-format==$(CLANG_FORMAT_VERSION) \
-               >'$(CLANG_FORMAT_DIR).log' 2>&1 && [ -x "$$tmp/clang_format/data/bin/clang-format" ]; then \
-            mv -T "$$tmp" '$(CLANG_FORMAT_DIR)' 2>/dev/null || rm -rf "$$tmp"; \
-            echo "$@: installed clang-format $(CLANG_FORMAT_VERSION) with pip into $(CLANG_FORMAT_DIR)"; \
-        else \
-            rm -rf "$$tmp"; \
-            net=$$(grep -o -E 'Connection refused|Name or service not known|Temporary failure in name resolution|No address associated with hostname|Network is unreachable|timed out|ProxyError' '$(CLANG_FORMAT_DIR).log' | head -n 1); \
-            [ -n "$$net" ] || net=$$(grep -o -E 'NewConnectionError|Failed to establish a new connection|Max retries exceeded' '$(CLANG_FORMAT_DIR).log' | head -n 1); \
-            if [ -n "$$net" ]; then \
-                why="no package index is reachable to install it (pip: $$net)"; \
-            else \
-                echo "$@: pip could not install clang-format==$(CLANG_FORMAT_VERSION) (see $(CLANG_FORMAT_DIR).log)" >&2; exit 1; \
-            fi; \
-        fi; \
-    fi; \
-fi
-endef
-
-format:
-	@$(ensure_clang_format); \
-	[ -z "$$why" ] || { echo "format: the pinned clang-format $(CLANG_FORMAT_VERSION) is not installed, and $$why" >&2; exit 1; }; \
-	echo "$(CLANG_FORMAT) -i $(FORMAT_FILES)"; $(CLANG_FORMAT) -i $(FORMAT_FILES)
-
-format-check:
-	@$(ensure_clang_format); \
-	if [ -n "$$why" ]; then \
-	    if [ -n '$(FORMAT_CHECK_REQUIRED)' ]; then \
-	        echo "format-check: cannot run (FORMAT_CHECK_REQUIRED is set): the pinned clang-format $(CLANG_FORMAT_VERSION) is not installed, and $$why"; \
-	        echo "format-check: 0 passed, 1 failed"; exit 1; \
-	    fi; \
-	    echo "SKIP  format-check: the pinned clang-format $(CLANG_FORMAT_VERSION) is not installed, and $$why; formatting not checked here (CI checks it)"; \
-	    exit 0; \
-	fi; \
-	bad=""; for f in $(FORMAT_FILES); do $(CLANG_FORMAT) $$f | cmp -s - $$f || bad="$$bad $$f"; done; \
-	if [ -n "$$bad" ]; then echo "format-check: not formatted (make format fixes it):$$bad"; echo "format-check: 0 passed, 1 failed"; exit 1; fi; \
-	echo "format-check: $(words $(FORMAT_FILES)) files formatted as clang-format $(CLANG_FORMAT_VERSION) does: 1 passed, 0 failed"
+include mk/format.mk
 
 clean:
 	rm -rf $(BUILD)

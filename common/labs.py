@@ -69,9 +69,9 @@ ANY = re.compile(r"LAB +(HOLE|TODO|STUB)\b")  # a marker, well formed or not
 PATHS = {"t4": {"arch": "compute_75", "smem_limit": "65536",
                 "what": "the sm_75 (T4) path: PTX for compute_75, --smem-limit 65536"},
          "sm80": {"min_arch": 80, "what": "code for sm_80 and newer"}}
-# Where the grader compiles without a GPU (PTX only): compute_75, but for stages whose kernels
-# exist only on one architecture.
-NO_GPU_ARCH = {"stage6_hopper": "compute_90"}
+# Where the grader compiles without a GPU (PTX only): compute_75, unless the stage's stage.mk
+# names another (<stage>_LAB_ARCH: a stage whose kernels exist on one architecture only).
+NO_GPU_ARCH = "compute_75"
 EXIT_PASS, EXIT_WRONG, EXIT_UNSUPPORTED = 0, 1, 3
 SMOKE = [  # quick cases run before the self-test, so a wrong kernel fails in seconds
     ["--batch", "2", "--heads", "3", "--seq", "1000", "--dim", "128", "--causal", "--dist", "peaky",
@@ -82,6 +82,18 @@ SMOKE = [  # quick cases run before the self-test, so a wrong kernel fails in se
 BENCH = ["--batch", "1", "--heads", "16", "--seq", "4096", "--dim", "128", "--bench", "--check",
          "0", "--csv", "--budget", "20"]
 SMOKE_TIMEOUT, SELF_TEST_TIMEOUT, BENCH_TIMEOUT = 60, 600, 300
+
+
+def no_gpu_arch(sdir):
+    """The target a lab compiles for without a GPU: the stage's <stage>_LAB_ARCH (one `:=` line of
+    its stage.mk, which the Makefile reads too), else NO_GPU_ARCH."""
+    mk = sdir / "stage.mk"
+    if mk.exists():
+        m = re.search(rf"^{re.escape(sdir.name)}_LAB_ARCH\s*:?=\s*(\S+)\s*$", mk.read_text(),
+                      re.MULTILINE)
+        if m:
+            return m.group(1)
+    return NO_GPU_ARCH
 
 
 class LabError(Exception):
@@ -499,7 +511,7 @@ def cmd_grade(args):
                 "dir": job_dir(build_root, arch, smem, fl)}
 
     if gpu is None:
-        arch = args.arch or NO_GPU_ARCH.get(sdir.name, "compute_75")
+        arch = args.arch or no_gpu_arch(sdir)
         j = job("yours", set(holes), arch, None, "your file")
         j["seed"] = seed_for(build_root, j["dir"], sdir)
         ok, _ = build(j, sdir, arch, j["dir"].with_suffix(".log"))

@@ -4,3 +4,7 @@
 stage7_backward_FORWARD := stage5_tuned
 # `make diff STAGE=7` shows the backward pass against stage 5, whose forward it reuses.
 stage7_backward_DIFF_BASE := stage5_tuned
+# make profile: the backward's kernels (not the forward's, launched first): the tensor pipe's busy
+# share and the warp stalls (exercise 7: which stall reason shrinks with VARIANT=atomics).
+stage7_backward_PROFILE_KERNELS := regex:backward
+stage7_backward_PROFILE_SECTIONS := SpeedOfLight ComputeWorkloadAnalysis WarpStateStats

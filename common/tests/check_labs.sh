@@ -61,8 +61,14 @@ nvcc_cmd() { # nvcc_cmd STAGE_DIR ARCH: the Makefile's compile command of the st
   env -u MAKEFLAGS make -n --no-print-directory BUILD="$tmp/n$2" ARCH="$2" "$tmp/n$2/obj/$1.o" 2>/dev/null |
     grep -m 1 -- "-c $1/attention.cu -o" | sed -E 's/ -c [^ ]+ -o .*//'
 }
-lab_arch() { # stage 6 exists only as sm_90a code; stage 7's main kernel is compiled from sm_80 on
-  case $1 in stage6_*) echo compute_90 ;; stage7_*) echo compute_80 ;; *) echo compute_75 ;; esac
+no_gpu_arch() { # where make grade compiles STAGE_DIR's lab without a GPU: its stage.mk's
+  # <stage>_LAB_ARCH (stage 6: compute_90, its only target), else compute_75 (common/labs.py)
+  local a
+  a=$(sed -n "s/^$1_LAB_ARCH *:\{0,1\}= *\([^ ]*\) *\$/\1/p" "$1/stage.mk" 2>/dev/null)
+  echo "${a:-compute_75}"
+}
+lab_arch() { # stage 7's main kernel is compiled from sm_80 on; the others as make grade compiles
+  case $1 in stage7_*) echo compute_80 ;; *) no_gpu_arch "$1" ;; esac
 }
 jobs=${LAB_JOBS:-2}  # compiles at a time
 tasks=()
@@ -162,7 +168,7 @@ for s in $stages; do
   read -r rc took <"$tmp/grade_rc.$n"
   cp "$tmp/grade.$n" "$tmp/out"
   lines=$(grep -c '' "$tmp/out")
-  a=compute_75; [ "${s#stage6_}" != "$s" ] && a=compute_90  # labs.py's NO_GPU_ARCH
+  a=$(no_gpu_arch "$s")
   if [ $rc -eq 0 ] && [ "$lines" -eq 1 ] && grep -q "no NVIDIA GPU here: .* compiles (ARCH=$a), but the self-test and the timing need a GPU" "$tmp/out"; then
     ok "make grade STAGE=$n, the unfilled lab, no GPU: compiles, and one line says what it cannot run ($took s)"
   else

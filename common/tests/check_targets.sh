@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The fat build's targets: the Makefile's list (FAT_ARCHS_WANTED) has Blackwell (sm_100, sm_120)
-# beside sm_75-sm_90; the build in BUILD_DIR made machine code for every one this nvcc knows,
-# and PTX for the newest; the README's "GPUs built" names the same list; and the no-spill gate
-# (check_spills.sh) fails on a report that spills, has a stack frame, or lacks one of the
+# The fat build's targets: its list (FAT_ARCHS_WANTED, mk/detect.mk) has Blackwell (sm_100,
+# sm_120) beside sm_75-sm_90; the build in BUILD_DIR made machine code for every one this nvcc
+# knows, and PTX for the newest; the README's "GPUs built" names the same list; and the no-spill
+# gate (check_spills.sh) fails on a report that spills, has a stack frame, or lacks one of the
 # build's targets (tried on made-up reports). Ends with "N passed, M failed, K skipped"
 # (common/tests/report.sh).
 # usage: check_targets.sh BUILD_DIR   (a fat build: make build ARCH= BUILD=BUILD_DIR)
@@ -13,13 +13,13 @@ cd "$(dirname "$0")/../.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; report_cleanup' EXIT
 
-wanted=$(sed -n 's/^FAT_ARCHS_WANTED *:= *//p' Makefile | tr -s ' ' | sed 's/ *$//')
+wanted=$(sed -n 's/^FAT_ARCHS_WANTED *:= *//p' mk/detect.mk | tr -s ' ' | sed 's/ *$//')
 missing=""
 for a in 75 80 86 89 90 100 120; do [[ " $wanted " == *" $a "* ]] || missing="$missing sm_$a"; done
 if [ -n "$wanted" ] && [ -z "$missing" ]; then
   ok "the fat build's targets (FAT_ARCHS_WANTED): $wanted"
 else
-  bad "FAT_ARCHS_WANTED in the Makefile is '$wanted': it lacks$missing"
+  bad "FAT_ARCHS_WANTED in mk/detect.mk is '$wanted': it lacks$missing"
 fi
 
 nvcc=$(sed -n 's/^\([^ ]*nvcc\) .*/\1/p' "$dir/flags.txt" 2>/dev/null)
@@ -39,13 +39,13 @@ else
   bad "$dir/flags.txt lacks$missing${missing:+ }or PTX for compute_$newest: $flags"
 fi
 
-# the README's list of the fat build's machine code, as the Makefile has it
+# the README's list of the fat build's machine code, as mk/detect.mk has it
 readme=$(awk '/^- \*\*GPUs built:\*\*/ { on = 1 } on && /and PTX for/ { print; exit } on { print }' README.md |
   grep -oE 'sm_[0-9]+' | sed 's/^sm_//' | awk '!seen[$0]++' | tr '\n' ' ' | sed 's/ *$//')
 if [ "$readme" = "$wanted" ]; then
   ok "README's 'GPUs built' names the fat build's targets: $readme"
 else
-  bad "README's 'GPUs built' names '$readme', the Makefile builds '$wanted'"
+  bad "README's 'GPUs built' names '$readme', mk/detect.mk builds '$wanted'"
 fi
 
 # the gate itself, on made-up reports for a build of sm_80 and sm_100
