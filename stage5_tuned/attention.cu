@@ -27,7 +27,7 @@
  * backend (a prediction; README.md gets the measured numbers).
  *
  * Run:  make build && build/stage5_tuned --seq 16384 --heads 16 --dim 128 --causal --bench
- *       python3 stage5_tuned/compare_fa2.py        (side by side with FA2, same process run)
+ *       python3 -m tools.compare_fa2               (side by side with FA2, same process run)
  * Variants (--variant): default, noswizzle, single_stage, noskip, eager_rescale, lazy_rescale,
  * nosplit: each switches one lesson off (lazy_rescale: on for every N).
  *

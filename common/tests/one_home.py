@@ -12,7 +12,7 @@
                         binding's one split of the descriptor's string (Python)
   the FLOP count and    common/main.c for the programs; plots/measure.py for the scripts that
   the timing protocol   time other libraries beside them (sdpa_baseline.py, compare_fa2.py,
-                        compare.py, stage 7's sdpa_bwd.py, the examples)
+                        compare.py, sdpa_bwd.py: tools/, the examples)
 
 Fails on a second definition: a run of the header's columns written out, an exit code tied to
 its name by a literal number, a literal 65535 in code, a C loop over a `variants` string
@@ -131,7 +131,7 @@ bad = names_home({
     "common/main.c": r"ATTN_EXIT_UNSUPPORTED",
     "common/attn_lib.c": r"ATTN_EXIT_PASS, ATTN_EXIT_WRONG, ATTN_EXIT_USAGE",
     "python/flashcourse/_library.py": r"attn_lib_exit_codes",
-    "stage5_tuned/compare_fa2.py": r"ATTN_EXIT_",
+    "tools/compare_fa2.py": r"ATTN_EXIT_",
     "common/exit_codes.sh": r"attention\.h",
     "plots/sweep.sh": r"exit_codes\.sh",
     "plots/tests/fake_stage.sh": r"exit_codes\.sh",
@@ -189,9 +189,9 @@ found = hits([f for f in CODE if f.endswith((".py", ".ipynb"))],
              r"^\s*(MIN_REPS|MIN_SECONDS|MAX_REPS|FLUSH_BYTES)\s*=", skip={HOME_PY})
 check(not found, f"the scripts' timing protocol (repeats, seconds, L2 flush) is set in {HOME_PY} only",
       "\n".join(found))
-bad = names_home({"plots/sdpa_baseline.py": r"import measure", "stage5_tuned/compare_fa2.py":
-                  r"import measure", "stage6_hopper/compare.py": r"import measure",
-                  "stage7_backward/measured/sdpa_bwd.py": r"import measure"})
+bad = names_home({"plots/sdpa_baseline.py": r"import measure", "tools/compare_fa2.py":
+                  r"import measure", "tools/compare.py": r"import measure",
+                  "tools/sdpa_bwd.py": r"import measure"})
 check(not bad, f"the scripts that count FLOPs or time SDPA read {HOME_PY}", "\n".join(bad))
 
 print(f"one home each: {passed} passed, {failed} failed")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Tests of the comparison scripts that run without a GPU: stage6_hopper/compare.py (in-process,
-CUDA graphs) and stage5_tuned/compare_fa2.py (stage programs as subprocesses).
+"""Tests of the comparison scripts that run without a GPU: tools/compare.py (in-process, CUDA
+graphs) and tools/compare_fa2.py (stage programs as subprocesses), run as they are run, as modules
+from the repository root (python3 -m tools.compare).
 
     python3 python/tests/test_compare.py
 
@@ -12,15 +13,15 @@ each pass; the number of calls in a graph; the cross-check's tolerances (on CPU 
 PyTorch is here). Ends with "N passed, M failed, K skipped".
 """
 
-import importlib.util
+import importlib
 import math
 import os
 import subprocess
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-COMPARE = os.path.join(ROOT, "stage6_hopper", "compare.py")
-COMPARE_FA2 = os.path.join(ROOT, "stage5_tuned", "compare_fa2.py")
+COMPARE = "tools.compare"  # the modules, imported from the repository root
+COMPARE_FA2 = "tools.compare_fa2"
 LONG_NS = [1024, 2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536, 131072, 262144]
 FA2_NS = [1024, 2048, 4096, 8192, 16384]
 TOKENS, WIDTH = 16384, 2048  # the fa2 shapes: B * N tokens, H * D model width
@@ -28,27 +29,21 @@ TOKENS, WIDTH = 16384, 2048  # the fa2 shapes: B * N tokens, H * D model width
 from harness import Skip, run, summary  # noqa: E402  (the runner, shared with the other test)
 
 
-def script(path, args, hide_torch=False):
-    """(exit code, stdout, stderr) of `python3 path args`, PyTorch hidden from its imports if
-    hide_torch."""
+def script(module, args, hide_torch=False):
+    """(exit code, stdout, stderr) of `python3 -m module args` from the repository root, PyTorch
+    hidden from its imports if hide_torch."""
     if hide_torch:
-        code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
-                "runpy.run_path(sys.argv[0], run_name='__main__')")
-        cmd = [sys.executable, "-c", code, path] + args
+        code = ("import runpy, sys; sys.modules['torch'] = None; "
+                f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+        cmd = [sys.executable, "-c", code] + args
     else:
-        cmd = [sys.executable, path] + args
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        cmd = [sys.executable, "-m", module] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     return r.returncode, r.stdout, r.stderr
 
 
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cmp = load(COMPARE, "compare_graphs")
+sys.path.insert(0, ROOT)  # the scripts' package (tools) and what they import (plots)
+cmp = importlib.import_module(COMPARE)
 
 
 def have_torch():

@@ -42,7 +42,7 @@ FA3-class over cuDNN), then per stage and shape kind the geometric mean and mini
 B, H, N, D, causal, library, ms, tflops, status (ok, FAIL, OOM, n/a), max_abs_diff_vs_reference,
 reference (the library it was checked against; on the reference's own row, itself).
 
-Shapes (shared with stage5_tuned/compare_fa2.py, imported from it): fa2 = B*N = 16384 tokens,
+Shapes (shared with tools/compare_fa2.py, imported from it): fa2 = B*N = 16384 tokens,
 H = 2048 / D, N in 1k..16k, D in {64, 128}, causal 0/1; long = B = H = 1, D = 128: N = 262144
 only, or with --long the whole long sweep (1k..256k). --quick: N up to 4096.
 
@@ -54,11 +54,11 @@ which mode it belongs to; as two, each reads top to bottom, and the shapes stay 
 
 Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
 
-usage: python3 stage6_hopper/compare.py [--stage NAME[@VARIANT]]... [--pass fwd|bwd] [--quick]
-                                        [--long] [--no-fa2-shapes] [--no-long-shapes]
-                                        [--graph-ms MS] [--replays N] [--csv OUT]
-  e.g. python3 stage6_hopper/compare.py --stage stage5_tuned --stage stage6_hopper
-       python3 stage6_hopper/compare.py --pass bwd --stage stage7_backward \\
+usage: python3 -m tools.compare [--stage NAME[@VARIANT]]... [--pass fwd|bwd] [--quick]
+                                [--long] [--no-fa2-shapes] [--no-long-shapes]
+                                [--graph-ms MS] [--replays N] [--csv OUT]
+  e.g. python3 -m tools.compare --stage stage5_tuned --stage stage6_hopper
+       python3 -m tools.compare --pass bwd --stage stage7_backward \\
                --stage stage7_backward@deterministic --no-long-shapes
   (FLASHCOURSE_LIB_DIR names the stage libraries' folder, default build/lib: make lib)
 """
@@ -66,16 +66,11 @@ import argparse
 import csv
 import gc
 import math
-import os
 import re
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO, "stage5_tuned"))
-import compare_fa2  # noqa: E402  (the shapes and the exit codes: one home each)
-sys.path.insert(0, os.path.join(REPO, "plots"))
-import measure as course_measure  # noqa: E402  (the FLOP count: one home; measure() is this file's)
+from plots import measure as course_measure  # the FLOP count: one home; measure() is this file's
+from tools import compare_fa2  # the shapes and the exit codes: one home each
 
 EXIT = compare_fa2.EXIT
 
@@ -437,6 +432,16 @@ def summary(stages, kinds, ratios):
     return "\n".join(lines)
 
 
+def import_flashcourse():
+    """The course's package: as installed (pip install ./python), else this checkout's
+    python/flashcourse, a package of the repository (python.flashcourse)."""
+    try:
+        import flashcourse
+    except ImportError:
+        from python import flashcourse
+    return flashcourse
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
@@ -447,8 +452,7 @@ def main(argv=None):
     except Exception as e:  # no torch, too old a torch, or no GPU
         print("skipped: no torch/CUDA (%s)" % first_line(e))
         return 0
-    sys.path.insert(0, os.path.join(REPO, "python"))
-    import flashcourse
+    flashcourse = import_flashcourse()
 
     try:
         built = {s.name: s for s in flashcourse.stages()}

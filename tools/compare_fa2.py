@@ -15,12 +15,12 @@ long = B = H = 1, D = 128: N = 262144 only, or with --long the whole long sweep 
 --binary may be given several times (each program a column; PATH@VARIANT runs --variant
 VARIANT). A program that exits 3 (unsupported on this GPU, e.g. stage 6 off Hopper) shows n/a.
 
-stage6_hopper/compare.py makes the comparison in one process instead, every library timed alike
+tools/compare.py makes the comparison in one process instead, every library timed alike
 (CUDA graphs of back-to-back calls), with the FA3-class kernels and the backward pass too; it
 imports this file's shape list.
 
-usage: python3 stage5_tuned/compare_fa2.py [--binary PROG[@VARIANT]]... [--quick] [--long]
-                                           [--no-fa2-shapes] [--no-long-shapes] [--csv OUT]
+usage: python3 -m tools.compare_fa2 [--binary PROG[@VARIANT]]... [--quick] [--long]
+                                    [--no-fa2-shapes] [--no-long-shapes] [--csv OUT]
 """
 import argparse
 import csv
@@ -31,8 +31,7 @@ import re
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plots"))
-import measure  # noqa: E402  (the FLOP count and the timing protocol: one home)
+from plots import measure  # the FLOP count and the timing protocol: one home
 
 # Timed repetitions per PyTorch shape (median): the stage programs' --bench protocol
 # (plots/measure.py: at least 10 calls and half a second). A short burst reads faster: on an H200,
@@ -72,7 +71,7 @@ def parse_args(argv=None):
 
 
 def add_shape_options(p):
-    """The options shapes() reads (this script's and stage6_hopper/compare.py's)."""
+    """The options shapes() reads (this script's and tools/compare.py's)."""
     p.add_argument("--quick", action="store_true", help="N up to 4096 only")
     p.add_argument("--long", action="store_true",
                    help="the whole long sweep (B = H = 1, D = 128, N = 1k..256k)")

@@ -1,11 +1,11 @@
 # SDPA backward times (FLASH_ATTENTION = FA2, CUDNN_ATTENTION) with the stage programs' protocol:
 # CUDA events around each call, L2 flushed before each, warm-up, median of >= 10 calls and 0.5 s
-# (plots/measure.py).
-import os, sys, torch
+# (plots/measure.py). CSV on stdout; tools/compare_bwd.sh runs it.
+#   python3 -m tools.sdpa_bwd > sdpa.csv      (from the repository root)
+import torch
 from torch.nn.attention import sdpa_kernel, SDPBackend
 import torch.nn.functional as F
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "plots"))
-import measure  # the FLOP count and the timing protocol: one home
+from plots import measure  # the FLOP count and the timing protocol: one home
 timer = measure.EventTimer(torch)
 def timeit(fn):
     fn()  # warm-up

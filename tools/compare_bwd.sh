@@ -3,9 +3,9 @@
 # then stage 7 and SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backward on the 20 fa2 shapes
 # with N >= 1024, one protocol for all (CUDA events around each call, L2 flushed before each,
 # median of >= 10 calls and 0.5 s); prints the table of TFLOP/s and time ratios.
-#   OUT=dir bash stage7_backward/measured/compare.sh      (STAGE7=path of the program; SANITIZE=0
-#   skips the sanitizers)
-cd "$(dirname "$0")/../.."
+#   OUT=dir bash tools/compare_bwd.sh      (STAGE7=path of the program; SANITIZE=0 skips the
+#   sanitizers)
+cd "$(dirname "$0")/.."
 OUT=${OUT:-build/compare}; mkdir -p "$OUT"; export OUT
 nvidia-smi -L
 B=${STAGE7:-build/stage7_backward}
@@ -27,11 +27,10 @@ for D in 64 128; do for c in 0 1; do for N in 1024 2048 4096 8192 16384; do
   done
 done; done; done
 echo "== sdpa"
-timeout 200 python3 stage7_backward/measured/sdpa_bwd.py > $OUT/sdpa.csv 2>$OUT/sdpa.err; tail -3 $OUT/sdpa.err
+timeout 200 python3 -m tools.sdpa_bwd > $OUT/sdpa.csv 2>$OUT/sdpa.err; tail -3 $OUT/sdpa.err
 python3 - <<'PY'
-import csv, os, math, sys
-sys.path.insert(0, "plots")
-import measure  # the FLOP count: one home
+import csv, os, math
+from plots import measure  # the FLOP count: one home
 O = os.environ["OUT"]
 s7 = {(r["variant"], r["N"], r["D"], r["causal"]): float(r["bwd_ms"]) for r in csv.DictReader(open(O + "/s7.csv")) if r["bwd_ms"]}
 sd = {}
