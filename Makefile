@@ -10,6 +10,8 @@
 #                        several at once: ARCH="75 89"
 # Builds run in parallel on every core (make -jN of your own overrides it).
 
+# mk/: what the targets below read: detect.mk (the GPU, ARCH and its gencode, the tools),
+# preflight.mk (each goal's one-line preconditions, flags.txt), format.mk (the formatter's targets)
 include mk/detect.mk
 CC        ?= gcc
 BUILD     ?= build
@@ -52,7 +54,7 @@ HEADERS    := common/attention.h common/common.h common/csv_header.h common/devi
 .SECONDARY:
 
 STAGE_OBJ := $(patsubst %,$(BUILD)/obj/%.o,$(STAGES))
-# make profile STAGE=n: the stage's folder, and the numbers there are
+# STAGE=n (profile, diff): its folder; the stage numbers there are
 STAGE_DIR = $(firstword $(wildcard stage$(STAGE)_*))
 STAGE_NUMBERS := $(patsubst stage%,%,$(foreach s,$(STAGES),$(firstword $(subst _, ,$(s)))))
 
