@@ -1,7 +1,7 @@
 """measure.py: how the course counts and times, in Python: the one home of the FLOP count and of
 the timing protocol that the stage programs use (their C side: common/main.c), for every script
-that times another library beside them (plots/sdpa_baseline.py, stage5_tuned/compare_fa2.py,
-stage6_hopper/compare.py, stage7_backward/measured/sdpa_bwd.py, python/examples).
+that times another library beside them (plots/sdpa_baseline.py, tools/compare_fa2.py,
+tools/compare.py, tools/sdpa_bwd.py, python/examples).
 
 FLOPs: the forward is two matrix products of 2 N^2 D each per head, 4 B H N^2 D, halved when
 causal; the backward is five products against the forward's two: 2.5x the forward's (the
@@ -10,7 +10,7 @@ FlashAttention papers' convention). TFLOP/s = FLOPs / time.
 Timing (the programs' protocol): CUDA events around each call, the L2 cache flushed before each
 (FLUSH_BYTES written), a warm-up, then the median of at least MIN_REPS calls and MIN_SECONDS of
 them, or of SLOW_REPS calls when one call takes longer than SLOW_MS. (The comparisons with other
-libraries replay CUDA graphs instead: stage6_hopper/compare.py.)
+libraries replay CUDA graphs instead: tools/compare.py.)
 
 Standard library only: the caller passes its torch module.
 """

@@ -51,7 +51,7 @@ runpy.run_path('python/build_eager.py', run_name='__main__')" 2>&1)
   report_run wheel.sh bash python/tests/wheel.sh "$dir"
   # the drop-ins against torch's SDPA (GPU; SKIP lines without one)
   FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_dropins.py python3 python/tests/test_dropins.py
-  # the comparison scripts (stage6_hopper/compare.py, stage5_tuned/compare_fa2.py) without a GPU
+  # the comparison scripts (tools/compare.py, tools/compare_fa2.py) without a GPU
   report_run test_compare.py python3 python/tests/test_compare.py
   # train_gpt.py's options and checks before training without a GPU (its --sdpa-only run where
   # PyTorch is installed)
