@@ -144,6 +144,21 @@ static inline unsigned attn_shape_asks(const attn_shape *s, int backward) {
     return a;
 }
 
+/* The one home of the 16-byte row rule of the stages that move tiles by 16-byte chunks (cp.async,
+ * 16-byte loads and stores): NULL when each of the `count` layouts has every stride a multiple of 8
+ * elements (16 bytes of a 16-bit type), rows at least D apart and at most max_row elements apart
+ * (what the stage's row arithmetic holds), else why not. */
+#define ATTN_CHUNK_ELEMENTS 8 /* 16-bit elements in 16 bytes */
+static inline const char *attn_strides_refused(const attn_layout *const *l, int count, int D,
+                                               long long max_row) {
+    for (int t = 0; t < count; t++) {
+        if (l[t]->batch % ATTN_CHUNK_ELEMENTS || l[t]->head % ATTN_CHUNK_ELEMENTS ||
+            l[t]->row % ATTN_CHUNK_ELEMENTS || l[t]->row < D || l[t]->row > max_row)
+            return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
+    }
+    return NULL;
+}
+
 /* NULL when a stage that takes `takes` runs this complete shape's inputs, else what it does not
  * take, in a learner's words. */
 static inline const char *attn_shape_refused(const attn_shape *s, unsigned takes, int backward) {

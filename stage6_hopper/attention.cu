@@ -115,7 +115,9 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     }
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
     if (dev->cc != 90) return "needs a Hopper GPU (sm_90): TMA, wgmma and setmaxnreg";
-    if (!hopper_code_here())
+    if (!hopper_code_here(
+            (const void *)
+                attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false, false, false>))
         return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
     // The kernel's shared memory layout is fixed when it is compiled (q_buffers(), o_staged()):
     // a smaller limit (--smem-limit) makes the shape unsupported, it picks no other layout.

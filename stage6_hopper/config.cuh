@@ -23,7 +23,7 @@
 
 // wgmma's fixed shape for fp16 (common/device/sm90.cuh): a warpgroup computes WGMMA_M = 64 rows,
 // WGMMA_K = 16 deep, and any N from 8 to 256 in steps of 8 (here BC keys for S, D columns for O).
-constexpr int PRODUCER_WARPGROUPS = 1;  // warpgroup 0; the consumers are 1 .. C
+// (PRODUCER_WARPGROUPS, common/device/sm90.cuh: warpgroup 0; the consumers are 1 .. C)
 
 // C consumer warpgroups of 64 query rows each, one producer warpgroup in front of them, one
 // block per SM. Two consumers: 128 rows per work tile, 384 threads. Three (D = 64, FlashAttention-

@@ -1,7 +1,7 @@
 /*
- * stage6_hopper/launch.cuh: the host side of a launch: the tensor maps, whether this build has the
- * sm_90a kernels, split-KV's plan for a shape (plan_splits), and the launch of the chosen
- * configuration's kernel, then of the merge (launch_schedule, launch).
+ * stage6_hopper/launch.cuh: the host side of a launch: the tensor maps, split-KV's plan for a
+ * shape (plan_splits), and the launch of the chosen configuration's kernel, then of the merge
+ * (launch_schedule, launch).
  */
 #pragma once
 
@@ -13,22 +13,6 @@
 #include "device/kernel_cache.cuh"  // kernel_versions, kernel_smem_limit: once per device
 #include "device/tensor_map.cuh"    // tensor_map_slabs
 #include "kernel.cuh"
-
-// Q, K, V or O, a [B, heads, rows, D] fp16 (or bf16) tensor in its layout l, as the 4-D tensor
-
-// Whether the kernels on this device are the sm_90a ones (a compute_75 PTX build JIT-compiled
-// on an H100 has only the empty kernel).
-static int hopper_code_here(void) {
-    int ptx = 0, binary = 0;
-    if (kernel_versions(
-            (const void *)
-                attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false, false, false>,
-            &ptx, &binary) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return ptx >= 90 && binary >= 90;
-}
 
 // Split-KV, by stage 5's rule (choose_splits): key ranges per query tile where the work tiles
 // leave SMs idle or make a short last wave, with one slot per SM (the persistent blocks). Decided

@@ -1,8 +1,9 @@
 /*
  * stage6_hopper/schedule.cuh: who works on what. The work tiles (a batch*head, its rows, a range of
  * their key tiles) as the persistent blocks take them from a global counter (work_at,
- * take_next_work), the problem every thread of the kernel reads, and a consumer thread's place
- * in a work tile (consumer_place: its warpgroup, warp and fragment rows).
+ * take_next_work), the problem every thread of the kernel reads, and a consumer thread's rows in
+ * a work tile (its consumer_place, common/device/sm90.cuh's: its warpgroup, warp and fragment
+ * rows).
  */
 #pragma once
 
@@ -148,12 +149,10 @@ __device__ __forceinline__ int take_next_work(int w, const problem &pb, int work
 
 /* ---- a consumer thread's rows ---------------------------------------------------------------- */
 
-// The consumer thread's place: warpgroup wg (0 .. C - 1) owns block rows 64 wg .. 64 wg + 63;
-// in it, warp w owns 16 rows, and lane (g, t) rows g and g + 8 of those (the fragment above).
-typedef struct {
-    int wg, warp, lane, g, t;
-} consumer_place;
-
+// The consumer thread's place (consumer_place_of_thread, common/device/sm90.cuh): warpgroup wg
+// (0 .. C - 1) owns block rows 64 wg .. 64 wg + 63; in it, warp w owns 16 rows, and lane (g, t)
+// rows g and g + 8 of those (the fragment above).
+//
 // The first row of the thread's warpgroup (a row of the head), of its warp (a row of the
 // warpgroup's 64), and of the thread's own two rows (a row of the head; the other is 8 further).
 __device__ __forceinline__ int warpgroup_row0(const work_tile &wt, const consumer_place &p) {
@@ -164,17 +163,4 @@ __device__ __forceinline__ int warp_row0(const consumer_place &p) {
 }
 __device__ __forceinline__ int row_of(const work_tile &wt, const consumer_place &p) {
     return warpgroup_row0(wt, p) + warp_row0(p) + p.g;
-}
-
-// Where this consumer thread sits (consumer_place). The warpgroup index is read from lane 0, so
-// that the compiler knows it is one value per warp and keeps the addresses and descriptors built
-// from it in uniform registers, where wgmma takes them (LOG.md, step 8).
-__device__ __forceinline__ consumer_place consumer_place_of_thread() {
-    consumer_place p;
-    p.wg = __shfl_sync(FULL_WARP, (int)threadIdx.x / WARPGROUP, 0) - PRODUCER_WARPGROUPS;
-    p.warp = (threadIdx.x / WARP_SIZE) % WARPS_PER_WARPGROUP;
-    p.lane = threadIdx.x % WARP_SIZE;
-    p.g = p.lane / QUAD;
-    p.t = p.lane % QUAD;
-    return p;
 }

@@ -1,27 +1,13 @@
 /*
  * stage6_hopper/smem.cuh: the block's shared memory: the layout of the Q buffers, the K/V ring, the
- * O staging tiles and the mbarriers (carve_smem), and the ring's bookkeeping (pipeline_state,
- * wait_full, wait_empty). The 128-byte swizzled slabs that TMA writes and wgmma reads, and their
- * descriptors (slab_offset, desc_k_major, desc_mn_major, ...), are common/device/sm90.cuh's.
+ * O staging tiles and the mbarriers (carve_smem), and the rings' waits (wait_full, wait_empty).
+ * A ring's bookkeeping (pipeline_state) and the 128-byte swizzled slabs that TMA writes and wgmma
+ * reads, with their descriptors (slab_offset, desc_k_major, desc_mn_major, ...), are
+ * common/device/sm90.cuh's.
  */
 #pragma once
 
 #include "config.cuh"
-
-// A ring of SLOTS buffers, each with a "full" and an "empty" mbarrier, used in turn: the
-// count-th use (counted over the whole block, across work tiles, so the ring never resets) is
-// slot count % SLOTS, in that slot's phase count / SLOTS, of which a wait names the parity. The
-// consumers wait on "full" for that phase; the producer waits on "empty" for the phase before
-// (the consumers' release of the slot's last use), which a fresh barrier counts as complete.
-template <int SLOTS>
-struct pipeline_state {
-    int count;  // >= 0: taken as unsigned, % and / by SLOTS are a mask and a shift
-    __device__ __forceinline__ int slot() const { return (int)((uint32_t)count % SLOTS); }
-    __device__ __forceinline__ uint32_t phase() const { return ((uint32_t)count / SLOTS) & 1; }
-    __device__ __forceinline__ uint32_t empty_phase() const { return phase() ^ 1; }
-    __device__ __forceinline__ pipeline_state next() const { return {count + 1}; }
-    __device__ __forceinline__ pipeline_state previous() const { return {count - 1}; }
-};
 
 /* ---- the kernel's shared memory -------------------------------------------------------------- */
 

@@ -6,7 +6,7 @@
  * and the descriptor below hands its forward over). Given Q, K, V, the forward's O and LSE, and dO:
  *
  *   D_i   = rowsum(dO_i * O_i)                          preprocess_kernel, one row per quad
- *   for each key tile K_j, V_j (one block of 8 warps, 128 keys):       backward_smem_kernel
+ *   for each key tile K_j, V_j (one block of 8 warps, 128 keys):       backward_kernel
  *     dK_j = dV_j = 0                                    registers, fp32, for the whole loop
  *     (D = 64: K_j's, V_j's fragments too)               loaded once, read by every S^T, dP^T
  *     for each query tile Q_i, dO_i, LSE_i, D_i (the next one arriving by cp.async):
@@ -23,8 +23,8 @@
  *
  * P^T and dS^T go through shared memory so that each phase splits its product over the 8 warps
  * in the shape that reads least shared memory (FlashAttention-2's layout). Where its 161 KB do not
- * fit (an L4, a T4), backward_kernel runs instead: 16 keys a warp for every product, P^T and dS^T
- * kept in registers as the A operands of dV and dK (variant registers runs it anywhere).
+ * fit (an L4, a T4), backward_registers_kernel runs instead: 16 keys a warp for every product, P^T
+ * and dS^T kept in registers as the A operands of dV and dK (variant registers runs it anywhere).
  *
  * Variant deterministic: the key-tile loop leaves dQ alone, and dq_kernel computes it in a second
  * pass, query tile outer, key tiles inner, accumulating dQ_i in registers (S and dP recomputed once
@@ -39,7 +39,8 @@
  *
  * Run:  make build && build/stage7_backward --seq 4096 --heads 16 --dim 128 --causal --bench
  * Variants (--variant): default (dQ by atomics; sm_90 on: bulk reductions), deterministic (dQ by a
- * second pass), registers (backward_kernel's layout), atomics (dQ by atomics on sm_90 too).
+ * second pass), registers (backward_registers_kernel's layout), atomics (dQ by atomics on sm_90
+ * too).
  *
  * NOTE: what is left is Hopper's instruction set again: wgmma with dS and P staged through shared
  * memory, TMA and warp specialisation, as FlashAttention-3's backward does (README.md, "What is
@@ -56,9 +57,10 @@
 
 #include "attention.h"
 #include "device/backward_prepost.cuh"  // bwd_params; D_i and LSE_i before, dQ to fp16 after
+#include "device/linked_forward.cuh"    // the forward pass: stage 5's, linked
 #include "device/sm80.cuh"              // mma.sync, ldmatrix, cp.async, the fragment vocabulary
 #include "device/sm90.cuh"              // sm_90 on: stmatrix, the TMA unit's bulk reductions
-#include "device/tensor_map.cuh"        // tensor_map_encoder (DQ_BULK's tensor map)
+#include "device/tensor_map.cuh"        // tensor_map_encoder (DQ_BY_BULK's tensor map)
 
 // The stage, one file per role, in reading order (clang-format would sort them):
 // clang-format off
@@ -66,29 +68,24 @@
 #include "smem.cuh"              // swizzled tiles, ldmatrix lane addresses, cp.async copies
 #include "gemm.cuh"              // the warps' products on mma.sync, fragments out
 #include "dq.cuh"                // dQ's accumulation: atomics, or the TMA unit's reductions
-#include "smem_kernel.cuh"       // backward_smem_kernel: P^T, dS^T through shared memory
-#include "registers_kernel.cuh"  // backward_kernel: P^T, dS^T in registers (small GPUs)
+#include "smem_kernel.cuh"       // backward_kernel: P^T, dS^T through shared memory
+#include "registers_kernel.cuh"  // backward_registers_kernel: P^T, dS^T in registers (small GPUs)
 #include "dq_kernel.cuh"         // dq_kernel: the deterministic second pass
 #include "launch.cuh"            // the launcher: configurations, kernels, backward()
 // clang-format on
 
 /* ---- the stage's descriptor: the forward pass is stage 5's ----------------------------------- */
 
-// The forward pass is stage 5's: its attention.cu, compiled a second time with its descriptor
-// renamed to attn_forward_stage (Makefile), linked beside this file.
-extern "C" const attn_stage attn_forward_stage;
+// (linked_forward, common/device/linked_forward.cuh: stage 5's object, linked beside this file)
 
 static const char *stage_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
-    const char *why = attn_forward_stage.unsupported(s, dev, VARIANT_DEFAULT);
+    const char *why = attn_forward_stage.unsupported(s, dev, LINKED_FORWARD_VARIANT);
     if (why) return why;
     // Every tile moves by 16-byte chunks (cp.async), every row by a 32-bit stride (tile_issue).
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
-    for (size_t t = 0; t < sizeof l / sizeof *l; ++t) {
-        if (l[t]->batch % CHUNK_HALVES || l[t]->head % CHUNK_HALVES || l[t]->row % CHUNK_HALVES ||
-            l[t]->row < s->D || l[t]->row > INT_MAX)
-            return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
-    }
+    why = attn_strides_refused(l, (int)(sizeof l / sizeof *l), s->D, INT_MAX);
+    if (why) return why;
     int arch = 0;
     if (kernel_arch(&arch) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -102,19 +99,6 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
     return NULL;
 }
 
-static size_t stage_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
-    (void)variant;
-    return attn_forward_stage.workspace_bytes(s, dev, VARIANT_DEFAULT);
-}
-
-// The forward pass: stage 5's default, whatever this stage's variant.
-static cudaError_t stage_forward(const attn_shape *s, const attn_device *dev, const void *Q,
-                                 const void *K, const void *V, void *O, float *lse, void *workspace,
-                                 int variant, cudaStream_t stream) {
-    (void)variant;
-    return attn_forward_stage.forward(s, dev, Q, K, V, O, lse, workspace, VARIANT_DEFAULT, stream);
-}
-
 extern "C" const attn_stage attn_this_stage = {
     "stage7_backward",
     "FA2's backward: D = rowsum(dO * O), S and P recomputed from Q, K and LSE, dK/dV in registers "
@@ -122,8 +106,8 @@ extern "C" const attn_stage attn_this_stage = {
     ATTN_F16,
     "default,deterministic,registers,atomics",
     stage_unsupported,
-    stage_workspace_bytes,
-    stage_forward,
+    linked_forward_workspace_bytes,
+    linked_forward,
     backward_workspace_bytes,
     backward,
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |

@@ -1,7 +1,7 @@
 /*
  * stage7_backward/config.cuh: the configuration: the tiles of the three kernels
- * (backward_smem_kernel, backward_kernel, dq_kernel), in the order the launcher tries them, their
- * shared memory and whether dQ goes through the TMA unit (the parameters every kernel reads,
+ * (backward_kernel, backward_registers_kernel, dq_kernel), in the order the launcher tries them,
+ * their shared memory and whether dQ goes through the TMA unit (the parameters every kernel reads,
  * bwd_params, and dQ's staging layout are common/device/backward_prepost.cuh's).
  *
  * Part of attention.cu's one translation unit, as every .cuh file of this folder.
@@ -17,36 +17,38 @@
 
 /* ---- tunables -------------------------------------------------------------------------------- */
 
-// A tile configuration. WARPS warps of 16 rows each: a block owns 16 WARPS keys (backward_kernel)
-// or queries (dq_kernel), and dq_kernel's key tiles have as many rows. QROWS: the query tile of
-// backward_kernel's loop (its S^T and dP^T are 16 x QROWS per warp, beside dK and dV: at D = 128
-// those hold 128 registers, and 64-query tiles spill). STAGES = 2 double-buffers the loop's tiles
-// (the next arrives during this one's math); 1 loads each tile when it is needed.
+// A tile configuration. WARPS warps of 16 rows each: a block owns 16 WARPS keys
+// (backward_registers_kernel) or queries (dq_kernel), and dq_kernel's key tiles have as many rows.
+// QROWS: the query tile of backward_registers_kernel's loop (its S^T and dP^T are 16 x QROWS per
+// warp, beside dK and dV: at D = 128 those hold 128 registers, and 64-query tiles spill). STAGES =
+// 2 double-buffers the loop's tiles (the next arrives during this one's math); 1 loads each tile
+// when it is needed.
 typedef struct {
     int WARPS, STAGES, QROWS;
 } tile_config;
 
 // In the order tried: the first whose shared memory fits the block's limit is used (and two
-// stages only where cp.async is). backward_kernel at D = 128: 128 keys a block where they fit (an
-// H100's or A100's shared memory; every key tile adds its part to all of dQ, so twice the keys is
-// half the atomic traffic, and each Q_i, dO_i tile loaded serves twice the keys), then 64 keys,
-// then one buffer (a T4's 64 KB): 104.5 KB, 68.5 KB, 52 KB. At D = 64, 64 keys (128 measured no
-// faster there): 57 KB, then 40.5 KB.
-constexpr tile_config MAIN_TILES_D128[] = {{8, 2, 32}, {4, 2, 32}, {4, 1, 32}};
-constexpr tile_config MAIN_TILES_D64[] = {{4, 2, 64}, {4, 1, 64}};
+// stages only where cp.async is). backward_registers_kernel at D = 128: 128 keys a block where they
+// fit (an H100's or A100's shared memory; every key tile adds its part to all of dQ, so twice the
+// keys is half the atomic traffic, and each Q_i, dO_i tile loaded serves twice the keys), then 64
+// keys, then one buffer (a T4's 64 KB): 104.5 KB, 68.5 KB, 52 KB. At D = 64, 64 keys (128 measured
+// no faster there): 57 KB, then 40.5 KB.
+constexpr tile_config REGISTERS_TILES_D128[] = {{8, 2, 32}, {4, 2, 32}, {4, 1, 32}};
+constexpr tile_config REGISTERS_TILES_D64[] = {{4, 2, 64}, {4, 1, 64}};
 // dq_kernel (deterministic variant): 64 query rows a block, key tiles double-buffered or not.
 constexpr tile_config DQ_TILES_D128[] = {{4, 2, 0}, {4, 1, 0}};
 constexpr tile_config DQ_TILES_D64[] = {{4, 2, 0}, {4, 1, 0}};
 
-template <int D, bool MAIN>
+template <int D, bool REGISTERS>
 __host__ __device__ constexpr const tile_config *tiles_for() {
-    return MAIN ? (D == 64 ? MAIN_TILES_D64 : MAIN_TILES_D128)
-                : (D == 64 ? DQ_TILES_D64 : DQ_TILES_D128);
+    return REGISTERS ? (D == 64 ? REGISTERS_TILES_D64 : REGISTERS_TILES_D128)
+                     : (D == 64 ? DQ_TILES_D64 : DQ_TILES_D128);
 }
-template <int D, bool MAIN>
+template <int D, bool REGISTERS>
 __host__ __device__ constexpr int tile_count() {
-    constexpr size_t bytes = MAIN ? (D == 64 ? sizeof(MAIN_TILES_D64) : sizeof(MAIN_TILES_D128))
-                                  : (D == 64 ? sizeof(DQ_TILES_D64) : sizeof(DQ_TILES_D128));
+    constexpr size_t bytes =
+        REGISTERS ? (D == 64 ? sizeof(REGISTERS_TILES_D64) : sizeof(REGISTERS_TILES_D128))
+                  : (D == 64 ? sizeof(DQ_TILES_D64) : sizeof(DQ_TILES_D128));
     return (int)(bytes / sizeof(tile_config));
 }
 
@@ -57,9 +59,9 @@ constexpr int LOOP_VECTORS = 2;
 __host__ __device__ constexpr int tile_rows(tile_config c) {
     return MMA_M * c.WARPS;
 }
-// backward_kernel: K_j, V_j [ROWS, D]; STAGES x (Q_i, dO_i [QROWS, D]); dS^T [ROWS, QROWS];
-// STAGES x (LSE_i, D_i [QROWS] floats)
-__host__ __device__ constexpr size_t main_smem_bytes(tile_config c, int D) {
+// backward_registers_kernel: K_j, V_j [ROWS, D]; STAGES x (Q_i, dO_i [QROWS, D]); dS^T [ROWS,
+// QROWS]; STAGES x (LSE_i, D_i [QROWS] floats)
+__host__ __device__ constexpr size_t registers_smem_bytes(tile_config c, int D) {
     return (2 * (size_t)tile_rows(c) + 2 * (size_t)c.STAGES * c.QROWS) * D * sizeof(__half) +
            (size_t)tile_rows(c) * c.QROWS * sizeof(__half) +
            LOOP_VECTORS * (size_t)c.STAGES * c.QROWS * sizeof(float);
@@ -69,14 +71,14 @@ __host__ __device__ constexpr size_t dq_smem_bytes(tile_config c, int D) {
     return (2 + 2 * (size_t)c.STAGES) * tile_rows(c) * D * sizeof(__half);
 }
 
-/* ---- backward_smem_kernel: P^T and dS^T through shared memory (FlashAttention-2's) ----------- */
+/* ---- backward_kernel: P^T and dS^T through shared memory (FlashAttention-2's) ---------------- */
 
-// A tile configuration of backward_smem_kernel: 8 warps, KEYS keys a block, QROWS queries a loop
+// A tile configuration of backward_kernel: 8 warps, KEYS keys a block, QROWS queries a loop
 // tile, STAGES buffers of Q_i, dO_i. P^T and dS^T go through shared memory, so that each of the
 // five products splits its output over the 8 warps in the shape that reads least shared memory
 // for it (32 x 32 or 32 x 64 fragments a warp; see the phases below), instead of all five
-// following the 16 keys a warp owns in backward_kernel. The scores phase goes over the warp's
-// queries in SCORE_PASSES blocks (fewer registers for S^T and dP^T); KV_REGS: the warp's
+// following the 16 keys a warp owns in backward_registers_kernel. The scores phase goes over the
+// warp's queries in SCORE_PASSES blocks (fewer registers for S^T and dP^T); KV_REGS: the warp's
 // fragments of K_j and V_j (the A operands of S^T and dP^T, the same for every query tile) are
 // loaded into registers once, so that the scores phase reads only Q_i and dO_i.
 typedef struct {
@@ -86,7 +88,7 @@ typedef struct {
 
 // D = 128: 128 keys x 64 queries (161 KB: an H100, H200 or A100); D = 64: 128 x 128 (162 KB), K_j
 // and V_j in 64 registers (at D = 128 they would take 128, beside dK and dV's 128). Where it does
-// not fit (an L4's 99 KB, a T4's 64 KB) the launcher falls back to backward_kernel.
+// not fit (an L4's 99 KB, a T4's 64 KB) the launcher falls back to backward_registers_kernel.
 constexpr smem_p_config SMEM_P_TILES_D128 = {128, 64, 2, 1, false};
 constexpr smem_p_config SMEM_P_TILES_D64 = {128, 128, 2, 4, true};
 constexpr int SMEM_P_WARPS = 8;
@@ -99,7 +101,7 @@ __host__ __device__ constexpr smem_p_config smem_p_tiles() {
     return D == 64 ? SMEM_P_TILES_D64 : SMEM_P_TILES_D128;
 }
 
-// From sm_90 on, the dQ tile reaches dQ_acc through the TMA unit (DQ_BULK): each warp stores its
+// From sm_90 on, the dQ tile reaches dQ_acc through the TMA unit (DQ_BY_BULK): each warp stores its
 // fp32 fragments into a staging tile in shared memory, and one thread hands the whole tile to a
 // bulk tensor reduction, cp.reduce.async.bulk.tensor .add, which adds it to global memory without
 // the warps' atomics (their queue was what the dQ phase waited on: LOG.md, steps 5 and 6).
@@ -108,9 +110,19 @@ constexpr int DQ_BULK_ARCH = 90;
 __host__ __device__ constexpr bool dq_bulk(int arch) {
     return arch >= DQ_BULK_ARCH;
 }
+// Whether a kernel that adds dQ (ADDS_DQ) and may add it by bulk reductions (BULK_OK) does so in
+// this target's code: from sm_90 on (host code: never).
+template <bool ADDS_DQ, bool BULK_OK>
+__host__ __device__ constexpr bool dq_by_bulk_here() {
+#ifdef __CUDA_ARCH__
+    return ADDS_DQ && BULK_OK && dq_bulk(__CUDA_ARCH__ / 10);
+#else
+    return false;
+#endif
+}
 
 // K_j, V_j [KEYS, D]; STAGES x (Q_i, dO_i [QROWS, D]); P^T, dS^T [KEYS, QROWS]; STAGES x (LSE_i,
-// D_i [QROWS] floats); with DQ_BULK (bulk), the dQ staging tile, QROWS x D floats.
+// D_i [QROWS] floats); with DQ_BY_BULK (bulk), the dQ staging tile, QROWS x D floats.
 __host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D, bool bulk) {
     return (2 * (size_t)c.KEYS + 2 * (size_t)c.STAGES * c.QROWS) * D * sizeof(__half) +
            2 * (size_t)c.KEYS * c.QROWS * sizeof(__half) +

@@ -20,7 +20,7 @@ __device__ __forceinline__ void add_pair(float *to, float x, float y) {
 #endif
 }
 
-// DQ_BULK: the warp's fp32 fragments (MT m16 blocks of rows from row0, NT n8 blocks of columns
+// DQ_BY_BULK: the warp's fp32 fragments (MT m16 blocks of rows from row0, NT n8 blocks of columns
 // from col0, col0 a multiple of DQ_SLAB_COLS) into the dQ staging tile's slabs, made visible to
 // the bulk reduction (add_staged_dq_tile, after the next barrier).
 template <int QROWS, int MT, int NT>
@@ -46,7 +46,7 @@ __device__ __forceinline__ void stage_dq_fragments(uint32_t dq_stage, const floa
     fence_proxy_async();
 }
 
-// DQ_BULK: after a barrier that follows every warp's stage_dq_fragments, thread 0 hands the
+// DQ_BY_BULK: after a barrier that follows every warp's stage_dq_fragments, thread 0 hands the
 // staging tile to one bulk tensor reduction into rows q0 .. q0 + QROWS of (batch, head) bh of
 // dQ_acc (rows past N skipped by the TMA unit).
 __device__ __forceinline__ void add_staged_dq_tile(const CUtensorMap *dq_map, uint32_t dq_stage,

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int q_row = q0 + MMA_M * warp;  // this warp's first query
     // Causal: the tile's last query (or N's) sees keys up to it + N_k - N (none: no key tile).
-    const int kv_end = p.causal ? max(0, min(min(q0 + ROWS, p.N) + p.causal_shift, p.N_k)) : p.N_k;
+    const int kv_end = p.causal ? max(0, min(min(q0 + ROWS, p.N) + p.key_shift, p.N_k)) : p.N_k;
     const int k_tiles = (kv_end + ROWS - 1) / ROWS;
 
     // Shared memory: Q_smem, dO_smem [ROWS, D]; per stage K_smem, V_smem [ROWS, D]; swizzled.
@@ -95,13 +95,13 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
         float S[NB][4], dP[NB][4];
         uint32_t A[KC][4];
         gemm_rows_by_rows<BF16, D>(S, Q_warp, K_tile);  // S = Q_i K_j^T
-        const bool mask = k0 + ROWS > p.N_k || (p.causal && k0 + ROWS - 1 > q0 + p.causal_shift);
+        const bool mask = k0 + ROWS > p.N_k || (p.causal && k0 + ROWS - 1 > q0 + p.key_shift);
 #pragma unroll
         for (int n = 0; n < NB; ++n) {
 #pragma unroll
             for (int e = 0; e < FRAG_REGS; ++e) {  // P = 2^(c S - LSE); masked keys: P = 0
                 const int key = k0 + frag_col(n, e);
-                const int query = q_row + frag_row(e) + p.causal_shift;  // as a key index
+                const int query = q_row + frag_row(e) + p.key_shift;  // as a key index
                 const bool off = mask && (key >= p.N_k || (p.causal && key > query));
                 const float x = fmaf(S[n][e], p.scale_log2, -lse2[frag_h(e)]);
                 S[n][e] = off ? 0.f : fast_exp2(x);

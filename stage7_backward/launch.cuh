@@ -24,12 +24,12 @@ enum {
     VARIANTS = 4
 };
 
-// How dQ is added up: DQ_SECOND_PASS (deterministic: dq_kernel), DQ_BY_ATOMICS (the warps'
-// red.global.add), DQ_BY_BULK (backward_smem_kernel on sm_90 on: the TMA unit's bulk reductions;
+// How dQ is added up: DQ_BY_SECOND_PASS (deterministic: dq_kernel), DQ_BY_ATOMICS (the warps'
+// red.global.add), DQ_BY_BULK (backward_kernel on sm_90 on: the TMA unit's bulk reductions;
 // variant atomics switches them off).
-enum dq_way { DQ_SECOND_PASS, DQ_BY_ATOMICS, DQ_BY_BULK };
+enum dq_way { DQ_BY_SECOND_PASS, DQ_BY_ATOMICS, DQ_BY_BULK };
 static dq_way dq_way_for(int variant, int arch) {
-    if (variant == VARIANT_DETERMINISTIC) return DQ_SECOND_PASS;
+    if (variant == VARIANT_DETERMINISTIC) return DQ_BY_SECOND_PASS;
     return variant != VARIANT_ATOMICS && dq_bulk(arch) ? DQ_BY_BULK : DQ_BY_ATOMICS;
 }
 
@@ -42,21 +42,21 @@ static cudaError_t kernel_arch(int *arch) {
     return cudaSuccess;
 }
 
-// The first configuration of the kernel's list (MAIN_TILES_D64 ... DQ_TILES_D128, in order) whose
-// shared memory fits the block's limit, with two stages only where cp.async is (arch >= 80); its
-// index, or -1.
-template <int D, bool MAIN>
+// The first configuration of the kernel's list (REGISTERS_TILES_D64 ... DQ_TILES_D128, in order)
+// whose shared memory fits the block's limit, with two stages only where cp.async is (arch >= 80);
+// its index, or -1.
+template <int D, bool REGISTERS>
 static int choose_tiles_for(size_t smem_limit, int arch) {
-    for (int i = 0; i < tile_count<D, MAIN>(); ++i) {
-        const tile_config c = tiles_for<D, MAIN>()[i];
+    for (int i = 0; i < tile_count<D, REGISTERS>(); ++i) {
+        const tile_config c = tiles_for<D, REGISTERS>()[i];
         if (c.STAGES > 1 && arch < 80) continue;
-        if ((MAIN ? main_smem_bytes(c, D) : dq_smem_bytes(c, D)) <= smem_limit) return i;
+        if ((REGISTERS ? registers_smem_bytes(c, D) : dq_smem_bytes(c, D)) <= smem_limit) return i;
     }
     return -1;
 }
 
-static int choose_tiles(int D, size_t smem_limit, int arch, bool main_kernel) {
-    if (main_kernel) {
+static int choose_tiles(int D, size_t smem_limit, int arch, bool registers_kernel) {
+    if (registers_kernel) {
         return D == 64 ? choose_tiles_for<64, true>(smem_limit, arch)
                        : choose_tiles_for<128, true>(smem_limit, arch);
     }
@@ -64,24 +64,24 @@ static int choose_tiles(int D, size_t smem_limit, int arch, bool main_kernel) {
                    : choose_tiles_for<128, false>(smem_limit, arch);
 }
 
-static tile_config tiles_at(int D, bool main_kernel, int i) {
-    if (main_kernel) return D == 64 ? MAIN_TILES_D64[i] : MAIN_TILES_D128[i];
+static tile_config tiles_at(int D, bool registers_kernel, int i) {
+    if (registers_kernel) return D == 64 ? REGISTERS_TILES_D64[i] : REGISTERS_TILES_D128[i];
     return D == 64 ? DQ_TILES_D64[i] : DQ_TILES_D128[i];
 }
 
 typedef void (*kernel_fn)(bwd_params);
-typedef void (*smem_kernel_fn)(bwd_params, CUtensorMap);  // + dQ_acc's map (DQ_BULK)
+typedef void (*smem_kernel_fn)(bwd_params, CUtensorMap);  // + dQ_acc's map (DQ_BY_BULK)
 
-// The kernel of configuration i of its list: backward_kernel (MAIN, dQ by atomics or not) or
-// dq_kernel, every configuration instantiated (BF16: for bf16 storage).
-template <int D, bool MAIN, bool BF16, int I = 0>
+// The kernel of configuration i of its list: backward_registers_kernel (REGISTERS, dQ by atomics or
+// not) or dq_kernel, every configuration instantiated (BF16: for bf16 storage).
+template <int D, bool REGISTERS, bool BF16, int I = 0>
 static kernel_fn kernel_for(int i, bool atomic) {
-    if constexpr (I < tile_count<D, MAIN>()) {
-        constexpr tile_config c = tiles_for<D, MAIN>()[I];
-        if (i != I) return kernel_for<D, MAIN, BF16, I + 1>(i, atomic);
-        if constexpr (MAIN) {
-            return atomic ? backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, true, BF16>
-                          : backward_kernel<D, c.WARPS, c.STAGES, c.QROWS, false, BF16>;
+    if constexpr (I < tile_count<D, REGISTERS>()) {
+        constexpr tile_config c = tiles_for<D, REGISTERS>()[I];
+        if (i != I) return kernel_for<D, REGISTERS, BF16, I + 1>(i, atomic);
+        if constexpr (REGISTERS) {
+            return atomic ? backward_registers_kernel<D, c.WARPS, c.STAGES, c.QROWS, true, BF16>
+                          : backward_registers_kernel<D, c.WARPS, c.STAGES, c.QROWS, false, BF16>;
         } else {
             return dq_kernel<D, c.WARPS, c.STAGES, BF16>;
         }
@@ -91,7 +91,7 @@ static kernel_fn kernel_for(int i, bool atomic) {
     }
 }
 
-// backward_smem_kernel where cp.async is and its shared memory fits the block's limit.
+// backward_kernel where cp.async is and its shared memory fits the block's limit.
 static bool smem_p_fits(int D, size_t smem_limit, int arch, dq_way dq) {
     const smem_p_config c = D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
     return arch >= 80 && smem_p_bytes(c, D, dq == DQ_BY_BULK) <= smem_limit;
@@ -101,15 +101,15 @@ template <int D, bool BF16>
 static smem_kernel_fn smem_p_kernel(dq_way dq) {
     constexpr smem_p_config c = smem_p_tiles<D>();
     switch (dq) {
-        case DQ_SECOND_PASS:
-            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
-                                        false, false, BF16>;
+        case DQ_BY_SECOND_PASS:
+            return backward_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS, false,
+                                   false, BF16>;
         case DQ_BY_ATOMICS:
-            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
-                                        true, false, BF16>;
+            return backward_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS, true,
+                                   false, BF16>;
         default:
-            return backward_smem_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS,
-                                        true, true, BF16>;
+            return backward_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS, true,
+                                   true, BF16>;
     }
 }
 
@@ -159,7 +159,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
         const smem_kernel_fn sk =
             s->D == 64 ? smem_p_kernel<64, BF16>(dq) : smem_p_kernel<128, BF16>(dq);
         CUtensorMap dq_map;
-        memset(&dq_map, 0, sizeof dq_map);  // unread but by the DQ_BULK kernels
+        memset(&dq_map, 0, sizeof dq_map);  // unread but by the DQ_BY_BULK kernels
         if (dq == DQ_BY_BULK) ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, c.QROWS));
         ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N_k, c.KEYS), BH_kv),
                         SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, dq == DQ_BY_BULK), stream,
@@ -169,7 +169,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
         const kernel_fn mk = s->D == 64 ? kernel_for<64, true, BF16>(mi, atomic)
                                         : kernel_for<128, true, BF16>(mi, atomic);
         ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N_k, tile_rows(mc)), BH_kv),
-                        mc.WARPS * WARP_SIZE, main_smem_bytes(mc, s->D), stream, p));
+                        mc.WARPS * WARP_SIZE, registers_smem_bytes(mc, s->D), stream, p));
     }
     if (atomic) {
         const size_t head_threads = (size_t)s->N * s->D / CONVERT_FLOATS;  // a (batch, head)'s

@@ -1,7 +1,7 @@
 /*
- * stage7_backward/registers_kernel.cuh: backward_kernel, the layout with P^T and dS^T in registers:
- * 16 keys a warp for every product. The variant registers, and the fallback where
- * backward_smem_kernel's shared memory does not fit (an L4, a T4).
+ * stage7_backward/registers_kernel.cuh: backward_registers_kernel, the layout with P^T and dS^T in
+ * registers: 16 keys a warp for every product. The variant registers, and the fallback where
+ * backward_kernel's shared memory does not fit (an L4, a T4).
  */
 #pragma once
 
@@ -131,10 +131,10 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
 // One block = one key tile K_j, V_j of one (batch, key/value head), ROWS keys, 16 per warp; it
 // loops over the query tiles that see it (causal: from its own diagonal on) of every query head of
 // its group (GQA: one head after the other, dK_j and dV_j summed over them in registers).
-// DQ_ATOMIC: the block also adds its part of dQ (the default); the deterministic variant leaves dQ
+// ADDS_DQ: the block also adds its part of dQ (the default); the deterministic variant leaves dQ
 // to dq_kernel.
-template <int D, int WARPS, int STAGES, int QROWS, bool DQ_ATOMIC, bool BF16>
-__global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_params p) {
+template <int D, int WARPS, int STAGES, int QROWS, bool ADDS_DQ, bool BF16>
+__global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_registers_kernel(const bwd_params p) {
     constexpr tile_config CFG = {WARPS, STAGES, QROWS};
     constexpr int THREADS = WARPS * WARP_SIZE;
     constexpr int ROWS = tile_rows(CFG);       // keys per block
@@ -158,9 +158,9 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
     const int b = (int)blockIdx.y / p.H_kv, hk = (int)blockIdx.y % p.H_kv;  // batch, K/V head
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int key_row = k0 + MMA_M * warp;  // this warp's first key
-    // Earlier queries see no key here (causal: query i sees keys <= i + causal_shift); from a
+    // Earlier queries see no key here (causal: query i sees keys <= i + key_shift); from a
     // whole query tile, so that LSE_i and D_i stay within their padded rows.
-    const int q_begin = p.causal ? max(k0 - p.causal_shift, 0) / QROWS * QROWS : 0;
+    const int q_begin = p.causal ? max(k0 - p.key_shift, 0) / QROWS * QROWS : 0;
     const int tiles = max((p.N - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
 
     // Shared memory: K_smem, V_smem [ROWS, D]; per stage Q_smem, dO_smem [QROWS, D]; dS_smem
@@ -171,13 +171,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
     const uint32_t dS_smem = dO_smem + STAGES * Q_TILE;
     const uint32_t vec_smem = dS_smem + ROWS * QROWS * sizeof(__half);
 
-    tile_issue<ROWS, D, THREADS>(
-        K_smem, p.K + head_offset(p.layout.k, b, hk) + rows_offset(k0, p.layout.k.row),
-        p.layout.k.row, p.N_k - k0);
-    tile_issue<ROWS, D, THREADS>(
-        V_smem, p.V + head_offset(p.layout.v, b, hk) + rows_offset(k0, p.layout.v.row),
-        p.layout.v.row, p.N_k - k0);
-    cp_async_commit();
+    issue_key_tile<D, ROWS, THREADS>(p, K_smem, V_smem, b, hk, k0);
     int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
     if (STAGES == 2) issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0);
 
@@ -206,7 +200,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
         float S[NB][4], dP[NB][4];
         uint32_t A[KC][4];
         gemm_rows_by_rows<BF16, D>(S, K_warp, Q_tile);  // S^T = K_j Q_i^T
-        const int qk0 = q0 + p.causal_shift;            // the tile's first query as a key index
+        const int qk0 = q0 + p.key_shift;               // the tile's first query as a key index
         const bool mask = k0 + ROWS > p.N_k || (p.causal && qk0 < k0 + ROWS - 1);
         probabilities_t(S, vec_tile, key_row, qk0, p, mask);  // P^T
         gemm_rows_by_rows<BF16, D>(dP, V_warp, dO_tile);      // dP^T = V_j dO_i^T
@@ -225,7 +219,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_kernel(const bwd_pa
         to_a_fragments<BF16>(A, dP);
         gemm_frags_by_tile<BF16, D>(dK, A, Q_tile);  // dK_j += dS^T Q_i
         // LAB HOLE 2 END
-        if (DQ_ATOMIC) {
+        if (ADDS_DQ) {
             store_score_gradients<QROWS>(dS_smem, A, warp);
             __syncthreads();  // dS_smem written by every warp, visible to all
             accumulate_dq<BF16, D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem,

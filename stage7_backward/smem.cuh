@@ -111,6 +111,20 @@ __device__ __forceinline__ void next_query_tile(int &hq, int &q0, int q_begin, i
     if (q0 >= N) q0 = q_begin, ++hq;
 }
 
+// The block's key tile: K_j and V_j ([ROWS, D], keys k0 .. of key/value head hk of batch b; keys
+// past N_k as zeros) into K_smem and V_smem. One commit group.
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void issue_key_tile(const bwd_params &p, uint32_t K_smem,
+                                               uint32_t V_smem, int b, int hk, int k0) {
+    tile_issue<ROWS, D, THREADS>(
+        K_smem, p.K + head_offset(p.layout.k, b, hk) + rows_offset(k0, p.layout.k.row),
+        p.layout.k.row, p.N_k - k0);
+    tile_issue<ROWS, D, THREADS>(
+        V_smem, p.V + head_offset(p.layout.v, b, hk) + rows_offset(k0, p.layout.v.row),
+        p.layout.v.row, p.N_k - k0);
+    cp_async_commit();
+}
+
 // The main kernel's loop tile: Q_i and dO_i ([ROWS, D]) and LSE_i, D_i ([ROWS] floats) of query
 // tile q0 of query head h of batch b, copied into buffer `at`. One commit group.
 template <int D, int ROWS, int THREADS, bool WHOLE_UNROLLED = true>

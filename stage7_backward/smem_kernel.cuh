@@ -1,8 +1,9 @@
 /*
- * stage7_backward/smem_kernel.cuh: backward_smem_kernel, the default main kernel
- * (FlashAttention-2's layout): P^T and dS^T through shared memory, so that each of the five
- * products splits over the 8 warps in the shape that reads least shared memory. One block per key
- * tile; per query tile, three phases between two barriers (scores, dV and dK, dQ).
+ * stage7_backward/smem_kernel.cuh: backward_kernel, the main kernel (FlashAttention-2's layout;
+ * backward_registers_kernel is the fallback where its shared memory does not fit): P^T and dS^T
+ * through shared memory, so that each of the five products splits over the 8 warps in the shape
+ * that reads least shared memory. One block per key tile; per query tile, three phases between two
+ * barriers (scores, dV and dK, dQ).
  */
 #pragma once
 
@@ -121,6 +122,36 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
     }
 }
 
+// The epilogue: the warp's dK_j (times the scale: S = scale Q K^T) and dV_j, keys key_row ..
+// (MT m16 blocks) x head-dim columns col0 .. (NT n8 blocks) of (batch b, key/value head hk), to
+// global memory in the storage type (keys past N_k skipped).
+template <bool BF16, int MT, int NT>
+__device__ __forceinline__ void store_dkv_fragments(const bwd_params &p,
+                                                    const float (&dK)[MT][NT][4],
+                                                    const float (&dV)[MT][NT][4], int b, int hk,
+                                                    int key_row, int col0) {
+    __half *const dK_rows = p.dK + head_offset(p.layout.dK, b, hk);  // [N_k, D] of (b, hk)
+    __half *const dV_rows = p.dV + head_offset(p.layout.dV, b, hk);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+#pragma unroll
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+            const int r = key_row + MMA_M * m + g + FRAG_ROW_STEP * h;
+            if (r >= p.N_k) continue;
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const int col = col0 + MMA_N * n + FRAG_LANE_COLS * t;
+                *reinterpret_cast<uint32_t *>(dK_rows + rows_offset(r, p.layout.dK.row) + col) =
+                    pack2_of<BF16>(dK[m][n][frag_reg(h, 0)] * p.scale,
+                                   dK[m][n][frag_reg(h, 1)] * p.scale);
+                *reinterpret_cast<uint32_t *>(dV_rows + rows_offset(r, p.layout.dV.row) + col) =
+                    pack2_of<BF16>(dV[m][n][frag_reg(h, 0)], dV[m][n][frag_reg(h, 1)]);
+            }
+        }
+    }
+}
+
 // One block = one key tile K_j, V_j of one (batch, key/value head), KEYS keys; it loops over the
 // query tiles that see it (causal: from its own diagonal on) of every query head of its group
 // (GQA: H / H_kv heads, one after the other, dK_j and dV_j summed over them in registers). Per
@@ -133,10 +164,10 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 //   dQ:        warp (qw', dw'): 32 queries x its share of D of dS K_j, added by fp32 atomics
 //              (sm_90 on: stored to a staging tile, which goes to dQ_acc by one bulk tensor
 //              reduction issued after the next iteration's first barrier)
-template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool KV_REGS, bool DQ_ATOMIC,
-          bool DQ_BULK_OK, bool BF16>
+template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool KV_REGS, bool ADDS_DQ,
+          bool DQ_BY_BULK_OK, bool BF16>
 __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
-    backward_smem_kernel(const bwd_params p, const __grid_constant__ CUtensorMap dq_map) {
+    backward_kernel(const bwd_params p, const __grid_constant__ CUtensorMap dq_map) {
     constexpr int THREADS = SMEM_P_WARPS * WARP_SIZE;
     constexpr int ROW_BYTES = D * HALF_BYTES;
     constexpr int WARP_KEYS = KEYS / SMEM_P_KEY_WARPS;         // keys of a warp, every phase but dQ
@@ -152,12 +183,7 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     constexpr uint32_t KV_TILE = KEYS * ROW_BYTES, Q_TILE = QROWS * ROW_BYTES;
     constexpr uint32_t PS_TILE = KEYS * QROWS * sizeof(__half);
     constexpr uint32_t VEC = LOOP_VECTORS * QROWS * sizeof(float);  // LSE_i, then D_i
-#ifdef __CUDA_ARCH__
-    constexpr bool BULK = DQ_ATOMIC && DQ_BULK_OK && dq_bulk(__CUDA_ARCH__ / 10);  // dQ by bulk
-                                                                                   // reductions
-#else
-    constexpr bool BULK = false;
-#endif
+    constexpr bool BULK = dq_by_bulk_here<ADDS_DQ, DQ_BY_BULK_OK>();  // dQ by bulk reductions
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 has no cp.async for a second buffer, and a T4's shared memory is too small for this
     // kernel: the launcher never picks it there.
@@ -169,9 +195,9 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     const int b = (int)blockIdx.y / p.H_kv, hk = (int)blockIdx.y % p.H_kv;  // batch, K/V head
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int kw = warp % SMEM_P_KEY_WARPS, cw = warp / SMEM_P_KEY_WARPS;
-    // Earlier queries see no key here (causal: query i sees keys <= i + causal_shift); from a
+    // Earlier queries see no key here (causal: query i sees keys <= i + key_shift); from a
     // whole query tile, so that LSE_i and D_i stay within their padded rows.
-    const int q_begin = p.causal ? max(k0 - p.causal_shift, 0) / QROWS * QROWS : 0;
+    const int q_begin = p.causal ? max(k0 - p.key_shift, 0) / QROWS * QROWS : 0;
     const int tiles = max((p.N - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
 
     // Shared memory: K_smem, V_smem [KEYS, D]; per stage Q_smem, dO_smem [QROWS, D]; P_smem,
@@ -183,13 +209,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     const uint32_t P_smem = dO_smem + STAGES * Q_TILE, dS_smem = P_smem + PS_TILE;
     const uint32_t vec_smem = dS_smem + PS_TILE, dq_stage = vec_smem + STAGES * VEC;
 
-    tile_issue<KEYS, D, THREADS>(
-        K_smem, p.K + head_offset(p.layout.k, b, hk) + rows_offset(k0, p.layout.k.row),
-        p.layout.k.row, p.N_k - k0);
-    tile_issue<KEYS, D, THREADS>(
-        V_smem, p.V + head_offset(p.layout.v, b, hk) + rows_offset(k0, p.layout.v.row),
-        p.layout.v.row, p.N_k - k0);
-    cp_async_commit();
+    // The prologue: K_j, V_j and the first loop tile.
+    issue_key_tile<D, KEYS, THREADS>(p, K_smem, V_smem, b, hk, k0);
     int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
     issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0);
 
@@ -228,8 +249,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
             score_gradients<BF16, D, QROWS, MT, NT_S, KV_REGS, KF>(
                 p, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES, K_frag,
                 V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw,
-                q0 + p.causal_shift, WARP_QUERIES * cw + pass * PASS_QUERIES,
-                k0 + KEYS > p.N_k || (p.causal && q0 + p.causal_shift < k0 + KEYS - 1));
+                q0 + p.key_shift, WARP_QUERIES * cw + pass * PASS_QUERIES,
+                k0 + KEYS > p.N_k || (p.causal && q0 + p.key_shift < k0 + KEYS - 1));
         }
         if (BULK) bulk_wait<true>();  // the staged tile thread 0 handed over is read
         __syncthreads();  // P_smem and dS_smem written by every warp, visible to all; BULK:
@@ -252,9 +273,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         gemm_nn<BF16, MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
             dK, dS_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, Q_tile, col_chunk);
         // LAB HOLE 2 END
-        // dQ_i += dS K_j, by fp32 atomics or staged for bulk reductions (last: LOG.md, step 4's
-        // try)
-        if (DQ_ATOMIC) {
+        // dQ_i += dS K_j: fp32 atomics, or staged for bulk reductions (LOG.md, step 4's try)
+        if (ADDS_DQ) {
             const size_t acc = (size_t)(b * p.H + hq) * p.N * D;  // its head of dQ_acc
             accumulate_dq_tile<BF16, D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, acc, q0);
         }
@@ -266,24 +286,5 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         add_staged_dq_tile(&dq_map, dq_stage, q0_prev, b * p.H + hq_prev);
         bulk_wait<false>();
     }
-    __half *const dK_rows = p.dK + head_offset(p.layout.dK, b, hk);  // [N_k, D] of (b, hk)
-    __half *const dV_rows = p.dV + head_offset(p.layout.dV, b, hk);
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        const int g = lane_index() / QUAD, t = lane_index() % QUAD;
-#pragma unroll
-        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
-            const int r = k0 + WARP_KEYS * kw + MMA_M * m + g + FRAG_ROW_STEP * h;
-            if (r >= p.N_k) continue;
-#pragma unroll
-            for (int n = 0; n < NT_KV; ++n) {
-                const int col = WARP_COLS * cw + MMA_N * n + FRAG_LANE_COLS * t;
-                *reinterpret_cast<uint32_t *>(dK_rows + rows_offset(r, p.layout.dK.row) + col) =
-                    pack2_of<BF16>(dK[m][n][frag_reg(h, 0)] * p.scale,
-                                   dK[m][n][frag_reg(h, 1)] * p.scale);
-                *reinterpret_cast<uint32_t *>(dV_rows + rows_offset(r, p.layout.dV.row) + col) =
-                    pack2_of<BF16>(dV[m][n][frag_reg(h, 0)], dV[m][n][frag_reg(h, 1)]);
-            }
-        }
-    }
+    store_dkv_fragments<BF16>(p, dK, dV, b, hk, k0 + WARP_KEYS * kw, WARP_COLS * cw);
 }

@@ -35,7 +35,7 @@
  *       dK *= scale; store dK_j, dV_j                                            (store_dkv)
  *   dQ = scale dQ_acc, in the storage type                 dq_convert_kernel (stage 7's, shared)
  *
- * Variants: atomicdq (dQ by the consumers' fp32 atomics, the dQ warp idle), deterministic (each
+ * Variants: atomics (dQ by the consumers' fp32 atomics, the dQ warp idle), deterministic (each
  * query tile's dQ adds in a fixed key-tile order, by a counter in global memory: bit-identical dQ;
  * dq_turn_of() says the order).
  *
@@ -61,13 +61,16 @@
 
 #include "attention.h"
 #include "device/backward_prepost.cuh"  // bwd_params; D_i and LSE_i before, dQ's conversion after
+#include "device/linked_forward.cuh"    // the forward pass: stage 6's, linked
 #include "device/sm80.cuh"              // plain shared-memory loads and stores by address
 #include "device/sm90.cuh"              // mbarriers, TMA, wgmma, stmatrix, named barriers
 #include "device/tensor_map.cuh"        // tensor_map_4d
 
 // The stage, one file per role, in reading order (clang-format would sort them):
 // clang-format off
-#include "config.cuh"    // tiles, warpgroups, shared memory, barriers, bwd_problem
+#include "config.cuh"    // tiles, warpgroups, registers, variants and their ways of adding dQ
+#include "smem.cuh"      // the block's shared memory, its mbarriers and named barriers, the rings
+#include "schedule.cuh"  // bwd_problem, the block's key tile and its walk over the query tiles
 #include "producer.cuh"  // the load warp: K_j, V_j, then Q_i, dO_i, LSE_i, D_i by TMA
 #include "dq.cuh"        // dQ: the consumers' staging, the dQ warp's bulk reduce-add
 #include "epilogue.cuh"  // dK_j, dV_j to global memory
@@ -78,27 +81,22 @@
 
 /* ---- the stage's descriptor: the forward pass is stage 6's ----------------------------------- */
 
-// The forward pass is stage 6's: its object with its descriptor renamed attn_forward_stage
-// (Makefile), linked beside this file.
-extern "C" const attn_stage attn_forward_stage;
+// (linked_forward, common/device/linked_forward.cuh: stage 6's object, linked beside this file)
 
 static const char *stage_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
-    const char *why = attn_forward_stage.unsupported(s, dev, 0);
+    const char *why = attn_forward_stage.unsupported(s, dev, LINKED_FORWARD_VARIANT);
     if (why) return why;  // D, Hopper, the sm_90a code, Q/K/V/O strides for TMA
     // dO, dK and dV go through tensor maps too; every stride a multiple of 8 elements (16 bytes),
     // rows at least D apart and in 32 bits (dQ's conversion walks rows by them).
     const attn_layout *l[] = {&s->dO, &s->dQ, &s->dK, &s->dV};
-    for (size_t t = 0; t < sizeof l / sizeof *l; ++t) {
-        if (l[t]->batch % CHUNK_HALVES || l[t]->head % CHUNK_HALVES || l[t]->row % CHUNK_HALVES ||
-            l[t]->row < s->D || l[t]->row > INT_MAX)
-            return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
-    }
+    why = attn_strides_refused(l, (int)(sizeof l / sizeof *l), s->D, INT_MAX);
+    if (why) return why;
     if (!tensor_map_takes(&s->dO, s->B, s->H, s->N, HALF_BYTES) ||
         !tensor_map_takes(&s->dK, s->B, s->H_kv, s->N_k, HALF_BYTES) ||
         !tensor_map_takes(&s->dV, s->B, s->H_kv, s->N_k, HALF_BYTES))
         return "dO's, dK's and dV's strides must be below 2^39 elements (TMA's limit)";
-    if (!hopper_code_here())
+    if (!hopper_code_here((const void *)backward_kernel<64, false, DQ_BY_BULK>))
         return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
     const size_t smem = s->D == 64 ? smem_bytes<64>() : smem_bytes<128>();
     if (smem > dev->smem_per_block) {
@@ -110,30 +108,17 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
     return NULL;
 }
 
-static size_t stage_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
-    (void)variant;
-    return attn_forward_stage.workspace_bytes(s, dev, 0);
-}
-
-// The forward pass: stage 6's default, whatever this stage's variant.
-static cudaError_t stage_forward(const attn_shape *s, const attn_device *dev, const void *Q,
-                                 const void *K, const void *V, void *O, float *lse, void *workspace,
-                                 int variant, cudaStream_t stream) {
-    (void)variant;
-    return attn_forward_stage.forward(s, dev, Q, K, V, O, lse, workspace, 0, stream);
-}
-
 extern "C" const attn_stage attn_this_stage = {
     "stage8_hopper_backward",
     "FA3's backward on Hopper: the five products on wgmma (P^T, dS^T from registers), Q, dO, LSE, "
     "D by TMA into a ring on mbarriers, producer/consumer warpgroups, dQ by the TMA unit's "
-    "reduce-add (atomicdq: fp32 atomics from the registers; deterministic: the adds in key-tile "
+    "reduce-add (atomics: fp32 atomics from the registers; deterministic: the adds in key-tile "
     "order); forward = stage 6's",
     ATTN_F16,
-    "default,atomicdq,deterministic",
+    "default,atomics,deterministic",
     stage_unsupported,
-    stage_workspace_bytes,
-    stage_forward,
+    linked_forward_workspace_bytes,
+    linked_forward,
     backward_workspace_bytes,
     backward,
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // its forward's

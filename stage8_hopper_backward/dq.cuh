@@ -4,12 +4,13 @@
  * preprocess_kernel): the consumers put a step's dQ_i into a staging tile (stage_dq), and the
  * producer's dQ warp hands it to the TMA unit's bulk reduce-add (reduce_dq), which adds it to
  * dQ_acc in L2 while the consumers go on; dq_convert_kernel scales and rounds dQ_acc after.
- * Variant atomicdq adds from the consumers' registers by fp32 atomics instead (add_dq_atomic);
+ * Variant atomics adds from the consumers' registers by fp32 atomics instead (add_dq_atomic);
  * variant deterministic orders the dQ warps' reductions into each query tile by key tile.
  */
 #pragma once
 
-#include "config.cuh"
+#include "schedule.cuh"
+#include "smem.cuh"
 
 // Where a warpgroup's 64 x 64 dQ part lies in the query tile: at D = 64 rows 64 wg .., all
 // columns; at D = 128 all 64 rows, columns 64 wg .. (config.cuh, dq_splits_rows).
@@ -38,8 +39,8 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
     const uint32_t at = dq_buffer_at<D>(sm, it) + first_slab * SLAB_BYTES +
                         (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
                         FRAG_LANE_COLS * t * FLOAT_BYTES;
-    mbar_wait(bar_at(sm, BAR_DQ_EMPTY + ring_buffer<DQ_BUFFERS>(it)),
-              ring_parity<DQ_BUFFERS>(it) ^ 1);  // it is read
+    mbar_wait(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()),
+              dq_pipeline{it}.empty_phase());  // it is read
 #pragma unroll
     for (int n = 0; n < SLAB_COLS / FRAG_COLS; ++n) {
 #pragma unroll
@@ -49,10 +50,10 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
     }
     fence_proxy_async();  // this thread's writes, visible to the TMA unit
     __syncwarp();         // the warp's writes are all in
-    if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL + ring_buffer<DQ_BUFFERS>(it)));
+    if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()));
 }
 
-// DQ_ATOMIC (variant atomicdq), after the step's dQ wgmma is done: the thread's part of dQ_i
+// DQ_BY_ATOMICS (variant atomics), after the step's dQ wgmma is done: the thread's part of dQ_i
 // straight from its registers into rows q0 .. of (batch, head) bh of dQ_acc, two floats a
 // reduction (16 a thread; rows past N skipped), no staging tile, no barrier: the adds leave from
 // 256 threads instead of one TMA instruction. The warpgroup's part: dq_part_row, dq_part_col.
@@ -74,10 +75,10 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[DQ_REGS],
     }
 }
 
-// DQ_ORDERED: wait for this key tile's turn at query tile qt of (batch, head) bh (dq_turn_of),
-// which is when the key tiles before it in the order have all added theirs and the counter reads
-// their number. Then the ordinary acquire is ordered before the bulk reduction that follows (a
-// proxy fence).
+// DQ_BY_BULK_IN_TURNS: wait for this key tile's turn at query tile qt of (batch, head) bh
+// (dq_turn_of), which is when the key tiles before it in the order have all added theirs and the
+// counter reads their number. Then the ordinary acquire is ordered before the bulk reduction that
+// follows (a proxy fence).
 template <int D>
 __device__ __forceinline__ int *wait_for_turn(const bwd_problem &pb, int bh, int qt) {
     int *const turn = pb.dq_turn + (size_t)bh * pb.q_tiles + qt;
@@ -88,8 +89,9 @@ __device__ __forceinline__ int *wait_for_turn(const bwd_problem &pb, int bh, int
     return turn;
 }
 
-// DQ_ORDERED: this key tile's reductions are complete (not only read: their adds are in dQ_acc),
-// ordered before the ordinary release that follows (a proxy fence); the next key tile's turn.
+// DQ_BY_BULK_IN_TURNS: this key tile's reductions are complete (not only read: their adds are in
+// dQ_acc), ordered before the ordinary release that follows (a proxy fence); the next key tile's
+// turn.
 __device__ __forceinline__ void pass_turn(int *turn) {
     bulk_wait<false>();
     fence_proxy_async_global();
@@ -99,14 +101,14 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // The dQ warp's one thread: for each step of the block (the same walk as the loads), wait until
 // every consumer warp has staged its dQ part in the step's buffer (DQ_FULL), add the tile to rows
 // q0 .. q0 + qrows - 1 of (batch, head)'s dQ_acc (rows past N skipped by the TMA unit), wait until
-// the reduction has read it, and hand it back (DQ_EMPTY). DQ_BULK: the adds of different blocks
-// into the same rows land in any order, fp32 sums, not bitwise reproducible. DQ_ORDERED
+// the reduction has read it, and hand it back (DQ_EMPTY). DQ_BY_BULK: the adds of different blocks
+// into the same rows land in any order, fp32 sums, not bitwise reproducible. DQ_BY_BULK_IN_TURNS
 // (deterministic): each step waits for its key tile's turn, adds, waits until its adds are
 // complete and passes the turn on. At the end it waits for its reductions to complete.
 //
-// Why DQ_ORDERED cannot deadlock: a key tile waits only for key tiles earlier in its query tile's
-// order (j' < j; under diagonal_order j' > j) of the same (batch, key/value head), and the grid
-// (key_tiles, B * H_kv) maps them to blocks of lower linear index (block_key_tile: under
+// Why DQ_BY_BULK_IN_TURNS cannot deadlock: a key tile waits only for key tiles earlier in its query
+// tile's order (j' < j; under diagonal_order j' > j) of the same (batch, key/value head), and the
+// grid (key_tiles, B * H_kv) maps them to blocks of lower linear index (block_key_tile: under
 // diagonal_order block x is key tile key_tiles - 1 - x); the GPU starts blocks in increasing
 // linear index, so they are running or done when a block waits, and the lowest unfinished block
 // waits for no one. They need not all be resident at once (as FlashAttention-3's deterministic
@@ -123,10 +125,9 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     int qt = first;                                  // the tile
     for (int it = 0; it < pb.group * tiles; ++it) {
         // the consumers' parts staged
-        mbar_wait(bar_at(sm, BAR_DQ_FULL + ring_buffer<DQ_BUFFERS>(it)),
-                  ring_parity<DQ_BUFFERS>(it));
+        mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()), dq_pipeline{it}.phase());
         const uint32_t tile = dq_buffer_at<D>(sm, it);
-        if constexpr (DQ == DQ_ORDERED) {
+        if constexpr (DQ == DQ_BY_BULK_IN_TURNS) {
             int *const turn = wait_for_turn<D>(pb, bh, qt);
             tma_reduce_add_4d(tmdQ, tile, 0, qt * qrows<D>(), 0, bh);
             bulk_commit();
@@ -136,7 +137,7 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
             bulk_commit();
             bulk_wait<true>();  // the reduction has read the staging tile
         }
-        mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + ring_buffer<DQ_BUFFERS>(it)));
+        mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()));
         if (++qt == first + tiles) qt = first, ++bh;  // the first tile of the next head
     }
     bulk_wait<false>();  // every reduction done before the block's shared memory goes

@@ -8,7 +8,8 @@
  */
 #pragma once
 
-#include "config.cuh"
+#include "schedule.cuh"
+#include "smem.cuh"
 
 // One accumulator (a warpgroup's 64 keys x D; the thread's columns 8n + 2t, +1 of rows
 // row and row + 8 of its warp's 16) times `scale`, packed to 16 bits, into a [D / 64][KEYS][64]

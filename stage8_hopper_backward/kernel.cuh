@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         const int warp = (int)threadIdx.x / WARP_SIZE, lane = (int)threadIdx.x % WARP_SIZE;
         if (warp == LOAD_WARP)
             load_tiles<D>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
-        else if (DQ != DQ_ATOMIC && warp == DQ_WARP && lane == 0)
-            reduce_dq<D, DQ>(sm, &tmdQ, pb);  // (DQ_ATOMIC: the consumers add dQ themselves)
+        else if (DQ != DQ_BY_ATOMICS && warp == DQ_WARP && lane == 0)
+            reduce_dq<D, DQ>(sm, &tmdQ, pb);  // (DQ_BY_ATOMICS: the consumers add dQ themselves)
         else if (warp == STORE_WARP)
             store_dkv<D>(sm, &tmdK, &tmdV, pb, lane);
     } else {

@@ -1,8 +1,7 @@
 /*
- * stage8_hopper_backward/launch.cuh: the host side: whether this build has the sm_90a kernel, the
- * tensor maps, the workspace, and backward(), which runs the preprocess (D_i, LSE_i; dQ_acc
- * zeroed), the main kernel, and dQ's conversion (common/device/backward_prepost.cuh's passes,
- * shared with stage 7).
+ * stage8_hopper_backward/launch.cuh: the host side: the tensor maps, the workspace, and
+ * backward(), which runs the preprocess (D_i, LSE_i; dQ_acc zeroed), the main kernel, and dQ's
+ * conversion (common/device/backward_prepost.cuh's passes, shared with stage 7).
  */
 #pragma once
 
@@ -14,18 +13,6 @@
 
 // attention.cu's: NULL when the stage runs this shape here, else why not.
 static const char *stage_unsupported(const attn_shape *s, const attn_device *dev, int variant);
-
-// Whether the main kernel on this device is the sm_90a one (a compute_75 PTX build JIT-compiled
-// on an H100 has only the empty kernel).
-static int hopper_code_here(void) {
-    int ptx = 0, binary = 0;
-    if (kernel_versions((const void *)backward_kernel<64, false, DQ_BULK>, &ptx, &binary) !=
-        cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return ptx >= 90 && binary >= 90;
-}
 
 // Workspace (bwd_params_of): lse2 and Dsum, dQ_acc, then (variant deterministic) dq_turn
 // [B * H, ceil(N / qrows)] ints, at a multiple of WORKSPACE_ALIGN bytes.
@@ -48,9 +35,9 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 // The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ.
 template <int D, bool BF16>
 static kernel_fn kernel_for(int variant) {
-    return variant == VARIANT_ATOMICDQ        ? backward_kernel<D, BF16, DQ_ATOMIC>
-           : variant == VARIANT_DETERMINISTIC ? backward_kernel<D, BF16, DQ_ORDERED>
-                                              : backward_kernel<D, BF16, DQ_BULK>;
+    return variant == VARIANT_ATOMICS         ? backward_kernel<D, BF16, DQ_BY_ATOMICS>
+           : variant == VARIANT_DETERMINISTIC ? backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>
+                                              : backward_kernel<D, BF16, DQ_BY_BULK>;
 }
 
 // The three passes for head dim D and storage type BF16.

@@ -8,9 +8,10 @@
  */
 #pragma once
 
-#include "config.cuh"
 #include "dq.cuh"
 #include "epilogue.cuh"
+#include "schedule.cuh"
+#include "smem.cuh"
 
 // wgmma's A operand from registers has the accumulator's layout, two 16-bit values a register:
 // a 64 x 16 k-step is 4 registers a thread, and register j of a packed 64 x N tile holds the
@@ -189,36 +190,22 @@ __device__ __forceinline__ void issue_dq(float (&dQ_part)[DQ_REGS], const smem_t
 // proxy): one arrival per warp on the buffer's DS_FULL.
 __device__ __forceinline__ void announce_ds(const smem_tiles &sm, const consumer_place &p, int it) {
     __syncwarp();  // the warp's stores are all in
-    if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ring_buffer<DS_BUFFERS>(it)));
+    if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ds_pipeline{it}.slot()));
 }
 
 // Every consumer warp has written its rows of step it's dS^T: both warpgroups' keys, all of which
 // the dQ wgmma reads. Waited a step after the arrivals: the buffer's DS_FULL, long complete unless
 // the other warpgroup lags.
 __device__ __forceinline__ void wait_ds(const smem_tiles &sm, int it) {
-    mbar_wait(bar_at(sm, BAR_DS_FULL + ring_buffer<DS_BUFFERS>(it)), ring_parity<DS_BUFFERS>(it));
+    mbar_wait(bar_at(sm, BAR_DS_FULL + ds_pipeline{it}.slot()), ds_pipeline{it}.phase());
 }
 
-// A step of the block's walk: its place in it (the ring slot, the dS^T and staging buffers), the
-// (batch, head) of dQ_acc it adds into and its first query.
-typedef struct {
-    int it, bh, q0;
-} walk_step;
-
-// The next step of the walk: the next query tile of the head, or the first of the next head.
-__device__ __forceinline__ walk_step next_step(walk_step s, int first, int tiles, int rows) {
-    ++s.it;
-    s.q0 += rows;
-    if (s.q0 == (first + tiles) * rows) s.q0 = first * rows, ++s.bh;
-    return s;
-}
-
-// Step s's dQ part, its wgmma done: to the staging tile (or, atomicdq, to dQ_acc).
+// Step s's dQ part, its wgmma done: to the staging tile (or, variant atomics, to dQ_acc).
 template <int D, dq_way DQ>
 __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[DQ_REGS], const smem_tiles &sm,
                                              const consumer_place &p, const bwd_problem &pb,
                                              walk_step s) {
-    if constexpr (DQ == DQ_ATOMIC)
+    if constexpr (DQ == DQ_BY_ATOMICS)
         add_dq_atomic<D>(dQ_part, pb, p.wg, p.warp, p.lane, s.bh, s.q0);
     else
         stage_dq<D>(dQ_part, sm, p.wg, p.warp, p.lane, s.it);
@@ -234,7 +221,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
                                               uint64_t V_desc, int key0, walk_step cur,
                                               walk_step dq) {
     constexpr bool WITH_DQ = !FIRST;
-    const int slot = ring_buffer<Q_STAGES>(cur.it);
+    const int slot = q_pipeline{cur.it}.slot();
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
                    dO_tile = sm.dO + slot * q_tile_bytes<D>();
     const int key_row = key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first
@@ -244,10 +231,10 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
 
     // S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, each as soon as its tile has landed; at D = 128
     // LSE_i (landed with Q_i) into registers while they run (lse_ahead)
-    mbar_wait(bar_at(sm, BAR_Q_FULL + slot), ring_parity<Q_STAGES>(cur.it));
+    mbar_wait(bar_at(sm, BAR_Q_FULL + slot), q_pipeline{cur.it}.phase());
     issue_scores<D, BF16>(S, K_desc, desc_k_major(Q_tile));
     if constexpr (lse_ahead<D>()) load_columns<D>(lse, sm.lse + slot * vec_bytes<D>(), p.t);
-    mbar_wait(bar_at(sm, BAR_DO_FULL + slot), ring_parity<Q_STAGES>(cur.it));
+    mbar_wait(bar_at(sm, BAR_DO_FULL + slot), q_pipeline{cur.it}.phase());
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile));
 
     // P^T while dP^T runs; then dS^T, both packed

@@ -6,7 +6,8 @@
  */
 #pragma once
 
-#include "config.cuh"
+#include "schedule.cuh"
+#include "smem.cuh"
 
 // Rows row0 .. row0 + ROWS - 1 of head `head` of batch `batch` into dst, one TMA copy per
 // 64-column slab, completing on `full` (the caller has announced the bytes there).
@@ -60,10 +61,10 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     const uint32_t lane_bytes = (uint32_t)(lane * LANE_BYTES);  // its floats' place in a row
     int head = b.kv_head * pb.group, qt = first;
     for (int it = 0; it < pb.group * tiles; ++it) {
-        const int slot = ring_buffer<Q_STAGES>(it), q0 = qt * ROWS;
+        const int slot = q_pipeline{it}.slot(), q0 = qt * ROWS;
         const size_t row = ((size_t)b.batch * pb.H + head) * pb.N_pad + q0 + LANE_FLOATS * lane;
         mbar_wait(bar_at(sm, BAR_Q_EMPTY + slot),
-                  ring_parity<Q_STAGES>(it) ^ 1);  // the slot is free
+                  q_pipeline{it}.empty_phase());  // the slot is free
         const uint32_t q_full = bar_at(sm, BAR_Q_FULL + slot);
         const uint32_t do_full = bar_at(sm, BAR_DO_FULL + slot);
         if (lane == 0) {

@@ -48,7 +48,7 @@ typedef struct bwd_params {
     bwd_layouts layout;                // the eight tensors' strides
     int H, H_kv, group;                // query heads, key/value heads, H / H_kv (GQA)
     int N, N_k, N_pad, causal;         // queries, keys, N rounded up to ROW_PAD
-    int causal_shift;                  // N_k - N: causal query i sees keys j <= i + causal_shift
+    int key_shift;                     // N_k - N: causal query i sees keys j <= i + key_shift
     float scale, scale_log2;           // scale, scale * log2(e)
 } bwd_params;
 
@@ -94,7 +94,7 @@ static bwd_params bwd_params_of(const attn_shape *s, const void *Q, const void *
         with_dq_acc ? (float *)((char *)workspace + 2 * aligned(rows * sizeof(float))) : NULL;
     p.H = s->H, p.H_kv = s->H_kv, p.group = s->H / s->H_kv;
     p.N = s->N, p.N_k = s->N_k, p.N_pad = N_pad, p.causal = s->causal;
-    p.causal_shift = s->N_k - s->N;
+    p.key_shift = s->N_k - s->N;
     p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
     return p;
 }

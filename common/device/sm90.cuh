@@ -5,6 +5,10 @@
  * async-proxy fence, programmatic dependent launch, stmatrix, named barriers, setmaxnreg, and
  * wgmma with its shared-memory descriptors and the 128-byte swizzled tiles they describe.
  *
+ * The vocabulary stages 6 and 8 share beyond the instructions is here too: the ring of buffers on
+ * mbarriers (pipeline_state), a consumer thread's place in its warpgroups (consumer_place), and
+ * whether this build has the sm_90a kernels (hopper_code_here, host code).
+ *
  * The wrappers a kernel of every target compiles (stage 7's) give no instruction, or a trap where
  * the launcher never goes, in code for targets before sm_90. wgmma and setmaxnreg exist only in
  * sm_90a code: their callers compile them only there (HOPPER_KERNELS, below).
@@ -14,6 +18,7 @@
 
 #include <cuda.h>
 
+#include "kernel_cache.cuh"  // kernel_versions (hopper_code_here)
 #include "warp.cuh"
 
 // 1 in sm_90a code, the only code with wgmma and setmaxnreg: stages 6 and 8 compile their kernels'
@@ -23,6 +28,17 @@
 #else
 #define HOPPER_KERNELS 0
 #endif
+
+// Whether `kernel`, one of a stage's sm_90a kernels, has its sm_90a code on this device (a
+// compute_75 PTX build JIT-compiled on an H100 has only the empty kernel). Host code.
+static inline int hopper_code_here(const void *kernel) {
+    int ptx = 0, binary = 0;
+    if (kernel_versions(kernel, &ptx, &binary) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return ptx >= 90 && binary >= 90;
+}
 
 /* ---- warpgroups ------------------------------------------------------------------------------ */
 
@@ -36,6 +52,30 @@ inline constexpr int WARPGROUP = WARPS_PER_WARPGROUP * WARP_SIZE;  // 128 thread
 // The shared memory a block may have on an H100 or H200 (opting in past the default 48 KB): the
 // budget the Hopper stages' tile choices are made against at compile time.
 inline constexpr int SMEM_PER_BLOCK_MAX = 227 * 1024;
+
+// Warp specialization (stages 6 and 8): warpgroup 0 of a block is the producer (copies; stage 8's
+// dQ reductions and stores too), with few registers; the consumers, warpgroups 1 .. C, compute.
+inline constexpr int PRODUCER_WARPGROUPS = 1;
+
+// A consumer thread's place: its warpgroup among the consumers (wg, from 0: 64 rows of the block,
+// query rows in stage 6, keys in stage 8), its warp in the warpgroup (16 of those rows), its lane,
+// and the lane's fragment row g and column pair t (warp.cuh: rows g and g + 8 of the warp's 16).
+typedef struct {
+    int wg, warp, lane, g, t;
+} consumer_place;
+
+// Where this consumer thread sits. The warpgroup index is read from lane 0, so that the compiler
+// knows it is one value per warp and keeps the addresses and descriptors built from it in uniform
+// registers, where wgmma takes them (stage 6's LOG.md, step 8).
+__device__ __forceinline__ consumer_place consumer_place_of_thread() {
+    consumer_place p;
+    p.wg = __shfl_sync(FULL_WARP, (int)threadIdx.x / WARPGROUP, 0) - PRODUCER_WARPGROUPS;
+    p.warp = (threadIdx.x / WARP_SIZE) % WARPS_PER_WARPGROUP;
+    p.lane = threadIdx.x % WARP_SIZE;
+    p.g = p.lane / QUAD;
+    p.t = p.lane % QUAD;
+    return p;
+}
 
 /* ---- mbarriers ------------------------------------------------------------------------------- */
 
@@ -94,6 +134,25 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     } while (!done);
 }
 
+/* ---- rings of buffers on mbarriers ----------------------------------------------------------- */
+
+// A ring of SLOTS buffers, each with a "full" mbarrier (and most with an "empty" one), used in
+// turn: the count-th use (counted over the whole block, across its work, so the ring never
+// resets) is slot count % SLOTS, in that slot's phase count / SLOTS, of which a wait names the
+// parity. The side that reads a buffer waits on "full" for that phase; the side that fills it
+// waits on "empty" for the phase before (the readers' release of the slot's last use), which a
+// fresh barrier counts as complete. Stage 6: the K/V ring and the Q buffers; stage 8: the Q/dO
+// ring, the dS^T buffers and the dQ staging tiles.
+template <int SLOTS>
+struct pipeline_state {
+    int count;  // >= 0: taken as unsigned, % and / by SLOTS are a mask and a shift
+    __device__ __forceinline__ int slot() const { return (int)((uint32_t)count % SLOTS); }
+    __device__ __forceinline__ uint32_t phase() const { return ((uint32_t)count / SLOTS) & 1; }
+    __device__ __forceinline__ uint32_t empty_phase() const { return phase() ^ 1; }
+    __device__ __forceinline__ pipeline_state next() const { return {count + 1}; }
+    __device__ __forceinline__ pipeline_state previous() const { return {count - 1}; }
+};
+
 /* ---- TMA: bulk tensor copies and reductions -------------------------------------------------- */
 
 // Copy the box at coordinates (c0 = column, c1 = row, c2 = head, c3 = batch) of the tensor that
@@ -137,7 +196,7 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap *map, uint32
 }
 
 // to[0] += x, to[1] += y in global memory, one fp32 reduction of two floats (red.global.add.v2.f32,
-// sm_90 on; relaxed, no value returned): stage 8's atomicdq variant adds dQ_i's part with it.
+// sm_90 on; relaxed, no value returned): stage 8's atomics variant adds dQ_i's part with it.
 // Before sm_90: a trap (no caller goes there).
 __device__ __forceinline__ void red_add_f32x2(float *to, float x, float y) {
 #if __CUDA_ARCH__ >= 900

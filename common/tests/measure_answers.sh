@@ -115,7 +115,7 @@ want s3e3 && prepare s3 stage3_cp_async attention.cu ""
 want s7e2 s7e3 s7e4 s7e7 && prepare s7 stage7_backward attention.cu ""
 # stage 7 exercise 4: PTX for the T4 (compute_75), run here by the driver's JIT
 want s7e4 && prepare s7t4 stage7_backward attention.cu "" compute_75
-# stage 7 exercise 5: the barrier after store_score_gradients() in backward_kernel() deleted
+# stage 7 exercise 5: the barrier after store_score_gradients() in backward_registers_kernel() deleted
 want s7e5 && prepare s7nobar stage7_backward registers_kernel.cuh '/__syncthreads();  \/\/ dS_smem written by every warp, visible to all/d'
 # stage 7 exercise 6: no mask in probabilities_t()
 want s7e6 && prepare s7nomask stage7_backward registers_kernel.cuh 's|const bool off = mask && (|const bool off = false \&\& (|'
@@ -303,7 +303,7 @@ ready s7nomask stage7_backward && s7nomask=$p
 [ -n "${s1noskip:-}" ] && measure_bg s1e4 "last_row = N - 1, --self-test" 600 "$s1noskip" --self-test
 [ -n "${s2pad16:-}" ] && measure_bg s2e3 "Q_PAD = 16, --self-test" 600 "$s2pad16" --self-test
 [ -n "${s7t4:-}" ] && measure_bg s7e4 "compute_75 PTX, --self-test --smem-limit 65536" 600 "$s7t4" --self-test --smem-limit 65536
-[ -n "${s7nobar:-}" ] && measure_bg s7e5 "backward_kernel() without the barrier after store_score_gradients(), --self-test --variant registers" 600 "$s7nobar" --self-test --variant registers
+[ -n "${s7nobar:-}" ] && measure_bg s7e5 "backward_registers_kernel() without the barrier after store_score_gradients(), --self-test --variant registers" 600 "$s7nobar" --self-test --variant registers
 [ -n "${s7nomask:-}" ] && measure_bg s7e6 "probabilities_t() without the mask, --self-test --variant registers" 600 "$s7nomask" --self-test --variant registers
 wait
 # the break-it exercises' self-tests and stage 8's (after the ones above: at most seven side by side)

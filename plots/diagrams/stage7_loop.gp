@@ -1,7 +1,7 @@
 # stage7_loop.gp: the backward's loop (stage7_backward/README.md, "The loop order").
 # Left: the tile grid of one (batch, head); one block owns a key tile (a column) and walks down the
 # query tiles. Right: where each operand lives during that walk (the default kernel,
-# backward_smem_kernel; the registers variant keeps P^T and dS^T in registers instead).
+# backward_kernel; the registers variant keeps P^T and dS^T in registers instead).
 #   gnuplot plots/diagrams/stage7_loop.gp      (writes stage7_loop.png beside this script)
 
 dir = system(sprintf("dirname '%s'", ARG0))

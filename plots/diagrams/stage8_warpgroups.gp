@@ -70,7 +70,7 @@ set label 40 'global memory (HBM)' at 3, 11 left font 'Sans,12'
 set label 41 'Q, K, V, dO (fp16 or bf16, any strides); LSE, D_i (fp32, preprocess_kernel)' at 4, 7.5 left
 set label 42 'dQ_acc (fp32, then dq_convert_kernel -> dQ)' at 70, 7.5 left tc rgb RED
 set label 43 'dK_j, dV_j (written once, after the walk)' at 108, 7.5 left
-set label 44 'variants: atomicdq adds dQ_i from the consumers'' registers (no staging); deterministic orders the reductions per query tile' at 4, 4 left font 'Sans,10'
+set label 44 'variants: atomics adds dQ_i from the consumers'' registers (no staging); deterministic orders the reductions per query tile' at 4, 4 left font 'Sans,10'
 
 # ---- the flows ----
 set arrow 1 from 41, 13.2 to 45.5, 46 as 1

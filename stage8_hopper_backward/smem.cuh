@@ -1,0 +1,123 @@
+/*
+ * stage8_hopper_backward/smem.cuh: the block's shared memory: the layout of K_j, V_j, the Q/dO
+ * ring, the dS^T buffers, the dQ staging tile, LSE_i and D_i and the mbarriers (smem_bytes,
+ * carve_smem), what each mbarrier and named barrier protects, and the rings' buffers
+ * (ds_buffer_at, dq_buffer_at). A ring's bookkeeping (pipeline_state) and the 128-byte swizzled
+ * slabs that TMA writes and wgmma reads, with their descriptors, are common/device/sm90.cuh's.
+ */
+#pragma once
+
+#include "config.cuh"
+
+/* ---- the kernel's shared memory -------------------------------------------------------------- */
+
+// K_smem, V_smem [D/64][KEYS][64]; Q_STAGES x (Q_smem, dO_smem [D/64][qrows][64]), all in the
+// 128-byte swizzle TMA writes; DS_BUFFERS x dS_smem [qrows/64][KEYS][64] (dS^T in 64-query slabs,
+// swizzled the same way by the consumers' stmatrix); DQ_BUFFERS x dQ_stage [D/8][qrows][8]
+// floats (backward_prepost.cuh's staging layout); Q_STAGES x (LSE_smem, Dsum_smem [qrows]
+// floats); the mbarriers. Every tile starts 1024-byte aligned (the swizzle atom): the block's
+// shared memory is declared so aligned (kernel.cuh), with no slack to round its start up.
+template <int D>
+__host__ __device__ constexpr int kv_tile_bytes() {
+    return KEYS * D * HALF_BYTES;
+}
+template <int D>
+__host__ __device__ constexpr int q_tile_bytes() {
+    return qrows<D>() * D * HALF_BYTES;
+}
+template <int D>
+__host__ __device__ constexpr int ds_tile_bytes() {
+    return KEYS * qrows<D>() * HALF_BYTES;
+}
+template <int D>
+__host__ __device__ constexpr int dq_tile_bytes() {
+    return qrows<D>() * D * (int)sizeof(float);
+}
+template <int D>
+__host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query tile
+    return qrows<D>() * (int)sizeof(float);
+}
+
+// mbarriers, and what each protects:
+//   KV_FULL   K_j and V_j have landed (TMA, once).
+//   Q_FULL    per ring slot: Q_i has landed (TMA) and LSE_i is stored (the load warp's stores).
+//   DO_FULL   per slot: dO_i has landed and D_i is stored, the same way.
+//   Q_EMPTY   per slot: every consumer thread is done with the slot: its wgmma have read Q_i and
+//             dO_i, its loads have read LSE_i and D_i; the load warp may overwrite all four.
+//   DS_FULL   per dS^T buffer (dQ comes a step late): every consumer warp has
+//             written its rows of a step's dS^T (stmatrix, fenced for the async proxy: the dQ
+//             wgmma read them). A barrier that can be waited on a step after its arrivals, as a
+//             named barrier cannot (its arrivals count toward whichever meeting comes next).
+//   DQ_FULL   per staging buffer: it holds a step's dQ_i parts (the consumers' stores).
+//   DQ_EMPTY  per staging buffer: the dQ warp's reduction has read it.
+// Each side arrives after its own accesses and waits before the other's, so that every access to
+// a buffer is ordered by one barrier's release and acquire (kernel.cuh: who arrives how often).
+enum {
+    BAR_KV_FULL,
+    BAR_Q_FULL,
+    BAR_DO_FULL = BAR_Q_FULL + Q_STAGES,
+    BAR_Q_EMPTY = BAR_DO_FULL + Q_STAGES,
+    BAR_DS_FULL = BAR_Q_EMPTY + Q_STAGES,
+    BAR_DQ_FULL = BAR_DS_FULL + DS_BUFFERS,
+    BAR_DQ_EMPTY = BAR_DQ_FULL + DQ_BUFFERS,
+    BARRIERS = BAR_DQ_EMPTY + DQ_BUFFERS
+};
+
+template <int D>
+__host__ __device__ constexpr int smem_bytes() {
+    return 2 * kv_tile_bytes<D>() + 2 * Q_STAGES * q_tile_bytes<D>() +
+           DS_BUFFERS * ds_tile_bytes<D>() + DQ_BUFFERS * dq_tile_bytes<D>() +
+           2 * Q_STAGES * vec_bytes<D>() + BARRIERS * MBARRIER_BYTES;
+}
+
+static_assert(smem_bytes<64>() <= SMEM_PER_BLOCK_MAX && smem_bytes<128>() <= SMEM_PER_BLOCK_MAX,
+              "the block's tiles fit the shared memory a Hopper block may have");
+
+typedef struct {
+    uint32_t K, V, Q, dO, dS, dQ, lse, Dsum, bar;  // shared addresses
+} smem_tiles;
+
+template <int D>
+__device__ __forceinline__ smem_tiles carve_smem(const unsigned char *raw) {
+    smem_tiles s;
+    s.K = smem_u32(raw);
+    s.V = s.K + kv_tile_bytes<D>();
+    s.Q = s.V + kv_tile_bytes<D>();
+    s.dO = s.Q + Q_STAGES * q_tile_bytes<D>();
+    s.dS = s.dO + Q_STAGES * q_tile_bytes<D>();
+    s.dQ = s.dS + DS_BUFFERS * ds_tile_bytes<D>();
+    s.lse = s.dQ + DQ_BUFFERS * dq_tile_bytes<D>();
+    s.Dsum = s.lse + Q_STAGES * vec_bytes<D>();
+    s.bar = s.Dsum + Q_STAGES * vec_bytes<D>();
+    return s;
+}
+__device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
+    return s.bar + MBARRIER_BYTES * i;
+}
+
+// The block's rings, each a pipeline_state (common/device/sm90.cuh) whose count is the block's
+// step, it (counted over all its query tiles and query heads): the Q/dO slots (Q_STAGES), dS^T's
+// buffers (DS_BUFFERS, at ds_buffer_at) and dQ's staging tiles (DQ_BUFFERS, at dq_buffer_at).
+typedef pipeline_state<Q_STAGES> q_pipeline;
+typedef pipeline_state<DS_BUFFERS> ds_pipeline;
+typedef pipeline_state<DQ_BUFFERS> dq_pipeline;
+template <int D>
+__device__ __forceinline__ uint32_t ds_buffer_at(const smem_tiles &s, int it) {
+    return s.dS + ds_pipeline{it}.slot() * ds_tile_bytes<D>();
+}
+template <int D>
+__device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
+    return s.dQ + dq_pipeline{it}.slot() * dq_tile_bytes<D>();
+}
+
+// Named barriers (barrier 0 is __syncthreads'), and what each protects:
+//   KV_FREE     the two consumer warpgroups, at the block's end: both warpgroups' wgmma are done,
+//               so that no product reads K_j or V_j any more and the consumers may stage dK_j and
+//               dV_j there (epilogue.cuh).
+//   DKV_STAGED  the consumers (arrive) and the store warp (wait): dK_j and dV_j are staged, fenced
+//               for the async proxy, and the store warp's TMA stores may read them.
+enum named_barrier {
+    NAMED_BARRIER_SYNCTHREADS = 0,
+    NAMED_BARRIER_KV_FREE,
+    NAMED_BARRIER_DKV_STAGED,
+};
