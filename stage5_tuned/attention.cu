@@ -956,12 +956,9 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (s->N_k < 1) return "N_k must be >= 1";
     if (s->k.batch != s->v.batch || s->k.head != s->v.head || s->k.row != s->v.row)
         return "K and V must have the same strides";
-    const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};
-    for (int t = 0; t < 4; t++) {  // 16-byte rows: every stride a multiple of 8 halves
-        if (l[t]->batch % CHUNK_HALVES || l[t]->head % CHUNK_HALVES || l[t]->row % CHUNK_HALVES ||
-            l[t]->row < s->D || l[t]->row > INT_MAX / MAX_TILE_ROWS)
-            return "strides must be multiples of 8 elements (16-byte rows), rows at least D apart";
-    }
+    const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};  // 16-byte rows, 32-bit tile offsets
+    const char *why = attn_strides_refused(l, 4, s->D, INT_MAX / MAX_TILE_ROWS);
+    if (why) return why;
     if (attn_shape_asks(s, 0) && variant != VARIANT_DEFAULT && variant != VARIANT_NOSPLIT &&
         variant != VARIANT_EAGER_RESCALE)
         return "bf16, GQA, strides and N_k != N run in the default tiles' eager kernels only "
