@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
                   "the warps' fragments tile the block's products");
     constexpr uint32_t KV_TILE = KEYS * ROW_BYTES, Q_TILE = QROWS * ROW_BYTES;
     constexpr uint32_t PS_TILE = KEYS * QROWS * sizeof(__half);
-    constexpr uint32_t VEC = LOOP_VECTORS * QROWS * sizeof(float);  // LSE_i, then D_i
+    constexpr uint32_t VEC = LOOP_VECTORS * QROWS * sizeof(float);    // LSE_i, then D_i
     constexpr bool BULK = dq_by_bulk_here<ADDS_DQ, DQ_BY_BULK_OK>();  // dQ by bulk reductions
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 has no cp.async for a second buffer, and a T4's shared memory is too small for this
