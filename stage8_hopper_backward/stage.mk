@@ -10,6 +10,6 @@ stage8_hopper_backward_FORWARD := stage6_hopper
 stage8_hopper_backward_DIFF_BASE := stage7_backward
 # make profile: the backward's main kernel (not stage 6's forward, launched first): the tensor
 # pipe's busy share under the five wgmma products, the memory traffic of dQ's bulk reduce-adds in
-# L2 (VARIANT=atomicdq against it), and the warp stalls of the producer/consumer schedule.
+# L2 (VARIANT=atomics against it), and the warp stalls of the producer/consumer schedule.
 stage8_hopper_backward_PROFILE_KERNELS := regex:backward
 stage8_hopper_backward_PROFILE_SECTIONS := SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis WarpStateStats

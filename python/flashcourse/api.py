@@ -290,7 +290,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
     o for the same causal and scale (any forward stage: they share the contract). variant: the
     backward stage's variants (stage 7's: "default": dq by fp32 atomics, "deterministic":
     bit-identical from run to run, "registers": the layout with P and dS kept in registers, as on
-    GPUs with less shared memory; stage 8's: "default", "deterministic", "atomicdq"; "auto" with a
+    GPUs with less shared memory; stage 8's: "default", "atomics", "deterministic"; "auto" with a
     variant stage 8 lacks is stage 7; Stage.variants lists them). Returns (dq, dk, dv) like q, k, v (zero where there is nothing to compute). Errors
     as attention()'s, naming the stage given (or flashcourse.attention_backward for "auto").
     """
