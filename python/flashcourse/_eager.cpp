@@ -133,7 +133,7 @@ std::mutex do_plans_lock;  // the do_* fields of every call
 // where they are the ones it was made for (o's), else one made here once per layout; NULL when
 // DO_LAYOUTS_MAX are made already (the caller copies dO into o's layout).
 const void *plan_for_rows(eager_call *c, const int64_t rows[3], uint64_t *ws) {
-    auto same = [rows](const int64_t *r) {
+    auto same = [rows](const auto *r) {  // r: the request's long long strides or do_rows' int64_t
         return r[0] == rows[0] && r[1] == rows[1] && r[2] == rows[2];
     };
     if (same(c->request.strides + DO_ROWS)) {

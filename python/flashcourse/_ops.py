@@ -134,7 +134,7 @@ def _forward_setup(ctx, inputs, output):
     # "auto" resolved once here, so the backward operator in the graph is given the stage's name
     device = _plans.device_of(q)
     # (for the messages: the forward operator resolves its own)
-    stage = _plans.resolve(stage, False, device, _plans.asks(q, k))
+    stage = _plans.resolve(stage, False, device, _plans.asks(q, k), "default", smem_limit)
     bstage = _resolve_backward(bstage, q, k, bvariant, smem_limit)
     # the backward stage takes this shape and dtype (in eager mode attention() checked already)
     _plans.plan(bstage, True, _plans.backward_geometry(q, k, v), device, q.dtype, causal, scale,

@@ -308,15 +308,15 @@ _probed: Dict[Tuple[bool, int, int], str] = {}
 
 
 def _probe(backward: bool, device: int, smem_limit: int) -> str:
-    """Whether the Hopper stage (forward: stage 6, backward: stage 8, at both head dims within
-    smem_limit) is built and plans on this device: asked once per device and limit."""
-    key = (backward, device, smem_limit if backward else 0)
+    """Whether the Hopper stage (forward: stage 6, backward: stage 8) is built and plans on this
+    device at both head dims within smem_limit: asked once per device and limit."""
+    key = (backward, device, smem_limit)
     found = _probed.get(key)
     if found is None:
         hopper, found = ((HOPPER_BACKWARD_STAGE, BACKWARD_STAGE) if backward else
                          (HOPPER_STAGE, FORWARD_STAGE))
         try:
-            for D in ((64, 128) if backward else (64,)):
+            for D in (64, 128):
                 plan(hopper, backward, (1, 1, 128, D), device, _torch().float16, False, 0.125,
                      "default", key[2])
             found = hopper
@@ -330,7 +330,7 @@ def resolve(stage: str, backward: bool, device: int, asks: int = 0, variant: str
             smem_limit: int = 0) -> str:
     """A stage name as given, or what "auto" is for a call on `device` that asks `asks`
     (TAKES_* bits): forward, stage 6 (the Hopper forward) where its library is built, plans on
-    this device and takes what the call asks, else stage 5; backward, stage 8 (the Hopper
+    this device within smem_limit and takes what the call asks, else stage 5; backward, stage 8 (the Hopper
     backward) where it is built, plans here within smem_limit and takes what the call asks and
     the backward variant, else stage 7. A dict lookup once probed."""
     if stage != "auto":

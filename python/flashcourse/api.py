@@ -153,11 +153,11 @@ def _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
     check_tensors(name, (("q", q), ("k", k), ("v", v)))
     dev = device_of(q)
     asked = asks(q, k)
+    sl = smem_limit_checked(smem_limit, name)
     if eager:  # (under torch.compile the operators resolve "auto": _plans.plan)
-        stage = resolve(stage, False, dev, asked)
+        stage = resolve(stage, False, dev, asked, "default", sl)
     causal = causal_checked(causal, name)
     scale = scale_checked(scale, int(q.shape[-1]), name)
-    sl = smem_limit_checked(smem_limit, name)
     if not isinstance(variant, str):
         raise ValueError(f"{name}: variant must be a name such as 'default', not {variant!r}")
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -329,7 +329,9 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
 
 def auto_stage(device=None) -> str:
     """The forward stage that stage="auto" runs on a CUDA device (default: the current one):
-    stage 6 (the Hopper forward) where its library is built and runs there, else stage 5."""
+    stage 6 (the Hopper forward) where its library is built and runs there, else stage 5. For
+    one call it is stage 6 where that stage also takes what the call asks and fits its
+    smem_limit, else stage 5; this says it with no smem_limit."""
     return resolve("auto", False, device_index(device))
 
 

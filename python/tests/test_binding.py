@@ -658,7 +658,8 @@ def t_bad_inputs(st):
     if name.startswith(("stage0", "stage1", "stage2", "stage3", "stage4", "stage5")):
         assert "head dim must be 64 or 128" in msg, msg
     q0 = torch.empty((1, 1, 0, 64), dtype=dt, device="cuda")
-    raises(ValueError, call, q0, q0, q0, stage=name, match=[name, ">= 1"])
+    o0, lse0 = call(q0, q0, q0, stage=name)  # no rows: empty outputs, as torch answers
+    assert o0.shape == q0.shape and tuple(lse0.shape) == (1, 1, 0), (o0.shape, lse0.shape)
     raises(ValueError, call, q, k, v, stage=name, smem_limit=100, match="smem_limit")
     raises(TypeError, call, q, k, v, stage=name, smem_limit="64k", match="smem_limit")
     if name.startswith("stage1"):  # its tiles need 64 KB (48 KB at D = 64)

@@ -64,9 +64,12 @@ def leaves(shape_q, shape_kv, dtype=torch and torch.float16, seed=0):
 
 
 def sdpa_ref(q, k, v, **kw):
-    """torch's SDPA in float32 on q, k, v's values: (o, [dq, dk, dv]) for do."""
+    """torch's SDPA in float32 on q, k, v's values, by its math backend (the one that takes any
+    B x H: the fused float32 kernel refuses a grid over the limit): (o, [dq, dk, dv]) for do."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     ref = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
-    o = F.scaled_dot_product_attention(*ref, **kw)
+    with sdpa_kernel(SDPBackend.MATH):
+        o = F.scaled_dot_product_attention(*ref, **kw)
     return o, ref
 
 
