@@ -26,7 +26,8 @@ trap 'rm -rf "$tmp"' EXIT
 
 # "target function checksum" for every function of an object: the checksum of its instruction
 # lines ("/*0a30*/ FFMA R1, R2, R3, R4 ; /* 0x... */" and the encoding's second line), addresses
-# stripped.
+# stripped and runs of blanks folded (cuobjdump's padding follows the longest name in the object,
+# so a kernel renamed elsewhere in it would otherwise make every function differ).
 functions() {
   local d=$2.d
   rm -rf "$d" && mkdir -p "$d"
@@ -36,7 +37,11 @@ functions() {
       if (fn != "") close(fn)
       n++; fn = d "/" n; printf "" > fn; print arch, $3 > (d "/index"); next
     }
-    fn != "" && /\/\*[0-9a-f]+\*\// { sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]*/, ""); print > fn; next }
+    fn != "" && /\/\*[0-9a-f]+\*\// {
+      sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]*/, "")
+      gsub(/[ \t]+/, " ")  # cuobjdump pads to the longest name in the object: only the text counts
+      print > fn; next
+    }
     fn != "" && /^[ \t]*\/\* 0x[0-9a-f]+ \*\/[ \t]*$/ { gsub(/[ \t]/, ""); print > fn; next }'
   if [ ! -s "$d/index" ]; then : >"$2"; return; fi
   # the n-th function of the index, its checksum
