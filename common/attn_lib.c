@@ -19,12 +19,13 @@
  * launcher itself writes to stderr (ATTN_TRY names the failing call there).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "attn_lib.h"
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "attn_lib.h"
 #include "attention.h"
 #include "device_info.h"
 
@@ -229,9 +230,11 @@ int attn_lib_plan(const attn_lib_request *r, void *plan, size_t plan_bytes,
     if (!r) return fail(ATTN_EXIT_USAGE, "%s: attn_lib_plan of no request", attn_this_stage.name);
     int pass = r->pass, device = r->device, variant = r->variant;
     long long smem_limit = r->smem_limit;
-    attn_lib_plan_t p = {
-        .stage = &attn_this_stage, .pass = pass, .device = device, .variant = variant,
-        .shape = shape_of(r)};
+    attn_lib_plan_t p = {.stage = &attn_this_stage,
+                         .pass = pass,
+                         .device = device,
+                         .variant = variant,
+                         .shape = shape_of(r)};
     if (plan && plan_bytes < sizeof p)
         return fail(ATTN_EXIT_USAGE, "%s: a plan takes %zu bytes, got room for %zu",
                     attn_this_stage.name, sizeof p, plan_bytes);

@@ -29,11 +29,11 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include "attn_lib.h"  // common/: build_eager.py puts it on the include path
-
 #include <cstdint>
 #include <mutex>
 #include <string>
+
+#include "attn_lib.h"  // common/: build_eager.py puts it on the include path
 
 namespace {
 
