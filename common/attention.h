@@ -58,6 +58,58 @@ enum {
     ATTN_TAKES_N_K = 8      /* N_k != N */
 };
 
+/* A KV cache (decode, stage 9), as flash-attn's flash_attn_with_kvcache takes it: B sequences, each
+ * its own length, their keys and values read in place.
+ *   contiguous (block_table NULL): K_cache, V_cache [B, N_max, H_kv, D]; key t of sequence b is
+ *               row t of batch b (the shape's k and v layouts: batch, head and row strides)
+ *   paged:      K_cache, V_cache [num_pages, page_size, H_kv, D] and block_table [B, max_pages];
+ *               key t of sequence b is row t % page_size of page block_table[b * max_pages +
+ *               t / page_size] (the k and v layouts' batch stride is then a page's)
+ * seqlens[b] keys are in the cache before the call. With N_new > 0 the call first writes K_new and
+ * V_new ([B, N_new, H_kv, D], their layouts below) at keys seqlens[b] .. seqlens[b] + N_new - 1,
+ * then attends over L_b = seqlens[b] + N_new keys; causal, query i sees keys j <= i + L_b - N (the
+ * bottom-right rule of every stage, per sequence). A sequence with no key: O = 0, LSE = -inf.
+ * seqlens and block_table live on the device: the host never reads them (a call stays
+ * asynchronous and capturable in a CUDA graph), so the kernels clamp what they read to the cache:
+ * a length past it or a page index out of range reads and writes nothing outside it. */
+typedef struct {
+    const int *seqlens;     /* [B] int32, device */
+    const int *block_table; /* [B, max_pages] int32, device; NULL: a contiguous cache */
+    int page_size;          /* keys per page (paged) */
+    int num_pages;          /* pages in K_cache and V_cache (paged) */
+    int max_pages;          /* block_table's row length (paged) */
+    int N_new;              /* new keys per sequence written into the cache by the call (0: none) */
+    const void *K_new, *V_new; /* [B, N_new, H_kv, D] */
+    attn_layout k_new, v_new;  /* their strides; all zero: contiguous */
+} attn_cache;
+
+#define ATTN_MAX_DECODE_N 16     /* queries per sequence a decode call takes */
+#define ATTN_MAX_PAGE_SIZE 1024  /* keys per page */
+
+/* The keys sequence b of a cache can hold: N_max, or max_pages * page_size. */
+static inline long long attn_cache_capacity(const attn_shape *s, const attn_cache *c) {
+    return c->block_table ? (long long)c->max_pages * c->page_size : (long long)s->N_k;
+}
+
+/* NULL when a decode call's shape and cache are consistent, else why not (the program and the
+ * library refuse it with that line): the shape's N_k is the plan's bound on L_b. */
+static inline const char *attn_cache_refused(const attn_shape *s, const attn_cache *c) {
+    if (s->N < 1 || s->N > ATTN_MAX_DECODE_N) return "decode takes 1 to 16 queries per sequence";
+    if (!c->seqlens) return "decode needs the sequences' lengths (cache_seqlens)";
+    if (c->N_new < 0 || (c->N_new > 0 && (!c->K_new || !c->V_new)))
+        return "new keys need both K_new and V_new";
+    if (c->block_table) {
+        if (c->page_size < 1 || c->page_size > ATTN_MAX_PAGE_SIZE ||
+            (c->page_size & (c->page_size - 1)))
+            return "page size must be a power of two from 1 to 1024";
+        if (c->num_pages < 1 || c->max_pages < 1) return "a paged cache needs pages and a block table";
+        if ((long long)c->max_pages * c->page_size < s->N_k)
+            return "the block table's pages hold fewer keys than the plan's N_k";
+    }
+    if (c->N_new > s->N_k) return "more new keys than the cache holds";
+    return NULL;
+}
+
 typedef struct {
     int cc;                /* compute capability as major*10+minor, e.g. 75, 89, 90 */
     size_t smem_per_block; /* opt-in dynamic shared memory per block; lowered by --smem-limit */
@@ -95,6 +147,15 @@ typedef struct {
     /* Beyond the plain case, what the forward pass takes (ATTN_TAKES_*; 0: the plain case only),
      * and what the backward pass takes. */
     unsigned takes, backward_takes;
+    /* Optional, NULL but in a decode stage: the forward pass over a KV cache (attn_cache, below).
+     * Q and O are [B, N, H, D] by their layouts in the shape (N: the new queries, 1 to
+     * ATTN_MAX_DECODE_N); the shape's N_k is the most keys a sequence can hold (what the host
+     * plans with: no device value is read on the host); its k and v layouts are the cache's. */
+    size_t (*decode_workspace_bytes)(const attn_shape *s, const attn_cache *c,
+                                     const attn_device *dev, int variant);
+    cudaError_t (*decode)(const attn_shape *s, const attn_cache *c, const attn_device *dev,
+                          const void *Q, void *K_cache, void *V_cache, void *O, float *lse,
+                          void *workspace, int variant, cudaStream_t stream);
 } attn_stage;
 
 /* The contiguous layout of a [B, heads, rows, D] tensor. */
