@@ -158,7 +158,7 @@ constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves a
 // Useful work / (slots x time), in key tiles, for ranges of `per` tiles: the blocks in launch
 // order (heads, then query tiles, heaviest first if causal, then ranges), each to the slot
 // that frees first (a binary min-heap of the slots' finish times).
-static double split_efficiency(const attn_shape *s, int BR, int BC, bool causal_skip, int slots,
+[[maybe_unused]] static double split_efficiency(const attn_shape *s, int BR, int BC, bool causal_skip, int slots,
                                double overhead, int per, double *heap) {
     const int q_tiles = ceil_div(s->N, BR);
     double work = 0.;
@@ -188,7 +188,7 @@ static double split_efficiency(const attn_shape *s, int BR, int BC, bool causal_
 }
 
 // Key ranges per query tile (1: no split) and key tiles per range.
-static int choose_splits(const attn_shape *s, int BR, int BC, bool causal_skip, int slots,
+[[maybe_unused]] static int choose_splits(const attn_shape *s, int BR, int BC, bool causal_skip, int slots,
                          double overhead, int *split_tiles) {
     const int T = ceil_div(s->N_k, BC);
     const long long blocks = (long long)s->B * s->H * ceil_div(s->N, BR);

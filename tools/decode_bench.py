@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Decode against a KV cache: stage 9 beside PyTorch's SDPA backends, one protocol for all.
+
+For every shape, one set of inputs (fixed seed): q [B, N_q, H, D] and a cache of N_k keys per
+sequence, K and V [B, N_k, H_kv, D] (flash-attn's layout; --page-size P: the same keys in pages of
+P, scattered by a random block table, for the course only). Each library is timed the same way:
+before every call the L2 cache is flushed (a buffer of twice its size is written), CUDA events
+around the call, the median of --repeats calls after a few warm-up calls. Decode reads every key
+and value once, so the figure of merit is their bytes over the time: GB/s, and the share of the
+HBM's peak (--peak-tbs, 4.8 for an H200).
+
+Columns:
+  course   flashcourse.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=N_k, causal=)
+           (stage9_decode's library, `make lib`); --variant NAME for one of its variants
+  FA2      torch.nn.functional.scaled_dot_product_attention on [B, H, N_q, D] views of the same
+           tensors, SDPBackend.FLASH_ATTENTION, enable_gqa=True
+  cuDNN    the same, SDPBackend.CUDNN_ATTENTION
+  copy     a device-to-device copy of 1 GiB (bytes read + written / time): the practical roof
+Causal with N_q > 1 is bottom-right (query i sees keys up to i + N_k - N_q) in the course; SDPA's
+is_causal is top-left, so SDPA runs those rows with an explicit bottom-right boolean mask.
+
+Checks: each output against the first library that ran the shape (2e-2 absolute); over it, a FAIL
+line on stderr and exit 1.
+
+usage: python3 -m tools.decode_bench [--quick] [--page-size P] [--variant NAME] [--repeats N]
+                                     [--csv OUT] [--peak-tbs T]
+Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
+"""
+import argparse
+import statistics
+import sys
+
+# (B, H, H_kv, D, N_q, N_k, causal): the issue's shapes, then the sweep
+SHAPES = [(1, 32, 8, 128, 1, n, False) for n in (1024, 4096, 16384, 32768, 65536, 131072, 262144)]
+SHAPES += [(8, 32, 8, 128, 1, n, False) for n in (4096, 32768)]
+SHAPES += [(1, 32, 8, 128, 4, n, True) for n in (4096, 32768, 131072)]
+SHAPES += [(1, 32, 8, 64, 1, 32768, False), (1, 32, 32, 128, 1, 32768, False)]
+QUICK = [(1, 32, 8, 128, 1, 4096, False), (1, 32, 8, 128, 1, 32768, False),
+         (8, 32, 8, 128, 1, 32768, False), (1, 32, 8, 128, 4, 32768, True)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--page-size", type=int, default=0)
+    ap.add_argument("--variant", default="default")
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--csv")
+    ap.add_argument("--peak-tbs", type=float, default=4.8)
+    ap.add_argument("--no-course", action="store_true", help="SDPA and the copy only")
+    args = ap.parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as e:
+        print(f"skipped: PyTorch not importable ({e})")
+        return 0
+    if not torch.cuda.is_available():
+        print("skipped: no CUDA GPU")
+        return 0
+    course = None
+    if not args.no_course:
+        try:
+            import flashcourse
+            course = flashcourse.flash_attn_with_kvcache
+        except (ImportError, AttributeError) as e:
+            print(f"course: not importable ({e}): its column is n/a", file=sys.stderr)
+
+    dev = torch.device("cuda")
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.int32, device=dev)
+
+    def timed(fn):
+        for _ in range(3):
+            fn()
+        start = [torch.cuda.Event(enable_timing=True) for _ in range(args.repeats)]
+        end = [torch.cuda.Event(enable_timing=True) for _ in range(args.repeats)]
+        for i in range(args.repeats):
+            flush.zero_()
+            start[i].record()
+            fn()
+            end[i].record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
+
+    src = torch.empty(1 << 29, dtype=torch.float16, device=dev)
+    dst = torch.empty_like(src)
+    copy_ms = timed(lambda: dst.copy_(src))
+    copy_gbs = 2 * src.numel() * 2 / copy_ms / 1e6
+    del src, dst
+    name = torch.cuda.get_device_name(dev)
+    print(f"{name}, torch {torch.__version__}; copy {copy_gbs:.0f} GB/s "
+          f"({100 * copy_gbs / (1000 * args.peak_tbs):.0f}% of {args.peak_tbs} TB/s)")
+    rows = []
+    failed = False
+    libs = ["course", "FA2", "cuDNN"]
+    print(f"{'B':>2} {'H':>3} {'Hkv':>3} {'D':>3} {'Nq':>2} {'N_k':>7} {'c':>1}  " +
+          "  ".join(f"{x:>22}" for x in libs))
+    for (B, H, H_kv, D, N_q, N_k, causal) in (QUICK if args.quick else SHAPES):
+        g = torch.Generator(device=dev).manual_seed(1)
+        q = torch.randn(B, N_q, H, D, device=dev, dtype=torch.float16, generator=g)
+        k = torch.randn(B, N_k, H_kv, D, device=dev, dtype=torch.float16, generator=g)
+        v = torch.randn(B, N_k, H_kv, D, device=dev, dtype=torch.float16, generator=g)
+        nbytes = 2 * B * N_k * H_kv * D * 2
+        mask = None
+        if causal and N_q > 1:
+            i = torch.arange(N_q, device=dev)[:, None]
+            j = torch.arange(N_k, device=dev)[None, :]
+            mask = j <= i + N_k - N_q
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        calls = {}
+        if course is not None:
+            seqlens = torch.full((B,), N_k, dtype=torch.int32, device=dev)
+            if args.page_size:
+                P = args.page_size
+                pages = (N_k + P - 1) // P
+                perm = torch.randperm(B * pages, device=dev, generator=g).to(torch.int32)
+                table = perm.view(B, pages)
+                kp = torch.empty(B * pages, P, H_kv, D, device=dev, dtype=torch.float16)
+                vp = torch.empty_like(kp)
+                kpad = torch.zeros(B, pages * P, H_kv, D, device=dev, dtype=torch.float16)
+                vpad = torch.zeros_like(kpad)
+                kpad[:, :N_k], vpad[:, :N_k] = k, v
+                kp[table.long().flatten()] = kpad.view(B * pages, P, H_kv, D)
+                vp[table.long().flatten()] = vpad.view(B * pages, P, H_kv, D)
+                calls["course"] = lambda: course(q, kp, vp, cache_seqlens=seqlens,
+                                                 block_table=table, causal=causal)
+            else:
+                calls["course"] = lambda: course(q, k, v, cache_seqlens=seqlens, causal=causal)
+        calls["FA2"] = (SDPBackend.FLASH_ATTENTION,)
+        calls["cuDNN"] = (SDPBackend.CUDNN_ATTENTION,)
+        out, ref = [], None
+        for lib in libs:
+            fn = calls.get(lib)
+            if fn is None:
+                out.append(None)
+                continue
+            if isinstance(fn, tuple):
+                backend = fn[0]
+
+                def fn(backend=backend):
+                    with sdpa_kernel(backend):
+                        if mask is not None:
+                            return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask,
+                                                                  enable_gqa=True)
+                        return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True,
+                                                              is_causal=False)
+            try:
+                o = fn()
+                o = o.transpose(1, 2) if lib != "course" else o
+                ms = timed(fn)
+            except Exception as e:  # a library that cannot run the shape: n/a, and go on
+                print(f"{lib}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", file=sys.stderr)
+                out.append(None)
+                continue
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = o.float()
+            else:
+                err = (o.float() - ref).abs().max().item()
+                if not err <= 2e-2:
+                    print(f"FAIL {lib} B={B} H={H} N_k={N_k} N_q={N_q}: max |diff| {err:.3g}",
+                          file=sys.stderr)
+                    failed = True
+            out.append(ms)
+            rows.append((name, B, H, H_kv, D, N_q, N_k, int(causal), lib, ms,
+                         nbytes / ms / 1e6))
+        cells = []
+        for ms in out:
+            if ms is None:
+                cells.append(f"{'n/a':>22}")
+            else:
+                gbs = nbytes / ms / 1e6
+                cells.append(f"{ms * 1e3:8.1f} us {gbs:5.0f} {100 * gbs / (1000 * args.peak_tbs):3.0f}%")
+        print(f"{B:>2} {H:>3} {H_kv:>3} {D:>3} {N_q:>2} {N_k:>7} {int(causal):>1}  " + "  ".join(cells),
+              flush=True)
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("gpu,B,H,H_kv,D,N_q,N_k,causal,library,ms,gbs\n")
+            for r in rows:
+                f.write(",".join(str(x) for x in r) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
