@@ -4,9 +4,10 @@
  * beside the stage descriptor `attn_this_stage`.
  *
  * attn_lib_plan makes every check the program makes before a pass (its shape rules, the device,
- * what the stage takes, its own unsupported()) for one attn_lib_request: one pass (forward or
- * backward), shape (with H_kv, N_k, bf16 and the tensors' strides), device, variant and
- * shared-memory limit.
+ * what the stage takes, its own unsupported()) for one attn_lib_request: one pass (forward,
+ * backward or decode), shape (with H_kv, N_k, bf16 and the tensors' strides), device, variant and
+ * shared-memory limit; a decode's cache too (attn_cache_refused: pages, new keys, N_k), and what
+ * the stage's decode needs (decode_workspace_bytes). A stage without a decode refuses one.
  *
  * The split is the per-call cost: a caller plans a shape once and runs it many times, and a
  * run does no more than a launch needs (the NULL and workspace checks, the device made current
@@ -117,7 +118,11 @@ static int device_props(int device, long long smem_limit, attn_device *out) {
 
 /* ---- plans: every check once, then runs ---- */
 
-enum { PASS_FWD = ATTN_LIB_FORWARD, PASS_BWD = ATTN_LIB_BACKWARD };
+enum { PASS_FWD = ATTN_LIB_FORWARD, PASS_BWD = ATTN_LIB_BACKWARD, PASS_DEC = ATTN_LIB_DECODE };
+
+static const char *pass_name(int pass) {
+    return pass == PASS_BWD ? "backward" : pass == PASS_DEC ? "decode" : "forward";
+}
 
 /* What attn_lib_plan checked, kept by the caller (attn_lib_plan_bytes of room) and handed back
  * to every run. `stage` ties it to this library: a plan of another stage's library is refused. */
@@ -127,6 +132,8 @@ typedef struct {
     attn_shape shape;
     attn_device dev; /* the device's properties, smem_per_block lowered by smem_limit */
     size_t workspace;
+    attn_cache cache; /* decode: the cache's sizes and the new keys' strides (pointers NULL) */
+    int paged;        /* decode: the run passes a block table */
 } attn_lib_plan_t;
 
 size_t attn_lib_plan_bytes(void) {
@@ -136,9 +143,13 @@ size_t attn_lib_plan_bytes(void) {
 /* The checks that need no device, so they answer alike on a machine without a GPU. */
 static int check_arguments(const attn_shape *s, int variant, int pass) {
     const char *name = attn_this_stage.name;
-    if (pass != PASS_FWD && pass != PASS_BWD)
-        return fail(ATTN_EXIT_USAGE, "%s: pass %d is neither forward (0) nor backward (1)", name,
-                    pass);
+    if (pass != PASS_FWD && pass != PASS_BWD && pass != PASS_DEC)
+        return fail(ATTN_EXIT_USAGE, "%s: pass %d is not forward (0), backward (1) or decode (2)",
+                    name, pass);
+    if (pass == PASS_DEC && (!attn_this_stage.decode || !attn_this_stage.decode_workspace_bytes))
+        return fail(ATTN_EXIT_UNSUPPORTED,
+                    "stage %s has no decode pass (a KV cache: the decode stage's library has one)",
+                    name);
     if (variant < 0 || variant >= attn_variant_count(attn_this_stage.variants))
         return fail(ATTN_EXIT_USAGE, "%s: variant index %d is not one of %s", name, variant,
                     attn_this_stage.variants);
@@ -187,8 +198,26 @@ static void leave_device(int prev, int device) {
     if (prev != device) (void)cudaSetDevice(prev);
 }
 
+/* A decode's contiguous layouts ([B, N, H, D] of q and o; the cache's [B, N_max, H_kv, D] or
+ * [num_pages, page_size, H_kv, D]) where the request's strides are zero, and a paged cache's N_k
+ * of 0: its block table's reach. */
+static void decode_defaults(const attn_lib_request *r, attn_shape *s) {
+    const int H_kv = s->H_kv ? s->H_kv : s->H;
+    if (r->paged && s->N_k == 0 && r->page_size > 0 && r->max_pages > 0) {
+        long long reach = (long long)r->page_size * r->max_pages;
+        s->N_k = reach > ATTN_MAX_N ? ATTN_MAX_N + 1 : (int)reach; /* over: the shape rule's */
+    }
+    const long long rows = r->paged ? r->page_size : s->N_k;
+    const attn_layout qo = {(long long)s->N * s->H * s->D, s->D, (long long)s->H * s->D},
+                      kv = {rows * H_kv * s->D, s->D, (long long)H_kv * s->D};
+    if (attn_layout_unset(&s->q)) s->q = qo;
+    if (attn_layout_unset(&s->o)) s->o = qo;
+    if (attn_layout_unset(&s->k)) s->k = kv;
+    if (attn_layout_unset(&s->v)) s->v = kv;
+}
+
 /* The shape of a request: H_kv and N_k 0 (H and N) and a tensor's strides all zero (contiguous)
- * filled in by attn_shape_complete. */
+ * filled in by attn_shape_complete (a decode's first by decode_defaults). */
 static attn_shape shape_of(const attn_lib_request *r) {
     attn_shape s = {.B = r->B,
                     .H = r->H,
@@ -202,20 +231,24 @@ static attn_shape shape_of(const attn_lib_request *r) {
     attn_layout *l[] = {&s.q, &s.k, &s.v, &s.o, &s.dO, &s.dQ, &s.dK, &s.dV};
     for (int t = 0; t < 8; t++)
         *l[t] = (attn_layout){r->strides[3 * t], r->strides[3 * t + 1], r->strides[3 * t + 2]};
+    if (r->pass == PASS_DEC) decode_defaults(r, &s);
     attn_shape_complete(&s); /* zeros filled in; a negative H_kv or N_k the shape rules refuse */
     return s;
 }
 
 /* The layouts' rule that needs no device (strides that reach no element twice in a row; H_kv and
- * N_k are the shape rules' of device_info.c), then what the stage takes. */
-static int check_model_inputs(const attn_shape *s, int pass) {
+ * N_k are the shape rules' of device_info.c), then what the stage takes (a decode: its decode's
+ * unsupported() says, as q and the cache are laid out otherwise than a forward's tensors). */
+static int check_model_inputs(const attn_shape *s, const attn_cache *c, int pass) {
     const char *name = attn_this_stage.name;
-    const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
-    for (int t = 0; t < 8; t++)
+    const attn_layout *l[] = {&s->q,  &s->k,  &s->v,  &s->o,     &s->dO,
+                              &s->dQ, &s->dK, &s->dV, &c->k_new, &c->v_new};
+    for (int t = 0; t < (pass == PASS_DEC && c->N_new > 0 ? 10 : 8); t++)
         if (l[t]->row < s->D || l[t]->head < 0 || l[t]->batch < 0)
             return fail(ATTN_EXIT_USAGE,
                         "%s: strides must be >= 0, rows at least D = %d elements apart", name,
                         s->D);
+    if (pass == PASS_DEC) return ATTN_EXIT_PASS;
     const char *why = attn_shape_refused(
         s, pass == PASS_BWD ? attn_this_stage.backward_takes : attn_this_stage.takes,
         pass == PASS_BWD);
@@ -223,6 +256,37 @@ static int check_model_inputs(const attn_shape *s, int pass) {
         return fail(ATTN_EXIT_UNSUPPORTED, "%s%s does not take %s", name,
                     pass == PASS_BWD ? "'s backward pass" : "", why);
     return ATTN_EXIT_PASS;
+}
+
+/* Where a plan's cache stands in for the run's pointers: attn_cache_refused and the stage's
+ * decode_workspace_bytes see which pointers the run passes (non-NULL), never where they point. */
+static const int placeholder;
+
+/* A decode request's cache (attention.h's attn_cache): the sizes and the new keys' strides, the
+ * pointers the run will pass as placeholders. */
+static attn_cache cache_of(const attn_lib_request *r, const attn_shape *s) {
+    attn_cache c = {.seqlens = &placeholder,
+                    .block_table = r->paged ? &placeholder : NULL,
+                    .page_size = r->paged ? r->page_size : 0,
+                    .num_pages = r->paged ? r->num_pages : 0,
+                    .max_pages = r->paged ? r->max_pages : 0,
+                    .N_new = r->N_new,
+                    .K_new = r->N_new > 0 ? &placeholder : NULL,
+                    .V_new = r->N_new > 0 ? &placeholder : NULL};
+    const long long *n = r->new_strides;
+    c.k_new = (attn_layout){n[0], n[1], n[2]};
+    c.v_new = (attn_layout){n[3], n[4], n[5]};
+    const attn_layout new_rows = {(long long)r->N_new * s->H_kv * s->D, s->D,
+                                  (long long)s->H_kv * s->D}; /* [B, N_new, H_kv, D] */
+    if (attn_layout_unset(&c.k_new)) c.k_new = new_rows;
+    if (attn_layout_unset(&c.v_new)) c.v_new = new_rows;
+    return c;
+}
+
+/* The cache rules that need no device (attention.h's attn_cache_refused). */
+static int check_cache(const attn_shape *s, const attn_cache *c) {
+    const char *why = attn_cache_refused(s, c);
+    return why ? fail(ATTN_EXIT_USAGE, "%s: %s", attn_this_stage.name, why) : ATTN_EXIT_PASS;
 }
 
 int attn_lib_plan(const attn_lib_request *r, void *plan, size_t plan_bytes,
@@ -238,8 +302,13 @@ int attn_lib_plan(const attn_lib_request *r, void *plan, size_t plan_bytes,
     if (plan && plan_bytes < sizeof p)
         return fail(ATTN_EXIT_USAGE, "%s: a plan takes %zu bytes, got room for %zu",
                     attn_this_stage.name, sizeof p, plan_bytes);
+    if (pass == PASS_DEC) {
+        p.cache = cache_of(r, &p.shape);
+        p.paged = r->paged != 0;
+    }
     int rc = check_arguments(&p.shape, variant, pass);
-    if (rc == ATTN_EXIT_PASS) rc = check_model_inputs(&p.shape, pass);
+    if (rc == ATTN_EXIT_PASS && pass == PASS_DEC) rc = check_cache(&p.shape, &p.cache);
+    if (rc == ATTN_EXIT_PASS) rc = check_model_inputs(&p.shape, &p.cache, pass);
     if (rc == ATTN_EXIT_PASS) rc = device_props(device, smem_limit, &p.dev);
     if (rc != ATTN_EXIT_PASS) return rc;
     int prev = device;
@@ -249,9 +318,13 @@ int attn_lib_plan(const attn_lib_request *r, void *plan, size_t plan_bytes,
     if (why) {
         rc = fail(ATTN_EXIT_UNSUPPORTED, "%s: %s", attn_this_stage.name, why);
     } else {
-        p.workspace = pass == PASS_BWD
-                          ? attn_this_stage.backward_workspace_bytes(&p.shape, &p.dev, variant)
-                          : attn_this_stage.workspace_bytes(&p.shape, &p.dev, variant);
+        p.workspace =
+            pass == PASS_BWD ? attn_this_stage.backward_workspace_bytes(&p.shape, &p.dev, variant)
+            : pass == PASS_DEC
+                ? attn_this_stage.decode_workspace_bytes(&p.shape, &p.cache, &p.dev, variant)
+                : attn_this_stage.workspace_bytes(&p.shape, &p.dev, variant);
+        p.cache.seqlens = p.cache.block_table = NULL; /* the run's pointers, never the plan's */
+        p.cache.K_new = p.cache.V_new = NULL;
         if (workspace_bytes) *workspace_bytes = p.workspace;
         if (plan) memcpy(plan, &p, sizeof p);
     }
@@ -259,26 +332,45 @@ int attn_lib_plan(const attn_lib_request *r, void *plan, size_t plan_bytes,
     return rc;
 }
 
-/* One pass of a plan on the caller's stream: the pointers and the workspace, then the launch. */
-static int run(int pass, const void *plan, const void *const *in, int n_in, void *const *out,
-               int n_out, const char *names, void *workspace, size_t workspace_bytes,
-               cudaStream_t stream) {
-    const attn_lib_plan_t *p = (const attn_lib_plan_t *)plan;
+/* What every run checks before its launch: a plan of this library's pass, no NULL among the
+ * pointers it needs (n of them) and the workspace it asked for. */
+static int check_run(int pass, const attn_lib_plan_t *p, const void *const *ptrs, int n,
+                     const char *names, const void *workspace, size_t workspace_bytes) {
     const char *name = attn_this_stage.name;
     if (!p || p->stage != &attn_this_stage || p->pass != pass)
         return fail(ATTN_EXIT_USAGE, "%s: not a plan of this library's %s pass (attn_lib_plan)",
-                    name, pass == PASS_BWD ? "backward" : "forward");
+                    name, pass_name(pass));
     int null = p->workspace && !workspace;
-    for (int i = 0; i < n_in; i++) null |= !in[i];
-    for (int i = 0; i < n_out; i++) null |= !out[i];
+    for (int i = 0; i < n; i++) null |= !ptrs[i];
     if (null)
         return fail(ATTN_EXIT_USAGE, "%s: a NULL pointer among %s%s", name, names,
                     p->workspace ? ", workspace" : "");
     if (workspace_bytes < p->workspace)
         return fail(ATTN_EXIT_USAGE, "%s: workspace of %zu bytes, the stage needs %zu", name,
                     workspace_bytes, p->workspace);
+    return ATTN_EXIT_PASS;
+}
+
+/* After a launcher: its error, or the launch's (cleared), as a return code. */
+static int launched(cudaError_t e, int pass) {
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e == cudaSuccess) return ATTN_EXIT_PASS;
+    (void)cudaGetLastError();
+    return cuda_fail(e, pass_name(pass));
+}
+
+/* One pass of a plan on the caller's stream: the pointers and the workspace, then the launch. */
+static int run(int pass, const void *plan, const void *const *in, int n_in, void *const *out,
+               int n_out, const char *names, void *workspace, size_t workspace_bytes,
+               cudaStream_t stream) {
+    const attn_lib_plan_t *p = (const attn_lib_plan_t *)plan;
+    const void *ptrs[9];
+    for (int i = 0; i < n_in; i++) ptrs[i] = in[i];
+    for (int i = 0; i < n_out; i++) ptrs[n_in + i] = out[i];
+    int rc = check_run(pass, p, ptrs, n_in + n_out, names, workspace, workspace_bytes);
+    if (rc != ATTN_EXIT_PASS) return rc;
     int prev = p->device;
-    int rc = enter_device(p->device, &prev);
+    rc = enter_device(p->device, &prev);
     if (rc != ATTN_EXIT_PASS) return rc;
     cudaError_t e = pass == PASS_BWD
                         ? attn_this_stage.backward(&p->shape, &p->dev, in[0], in[1], in[2], in[3],
@@ -286,11 +378,7 @@ static int run(int pass, const void *plan, const void *const *in, int n_in, void
                                                    out[2], workspace, p->variant, stream)
                         : attn_this_stage.forward(&p->shape, &p->dev, in[0], in[1], in[2], out[0],
                                                   (float *)out[1], workspace, p->variant, stream);
-    if (e == cudaSuccess) e = cudaGetLastError();
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        rc = cuda_fail(e, pass == PASS_BWD ? "backward" : "forward");
-    }
+    rc = launched(e, pass);
     leave_device(prev, p->device);
     return rc;
 }
@@ -310,4 +398,42 @@ int attn_lib_backward(const void *plan, const void *Q, const void *K, const void
     void *out[] = {dQ, dK, dV};
     return run(PASS_BWD, plan, in, 6, out, 3, "Q, K, V, O, lse, dO, dQ, dK, dV", workspace,
                workspace_bytes, (cudaStream_t)stream);
+}
+
+int attn_lib_decode(const void *plan, const void *Q, void *K_cache, void *V_cache,
+                    const int *seqlens, const int *block_table, const void *K_new,
+                    const void *V_new, void *O, float *lse, void *workspace, size_t workspace_bytes,
+                    void *stream) {
+    const attn_lib_plan_t *p = (const attn_lib_plan_t *)plan;
+    const void *ptrs[] = {Q, K_cache, V_cache, seqlens, O, lse, block_table, K_new, V_new};
+    const int paged = p && p->pass == PASS_DEC && p->paged,
+              news = p && p->pass == PASS_DEC && p->cache.N_new > 0;
+    /* the block table where the plan is of a paged cache, the new keys where it has them */
+    const char *names = paged && news
+                            ? "Q, K_cache, V_cache, seqlens, O, lse, block_table, K_new, V_new"
+                        : paged ? "Q, K_cache, V_cache, seqlens, O, lse, block_table"
+                        : news  ? "Q, K_cache, V_cache, seqlens, O, lse, K_new, V_new"
+                                : "Q, K_cache, V_cache, seqlens, O, lse";
+    const void *need[9];
+    int n = 0;
+    for (int i = 0; i < 9; i++)
+        if (i < 6 || (i == 6 && paged) || (i > 6 && news)) need[n++] = ptrs[i];
+    int rc = check_run(PASS_DEC, p, need, n, names, workspace, workspace_bytes);
+    if (rc != ATTN_EXIT_PASS) return rc;
+    if (!paged && block_table)
+        return fail(ATTN_EXIT_USAGE, "%s: a block table for a plan of a contiguous cache",
+                    attn_this_stage.name);
+    attn_cache c = p->cache;
+    c.seqlens = seqlens;
+    c.block_table = paged ? block_table : NULL;
+    c.K_new = news ? K_new : NULL;
+    c.V_new = news ? V_new : NULL;
+    int prev = p->device;
+    rc = enter_device(p->device, &prev);
+    if (rc != ATTN_EXIT_PASS) return rc;
+    rc = launched(attn_this_stage.decode(&p->shape, &c, &p->dev, Q, K_cache, V_cache, O, lse,
+                                         workspace, p->variant, (cudaStream_t)stream),
+                  PASS_DEC);
+    leave_device(prev, p->device);
+    return rc;
 }

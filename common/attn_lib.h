@@ -11,6 +11,8 @@
  *                         caller and handed back to every run
  *   attn_lib_forward      the stage's forward() of a plan on the caller's pointers and stream
  *   attn_lib_backward     the stage's backward() of a plan, likewise
+ *   attn_lib_decode       the stage's decode() of a plan (a decode stage's: stage 9) over a KV
+ *                         cache, likewise
  *   attn_lib_last_error   the calling thread's last failure, one line
  *   attn_lib_exit_codes   "pass=<n>,wrong=<n>,usage=<n>,unsupported=<n>,oom=<n>": the return
  *                         codes by name, from the attn_exit enum of attention.h
@@ -28,14 +30,24 @@ extern "C" {
 
 /* 4: plans (attn_lib_plan once, attn_lib_forward / attn_lib_backward per call), errors by
  * attn_lib_last_error; 5: attn_lib_plan takes what models feed (H_kv, N_k, bf16, strides);
- * 6: attn_lib_plan takes one attn_lib_request; attn_lib_limits */
-#define ATTN_LIB_ABI 6
+ * 6: attn_lib_plan takes one attn_lib_request; attn_lib_limits; 7: decode over a KV cache (the
+ * pass ATTN_LIB_DECODE, the request's cache fields, attn_lib_decode) */
+#define ATTN_LIB_ABI 7
 
-enum { ATTN_LIB_FORWARD = 0, ATTN_LIB_BACKWARD = 1 }; /* attn_lib_request.pass */
+/* attn_lib_request.pass */
+enum { ATTN_LIB_FORWARD = 0, ATTN_LIB_BACKWARD = 1, ATTN_LIB_DECODE = 2 };
 
-/* One pass to plan: which pass, where, and the shape (attention.h's attn_shape, flattened). */
+/* One pass to plan: which pass, where, and the shape (attention.h's attn_shape, flattened).
+ *
+ * A decode (ATTN_LIB_DECODE; attention.h's attn_cache): N (1 to 16) new queries per sequence, q
+ * and o [B, N, H, D] by their strides; the cache's keys and values by the k and v strides, a
+ * contiguous cache [B, N_max, H_kv, D] (paged 0, N_k = N_max) or a paged one [num_pages,
+ * page_size, H_kv, D] (paged 1, N_k = max_pages * page_size, or 0 for that); N_new new keys per
+ * sequence [B, N_new, H_kv, D] by new_strides, written into the cache by the call. The lengths,
+ * the block table and the new keys are pointers of the run (attn_lib_decode): the host never
+ * reads them. */
 typedef struct {
-    int pass;             /* ATTN_LIB_FORWARD or ATTN_LIB_BACKWARD */
+    int pass;             /* ATTN_LIB_FORWARD, ATTN_LIB_BACKWARD or ATTN_LIB_DECODE */
     int device;           /* CUDA device index */
     long long smem_limit; /* > 0: shared memory per block lowered to this (65536: a T4's) */
     int B, H, N, D;       /* batch, query heads, queries, head dim */
@@ -47,6 +59,11 @@ typedef struct {
     /* {batch, head, row} of q, k, v, o, dO, dQ, dK, dV in elements; a tensor's three zero: its
      * contiguous layout */
     long long strides[24];
+    /* decode: the KV cache (forward and backward: all zero) */
+    int paged;                           /* 1: pages and a block table [B, max_pages] int32 */
+    int page_size, num_pages, max_pages; /* keys per page, pages in the cache, table row length */
+    int N_new;                           /* new keys per sequence written by the call (0: none) */
+    long long new_strides[6]; /* {batch, head, row} of k_new, v_new; three zero: contiguous */
 } attn_lib_request;
 
 int attn_lib_abi(void);
@@ -58,6 +75,12 @@ int attn_lib_forward(const void *plan, const void *Q, const void *K, const void 
 int attn_lib_backward(const void *plan, const void *Q, const void *K, const void *V, const void *O,
                       const float *lse, const void *dO, void *dQ, void *dK, void *dV,
                       void *workspace, size_t workspace_bytes, void *stream);
+/* seqlens [B] int32 and block_table [B, max_pages] int32 (NULL for a contiguous cache) on the
+ * device; K_new, V_new NULL where the plan has no new keys; the cache written in place. */
+int attn_lib_decode(const void *plan, const void *Q, void *K_cache, void *V_cache,
+                    const int *seqlens, const int *block_table, const void *K_new,
+                    const void *V_new, void *O, float *lse, void *workspace, size_t workspace_bytes,
+                    void *stream);
 const char *attn_lib_last_error(void);
 const char *attn_lib_exit_codes(void);
 const char *attn_lib_limits(void);

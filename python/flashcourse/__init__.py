@@ -8,6 +8,8 @@
     dq, dk, dv = flashcourse.attention_backward(q, k, v, o, lse, do, causal=True)
     o = flashcourse.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's, exactly
     o = flashcourse.flash_attn_func(q, k, v, causal=True)     # flash-attn 2's: [B, N, H, D]
+    o = flashcourse.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens,
+                                            block_table=table, causal=True)   # decode: stage 9
 
 Each stage is the same attention.cu as its program, linked as a shared library with a small C
 entry point (common/attn_lib.c, common/attn_lib.h) and loaded with ctypes: nothing is compiled at
@@ -27,15 +29,16 @@ The modules by role, each importing only those before it at import time (no cycl
   _ops       the PyTorch autograd.Function and the custom operators for torch.compile (imported
              by _run and api at a call's first use, never at their import: it imports torch)
   api        attention(), attention_backward(), auto_stage(), auto_backward_stage()
-  dropins    scaled_dot_product_attention(), flash_attn_func()
+  dropins    scaled_dot_product_attention(), flash_attn_func(), flash_attn_with_kvcache()
 """
 
 from ._library import LibraryNotBuiltError, Stage, exit_codes, library_dir, stages
 from ._run import eager_path
 from ._version import __version__
 from .api import attention, attention_backward, auto_backward_stage, auto_stage
-from .dropins import flash_attn_func, scaled_dot_product_attention
+from .dropins import flash_attn_func, flash_attn_with_kvcache, scaled_dot_product_attention
 
 __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "flash_attn_func",
+           "flash_attn_with_kvcache",
            "stages", "Stage", "auto_stage", "auto_backward_stage", "library_dir", "exit_codes",
            "eager_path", "LibraryNotBuiltError", "__version__"]

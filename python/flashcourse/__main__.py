@@ -1,4 +1,5 @@
-"""python3 -m flashcourse: the stages built, each with its dtype, variants and backward pass."""
+"""python3 -m flashcourse: the stages built, each with its dtype, variants, backward pass and
+decode."""
 
 import sys
 
@@ -13,7 +14,7 @@ def main() -> int:
         return 1
     print(f"{len(built)} stages in {library_dir()}:")
     for s in built:
-        bwd = "  (+ backward pass)" if s.backward else ""
+        bwd = ("  (+ backward pass)" if s.backward else "") + ("  (+ decode)" if s.decode else "")
         print(f"  {s.name:22s} {s.dtype:8s} variants: {', '.join(s.variants)}{bwd}")
     return 0
 

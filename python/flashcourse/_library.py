@@ -14,16 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-ABI = 6  # ATTN_LIB_ABI in common/attn_lib.h
+ABI = 7  # ATTN_LIB_ABI in common/attn_lib.h
 _DTYPES = {0: "float32", 1: "float16"}  # attn_dtype: ATTN_F32, ATTN_F16
 # attention.h's ATTN_TAKES_*: what a stage takes beyond the plain case
 TAKES_BF16, TAKES_GQA, TAKES_STRIDES, TAKES_N_K = 1, 2, 4, 8
-PASS_FWD, PASS_BWD = 0, 1  # attn_lib.h's ATTN_LIB_FORWARD, ATTN_LIB_BACKWARD
+PASS_FWD, PASS_BWD, PASS_DEC = 0, 1, 2  # attn_lib.h's ATTN_LIB_FORWARD, _BACKWARD, _DECODE
 # The stages the package names (the auto rules: _plans.resolve)
 HOPPER_STAGE = "stage6_hopper"  # the fastest forward where it runs (sm_90a code on a Hopper GPU)
 FORWARD_STAGE = "stage5_tuned"  # the fastest forward on every other GPU
 HOPPER_BACKWARD_STAGE = "stage8_hopper_backward"  # the fastest backward where it runs (Hopper)
 BACKWARD_STAGE = "stage7_backward"  # the backward elsewhere, and for the calls stage 8 refuses
+DECODE_STAGE = "stage9_decode"  # decode over a KV cache (flash_attn_with_kvcache)
 # Where a wheel (`make wheel`) keeps the libraries, inside the package
 PACKAGED_LIB_DIR = Path(__file__).resolve().parent / "lib"
 
@@ -53,7 +54,7 @@ class LibraryNotBuiltError(FileNotFoundError):
 
 class _Descriptor(ctypes.Structure):
     # attn_stage (common/attention.h): the function pointers are reached through the attn_lib_*
-    # entry points; here they only say whether the stage has a backward pass.
+    # entry points; here they only say whether the stage has a backward pass and a decode.
     _fields_ = [
         ("name", ctypes.c_char_p),
         ("adds", ctypes.c_char_p),
@@ -66,6 +67,8 @@ class _Descriptor(ctypes.Structure):
         ("backward", ctypes.c_void_p),
         ("takes", ctypes.c_uint),
         ("backward_takes", ctypes.c_uint),
+        ("decode_workspace_bytes", ctypes.c_void_p),
+        ("decode", ctypes.c_void_p),
     ]
 
 
@@ -79,7 +82,9 @@ class Request(ctypes.Structure):
                 [(n, _I) for n in ("B", "H", "N", "D", "causal")] +
                 [("scale", ctypes.c_float)] +
                 [(n, _I) for n in ("variant", "H_kv", "N_k", "bf16")] +
-                [("strides", _L * 24)])
+                [("strides", _L * 24)] +
+                [(n, _I) for n in ("paged", "page_size", "num_pages", "max_pages", "N_new")] +
+                [("new_strides", _L * 6)])
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,7 @@ class Stage:
     backward: bool = False  # the stage has a backward pass (attention_backward)
     takes: int = 0  # beyond [B, H, N, D] contiguous tensors of its dtype: TAKES_* bits
     backward_takes: int = 0  # the same for its backward pass
+    decode: bool = False  # the stage has a decode pass over a KV cache (flash_attn_with_kvcache)
 
     @property
     def torch_dtype(self):
@@ -149,6 +155,7 @@ class Library:
         self.plan = lib.attn_lib_plan
         self.forward = lib.attn_lib_forward
         self.backward = lib.attn_lib_backward
+        self.decode = lib.attn_lib_decode
         self.last_error = lib.attn_lib_last_error
 
     def check(self, rc: int, call: str):
@@ -182,6 +189,9 @@ def _declare(lib: ctypes.CDLL):
         "attn_lib_forward": (I, [P] * 7 + [Z, P]),
         # plan, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, workspace_bytes, stream
         "attn_lib_backward": (I, [P] * 11 + [Z, P]),
+        # plan, Q, K_cache, V_cache, seqlens, block_table, K_new, V_new, O, lse, workspace,
+        # workspace_bytes, stream
+        "attn_lib_decode": (I, [P] * 11 + [Z, P]),
         "attn_lib_plan_bytes": (Z, []),
         "attn_lib_last_error": (ctypes.c_char_p, []),
         "attn_lib_exit_codes": (ctypes.c_char_p, []),
@@ -224,6 +234,7 @@ def _load(path: Path) -> Library:
             backward=bool(desc.backward and desc.backward_workspace_bytes),
             takes=int(desc.takes),
             backward_takes=int(desc.backward_takes),
+            decode=bool(desc.decode and desc.decode_workspace_bytes),
         )
         _loaded[key] = Library(path, lib, st, codes, limits)
         return _loaded[key]

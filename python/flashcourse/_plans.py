@@ -15,7 +15,7 @@ import struct
 from typing import Dict, Optional, Tuple
 
 from ._library import (BACKWARD_STAGE, FORWARD_STAGE, HOPPER_BACKWARD_STAGE, HOPPER_STAGE,
-                       PASS_BWD, PASS_FWD, TAKES_BF16, TAKES_GQA, TAKES_N_K, TAKES_STRIDES,
+                       PASS_BWD, PASS_DEC, PASS_FWD, TAKES_BF16, TAKES_GQA, TAKES_N_K, TAKES_STRIDES,
                        Library, LibraryNotBuiltError, Request, _torch, stage_library, stages)
 
 _INT_MAX = 2**31 - 1
@@ -191,13 +191,18 @@ def variant_index(st, variant, what: str = "variant") -> int:
 
 
 def request(backward: bool, device: int, geometry: tuple, causal: bool, s32: float, vi: int,
-            smem_limit: int, bf16: bool) -> Request:
-    """The attn_lib_request of a pass (geometry: (B, H, N, D, H_kv, N_k, 24 strides or None))."""
+            smem_limit: int, bf16: bool, cache: Optional[tuple] = None) -> Request:
+    """The attn_lib_request of a pass (geometry: (B, H, N, D, H_kv, N_k, 24 strides or None));
+    cache: a decode's (paged, page_size, num_pages, max_pages, N_new, 6 strides of k_new and
+    v_new): decode_geometry's."""
     B, H, N, D, H_kv, N_k, strides = geometry
-    r = Request(PASS_BWD if backward else PASS_FWD, device, smem_limit, B, H, N, D, int(causal),
-                s32, vi, H_kv, N_k, int(bf16))
+    pass_ = PASS_DEC if cache is not None else PASS_BWD if backward else PASS_FWD
+    r = Request(pass_, device, smem_limit, B, H, N, D, int(causal), s32, vi, H_kv, N_k, int(bf16))
     if strides:
         r.strides[:] = strides
+    if cache is not None:
+        r.paged, r.page_size, r.num_pages, r.max_pages, r.N_new = cache[:5]
+        r.new_strides[:] = cache[5]
     return r
 
 
@@ -213,9 +218,11 @@ class _Plan:
                  "run", "stage", "geometry", "request", "by_do")
 
     def __init__(self, library: Library, backward: bool, device: int, geometry: tuple,
-                 causal: bool, s32: float, vi: int, smem_limit: int, bf16: bool = False):
+                 causal: bool, s32: float, vi: int, smem_limit: int, bf16: bool = False,
+                 cache: Optional[tuple] = None):
         self.library, self.stage, self.geometry = library, library.stage.name, geometry
-        self.request = request(backward, device, geometry, causal, s32, vi, smem_limit, bf16)
+        self.request = request(backward, device, geometry, causal, s32, vi, smem_limit, bf16,
+                               cache)
         self.by_do = {}  # backward: the plans for other layouts of do (with_do)
         self.buf = ctypes.create_string_buffer(library.plan_bytes)
         self.addr = ctypes.addressof(self.buf)
@@ -226,7 +233,8 @@ class _Plan:
         self.workspace, self.device = ws.value, device
         self.tdevice = _torch().device("cuda", device)
         self.lse_shape = tuple(geometry[:3])
-        self.run = library.backward if backward else library.forward
+        self.run = (library.decode if cache is not None else library.backward if backward else
+                    library.forward)
 
     def with_do(self, do) -> "_Plan":
         """This backward plan for an upstream gradient do laid out as it is (a stage whose
@@ -288,6 +296,47 @@ def plan(stage: str, backward: bool, shape, device: Optional[int], dtype, causal
     if len(_plans) >= PLANS_MAX:
         _plans.clear()
     _plans[key] = p
+    return p
+
+
+# ---- decode over a KV cache (flash_attn_with_kvcache) ----
+
+def _rows_of(t) -> tuple:
+    """A [B, N, H, D] tensor's batch, head and row strides (elements)."""
+    st = t.stride()
+    return (st[0], st[2], st[1])
+
+
+def decode_geometry(q, k_cache, v_cache, k, v, max_pages: Optional[int]):
+    """A decode plan's (geometry, cache) (request()): q, k_cache, v_cache by their strides, o
+    [B, N_q, H, D] contiguous, N_k the keys a sequence can hold; k and v (None: no new keys) by
+    theirs; the cache's sizes (max_pages: the block table's row length, None: contiguous)."""
+    B, N_q, H, D = (int(x) for x in q.shape)
+    rows = int(k_cache.shape[1])  # keys per page, or per sequence
+    geometry = (B, H, N_q, D, int(k_cache.shape[2]), rows * (max_pages or 1),
+                _rows_of(q) + _rows_of(k_cache) + _rows_of(v_cache) + (N_q * H * D, D, H * D) +
+                (0,) * 12)
+    news = (0,) * 6 if k is None else _rows_of(k) + _rows_of(v)
+    paged = max_pages is not None
+    cache = (int(paged), rows if paged else 0, int(k_cache.shape[0]) if paged else 0,
+             max_pages or 0, 0 if k is None else int(k.shape[1]), news)
+    return geometry, cache
+
+
+def decode_plan(stage: str, device: int, dtype, geometry: tuple, cache: tuple, causal: bool,
+                scale: float, variant: str) -> "_Plan":
+    """The library's checks of a decode call, once per combination: its plan, or ValueError."""
+    key = ("decode", stage, geometry, cache, device, dtype, causal, scale, variant,
+           os.environ.get("FLASHCOURSE_LIB_DIR"))
+    p = _plans.get(key)
+    if p is None:
+        library = stage_library(stage)
+        vi = variant_index(library.stage, variant)
+        p = _Plan(library, False, device, geometry, causal, _scale32(scale), vi, 0,
+                  dtype == _torch().bfloat16, cache)
+        if len(_plans) >= PLANS_MAX:
+            _plans.clear()
+        _plans[key] = p
     return p
 
 

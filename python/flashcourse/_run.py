@@ -122,7 +122,7 @@ def make_call(fp: _Plan, bp: Optional[_Plan]):
 
 # ---- the eager operator: the hot path in C++ (python/flashcourse/_eager.cpp) ----
 
-_EAGER_ABI = 2  # EAGER_ABI in _eager.cpp
+_EAGER_ABI = 3  # EAGER_ABI in _eager.cpp
 _DO_LAYOUTS_MAX = 4  # DO_LAYOUTS_MAX in _eager.cpp
 EAGER_LIB = "libflashcourse_eager.so"
 
@@ -263,3 +263,74 @@ def backward_raw(p: _Plan, ptrs, workspace_bytes: int = 0, stream: int = 0):
     """attn_lib_backward of plan p on raw device pointers (q, k, v, o, lse, do, dq, dk, dv,
     workspace)."""
     p.library.check(p.run(p.addr, *ptrs, workspace_bytes, stream), "attn_lib_backward")
+
+
+# ---- decode over a KV cache: flash_attn_with_kvcache's run path ----
+
+# What a decode call with these arguments runs once they passed every check: a function of the
+# call's tensors (kv_key: everything the checks looked at but alignment, checked on every call).
+kv_calls: Dict[tuple, object] = {}
+
+
+def _meta(t):
+    return None if t is None else (type(t), t.shape, t.stride(), t.dtype, t.device)
+
+
+def kv_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, *flags):
+    """The call cache's key of a decode call: the tensors' metadata (cache_seqlens: an int's type,
+    not its value, which the call checks), and flags (scale, causal, ...) as given."""
+    seqlens = int if type(cache_seqlens) is int else _meta(cache_seqlens)
+    return (_meta(q), _meta(k_cache), _meta(v_cache), _meta(k), _meta(v), seqlens,
+            _meta(block_table), flags, os.environ.get("FLASHCOURSE_LIB_DIR"))
+
+
+def kv_ready(q, k_cache, v_cache, k, v) -> bool:
+    """What the cached checks cannot know: 16-byte aligned tensors."""
+    ptrs = q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()
+    return not (ptrs | (k.data_ptr() | v.data_ptr() if k is not None else 0)) % ALIGN
+
+
+def decode_with(p: _Plan, q, k_cache, v_cache, seqlens, block_table, k, v):
+    """One decode of plan p (checked for these tensors' metadata; aligned): (o [B, N_q, H, D],
+    lse [B, H, N_q]), allocated through PyTorch on the current stream; k, v (None: none) written
+    into the cache at seqlens by the stage."""
+    torch = _library.torch_mod
+    B, H, N = p.lse_shape
+    o = torch.empty((B, N, H, q.shape[3]), dtype=q.dtype, device=p.tdevice)
+    lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.tdevice)
+    ws = p.workspace
+    work = torch.empty(ws, dtype=torch.uint8, device=p.tdevice) if ws else None
+    rc = p.run(p.addr, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seqlens.data_ptr(),
+               None if block_table is None else block_table.data_ptr(),
+               None if k is None else k.data_ptr(), None if v is None else v.data_ptr(),
+               o.data_ptr(), lse.data_ptr(), work.data_ptr() if ws else None, ws,
+               _raw_stream(p.device))
+    if rc:
+        p.library.check(rc, "attn_lib_decode")
+    return o, lse
+
+
+def make_decode_call(who: str, p: _Plan, capacity: int, copy_new: bool):
+    """The function a cached decode call runs on (q, k_cache, v_cache, k, v, cache_seqlens,
+    block_table): the lengths as a device tensor (an int or None: made on the current stream,
+    no copy from the host that waits), q, k, v copied where their strides are not whole 16-byte
+    chunks (copy_new: as the plan was made), the table contiguous, then the plan."""
+    torch = _library.torch_mod
+    B, N_new = p.lse_shape[0], p.request.N_new
+
+    def call(q, k_cache, v_cache, k, v, seqlens, block_table):
+        if seqlens is None or type(seqlens) is int:
+            n = capacity if seqlens is None else seqlens
+            if not 0 <= n <= capacity - N_new:
+                raise ValueError(f"{who}: cache_seqlens {n} with {N_new} new keys is past the "
+                                 f"cache ({capacity} keys a sequence)")
+            seqlens = torch.full((B,), n, dtype=torch.int32, device=p.tdevice)
+        elif not seqlens.is_contiguous():
+            seqlens = seqlens.contiguous()
+        if block_table is not None and not block_table.is_contiguous():
+            block_table = block_table.contiguous()
+        if copy_new:
+            q = q.contiguous()
+            k, v = (None, None) if k is None else (k.contiguous(), v.contiguous())
+        return decode_with(p, q, k_cache, v_cache, seqlens, block_table, k, v)
+    return call

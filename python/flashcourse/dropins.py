@@ -1,5 +1,6 @@
 """Drop-ins with the signatures users know, each behaving as its original or refusing clearly:
-scaled_dot_product_attention (torch's SDPA) and flash_attn_func (flash-attn 2's).
+scaled_dot_product_attention (torch's SDPA), flash_attn_func and flash_attn_with_kvcache
+(flash-attn 2's).
 
 Every error names the function the user called. The kernels align causal masks to the bottom
 right (query i sees keys j <= i + N_k - N_q); SDPA's is_causal aligns them to the top left (j <=
@@ -10,15 +11,18 @@ attention for the rest (two calls, concatenated along the rows).
 
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
-from ._library import _torch, stage_library
-from ._plans import causal_checked
-from .api import attention_as
+from . import _run
+from ._library import DECODE_STAGE, _torch, stage_library
+from ._plans import (_INT_MAX, ALIGN, PLANS_MAX, causal_checked, decode_geometry, decode_plan,
+                     device_of, scale_checked)
+from .api import _OWN_ERRORS, attention_as, named_by
 
 if TYPE_CHECKING:
     from torch import Tensor
 
 SDPA = "flashcourse.scaled_dot_product_attention"
 FLASH = "flashcourse.flash_attn_func"
+KVCACHE = "flashcourse.flash_attn_with_kvcache"
 
 
 def _four_dims(*ts) -> bool:
@@ -195,3 +199,212 @@ def flash_attn_func(q: "Tensor", k: "Tensor", v: "Tensor", dropout_p: float = 0.
     if return_attn_probs:
         return o, lse, torch.empty((0,), dtype=q.dtype, device=q.device)
     return o
+
+
+def flash_attn_with_kvcache(q: "Tensor", k_cache: "Tensor", v_cache: "Tensor",
+                            k: Optional["Tensor"] = None, v: Optional["Tensor"] = None,
+                            rotary_cos=None, rotary_sin=None,
+                            cache_seqlens: Optional[Union[int, "Tensor"]] = None,
+                            cache_batch_idx=None, cache_leftpad=None,
+                            block_table: Optional["Tensor"] = None,
+                            softmax_scale: Optional[float] = None, causal: bool = False,
+                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes=None,
+                            num_splits: int = 0, return_softmax_lse: bool = False, *,
+                            stage: str = DECODE_STAGE, variant: str = "default"
+                            ) -> Union["Tensor", Tuple["Tensor", "Tensor"]]:
+    """flash-attn 2's flash_attn_with_kvcache signature, layout and results, by the course's
+    decode stage (stage9_decode: the key range split across blocks, merged by LSE):
+
+        from flash_attn import flash_attn_with_kvcache          # or:
+        from flashcourse import flash_attn_with_kvcache
+        o = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens,
+                                    block_table=table, causal=True)
+
+    q [B, N_q, H, D] (1 to 16 new tokens a sequence); a KV cache k_cache, v_cache either
+    contiguous [B_cache >= B, N_max, H_kv, D] (sequence b is row b) or, with block_table int32
+    [B, max_pages], paged [num_pages, page_size, H_kv, D] (page_size a power of two up to 1024;
+    key t of sequence b is row t % page_size of page block_table[b, t // page_size]); H_kv
+    dividing H (grouped-query heads, MQA); float16 or bfloat16; D 64 or 128; any strides with a
+    contiguous last dimension (q, k, v whose strides are not whole 16-byte chunks are copied).
+    cache_seqlens: the keys each sequence holds, an int or an int32 tensor [B] on q's device
+    (None: the whole cache); it stays on the device (nothing waits for the GPU; a length past the
+    cache reads nothing outside it). k, v [B, N_new, H_kv, D]: new keys written into the cache in
+    place at cache_seqlens[b] .. + N_new - 1, then attended over with the rest (cache_seqlens is
+    not advanced: the caller adds N_new, as with flash-attn). causal: query i sees keys j <=
+    i + L_b - N_q (L_b = cache_seqlens[b] + N_new: aligned to the bottom right); a row with no
+    key gets o = 0 (lse -inf). softmax_scale: default 1/sqrt(D). Returns out [B, N_q, H, D]
+    (and softmax_lse [B, H, N_q] float32, natural log, with return_softmax_lse=True). Not
+    differentiable (as flash-attn's). Runs on the current stream with outputs from PyTorch's
+    caching allocator, planned once per combination of shapes, strides, dtypes and flags;
+    CUDA graphs capture it (an int cache_seqlens is captured as its value; pass a tensor to
+    change it between replays). num_splits: flash-attn's benchmarking knob, taken as a hint
+    (any int >= 0): the stage plans its own split of the keys from the GPU and the shape.
+
+    Refused: rotary_cos / rotary_sin (rotary embedding), cache_batch_idx, cache_leftpad,
+    window_size other than (-1, -1), softcap other than 0, alibi_slopes raise
+    NotImplementedError naming the keyword; more than 16 query tokens, a head dim or a page size
+    the stage does not take raise ValueError, other bad arguments TypeError or ValueError, each
+    naming this function. stage: a stage with a decode pass (Stage.decode); variant: its variants.
+    """
+    who = KVCACHE
+    if type(causal) is bool and type(return_softmax_lse) is bool and rotary_cos is None and \
+            rotary_sin is None and cache_batch_idx is None and cache_leftpad is None and \
+            alibi_slopes is None and not softcap and type(num_splits) is int and num_splits >= 0:
+        try:  # the call cache first: one dict lookup
+            call = _run.kv_calls.get(_run.kv_key(
+                q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+                tuple(window_size), stage, variant))
+        except (AttributeError, TypeError):  # not tensors, an unhashable argument: checked below
+            call = None
+        if call is not None and _run.kv_ready(q, k_cache, v_cache, k, v):
+            o, lse = call(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
+            return (o, lse) if return_softmax_lse else o
+    try:
+        o, lse = _kvcache_checked(who, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                  cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  num_splits, stage, variant)
+    except _OWN_ERRORS as e:
+        renamed = named_by(who, e)
+        if renamed is e:
+            raise
+        raise renamed from None
+    return (o, lse) if return_softmax_lse else o
+
+
+def _check_kvcache(who: str, q, k_cache, v_cache, k, v, cache_seqlens, block_table, dtypes):
+    """Types, devices, dtypes and shapes of a decode call (flash_attn_with_kvcache's arguments;
+    metadata only, no device value read): TypeError / ValueError naming `who`. Returns (B, N_q,
+    H, D, H_kv, capacity: the keys a sequence can hold, N_new, paged)."""
+    torch = _torch()
+    if (k is None) != (v is None):
+        raise ValueError(f"{who}: pass k and v together (new keys and their values), or neither")
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)] + \
+        ([] if k is None else [("k", k), ("v", v)])
+    for n, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{who} takes torch tensors; {n} is a {type(t).__name__}")
+        if t.device.type != "cuda" or t.dtype != q.dtype or t.device != q.device:
+            raise TypeError(f"{who} takes q, k_cache, v_cache (and k, v) of one dtype on one "
+                            f"CUDA device; q is {q.dtype} on {q.device}, {n} {t.dtype} on "
+                            f"{t.device}")
+        if t.dim() != 4 or (t.stride(3) != 1 and t.numel()):
+            raise ValueError(f"{who} takes q [B, N_q, H, D], k_cache and v_cache [B, N_max, H_kv, "
+                             f"D] (paged: [num_pages, page_size, H_kv, D]), k and v [B, N_new, "
+                             f"H_kv, D], each with a contiguous last dimension; {n} has shape "
+                             f"{tuple(t.shape)}, strides {tuple(t.stride())}")
+    if q.dtype not in dtypes:
+        raise TypeError(f"{who} takes {' or '.join(map(str, dtypes))} tensors; q is {q.dtype}")
+    B, N_q, H, D = (int(x) for x in q.shape)
+    H_kv = int(k_cache.shape[2])
+    if k_cache.shape != v_cache.shape or k_cache.shape[3] != D or H_kv == 0 or H % H_kv:
+        raise ValueError(f"{who} takes k_cache and v_cache of one shape, q's head dim ({D}) and "
+                         f"heads dividing q's ({H}); k_cache is {tuple(k_cache.shape)}, v_cache "
+                         f"{tuple(v_cache.shape)}")
+    paged = block_table is not None
+    if paged:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or \
+                block_table.device != q.device or tuple(block_table.shape[:1]) != (B,) or \
+                block_table.dim() != 2:
+            raise TypeError(f"{who} takes block_table as an int32 tensor [B, max_pages] = [{B}, "
+                            f"max_pages] on q's device; it is {_describe(block_table)}")
+        capacity = int(block_table.shape[1]) * int(k_cache.shape[1])
+    elif k_cache.shape[0] < B:
+        raise ValueError(f"{who}: k_cache and v_cache hold {k_cache.shape[0]} sequences, q {B} "
+                         "(without a block_table sequence b is row b of the cache)")
+    else:
+        capacity = int(k_cache.shape[1])
+    N_new = 0 if k is None else int(k.shape[1])
+    if k is not None:
+        if k.shape != v.shape or (k.shape[0], k.shape[2], k.shape[3]) != (B, H_kv, D):
+            raise ValueError(f"{who} takes k and v of one shape [B, N_new, H_kv, D] = [{B}, "
+                             f"N_new, {H_kv}, {D}]; k is {tuple(k.shape)}, v {tuple(v.shape)}")
+        if cache_seqlens is None:
+            raise ValueError(f"{who}: new keys (k, v) need cache_seqlens, where in the cache they "
+                             "go (as flash-attn asks)")
+        if N_new > capacity:
+            raise ValueError(f"{who}: {N_new} new keys, more than the cache holds ({capacity})")
+    if isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.dtype != torch.int32 or cache_seqlens.device != q.device or \
+                tuple(cache_seqlens.shape) != (B,):
+            raise TypeError(f"{who} takes cache_seqlens as an int or an int32 tensor [B] = [{B}] "
+                            f"on q's device; it is {_describe(cache_seqlens)}")
+    elif cache_seqlens is not None and (isinstance(cache_seqlens, bool) or
+                                        not isinstance(cache_seqlens, int)):
+        raise TypeError(f"{who} takes cache_seqlens as an int or an int32 tensor [B], not "
+                        f"{type(cache_seqlens).__name__}")
+    if any(x > _INT_MAX for x in tuple(q.shape) + tuple(k_cache.shape)) or capacity > _INT_MAX:
+        raise ValueError(f"{who}: every dimension must fit in an int")
+    return B, N_q, H, D, H_kv, capacity, N_new, paged
+
+
+def _describe(t) -> str:
+    torch = _torch()
+    if not isinstance(t, torch.Tensor):
+        return f"a {type(t).__name__}"
+    return f"{t.dtype} {list(t.shape)} on {t.device}"
+
+
+def _kvcache_checked(who, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                     window_size, softcap, alibi_slopes, num_splits, stage, variant):
+    """flash_attn_with_kvcache with every check made: the first call of a combination, and every
+    call that fails one; keeps what the call runs (_run.kv_calls)."""
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                        ("alibi_slopes", alibi_slopes)):
+        if value is not None:
+            raise NotImplementedError(f"{who} takes no {name} (the decode stage does not compute "
+                                      f"it): pass None")
+    window = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
+    if window != (-1, -1):
+        raise NotImplementedError(f"{who} has no local (sliding-window) attention "
+                                  f"(window_size={window!r}): pass (-1, -1)")
+    if softcap:
+        raise NotImplementedError(f"{who} has no softcap (softcap={softcap!r}): pass 0.0")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"{who}: num_splits must be an int >= 0 (0: the stage's own split), "
+                         f"not {num_splits!r}")
+    causal = causal_checked(causal, who)
+    if not isinstance(stage, str) or not isinstance(variant, str):
+        raise TypeError(f"{who}: stage and variant are names (str), such as '{DECODE_STAGE}'")
+    st = stage_library(stage, who).stage
+    if not st.decode:
+        raise ValueError(f"{who}: {st.name} has no decode pass over a KV cache ({DECODE_STAGE} "
+                         "has)")
+    torch = _torch()  # (whether the stage takes bf16 is its decode's unsupported()'s to say)
+    B, N_q, H, D, H_kv, capacity, N_new, paged = _check_kvcache(
+        who, q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+        (torch.float16, torch.bfloat16))
+    scale = scale_checked(softmax_scale, D, who)
+    for n, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.data_ptr() % ALIGN:
+            raise ValueError(f"{who} takes a cache whose data is {ALIGN}-byte aligned (written "
+                             f"in place, never copied); {n} starts at an offset into its storage")
+    if B == 0 or capacity == 0:  # nothing to attend to: what an empty softmax gives
+        o = torch.zeros((B, N_q, H, D), dtype=q.dtype, device=q.device)
+        return o, torch.full((B, H, N_q), float("-inf"), dtype=torch.float32, device=q.device)
+    q0, k0, v0 = q, k, v
+    small = [q] + ([] if k is None else [k, v])
+    unaligned = any(t.data_ptr() % ALIGN for t in small)
+    copy_new = unaligned or not all(all(x % 8 == 0 for x in t.stride()[:3]) for t in small)
+    if copy_new:  # (the few new tokens: a small copy, contiguous and aligned)
+        q, k, v = (None if t is None else t.clone(memory_format=torch.contiguous_format)
+                   for t in (q, k, v))
+    _run.init_stream_accessor()
+    geometry, cache = decode_geometry(q, k_cache, v_cache, k, v,
+                                      int(block_table.shape[1]) if paged else None)
+    p = decode_plan(stage, device_of(q), q.dtype, geometry, cache, causal, scale, variant)
+    call = _run.make_decode_call(who, p, capacity, copy_new)
+    if not unaligned and (softmax_scale is None or type(softmax_scale) in (int, float)):
+        try:  # (a 0-d tensor's scale hashes by identity: checked every call)
+            key = _run.kv_key(q0, k_cache, v_cache, k0, v0, cache_seqlens, block_table,
+                              softmax_scale, causal, tuple(window_size), stage, variant)
+        except TypeError:  # an unhashable argument: checked every call
+            key = None
+        if key is not None:
+            if len(_run.kv_calls) >= PLANS_MAX:
+                _run.kv_calls.clear()
+            _run.kv_calls[key] = call
+    return call(q, k_cache, v_cache, k, v, cache_seqlens, block_table)

@@ -4,8 +4,9 @@
 # GPU and PyTorch tests say `skipped` where there is neither), installs the package as a user
 # does (pip_install.sh: `pip install ./python` finds this checkout's libraries; wheel.sh: the wheel
 # `make wheel` writes, installed into a fresh venv, finds its own), the drop-ins against torch's
-# SDPA and flash-attn's keywords (test_dropins.py: GPU), tests the comparison scripts' command
-# line and shape lists (test_compare.py, no GPU needed) and train_gpt.py's (test_train_gpt.py:
+# SDPA and flash-attn's keywords (test_dropins.py: GPU), flash_attn_with_kvcache (test_kvcache.py:
+# its CPU checks anywhere, stage9_decode against a float64 reference on a GPU), tests the
+# comparison scripts' command line and shape lists (test_compare.py, no GPU needed) and train_gpt.py's (test_train_gpt.py:
 # --dtype, --kv-heads, the stages it refuses, --sdpa-only on a CPU where PyTorch is), checks the
 # notebook's cells parse, and that the example says in one line that it needs PyTorch where there
 # is none. Ends with "N passed, M failed, K skipped"
@@ -23,7 +24,7 @@ for src in stage[0-9]*/attention.cu; do
   if [ ! -f "$so" ]; then bad "$so not built"; continue; fi
   # exactly the descriptor and the entry points; the static CUDA runtime inside stays private
   got=$(nm -D --defined-only "$so" | awk '$3 !~ /^_/ { print $3 }' | sort | tr '\n' ' ')
-  want="attn_lib_abi attn_lib_backward attn_lib_exit_codes attn_lib_forward attn_lib_last_error attn_lib_limits attn_lib_plan attn_lib_plan_bytes attn_this_stage "
+  want="attn_lib_abi attn_lib_backward attn_lib_decode attn_lib_exit_codes attn_lib_forward attn_lib_last_error attn_lib_limits attn_lib_plan attn_lib_plan_bytes attn_this_stage "
   if [ "$got" = "$want" ]; then ok "$so exports: $got"; else bad "$so exports: '$got', want '$want'"; fi
 done
 
@@ -51,6 +52,9 @@ runpy.run_path('python/build_eager.py', run_name='__main__')" 2>&1)
   report_run wheel.sh bash python/tests/wheel.sh "$dir"
   # the drop-ins against torch's SDPA (GPU; SKIP lines without one)
   FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_dropins.py python3 python/tests/test_dropins.py
+  # flash_attn_with_kvcache and the library's decode entry: its signature, refused keywords, the
+  # ctypes mirror and the C checks anywhere (fake stages linked here); stage9_decode on a GPU
+  FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_kvcache.py python3 python/tests/test_kvcache.py
   # the comparison scripts (tools/compare.py, tools/compare_fa2.py) without a GPU
   report_run test_compare.py python3 python/tests/test_compare.py
   # train_gpt.py's options and checks before training without a GPU (its --sdpa-only run where
