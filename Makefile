@@ -43,7 +43,7 @@ NVCCFLAGS := -std=c++17 -O3 -lineinfo -Xptxas -v -Werror all-warnings -Icommon \
 CFLAGS    := -std=c11 -O2 -Wall -Wextra -Werror -fopenmp -I$(CUDA_HOME)/include
 LDLIBS    := -Xcompiler -fopenmp -lm -ldl
 
-COMMON_SRC := common/main.c common/device_info.c common/reference.c common/reference_bwd.c common/npy.c
+COMMON_SRC := common/main.c common/decode.c common/device_info.c common/reference.c common/reference_bwd.c common/npy.c
 COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/obj/%.o,$(COMMON_SRC))
 HEADERS    := common/attention.h common/common.h common/csv_header.h common/device_info.h
 

@@ -28,18 +28,8 @@
 #include "attention.h"
 #include "common.h"
 #include "csv_header.h"
+#include "decode.h"
 #include "device_info.h"
-
-/* Every CUDA call outside a stage goes through this: the call's text, file and line. */
-#define CUDA_CHECK(call)                                                               \
-    do {                                                                               \
-        cudaError_t err_ = (call);                                                     \
-        if (err_ != cudaSuccess) {                                                     \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,       \
-                    cudaGetErrorString(err_));                                         \
-            exit(err_ == cudaErrorMemoryAllocation ? ATTN_EXIT_OOM : ATTN_EXIT_WRONG); \
-        }                                                                              \
-    } while (0)
 
 #define SELF_TEST_FULL_ROWS 4096 /* self-test checks every row up to this many, else a sample */
 #define SELF_TEST_SAMPLE 512
@@ -49,6 +39,7 @@
 #define SLOW_REPEATS 3  /* ... this many launches */
 #define MAX_REPEATS 10000
 #define MOVE_ROWS_SERIAL_BYTES (8 << 20) /* host copies below this size stay on one thread */
+#define DECODE_DEFAULT_N_MAX 1024        /* the decode path's --seq-k when none is given */
 /* The stages with a backward pass, named where a forward-only stage is asked for one (the
  * Makefile passes them from the stages' stage.mk declarations). */
 #ifndef ATTN_BACKWARD_STAGES
@@ -65,6 +56,10 @@ typedef struct {
     attn_shape shape;
     int given_B, given_H, given_N, given_D, given_scale;
     layout_kind layout;
+    int given_layout;
+    int page_size;          /* the decode path's cache: --page-size (0: contiguous), */
+    int ragged, N_new;      /* --ragged, --new-tokens */
+    int decode;             /* one of the three given: the decode path */
     const char *shape_from; /* "--q 'q.npy'": the file the shape was taken from, if any */
     int given_run;          /* an option the self-test would ignore (shape, --dist, --check...) */
     uint64_t seed;
@@ -96,11 +91,6 @@ static double attn_flops(const attn_shape *s) {
     return 4.0 * s->B * s->H * (double)s->N * (s->N_k ? s->N_k : s->N) * s->D *
            (s->causal ? 0.5 : 1.0);
 }
-
-typedef struct {
-    double ms_median, ms_min, tflops;
-    int repeats;
-} timing;
 
 typedef struct {
     const char *status;
@@ -144,6 +134,17 @@ static void usage(void) {
         "  --dtype f16|bf16   storage of Q, K, V, O (default the stage's: %s)\n"
         "  --layout bhnd|bnhd|qkv  [B, H, N, D] (default), [B, N, H, D] views, or Q, K, V as\n"
         "                     views of one fused [B, N, 3, H, D] projection\n"
+        "decode (a stage with a KV-cache path, stage 9; any of these three selects it):\n"
+        "  --page-size P      a paged cache of P keys per page, a power of two 1..%d, its pages\n"
+        "                     scattered by a random block table (default: one contiguous cache\n"
+        "                     [B, N_max, H_kv, D])\n"
+        "  --ragged           each sequence holds a random number of keys, 0..N_max - N_new\n"
+        "                     (--seed; default: every sequence holds N_max - N_new)\n"
+        "  --new-tokens N_new keys and values the call writes into each sequence's cache after\n"
+        "                     the keys it holds (default 0)\n"
+        "                     then --seq is N_q, new queries per sequence, 1 to %d (default 1),\n"
+        "                     --seq-k is N_max, the most keys a sequence holds (default %d);\n"
+        "                     Q and O [B, N_q, H, D]; --bench adds GB/s of the cache read\n"
         "inputs and outputs:\n"
         "  --seed N           random inputs seed (default 1)\n"
         "  --dist normal|peaky  peaky scales Q by 8 so each query attends to a few keys\n"
@@ -167,7 +168,8 @@ static void usage(void) {
         "exit codes: %d pass, %d wrong result, %d bad usage, %d unsupported here (no NVIDIA "
         "GPU, or the shape), %d out of device or host memory\n",
         prog, attn_this_stage.name, attn_this_stage.adds, ATTN_MAX_BH,
-        attn_this_stage.dtype == ATTN_F16 ? "f16" : "f32",
+        attn_this_stage.dtype == ATTN_F16 ? "f16" : "f32", ATTN_MAX_PAGE_SIZE, ATTN_MAX_DECODE_N,
+        DECODE_DEFAULT_N_MAX,
         attn_this_stage.dtype == ATTN_F16 ? "float16 (bf16 runs: float32)" : "float32", MIN_REPEATS,
         MIN_SECONDS, attn_this_stage.variants, ATTN_EXIT_PASS, ATTN_EXIT_WRONG, ATTN_EXIT_USAGE,
         ATTN_EXIT_UNSUPPORTED, ATTN_EXIT_OOM);
@@ -250,7 +252,10 @@ enum {
     OPT_CSV,
     OPT_VARIANT,
     OPT_SMEM_LIMIT,
-    OPT_SELF_TEST
+    OPT_SELF_TEST,
+    OPT_PAGE_SIZE,
+    OPT_RAGGED,
+    OPT_NEW_TOKENS
 };
 static const struct option long_options[] = {
     {"help", no_argument, NULL, OPT_HELP},
@@ -282,6 +287,9 @@ static const struct option long_options[] = {
     {"variant", required_argument, NULL, OPT_VARIANT},
     {"smem-limit", required_argument, NULL, OPT_SMEM_LIMIT},
     {"self-test", no_argument, NULL, OPT_SELF_TEST},
+    {"page-size", required_argument, NULL, OPT_PAGE_SIZE},
+    {"ragged", no_argument, NULL, OPT_RAGGED},
+    {"new-tokens", required_argument, NULL, OPT_NEW_TOKENS},
     {NULL, 0, NULL, 0},
 };
 
@@ -363,6 +371,7 @@ static int shape_option(int c, const char *a, const char *v, options *o) {
             while (l < LAYOUTS && strcmp(v, layout_names[l])) l++;
             if (l == LAYOUTS) die_usage("--layout: '%s' is not one of bhnd, bnhd, qkv", v);
             o->layout = (layout_kind)l;
+            o->given_layout = 1;
             break;
         }
         default:
@@ -389,6 +398,31 @@ static int file_option(int c, const char *a, const char *v, options *o) {
         die_usage("%s: %s has no backward pass (%s %s)", a, attn_this_stage.name,
                   ATTN_BACKWARD_STAGES, strchr(ATTN_BACKWARD_STAGES, ' ') ? "have" : "has");
     *path = v;
+    return 1;
+}
+
+/* --page-size, --ragged, --new-tokens: 1 if c is one of them. They select the decode path, which
+ * only a stage with one has (its descriptor's `decode`). */
+static int decode_option(int c, const char *a, const char *v, options *o) {
+    if (c != OPT_PAGE_SIZE && c != OPT_RAGGED && c != OPT_NEW_TOKENS) return 0;
+    if (!attn_this_stage.decode)
+        die_usage("%s: %s has no decode path (a KV cache's option: a decode stage's)", a,
+                  attn_this_stage.name);
+    switch (c) {
+        case OPT_PAGE_SIZE:
+            o->page_size = (int)parse_int(a, v, 1, ATTN_MAX_PAGE_SIZE);
+            if (o->page_size & (o->page_size - 1))
+                die_usage("%s: %d is not a power of two (1, 2, 4, ..., %d)", a, o->page_size,
+                          ATTN_MAX_PAGE_SIZE);
+            break;
+        case OPT_RAGGED:
+            o->ragged = 1;
+            break;
+        default:
+            o->N_new = (int)parse_int(a, v, 0, ATTN_MAX_N);
+            break;
+    }
+    o->decode = 1, o->given_run = 1;
     return 1;
 }
 
@@ -451,7 +485,8 @@ static void parse_args(int argc, char **argv, options *o) {
         }
         char name[64]; /* the option's full name, "--seq", for the messages */
         snprintf(name, sizeof name, "--%s", long_options[idx].name);
-        if (!shape_option(c, name, optarg, o) && !file_option(c, name, optarg, o))
+        if (!shape_option(c, name, optarg, o) && !file_option(c, name, optarg, o) &&
+            !decode_option(c, name, optarg, o))
             run_option(c, name, optarg, o);
     }
     if (optind < argc) die_usage("unknown option '%s'", argv[optind]);
@@ -476,7 +511,7 @@ static void set_layout(options *o) {
 /* ---- inputs ---- */
 
 /* Out of host memory: one line, exit 4 (like the device's out-of-memory). */
-static void die_host_oom(const char *what) {
+void die_host_oom(const char *what) {
     fprintf(stderr, "%s: out of host memory: %s\n", prog, what);
     exit(ATTN_EXIT_OOM);
 }
@@ -654,15 +689,6 @@ static void free_inputs(host_inputs *in) {
 
 /* ---- device ---- */
 
-typedef struct {
-    attn_device dev;
-    char name[256];
-    void *flush; /* written before every timed launch so no run starts with a warm L2 */
-    size_t flush_bytes;
-    cudaStream_t stream;
-    cudaEvent_t start, stop;
-} gpu_ctx;
-
 static int gpu_init(const options *o, gpu_ctx *g) {
     int count = 0;
     char why[512];
@@ -682,7 +708,7 @@ static int gpu_init(const options *o, gpu_ctx *g) {
 }
 
 /* cudaMalloc that reports, rather than dies, when the device is out of memory. */
-static int dev_alloc(void **p, size_t bytes, const char *what, double *total_mb) {
+int dev_alloc(void **p, size_t bytes, const char *what, double *total_mb) {
     *p = NULL;
     if (bytes == 0) return 0;
     cudaError_t e = cudaMalloc(p, bytes);
@@ -714,10 +740,11 @@ static void enqueue(gpu_ctx *g, const options *o, void *const b[BUFS], pass_kind
             t[BUF_DO], t[BUF_DQ], t[BUF_DK], t[BUF_DV], t[BUF_BWS], o->variant, g->stream));
 }
 
-static double timed_launch(gpu_ctx *g, const options *o, void *const b[BUFS], pass_kind pass) {
+/* The timing protocol (decode.h): one launch of any call, L2 flushed, between events. */
+double time_launch(gpu_ctx *g, enqueue_fn call, const void *arg) {
     CUDA_CHECK(cudaMemsetAsync(g->flush, 0, g->flush_bytes, g->stream));
     CUDA_CHECK(cudaEventRecord(g->start, g->stream));
-    enqueue(g, o, b, pass);
+    call(g, arg);
     CUDA_CHECK(cudaEventRecord(g->stop, g->stream));
     CUDA_CHECK(cudaEventSynchronize(g->stop));
     float ms = 0;
@@ -725,21 +752,36 @@ static double timed_launch(gpu_ctx *g, const options *o, void *const b[BUFS], pa
     return ms;
 }
 
+/* One pass of this run, as time_launch's call. */
+typedef struct {
+    const options *o;
+    void *const *b;
+    pass_kind pass;
+} pass_call;
+static void enqueue_pass(gpu_ctx *g, const void *arg) {
+    const pass_call *p = arg;
+    enqueue(g, p->o, p->b, p->pass);
+}
+
+static double timed_launch(gpu_ctx *g, const options *o, void *const b[BUFS], pass_kind pass) {
+    const pass_call p = {o, b, pass};
+    return time_launch(g, enqueue_pass, &p);
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-/* Times one pass: the median of at least MIN_REPEATS launches and MIN_SECONDS (SLOW_REPEATS when
+/* Times one call: the median of at least MIN_REPEATS launches and MIN_SECONDS (SLOW_REPEATS when
  * the first took over SLOW_MS), after a warm-up. */
-static void bench_pass(gpu_ctx *g, const options *o, void *const b[BUFS], pass_kind pass,
-                       double first_ms, timing *t) {
+void bench_launches(gpu_ctx *g, enqueue_fn call, const void *arg, double first_ms, timing *t) {
     double *ms = malloc(sizeof(double) * MAX_REPEATS), total = 0;
     if (!ms) die_host_oom("the timing samples");
     int k = 0;
-    if (first_ms < SLOW_MS) (void)timed_launch(g, o, b, pass); /* warm-up */
+    if (first_ms < SLOW_MS) (void)time_launch(g, call, arg); /* warm-up */
     while (k < MAX_REPEATS) {
-        ms[k] = timed_launch(g, o, b, pass);
+        ms[k] = time_launch(g, call, arg);
         total += ms[k++];
         if (ms[0] > SLOW_MS ? k >= SLOW_REPEATS : (k >= MIN_REPEATS && total >= MIN_SECONDS * 1e3))
             break;
@@ -946,7 +988,8 @@ static void time_passes(const options *o, gpu_ctx *g, void *const b[BUFS],
         if (first_ms[p] > o->budget_s * 1000.0) {
             r->status = "over_budget";
         } else if (o->bench && !(p == PASS_FWD && !own_forward())) {
-            bench_pass(g, o, b, (pass_kind)p, first_ms[p], t);
+            const pass_call call = {o, b, (pass_kind)p};
+            bench_launches(g, enqueue_pass, &call, first_ms[p], t);
         }
         t->tflops = pass_flops[p] * flops / (t->ms_median * 1e-3) / 1e12;
     }
@@ -1215,10 +1258,41 @@ static int self_test(const options *base, gpu_ctx *g) {
     return failed ? ATTN_EXIT_WRONG : ATTN_EXIT_PASS;
 }
 
+/* The decode path's options together: N_q (--seq) and N_max (--seq-k) with their defaults, the
+ * new keys within N_max, Q and O [B, N_q, H, D], and no file (it makes its own inputs). */
+static void check_decode_options(options *o) {
+    attn_shape *s = &o->shape;
+    const char *const names[] = {"--q",  "--k",  "--v",  "--out", "--lse",
+                                 "--dO", "--dq", "--dk", "--dv"};
+    const char *const paths[] = {o->qpath,  o->kpath,  o->vpath,  o->outpath, o->lsepath,
+                                 o->dOpath, o->dqpath, o->dkpath, o->dvpath};
+    for (int f = 0; f < COUNT(paths); f++)
+        if (paths[f])
+            die_usage(
+                "%s: the decode path (--page-size, --ragged, --new-tokens) makes its own inputs "
+                "and writes no file",
+                names[f]);
+    if (o->given_layout && o->layout != LAYOUT_BNHD)
+        die_usage(
+            "--layout: the decode path lays Q and O out [B, N_q, H, D] (bnhd) and the cache "
+            "[B, N_max, H_kv, D] or in pages");
+    if (!o->given_N)
+        s->N = 1;
+    else if (s->N > ATTN_MAX_DECODE_N)
+        die_usage("--seq: %d queries per sequence; the decode path takes 1 to %d", s->N,
+                  ATTN_MAX_DECODE_N);
+    if (!s->N_k) s->N_k = DECODE_DEFAULT_N_MAX;
+    if (o->N_new > s->N_k)
+        die_usage("--new-tokens: %d is more than --seq-k %d, the keys a sequence can hold",
+                  o->N_new, s->N_k);
+    o->layout = LAYOUT_BNHD;
+}
+
 /* The options together: the shape's rules, the default scale, what --self-test takes, and the
  * output files writable before anything runs. */
 static void check_options(options *o) {
     attn_shape *s = &o->shape;
+    if (o->decode) check_decode_options(o);
     if (!attn_head_dim_ok(s->D)) die_usage("--dim: %d is not supported (" ATTN_HEAD_DIMS ")", s->D);
     if (attn_shape_check(s) == ATTN_SHAPE_BH)
         die_usage("--batch x --heads: %lld is over %d", (long long)s->B * s->H, ATTN_MAX_BH);
@@ -1244,12 +1318,40 @@ static void check_options(options *o) {
         die_usage(
             "--self-test runs its own shapes and checks every row; it takes no --batch, "
             "--heads, --seq, --dim, --causal, --scale, --kv-heads, --seq-k, --dtype, --layout, "
-            "--dist, --check, --bench, --budget, --csv");
+            "--dist, --check, --bench, --budget, --csv, --page-size, --ragged, --new-tokens");
     if (o->outpath) check_writable("--out", o->outpath);
     if (o->lsepath) check_writable("--lse", o->lsepath);
     if (o->dqpath) check_writable("--dq", o->dqpath);
     if (o->dkpath) check_writable("--dk", o->dkpath);
     if (o->dvpath) check_writable("--dv", o->dvpath);
+}
+
+/* The decode path (--page-size, --ragged, --new-tokens; common/decode.c): one call made, checked,
+ * timed and described; its CSV row is the forward's, N being N_q. */
+static int run_decode(const options *o, gpu_ctx *g) {
+    const decode_options d = {.shape = o->shape,
+                              .page_size = o->page_size,
+                              .ragged = o->ragged,
+                              .max_len = o->shape.N_k - o->N_new,
+                              .N_new = o->N_new,
+                              .seed = o->seed,
+                              .peaky = o->peaky,
+                              .check_rows = o->check_rows,
+                              .bench = o->bench,
+                              .budget_s = o->budget_s,
+                              .variant = o->variant};
+    decode_result dr;
+    const int rc = decode_run(&d, g, &dr);
+    if (rc == ATTN_EXIT_UNSUPPORTED) fprintf(stderr, "%s: unsupported here: %s\n", prog, dr.why);
+    if (rc == ATTN_EXIT_WRONG) fprintf(stderr, "%s: FAIL: %s\n", prog, dr.why);
+    decode_describe(o->csv ? stderr : stdout, &d, &dr);
+    if (o->csv) {
+        run_result r = {
+            .status = dr.status, .chk = dr.chk, .checked = dr.checked, .device_mb = dr.device_mb};
+        r.t[PASS_FWD] = dr.t;
+        print_csv(o, g, &r);
+    }
+    return rc;
 }
 
 int main(int argc, char **argv) {
@@ -1272,7 +1374,10 @@ int main(int argc, char **argv) {
         }
         return ATTN_EXIT_UNSUPPORTED;
     }
+    if (o.self_test && attn_this_stage.decode) /* a decode stage's own matrix */
+        return decode_self_test(&g, o.seed, o.variant_given ? o.variant : -1);
     if (o.self_test) return self_test(&o, &g);
+    if (o.decode) return run_decode(&o, &g);
 
     host_inputs in;
     if (make_inputs(&o, fq, fk, fv, fdo, &in) != 0) die_host_oom("the inputs");

@@ -77,11 +77,32 @@ expect 2 "--q: '$fx/dim96.npy' has D = 96, which is not supported" --k "$fx/good
 expect 2 "--k: '$fx/dim96.npy' has D = 96, which is not supported" --q "$fx/good.npy" --k "$fx/dim96.npy"
 expect 2 "--v: '$fx/dim96.npy' has D = 96, which is not supported" --dim 64 --v "$fx/dim96.npy"
 expect 2 "takes no --q" --self-test --q "$fx/good.npy"
+# the decode path's options (--page-size, --ragged, --new-tokens): a stage with a decode path (its
+# descriptor's `decode`) checks their values before the device is touched; any other stage refuses
+# them, naming the option
+if "$bin" --page-size 16 2>&1 >/dev/null | grep -qF "has no decode path"; then
+  expect 2 "--page-size: " --page-size 16
+  expect 2 "has no decode path" --ragged
+  expect 2 "--new-tokens: " --seq 4 --new-tokens 1
+  expect 2 "has no decode path" --self-test --page-size 16
+else
+  expect 2 "--page-size: 3 is not a power of two" --page-size 3
+  expect 2 "--page-size: '0' is not an integer in [1, 1024]" --page-size 0
+  expect 2 "--page-size: '2048' is not an integer in [1, 1024]" --page-size 2048
+  expect 2 "--page-size needs a value" --page-size
+  expect 2 "--ragged takes no value" --ragged=1
+  expect 2 "--new-tokens: '-1'" --new-tokens -1
+  expect 2 "--new-tokens: 5 is more than --seq-k 4" --new-tokens 5 --seq-k 4
+  expect 2 "--seq: 17 queries per sequence; the decode path takes 1 to 16" --ragged --seq 17
+  expect 2 "--layout: the decode path lays Q and O out" --page-size 16 --layout qkv
+  expect 2 "--q: the decode path" --ragged --q "$fx/good.npy"
+  expect 2 "--self-test runs its own shapes" --self-test --page-size 16
+fi
 expect 0 "" --help
 help=$("$bin" --help)
 # the B x H limit, from its home (attention.h: ATTN_MAX_BH is ATTN_MAX_GRID_Y)
 max_bh=$(sed -n 's/^#define ATTN_MAX_GRID_Y \([0-9]*\).*/\1/p' "$(dirname "$0")/../attention.h")
-for want in "B x H <= ${max_bh:-(no ATTN_MAX_GRID_Y in attention.h)}" "in the stage's storage type (float" "4 out of device or host memory"; do
+for want in "B x H <= ${max_bh:-(no ATTN_MAX_GRID_Y in attention.h)}" "in the stage's storage type (float" "4 out of device or host memory" "--page-size P"; do
   if grep -qF -- "$want" <<<"$help"; then ok "--help says '$want'"; else bad "--help does not say '$want'"; fi
 done
 limit=2097152 # 2 GiB of address space: the 8 GiB of big.npy do not fit
