@@ -251,4 +251,6 @@ extern "C" const attn_stage attn_this_stage = {
     NULL,
     0,  // takes the plain case only (attention.h: no bf16, GQA, strides or N_k != N)
     0,
+    NULL,  // no decode pass: attention against a KV cache is stage 9's
+    NULL,
 };

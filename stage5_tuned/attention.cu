@@ -1070,4 +1070,6 @@ extern "C" const attn_stage attn_this_stage = {
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
         ATTN_TAKES_N_K,  // besides the plain case (the default tiles' kernels: MODEL)
     0,
+    NULL,  // no decode pass: attention against a KV cache is stage 9's
+    NULL,
 };

@@ -123,4 +123,6 @@ extern "C" const attn_stage attn_this_stage = {
     backward,
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // its forward's
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // the backward's
+    NULL,  // no decode pass: attention against a KV cache is stage 9's
+    NULL,
 };
