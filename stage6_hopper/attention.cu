@@ -88,7 +88,7 @@
 #include "softmax.cuh"   // the online softmax on the consumers' registers
 #include "epilogue.cuh"  // O and LSE of a finished work tile
 #include "mainloop.cuh"  // the consumers: GEMMs, turns, the schedules
-#include "kernel.cuh"    // attention_kernel, combine_kernel_pdl
+#include "kernel.cuh"    // attention_kernel
 #include "launch.cuh"    // tensor maps, split-KV's plan, the launch
 // clang-format on
 

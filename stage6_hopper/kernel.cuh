@@ -1,7 +1,7 @@
 /*
- * stage6_hopper/kernel.cuh: the kernels: attention_kernel (one block per SM: barriers set up, then
- * warpgroup 0 the producer and the others consumers, each with its registers) and the PDL merge of
- * split-KV's key ranges (combine_kernel_pdl).
+ * stage6_hopper/kernel.cuh: the kernel: attention_kernel (one block per SM: barriers set up, then
+ * warpgroup 0 the producer and the others consumers, each with its registers). Split-KV's key
+ * ranges are merged behind it by combine_kernel_pdl (common/device/split_kv.cuh).
  */
 #pragma once
 
@@ -73,21 +73,5 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
     }
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)tmO, (void)prob, (void)works, (void)next_work;
-#endif
-}
-
-// Split-KV's merge (combine_row of common/device/split_kv.cuh), launched with PDL right behind
-// the attention kernel: its blocks are placed on idle SMs (or as attention blocks leave) while
-// that kernel runs, and start merging the moment it ends.
-template <int D, bool BF16>
-__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel_pdl(const combine_params p) {
-#if HOPPER_KERNELS
-    let_next_kernel_start();
-    wait_for_previous_kernel();  // the key ranges' O and LSE are written
-    int lane;
-    const long long row = combine_thread_row<D>(&lane);
-    if (row < p.rows) combine_row<D, BF16>(p, row, lane);
-#else
-    (void)p;
 #endif
 }

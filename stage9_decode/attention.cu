@@ -111,36 +111,44 @@ __device__ __forceinline__ void copy_chunk(uint32_t dst, const elem *src, bool v
 // cp.async.wait_group takes its count as an immediate: the ring's depth is the plan's.
 __device__ __forceinline__ void cp_async_wait_pending(int pending) {
     switch (pending) {
-        case 0: cp_async_wait<0>(); break;
-        case 1: cp_async_wait<1>(); break;
-        default: cp_async_wait<MAX_STAGES - 2>(); break;
+        case 0:
+            cp_async_wait<0>();
+            break;
+        case 1:
+            cp_async_wait<1>();
+            break;
+        default:
+            cp_async_wait<MAX_STAGES - 2>();
+            break;
     }
 }
 
-/* ---- the kernels' parameters ------------------------------------------------------------------ */
+/* ---- the kernels' parameters ------------------------------------------------------------------
+ */
 
 typedef struct {
-    const elem *Q;        // [B, N, H, D] by q_* (any layout of 16-byte rows)
-    const elem *K, *V;    // the cache: [B, N_max, H_kv, D] or [pages, page_size, H_kv, D] by k_*, v_*
-    elem *O;              // like Q, by o_*
-    float *lse;           // [B, H, N]
-    float *O_part;        // split-KV: [splits, B * H * N, D], fp32, normalised by the range's sum
-    float *lse_part;      // [splits, B * H * N]
-    const int *seqlens;   // [B] keys before the call; NULL: every sequence holds `capacity`
+    const elem *Q;       // [B, N, H, D] by q_* (any layout of 16-byte rows)
+    const elem *K, *V;   // the cache: [B, N_max, H_kv, D] or [pages, page_size, H_kv, D] by k_*
+    elem *O;             // like Q, by o_*
+    float *lse;          // [B, H, N]
+    float *O_part;       // split-KV: [splits, B * H * N, D], fp32, normalised by the range's sum
+    float *lse_part;     // [splits, B * H * N]
+    const int *seqlens;  // [B] keys before the call; NULL: every sequence holds `capacity`
     const int *block_table;  // [B, max_pages]; NULL: contiguous (batch stride = a sequence's)
     long long q_batch, q_head, q_row, o_batch, o_head, o_row;
-    long long k_batch, k_head, k_row, v_batch, v_head, v_row;  // batch: a sequence's or a page's
-    int B, H, H_kv, N;    // N: queries per sequence (1 to ATTN_MAX_DECODE_N)
-    int N_new;            // keys the call appended (append_kernel ran before)
-    int capacity;         // the most keys a sequence holds: the shape's N_k, within the pages
+    long long k_batch, k_head, k_row;  // K's and V's; batch: a sequence's or a page's
+    int B, H, H_kv, N;                 // N: queries per sequence (1 to ATTN_MAX_DECODE_N)
+    int N_new;                         // keys the call appended (append_kernel ran before)
+    int capacity;  // the most keys a sequence holds: the shape's N_k, within the pages
     int page_shift, num_pages, max_pages;  // paged: page_size = 1 << page_shift
     int causal;
-    float scale_log2;     // scale x log2(e): scores in base 2
-    int tile_heads;       // query heads packed in a tile: H / H_kv, or 1 (nopack)
-    int rows;             // a tile's packed rows: tile_heads x N (query i, head h0 + j: row i x tile_heads + j)
-    int row_warps;        // warps over a tile's m16 row tiles (1, 2 or 4); the others split keys
+    float scale_log2;  // scale x log2(e): scores in base 2
+    int tile_heads;    // query heads packed in a tile: H / H_kv, or 1 (nopack)
+    int rows;  // a tile's packed rows: tile_heads x N (query i, head h0 + j: row i x tile_heads +
+               // j)
+    int row_warps;           // warps over a tile's m16 row tiles (1, 2 or 4); the others split keys
     int splits, split_keys;  // key ranges per sequence and keys per range (a multiple of KT)
-    int stages;           // the K/V ring's depth
+    int stages;              // the K/V ring's depth
 } decode_params;
 
 // The keys sequence b attends over: its length before the call plus the new ones, clamped to the
@@ -151,18 +159,18 @@ __device__ __forceinline__ int sequence_keys(const decode_params &p, int b) {
     return (int)min((long long)before + p.N_new, (long long)p.capacity);
 }
 
-// The element offset of key `key` of sequence b in a cache tensor of the given strides, or -1
-// when its page index lies outside the cache (a corrupt block table reads nothing).
+// The element offset of key `key` of sequence b in the cache (K's and V's: their strides are the
+// same), without its head, or -1 when its page index lies outside the cache (a corrupt block
+// table reads nothing).
 template <bool PAGED>
-__device__ __forceinline__ long long key_offset(const decode_params &p, int b, int page, int key,
-                                                long long batch, long long row) {
+__device__ __forceinline__ long long key_offset(const decode_params &p, int b, int page, int key) {
     if constexpr (PAGED) {
         (void)b;
         if ((unsigned)page >= (unsigned)p.num_pages) return -1;
-        return page * batch + (long long)(key & ((1 << p.page_shift) - 1)) * row;
+        return page * p.k_batch + (long long)(key & ((1 << p.page_shift) - 1)) * p.k_row;
     } else {
         (void)page;
-        return b * batch + (long long)key * row;
+        return b * p.k_batch + (long long)key * p.k_row;
     }
 }
 
@@ -170,15 +178,17 @@ __device__ __forceinline__ long long key_offset(const decode_params &p, int b, i
 template <bool PAGED>
 __device__ __forceinline__ int page_of(const decode_params &p, int b, int key, int k_end) {
     if constexpr (PAGED) {
-        return key < k_end ? __ldg(p.block_table + (long long)b * p.max_pages + (key >> p.page_shift))
-                           : -1;
+        return key < k_end
+                   ? __ldg(p.block_table + (long long)b * p.max_pages + (key >> p.page_shift))
+                   : -1;
     } else {
         (void)p, (void)b, (void)key, (void)k_end;
         return 0;
     }
 }
 
-/* ---- the append: new keys into the cache ------------------------------------------------------ */
+/* ---- the append: new keys into the cache ------------------------------------------------------
+ */
 
 // One thread per 16-byte chunk of K_new and V_new ([B, N_new, H_kv, D] by their strides): key j
 // of sequence b goes to position seqlens[b] + j, through the block table when paged. Positions
@@ -223,7 +233,8 @@ __global__ void __launch_bounds__(THREADS) append_kernel(const append_params a) 
     }
 }
 
-/* ---- the decode kernel, by phases -------------------------------------------------------------- */
+/* ---- the decode kernel, by phases --------------------------------------------------------------
+ */
 
 // Rows of K (and V) one pass of the block's threads copies: each thread one 16-byte chunk.
 template <int D>
@@ -262,24 +273,27 @@ __device__ __forceinline__ void load_q(const decode_params &p, int b, int h0, in
 
 // Phase 2 (per K/V tile, all threads): issue the copies of tile `tile` into ring stage `stage`:
 // key rows pass x copy_rows + tid / chunks, chunk tid % chunks, from the page `page[pass]` holds
-// (read a tile ahead: see next_pages). Keys past the range are zero-filled (and masked later).
+// (read a tile ahead: see next_pages). Keys past the range are zero-filled (and masked later). K
+// and V have the same strides: one offset per key row serves both. A row's swizzle is the same in
+// every pass (copy_rows is a multiple of 8 rows), so a pass adds a constant to the first offset.
 template <int D, bool PAGED>
 __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_stage,
                                            uint32_t v_stage, int b, int hk, int key0, int k_end,
                                            const int (&page)[copy_passes<D>()]) {
     constexpr int CHUNKS = D / CHUNK_HALVES;
-    const int tid = (int)threadIdx.x, c = tid % CHUNKS;
+    constexpr uint32_t PASS_BYTES = copy_rows<D>() * D * HALF_BYTES;
+    static_assert(copy_rows<D>() % MATRIX_ROWS == 0, "a pass keeps the rows' swizzle");
+    const int tid = (int)threadIdx.x, c = tid % CHUNKS, r0 = tid / CHUNKS;
+    const long long head_chunk = hk * p.k_head + (long long)c * CHUNK_HALVES;
+    const uint32_t first = tile_offset<D>(r0, c);
 #pragma unroll
     for (int pass = 0; pass < copy_passes<D>(); ++pass) {
-        const int kr = pass * copy_rows<D>() + tid / CHUNKS, key = key0 + kr;
-        const long long ko = key_offset<PAGED>(p, b, page[pass], key, p.k_batch, p.k_row);
-        const long long vo = key_offset<PAGED>(p, b, page[pass], key, p.v_batch, p.v_row);
-        const bool valid = key < k_end && ko >= 0;
-        const long long col = (long long)c * CHUNK_HALVES;
-        copy_chunk(k_stage + tile_offset<D>(kr, c), valid ? p.K + ko + hk * p.k_head + col : p.K,
-                   valid);
-        copy_chunk(v_stage + tile_offset<D>(kr, c), valid ? p.V + vo + hk * p.v_head + col : p.V,
-                   valid);
+        const int key = key0 + pass * copy_rows<D>() + r0;
+        const long long at = key_offset<PAGED>(p, b, page[pass], key);
+        const bool valid = key < k_end && at >= 0;
+        const long long off = valid ? at + head_chunk : 0;
+        copy_chunk(k_stage + first + pass * PASS_BYTES, p.K + off, valid);
+        copy_chunk(v_stage + first + pass * PASS_BYTES, p.V + off, valid);
     }
 }
 
@@ -290,8 +304,8 @@ __device__ __forceinline__ void next_pages(const decode_params &p, int b, int ke
     constexpr int CHUNKS = D / CHUNK_HALVES;
 #pragma unroll
     for (int pass = 0; pass < copy_passes<D>(); ++pass)
-        page[pass] = page_of<PAGED>(p, b, key0 + pass * copy_rows<D>() + (int)threadIdx.x / CHUNKS,
-                                    k_end);
+        page[pass] =
+            page_of<PAGED>(p, b, key0 + pass * copy_rows<D>() + (int)threadIdx.x / CHUNKS, k_end);
 }
 
 // A warp's running softmax state for its two rows (g and g + 8 of its m16 tile): the max m in
@@ -326,6 +340,7 @@ __device__ __forceinline__ void attend_slice(const decode_params &p,
     }
     const int g = lane / QUAD, t = lane % QUAD;
     uint32_t pa[A_FRAG_REGS];
+    float alpha[FRAG_LANE_ROWS];  // each row's rescale of O_acc
 #pragma unroll
     for (int hh = 0; hh < FRAG_LANE_ROWS; ++hh) {
         const int r = row0 + g + FRAG_ROW_STEP * hh;
@@ -345,7 +360,7 @@ __device__ __forceinline__ void attend_slice(const decode_params &p,
         mx = fmaxf(mx, __shfl_xor_sync(FULL_WARP, mx, 2));
         const float m_new = fmaxf(st.m[hh], mx);
         const float base = m_new == -INFINITY ? 0.f : m_new;  // no key yet: every p is 0
-        const float corr = fast_exp2(st.m[hh] - base);
+        const float corr = st.m[hh] == -INFINITY ? 1.f : fast_exp2(st.m[hh] - base);
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < N8_PER_K16; ++n) {
@@ -359,10 +374,16 @@ __device__ __forceinline__ void attend_slice(const decode_params &p,
         }
         st.l[hh] = st.l[hh] * corr + sum;
         st.m[hh] = m_new;
+        alpha[hh] = corr;
+    }
+    // O_acc is rescaled only when some row of the warp has a new max (after the first few slices
+    // hardly ever: a row's max of 16 more keys rarely beats its max so far); a row that had no key
+    // yet has O_acc = 0, which needs no rescale either.
+    if (__any_sync(FULL_WARP, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
         for (int n = 0; n < D / MMA_N; ++n) {
 #pragma unroll
-            for (int c = 0; c < FRAG_LANE_COLS; ++c) st.o[n][frag_reg(hh, c)] *= corr;
+            for (int e = 0; e < FRAG_REGS; ++e) st.o[n][e] *= alpha[frag_h(e)];
         }
     }
     const uint32_t v_lane = v_slice + v_lane_offset<D>(lane);
@@ -394,7 +415,8 @@ __device__ __forceinline__ void merge_key_warps(const decode_params &p, float *s
     if (key_warp > 0) {
 #pragma unroll
         for (int hh = 0; hh < FRAG_LANE_ROWS; ++hh) {
-            float *row = merge_row<D>(smem_f, p.row_warps, m_warp, key_warp, g + FRAG_ROW_STEP * hh);
+            float *row =
+                merge_row<D>(smem_f, p.row_warps, m_warp, key_warp, g + FRAG_ROW_STEP * hh);
 #pragma unroll
             for (int n = 0; n < D / MMA_N; ++n) {
 #pragma unroll
@@ -456,8 +478,8 @@ __device__ __forceinline__ void store_rows(const decode_params &p, int b, int h0
             elem *o = p.O + b * p.o_batch + (long long)i * p.o_row + (long long)h * p.o_head;
 #pragma unroll
             for (int n = 0; n < D / MMA_N; ++n) {
-                const uint32_t v = pack2_of<BF16>(st.o[n][frag_reg(hh, 0)] * inv,
-                                                  st.o[n][frag_reg(hh, 1)] * inv);
+                const uint32_t v =
+                    pack2_of<BF16>(st.o[n][frag_reg(hh, 0)] * inv, st.o[n][frag_reg(hh, 1)] * inv);
                 *reinterpret_cast<uint32_t *>(o + n * MMA_N + FRAG_LANE_COLS * t) = v;
             }
             if (t == 0) p.lse[prow] = lse;
@@ -490,6 +512,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const decode_params p) 
     const int key_warps = WARPS / p.row_warps;
     const int row0 = ((int)blockIdx.z * p.row_warps + m_warp) * MMA_M;
 
+    let_next_kernel_start();  // the merge may be placed on the SMs (it waits for this grid)
     const int L = sequence_keys(p, b);
     const int k_begin = split * p.split_keys;
     const int k_end = min(L, k_begin + p.split_keys);
@@ -553,7 +576,8 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const decode_params p) 
     store_rows<D, BF16>(p, b, h0, row0, split, lane, st);
 }
 
-/* ---- the plan (host) --------------------------------------------------------------------------- */
+/* ---- the plan (host) ---------------------------------------------------------------------------
+ */
 
 enum { VARIANT_DEFAULT = 0, VARIANT_NOPACK, VARIANT_NOSPLIT, VARIANTS };
 
@@ -629,7 +653,8 @@ static void make_plan(const attn_shape *s, const attn_device *dev, int variant, 
     }
 }
 
-/* ---- the launcher ------------------------------------------------------------------------------ */
+/* ---- the launcher ------------------------------------------------------------------------------
+ */
 
 static const char *decode_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
     if (s->D != 64 && s->D != 128) return "head dim must be 64 or 128";
@@ -643,6 +668,8 @@ static const char *decode_unsupported(const attn_shape *s, const attn_device *de
     if (s->H_kv < 1 || s->H % s->H_kv)
         return "H must be a multiple of H_kv (query heads per KV head)";
     if ((long long)s->B * s->H > ATTN_MAX_GRID_Y) return "B * H is more than a grid's y holds";
+    if (s->k.batch != s->v.batch || s->k.head != s->v.head || s->k.row != s->v.row)
+        return "the K and V caches must have the same strides";
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};
     const char *why = attn_strides_refused(l, 4, s->D, LLONG_MAX);
     if (why) return why;
@@ -653,7 +680,8 @@ static const char *decode_unsupported(const attn_shape *s, const attn_device *de
         cudaGetLastError();
         return "no kernel image for this device";
     }
-    if (s->bf16 && arch < 80) return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
+    if (s->bf16 && arch < 80)
+        return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
     return NULL;
 }
 
@@ -687,7 +715,8 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
         return cudaErrorInvalidValue;
     }
     if (((uintptr_t)Q | (uintptr_t)K | (uintptr_t)V | (uintptr_t)O | (uintptr_t)c->K_new |
-         (uintptr_t)c->V_new) % CHUNK_BYTES) {
+         (uintptr_t)c->V_new) %
+        CHUNK_BYTES) {
         fprintf(stderr, "stage9_decode: %s: every tensor must be 16-byte aligned\n", who);
         return cudaErrorMisalignedAddress;
     }
@@ -702,16 +731,35 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
         capacity = (long long)c->max_pages * c->page_size;
 
     if (c->N_new > 0) {
-        const append_params a = {(const elem *)c->K_new, (const elem *)c->V_new,
-                                 c->k_new.batch, c->k_new.head, c->k_new.row,
-                                 c->v_new.batch, c->v_new.head, c->v_new.row,
-                                 (elem *)K, (elem *)V, c->seqlens, c->block_table,
-                                 s->k.batch, s->k.head, s->k.row, s->v.batch, s->v.head, s->v.row,
-                                 s->B, c->N_new, s->H_kv, s->D,
-                                 (int)(capacity < INT_MAX ? capacity : INT_MAX), shift,
-                                 c->num_pages, c->max_pages};
+        const append_params a = {(const elem *)c->K_new,
+                                 (const elem *)c->V_new,
+                                 c->k_new.batch,
+                                 c->k_new.head,
+                                 c->k_new.row,
+                                 c->v_new.batch,
+                                 c->v_new.head,
+                                 c->v_new.row,
+                                 (elem *)K,
+                                 (elem *)V,
+                                 c->seqlens,
+                                 c->block_table,
+                                 s->k.batch,
+                                 s->k.head,
+                                 s->k.row,
+                                 s->v.batch,
+                                 s->v.head,
+                                 s->v.row,
+                                 s->B,
+                                 c->N_new,
+                                 s->H_kv,
+                                 s->D,
+                                 (int)(capacity < INT_MAX ? capacity : INT_MAX),
+                                 shift,
+                                 c->num_pages,
+                                 c->max_pages};
         const long long chunks = (long long)s->B * c->N_new * s->H_kv * (s->D / CHUNK_HALVES);
-        const unsigned blocks = (unsigned)(chunks < 65536LL * THREADS ? ceil_div(chunks, THREADS) : 65536);
+        const unsigned blocks =
+            (unsigned)(chunks < 65536LL * THREADS ? ceil_div(chunks, THREADS) : 65536);
         (paged ? append_kernel<true> : append_kernel<false>)<<<blocks, THREADS, 0, stream>>>(a);
         ATTN_TRY(cudaGetLastError());
     }
@@ -726,7 +774,6 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
     p.q_batch = s->q.batch, p.q_head = s->q.head, p.q_row = s->q.row;
     p.o_batch = s->o.batch, p.o_head = s->o.head, p.o_row = s->o.row;
     p.k_batch = s->k.batch, p.k_head = s->k.head, p.k_row = s->k.row;
-    p.v_batch = s->v.batch, p.v_head = s->v.head, p.v_row = s->v.row;
     p.B = s->B, p.H = s->H, p.H_kv = s->H_kv, p.N = s->N, p.N_new = c->N_new;
     p.capacity = (int)(capacity < INT_MAX ? capacity : INT_MAX);
     p.page_shift = shift, p.num_pages = c->num_pages, p.max_pages = c->max_pages;
@@ -742,20 +789,25 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
     ATTN_TRY(cudaGetLastError());
     if (pl.splits == 1) return cudaSuccess;
 
-    const combine_params cp = {p.O_part, p.lse_part, (__half *)O, lse, part_rows, s->N,
-                               1, KT, pl.splits, pl.split_keys / KT, 0, (int)capacity, s->H,
-                               s->o.batch, s->o.head, (int)s->o.row};
+    // The merge, launched with PDL: its blocks wait on the SMs while the decode kernel ends, and
+    // the launch's latency is hidden behind it (on GPUs before sm_90 an ordinary launch).
+    const combine_params cp = {
+        p.O_part,  p.lse_part,   (__half *)O,        lse, part_rows,     s->N, 1,
+        KT,        pl.splits,    pl.split_keys / KT, 0,   (int)capacity, s->H, s->o.batch,
+        s->o.head, (int)s->o.row};
     const unsigned rows_per_block =
         s->D == 64 ? combine_rows_per_block<64>() : combine_rows_per_block<128>();
-    const unsigned blocks = (unsigned)((part_rows + rows_per_block - 1) / rows_per_block);
-    if (s->D == 64) {
-        (s->bf16 ? combine_kernel<64, true>
-                 : combine_kernel<64, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
-    } else {
-        (s->bf16 ? combine_kernel<128, true>
-                 : combine_kernel<128, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp);
-    }
-    ATTN_TRY(cudaGetLastError());
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t merge = {};
+    merge.gridDim = dim3((unsigned)((part_rows + rows_per_block - 1) / rows_per_block));
+    merge.blockDim = dim3(COMBINE_THREADS);
+    merge.stream = stream, merge.attrs = &attr, merge.numAttrs = 1;
+    void (*const merge_kernel)(const combine_params) =
+        s->D == 64 ? (s->bf16 ? combine_kernel_pdl<64, true> : combine_kernel_pdl<64, false>)
+                   : (s->bf16 ? combine_kernel_pdl<128, true> : combine_kernel_pdl<128, false>);
+    ATTN_TRY(cudaLaunchKernelEx(&merge, merge_kernel, cp));
     return cudaSuccess;
 }
 
@@ -766,8 +818,8 @@ static cudaError_t decode_forward(const attn_shape *s, const attn_device *dev, c
                                   void *workspace, int variant, cudaStream_t stream) {
     attn_cache full;
     memset(&full, 0, sizeof(full));
-    return run_decode("forward", s, &full, dev, Q, (void *)K, (void *)V, O, lse, workspace,
-                      variant, stream);
+    return run_decode("forward", s, &full, dev, Q, (void *)K, (void *)V, O, lse, workspace, variant,
+                      stream);
 }
 
 static size_t decode_workspace_bytes(const attn_shape *s, const attn_cache *c,
@@ -784,8 +836,7 @@ static cudaError_t decode(const attn_shape *s, const attn_cache *c, const attn_d
         fprintf(stderr, "stage9_decode: %s\n", why);
         return cudaErrorInvalidValue;
     }
-    return run_decode("decode", s, c, dev, Q, K_cache, V_cache, O, lse, workspace, variant,
-                      stream);
+    return run_decode("decode", s, c, dev, Q, K_cache, V_cache, O, lse, workspace, variant, stream);
 }
 
 extern "C" const attn_stage attn_this_stage = {

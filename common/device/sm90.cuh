@@ -259,21 +259,6 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
 }
 
-/* ---- programmatic dependent launch (PDL) ----------------------------------------------------- */
-
-// A kernel launched with programmatic stream serialization (cudaLaunchKernelEx with
-// cudaLaunchAttributeProgrammaticStreamSerialization) may start before the kernel ahead of it in
-// the stream has finished, once every block of that one has said launch_dependents or exited. Its
-// blocks then do what touches no global memory (barrier init, setmaxnreg) and wait until the
-// kernel ahead has finished and its writes are visible. Without the attribute the wait returns at
-// once.
-__device__ __forceinline__ void let_next_kernel_start() {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-__device__ __forceinline__ void wait_for_previous_kernel() {
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-
 /* ---- stmatrix -------------------------------------------------------------------------------- */
 
 // Four 8 x 8 fp16 matrices from registers to shared memory, the inverse of ldmatrix.x4: register i

@@ -1,11 +1,12 @@
 /*
  * common/device/split_kv.cuh: split-KV's pieces that do not depend on the attention kernel, for
- * stage 5 (which teaches it: attention.cu, plan.cuh) and stage 6 (whose persistent kernel cuts the
- * keys the same way). When B * H * ceil(N / BR) query tiles leave SMs idle, each query tile's keys
- * are cut into ranges of split_tiles key tiles; each range writes an fp32 O normalised by its own
- * sum and its LSE into a workspace, [splits, B * H, N, D] and [splits, B * H, N], and
- * combine_kernel merges them. Here: which key tiles a query tile has (query_tile_key_tiles), the
- * merge (combine_kernel), and how many ranges (choose_splits, host code).
+ * stage 5 (which teaches it: attention.cu, plan.cuh), stage 6 (whose persistent kernel cuts the
+ * keys the same way) and stage 9 (decode: a sequence's cache cut across blocks). When B * H *
+ * ceil(N / BR) query tiles leave SMs idle, each query tile's keys are cut into ranges of
+ * split_tiles key tiles; each range writes an fp32 O normalised by its own sum and its LSE into a
+ * workspace, [splits, B * H, N, D] and [splits, B * H, N], and combine_kernel merges them. Here:
+ * which key tiles a query tile has (query_tile_key_tiles), the merge (combine_kernel;
+ * combine_kernel_pdl behind its attention kernel), and how many ranges (choose_splits, host code).
  */
 #pragma once
 
@@ -14,7 +15,7 @@
 #include <string.h>
 
 #include "attention.h"
-#include "warp.cuh"  // pack2_of
+#include "warp.cuh"  // pack2_of, the PDL wrappers
 
 // The keys of the query tile whose rows start at q0: [0, N), or, causal with tile skipping, up to
 // its last real row (the key tiles after it are skipped). One rule for the kernels (stage 5's
@@ -137,6 +138,18 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_
     if (row < p.rows) combine_row<D, BF16>(p, row, lane);
 }
 
+// The same merge launched with PDL right behind the attention kernel (stages 6 and 9): its blocks
+// are placed on idle SMs (or as attention blocks leave) while that kernel runs, and start merging
+// the moment it ends (wait_for_previous_kernel: the key ranges' O and LSE are written).
+template <int D, bool BF16 = false>
+__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel_pdl(const combine_params p) {
+    let_next_kernel_start();
+    wait_for_previous_kernel();
+    int lane;
+    const long long row = combine_thread_row<D>(&lane);
+    if (row < p.rows) combine_row<D, BF16>(p, row, lane);
+}
+
 /* ---- split-KV: how many key ranges ----------------------------------------------------------- */
 
 // A query tile's B * H * ceil(N / BR) blocks fill the GPU's slots (SMs x blocks per SM) in
@@ -158,8 +171,9 @@ constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves a
 // Useful work / (slots x time), in key tiles, for ranges of `per` tiles: the blocks in launch
 // order (heads, then query tiles, heaviest first if causal, then ranges), each to the slot
 // that frees first (a binary min-heap of the slots' finish times).
-[[maybe_unused]] static double split_efficiency(const attn_shape *s, int BR, int BC, bool causal_skip, int slots,
-                               double overhead, int per, double *heap) {
+[[maybe_unused]] static double split_efficiency(const attn_shape *s, int BR, int BC,
+                                                bool causal_skip, int slots, double overhead,
+                                                int per, double *heap) {
     const int q_tiles = ceil_div(s->N, BR);
     double work = 0.;
     for (int i = 0; i < slots; ++i) heap[i] = 0.;
@@ -188,8 +202,8 @@ constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves a
 }
 
 // Key ranges per query tile (1: no split) and key tiles per range.
-[[maybe_unused]] static int choose_splits(const attn_shape *s, int BR, int BC, bool causal_skip, int slots,
-                         double overhead, int *split_tiles) {
+[[maybe_unused]] static int choose_splits(const attn_shape *s, int BR, int BC, bool causal_skip,
+                                          int slots, double overhead, int *split_tiles) {
     const int T = ceil_div(s->N_k, BC);
     const long long blocks = (long long)s->B * s->H * ceil_div(s->N, BR);
     *split_tiles = T;

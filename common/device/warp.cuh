@@ -111,3 +111,23 @@ __device__ __forceinline__ uint32_t pack2_of(float lo, float hi) {
         return pack_half2(lo, hi);
     }
 }
+
+/* ---- programmatic dependent launch (PDL) ----------------------------------------------------- */
+
+// A kernel launched with programmatic stream serialization (cudaLaunchKernelEx with
+// cudaLaunchAttributeProgrammaticStreamSerialization) may start before the kernel ahead of it in
+// the stream has finished, once every block of that one has said launch_dependents or exited. Its
+// blocks then do what touches no global memory (barrier init, setmaxnreg) and wait until the
+// kernel ahead has finished and its writes are visible. Without the attribute the wait returns at
+// once. The instructions exist from sm_90 on; in older code both are nothing (there a launch
+// with the attribute is an ordinary one).
+__device__ __forceinline__ void let_next_kernel_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
