@@ -538,10 +538,11 @@ void decode_describe(FILE *f, const decode_options *d, const decode_result *r) {
 
 /* ---- the decode self-test matrix ---- */
 
-/* Cases per variant: a prime, so that case c's value of factor f, ((stride_f c + f) mod CASES)
- * mod count_f, cycles every factor through its values evenly (each stride a permutation of the
- * cases); the strides are picked so that every pair of two factors' values meets in some case. */
-#define DECODE_TEST_CASES 97
+/* Cases per variant. Factor f of case c takes its value ((stride_f c + f) mod CASES) mod count_f:
+ * CASES is prime, so (stride_f c + f) mod CASES runs over every case once as c does, and each value
+ * of each factor appears in CASES / count_f cases, give or take one; the strides are chosen so that
+ * every value of one factor meets every value of any other in some case. */
+#define DECODE_TEST_CASES 193
 #define DECODE_TEST_WORK (1 << 20) /* rows x keys the reference reads per case, at most ... */
 #define DECODE_TEST_MIN_ROWS 16    /* ... but at least this many rows */
 static const int test_N_q[] = {1, 2, 4, 16};
@@ -554,7 +555,7 @@ static const int test_heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}}; /* H, H_kv
 static const int test_D[] = {64, 128};
 static const int test_N_new[] = {0, 1, 3};
 enum { F_N_Q, F_L, F_PAGE, F_BATCH, F_HEADS, F_CAUSAL, F_D, F_BF16, F_N_NEW, F_PEAKY, FACTORS };
-static const int test_stride[FACTORS] = {1, 79, 33, 35, 28, 24, 38, 20, 71, 27};
+static const int test_stride[FACTORS] = {1, 21, 136, 183, 76, 75, 8, 142, 145, 55};
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define MAX_REASONS 8 /* distinct reasons for waived cases printed per variant */
 
