@@ -45,7 +45,7 @@ LDLIBS    := -Xcompiler -fopenmp -lm -ldl
 
 COMMON_SRC := common/main.c common/decode.c common/device_info.c common/reference.c common/reference_bwd.c common/npy.c
 COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/obj/%.o,$(COMMON_SRC))
-HEADERS    := common/attention.h common/common.h common/csv_header.h common/device_info.h
+HEADERS    := common/attention.h common/common.h common/csv_header.h common/device_info.h common/decode.h
 
 .DEFAULT_GOAL := all
 .PHONY: all build objects test check sanitize profile diff help clean format format-check lab grade

@@ -5,7 +5,7 @@
 # figures of the lessons before issue 19 must each be reported; a correct lesson must pass), then
 # every stage*/README.md: code map, line references, at most 2,300 words outside its generated
 # sections, no untraced figure from a run in its prose
-# (and the top README.md: its prose only);
+# (and the top README.md: its prose only); stage 9's generated section against its CSV;
 # and every diagram script under plots/diagrams/ draws its picture.
 # Ends with "N passed, M failed, K skipped" (common/tests/report.sh; a check that cannot run here: a
 # line "SKIP  what: why" each); exit 1 if any failed.
@@ -20,6 +20,9 @@ fi
 for args in --self-test ""; do
   report_run "check_lessons.py${args:+ $args}" python3 common/tests/check_lessons.py $args
 done
+# stage 9's measured section is its CSV's (tools/decode_table.py; decode is timed apart from the
+# sweeps that make tables regenerates)
+report_run "decode_table.py --check" python3 -m tools.decode_table --check
 # the lessons' diagrams drawn by gnuplot scripts: each renders its PNG without a warning
 if command -v gnuplot >/dev/null 2>&1; then
   tmp=$(mktemp -d)
