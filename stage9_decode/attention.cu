@@ -15,7 +15,8 @@
  *    ranges blocks fill the GPU (one KV head of one sequence is otherwise one block on one SM).
  *    The plan reads only the shape (the longest a sequence can be), never the device's lengths:
  *    a call is asynchronous and can be captured in a CUDA graph. Each range writes an fp32
- *    partial O and its LSE; combine_kernel (common/device/split_kv.cuh, stage 5's) merges them.
+ *    partial O and its LSE; combine_kernel_pdl (common/device/split_kv.cuh, stage 5's merge
+ *    launched with PDL) merges them.
  *  - Pages gathered into shared memory: each 16-byte chunk of a K/V tile is copied from wherever
  *    its page lies (block_table), by cp.async in a ring of up to four stages, so that up to three
  *    tiles are in flight while one is computed. A page index is read one tile ahead.
@@ -45,7 +46,7 @@
 #include "attention.h"
 #include "device/kernel_cache.cuh"  // the driver asked once per kernel and device
 #include "device/sm80.cuh"          // mma.sync, ldmatrix, cp.async, the fragment vocabulary
-#include "device/split_kv.cuh"      // the merge of the key ranges (combine_kernel), MAX_SPLITS
+#include "device/split_kv.cuh"      // the merge of the key ranges (combine_kernel_pdl), MAX_SPLITS
 
 /* ---- tunables -------------------------------------------------------------------------------- */
 
@@ -123,8 +124,7 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
     }
 }
 
-/* ---- the kernels' parameters ------------------------------------------------------------------
- */
+/* ---- the kernels' parameters ---------------------------------------------------------------- */
 
 typedef struct {
     const elem *Q;       // [B, N, H, D] by q_* (any layout of 16-byte rows)
@@ -144,9 +144,9 @@ typedef struct {
     int causal;
     float scale_log2;  // scale x log2(e): scores in base 2
     int tile_heads;    // query heads packed in a tile: H / H_kv, or 1 (nopack)
-    int rows;  // a tile's packed rows: tile_heads x N (query i, head h0 + j: row i x tile_heads +
-               // j)
-    int row_warps;           // warps over a tile's m16 row tiles (1, 2 or 4); the others split keys
+    int rows;          // a tile's packed rows, tile_heads x N: row i x tile_heads + j is query i
+                       // of head h0 + j
+    int row_warps;     // warps over a tile's m16 row tiles (1, 2 or 4); the others split keys
     int splits, split_keys;  // key ranges per sequence and keys per range (a multiple of KT)
     int stages;              // the K/V ring's depth
 } decode_params;
@@ -187,8 +187,7 @@ __device__ __forceinline__ int page_of(const decode_params &p, int b, int key, i
     }
 }
 
-/* ---- the append: new keys into the cache ------------------------------------------------------
- */
+/* ---- the append: new keys into the cache ----------------------------------------------------- */
 
 // One thread per 16-byte chunk of K_new and V_new ([B, N_new, H_kv, D] by their strides): key j
 // of sequence b goes to position seqlens[b] + j, through the block table when paged. Positions
@@ -233,8 +232,7 @@ __global__ void __launch_bounds__(THREADS) append_kernel(const append_params a) 
     }
 }
 
-/* ---- the decode kernel, by phases --------------------------------------------------------------
- */
+/* ---- the decode kernel, by phases ------------------------------------------------------------ */
 
 // Rows of K (and V) one pass of the block's threads copies: each thread one 16-byte chunk.
 template <int D>
@@ -458,8 +456,8 @@ __device__ __forceinline__ void merge_key_warps(const decode_params &p, float *s
 }
 
 // Phase 5 (once, warps key_warp = 0): O = O_acc / l and LSE = m ln 2 + ln l, into O and lse (one
-// range) or, split, into the range's slot of O_part and lse_part (combine_kernel merges them). A
-// row that saw no key: O = 0, LSE = -inf.
+// range) or, split, into the range's slot of O_part and lse_part (combine_kernel_pdl merges them).
+// A row that saw no key: O = 0, LSE = -inf.
 template <int D, bool BF16>
 __device__ __forceinline__ void store_rows(const decode_params &p, int b, int h0, int row0,
                                            int split, int lane, const row_state<D> &st) {
@@ -576,8 +574,7 @@ __global__ void __launch_bounds__(THREADS) decode_kernel(const decode_params p) 
     store_rows<D, BF16>(p, b, h0, row0, split, lane, st);
 }
 
-/* ---- the plan (host) ---------------------------------------------------------------------------
- */
+/* ---- the plan (host) ------------------------------------------------------------------------- */
 
 enum { VARIANT_DEFAULT = 0, VARIANT_NOPACK, VARIANT_NOSPLIT, VARIANTS };
 
@@ -653,8 +650,7 @@ static void make_plan(const attn_shape *s, const attn_device *dev, int variant, 
     }
 }
 
-/* ---- the launcher ------------------------------------------------------------------------------
- */
+/* ---- the launcher ---------------------------------------------------------------------------- */
 
 static const char *decode_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
     if (s->D != 64 && s->D != 128) return "head dim must be 64 or 128";
