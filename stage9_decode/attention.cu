@@ -164,6 +164,15 @@ __device__ __forceinline__ int sequence_keys(const decode_params &p, int b) {
 // table reads nothing).
 template <bool PAGED>
 __device__ __forceinline__ long long key_offset(const decode_params &p, int b, int page, int key) {
+    // LAB HOLE 1 BEGIN: the page gather: where key `key` of sequence b lies in the cache
+    // LAB TODO: the element offset of the key's row in the cache (K's, and V's: the same strides),
+    // LAB TODO: without the head and the chunk (issue_tile adds those). A contiguous cache holds
+    // LAB TODO: sequence b as its batch b (p.k_batch elements apart), its keys p.k_row apart. A
+    // LAB TODO: paged one holds pages p.k_batch apart, each 2^p.page_shift consecutive keys of one
+    // LAB TODO: sequence, p.k_row apart; `page` is the key's entry of the block table (next_pages
+    // LAB TODO: read it). An entry outside [0, p.num_pages) must read nothing: -1. Offsets pass
+    // LAB TODO: 2^31 elements in long caches: 64-bit arithmetic.
+    // LAB STUB: return -1;  // until filled: every chunk is zero-filled
     if constexpr (PAGED) {
         (void)b;
         if ((unsigned)page >= (unsigned)p.num_pages) return -1;
@@ -172,6 +181,7 @@ __device__ __forceinline__ long long key_offset(const decode_params &p, int b, i
         (void)page;
         return b * p.k_batch + (long long)key * p.k_row;
     }
+    // LAB HOLE 1 END
 }
 
 // The page of key `key` (paged), read from the block table; -1 past the sequence.
@@ -426,6 +436,15 @@ __device__ __forceinline__ void merge_key_warps(const decode_params &p, float *s
     }
     __syncthreads();  // the other key warps' states are in shared memory
     if (key_warp > 0) return;
+    // LAB HOLE 2 BEGIN: the key warps' merge: warp 0's rows made the state of all their keys
+    // LAB TODO: for each of this thread's two rows (g and g + FRAG_ROW_STEP), key warp kw > 0 left
+    // LAB TODO: its state at merge_row(): O_acc's D columns in the accumulator's order (column
+    // LAB TODO: n * MMA_N + 2t + c is st.o[n][frag_reg(h, c)]), then m (base 2), then l (its
+    // LAB TODO: quad's sum). Afterwards st.m, st.l and st.o must be what one warp that saw every
+    // LAB TODO: key would hold: the largest m, and every warp's l and O_acc weighed by 2 to the
+    // LAB TODO: power (its m - that m) before they are summed. A row no warp saw a key of has m =
+    // LAB TODO: -inf in every state and must keep l = 0 and O_acc = 0, never a NaN.
+    // LAB STUB: (void)key_warps;  // until filled: warp 0's rows keep its own keys only
 #pragma unroll
     for (int hh = 0; hh < FRAG_LANE_ROWS; ++hh) {
         const int r = g + FRAG_ROW_STEP * hh;
@@ -453,6 +472,7 @@ __device__ __forceinline__ void merge_key_warps(const decode_params &p, float *s
         }
         st.m[hh] = m;
     }
+    // LAB HOLE 2 END
 }
 
 // Phase 5 (once, warps key_warp = 0): O = O_acc / l and LSE = m ln 2 + ln l, into O and lse (one
@@ -629,10 +649,22 @@ static void make_plan(const attn_shape *s, const attn_device *dev, int variant, 
     const int tiles = ceil_div(s->N_k, KT);
     pl->splits = 1, pl->split_keys = tiles * KT;
     if (!split || variant == VARIANT_NOSPLIT || dev->sm_count < 1) return;
-    // The fewest ranges whose blocks fill the slots in whole waves within FILL_SLACK of the best:
-    // ranges of per tiles, for every per from all the tiles down to one.
     const long long units = (long long)s->B * (s->H / pl->tile_heads) * pl->row_groups;
     const long long slots = (long long)dev->sm_count * (blocks_per_sm > 0 ? blocks_per_sm : 1);
+    // Fewer tiles than slots: as many ranges as one wave holds, so that every SM gets the same
+    // number of blocks (the blocks share an SM's issue slots: an SM with one block less idles
+    // while the others finish).
+    if (units <= slots) {
+        long long n = slots / units;
+        n = n < tiles ? n : tiles;
+        n = n < MAX_SPLITS ? n : MAX_SPLITS;
+        const int per = ceil_div(tiles, n);
+        pl->split_keys = per * KT;
+        pl->splits = ceil_div(tiles, per);
+        return;
+    }
+    // More: the fewest ranges whose blocks fill the slots in whole waves within FILL_SLACK of the
+    // best (FA2's rule), for every count from one range up.
     double eff_best = 0.;
     double eff[MAX_SPLITS + 1] = {0.};
     for (int n = 1; n <= MAX_SPLITS && n <= tiles; ++n) {
