@@ -60,6 +60,9 @@ runpy.run_path('python/build_eager.py', run_name='__main__')" 2>&1)
   # train_gpt.py's options and checks before training without a GPU (its --sdpa-only run where
   # PyTorch is installed)
   report_run test_train_gpt.py python3 python/tests/test_train_gpt.py
+  # generate.py's options, its one line without PyTorch, the libraries or a GPU, its paging helpers
+  # and both greedy loops on the CPU where PyTorch is (the course's calls stood in for by PyTorch)
+  report_run test_generate.py python3 python/tests/test_generate.py
   if python3 python/tests/check_notebook.py; then ok "notebook cells parse"; else bad "notebook cells parse"; fi
   if python3 python/tests/run_notebook.py --fresh; then ok "notebook: fetched by URL and by upload, re-run, one line without a GPU"; else bad "notebook as a fresh user (run_notebook.py --fresh)"; fi
   for cells in 99 2-1 x; do # a bad --cells: one line naming the notebook's cells, exit 1, no cell run
