@@ -176,14 +176,14 @@ clean:
 	rm -rf $(BUILD)
 
 help:
-	@echo "make               build, sweep every stage (long and fa2 shapes), plots, tables (the READMEs: the reference GPU's; yours: plots/<gpu>/TABLES.md)"
+	@echo "make               build, sweep every stage (long and fa2 shapes; the decode stages: decode shapes and a copy roof), plots, tables (the READMEs: the reference GPU's; yours: plots/<gpu>/TABLES.md)"
 	@echo "make build         build every stage into $(BUILD)/ (ARCH=75|sm_75|compute_75, BUILD=dir)"
 	@echo "make QUICK=1       build, a quick sweep (every stage, a few shapes: ~2 min on an H200), plots in build/quick/"
 	@echo "make test          CPU tests, fat build, no-spill check, format check; self-tests too on a GPU"
 	@echo "make format        format the C/CUDA sources with the pinned clang-format $(CLANG_FORMAT_VERSION) (format-check: only check)"
 	@echo "make check         every stage's --self-test on this GPU (SMEM_LIMIT=65536: T4 path)"
 	@echo "make sanitize      compute-sanitizer memcheck, racecheck, synccheck on small shapes"
-	@echo "make bench         the sweep only (BUDGET=60 seconds per launch; QUICK=1: long N $(shell . plots/shapes.conf && echo $$QUICK_LONG_N | tr ' ' ,), fa2 N $(shell . plots/shapes.conf && echo $$QUICK_FA2_N | tr ' ' ,))"
+	@echo "make bench         the sweep only (BUDGET=60 seconds per launch; QUICK=1: long N $(shell . plots/shapes.conf && echo $$QUICK_LONG_N | tr ' ' ,), fa2 N $(shell . plots/shapes.conf && echo $$QUICK_FA2_N | tr ' ' ,), decode N_k $(shell . plots/shapes.conf && echo $$QUICK_DECODE_NK | tr ' ' ,))"
 	@echo "make plots         redraw the PNGs from the CSV"
 	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the reference CSV (another GPU: plots/<gpu>/TABLES.md)"
 	@echo "make test-plots    CPU tests of the sweep, plots and tables only"

@@ -23,11 +23,33 @@ function row_key(    k, v) {
     return (v != "" && v != "default") ? k ":" v : k
 }
 
-# Rows without a sweep column (older CSVs): B = H = 1 is the long sweep.
+# Rows without a sweep column (older CSVs): 1 to 16 queries against more keys (N_k) is the decode
+# sweep, B = H = 1 the long sweep, the rest fa2.
 function row_sweep(    s) {
     s = field("sweep")
     if (s != "") return s
+    if (field("N_k") != "" && field("N") + 0 <= 16 && field("N_k") + 0 > field("N") + 0) return "decode"
     return (field("B") == 1 && field("H") == 1) ? "long" : "fa2"
+}
+
+# The HBM's peak bandwidth in TB/s (the datasheet's) by GPU name, for the decode sweep's share of
+# it (decode.gp, decode.awk); 0 where unknown (then no share is given).
+function hbm_tbs(name,    g) {
+    g = "-" tolower(name) "-"
+    gsub(/[^a-z0-9]+/, "-", g)
+    if (g ~ /-gh200-/) return 4.0
+    if (g ~ /-h200-/) return 4.8
+    if (g ~ /-h100-.*pcie/) return 2.0
+    if (g ~ /-h100-.*nvl/) return 3.9
+    if (g ~ /-(h100|h800)-/) return 3.35
+    if (g ~ /-b200-/) return 8.0
+    if (g ~ /-a100-.*80gb/) return g ~ /pcie/ ? 1.935 : 2.039
+    if (g ~ /-(a100|a800)-/) return 1.555
+    if (g ~ /-l40s-/ || g ~ /-l40-/) return 0.864
+    if (g ~ /-a10-/) return 0.6
+    if (g ~ /-l4-/) return 0.3
+    if (g ~ /-t4-/) return 0.32
+    return 0
 }
 
 # Order of keys: stages by their number, then SDPA baselines, then the rest by name.
@@ -68,10 +90,11 @@ NR == 1 || ($1 == "gpu" && $2 == "stage") {
 $0 == "" { next }
 
 # Every row of every pass, counted before the pass filter below (the summary's closing line):
-# the course's stages by status, and the rest (PyTorch's SDPA rows).
+# the course's stages by status, the copy roof of the decode sweep, and the rest (PyTorch's SDPA rows).
 {
     nrows++
     if (field("stage") ~ /^stage[0-9]/) { nstage_rows++; stage_status[field("status")]++ }
+    else if (field("stage") == "copy") copy_rows++
     else other_rows++
     if (field("status") == "FAIL") failed_rows++
 }

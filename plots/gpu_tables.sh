@@ -5,7 +5,7 @@
 #
 # The lessons and the top README keep the reference GPU's tables (plots/h200/results.csv): their
 # prose argues from those numbers. `make tables` on another GPU writes that GPU's tables here
-# instead: the summary, the long and fa2 sweeps, the backward rows, and each lesson's measured
+# instead: the summary, the long and fa2 sweeps, the backward rows, the decode sweep, and each lesson's measured
 # section (one for every README named, from its <!-- results:stageK:begin --> marker), each made by
 # plots/update_readme.sh from the CSV exactly as a lesson's would be. The page is generated whole:
 # every run rewrites it.
@@ -28,6 +28,7 @@ page=$TMP/TABLES.md
     printf '## Long sweep\n\n<!-- results:long:begin -->\n<!-- results:long:end -->\n\n'
     printf '## fa2 sweep\n\n<!-- results:fa2:begin -->\n<!-- results:fa2:end -->\n\n'
     printf '## Backward\n\n<!-- results:backward:begin -->\n<!-- results:backward:end -->\n'
+    printf '\n## Decode sweep\n\n<!-- results:decode-sweep:begin -->\n<!-- results:decode-sweep:end -->\n'
     for readme in "$@"; do
         k=$(grep -o -E -x '<!-- results:stage[0-9]+:begin -->' "$readme" | head -n 1 | grep -o -E '[0-9]+' || true)
         [ -n "$k" ] || continue

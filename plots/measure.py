@@ -7,6 +7,11 @@ FLOPs: the forward is two matrix products of 2 N^2 D each per head, 4 B H N^2 D,
 causal; the backward is five products against the forward's two: 2.5x the forward's (the
 FlashAttention papers' convention). TFLOP/s = FLOPs / time.
 
+Decode (N_q new queries against a cache of N_k keys, H query heads over H_kv KV heads): FLOPs
+4 B H N_q N_k D (causal's saving at N_q <= 16 neglected, as common/decode.c counts them); bytes
+the K and V of the cache, each read once, 2 B N_k H_kv D x the element size; GB/s = bytes / time
+(plots/sweep.sh counts the stage rows' the same way).
+
 Timing (the programs' protocol): CUDA events around each call, the L2 cache flushed before each
 (FLUSH_BYTES written), a warm-up, then the median of at least MIN_REPS calls and MIN_SECONDS of
 them, or of SLOW_REPS calls when one call takes longer than SLOW_MS. (The comparisons with other
@@ -30,6 +35,21 @@ def flops(b, h, n, d, causal, pass_="fwd"):
     """FLOPs of one pass ("fwd", "bwd", or "fwd+bwd") of attention on [b, h, n, d]."""
     fwd = 4.0 * b * h * n * n * d / (2.0 if causal else 1.0)
     return fwd * {"fwd": 1.0, "bwd": BWD_FLOPS, "fwd+bwd": 1.0 + BWD_FLOPS}[pass_]
+
+
+def decode_flops(b, h, n_q, n_k, d):
+    """FLOPs of one decode call: N_q queries per sequence against N_k keys."""
+    return 4.0 * b * h * n_q * n_k * d
+
+
+def decode_bytes(b, n_k, h_kv, d, elem_bytes=2):
+    """Bytes of K and V cache one decode call reads (each once)."""
+    return 2.0 * b * n_k * h_kv * d * elem_bytes
+
+
+def gbs(nbytes, ms):
+    """GB/s (1e9 bytes) of `nbytes` moved in `ms` milliseconds."""
+    return nbytes / (ms * 1e-3) / 1e9
 
 
 def tflops(flop, ms):

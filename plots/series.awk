@@ -1,11 +1,14 @@
 # series.awk: pull one plottable series out of a results.csv (the gnuplot scripts call it).
 #
 #   awk -F, -f plots/csv.awk -f plots/series.awk -v mode=MODE [-v sweep=long|fa2] [-v key=K] [-v D=128]
-#       [-v causal=0] [-v y=ms_median] [-v status=ok] [-v base=K] [-v N=16384] results.csv
+#       [-v causal=0] [-v y=ms_median] [-v status=ok] [-v base=K] [-v N=16384]
+#       [-v x=N_k] [-v batch=8] [-v nq=1] results.csv
 #
 # A series key is the stage name ("stage3_cp_async", "sdpa_flash"), or "stage:variant" for a
 # row whose variant is not "default". Columns are found by their header names, so added columns
 # do not break it. When a (key, D, causal, N) appears twice, the later row wins.
+# x: the column the modes below call N (default N; the decode sweep's plot: N_k); batch and nq
+# keep the rows of that B and that N column (the decode sweep's N_q) only.
 #
 # mode=keys    the keys present: stages by number, then sdpa_flash, sdpa_default, then others
 # mode=gpu     the GPU name of the first row
@@ -24,6 +27,9 @@
 # mode=max     the largest value of y over ok rows (0 if none); mode=min the smallest
 # mode=count   how many lines mode=xy (or mode=marks with status=notok) would print
 # mode=stagekey  the first key whose name starts with "stage" base (e.g. base=stage0)
+# mode=groups  "B N" of every (B, N) pair of the rows kept, the copy roof's left out, sorted
+# mode=hbm     the HBM's peak TB/s of the first row's GPU (csv.awk's hbm_tbs; 0: unknown)
+# mode=first   the first value in column y of the rows kept (empty if none)
 
 function marker(st) {
     if (st == "OOM") return 2
@@ -49,8 +55,15 @@ BEGIN {
     if (sweep != "" && row_sweep() != sweep) next
     if (D != "" && field("D") != D) next
     if (causal != "" && field("causal") != causal) next
+    if (batch != "" && field("B") != batch) next
+    if (nq != "" && field("N") != nq) next
+    if (k != "copy" && !((field("B") + 0, field("N") + 0) in seengroup)) {
+        seengroup[field("B") + 0, field("N") + 0] = 1
+        groups[++ngroups] = sprintf("%09d %09d", field("B"), field("N"))
+    }
     if (!(k in seen)) { seen[k] = 1; keys[++nkeys] = k }
-    n = field("N") + 0
+    if (first == "") first = field(y)
+    n = field(x == "" ? "N" : x) + 0
     if (!((k, n) in st)) {
         if (!(n in seenN)) { seenN[n] = 1; Ns[++nn] = n }
     }
@@ -79,6 +92,17 @@ function colour(k,    i, c) {
 
 END {
     if (mode == "gpu") { print gpu; exit }
+    if (mode == "hbm") { print hbm_tbs(gpu); exit }
+    if (mode == "first") { print first; exit }
+    if (mode == "groups") {
+        for (i = 2; i <= ngroups; i++) {
+            t = groups[i]
+            for (j = i - 1; j >= 1 && groups[j] > t; j--) groups[j + 1] = groups[j]
+            groups[j + 1] = t
+        }
+        for (i = 1; i <= ngroups; i++) { split(groups[i], g, " "); print g[1] + 0, g[2] + 0 }
+        exit
+    }
     sort_keys(allkeys, nall)
     sort_keys(keys, nkeys)
     sort_num(Ns, nn)

@@ -488,8 +488,8 @@ function emit_summary(    minn, i, k) {
         printf "| %s | %s | %s | %s |\n", k, tf_summary(k, minn), vs_summary(REF, k, minn),
                vs_summary("sdpa_default", k, minn)
     }
-    printf "\nThe CSV: %d rows (every pass): %d of the course's stages (%s), %d of PyTorch's SDPA; %s.\n",
-           nrows, nstage_rows, status_counts(), other_rows,
+    printf "\nThe CSV: %d rows (every pass): %d of the course's stages (%s), %d of PyTorch's SDPA%s; %s.\n",
+           nrows, nstage_rows, status_counts(), other_rows, copy_rows ? ", " copy_rows " of the copy roof" : "",
            failed_rows ? failed_rows (failed_rows == 1 ? " failed its check" : " failed their check") \
                        : "none failed its check"
 }

@@ -9,9 +9,11 @@
 #   <!-- results:stageK:begin --> ... <!-- results:stageK:end -->  stage K's measured section
 #   <!-- results:summary:begin --> ... <!-- results:summary:end --> every stage in one table
 #   <!-- results:backward:begin --> ... <!-- results:backward:end --> both sweeps' backward rows
+#   <!-- results:decode-sweep:begin --> ... <!-- results:decode-sweep:end --> the decode sweep
 # with a line naming the GPU and the CSV, then plots/table.awk's tables (sweep=long, sweep=fa2,
-# lesson=K, summary=1; backward: PASS=bwd, as a lesson of a stage whose rows are backward rows). A README holds any of these pairs (the top README the first two and the
-# summary, a lesson its own stage's); the marker lines themselves and everything outside them stay byte for byte as they
+# lesson=K, summary=1; backward: PASS=bwd, as a lesson of a stage whose rows are backward rows)
+# or plots/decode.awk's (decode-sweep). A README holds any of these pairs (the top README the
+# sweeps' and the summary, a lesson its own stage's); the marker lines themselves and everything outside them stay byte for byte as they
 # were. Each marker must be on a line of its own, once, begin before end, pairs not nested; a
 # README without any marker, or with a broken pair, is an error and nothing is written to it.
 set -euo pipefail
@@ -31,12 +33,12 @@ done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-MARKER_RE='^<!-- results:(long|fa2|summary|backward|stage[0-9]+):(begin|end) -->$'
+MARKER_RE='^<!-- results:(long|fa2|summary|backward|decode-sweep|stage[0-9]+):(begin|end) -->$'
 
 # The kinds of marker pairs in $1 (long fa2 stage3 ...), checked; exits on a broken pair.
 marker_kinds() {
     local readme=$1 kinds kind m n b e
-    kinds=$(tr -d '\r' <"$readme" | grep -E -x -- "$MARKER_RE" | sed -E 's/^<!-- results:([a-z0-9]+):.*/\1/' | sort -u || true)
+    kinds=$(tr -d '\r' <"$readme" | grep -E -x -- "$MARKER_RE" | sed -E 's/^<!-- results:([a-z0-9-]+):.*/\1/' | sort -u || true)
     if [ -z "$kinds" ]; then
         echo "update_readme.sh: $readme holds no results markers; put a pair such as" \
             "<!-- results:long:begin --> / <!-- results:long:end --> where the tables belong" >&2
@@ -72,6 +74,7 @@ marker_kinds() {
 for README in "$@"; do marker_kinds "$README" >"$TMP/kinds.$(printf '%s' "$README" | cksum | tr ' ' -)"; done
 
 gpus=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "gpu") g = i; next }
+                $1 == "gpu" && $2 == "stage" { next }  # a repeated header (CSVs concatenated)
                 g && !($g in seen) { seen[$g] = 1; out = out (out == "" ? "" : ", ") $g }
                 END { print out }' "$CSV")
 # The pass a stage's lesson shows: bwd for a stage whose CSV rows time its backward pass
@@ -92,6 +95,7 @@ section() { # kind -> $TMP/kind.md
         stage*) awk -F, -v lesson="${1#stage}" -v PASS="$(lesson_pass "${1#stage}")" -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
         summary) awk -F, -v summary=1 -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
         backward) awk -F, -v PASS=bwd -f "$HERE/csv.awk" -f "$HERE/table.awk" "$CSV" ;;
+        decode-sweep) awk -F, -f "$HERE/csv.awk" -f "$HERE/decode.awk" "$CSV" ;;
         esac
         echo
     } >"$TMP/$1.md"
@@ -106,7 +110,7 @@ for README in "$@"; do
         close(f)
     }
     { bare = $0; sub(/\r$/, "", bare) }
-    bare ~ /^<!-- results:(long|fa2|summary|backward|stage[0-9]+):begin -->$/ {
+    bare ~ /^<!-- results:(long|fa2|summary|backward|decode-sweep|stage[0-9]+):begin -->$/ {
         kind = bare
         sub(/^<!-- results:/, "", kind)
         sub(/:begin -->$/, "", kind)
@@ -115,7 +119,7 @@ for README in "$@"; do
         skip = 1
         next
     }
-    bare ~ /^<!-- results:(long|fa2|summary|backward|stage[0-9]+):end -->$/ { skip = 0; print; next }
+    bare ~ /^<!-- results:(long|fa2|summary|backward|decode-sweep|stage[0-9]+):end -->$/ { skip = 0; print; next }
     !skip { print }
     ' "$README" >"$TMP/new"
 

@@ -11,7 +11,11 @@
 #   FAIL_N=      wrong result (exit 1) at this N
 #   UNSUP_D=     with --causal, unsupported (exit 3) at this D
 #   NOGPU=       1: behave like the program on a machine without a CUDA device
-#   LOG=         file that gets one line per call: "name N D causal B H"
+#   DECODE=      1: a decode stage: takes --page-size (and `--page-size P --help` exits 0, as a
+#                decode stage's program does; another refuses --page-size with a usage error);
+#                a call with --seq-k takes DA ms per 1,048,576 keys of the cache (B N_k), and
+#                is out of memory when B N_k > DOOM_KEYS
+#   LOG=         file that gets one line per call: "name N D causal B H N_k H_kv layout"
 set -euo pipefail
 
 name=${0##*/}
@@ -21,14 +25,25 @@ OOM_ELEMS=
 FAIL_N=
 UNSUP_D=
 NOGPU=
+DECODE=
+DA=1
+DOOM_KEYS=
 LOG=/dev/null
 [ -f "$0.conf" ] && . "$0.conf"
 # the program's exit codes (ATTN_EXIT_*), from their one home
 . "${FAKE_REPO:-.}/common/exit_codes.sh"
 
-B=1 H=1 N=0 D=0 causal=0 budget=60
+B=1 H=1 N=0 D=0 causal=0 budget=60 Nk="" Hkv="" layout=bhnd
 while [ $# -gt 0 ]; do
     case "$1" in
+    --page-size)
+        [ -n "$DECODE" ] || { echo "$name: error: --page-size: $name has no decode path" >&2; exit "$ATTN_EXIT_USAGE"; }
+        shift 2
+        ;;
+    --help) echo "usage: $name [options]"; exit "$ATTN_EXIT_PASS" ;;
+    --seq-k) Nk=$2; shift 2 ;;
+    --kv-heads) Hkv=$2; shift 2 ;;
+    --layout) layout=$2; shift 2 ;;
     --batch) B=$2; shift 2 ;;
     --heads) H=$2; shift 2 ;;
     --seq) N=$2; shift 2 ;;
@@ -40,7 +55,7 @@ while [ $# -gt 0 ]; do
     *) echo "$name: bad option $1" >&2; exit "$ATTN_EXIT_USAGE" ;;
     esac
 done
-echo "$name $N $D $causal $B $H" >>"$LOG"
+echo "$name $N $D $causal $B $H ${Nk:--} ${Hkv:--} $layout" >>"$LOG"
 
 # the program's header, from its one home
 sed -n 's/^#define CSV_HEADER "\(.*\)"$/\1/p' "${FAKE_REPO:-.}/common/csv_header.h"
@@ -50,6 +65,16 @@ if [ -n "$NOGPU" ]; then
     exit "$ATTN_EXIT_UNSUPPORTED"
 fi
 shape="Fake GPU,$name,default,fwd,$B,$H,$N,$D,$causal,f16"
+if [ -n "$Nk" ]; then # a decode shape: N_q = N queries against N_k keys
+    if [ -n "$DOOM_KEYS" ] && [ $((B * Nk)) -gt "$DOOM_KEYS" ]; then
+        echo "$shape,,,0,,,,,0,,OOM"
+        exit "$ATTN_EXIT_OOM"
+    fi
+    ms=$(awk -v a=$DA -v b=$B -v n=$Nk 'BEGIN { printf "%.4f", a * b * n / 1048576 }')
+    tf=$(awk -v ms=$ms -v b=$B -v h=$H -v q=$N -v n=$Nk -v d=$D 'BEGIN { printf "%.3f", 4 * b * h * q * n * d / (ms * 1e9) }')
+    echo "$shape,$ms,$ms,10,$tf,1.0e-04,2.0e-04,1.0e-05,32,1.0,ok"
+    exit "$ATTN_EXIT_PASS"
+fi
 if [ -n "$OOM_ELEMS" ] && awk -v b=$B -v h=$H -v n=$N -v m=$OOM_ELEMS 'BEGIN { exit !(b * h * n * n > m) }'; then
     echo "$shape,,,0,,,,,0,,OOM"
     echo "$name: out of device memory" >&2

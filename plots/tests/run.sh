@@ -139,6 +139,52 @@ plots/update_readme.sh $T/fixture.csv "$SCRATCH/nested.md" >"$SCRATCH/u.out" 2>&
 check "update_readme.sh: nested marker pairs are an error, nothing written" \
     [ $? = 1 -a -n "$(grep 'inside another' "$SCRATCH/u.out")" -a "$(cat "$SCRATCH/nested.md")" = "$(cat "$SCRATCH/nested.orig")" ]
 
+# ---- the decode sweep's table (decode.awk), alone and among the other sweeps' rows
+DF=$T/decode_fixture.csv
+cat $T/fixture.csv $DF >"$SCRATCH/both.csv" # two headers: csv.awk reads the second one again
+awk -F, -f plots/csv.awk -f plots/decode.awk $DF >"$SCRATCH/decode.md"
+check "decode.awk: a row per (B, N_q, N_k), GB/s and the share of the HBM's 3.35 TB/s, best stage / better of FA2, cuDNN" \
+    grep -q -x -F '| 1 | 1 | 32,768 | 2556 (76%) | 2270 (68%) | 2461 (73%) | 1.04x |' "$SCRATCH/decode.md"
+check "decode.awk: 16 rows (2 B x 2 N_q x 4 N_k), the columns stage, FA2, cuDNN" \
+    bash -c "[ \$(grep -c '^| [18] | [14] | ' '$SCRATCH/decode.md') = 16 ] &&
+             grep -q -x -F '| B | N_q | N_k | stage9_decode | FA2 (sdpa_flash) | cuDNN (sdpa_cudnn) | best stage / best of FA2, cuDNN |' '$SCRATCH/decode.md'"
+check "decode.awk: cells without a number say why (OOM, n/a), no ratio there" \
+    grep -q -x -F '| 8 | 4 | 262,144 | OOM | n/a | 1472 (44%) | - |' "$SCRATCH/decode.md"
+check "decode.awk names the copy roof of the same run" \
+    grep -q -F 'a copy kernel in the same run: 3068 GB/s (92%).' "$SCRATCH/decode.md"
+awk -F, -f plots/csv.awk -f plots/decode.awk "$SCRATCH/both.csv" >"$SCRATCH/decode2.md"
+check "decode.awk: the other sweeps' rows beside the decode rows change nothing" cmp "$SCRATCH/decode.md" "$SCRATCH/decode2.md"
+awk -F, -f plots/csv.awk -f plots/table.awk "$SCRATCH/both.csv" >"$SCRATCH/tables3.md"
+check "table.awk: decode rows beside the others leave the long and fa2 tables as they were" \
+    diff -u $T/expected_tables.md "$SCRATCH/tables3.md"
+check "decode.awk without decode rows: says there are none yet" \
+    bash -c "awk -F, -f plots/csv.awk -f plots/decode.awk $T/fixture.csv | grep -q 'no decode rows in this CSV yet'"
+# an older CSV without the sweep column: 1-16 queries against more keys is a decode row
+cut -d, -f1-20,22- $DF >"$SCRATCH/nosweep.csv"
+check "csv.awk: without a sweep column, N <= 16 with N_k > N is the decode sweep" \
+    bash -c "awk -F, -f plots/csv.awk -f plots/decode.awk '$SCRATCH/nosweep.csv' | grep -q -x -F '| 1 | 1 | 32,768 | 2556 (76%) | 2270 (68%) | 2461 (73%) | 1.04x |'"
+got=$(for n in "NVIDIA H200" "NVIDIA H100 80GB HBM3" "NVIDIA H100 PCIe" "NVIDIA A100-SXM4-80GB" "NVIDIA A100-SXM4-40GB" "NVIDIA L4" "Tesla T4" "Other"; do
+    printf 'gpu,stage\n%s,x\n' "$n" | awk -F, -f plots/csv.awk -f plots/series.awk -v mode=hbm; done | tr '\n' ' ')
+check "csv.awk hbm_tbs: the HBM peaks by GPU name ($got)" [ "$got" = "4.8 3.35 2 2.039 1.555 0.3 0.32 0 " ]
+# update_readme.sh: the decode-sweep section, the rest untouched; idempotent; without decode rows
+printf 'Prose.\n<!-- results:decode-sweep:begin -->\nold\n<!-- results:decode-sweep:end -->\nMore.\n' >"$SCRATCH/dsec.md"
+plots/update_readme.sh "$SCRATCH/both.csv" "$SCRATCH/dsec.md" >/dev/null 2>&1
+check "update_readme.sh writes the decode table between <!-- results:decode-sweep:begin/end -->" \
+    cmp "$SCRATCH/dsec.md" <(printf 'Prose.\n<!-- results:decode-sweep:begin -->\n\n'
+        printf 'Measured on NVIDIA H100 80GB HBM3; from `%s` (regenerate: `make bench tables`).\n\n' "$SCRATCH/both.csv"
+        cat "$SCRATCH/decode.md"; printf '\n<!-- results:decode-sweep:end -->\nMore.\n')
+cp "$SCRATCH/dsec.md" "$SCRATCH/dsec.once"
+plots/update_readme.sh "$SCRATCH/both.csv" "$SCRATCH/dsec.md" >/dev/null 2>&1
+check "update_readme.sh's decode section is idempotent" cmp "$SCRATCH/dsec.once" "$SCRATCH/dsec.md"
+plots/update_readme.sh $T/fixture.csv "$SCRATCH/dsec.md" >/dev/null 2>&1
+check "update_readme.sh's decode section from a CSV without decode rows: says so" \
+    bash -c "grep -q 'no decode rows in this CSV yet' '$SCRATCH/dsec.md' && ! grep -q '^| 1 | 1 |' '$SCRATCH/dsec.md'"
+check "the decode-sweep markers are not stage 9's results:decode ones (tools/decode_table.py)" \
+    bash -c "printf '<!-- results:decode:begin -->\nkept\n<!-- results:decode:end -->\n' >'$SCRATCH/s9.md';
+             ! plots/update_readme.sh $DF '$SCRATCH/s9.md' 2>/dev/null && grep -q -x kept '$SCRATCH/s9.md'"
+check "the top README has one <!-- results:decode-sweep:begin/end --> pair" \
+    [ "$(grep -c -x -F -e '<!-- results:decode-sweep:begin -->' -e '<!-- results:decode-sweep:end -->' README.md)" = 2 ]
+
 # ---- the committed READMEs say what the committed reference results say: the top README's
 # tables and every lesson's measured section are exactly what make tables writes from the CSV
 REF_CSV=plots/h200/results.csv
@@ -153,12 +199,18 @@ for r in README.md $lessons; do
         { cat "$SCRATCH/u.out"; diff -u "$r" "$SCRATCH/ref/$r"; } | sed 's/^/      /' | head -n 20
     fi
 done
-# every stage's lesson, the Hopper chapter (6) and the backward pass (7) included
+# every stage's lesson, the Hopper chapter (6) and the backward pass (7) included; a decode stage's
+# measured section is tools/decode_table.py's, between <!-- results:decode:begin/end -->
 nstages=0
 for d in stage[0-9]*/; do
     k=${d#stage}; k=${k%%_*} r=${d}README.md nstages=$((nstages + 1))
-    check "$r has its measured section between <!-- results:stage$k:begin/end -->" \
-        [ "$(grep -c -x -F -e "<!-- results:stage$k:begin -->" -e "<!-- results:stage$k:end -->" "$r")" = 2 ]
+    if grep -q -x -F '<!-- results:decode:begin -->' "$r"; then
+        check "$r (a decode stage) has its measured section between <!-- results:decode:begin/end -->" \
+            [ "$(grep -c -x -F -e "<!-- results:decode:begin -->" -e "<!-- results:decode:end -->" "$r")" = 2 ]
+    else
+        check "$r has its measured section between <!-- results:stage$k:begin/end -->" \
+            [ "$(grep -c -x -F -e "<!-- results:stage$k:begin -->" -e "<!-- results:stage$k:end -->" "$r")" = 2 ]
+    fi
 done
 check "the measured sections checked cover stages 0-7 at least ($nstages stages)" [ "$nstages" -ge 8 ]
 
@@ -168,25 +220,34 @@ if command -v gnuplot >/dev/null 2>&1; then
     for gp in plots/*.gp; do
         name=$(basename "$gp" .gp)
         rm -f "$SCRATCH/$name.png"
-        gnuplot -e "csv='$T/fixture.csv'; outdir='$SCRATCH'; gpu='Test GPU'; PEAK=989; plotsdir='plots'" \
+        gnuplot -e "csv='$SCRATCH/both.csv'; outdir='$SCRATCH'; gpu='Test GPU'; PEAK=989; plotsdir='plots'" \
             "$gp" >"$SCRATCH/gp.out" 2>&1
         rc=$?
         if [ $rc = 0 ] && is_png "$SCRATCH/$name.png" && ! grep -qi -E 'warning|error' "$SCRATCH/gp.out"; then
-            ok "$gp renders $name.png ($(wc -c <"$SCRATCH/$name.png") bytes)"
+            ok "$gp renders $name.png from the fixture with decode rows ($(wc -c <"$SCRATCH/$name.png") bytes)"
         else
             bad "$gp renders $name.png (rc $rc)"
             sed 's/^/      /' "$SCRATCH/gp.out" | head -n 20
         fi
     done
-    # Every gnuplot script on CSV into folder OUT with peak PEAK: each draws its PNG, with no
-    # warning or error (printed where one does); status 1 if any failed.
+    mkdir -p "$SCRATCH/dnone"
+    gnuplot -e "csv='$T/fixture.csv'; outdir='$SCRATCH/dnone'; plotsdir='plots'" plots/decode.gp >"$SCRATCH/gp.out" 2>&1
+    check "decode.gp without decode rows: exit 0, no PNG, says so" \
+        bash -c "[ $? = 0 ] && [ -z \"\$(ls '$SCRATCH/dnone')\" ] && grep -q 'no decode rows' '$SCRATCH/gp.out' && ! grep -qi -E 'warning|error' '$SCRATCH/gp.out'"
+    gnuplot -e "csv='$DF'; outdir='$SCRATCH/dnone'; plotsdir='plots'; HBM=0" plots/decode.gp >"$SCRATCH/gp.out" 2>&1
+    check "decode.gp with an unknown HBM peak (HBM=0): GB/s alone, no warning" \
+        bash -c "[ $? = 0 ] && [ -s '$SCRATCH/dnone/decode.png' ] && ! grep -qi -E 'warning|error' '$SCRATCH/gp.out'"
+    # Every gnuplot script on CSV into folder OUT with peak PEAK: each draws its PNG (decode.gp
+    # none, saying so, for a CSV without decode rows), with no warning or error (printed where one
+    # does); status 1 if any failed.
     draw_all() {
         local csv=$1 out=$2 peak=$3 all=0 gp name
         mkdir -p "$out"
         for gp in plots/*.gp; do
             name=$(basename "$gp" .gp)
             if ! gnuplot -e "csv='$csv'; outdir='$out'; PEAK=$peak" "$gp" >"$SCRATCH/gp.out" 2>&1 ||
-                ! is_png "$out/$name.png" || grep -qi -E 'warning|error' "$SCRATCH/gp.out"; then
+                { ! is_png "$out/$name.png" && ! grep -q "no decode rows in $csv; decode.png not drawn" "$SCRATCH/gp.out"; } ||
+                grep -qi -E 'warning|error' "$SCRATCH/gp.out"; then
                 all=1
                 sed "s/^/      $name: /" "$SCRATCH/gp.out" | head -n 10
             fi
@@ -223,6 +284,8 @@ else
     for gp in plots/*.gp; do
         skip "$gp renders $(basename "$gp" .gp).png: gnuplot is not installed (apt-get install -y gnuplot-nox)"
     done
+    skip "decode.gp without decode rows: gnuplot is not installed"
+    skip "decode.gp with an unknown HBM peak: gnuplot is not installed"
     skip "gnuplot scripts cope with a CSV without SDPA and fa2 rows: gnuplot is not installed"
     skip "gnuplot scripts leave an all-unsupported stage out: gnuplot is not installed"
     skip "gnuplot scripts give each of many stages a colour: gnuplot is not installed"
@@ -239,7 +302,9 @@ if command -v make >/dev/null 2>&1; then
         if command -v gnuplot >/dev/null 2>&1; then
             n=0
             for f in "$SCRATCH"/mk/*.png; do is_png "$f" && n=$((n + 1)); done
-            [ $n = "$(ls plots/*.gp | wc -l)" ] && ok "make plots tables (PLOT_CSV=fixture): $n PNGs and the README" ||
+            [ $n = "$(($(ls plots/*.gp | wc -l) - 1))" ] && [ ! -e "$SCRATCH/mk/decode.png" ] &&
+                grep -q 'nothing to draw: decode.png' "$SCRATCH/mk.out" &&
+                ok "make plots tables (PLOT_CSV=fixture): $n PNGs (no decode.png: no decode rows, said so) and the README" ||
                 bad "make plots: $n PNGs"
         else
             ok "make tables (PLOT_CSV=fixture); plots skipped without gnuplot"
@@ -277,13 +342,28 @@ if command -v make >/dev/null 2>&1; then
         stampmk >"$SCRATCH/stamp3.out"
         if [ -s "$SCRATCH/stamp/plots.cksum" ] && [ "$before" = "$after" ] && grep -q 'up to date' "$SCRATCH/stamp2.out" &&
             ! grep -q 'up to date' "$SCRATCH/stamp3.out"; then
-            ok "make plots redraws only when the CSV changed (plots.cksum)"
+            ok "make plots redraws only when the CSV changed (plots.cksum; no decode.png without decode rows, and still up to date)"
         else
             bad "make plots redraws only when the CSV changed"
             cat "$SCRATCH"/stamp[123].out | sed 's/^/      /' | head -n 20
         fi
+        # decode rows come: decode.png is drawn; they go: it is removed, and the stamp says so
+        cp "$SCRATCH/both.csv" "$SCRATCH/stamp/results.csv"
+        stampmk >"$SCRATCH/stamp4.out"
+        drew=$([ -s "$SCRATCH/stamp/decode.png" ] && echo yes)
+        stampmk >"$SCRATCH/stamp5.out"
+        cp $T/fixture.csv "$SCRATCH/stamp/results.csv"
+        stampmk >"$SCRATCH/stamp6.out"
+        if [ "$drew" = yes ] && grep -q 'up to date' "$SCRATCH/stamp5.out" && [ ! -e "$SCRATCH/stamp/decode.png" ] &&
+            grep -q -x 'no decode.png' "$SCRATCH/stamp/plots.cksum"; then
+            ok "make plots draws decode.png from decode rows, and removes it when the CSV has none"
+        else
+            bad "make plots and decode.png"
+            cat "$SCRATCH"/stamp[456].out "$SCRATCH/stamp/plots.cksum" | sed 's/^/      /' | head -n 20
+        fi
     else
         skip "make plots' redraw stamp: gnuplot is not installed"
+        skip "make plots and decode.png: gnuplot is not installed"
     fi
     printf 'peak:\n\t@set -- "$(NAME)"; $(peak_of)\nslug:\n\t@echo $(GPU_SLUG)\n' >"$SCRATCH/probe.mk"
     got=""
@@ -322,10 +402,10 @@ rc=$?
 CSV="$SCRATCH/sweep/results.csv"
 check "sweep.sh exits 1 when a run FAILs" [ $rc = 1 ]
 check "sweep.sh shouts FAIL: for the wrong result" grep -q '^FAIL: stage2_fake long N=2048' "$SCRATCH/sweep.err"
-check "sweep.sh: one header, ending in ,sweep" \
-    [ "$(grep -c '^gpu,' "$CSV")" = 1 -a "$(head -n 1 "$CSV" | awk -F, '{ print $NF }')" = sweep ]
-check "sweep.sh: 3 stages x 35 rows, 21 columns each" \
-    awk -F, 'NF != 21 { exit 1 } END { exit !(NR == 106) }' "$CSV"
+check "sweep.sh: one header, the program's columns then sweep,N_k,H_kv,gbs" \
+    [ "$(grep -c '^gpu,' "$CSV")" = 1 -a "$(head -n 1 "$CSV" | cut -d, -f21-)" = sweep,N_k,H_kv,gbs ]
+check "sweep.sh: 3 stages x 35 rows, 24 columns each, no decode row (no decode stage)" \
+    awk -F, 'NF != 24 || $21 == "decode" { exit 1 } END { exit !(NR == 106) }' "$CSV"
 check "sweep.sh ignores stage[0-9]* names with a dot and folders" \
     [ "$(tail -n +2 "$CSV" | cut -d, -f2 | sort -u | tr '\n' ' ')" = "stage0_fake stage1_fake stage2_fake " ]
 
@@ -361,7 +441,7 @@ check "stage1 fa2: over_budget predicted by work (B H N^2 D) from 4096" \
     [ "$(rows fa2 stage1_fake 128 1 over_budget)" = "4096 8192 16384 " ]
 check "stage0 fa2 D=128: OOM from 2048" [ "$(rows fa2 stage0_fake 128 0 OOM)" = "2048 4096 8192 16384 " ]
 check "a row not run has the shape filled in (B H for fa2) and empty times" \
-    grep -q -x 'Fake GPU,stage1_fake,default,fwd,4,16,4096,128,1,f16,,,0,,,,,0,,over_budget,fa2' "$CSV"
+    grep -q -x 'Fake GPU,stage1_fake,default,fwd,4,16,4096,128,1,f16,,,0,,,,,0,,over_budget,fa2,,,' "$CSV"
 check "progress lines: one per run, numbered" \
     [ "$(grep -c '^\[ *[0-9]*/105\]' "$SCRATCH/sweep.err")" = 105 ]
 check "summary: stage 0's out-of-memory N" grep -q 'stage0_fake ran out of device memory from N=24576' "$SCRATCH/sweep.err"
@@ -397,12 +477,82 @@ plots/sweep.sh "$SCRATCH/nogpu" "$SCRATCH/x.csv" --no-sdpa >/dev/null 2>"$SCRATC
 check "sweep.sh stops (exit 2) when the programs see no CUDA device" \
     [ $? = 2 -a "$(wc -l <"$SCRATCH/nogpu/calls.log")" = 1 -a -n "$(grep 'sees no CUDA device' "$SCRATCH/nogpu.err")" ]
 
+quick_decode=$(($(set -- $QUICK_DECODE_B; echo $#) * $(set -- $QUICK_DECODE_NQ; echo $#) * $(set -- $QUICK_DECODE_NK; echo $#)))
+full_decode=$(($(set -- $DECODE_B; echo $#) * $(set -- $DECODE_NQ; echo $#) * $(set -- $DECODE_NK; echo $#)))
+# ---- the decode sweep: the decode stages only (a program that takes --page-size), its shapes
+# through the program's normal path, GB/s per row, an out-of-memory stop, the copy roof's row
+DB="$SCRATCH/dbuild"
+mkdir -p "$DB"
+for s in stage1_fake stage9_fake; do cp $T/fake_stage.sh "$DB/$s"; chmod +x "$DB/$s"; done
+printf 'A=0.01\nLOG=%s\n' "$DB/calls.log" >"$DB/stage1_fake.conf"
+# stage9: a decode stage, 1 ms per 1,048,576 keys of cache, out of memory past B N_k = 1,048,576
+printf 'A=0.01\nDECODE=1\nDA=1\nDOOM_KEYS=1048576\nLOG=%s\n' "$DB/calls.log" >"$DB/stage9_fake.conf"
+printf '#!/bin/sh\necho "copy_bw: 1024 MiB" >&2\necho "0.7000 0.6950 20 3067.5 2048.0"\n' >"$DB/copy_bw"
+chmod +x "$DB/copy_bw"
+: >"$DB/calls.log"
+plots/sweep.sh "$DB" "$SCRATCH/dec/results.csv" --budget 10 --sweeps decode --no-sdpa >/dev/null 2>"$SCRATCH/dec.err"
+rc=$?
+DCSV="$SCRATCH/dec/results.csv"
+check "sweep.sh --sweeps decode with a decode stage: exit 0, decode rows only" \
+    bash -c "[ $rc = 0 ] && [ \"\$(tail -n +2 '$DCSV' | cut -d, -f21 | sort -u)\" = decode ]"
+check "sweep.sh: a stage without a decode path gets no decode run and no decode row" \
+    bash -c "! awk '\$1 == \"stage1_fake\" && \$7 != \"-\"' '$DB/calls.log' | grep -q . &&
+             ! awk -F, '\$2 == \"stage1_fake\" && \$21 == \"decode\"' '$DCSV' | grep -q ."
+{
+    for b in $DECODE_B; do for q in $DECODE_NQ; do for k in $DECODE_NK; do
+        echo "stage9_fake $q 128 $([ $q -gt 1 ] && echo 1 || echo 0) $b 32 $k 8 bnhd"
+    done; done; done
+} >"$SCRATCH/expected_decode_calls"
+check "sweep.sh's decode runs: B x N_q x N_k of plots/shapes.conf, N_q = 4 causal, 32 heads over 8, D = 128, bnhd" \
+    diff -u "$SCRATCH/expected_decode_calls" <(awk '$7 != "-"' "$DB/calls.log")
+check "sweep.sh's decode rows: $full_decode, sweep decode, N = N_q, N_k and H_kv filled in" \
+    awk -F, -v want=$full_decode '$2 == "stage9_fake" && $21 == "decode" { n++; if ($22 == "" || $23 != 8 || $6 != 32 || ($7 != 1 && $7 != 4)) exit 1 }
+                                 END { exit !(n == want) }' "$DCSV"
+check "sweep.sh's decode rows: gbs = 2 B N_k H_kv D x 2 bytes / ms" \
+    awk -F, '$21 == "decode" && $2 != "copy" && $20 == "ok" { n++; g = 2 * $5 * $22 * $23 * $8 * 2 / $11 / 1e6
+                                                           if ($24 - g > 0.06 || g - $24 > 0.06) exit 1 }
+             END { exit !(n > 0) }' "$DCSV"
+check "sweep.sh's decode climb: out of memory at B = 8, N_k = 262,144 (B N_k over the fake's memory)" \
+    [ "$(awk -F, '$21 == "decode" && $20 == "OOM" { printf "%s:%s:%s ", $5, $7, $22 }' "$DCSV")" = "8:1:262144 8:4:262144 " ]
+check "sweep.sh: the copy roof's row (stage copy, sweep decode, its gbs, no shape)" \
+    grep -q -x 'Fake GPU,copy,default,fwd,,,,,,,0.7000,0.6950,20,,,,,0,2048.0,ok,decode,,,3067.5' "$DCSV"
+check "sweep.sh's summary names the decode GB/s and the share of the copy roof" \
+    grep -q '^decode stage9_fake B=1 N_q=1 N_k=262144: .* GB/s (.*% of the copy roof, 3068 GB/s)' "$SCRATCH/dec.err"
+check "sweep.sh: progress lines count the decode runs" \
+    [ "$(grep -c "^\[ *[0-9]*/$full_decode\]" "$SCRATCH/dec.err")" = $full_decode ]
+check "the decode sweep's CSV feeds decode.awk: the stage's column, the roof" \
+    bash -c "awk -F, -f plots/csv.awk -f plots/decode.awk '$DCSV' | grep -q -F '| 1 | 4 | 1,024 | ' &&
+             awk -F, -f plots/csv.awk -f plots/decode.awk '$DCSV' | grep -q 'copy kernel in the same run: 3068 GB/s'"
+: >"$DB/calls.log"
+rm "$DB/copy_bw"
+plots/sweep.sh "$DB" "$SCRATCH/decq.csv" --budget 10 --quick --stages 9 --no-sdpa >/dev/null 2>"$SCRATCH/decq.err"
+check "sweep.sh --quick: $quick_decode decode runs (QUICK_DECODE_*), at most 3" \
+    [ "$(awk '$7 != "-"' "$DB/calls.log" | wc -l)" = $quick_decode -a $quick_decode -le 3 ]
+check "sweep.sh without copy_bw: says there is no copy roof, no copy row" \
+    bash -c "grep -q 'no copy roof' '$SCRATCH/decq.err' && ! grep -q ',copy,' '$SCRATCH/decq.csv'"
+check "sweep.sh --quick: the quick long and fa2 shapes as before, the decode stage among them" \
+    [ "$(awk '$7 == "-"' "$DB/calls.log" | wc -l)" = $quick_rows ]
+# --append: the decode rows added to an older CSV (no N_k, H_kv, gbs columns) under a header of
+# their own; the tables of the other sweeps stay as they were, the decode table reads them
+cp $T/fixture.csv "$SCRATCH/app.csv"
+plots/sweep.sh "$DB" "$SCRATCH/app.csv" --budget 10 --quick --sweeps decode --append --no-sdpa >/dev/null 2>&1
+check "sweep.sh --sweeps decode --append: the old rows kept, a second header, the decode rows" \
+    bash -c "[ \"\$(head -n \$(wc -l <$T/fixture.csv) '$SCRATCH/app.csv' | cksum)\" = \"\$(cksum <$T/fixture.csv)\" ] &&
+             [ \$(grep -c '^gpu,stage,' '$SCRATCH/app.csv') = 2 ] && [ \$(grep -c ',decode,' '$SCRATCH/app.csv') = $quick_decode ]"
+check "the appended CSV: long and fa2 tables unchanged, the decode table has the rows" \
+    bash -c "awk -F, -f plots/csv.awk -f plots/table.awk '$SCRATCH/app.csv' | diff -q - $T/expected_tables.md >/dev/null &&
+             awk -F, -f plots/csv.awk -f plots/decode.awk '$SCRATCH/app.csv' | grep -q '^| 1 | 1 | 4,096 | '"
+
 # the sweep's CSV feeds the tables and plots
 check "table.awk reads the sweep's CSV" awk -F, -f plots/csv.awk -f plots/table.awk "$CSV"
-check "sdpa_baseline.py --dry-run --quick plans the quick shapes, 3 backends x 2 passes x $quick_rows runs, without torch" \
-    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run --quick | wc -l)" = $((6 * quick_rows)) ]
-check "sdpa_baseline.py --dry-run plans 3 backends x 2 passes x 35 runs (the shapes of plots/shapes.conf)" \
-    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run | wc -l)" = 210 ]
+check "sdpa_baseline.py --dry-run --quick plans the quick shapes, 3 backends x 2 passes x $quick_rows runs and FA2, cuDNN x $quick_decode decode runs, without torch" \
+    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run --quick | wc -l)" = $((6 * quick_rows + 2 * quick_decode)) ]
+check "sdpa_baseline.py --dry-run plans 3 backends x 2 passes x 35 runs and FA2, cuDNN x $full_decode decode runs (plots/shapes.conf)" \
+    [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run | wc -l)" = $((210 + 2 * full_decode)) ]
+check "sdpa_baseline.py's decode runs: the sweep's shapes, N_q = 4 causal" \
+    bash -c "python3 $T/../sdpa_baseline.py '$SCRATCH/s.csv' --dry-run | grep -q -x 'sdpa_cudnn fwd decode B=8 H=32 H_kv=8 N_q=4 N_k=262144 D=128 causal=1'"
+check "sdpa_baseline.py --passes bwd plans no decode run" \
+    bash -c "! python3 $T/../sdpa_baseline.py '$SCRATCH/s.csv' --dry-run --passes bwd | grep -q decode"
 check "sdpa_baseline.py --backends sdpa_mem_efficient --passes bwd plans 35 runs" \
     [ "$(python3 $T/../sdpa_baseline.py "$SCRATCH/s.csv" --dry-run --backends sdpa_mem_efficient --passes bwd | grep -c '^sdpa_mem_efficient bwd ')" = 35 ]
 check "sdpa_baseline.py --backends with an unknown name: exit 2" \
