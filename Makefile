@@ -150,7 +150,8 @@ diff:
 # (RESTART=1 starts over, keeping theirs as a .bak). make grade STAGE=n builds the learner's copy
 # with this Makefile, as the stage's own program is built, and prints a report card; ARCH= and
 # SMEM_LIMIT= as for make check (ARCH=compute_75 SMEM_LIMIT=65536: the T4 path), GPU_NAME=
-# pretends there is no GPU (then it only compiles, and says what it cannot run); QUICK=1 runs the
+# pretends there is no GPU (then it only compiles, says that nothing was graded, and the grader
+# exits 3, the programs' "unsupported here": make reports "Error 3" and fails); QUICK=1 runs the
 # quick cases only (no self-test, no timing); LABS=dir keeps the labs somewhere else than labs/.
 LAB_ARGS = $(STAGE) $(if $(filter command line,$(origin ARCH)),--arch '$(ARCH)') \
            $(if $(SMEM_LIMIT),--smem-limit '$(SMEM_LIMIT)') \
@@ -189,7 +190,7 @@ help:
 	@echo "make test-plots    CPU tests of the sweep, plots and tables only"
 	@echo "make diff STAGE=n  what stage n adds over stage n-1"
 	@echo "make lab STAGE=n   write labs/<stage>/: the stage's kernel with the lesson cut into holes (stages 1-7)"
-	@echo "make grade STAGE=n build your lab, self-test it, time it: a report card (no GPU: it only compiles; QUICK=1: no self-test)"
+	@echo "make grade STAGE=n build your lab, self-test it, time it: a report card (no GPU: it only compiles, grades nothing and fails with the grader's exit 3; QUICK=1: no self-test)"
 	@echo "make profile STAGE=n [VARIANT=name]  ncu with the sections for that lesson"
 	@echo "make lib           every stage also as build/lib/lib<stage>.so, for python/flashcourse (see README: From Python)"
 	@echo "stages: $(STAGES)"

@@ -72,7 +72,10 @@ PATHS = {"t4": {"arch": "compute_75", "smem_limit": "65536",
 # Where the grader compiles without a GPU (PTX only): compute_75, unless the stage's stage.mk
 # names another (<stage>_LAB_ARCH: a stage whose kernels exist on one architecture only).
 NO_GPU_ARCH = "compute_75"
-EXIT_PASS, EXIT_WRONG, EXIT_UNSUPPORTED = 0, 1, 3
+# the programs' exit codes, from their one home: the attn_exit enum of common/attention.h
+EXIT_CODES = {k: int(v) for k, v in re.findall(r"^\s*ATTN_EXIT_([A-Z]+)\s*=\s*(\d+)",
+                                               (ROOT / "common" / "attention.h").read_text(), re.M)}
+EXIT_PASS, EXIT_WRONG, EXIT_UNSUPPORTED = (EXIT_CODES[k] for k in ("PASS", "WRONG", "UNSUPPORTED"))
 SMOKE = [  # quick cases run before the self-test, so a wrong kernel fails in seconds
     ["--batch", "2", "--heads", "3", "--seq", "1000", "--dim", "128", "--causal", "--dist", "peaky",
      "--check", "all"],
@@ -520,15 +523,18 @@ def cmd_grade(args):
             for ln in compile_errors(j["dir"].with_suffix(".log")):
                 print("  " + ln)
             return 1
-        print(f"make grade: no NVIDIA GPU here: {rel} compiles (ARCH={arch}), but the self-test "
-              f"and the timing need a GPU: run make grade STAGE={num} on one")
-        return 0
+        # compiled, not graded: the programs' "unsupported here", so that neither a script nor a
+        # learner's `&&` reads it as a pass
+        print(f"make grade: no NVIDIA GPU here: {rel} compiles (ARCH={arch}, PTX only), but "
+              f"nothing was graded: the self-test and the timing need a GPU (make grade "
+              f"STAGE={num} on one); exit {EXIT_UNSUPPORTED}, unsupported here")
+        return EXIT_UNSUPPORTED
 
     native_arch = args.arch or cc
     native_smem = args.smem_limit
     if int(cc) < 75:
         print(f"make grade: {gpu} is sm_{cc}; the course needs sm_75 or newer (a T4 or later)")
-        return 3
+        return EXIT_UNSUPPORTED
     paths = {"": (native_arch, native_smem, f"{gpu}, ARCH={native_arch}"
                   + (f", --smem-limit {native_smem}" if native_smem else ""), True)}
     for n, ps in holes.items():

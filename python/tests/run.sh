@@ -45,11 +45,18 @@ runpy.run_path('python/build_eager.py', run_name='__main__')" 2>&1)
     bad "build_eager.py without torch: exit $rc, output: $err"
   fi
   rm -rf "$tmp"
+  # make wheel's wheel installed into a fresh venv outside the checkout: finds its own libraries.
+  # It packs every library (a few seconds of deflate) while pip_install.sh builds the package: in
+  # the background, its lines read into the record below (report_run), its exit code kept.
+  wtmp=$(mktemp -d)
+  (env -u REPORT_FILE bash python/tests/wheel.sh "$dir" >"$wtmp/out" 2>&1; echo $? >"$wtmp/rc") &
+  wheel_pid=$!
   FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_binding.py python3 python/tests/test_binding.py
   # pip install ./python (not -e): the installed package finds this checkout's libraries
   report_run pip_install.sh bash python/tests/pip_install.sh "$dir"
-  # make wheel's wheel installed into a fresh venv outside the checkout: finds its own libraries
-  report_run wheel.sh bash python/tests/wheel.sh "$dir"
+  wait "$wheel_pid"
+  report_run wheel.sh bash -c 'cat "$1"; exit "$(cat "$2" 2>/dev/null || echo 1)"' wheel.sh "$wtmp/out" "$wtmp/rc"
+  rm -rf "$wtmp"
   # the drop-ins against torch's SDPA (GPU; SKIP lines without one)
   FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_dropins.py python3 python/tests/test_dropins.py
   # flash_attn_with_kvcache and the library's decode entry: its signature, refused keywords, the
