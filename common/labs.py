@@ -31,7 +31,7 @@ lab is compiled and linked exactly as the stage's own program (stage 7's forward
 Each program is built in build/lab/<stage>/ in a folder named by its target and a hash of its
 files: jobs of the same content (every hole of a lab filled with the stage's code, the stage's own
 program) are built and run once, a later grade finds them built, and a new folder starts from
-the common objects of the last one.
+the common objects of the last one (this stage's; else another stage's, for the same target).
 
 In the lab the BEGIN and END lines stay (the grader finds the learner's code between them); in
 between, every `LAB TODO:` line becomes `TODO:` and every `LAB STUB: code` line becomes `code`,
@@ -358,6 +358,14 @@ def build_locked(job, sdir, arch, log):
         with open(seed.parent.with_suffix(".lock"), "w") as lock:  # not while it is rebuilt
             fcntl.flock(lock, fcntl.LOCK_SH)
             shutil.copytree(seed, out, copy_function=shutil.copy2, symlinks=True)
+    other = None if out.exists() else common_seed(base.parent, base.name.rsplit("-", 1)[0])
+    if other:  # no build of this stage yet: another stage's common objects
+        with open(other.parent.parent.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            (out / "obj").mkdir(parents=True)
+            for c in sorted((ROOT / "common").glob("*.c")):
+                if (other / f"{c.stem}.o").is_file():
+                    shutil.copy2(other / f"{c.stem}.o", out / "obj" / f"{c.stem}.o")
     cmd = ["make", "--no-print-directory", "-C", str(base / "src"), f"BUILD={out}",
            f"ARCH={arch}", str(out / sdir.name)]
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
@@ -463,6 +471,16 @@ def seed_for(build_root, where, sdir):
     target = where.name.rsplit("-", 1)[0]
     done = [d for d in build_root.glob(f"{target}-*") if (d / "out" / sdir.name).is_file()]
     return max(done, key=lambda d: d.stat().st_mtime) / "out" if done else None
+
+
+def common_seed(build_root, target):
+    """The obj/ of the latest build of another stage for the same target: its objects of
+    common/*.c (the host program, compiled alike for every stage) are this build's too; make
+    rebuilds any whose sources are newer. Not the other stage's own objects (nor a forward pass
+    compiled from a learner's lab of that stage)."""
+    done = [d for d in build_root.parent.glob(f"*/{target}-*")
+            if d.is_dir() and d.parent != build_root and (d / "out" / d.parent.name).is_file()]
+    return max(done, key=lambda d: d.stat().st_mtime) / "out" / "obj" if done else None
 
 
 def prune(build_root):
