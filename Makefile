@@ -32,6 +32,8 @@ STAGES    := $(sort $(patsubst %/attention.cu,%,$(wildcard stage[0-9]*/attention
 #   <stage>_LAB_ARCH  the target `make grade` compiles a lab for without a GPU (PTX only; none:
 #                    compute_75), when the stage's kernels exist on one architecture only
 #                    (common/labs.py reads it: one `:=` line)
+#   <stage>_LAB_CASES  decode: `make grade` runs decode's quick cases and timed shape (common/labs.py)
+#   <stage>_PROFILE_ARGS  the shape `make profile` runs (none: PROFILE_ARGS's default below)
 include $(wildcard stage[0-9]*/stage.mk)
 # the stages with a backward pass (a linked forward), named by the program to a forward-only one
 BACKWARD_STAGES := $(strip $(foreach s,$(STAGES),$(if $($(s)_FORWARD),$(s))))
@@ -163,7 +165,7 @@ lab grade:
 
 # ncu sections per lesson (each stage's stage.mk: <stage>_PROFILE_SECTIONS, _PROFILE_KERNELS);
 # PROFILE_ARGS sets the shape.
-PROFILE_ARGS ?= --seq 4096 --dim 128 --heads 16 --batch 4 --check 0 --bench
+PROFILE_ARGS ?= $(or $($(STAGE_DIR)_PROFILE_ARGS),--seq 4096 --dim 128 --heads 16 --batch 4 --check 0 --bench)
 PROFILE_METRICS := l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
 profile:
 	@$(MAKE) --no-print-directory build

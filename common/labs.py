@@ -84,6 +84,18 @@ SMOKE = [  # quick cases run before the self-test, so a wrong kernel fails in se
 ]
 BENCH = ["--batch", "1", "--heads", "16", "--seq", "4096", "--dim", "128", "--bench", "--check",
          "0", "--csv", "--budget", "20"]
+# A decode stage's (its stage.mk: <stage>_LAB_CASES := decode): new queries against a KV cache,
+# paged and ragged with new keys, then a contiguous one (its program's plain path).
+DECODE_SMOKE = [
+    ["--batch", "3", "--heads", "8", "--kv-heads", "2", "--seq", "4", "--seq-k", "1000",
+     "--page-size", "16", "--ragged", "--new-tokens", "2", "--causal", "--dist", "peaky", "--check",
+     "all"],
+    ["--batch", "1", "--heads", "32", "--kv-heads", "8", "--seq", "1", "--seq-k", "4097", "--dim",
+     "64", "--dist", "peaky", "--check", "all"],
+]
+DECODE_BENCH = ["--batch", "1", "--heads", "32", "--kv-heads", "8", "--seq", "1", "--seq-k",
+                "32768", "--dim", "128", "--layout", "bnhd", "--bench", "--check", "0", "--csv",
+                "--budget", "20"]
 SMOKE_TIMEOUT, SELF_TEST_TIMEOUT, BENCH_TIMEOUT = 60, 600, 300
 
 
@@ -97,6 +109,16 @@ def no_gpu_arch(sdir):
         if m:
             return m.group(1)
     return NO_GPU_ARCH
+
+
+def grade_cases(sdir):
+    """The quick cases and the timed shape of a stage's grade: (SMOKE, BENCH), or a decode stage's
+    (its stage.mk's <stage>_LAB_CASES := decode, one `:=` line as _LAB_ARCH)."""
+    mk = sdir / "stage.mk"
+    if mk.exists() and re.search(rf"^{re.escape(sdir.name)}_LAB_CASES\s*:?=\s*decode\s*$",
+                                 mk.read_text(), re.MULTILINE):
+        return DECODE_SMOKE, DECODE_BENCH
+    return SMOKE, BENCH
 
 
 class LabError(Exception):
@@ -418,10 +440,10 @@ def first_failure(rc, out, err, timeout):
     return f"exit {rc}: {last[0]}"
 
 
-def grade_program(prog, smem_limit, quick=False):
+def grade_program(prog, smem_limit, quick=False, smoke=SMOKE):
     """Runs the quick cases, then (unless quick) the self-test. Returns (passed, one line)."""
     extra = ["--smem-limit", smem_limit] if smem_limit else []
-    for case in SMOKE:
+    for case in smoke:
         rc, out, err = run([str(prog)] + case + extra, SMOKE_TIMEOUT)
         if rc == EXIT_UNSUPPORTED:
             return False, "unsupported here: " + (err.strip().splitlines() or ["?"])[-1]
@@ -429,7 +451,7 @@ def grade_program(prog, smem_limit, quick=False):
         if why:
             return False, why
     if quick:
-        return True, f"the {len(SMOKE)} quick cases pass (no self-test: a quick grade)"
+        return True, f"the {len(smoke)} quick cases pass (no self-test: a quick grade)"
     rc, out, err = run([str(prog), "--self-test"] + extra, SELF_TEST_TIMEOUT)
     counts = re.findall(r"^(\d+) passed, (\d+) failed$", out, re.M)
     why = first_failure(rc, out, err, SELF_TEST_TIMEOUT)
@@ -439,8 +461,8 @@ def grade_program(prog, smem_limit, quick=False):
     return True, total
 
 
-def bench_ms(prog):
-    rc, out, err = run([str(prog)] + BENCH, BENCH_TIMEOUT)
+def bench_ms(prog, bench=BENCH):
+    rc, out, err = run([str(prog)] + bench, BENCH_TIMEOUT)
     rows = [ln.split(",") for ln in out.splitlines() if ln.count(",") > 10]
     if rc != 0 or len(rows) < 2:
         return None
@@ -607,7 +629,7 @@ def cmd_grade(args):
             return j["key"], (None, f"compiles (ARCH={j['arch']}); its code cannot run on this GPU: "
                                     f"not graded here", prog, took)
         t1 = time.time()
-        res = grade_program(prog, j["smem"], args.quick)
+        res = grade_program(prog, j["smem"], args.quick, grade_cases(sdir)[0])
         return j["key"], res + (prog, f"{took}, run {time.time() - t1:.0f} s")
 
     results = {}
@@ -655,10 +677,12 @@ def cmd_grade(args):
         if not results["stage"][0]:
             speed = "not timed: the stage's own code did not build (" + results["stage"][1] + ")"
         else:
-            mine_ms, ref_ms = bench_ms(results["yours"][2]), bench_ms(results["stage"][1])
+            bench = grade_cases(sdir)[1]
+            mine_ms = bench_ms(results["yours"][2], bench)
+            ref_ms = bench_ms(results["stage"][1], bench)
             if mine_ms and ref_ms:
                 speed = (f"{ref_ms / mine_ms:.2f} of the stage's own kernel's speed ({mine_ms:.3f} "
-                         f"ms vs {ref_ms:.3f} ms, {' '.join(BENCH[:8])})")
+                         f"ms vs {ref_ms:.3f} ms, {' '.join(bench[:8])})")
             else:
                 speed = "not timed: a timing run failed"
     print(f"  {'speed':<{width}} {speed}")
