@@ -214,13 +214,13 @@ wait "$queue_pid"
 for i in "${!tasks[@]}"; do
   case ${tasks[i]} in grade*) continue ;; esac
   IFS='|' read -r what yes no <<<"${tasks[i]}"
-  read -r rc took <"$tmp/rc.$i"
+  rc=-1 took=-1; read -r rc took <"$tmp/rc.$i" # -1: the task left no exit code
   if [ "$rc" = 0 ]; then ok "$what $yes"; else cp "$tmp/log.$i" "$tmp/out"; bad "$what $no"; fi
 done
 for i in "${!tasks[@]}"; do
   case ${tasks[i]} in "grade stage"*) ;; *) continue ;; esac
   s=${tasks[i]#grade } n=${s#stage}; n=${n%%_*}
-  read -r rc took <"$tmp/rc.$i"
+  rc=-1 took=-1; read -r rc took <"$tmp/rc.$i" # -1: the task left no exit code
   cp "$tmp/log.$i" "$tmp/out"
   a=$(no_gpu_arch "$s")
   # labs.py's one line, then make's own line for the failed recipe: "Error 3"
@@ -241,9 +241,9 @@ else
   bad "labs.py grade with no GPU: exit $rc, want $ATTN_EXIT_UNSUPPORTED (ATTN_EXIT_UNSUPPORTED)"
 fi
 for i in "${!tasks[@]}"; do [ "${tasks[i]}" = "grade error" ] && break; done
-read -r rc took <"$tmp/rc.$i"
+rc=-1 took=-1; read -r rc took <"$tmp/rc.$i"
 cp "$tmp/log.$i" "$tmp/out"
-if [ "$rc" -ne 0 ] && grep -q "does not compile" "$tmp/out" && grep -qE 'attention\.cu\([0-9]+\): error: identifier "l_missing"' "$tmp/out"; then
+if [ "$rc" -gt 0 ] && grep -q "does not compile" "$tmp/out" && grep -qE 'attention\.cu\([0-9]+\): error: identifier "l_missing"' "$tmp/out"; then
   ok "make grade on a lab that does not compile: fails and names the line"
 else
   bad "make grade on a lab with a compile error (exit $rc) should fail and name the line"
