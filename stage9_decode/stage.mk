@@ -7,3 +7,5 @@ stage9_decode_LAB_CASES := decode
 stage9_decode_PROFILE_ARGS := --seq 1 --seq-k 32768 --heads 32 --kv-heads 8 --dim 128 --layout bnhd --check 0 --bench
 stage9_decode_PROFILE_SECTIONS := SpeedOfLight MemoryWorkloadAnalysis Occupancy WarpStateStats
 stage9_decode_PROFILE_KERNELS := regex:decode_kernel
+# `make diff STAGE=9` shows decode against stage 5, whose fragments, swizzle and online softmax it keeps.
+stage9_decode_DIFF_BASE := stage5_tuned
