@@ -83,8 +83,8 @@ typedef struct {
     attn_layout k_new, v_new;  /* their strides; all zero: contiguous */
 } attn_cache;
 
-#define ATTN_MAX_DECODE_N 16     /* queries per sequence a decode call takes */
-#define ATTN_MAX_PAGE_SIZE 1024  /* keys per page */
+#define ATTN_MAX_DECODE_N 16    /* queries per sequence a decode call takes */
+#define ATTN_MAX_PAGE_SIZE 1024 /* keys per page */
 
 /* The keys sequence b of a cache can hold: N_max, or max_pages * page_size. */
 static inline long long attn_cache_capacity(const attn_shape *s, const attn_cache *c) {
@@ -102,7 +102,8 @@ static inline const char *attn_cache_refused(const attn_shape *s, const attn_cac
         if (c->page_size < 1 || c->page_size > ATTN_MAX_PAGE_SIZE ||
             (c->page_size & (c->page_size - 1)))
             return "page size must be a power of two from 1 to 1024";
-        if (c->num_pages < 1 || c->max_pages < 1) return "a paged cache needs pages and a block table";
+        if (c->num_pages < 1 || c->max_pages < 1)
+            return "a paged cache needs pages and a block table";
         if ((long long)c->max_pages * c->page_size < s->N_k)
             return "the block table's pages hold fewer keys than the plan's N_k";
     }

@@ -62,11 +62,11 @@ else
 fi
 
 # ---- 4. sanitize and profile: the stage number first, then the GPU, then the tool
-mk profile STAGE=9 GPU_NAME=
-if [ "$rc" -eq 2 ] && [ "$(lines)" -eq 1 ] && has "STAGE=9 is not a stage number" && ! has ncu && ! has GPU; then
-  ok "make profile STAGE=9: names the stage number, nothing else"
+mk profile STAGE=99 GPU_NAME=
+if [ "$rc" -eq 2 ] && [ "$(lines)" -eq 1 ] && has "STAGE=99 is not a stage number" && ! has ncu && ! has GPU; then
+  ok "make profile STAGE=99: names the stage number, nothing else"
 else
-  bad "make profile STAGE=9 (exit $rc): want one line about the stage number"
+  bad "make profile STAGE=99 (exit $rc): want one line about the stage number"
 fi
 mk profile GPU_NAME=
 if [ "$rc" -eq 2 ] && [ "$(lines)" -eq 1 ] && has "which stage?"; then ok "make profile without STAGE: asks which"; else bad "make profile without STAGE (exit $rc)"; fi
