@@ -99,6 +99,15 @@ __device__ __forceinline__ uint32_t v_lane_offset(int lane) {
     return tile_offset<D>(lane % X4_DIM, lane / X4_DIM);
 }
 
+// sm_75 code (T4) states one block per SM as the launch bound: without it ptxas 12.4 holds the
+// D = 64 fp16 kernel to 96 registers and spills. Newer targets state none (their kernels, measured
+// as they are, use what they need).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define DECODE_LAUNCH_BOUNDS __launch_bounds__(THREADS, 1)
+#else
+#define DECODE_LAUNCH_BOUNDS __launch_bounds__(THREADS)
+#endif
+
 // One 16-byte chunk global -> shared: cp.async on sm_80+ (zero-filled when !valid), through a
 // register on sm_75 (there the copy is done when the call returns).
 __device__ __forceinline__ void copy_chunk(uint32_t dst, const elem *src, bool valid) {
@@ -516,7 +525,7 @@ __device__ __forceinline__ void store_rows(const decode_params &p, int b, int h0
 // it), row group blockIdx.z (of row_warps m16 tiles). The loop's schedule: the ring holds
 // `stages` K/V tiles; tile j + stages - 1 is issued as tile j is computed.
 template <int D, bool BF16, bool PAGED>
-__global__ void __launch_bounds__(THREADS) decode_kernel(const decode_params p) {
+__global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr uint32_t TILE_BYTES = KT * D * HALF_BYTES;
     constexpr uint32_t STAGE_BYTES = 2 * TILE_BYTES;  // K, then V
