@@ -21,6 +21,8 @@ STAGES    := $(sort $(patsubst %/attention.cu,%,$(wildcard stage[0-9]*/attention
 # here, so adding a stage takes its folder and the README's ladder row, nothing else):
 #   <stage>_GENCODE  its targets, when they are not the build's (stages 6 and 8: $(sm90a_gencode),
 #                    sm_90a for sm_90, mk/detect.mk)
+#   <stage>_ARCH_LEVELS  the compute capabilities at which its code changes that the fat build
+#                    cannot read from its #if __CUDA_ARCH__ lines (mk/fat_gencode.awk; stage 7: 90)
 #   <stage>_LIBS     libraries its program and its library link (stage 0: cuBLAS)
 #   <stage>_FORWARD  the stage whose forward pass it links (stage 7: stage 5's): that stage's
 #                    attention.cu compiled a second time as obj/stage<n>_forward.o, its descriptor
@@ -84,10 +86,14 @@ $(BUILD)/obj/main.o: CFLAGS += -DATTN_BACKWARD_STAGES='"$(or $(BACKWARD_STAGES),
 $(BUILD)/obj/main.o: $(wildcard stage[0-9]*/stage.mk)
 
 # The -Xptxas -v report (registers, shared memory, stack frame, spills) is kept beside the object.
-$(BUILD)/obj/%.o: %/attention.cu common/attention.h $(BUILD)/flags.txt
+# The fat build compiles a stage's PTX once per level at which its code can change, not once per
+# target (mk/fat_gencode.awk); any other build, for $(GENCODE).
+stage_gencode = $(if $(strip $(ARCH)),$(GENCODE),$(shell awk -v targets='$(FAT_ARCHS)' \
+                  -v levels='$($(1)_ARCH_LEVELS)' -f mk/fat_gencode.awk $(2)/*.cu $(wildcard $(2)/*.cuh) $(DEVICE_HEADERS)))
+$(BUILD)/obj/%.o: %/attention.cu common/attention.h $(BUILD)/flags.txt mk/fat_gencode.awk
 	@mkdir -p $(@D) $(BUILD)/ptxas
 	@echo "$(NVCC) -c $< [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $@"
-	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC $(or $($*_GENCODE),$(GENCODE)) -c $< -o $@ 2> $(BUILD)/ptxas/$*.txt || { cat $(BUILD)/ptxas/$*.txt; exit 1; }
+	@$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC $(or $($*_GENCODE),$(call stage_gencode,$*,$(<D))) -c $< -o $@ 2> $(BUILD)/ptxas/$*.txt || { cat $(BUILD)/ptxas/$*.txt; exit 1; }
 
 $(BUILD)/stage%: $(BUILD)/obj/stage%.o $(COMMON_OBJ)
 	$(NVCC) -o $@ $^ $(LDLIBS) $($(notdir $@)_LIBS)

@@ -8,3 +8,6 @@ stage7_backward_DIFF_BASE := stage5_tuned
 # share and the warp stalls (exercise 7: which stall reason shrinks with VARIANT=atomics).
 stage7_backward_PROFILE_KERNELS := regex:backward
 stage7_backward_PROFILE_SECTIONS := SpeedOfLight ComputeWorkloadAnalysis WarpStateStats
+# Its kernels add dQ by bulk reductions from sm_90 on (config.cuh: dq_bulk(__CUDA_ARCH__ / 10),
+# DQ_BULK_ARCH): a level of the fat build's PTX that mk/fat_gencode.awk cannot read.
+stage7_backward_ARCH_LEVELS := 90
