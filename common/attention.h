@@ -12,7 +12,11 @@
  *                                  the row attends to; a row that attends to no key: O = 0 and
  *                                  LSE = -inf
  * Causal means query i attends to keys j <= i + N_k - N (aligned to the bottom right, as
- * FlashAttention 2.1 and later: with N_k = N, keys j <= i).
+ * FlashAttention 2.1 and later: with N_k = N, keys j <= i). A local (sliding) window bounds the
+ * keys on both sides, as flash-attn's window_size = (left, right): query i attends to keys
+ * i + N_k - N - left <= j <= i + N_k - N + right (attn_key_range). A softcap c > 0 turns each
+ * scaled score s = scale * q_i . k_j into c * tanh(s / c) before the softmax (LSE and m are then
+ * of the capped scores).
  *
  * The plain case is what every stage takes: its storage type, H_kv = H, N_k = N, contiguous
  * tensors. What models feed beyond it (bf16, grouped-query heads, strided views, queries shorter
@@ -48,6 +52,12 @@ typedef struct {
     int bf16; /* 1: storage is bfloat16 (a stage whose type is IEEE half) */
     attn_layout q, k, v, o;     /* the forward's tensors (O: any layout, often q's) */
     attn_layout dO, dQ, dK, dV; /* the backward's (dQ, dK, dV: often q's, k's, v's) */
+    /* Local attention: with `local`, query i sees keys i + N_k - N - window_left ..
+     * i + N_k - N + window_right, a negative bound being unbounded on its side (flash-attn's
+     * window_size; causal makes window_right 0). attn_shape_complete writes every window in one
+     * form: causal for (-1, 0), the plain case for (-1, -1) or bounds past the keys. */
+    int local, window_left, window_right;
+    float softcap; /* > 0: scores s become softcap * tanh(s / softcap) (s = scale * q . k) */
 } attn_shape;
 
 /* What a stage takes beyond the plain case (its descriptor's `takes`, a set of these). */
@@ -55,7 +65,9 @@ enum {
     ATTN_TAKES_BF16 = 1,    /* bf16 storage (an fp16 stage) */
     ATTN_TAKES_GQA = 2,     /* H_kv < H */
     ATTN_TAKES_STRIDES = 4, /* non-contiguous layouts */
-    ATTN_TAKES_N_K = 8      /* N_k != N */
+    ATTN_TAKES_N_K = 8,     /* N_k != N */
+    ATTN_TAKES_LOCAL = 16,  /* a local window (local = 1) */
+    ATTN_TAKES_SOFTCAP = 32 /* softcap > 0 */
 };
 
 /* A KV cache (decode, stage 9), as flash-attn's flash_attn_with_kvcache takes it: B sequences, each
@@ -174,11 +186,24 @@ static inline int attn_layout_unset(const attn_layout *l) {
     return l->batch == 0 && l->head == 0 && l->row == 0;
 }
 
-/* Fills in what the shape leaves zero: H_kv = H, N_k = N, contiguous layouts. Every caller of a
- * stage completes its shape first (the program and the library do); a stage reads it whole. */
+/* Fills in what the shape leaves zero: H_kv = H, N_k = N, contiguous layouts; and writes a
+ * window in its one form (flash-attn's rules): causal makes window_right 0; a bound at or past
+ * the keys (window_left >= N_k, window_right >= N_k) is unbounded (-1); a window unbounded on
+ * the left and 0 on the right is causal (local = 0, causal = 1); one unbounded on both sides is
+ * no window (local = 0). Every caller of a stage completes its shape first (the program and the
+ * library do); a stage reads it whole. */
 static inline void attn_shape_complete(attn_shape *s) {
     if (s->H_kv == 0) s->H_kv = s->H;
     if (s->N_k == 0) s->N_k = s->N;
+    if (s->local) {
+        if (s->causal) s->window_right = 0;
+        if (s->window_left < 0 || s->window_left >= s->N_k) s->window_left = -1;
+        if (s->window_right < 0 || s->window_right >= s->N_k) s->window_right = -1;
+        if (s->window_left < 0 && s->window_right == 0) s->local = 0, s->causal = 1;
+        if (s->window_left < 0 && s->window_right < 0) s->local = 0;
+    }
+    if (!s->local) s->window_left = s->window_right = -1;
+    if (!(s->softcap > 0.f)) s->softcap = 0.f;
     attn_layout *qs[] = {&s->q, &s->o, &s->dO, &s->dQ}, *ks[] = {&s->k, &s->v, &s->dK, &s->dV};
     for (int t = 0; t < 4; t++) {
         if (attn_layout_unset(qs[t])) *qs[t] = attn_contiguous(s->H, s->N, s->D);
@@ -196,7 +221,8 @@ static inline unsigned attn_shape_asks(const attn_shape *s, int backward) {
     const attn_layout qc = attn_contiguous(s->H, s->N, s->D),
                       kc = attn_contiguous(s->H_kv, s->N_k, s->D);
     unsigned a = (s->bf16 ? ATTN_TAKES_BF16 : 0) | (s->H_kv != s->H ? ATTN_TAKES_GQA : 0) |
-                 (s->N_k != s->N ? ATTN_TAKES_N_K : 0);
+                 (s->N_k != s->N ? ATTN_TAKES_N_K : 0) | (s->local ? ATTN_TAKES_LOCAL : 0) |
+                 (s->softcap > 0.f ? ATTN_TAKES_SOFTCAP : 0);
     if (!attn_layout_is(&s->q, qc) || !attn_layout_is(&s->k, kc) || !attn_layout_is(&s->v, kc) ||
         !attn_layout_is(&s->o, qc))
         a |= ATTN_TAKES_STRIDES;
@@ -229,7 +255,23 @@ static inline const char *attn_shape_refused(const attn_shape *s, unsigned takes
     if (missing & ATTN_TAKES_GQA) return "fewer key/value heads than query heads (GQA, MQA)";
     if (missing & ATTN_TAKES_N_K) return "a number of keys other than of queries (N_k != N)";
     if (missing & ATTN_TAKES_STRIDES) return "strided tensors (this stage takes contiguous ones)";
+    if (missing & ATTN_TAKES_LOCAL) return "a local window (window_size; stages 5-8 take it)";
+    if (missing & ATTN_TAKES_SOFTCAP) return "a softcap (stages 5-8 take it)";
     return NULL;
+}
+
+/* The keys query row i (0 .. N - 1) of a complete shape attends to: lo .. hi, inclusive, clipped
+ * to 0 .. N_k - 1 (lo > hi: none). The one home of the mask: the checker's reference and the
+ * tests read it; a kernel applies the same bounds per tile. */
+static inline void attn_key_range(const attn_shape *s, long long i, long long *lo, long long *hi) {
+    const long long diagonal = i + s->N_k - s->N; /* query i as a key index */
+    long long l = 0, h = s->N_k - 1;
+    if (s->causal && diagonal < h) h = diagonal;
+    if (s->local && s->window_right >= 0 && diagonal + s->window_right < h)
+        h = diagonal + s->window_right;
+    if (s->local && s->window_left >= 0 && diagonal - s->window_left > l)
+        l = diagonal - s->window_left;
+    *lo = l, *hi = h;
 }
 
 /* The one reader of a stage's `variants` list ("default,nopad"): the program and the library
