@@ -163,7 +163,8 @@ typedef struct {
     tile_config tiles;  // value
     kernel_entry *kernel;
     size_t smem;
-    int splits, split_tiles, causal_skip;
+    int splits, split_tiles;
+    bool skip;  // key tiles outside the causal diagonal or the window are skipped (not noskip)
     int model;  // the shape asks more than the plain case (attn_shape_asks): MODEL kernels
 } fwd_plan;
 
@@ -204,10 +205,10 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     per_sm = fit < per_sm ? (fit > 0 ? fit : 1) : per_sm;
 
     plan->tiles = c, plan->smem = smem;
-    plan->causal_skip = s->causal && variant != VARIANT_NOSKIP;
+    plan->skip = variant != VARIANT_NOSKIP;
     plan->split_tiles = ceil_div(s->N_k, c.BC), plan->splits = 1;
     if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
-        plan->splits = choose_splits(s, c.BR, c.BC, plan->causal_skip, dev->sm_count * per_sm,
+        plan->splits = choose_splits(s, c.BR, c.BC, key_rule_of(s, plan->skip), dev->sm_count * per_sm,
                                      SPLIT_OVERHEAD_TILES, &plan->split_tiles);
     }
     // Lazy rescaling pays from LAZY_MIN_N keys per block on (eager_rescale: never).

@@ -47,7 +47,7 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     const int BC = p.config.key_tile;
     p.splits = 1, p.split_tiles = ceil_div(s->N_k, BC);
     if (variant != VARIANT_NOSPLIT && dev->sm_count > 0)
-        p.splits = choose_splits(s, BR, BC, s->causal, dev->sm_count, SPLIT_OVERHEAD_TILES,
+        p.splits = choose_splits(s, BR, BC, key_rule_of(s, true), dev->sm_count, SPLIT_OVERHEAD_TILES,
                                  &p.split_tiles);
     pthread_mutex_lock(&lock);
     last = p;
@@ -154,8 +154,9 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
 
     // Merge the key ranges (stage 5's merge; causal query tiles have fewer ranges).
     const combine_params cp = {pb.O_part, pb.lse_part, a->O,      a->lse,         pb.rows,   s->N,
-                               BR,        BC,          pb.splits, pb.split_tiles, s->causal, s->N_k,
-                               s->H,      s->o.batch,  s->o.head, (int)s->o.row};
+                               BR,        BC,          pb.splits, pb.split_tiles,
+                               key_rule_of(s, true),   s->H,      s->o.batch,     s->o.head,
+                               (int)s->o.row};
     const unsigned merge_blocks = (unsigned)ceil_div(pb.rows, combine_rows_per_block<D>());
     const cudaLaunchConfig_t merge = launch_config(merge_blocks, COMBINE_THREADS, 0, a, &attr);
     void (*const merge_kernel)(const combine_params) =

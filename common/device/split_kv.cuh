@@ -44,6 +44,48 @@ __host__ __device__ __forceinline__ int query_tile_key_tiles_nk(int q0, int BR, 
     return (query_tile_key_end_nk(q0, BR, N, N_k, causal_skip) + BC - 1) / BC;
 }
 
+// Every rule above in one, local windows too: which keys a query tile's rows see, as the kernels
+// skip tiles (attention.h's attn_key_range over a tile's rows). Query row i sits on key
+// i + N_k - N (its diagonal) and sees `left` keys before it and `right` after it, -1 unbounded:
+// causal is (-1, 0), no mask (-1, -1). A kernel that skips no tile (stage 5's noskip) takes
+// (-1, -1) and masks every tile.
+typedef struct key_rule {
+    int N, N_k;       // queries, keys
+    int left, right;  // keys a row sees before and after its diagonal; -1: every one
+} key_rule;
+
+// The rule of a complete shape: its window (attn_shape_complete wrote it in one form), causal,
+// or none; skip = false: every key tile (masked).
+static inline key_rule key_rule_of(const attn_shape *s, bool skip) {
+    key_rule r = {s->N, s->N_k, -1, -1};
+    if (skip) {
+        r.left = s->local ? s->window_left : -1;
+        r.right = s->causal ? 0 : s->local ? s->window_right : -1;
+    }
+    return r;
+}
+
+// The first key tile (of BC keys) that the rows q0 .. q0 + BR - 1 see: the first row's diagonal
+// minus `left`, rounded down to a tile (0 when unbounded).
+__host__ __device__ __forceinline__ int query_tile_first_key_tile(const key_rule &r, int q0,
+                                                                  int BC) {
+    return r.left < 0 ? 0 : max(0, q0 + (r.N_k - r.N) - r.left) / BC;
+}
+
+// The end of the keys they see (exclusive, 0 .. N_k): past the last real row's diagonal plus
+// `right` (N_k when unbounded).
+__host__ __device__ __forceinline__ int query_tile_key_end(const key_rule &r, int q0, int BR) {
+    if (r.right < 0) return r.N_k;
+    const long long end = (long long)min(q0 + BR, r.N) + (r.N_k - r.N) + r.right;
+    return (int)max(0ll, min(end, (long long)r.N_k));
+}
+
+// How many key tiles they see from the first (0: none; a row may still see none within them).
+__host__ __device__ __forceinline__ int query_tile_key_tile_count(const key_rule &r, int q0, int BR,
+                                                                  int BC) {
+    return max(0, (query_tile_key_end(r, q0, BR) + BC - 1) / BC - query_tile_first_key_tile(r, q0, BC));
+}
+
 /* ---- the merge ------------------------------------------------------------------------------- */
 
 // Merges the key ranges of split-KV, one row at a time (FA2's combine). Range s of a row
@@ -64,8 +106,9 @@ typedef struct combine_params {
     float *lse;             // [B, H, N]
     long long rows;         // B * H * N
     int N, BR, BC;          // shape and the attention kernel's tiles
-    int splits, split_tiles, causal_skip;
-    int N_k, H;                 // keys (causal: query i sees keys <= i + N_k - N), query heads
+    int splits, split_tiles;
+    key_rule keys;              // the key tiles each query tile has (their ranges: how many)
+    int H;                      // query heads
     long long o_batch, o_head;  // O's strides in elements (attention.h's attn_layout)
     int o_row;
 } combine_params;
@@ -85,10 +128,10 @@ __host__ __device__ constexpr int combine_rows_per_block() {
 template <int D, bool BF16 = false>
 __device__ __forceinline__ void combine_row(const combine_params &p, long long row, int lane) {
     constexpr int UNROLL = 8;  // ranges in flight at once: their loads are independent
-    int ranges = p.splits;     // causal: as many as this row's query tile was given
-    if (p.causal_skip) {
+    int ranges = p.splits;     // causal, local: as many as this row's query tile was given
+    if (p.keys.left >= 0 || p.keys.right >= 0) {
         const int q0 = (int)(row % p.N) / p.BR * p.BR;
-        const int tiles = query_tile_key_tiles_nk(q0, p.BR, p.BC, p.N, p.N_k, true);
+        const int tiles = query_tile_key_tile_count(p.keys, q0, p.BR, p.BC);
         ranges = (tiles + p.split_tiles - 1) / p.split_tiles;
     }
     const float *lse_s = p.lse_part + row;  // lse_s[s * rows]: range s (same for the row's lanes)
@@ -172,15 +215,15 @@ constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves a
 // order (heads, then query tiles, heaviest first if causal, then ranges), each to the slot
 // that frees first (a binary min-heap of the slots' finish times).
 [[maybe_unused]] static double split_efficiency(const attn_shape *s, int BR, int BC,
-                                                bool causal_skip, int slots, double overhead,
+                                                const key_rule &keys, int slots, double overhead,
                                                 int per, double *heap) {
     const int q_tiles = ceil_div(s->N, BR);
     double work = 0.;
     for (int i = 0; i < slots; ++i) heap[i] = 0.;
     for (int bh = 0; bh < s->B * s->H; ++bh) {
         for (int qi = 0; qi < q_tiles; ++qi) {
-            const int q = causal_skip ? q_tiles - 1 - qi : qi;  // the kernel's order
-            const int tiles = query_tile_key_tiles_nk(q * BR, BR, BC, s->N, s->N_k, causal_skip);
+            const int q = keys.right >= 0 ? q_tiles - 1 - qi : qi;  // the kernel's order
+            const int tiles = query_tile_key_tile_count(keys, q * BR, BR, BC);
             for (int k = 0; k < tiles; k += per) {
                 const int t = tiles - k < per ? tiles - k : per;
                 work += t;
@@ -202,12 +245,19 @@ constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves a
 }
 
 // Key ranges per query tile (1: no split) and key tiles per range.
-[[maybe_unused]] static int choose_splits(const attn_shape *s, int BR, int BC, bool causal_skip,
-                                          int slots, double overhead, int *split_tiles) {
-    const int T = ceil_div(s->N_k, BC);
+[[maybe_unused]] static int choose_splits(const attn_shape *s, int BR, int BC,
+                                          const key_rule &keys, int slots, double overhead,
+                                          int *split_tiles) {
     const long long blocks = (long long)s->B * s->H * ceil_div(s->N, BR);
-    *split_tiles = T;
-    if (blocks >= (long long)FULL_WAVES * slots || T < 2) return 1;
+    *split_tiles = ceil_div(s->N_k, BC);
+    if (blocks >= (long long)FULL_WAVES * slots) return 1;
+    int T = 0;  // the most key tiles a query tile has (a window: fewer than N_k's)
+    for (int q0 = 0; q0 < s->N; q0 += BR) {
+        const int t = query_tile_key_tile_count(keys, q0, BR, BC);
+        T = t > T ? t : T;
+    }
+    *split_tiles = T > 0 ? T : 1;
+    if (T < 2) return 1;
     double *heap = (double *)malloc(sizeof(double) * slots);
     if (!heap) return 1;
     double eff[MAX_SPLITS + 1] = {0.}, best = 0.;
@@ -217,7 +267,7 @@ constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves a
         // "eligible" splits) and stop past MAX_SIMULATED_WAVES waves of blocks.
         if (n > 1 && ceil_div(T, n) == ceil_div(T, n - 1)) continue;
         if (n > 1 && blocks * n > (long long)MAX_SIMULATED_WAVES * slots) break;
-        eff[n] = split_efficiency(s, BR, BC, causal_skip, slots, overhead, ceil_div(T, n), heap);
+        eff[n] = split_efficiency(s, BR, BC, keys, slots, overhead, ceil_div(T, n), heap);
         best = eff[n] > best ? eff[n] : best;
     }
     free(heap);

@@ -112,6 +112,17 @@ __device__ __forceinline__ uint32_t pack2_of(float lo, float hi) {
     }
 }
 
+/* ---- softcap ----------------------------------------------------------------------------------- */
+
+// tanh(x) by the special-function unit (MUFU.TANH, sm_75 on): one instruction, an absolute error
+// about 2^-11 (an fp16 result's precision; the checker's 16-bit reference rounds the cap's tanh
+// to fp16 to match). A softcap c turns a scaled score s into c * tanh(s / c) (attention.h).
+__device__ __forceinline__ float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* ---- programmatic dependent launch (PDL) ----------------------------------------------------- */
 
 // A kernel launched with programmatic stream serialization (cudaLaunchKernelEx with
