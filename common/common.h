@@ -52,20 +52,21 @@ typedef struct {
     int B, H, N, D, causal;
     double scale;
     int H_kv, N_k; /* key/value heads and keys; 0: H and N */
+    /* a local window and a softcap, as a complete attn_shape has them (zero: none) */
+    int local, window_left, window_right;
+    double softcap;
 } ref_shape;
 
-/* H_kv and N_k of a ref_shape, zero meaning H and N; the group size H / H_kv; the keys query
- * row i attends to, [0, ref_keys): every key, or causal up to i + N_k - N (0: none). */
+/* H_kv and N_k of a ref_shape, zero meaning H and N; the group size H / H_kv. */
 static inline long long ref_kv_heads(const ref_shape *s) {
     return s->H_kv ? s->H_kv : s->H;
 }
 static inline long long ref_n_k(const ref_shape *s) {
     return s->N_k ? s->N_k : s->N;
 }
-static inline long long ref_keys(const ref_shape *s, long long i) {
-    const long long N_k = ref_n_k(s), last = i + N_k - s->N;
-    return !s->causal ? N_k : last < 0 ? 0 : last + 1 < N_k ? last + 1 : N_k;
-}
+/* The keys query row i attends to, lo .. hi inclusive (lo > hi: none): attention.h's
+ * attn_key_range, the one home of the mask (causal, local windows), on this shape. */
+void ref_key_range(const ref_shape *s, long long i, long long *lo, long long *hi);
 /* The [B * H_kv, N_k] key/value row index of key j for query head bh (= b * H + h). */
 static inline long long ref_kv_row(const ref_shape *s, long long bh, long long j) {
     const long long H = s->H, group = H / ref_kv_heads(s);
@@ -73,11 +74,12 @@ static inline long long ref_kv_row(const ref_shape *s, long long bh, long long j
 }
 
 /* One output row (b*H + h, query i) from float inputs laid out [B, H, N, D] (Q) and
- * [B, H_kv, N_k, D] (K, V). o_exact[D] and lse: float64 softmax(scale q K^T) V; a row that
- * attends to no key gets O = 0 and lse = -inf.
+ * [B, H_kv, N_k, D] (K, V), over the keys ref_key_range gives it. o_exact[D] and lse: float64
+ * softmax(scores) V, a score being s = scale q.k, or softcap * tanh(s / softcap) with a softcap;
+ * a row that attends to no key gets O = 0 and lse = -inf.
  * o_16[D] (may be NULL): the same with P rounded to the storage type before PV and O rounded to
- * it, that is, what a correct 16-bit kernel computes (normalised by the fp32-exact row sum).
- * scratch holds N_k doubles. */
+ * it, and a softcap's tanh(s / softcap) rounded to fp16, that is, what a correct 16-bit kernel
+ * computes (normalised by its own row sum, unrounded). scratch holds N_k doubles. */
 void ref_row(const ref_shape *s, store_type st, const float *Q, const float *K, const float *V,
              long long bh, long long i, double *o_exact, double *o_16, double *lse,
              double *scratch);
@@ -124,9 +126,11 @@ typedef struct {
  * stored inputs Q, K, V, dO and the forward's stored O and lse (checked by check_output first): D_i
  * = dO_i . O_i, P_ij = exp(scale q_i.k_j - lse_i), dS_ij = P_ij (dO_i.v_j - D_i); dQ_i = scale
  * sum_j dS_ij k_j, dK_j = scale sum_i dS_ij q_i, dV_j = sum_i P_ij dO_i, in float64, over every key
- * of a query row and every query of a key row. The 16-bit reference rounds P (for dV) and dS (for
- * dQ, dK) to the storage type, and the results, as a correct 16-bit kernel does. Pass rule per
- * gradient: max_abs_err <= 2 f16_err + CHECK_F16_FLOOR (1 + max|g_ref|). */
+ * of a query row and every query of a key row (ref_key_range's). With a softcap c: t_ij =
+ * tanh(scale q_i.k_j / c), P_ij = exp(c t_ij - lse_i), dS_ij = P_ij (dO_i.v_j - D_i) (1 - t_ij^2).
+ * The 16-bit reference rounds P (for dV) and dS (for dQ, dK) to the storage type, a softcap's t to
+ * fp16, and the results, as a correct 16-bit kernel does. Pass rule per gradient: max_abs_err <=
+ * 2 f16_err + CHECK_F16_FLOOR (1 + max|g_ref|). */
 void check_gradients(const ref_shape *s, store_type st, const float *Q, const float *K,
                      const float *V, const float *dO, const float *O, const float *lse,
                      const float *dQ, const float *dK, const float *dV, const long long *qrows,

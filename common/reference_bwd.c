@@ -8,6 +8,11 @@
  * column j of P and dS (every query), so every query's lse_i and D_i: lse is the forward's (already
  * checked against its own reference) and D_i = dO_i . O_i is computed here from the stored O, both
  * O(N D) per head. 64 rows at N = 262,144 cost a few seconds.
+ *
+ * A query row takes the keys lo .. hi of attn_key_range (ref_key_range), a key row the queries
+ * whose range holds it: a row with no key contributes nothing. With a softcap c, a score s =
+ * scale q.k is capped to c t, t = tanh(s / c): P = exp(c t - lse) and dS = P (dP - D_i) (1 - t^2),
+ * the cap's derivative; the 16-bit computation takes t rounded to fp16, as the forward's does.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -21,16 +26,24 @@ static double dot(const float *a, const float *b, long long D) {
     return s;
 }
 
-/* One entry of P and dS: query i, key j of head bh (rows already offset to the head). */
+/* One entry of P and dS: query i, key j of head bh (rows already offset to the head); and the
+ * same with a softcap's tanh rounded to fp16 (P16, dS16: before the storage type's rounding). */
 typedef struct {
-    double P, dS;
+    double P, dS, P16, dS16;
 } prob_grad;
 
 static prob_grad entry(const ref_shape *s, const float *q, const float *k, const float *v,
                        const float *dout, double lse, double Di) {
     prob_grad e;
-    e.P = exp(s->scale * dot(q, k, s->D) - lse);
-    e.dS = e.P * (dot(dout, v, s->D) - Di);
+    const double score = s->scale * dot(q, k, s->D), dP = dot(dout, v, s->D) - Di;
+    if (s->softcap > 0) {
+        const double c = s->softcap, t = tanh(score / c), t16 = (double)round_f16((float)t);
+        e.P = exp(c * t - lse), e.P16 = exp(c * t16 - lse);
+        e.dS = e.P * dP * (1.0 - t * t), e.dS16 = e.P16 * dP * (1.0 - t16 * t16);
+    } else {
+        e.P = e.P16 = exp(score - lse);
+        e.dS = e.dS16 = e.P * dP;
+    }
     return e;
 }
 
@@ -67,7 +80,7 @@ static void add_pair(const ref_shape *s, store_type st, const float *Q, const fl
     const long long D = s->D;
     const prob_grad e =
         entry(s, Q + qrow * D, K + krow * D, V + krow * D, dO + qrow * D, lse[qrow], Dsum[qrow]);
-    const double dS16 = round_store((float)e.dS, st), P16 = round_store((float)e.P, st);
+    const double dS16 = round_store((float)e.dS16, st), P16 = round_store((float)e.P16, st);
     /* query row: dQ_i += dS k_j; key row: dK_j += dS q_i, dV_j += P dO_i */
     const float *src = is_query ? K + krow * D : Q + qrow * D;
     const float *dout = dO + qrow * D;
@@ -86,17 +99,22 @@ static void reference_row(const ref_shape *s, store_type st, const float *Q, con
                           long long row, int is_query, double *ge, double *gf, double *ve,
                           double *vf) {
     const long long N = s->N, D = s->D, H = s->H, N_k = ref_n_k(s), H_kv = ref_kv_heads(s);
-    if (is_query) { /* keys 0 .. ref_keys - 1 */
+    if (is_query) { /* keys lo .. hi */
         const long long bh = row / N, i = row % N;
-        for (long long j = 0; j < ref_keys(s, i); j++)
+        long long lo, hi;
+        ref_key_range(s, i, &lo, &hi);
+        for (long long j = lo; j <= hi; j++)
             add_pair(s, st, Q, K, V, dO, lse, Dsum, row, ref_kv_row(s, bh, j), 1, ge, gf, ve, vf);
-    } else { /* every query of every head of the group that sees key j */
+    } else { /* every query of every head of the group whose range holds key j */
         const long long bk = row / N_k, j = row % N_k, b = bk / H_kv, group = H / H_kv;
-        const long long first = s->causal ? j - (N_k - N) : 0; /* causal: i + N_k - N >= j */
-        for (long long h = bk % H_kv * group; h < (bk % H_kv + 1) * group; h++)
-            for (long long i = first < 0 ? 0 : first; i < N; i++)
+        for (long long i = 0; i < N; i++) {
+            long long lo, hi;
+            ref_key_range(s, i, &lo, &hi);
+            if (j < lo || j > hi) continue;
+            for (long long h = bk % H_kv * group; h < (bk % H_kv + 1) * group; h++)
                 add_pair(s, st, Q, K, V, dO, lse, Dsum, (b * H + h) * N + i, row, 0, ge, gf, ve,
                          vf);
+        }
     }
     for (long long d = 0; d < D; d++) {
         ge[d] *= s->scale;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "common.h"
 
 static int passed, failed;
@@ -67,7 +68,7 @@ static void test_generator(void) {
 
 static void test_reference_by_hand(void) {
     /* one query, two keys, D = 1: s = (0, 1), O = (e^-1 * 1 + 1 * 3) / (1 + e^-1) */
-    ref_shape s = {1, 1, 2, 1, 0, 1.0, 0, 0};
+    ref_shape s = {1, 1, 2, 1, 0, 1.0, 0, 0, 0, -1, -1, 0.0};
     float Q[2] = {1, 0}, K[2] = {0, 1}, V[2] = {1, 3};
     double o, o16, lse, scratch[2];
     ref_row(&s, STORE_F16, Q, K, V, 0, 0, &o, &o16, &lse, scratch);
@@ -85,7 +86,7 @@ static void test_reference_by_hand(void) {
 }
 
 static void test_causal_first_row(void) {
-    ref_shape s = {2, 3, 37, 64, 1, 0.125, 0, 0};
+    ref_shape s = {2, 3, 37, 64, 1, 0.125, 0, 0, 0, -1, -1, 0.0};
     size_t n = (size_t)2 * 3 * 37 * 64;
     float *Q = malloc(n * 4), *K = malloc(n * 4), *V = malloc(n * 4);
     fill_normal(Q, n, 3, 0, 8.0f), fill_normal(K, n, 3, 1, 1.0f), fill_normal(V, n, 3, 2, 1.0f);
@@ -115,6 +116,13 @@ static void test_bf16(void) {
            "fp16 keeps 10 bits, bf16 7");
 }
 
+/* How many keys query row i attends to (ref_key_range's lo .. hi). */
+static long long keys_of(const ref_shape *s, long long i) {
+    long long lo, hi;
+    ref_key_range(s, i, &lo, &hi);
+    return hi >= lo ? hi - lo + 1 : 0;
+}
+
 /* GQA: a query head reads K, V head h / (H / H_kv); the same as MHA with K, V repeated. N_k != N:
  * causal rows see keys up to i + N_k - N; a row that sees none gets O = 0 and lse = -inf. */
 static void test_model_inputs(void) {
@@ -130,7 +138,8 @@ static void test_model_inputs(void) {
                 Kr[((b * H + h) * N) * D + x] = K[((b * H_KV + h / 2) * N) * D + x];
                 Vr[((b * H + h) * N) * D + x] = V[((b * H_KV + h / 2) * N) * D + x];
             }
-    ref_shape g = {B, H, N, D, 1, 0.3, H_KV, 0}, m = {B, H, N, D, 1, 0.3, 0, 0};
+    ref_shape g = {B, H, N, D, 1, 0.3, H_KV, 0, 0, -1, -1, 0.0},
+              m = {B, H, N, D, 1, 0.3, 0, 0, 0, -1, -1, 0.0};
     double o1[D], o2[D], l1, l2, scratch[N];
     int bad = 0;
     for (long long bh = 0; bh < B * H; bh++)
@@ -141,16 +150,290 @@ static void test_model_inputs(void) {
         }
     EXPECT(bad == 0, "GQA = MHA with K, V repeated (%d rows differ)", bad);
     /* 5 queries against 3 keys, causal: query i sees keys <= i - 2; rows 0, 1 see none */
-    ref_shape c = {1, 1, N, D, 1, 0.3, 0, 3};
+    ref_shape c = {1, 1, N, D, 1, 0.3, 0, 3, 0, -1, -1, 0.0};
     ref_row(&c, STORE_F32, Q, K, V, 0, 1, o1, NULL, &l1, scratch);
     EXPECT(isinf(l1) && l1 < 0 && o1[0] == 0.0 && o1[D - 1] == 0.0, "no key: O = 0, lse = -inf");
     ref_row(&c, STORE_F32, Q, K, V, 0, 2, o1, NULL, &l1, scratch);
-    EXPECT(ref_keys(&c, 2) == 1 && o1[0] == (double)V[0], "query 2 sees key 0 only: O = V[0]");
-    EXPECT(ref_keys(&c, 4) == 3 && ref_keys(&c, 0) == 0, "the last query sees every key");
+    EXPECT(keys_of(&c, 2) == 1 && o1[0] == (double)V[0], "query 2 sees key 0 only: O = V[0]");
+    EXPECT(keys_of(&c, 4) == 3 && keys_of(&c, 0) == 0, "the last query sees every key");
     /* 2 queries against 5 keys, causal: query 0 sees keys 0..3, query 1 all 5 */
-    ref_shape d = {1, 1, 2, D, 1, 0.3, 0, N};
-    EXPECT(ref_keys(&d, 0) == 4 && ref_keys(&d, 1) == 5, "bottom-right aligned: %lld %lld",
-           ref_keys(&d, 0), ref_keys(&d, 1));
+    ref_shape d = {1, 1, 2, D, 1, 0.3, 0, N, 0, -1, -1, 0.0};
+    EXPECT(keys_of(&d, 0) == 4 && keys_of(&d, 1) == 5, "bottom-right aligned: %lld %lld",
+           keys_of(&d, 0), keys_of(&d, 1));
+}
+
+/* ---- local windows and softcap ---- */
+
+/* flash-attn 2's mask for window_size (left, right): mha_fwd's rules (one query is not causal;
+ * causal makes right 0; a bound at or past N_k is -1), set_params_fprop's (-1 beside a bound
+ * becomes N_k; both -1: no mask), then the mask: query i of N sees key j when i + N_k - N - left <=
+ * j <= i + N_k - N + right. */
+static int fa_sees(int N, int N_k, int causal, int left, int right, long long i, long long j) {
+    if (N == 1) causal = 0;
+    if (causal) right = 0;
+    if (left >= N_k) left = -1;
+    if (right >= N_k) right = -1;
+    if (left < 0 && right < 0) return 1;
+    if (left < 0) left = N_k;
+    if (right < 0) right = N_k;
+    const long long diag = i + N_k - N;
+    return j >= diag - left && j <= diag + right;
+}
+
+static attn_shape window_shape(int N, int N_k, int causal, int local, int left, int right) {
+    attn_shape s = {.B = 1, .H = 1, .N = N, .D = 64, .causal = causal, .scale = 0.125f};
+    s.N_k = N_k, s.local = local, s.window_left = left, s.window_right = right;
+    attn_shape_complete(&s);
+    return s;
+}
+
+/* attn_shape_complete writes a window in its one form, flash-attn's rules; the mask it leaves
+ * (attn_key_range) is flash-attn's for every window, bounds past the keys included. */
+static void test_shape_complete(void) {
+    attn_shape s = window_shape(8, 10, 1, 1, 5, 7); /* causal makes the right bound 0 */
+    EXPECT(s.local && s.causal && s.window_left == 5 && s.window_right == 0, "causal: (%d, %d)",
+           s.window_left, s.window_right);
+    s = window_shape(8, 10, 0, 1, -1, 0); /* (-1, 0) is causal */
+    EXPECT(!s.local && s.causal && s.window_left == -1 && s.window_right == -1,
+           "(-1, 0): local %d causal %d (%d, %d)", s.local, s.causal, s.window_left,
+           s.window_right);
+    s = window_shape(8, 10, 0, 1, -1, -1); /* (-1, -1): no window */
+    EXPECT(!s.local && !s.causal, "(-1, -1): local %d causal %d", s.local, s.causal);
+    s = window_shape(8, 10, 0, 1, 10, 3); /* a bound at N_k is unbounded */
+    EXPECT(s.local && s.window_left == -1 && s.window_right == 3, "(10, 3) of 10 keys: (%d, %d)",
+           s.window_left, s.window_right);
+    s = window_shape(8, 10, 0, 1, 3, 12);
+    EXPECT(s.local && s.window_left == 3 && s.window_right == -1, "(3, 12) of 10 keys: (%d, %d)",
+           s.window_left, s.window_right);
+    s = window_shape(8, 10, 0, 1, 10, 10); /* both past the keys: no window */
+    EXPECT(!s.local && !s.causal, "(10, 10) of 10 keys: local %d causal %d", s.local, s.causal);
+    s = window_shape(8, 10, 0, 1, 20, 0); /* left past the keys, right 0: causal */
+    EXPECT(!s.local && s.causal, "(20, 0) of 10 keys: local %d causal %d", s.local, s.causal);
+    s = window_shape(8, 10, 0, 1, -7, 2); /* any negative bound is unbounded */
+    EXPECT(s.local && s.window_left == -1 && s.window_right == 2, "(-7, 2): (%d, %d)",
+           s.window_left, s.window_right);
+    s = window_shape(8, 10, 0, 0, 4, 4); /* no local: the bounds are not read */
+    EXPECT(!s.local && s.window_left == -1 && s.window_right == -1, "no window: (%d, %d)",
+           s.window_left, s.window_right);
+    attn_shape c = {.B = 1, .H = 1, .N = 4, .D = 64, .scale = 1.f, .softcap = -3.f};
+    attn_shape_complete(&c);
+    EXPECT(c.softcap == 0.f, "a negative softcap is none: %g", (double)c.softcap);
+    c.softcap = NAN;
+    attn_shape_complete(&c);
+    EXPECT(c.softcap == 0.f, "a NaN softcap is none");
+    c.softcap = 30.f;
+    attn_shape_complete(&c);
+    EXPECT(c.softcap == 30.f && (attn_shape_asks(&c, 0) & ATTN_TAKES_SOFTCAP),
+           "softcap 30 kept and asked for");
+    s = window_shape(8, 10, 0, 1, 2, 2);
+    EXPECT((attn_shape_asks(&s, 0) & ATTN_TAKES_LOCAL) &&
+               attn_shape_refused(&s, ATTN_TAKES_N_K, 0) &&
+               !attn_shape_refused(&s, ATTN_TAKES_N_K | ATTN_TAKES_LOCAL, 0),
+           "a window asks ATTN_TAKES_LOCAL");
+    /* every window of a few shapes: the completed shape's range is flash-attn's mask */
+    const int shapes[][2] = {{1, 1}, {5, 5}, {3, 8}, {8, 3}, {1, 9}, {9, 1}, {7, 16}};
+    int bad = 0, runs = 0;
+    for (int k = 0; k < (int)(sizeof shapes / sizeof shapes[0]); k++)
+        for (int causal = 0; causal < 2; causal++)
+            for (int left = -2; left <= 18; left++)
+                for (int right = -2; right <= 18; right++) {
+                    const int N = shapes[k][0], N_k = shapes[k][1];
+                    const attn_shape w = window_shape(N, N_k, causal, 1, left, right);
+                    /* one difference, by design: beside a left bound, attention.h reads an
+                     * unbounded right as unbounded, where flash-attn bounds it at N_k (rows
+                     * i < N - N_k - 1 see fewer keys there, with more queries than keys) */
+                    if (w.local && w.window_left >= 0 && w.window_right < 0 && N > N_k + 1)
+                        continue;
+                    for (long long i = 0; i < N; i++) {
+                        long long lo, hi;
+                        attn_key_range(&w, i, &lo, &hi);
+                        for (long long j = 0; j < N_k; j++)
+                            bad +=
+                                (j >= lo && j <= hi) != fa_sees(N, N_k, causal, left, right, i, j);
+                        bad += lo < 0 || hi >= N_k;
+                    }
+                    runs++;
+                }
+    EXPECT(bad == 0, "attn_key_range against flash-attn's mask: %d differences in %d windows", bad,
+           runs);
+}
+
+/* A few ranges by hand: N_k != N, windows, causal. */
+static void test_key_range(void) {
+    long long lo, hi;
+    attn_shape s = window_shape(4, 6, 0, 1, 0, 0); /* query i sees key i + 2 alone */
+    attn_key_range(&s, 0, &lo, &hi);
+    EXPECT(lo == 2 && hi == 2, "(0, 0), 4 of 6: row 0 sees %lld..%lld", lo, hi);
+    attn_key_range(&s, 3, &lo, &hi);
+    EXPECT(lo == 5 && hi == 5, "(0, 0), 4 of 6: row 3 sees %lld..%lld", lo, hi);
+    s = window_shape(6, 4, 0, 1, 1, 0); /* 6 queries of 4 keys: rows 0, 1 see none */
+    attn_key_range(&s, 1, &lo, &hi);
+    EXPECT(lo > hi, "(1, 0), 6 of 4: row 1 sees none (%lld..%lld)", lo, hi);
+    attn_key_range(&s, 2, &lo, &hi);
+    EXPECT(lo == 0 && hi == 0, "(1, 0), 6 of 4: row 2 sees %lld..%lld", lo, hi);
+    attn_key_range(&s, 5, &lo, &hi);
+    EXPECT(lo == 2 && hi == 3, "(1, 0), 6 of 4: row 5 sees %lld..%lld", lo, hi);
+    s = window_shape(10, 10, 0, 1, 3, 5);
+    attn_key_range(&s, 0, &lo, &hi);
+    EXPECT(lo == 0 && hi == 5, "(3, 5): row 0 sees %lld..%lld", lo, hi);
+    attn_key_range(&s, 6, &lo, &hi);
+    EXPECT(lo == 3 && hi == 9, "(3, 5): row 6 sees %lld..%lld", lo, hi);
+    s = window_shape(10, 10, 1, 1, 3, 5); /* causal: (3, 0) */
+    attn_key_range(&s, 6, &lo, &hi);
+    EXPECT(lo == 3 && hi == 6, "causal (3, 5): row 6 sees %lld..%lld", lo, hi);
+    s = window_shape(3, 7, 0, 1, -1, 1); /* unbounded left */
+    attn_key_range(&s, 0, &lo, &hi);
+    EXPECT(lo == 0 && hi == 5, "(-1, 1), 3 of 7: row 0 sees %lld..%lld", lo, hi);
+    s = window_shape(3, 7, 1, 0, -1, -1); /* causal alone */
+    attn_key_range(&s, 2, &lo, &hi);
+    EXPECT(lo == 0 && hi == 6, "causal, 3 of 7: row 2 sees %lld..%lld", lo, hi);
+    /* the checker's range is the same */
+    ref_shape r = {1, 1, 6, 8, 0, 1.0, 0, 4, 1, 1, 0, 0.0};
+    EXPECT(keys_of(&r, 1) == 0 && keys_of(&r, 2) == 1 && keys_of(&r, 5) == 2,
+           "ref_key_range: %lld %lld %lld", keys_of(&r, 1), keys_of(&r, 2), keys_of(&r, 5));
+}
+
+/* The reference's softcap and window against the softmax written out in float64. */
+static void test_softcap_forward(void) {
+    enum { N = 3, N_K = 5, D = 4 };
+    float Q[N * D], K[N_K * D], V[N_K * D];
+    fill_normal(Q, N * D, 21, 0, 2.0f), fill_normal(K, N_K * D, 21, 1, 1.0f);
+    fill_normal(V, N_K * D, 21, 2, 1.0f);
+    const double scale = 0.9, cap = 1.5;
+    /* 3 queries of 5 keys, window (1, 0): query i sees keys i + 1 .. i + 2 */
+    const ref_shape s = {1, 1, N, D, 0, scale, 0, N_K, 1, 1, 0, cap};
+    double worst = 0, worst_lse = 0, capped_off = 0;
+    for (int i = 0; i < N; i++) {
+        double sc[N_K], m = -INFINITY, l = 0, o[D] = {0}, ro[D], ro16[D], rl, scratch[N_K];
+        for (int j = i + 1; j <= i + 2; j++) {
+            double dot = 0;
+            for (int d = 0; d < D; d++) dot += (double)Q[i * D + d] * K[j * D + d];
+            sc[j] = cap * tanh(scale * dot / cap);
+            capped_off = fmax(capped_off, fabs(sc[j] - scale * dot));
+            m = fmax(m, sc[j]);
+        }
+        for (int j = i + 1; j <= i + 2; j++) {
+            l += exp(sc[j] - m);
+            for (int d = 0; d < D; d++) o[d] += exp(sc[j] - m) * V[j * D + d];
+        }
+        ref_row(&s, STORE_F16, Q, K, V, 0, i, ro, ro16, &rl, scratch);
+        for (int d = 0; d < D; d++) worst = fmax(worst, fabs(ro[d] - o[d] / l));
+        worst_lse = fmax(worst_lse, fabs(rl - (m + log(l))));
+    }
+    EXPECT(capped_off > 0.1, "the cap bites: scores move by %g", capped_off);
+    EXPECT(worst < 1e-14 && worst_lse < 1e-14, "softcap and window: O off by %g, lse by %g", worst,
+           worst_lse);
+    /* the cap is read: the same row uncapped differs */
+    ref_shape u = s;
+    u.softcap = 0;
+    double a[D], b[D], la, lb, scratch[N_K];
+    ref_row(&s, STORE_F32, Q, K, V, 0, 1, a, NULL, &la, scratch);
+    ref_row(&u, STORE_F32, Q, K, V, 0, 1, b, NULL, &lb, scratch);
+    EXPECT(fabs(la - lb) > 1e-3, "softcap 0 is no cap: lse %g vs %g", la, lb);
+}
+
+/* The float64 loss sum_i dO_i . O_i of the reference's forward (every row of every head). */
+static double loss_of(const ref_shape *s, const float *Q, const float *K, const float *V,
+                      const float *dO) {
+    double total = 0, o[8], l, scratch[16];
+    for (long long bh = 0; bh < (long long)s->B * s->H; bh++)
+        for (long long i = 0; i < s->N; i++) {
+            ref_row(s, STORE_F32, Q, K, V, bh, i, o, NULL, &l, scratch);
+            for (int d = 0; d < s->D; d++) total += o[d] * dO[(bh * s->N + i) * s->D + d];
+        }
+    return total;
+}
+
+/* The backward reference against central differences of the float64 forward: softcap, windows,
+ * GQA, rows with no key. 1 if every gradient agrees to 1e-6 (within `off` of it when the
+ * differences are moved by `off`: the comparison can fail). */
+static int gradients_match(ref_shape s, double off, double *worst) {
+    const int D = s.D, N = s.N, N_k = (int)ref_n_k(&s), H = s.H, H_kv = (int)ref_kv_heads(&s);
+    const size_t nq = (size_t)H * N * D, nk = (size_t)H_kv * N_k * D;
+    float *Q = malloc(nq * 4), *K = malloc(nk * 4), *V = malloc(nk * 4), *dO = malloc(nq * 4);
+    float *O = malloc(nq * 4), *lse = malloc((size_t)H * N * 4);
+    float *g[GRADS] = {malloc(nq * 4), malloc(nk * 4), malloc(nk * 4)};
+    fill_normal(Q, nq, 31, 0, 2.0f), fill_normal(K, nk, 31, 1, 1.0f);
+    fill_normal(V, nk, 31, 2, 1.0f), fill_normal(dO, nq, 31, 3, 1.0f);
+    for (long long bh = 0; bh < H; bh++)
+        for (long long i = 0; i < N; i++) {
+            double o[8], l, scratch[16];
+            ref_row(&s, STORE_F32, Q, K, V, bh, i, o, NULL, &l, scratch);
+            for (int d = 0; d < D; d++) O[(bh * N + i) * D + d] = (float)o[d];
+            lse[bh * N + i] = (float)l;
+        }
+    float *in[GRADS] = {Q, K, V};
+    const size_t count[GRADS] = {nq, nk, nk};
+    const float h = 0x1p-10f; /* x +- h is exact for |x| < 2^13 */
+    for (int t = 0; t < GRADS; t++)
+        for (size_t x = 0; x < count[t]; x++) {
+            const float keep = in[t][x];
+            in[t][x] = keep + h;
+            const double up = loss_of(&s, Q, K, V, dO);
+            in[t][x] = keep - h;
+            const double down = loss_of(&s, Q, K, V, dO);
+            in[t][x] = keep;
+            g[t][x] = (float)((up - down) / (2.0 * h) + off);
+        }
+    long long qrows[64], krows[64];
+    for (long long r = 0; r < (long long)H * N; r++) qrows[r] = r;
+    for (long long r = 0; r < (long long)H_kv * N_k; r++) krows[r] = r;
+    grad_check_result r;
+    check_gradients(&s, STORE_F32, Q, K, V, dO, O, lse, g[0], g[1], g[2], qrows, (long long)H * N,
+                    krows, (long long)H_kv * N_k, &r);
+    *worst = fmax(r.max_abs_err[GRAD_DQ], fmax(r.max_abs_err[GRAD_DK], r.max_abs_err[GRAD_DV]));
+    free(Q), free(K), free(V), free(dO), free(O), free(lse);
+    for (int t = 0; t < GRADS; t++) free(g[t]);
+    return r.nonfinite == 0 && *worst < 1e-5;
+}
+
+static void test_softcap_backward(void) {
+    double worst;
+    /* 3 queries of 5 keys, window (1, 1), softcap 1.5, two query heads on one key/value head */
+    const ref_shape a = {1, 2, 3, 4, 0, 0.9, 1, 5, 1, 1, 1, 1.5};
+    EXPECT(gradients_match(a, 0, &worst), "window (1, 1), softcap 1.5, GQA: off by %g", worst);
+    EXPECT(!gradients_match(a, 1e-4, &worst), "a gradient moved by 1e-4 fails: off by %g", worst);
+    /* 5 queries of 3 keys, causal, window (1, 0), softcap 0.8: rows 0, 1 see no key */
+    const ref_shape b = {1, 1, 5, 4, 1, 0.9, 0, 3, 1, 1, 0, 0.8};
+    EXPECT(gradients_match(b, 0, &worst), "causal window (1, 0), softcap 0.8: off by %g", worst);
+    /* the cap's derivative is read: the uncapped reference disagrees with the capped gradients */
+    const ref_shape c = {1, 1, 4, 4, 0, 0.9, 0, 6, 1, 2, 3, 0.0};
+    EXPECT(gradients_match(c, 0, &worst), "window (2, 3), no softcap: off by %g", worst);
+}
+
+/* check_output on a windowed, capped shape: the right rows pass (rows with no key: lse -inf), the
+ * rows of another window or another cap fail. */
+static int window_check(int other_window, double other_cap) {
+    enum { H = 2, N = 40, N_K = 24, D = 64 };
+    const ref_shape s = {1, H, N, D, 0, 0.125, 1, N_K, 1, 5, 3, 3.0};
+    ref_shape w = s;
+    if (other_window) w.window_left = 6;
+    if (other_cap > 0) w.softcap = other_cap;
+    const size_t nq = (size_t)H * N * D, nk = (size_t)N_K * D;
+    float *Q = malloc(nq * 4), *K = malloc(nk * 4), *V = malloc(nk * 4), *O = malloc(nq * 4);
+    float lse[H * N];
+    fill_normal(Q, nq, 41, 0, 8.0f), fill_normal(K, nk, 41, 1, 1.0f),
+        fill_normal(V, nk, 41, 2, 1.0f);
+    for (size_t x = 0; x < nq; x++) Q[x] = round_f16(Q[x]);
+    for (size_t x = 0; x < nk; x++) K[x] = round_f16(K[x]), V[x] = round_f16(V[x]);
+    for (long long r = 0; r < H * N; r++) {
+        double o[D], o16[D], l, scratch[N_K];
+        ref_row(&w, STORE_F16, Q, K, V, r / N, r % N, o, o16, &l, scratch);
+        for (int d = 0; d < D; d++) O[r * D + d] = (float)o16[d];
+        lse[r] = (float)l;
+    }
+    long long rows[H * N];
+    const long long n = pick_rows(H * N, -1, 1, rows);
+    check_result c;
+    check_output(&s, STORE_F16, Q, K, V, O, lse, rows, n, &c);
+    free(Q), free(K), free(V), free(O);
+    return c.pass;
+}
+
+static void test_window_pass_rule(void) {
+    EXPECT(window_check(0, 0), "window (5, 3), softcap 3, 40 of 24 keys: the right rows pass");
+    EXPECT(!window_check(1, 0), "the rows of window (6, 3) fail");
+    EXPECT(!window_check(0, 3.5), "the rows of softcap 3.5 fail");
 }
 
 static void test_pick_rows(void) {
@@ -168,7 +451,7 @@ static void test_pick_rows(void) {
 typedef enum { RIGHT, NAN_UNCHECKED, SHIFTED_MASK, ROW_SWAP, SKIPPED_KEY } mistake;
 
 static int check_with(int f16, mistake m, int causal) {
-    ref_shape s = {1, 2, 97, 64, causal, 0.125, 0, 0};
+    ref_shape s = {1, 2, 97, 64, causal, 0.125, 0, 0, 0, -1, -1, 0.0};
     size_t n = (size_t)2 * 97 * 64, rows = 2 * 97;
     float *Q = malloc(n * 4), *K = malloc(n * 4), *V = malloc(n * 4), *O = malloc(n * 4);
     float *lse = malloc(rows * 4);
@@ -354,6 +637,11 @@ int main(int argc, char **argv) {
     test_causal_first_row();
     test_bf16();
     test_model_inputs();
+    test_shape_complete();
+    test_key_range();
+    test_softcap_forward();
+    test_softcap_backward();
+    test_window_pass_rule();
     test_pick_rows();
     test_pass_rule();
     test_npy(dir);
