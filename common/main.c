@@ -81,15 +81,24 @@ typedef struct { /* host inputs: float copies hold exactly the stored values */
  * and LSE), or both, as a training step runs them. The CSV's pass column. */
 typedef enum { PASS_FWD = 0, PASS_BWD = 1, PASS_BOTH = 2, PASSES = 3 } pass_kind;
 static const char *const pass_names[PASSES] = {"fwd", "bwd", "fwd+bwd"};
-/* FLOPs per pass, in units of the forward's 4 B H N^2 D (halved when causal): the backward's
- * five matrix products against the forward's two count 2.5 (the FlashAttention papers' rule). */
+/* FLOPs per pass, in units of the forward's (attn_flops): the backward's five matrix products
+ * against the forward's two count 2.5 (the FlashAttention papers' rule). */
 static const double pass_flops[PASSES] = {1.0, 2.5, 3.5};
 
 /* The forward's FLOPs: 4 B H N N_k D (two matrix products of 2 N N_k D each per head), halved when
- * causal (the FlashAttention papers' rule; plots/flops.py is the Python side's home). */
+ * causal (the FlashAttention papers' rule; plots/measure.py is the Python side's home); with a
+ * local window, 4 B H D times the (query, key) pairs attended, exactly: the sum over the rows of
+ * hi - lo + 1 (attn_key_range), causal or not. */
 static double attn_flops(const attn_shape *s) {
-    return 4.0 * s->B * s->H * (double)s->N * (s->N_k ? s->N_k : s->N) * s->D *
-           (s->causal ? 0.5 : 1.0);
+    const double N_k = s->N_k ? s->N_k : s->N;
+    if (!s->local) return 4.0 * s->B * s->H * (double)s->N * N_k * s->D * (s->causal ? 0.5 : 1.0);
+    double pairs = 0;
+    for (long long i = 0; i < s->N; i++) {
+        long long lo, hi;
+        attn_key_range(s, i, &lo, &hi);
+        if (hi >= lo) pairs += (double)(hi - lo + 1);
+    }
+    return 4.0 * s->B * s->H * pairs * s->D;
 }
 
 typedef struct {
@@ -134,6 +143,12 @@ static void usage(void) {
         "  --dtype f16|bf16   storage of Q, K, V, O (default the stage's: %s)\n"
         "  --layout bhnd|bnhd|qkv  [B, H, N, D] (default), [B, N, H, D] views, or Q, K, V as\n"
         "                     views of one fused [B, N, 3, H, D] projection\n"
+        "local windows and softcap (stages 5-8; the others refuse them):\n"
+        "  --window L,R       a local window, flash-attn's window_size: query i sees keys\n"
+        "                     i + N_k - N - L .. i + N_k - N + R; -1: unbounded on that side\n"
+        "                     (--causal makes R 0; -1,-1: no window)\n"
+        "  --softcap C        each score s (= scale q.k) becomes C tanh(s / C) before the\n"
+        "                     softmax; C >= 0 (0: none, the default)\n"
         "decode (a stage with a KV-cache path, stage 9; any of these three selects it):\n"
         "  --page-size P      a paged cache of P keys per page, a power of two 1..%d, its pages\n"
         "                     scattered by a random block table (default: one contiguous cache\n"
@@ -235,6 +250,8 @@ enum {
     OPT_SEQ_K,
     OPT_DTYPE,
     OPT_LAYOUT,
+    OPT_WINDOW,
+    OPT_SOFTCAP,
     OPT_SEED,
     OPT_DIST,
     OPT_Q,
@@ -269,6 +286,8 @@ static const struct option long_options[] = {
     {"seq-k", required_argument, NULL, OPT_SEQ_K},
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"layout", required_argument, NULL, OPT_LAYOUT},
+    {"window", required_argument, NULL, OPT_WINDOW},
+    {"softcap", required_argument, NULL, OPT_SOFTCAP},
     {"seed", required_argument, NULL, OPT_SEED},
     {"dist", required_argument, NULL, OPT_DIST},
     {"q", required_argument, NULL, OPT_Q},
@@ -328,8 +347,34 @@ static void die_unknown_option(const char *typed) {
     die_usage("unknown option '%s'", t);
 }
 
-/* --batch, --heads, --seq, --dim, --causal, --scale, --kv-heads, --seq-k, --dtype, --layout: 1 if
- * c is one of them. */
+/* --window L,R: flash-attn's window_size, two integers of -1 or more (-1: unbounded). */
+static void parse_window(const char *opt, const char *v, attn_shape *s) {
+    char *end, *mid;
+    errno = 0;
+    const long long l = strtoll(v, &mid, 10);
+    const int sep = mid != v && *mid == ',';
+    const long long r = sep ? strtoll(mid + 1, &end, 10) : 0;
+    if (!sep || errno || end == mid + 1 || *end || l < -1 || r < -1 || l > INT32_MAX ||
+        r > INT32_MAX)
+        die_usage("%s: '%s' is not L,R: two integers, each -1 (unbounded) or more", opt, v);
+    s->local = 1, s->window_left = (int)l, s->window_right = (int)r;
+}
+
+/* --softcap C: a number >= 0 that stays itself as a float (0: none). */
+static float parse_softcap(const char *opt, const char *v) {
+    char *end;
+    errno = 0;
+    const double c = strtod(v, &end);
+    if (end == v || *end || !(c >= 0) || isinf(c))
+        die_usage("%s: '%s' is not a number >= 0 (0: none)", opt, v);
+    if (c > 0 && (errno || c < FLT_MIN || c > FLT_MAX))
+        die_usage("%s: '%s' is outside the float range [%g, %g]", opt, v, (double)FLT_MIN,
+                  (double)FLT_MAX);
+    return (float)c;
+}
+
+/* --batch, --heads, --seq, --dim, --causal, --scale, --kv-heads, --seq-k, --dtype, --layout,
+ * --window, --softcap: 1 if c is one of them. */
 static int shape_option(int c, const char *a, const char *v, options *o) {
     attn_shape *s = &o->shape;
     switch (c) {
@@ -374,6 +419,12 @@ static int shape_option(int c, const char *a, const char *v, options *o) {
             o->given_layout = 1;
             break;
         }
+        case OPT_WINDOW:
+            parse_window(a, v, s);
+            break;
+        case OPT_SOFTCAP:
+            s->softcap = parse_softcap(a, v);
+            break;
         default:
             return 0;
     }
@@ -868,6 +919,22 @@ static long long *rows_to_check(const options *o, long long rows, uint64_t seed,
     return rl;
 }
 
+/* The checker's view of a complete shape: its sizes, scale, mask and softcap. */
+static ref_shape ref_of(const attn_shape *s) {
+    return (ref_shape){.B = s->B,
+                       .H = s->H,
+                       .N = s->N,
+                       .D = s->D,
+                       .causal = s->causal,
+                       .scale = (double)s->scale,
+                       .H_kv = s->H_kv,
+                       .N_k = s->N_k,
+                       .local = s->local,
+                       .window_left = s->window_left,
+                       .window_right = s->window_right,
+                       .softcap = (double)s->softcap};
+}
+
 /* The backward pass once on poisoned dQ, dK, dV; then its outputs written and checked against
  * the float64 reference, with the forward's stored O and lse (host copies). Returns its time. */
 static double run_backward(const options *o, gpu_ctx *g, const host_inputs *in, void *const b[BUFS],
@@ -893,7 +960,7 @@ static double run_backward(const options *o, gpu_ctx *g, const host_inputs *in, 
         const long long krows = (long long)s->B * s->H_kv * s->N_k;
         long long *qr = rows_to_check(o, qrows, o->seed, &nq);
         long long *kr = rows_to_check(o, krows, o->seed ^ 0x9e3779b97f4a7c15ull, &nk);
-        ref_shape rs = {s->B, s->H, s->N, s->D, s->causal, (double)s->scale, s->H_kv, s->N_k};
+        const ref_shape rs = ref_of(s);
         check_gradients(&rs, store_of(s), in->Qf, in->Kf, in->Vf, in->dOf, O, lse, grad[0], grad[1],
                         grad[2], qr, nq, kr, nk, &r->gchk);
         r->gchecked = 1;
@@ -956,7 +1023,7 @@ static void check_outputs(const options *o, gpu_ctx *g, const host_inputs *in, v
     if (o->check_rows != 0) {
         long long nr;
         long long *rl = rows_to_check(o, rows, o->seed, &nr);
-        ref_shape rs = {s->B, s->H, s->N, s->D, s->causal, (double)s->scale, s->H_kv, s->N_k};
+        const ref_shape rs = ref_of(s);
         check_output(&rs, store_of(s), in->Qf, in->Kf, in->Vf, O, lse, rl, nr, &r->chk);
         r->checked = 1;
         free(rl);
@@ -1088,6 +1155,8 @@ static void describe(FILE *f, const options *o, const run_result *r) {
     if (s->N_k != s->N) fprintf(f, " N_k=%d", s->N_k);
     if (s->bf16) fprintf(f, " bf16");
     if (o->layout != LAYOUT_BHND) fprintf(f, " layout=%s", layout_names[o->layout]);
+    if (s->local) fprintf(f, " window=%d,%d", s->window_left, s->window_right);
+    if (s->softcap > 0) fprintf(f, " softcap=%g", (double)s->softcap);
     fprintf(f, ":");
     if (r->stray) fprintf(f, " %lld bytes written outside the outputs' elements,", r->stray);
     if (!strcmp(r->status, "ok") || !strcmp(r->status, "over_budget")) {
@@ -1188,6 +1257,64 @@ static options model_case(const options *base, int v, int c, uint64_t case_no) {
     return o;
 }
 
+/* Local windows and softcap, for a stage whose descriptor takes them: keys N_k from a tile's
+ * edges to past 2,000 (N_k = 1 included), D 64 and 128, and per N_k and D each of the masks and
+ * caps below: the six windows (-1: unbounded) without causal, two with causal (their right bound
+ * becomes 0), a softcap of 30, 50 or 5 (the inputs peaky, so that the cap bites) alone, with a
+ * window, and 5 alone, causal or not. Per case in turn, as the models-feed cases: the queries
+ * N_q in {1, 17, N_k / 2, N_k, 2 N_k} (rows of no key when N_q > N_k and the window is narrow),
+ * (H, H_kv), bf16, the layout, B. A case asking what the stage does not take is left out. */
+static const int local_N_k[] = {1, 63, 64, 65, 129, 1000, 2047};
+static const int local_windows[][3] = {/* left, right, causal */
+                                       {0, 0, 0}, {127, 0, 0},  {1000, 1000, 0}, {-1, 64, 0},
+                                       {3, 5, 0}, {16, 300, 0}, {127, 9, 1},     {1000, 33, 1}};
+static const float local_softcaps[] = {30.f, 50.f, 5.f};
+#define LOCAL_WINDOWS 8 /* rows of local_windows */
+#define LOCAL_MASKS 11  /* the windows, then a softcap alone, with a window, and 5 alone */
+#define LOCAL_CASES (COUNT(local_N_k) * COUNT(self_test_D) * LOCAL_MASKS)
+
+static options local_case(const options *base, int v, int c, uint64_t case_no) {
+    const int N_k = local_N_k[c % COUNT(local_N_k)];
+    const int D = self_test_D[c / COUNT(local_N_k) % COUNT(self_test_D)];
+    const int mask = c / (COUNT(local_N_k) * COUNT(self_test_D));
+    const int half = N_k / 2 > 0 ? N_k / 2 : 1, N_q[MODEL_NQ] = {1, 17, half, N_k, 2 * N_k};
+    const int *heads = model_heads[c % COUNT(model_heads)];
+    /* the window: one of the list (mask < LOCAL_WINDOWS), one in turn (a softcap with a window),
+     * or none */
+    const int w = mask < LOCAL_WINDOWS        ? mask
+                  : mask == LOCAL_WINDOWS + 1 ? c / 2 % LOCAL_WINDOWS
+                                              : -1;
+    const int capped = mask >= LOCAL_WINDOWS;
+    options o = *base;
+    memset(&o.shape, 0, sizeof o.shape);
+    o.shape = (attn_shape){.B = 1 + c % 2,
+                           .H = heads[0],
+                           .N = N_q[c % MODEL_NQ],
+                           .D = D,
+                           .causal = w >= 0 ? local_windows[w][2] : (c + c / 7) % 2,
+                           .scale = 1.0f / sqrtf((float)D),
+                           .H_kv = heads[1],
+                           .N_k = N_k,
+                           .bf16 = c / 3 % 2,
+                           .local = w >= 0,
+                           .window_left = w >= 0 ? local_windows[w][0] : 0,
+                           .window_right = w >= 0 ? local_windows[w][1] : 0,
+                           .softcap = !capped                   ? 0.f
+                                      : mask == LOCAL_MASKS - 1 ? 5.f
+                                                                : local_softcaps[c % 3]};
+    o.layout = (layout_kind)(c / COUNT(model_heads) % LAYOUTS);
+    if (o.layout == LAYOUT_QKV && (heads[1] != heads[0] || o.shape.N != N_k))
+        o.layout = LAYOUT_BNHD;
+    set_layout(&o);
+    o.variant = v;
+    o.peaky = capped || c / 2 % 2;
+    o.bench = 0;
+    o.seed = base->seed * 1000003ull + case_no;
+    long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
+    o.check_rows = rows <= MODEL_FULL_ROWS ? -1 : MODEL_SAMPLE;
+    return o;
+}
+
 /* Whether the stage takes a case's inputs (its descriptor's takes, both passes). */
 static int stage_takes(const options *o) {
     return !attn_shape_refused(&o->shape, attn_this_stage.takes, 0) &&
@@ -1226,28 +1353,36 @@ static int self_test(const options *base, gpu_ctx *g) {
         if (base->variant_given && v != base->variant) continue;
         char vname[64];
         attn_variant_name(attn_this_stage.variants, v, vname, sizeof vname);
-        int vp = 0, vn = SELF_TEST_CASES, mp = 0, mn = 0, waived = 0;
+        int vp = 0, vn = SELF_TEST_CASES;
         for (int c = 0; c < SELF_TEST_CASES; c++) {
             const options o = self_test_case(base, v, c, case_no++);
             vp += self_test_run(&o, g);
         }
-        for (int c = 0; c < MODEL_CASES; c++) {
-            const options o = model_case(base, v, c, case_no++);
-            if (!stage_takes(&o)) continue;
-            const char *why = attn_this_stage.unsupported(&o.shape, &g->dev, v);
-            if (why) { /* a type this code path has no instruction for (bf16 on sm_75) */
-                if (!waived++)
-                    printf("%s variant %s: waived here: %s\n", attn_this_stage.name, vname, why);
-                continue;
+        const struct {
+            int count;
+            options (*make)(const options *, int, int, uint64_t);
+            const char *what;
+        } groups[] = {{MODEL_CASES, model_case, "what models feed (bf16, GQA, strides, N_k != N)"},
+                      {LOCAL_CASES, local_case, "local windows and softcap"}};
+        for (int k = 0; k < COUNT(groups); k++) {
+            int mp = 0, mn = 0, waived = 0;
+            for (int c = 0; c < groups[k].count; c++) {
+                const options o = groups[k].make(base, v, c, case_no++);
+                if (!stage_takes(&o)) continue;
+                const char *why = attn_this_stage.unsupported(&o.shape, &g->dev, v);
+                if (why) { /* a type this code path has no instruction for (bf16 on sm_75) */
+                    if (!waived++)
+                        printf("%s variant %s: waived here: %s\n", attn_this_stage.name, vname,
+                               why);
+                    continue;
+                }
+                mn++, mp += self_test_run(&o, g);
             }
-            mn++, mp += self_test_run(&o, g);
+            if (mn || waived)
+                printf("%s variant %s, %s: %d passed, %d failed, %d waived\n", attn_this_stage.name,
+                       vname, groups[k].what, mp, mn - mp, waived);
+            vp += mp, vn += mn;
         }
-        if (mn || waived)
-            printf(
-                "%s variant %s, what models feed (bf16, GQA, strides, N_k != N): %d passed, "
-                "%d failed, %d waived\n",
-                attn_this_stage.name, vname, mp, mn - mp, waived);
-        vp += mp, vn += mn;
         printf("%s variant %s: %d passed, %d failed\n", attn_this_stage.name, vname, vp, vn - vp);
         passed += vp, failed += vn - vp;
     }
@@ -1272,6 +1407,9 @@ static void check_decode_options(options *o) {
                 "%s: the decode path (--page-size, --ragged, --new-tokens) makes its own inputs "
                 "and writes no file",
                 names[f]);
+    if (s->local || s->softcap > 0)
+        die_usage("%s: the decode path takes no local window or softcap",
+                  s->local ? "--window" : "--softcap");
     if (o->given_layout && o->layout != LAYOUT_BNHD)
         die_usage(
             "--layout: the decode path lays Q and O out [B, N_q, H, D] (bnhd) and the cache "
@@ -1318,7 +1456,8 @@ static void check_options(options *o) {
         die_usage(
             "--self-test runs its own shapes and checks every row; it takes no --batch, "
             "--heads, --seq, --dim, --causal, --scale, --kv-heads, --seq-k, --dtype, --layout, "
-            "--dist, --check, --bench, --budget, --csv, --page-size, --ragged, --new-tokens");
+            "--window, --softcap, --dist, --check, --bench, --budget, --csv, --page-size, "
+            "--ragged, --new-tokens");
     if (o->outpath) check_writable("--out", o->outpath);
     if (o->lsepath) check_writable("--lse", o->lsepath);
     if (o->dqpath) check_writable("--dq", o->dqpath);
