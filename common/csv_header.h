@@ -5,7 +5,9 @@
  *
  *   pass: fwd (the forward pass), bwd (the backward pass alone, given O and LSE), fwd+bwd
  *         (both, as one training step runs them). Readers take a missing pass column as fwd.
- *   tflops: 4 B H N^2 D (halved when causal) per forward; a backward counts 2.5 times that.
+ *   tflops: 4 B H N^2 D (halved when causal) per forward, with a local window 4 B H D times the
+ *         (query, key) pairs attended; a backward counts 2.5 times that. A run's local window and
+ *         softcap are not columns (the sweeps run none): the run's description names them.
  */
 #ifndef CSV_HEADER_H
 #define CSV_HEADER_H

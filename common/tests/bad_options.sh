@@ -37,6 +37,16 @@ expect 2 "--causal takes no value" --caus=1
 expect 2 "option '--d' is ambiguous (--dim, --dtype, --dist" --d 64
 expect 2 "--layout: 'nhd' is not one of bhnd, bnhd, qkv" --layout nhd
 expect 2 "--kv-heads: 3 does not divide --heads 4" --heads 4 --kv-heads 3
+expect 2 "--window: '3' is not L,R" --window 3
+expect 2 "--window: '3,x' is not L,R" --window 3,x
+expect 2 "--window: '-2,0' is not L,R" --window -2,0
+expect 2 "--window: '1,2,3' is not L,R" --window 1,2,3
+expect 2 "--window needs a value" --window
+expect 2 "--softcap: '-1' is not a number >= 0" --softcap -1
+expect 2 "--softcap: 'nan' is not a number >= 0" --softcap nan
+expect 2 "--softcap: '1e-50' is outside the float range" --softcap 1e-50
+expect 2 "--self-test runs its own shapes" --self-test --window 4,4
+expect 2 "--self-test runs its own shapes" --self-test --softcap 30
 expect 2 "unknown option 'extra'" --seq 16 extra
 expect 2 "unknown option '-x'" -x
 expect 2 "--batch: '0'" --batch 0
@@ -95,6 +105,8 @@ else
   expect 2 "--new-tokens: 5 is more than --seq-k 4" --new-tokens 5 --seq-k 4
   expect 2 "--seq: 17 queries per sequence; the decode path takes 1 to 16" --ragged --seq 17
   expect 2 "--layout: the decode path lays Q and O out" --page-size 16 --layout qkv
+  expect 2 "--window: the decode path takes no local window or softcap" --ragged --window 4,0
+  expect 2 "--softcap: the decode path takes no local window or softcap" --ragged --softcap 30
   expect 2 "--q: the decode path" --ragged --q "$fx/good.npy"
   expect 2 "--self-test runs its own shapes" --self-test --page-size 16
 fi
@@ -102,7 +114,7 @@ expect 0 "" --help
 help=$("$bin" --help)
 # the B x H limit, from its home (attention.h: ATTN_MAX_BH is ATTN_MAX_GRID_Y)
 max_bh=$(sed -n 's/^#define ATTN_MAX_GRID_Y \([0-9]*\).*/\1/p' "$(dirname "$0")/../attention.h")
-for want in "B x H <= ${max_bh:-(no ATTN_MAX_GRID_Y in attention.h)}" "in the stage's storage type (float" "4 out of device or host memory" "--page-size P"; do
+for want in "B x H <= ${max_bh:-(no ATTN_MAX_GRID_Y in attention.h)}" "in the stage's storage type (float" "4 out of device or host memory" "--page-size P" "--window L,R" "--softcap C"; do
   if grep -qF -- "$want" <<<"$help"; then ok "--help says '$want'"; else bad "--help does not say '$want'"; fi
 done
 limit=2097152 # 2 GiB of address space: the 8 GiB of big.npy do not fit
