@@ -227,7 +227,11 @@ static attn_shape shape_of(const attn_lib_request *r) {
                     .scale = r->scale,
                     .H_kv = r->H_kv,
                     .N_k = r->N_k,
-                    .bf16 = r->bf16 != 0};
+                    .bf16 = r->bf16 != 0,
+                    .local = r->local != 0,
+                    .window_left = r->window_left,
+                    .window_right = r->window_right,
+                    .softcap = r->softcap};
     attn_layout *l[] = {&s.q, &s.k, &s.v, &s.o, &s.dO, &s.dQ, &s.dK, &s.dV};
     for (int t = 0; t < 8; t++)
         *l[t] = (attn_layout){r->strides[3 * t], r->strides[3 * t + 1], r->strides[3 * t + 2]};
@@ -248,6 +252,8 @@ static int check_model_inputs(const attn_shape *s, const attn_cache *c, int pass
             return fail(ATTN_EXIT_USAGE,
                         "%s: strides must be >= 0, rows at least D = %d elements apart", name,
                         s->D);
+    if (pass == PASS_DEC && (s->local || s->softcap > 0.f))
+        return fail(ATTN_EXIT_UNSUPPORTED, "%s: a decode takes no local window or softcap", name);
     if (pass == PASS_DEC) return ATTN_EXIT_PASS;
     const char *why = attn_shape_refused(
         s, pass == PASS_BWD ? attn_this_stage.backward_takes : attn_this_stage.takes,

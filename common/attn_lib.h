@@ -31,8 +31,9 @@ extern "C" {
 /* 4: plans (attn_lib_plan once, attn_lib_forward / attn_lib_backward per call), errors by
  * attn_lib_last_error; 5: attn_lib_plan takes what models feed (H_kv, N_k, bf16, strides);
  * 6: attn_lib_plan takes one attn_lib_request; attn_lib_limits; 7: decode over a KV cache (the
- * pass ATTN_LIB_DECODE, the request's cache fields, attn_lib_decode) */
-#define ATTN_LIB_ABI 7
+ * pass ATTN_LIB_DECODE, the request's cache fields, attn_lib_decode); 8: local windows and softcap
+ * (the request's local, window_left, window_right, softcap) */
+#define ATTN_LIB_ABI 8
 
 /* attn_lib_request.pass */
 enum { ATTN_LIB_FORWARD = 0, ATTN_LIB_BACKWARD = 1, ATTN_LIB_DECODE = 2 };
@@ -64,6 +65,10 @@ typedef struct {
     int page_size, num_pages, max_pages; /* keys per page, pages in the cache, table row length */
     int N_new;                           /* new keys per sequence written by the call (0: none) */
     long long new_strides[6]; /* {batch, head, row} of k_new, v_new; three zero: contiguous */
+    /* a local window, flash-attn's window_size (local 0: none; -1: unbounded on that side), and
+     * a softcap (> 0: scores s become softcap * tanh(s / softcap)); attention.h's attn_shape */
+    int local, window_left, window_right;
+    float softcap;
 } attn_lib_request;
 
 int attn_lib_abi(void);

@@ -191,8 +191,8 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
     eager(f"flashcourse {stage} plan only", "forward", contextlib.nullcontext,
           lambda: _run.forward_with(p, q, k, v))
     eager(f"flashcourse {stage} custom op", "forward", contextlib.nullcontext,
-          lambda: _ops.forward(q, k, v, causal, D ** -0.5, stage, "default", 0, backward_stage,
-                               "default"))
+          lambda: _ops.forward(q, k, v, causal, -1, -1, 0.0, D ** -0.5, stage, "default", 0,
+                               backward_stage, "default"))
 
     times = [[] for _ in timers]
     for _ in range(rounds):

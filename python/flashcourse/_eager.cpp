@@ -43,7 +43,7 @@ typedef decltype(&attn_lib_backward) backward_fn;
 typedef decltype(&attn_lib_plan) plan_fn;
 typedef decltype(&attn_lib_last_error) last_error_fn;
 
-constexpr int64_t EAGER_ABI = 3;   // _run._EAGER_ABI (3: the request grew a decode's cache)
+constexpr int64_t EAGER_ABI = 4;   // _run._EAGER_ABI (4: the request grew a local window, softcap)
 constexpr int DO_ROWS = 12;        // dO's {batch, head, row} strides among the request's 24
 constexpr int DO_LAYOUTS_MAX = 4;  // _run._DO_LAYOUTS_MAX: more are copied into o's layout
 

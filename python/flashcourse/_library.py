@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-ABI = 7  # ATTN_LIB_ABI in common/attn_lib.h
+ABI = 8  # ATTN_LIB_ABI in common/attn_lib.h
 _DTYPES = {0: "float32", 1: "float16"}  # attn_dtype: ATTN_F32, ATTN_F16
 # attention.h's ATTN_TAKES_*: what a stage takes beyond the plain case
-TAKES_BF16, TAKES_GQA, TAKES_STRIDES, TAKES_N_K = 1, 2, 4, 8
+TAKES_BF16, TAKES_GQA, TAKES_STRIDES, TAKES_N_K, TAKES_LOCAL, TAKES_SOFTCAP = 1, 2, 4, 8, 16, 32
 PASS_FWD, PASS_BWD, PASS_DEC = 0, 1, 2  # attn_lib.h's ATTN_LIB_FORWARD, _BACKWARD, _DECODE
 # The stages the package names (the auto rules: _plans.resolve)
 HOPPER_STAGE = "stage6_hopper"  # the fastest forward where it runs (sm_90a code on a Hopper GPU)
@@ -84,7 +84,9 @@ class Request(ctypes.Structure):
                 [(n, _I) for n in ("variant", "H_kv", "N_k", "bf16")] +
                 [("strides", _L * 24)] +
                 [(n, _I) for n in ("paged", "page_size", "num_pages", "max_pages", "N_new")] +
-                [("new_strides", _L * 6)])
+                [("new_strides", _L * 6)] +
+                [(n, _I) for n in ("local", "window_left", "window_right")] +
+                [("softcap", ctypes.c_float)])
 
 
 @dataclass(frozen=True)

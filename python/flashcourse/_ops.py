@@ -86,80 +86,86 @@ class _NoDerivative(torch.autograd.Function):
 
 # ---- torch.compile ----
 
-def _resolve_backward(stage: str, q, k, variant: str, smem_limit: int) -> str:
+def _resolve_backward(stage: str, q, k, variant: str, smem_limit: int,
+                      local: tuple = _plans.NO_LOCAL) -> str:
     """A backward stage name as given, or what "auto" is for q and k (_plans.resolve)."""
-    return _plans.resolve(stage, True, _plans.device_of(q), _plans.asks(q, k), variant,
+    return _plans.resolve(stage, True, _plans.device_of(q), _plans.asks(q, k, local), variant,
                           smem_limit)
 
 
+# window_left, window_right, softcap: a call's local window and softcap (_plans.local_checked)
 @torch.library.custom_op("flashcourse::forward", mutates_args=())
-def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, stage: str,
-            variant: str, smem_limit: int, backward_stage: str,
-            backward_variant: str) -> Tuple[Tensor, Tensor]:
-    return _run.run_forward(q, k, v, causal, scale, stage, variant, smem_limit)
+def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, window_left: int, window_right: int,
+            softcap: float, scale: float, stage: str, variant: str, smem_limit: int,
+            backward_stage: str, backward_variant: str) -> Tuple[Tensor, Tensor]:
+    return _run.run_forward(q, k, v, causal, scale, stage, variant, smem_limit,
+                            (window_left, window_right, softcap))
 
 
 @forward.register_fake
-def _forward_fake(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-                  backward_variant):
+def _forward_fake(q, k, v, causal, window_left, window_right, softcap, scale, stage, variant,
+                  smem_limit, backward_stage, backward_variant):
     # the library's checks while torch.compile traces: an unsupported shape fails at compile time
     _plans.plan(stage, False, _plans.forward_geometry(q, k), q.device.index, q.dtype, causal,
-                scale, variant, smem_limit)
+                scale, variant, smem_limit, local=(window_left, window_right, softcap))
     B, H, N, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, N), dtype=torch.float32)
 
 
 @torch.library.custom_op("flashcourse::backward", mutates_args=())
 def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool,
-             scale: float, stage: str, variant: str,
-             smem_limit: int) -> Tuple[Tensor, Tensor, Tensor]:
-    stage = _resolve_backward(stage, q, k, variant, smem_limit)  # "auto": stage 8 or 7
+             window_left: int, window_right: int, softcap: float, scale: float, stage: str,
+             variant: str, smem_limit: int) -> Tuple[Tensor, Tensor, Tensor]:
+    local = (window_left, window_right, softcap)
+    stage = _resolve_backward(stage, q, k, variant, smem_limit, local)  # "auto": stage 8 or 7
     return _run.run_backward(q, k, v, o, lse, _plans.grad_input(stage, o, do), causal, scale,
-                             stage, variant, smem_limit)
+                             stage, variant, smem_limit, local)
 
 
 @backward.register_fake
-def _backward_fake(q, k, v, o, lse, do, causal, scale, stage, variant, smem_limit):
-    stage = _resolve_backward(stage, q, k, variant, smem_limit)  # as the body does
+def _backward_fake(q, k, v, o, lse, do, causal, window_left, window_right, softcap, scale, stage,
+                   variant, smem_limit):
+    local = (window_left, window_right, softcap)
+    stage = _resolve_backward(stage, q, k, variant, smem_limit, local)  # as the body does
     # do as the body lays it out (_plans.grad_input: its own layout, or o's)
     own = stage_library(stage).stage.backward_takes & TAKES_STRIDES and do.stride(3) == 1
     _plans.plan(stage, True, _plans.backward_geometry(q, k, v, o, do if own else o),
-                q.device.index, q.dtype, causal, scale, variant, smem_limit)
+                q.device.index, q.dtype, causal, scale, variant, smem_limit, local=local)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _forward_setup(ctx, inputs, output):
-    q, k, v, causal, scale, stage, variant, smem_limit, bstage, bvariant = inputs
+    q, k, v, causal, wl, wr, cap, scale, stage, variant, smem_limit, bstage, bvariant = inputs
+    local = (wl, wr, cap)
     o, lse = output
     # "auto" resolved once here, so the backward operator in the graph is given the stage's name
     device = _plans.device_of(q)
     # (for the messages: the forward operator resolves its own)
-    stage = _plans.resolve(stage, False, device, _plans.asks(q, k), "default", smem_limit)
-    bstage = _resolve_backward(bstage, q, k, bvariant, smem_limit)
+    stage = _plans.resolve(stage, False, device, _plans.asks(q, k, local), "default", smem_limit)
+    bstage = _resolve_backward(bstage, q, k, bvariant, smem_limit, local)
     # the backward stage takes this shape and dtype (in eager mode attention() checked already)
     _plans.plan(bstage, True, _plans.backward_geometry(q, k, v), device, q.dtype, causal, scale,
-                bvariant, smem_limit, who=stage)
+                bvariant, smem_limit, who=stage, local=local)
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.args = (causal, scale, bstage, bvariant, smem_limit)
+    ctx.args = (causal, wl, wr, cap, scale, bstage, bvariant, smem_limit)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
 def _forward_backward(ctx, do, _dlse):
     if do is None:
-        return (None,) * 10
+        return (None,) * 13
     q, k, v, o, lse = ctx.saved_tensors
-    causal, scale, bstage, bvariant, smem_limit = ctx.args
-    dq, dk, dv = backward(q, k, v, o, lse, do, causal, scale, bstage, bvariant, smem_limit)
-    return (dq, dk, dv) + (None,) * 7
+    dq, dk, dv = backward(q, k, v, o, lse, do, *ctx.args)
+    return (dq, dk, dv) + (None,) * 10
 
 
 forward.register_autograd(_forward_backward, setup_context=_forward_setup)
 
 
 def _backward_setup(ctx, inputs, output):
-    q, k, stage, variant, smem_limit = inputs[0], inputs[1], inputs[8], inputs[9], inputs[10]
-    ctx.stage = _resolve_backward(stage, q, k, variant, smem_limit)
+    q, k, stage, variant, smem_limit = inputs[0], inputs[1], inputs[11], inputs[12], inputs[13]
+    ctx.stage = _resolve_backward(stage, q, k, variant, smem_limit, tuple(inputs[7:10]))
 
 
 def _backward_backward(ctx, *grads):

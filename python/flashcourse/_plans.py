@@ -15,8 +15,9 @@ import struct
 from typing import Dict, Optional, Tuple
 
 from ._library import (BACKWARD_STAGE, FORWARD_STAGE, HOPPER_BACKWARD_STAGE, HOPPER_STAGE,
-                       PASS_BWD, PASS_DEC, PASS_FWD, TAKES_BF16, TAKES_GQA, TAKES_N_K, TAKES_STRIDES,
-                       Library, LibraryNotBuiltError, Request, _torch, stage_library, stages)
+                       PASS_BWD, PASS_DEC, PASS_FWD, TAKES_BF16, TAKES_GQA, TAKES_LOCAL,
+                       TAKES_N_K, TAKES_SOFTCAP, TAKES_STRIDES, Library, LibraryNotBuiltError,
+                       Request, _torch, stage_library, stages)
 
 _INT_MAX = 2**31 - 1
 _FLT_MIN = 2.0**-126  # the smallest normal float32
@@ -64,6 +65,9 @@ def causal_checked(causal, who: str) -> bool:
     if not (isinstance(causal, bool) or (isinstance(causal, int) and causal in (0, 1))):
         raise TypeError(f"{who}: causal must be True or False, not {causal!r}")
     return bool(causal)
+
+
+NO_LOCAL = (-1, -1, 0.0)  # a call's (window_left, window_right, softcap): neither
 
 
 def check_tensors(who: str, named, dtype=None):
@@ -191,13 +195,16 @@ def variant_index(st, variant, what: str = "variant") -> int:
 
 
 def request(backward: bool, device: int, geometry: tuple, causal: bool, s32: float, vi: int,
-            smem_limit: int, bf16: bool, cache: Optional[tuple] = None) -> Request:
+            smem_limit: int, bf16: bool, cache: Optional[tuple] = None,
+            local: tuple = NO_LOCAL) -> Request:
     """The attn_lib_request of a pass (geometry: (B, H, N, D, H_kv, N_k, 24 strides or None));
     cache: a decode's (paged, page_size, num_pages, max_pages, N_new, 6 strides of k_new and
-    v_new): decode_geometry's."""
+    v_new): decode_geometry's; local: (window_left, window_right, softcap) or NO_LOCAL."""
     B, H, N, D, H_kv, N_k, strides = geometry
     pass_ = PASS_DEC if cache is not None else PASS_BWD if backward else PASS_FWD
     r = Request(pass_, device, smem_limit, B, H, N, D, int(causal), s32, vi, H_kv, N_k, int(bf16))
+    r.window_left, r.window_right, r.softcap = local
+    r.local = int(local[:2] != (-1, -1))
     if strides:
         r.strides[:] = strides
     if cache is not None:
@@ -219,10 +226,10 @@ class _Plan:
 
     def __init__(self, library: Library, backward: bool, device: int, geometry: tuple,
                  causal: bool, s32: float, vi: int, smem_limit: int, bf16: bool = False,
-                 cache: Optional[tuple] = None):
+                 cache: Optional[tuple] = None, local: tuple = NO_LOCAL):
         self.library, self.stage, self.geometry = library, library.stage.name, geometry
         self.request = request(backward, device, geometry, causal, s32, vi, smem_limit, bf16,
-                               cache)
+                               cache, local)
         self.by_do = {}  # backward: the plans for other layouts of do (with_do)
         self.buf = ctypes.create_string_buffer(library.plan_bytes)
         self.addr = ctypes.addressof(self.buf)
@@ -248,7 +255,8 @@ class _Plan:
             g = self.geometry[:6] + (strides[:12] + do_rows + strides[15:],)
             r = self.request
             p = _Plan(self.library, True, r.device, g, bool(r.causal), r.scale, r.variant,
-                      r.smem_limit, bool(r.bf16))
+                      r.smem_limit, bool(r.bf16),
+                      local=(r.window_left, r.window_right, r.softcap))
             self.by_do[do_rows] = p
         return p
 
@@ -257,12 +265,13 @@ _plans: Dict[tuple, _Plan] = {}
 
 
 def plan(stage: str, backward: bool, shape, device: Optional[int], dtype, causal: bool,
-         scale: float, variant: str, smem_limit: int, who: Optional[str] = None) -> _Plan:
+         scale: float, variant: str, smem_limit: int, who: Optional[str] = None,
+         local: tuple = NO_LOCAL) -> _Plan:
     """Every check the library makes before a pass, without running it, once per combination:
     the plan, or TypeError / ValueError (named by `who`, the call the user made, where given).
     shape: [B, H, N, D] (contiguous tensors, as many keys and key/value heads as queries) or a
     geometry (forward_geometry, backward_geometry); dtype: the tensors' torch dtype. stage
-    "auto": resolve's for what the call asks."""
+    "auto": resolve's for what the call asks. local: (window_left, window_right, softcap)."""
     torch = _torch()
     if device is None:
         device = torch.cuda.current_device()
@@ -272,9 +281,9 @@ def plan(stage: str, backward: bool, shape, device: Optional[int], dtype, causal
         geometry = (B, H, N, D, H, N, None)
     if stage == "auto":
         B, H, N, D, H_kv, N_k, _ = geometry
-        stage = resolve(stage, backward, device, asks_of(dtype, H, H_kv, N, N_k), variant,
-                        smem_limit)
-    key = (stage, backward, geometry, device, dtype, causal, scale, variant, smem_limit,
+        stage = resolve(stage, backward, device, asks_of(dtype, H, H_kv, N, N_k, local),
+                        variant, smem_limit)
+    key = (stage, backward, geometry, device, dtype, causal, scale, variant, smem_limit, local,
            os.environ.get("FLASHCOURSE_LIB_DIR"))
     p = _plans.get(key)
     if p is not None:
@@ -292,7 +301,7 @@ def plan(stage: str, backward: bool, shape, device: Optional[int], dtype, causal
         raise TypeError(f"{lead} takes {names} tensors (its storage type); these are {dtype}")
     vi = variant_index(st, variant, "backward variant" if backward and who else "variant")
     p = _Plan(library, backward, device, geometry, causal, _scale32(scale), vi, smem_limit,
-              dtype == torch.bfloat16)
+              dtype == torch.bfloat16, local=local)
     if len(_plans) >= PLANS_MAX:
         _plans.clear()
     _plans[key] = p
@@ -342,15 +351,18 @@ def decode_plan(stage: str, device: int, dtype, geometry: tuple, cache: tuple, c
 
 # ---- "auto": the one place it is resolved ----
 
-def asks_of(dtype, H: int, H_kv: int, N: int, N_k: int) -> int:
-    """What a call asks of a stage beyond the plain case, strides aside (TAKES_* bits)."""
+def asks_of(dtype, H: int, H_kv: int, N: int, N_k: int, local: tuple = NO_LOCAL) -> int:
+    """What a call asks of a stage beyond the plain case, strides aside (TAKES_* bits); any
+    window_size but (-1, -1) asks for a local window (even one the library writes as causal)."""
     asks = TAKES_BF16 if dtype == _torch().bfloat16 else 0
     asks |= TAKES_GQA if H_kv != H else 0
+    asks |= TAKES_LOCAL if local[:2] != (-1, -1) else 0
+    asks |= TAKES_SOFTCAP if local[2] > 0 else 0
     return asks | (TAKES_N_K if N_k != N else 0)
 
 
-def asks(q, k) -> int:
-    return asks_of(q.dtype, q.shape[1], k.shape[1], q.shape[2], k.shape[2])
+def asks(q, k, local: tuple = NO_LOCAL) -> int:
+    return asks_of(q.dtype, q.shape[1], k.shape[1], q.shape[2], k.shape[2], local)
 
 
 _probed: Dict[Tuple[bool, int, int], str] = {}

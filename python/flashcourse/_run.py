@@ -16,8 +16,8 @@ from typing import Dict, Optional
 
 from . import _library
 from ._library import TAKES_STRIDES, Request, _torch, library_dir
-from ._plans import (ALIGN, _Plan, backward_geometry, check_aligned, device_of, forward_geometry,
-                     plan)
+from ._plans import (ALIGN, NO_LOCAL, _Plan, backward_geometry, check_aligned, device_of,
+                     forward_geometry, plan)
 
 
 def _raw_stream_public(device: int) -> int:
@@ -66,22 +66,22 @@ def backward_with(p: _Plan, q, k, v, o, lse, do):
 
 
 def run_forward(q, k, v, causal: bool, scale: float, stage: str, variant: str,
-                smem_limit: int):
+                smem_limit: int, local: tuple = NO_LOCAL):
     """The forward pass on the current stream: (o, lse). The custom operator's body."""
     check_aligned(stage, (("q", q), ("k", k), ("v", v)))
     init_stream_accessor()
     p = plan(stage, False, forward_geometry(q, k), device_of(q), q.dtype, causal, scale,
-             variant, smem_limit)
+             variant, smem_limit, local=local)
     return forward_with(p, q, k, v)
 
 
 def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, stage: str, variant: str,
-                 smem_limit: int):
+                 smem_limit: int, local: tuple = NO_LOCAL):
     """The backward pass on the current stream: (dq, dk, dv). The custom operator's body."""
     check_aligned(stage, (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)))
     init_stream_accessor()
     p = plan(stage, True, backward_geometry(q, k, v, o, do), device_of(q), q.dtype, causal,
-             scale, variant, smem_limit)
+             scale, variant, smem_limit, local=local)
     return backward_with(p, q, k, v, o, lse, do)
 
 
@@ -94,10 +94,10 @@ calls: Dict[tuple, object] = {}
 
 
 def call_key(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-             backward_variant, grad: bool):
+             backward_variant, grad: bool, local: tuple = NO_LOCAL):
     return (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.stride(), k.stride(),
             v.stride(), q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, scale,
-            stage, variant, smem_limit, backward_stage, backward_variant, grad,
+            stage, variant, smem_limit, backward_stage, backward_variant, grad, local,
             os.environ.get("FLASHCOURSE_LIB_DIR"))
 
 
@@ -122,7 +122,7 @@ def make_call(fp: _Plan, bp: Optional[_Plan]):
 
 # ---- the eager operator: the hot path in C++ (python/flashcourse/_eager.cpp) ----
 
-_EAGER_ABI = 3  # EAGER_ABI in _eager.cpp
+_EAGER_ABI = 4  # EAGER_ABI in _eager.cpp
 _DO_LAYOUTS_MAX = 4  # DO_LAYOUTS_MAX in _eager.cpp
 EAGER_LIB = "libflashcourse_eager.so"
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 from . import _library, _run
 from ._library import (BACKWARD_STAGE, FORWARD_STAGE, HOPPER_BACKWARD_STAGE, _torch,
                        stage_library)
-from ._plans import (PLANS_MAX, asks, backward_geometry, causal_checked, check_aligned,
+from ._plans import (NO_LOCAL, PLANS_MAX, asks, backward_geometry, causal_checked, check_aligned,
                      check_tensors, device_index, device_of, forward_geometry, plan, resolve,
                      scale_checked, smem_limit_checked, takes_strides)
 
@@ -84,9 +84,10 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
 
 
 def attention_as(who: str, q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-                 backward_variant):
+                 backward_variant, local: tuple = NO_LOCAL):
     """attention() for a drop-in: the same cache first, and every error named by `who` (the
-    function the user called)."""
+    function the user called). local: (window_left, window_right, softcap), a checked local
+    window and softcap (_plans.local_checked; flash_attn_func's)."""
     torch = _library.torch_mod
     if torch is not None and not torch.compiler.is_compiling():
         try:
@@ -94,13 +95,13 @@ def attention_as(who: str, q, k, v, causal, scale, stage, variant, smem_limit, b
                                                 v.requires_grad)
             call = _run.calls.get(_run.call_key(q, k, v, causal, scale, stage, variant,
                                                 smem_limit, backward_stage, backward_variant,
-                                                grad))
+                                                grad, local))
         except (AttributeError, TypeError):
             call = None
         if call is not None and _run.ready(q, k, v):
             return call(q, k, v)
     return _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit,
-                              backward_stage, backward_variant, who)
+                              backward_stage, backward_variant, who, local)
 
 
 def named_by(who: str, e: Exception) -> Exception:
@@ -121,13 +122,13 @@ def _compiling() -> bool:
 
 
 def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-                       backward_variant, who: Optional[str] = None):
+                       backward_variant, who: Optional[str] = None, local: tuple = NO_LOCAL):
     """attention() with every check made: the first call of a combination, every call under
     torch.compile (which traces the checks), and every call that fails one. who: the function
     the user called, where not attention()."""
     try:
         return _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-                        backward_variant, who)
+                        backward_variant, who, local)
     except _OWN_ERRORS as e:
         if who is None:
             raise
@@ -138,7 +139,7 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
 
 
 def _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-             backward_variant, who):
+             backward_variant, who, local=NO_LOCAL):
     given = (causal, scale, stage, variant, smem_limit)  # the cache's key: as the caller gave them
     given_backward = backward_stage  # ("auto" stays "auto" in the key, as attention() looks it up)
     name = who or (stage if isinstance(stage, str) and stage != "auto" else
@@ -152,7 +153,7 @@ def _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
     torch = _torch()
     check_tensors(name, (("q", q), ("k", k), ("v", v)))
     dev = device_of(q)
-    asked = asks(q, k)
+    asked = asks(q, k, local)
     sl = smem_limit_checked(smem_limit, name)
     if eager:  # (under torch.compile the operators resolve "auto": _plans.plan)
         stage = resolve(stage, False, dev, asked, "default", sl)
@@ -183,15 +184,15 @@ def _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
     if eager and B * H > stage_library(stage).limits["max_bh"]:
         call = _in_parts(stage_library(stage).limits["max_bh"], H, H // int(k.shape[1]),
                          lambda q, k, v: attention_as(name, q, k, v, *given, given_backward,
-                                                      backward_variant))
+                                                      backward_variant, local))
     else:
         call = _planned(q, k, v, causal, scale, stage, variant, sl, backward_stage,
-                        backward_variant, grad, eager, name)
+                        backward_variant, grad, eager, name, local)
         if not eager:
             return call
     if given[1] is None or type(given[1]) in (int, float):  # (a 0-d tensor hashes by identity)
         try:
-            key = _run.call_key(q, k, v, *given, given_backward, backward_variant, grad)
+            key = _run.call_key(q, k, v, *given, given_backward, backward_variant, grad, local)
         except TypeError:  # an unhashable argument: checked every call
             key = None
         if key is not None:
@@ -207,7 +208,7 @@ def _lead(name: str, stage: str) -> str:
 
 
 def _planned(q, k, v, causal, scale, stage, variant, sl, backward_stage, backward_variant,
-             grad, eager, name):
+             grad, eager, name, local=NO_LOCAL):
     """The call's plans and the function that runs them on (q, k, v); under torch.compile, the
     custom operator's result itself (it plans as it traces)."""
     # A stage that does not take strided tensors (or whose backward pass does not, with
@@ -219,14 +220,15 @@ def _planned(q, k, v, causal, scale, stage, variant, sl, backward_stage, backwar
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if not eager:  # (under torch.compile the operators make the library's checks as they trace)
         from . import _ops
-        return _ops.forward(q, k, v, causal, scale, stage, variant, sl, backward_stage,
+        return _ops.forward(q, k, v, causal, *local, scale, stage, variant, sl, backward_stage,
                             backward_variant)
     check_aligned(name, (("q", q), ("k", k), ("v", v)))
     _run.init_stream_accessor()
     dev = device_of(q)
-    fp = plan(stage, False, forward_geometry(q, k), dev, q.dtype, causal, scale, variant, sl)
+    fp = plan(stage, False, forward_geometry(q, k), dev, q.dtype, causal, scale, variant, sl,
+              local=local)
     bp = plan(backward_stage, True, backward_geometry(q, k, v), dev, q.dtype, causal, scale,
-              backward_variant, sl, who=name) if grad else None
+              backward_variant, sl, who=name, local=local) if grad else None
     call = _run.make_call(fp, bp)
     if copy:
         run = call
@@ -323,7 +325,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if not eager:
         from . import _ops
-        return _ops.backward(q, k, v, o, lse, do, causal, scale, stage, variant, sl)
+        return _ops.backward(q, k, v, o, lse, do, causal, *NO_LOCAL, scale, stage, variant, sl)
     return _run.run_backward(q, k, v, o, lse, do, causal, scale, stage, variant, sl)
 
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _run
 from ._library import DECODE_STAGE, _torch, stage_library
-from ._plans import (_INT_MAX, ALIGN, PLANS_MAX, causal_checked, decode_geometry, decode_plan,
-                     device_of, scale_checked)
+from ._plans import (_INT_MAX, ALIGN, NO_LOCAL, PLANS_MAX, causal_checked, decode_geometry,
+                     decode_plan, device_of, scale_checked)
 from .api import _OWN_ERRORS, attention_as, named_by
 
 if TYPE_CHECKING:
@@ -25,18 +25,37 @@ FLASH = "flashcourse.flash_attn_func"
 KVCACHE = "flashcourse.flash_attn_with_kvcache"
 
 
+def local_checked(window_size, softcap, who: str) -> tuple:
+    """flash-attn's window_size (ints left, right; -1: unbounded) and softcap (>= 0; 0: none) as
+    (window_left, window_right, softcap), or TypeError / ValueError naming `who`."""
+    pair = tuple(window_size) if isinstance(window_size, (tuple, list)) else ()
+    if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in pair):
+        raise TypeError(f"{who}: window_size must be a pair (left, right) of ints, not "
+                        f"{window_size!r}")
+    if not all(-1 <= x <= _INT_MAX for x in pair):
+        raise ValueError(f"{who}: window_size {pair!r}: each side is -1 (unbounded) or 0 to "
+                         f"{_INT_MAX} keys")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"{who}: softcap must be a number, not {type(softcap).__name__}")
+    if not 0.0 <= softcap <= 3.4028234663852886e38:  # a float32
+        raise ValueError(f"{who}: softcap must be a finite number >= 0 (0: none), not "
+                         f"{softcap!r}")
+    return (int(pair[0]), int(pair[1]), float(softcap))
+
+
 def _four_dims(*ts) -> bool:
     torch = _torch()
     return all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in ts)
 
 
 def _attend(who: str, q, k, v, mask: Optional[str], scale, stage, backward_stage,
-            backward_variant):
+            backward_variant, local: tuple = NO_LOCAL):
     """(o, lse) of q, k, v [B, H, N, D] with mask None, "bottom_right" (the kernels' causal) or
-    "top_left" (SDPA's is_causal)."""
+    "top_left" (SDPA's is_causal); local: a local window and softcap (bottom-right aligned, with
+    mask None or "bottom_right")."""
     def run(q, k, v, causal):
         return attention_as(who, q, k, v, causal, scale, stage, "default", None, backward_stage,
-                            backward_variant)
+                            backward_variant, local)
 
     if mask != "top_left" or not _four_dims(q, k, v) or q.shape[2] == k.shape[2]:
         return run(q, k, v, mask is not None)
@@ -155,6 +174,12 @@ def flash_attn_func(q: "Tensor", k: "Tensor", v: "Tensor", dropout_p: float = 0.
     tensors of one dtype a stage stores (float16; bfloat16 where it takes it), any strides with
     a contiguous last dimension (q, k, v of one fused [B, N, 3, H, D] projection are read in
     place). causal with N != N_k: aligned to the bottom right, as flash-attn 2.1 and later.
+    window_size (left, right): a local window, as flash-attn's: query i attends to keys
+    i + N_k - N - left .. i + N_k - N + right, -1 unbounded on that side (causal makes right 0);
+    softcap > 0: each score s becomes softcap * tanh(s / softcap) before the softmax (lse of the
+    capped scores). Both are taken by the stages whose Stage.takes say so (stages 5-8; "auto"
+    picks one that takes them), and flow into the backward pass; another stage raises
+    ValueError naming this function.
     Returns o [B, N, H, D]; with return_attn_probs=True, (o, softmax_lse, S_dmask) as flash-attn
     returns them without dropout: lse [B, H, N] float32 (natural log), S_dmask an empty tensor.
     deterministic=True: the backward pass's deterministic variant (bit-identical gradients from
@@ -163,18 +188,14 @@ def flash_attn_func(q: "Tensor", k: "Tensor", v: "Tensor", dropout_p: float = 0.
     else stage 7) or a stage name.
 
     The keywords flash-attn has and the stages do not compute are taken at their defaults only:
-    dropout_p 0, window_size (-1, -1), softcap 0, alibi_slopes None; others raise
-    NotImplementedError. Every error names this function.
+    dropout_p 0, alibi_slopes None; others raise NotImplementedError. Every error names this
+    function.
     """
     who = FLASH
     if dropout_p:
         raise NotImplementedError(f"{who} has no dropout (dropout_p={dropout_p!r}): pass "
                                   "dropout_p=0.0")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(f"{who} has no local (sliding-window) attention "
-                                  f"(window_size={tuple(window_size)!r}): pass (-1, -1)")
-    if softcap:
-        raise NotImplementedError(f"{who} has no softcap (softcap={softcap!r}): pass 0.0")
+    local = local_checked(window_size, softcap, who)
     if alibi_slopes is not None:
         raise NotImplementedError(f"{who} has no ALiBi (alibi_slopes): pass None")
     if deterministic:
@@ -193,7 +214,7 @@ def flash_attn_func(q: "Tensor", k: "Tensor", v: "Tensor", dropout_p: float = 0.
     # [B, N, H, D] -> [B, H, N, D] views: the same memory, the stages read it through strides
     o, lse = _attend(who, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                      "bottom_right" if causal else None, softmax_scale, stage, backward_stage,
-                     backward_variant)
+                     backward_variant, local)
     o = o.transpose(1, 2)  # [B, N, H, D]: contiguous unless a stage without strides took copies
     o = o if o.is_contiguous() else o.contiguous()
     if return_attn_probs:

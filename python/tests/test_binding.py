@@ -193,7 +193,7 @@ def t_auto_backward_choice():
 
     class FakePlan:  # the library's plan: the Hopper stages run on device 0 with >= 100000 B
         def __init__(self, library, backward, device, geometry, causal, s32, vi, smem_limit,
-                     bf16=False):
+                     bf16=False, cache=None, local=None):
             name = library.stage.name
             planned.append((name, backward, device, smem_limit, geometry[3]))
             if name in (b.HOPPER_STAGE, HOPPER_BWD) and device != 0:
@@ -218,6 +218,8 @@ def t_auto_backward_choice():
         assert P.resolve("stage7_backward", True, 0) == "stage7_backward", "a name as given"
         assert choose(0) == HOPPER_BWD
         assert choose(0, b.TAKES_BF16 | b.TAKES_GQA | b.TAKES_N_K) == HOPPER_BWD
+        assert choose(0, b.TAKES_LOCAL) == BWD, "a local window this stage 8 does not take"
+        assert choose(0, b.TAKES_SOFTCAP) == BWD, "a softcap this stage 8 does not take"
         assert choose(0, 0, "registers") == BWD, "a variant stage 8 lacks"
         assert choose(0, 0, "default", 65536) == BWD, "an smem_limit stage 8 does not fit"
         assert choose(0, 0, "default", 200000) == HOPPER_BWD

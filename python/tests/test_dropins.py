@@ -196,12 +196,107 @@ def t_flash_attn_keywords():
     assert torch.equal(o, o2)
     assert lse2.shape == (2, 4, 128) and lse2.dtype == torch.float32 and torch.equal(lse, lse2)
     assert s_dmask.numel() == 0, s_dmask.shape  # flash-attn 2 without dropout: empty
-    for kw, word in ((dict(window_size=(4, 4)), "window"), (dict(softcap=1.0), "softcap"),
-                     (dict(alibi_slopes=torch.ones(4, device="cuda")), "ALiBi"),
+    for kw, word in ((dict(alibi_slopes=torch.ones(4, device="cuda")), "ALiBi"),
                      (dict(dropout_p=0.1), "dropout")):
         raises(NotImplementedError, fa, q, k, v, match=[FLASH_NAME, word], **kw)
+    # window_size and softcap: checked values (flash-attn's defaults are no-ops)
+    for kw, err in ((dict(window_size=(4,)), TypeError), (dict(window_size=(-2, 0)), ValueError),
+                    (dict(softcap=-1.0), ValueError), (dict(softcap="3"), TypeError)):
+        raises(err, fa, q, k, v, match=FLASH_NAME, **kw)
+    with torch.no_grad():
+        assert torch.equal(fa(q, k, v, causal=True, window_size=(-1, -1), softcap=0.0), o)
+        assert torch.equal(fa(q, k, v, causal=True, window_size=[-1, -1], softcap=0), o)
     raises(ValueError, fa, q, k, v, deterministic=True, backward_variant="registers",
            match=FLASH_NAME)
+
+
+def key_mask(N, N_k, causal, left, right, device="cuda"):
+    """[N, N_k] bool: the keys each query attends to, by attention.h's rules (attn_shape_complete
+    then attn_key_range): causal makes right 0; a bound at or past N_k, or negative, is
+    unbounded; query i sees keys i + N_k - N - left .. i + N_k - N + right."""
+    if causal:
+        right = 0
+    left = -1 if left < 0 or left >= N_k else left
+    right = -1 if right < 0 or right >= N_k else right
+    i = torch.arange(N, device=device)[:, None]
+    j = torch.arange(N_k, device=device)[None, :]
+    diag = i + N_k - N
+    mask = torch.ones(N, N_k, dtype=torch.bool, device=device)
+    if right >= 0:
+        mask &= j <= diag + right
+    if left >= 0:
+        mask &= j >= diag - left
+    return mask
+
+
+def local_ref(q, k, v, causal, window, softcap, scale):
+    """flash_attn_func's answer in float64 on q, k, v's values ([B, N, H, D], k and v [B, N_k,
+    H_kv, D]): softmax over the window's keys of the capped scores, o = 0 where a row has no key;
+    (o [B, N, H, D], lse [B, H, N], the float64 leaves) for autograd."""
+    ref = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    qh, kh, vh = (t.transpose(1, 2) for t in ref)  # [B, H, N, D]
+    group = qh.shape[1] // kh.shape[1]
+    kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
+    s = scale * qh @ kh.transpose(-1, -2)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    mask = key_mask(qh.shape[2], kh.shape[2], causal, *window, device=q.device)
+    s = s.masked_fill(~mask, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m).detach()
+    p = torch.exp(s - m)  # 0 where masked
+    l = p.sum(-1, keepdim=True)
+    o = (p @ vh) / torch.where(l > 0, l, torch.ones_like(l))
+    lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, float("-inf")))[..., 0]
+    return o.transpose(1, 2), lse, ref
+
+
+def t_flash_attn_local():
+    need_gpu()
+    fa = flashcourse.flash_attn_func
+    cases = (  # (N, N_k, H, H_kv, causal, window_size, softcap, dtype)
+        (128, 128, 4, 4, False, (16, 16), 0.0, torch.float16),
+        (200, 128, 4, 2, False, (0, 0), 0.0, torch.float16),  # rows with no key
+        (64, 300, 8, 1, True, (100, 7), 0.0, torch.bfloat16),
+        (130, 130, 4, 4, False, (-1, 40), 0.0, torch.float16),
+        (96, 96, 4, 4, False, (-1, -1), 30.0, torch.float16),
+        (96, 160, 6, 2, True, (-1, -1), 5.0, torch.bfloat16),
+        (160, 96, 4, 4, False, (33, 3), 50.0, torch.float16),
+    )
+    for n, (N, N_k, H, H_kv, causal, window, cap, dtype) in enumerate(cases):
+        q, k, v = leaves((2, N, H, 64), (2, N_k, H_kv, 64), dtype=dtype, seed=20 + n)
+        with torch.no_grad():  # peaky scores, so that the cap bites
+            q.mul_(8)
+        label = (f"N={N} N_k={N_k} H={H}:{H_kv} causal={causal} window={window} softcap={cap} "
+                 f"{dtype}")
+        o, lse, s_dmask = fa(q, k, v, causal=causal, window_size=window, softcap=cap,
+                             return_attn_probs=True)
+        do = torch.randn_like(o)
+        o.backward(do)
+        ro, rlse, ref = local_ref(q, k, v, causal, window, cap, 64 ** -0.5)
+        ro.backward(do.double())
+        bad = [m for m in (miss(g, w, f"{label} {what}") for g, w, what in
+                           zip([o, q.grad, k.grad, v.grad], [ro] + [t.grad for t in ref],
+                               ("o", "dq", "dk", "dv"))) if m]
+        assert not bad, "; ".join(bad)
+        finite = torch.isfinite(rlse)
+        assert torch.equal(torch.isfinite(lse), finite), f"{label}: lse -inf at other rows"
+        assert miss(lse[finite], rlse[finite], f"{label} lse") is None, label
+        # the window and the cap are read: the plain answer is outside the bound
+        plain, _, _ = local_ref(q, k, v, causal, (-1, -1), 0.0, 64 ** -0.5)
+        assert miss(o, plain, "plain") is not None, f"{label}: equal to the plain answer"
+        for t in (q, k, v):
+            t.grad = None
+    # a stage that takes no local window or softcap refuses them, naming the function
+    plain = [s.name for s in flashcourse.stages() if s.dtype == "float16" and
+             not s.takes & flashcourse._library.TAKES_LOCAL]
+    if plain:
+        q, k, v = leaves((1, 64, 2, 64), (1, 64, 2, 64))
+        with torch.no_grad():
+            raises(ValueError, fa, q, k, v, window_size=(8, 8), stage=plain[0],
+                   match=[FLASH_NAME, "local window"])
+            raises(ValueError, fa, q, k, v, softcap=30.0, stage=plain[0],
+                   match=[FLASH_NAME, "softcap"])
 
 
 def t_errors_name_the_function():
@@ -279,6 +374,8 @@ def main():
     run("SDPA drop-in: grouped-query heads (enable_gqa=True) as SDPA", t_sdpa_gqa)
     run("flash_attn_func: deterministic, return_attn_probs, the keywords it refuses",
         t_flash_attn_keywords)
+    run("flash_attn_func: window_size and softcap against a float64 masked, capped softmax, "
+        "forward and gradients (GQA, bf16, N_k != N)", t_flash_attn_local)
     run("errors name the function called", t_errors_name_the_function)
     run("empty batches, heads, queries or keys: zeros as torch, zero-size gradients", t_empty)
     run("B x H over the kernels' limit: in parts, equal to SDPA", t_over_the_grid_limit)

@@ -149,7 +149,9 @@ int main(void) {
     F(attn_lib_request, bf16); F(attn_lib_request, strides); F(attn_lib_request, paged);
     F(attn_lib_request, page_size); F(attn_lib_request, num_pages);
     F(attn_lib_request, max_pages); F(attn_lib_request, N_new);
-    F(attn_lib_request, new_strides);
+    F(attn_lib_request, new_strides); F(attn_lib_request, local);
+    F(attn_lib_request, window_left); F(attn_lib_request, window_right);
+    F(attn_lib_request, softcap);
     printf("stage.takes %zu\nstage.decode_workspace_bytes %zu\nstage.decode %zu\n",
            offsetof(attn_stage, takes), offsetof(attn_stage, decode_workspace_bytes),
            offsetof(attn_stage, decode));
@@ -181,8 +183,9 @@ def t_abi_mirror():
         else:
             want = getattr(R, names.get(field, field)).offset
         assert off == want, f"{field}: C offset {off}, ctypes {want}"
-    assert [f[0] for f in R._fields_][-6:] == ["paged", "page_size", "num_pages", "max_pages",
-                                               "N_new", "new_strides"]
+    assert [f[0] for f in R._fields_][-10:] == ["paged", "page_size", "num_pages", "max_pages",
+                                                "N_new", "new_strides", "local", "window_left",
+                                                "window_right", "softcap"]
 
 
 FAKE_STAGE_C = r"""
