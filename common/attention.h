@@ -190,7 +190,7 @@ static inline int attn_layout_unset(const attn_layout *l) {
  * window in its one form (flash-attn's rules): causal makes window_right 0; a bound at or past
  * the keys (window_left >= N_k, window_right >= N_k) is unbounded (-1); a window unbounded on
  * the left and 0 on the right is causal (local = 0, causal = 1); one unbounded on both sides is
- * no window (local = 0). Every caller of a stage completes its shape first (the program and the
+ * no window (local = 0); beside a bounded left, an unbounded right is N_k (flash-attn's). Every caller of a stage completes its shape first (the program and the
  * library do); a stage reads it whole. */
 static inline void attn_shape_complete(attn_shape *s) {
     if (s->H_kv == 0) s->H_kv = s->H;
@@ -201,6 +201,9 @@ static inline void attn_shape_complete(attn_shape *s) {
         if (s->window_right < 0 || s->window_right >= s->N_k) s->window_right = -1;
         if (s->window_left < 0 && s->window_right == 0) s->local = 0, s->causal = 1;
         if (s->window_left < 0 && s->window_right < 0) s->local = 0;
+        /* flash-attn bounds an unbounded side beside a bounded one at N_k keys (set_params_fprop):
+         * with more queries than keys, its first rows see fewer keys on the right than all */
+        if (s->local && s->window_right < 0) s->window_right = s->N_k;
     }
     if (!s->local) s->window_left = s->window_right = -1;
     if (!(s->softcap > 0.f)) s->softcap = 0.f;

@@ -213,11 +213,14 @@ def t_flash_attn_keywords():
 def key_mask(N, N_k, causal, left, right, device="cuda"):
     """[N, N_k] bool: the keys each query attends to, by attention.h's rules (attn_shape_complete
     then attn_key_range): causal makes right 0; a bound at or past N_k, or negative, is
-    unbounded; query i sees keys i + N_k - N - left .. i + N_k - N + right."""
+    unbounded, except an unbounded right beside a bounded left, which is N_k (flash-attn's);
+    query i sees keys i + N_k - N - left .. i + N_k - N + right."""
     if causal:
         right = 0
     left = -1 if left < 0 or left >= N_k else left
     right = -1 if right < 0 or right >= N_k else right
+    if left >= 0 and right < 0:
+        right = N_k
     i = torch.arange(N, device=device)[:, None]
     j = torch.arange(N_k, device=device)[None, :]
     diag = i + N_k - N
@@ -262,6 +265,7 @@ def t_flash_attn_local():
         (96, 96, 4, 4, False, (-1, -1), 30.0, torch.float16),
         (96, 160, 6, 2, True, (-1, -1), 5.0, torch.bfloat16),
         (160, 96, 4, 4, False, (33, 3), 50.0, torch.float16),
+        (300, 64, 4, 4, False, (20, -1), 0.0, torch.float16),  # right N_k: rows < 235 cut
     )
     for n, (N, N_k, H, H_kv, causal, window, cap, dtype) in enumerate(cases):
         q, k, v = leaves((2, N, H, 64), (2, N_k, H_kv, 64), dtype=dtype, seed=20 + n)
