@@ -72,6 +72,9 @@ constexpr tile_config SMALL_SMEM_D128 = {128, 32, 4};
 // sm_75 (T4): no cp.async, so the prefetched tile waits in registers; 16 rows per warp leave
 // room for it (and for Q in registers). 48 KB at D = 128 fits the T4's 64 KB.
 constexpr tile_config SM75 = {64, 64, 4};
+// Local windows and softcap (the MODEL kernels that hold the mask's bounds and the cap's factor
+// through the key loop), sm_80+: 32-key tiles at both D. At FA2's tiles they spill (LOG.md).
+constexpr tile_config WINDOW_SOFTCAP_TILES = SMALL_SMEM_D128;
 
 // Q fragments stay in registers for the whole key loop when Q + S + O_acc need at most this
 // many 32-bit registers per thread (255 is the hardware limit; the rest holds addresses, K/V
@@ -424,12 +427,14 @@ __device__ __forceinline__ void compute_scores(float (&S)[MT][NB][4],
     }
 }
 
-// Mask (diagonal and tail tiles only): key > query (causal) or key >= N -> -inf.
+// Mask (diagonal and tail tiles only): key > query (causal) or key >= N -> -inf. WINDOW (MODEL
+// kernels, where q0 is the first row's last key, block_place): key > that row's last key, or
+// key < its last key - width (model_layout's mask_width, a local window's keys but one).
 // Element e of S[m][n] is query q0 + warp*RPW + 16m + g + 8(e/2), key k0 + 8n + 2t + e%2;
 // moving the lane's part to one side leaves one compile-time constant per element.
-template <int RPW, int MT, int NB>
+template <int RPW, bool WINDOW = false, int MT, int NB>
 __device__ __forceinline__ void mask_scores(float (&S)[MT][NB][4], int k0, int q0, int N,
-                                            int causal) {
+                                            int causal, int width = 0) {
     const int me = thread_index() % WARP_SIZE, my_warp = thread_index() / WARP_SIZE;
     const int diag = k0 - q0 - my_warp * RPW - me / QUAD + 2 * (me % QUAD);  // key - query - consts
     const int tail = N - k0 - 2 * (me % QUAD);  // key >= N  <=>  8n + e%2 >= tail
@@ -440,10 +445,27 @@ __device__ __forceinline__ void mask_scores(float (&S)[MT][NB][4], int k0, int q
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 // key - query = diag + (8n + e%2) - (16m + 8(e/2))
-                const bool after =
-                    diag + MMA_N * n + (e & 1) - MMA_M * m - FRAG_ROW_STEP * (e >> 1) > 0;
-                if (MMA_N * n + (e & 1) >= tail || (causal && after)) S[m][n][e] = -INFINITY;
+                const int key_minus_query =
+                    diag + MMA_N * n + (e & 1) - MMA_M * m - FRAG_ROW_STEP * (e >> 1);
+                const bool outside = WINDOW ? key_minus_query > 0 || key_minus_query < -width
+                                            : causal && key_minus_query > 0;
+                if (MMA_N * n + (e & 1) >= tail || outside) S[m][n][e] = -INFINITY;
             }
+        }
+    }
+}
+
+// Softcap (MODEL kernels): raw scores q.k become tanh(q.k * scale / cap) (the capped score over
+// cap: the softmax then takes cap * log2(e) as its scale, model_layout's softcap_log2). Before the
+// mask: a masked score stays -inf.
+template <int MT, int NB>
+__device__ __forceinline__ void cap_scores(float (&S)[MT][NB][4], float softcap_in) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[m][n][e] = tanh_approx(S[m][n][e] * softcap_in);
         }
     }
 }
@@ -652,6 +674,12 @@ typedef struct model_layout {
     unsigned q_row, kv_row, o_row;  // row strides (elements; K and V share one layout)
     int H, group;                   // query heads; query heads per key/value head (GQA)
     int N_k;                        // keys (N: queries); causal: query i sees keys <= i + N_k - N
+    // The keys a row sees (attention.h, split_kv.cuh's key_rule): keys_before and keys_after its
+    // diagonal key (i + N_k - N), -1 unbounded. The mask's form of them: a row's last key is its
+    // diagonal + mask_after, its first that - mask_width (unbounded: as many as there are keys).
+    int keys_before, keys_after;
+    int mask_after, mask_width;
+    float softcap_in, softcap_log2;  // softcap: scale / cap and cap * log2(e); 0: none
 } model_layout;
 
 // blockIdx.y = batch * H + query head, read afresh (as block_index_x) for the epilogue.
@@ -672,18 +700,23 @@ typedef struct {
 // fill the tail of the grid. A query tile's keys: [0, N), or causal up to its last real row
 // (later tiles are skipped); with splits, range `split` of split_tiles tiles of them (a
 // causal query tile may have fewer ranges than splits: its remaining blocks get none).
-template <int BR, int BC, bool SKIP, bool MODEL>
+template <int BR, int BC, bool SKIP, bool MODEL, bool WINDOW_SOFTCAP>
 __device__ __forceinline__ block_work block_keys(const fwd_params &p, const model_layout &l) {
     block_work w;
     const int q_index = (int)blockIdx.x / p.splits, q_tiles = (int)gridDim.x / p.splits;
     const int split = (int)blockIdx.x - q_index * p.splits;  // which key range
     w.q0 = (p.causal ? q_tiles - 1 - q_index : q_index) * BR;
-    int kv_all;
-    if constexpr (MODEL)
+    int kv_all, first_tile = 0;
+    if constexpr (WINDOW_SOFTCAP) {  // every tile no row sees is skipped (key_rule)
+        const key_rule r = {p.N, l.N_k, l.keys_before, l.keys_after};
+        first_tile = query_tile_first_key_tile(r, w.q0, BC);
+        kv_all = query_tile_key_end(r, w.q0, BR);
+    } else if constexpr (MODEL) {
         kv_all = query_tile_key_end_nk(w.q0, BR, p.N, l.N_k, p.causal && SKIP);
-    else
+    } else {
         kv_all = query_tile_key_end(w.q0, BR, p.N, p.causal && SKIP);
-    w.kv_begin = split * p.split_tiles * BC;
+    }
+    w.kv_begin = (first_tile + split * p.split_tiles) * BC;
     w.kv_end = min(kv_all, w.kv_begin + p.split_tiles * BC);
     return w;
 }
@@ -695,6 +728,13 @@ template <int BC, bool SKIP>
 __device__ __forceinline__ bool needs_mask(int k0, int q0, int N, int causal) {
     return k0 + BC > N || (causal && (!SKIP || k0 + BC - 1 > q0));
 }
+// MODEL (q0: the block's first row's last key, block_place): also where some row of the block's
+// BR sees fewer keys than the tile has: past the first row's last key, or before the last row's
+// first key (its last key, q0 + BR - 1, minus mask_width).
+template <int BR, int BC>
+__device__ __forceinline__ bool needs_window_mask(int k0, int q0, int N, int mask_width) {
+    return k0 + BC > N || k0 + BC - 1 > q0 || k0 + mask_width < q0 + (BR - 1);
+}
 
 // Where one block's tensors lie and which keys it loops over. The key loop counts from the
 // range's first key (K and V point there, and the query row and N are taken relative to it), so
@@ -705,7 +745,7 @@ typedef struct {
     size_t range;    // offset of the range's first key (K and V)
     unsigned kv_ld;  // K and V: elements from one row to the next
     int N;           // keys from the range's first to the row's end
-    int q0;          // the block's first query row, as a key index
+    int q0;          // the block's first query row, as a key index (MODEL: its last key)
     int kv_end;      // the range's end
 } block_place;
 
@@ -713,7 +753,7 @@ typedef struct {
 // (attention_unsupported), one offset for both, of the range's first key in this block's
 // key/value head (query head h reads head h / group: GQA); the keys are N_k and query row i sits
 // at key index i + key_shift (the causal diagonal).
-template <int D, bool MODEL>
+template <int D, bool MODEL, bool WINDOW_SOFTCAP>
 __device__ __forceinline__ block_place place_block(const fwd_params &p, const model_layout &l,
                                                    const block_work &w) {
     block_place s;
@@ -732,6 +772,7 @@ __device__ __forceinline__ block_place place_block(const fwd_params &p, const mo
         s.kv_ld = l.kv_row;
         s.N = l.N_k - w.kv_begin;
         s.q0 = w.q0 + key_shift - w.kv_begin;
+        if constexpr (WINDOW_SOFTCAP) s.q0 += l.mask_after;  // the first row's last key
         s.kv_end = max(w.kv_end - w.kv_begin, 0);
     }
     return s;
@@ -802,7 +843,7 @@ __device__ __forceinline__ void store_block(const fwd_params &p, const model_lay
 // rows and keys), the prologue (Q and the first key tile), Q's fragments and the softmax's start,
 // the key loop (the pipeline schedule), the epilogue.
 template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY,
-          bool MODEL, bool BF16>
+          bool MODEL, bool BF16, bool WINDOW_SOFTCAP = false>
 __device__ __forceinline__ void attention_block(const fwd_params &p, const model_layout &l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 code runs only the SM75 tiles (the launcher asks kernel_arch which code it has):
@@ -822,7 +863,10 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
     constexpr int KD = D / MMA_K;              // k16 steps of S = Q K^T
     constexpr int KC = BC / MMA_K;             // k16 steps of O += P V
     constexpr bool Q_IN_REGS = MT * KD * 4 + MT * NB * 4 + MT * DB * 4 <= Q_REGS_BUDGET;
-    constexpr bool EARLY_K = D <= EARLY_K_MAX_D && HAS_CP_ASYNC;
+    // WINDOW_SOFTCAP kernels hold the mask's bounds and the softcap's factor through the key
+    // loop: the registers that frees is what they need (late K_{j+1}, the lane offset afresh).
+    constexpr bool EARLY_K = D <= EARLY_K_MAX_D && HAS_CP_ASYNC && !WINDOW_SOFTCAP;
+    constexpr bool LANE_OFFSET_AFRESH = LANE_OFFSET_PER_TILE || WINDOW_SOFTCAP;
     static_assert(RPW % MMA_M == 0 && BC % X4_DIM == 0 && D % X4_DIM == 0, "tile shapes");
     static_assert(chunks_per_thread(BR, D, THREADS) * THREADS == BR * D / CHUNK_HALVES,
                   "Q tile split");
@@ -830,12 +874,12 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
                   "K/V tile split");
 
     // 1. The place: which rows and keys (block_keys), and where they lie.
-    const block_work w = block_keys<BR, BC, SKIP, MODEL>(p, l);
+    const block_work w = block_keys<BR, BC, SKIP, MODEL, WINDOW_SOFTCAP>(p, l);
     // A causal query tile has fewer key ranges than splits: its remaining blocks have none. (MODEL:
     // a query tile that sees no key, causal with N > N_k, still writes O = 0 and LSE = -inf
     // unless split: then the merge writes those rows.)
     if (w.kv_begin >= w.kv_end && (!MODEL || p.splits > 1)) return;
-    const block_place s = place_block<D, MODEL>(p, l, w);
+    const block_place s = place_block<D, MODEL, WINDOW_SOFTCAP>(p, l, w);
 
     // Shared memory, each tile named by its shared-space address (what ldmatrix, cp.async and
     // st.shared take): Q_smem [BR, D] (O staging at the end), K_smem and V_smem [BC, D], swizzled.
@@ -897,13 +941,21 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
         if (EARLY_K && has_next)
             start_next_k<D, BC, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_k, K_smem, p, s, kv, next,
                                                                     k0);
-        if (needs_mask<BC, SKIP>(k0, s.q0, s.N, p.causal))
-            mask_scores<RPW>(S, k0, s.q0, s.N, p.causal);
-        online_softmax<LAZY, BF16>(S, m_i, l_i, O_acc, P, p.scale_log2);
+        if constexpr (WINDOW_SOFTCAP) {
+            if (l.softcap_in != 0.f) cap_scores(S, l.softcap_in);
+            if (needs_window_mask<BR, BC>(k0, s.q0, s.N, l.mask_width))
+                mask_scores<RPW, true>(S, k0, s.q0, s.N, 0, l.mask_width);
+            online_softmax<LAZY, BF16>(S, m_i, l_i, O_acc, P,
+                                       l.softcap_in != 0.f ? l.softcap_log2 : p.scale_log2);
+        } else {
+            if (needs_mask<BC, SKIP>(k0, s.q0, s.N, p.causal))
+                mask_scores<RPW>(S, k0, s.q0, s.N, p.causal);
+            online_softmax<LAZY, BF16>(S, m_i, l_i, O_acc, P, p.scale_log2);
+        }
         if (!EARLY_K && has_next)
             start_next_k<D, BC, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_k, K_smem, p, s, kv, next,
                                                                     k0);
-        if constexpr (LANE_OFFSET_PER_TILE) {
+        if constexpr (LANE_OFFSET_AFRESH) {
             accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
         } else {
             accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, lane_off);
@@ -923,10 +975,10 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     attention_block<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY, false, false>(p,
                                                                                     model_layout{});
 }
-template <int D, int BR, int BC, int WARPS, bool BF16>
+template <int D, int BR, int BC, int WARPS, bool BF16, bool WINDOW_SOFTCAP>
 __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1)
     attention_kernel_model(const fwd_params p, const model_layout l) {
-    attention_block<D, BR, BC, WARPS, true, true, true, false, true, BF16>(p, l);
+    attention_block<D, BR, BC, WARPS, true, true, true, false, true, BF16, WINDOW_SOFTCAP>(p, l);
 }
 
 /* ---- launcher -------------------------------------------------------------------------------- */
@@ -954,6 +1006,7 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (s->H_kv < 1 || s->H % s->H_kv)
         return "H must be a multiple of H_kv (query heads per KV head)";
     if (s->N_k < 1) return "N_k must be >= 1";
+    if ((long long)s->N + s->N_k > INT_MAX) return "N + N_k must be below 2^31 (key arithmetic)";
     if (s->k.batch != s->v.batch || s->k.head != s->v.head || s->k.row != s->v.row)
         return "K and V must have the same strides";
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};  // 16-byte rows, 32-bit tile offsets
@@ -961,8 +1014,8 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (why) return why;
     if (attn_shape_asks(s, 0) && variant != VARIANT_DEFAULT && variant != VARIANT_NOSPLIT &&
         variant != VARIANT_EAGER_RESCALE)
-        return "bf16, GQA, strides and N_k != N run in the default tiles' eager kernels only "
-               "(variants default, nosplit, eager_rescale)";
+        return "bf16, GQA, strides, N_k != N, local windows and softcap run in the default tiles' "
+               "eager kernels only (variants default, nosplit, eager_rescale)";
     int arch = 0;
     if (kernel_arch(&arch) != cudaSuccess) {
         cudaGetLastError();
@@ -1015,10 +1068,26 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
                     (unsigned)(s->B * s->H));
     const unsigned threads = plan.tiles.WARPS * WARP_SIZE;
     if (plan.model) {
-        const model_layout l = {
-            s->q.batch,         s->q.head, s->k.batch,         s->k.head,
-            s->o.batch,         s->o.head, (unsigned)s->q.row, (unsigned)s->k.row,
-            (unsigned)s->o.row, s->H,      s->H / s->H_kv,     s->N_k};
+        const key_rule r = key_rule_of(s, true);
+        const int after = r.right < 0 ? s->N : r.right;  // a key - query difference is < N
+        const model_layout l = {s->q.batch,
+                                s->q.head,
+                                s->k.batch,
+                                s->k.head,
+                                s->o.batch,
+                                s->o.head,
+                                (unsigned)s->q.row,
+                                (unsigned)s->k.row,
+                                (unsigned)s->o.row,
+                                s->H,
+                                s->H / s->H_kv,
+                                s->N_k,
+                                r.left,
+                                r.right,
+                                after,
+                                after + (r.left < 0 ? s->N_k : r.left),
+                                s->softcap > 0.f ? s->scale / s->softcap : 0.f,
+                                s->softcap > 0.f ? s->softcap * LOG2E : 0.f};
         plan.kernel->model<<<grid, threads, plan.smem, stream>>>(p, l);
     } else {
         plan.kernel->fn<<<grid, threads, plan.smem, stream>>>(p);
@@ -1066,8 +1135,8 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
-    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
-        ATTN_TAKES_N_K,  // besides the plain case (the default tiles' kernels: MODEL)
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
+        ATTN_TAKES_SOFTCAP,  // besides the plain case (the default tiles' kernels: MODEL)
     0,
     NULL,  // no decode pass: attention against a KV cache is stage 9's
     NULL,

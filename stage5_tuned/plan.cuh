@@ -32,9 +32,11 @@ static int blocks_fit(size_t smem, size_t smem_limit) {
 
 // Tiles for this head dim, code arch and shared-memory limit: the first that fits of
 // sm_80 (two blocks per SM), small-smem sm_80, sm_75. BR = 0 if none fits.
-static tile_config choose_tiles(int D, int arch, size_t smem_limit) {
+static tile_config choose_tiles(int D, int arch, size_t smem_limit, bool window_softcap = false) {
     const tile_config none = {0, 0, 0};
-    if (arch >= 80) {
+    if (arch >= 80 && window_softcap && smem_bytes(WINDOW_SOFTCAP_TILES, D) <= smem_limit)
+        return WINDOW_SOFTCAP_TILES;
+    if (arch >= 80 && !window_softcap) {
         const tile_config c = D == 64 ? SM80_D64 : SM80_D128;
         if (blocks_fit(smem_bytes(c, D), smem_limit) >= 2 ||
             (D == 64 && smem_bytes(c, D) <= smem_limit)) {
@@ -77,9 +79,10 @@ static kernel_entry *entry() {
         attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>, NULL, {0}};
     return &e;
 }
-template <int D, int BR, int BC, int WARPS, bool BF16>
+template <int D, int BR, int BC, int WARPS, bool BF16, bool WINDOW_SOFTCAP>
 static kernel_entry *model_entry() {
-    static kernel_entry e = {NULL, attention_kernel_model<D, BR, BC, WARPS, BF16>, {0}};
+    static kernel_entry e = {
+        NULL, attention_kernel_model<D, BR, BC, WARPS, BF16, WINDOW_SOFTCAP>, {0}};
     return &e;
 }
 
@@ -93,10 +96,10 @@ static kernel_entry *variant_entry(int variant, bool lazy, bool model, bool bf16
             if constexpr (BR == SM75.BR && BC == SM75.BC && WARPS == SM75.WARPS) {
                 return NULL;
             } else {
-                return model_entry<D, BR, BC, WARPS, true>();
+                return model_entry<D, BR, BC, WARPS, true, false>();
             }
         }
-        return model_entry<D, BR, BC, WARPS, false>();
+        return model_entry<D, BR, BC, WARPS, false, false>();
     }
     switch (variant) {
         case VARIANT_NOSWIZZLE:
@@ -113,8 +116,23 @@ static kernel_entry *variant_entry(int variant, bool lazy, bool model, bool bf16
 
 #define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy, model, bf16)
 
-static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy, bool model,
-                                bool bf16) {
+// Local windows and softcap: MODEL kernels of their own, WINDOW_SOFTCAP_TILES (sm_80+) or SM75
+// (fp16), eager rescaling.
+template <int D>
+static kernel_entry *window_softcap_entry(tile_config c, bool bf16) {
+    constexpr tile_config W = WINDOW_SOFTCAP_TILES;
+    if (same_tiles(c, W))
+        return bf16 ? model_entry<D, W.BR, W.BC, W.WARPS, true, true>()
+                    : model_entry<D, W.BR, W.BC, W.WARPS, false, true>();
+    if (same_tiles(c, SM75) && !bf16)
+        return model_entry<D, SM75.BR, SM75.BC, SM75.WARPS, false, true>();
+    return NULL;
+}
+
+static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy, bool model, bool bf16,
+                                bool window_softcap) {
+    if (window_softcap)
+        return D == 64 ? window_softcap_entry<64>(c, bf16) : window_softcap_entry<128>(c, bf16);
     if (D == 64 && same_tiles(c, SM80_D64)) return VARIANT_ENTRY(64, SM80_D64);
     if (D == 64 && same_tiles(c, SM75)) return VARIANT_ENTRY(64, SM75);
     if (D == 128 && same_tiles(c, SM80_D128)) return VARIANT_ENTRY(128, SM80_D128);
@@ -172,8 +190,10 @@ static bool same_key(const fwd_plan *a, const fwd_plan *b) {
     return a->shape.B == b->shape.B && a->shape.H == b->shape.H && a->shape.N == b->shape.N &&
            a->shape.N_k == b->shape.N_k && a->shape.H_kv == b->shape.H_kv &&
            a->shape.bf16 == b->shape.bf16 && a->model == b->model && a->shape.D == b->shape.D &&
-           a->shape.causal == b->shape.causal && a->device == b->device &&
-           a->variant == b->variant && a->sm_count == b->sm_count &&
+           a->shape.causal == b->shape.causal && a->shape.local == b->shape.local &&
+           a->shape.window_left == b->shape.window_left &&
+           a->shape.window_right == b->shape.window_right && a->shape.softcap == b->shape.softcap &&
+           a->device == b->device && a->variant == b->variant && a->sm_count == b->sm_count &&
            a->allow_split == b->allow_split && a->smem_limit == b->smem_limit;
 }
 
@@ -194,10 +214,11 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
 
     int arch = 0;
     ATTN_TRY(kernel_arch(&arch));
-    const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block);
+    const bool window_softcap = s->local || s->softcap > 0.f;
+    const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block, window_softcap);
     const size_t smem = smem_bytes(c, s->D);
     const int threads = c.WARPS * WARP_SIZE;
-    kernel_entry *k = kernel_for(s->D, c, variant, false, plan->model, s->bf16);
+    kernel_entry *k = kernel_for(s->D, c, variant, false, plan->model, s->bf16, window_softcap);
     if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
     ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
     int per_sm = k->blocks_per_sm[plan->device];
@@ -208,15 +229,16 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     plan->skip = variant != VARIANT_NOSKIP;
     plan->split_tiles = ceil_div(s->N_k, c.BC), plan->splits = 1;
     if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
-        plan->splits = choose_splits(s, c.BR, c.BC, key_rule_of(s, plan->skip), dev->sm_count * per_sm,
-                                     SPLIT_OVERHEAD_TILES, &plan->split_tiles);
+        plan->splits =
+            choose_splits(s, c.BR, c.BC, key_rule_of(s, plan->skip), dev->sm_count * per_sm,
+                          SPLIT_OVERHEAD_TILES, &plan->split_tiles);
     }
     // Lazy rescaling pays from LAZY_MIN_N keys per block on (eager_rescale: never).
     const long long keys = (long long)plan->split_tiles * c.BC;
     const bool lazy = variant == VARIANT_LAZY_RESCALE ||
                       ((variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT) &&
                        (keys < s->N_k ? keys : s->N_k) >= LAZY_MIN_N);
-    plan->kernel = kernel_for(s->D, c, variant, lazy, plan->model, s->bf16);
+    plan->kernel = kernel_for(s->D, c, variant, lazy, plan->model, s->bf16, window_softcap);
     ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
     pthread_mutex_lock(&cache_lock);
     last = *plan;
