@@ -57,9 +57,12 @@
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  * What models feed: GQA (--kv-heads), strided layouts (--layout bnhd|qkv) and N_k != N (--seq-k),
- * through 4-D tensor maps with each tensor's strides, and bf16 storage (--dtype bf16: a template
- * parameter of the kernels, wgmma's .bf16 products), in the MODEL kernels; the plain case (fp16
- * [B, H, N, D], H_kv = H, N_k = N) has kernels of its own with its own code alone.
+ * through 4-D tensor maps with each tensor's strides; local windows (--window L,R: each query
+ * tile's key tiles from its first row's window to its last row's, the boundary tiles masked) and
+ * softcap (--softcap C: tanh on the scores), values of the problem; and bf16 storage (--dtype
+ * bf16: a template parameter of the kernels, wgmma's .bf16 products), in the MODEL kernels; the
+ * plain case (fp16 [B, H, N, D], H_kv = H, N_k = N) has kernels of its own with its own code
+ * alone.
  *
  * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
  * runs besides the softmax and the GEMMs (the ring's slot and phase arithmetic, descriptors
@@ -103,7 +106,7 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (s->N_k < 1) return "N_k must be >= 1";
     // Q, K, V and O go through TMA tensor maps (tensor_map_4d): each stride a multiple of 16 bytes
     // (8 halves) and below 2^40 bytes; rows at least D apart, so that O's rows do not overlap, and
-    // at most INT_MAX elements (the merge's row stride, combine_params).
+    // at most INT_MAX elements (the row strides of the merge, combine_params, and of the problem).
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};
     const int heads[] = {s->H, s->H_kv, s->H_kv, s->H}, rows[] = {s->N, s->N_k, s->N_k, s->N};
     for (int t = 0; t < 4; t++) {
@@ -188,8 +191,8 @@ extern "C" const attn_stage attn_this_stage = {
     attention_forward,
     NULL,  // a forward-only stage: no backward pass
     NULL,
-    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
-        ATTN_TAKES_N_K,  // beyond the plain case
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
+        ATTN_TAKES_SOFTCAP,  // beyond the plain case (the MODEL kernels)
     0,
     NULL,  // no decode pass: attention against a KV cache is stage 9's
     NULL,

@@ -53,7 +53,8 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = row_of(wt, p) + FRAG_ROW_STEP * h;
-        __half *o_row = MODEL ? O_head + row * pb.o_row : pb.O + ((size_t)wt.bh * pb.N + row) * D;
+        __half *o_row =
+            MODEL ? O_head + (long long)row * pb.o_row : pb.O + ((size_t)wt.bh * pb.N + row) * D;
 #pragma unroll
         for (int k = 0; k < D / (QUAD * FRAG_COLS); ++k) {
             uint32_t v[QUAD];  // chunks QUAD k .. QUAD k + 3 of the row

@@ -32,9 +32,10 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // * ceil(N / BR) * splits work tiles. SPLIT: compiled for split-KV; without it splits is the
 // constant 1, and the work tiles' decoding, the producer's skipping of empty ones and the
 // epilogue's fp32 path fold away. MODEL: compiled for what models feed (GQA, strides, N_k != N,
-// and bf16, which only MODEL kernels take); without it the kernel is the plain case's, [B, H, N,
-// D] fp16 with H_kv = H and N_k = N, whose maps fold batch and head into one dimension, and whose
-// code is the plain case's alone (LOG.md, step 23).
+// local windows and softcap, runtime values of the problem, and bf16, which only MODEL kernels
+// take); without it the kernel is the plain case's, [B, H, N, D] fp16 with H_kv = H and N_k = N,
+// whose maps fold batch and head into one dimension, and whose code is the plain case's alone
+// (LOG.md, step 23).
 template <int D, int C, int BC, int SCHEDULE, bool SPLIT, bool BF16, bool MODEL>
 __global__ void __launch_bounds__(block_threads<C>(), 1)
     attention_kernel(const __grid_constant__ CUtensorMap tmQ,
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
     static_assert(MODEL || !BF16, "bf16 storage runs in the MODEL kernels");
     if (!SPLIT) {  // one range: all of a query tile's keys
         pb.splits = 1, pb.split_tiles = INT_MAX;
-        if (MODEL) pb.min_key_tiles = 1, pb.works_per_head = pb.q_tiles;
+        if (MODEL) pb.works_per_head = pb.q_tiles;
         pb.per_query_tile.mul = 1, pb.per_query_tile.shift = 0;  // n / 1
     }
     pb.tmO = &tmO;

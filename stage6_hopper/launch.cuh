@@ -22,7 +22,7 @@
 // and LSE stores), in key tiles: stage 5's estimate (LOG.md, step 15).
 constexpr double SPLIT_OVERHEAD_TILES = 1.0;
 typedef struct {
-    attn_shape shape;  // key: the shape (not its scale), SMs, variant
+    attn_shape shape;  // key: the shape (not its scale; its window and softcap too), SMs, variant
     int sm_count, variant;
     kernel_config config;     // value: config_for(),
     int splits, split_tiles;  // key ranges
@@ -35,10 +35,12 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     memset(&p, 0, sizeof p);
     p.shape = *s, p.shape.scale = 0.f, p.sm_count = dev->sm_count, p.variant = variant;
     pthread_mutex_lock(&lock);
-    const bool hit = last.splits > 0 && last.shape.B == s->B && last.shape.H == s->H &&
-                     last.shape.N == s->N && last.shape.N_k == s->N_k && last.shape.D == s->D &&
-                     last.shape.causal == s->causal && last.sm_count == p.sm_count &&
-                     last.variant == variant;
+    const bool hit =
+        last.splits > 0 && last.shape.B == s->B && last.shape.H == s->H && last.shape.N == s->N &&
+        last.shape.N_k == s->N_k && last.shape.D == s->D && last.shape.causal == s->causal &&
+        last.shape.local == s->local && last.shape.window_left == s->window_left &&
+        last.shape.window_right == s->window_right && last.shape.softcap == s->softcap &&
+        last.sm_count == p.sm_count && last.variant == variant;
     if (hit) p = last;
     pthread_mutex_unlock(&lock);
     if (hit) return p;
@@ -47,8 +49,8 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     const int BC = p.config.key_tile;
     p.splits = 1, p.split_tiles = ceil_div(s->N_k, BC);
     if (variant != VARIANT_NOSPLIT && dev->sm_count > 0)
-        p.splits = choose_splits(s, BR, BC, key_rule_of(s, true), dev->sm_count, SPLIT_OVERHEAD_TILES,
-                                 &p.split_tiles);
+        p.splits = choose_splits(s, BR, BC, key_rule_of(s, true), dev->sm_count,
+                                 SPLIT_OVERHEAD_TILES, &p.split_tiles);
     pthread_mutex_lock(&lock);
     last = p;
     pthread_mutex_unlock(&lock);
@@ -133,17 +135,22 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     problem pb;
     memset(&pb, 0, sizeof pb);
     pb.N = s->N, pb.N_k = s->N_k, pb.key_shift = s->N_k - s->N, pb.causal = s->causal;
+    const key_rule keys = key_rule_of(s, true);  // (the MODEL kernels' window; causal: (-1, 0))
+    pb.window_left = keys.left, pb.window_right = keys.right;
     pb.splits = a->split.splits, pb.split_tiles = a->split.split_tiles;
-    pb.min_key_tiles = pb.splits == 1 ? 1 : 0;
     pb.H = s->H;
     pb.q_tiles = ceil_div(s->N, BR), pb.works_per_head = pb.q_tiles * pb.splits;
     pb.per_head = make_fast_divisor((uint32_t)pb.works_per_head);
     pb.per_query_tile = make_fast_divisor((uint32_t)pb.splits);
     pb.per_batch = make_fast_divisor((uint32_t)s->H);
     pb.per_kv_head = make_fast_divisor((uint32_t)(s->H / s->H_kv));
-    pb.scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
+    // log2(e) folded into the scale. Softcap c: the kernel's scores are tanh(q.k scale / c)
+    // (cap_scores), and c log2(e) makes them the capped scores in the log2 domain.
+    const bool softcap = s->softcap > 0.f;
+    pb.scale_log2 = (softcap ? s->softcap : s->scale) * LOG2E;
+    pb.softcap_scale = softcap ? s->scale / s->softcap : 0.f;
     pb.O = a->O, pb.lse = a->lse;
-    pb.o_batch = s->o.batch, pb.o_head = s->o.head, pb.o_row = s->o.row;
+    pb.o_batch = s->o.batch, pb.o_head = s->o.head, pb.o_row = (int)s->o.row;
     pb.rows = (long long)s->B * s->H * s->N;
     pb.O_part = a->O_part;
     pb.lse_part = a->O_part ? a->O_part + (size_t)pb.splits * pb.rows * D : NULL;
@@ -152,11 +159,10 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     ATTN_TRY(cudaLaunchKernelEx(&config, kernel, tmQ, tmK, tmV, tmO, pb, works, a->next_work));
     if (pb.splits == 1) return cudaSuccess;
 
-    // Merge the key ranges (stage 5's merge; causal query tiles have fewer ranges).
-    const combine_params cp = {pb.O_part, pb.lse_part, a->O,      a->lse,         pb.rows,   s->N,
-                               BR,        BC,          pb.splits, pb.split_tiles,
-                               key_rule_of(s, true),   s->H,      s->o.batch,     s->o.head,
-                               (int)s->o.row};
+    // Merge the key ranges (stage 5's merge; causal and windowed query tiles have fewer ranges).
+    const combine_params cp = {pb.O_part, pb.lse_part, a->O,       a->lse,    pb.rows,
+                               s->N,      BR,          BC,         pb.splits, pb.split_tiles,
+                               keys,      s->H,        s->o.batch, s->o.head, (int)s->o.row};
     const unsigned merge_blocks = (unsigned)ceil_div(pb.rows, combine_rows_per_block<D>());
     const cudaLaunchConfig_t merge = launch_config(merge_blocks, COMBINE_THREADS, 0, a, &attr);
     void (*const merge_kernel)(const combine_params) =

@@ -116,22 +116,28 @@ __device__ __forceinline__ void pingpong_pass_turn(int wg) {
     named_barrier_arrive<TURN_THREADS>(NAMED_BARRIER_TURN_WG0 + (wg + 1) % CONSUMERS);
 }
 
-// Key tile j of work tile wt needs a mask when it is the tail tile (keys past N_k), or causal
-// with a key past the warpgroup's first row's diagonal (the row as a key index: + N_k - N).
+// Key tile j of work tile wt needs a mask when it is the tail tile (keys past N_k), or has a key
+// past the diagonal of the warpgroup's first row (causal) or past its window (MODEL: the row as a
+// key index, + N_k - N, plus window_right), or before the window of the warpgroup's last row (its
+// diagonal minus window_left). The tiles in between, every row seeing every key, go unmasked.
 template <int BC, bool MODEL>
 __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
                                            const consumer_place &p, int j) {
     const int key0 = key_tile_start<BC>(wt, j);
-    if constexpr (MODEL)
+    if constexpr (MODEL) {
+        const int diagonal0 = warpgroup_row0(wt, p) + pb.key_shift;  // its first row's
         return key0 + BC > pb.N_k ||
-               (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p) + pb.key_shift);
-    else
+               (pb.window_right >= 0 && key0 + BC - 1 > diagonal0 + pb.window_right) ||
+               (pb.window_left >= 0 && key0 < diagonal0 + (WGMMA_M - 1) - pb.window_left);
+    } else {
         return key0 + BC > pb.N || (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p));
+    }
 }
 
-// S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use,
-// mask where needed, and take the rows' new max (row_max). Neither O_acc nor P is touched: the
-// P V before may still be in flight; r says what exp_pack and rescale_o do later.
+// S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use;
+// softcap (MODEL, where asked), then mask where needed, and take the rows' new max (row_max).
+// Neither O_acc nor P is touched: the P V before may still be in flight; r says what exp_pack and
+// rescale_o do later.
 template <int BC, int QB, bool MODEL, int EARLY>
 __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], row_step<EARLY> &r,
                                             const smem_tiles &sm, const consumer_place &p,
@@ -140,11 +146,13 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
     release(bar_at(sm, BAR_K_EMPTY + st), p);
     if (j == wt.n_tiles - 1)
         release(bar_at(sm, BAR_Q_EMPTY + pipeline_state<QB>{wt.t}.slot()), p);  // Q's last use
-    if (needs_mask<BC, MODEL>(pb, wt, p, j)) {
-        if constexpr (MODEL)
-            mask_scores<BC>(S, p, row_of(wt, p) + pb.key_shift, key_tile_start<BC>(wt, j), pb.N_k,
-                            pb.causal);
-        else
+    if constexpr (MODEL) {
+        if (pb.softcap_scale != 0.f) cap_scores<BC>(S, pb.softcap_scale);  // (before the mask)
+        if (needs_mask<BC, MODEL>(pb, wt, p, j))
+            mask_window<BC>(S, p, row_of(wt, p) + pb.key_shift, key_tile_start<BC>(wt, j), pb.N_k,
+                            pb.window_left, pb.window_right);
+    } else {
+        if (needs_mask<BC, MODEL>(pb, wt, p, j))
             mask_scores<BC>(S, p, row_of(wt, p), key_tile_start<BC>(wt, j), pb.N, pb.causal);
     }
     row_max<BC, EARLY>(S, m_i, pb.scale_log2, r);

@@ -30,19 +30,24 @@ __device__ __forceinline__ int fast_divide(int n, fast_divisor f) {
     return (int)((__umulhi((uint32_t)n, f.mul) + (uint32_t)n) >> f.shift);
 }
 
-// The problem as the producer and the consumers see it: N queries against N_k keys (causal: query
-// i sees keys up to i + N_k - N, so key_shift = N_k - N turns a query row into the key index of
-// its diagonal), how a query tile's key tiles are cut (split-KV: into ranges of split_tiles key
-// tiles, at most `splits` of them; splits = 1: one range, all of them), the softmax scale times
-// log2(e), and where the results go. The plain case's fields come first, as the plain kernels
-// (MODEL off: fp16, [B, H, N, D] contiguous, H_kv = H, N_k = N) read them; what models feed
-// (MODEL on) adds the rest. Counts the host can work out are launch constants there, not
-// computed in the kernel: the producer thread has 24 registers, and the compiler would hold such
-// values in some of them across its loops.
+// The problem as the producer and the consumers see it: N queries against N_k keys, how a query
+// tile's key tiles are cut (split-KV: into ranges of split_tiles key tiles, at most `splits` of
+// them; splits = 1: one range, all of them), the softmax scale times log2(e), and where the
+// results go. The plain case's fields come first, as the plain kernels (MODEL off: fp16, [B, H,
+// N, D] contiguous, H_kv = H, N_k = N) read them; what models feed (MODEL on) adds the rest, and
+// softcap_scale in the padding after scale_log2: the plain fields and the kernel's parameters
+// after the problem keep their offsets, and the plain kernels their machine code. The keys a row
+// sees are split_kv.cuh's key_rule: query row i plus key_shift = N_k - N is its diagonal key, and
+// it sees window_left keys before that one and window_right after it, -1 unbounded (causal is
+// (-1, 0): the MODEL kernels read the window, not `causal`). Counts the host can work out are
+// launch constants there, not computed in the kernel: the producer thread has 24 registers, and
+// the compiler would hold such values in some of them across its loops (N_k - N did, LOG.md
+// step 25).
 typedef struct {
     int N, causal, splits, split_tiles;
     fast_divisor per_head, per_query_tile;  // work tiles: of a head, of a query tile (splits)
-    float scale_log2;
+    float scale_log2;        // scale log2(e); softcap c: c log2(e), the capped scores' scale
+    float softcap_scale;     // (MODEL) softcap: scale / c (raw scores to tanh's argument); 0: none
     __half *O;               // [B, H, N, D]                  (splits = 1, where not staged)
     float *lse;              // [B, H, N]                     (splits = 1)
     float *O_part;           // [splits, B * H, N, D], fp32   (splits > 1: combine_kernel merges)
@@ -50,26 +55,34 @@ typedef struct {
     long long rows;          // B * H * N
     const CUtensorMap *tmO;  // O in boxes of 16 rows x 64 columns, for the staged stores
     // what models feed (MODEL)
-    int N_k, key_shift;
-    int min_key_tiles;                    // a query tile's fewest: 1 unsplit, 0 split (work_at)
+    int N_k, key_shift;                   // keys, and N_k - N
+    int window_left, window_right;        // key_rule_of(shape, true)'s left and right
     int q_tiles, works_per_head;          // ceil(N / BR); q_tiles * splits work tiles a head
     int H;                                // query heads (a work tile's bh = batch * H + head)
+    int o_row;                            // O's row stride, elements (<= INT_MAX: unsupported())
     fast_divisor per_batch, per_kv_head;  // bh / H = batch; head / (H / H_kv) = K/V head (GQA)
-    long long o_batch, o_head, o_row;     // O's strides, elements
+    long long o_batch, o_head;            // O's batch and head strides, elements
 } problem;
+static_assert(
+    offsetof(problem, softcap_scale) + sizeof(float) == offsetof(problem, O),
+    "softcap_scale fills the padding after scale_log2: the plain fields keep their place");
 
 // A work tile: one batch*head, BR query rows and a range of their key tiles, [j0, j0 + n_tiles)
 // (all of them unless split). Numbered head by head; inside a head, the query tiles with the most
-// key tiles (causal) first, then their ranges. A causal query tile has fewer key tiles, so fewer
+// key tiles (causal) first, then their ranges. A query tile's key tiles are those some row of it
+// sees (split_kv.cuh's key_rule): causal, none past its last row's diagonal; a local window
+// (MODEL), none before its first row's window either, so they start at the tile
+// query_tile_first_key_tile() names, and a window's query tiles have about the same number (the
+// order matters little there). A causal or windowed query tile has fewer key tiles, so fewer
 // ranges, than the longest: its last ranges are empty (n_tiles = 0) and nobody takes them
-// (take_next_work). A causal query tile that sees no key at all (N > N_k: its rows come before
-// the first key's diagonal) still takes one key tile when unsplit, wholly masked: its rows end
-// with l = 0 and m = -inf, so O = 0 and LSE = -inf (epilogue); split, its ranges are all empty and
-// the merge writes those. A persistent block (one per SM) starts with work tile blockIdx.x and then
-// takes the next one not yet taken from a global counter, so work tiles of different lengths even
-// out over the SMs as they would with one block per tile (the variant nopersistent, which
-// launches exactly that). t numbers the block's work tiles: it is the count of the Q buffers'
-// pipeline_state.
+// (take_next_work). A query tile that sees no key at all (N > N_k: even its last row's diagonal,
+// plus the window's right bound, comes before the first key) still takes one key tile when
+// unsplit, key tile 0, wholly masked: its rows end with l = 0 and m = -inf, so O = 0 and LSE = -inf
+// (epilogue); split, its ranges are all empty and the merge writes those. A persistent block
+// (one per SM) starts with work tile blockIdx.x and then takes the next one not yet taken from a
+// global counter, so work tiles of different lengths even out over the SMs as they would with
+// one block per tile (the variant nopersistent, which launches exactly that). t numbers the
+// block's work tiles: it is the count of the Q buffers' pipeline_state.
 typedef struct {
     int bh, q0, j0, n_tiles, split, t;
 } work_tile;
@@ -79,17 +92,22 @@ __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
     constexpr int BR = block_rows<C>();
     work_tile t;
     t.bh = fast_divide(w, pb.per_head);
-    int tiles;
+    int tiles, first = 0;  // the query tile's key tiles: `tiles` of them from tile `first`
     if constexpr (MODEL) {
         const int q_tiles = pb.q_tiles;
         const int in_head = w - t.bh * pb.works_per_head;
         const int q_index = fast_divide(in_head, pb.per_query_tile);
         t.split = in_head - q_index * pb.splits;
         t.q0 = (q_tiles - 1 - q_index) * BR;
-        // The plain case's rule on the query rows moved onto the keys' diagonal (key_shift):
-        // keys up to min(q0 + BR + key_shift, N_k); <= 0 tiles where no row sees a key.
-        tiles = max(query_tile_key_tiles(t.q0 + pb.key_shift, BR, BC, pb.N_k, pb.causal),
-                    pb.min_key_tiles);  // (unsplit: at least one, see above)
+        // The one rule of split_kv.cuh (the merge and the split planner read it too): from the
+        // first row's window to the last row's, 0 tiles where no row sees a key. Taken on the
+        // rows moved onto their diagonals (q0 + key_shift, as N_k queries against N_k keys): the
+        // same tiles, with no N_k - N for the compiler to hold in a register.
+        const key_rule keys = {pb.N_k, pb.N_k, pb.window_left, pb.window_right};
+        const int diagonal0 = t.q0 + pb.key_shift;  // the first row's diagonal key
+        first = query_tile_first_key_tile(keys, diagonal0, BC);
+        tiles = query_tile_key_tile_count(keys, diagonal0, BR, BC);
+        if (pb.splits == 1) tiles = max(tiles, 1);  // unsplit: at least one (see above; first = 0)
     } else {
         const int q_tiles = (pb.N + BR - 1) / BR;
         const int in_head = w - t.bh * q_tiles * pb.splits;
@@ -98,8 +116,9 @@ __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
         t.q0 = (q_tiles - 1 - q_index) * BR;
         tiles = query_tile_key_tiles(t.q0, BR, BC, pb.N, pb.causal);
     }
-    t.j0 = t.split * pb.split_tiles;
-    t.n_tiles = max(0, min(tiles - t.j0, pb.split_tiles));
+    const int before = t.split * pb.split_tiles;  // the query tile's key tiles in earlier ranges
+    t.j0 = first + before;
+    t.n_tiles = max(0, min(tiles - before, pb.split_tiles));
     t.t = 0;
     return t;
 }

@@ -1,7 +1,8 @@
 /*
  * stage6_hopper/softmax.cuh: the online softmax of one key tile on a consumer's registers, in two
  * steps that the main loop places around the P V before (row_max while it runs; exp_pack and
- * rescale_o after its wait), and the causal and tail mask (mask_scores).
+ * rescale_o after its wait), the causal and tail mask (mask_scores), and what models add before
+ * it: a local window's mask (mask_window) and the softcap (cap_scores).
  */
 #pragma once
 
@@ -29,6 +30,48 @@ __device__ __forceinline__ void mask_scores(float (&S)[BC / 2], const consumer_p
                 if (FRAG_COLS * i + c >= bound[h]) S[acc_index(i, h, c)] = -INFINITY;
         }
     }
+}
+
+// What models feed (MODEL kernels): the mask of a local window, both of its bounds and the tail.
+// diagonal0 is the thread's first row as a key index (row + N_k - N); a row sees the keys from
+// its diagonal - left to its diagonal + right (-1: unbounded on that side; causal: right = 0),
+// below N_k. As in mask_scores, the thread works out per row the offsets of its first key kept and
+// of the first one past them, and each element costs two compares against its constant offset
+// and one select. The boundary tiles on both sides come here (needs_mask), and so does a row that
+// sees none of the tile's keys, or none at all: all -inf.
+template <int BC>
+__device__ __forceinline__ void mask_window(float (&S)[BC / 2], const consumer_place &p,
+                                            int diagonal0, int key0, int N_k, int left, int right) {
+    const int first = key0 + 2 * p.t;  // the key of offset 0
+    int lo[2], hi[2];                  // offsets kept: lo[h] <= offset < hi[h]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int diagonal = diagonal0 + FRAG_ROW_STEP * h;
+        lo[h] = (left < 0 ? 0 : diagonal - left) - first;
+        hi[h] = (right < 0 ? N_k : min(N_k, diagonal + right + 1)) - first;
+    }
+#pragma unroll
+    for (int i = 0; i < BC / FRAG_COLS; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int offset = FRAG_COLS * i + c;
+                if (offset < lo[h] || offset >= hi[h]) S[acc_index(i, h, c)] = -INFINITY;
+            }
+        }
+    }
+}
+
+// Softcap (MODEL kernels, where the shape asks it): each raw score q.k becomes tanh(q.k scale / c)
+// (softcap_scale = scale / c, tanh.approx), the capped score c tanh(s / c) divided by c; the
+// softmax's scale_log2 is then c log2(e) (the host's), which turns it into the capped score in
+// the log2 domain in the multiply the softmax does anyway. Before the mask, so that a masked score
+// stays -inf, and before the row max, which is of the capped scores (and the LSE with it).
+template <int BC>
+__device__ __forceinline__ void cap_scores(float (&S)[BC / 2], float softcap_scale) {
+#pragma unroll
+    for (int i = 0; i < BC / 2; ++i) S[i] = tanh_approx(S[i] * softcap_scale);
 }
 
 // The online softmax of one key tile for the thread's two rows (h = 0, 1), in two steps, the two
