@@ -24,6 +24,9 @@
  *         wait DO_FULL; dP^T = V_j dO_i^T        wgmma SS, K-major both
  *         wait S^T:     P^T  = 2^(S^T scale log2(e) - LSE_i), masked        (probabilities)
  *         wait dP^T:    dS^T = P^T * (dP^T - D_i)                         (score_gradients)
+ *           softcap c: t = tanh(S^T scale / c), P^T = 2^(t c log2(e) - LSE_i) and
+ *           G = P^T (1 - t^2) (capped_scores, capped_probabilities); dS^T = G (dP^T - D_i)
+ *                                                                        (capped_gradients)
  *         dS^T -> dS_smem[it % 3] (stmatrix, 128-byte swizzle)                 (store_ds)
  *         arrive DS_FULL[it % 3]                                             (announce_ds)
  *         dV += P^T dO_i, dK += dS^T Q_i         wgmma RS: A from registers (issue_dkv)
@@ -44,7 +47,10 @@
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  * What models feed: GQA (a block walks the query heads of its key/value head, so dK_j and dV_j sum
  * over them in registers), strided layouts (4-D tensor maps; dQ's conversion by strided stores),
- * N_k != N (causal aligned bottom right) and bf16 (a template parameter: wgmma's .bf16 products).
+ * N_k != N (causal aligned bottom right), local windows (a key tile walks only the query tiles
+ * whose rows see it, masked at both bounds: query_tiles_of), softcap (a branch per step:
+ * capped_probabilities) and bf16 (a template parameter: wgmma's .bf16 products); all but bf16 are
+ * runtime parameters of the same kernels (bwd_problem).
  *
  * NOTE: what is left (LOG.md, steps 13 to 17): ahead of cuDNN's backward at every fa2 and long
  * shape, behind FA3-class's at all of them, by its steps (FA3's 80-query steps at D = 128 are
@@ -121,8 +127,10 @@ extern "C" const attn_stage attn_this_stage = {
     linked_forward,
     backward_workspace_bytes,
     backward,
-    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // its forward's
-    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // the backward's
-    NULL,  // no decode pass: attention against a KV cache is stage 9's
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
+        ATTN_TAKES_SOFTCAP,  // its forward's (stage 6's)
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
+        ATTN_TAKES_SOFTCAP,  // the backward's
+    NULL,                    // no decode pass: attention against a KV cache is stage 9's
     NULL,
 };

@@ -5,6 +5,7 @@
  */
 #pragma once
 
+#include <limits.h>
 #include <string.h>
 
 #include "device/kernel_cache.cuh"  // kernel_versions, kernel_smem_limit: once per device
@@ -61,11 +62,15 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
     memset(&pb, 0, sizeof pb);
     pb.N = s->N, pb.N_k = s->N_k, pb.N_pad = p.N_pad;
     pb.H = s->H, pb.H_kv = s->H_kv, pb.group = s->H / s->H_kv;
-    pb.causal = s->causal, pb.key_shift = s->N_k - s->N;
+    pb.keys = key_rule_of(s, true);  // the tiles each key tile meets, masked at the bounds
+    const long long shift = s->N_k - s->N;
+    pb.see_lo = pb.keys.left < 0 ? INT_MIN : (int)(shift - pb.keys.left);
+    pb.see_hi = pb.keys.right < 0 ? INT_MAX : (int)(shift + pb.keys.right);
     pb.q_tiles = ceil_div(s->N, qrows<D>());
     pb.key_tiles = ceil_div(s->N_k, KEYS);
-    pb.diagonal_order = variant == VARIANT_DETERMINISTIC && s->causal;  // dq_turn_of()
+    pb.diagonal_order = variant == VARIANT_DETERMINISTIC && pb.keys.right >= 0;  // dq_turn_of()
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
+    if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
     pb.lse2 = p.lse2, pb.Dsum = p.Dsum, pb.dQ_acc = p.dQ_acc, pb.dq_turn = dq_turn;
     if (dq_turn)  // every query tile's counter starts at 0: no key tile has added
         ATTN_TRY(

@@ -38,10 +38,20 @@ __device__ __forceinline__ void issue_scores(float (&X)[score_regs<D>()], uint64
     wgmma_commit();
 }
 
-// Whether a step needs the mask: the key tile runs past N_k, or (causal) its last key lies past
-// the diagonal of the query tile's first query.
+// Whether a step needs the mask: the key tile runs past N_k, or some (key, query) pair of the
+// step lies outside the window (schedule.cuh: see_lo <= j - i <= see_hi), which the corners
+// say: the tile's last key against its first query (causal: past the diagonal), its first key
+// against its last query (a left bound). Interior steps of a window run unmasked.
+template <int D>
 __device__ __forceinline__ bool step_needs_mask(const bwd_problem &pb, int key0, int q0) {
-    return key0 + KEYS > pb.N_k || (pb.causal && key0 + KEYS - 1 > q0 + pb.key_shift);
+    return key0 + KEYS > pb.N_k || key0 + KEYS - 1 - q0 > pb.see_hi ||
+           key0 - (q0 + qrows<D>() - 1) < pb.see_lo;
+}
+
+// Whether query `query` sees key `key` (the mask of a masked step).
+__device__ __forceinline__ bool key_seen(const bwd_problem &pb, int key, int query) {
+    const int d = key - query;
+    return key < pb.N_k && d <= pb.see_hi && d >= pb.see_lo;
 }
 
 // The thread's column pairs of LSE_i or D_i (a float per query of the tile, in shared memory):
@@ -64,9 +74,9 @@ __device__ __forceinline__ constexpr bool lse_ahead() {
 
 // S^T has landed: P^T = 2^(S^T scale log2(e) - LSE_i log2(e)) in place, the forward's
 // probabilities exactly (lse2 is the LSE in log2 units; +inf on query rows past N and rows that
-// see no key, whose P is then 0 with no mask). Masked: keys past N_k and (causal) keys past a
-// query's diagonal get P = 0. The thread's columns are queries 8n + 2t + c of the tile, its rows
-// keys key_row and key_row + 8.
+// see no key, whose P is then 0 with no mask). Masked: keys past N_k and keys outside a query's
+// window (causal: past its diagonal) get P = 0. The thread's columns are queries 8n + 2t + c of
+// the tile, its rows keys key_row and key_row + 8.
 template <int D>
 __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const bwd_problem &pb,
                                               const float2 (&lse_cols)[qrows<D>() / FRAG_COLS],
@@ -81,7 +91,7 @@ __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const
             if (mask) {
                 const int key = key_row + FRAG_ROW_STEP * frag_h(e);
                 const int query = q0 + FRAG_COLS * n + FRAG_LANE_COLS * t + frag_c(e);
-                if (key >= pb.N_k || (pb.causal && key > query + pb.key_shift)) p = 0.f;
+                if (!key_seen(pb, key, query)) p = 0.f;
             }
             S[i] = p;
         }
@@ -106,6 +116,75 @@ __device__ __forceinline__ void score_gradients(uint32_t (&P16)[packed_regs<D>()
             const int i = acc_index(n, h, 0), j = i / FRAG_LANE_COLS;  // columns c = 0, 1
             P16[j] = pack2_of<BF16>(P[i], P[i + 1]);
             dS16[j] = pack2_of<BF16>(P[i] * (dP[i] - Di.x), P[i + 1] * (dP[i + 1] - Di.y));
+        }
+    }
+}
+
+// Softcap (pb.cap_log2 > 0), while dP^T runs: each raw score of S^T becomes t = tanh(S^T scale /
+// c) in place, or -inf where masked (as probabilities() masks).
+template <int D>
+__device__ __forceinline__ void capped_scores(float (&S)[score_regs<D>()], const bwd_problem &pb,
+                                              int key_row, int q0, int t, bool mask) {
+#pragma unroll
+    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
+#pragma unroll
+        for (int e = 0; e < FRAG_REGS; ++e) {
+            const int i = FRAG_REGS * n + e;
+            S[i] = tanh_approx(S[i] * pb.cap_in);
+            if (mask) {
+                const int key = key_row + FRAG_ROW_STEP * frag_h(e);
+                const int query = q0 + FRAG_COLS * n + FRAG_LANE_COLS * t + frag_c(e);
+                if (!key_seen(pb, key, query)) S[i] = -INFINITY;
+            }
+        }
+    }
+}
+
+// ... then P^T = 2^(t c log2(e) - LSE_i log2(e)) and G = P^T (1 - t^2), the factor of dS^T that
+// the cap's derivative adds (d c tanh(s / c) / ds = 1 - t^2; max(.., 0): 0, not NaN, where
+// t = -inf and P^T = 0). A column pair's two floats are overwritten in place by P^T's pair,
+// packed as dV's A operand wants it, and G's pair packed in fp16 (G in [0, 1] keeps fp16's 11
+// bits in either storage type): the step holds no register beyond the plain one's (the pairs in
+// registers of their own spill at D = 64).
+template <int D, bool BF16>
+__device__ __forceinline__ void capped_probabilities(
+    float (&S)[score_regs<D>()], const bwd_problem &pb,
+    const float2 (&lse_cols)[qrows<D>() / FRAG_COLS]) {
+#pragma unroll
+    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
+#pragma unroll
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+            const int i = acc_index(n, h, 0);  // columns c = 0, 1
+            float p[FRAG_LANE_COLS], g[FRAG_LANE_COLS];
+#pragma unroll
+            for (int c = 0; c < FRAG_LANE_COLS; ++c) {
+                const float tc = S[i + c];
+                p[c] = fast_exp2(fmaf(tc, pb.cap_log2, -(c ? lse_cols[n].y : lse_cols[n].x)));
+                g[c] = p[c] * fmaxf(fmaf(-tc, tc, 1.f), 0.f);
+            }
+            S[i] = __uint_as_float(pack2_of<BF16>(p[0], p[1]));  // P^T's pair
+            S[i + 1] = __uint_as_float(pack_half2(g[0], g[1]));  // G's pair
+        }
+    }
+}
+
+// Softcap, once dP^T has landed: P^T's packed pairs to P16 as they are, and dS^T = G * (dP^T -
+// D_i) = P^T (dP^T - D_i) (1 - t^2) packed (score_gradients' work).
+template <int D, bool BF16>
+__device__ __forceinline__ void capped_gradients(uint32_t (&P16)[packed_regs<D>()],
+                                                 uint32_t (&dS16)[packed_regs<D>()],
+                                                 const float (&PG)[score_regs<D>()],
+                                                 const float (&dP)[score_regs<D>()],
+                                                 const float2 (&D_cols)[qrows<D>() / FRAG_COLS]) {
+#pragma unroll
+    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
+        const float2 Di = D_cols[n];
+#pragma unroll
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+            const int i = acc_index(n, h, 0), j = i / FRAG_LANE_COLS;  // columns c = 0, 1
+            const float2 g = unpack2_of<false>(__float_as_uint(PG[i + 1]));
+            P16[j] = __float_as_uint(PG[i]);
+            dS16[j] = pack2_of<BF16>(g.x * (dP[i] - Di.x), g.y * (dP[i + 1] - Di.y));
         }
     }
 }
@@ -237,15 +316,35 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     mbar_wait(bar_at(sm, BAR_DO_FULL + slot), q_pipeline{cur.it}.phase());
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile));
 
-    // P^T while dP^T runs; then dS^T, both packed
+    // P^T while dP^T runs; then dS^T, both packed. With a softcap the same two halves: t, P^T and
+    // G = P^T (1 - t^2) (capped_scores, capped_probabilities), then dS^T = G (dP^T - D_i); each
+    // branch has its own wait, so that neither holds the other's values across it. Each mask
+    // case is a call of its own (the mask a constant): with one call and a select per element,
+    // ptxas moved most of the exponentials past the wait, off dP^T's shadow
+    const bool mask = step_needs_mask<D>(pb, key0, cur.q0);
     wgmma_wait<1>();
     pin_registers(S);
     if constexpr (!lse_ahead<D>()) load_columns<D>(lse, sm.lse + slot * vec_bytes<D>(), p.t);
-    probabilities<D>(S, pb, lse, key_row, cur.q0, p.t, step_needs_mask(pb, key0, cur.q0));
-    wgmma_wait<0>();
-    pin_registers(dP);
-    load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>(), p.t);
-    score_gradients<D, BF16>(P16, dS16, S, dP, Di);
+    if (pb.cap_log2 > 0.f) {
+        if (mask)
+            capped_scores<D>(S, pb, key_row, cur.q0, p.t, true);
+        else
+            capped_scores<D>(S, pb, key_row, cur.q0, p.t, false);
+        capped_probabilities<D, BF16>(S, pb, lse);
+        wgmma_wait<0>();
+        pin_registers(dP);
+        load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>(), p.t);
+        capped_gradients<D, BF16>(P16, dS16, S, dP, Di);
+    } else {
+        if (mask)
+            probabilities<D>(S, pb, lse, key_row, cur.q0, p.t, true);
+        else
+            probabilities<D>(S, pb, lse, key_row, cur.q0, p.t, false);
+        wgmma_wait<0>();
+        pin_registers(dP);
+        load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>(), p.t);
+        score_gradients<D, BF16>(P16, dS16, S, dP, Di);
+    }
 
     // dS^T to shared memory (the other warpgroup's dQ reads it); dV, dK from registers; then the
     // dQ part from shared memory, once both warpgroups' dS^T of its step are there
@@ -285,7 +384,8 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 
 // One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
 // head of the group (the producer's walk, in the same order), each with the dQ part of the step
-// before (the last step's after the loop); dK_j *= scale; store both.
+// before (the last step's after the loop); dK_j *= scale; store both. No query tile sees the keys
+// (a window, or causal with N > N_k): no step, dK_j = dV_j = 0.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
