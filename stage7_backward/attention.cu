@@ -34,7 +34,10 @@
  * every key tile adds to, needs accumulating across blocks. README.md derives the gradients.
  * What models feed: grouped-query heads (a block walks its key/value head's query heads in turn,
  * so dK_j and dV_j sum over them in registers), strided tensors, N_k != N (causal aligned to the
- * bottom right), and bf16 (sm_80 on: the kernels' BF16 switch).
+ * bottom right), bf16 (sm_80 on: the kernels' BF16 switch), and local windows and softcap, in
+ * MODEL instantiations of the three kernels (config.cuh, bwd_model: a key tile loops over the query
+ * tiles whose rows see it; dS gains the cap's derivative, 1 - t^2), which the plain cases' kernels
+ * do not carry.
  * mma.sync + ldmatrix + cp.async as stage 5: every GPU from sm_75 on (sm_75 loads synchronously).
  *
  * Run:  make build && build/stage7_backward --seq 4096 --heads 16 --dim 128 --causal --bench
@@ -110,9 +113,10 @@ extern "C" const attn_stage attn_this_stage = {
     linked_forward,
     backward_workspace_bytes,
     backward,
-    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES |
-        ATTN_TAKES_N_K,  // its forward's (stage 5's)
-    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K,  // the backward's
-    NULL,  // no decode pass: attention against a KV cache is stage 9's
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
+        ATTN_TAKES_SOFTCAP,  // its forward's (stage 5's)
+    ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
+        ATTN_TAKES_SOFTCAP,  // the backward's
+    NULL,                    // no decode pass: attention against a KV cache is stage 9's
     NULL,
 };

@@ -11,9 +11,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "device/backward_prepost.cuh"  // bwd_params, ROW_PAD, DQ_SLAB_COLS: shared with stage 8
 #include "device/sm80.cuh"              // MMA_M, MMA_K, ...
+#include "device/split_kv.cuh"          // key_rule: the keys a query row sees (causal, windows)
 
 /* ---- tunables -------------------------------------------------------------------------------- */
 
@@ -110,6 +112,11 @@ constexpr int DQ_BULK_ARCH = 90;
 __host__ __device__ constexpr bool dq_bulk(int arch) {
     return arch >= DQ_BULK_ARCH;
 }
+// How dQ is added up: DQ_BY_SECOND_PASS (deterministic: dq_kernel), DQ_BY_ATOMICS (the warps'
+// red.global.add), DQ_BY_BULK (backward_kernel on sm_90 on: the TMA unit's bulk reductions;
+// variant atomics switches them off).
+enum dq_way { DQ_BY_SECOND_PASS, DQ_BY_ATOMICS, DQ_BY_BULK };
+
 // Whether a kernel that adds dQ (ADDS_DQ) and may add it by bulk reductions (BULK_OK) does so in
 // this target's code: from sm_90 on (host code: never).
 template <bool ADDS_DQ, bool BULK_OK>
@@ -128,4 +135,32 @@ __host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D, bool b
            2 * (size_t)c.KEYS * c.QROWS * sizeof(__half) +
            LOOP_VECTORS * (size_t)c.STAGES * c.QROWS * sizeof(float) +
            (bulk ? (size_t)c.QROWS * D * sizeof(float) : 0);
+}
+
+/* ---- local windows and softcap: the MODEL kernels ------------------------------------------- */
+
+// A shape with a local window or a softcap (attention.h) runs MODEL instantiations of the three
+// kernels, one per head dim and storage type: the plain ones (MODEL = false) carry neither. What
+// they read beyond bwd_params, the shape's runtime values:
+//   keys:     the keys each query row sees (key_rule_of: causal, the window), for the loops' tile
+//             ranges and the masks of the tiles that cross a bound
+//   cap_in, cap_log2: softcap c: a raw score q . k becomes c tanh(q . k scale / c), so
+//             t = tanh(q . k cap_in) with cap_in = scale / c and the score in log2 units is
+//             t cap_log2, cap_log2 = c log2(e); cap_in = 0: no softcap
+//   dq:       how dQ is added up (dq_way): one MODEL backward_kernel serves every way, and the
+//             MODEL backward_registers_kernel adds dQ or not at run time
+typedef struct bwd_model {
+    key_rule keys;
+    float cap_in, cap_log2;
+    int dq;
+} bwd_model;
+
+// The MODEL values of a complete shape (the plain kernels take them too and read none).
+static inline bwd_model bwd_model_of(const attn_shape *s, dq_way dq) {
+    bwd_model m;
+    memset(&m, 0, sizeof m);
+    m.keys = key_rule_of(s, true);
+    if (s->softcap > 0.f) m.cap_in = s->scale / s->softcap, m.cap_log2 = s->softcap * LOG2E;
+    m.dq = dq;
+    return m;
 }

@@ -7,12 +7,47 @@
 #include "gemm.cuh"
 #include "smem.cuh"
 
+// MODEL (dq_kernel): S becomes P and dP becomes dS, for the warp's 16 queries (the first is q_row)
+// x keys k0.. : the window's mask (key_masked) where the tile needs one, and with a softcap c,
+// t = tanh(scale S / c), P = 2^(t c log2(e) - LSE), dS = P (dP - D_i) (1 - t^2). lse2, Di: the
+// lane's rows g and g + 8.
+template <int NB>
+__device__ __forceinline__ void model_score_gradients(float (&S)[NB][4], float (&dP)[NB][4],
+                                                      const bwd_params &p, const bwd_model &model,
+                                                      const float (&lse2)[FRAG_LANE_ROWS],
+                                                      const float (&Di)[FRAG_LANE_ROWS], int k0,
+                                                      int q_row, bool mask) {
+    const bool softcap = model.cap_in > 0.f;  // the same for every thread
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+#pragma unroll
+        for (int e = 0; e < FRAG_REGS; ++e) {
+            const int key = k0 + frag_col(n, e);
+            const int query = q_row + frag_row(e) + p.key_shift;  // as a key index
+            const bool off = mask && key_masked(model.keys, key, query);
+            float t = 0.f, x;  // softcap: the capped score's tanh
+            if (softcap) {
+                t = tanh_approx(S[n][e] * model.cap_in);
+                x = fmaf(t, model.cap_log2, -lse2[frag_h(e)]);
+            } else {
+                x = fmaf(S[n][e], p.scale_log2, -lse2[frag_h(e)]);
+            }
+            const float P = off ? 0.f : fast_exp2(x);
+            dP[n][e] = P * (dP[n][e] - Di[frag_h(e)]) * fmaf(-t, t, 1.f);  // dS
+        }
+    }
+}
+
 // The deterministic variant's second pass: one block = one query tile Q_i, dO_i of one (batch,
 // head), 16 rows per warp; it loops over the key tiles it sees (of its key/value head h / group:
 // GQA; causal: keys <= query + N_k - N) and keeps dQ_i in registers (rows that see no key: 0):
 //   S = Q_i K_j^T, P = 2^(c S - LSE_i), dP = dO_i V_j^T, dS = P (dP - D_i), dQ_i += dS K_j.
-template <int D, int WARPS, int STAGES, bool BF16>
-__global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p) {
+// MODEL (a local window, a softcap: bwd_model): the key tiles the tile's rows see (split_kv.cuh's
+// rule, as the forward's), the window's masks, and with a softcap c, t = tanh(scale S / c):
+// P = 2^(t c log2(e) - LSE_i), dS = P (dP - D_i) (1 - t^2).
+template <int D, int WARPS, int STAGES, bool BF16, bool MODEL = false>
+__global__ void __launch_bounds__(WARPS *WARP_SIZE)
+    dq_kernel(const bwd_params p, const bwd_model model) {
     constexpr tile_config CFG = {WARPS, STAGES, 0};
     constexpr int THREADS = WARPS * WARP_SIZE;
     constexpr int ROWS = tile_rows(CFG);
@@ -38,8 +73,11 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int q_row = q0 + MMA_M * warp;  // this warp's first query
     // Causal: the tile's last query (or N's) sees keys up to it + N_k - N (none: no key tile).
+    // MODEL: from the first key tile its first row sees (kv0) to the last its last row sees.
     const int kv_end = p.causal ? max(0, min(min(q0 + ROWS, p.N) + p.key_shift, p.N_k)) : p.N_k;
-    const int k_tiles = (kv_end + ROWS - 1) / ROWS;
+    const int kv0 = MODEL ? query_tile_first_key_tile(model.keys, q0, ROWS) * ROWS : 0;
+    const int k_tiles =
+        MODEL ? query_tile_key_tile_count(model.keys, q0, ROWS, ROWS) : (kv_end + ROWS - 1) / ROWS;
 
     // Shared memory: Q_smem, dO_smem [ROWS, D]; per stage K_smem, V_smem [ROWS, D]; swizzled.
     extern __shared__ __align__(128) unsigned char smem[];
@@ -53,9 +91,11 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
         dO_smem, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(q0, p.layout.dO.row),
         p.layout.dO.row, p.N - q0);
     cp_async_commit();
-    if (STAGES == 2) {
-        tile_issue<ROWS, D, THREADS>(K_smem, K_rows, k_ld, p.N_k);
-        tile_issue<ROWS, D, THREADS>(V_smem, V_rows, v_ld, p.N_k);
+    if (STAGES == 2 && (!MODEL || k_tiles > 0)) {  // K_j, V_j of the first key tile (MODEL: kv0)
+        tile_issue<ROWS, D, THREADS>(K_smem, MODEL ? K_rows + rows_offset(kv0, k_ld) : K_rows, k_ld,
+                                     p.N_k - kv0);
+        tile_issue<ROWS, D, THREADS>(V_smem, MODEL ? V_rows + rows_offset(kv0, v_ld) : V_rows, v_ld,
+                                     p.N_k - kv0);
         cp_async_commit();
     }
     const int g = lane_index() / QUAD;
@@ -69,7 +109,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
 
     float dQ[DB][4] = {};
     for (int it = 0; it < k_tiles; ++it) {
-        const int k0 = it * ROWS;
+        const int k0 = kv0 + it * ROWS;
         const int buf = STAGES == 2 ? it % STAGES : 0;
         const uint32_t K_tile = K_smem + buf * TILE, V_tile = V_smem + buf * TILE;
         if (STAGES == 1) {
@@ -95,24 +135,30 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) dq_kernel(const bwd_params p
         float S[NB][4], dP[NB][4];
         uint32_t A[KC][4];
         gemm_rows_by_rows<BF16, D>(S, Q_warp, K_tile);  // S = Q_i K_j^T
-        const bool mask = k0 + ROWS > p.N_k || (p.causal && k0 + ROWS - 1 > q0 + p.key_shift);
+        if constexpr (MODEL) {  // dP first: P and dS in one pass, the cap's t read by both
+            gemm_rows_by_rows<BF16, D>(dP, dO_warp, V_tile);  // dP = dO_i V_j^T
+            model_score_gradients(S, dP, p, model, lse2, Di, k0, q_row,
+                                  tile_needs_mask(model.keys, k0, ROWS, q0 + p.key_shift, ROWS));
+        } else {
+            const bool mask = k0 + ROWS > p.N_k || (p.causal && k0 + ROWS - 1 > q0 + p.key_shift);
 #pragma unroll
-        for (int n = 0; n < NB; ++n) {
+            for (int n = 0; n < NB; ++n) {
 #pragma unroll
-            for (int e = 0; e < FRAG_REGS; ++e) {  // P = 2^(c S - LSE); masked keys: P = 0
-                const int key = k0 + frag_col(n, e);
-                const int query = q_row + frag_row(e) + p.key_shift;  // as a key index
-                const bool off = mask && (key >= p.N_k || (p.causal && key > query));
-                const float x = fmaf(S[n][e], p.scale_log2, -lse2[frag_h(e)]);
-                S[n][e] = off ? 0.f : fast_exp2(x);
+                for (int e = 0; e < FRAG_REGS; ++e) {  // P = 2^(c S - LSE); masked keys: P = 0
+                    const int key = k0 + frag_col(n, e);
+                    const int query = q_row + frag_row(e) + p.key_shift;  // as a key index
+                    const bool off = mask && (key >= p.N_k || (p.causal && key > query));
+                    const float x = fmaf(S[n][e], p.scale_log2, -lse2[frag_h(e)]);
+                    S[n][e] = off ? 0.f : fast_exp2(x);
+                }
             }
-        }
-        gemm_rows_by_rows<BF16, D>(dP, dO_warp, V_tile);  // dP = dO_i V_j^T
+            gemm_rows_by_rows<BF16, D>(dP, dO_warp, V_tile);  // dP = dO_i V_j^T
 #pragma unroll
-        for (int n = 0; n < NB; ++n) {
+            for (int n = 0; n < NB; ++n) {
 #pragma unroll
-            for (int e = 0; e < FRAG_REGS; ++e)
-                dP[n][e] = S[n][e] * (dP[n][e] - Di[frag_h(e)]);  // dS
+                for (int e = 0; e < FRAG_REGS; ++e)
+                    dP[n][e] = S[n][e] * (dP[n][e] - Di[frag_h(e)]);  // dS
+            }
         }
         to_a_fragments<BF16>(A, dP);
         gemm_frags_by_tile<BF16, D>(dQ, A, K_tile);  // dQ_i += dS K_j

@@ -1,9 +1,10 @@
 /*
  * stage7_backward/launch.cuh: the launcher of the backward pass (host code): the variants, how dQ
  * is added up (dq_way_for), the configuration that fits this device (choose_tiles, smem_p_fits),
- * the kernel instantiations (kernel_for, smem_p_kernel), the workspace, and backward(), which
- * runs preprocess, the main kernel, then the convert or dq_kernel (the passes before and after:
- * common/device/backward_prepost.cuh, shared with stage 8).
+ * the kernel instantiations (kernel_for, smem_p_kernel; a window or a softcap: model_kernel,
+ * smem_p_model_kernel), the workspace, and backward(), which runs preprocess, the main kernel, then
+ * the convert or dq_kernel (the passes before and after: common/device/backward_prepost.cuh, shared
+ * with stage 8).
  */
 #pragma once
 
@@ -24,10 +25,7 @@ enum {
     VARIANTS = 4
 };
 
-// How dQ is added up: DQ_BY_SECOND_PASS (deterministic: dq_kernel), DQ_BY_ATOMICS (the warps'
-// red.global.add), DQ_BY_BULK (backward_kernel on sm_90 on: the TMA unit's bulk reductions;
-// variant atomics switches them off).
-enum dq_way { DQ_BY_SECOND_PASS, DQ_BY_ATOMICS, DQ_BY_BULK };
+// How dQ is added up (dq_way, config.cuh) for a variant on this PTX architecture.
 static dq_way dq_way_for(int variant, int arch) {
     if (variant == VARIANT_DETERMINISTIC) return DQ_BY_SECOND_PASS;
     return variant != VARIANT_ATOMICS && dq_bulk(arch) ? DQ_BY_BULK : DQ_BY_ATOMICS;
@@ -69,8 +67,8 @@ static tile_config tiles_at(int D, bool registers_kernel, int i) {
     return D == 64 ? DQ_TILES_D64[i] : DQ_TILES_D128[i];
 }
 
-typedef void (*kernel_fn)(bwd_params);
-typedef void (*smem_kernel_fn)(bwd_params, CUtensorMap);  // + dQ_acc's map (DQ_BY_BULK)
+typedef void (*kernel_fn)(bwd_params, bwd_model);
+typedef void (*smem_kernel_fn)(bwd_params, CUtensorMap, bwd_model);  // + dQ_acc's map (DQ_BY_BULK)
 
 // The kernel of configuration i of its list: backward_registers_kernel (REGISTERS, dQ by atomics or
 // not) or dq_kernel, every configuration instantiated (BF16: for bf16 storage).
@@ -113,6 +111,33 @@ static smem_kernel_fn smem_p_kernel(dq_way dq) {
     }
 }
 
+// A local window or a softcap (bwd_model) runs the MODEL kernels: one backward_kernel per head dim
+// and storage type (dQ's way a runtime value), and for the others the last configuration of their
+// lists, which fits wherever one does (one buffer: every architecture): so that the plain cases'
+// kernels carry none of it, with few instantiations more.
+static bool model_shape(const attn_shape *s) {
+    return (attn_shape_asks(s, 1) & (ATTN_TAKES_LOCAL | ATTN_TAKES_SOFTCAP)) != 0;
+}
+
+template <int D, bool BF16>
+static smem_kernel_fn smem_p_model_kernel() {
+    constexpr smem_p_config c = smem_p_tiles<D>();
+    return backward_kernel<D, c.KEYS, c.QROWS, c.STAGES, c.SCORE_PASSES, c.KV_REGS, true, true,
+                           BF16, true>;
+}
+
+// The MODEL kernel of a list (REGISTERS: backward_registers_kernel, dQ added or not at run time;
+// else dq_kernel), at its last configuration.
+template <int D, bool REGISTERS, bool BF16>
+static kernel_fn model_kernel() {
+    constexpr tile_config c = tiles_for<D, REGISTERS>()[tile_count<D, REGISTERS>() - 1];
+    if constexpr (REGISTERS) {
+        return backward_registers_kernel<D, c.WARPS, c.STAGES, c.QROWS, true, BF16, true>;
+    } else {
+        return dq_kernel<D, c.WARPS, c.STAGES, BF16, true>;
+    }
+}
+
 template <typename FN, typename... ARGS>
 static cudaError_t launch(FN fn, dim3 grid, int threads, size_t smem, cudaStream_t stream,
                           const ARGS &...args) {
@@ -150,26 +175,36 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
 
     int arch = 0;
     ATTN_TRY(kernel_arch(&arch));
-    const int mi = choose_tiles(s->D, dev->smem_per_block, arch, true);
-    const int di = choose_tiles(s->D, dev->smem_per_block, arch, false);
+    int mi = choose_tiles(s->D, dev->smem_per_block, arch, true);
+    int di = choose_tiles(s->D, dev->smem_per_block, arch, false);
     if (mi < 0 || di < 0) return cudaErrorInvalidConfiguration;  // stage_unsupported says why
     const dq_way dq = dq_way_for(variant, arch);
+    const bool model = model_shape(s);
+    const bwd_model m = bwd_model_of(s, dq);
+    if (model) {  // the MODEL kernels' configurations: their lists' last
+        mi = s->D == 64 ? tile_count<64, true>() - 1 : tile_count<128, true>() - 1;
+        di = s->D == 64 ? tile_count<64, false>() - 1 : tile_count<128, false>() - 1;
+    }
     if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch, dq)) {
         const smem_p_config c = s->D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
         const smem_kernel_fn sk =
-            s->D == 64 ? smem_p_kernel<64, BF16>(dq) : smem_p_kernel<128, BF16>(dq);
+            model
+                ? (s->D == 64 ? smem_p_model_kernel<64, BF16>() : smem_p_model_kernel<128, BF16>())
+                : (s->D == 64 ? smem_p_kernel<64, BF16>(dq) : smem_p_kernel<128, BF16>(dq));
         CUtensorMap dq_map;
         memset(&dq_map, 0, sizeof dq_map);  // unread but by the DQ_BY_BULK kernels
         if (dq == DQ_BY_BULK) ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, c.QROWS));
         ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N_k, c.KEYS), BH_kv),
                         SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, dq == DQ_BY_BULK), stream,
-                        p, dq_map));
+                        p, dq_map, m));
     } else {
         const tile_config mc = tiles_at(s->D, true, mi);
-        const kernel_fn mk = s->D == 64 ? kernel_for<64, true, BF16>(mi, atomic)
-                                        : kernel_for<128, true, BF16>(mi, atomic);
+        const kernel_fn mk =
+            model ? (s->D == 64 ? model_kernel<64, true, BF16>() : model_kernel<128, true, BF16>())
+                  : (s->D == 64 ? kernel_for<64, true, BF16>(mi, atomic)
+                                : kernel_for<128, true, BF16>(mi, atomic));
         ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N_k, tile_rows(mc)), BH_kv),
-                        mc.WARPS * WARP_SIZE, registers_smem_bytes(mc, s->D), stream, p));
+                        mc.WARPS * WARP_SIZE, registers_smem_bytes(mc, s->D), stream, p, m));
     }
     if (atomic) {
         const size_t head_threads = (size_t)s->N * s->D / CONVERT_FLOATS;  // a (batch, head)'s
@@ -183,10 +218,12 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
         ATTN_TRY(cudaGetLastError());
     } else {
         const tile_config dc = tiles_at(s->D, false, di);
-        const kernel_fn dk = s->D == 64 ? kernel_for<64, false, BF16>(di, false)
-                                        : kernel_for<128, false, BF16>(di, false);
+        const kernel_fn dk = model ? (s->D == 64 ? model_kernel<64, false, BF16>()
+                                                 : model_kernel<128, false, BF16>())
+                                   : (s->D == 64 ? kernel_for<64, false, BF16>(di, false)
+                                                 : kernel_for<128, false, BF16>(di, false));
         ATTN_TRY(launch(dk, dim3((unsigned)ceil_div(s->N, tile_rows(dc)), (unsigned)BH),
-                        dc.WARPS * WARP_SIZE, dq_smem_bytes(dc, s->D), stream, p));
+                        dc.WARPS * WARP_SIZE, dq_smem_bytes(dc, s->D), stream, p, m));
     }
     return cudaSuccess;
 }

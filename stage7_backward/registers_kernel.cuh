@@ -30,6 +30,53 @@ __device__ __forceinline__ void probabilities_t(float (&S)[NB][4], uint32_t lse_
     }
 }
 
+// MODEL (a local window, a softcap): P^T as probabilities_t, masked by the window (key_masked), and
+// with a softcap c from t = tanh(scale S^T / c): P^T = 2^(t c log2(e) - LSE_i).
+template <int NB>
+__device__ __forceinline__ void probabilities_model_t(float (&S)[NB][4], uint32_t lse_tile,
+                                                      int key_row, int qk0, const bwd_params &p,
+                                                      const bwd_model &model, bool mask) {
+    const bool softcap = model.cap_in > 0.f;  // the same for every thread
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        const float2 lse = ld_shared_f2(lse_tile + frag_col(n, 0) * sizeof(float));
+#pragma unroll
+        for (int e = 0; e < FRAG_REGS; ++e) {
+            const int key = key_row + frag_row(e), query = qk0 + frag_col(n, e);  // (a key index)
+            const bool off = mask && key_masked(model.keys, key, query);
+            const float lse_e = frag_c(e) ? lse.y : lse.x;
+            const float x = softcap
+                                ? fmaf(tanh_approx(S[n][e] * model.cap_in), model.cap_log2, -lse_e)
+                                : fmaf(S[n][e], p.scale_log2, -lse_e);
+            S[n][e] = off ? 0.f : fast_exp2(x);
+        }
+    }
+}
+
+// MODEL with a softcap: dS^T gains the cap's derivative, 1 - t^2. score_gradients_t (next, the
+// lab's) computes P^T (dP^T - D_i), so here dP^T becomes D_i + (1 - t^2) (dP^T - D_i), whose
+// difference from D_i carries the factor. t is read back from P^T, whose log2 is
+// t c log2(e) - LSE_i, rather than kept from probabilities_model_t: 16 registers across dP^T's
+// product, which this kernel's sm_75 build has not to spare. Where P^T = 0 (masked, or below fp32's
+// range) dS^T is 0 whatever t.
+template <int NB>
+__device__ __forceinline__ void softcap_gradients_t(float (&dP)[NB][4], const float (&P)[NB][4],
+                                                    uint32_t lse_tile, uint32_t D_tile,
+                                                    const bwd_model &model) {
+    const float per_log2 = 1.f / model.cap_log2;
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        const float2 lse = ld_shared_f2(lse_tile + frag_col(n, 0) * sizeof(float));
+        const float2 Di = ld_shared_f2(D_tile + frag_col(n, 0) * sizeof(float));
+#pragma unroll
+        for (int e = 0; e < FRAG_REGS; ++e) {
+            const float D_e = frag_c(e) ? Di.y : Di.x;
+            const float t = (__log2f(P[n][e]) + (frag_c(e) ? lse.y : lse.x)) * per_log2;
+            if (P[n][e] > 0.f) dP[n][e] = fmaf(fmaf(-t, t, 1.f), dP[n][e] - D_e, D_e);
+        }
+    }
+}
+
 // dS^T = P^T * (dP^T - D_i), in place of dP^T; D_i per column (query).
 template <int NB>
 __device__ __forceinline__ void score_gradients_t(float (&dP)[NB][4], const float (&P)[NB][4],
@@ -132,9 +179,12 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
 // loops over the query tiles that see it (causal: from its own diagonal on) of every query head of
 // its group (GQA: one head after the other, dK_j and dV_j summed over them in registers).
 // ADDS_DQ: the block also adds its part of dQ (the default); the deterministic variant leaves dQ
-// to dq_kernel.
-template <int D, int WARPS, int STAGES, int QROWS, bool ADDS_DQ, bool BF16>
-__global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_registers_kernel(const bwd_params p) {
+// to dq_kernel. MODEL (a local window, a softcap: bwd_model): the query tiles whose rows see the
+// key tile, the window's masks, the softcap (probabilities_model_t), and whether dQ is added is
+// the launcher's (model.dq; instantiated with ADDS_DQ).
+template <int D, int WARPS, int STAGES, int QROWS, bool ADDS_DQ, bool BF16, bool MODEL = false>
+__global__ void __launch_bounds__(WARPS *WARP_SIZE)
+    backward_registers_kernel(const bwd_params p, const bwd_model model) {
     constexpr tile_config CFG = {WARPS, STAGES, QROWS};
     constexpr int THREADS = WARPS * WARP_SIZE;
     constexpr int ROWS = tile_rows(CFG);       // keys per block
@@ -159,9 +209,15 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_registers_kernel(co
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int key_row = k0 + MMA_M * warp;  // this warp's first key
     // Earlier queries see no key here (causal: query i sees keys <= i + key_shift); from a
-    // whole query tile, so that LSE_i and D_i stay within their padded rows.
-    const int q_begin = p.causal ? max(k0 - p.key_shift, 0) / QROWS * QROWS : 0;
-    const int tiles = max((p.N - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
+    // whole query tile, so that LSE_i and D_i stay within their padded rows. MODEL: nor do the
+    // queries past a window's end.
+    int q_begin = p.causal ? max(k0 - p.key_shift, 0) / QROWS * QROWS : 0, q_end = p.N;
+    if constexpr (MODEL) {  // (q_end: MODEL's; the plain kernels read p.N where they use it)
+        q_begin = key_tile_first_query<QROWS>(model.keys, k0);
+        q_end = key_tile_query_end(model.keys, k0, ROWS);
+    }
+    const int tiles = max((q_end - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
+    const bool adds_dq = ADDS_DQ && (!MODEL || model.dq != DQ_BY_SECOND_PASS);
 
     // Shared memory: K_smem, V_smem [ROWS, D]; per stage Q_smem, dO_smem [QROWS, D]; dS_smem
     // [ROWS keys, QROWS queries]; per stage vec_smem [2, QROWS] floats. Tiles swizzled.
@@ -189,7 +245,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_registers_kernel(co
                           // also done with tile it - 1 (its buffer is refilled next) and dS_smem
         if (STAGES == 2 && it + 1 < tiles) {
             int hq_next = hq, q0_next = q0;
-            next_query_tile<QROWS>(hq_next, q0_next, q_begin, p.N);
+            next_query_tile<QROWS>(hq_next, q0_next, q_begin, MODEL ? q_end : p.N);
             issue_query_tile<D, QROWS, THREADS>(
                 p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
                 vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next);
@@ -201,9 +257,17 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_registers_kernel(co
         uint32_t A[KC][4];
         gemm_rows_by_rows<BF16, D>(S, K_warp, Q_tile);  // S^T = K_j Q_i^T
         const int qk0 = q0 + p.key_shift;               // the tile's first query as a key index
-        const bool mask = k0 + ROWS > p.N_k || (p.causal && qk0 < k0 + ROWS - 1);
-        probabilities_t(S, vec_tile, key_row, qk0, p, mask);  // P^T
-        gemm_rows_by_rows<BF16, D>(dP, V_warp, dO_tile);      // dP^T = V_j dO_i^T
+        if constexpr (MODEL) {
+            probabilities_model_t(S, vec_tile, key_row, qk0, p, model,
+                                  tile_needs_mask(model.keys, k0, ROWS, qk0, QROWS));  // P^T
+            gemm_rows_by_rows<BF16, D>(dP, V_warp, dO_tile);  // dP^T = V_j dO_i^T
+            if (model.cap_in > 0.f)
+                softcap_gradients_t(dP, S, vec_tile, vec_tile + QROWS * sizeof(float), model);
+        } else {
+            const bool mask = k0 + ROWS > p.N_k || (p.causal && qk0 < k0 + ROWS - 1);
+            probabilities_t(S, vec_tile, key_row, qk0, p, mask);  // P^T
+            gemm_rows_by_rows<BF16, D>(dP, V_warp, dO_tile);      // dP^T = V_j dO_i^T
+        }
         // LAB HOLE 2 BEGIN: dK_j, dV_j accumulated: from P^T and dS^T in registers
         // LAB TODO: here P^T (S) and dP^T are this warp's 16 keys x QROWS queries as accumulator
         // LAB TODO: fragments. Pack P^T into A fragments (to_a_fragments<BF16>(A, S): the C layout
@@ -219,14 +283,17 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE) backward_registers_kernel(co
         to_a_fragments<BF16>(A, dP);
         gemm_frags_by_tile<BF16, D>(dK, A, Q_tile);  // dK_j += dS^T Q_i
         // LAB HOLE 2 END
-        if (ADDS_DQ) {
+        if (adds_dq) {
             store_score_gradients<QROWS>(dS_smem, A, warp);
             __syncthreads();  // dS_smem written by every warp, visible to all
             accumulate_dq<BF16, D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem,
                                                        (size_t)(b * p.H + hq) * p.N * D, q0);
         }
-        next_query_tile<QROWS>(hq, q0, q_begin, p.N);
+        next_query_tile<QROWS>(hq, q0, q_begin, MODEL ? q_end : p.N);
     }
+    // MODEL: a key tile no row sees (a window) ran no loop: its prologue's copies land before the
+    // block ends, and it stores dK_j = dV_j = 0.
+    if constexpr (MODEL) cp_async_wait<0>();
     store_rows<BF16, D>(p.dK + head_offset(p.layout.dK, b, hk), dK, key_row, p.N_k, p.scale,
                         p.layout.dK.row);
     store_rows<BF16, D>(p.dV + head_offset(p.layout.dV, b, hk), dV, key_row, p.N_k, 1.f,

@@ -103,12 +103,50 @@ __device__ __forceinline__ void vector_issue(uint32_t dst, const float *src) {
         copy_chunk(dst + c * CHUNK_BYTES, src + c * (CHUNK_BYTES / sizeof(float)), true);
 }
 
-// The query tile after (hq, q0) in a main kernel's loop: the next rows of query head hq, or the
-// first tile (q0 = q_begin) of the next head (GQA: the next of the key/value head's group).
+// The query tile after (hq, q0) in a main kernel's loop: the next rows of query head hq (up to
+// q_end: N, or a window's end), or the first tile (q0 = q_begin) of the next head (GQA: the next
+// of the key/value head's group).
 template <int QROWS>
-__device__ __forceinline__ void next_query_tile(int &hq, int &q0, int q_begin, int N) {
+__device__ __forceinline__ void next_query_tile(int &hq, int &q0, int q_begin, int q_end) {
     q0 += QROWS;
-    if (q0 >= N) q0 = q_begin, ++hq;
+    if (q0 >= q_end) q0 = q_begin, ++hq;
+}
+
+/* ---- local windows (MODEL kernels): which query tiles a key tile has, which elements -----------
+ */
+
+// The inverse of split_kv.cuh's rule (query_tile_first_key_tile, query_tile_key_end: the key tiles
+// a query tile sees): the rows that see some key of k0 .. k0 + KEYS - 1. Row i sits on key
+// i + N_k - N (its diagonal) and sees `left` keys before it and `right` after it (-1: every one;
+// causal: right = 0), so the first row to see the tile's first key has its diagonal `right` keys
+// before it, and the last to see its last key (N_k - 1 at most) `left` keys after it. The first
+// row is rounded down to a whole query tile (LSE_i and D_i are read a tile at a time from their
+// padded rows); the end is exclusive, 0 .. N (at or before the first: no row sees the tile).
+template <int QROWS>
+__device__ __forceinline__ int key_tile_first_query(const key_rule &r, int k0) {
+    return r.right < 0 ? 0 : max(0, k0 - r.right - (r.N_k - r.N)) / QROWS * QROWS;
+}
+__device__ __forceinline__ int key_tile_query_end(const key_rule &r, int k0, int keys) {
+    if (r.left < 0) return r.N;
+    const long long last_key = min(k0 + keys, r.N_k) - 1;
+    const long long end = last_key + r.left - (r.N_k - r.N) + 1;  // past the last row that sees it
+    return (int)max(0ll, min(end, (long long)r.N));
+}
+
+// Whether some pair of queries qk0 .. qk0 + qrows - 1 (as key indices: their diagonals) and keys
+// k0 .. k0 + keys - 1 lies outside the rule, or a key past N_k: the tile then tests each element
+// (key_masked); the tiles inside every row's window test none.
+__device__ __forceinline__ bool tile_needs_mask(const key_rule &r, int k0, int keys, int qk0,
+                                                int qrows) {
+    return k0 + keys > r.N_k || (r.right >= 0 && k0 + keys - 1 - qk0 > r.right) ||
+           (r.left >= 0 && qk0 + qrows - 1 - k0 > r.left);
+}
+
+// Whether the query whose diagonal is key `diagonal` does not see key `key` (past N_k: none does):
+// attention.h's attn_key_range, element by element.
+__device__ __forceinline__ bool key_masked(const key_rule &r, int key, int diagonal) {
+    return key >= r.N_k || (r.right >= 0 && key - diagonal > r.right) ||
+           (r.left >= 0 && diagonal - key > r.left);
 }
 
 // The block's key tile: K_j and V_j ([ROWS, D], keys k0 .. of key/value head hk of batch b; keys

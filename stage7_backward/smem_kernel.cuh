@@ -14,11 +14,15 @@
 // In place: S^T becomes P^T = 2^(c S^T - LSE_i) and dP^T becomes dS^T = P^T (dP^T - D_i), for
 // keys key_row.. (MT m16 blocks) x queries q_col.. of the tile whose first query is key index qk0
 // (q0 + N_k - N: causal query i sees keys <= i + N_k - N) (NT n8 blocks). MASK: keys past N_k
-// and, causal, keys after the query's last get P = 0.
-template <int QROWS, int MT, int NT, bool MASK>
+// and, causal, keys after the query's last get P = 0. MODEL: the mask is the window's
+// (key_masked), and with a softcap the score is c tanh(scale S^T / c): P^T = 2^(t c log2(e) -
+// LSE_i) with t = tanh(scale S^T / c), and dS^T gains the cap's derivative, 1 - t^2.
+template <int QROWS, int MT, int NT, bool MASK, bool MODEL>
 __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (&dP)[MT][NT][4],
-                                                  const bwd_params &p, uint32_t vec_tile,
-                                                  int key_row, int qk0, int q_col) {
+                                                  const bwd_params &p, const bwd_model &model,
+                                                  uint32_t vec_tile, int key_row, int qk0,
+                                                  int q_col) {
+    const bool softcap = MODEL && model.cap_in > 0.f;  // the same for every thread
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -34,12 +38,22 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
             // LAB HOLE 1 END
 #pragma unroll
             for (int e = 0; e < FRAG_REGS; ++e) {
-                const float x = fmaf(S[m][n][e], p.scale_log2, -(frag_c(e) ? lse.y : lse.x));
+                const float lse_e = frag_c(e) ? lse.y : lse.x;
+                float t = 0.f;  // softcap: the capped score's tanh
+                float x;
+                if (softcap) {
+                    t = tanh_approx(S[m][n][e] * model.cap_in);
+                    x = fmaf(t, model.cap_log2, -lse_e);
+                } else {
+                    x = fmaf(S[m][n][e], p.scale_log2, -lse_e);
+                }
                 S[m][n][e] = fast_exp2(x);
                 if (MASK) {
                     const int key = key_row + MMA_M * m + frag_row(e);
                     const int query = qk0 + col + frag_c(e);  // as a key index
-                    if (key >= p.N_k || (p.causal && key > query)) S[m][n][e] = 0.f;
+                    const bool off = MODEL ? key_masked(model.keys, key, query)
+                                           : key >= p.N_k || (p.causal && key > query);
+                    if (off) S[m][n][e] = 0.f;
                 }
                 // LAB HOLE 1 BEGIN: dS = P (dP - D_i): in place of dP
                 // LAB TODO: S[m][n][e] is now P^T (keys along rows, queries along columns),
@@ -49,6 +63,7 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
                 // LAB TODO: The lesson's "The gradients".)
                 dP[m][n][e] = S[m][n][e] * (dP[m][n][e] - (frag_c(e) ? Di.y : Di.x));
                 // LAB HOLE 1 END
+                if (softcap) dP[m][n][e] *= fmaf(-t, t, 1.f);  // d(c tanh(s / c)) / ds
             }
         }
     }
@@ -59,12 +74,14 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
 // (K_j, V_j from shared memory, or KV_REGS from their fragments K_frag, V_frag), then P^T and
 // dS^T (softmax_gradients), stored to P_smem and dS_smem as fp16. mask: the
 // diagonal tile, and the tile holding N_k; queries past N (and those that see no key) have LSE =
-// +inf, so P = 0 there without a mask. qk0: the query tile's first query as a key index.
-template <bool BF16, int D, int QROWS, int MT, int NT, bool KV_REGS, int KF>
+// +inf, so P = 0 there without a mask. qk0: the query tile's first query as a key index. MODEL:
+// the window's mask and the softcap (softmax_gradients).
+template <bool BF16, int D, int QROWS, int MT, int NT, bool KV_REGS, int KF, bool MODEL>
 __device__ __forceinline__ void score_gradients(
-    const bwd_params &p, uint32_t K_smem, uint32_t V_smem, const uint32_t (&K_frag)[KF][MT][4],
-    const uint32_t (&V_frag)[KF][MT][4], uint32_t Q_tile, uint32_t dO_tile, uint32_t vec_tile,
-    uint32_t P_smem, uint32_t dS_smem, int k0, int key0, int qk0, int q_col, bool mask) {
+    const bwd_params &p, const bwd_model &model, uint32_t K_smem, uint32_t V_smem,
+    const uint32_t (&K_frag)[KF][MT][4], const uint32_t (&V_frag)[KF][MT][4], uint32_t Q_tile,
+    uint32_t dO_tile, uint32_t vec_tile, uint32_t P_smem, uint32_t dS_smem, int k0, int key0,
+    int qk0, int q_col, bool mask) {
     constexpr int ROW_BYTES = D * HALF_BYTES;
     float S[MT][NT][4], dP[MT][NT][4];
     if constexpr (KV_REGS) {
@@ -75,9 +92,11 @@ __device__ __forceinline__ void score_gradients(
         gemm_nt<BF16, D, MT, NT>(dP, V_smem, dO_tile + q_col * ROW_BYTES);  // dP^T = V_j dO_i^T
     }
     if (mask) {  // the same for the whole warp: the tiles without a mask test nothing
-        softmax_gradients<QROWS, MT, NT, true>(S, dP, p, vec_tile, k0 + key0, qk0, q_col);
+        softmax_gradients<QROWS, MT, NT, true, MODEL>(S, dP, p, model, vec_tile, k0 + key0, qk0,
+                                                      q_col);
     } else {
-        softmax_gradients<QROWS, MT, NT, false>(S, dP, p, vec_tile, k0 + key0, qk0, q_col);
+        softmax_gradients<QROWS, MT, NT, false, MODEL>(S, dP, p, model, vec_tile, k0 + key0, qk0,
+                                                       q_col);
     }
     store_fragments<BF16, QROWS>(P_smem, S, key0, q_col);
     store_fragments<BF16, QROWS>(dS_smem, dP, key0, q_col);
@@ -164,10 +183,14 @@ __device__ __forceinline__ void store_dkv_fragments(const bwd_params &p,
 //   dQ:        warp (qw', dw'): 32 queries x its share of D of dS K_j, added by fp32 atomics
 //              (sm_90 on: stored to a staging tile, which goes to dQ_acc by one bulk tensor
 //              reduction issued after the next iteration's first barrier)
+// MODEL (a local window, a softcap: bwd_model): the loop runs over the query tiles whose rows see
+// the key tile (key_tile_first_query .. key_tile_query_end), the tiles crossing a bound masked,
+// and how dQ is added is the launcher's (model.dq; instantiated with ADDS_DQ and DQ_BY_BULK_OK).
 template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool KV_REGS, bool ADDS_DQ,
-          bool DQ_BY_BULK_OK, bool BF16>
+          bool DQ_BY_BULK_OK, bool BF16, bool MODEL = false>
 __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
-    backward_kernel(const bwd_params p, const __grid_constant__ CUtensorMap dq_map) {
+    backward_kernel(const bwd_params p, const __grid_constant__ CUtensorMap dq_map,
+                    const bwd_model model) {
     constexpr int THREADS = SMEM_P_WARPS * WARP_SIZE;
     constexpr int ROW_BYTES = D * HALF_BYTES;
     constexpr int WARP_KEYS = KEYS / SMEM_P_KEY_WARPS;         // keys of a warp, every phase but dQ
@@ -184,6 +207,9 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     constexpr uint32_t PS_TILE = KEYS * QROWS * sizeof(__half);
     constexpr uint32_t VEC = LOOP_VECTORS * QROWS * sizeof(float);    // LSE_i, then D_i
     constexpr bool BULK = dq_by_bulk_here<ADDS_DQ, DQ_BY_BULK_OK>();  // dQ by bulk reductions
+    // ... in this call (MODEL: as the launcher says; else the instantiation's, at compile time)
+    const bool adds_dq = ADDS_DQ && (!MODEL || model.dq != DQ_BY_SECOND_PASS);
+    const bool bulk = BULK && (!MODEL || model.dq == DQ_BY_BULK);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 has no cp.async for a second buffer, and a T4's shared memory is too small for this
     // kernel: the launcher never picks it there.
@@ -196,9 +222,14 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int kw = warp % SMEM_P_KEY_WARPS, cw = warp / SMEM_P_KEY_WARPS;
     // Earlier queries see no key here (causal: query i sees keys <= i + key_shift); from a
-    // whole query tile, so that LSE_i and D_i stay within their padded rows.
-    const int q_begin = p.causal ? max(k0 - p.key_shift, 0) / QROWS * QROWS : 0;
-    const int tiles = max((p.N - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
+    // whole query tile, so that LSE_i and D_i stay within their padded rows. MODEL: nor do the
+    // queries past a window's end.
+    int q_begin = p.causal ? max(k0 - p.key_shift, 0) / QROWS * QROWS : 0, q_end = p.N;
+    if constexpr (MODEL) {  // (q_end: MODEL's; the plain kernels read p.N where they use it)
+        q_begin = key_tile_first_query<QROWS>(model.keys, k0);
+        q_end = key_tile_query_end(model.keys, k0, KEYS);
+    }
+    const int tiles = max((q_end - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
 
     // Shared memory: K_smem, V_smem [KEYS, D]; per stage Q_smem, dO_smem [QROWS, D]; P_smem,
     // dS_smem [KEYS, QROWS]; per stage vec_smem [2, QROWS] floats; BULK: dq_stage [D / 8
@@ -226,7 +257,7 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         __syncthreads();  // tile it (and K_j, V_j) visible to all; every warp is done with tile
                           // it - 1 (its buffer is refilled next) and with P_smem and dS_smem;
                           // BULK: tile it - 1's dQ is staged
-        if (BULK && it > 0) add_staged_dq_tile(&dq_map, dq_stage, q0_prev, b * p.H + hq_prev);
+        if (bulk && it > 0) add_staged_dq_tile(&dq_map, dq_stage, q0_prev, b * p.H + hq_prev);
         if constexpr (KV_REGS) {  // K_j and V_j have arrived with tile 0: into registers
             if (it == 0) {
                 load_row_fragments<D, MT>(K_frag, K_smem + WARP_KEYS * kw * ROW_BYTES);
@@ -235,7 +266,7 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         }
         if (it + 1 < tiles) {
             int hq_next = hq, q0_next = q0;
-            next_query_tile<QROWS>(hq_next, q0_next, q_begin, p.N);
+            next_query_tile<QROWS>(hq_next, q0_next, q_begin, MODEL ? q_end : p.N);
             issue_query_tile<D, QROWS, THREADS>(
                 p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
                 vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next);
@@ -246,13 +277,14 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         // block's products run while the warp computes another's P^T and dS^T).
 #pragma unroll
         for (int pass = 0; pass < SCORE_PASSES; ++pass) {
-            score_gradients<BF16, D, QROWS, MT, NT_S, KV_REGS, KF>(
-                p, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES, K_frag,
-                V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw,
+            score_gradients<BF16, D, QROWS, MT, NT_S, KV_REGS, KF, MODEL>(
+                p, model, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES,
+                K_frag, V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw,
                 q0 + p.key_shift, WARP_QUERIES * cw + pass * PASS_QUERIES,
-                k0 + KEYS > p.N_k || (p.causal && q0 + p.key_shift < k0 + KEYS - 1));
+                MODEL ? tile_needs_mask(model.keys, k0, KEYS, q0 + p.key_shift, QROWS)
+                      : k0 + KEYS > p.N_k || (p.causal && q0 + p.key_shift < k0 + KEYS - 1));
         }
-        if (BULK) bulk_wait<true>();  // the staged tile thread 0 handed over is read
+        if (bulk) bulk_wait<true>();  // the staged tile thread 0 handed over is read
         __syncthreads();  // P_smem and dS_smem written by every warp, visible to all; BULK:
                           // dq_stage free
 
@@ -274,17 +306,26 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
             dK, dS_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, Q_tile, col_chunk);
         // LAB HOLE 2 END
         // dQ_i += dS K_j: fp32 atomics, or staged for bulk reductions (LOG.md, step 4's try)
-        if (ADDS_DQ) {
+        if (adds_dq) {
             const size_t acc = (size_t)(b * p.H + hq) * p.N * D;  // its head of dQ_acc
-            accumulate_dq_tile<BF16, D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, acc, q0);
+            if (bulk) {
+                accumulate_dq_tile<BF16, D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, acc,
+                                                               q0);
+            } else {  // the atomics (also a MODEL kernel called without bulk reductions)
+                accumulate_dq_tile<BF16, D, KEYS, QROWS, false>(p, dS_smem, K_smem, dq_stage, acc,
+                                                                q0);
+            }
         }
         hq_prev = hq, q0_prev = q0;
-        next_query_tile<QROWS>(hq, q0, q_begin, p.N);
+        next_query_tile<QROWS>(hq, q0, q_begin, MODEL ? q_end : p.N);
     }
-    if (BULK && tiles > 0) {  // the last tile's dQ
+    if (bulk && tiles > 0) {  // the last tile's dQ
         __syncthreads();      // every warp's part of it is staged
         add_staged_dq_tile(&dq_map, dq_stage, q0_prev, b * p.H + hq_prev);
         bulk_wait<false>();
     }
+    // MODEL: a key tile no row sees (a window) ran no loop: its prologue's copies land before the
+    // block ends, and it stores dK_j = dV_j = 0.
+    if constexpr (MODEL) cp_async_wait<0>();
     store_dkv_fragments<BF16>(p, dK, dV, b, hk, k0 + WARP_KEYS * kw, WARP_COLS * cw);
 }
