@@ -328,6 +328,12 @@ typedef enum {
 #define ATTN_MAX_GRID_Y 65535       /* CUDA's limit on gridDim.y (and gridDim.z) */
 #define ATTN_MAX_BH ATTN_MAX_GRID_Y /* B x H: grids put (batch, head) in blockIdx.y */
 #define ATTN_MAX_N (1 << 30)        /* tokens */
+/* Head dims: a multiple of ATTN_D_STEP from ATTN_MIN_D to ATTN_MAX_D (flash-attn's range); a
+ * stage runs those it compiled and refuses the rest (its unsupported()); stages 5-8 run every one,
+ * in the next compiled size with the tail of D masked. */
+#define ATTN_MIN_D 32
+#define ATTN_MAX_D 256
+#define ATTN_D_STEP 8 /* 16 bytes of a 16-bit type: a row's last chunk is whole */
 
 extern const attn_stage attn_this_stage;
 
