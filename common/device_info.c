@@ -60,10 +60,6 @@ cudaError_t attn_device_query(int ordinal, long long smem_limit, attn_device *de
     return cudaSuccess;
 }
 
-int attn_head_dim_ok(long long D) {
-    return D == 64 || D == 128;
-}
-
 attn_shape_rule attn_shape_check(const attn_shape *s) {
     if (s->B < 1 || s->H < 1 || s->N < 1 || s->D < 1) return ATTN_SHAPE_NOT_POSITIVE;
     if ((long long)s->B * s->H > ATTN_MAX_BH) return ATTN_SHAPE_BH;

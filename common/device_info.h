@@ -34,7 +34,7 @@ typedef enum {
     ATTN_SHAPE_NOT_POSITIVE, /* B, H, N or D below 1 */
     ATTN_SHAPE_BH,           /* B x H over ATTN_MAX_BH */
     ATTN_SHAPE_N,            /* N over ATTN_MAX_N */
-    ATTN_SHAPE_D,            /* D not one of the head dims every stage runs */
+    ATTN_SHAPE_D,            /* D not a head dim of the contract (attn_head_dim_ok) */
     ATTN_SHAPE_KV_HEADS,     /* H_kv negative or not dividing H (0: H) */
     ATTN_SHAPE_N_K,          /* N_k negative or over ATTN_MAX_N (0: N) */
     ATTN_SHAPE_SCALE         /* scale not a positive normal float */
@@ -43,8 +43,15 @@ typedef enum {
 /* The first rule the shape breaks (ATTN_SHAPE_OK: none). */
 attn_shape_rule attn_shape_check(const attn_shape *s);
 
-/* Whether every stage runs head dim D (64 or 128); ATTN_HEAD_DIMS says so in words. */
-int attn_head_dim_ok(long long D);
-#define ATTN_HEAD_DIMS "64 or 128"
+/* Whether head dim D is the contract's (attention.h): a multiple of ATTN_D_STEP from ATTN_MIN_D to
+ * ATTN_MAX_D; ATTN_HEAD_DIMS says so in words. A stage runs those it compiled and refuses the rest
+ * through its unsupported() (exit code 3), as it refuses any shape it cannot run. */
+static inline int attn_head_dim_ok(long long D) {
+    return D >= ATTN_MIN_D && D <= ATTN_MAX_D && D % ATTN_D_STEP == 0;
+}
+#define ATTN_STR_(x) #x
+#define ATTN_STR(x) ATTN_STR_(x)
+#define ATTN_HEAD_DIMS \
+    "a multiple of " ATTN_STR(ATTN_D_STEP) " from " ATTN_STR(ATTN_MIN_D) " to " ATTN_STR(ATTN_MAX_D)
 
 #endif /* DEVICE_INFO_H */

@@ -133,7 +133,8 @@ static void usage(void) {
         "  --batch B          batch size (default 1)\n"
         "  --heads H          heads (default 1)\n"
         "  --seq N            tokens, N >= 1 (default 1024)\n"
-        "  --dim D            head dim: 64 or 128 (default 128)\n"
+        "  --dim D            head dim: %s (default 128)\n"
+        "                     (a stage runs those it compiled, refuses the rest: exit 3)\n"
         "  --causal           query i attends to keys 0..i\n"
         "  --scale S          softmax scale, a positive float (default 1/sqrt(D))\n"
         "                     B x H <= %d; B, H, N, D may also come from the .npy files\n"
@@ -182,7 +183,7 @@ static void usage(void) {
         "  --help             this text\n"
         "exit codes: %d pass, %d wrong result, %d bad usage, %d unsupported here (no NVIDIA "
         "GPU, or the shape), %d out of device or host memory\n",
-        prog, attn_this_stage.name, attn_this_stage.adds, ATTN_MAX_BH,
+        prog, attn_this_stage.name, attn_this_stage.adds, ATTN_HEAD_DIMS, ATTN_MAX_BH,
         attn_this_stage.dtype == ATTN_F16 ? "f16" : "f32", ATTN_MAX_PAGE_SIZE, ATTN_MAX_DECODE_N,
         DECODE_DEFAULT_N_MAX,
         attn_this_stage.dtype == ATTN_F16 ? "float16 (bf16 runs: float32)" : "float32", MIN_REPEATS,
@@ -578,7 +579,7 @@ static float *load_npy(const char *opt, const char *path, options *o) {
     if (a.ndim != 4)
         die_usage("%s: '%s' has %d dimensions, want 4 [B, H, N, D]", opt, path, a.ndim);
     if (!attn_head_dim_ok(a.shape[3]))
-        die_usage("%s: '%s' has D = %lld, which is not supported (" ATTN_HEAD_DIMS ")", opt, path,
+        die_usage("%s: '%s' has D = %lld, which is not a head dim (" ATTN_HEAD_DIMS ")", opt, path,
                   a.shape[3]);
     long long want[4] = {o->shape.B, o->shape.H, o->shape.N, o->shape.D};
     int given[4] = {o->given_B, o->given_H, o->given_N, o->given_D};
@@ -1322,6 +1323,62 @@ static int stage_takes(const options *o) {
              attn_shape_refused(&o->shape, attn_this_stage.backward_takes, 1));
 }
 
+/* What both passes of the stage take beyond the plain case (ATTN_TAKES_*). */
+static unsigned stage_takes_bits(void) {
+    return attn_this_stage.takes &
+           (attn_this_stage.backward ? attn_this_stage.backward_takes : ~0u);
+}
+
+/* Head dims besides the standard matrix's 64 and 128, for every stage: each D of the list, N in
+ * {1, 63, 64, 65, 129, 1000} (queries, and keys unless the case turns N_k != N), causal and not.
+ * Per case in turn, where the stage takes them (so that a stage of the plain case runs every D
+ * plainly): bf16, (H, H_kv) (GQA), N_k != N, the layout, a local window (one of the list, sized
+ * to bite at these N; -1: unbounded); B and the distribution too. A D the stage did not compile its
+ * unsupported() refuses: the case is waived. */
+static const int head_dim_D[] = {32, 40, 80, 96, 104, 160, 192, 256};
+static const int head_dim_N[] = {1, 63, 64, 65, 129, 1000};
+static const int head_dim_windows[][2] = {{0, 0}, {3, 5}, {16, 7}, {31, 0}, {-1, 8}, {100, 17}};
+#define HEAD_DIM_CASES (COUNT(head_dim_D) * COUNT(head_dim_N) * 2)
+
+static options head_dim_case(const options *base, int v, int c, uint64_t case_no) {
+    const int N = head_dim_N[c % COUNT(head_dim_N)], causal = c / COUNT(head_dim_N) % 2;
+    const int j = c / (COUNT(head_dim_N) * 2), D = head_dim_D[j];
+    const unsigned takes = stage_takes_bits();
+    /* the rotations: each shifted by the D's index j, so that a (N, causal) pair meets them in
+     * turn across the head dims */
+    const int *heads = model_heads[(takes & ATTN_TAKES_GQA) ? (c + j) % COUNT(model_heads) : 0];
+    const int other_keys = (takes & ATTN_TAKES_N_K) && (c + 2 * j) % 3 == 2;
+    const int window = (takes & ATTN_TAKES_LOCAL) && (c + j) % 3 == 1;
+    const int *w = head_dim_windows[c / 3 % COUNT(head_dim_windows)];
+    options o = *base;
+    memset(&o.shape, 0, sizeof o.shape);
+    o.shape = (attn_shape){.B = 1 + (c + j) % 2,
+                           .H = heads[0],
+                           .N = N,
+                           .D = D,
+                           .causal = causal,
+                           .scale = 1.0f / sqrtf((float)D),
+                           .H_kv = heads[1],
+                           .N_k = !other_keys ? N
+                                  : N > 64    ? N / 2 + 1
+                                              : N + 37,
+                           .bf16 = (takes & ATTN_TAKES_BF16) && (c / 2 + j) % 2,
+                           .local = window,
+                           .window_left = window ? w[0] : 0,
+                           .window_right = window ? w[1] : 0};
+    o.layout = (takes & ATTN_TAKES_STRIDES) ? (layout_kind)((c / 4 + j) % LAYOUTS) : LAYOUT_BHND;
+    if (o.layout == LAYOUT_QKV && (heads[1] != heads[0] || o.shape.N_k != N))
+        o.layout = LAYOUT_BNHD;
+    set_layout(&o);
+    o.variant = v;
+    o.peaky = c / 7 % 2;
+    o.bench = 0;
+    o.seed = base->seed * 1000003ull + case_no;
+    long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
+    o.check_rows = rows <= MODEL_FULL_ROWS ? -1 : MODEL_SAMPLE;
+    return o;
+}
+
 /* One case: inputs, run, check; a failure described on stderr. 1 if it passed. */
 static int self_test_run(const options *o, gpu_ctx *g) {
     host_inputs in;
@@ -1363,14 +1420,16 @@ static int self_test(const options *base, gpu_ctx *g) {
             options (*make)(const options *, int, int, uint64_t);
             const char *what;
         } groups[] = {{MODEL_CASES, model_case, "what models feed (bf16, GQA, strides, N_k != N)"},
-                      {LOCAL_CASES, local_case, "local windows and softcap"}};
+                      {LOCAL_CASES, local_case, "local windows and softcap"},
+                      {HEAD_DIM_CASES, head_dim_case, "head dims"}};
         for (int k = 0; k < COUNT(groups); k++) {
             int mp = 0, mn = 0, waived = 0;
             for (int c = 0; c < groups[k].count; c++) {
                 const options o = groups[k].make(base, v, c, case_no++);
                 if (!stage_takes(&o)) continue;
                 const char *why = attn_this_stage.unsupported(&o.shape, &g->dev, v);
-                if (why) { /* a type this code path has no instruction for (bf16 on sm_75) */
+                if (why) { /* a type this code path has no instruction for (bf16 on sm_75), a
+                            * head dim the stage did not compile */
                     if (!waived++)
                         printf("%s variant %s: waived here: %s\n", attn_this_stage.name, vname,
                                why);
@@ -1431,7 +1490,8 @@ static void check_decode_options(options *o) {
 static void check_options(options *o) {
     attn_shape *s = &o->shape;
     if (o->decode) check_decode_options(o);
-    if (!attn_head_dim_ok(s->D)) die_usage("--dim: %d is not supported (" ATTN_HEAD_DIMS ")", s->D);
+    if (!attn_head_dim_ok(s->D))
+        die_usage("--dim: %d is not a head dim (" ATTN_HEAD_DIMS ")", s->D);
     if (attn_shape_check(s) == ATTN_SHAPE_BH)
         die_usage("--batch x --heads: %lld is over %d", (long long)s->B * s->H, ATTN_MAX_BH);
     if (!o->given_scale) s->scale = 1.0f / sqrtf((float)s->D);
