@@ -51,7 +51,15 @@ expect 2 "unknown option 'extra'" --seq 16 extra
 expect 2 "unknown option '-x'" -x
 expect 2 "--batch: '0'" --batch 0
 expect 2 "--heads: '-1'" --heads -1
-expect 2 "--dim: 96 is not supported" --dim 96
+# head dims: a multiple of 8 from 32 to 256 (device_info.h); one in range passes the usage
+# rules, shown by the next rule's error (--kv-heads is checked after --dim), GPU or not
+for d in 24 36 100 264 0 -8; do
+  case $d in
+    0 | -8) expect 2 "--dim: '$d'" --dim "$d" ;;
+    *) expect 2 "--dim: $d is not a head dim (a multiple of 8 from 32 to 256)" --dim "$d" ;;
+  esac
+done
+for d in 32 40 248 256; do expect 2 "--kv-heads: 3 does not divide --heads 4" --dim "$d" --heads 4 --kv-heads 3; done
 expect 2 "--dim: '0'" --dim 0
 expect 2 "--batch x --heads" --batch 300 --heads 300
 expect 2 "--scale: '-1'" --scale -1
@@ -80,12 +88,15 @@ expect 2 "--lse: '$fx' is a directory" --lse "$fx"
 expect 2 "--self-test runs its own shapes" --self-test --seq 128
 expect 2 "--self-test runs its own shapes" --self-test --causal
 expect 2 "--self-test runs its own shapes" --self-test --dist peaky
-expect 2 "has D = 32, which is not supported" --q "$fx/dim32.npy"
-# a file whose D is not supported says so, whichever file sets the shape (not "D = 96, but ...")
-expect 2 "--q: '$fx/dim96.npy' has D = 96, which is not supported" --q "$fx/dim96.npy" --k "$fx/good.npy"
-expect 2 "--q: '$fx/dim96.npy' has D = 96, which is not supported" --k "$fx/good.npy" --q "$fx/dim96.npy"
-expect 2 "--k: '$fx/dim96.npy' has D = 96, which is not supported" --q "$fx/good.npy" --k "$fx/dim96.npy"
-expect 2 "--v: '$fx/dim96.npy' has D = 96, which is not supported" --dim 64 --v "$fx/dim96.npy"
+expect 2 "has D = 24, which is not a head dim (a multiple of 8 from 32 to 256)" --q "$fx/dim24.npy"
+# a file whose D is not a head dim says so, whichever file sets the shape (not "D = 100, but ...")
+expect 2 "--q: '$fx/dim100.npy' has D = 100, which is not a head dim" --q "$fx/dim100.npy" --k "$fx/good.npy"
+expect 2 "--q: '$fx/dim100.npy' has D = 100, which is not a head dim" --k "$fx/good.npy" --q "$fx/dim100.npy"
+expect 2 "--k: '$fx/dim100.npy' has D = 100, which is not a head dim" --q "$fx/good.npy" --k "$fx/dim100.npy"
+expect 2 "--v: '$fx/dim100.npy' has D = 100, which is not a head dim" --dim 64 --v "$fx/dim100.npy"
+# a file of a head dim in range is read on (the next check's error: its N against --seq)
+expect 2 "--q: '$fx/dim96.npy' has N = 16, but --seq 32 was given" --seq 32 --q "$fx/dim96.npy"
+expect 2 "--k: '$fx/dim96.npy' has D = 96, but --q '$fx/good.npy' has D = 64" --q "$fx/good.npy" --k "$fx/dim96.npy"
 expect 2 "takes no --q" --self-test --q "$fx/good.npy"
 # the decode path's options (--page-size, --ragged, --new-tokens): a stage with a decode path (its
 # descriptor's `decode`) checks their values before the device is touched; any other stage refuses
@@ -114,7 +125,7 @@ expect 0 "" --help
 help=$("$bin" --help)
 # the B x H limit, from its home (attention.h: ATTN_MAX_BH is ATTN_MAX_GRID_Y)
 max_bh=$(sed -n 's/^#define ATTN_MAX_GRID_Y \([0-9]*\).*/\1/p' "$(dirname "$0")/../attention.h")
-for want in "B x H <= ${max_bh:-(no ATTN_MAX_GRID_Y in attention.h)}" "in the stage's storage type (float" "4 out of device or host memory" "--page-size P" "--window L,R" "--softcap C"; do
+for want in "B x H <= ${max_bh:-(no ATTN_MAX_GRID_Y in attention.h)}" "--dim D            head dim: a multiple of 8 from 32 to 256" "in the stage's storage type (float" "4 out of device or host memory" "--page-size P" "--window L,R" "--softcap C"; do
   if grep -qF -- "$want" <<<"$help"; then ok "--help says '$want'"; else bad "--help does not say '$want'"; fi
 done
 limit=2097152 # 2 GiB of address space: the 8 GiB of big.npy do not fit

@@ -11,6 +11,7 @@
 
 #include "attention.h"
 #include "common.h"
+#include "device_info.h"
 
 static int passed, failed;
 
@@ -551,6 +552,115 @@ static void test_npy(const char *dir) {
            err);
 }
 
+/* The usage rule of head dims (device_info.h): a multiple of 8 from 32 to 256, each edge. */
+static void test_head_dim_rule(void) {
+    const int ok[] = {32, 40, 64, 96, 128, 248, 256},
+              refused[] = {0, -8, 8, 24, 31, 36, 100, 257, 264, 512};
+    for (int t = 0; t < (int)(sizeof ok / sizeof ok[0]); t++)
+        EXPECT(attn_head_dim_ok(ok[t]), "D = %d is a head dim", ok[t]);
+    for (int t = 0; t < (int)(sizeof refused / sizeof refused[0]); t++)
+        EXPECT(!attn_head_dim_ok(refused[t]), "D = %d is not a head dim", refused[t]);
+    EXPECT(!strcmp(ATTN_HEAD_DIMS, "a multiple of 8 from 32 to 256"), "ATTN_HEAD_DIMS is '%s'",
+           ATTN_HEAD_DIMS);
+}
+
+/* A head dim other than 64 and 128 (D = 40, 256) in the checker: the reference against a direct
+ * float64 softmax(scale Q K^T) V and its gradients on a tiny shape (GQA, N_k != N, causal), the
+ * pass rule passing them and failing a wrong value in the last column of D (where a kernel that
+ * masks the tail of D in a wider tile would go wrong). */
+enum { HD_B = 1, HD_H = 2, HD_HKV = 1, HD_N = 3, HD_NK = 5, HD_MAXD = 256 };
+
+static void head_dim_direct(const ref_shape *s, const float *Q, const float *K, const float *V,
+                            const float *dO, double *O, double *lse, double *dQ, double *dK,
+                            double *dV) {
+    const int D = s->D, shift = HD_NK - HD_N;
+    memset(dK, 0, sizeof(double) * HD_HKV * HD_NK * D);
+    memset(dV, 0, sizeof(double) * HD_HKV * HD_NK * D);
+    for (int h = 0; h < HD_H; h++) {
+        for (int i = 0; i < HD_N; i++) {
+            const float *q = Q + (h * HD_N + i) * D, *g = dO + (h * HD_N + i) * D;
+            double *o = O + (h * HD_N + i) * D, *dq = dQ + (h * HD_N + i) * D;
+            double p[HD_NK], m = -INFINITY, l = 0, Di = 0;
+            const int last = s->causal ? i + shift : HD_NK - 1;
+            for (int j = 0; j <= last; j++) {
+                double dot = 0;
+                for (int d = 0; d < D; d++) dot += (double)q[d] * K[j * D + d];
+                p[j] = s->scale * dot, m = fmax(m, p[j]);
+            }
+            for (int j = 0; j <= last; j++) p[j] = exp(p[j] - m), l += p[j];
+            for (int d = 0; d < D; d++) {
+                o[d] = 0;
+                for (int j = 0; j <= last; j++) o[d] += p[j] / l * V[j * D + d];
+                Di += g[d] * o[d];
+            }
+            lse[h * HD_N + i] = m + log(l);
+            memset(dq, 0, sizeof(double) * D);
+            for (int j = 0; j <= last; j++) {
+                double dp = 0;
+                for (int d = 0; d < D; d++) dp += (double)g[d] * V[j * D + d];
+                const double P = p[j] / l, dS = P * (dp - Di);
+                for (int d = 0; d < D; d++) {
+                    dq[d] += s->scale * dS * K[j * D + d];
+                    dK[j * D + d] += s->scale * dS * q[d];
+                    dV[j * D + d] += P * g[d];
+                }
+            }
+        }
+    }
+}
+
+static void test_reference_head_dims(void) {
+    const int dims[] = {40, 256};
+    static float Q[HD_H * HD_N * HD_MAXD], K[HD_HKV * HD_NK * HD_MAXD], V[HD_HKV * HD_NK * HD_MAXD],
+        dO[HD_H * HD_N * HD_MAXD], Of[HD_H * HD_N * HD_MAXD], lsef[HD_H * HD_N],
+        dQf[HD_H * HD_N * HD_MAXD], dKf[HD_HKV * HD_NK * HD_MAXD], dVf[HD_HKV * HD_NK * HD_MAXD];
+    static double O[HD_H * HD_N * HD_MAXD], lse[HD_H * HD_N], dQ[HD_H * HD_N * HD_MAXD],
+        dK[HD_HKV * HD_NK * HD_MAXD], dV[HD_HKV * HD_NK * HD_MAXD];
+    for (int t = 0; t < 2; t++) {
+        const int D = dims[t], causal = t; /* D = 256 causal: row 0 sees keys 0 .. 2 */
+        const ref_shape s = {HD_B,   HD_H,  HD_N, D,  causal, 1.0 / sqrt((double)D),
+                             HD_HKV, HD_NK, 0,    -1, -1,     0.0};
+        const size_t nq = (size_t)HD_H * HD_N * D, nk = (size_t)HD_HKV * HD_NK * D;
+        fill_normal(Q, nq, 40 + t, 0, 2.0f), fill_normal(K, nk, 40 + t, 1, 1.0f);
+        fill_normal(V, nk, 40 + t, 2, 1.0f), fill_normal(dO, nq, 40 + t, 3, 1.0f);
+        head_dim_direct(&s, Q, K, V, dO, O, lse, dQ, dK, dV);
+        double worst = 0, worst_lse = 0, ro[HD_MAXD], rl, scratch[HD_NK];
+        for (int bh = 0; bh < HD_H; bh++)
+            for (int i = 0; i < HD_N; i++) {
+                ref_row(&s, STORE_F32, Q, K, V, bh, i, ro, NULL, &rl, scratch);
+                for (int d = 0; d < D; d++)
+                    worst = fmax(worst, fabs(ro[d] - O[(bh * HD_N + i) * D + d]));
+                worst_lse = fmax(worst_lse, fabs(rl - lse[bh * HD_N + i]));
+            }
+        EXPECT(worst < 1e-12 && worst_lse < 1e-12, "D = %d: O off by %g, lse by %g", D, worst,
+               worst_lse);
+        for (size_t x = 0; x < nq; x++) Of[x] = (float)O[x], dQf[x] = (float)dQ[x];
+        for (size_t x = 0; x < nk; x++) dKf[x] = (float)dK[x], dVf[x] = (float)dV[x];
+        for (int x = 0; x < HD_H * HD_N; x++) lsef[x] = (float)lse[x];
+        long long qrows[HD_H * HD_N], krows[HD_HKV * HD_NK];
+        const long long n_q = pick_rows(HD_H * HD_N, -1, 1, qrows);
+        const long long n_k = pick_rows(HD_HKV * HD_NK, -1, 1, krows);
+        check_result c;
+        grad_check_result g;
+        check_output(&s, STORE_F32, Q, K, V, Of, lsef, qrows, n_q, &c);
+        check_gradients(&s, STORE_F32, Q, K, V, dO, Of, lsef, dQf, dKf, dVf, qrows, n_q, krows, n_k,
+                        &g);
+        EXPECT(c.pass && g.pass, "D = %d: the direct float64 answer passes (O %g, dQ %g, dK %g)", D,
+               c.max_abs_err, g.max_abs_err[GRAD_DQ], g.max_abs_err[GRAD_DK]);
+        /* a wrong last column: O of the last row, dK of the last key */
+        Of[nq - 1] += 0.01f;
+        check_output(&s, STORE_F32, Q, K, V, Of, lsef, qrows, n_q, &c);
+        Of[nq - 1] -= 0.01f;
+        EXPECT(!c.pass, "D = %d: O off by 0.01 in column D - 1 fails (err %g, bound %g)", D,
+               c.max_abs_err, c.bound);
+        dKf[nk - 1] += 0.01f;
+        check_gradients(&s, STORE_F32, Q, K, V, dO, Of, lsef, dQf, dKf, dVf, qrows, n_q, krows, n_k,
+                        &g);
+        EXPECT(!g.pass, "D = %d: dK off by 0.01 in column D - 1 fails (err %g, bound %g)", D,
+               g.max_abs_err[GRAD_DK], g.bound[GRAD_DK]);
+    }
+}
+
 /* Raw header with any descr (quoted unless it is a list), for the bad-file fixtures. */
 static void write_raw(const char *path, const char *descr, const char *shape, size_t bytes) {
     char dict[256];
@@ -574,14 +684,14 @@ static int fixtures(const char *dir) {
     char p[512], err[256];
     size_t n = 16 * 64;
     float *x = calloc(n, sizeof(float));
-    long long good[4] = {1, 1, 16, 64}, rank3[3] = {1, 16, 64}, dim32[4] = {1, 1, 32, 32};
+    long long good[4] = {1, 1, 16, 64}, rank3[3] = {1, 16, 64}, dim24[4] = {1, 1, 32, 24};
     int rc = 0;
     snprintf(p, sizeof p, "%s/good.npy", dir);
     rc |= npy_write(p, NPY_F32, 4, good, x, err, sizeof err);
     snprintf(p, sizeof p, "%s/rank3.npy", dir);
     rc |= npy_write(p, NPY_F32, 3, rank3, x, err, sizeof err);
-    snprintf(p, sizeof p, "%s/dim32.npy", dir);
-    rc |= npy_write(p, NPY_F32, 4, dim32, x, err, sizeof err);
+    snprintf(p, sizeof p, "%s/dim24.npy", dir); /* below the head dims */
+    rc |= npy_write(p, NPY_F32, 4, dim24, x, err, sizeof err);
     snprintf(p, sizeof p, "%s/int32.npy", dir);
     write_raw(p, "<i4", "(1, 1, 16, 64)", n * 4);
     snprintf(p, sizeof p, "%s/short.npy", dir);
@@ -597,10 +707,13 @@ static int fixtures(const char *dir) {
     snprintf(p, sizeof p, "%s/good32.npy", dir);
     rc |= !y || npy_write(p, NPY_F32, 4, n32, y, err, sizeof err);
     free(y);
-    long long n96[4] = {1, 1, 16, 96}; /* the shape of good.npy but D = 96 */
-    float *z = calloc(16 * 96, sizeof(float));
+    /* the shape of good.npy but D = 96 (a head dim) and D = 100 (not a multiple of 8) */
+    long long n96[4] = {1, 1, 16, 96}, n100[4] = {1, 1, 16, 100};
+    float *z = calloc(16 * 100, sizeof(float));
     snprintf(p, sizeof p, "%s/dim96.npy", dir);
     rc |= !z || npy_write(p, NPY_F32, 4, n96, z, err, sizeof err);
+    snprintf(p, sizeof p, "%s/dim100.npy", dir);
+    rc |= !z || npy_write(p, NPY_F32, 4, n100, z, err, sizeof err);
     free(z);
     /* 8 GiB of float32 data [1, 1, 2^25, 64] in a sparse file (no disk used): under a 2 GiB
      * address-space limit reading it runs out of host memory */
@@ -639,6 +752,8 @@ int main(int argc, char **argv) {
     test_window_pass_rule();
     test_pick_rows();
     test_pass_rule();
+    test_head_dim_rule();
+    test_reference_head_dims();
     test_npy(dir);
     printf("test_common: %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
