@@ -90,7 +90,7 @@ def _resolve_backward(stage: str, q, k, variant: str, smem_limit: int,
                       local: tuple = _plans.NO_LOCAL) -> str:
     """A backward stage name as given, or what "auto" is for q and k (_plans.resolve)."""
     return _plans.resolve(stage, True, _plans.device_of(q), _plans.asks(q, k, local), variant,
-                          smem_limit)
+                          smem_limit, int(q.shape[-1]))
 
 
 # window_left, window_right, softcap: a call's local window and softcap (_plans.local_checked)
@@ -141,7 +141,8 @@ def _forward_setup(ctx, inputs, output):
     # "auto" resolved once here, so the backward operator in the graph is given the stage's name
     device = _plans.device_of(q)
     # (for the messages: the forward operator resolves its own)
-    stage = _plans.resolve(stage, False, device, _plans.asks(q, k, local), "default", smem_limit)
+    stage = _plans.resolve(stage, False, device, _plans.asks(q, k, local), "default", smem_limit,
+                           int(q.shape[-1]))
     bstage = _resolve_backward(bstage, q, k, bvariant, smem_limit, local)
     # the backward stage takes this shape and dtype (in eager mode attention() checked already)
     _plans.plan(bstage, True, _plans.backward_geometry(q, k, v), device, q.dtype, causal, scale,

@@ -12,7 +12,7 @@ import ctypes
 import math
 import os
 import struct
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 from ._library import (BACKWARD_STAGE, FORWARD_STAGE, HOPPER_BACKWARD_STAGE, HOPPER_STAGE,
                        PASS_BWD, PASS_DEC, PASS_FWD, TAKES_BF16, TAKES_GQA, TAKES_LOCAL,
@@ -282,7 +282,7 @@ def plan(stage: str, backward: bool, shape, device: Optional[int], dtype, causal
     if stage == "auto":
         B, H, N, D, H_kv, N_k, _ = geometry
         stage = resolve(stage, backward, device, asks_of(dtype, H, H_kv, N, N_k, local),
-                        variant, smem_limit)
+                        variant, smem_limit, D)
     key = (stage, backward, geometry, device, dtype, causal, scale, variant, smem_limit, local,
            os.environ.get("FLASHCOURSE_LIB_DIR"))
     p = _plans.get(key)
@@ -365,44 +365,65 @@ def asks(q, k, local: tuple = NO_LOCAL) -> int:
     return asks_of(q.dtype, q.shape[1], k.shape[1], q.shape[2], k.shape[2], local)
 
 
-_probed: Dict[Tuple[bool, int, int], str] = {}
+_probed: Dict[tuple, object] = {}
 
 
 def _probe(backward: bool, device: int, smem_limit: int) -> str:
-    """Whether the Hopper stage (forward: stage 6, backward: stage 8) is built and plans on this
-    device at both head dims within smem_limit: asked once per device and limit."""
+    """The Hopper stage (6; backward: 8) where built and planning here at D 64 and 128, else 5/7"""
     key = (backward, device, smem_limit)
     found = _probed.get(key)
     if found is None:
         hopper, found = ((HOPPER_BACKWARD_STAGE, BACKWARD_STAGE) if backward else
                          (HOPPER_STAGE, FORWARD_STAGE))
-        try:
-            for D in (64, 128):
-                plan(hopper, backward, (1, 1, 128, D), device, _torch().float16, False, 0.125,
-                     "default", key[2])
+        if all(_runs(hopper, backward, device, smem_limit, D) for D in (64, 128)):
             found = hopper
-        except (LibraryNotBuiltError, ValueError, RuntimeError):
-            pass
         _probed[key] = found
     return found
 
 
+def _runs(stage: str, backward: bool, device: int, smem_limit: int, D: int) -> bool:
+    """Whether the stage is built and plans head dim D on this device within smem_limit (a D it
+    did not compile, its unsupported() refuses): asked once per stage, device, limit and D."""
+    key = (stage, backward, device, smem_limit, D)
+    if key not in _probed:
+        try:
+            plan(stage, backward, (1, 1, 128, D), device, _torch().float16, False, 0.125,
+                 "default", smem_limit)
+            _probed[key] = True
+        except (LibraryNotBuiltError, ValueError, RuntimeError):
+            _probed[key] = False
+    return _probed[key]
+
+
 def resolve(stage: str, backward: bool, device: int, asks: int = 0, variant: str = "default",
-            smem_limit: int = 0) -> str:
-    """A stage name as given, or what "auto" is for a call on `device` that asks `asks`
-    (TAKES_* bits): forward, stage 6 (the Hopper forward) where its library is built, plans on
-    this device within smem_limit and takes what the call asks, else stage 5; backward, stage 8 (the Hopper
-    backward) where it is built, plans here within smem_limit and takes what the call asks and
-    the backward variant, else stage 7. A dict lookup once probed."""
+            smem_limit: int = 0, D: int = 0) -> str:
+    """A stage name as given, or what "auto" is for a call on `device` asking `asks` (TAKES_*
+    bits) at head dim D (0: any): stage 6 (the Hopper forward; backward: stage 8) where it is
+    built, plans here within smem_limit and takes what is asked (and the backward variant), else
+    stage 5 (7); for a D the first did not compile, the other where it runs D. Probed once."""
     if stage != "auto":
         return stage
+    hopper, other = ((HOPPER_BACKWARD_STAGE, BACKWARD_STAGE) if backward else
+                     (HOPPER_STAGE, FORWARD_STAGE))
     found = _probe(backward, device, smem_limit)
-    if found in (HOPPER_STAGE, HOPPER_BACKWARD_STAGE) and (asks or variant != "default"):
-        st = stage_library(found).stage
-        takes = st.backward_takes if backward else st.takes
-        if takes & asks != asks or (backward and variant not in st.variants):
-            return BACKWARD_STAGE if backward else FORWARD_STAGE
-    return found
+    if found == hopper and not _takes(hopper, backward, asks, variant):
+        found = other
+    if not D or D in (64, 128) or _runs(found, backward, device, smem_limit, D):
+        return found
+    alt = other if found == hopper else hopper
+    if _takes(alt, backward, asks, variant) and _runs(alt, backward, device, smem_limit, D):
+        return alt
+    return found  # (its plan says why not)
+
+
+def _takes(stage: str, backward: bool, asks: int, variant: str) -> bool:
+    """Whether the stage's pass takes what a call asks (TAKES_* bits) and the backward variant."""
+    try:
+        st = stage_library(stage).stage
+    except (LibraryNotBuiltError, ValueError, RuntimeError):
+        return False
+    takes = st.backward_takes if backward else st.takes
+    return takes & asks == asks and not (backward and variant not in st.variants)
 
 
 def takes_strides(stage: str, backward_stage: Optional[str]) -> bool:
@@ -427,24 +448,3 @@ def device_index(device) -> int:
     index = None if device is None else torch.device(device).index
     return torch.cuda.current_device() if index is None else index
 
-
-# ---- raw entry points, for the tests ----
-
-def check_raw(stage: str, device: int, shape, causal: bool, scale: float, variant: int,
-              smem_limit: int = 0, backward: bool = False) -> int:
-    """attn_lib_plan without a plan: the workspace bytes, or the error it raises (tests; no
-    torch needed)."""
-    library = stage_library(stage)
-    ws = ctypes.c_size_t(0)
-    B, H, N, D = shape
-    r = request(backward, device, (B, H, N, D, H, N, None), causal, scale, variant, smem_limit,
-                False)
-    library.check(library.plan(ctypes.byref(r), None, 0, ctypes.byref(ws)), "attn_lib_plan")
-    return ws.value
-
-
-def raw_plan(stage: str, backward: bool, device: int, shape, causal: bool, scale: float,
-             variant: int, smem_limit: int = 0) -> _Plan:
-    B, H, N, D = shape
-    return _Plan(stage_library(stage), backward, device, (B, H, N, D, H, N, None), causal,
-                 scale, variant, smem_limit)

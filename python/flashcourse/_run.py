@@ -253,7 +253,7 @@ def eager_path() -> str:
 # ---- raw entry points, for the tests ----
 
 def forward_raw(p: _Plan, ptrs, workspace_bytes: int = 0, stream: int = 0):
-    """attn_lib_forward of plan p (_plans.raw_plan) on raw device pointers (q, k, v, o, lse,
+    """attn_lib_forward of plan p (the tests' raw_plan) on raw device pointers (q, k, v, o, lse,
     workspace): the tests reach the C entry point's own checks with inputs attention() refuses
     first."""
     p.library.check(p.run(p.addr, *ptrs, workspace_bytes, stream), "attn_lib_forward")

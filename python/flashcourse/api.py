@@ -38,7 +38,11 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
     ([B, N, H, D] views, a fused projection's slices: read in place, no copy). causal: query i
     attends to keys 0 .. i + N_k - N (aligned to the bottom right, as flash-attn 2.1 and later;
     a row that attends to no key gets o = 0 and lse = -inf; scaled_dot_product_attention aligns
-    to the top left, as SDPA). scale: default 1/sqrt(D). stage: a stage name, or "auto" (the
+    to the top left, as SDPA). D: a multiple of 8 from 32 to 256 (flash-attn's head dims), read
+    as it is (no padded copy); a stage runs the head dims it compiled (stages 5-8: every one,
+    stages 0-4: 64 and 128) and refuses another with ValueError giving its reason; "auto" picks,
+    of stages 6 and 5 (8 and 7), one that runs D; a D outside the range raises ValueError
+    (usage). scale: default 1/sqrt(D). stage: a stage name, or "auto" (the
     default): stage 6 (the Hopper forward) where it runs and takes the inputs, else stage 5
     (flashcourse.auto_stage() says which). Runs on torch.cuda.current_stream(); o, lse and the
     workspace are allocated through PyTorch's caching allocator; nothing waits for the GPU, so
@@ -125,14 +129,15 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
                        backward_variant, who: Optional[str] = None, local: tuple = NO_LOCAL):
     """attention() with every check made: the first call of a combination, every call under
     torch.compile (which traces the checks), and every call that fails one. who: the function
-    the user called, where not attention()."""
+    the user called, where not attention(); attention()'s own errors for stage "auto" name
+    flashcourse.attention (a stage's reason, such as a head dim it did not compile, included)."""
     try:
         return _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
                         backward_variant, who, local)
     except _OWN_ERRORS as e:
-        if who is None:
+        if who is None and stage != "auto":
             raise
-        renamed = named_by(who, e)
+        renamed = named_by(who or "flashcourse.attention", e)
         if renamed is e:
             raise
         raise renamed from None
@@ -156,7 +161,7 @@ def _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
     asked = asks(q, k, local)
     sl = smem_limit_checked(smem_limit, name)
     if eager:  # (under torch.compile the operators resolve "auto": _plans.plan)
-        stage = resolve(stage, False, dev, asked, "default", sl)
+        stage = resolve(stage, False, dev, asked, "default", sl, int(q.shape[-1]))
     causal = causal_checked(causal, name)
     scale = scale_checked(scale, int(q.shape[-1]), name)
     if not isinstance(variant, str):
@@ -165,7 +170,8 @@ def _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
     if grad and not (isinstance(backward_stage, str) and isinstance(backward_variant, str)):
         raise TypeError(f"{name}: backward_stage and backward_variant are names (str)")
     if eager and grad:
-        backward_stage = resolve(backward_stage, True, dev, asked, backward_variant, sl)
+        backward_stage = resolve(backward_stage, True, dev, asked, backward_variant, sl,
+                                 int(q.shape[-1]))
     if eager:
         st = stage_library(stage).stage
         if q.dtype not in st.torch_dtypes():
@@ -308,7 +314,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
     check_tensors(name, (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
     sl = smem_limit_checked(smem_limit, name)
     if eager:  # (under torch.compile the operator resolves it: _ops)
-        stage = resolve(stage, True, device_of(q), asks(q, k), variant, sl)
+        stage = resolve(stage, True, device_of(q), asks(q, k), variant, sl, int(q.shape[-1]))
     if not isinstance(lse, torch.Tensor):
         raise TypeError(f"{name} takes torch tensors; lse is a {type(lse).__name__}")
     if lse.device != q.device or lse.dtype != torch.float32:
@@ -326,7 +332,13 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False,
     if not eager:
         from . import _ops
         return _ops.backward(q, k, v, o, lse, do, causal, *NO_LOCAL, scale, stage, variant, sl)
-    return _run.run_backward(q, k, v, o, lse, do, causal, scale, stage, variant, sl)
+    try:
+        return _run.run_backward(q, k, v, o, lse, do, causal, scale, stage, variant, sl)
+    except _OWN_ERRORS as e:  # the stage's reasons (a head dim it did not compile) by the call
+        renamed = named_by(name, e)
+        if renamed is e:
+            raise
+        raise renamed from None
 
 
 def auto_stage(device=None) -> str:

@@ -14,6 +14,7 @@ sampled; every bad input of the binding; the current stream. Ends with "N passed
 shared memory per block (65536: a T4, 101376: an L4), with a PTX-only build for that GPU.
 """
 
+import ctypes
 import dataclasses
 import inspect
 import math
@@ -75,9 +76,28 @@ def raises(exc, fn, *args, match=None, **kw):
     raise AssertionError(f"expected {exc.__name__}, nothing raised")
 
 
+def check_raw(stage, device, shape, causal, scale, variant, smem_limit=0, backward=False):
+    """attn_lib_plan without a plan: the workspace bytes, or the error it raises (no torch
+    needed)."""
+    library = _library.stage_library(stage)
+    ws = ctypes.c_size_t(0)
+    B, H, N, D = shape
+    r = _plans.request(backward, device, (B, H, N, D, H, N, None), causal, scale, variant,
+                       smem_limit, False)
+    library.check(library.plan(ctypes.byref(r), None, 0, ctypes.byref(ws)), "attn_lib_plan")
+    return ws.value
+
+
+def raw_plan(stage, backward, device, shape, causal, scale, variant, smem_limit=0):
+    """A plan of the C entry point for a contiguous [B, H, N, D] shape, unchecked by Python."""
+    B, H, N, D = shape
+    return _plans._Plan(_library.stage_library(stage), backward, device,
+                        (B, H, N, D, H, N, None), causal, scale, variant, smem_limit)
+
+
 def forward_raw(stage, device, shape, causal, scale, variant, ptrs, workspace_bytes=0):
     """attn_lib_forward on raw pointers: a plan of the C entry point, run as it is."""
-    p = _plans.raw_plan(stage, False, device, shape, causal, scale, variant)
+    p = raw_plan(stage, False, device, shape, causal, scale, variant)
     _run.forward_raw(p, ptrs, workspace_bytes)
 
 
@@ -131,14 +151,17 @@ def t_unknown_stage():
 def t_c_argument_checks():
     # Checked in C before any device is touched: the same on a machine without a GPU.
     for s in flashcourse.stages():
-        raises(ValueError, _plans.check_raw, s.name, 0, (1, 1, 64, 64), 0, 0.125, 99,
+        raises(ValueError, check_raw, s.name, 0, (1, 1, 64, 64), 0, 0.125, 99,
                match=[s.name, "variant index 99"])
-        raises(ValueError, _plans.check_raw, s.name, 0, (1, 0, 64, 64), 0, 0.125, 0,
+        raises(ValueError, check_raw, s.name, 0, (1, 0, 64, 64), 0, 0.125, 0,
                match=[s.name, ">= 1"])
-        raises(ValueError, _plans.check_raw, s.name, 0, (1, 1, 64, 64), 0, -1.0, 0,
+        raises(ValueError, check_raw, s.name, 0, (1, 1, 64, 64), 0, -1.0, 0,
                match=[s.name, "scale"])
-        raises(ValueError, _plans.check_raw, s.name, 0, (1, 1, 64, 64), 0, float("nan"), 0,
+        raises(ValueError, check_raw, s.name, 0, (1, 1, 64, 64), 0, float("nan"), 0,
                match=[s.name, "scale"])
+        for D in (24, 36, 100, 264):  # not a head dim: a multiple of 8 from 32 to 256
+            raises(ValueError, check_raw, s.name, 0, (1, 1, 64, D), 0, 0.125, 0,
+                   match=f"{s.name}: head dim must be a multiple of 8 from 32 to 256 (got {D})")
 
 
 def t_no_gpu_message():
@@ -146,8 +169,9 @@ def t_no_gpu_message():
         raise Skip("a GPU is here")
     # the program's words (common/main.c), not CUDA's "driver version is insufficient"
     for s in flashcourse.stages():
-        raises(RuntimeError, _plans.check_raw, s.name, 0, (1, 1, 64, 64), 0, 0.125, 0,
-               match=[s.name, "no NVIDIA GPU here"])
+        for D in (64, 32, 96, 248, 256):  # head dims pass the usage rule: the device is asked
+            raises(RuntimeError, check_raw, s.name, 0, (1, 1, 64, D), 0, 0.125, 0,
+                   match=[s.name, "no NVIDIA GPU here"])
 
 
 def _nvidia_smi():
@@ -194,10 +218,18 @@ def t_auto_backward_choice():
     class FakePlan:  # the library's plan: the Hopper stages run on device 0 with >= 100000 B
         def __init__(self, library, backward, device, geometry, causal, s32, vi, smem_limit,
                      bf16=False, cache=None, local=None):
-            name = library.stage.name
-            planned.append((name, backward, device, smem_limit, geometry[3]))
-            if name in (b.HOPPER_STAGE, HOPPER_BWD) and device != 0:
+            name, D = library.stage.name, geometry[3]
+            planned.append((name, backward, device, smem_limit, D))
+            if D % 8 or not 32 <= D <= 256:  # the library's usage rule, every stage
+                raise ValueError(f"{name}: head dim must be a multiple of 8 from 32 to 256")
+            if name in (b.HOPPER_STAGE, HOPPER_BWD) and device == 2 and D != 200:
+                raise ValueError(f"{name}: this fake compiled D = 200 alone on device 2")
+            if name in (b.HOPPER_STAGE, HOPPER_BWD) and device not in (0, 2):
                 raise ValueError(f"{name}: needs a Hopper GPU (sm_90)")
+            if name in (b.HOPPER_STAGE, HOPPER_BWD) and D == 96:  # one the stage did not compile
+                raise ValueError(f"{name}: head dim 96 is not compiled here")
+            if name in (BWD, "stage5_tuned") and D == 200:
+                raise ValueError(f"{name}: head dim 200 is not compiled here")
             if name == HOPPER_BWD and 0 < smem_limit < 100000:
                 raise ValueError(f"{name}: the backward needs 100000 bytes of shared memory")
             self.stage = name
@@ -229,6 +261,24 @@ def t_auto_backward_choice():
                                                           (HOPPER_BWD, True, 128)}, planned
         for _ in range(3):  # cached: no plan made again
             choose(0), choose(1), choose(0, 0, "default", 65536), choose(0, b.TAKES_GQA)
+        assert len(planned) == probes, planned[probes:]
+        # a head dim the first choice did not compile: the other where it runs it, either way;
+        # one neither runs (outside the range): the first, whose plan says why; probed once
+        assert choose(0, 0, "default", 0) == HOPPER_BWD
+        assert P.resolve("auto", True, 0, 0, "default", 0, 96) == BWD
+        assert P.resolve("auto", False, 0, 0, "default", 0, 96) == b.FORWARD_STAGE
+        assert P.resolve("auto", True, 0, 0, "default", 0, 200) == HOPPER_BWD
+        assert P.resolve("auto", True, 2, 0, "default", 0, 200) == HOPPER_BWD, "the other way"
+        assert P.resolve("auto", False, 2, 0, "default", 0, 200) == b.HOPPER_STAGE
+        assert P.resolve("auto", True, 2, 0, "default", 0, 64) == BWD
+        assert P.resolve("auto", True, 1, 0, "default", 0, 200) == BWD, "neither: the first"
+        assert P.resolve("auto", True, 0, 0, "default", 0, 100) == HOPPER_BWD
+        assert P.resolve("auto", True, 0, 0, "registers", 0, 96) == BWD
+        assert P.resolve("auto", True, 2, b.TAKES_LOCAL, "default", 0, 200) == BWD, \
+            "stage 8 does not take the window: stage 7's plan says why not"
+        probes = len(planned)
+        for D in (96, 200, 100):
+            P.resolve("auto", True, 0, 0, "default", 0, D)
         assert len(planned) == probes, planned[probes:]
         # the forward's "auto": stage 6 where it plans, else stage 5, by the same function
         assert P.resolve("auto", False, 0) == b.HOPPER_STAGE
@@ -644,7 +694,7 @@ def t_bad_inputs(st):
     raises(TypeError, call, q, k, v, stage=name, causal="yes", match="causal")
     # whether this stage runs here at all (stage 6 needs sm_90a code and a Hopper GPU)
     try:
-        _plans.check_raw(name, q.device.index or 0, tuple(q.shape), True, 0.125, 0)
+        check_raw(name, q.device.index or 0, tuple(q.shape), True, 0.125, 0)
         not_here = None
     except ValueError as e:
         not_here = str(e)
@@ -654,11 +704,26 @@ def t_bad_inputs(st):
     if not not_here:
         with torch.no_grad():
             call(qg, k, v, stage=name)  # fine without autograd
-    # shapes the stage does not support: its own reason
+    # head dims: D = 96 is one (a multiple of 8 from 32 to 256) and reaches the stage, which runs
+    # it or refuses it with its own reason (one it did not compile: stages 0-4); D = 100 is not
+    # one, a usage error before any stage sees it
     q96, k96, v96 = make_qkv((1, 1, 64, 96), dt, 4)
-    msg = raises(ValueError, call, q96, k96, v96, stage=name, match=f"{name}: ")
-    if name.startswith(("stage0", "stage1", "stage2", "stage3", "stage4", "stage5")):
-        assert "head dim must be 64 or 128" in msg, msg
+    compiled_64_128 = name.startswith(("stage0", "stage1", "stage2", "stage3", "stage4"))
+    try:
+        o96, lse96 = call(q96, k96, v96, stage=name)
+    except ValueError as e:
+        msg = str(e)
+        assert msg.startswith(f"{name}: ") and "\n" not in msg, msg
+        assert "multiple of 8" not in msg, f"D = 96 refused as a usage error: {msg}"
+        assert not compiled_64_128 or "head dim must be 64 or 128" in msg, msg
+    else:
+        assert not compiled_64_128, f"{name} ran D = 96"
+        torch.cuda.synchronize()
+        off = check(o96, lse96, q96, k96, v96, False, scale32(96 ** -0.5), st.dtype == "float16")
+        assert off is None, f"{name} at D = 96: {off}"
+    q100, k100, v100 = make_qkv((1, 1, 64, 100), dt, 4)
+    raises(ValueError, call, q100, k100, v100, stage=name,
+           match=f"{name}: head dim must be a multiple of 8 from 32 to 256 (got 100)")
     q0 = torch.empty((1, 1, 0, 64), dtype=dt, device="cuda")
     o0, lse0 = call(q0, q0, q0, stage=name)  # no rows: empty outputs, as torch answers
     assert o0.shape == q0.shape and tuple(lse0.shape) == (1, 1, 0), (o0.shape, lse0.shape)
@@ -683,7 +748,7 @@ def t_c_entry_checks():
     o, lse = torch.empty_like(q), torch.empty((1, 1, 64), device="cuda")
     ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), None]
     sc = scale32(0.125)
-    need = _plans.check_raw("stage0_naive", 0, (1, 1, 64, 64), False, sc, 0)
+    need = check_raw("stage0_naive", 0, (1, 1, 64, 64), False, sc, 0)
     assert need == 64 * 64 * 4, need
     raises(ValueError, forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
            ptrs, 0, match=["stage0_naive", "NULL"])
@@ -692,7 +757,7 @@ def t_c_entry_checks():
            ptrs[:5] + [ws.data_ptr()], need - 1, match=["stage0_naive", "workspace"])
     raises(ValueError, forward_raw, "stage0_naive", 0, (1, 1, 64, 64), False, sc, 0,
            [None] + ptrs[1:5] + [ws.data_ptr()], need, match="NULL")
-    raises(ValueError, _plans.check_raw, "stage0_naive", 99, (1, 1, 64, 64), False, sc, 0,
+    raises(ValueError, check_raw, "stage0_naive", 99, (1, 1, 64, 64), False, sc, 0,
            match="device 99")
     h = [t.half() for t in (q, k, v, o)]
     raises(RuntimeError, forward_raw, "stage5_tuned", 0, (1, 1, 64, 64), False, sc,
@@ -851,7 +916,7 @@ def stage8_not_here(smem_limit=0):
     dev = torch.cuda.current_device()
     try:
         for D in (64, 128):
-            _plans.check_raw(HOPPER_BWD, dev, (1, 1, 128, D), False, 0.125, 0, smem_limit,
+            check_raw(HOPPER_BWD, dev, (1, 1, 128, D), False, 0.125, 0, smem_limit,
                                 backward=True)
     except (flashcourse.LibraryNotBuiltError, ValueError, RuntimeError) as e:
         return str(e)
@@ -901,7 +966,7 @@ def auto_backward():
         if why is None and stage8_not_here(limit) is not None:
             try:  # (where stage 5's forward and stage 7's backward run within it)
                 for st, bwd in (("stage5_tuned", False), (BWD, True)):
-                    _plans.check_raw(st, dev, tuple(q.shape), True, 0.125, 0, limit,
+                    check_raw(st, dev, tuple(q.shape), True, 0.125, 0, limit,
                                         backward=bwd)
             except ValueError:
                 continue
