@@ -497,8 +497,8 @@ def parse_args():
                          "k, v projected to H_KV heads, both functions called with "
                          "enable_gqa=True (the course's stages that take it: stage 5's and 6's "
                          "forward, stage 7's and 8's backward) (default: --heads)")
-    ap.add_argument("--dim", type=int, default=None, choices=(64, 128),
-                    help=f"head dimension D {default('dim')}")
+    ap.add_argument("--dim", type=int, default=None, metavar="D",
+                    help=f"head dimension D, a multiple of 8 from 32 to 256 {default('dim')}")
     ap.add_argument("--dtype", default="f16", choices=("f16", "bf16"),
                     help="autocast and attention type: f16 (float16, with a gradient scaler) "
                          "or bf16 (bfloat16, no scaler; the course's stages that take it: "
@@ -527,6 +527,9 @@ def parse_args():
     for key, value in base.items():
         if key != "width" and getattr(args, key) is None:
             setattr(args, key, value)
+    if args.dim % 8 or not 32 <= args.dim <= 256:
+        ap.error(f"--dim must be a multiple of 8 from 32 to 256 (the stages' head dims), got "
+                 f"{args.dim}")
     if args.heads is None:
         args.heads = max(1, base["width"] // args.dim)
     if args.kv_heads is None:

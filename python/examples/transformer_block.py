@@ -85,7 +85,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--dim", type=int, default=64, help="head dim (64 or 128)")
+    ap.add_argument("--dim", type=int, default=64,
+                    help="head dim, a multiple of 8 from 32 to 256 (stages 5-8 run every one, "
+                         "stages 0-4 64 and 128: the others say unsupported)")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--stages", default="", help="comma-separated names or numbers (all built)")
     ap.add_argument("--reps", type=int, default=20)

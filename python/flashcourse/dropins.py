@@ -115,8 +115,10 @@ def scaled_dot_product_attention(query: "Tensor", key: "Tensor", value: "Tensor"
     query [B, H, L, D], key and value [B, H_kv, S, D] (H_kv < H: grouped-query heads, with
     enable_gqa=True as SDPA asks), CUDA tensors of one dtype a stage stores (float16, bfloat16;
     float32 under torch.autocast("cuda", dtype=...), cast to its dtype as SDPA casts, gradients
-    flowing back to the float32 tensors), head dim 64 or 128, any strides with a contiguous last
-    dimension. is_causal: SDPA's mask for any L and S, aligned to the top left (query i sees keys
+    flowing back to the float32 tensors), head dim D a multiple of 8 from 32 to 256 (as
+    flash-attn's; each run by the stage as it is, no padded copy: stages 5-8 run every one, stages
+    0-4 64 and 128, "auto" one that runs D; another D, or one the stage given did not compile,
+    raises ValueError naming this function), any strides with a contiguous last dimension. is_causal: SDPA's mask for any L and S, aligned to the top left (query i sees keys
     j <= i). attn_mask: None, or torch's causal biases (torch.nn.attention.bias.causal_upper_left
     (L, S): as is_causal; causal_lower_right(L, S): query i sees keys j <= i + S - L); is_causal
     with an attn_mask raises, as SDPA. Returns the output [B, H, L, D]; differentiable as
@@ -173,7 +175,10 @@ def flash_attn_func(q: "Tensor", k: "Tensor", v: "Tensor", dropout_p: float = 0.
     q [B, N, H, D], k and v [B, N_k, H_kv, D] (H_kv dividing H: grouped-query heads), CUDA
     tensors of one dtype a stage stores (float16; bfloat16 where it takes it), any strides with
     a contiguous last dimension (q, k, v of one fused [B, N, 3, H, D] projection are read in
-    place). causal with N != N_k: aligned to the bottom right, as flash-attn 2.1 and later.
+    place). D: a multiple of 8 from 32 to 256, flash-attn's head dims, run by the stage as they
+    are (no padded copy): stages 5-8 run every one, stages 0-4 64 and 128 ("auto" picks one that
+    runs D); another D, or one the stage given did not compile, raises ValueError naming this
+    function. causal with N != N_k: aligned to the bottom right, as flash-attn 2.1 and later.
     window_size (left, right): a local window, as flash-attn's: query i attends to keys
     i + N_k - N - left .. i + N_k - N + right, -1 unbounded on that side (causal makes right 0);
     softcap > 0: each score s becomes softcap * tanh(s / softcap) before the softmax (lse of the

@@ -303,6 +303,58 @@ def t_flash_attn_local():
                    match=[FLASH_NAME, "softcap"])
 
 
+HEAD_DIMS = (40, 80, 96, 256)  # beside 64 and 128: each a multiple of 8 from 32 to 256
+
+
+def t_head_dims():
+    need_gpu()
+    fa, sdpa = flashcourse.flash_attn_func, flashcourse.scaled_dot_product_attention
+    dtypes = (torch.float16, torch.bfloat16) if torch.cuda.is_bf16_supported() else \
+        (torch.float16,)
+    n = 0
+    for D in HEAD_DIMS:
+        for dtype in dtypes:
+            for causal in (False, True):
+                n += 1
+                label = f"D={D} {dtype} causal={causal}"
+                # flash_attn_func: [B, N, H, D], grouped-query heads, more keys than queries
+                q, k, v = leaves((2, 100, 4, D), (2, 130, 2, D), dtype=dtype, seed=300 + n)
+                o, lse, _ = fa(q, k, v, causal=causal, return_attn_probs=True)
+                do = torch.randn_like(o)
+                o.backward(do)
+                ro, rlse, ref = local_ref(q, k, v, causal, (-1, -1), 0.0, D ** -0.5)
+                ro.backward(do.double())
+                bad = [m for m in (miss(g, w, f"flash_attn_func {label} {what}") for g, w, what in
+                                   zip([o, q.grad, k.grad, v.grad], [ro] + [t.grad for t in ref],
+                                       ("o", "dq", "dk", "dv"))) if m]
+                assert not bad, "; ".join(bad)
+                assert miss(lse, rlse, f"{label} lse") is None, label
+                if causal:  # the mask is read: the full answer is outside the bound
+                    full, _, _ = local_ref(q, k, v, False, (-1, -1), 0.0, D ** -0.5)
+                    assert miss(o, full, "full") is not None, f"{label}: equal to the full answer"
+                # the SDPA drop-in: [B, H, L, D], is_causal aligned to the top left
+                q, k, v = leaves((2, 3, 70, D), (2, 3, 90, D), dtype=dtype, seed=400 + n)
+                compare(lambda q, k, v: sdpa(q, k, v, is_causal=causal), dict(is_causal=causal),
+                        q, k, v, f"SDPA {label}", dict(is_causal=not causal))
+    # outside the range (below, above, not a multiple of 8): a usage error naming the function
+    for D in (24, 264, 100):
+        q, k, v = leaves((1, 64, 2, D), (1, 64, 2, D))
+        with torch.no_grad():
+            for fn, name, args in ((fa, FLASH_NAME, (q, k, v)),
+                                   (sdpa, SDPA_NAME, tuple(t.transpose(1, 2) for t in (q, k, v))),
+                                   (flashcourse.attention, "flashcourse.attention",
+                                    tuple(t.transpose(1, 2) for t in (q, k, v)))):
+                raises(ValueError, fn, *args,
+                       match=[name, f"head dim must be a multiple of 8 from 32 to 256 (got {D})"])
+    # a head dim in the range that a stage did not compile: its reason, naming the function
+    plain = [s.name for s in flashcourse.stages() if s.name.startswith("stage4")]
+    if plain:
+        q, k, v = leaves((1, 64, 2, 96), (1, 64, 2, 96))
+        with torch.no_grad():
+            raises(ValueError, fa, q, k, v, stage=plain[0],
+                   match=[FLASH_NAME, plain[0], "head dim must be 64 or 128"])
+
+
 def t_errors_name_the_function():
     need_gpu()
     sdpa, fa = flashcourse.scaled_dot_product_attention, flashcourse.flash_attn_func
@@ -313,16 +365,16 @@ def t_errors_name_the_function():
            match=[SDPA_NAME, "attn_mask"])
     raises(ValueError, sdpa, q, k, v, attn_mask=torch.ones(64, 64, device="cuda"),
            is_causal=True, match=SDPA_NAME)
-    q96, k96, v96 = leaves((1, 2, 64, 96), (1, 2, 64, 96))
-    raises(ValueError, sdpa, q96, k96, v96, match=SDPA_NAME)
+    q100, k100, v100 = leaves((1, 2, 64, 100), (1, 2, 64, 100))  # not a head dim
+    raises(ValueError, sdpa, q100, k100, v100, match=[SDPA_NAME, "head dim"])
     raises(ValueError, sdpa, q, k[:, :, :32], v, match=SDPA_NAME)
     raises(TypeError, sdpa, q, k, v, scale="big", match=[SDPA_NAME, "scale"])
     raises(TypeError, sdpa, q, k, v, is_causal="yes", match=[SDPA_NAME, "causal"])
     qf = q.transpose(1, 2)
     raises(TypeError, fa, qf.cpu(), qf, qf, match=[FLASH_NAME, "CUDA"])
     raises(ValueError, fa, qf[0], qf, qf, match=[FLASH_NAME, "[B, N, H, D]"])
-    raises(ValueError, fa, qf.detach()[..., :32].contiguous(), qf.detach()[..., :32].contiguous(),
-           qf.detach()[..., :32].contiguous(), match=FLASH_NAME)
+    raises(ValueError, fa, qf.detach()[..., :24].contiguous(), qf.detach()[..., :24].contiguous(),
+           qf.detach()[..., :24].contiguous(), match=[FLASH_NAME, "head dim"])
     raises(TypeError, flashcourse.attention, q.cpu(), k, v, match=["flashcourse.attention", "cpu"])
 
 
@@ -380,6 +432,9 @@ def main():
         t_flash_attn_keywords)
     run("flash_attn_func: window_size and softcap against a float64 masked, capped softmax, "
         "forward and gradients (GQA, bf16, N_k != N)", t_flash_attn_local)
+    run("head dims 40, 80, 96, 256: flash_attn_func and the SDPA drop-in, fp16 and bf16, causal "
+        "and not, forward and gradients vs float64; 24, 264, 100 refused naming the function",
+        t_head_dims)
     run("errors name the function called", t_errors_name_the_function)
     run("empty batches, heads, queries or keys: zeros as torch, zero-size gradients", t_empty)
     run("B x H over the kernels' limit: in parts, equal to SDPA", t_over_the_grid_limit)

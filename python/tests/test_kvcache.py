@@ -284,7 +284,8 @@ def t_c_decode_checks():
             (dict(paged=0, N_k=8, N_new=9), "more new keys"),
             (dict(N_new=-1), "new keys need both"),
             (dict(new_strides=(0, 0, 32) + (0,) * 3), "rows at least D"),
-            (dict(D=72), "head dim"),
+            (dict(D=100), "head dim must be a multiple of 8 from 32 to 256"),
+            (dict(D=264), "head dim must be a multiple of 8 from 32 to 256"),
             (dict(H_kv=3), "H_kv must divide H"),
             (dict(N=0), ">= 1")):
         raises(ValueError, plan_raw, dec, decode_request(**kw), match=["stage97_fake_decode",
