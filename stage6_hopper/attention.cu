@@ -62,7 +62,12 @@
  * softcap (--softcap C: tanh on the scores), values of the problem; and bf16 storage (--dtype
  * bf16: a template parameter of the kernels, wgmma's .bf16 products), in the MODEL kernels; the
  * plain case (fp16 [B, H, N, D], H_kv = H, N_k = N) has kernels of its own with its own code
- * alone.
+ * alone, at D = 64 and 128.
+ * Head dims: kernels of D = 64, 96, 128 and 256 (96 and 256 only as MODEL kernels of the default
+ * schedule); any other multiple of 8 from 32 to 256 runs in the next of them (compiled_d), in the
+ * MODEL kernels, with the tail of D masked by the tensor maps: their inner extent is the shape's
+ * D, so TMA reads zeros past it and clips the O stores to it; the direct O stores and the merge
+ * write the shape's D columns (problem's o_cols, combine_cols_kernel_pdl).
  *
  * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
  * runs besides the softmax and the GEMMs (the ring's slot and phase arithmetic, descriptors
@@ -98,7 +103,8 @@
 /* ---- the stage's descriptor ------------------------------------------------------------------ */
 
 static const char *attention_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
-    if (s->D != 64 && s->D != 128) return "head dim must be 64 or 128";
+    if (s->D < ATTN_MIN_D || s->D > ATTN_MAX_D || s->D % ATTN_D_STEP)
+        return "head dim must be a multiple of 8 from 32 to 256";
     if (!(s->scale > 0.f)) return "scale must be positive";
     if (s->B < 1 || s->H < 1 || s->N < 1) return "B, H and N must be >= 1";
     if (s->H_kv < 1 || s->H % s->H_kv)
@@ -117,6 +123,11 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
                    "at least D apart";
     }
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
+    // The head dims past 128 or between 64 and 128 run in kernels of D = 96 or 256, compiled for
+    // the default schedule alone (config_for: model_only).
+    if (compiled_d(s->D) != 64 && compiled_d(s->D) != 128 &&
+        (variant == VARIANT_NOPINGPONG || variant == VARIANT_NOOVERLAP))
+        return "variants nopingpong and nooverlap run head dims up to 64 and from 104 to 128";
     if (dev->cc != 90) return "needs a Hopper GPU (sm_90): TMA, wgmma and setmaxnreg";
     if (!hopper_code_here(
             (const void *)
@@ -140,13 +151,13 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
 
 // The workspace: the work tile counter of the persistent blocks (zeroed before each launch),
 // then with split-KV the key ranges' O_part [splits, B * H, N, D] and lse_part [splits, B * H, N],
-// fp32, 16-byte aligned.
+// fp32, 16-byte aligned; D the kernel's (compiled_d: a masked D's rows have its zero columns).
 constexpr size_t PART_ALIGN = 16;
 static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     if (attention_unsupported(s, dev, variant)) return sizeof(int);  // forward() reports it
     const split_plan sp = plan_splits(s, dev, variant);
     if (sp.splits == 1) return sizeof(int);
-    return PART_ALIGN + (size_t)sp.splits * s->B * s->H * s->N * (s->D + 1) * sizeof(float);
+    return PART_ALIGN + (size_t)sp.splits * s->B * s->H * s->N * (sp.config.D + 1) * sizeof(float);
 }
 
 static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev, const void *Q,

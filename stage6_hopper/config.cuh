@@ -50,11 +50,15 @@ __host__ __device__ constexpr int block_threads() {
 // nor the O staging tiles (o_staged()), which short rows need more; causal rows waste more of a
 // long tile on the diagonal; and the three-consumer D = 64 kernels (160 registers) would spill
 // (LOG.md, steps 9 and 14).
+// At D = 256 (FlashAttention-3's choice there) 80 keys: O_acc alone is 128 registers, S 40 and P
+// 20 more; and shared memory holds Q (64 KB) and two stages of K and V (40 KB each) in 224 KB.
 constexpr int KEY_TILE_SHORT = 128;
 constexpr int KEY_TILE_LONG = 176;
 constexpr int KEY_TILE_LONG_MIN_N = 4096;
-static int key_tile_for(const attn_shape *s, int consumers) {
-    return consumers == 2 && s->D == 128 && !s->causal && s->N_k >= KEY_TILE_LONG_MIN_N
+constexpr int KEY_TILE_D256 = 80;
+static int key_tile_for(const attn_shape *s, int D, int consumers) {
+    if (D == 256) return KEY_TILE_D256;
+    return consumers == 2 && D == 128 && !s->causal && s->N_k >= KEY_TILE_LONG_MIN_N
                ? KEY_TILE_LONG
                : KEY_TILE_SHORT;
 }
@@ -102,25 +106,31 @@ enum {
 // still leave SMs idle, 64-row work tiles make twice as many, each with half the work on its
 // critical path (B = H = 1, N = 1024: 128 work tiles for 132 SMs instead of 64). The variant
 // nosplit keeps two or three.
-static int consumers_for(const attn_shape *s, const attn_device *dev, int variant) {
+// The head dims 96 and 256 have two consumers only (no kernels of one: fewer to compile).
+static int consumers_for(const attn_shape *s, int D, const attn_device *dev, int variant) {
+    if (D != 64 && D != 128) return 2;
     const long long finest =
         (long long)s->B * s->H * ceil_div(s->N, block_rows<2>()) * ceil_div(s->N_k, KEY_TILE_SHORT);
     if (variant != VARIANT_NOSPLIT && finest < dev->sm_count) return 1;
-    return s->D == 64 && (!s->causal || s->N >= THREE_CONSUMERS_MIN_N_CAUSAL) ? 3 : 2;
+    return D == 64 && (!s->causal || s->N >= THREE_CONSUMERS_MIN_N_CAUSAL) ? 3 : 2;
 }
 
 // A kernel configuration: head dim D, consumer warpgroups C, keys per K/V tile BC (the kernel's
 // template parameters; its shared memory, rows per work tile and registers per role follow from
 // them at compile time; the K/V ring's depth, STAGES, is one for all, and q_buffers() fits the Q
-// buffers to each). Every configuration is compiled (for each schedule, with and without
-// split-KV); config_for() picks the one for a shape, and nothing else picks.
+// buffers to each). A configuration is compiled for each schedule, with and without split-KV, as
+// the plain kernels and the MODEL ones; one that is model_only (the head dims besides 64 and 128)
+// only as the MODEL kernels of the default schedule, which is all a shape of its head dims runs
+// (fewer kernels to compile). config_for() picks the one for a shape, and nothing else picks.
 typedef struct {
     int D, consumers, key_tile;
+    bool model_only;
 } kernel_config;
 
 constexpr kernel_config KERNEL_CONFIGS[] = {
-    {64, 1, KEY_TILE_SHORT}, {128, 1, KEY_TILE_SHORT}, {64, 2, KEY_TILE_SHORT},
-    {64, 3, KEY_TILE_SHORT}, {128, 2, KEY_TILE_SHORT}, {128, 2, KEY_TILE_LONG},
+    {64, 1, KEY_TILE_SHORT, false}, {128, 1, KEY_TILE_SHORT, false}, {64, 2, KEY_TILE_SHORT, false},
+    {64, 3, KEY_TILE_SHORT, false}, {128, 2, KEY_TILE_SHORT, false}, {128, 2, KEY_TILE_LONG, false},
+    {96, 2, KEY_TILE_SHORT, true},  {256, 2, KEY_TILE_D256, true},
 };
 constexpr int KERNEL_CONFIG_COUNT = (int)(sizeof(KERNEL_CONFIGS) / sizeof(KERNEL_CONFIGS[0]));
 
@@ -128,11 +138,23 @@ static bool same_config(kernel_config a, kernel_config b) {
     return a.D == b.D && a.consumers == b.consumers && a.key_tile == b.key_tile;
 }
 
-// The configuration for a shape (D in {64, 128}): consumers_for(), then key_tile_for().
+// The compiled head dims, and the one a shape's D runs in: the smallest at least D. A D between
+// them runs with the tail of its columns masked: the tensor maps take the shape's D as the
+// inner extent, so TMA reads zeros past it (they add nothing to Q K^T, and make O's columns
+// past it zero) and clips the O stores to it (attention.cu, the header).
+constexpr int COMPILED_D[] = {64, 96, 128, 256};
+static int compiled_d(int D) {
+    for (int d : COMPILED_D)
+        if (D <= d) return d;
+    return 0;  // (past ATTN_MAX_D: attention_unsupported() refuses it first)
+}
+
+// The configuration for a shape: its compiled head dim, consumers_for(), then key_tile_for().
 static kernel_config config_for(const attn_shape *s, const attn_device *dev, int variant) {
     kernel_config c;
-    c.D = s->D;
-    c.consumers = consumers_for(s, dev, variant);
-    c.key_tile = key_tile_for(s, c.consumers);
+    c.D = compiled_d(s->D);
+    c.consumers = consumers_for(s, c.D, dev, variant);
+    c.key_tile = key_tile_for(s, c.D, c.consumers);
+    c.model_only = c.D != 64 && c.D != 128;
     return c;
 }

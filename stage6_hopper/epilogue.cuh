@@ -63,7 +63,8 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
                 v[r] = pack2_of<BF16>(O_acc[acc_index(QUAD * k + r, h, 0)] * inv_l[h],
                                       O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
             quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
-            if (row < pb.N) {
+            // (MODEL: the chunks inside the shape's D, o_cols; the columns past it are zeros)
+            if (row < pb.N && (!MODEL || FRAG_COLS * (QUAD * k + p.t) < pb.o_cols)) {
                 if constexpr (STORE_V4)
                     st_global_v4(o_row + FRAG_COLS * (QUAD * k + p.t),
                                  make_uint4(v[0], v[1], v[2], v[3]));
@@ -80,7 +81,9 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
 // reads, four 8 x 8 matrices per instruction straight from the accumulator layout (D / 16 a
 // thread: no shuffles, no global stores); then lane 0 stores the block with D / 64 TMA copies,
 // which leave out the rows past N. The warp does not wait for them: its next epilogue, a work
-// tile later, first makes sure they have read the block. No barrier across warps.
+// tile later, first makes sure they have read the block. No barrier across warps. The copies clip
+// to the tensor's D: at D = 96 the second slab's last 32 columns, never written, are not stored,
+// nor are the zero columns of a D masked in a larger kernel.
 template <int D, bool BF16, bool MODEL>
 __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], const float (&inv_l)[2],
                                                const consumer_place &p, const work_tile &wt,
@@ -108,7 +111,7 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
     if (p.lane == 0) {
         const tile_heads hd = heads_of<MODEL>(wt.bh, pb);
 #pragma unroll
-        for (int c = 0; c < D / SLAB_COLS; ++c)
+        for (int c = 0; c < slabs<D>(); ++c)
             tma_store_4d(pb.tmO, stage + slab_offset<WGMMA_M>(c) + warp_row0(p) * SLAB_ROW_BYTES,
                          c * SLAB_COLS, warpgroup_row0(wt, p) + warp_row0(p), hd.head, hd.batch);
         bulk_commit();

@@ -86,17 +86,19 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
                           const CUtensorMap, const problem, int, int *);
 
 // The configuration's kernel for split-KV or not: the plain case's, or for what models feed
-// (model), with fp16 or bf16 storage.
-template <int D, int C, int BC, int SCHEDULE>
+// (model), with fp16 or bf16 storage. A model_only configuration has the MODEL kernels alone.
+template <int D, int C, int BC, int SCHEDULE, bool MODEL_ONLY>
 static kernel_fn kernel_for(bool split, bool model, bool bf16) {
     if (bf16)
         return split ? attention_kernel<D, C, BC, SCHEDULE, true, true, true>
                      : attention_kernel<D, C, BC, SCHEDULE, false, true, true>;
-    if (model)
+    if (MODEL_ONLY || model)
         return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, true>
                      : attention_kernel<D, C, BC, SCHEDULE, false, false, true>;
-    return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, false>
-                 : attention_kernel<D, C, BC, SCHEDULE, false, false, false>;
+    if constexpr (!MODEL_ONLY)
+        return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, false>
+                     : attention_kernel<D, C, BC, SCHEDULE, false, false, false>;
+    return NULL;
 }
 
 // The plain case's Q, K, V or O, [B, H, N, D] fp16 contiguous, as the plain kernels see it: one
@@ -108,11 +110,14 @@ static cudaError_t tensor_map_plain(CUtensorMap *map, const void *base, const at
                          s->N, s->D, &folded, SLAB_COLS, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-template <int D, int C, int BC, int SCHEDULE>
+// The plain kernels take the plain case at their own D; a D masked in a larger kernel (s->D < D),
+// or one of a model_only configuration, runs in the MODEL kernels (the tensor maps with the
+// shape's D, tensor_map_slabs).
+template <int D, int C, int BC, int SCHEDULE, bool MODEL_ONLY>
 static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     constexpr int BR = block_rows<C>();
     CUtensorMap tmQ, tmK, tmV, tmO;  // (tmO: staged O, a warp's rows)
-    const bool model = attn_shape_asks(s, 0) != 0;
+    const bool model = MODEL_ONLY || s->D != D || attn_shape_asks(s, 0) != 0;
     if (model) {
         ATTN_TRY(tensor_map_slabs(&tmQ, a->Q, s, s->H, s->N, &s->q, BR));
         ATTN_TRY(tensor_map_slabs(&tmK, a->K, s, s->H_kv, s->N_k, &s->k, BC));
@@ -125,7 +130,8 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
         ATTN_TRY(tensor_map_plain(&tmO, a->O, s, WARP_ROWS));
     }
     const int smem = smem_bytes<D, C, BC>();
-    const kernel_fn kernel = kernel_for<D, C, BC, SCHEDULE>(a->split.splits > 1, model, s->bf16);
+    const kernel_fn kernel =
+        kernel_for<D, C, BC, SCHEDULE, MODEL_ONLY>(a->split.splits > 1, model, s->bf16);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem));  // once per kernel and device
     const int works = s->B * s->H * ceil_div(s->N, BR) * a->split.splits;
     const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works
@@ -134,7 +140,11 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     if (blocks < works) ATTN_TRY(cudaMemsetAsync(a->next_work, 0, sizeof(int), a->stream));
     problem pb;
     memset(&pb, 0, sizeof pb);
-    pb.N = s->N, pb.N_k = s->N_k, pb.key_shift = s->N_k - s->N, pb.causal = s->causal;
+    pb.N = s->N, pb.N_k = s->N_k, pb.key_shift = s->N_k - s->N;
+    if (model)
+        pb.o_cols = s->D;  // (MODEL: in causal's place)
+    else
+        pb.causal = s->causal;
     const key_rule keys = key_rule_of(s, true);  // (the MODEL kernels' window; causal: (-1, 0))
     pb.window_left = keys.left, pb.window_right = keys.right;
     pb.splits = a->split.splits, pb.split_tiles = a->split.split_tiles;
@@ -163,21 +173,30 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     const combine_params cp = {pb.O_part, pb.lse_part, a->O,       a->lse,    pb.rows,
                                s->N,      BR,          BC,         pb.splits, pb.split_tiles,
                                keys,      s->H,        s->o.batch, s->o.head, (int)s->o.row};
+    // O_part has the kernel's D columns a row; the MODEL kernels' merge writes the shape's D.
     const unsigned merge_blocks = (unsigned)ceil_div(pb.rows, combine_rows_per_block<D>());
     const cudaLaunchConfig_t merge = launch_config(merge_blocks, COMBINE_THREADS, 0, a, &attr);
-    void (*const merge_kernel)(const combine_params) =
-        s->bf16 ? combine_kernel_pdl<D, true> : combine_kernel_pdl<D, false>;
-    ATTN_TRY(cudaLaunchKernelEx(&merge, merge_kernel, cp));
+    if (model) {
+        void (*const merge_cols)(const combine_params, int) =
+            s->bf16 ? combine_cols_kernel_pdl<D, true> : combine_cols_kernel_pdl<D, false>;
+        ATTN_TRY(cudaLaunchKernelEx(&merge, merge_cols, cp, s->D));
+        return cudaSuccess;
+    }
+    if constexpr (!MODEL_ONLY)
+        ATTN_TRY(cudaLaunchKernelEx(&merge, combine_kernel_pdl<D, false>, cp));
     return cudaSuccess;
 }
 
-// The kernel of the plan's configuration (config_for()), one of KERNEL_CONFIGS, with SCHEDULE.
+// The kernel of the plan's configuration (config_for()), one of KERNEL_CONFIGS, with SCHEDULE (a
+// model_only one has the default schedule alone).
 template <int SCHEDULE, int I = 0>
 static cudaError_t launch_schedule(const attn_shape *s, const launch_args *a) {
     if constexpr (I < KERNEL_CONFIG_COUNT) {
         constexpr kernel_config k = KERNEL_CONFIGS[I];
-        if (same_config(a->split.config, k))
-            return launch<k.D, k.consumers, k.key_tile, SCHEDULE>(s, a);
+        if constexpr (!k.model_only || SCHEDULE == SCHEDULE_PINGPONG) {
+            if (same_config(a->split.config, k))
+                return launch<k.D, k.consumers, k.key_tile, SCHEDULE, k.model_only>(s, a);
+        }
         return launch_schedule<SCHEDULE, I + 1>(s, a);
     } else {
         (void)s, (void)a;

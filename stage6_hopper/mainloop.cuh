@@ -12,6 +12,82 @@
 #include "smem.cuh"
 #include "softmax.cuh"
 
+/* ---- wgmma shapes of the head dims 96 and 256 ------------------------------------------------ */
+
+// common/device/sm90.cuh has the products of the plain kernels' head dims (N = 64, 128, 176);
+// these are stage 6's own: S = Q K^T over 80 keys (D = 256), and O += P V over D = 96 and D = 256
+// columns (wgmma's N goes to 256 in steps of 8; a 64 x N fp32 accumulator is N / 2 registers a
+// thread). V is read MN-major from its 64-column slabs, the next slab a leading offset further
+// on: N = 96 covers one slab and half of the next, N = 256 four.
+#define ACC40(d) ACC32(d), ACC8(d, 32)
+#define ACC48(d) ACC40(d), ACC8(d, 40)
+#define ACC128(d)                                                                            \
+    ACC64(d), ACC8(d, 64), ACC8(d, 72), ACC8(d, 80), ACC8(d, 88), ACC8(d, 96), ACC8(d, 104), \
+        ACC8(d, 112), ACC8(d, 120)
+#define REGS40 \
+    REGS32     \
+    ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define REGS48 \
+    REGS32     \
+    ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define REGS128                                                                                    \
+    REGS64                                                                                         \
+    ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"             \
+    ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"             \
+    ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111" \
+    ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
+    "%127"
+
+// d (64 x 80) {=, +=} A (64 x 16, K-major) * B (16 x 80, K-major), both from shared memory.
+#define WGMMA_M64N80_SS(T)                                                \
+    asm volatile(                                                         \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                      \
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32." T "." T " {" REGS40 \
+        "}, %40, %41, p, 1, 1, 0, 0;\n}\n"                                \
+        : ACC40(d)                                                        \
+        : "l"(a), "l"(b), "r"(accumulate))
+template <bool BF16>
+__device__ __forceinline__ void wgmma_m64n80_ss(float (&d)[40], uint64_t a, uint64_t b,
+                                                int accumulate) {
+    if constexpr (BF16)
+        WGMMA_M64N80_SS("bf16");
+    else
+        WGMMA_M64N80_SS("f16");
+}
+
+// d (64 x N) {=, +=} A (64 x 16, registers: P) * B (16 x N, MN-major in shared memory: V), N = 96
+// and 256; A's registers as sm90.cuh's wgmma_m64n128_rs.
+#define WGMMA_M64N96_RS(T)                                                \
+    asm volatile(                                                         \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"                      \
+        "wgmma.mma_async.sync.aligned.m64n96k16.f32." T "." T " {" REGS48 \
+        "}, {%48, %49, %50, %51}, %52, p, 1, 1, 1;\n}\n"                  \
+        : ACC48(d)                                                        \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+template <bool BF16>
+__device__ __forceinline__ void wgmma_m64n96_rs(float (&d)[48], const uint32_t *a, uint64_t b,
+                                                int accumulate) {
+    if constexpr (BF16)
+        WGMMA_M64N96_RS("bf16");
+    else
+        WGMMA_M64N96_RS("f16");
+}
+#define WGMMA_M64N256_RS(T)                                                 \
+    asm volatile(                                                           \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                       \
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {" REGS128 \
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"               \
+        : ACC128(d)                                                         \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+template <bool BF16>
+__device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const uint32_t *a, uint64_t b,
+                                                 int accumulate) {
+    if constexpr (BF16)
+        WGMMA_M64N256_RS("bf16");
+    else
+        WGMMA_M64N256_RS("f16");
+}
+
 /* ---- the consumers' pieces ------------------------------------------------------------------- */
 
 // wgmma's A operand from registers (P of O += P V) has the accumulator's layout, two halves a
@@ -48,7 +124,8 @@ __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands
     // LAB TODO: K-major: A = this warpgroup's 64 rows of Q,
     // LAB TODO: desc_k_major_step<block_rows<C>()>(op.Q, kk), B = K_j's BC rows,
     // LAB TODO: desc_k_major_step<BC>(op.K, kk). The shape is m64 x n(BC) x k16: wgmma_m64n128_ss
-    // LAB TODO: for BC == 128, wgmma_m64n176_ss for BC == 176 (if constexpr), each <BF16> (the
+    // LAB TODO: for BC == 128, wgmma_m64n80_ss for BC == 80 (D = 256), wgmma_m64n176_ss for
+    // LAB TODO: BC == 176 (if constexpr), each <BF16> (the
     // LAB TODO: storage type: .f16 or .bf16 operands). Accumulate (last
     // LAB TODO: argument) from the second step on: the first overwrites S. Then wgmma_commit: one
     // LAB TODO: group, waited for later.
@@ -59,6 +136,9 @@ __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands
         if constexpr (BC == 128)
             wgmma_m64n128_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
                                    desc_k_major_step<BC>(op.K, kk), kk > 0);
+        else if constexpr (BC == KEY_TILE_D256)
+            wgmma_m64n80_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
+                                  desc_k_major_step<BC>(op.K, kk), kk > 0);
         else
             wgmma_m64n176_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
                                    desc_k_major_step<BC>(op.K, kk), kk > 0);
@@ -79,6 +159,12 @@ __device__ __forceinline__ void issue_pv(float (&O_acc)[D / 2], const uint32_t (
     for (int kk = 0; kk < BC / WGMMA_K; ++kk) {
         if constexpr (D == 128)
             wgmma_m64n128_rs<BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
+                                   kk > 0 || accumulate);
+        else if constexpr (D == 96)
+            wgmma_m64n96_rs<BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
+                                  kk > 0 || accumulate);
+        else if constexpr (D == 256)
+            wgmma_m64n256_rs<BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
                                    kk > 0 || accumulate);
         else
             wgmma_m64n64_rs<BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),

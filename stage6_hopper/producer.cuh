@@ -9,21 +9,23 @@
 #include "smem.cuh"
 
 // Announce a tile's bytes on its "full" barrier and copy rows row0 .. row0 + ROWS - 1 of head
-// `head` of batch `batch`, one TMA copy per 64-column slab.
+// `head` of batch `batch`, one TMA copy per 64-column slab (columns past the tensor's D read as
+// zeros, and their bytes count).
 template <int D, int ROWS>
 __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, uint32_t full,
                                           int row0, int head, int batch) {
     // LAB HOLE 1 BEGIN: the TMA copy of a tile onto its full barrier
     // LAB TODO: one arrival on the tile's full barrier that also announces the bytes the copies
-    // LAB TODO: will bring (mbar_arrive_expect_tx: ROWS rows x D halves), then one TMA copy per
-    // LAB TODO: 64-column slab c < D / SLAB_COLS: tma_load_4d into dst + slab_offset<ROWS>(c),
+    // LAB TODO: will bring (mbar_arrive_expect_tx: ROWS rows x slabs<D>() x SLAB_ROW_BYTES), then
+    // LAB TODO: one TMA copy per 64-column slab c < slabs<D>(): tma_load_4d into dst +
+    // LAB TODO: slab_offset<ROWS>(c),
     // LAB TODO: completing on `full`, at the tensor coordinates (column c * SLAB_COLS, row row0,
     // LAB TODO: head, batch). The phase completes when the arrival is in and every announced byte
     // LAB TODO: has landed: announce too many and the consumers wait forever.
     // LAB STUB: mbar_arrive(full);  // until filled: no copy, the consumers read a stale tile
-    mbar_arrive_expect_tx(full, ROWS * D * HALF_BYTES);
+    mbar_arrive_expect_tx(full, ROWS * slabs<D>() * SLAB_ROW_BYTES);  // (zeros past D count too)
 #pragma unroll
-    for (int c = 0; c < D / SLAB_COLS; ++c)
+    for (int c = 0; c < slabs<D>(); ++c)
         tma_load_4d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, head, batch);
     // LAB HOLE 1 END
 }

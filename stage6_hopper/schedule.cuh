@@ -42,9 +42,15 @@ __device__ __forceinline__ int fast_divide(int n, fast_divisor f) {
 // (-1, 0): the MODEL kernels read the window, not `causal`). Counts the host can work out are
 // launch constants there, not computed in the kernel: the producer thread has 24 registers, and
 // the compiler would hold such values in some of them across its loops (N_k - N did, LOG.md
-// step 25).
+// step 25). The MODEL kernels read the window, not `causal`: its place holds the shape's D, the
+// columns of O the direct stores write.
 typedef struct {
-    int N, causal, splits, split_tiles;
+    int N;
+    union {
+        int causal;  // (plain) 1: query i sees keys 0 .. i
+        int o_cols;  // (MODEL) O's columns, the shape's D (<= the kernel's D; the rest masked)
+    };
+    int splits, split_tiles;
     fast_divisor per_head, per_query_tile;  // work tiles: of a head, of a query tile (splits)
     float scale_log2;        // scale log2(e); softcap c: c log2(e), the capped scores' scale
     float softcap_scale;     // (MODEL) softcap: scale / c (raw scores to tanh's argument); 0: none

@@ -11,17 +11,25 @@
 
 /* ---- the kernel's shared memory -------------------------------------------------------------- */
 
-// Q_smem q_buffers() x [D/64 slabs][BR rows][64], then the K and V rings, each STAGES x
-// [D/64][BC][64], then (where it fits, o_staged()) one O staging tile [D/64][64][64] per consumer
+// Q_smem q_buffers() x [slabs<D>()][BR rows][64], then the K and V rings, each STAGES x
+// [slabs][BC][64], then (where it fits, o_staged()) one O staging tile [slabs][64][64] per consumer
 // warpgroup, then the mbarriers and the work tile indices. Every tile starts 1024-byte aligned
-// (the swizzle atom).
+// (the swizzle atom). A tile is whole 64-column slabs: at D = 96 two, the second half of the
+// second slab zeros (TMA reads past the tensor's D as zeros) that no wgmma reads. One swizzle for
+// every head dim: the descriptors, the stmatrix addresses and the tensor maps stay the same; a
+// 64-byte swizzle (192-byte rows as three 32-column slabs) would save a quarter of the tiles'
+// bytes, which shared memory does not need at D = 96 (two Q buffers and the O staging fit).
+template <int D>
+__host__ __device__ constexpr int slabs() {
+    return (D + SLAB_COLS - 1) / SLAB_COLS;
+}
 template <int D, int C>
 __host__ __device__ constexpr int q_bytes() {
-    return block_rows<C>() * D * HALF_BYTES;
+    return block_rows<C>() * slabs<D>() * SLAB_ROW_BYTES;
 }
 template <int D, int BC>
 __host__ __device__ constexpr int kv_bytes() {
-    return BC * D * HALF_BYTES;
+    return BC * slabs<D>() * SLAB_ROW_BYTES;
 }
 enum {
     BAR_Q_FULL,
@@ -34,7 +42,7 @@ enum {
 };
 template <int D>
 __host__ __device__ constexpr int o_stage_bytes() {  // one consumer warpgroup's 64 rows of O
-    return WGMMA_M * D * HALF_BYTES;
+    return WGMMA_M * slabs<D>() * SLAB_ROW_BYTES;
 }
 template <int D, int C, int BC, int QB, bool STAGED>
 __host__ __device__ constexpr int smem_bytes_with() {
@@ -44,7 +52,8 @@ __host__ __device__ constexpr int smem_bytes_with() {
            Q_BUFFERS_MAX * (int)sizeof(int) /* the work tile indices the producer hands over */;
 }
 // Two Q buffers come first. O is staged in shared memory and stored by TMA (store_o_staged) with
-// two consumers where there is room: not at D = 128 with BC = 176 (K, V and Q take 208 KB). With
+// two consumers where there is room: not at D = 128 with BC = 176 (K, V and Q take 208 KB), nor
+// at D = 256 (one Q buffer, 64 KB, and the K/V ring's 160 KB: 224 KB). With
 // three consumers (D = 64) the direct stores measured faster (LOG.md, step 13).
 // These are compile-time choices, made against SMEM_PER_BLOCK_MAX, not against the device's
 // limit: --smem-limit can only make a configuration unsupported, never pick another.

@@ -193,6 +193,23 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel_pdl(const comb
     if (row < p.rows) combine_row<D, BF16>(p, row, lane);
 }
 
+// The same behind stage 6's MODEL kernels, whose D may be larger than the shape's: O_part has D
+// columns a row (those past `cols` zero) and only the lanes of the first `cols` columns merge
+// and write (cols: a multiple of 8, so a lane's 4 columns are all in or all out). Where D / 4
+// lanes do not divide the block (D = 96: 5 rows of 24), the threads past its last whole row idle.
+template <int D, bool BF16>
+__global__ void __launch_bounds__(COMBINE_THREADS)
+    combine_cols_kernel_pdl(const combine_params p, int cols) {
+    constexpr int COLS_PER_LANE = D / combine_lanes<D>();
+    let_next_kernel_start();
+    wait_for_previous_kernel();
+    int lane;
+    const long long row = combine_thread_row<D>(&lane);
+    const bool whole_row = threadIdx.x < combine_rows_per_block<D>() * combine_lanes<D>();
+    if (whole_row && row < p.rows && lane * COLS_PER_LANE < cols)
+        combine_row<D, BF16>(p, row, lane);
+}
+
 /* ---- split-KV: how many key ranges ----------------------------------------------------------- */
 
 // A query tile's B * H * ceil(N / BR) blocks fill the GPU's slots (SMs x blocks per SM) in
