@@ -102,9 +102,16 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
         !tensor_map_takes(&s->dK, s->B, s->H_kv, s->N_k, HALF_BYTES) ||
         !tensor_map_takes(&s->dV, s->B, s->H_kv, s->N_k, HALF_BYTES))
         return "dO's, dK's and dV's strides must be below 2^39 elements (TMA's limit)";
+    const int d = compiled_d(s->D);
+    if (!d)
+        return "the backward runs head dims up to 128 (kernels for 64, 96, 128; the rest masked "
+               "in the next): D = 256's tiles (64 x 64, dK and dV split by columns) are not built";
+    if (variant == VARIANT_ATOMICS && (d != s->D || d % SLAB_COLS != 0))
+        return "variant atomics runs D = 64 and 128 only (its adds address dQ_acc by the "
+               "kernel's head dim; no D = 96 kernel of its own)";
     if (!hopper_code_here((const void *)backward_kernel<64, false, DQ_BY_BULK>))
         return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
-    const size_t smem = s->D == 64 ? smem_bytes<64>() : smem_bytes<128>();
+    const size_t smem = d == 64 ? smem_bytes<64>() : d == 96 ? smem_bytes<96>() : smem_bytes<128>();
     if (smem > dev->smem_per_block) {
         static char why_smem[96];
         snprintf(why_smem, sizeof why_smem,

@@ -37,6 +37,31 @@ __host__ __device__ constexpr int qrows() {
     return D == SLAB_COLS ? CONSUMERS * WGMMA_M : WGMMA_M;
 }
 
+// The head dims compiled: 64, 96 and 128. Every other of the contract's up to 128 runs in the next
+// one up with the tail of D masked: the tensor maps' inner extent is the tensors' D, so TMA reads
+// zeros past it (the products add nothing there) and clips the stores and dQ's reduce-adds to it;
+// the passes before and after read and write its columns only (their TAIL). Past 128 no kernel:
+// D = 256 needs FlashAttention-3's 64-key tiles with dK and dV split across the warpgroups by
+// columns (128 + 128 registers a thread as this kernel holds them), a kernel of its own.
+constexpr int COMPILED_DS[] = {64, 96, 128};
+static inline int compiled_d(int D) {  // 0: none runs it
+    if (D < ATTN_MIN_D || D % ATTN_D_STEP != 0) return 0;
+    for (int d : COMPILED_DS)
+        if (D <= d) return d;
+    return 0;
+}
+// A tile of D columns in shared memory: slabs<D>() 64-column slabs, 128-byte swizzled (D = 96's
+// second slab half used: TMA fills its columns past D with zeros).
+template <int D>
+__host__ __device__ constexpr int slabs() {
+    return (D + SLAB_COLS - 1) / SLAB_COLS;
+}
+// Variant atomics at D = 64 and 128 only: its adds address dQ_acc by the compiled head dim.
+template <int D>
+__host__ __device__ constexpr bool takes_atomics() {
+    return D % SLAB_COLS == 0;
+}
+
 // The Q/dO ring: the producer runs up to Q_STAGES query tiles (Q_i, dO_i, LSE_i, D_i) ahead.
 constexpr int Q_STAGES = 2;
 
@@ -73,14 +98,23 @@ constexpr int CONSUMER_REGS = 240;
 // it, each reading both warpgroups' dS^T rows (a named barrier between them). At D = 128 (64
 // queries: one wgmma M) by columns: warpgroup w computes D / 2 = 64 of them. At D = 64 (128
 // queries) by rows: warpgroup w computes queries 64 w .. 64 w + 63, all 64 columns (a 32-column
-// half would be narrower than the 128-byte swizzle's 64 halves: no canonical wgmma layout).
+// half would be narrower than the 128-byte swizzle's 64 halves: no canonical wgmma layout). At
+// D = 96 by slabs of K_j: warpgroup 0 columns 0 .. 63, warpgroup 1 the second slab's 32.
 template <int D>
 __host__ __device__ constexpr bool dq_splits_rows() {
     return qrows<D>() > WGMMA_M;
 }
-// Either way a warpgroup's dQ part is 64 x 64 (wgmma's M = 64 queries, N = 64 columns, a slab of
-// K_j as B): 32 fp32 registers a thread.
+// A warpgroup's dQ part is 64 x 64 (wgmma's M = 64 queries, N = 64 columns, a slab of K_j as B):
+// 32 fp32 registers a thread. D = 96's warpgroup 1 computes 64 columns too, those past 96 zero
+// (K_j's second slab, past D as TMA fills it), and stages its 32: one wgmma shape for both
+// warpgroups (N = 32 for the one warpgroup made ptxas serialize the block's wgmma).
 constexpr int DQ_REGS = WGMMA_M * SLAB_COLS / WARPGROUP;
+template <int D>
+__host__ __device__ constexpr int dq_part_cols(int wg) {
+    return dq_splits_rows<D>() || D % SLAB_COLS == 0 || D - wg * SLAB_COLS > SLAB_COLS
+               ? SLAB_COLS
+               : D - wg * SLAB_COLS;
+}
 // S^T and dP^T: a warpgroup's 64 keys x qrows<D>() queries; packed as 16-bit A operands, half.
 template <int D>
 __host__ __device__ constexpr int score_regs() {

@@ -13,7 +13,8 @@
 #include "smem.cuh"
 
 // Where a warpgroup's 64 x 64 dQ part lies in the query tile: at D = 64 rows 64 wg .., all
-// columns; at D = 128 all 64 rows, columns 64 wg .. (config.cuh, dq_splits_rows).
+// columns; at D = 96 and 128 all 64 rows, columns 64 wg .. (dq_part_cols<D>(wg) of them;
+// config.cuh, dq_splits_rows).
 template <int D>
 __device__ __forceinline__ int dq_part_row(int wg) {
     return dq_splits_rows<D>() ? wg * WGMMA_M : 0;
@@ -40,9 +41,11 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
                         (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
                         FRAG_LANE_COLS * t * FLOAT_BYTES;
     mbar_wait(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()),
-              dq_pipeline{it}.empty_phase());  // it is read
+              dq_pipeline{it}.empty_phase());            // it is read
+    const int blocks = dq_part_cols<D>(wg) / FRAG_COLS;  // the part's n8 blocks
 #pragma unroll
     for (int n = 0; n < SLAB_COLS / FRAG_COLS; ++n) {
+        if (n >= blocks) break;
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h)
             st_shared_f2(at + n * SLAB_BYTES + FRAG_ROW_STEP * h * DQ_SLAB_ROW_BYTES,

@@ -12,7 +12,7 @@
 #include "smem.cuh"
 
 // One accumulator (a warpgroup's 64 keys x D; the thread's columns 8n + 2t, +1 of rows
-// row and row + 8 of its warp's 16) times `scale`, packed to 16 bits, into a [D / 64][KEYS][64]
+// row and row + 8 of its warp's 16) times `scale`, packed to 16 bits, into a [slabs][KEYS][64]
 // tile in the 128-byte swizzle: one 4-byte store a column pair. A warp's store writes 8 rows, each
 // row's chunk n at position n ^ (row % 8): 8 different 16-byte bank groups, no bank conflict.
 template <int D, bool BF16>
@@ -48,8 +48,8 @@ __device__ __forceinline__ void stage_dkv(const float (&dK)[D / 2], const float 
 
 // The store warp: once the consumers have staged dK_j and dV_j (DKV_STAGED), lane 0 stores them
 // to keys key0 .. of (batch, kv_head) of dK and dV (tmdK, tmdV: KEYS-row boxes; keys past N_k are
-// not written), D / 64 TMA copies each, and waits until they have read the tiles: the block's
-// shared memory lives until then.
+// not written; columns past the tensors' D neither), slabs<D>() TMA copies each, and waits until
+// they have read the tiles: the block's shared memory lives until then.
 template <int D>
 __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMap *tmdK,
                                           const CUtensorMap *tmdV, const bwd_problem &pb,
@@ -58,7 +58,7 @@ __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMa
     if (lane == 0) {
         const block_place b = block_place_of(pb);
 #pragma unroll
-        for (int c = 0; c < D / SLAB_COLS; ++c) {
+        for (int c = 0; c < slabs<D>(); ++c) {
             tma_store_4d(tmdK, sm.K + slab_offset<KEYS>(c), c * SLAB_COLS, b.key0, b.kv_head,
                          b.batch);
             tma_store_4d(tmdV, sm.V + slab_offset<KEYS>(c), c * SLAB_COLS, b.key0, b.kv_head,

@@ -15,15 +15,19 @@
 // attention.cu's: NULL when the stage runs this shape here, else why not.
 static const char *stage_unsupported(const attn_shape *s, const attn_device *dev, int variant);
 
+// The query rows of a step of the kernel that runs head dim D (compiled_d).
+static int qrows_of(int D) {
+    const int d = compiled_d(D);
+    return d == 64 ? qrows<64>() : d == 96 ? qrows<96>() : qrows<128>();
+}
+
 // Workspace (bwd_params_of): lse2 and Dsum, dQ_acc, then (variant deterministic) dq_turn
 // [B * H, ceil(N / qrows)] ints, at a multiple of WORKSPACE_ALIGN bytes.
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     (void)dev;
     const size_t rows = (size_t)s->B * s->H * padded_rows(s->N);
     const size_t turns =
-        variant == VARIANT_DETERMINISTIC
-            ? (size_t)s->B * s->H * ceil_div(s->N, s->D == 64 ? qrows<64>() : qrows<128>())
-            : 0;
+        variant == VARIANT_DETERMINISTIC ? (size_t)s->B * s->H * ceil_div(s->N, qrows_of(s->D)) : 0;
     return 2 * aligned(rows * sizeof(float)) +
            aligned((size_t)s->B * s->H * s->N * s->D * sizeof(float)) +
            aligned(turns * sizeof(int));
@@ -33,29 +37,58 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
                           const CUtensorMap, const CUtensorMap, const CUtensorMap,
                           const CUtensorMap, const bwd_problem);
 
-// The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ.
+// The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ (none for
+// variant atomics where it does not take D: stage_unsupported refuses it first).
 template <int D, bool BF16>
 static kernel_fn kernel_for(int variant) {
-    return variant == VARIANT_ATOMICS         ? backward_kernel<D, BF16, DQ_BY_ATOMICS>
-           : variant == VARIANT_DETERMINISTIC ? backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>
-                                              : backward_kernel<D, BF16, DQ_BY_BULK>;
+    if (variant == VARIANT_ATOMICS) {
+        if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
+        return NULL;
+    }
+    return variant == VARIANT_DETERMINISTIC ? backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>
+                                            : backward_kernel<D, BF16, DQ_BY_BULK>;
 }
 
-// The three passes for head dim D and storage type BF16.
+// The passes before and after for head dim D: at D = 64 and 128 the tensors' own where s->D = D;
+// every other head dim runs TAIL_PASS_D's TAIL instances (16 lanes a row: the preprocess's shuffles
+// need a power of two), which read and write s->D columns: two pairs of kernels, not one a D.
+constexpr int TAIL_PASS_D = 128;
+template <int D, bool BF16>
+static cudaError_t enqueue_preprocess(const attn_shape *s, const bwd_params &p, size_t rows,
+                                      cudaStream_t stream) {
+    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;  // D = 96: none of its own
+    if (s->D == OWN)
+        preprocess_kernel<OWN, BF16>
+            <<<preprocess_grid(rows, OWN), PREPROCESS_THREADS, 0, stream>>>(p);
+    else
+        preprocess_kernel<TAIL_PASS_D, BF16, true>
+            <<<preprocess_grid(rows, TAIL_PASS_D), PREPROCESS_THREADS, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+template <int D, bool BF16>
+static cudaError_t enqueue_convert(const attn_shape *s, const bwd_params &p, dim3 grid,
+                                   cudaStream_t stream) {
+    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;
+    if (s->D == OWN)
+        dq_convert_kernel<OWN, BF16><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+    else
+        dq_convert_kernel<TAIL_PASS_D, BF16, true><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+// The three passes for head dim D (compiled; the tensors' s->D <= D) and storage type BF16.
 template <int D, bool BF16>
 static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, int *dq_turn,
                                     int variant, cudaStream_t stream) {
     const size_t rows = (size_t)s->B * s->H * p.N_pad;
-    const dim3 pre_grid = preprocess_grid(rows, D);
-    preprocess_kernel<D, BF16><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
-    ATTN_TRY(cudaGetLastError());
+    ATTN_TRY((enqueue_preprocess<D, BF16>(s, p, rows, stream)));
 
     CUtensorMap tmQ, tmK, tmV, tmdO, tmdQ, tmdK, tmdV;
     ATTN_TRY(tensor_map_slabs(&tmQ, p.Q, s, s->H, s->N, &s->q, qrows<D>()));
     ATTN_TRY(tensor_map_slabs(&tmK, p.K, s, s->H_kv, s->N_k, &s->k, KEYS));
     ATTN_TRY(tensor_map_slabs(&tmV, p.V, s, s->H_kv, s->N_k, &s->v, KEYS));
     ATTN_TRY(tensor_map_slabs(&tmdO, p.dO, s, s->H, s->N, &s->dO, qrows<D>()));
-    ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>()));
+    ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>(), D));
     ATTN_TRY(tensor_map_slabs(&tmdK, p.dK, s, s->H_kv, s->N_k, &s->dK, KEYS));
     ATTN_TRY(tensor_map_slabs(&tmdV, p.dV, s, s->H_kv, s->N_k, &s->dV, KEYS));
     bwd_problem pb;
@@ -82,12 +115,10 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
                                                              pb);
     ATTN_TRY(cudaGetLastError());
 
-    const size_t head_threads = (size_t)s->N * D / CONVERT_FLOATS;  // a (batch, head)'s
+    const size_t head_threads = (size_t)s->N * s->D / CONVERT_FLOATS;  // a (batch, head)'s
     const dim3 convert_grid((unsigned)((head_threads + CONVERT_THREADS - 1) / CONVERT_THREADS),
                             (unsigned)(s->B * s->H));
-    dq_convert_kernel<D, BF16><<<convert_grid, CONVERT_THREADS, 0, stream>>>(p);
-    ATTN_TRY(cudaGetLastError());
-    return cudaSuccess;
+    return enqueue_convert<D, BF16>(s, p, convert_grid, stream);
 }
 
 static cudaError_t backward(const attn_shape *s, const attn_device *dev, const void *Q,
@@ -111,9 +142,13 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         variant == VARIANT_DETERMINISTIC
             ? (int *)((char *)p.dQ_acc + aligned((size_t)s->B * s->H * s->N * s->D * sizeof(float)))
             : NULL;
-    if (s->D == 64)
+    const int d = compiled_d(s->D);  // the kernels that run s->D (stage_unsupported: one does)
+    if (d == 64)
         return s->bf16 ? enqueue_backward<64, true>(s, p, dq_turn, variant, stream)
                        : enqueue_backward<64, false>(s, p, dq_turn, variant, stream);
+    if (d == 96)
+        return s->bf16 ? enqueue_backward<96, true>(s, p, dq_turn, variant, stream)
+                       : enqueue_backward<96, false>(s, p, dq_turn, variant, stream);
     return s->bf16 ? enqueue_backward<128, true>(s, p, dq_turn, variant, stream)
                    : enqueue_backward<128, false>(s, p, dq_turn, variant, stream);
 }

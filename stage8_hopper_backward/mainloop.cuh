@@ -18,6 +18,26 @@
 // accumulator's registers 2j and 2j + 1 (warp.cuh: blocks 2k and 2k + 1 are k-step k).
 constexpr int A_REGS_PER_KSTEP = WGMMA_M * WGMMA_K / 2 / WARPGROUP;  // 4
 
+// The wgmma shape only D = 96 uses (as common/device/sm90.cuh's): dK, dV += A (64 x 16,
+// registers) B (16 x 96, MN-major, a slab and a half).
+#define REGS48 \
+    REGS32     \
+    ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define WGMMA_M64N96_RS(T)                                                \
+    asm volatile(                                                         \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"                      \
+        "wgmma.mma_async.sync.aligned.m64n96k16.f32." T "." T " {" REGS48 \
+        "}, {%48, %49, %50, %51}, %52, p, 1, 1, 1;\n}\n"                  \
+        : ACC32(d), ACC8(d, 32), ACC8(d, 40)                              \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+template <bool BF16>
+__device__ __forceinline__ void wgmma_m64n96_rs(float (&d)[48], const uint32_t *a, uint64_t b,
+                                                int accumulate) {
+    if constexpr (BF16)
+        WGMMA_M64N96_RS("bf16");
+    else
+        WGMMA_M64N96_RS("f16");
+}
 // Start X^T = A B^T for the scores: 64 rows of K_j (or V_j) times Q_i^T (or dO_i^T), D deep, both
 // K-major in shared memory (rows of D halves, as TMA wrote them): D / 16 wgmma of N = qrows<D>(),
 // one group.
@@ -222,6 +242,8 @@ __device__ __forceinline__ void accumulate_rs(float (&acc)[D / 2],
     for (int kk = 0; kk < qrows<D>() / WGMMA_K; ++kk) {
         if constexpr (D == 128)
             wgmma_m64n128_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
+        else if constexpr (D == 96)
+            wgmma_m64n96_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
         else
             wgmma_m64n64_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
     }
@@ -251,7 +273,9 @@ __device__ __forceinline__ void issue_dkv(float (&dV)[D / 2], float (&dK)[D / 2]
 template <int D, bool BF16>
 __device__ __forceinline__ void issue_dq(float (&dQ_part)[DQ_REGS], const smem_tiles &sm,
                                          uint32_t dS_tile, int wg) {
-    // D = 64: its 64-query slab of dS^T, all of K_j; D = 128: dS^T, its 64-column slab of K_j.
+    // D = 64: its 64-query slab of dS^T, all of K_j; D = 96, 128: dS^T, its slab of K_j (D = 96's
+    // warpgroup 1: the second slab, whose columns past 96 TMA filled with zeros; stage_dq keeps
+    // its 32 columns).
     const uint64_t dS_desc =
         desc_mn_major<KEYS>(dS_tile + (dq_splits_rows<D>() ? slab_offset<KEYS>(wg) : 0));
     const uint64_t K_desc =

@@ -15,7 +15,7 @@ template <int D, int ROWS>
 __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, uint32_t full,
                                           int row0, int head, int batch) {
 #pragma unroll
-    for (int c = 0; c < D / SLAB_COLS; ++c)
+    for (int c = 0; c < slabs<D>(); ++c)
         tma_load_4d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, head, batch);
 }
 

@@ -11,7 +11,7 @@
 
 /* ---- the kernel's shared memory -------------------------------------------------------------- */
 
-// K_smem, V_smem [D/64][KEYS][64]; Q_STAGES x (Q_smem, dO_smem [D/64][qrows][64]), all in the
+// K_smem, V_smem [slabs][KEYS][64]; Q_STAGES x (Q_smem, dO_smem [slabs][qrows][64]), all in the
 // 128-byte swizzle TMA writes; DS_BUFFERS x dS_smem [qrows/64][KEYS][64] (dS^T in 64-query slabs,
 // swizzled the same way by the consumers' stmatrix); DQ_BUFFERS x dQ_stage [D/8][qrows][8]
 // floats (backward_prepost.cuh's staging layout); Q_STAGES x (LSE_smem, Dsum_smem [qrows]
@@ -19,11 +19,11 @@
 // shared memory is declared so aligned (kernel.cuh), with no slack to round its start up.
 template <int D>
 __host__ __device__ constexpr int kv_tile_bytes() {
-    return KEYS * D * HALF_BYTES;
+    return KEYS * slabs<D>() * SLAB_ROW_BYTES;
 }
 template <int D>
 __host__ __device__ constexpr int q_tile_bytes() {
-    return qrows<D>() * D * HALF_BYTES;
+    return qrows<D>() * slabs<D>() * SLAB_ROW_BYTES;
 }
 template <int D>
 __host__ __device__ constexpr int ds_tile_bytes() {
@@ -70,7 +70,8 @@ __host__ __device__ constexpr int smem_bytes() {
            2 * Q_STAGES * vec_bytes<D>() + BARRIERS * MBARRIER_BYTES;
 }
 
-static_assert(smem_bytes<64>() <= SMEM_PER_BLOCK_MAX && smem_bytes<128>() <= SMEM_PER_BLOCK_MAX,
+static_assert(smem_bytes<64>() <= SMEM_PER_BLOCK_MAX && smem_bytes<96>() <= SMEM_PER_BLOCK_MAX &&
+                  smem_bytes<128>() <= SMEM_PER_BLOCK_MAX,
               "the block's tiles fit the shared memory a Hopper block may have");
 
 typedef struct {

@@ -50,6 +50,7 @@ typedef struct bwd_params {
     int N, N_k, N_pad, causal;         // queries, keys, N rounded up to ROW_PAD
     int key_shift;                     // N_k - N: causal query i sees keys j <= i + key_shift
     float scale, scale_log2;           // scale, scale * log2(e)
+    int D;  // the tensors' head dim (a pass with TAIL, compiled for a larger one, reads it here)
 } bwd_params;
 
 // The offset in elements of head h of batch b of a tensor (and rows_offset, warp.cuh, of a row).
@@ -96,6 +97,7 @@ static bwd_params bwd_params_of(const attn_shape *s, const void *Q, const void *
     p.N = s->N, p.N_k = s->N_k, p.N_pad = N_pad, p.causal = s->causal;
     p.key_shift = s->N_k - s->N;
     p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
+    p.D = s->D;
     return p;
 }
 
@@ -111,8 +113,10 @@ constexpr int DQ_MAP_RANK = 4;
 
 // dQ_acc [B * H, N, D] floats seen as [B * H][D / DQ_SLAB_COLS slabs][N rows]
 // [DQ_SLAB_COLS] (innermost last: the layout of the staging tile), in boxes of one whole query
-// tile, rows past N out of bounds.
-static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s, int qrows) {
+// tile, rows past N out of bounds. box_cols: the staging tile's columns, when a kernel compiled
+// for a larger head dim than s->D stages them (its columns past D out of bounds: not added).
+static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s, int qrows,
+                                 int box_cols = 0) {
     PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return cudaErrorSymbolNotFound;
     const cuuint64_t row = (cuuint64_t)s->D * sizeof(float);
@@ -120,7 +124,8 @@ static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_sha
         DQ_SLAB_COLS, (cuuint64_t)s->N, (cuuint64_t)(s->D / DQ_SLAB_COLS), (cuuint64_t)s->B * s->H};
     const cuuint64_t strides[DQ_MAP_RANK - 1] = {row, DQ_SLAB_ROW_BYTES, row * s->N};  // bytes
     const cuuint32_t box[DQ_MAP_RANK] = {DQ_SLAB_COLS, (cuuint32_t)qrows,
-                                         (cuuint32_t)(s->D / DQ_SLAB_COLS), 1};
+                                         (cuuint32_t)((box_cols ? box_cols : s->D) / DQ_SLAB_COLS),
+                                         1};
     const cuuint32_t elem_strides[DQ_MAP_RANK] = {1, 1, 1, 1};
     const CUresult r =
         encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, DQ_MAP_RANK, dQ_acc, dims, strides, box,
@@ -139,7 +144,8 @@ static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_sha
 // FlashAttention-2's preprocess does: no separate pass over dQ_acc). A lane per 16-byte chunk of
 // a row (D / 8 lanes: one load of O and one of dO each, and the chunk's floats of dQ_acc zeroed),
 // so that D = 128 keeps as many loads in flight per byte as D = 64; the grid covers B * H * N_pad
-// rows exactly (N_pad is a multiple of ROW_PAD).
+// rows exactly (N_pad is a multiple of ROW_PAD). TAIL: the tensors' head dim is p.D <= D (a stage
+// that runs it in a kernel compiled for D): the lanes past it read and zero nothing.
 constexpr int PREPROCESS_THREADS = 128;
 __host__ __device__ constexpr int preprocess_lanes(int D) {
     return D / CHUNK_HALVES;
@@ -163,9 +169,10 @@ __device__ __forceinline__ float2 unpack2_of(uint32_t u) {
     }
 }
 
-template <int D, bool BF16>
+template <int D, bool BF16, bool TAIL = false>
 __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bwd_params p) {
     constexpr int LANES = preprocess_lanes(D);
+    const int cols = TAIL ? p.D : D;  // dQ_acc's, O's and dO's columns
     constexpr int PAIRS_PER_CHUNK = CHUNK_BYTES / sizeof(uint32_t);
     static_assert(WARP_SIZE % LANES == 0, "a row's lanes lie in one warp");
     const size_t row =
@@ -175,12 +182,12 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
     const int i = (int)(row - bh * p.N_pad);
     const bool inside = i < p.N;
     float sum = 0.f;
-    if (inside) {
+    if (inside && (!TAIL || sub * CHUNK_HALVES < cols)) {
         const int b = (int)bh / p.H, h = (int)bh % p.H;  // (B * H fits a grid's y: 32 bits)
         if (p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it; contiguous)
             constexpr int FLOAT4_FLOATS = 4;
-            float4 *const acc = reinterpret_cast<float4 *>(p.dQ_acc + ((size_t)bh * p.N + i) * D +
-                                                           sub * CHUNK_HALVES);
+            float4 *const acc = reinterpret_cast<float4 *>(
+                p.dQ_acc + ((size_t)bh * p.N + i) * cols + sub * CHUNK_HALVES);
 #pragma unroll
             for (int c = 0; c < CHUNK_HALVES / FLOAT4_FLOATS; ++c)
                 acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -210,16 +217,17 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
 
 // dQ = scale * dQ_acc, as fp16 (bf16 with BF16), written in dQ's layout: four elements a thread,
 // blockIdx.y the (batch, head), blockIdx.x the threads' float4s of it (dQ_acc is contiguous).
+// TAIL: rows of p.D columns, not D (as preprocess_kernel).
 constexpr int CONVERT_THREADS = 256;
 constexpr int CONVERT_FLOATS = 4;  // a thread's elements: one float4 of dQ_acc
-template <int D, bool BF16>
+template <int D, bool BF16, bool TAIL = false>
 __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_params p) {
-    constexpr int ROW_FLOAT4S = D / CONVERT_FLOATS;
+    const int cols = TAIL ? p.D : D, row_float4s = cols / CONVERT_FLOATS;
     const size_t i = (size_t)blockIdx.x * CONVERT_THREADS + threadIdx.x;  // float4 of the head
-    if (i >= (size_t)p.N * ROW_FLOAT4S) return;
+    if (i >= (size_t)p.N * row_float4s) return;
     const int bh = (int)blockIdx.y, b = bh / p.H, h = bh % p.H;
-    const int row = (int)(i / ROW_FLOAT4S), col = (int)(i % ROW_FLOAT4S) * CONVERT_FLOATS;
-    const float4 a = reinterpret_cast<const float4 *>(p.dQ_acc + (size_t)bh * p.N * D)[i];
+    const int row = (int)(i / row_float4s), col = (int)(i % row_float4s) * CONVERT_FLOATS;
+    const float4 a = reinterpret_cast<const float4 *>(p.dQ_acc + (size_t)bh * p.N * cols)[i];
     uint2 out;
     out.x = pack2_of<BF16>(a.x * p.scale, a.y * p.scale);
     out.y = pack2_of<BF16>(a.z * p.scale, a.w * p.scale);
