@@ -40,17 +40,33 @@ constexpr tile_config REGISTERS_TILES_D64[] = {{4, 2, 64}, {4, 1, 64}};
 // dq_kernel (deterministic variant): 64 query rows a block, key tiles double-buffered or not.
 constexpr tile_config DQ_TILES_D128[] = {{4, 2, 0}, {4, 1, 0}};
 constexpr tile_config DQ_TILES_D64[] = {{4, 2, 0}, {4, 1, 0}};
+// D = 96 and 256 run MODEL kernels only (launch.cuh, model_shape), one configuration each, what
+// the MODEL kernels of 64 and 128 run: D = 96 as D = 128's last (40.25 KB, 48 KB: a T4's too).
+// D = 256: no backward_registers_kernel (a warp's 16 keys of dK and dV would take 256 registers a
+// thread); dq_kernel with 2 warps, 32 query rows (dQ_i's 128 registers beside S and dP), 64 KB.
+constexpr int REGISTERS_MAX_D = 128;  // above: backward_kernel only (sm_80 on)
+constexpr tile_config REGISTERS_TILES_D96[] = {{4, 1, 32}};
+constexpr tile_config DQ_TILES_D96[] = {{4, 1, 0}};
+constexpr tile_config DQ_TILES_D256[] = {{2, 1, 0}};
 
 template <int D, bool REGISTERS>
 __host__ __device__ constexpr const tile_config *tiles_for() {
-    return REGISTERS ? (D == 64 ? REGISTERS_TILES_D64 : REGISTERS_TILES_D128)
-                     : (D == 64 ? DQ_TILES_D64 : DQ_TILES_D128);
+    if (REGISTERS)
+        return D == 64 ? REGISTERS_TILES_D64
+                       : (D == 96 ? REGISTERS_TILES_D96 : (D == 128 ? REGISTERS_TILES_D128 : NULL));
+    return D == 64 ? DQ_TILES_D64
+                   : (D == 96 ? DQ_TILES_D96 : (D == 128 ? DQ_TILES_D128 : DQ_TILES_D256));
 }
 template <int D, bool REGISTERS>
 __host__ __device__ constexpr int tile_count() {
     constexpr size_t bytes =
-        REGISTERS ? (D == 64 ? sizeof(REGISTERS_TILES_D64) : sizeof(REGISTERS_TILES_D128))
-                  : (D == 64 ? sizeof(DQ_TILES_D64) : sizeof(DQ_TILES_D128));
+        REGISTERS
+            ? (D == 64 ? sizeof(REGISTERS_TILES_D64)
+                       : (D == 96 ? sizeof(REGISTERS_TILES_D96)
+                                  : (D == 128 ? sizeof(REGISTERS_TILES_D128) : 0)))
+            : (D == 64 ? sizeof(DQ_TILES_D64)
+                       : (D == 96 ? sizeof(DQ_TILES_D96)
+                                  : (D == 128 ? sizeof(DQ_TILES_D128) : sizeof(DQ_TILES_D256))));
     return (int)(bytes / sizeof(tile_config));
 }
 
@@ -91,16 +107,30 @@ typedef struct {
 // D = 128: 128 keys x 64 queries (161 KB: an H100, H200 or A100); D = 64: 128 x 128 (162 KB), K_j
 // and V_j in 64 registers (at D = 128 they would take 128, beside dK and dV's 128). Where it does
 // not fit (an L4's 99 KB, a T4's 64 KB) the launcher falls back to backward_registers_kernel.
+// D = 96: as D = 128 (129 KB; 153 KB with sm_90's dQ staging tile). D = 256: 64 keys (a warp's 16
+// keys x 128 columns of dK and dV: 128 registers, as D = 128's 32 x 64) x 32 queries, 136.5 KB
+// (168.5 KB with the staging tile): an A100's or H100's; it has no fallback (registers_kernel_for).
 constexpr smem_p_config SMEM_P_TILES_D128 = {128, 64, 2, 1, false};
 constexpr smem_p_config SMEM_P_TILES_D64 = {128, 128, 2, 4, true};
+constexpr smem_p_config SMEM_P_TILES_D96 = {128, 64, 2, 1, false};
+constexpr smem_p_config SMEM_P_TILES_D256 = {64, 32, 2, 1, false};
 constexpr int SMEM_P_WARPS = 8;
 constexpr int SMEM_P_KEY_WARPS = 4;  // S^T, dP^T, dK, dV: the warps split the keys 4 ways...
 constexpr int SMEM_P_COL_WARPS = SMEM_P_WARPS / SMEM_P_KEY_WARPS;  // ... and their columns 2 ways
 constexpr int DQ_WARP_ROWS = 32;  // dQ: each warp 32 query rows x its share of the head dim
 
+// dQ's query rows a warp (accumulate_dq_tile): DQ_WARP_ROWS, or 16 where a warp's share of the
+// head dim would be an odd number of n8 blocks (D = 96: 3), which ldmatrix_x4 reads in pairs.
+template <int D, int QROWS>
+__host__ __device__ constexpr int dq_warp_rows() {
+    return D / (SMEM_P_WARPS / (QROWS / DQ_WARP_ROWS)) / MMA_N % X4_BLOCKS ? MMA_M : DQ_WARP_ROWS;
+}
+
 template <int D>
 __host__ __device__ constexpr smem_p_config smem_p_tiles() {
-    return D == 64 ? SMEM_P_TILES_D64 : SMEM_P_TILES_D128;
+    return D == 64
+               ? SMEM_P_TILES_D64
+               : (D == 96 ? SMEM_P_TILES_D96 : (D == 128 ? SMEM_P_TILES_D128 : SMEM_P_TILES_D256));
 }
 
 // From sm_90 on, the dQ tile reaches dQ_acc through the TMA unit (DQ_BY_BULK): each warp stores its
@@ -149,6 +179,10 @@ __host__ __device__ constexpr size_t smem_p_bytes(smem_p_config c, int D, bool b
 //             t cap_log2, cap_log2 = c log2(e); cap_in = 0: no softcap
 //   dq:       how dQ is added up (dq_way): one MODEL backward_kernel serves every way, and the
 //             MODEL backward_registers_kernel adds dQ or not at run time
+// and beyond bwd_model, the shape's head dim p.D, a multiple of 8 up to the kernel's D: a head dim
+// that is not 64 or 128 runs the MODEL kernels of the next compiled size (launch.cuh), whose loads
+// of Q, K, V, dO zero-fill the 16-byte chunks at columns >= p.D and whose stores of dK, dV, dQ
+// and adds to dQ_acc ([B, H, N, p.D] floats) skip them.
 typedef struct bwd_model {
     key_rule keys;
     float cap_in, cap_log2;

@@ -55,8 +55,9 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     constexpr int NB = ROWS / MMA_N, KC = ROWS / MMA_K, DB = D / MMA_N;
     constexpr uint32_t TILE = ROWS * ROW_BYTES;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    // sm_75 has no bf16 mma: stage_unsupported refuses bf16 there first.
-    if constexpr (BF16) {
+    // sm_75 has no bf16 mma, nor backward_kernel, which D > 128 needs: stage_unsupported refuses
+    // both there first.
+    if constexpr (BF16 || D > REGISTERS_MAX_D) {
         __trap();
         return;
     }
@@ -83,19 +84,20 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t Q_smem = smem_u32(smem), dO_smem = Q_smem + TILE;
     const uint32_t K_smem = dO_smem + TILE, V_smem = K_smem + STAGES * TILE;
+    const int cols = MODEL ? p.D : D;  // the head dim's columns the tensors hold
 
     tile_issue<ROWS, D, THREADS>(
         Q_smem, p.Q + head_offset(p.layout.q, b, h) + rows_offset(q0, p.layout.q.row),
-        p.layout.q.row, p.N - q0);
+        p.layout.q.row, p.N - q0, cols);
     tile_issue<ROWS, D, THREADS>(
         dO_smem, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(q0, p.layout.dO.row),
-        p.layout.dO.row, p.N - q0);
+        p.layout.dO.row, p.N - q0, cols);
     cp_async_commit();
     if (STAGES == 2 && (!MODEL || k_tiles > 0)) {  // K_j, V_j of the first key tile (MODEL: kv0)
         tile_issue<ROWS, D, THREADS>(K_smem, MODEL ? K_rows + rows_offset(kv0, k_ld) : K_rows, k_ld,
-                                     p.N_k - kv0);
+                                     p.N_k - kv0, cols);
         tile_issue<ROWS, D, THREADS>(V_smem, MODEL ? V_rows + rows_offset(kv0, v_ld) : V_rows, v_ld,
-                                     p.N_k - kv0);
+                                     p.N_k - kv0, cols);
         cp_async_commit();
     }
     const int g = lane_index() / QUAD;
@@ -114,8 +116,10 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         const uint32_t K_tile = K_smem + buf * TILE, V_tile = V_smem + buf * TILE;
         if (STAGES == 1) {
             __syncthreads();  // every warp is done with the last K_j, V_j
-            tile_issue<ROWS, D, THREADS>(K_tile, K_rows + rows_offset(k0, k_ld), k_ld, p.N_k - k0);
-            tile_issue<ROWS, D, THREADS>(V_tile, V_rows + rows_offset(k0, v_ld), v_ld, p.N_k - k0);
+            tile_issue<ROWS, D, THREADS>(K_tile, K_rows + rows_offset(k0, k_ld), k_ld, p.N_k - k0,
+                                         cols);
+            tile_issue<ROWS, D, THREADS>(V_tile, V_rows + rows_offset(k0, v_ld), v_ld, p.N_k - k0,
+                                         cols);
             cp_async_commit();
         }
         cp_async_wait<0>();
@@ -124,10 +128,10 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         if (STAGES == 2 && it + 1 < k_tiles) {
             tile_issue<ROWS, D, THREADS>(K_smem + (STAGES - 1 - buf) * TILE,
                                          K_rows + rows_offset(k0 + ROWS, k_ld), k_ld,
-                                         p.N_k - k0 - ROWS);
+                                         p.N_k - k0 - ROWS, cols);
             tile_issue<ROWS, D, THREADS>(V_smem + (STAGES - 1 - buf) * TILE,
                                          V_rows + rows_offset(k0 + ROWS, v_ld), v_ld,
-                                         p.N_k - k0 - ROWS);
+                                         p.N_k - k0 - ROWS, cols);
             cp_async_commit();
         }
         const uint32_t Q_warp = Q_smem + warp * MMA_M * ROW_BYTES;
@@ -165,5 +169,5 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     }
     cp_async_wait<0>();  // (no key tile: Q_i's, dO_i's copies land before the block ends)
     store_rows<BF16, D>(p.dQ + head_offset(p.layout.dQ, b, h), dQ, q_row, p.N, p.scale,
-                        p.layout.dQ.row);
+                        p.layout.dQ.row, cols);
 }

@@ -83,10 +83,11 @@ __device__ __forceinline__ int frag_col(int n, int e) {
 }
 
 // A warp's C fragments of 16 rows (the first is `row`) x D columns, times `mul`, stored as fp16
-// (BF16: bf16) for rows < N, rows ld elements apart.
+// (BF16: bf16) for rows < N and columns < cols (a multiple of 8: whole n8 blocks), rows ld
+// elements apart.
 template <bool BF16, int D>
 __device__ __forceinline__ void store_rows(__half *out, const float (&C)[D / MMA_N][4], int row,
-                                           int N, float mul, unsigned ld) {
+                                           int N, float mul, unsigned ld, int cols = D) {
     const int g = lane_index() / QUAD, t = lane_index() % QUAD;
 #pragma unroll
     for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
@@ -94,6 +95,7 @@ __device__ __forceinline__ void store_rows(__half *out, const float (&C)[D / MMA
         if (r >= N) continue;
 #pragma unroll
         for (int n = 0; n < D / MMA_N; ++n) {
+            if (MMA_N * n >= cols) continue;
             *reinterpret_cast<uint32_t *>(out + rows_offset(r, ld) + MMA_N * n + 2 * t) =
                 pack2_of<BF16>(C[n][frag_reg(h, 0)] * mul, C[n][frag_reg(h, 1)] * mul);
         }

@@ -53,18 +53,66 @@ static int choose_tiles_for(size_t smem_limit, int arch) {
     return -1;
 }
 
+// The head dims compiled: 64 and 128 (plain and MODEL kernels), 96 and 256 (MODEL only). A shape's
+// D runs in the first of them >= D (32 and 40 .. 56: 64; 72 .. 88: 96; 104 .. 120: 128; above:
+// 256), the columns past it masked (bwd_params.D); a D not 64 or 128 runs the MODEL kernels.
+static int compiled_d(int D) {
+    return D <= 64 ? 64 : (D <= 96 ? 96 : (D <= 128 ? 128 : 256));
+}
+
+// D: a compiled head dim.
 static int choose_tiles(int D, size_t smem_limit, int arch, bool registers_kernel) {
     if (registers_kernel) {
-        return D == 64 ? choose_tiles_for<64, true>(smem_limit, arch)
-                       : choose_tiles_for<128, true>(smem_limit, arch);
+        switch (D) {
+            case 64:
+                return choose_tiles_for<64, true>(smem_limit, arch);
+            case 96:
+                return choose_tiles_for<96, true>(smem_limit, arch);
+            case 128:
+                return choose_tiles_for<128, true>(smem_limit, arch);
+            default:
+                return choose_tiles_for<256, true>(smem_limit, arch);  // none: -1
+        }
     }
-    return D == 64 ? choose_tiles_for<64, false>(smem_limit, arch)
-                   : choose_tiles_for<128, false>(smem_limit, arch);
+    switch (D) {
+        case 64:
+            return choose_tiles_for<64, false>(smem_limit, arch);
+        case 96:
+            return choose_tiles_for<96, false>(smem_limit, arch);
+        case 128:
+            return choose_tiles_for<128, false>(smem_limit, arch);
+        default:
+            return choose_tiles_for<256, false>(smem_limit, arch);
+    }
 }
 
 static tile_config tiles_at(int D, bool registers_kernel, int i) {
-    if (registers_kernel) return D == 64 ? REGISTERS_TILES_D64[i] : REGISTERS_TILES_D128[i];
-    return D == 64 ? DQ_TILES_D64[i] : DQ_TILES_D128[i];
+    if (registers_kernel) {
+        return D == 64 ? REGISTERS_TILES_D64[i]
+                       : (D == 96 ? REGISTERS_TILES_D96[i] : REGISTERS_TILES_D128[i]);
+    }
+    return D == 64 ? DQ_TILES_D64[i]
+                   : (D == 96 ? DQ_TILES_D96[i] : (D == 128 ? DQ_TILES_D128[i] : DQ_TILES_D256[i]));
+}
+
+// The last configuration of a kernel's list at compiled head dim D (the MODEL kernels'), or -1.
+static int last_tiles(int D, bool registers_kernel) {
+    if (registers_kernel) {
+        return D == 64 ? tile_count<64, true>() - 1
+                       : (D == 96 ? tile_count<96, true>() - 1
+                                  : (D == 128 ? tile_count<128, true>() - 1 : -1));
+    }
+    return D == 64
+               ? tile_count<64, false>() - 1
+               : (D == 96
+                      ? tile_count<96, false>() - 1
+                      : (D == 128 ? tile_count<128, false>() - 1 : tile_count<256, false>() - 1));
+}
+
+static smem_p_config smem_p_tiles_of(int D) {
+    return D == 64 ? smem_p_tiles<64>()
+                   : (D == 96 ? smem_p_tiles<96>()
+                              : (D == 128 ? smem_p_tiles<128>() : smem_p_tiles<256>()));
 }
 
 typedef void (*kernel_fn)(bwd_params, bwd_model);
@@ -89,9 +137,9 @@ static kernel_fn kernel_for(int i, bool atomic) {
     }
 }
 
-// backward_kernel where cp.async is and its shared memory fits the block's limit.
+// backward_kernel where cp.async is and its shared memory fits the block's limit (D: compiled).
 static bool smem_p_fits(int D, size_t smem_limit, int arch, dq_way dq) {
-    const smem_p_config c = D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
+    const smem_p_config c = smem_p_tiles_of(D);
     return arch >= 80 && smem_p_bytes(c, D, dq == DQ_BY_BULK) <= smem_limit;
 }
 
@@ -111,12 +159,14 @@ static smem_kernel_fn smem_p_kernel(dq_way dq) {
     }
 }
 
-// A local window or a softcap (bwd_model) runs the MODEL kernels: one backward_kernel per head dim
-// and storage type (dQ's way a runtime value), and for the others the last configuration of their
-// lists, which fits wherever one does (one buffer: every architecture): so that the plain cases'
-// kernels carry none of it, with few instantiations more.
+// A local window, a softcap (bwd_model) or a head dim not 64 or 128 (its tail masked: bwd_params.D)
+// runs the MODEL kernels: one backward_kernel per head dim and storage type (dQ's way a runtime
+// value), and for the others the last configuration of their lists, which fits wherever one does
+// (one buffer: every architecture): so that the plain cases' kernels carry none of it, with few
+// instantiations more.
 static bool model_shape(const attn_shape *s) {
-    return (attn_shape_asks(s, 1) & (ATTN_TAKES_LOCAL | ATTN_TAKES_SOFTCAP)) != 0;
+    return (attn_shape_asks(s, 1) & (ATTN_TAKES_LOCAL | ATTN_TAKES_SOFTCAP)) != 0 ||
+           (s->D != 64 && s->D != 128);
 }
 
 template <int D, bool BF16>
@@ -128,13 +178,64 @@ static smem_kernel_fn smem_p_model_kernel() {
 
 // The MODEL kernel of a list (REGISTERS: backward_registers_kernel, dQ added or not at run time;
 // else dq_kernel), at its last configuration.
+// (NULL: backward_registers_kernel at D = 256, not compiled).
 template <int D, bool REGISTERS, bool BF16>
 static kernel_fn model_kernel() {
-    constexpr tile_config c = tiles_for<D, REGISTERS>()[tile_count<D, REGISTERS>() - 1];
-    if constexpr (REGISTERS) {
-        return backward_registers_kernel<D, c.WARPS, c.STAGES, c.QROWS, true, BF16, true>;
+    if constexpr (tile_count<D, REGISTERS>() == 0) {
+        return NULL;
     } else {
-        return dq_kernel<D, c.WARPS, c.STAGES, BF16, true>;
+        constexpr tile_config c = tiles_for<D, REGISTERS>()[tile_count<D, REGISTERS>() - 1];
+        if constexpr (REGISTERS) {
+            return backward_registers_kernel<D, c.WARPS, c.STAGES, c.QROWS, true, BF16, true>;
+        } else {
+            return dq_kernel<D, c.WARPS, c.STAGES, BF16, true>;
+        }
+    }
+}
+
+// The MODEL kernels of compiled head dim D.
+template <bool BF16>
+static smem_kernel_fn smem_p_model_kernel_of(int D) {
+    switch (D) {
+        case 64:
+            return smem_p_model_kernel<64, BF16>();
+        case 96:
+            return smem_p_model_kernel<96, BF16>();
+        case 128:
+            return smem_p_model_kernel<128, BF16>();
+        default:
+            return smem_p_model_kernel<256, BF16>();
+    }
+}
+template <bool REGISTERS, bool BF16>
+static kernel_fn model_kernel_of(int D) {
+    switch (D) {
+        case 64:
+            return model_kernel<64, REGISTERS, BF16>();
+        case 96:
+            return model_kernel<96, REGISTERS, BF16>();
+        case 128:
+            return model_kernel<128, REGISTERS, BF16>();
+        default:
+            return model_kernel<256, REGISTERS, BF16>();
+    }
+}
+
+// The passes before and after at a head dim not 64 or 128: preprocess_kernel and
+// dq_convert_kernel's TAIL instantiations, which read p.D (dQ_acc's rows are p.D floats); D only
+// sets the preprocess's lanes a row (16-byte chunks, a power of two).
+template <bool BF16>
+static void preprocess_tail(int D, size_t rows, cudaStream_t stream, const bwd_params &p) {
+    constexpr int LANES_64 = 64, LANES_128 = 128, LANES_256 = 256;  // the instantiations' D
+    if (D <= LANES_64) {
+        preprocess_kernel<LANES_64, BF16, true>
+            <<<preprocess_grid(rows, LANES_64), PREPROCESS_THREADS, 0, stream>>>(p);
+    } else if (D <= LANES_128) {
+        preprocess_kernel<LANES_128, BF16, true>
+            <<<preprocess_grid(rows, LANES_128), PREPROCESS_THREADS, 0, stream>>>(p);
+    } else {
+        preprocess_kernel<LANES_256, BF16, true>
+            <<<preprocess_grid(rows, LANES_256), PREPROCESS_THREADS, 0, stream>>>(p);
     }
 }
 
@@ -164,8 +265,12 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     const int BH = s->B * s->H;
     const size_t rows = (size_t)BH * p.N_pad;
     const bool atomic = variant != VARIANT_DETERMINISTIC;
+    const int D = compiled_d(s->D);  // the kernels' head dim (s->D: its first columns)
+    const bool tail = s->D != 64 && s->D != 128;
     const dim3 pre_grid = preprocess_grid(rows, s->D);
-    if (s->D == 64) {
+    if (tail) {
+        preprocess_tail<BF16>(s->D, rows, stream, p);
+    } else if (D == 64) {
         preprocess_kernel<64, BF16><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
     } else {
         preprocess_kernel<128, BF16><<<pre_grid, PREPROCESS_THREADS, 0, stream>>>(p);
@@ -175,55 +280,58 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
 
     int arch = 0;
     ATTN_TRY(kernel_arch(&arch));
-    int mi = choose_tiles(s->D, dev->smem_per_block, arch, true);
-    int di = choose_tiles(s->D, dev->smem_per_block, arch, false);
-    if (mi < 0 || di < 0) return cudaErrorInvalidConfiguration;  // stage_unsupported says why
     const dq_way dq = dq_way_for(variant, arch);
     const bool model = model_shape(s);
+    const bool smem_p =
+        variant != VARIANT_REGISTERS && smem_p_fits(D, dev->smem_per_block, arch, dq);
+    int mi = choose_tiles(D, dev->smem_per_block, arch, true);
+    int di = choose_tiles(D, dev->smem_per_block, arch, false);
+    if ((!smem_p && mi < 0) || (!atomic && di < 0))
+        return cudaErrorInvalidConfiguration;  // stage_unsupported says why
     const bwd_model m = bwd_model_of(s, dq);
     if (model) {  // the MODEL kernels' configurations: their lists' last
-        mi = s->D == 64 ? tile_count<64, true>() - 1 : tile_count<128, true>() - 1;
-        di = s->D == 64 ? tile_count<64, false>() - 1 : tile_count<128, false>() - 1;
+        mi = last_tiles(D, true);
+        di = last_tiles(D, false);
     }
-    if (variant != VARIANT_REGISTERS && smem_p_fits(s->D, dev->smem_per_block, arch, dq)) {
-        const smem_p_config c = s->D == 64 ? smem_p_tiles<64>() : smem_p_tiles<128>();
+    if (smem_p) {
+        const smem_p_config c = smem_p_tiles_of(D);
         const smem_kernel_fn sk =
-            model
-                ? (s->D == 64 ? smem_p_model_kernel<64, BF16>() : smem_p_model_kernel<128, BF16>())
-                : (s->D == 64 ? smem_p_kernel<64, BF16>(dq) : smem_p_kernel<128, BF16>(dq));
+            model ? smem_p_model_kernel_of<BF16>(D)
+                  : (D == 64 ? smem_p_kernel<64, BF16>(dq) : smem_p_kernel<128, BF16>(dq));
         CUtensorMap dq_map;
         memset(&dq_map, 0, sizeof dq_map);  // unread but by the DQ_BY_BULK kernels
-        if (dq == DQ_BY_BULK) ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, c.QROWS));
+        // (dQ_acc's rows are s->D floats; the staging tile's D columns past them are not added)
+        if (dq == DQ_BY_BULK) ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, c.QROWS, D));
         ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N_k, c.KEYS), BH_kv),
-                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, s->D, dq == DQ_BY_BULK), stream,
-                        p, dq_map, m));
+                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, D, dq == DQ_BY_BULK), stream, p,
+                        dq_map, m));
     } else {
-        const tile_config mc = tiles_at(s->D, true, mi);
-        const kernel_fn mk =
-            model ? (s->D == 64 ? model_kernel<64, true, BF16>() : model_kernel<128, true, BF16>())
-                  : (s->D == 64 ? kernel_for<64, true, BF16>(mi, atomic)
-                                : kernel_for<128, true, BF16>(mi, atomic));
+        const tile_config mc = tiles_at(D, true, mi);
+        const kernel_fn mk = model ? model_kernel_of<true, BF16>(D)
+                                   : (D == 64 ? kernel_for<64, true, BF16>(mi, atomic)
+                                              : kernel_for<128, true, BF16>(mi, atomic));
         ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N_k, tile_rows(mc)), BH_kv),
-                        mc.WARPS * WARP_SIZE, registers_smem_bytes(mc, s->D), stream, p, m));
+                        mc.WARPS * WARP_SIZE, registers_smem_bytes(mc, D), stream, p, m));
     }
     if (atomic) {
         const size_t head_threads = (size_t)s->N * s->D / CONVERT_FLOATS;  // a (batch, head)'s
         const dim3 grid((unsigned)((head_threads + CONVERT_THREADS - 1) / CONVERT_THREADS),
                         (unsigned)BH);
-        if (s->D == 64) {
+        if (tail) {  // (dQ_acc's rows are s->D floats: any instantiation's D)
+            dq_convert_kernel<64, BF16, true><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        } else if (D == 64) {
             dq_convert_kernel<64, BF16><<<grid, CONVERT_THREADS, 0, stream>>>(p);
         } else {
             dq_convert_kernel<128, BF16><<<grid, CONVERT_THREADS, 0, stream>>>(p);
         }
         ATTN_TRY(cudaGetLastError());
     } else {
-        const tile_config dc = tiles_at(s->D, false, di);
-        const kernel_fn dk = model ? (s->D == 64 ? model_kernel<64, false, BF16>()
-                                                 : model_kernel<128, false, BF16>())
-                                   : (s->D == 64 ? kernel_for<64, false, BF16>(di, false)
-                                                 : kernel_for<128, false, BF16>(di, false));
+        const tile_config dc = tiles_at(D, false, di);
+        const kernel_fn dk = model ? model_kernel_of<false, BF16>(D)
+                                   : (D == 64 ? kernel_for<64, false, BF16>(di, false)
+                                              : kernel_for<128, false, BF16>(di, false));
         ATTN_TRY(launch(dk, dim3((unsigned)ceil_div(s->N, tile_rows(dc)), (unsigned)BH),
-                        dc.WARPS * WARP_SIZE, dq_smem_bytes(dc, s->D), stream, p, m));
+                        dc.WARPS * WARP_SIZE, dq_smem_bytes(dc, D), stream, p, m));
     }
     return cudaSuccess;
 }

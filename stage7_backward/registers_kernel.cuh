@@ -120,8 +120,9 @@ __device__ __forceinline__ void store_score_gradients(uint32_t dS_smem, const ui
 // split over the warps: warp w takes the 16 query rows of
 // slice w % (QROWS / 16) and its share of the head dim. A = those rows of dS (read .trans from
 // dS_smem, where they are columns), B = K_j (.trans); two head-dim blocks at a time, each added to
-// global memory by fp32 atomics (red.global.add; two floats at once on sm_90).
-template <bool BF16, int D, int ROWS, int QROWS, int WARPS>
+// global memory by fp32 atomics (red.global.add; two floats at once on sm_90). TAIL: dQ_acc's
+// rows are p.D floats, and the columns past them are skipped.
+template <bool BF16, int D, int ROWS, int QROWS, int WARPS, bool TAIL>
 __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_smem,
                                               uint32_t K_smem, size_t head, int q0) {
     constexpr int KC = ROWS / MMA_K;            // k16 steps over the keys
@@ -167,8 +168,10 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
             if (row >= p.N) continue;
 #pragma unroll
             for (int nn = 0; nn < NC; ++nn) {
-                float *to = p.dQ_acc + head + (size_t)row * D +
-                            MMA_N * (part * DB_PART + nn0 + nn) + FRAG_LANE_COLS * t;
+                const int col = MMA_N * (part * DB_PART + nn0 + nn);
+                if (TAIL && col >= p.D) continue;
+                float *to =
+                    p.dQ_acc + head + (size_t)row * (TAIL ? p.D : D) + col + FRAG_LANE_COLS * t;
                 add_pair(to, C[nn][frag_reg(h, 0)], C[nn][frag_reg(h, 1)]);
             }
         }
@@ -227,9 +230,11 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     const uint32_t dS_smem = dO_smem + STAGES * Q_TILE;
     const uint32_t vec_smem = dS_smem + ROWS * QROWS * sizeof(__half);
 
-    issue_key_tile<D, ROWS, THREADS>(p, K_smem, V_smem, b, hk, k0);
+    const int cols = MODEL ? p.D : D;  // the head dim's columns the tensors hold
+    issue_key_tile<D, ROWS, THREADS>(p, K_smem, V_smem, b, hk, k0, cols);
     int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
-    if (STAGES == 2) issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0);
+    if (STAGES == 2)
+        issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0, cols);
 
     float dK[DB][4] = {}, dV[DB][4] = {};  // this warp's 16 keys x D, fp32
     for (int it = 0; it < tiles; ++it) {
@@ -238,7 +243,8 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         const uint32_t vec_tile = vec_smem + buf * VEC;
         if (STAGES == 1) {    // (the T4's configuration: its sm_75 code unrolls every copy)
             __syncthreads();  // every warp is done with the last tile's Q, dO, LSE, D and dS
-            issue_query_tile<D, QROWS, THREADS, false>(p, Q_tile, dO_tile, vec_tile, b, hq, q0);
+            issue_query_tile<D, QROWS, THREADS, false>(p, Q_tile, dO_tile, vec_tile, b, hq, q0,
+                                                       cols);
         }
         cp_async_wait<0>();
         __syncthreads();  // tile it (and K_j, V_j) visible to all; with two stages, every warp is
@@ -248,7 +254,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
             next_query_tile<QROWS>(hq_next, q0_next, q_begin, MODEL ? q_end : p.N);
             issue_query_tile<D, QROWS, THREADS>(
                 p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
-                vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next);
+                vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next, cols);
         }
         const uint32_t K_warp = K_smem + warp * MMA_M * ROW_BYTES;  // this warp's keys
         const uint32_t V_warp = V_smem + warp * MMA_M * ROW_BYTES;
@@ -286,8 +292,8 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         if (adds_dq) {
             store_score_gradients<QROWS>(dS_smem, A, warp);
             __syncthreads();  // dS_smem written by every warp, visible to all
-            accumulate_dq<BF16, D, ROWS, QROWS, WARPS>(p, dS_smem, K_smem,
-                                                       (size_t)(b * p.H + hq) * p.N * D, q0);
+            accumulate_dq<BF16, D, ROWS, QROWS, WARPS, MODEL>(
+                p, dS_smem, K_smem, (size_t)(b * p.H + hq) * p.N * cols, q0);
         }
         next_query_tile<QROWS>(hq, q0, q_begin, MODEL ? q_end : p.N);
     }
@@ -295,7 +301,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     // block ends, and it stores dK_j = dV_j = 0.
     if constexpr (MODEL) cp_async_wait<0>();
     store_rows<BF16, D>(p.dK + head_offset(p.layout.dK, b, hk), dK, key_row, p.N_k, p.scale,
-                        p.layout.dK.row);
+                        p.layout.dK.row, cols);
     store_rows<BF16, D>(p.dV + head_offset(p.layout.dV, b, hk), dV, key_row, p.N_k, 1.f,
-                        p.layout.dV.row);
+                        p.layout.dV.row, cols);
 }

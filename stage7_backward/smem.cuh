@@ -10,7 +10,12 @@
 
 // Chunk c of row r of a [rows, COLS] half tile is stored at chunk c ^ (r % 8): conflict-free
 // ldmatrix and 16-byte stores (stage 5's swizzle). A row of fewer than 8 chunks (the 32-column dS
-// tile of the SMALL configuration) XORs with r % (its chunks): a 2-way conflict there.
+// tile of the SMALL configuration) XORs with r % (its chunks): a 2-way conflict there. A row of 12
+// chunks (D = 96): c ^ (r % 8) would leave the row (chunks 8 .. 11 to 15); rows r and r + 1 start
+// 12 chunks apart, half of the 8 16-byte bank groups, so 8 rows' chunk c lands on the group
+// 4 (r % 2) + (c ^ (r / 2) % 4) (mod 8): every group once. The XOR with (r / 2) % 4 < 4 keeps a
+// chunk within its aligned 4, inside the row, and commutes with the k16 steps' XOR (k * X4_BYTES).
+constexpr int SWIZZLE_ROW_PAIR = 2;  // 12-chunk rows: rows r and r + 1 share (r / 2) % 4
 template <int COLS>
 __host__ __device__ constexpr int swizzle_rows() {
     return COLS / CHUNK_HALVES < MATRIX_ROWS ? COLS / CHUNK_HALVES : MATRIX_ROWS;
@@ -18,8 +23,16 @@ __host__ __device__ constexpr int swizzle_rows() {
 
 template <int COLS>
 __device__ __forceinline__ uint32_t smem_offset(int row, int chunk) {
-    return (uint32_t)(row * (COLS * HALF_BYTES) +
-                      (chunk ^ (row % swizzle_rows<COLS>())) * CHUNK_BYTES);
+    constexpr int CHUNKS = COLS / CHUNK_HALVES;
+    if constexpr (CHUNKS > MATRIX_ROWS && CHUNKS % MATRIX_ROWS != 0) {
+        static_assert(CHUNKS % (MATRIX_ROWS / SWIZZLE_ROW_PAIR) == 0, "whole groups of 4 chunks");
+        return (uint32_t)(row * (COLS * HALF_BYTES) +
+                          (chunk ^ (row / SWIZZLE_ROW_PAIR % (MATRIX_ROWS / SWIZZLE_ROW_PAIR))) *
+                              CHUNK_BYTES);
+    } else {
+        return (uint32_t)(row * (COLS * HALF_BYTES) +
+                          (chunk ^ (row % swizzle_rows<COLS>())) * CHUNK_BYTES);
+    }
 }
 
 // 16 bytes global -> shared. sm_80+: cp.async (zero-filled when !valid; completed by
@@ -52,43 +65,81 @@ __device__ __forceinline__ uint32_t b_lane_offset() {
 }
 
 // Start copying rows [0, ROWS) of a [rows, D] tile (row stride ld elements) into a swizzled
-// shared tile; rows >= rows_left become zeros. Thread tid moves the chunks (row0 + i STEP, chunk0),
-// i = 0, 1, ...: consecutive threads read consecutive 16 bytes, and STEP = THREADS / (D / 8) rows
-// is a multiple of 8, so every chunk of a thread has the same swizzle, i STEP rows after the
-// first. WHOLE_UNROLLED: a whole tile of contiguous rows (ld = D, the [B, H, N, D] layout; every
-// tile but a sequence's last) is copied unrolled, every chunk a compile-time offset from the
-// thread's first. Else, sm_80 on: one address walked down the thread's rows in a loop, not one per
-// chunk (the rows are a runtime stride apart: unrolled, each chunk would hold a 64-bit address of
-// its own, beside dK and dV's accumulators). One commit group per call.
+// shared tile; rows >= rows_left and the chunks at columns >= cols (a head dim run in the next
+// compiled D: bwd_params.D) become zeros. Thread tid moves the chunks (row0 + i STEP, chunk0 +
+// j ROW_THREADS), i = 0, 1, ..., j < COL_REPS: consecutive threads read consecutive 16 bytes, and
+// STEP rows is a multiple of 8, so every chunk of a thread has the same swizzle, i STEP rows after
+// the first (and j ROW_THREADS chunks, a multiple of 8, to the right). A row's chunks take
+// ROW_THREADS threads, COL_REPS chunks each (D = 256 with 128 threads: 16 threads x 2); a pass
+// covers STEP rows, whole swizzle periods (D = 96: 12 chunks a row, so 96 of 128 threads copy 8
+// rows a pass, 192 of 256 16). WHOLE_UNROLLED: a whole tile of contiguous rows (ld = D, the
+// [B, H, N, D] layout; every tile but a sequence's last) is copied unrolled, every chunk a
+// compile-time offset from the thread's first. Else, sm_80 on: one address walked down the
+// thread's rows in a loop, not one per chunk (the rows are a runtime stride apart: unrolled, each
+// chunk would hold a 64-bit address of its own, beside dK and dV's accumulators). One commit
+// group per call.
 template <int ROWS, int D, int THREADS, bool WHOLE_UNROLLED = true>
 __device__ __forceinline__ void tile_issue(uint32_t tile, const __half *src, unsigned ld,
-                                           int rows_left) {
+                                           int rows_left, int cols = D) {
     constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
-    constexpr int STEP =
-        THREADS / CHUNKS_PER_ROW;  // rows from one of a thread's chunks to the next
+    constexpr int COL_REPS = CHUNKS_PER_ROW * MATRIX_ROWS > THREADS
+                                 ? CHUNKS_PER_ROW * MATRIX_ROWS / THREADS
+                                 : 1;  // a thread's chunks of a row
+    constexpr int ROW_THREADS = CHUNKS_PER_ROW / COL_REPS;
+    constexpr int STEP = THREADS / ROW_THREADS / MATRIX_ROWS *
+                         MATRIX_ROWS;           // rows from one of a thread's chunks to the next
+    constexpr int ACTIVE = STEP * ROW_THREADS;  // the threads that copy
     constexpr uint32_t STEP_BYTES = STEP * D * HALF_BYTES;
-    static_assert(THREADS % CHUNKS_PER_ROW == 0 && ROWS % STEP == 0 && STEP % MATRIX_ROWS == 0,
+    constexpr int REP_CHUNKS = ROW_THREADS;  // chunks from one of a thread's columns to the next
+    static_assert(
+        CHUNKS_PER_ROW % COL_REPS == 0 && (COL_REPS == 1 || REP_CHUNKS % MATRIX_ROWS == 0),
+        "a row's chunks split over its threads, one swizzle a thread");
+    static_assert(STEP > 0 && ROWS % STEP == 0,
                   "tile split over the threads, one swizzle a thread");
-    const int row0 = (int)threadIdx.x / CHUNKS_PER_ROW, chunk0 = (int)threadIdx.x % CHUNKS_PER_ROW;
+    if (ACTIVE < THREADS && (int)threadIdx.x >= ACTIVE) return;
+    const int row0 = (int)threadIdx.x / ROW_THREADS, chunk0 = (int)threadIdx.x % ROW_THREADS;
     const uint32_t to = tile + smem_offset<D>(row0, chunk0);
     const __half *from = src + rows_offset(row0, ld) + chunk0 * CHUNK_HALVES;
-    if (WHOLE_UNROLLED && ld == D && rows_left >= ROWS) {  // the same for the whole block
+    if (WHOLE_UNROLLED && ld == D && rows_left >= ROWS && cols >= D) {  // the same for the block
 #pragma unroll
         for (int i = 0; i < ROWS / STEP; ++i) {
-            copy_chunk(to + i * STEP_BYTES, from + i * STEP * D, true);
+#pragma unroll
+            for (int j = 0; j < COL_REPS; ++j) {
+                copy_chunk(to + i * STEP_BYTES + j * REP_CHUNKS * CHUNK_BYTES,
+                           from + i * STEP * D + j * REP_CHUNKS * CHUNK_HALVES, true);
+            }
         }
         return;
     }
     const size_t step = (size_t)STEP * ld;  // elements from one of this thread's rows to the next
+    if constexpr (COL_REPS == 1) {
+        const bool col_valid = cols >= D || chunk0 * CHUNK_HALVES < cols;  // (the same every row)
 #if __CUDA_ARCH__ >= 800
 #pragma unroll 1
 #else
 #pragma unroll
 #endif
-    for (int i = 0; i < ROWS / STEP; ++i, from += step) {
-        const bool valid = row0 + i * STEP < rows_left;
-        // rows past the end: zero-filled, their source address replaced by row 0 (inside)
-        copy_chunk(to + i * STEP_BYTES, valid ? from : src, valid);
+        for (int i = 0; i < ROWS / STEP; ++i, from += step) {
+            const bool valid = row0 + i * STEP < rows_left && col_valid;
+            // rows past the end, columns past cols: zero-filled, their source address replaced by
+            // the tile's first chunk (inside)
+            copy_chunk(to + i * STEP_BYTES, valid ? from : src, valid);
+        }
+    } else {
+#if __CUDA_ARCH__ >= 800
+#pragma unroll 1
+#else
+#pragma unroll
+#endif
+        for (int i = 0; i < ROWS / STEP; ++i, from += step) {
+#pragma unroll
+            for (int j = 0; j < COL_REPS; ++j) {
+                const bool valid =
+                    row0 + i * STEP < rows_left && (chunk0 + j * REP_CHUNKS) * CHUNK_HALVES < cols;
+                copy_chunk(to + i * STEP_BYTES + j * REP_CHUNKS * CHUNK_BYTES,
+                           valid ? from + j * REP_CHUNKS * CHUNK_HALVES : src, valid);
+            }
+        }
     }
 }
 
@@ -150,33 +201,35 @@ __device__ __forceinline__ bool key_masked(const key_rule &r, int key, int diago
 }
 
 // The block's key tile: K_j and V_j ([ROWS, D], keys k0 .. of key/value head hk of batch b; keys
-// past N_k as zeros) into K_smem and V_smem. One commit group.
+// past N_k and columns past cols as zeros) into K_smem and V_smem. One commit group.
 template <int D, int ROWS, int THREADS>
 __device__ __forceinline__ void issue_key_tile(const bwd_params &p, uint32_t K_smem,
-                                               uint32_t V_smem, int b, int hk, int k0) {
+                                               uint32_t V_smem, int b, int hk, int k0,
+                                               int cols = D) {
     tile_issue<ROWS, D, THREADS>(
         K_smem, p.K + head_offset(p.layout.k, b, hk) + rows_offset(k0, p.layout.k.row),
-        p.layout.k.row, p.N_k - k0);
+        p.layout.k.row, p.N_k - k0, cols);
     tile_issue<ROWS, D, THREADS>(
         V_smem, p.V + head_offset(p.layout.v, b, hk) + rows_offset(k0, p.layout.v.row),
-        p.layout.v.row, p.N_k - k0);
+        p.layout.v.row, p.N_k - k0, cols);
     cp_async_commit();
 }
 
 // The main kernel's loop tile: Q_i and dO_i ([ROWS, D]) and LSE_i, D_i ([ROWS] floats) of query
-// tile q0 of query head h of batch b, copied into buffer `at`. One commit group.
+// tile q0 of query head h of batch b (columns past cols as zeros), copied into buffer `at`. One
+// commit group.
 template <int D, int ROWS, int THREADS, bool WHOLE_UNROLLED = true>
 __device__ __forceinline__ void issue_query_tile(const bwd_params &p, uint32_t Q_tile,
                                                  uint32_t dO_tile, uint32_t vec_tile, int b, int h,
-                                                 int q0) {
+                                                 int q0, int cols = D) {
     const size_t vec = (size_t)(b * p.H + h) * p.N_pad + q0;  // its rows of lse2 and Dsum
     vector_issue<ROWS, THREADS>(vec_tile, p.lse2 + vec);
     vector_issue<ROWS, THREADS>(vec_tile + ROWS * sizeof(float), p.Dsum + vec);
     tile_issue<ROWS, D, THREADS, WHOLE_UNROLLED>(
         Q_tile, p.Q + head_offset(p.layout.q, b, h) + rows_offset(q0, p.layout.q.row),
-        p.layout.q.row, p.N - q0);
+        p.layout.q.row, p.N - q0, cols);
     tile_issue<ROWS, D, THREADS, WHOLE_UNROLLED>(
         dO_tile, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(q0, p.layout.dO.row),
-        p.layout.dO.row, p.N - q0);
+        p.layout.dO.row, p.N - q0, cols);
     cp_async_commit();
 }

@@ -103,29 +103,31 @@ __device__ __forceinline__ void score_gradients(
 }
 
 // dQ_acc[q0 + QROWS rows] += dS K_j, split over the 8 warps: warp (qw, dw) takes 32 query rows
-// (A = dS, read .trans from dS_smem where they are columns) x D / DQ_COL_WARPS head-dim columns
-// (B = K_j, .trans). BULK: into the staging tile (stage_dq_fragments). Else added to global memory
-// by fp32 atomics (red.global.add), one address a thread, its fragment rows and columns constant
-// offsets.
-template <bool BF16, int D, int KEYS, int QROWS, bool BULK>
+// (D = 96: 16; A = dS, read .trans from dS_smem where they are columns) x D / DQ_COL_WARPS head-dim
+// columns (B = K_j, .trans). BULK: into the staging tile (stage_dq_fragments). Else added to global
+// memory by fp32 atomics (red.global.add), one address a thread, its fragment rows and columns
+// constant offsets. TAIL: dQ_acc's rows are p.D floats, and the columns past them are skipped.
+template <bool BF16, int D, int KEYS, int QROWS, bool BULK, bool TAIL>
 __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t dS_smem,
                                                    uint32_t K_smem, uint32_t dq_stage, size_t head,
                                                    int q0) {
-    constexpr int DQ_ROW_WARPS = QROWS / DQ_WARP_ROWS, DQ_COL_WARPS = SMEM_P_WARPS / DQ_ROW_WARPS;
-    constexpr int MQ = DQ_WARP_ROWS / MMA_M, NT_Q = D / DQ_COL_WARPS / MMA_N;
+    constexpr int WARP_ROWS = dq_warp_rows<D, QROWS>();  // query rows a warp
+    constexpr int DQ_ROW_WARPS = QROWS / WARP_ROWS, DQ_COL_WARPS = SMEM_P_WARPS / DQ_ROW_WARPS;
+    constexpr int MQ = WARP_ROWS / MMA_M, NT_Q = D / DQ_COL_WARPS / MMA_N;
     static_assert(SMEM_P_WARPS % DQ_ROW_WARPS == 0 && NT_Q % X4_BLOCKS == 0, "dQ over the warps");
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int qw = warp % DQ_ROW_WARPS, dw = warp / DQ_ROW_WARPS;
     float C[MQ][NT_Q][4];
     gemm_nn<BF16, MQ, NT_Q, KEYS / MMA_K, true, QROWS, D, true>(
-        C, dS_smem, DQ_WARP_ROWS * qw / CHUNK_HALVES, K_smem, NT_Q * MMA_N * dw / CHUNK_HALVES);
+        C, dS_smem, WARP_ROWS * qw / CHUNK_HALVES, K_smem, NT_Q * MMA_N * dw / CHUNK_HALVES);
     if (BULK) {
-        stage_dq_fragments<QROWS, MQ, NT_Q>(dq_stage, C, DQ_WARP_ROWS * qw, NT_Q * MMA_N * dw);
+        stage_dq_fragments<QROWS, MQ, NT_Q>(dq_stage, C, WARP_ROWS * qw, NT_Q * MMA_N * dw);
         return;
     }
     const int g = lane_index() / QUAD, t = lane_index() % QUAD;
-    const int row0 = q0 + DQ_WARP_ROWS * qw + g;
-    float *const acc = p.dQ_acc + head + (size_t)row0 * D + MMA_N * NT_Q * dw + FRAG_LANE_COLS * t;
+    const int row0 = q0 + WARP_ROWS * qw + g;
+    const int ld = TAIL ? p.D : D;  // dQ_acc's row
+    float *const acc = p.dQ_acc + head + (size_t)row0 * ld + MMA_N * NT_Q * dw + FRAG_LANE_COLS * t;
 #pragma unroll
     for (int m = 0; m < MQ; ++m) {
 #pragma unroll
@@ -134,7 +136,8 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
             if (row0 + r >= p.N) continue;
 #pragma unroll
             for (int n = 0; n < NT_Q; ++n) {
-                float *to = acc + r * D + MMA_N * n;
+                if (TAIL && MMA_N * (NT_Q * dw + n) >= p.D) continue;
+                float *to = acc + r * ld + MMA_N * n;
                 add_pair(to, C[m][n][frag_reg(h, 0)], C[m][n][frag_reg(h, 1)]);
             }
         }
@@ -143,12 +146,12 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 
 // The epilogue: the warp's dK_j (times the scale: S = scale Q K^T) and dV_j, keys key_row ..
 // (MT m16 blocks) x head-dim columns col0 .. (NT n8 blocks) of (batch b, key/value head hk), to
-// global memory in the storage type (keys past N_k skipped).
-template <bool BF16, int MT, int NT>
+// global memory in the storage type (keys past N_k skipped; TAIL: columns past cols too).
+template <bool BF16, int MT, int NT, bool TAIL>
 __device__ __forceinline__ void store_dkv_fragments(const bwd_params &p,
                                                     const float (&dK)[MT][NT][4],
                                                     const float (&dV)[MT][NT][4], int b, int hk,
-                                                    int key_row, int col0) {
+                                                    int key_row, int col0, int cols) {
     __half *const dK_rows = p.dK + head_offset(p.layout.dK, b, hk);  // [N_k, D] of (b, hk)
     __half *const dV_rows = p.dV + head_offset(p.layout.dV, b, hk);
 #pragma unroll
@@ -160,6 +163,7 @@ __device__ __forceinline__ void store_dkv_fragments(const bwd_params &p,
             if (r >= p.N_k) continue;
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
+                if (TAIL && col0 + MMA_N * n >= cols) continue;
                 const int col = col0 + MMA_N * n + FRAG_LANE_COLS * t;
                 *reinterpret_cast<uint32_t *>(dK_rows + rows_offset(r, p.layout.dK.row) + col) =
                     pack2_of<BF16>(dK[m][n][frag_reg(h, 0)] * p.scale,
@@ -241,9 +245,10 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     const uint32_t vec_smem = dS_smem + PS_TILE, dq_stage = vec_smem + STAGES * VEC;
 
     // The prologue: K_j, V_j and the first loop tile.
-    issue_key_tile<D, KEYS, THREADS>(p, K_smem, V_smem, b, hk, k0);
+    const int cols = MODEL ? p.D : D;  // the head dim's columns the tensors hold
+    issue_key_tile<D, KEYS, THREADS>(p, K_smem, V_smem, b, hk, k0, cols);
     int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
-    issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0);
+    issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0, cols);
 
     float dK[MT][NT_KV][4] = {}, dV[MT][NT_KV][4] = {};  // keys kw x columns cw, fp32
     constexpr int KF = KV_REGS ? D / MMA_K : 1;          // k16 steps of K_frag, V_frag (unused: 1)
@@ -269,7 +274,7 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
             next_query_tile<QROWS>(hq_next, q0_next, q_begin, MODEL ? q_end : p.N);
             issue_query_tile<D, QROWS, THREADS>(
                 p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
-                vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next);
+                vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next, cols);
         }
 
         // Scores: S^T, P^T, dP^T, dS^T of keys kw, queries cw (SCORE_PASSES column blocks, so
@@ -307,13 +312,13 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         // LAB HOLE 2 END
         // dQ_i += dS K_j: fp32 atomics, or staged for bulk reductions (LOG.md, step 4's try)
         if (adds_dq) {
-            const size_t acc = (size_t)(b * p.H + hq) * p.N * D;  // its head of dQ_acc
+            const size_t acc = (size_t)(b * p.H + hq) * p.N * cols;  // its head of dQ_acc
             if (bulk) {
-                accumulate_dq_tile<BF16, D, KEYS, QROWS, BULK>(p, dS_smem, K_smem, dq_stage, acc,
-                                                               q0);
+                accumulate_dq_tile<BF16, D, KEYS, QROWS, BULK, MODEL>(p, dS_smem, K_smem, dq_stage,
+                                                                      acc, q0);
             } else {  // the atomics (also a MODEL kernel called without bulk reductions)
-                accumulate_dq_tile<BF16, D, KEYS, QROWS, false>(p, dS_smem, K_smem, dq_stage, acc,
-                                                                q0);
+                accumulate_dq_tile<BF16, D, KEYS, QROWS, false, MODEL>(p, dS_smem, K_smem, dq_stage,
+                                                                       acc, q0);
             }
         }
         hq_prev = hq, q0_prev = q0;
@@ -327,5 +332,6 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     // MODEL: a key tile no row sees (a window) ran no loop: its prologue's copies land before the
     // block ends, and it stores dK_j = dV_j = 0.
     if constexpr (MODEL) cp_async_wait<0>();
-    store_dkv_fragments<BF16>(p, dK, dV, b, hk, k0 + WARP_KEYS * kw, WARP_COLS * cw);
+    store_dkv_fragments<BF16, MT, NT_KV, MODEL>(p, dK, dV, b, hk, k0 + WARP_KEYS * kw,
+                                                WARP_COLS * cw, cols);
 }
