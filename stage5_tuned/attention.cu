@@ -17,7 +17,8 @@
  *  - From N = 32,768 keys on, O is rescaled only when some row's max grows (one warp vote per
  *    key tile): on long rows nearly every tile skips it, with bit-identical results.
  *  - Tile sizes per head dim, per arch and per shared memory (FA2's on sm_80+: BR x BC =
- *    128 x 64 at D = 128, 128 x 128 at D = 64, 4 warps of 32 query rows).
+ *    128 x 64 at D = 128, 128 x 128 at D = 64, 4 warps of 32 query rows). D = 96 and 256 are
+ *    compiled too (MODEL kernels); any other D runs in the next, its columns past D masked.
  *  - Split-KV: when B * H * ceil(N / BR) blocks leave SMs idle (B = H = 1, N = 4096: 32 blocks
  *    for 132 SMs x 2) or a short last wave (N = 49,152: 1.45 waves), each query tile's keys are
  *    cut into ranges, each block writes an fp32 partial O and its LSE, and combine_kernel
@@ -73,8 +74,43 @@ constexpr tile_config SMALL_SMEM_D128 = {128, 32, 4};
 // room for it (and for Q in registers). 48 KB at D = 128 fits the T4's 64 KB.
 constexpr tile_config SM75 = {64, 64, 4};
 // Local windows and softcap (the MODEL kernels that hold the mask's bounds and the cap's factor
-// through the key loop), sm_80+: 32-key tiles at both D. At FA2's tiles they spill (LOG.md).
+// through the key loop), sm_80+: 32-key tiles at D = 64, 96, 128. At FA2's tiles they spill
+// (LOG.md).
 constexpr tile_config WINDOW_SOFTCAP_TILES = SMALL_SMEM_D128;
+// D = 256 (MODEL kernels only): O_acc alone is 128 registers per thread at 16 rows per warp, so 4
+// warps of 16 rows, FA2's tiles: 64 keys where 96 KB fit (every sm_80+ GPU: two blocks per SM on
+// an H100 or H200, one elsewhere), else 32 keys in 64 KB (the local windows and softcap on sm_80+;
+// a T4's 64 KB imitated on them). sm_75: 16 keys, 48 KB; at 32 keys the K/V tile staged in
+// registers (32 of them) spills beside O_acc there (100 bytes).
+constexpr tile_config SM80_D256 = {64, 64, 4};
+constexpr tile_config SMALL_D256 = {64, 32, 4};
+constexpr tile_config SM75_D256 = {64, 16, 4};
+// The window and softcap kernels' tiles on sm_80+ at head dim D. They run every shape (no window:
+// the causal rule or none; no cap): at D = 96 and 256 also what their one tile config does not fit.
+__host__ __device__ constexpr tile_config window_tiles(int d) {
+    return d == 256 ? tile_config{SMALL_D256.BR, SMALL_D256.BC, SMALL_D256.WARPS}
+                    : tile_config{WINDOW_SOFTCAP_TILES.BR, WINDOW_SOFTCAP_TILES.BC,
+                                  WINDOW_SOFTCAP_TILES.WARPS};
+}
+// The tiles sm_75 code runs at head dim D (kernel_arch: the PTX arch); at D = 96 and 256, and for
+// windows and softcap, no other code does (choose_tiles).
+__host__ __device__ constexpr tile_config sm75_tiles(int d) {
+    return d == 256 ? tile_config{SM75_D256.BR, SM75_D256.BC, SM75_D256.WARPS}
+                    : tile_config{SM75.BR, SM75.BC, SM75.WARPS};
+}
+
+// The head dims compiled: 64 and 128 (every variant), 96 and 256 (the MODEL kernels). Every other
+// D of the contract (a multiple of 8 from 32 to 256) runs in the next compiled one, its columns
+// at or past D masked in the kernel: loads zero-fill them, O's stores skip them.
+__host__ __device__ constexpr int compiled_d(int d) {
+    return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : 256;
+}
+// A shared-memory tile's row, in halves: D rounded up to a power of two (D = 96: 128). The
+// swizzle's XOR arithmetic (smem_offset, the ldmatrix lane addresses) holds for rows of a power of
+// two bytes only; a 96-wide row's 4 pad chunks are zero-filled and never read.
+__host__ __device__ constexpr int row_halves(int d) {
+    return d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
 
 // Q fragments stay in registers for the whole key loop when Q + S + O_acc need at most this
 // many 32-bit registers per thread (255 is the hardware limit; the rest holds addresses, K/V
@@ -235,37 +271,55 @@ __device__ __forceinline__ void copy_chunk(uint4 &stage, uint32_t dst, const __h
 #endif
 }
 
+// Where chunk i of this thread's (tile_issue) lies in the shared tile: `to` (its first) plus i *
+// STEP rows when STEP is a multiple of the swizzle's 8 rows (D = 64, 128: every chunk of a thread
+// has the same swizzle); at D = 256 (STEP = 4 rows) each its own.
+template <int D, int STEP, bool SWIZZLE>
+__device__ __forceinline__ uint32_t chunk_place(uint32_t tile, uint32_t to, int row0, int chunk0,
+                                                int i) {
+    if constexpr (STEP % MATRIX_ROWS == 0) {
+        (void)tile, (void)row0, (void)chunk0;
+        return to + i * STEP * D * HALF_BYTES;
+    } else {
+        (void)to;
+        return tile + smem_offset<D, SWIZZLE>(row0 + i * STEP, chunk0);
+    }
+}
+
 // Start loading rows [0, ROWS) of the tile at `src` (row stride D; MODEL: ld) into the shared tile
-// at `tile`; rows >= rows_left lie beyond N and become zeros. Thread tid moves the 16-byte chunks
-// (row0 + i * STEP, chunk0), i = 0, 1, ...: consecutive threads read consecutive 16 bytes of
-// global memory. STEP = THREADS / (D / 8) is 8 or 16 rows, a multiple of 8, so every chunk of
-// a thread has the same swizzle and sits a constant i * STEP rows after the first.
-// sm_80+: cp.async, one commit group per tile. sm_75: 16-byte loads into `stage` (registers),
-// stored to shared memory later by tile_finish. MODEL: each chunk's source is the one before it
-// plus the stride of STEP rows, one 64-bit address advanced down this thread's rows, so that no
-// chunk holds an address of its own across the others.
+// at `tile`; rows >= rows_left lie beyond N and become zeros. D here is the tile's row in halves
+// (row_halves); MODEL: columns at or past `cols` (the shape's head dim) become zeros too, their
+// source never read (cp.async's src-size 0, the sm_75 path's zero). Thread tid moves the 16-byte
+// chunks (row0 + i * STEP, chunk0), i = 0, 1, ...: consecutive threads read consecutive 16 bytes
+// of global memory. STEP = THREADS / (D / 8) is 8 or 16 rows at D = 64, 128, a multiple of 8, so
+// every chunk of a thread has the same swizzle and sits a constant i * STEP rows after the first
+// (D = 256: 4 rows, chunk_place). sm_80+: cp.async, one commit group per tile. sm_75: 16-byte
+// loads into `stage` (registers), stored to shared memory later by tile_finish. MODEL: each
+// chunk's source is the one before it plus the stride of STEP rows, one 64-bit address advanced
+// down this thread's rows, so that no chunk holds an address of its own across the others.
 template <int ROWS, int D, int THREADS, bool SWIZZLE, bool MODEL = false>
 __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
                                            uint32_t tile, const __half *src, int rows_left,
-                                           unsigned ld = D) {
+                                           unsigned ld = D, int cols = D) {
     constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
     constexpr int STEP = THREADS / CHUNKS_PER_ROW;
     const int tid = thread_index();
     const int row0 = tid / CHUNKS_PER_ROW, chunk0 = tid % CHUNKS_PER_ROW;
     const uint32_t to = tile + smem_offset<D, SWIZZLE>(row0, chunk0);
     if constexpr (!MODEL) {
-        (void)ld;
+        (void)ld, (void)cols;
         const __half *from = src + row0 * D + chunk0 * CHUNK_HALVES;
         if (rows_left >= ROWS) {  // every tile but the last: nothing to check
 #pragma unroll
             for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
-                copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from + i * STEP * D, true);
+                copy_chunk(stage[i], chunk_place<D, STEP, SWIZZLE>(tile, to, row0, chunk0, i),
+                           from + i * STEP * D, true);
             }
         } else {  // rows past N: zero-filled, their source address replaced by row 0 (inside N)
 #pragma unroll
             for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
                 const bool valid = row0 + i * STEP < rows_left;
-                copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES,
+                copy_chunk(stage[i], chunk_place<D, STEP, SWIZZLE>(tile, to, row0, chunk0, i),
                            valid ? from + i * STEP * D : src, valid);
             }
         }
@@ -273,15 +327,19 @@ __device__ __forceinline__ void tile_issue(uint4 (&stage)[chunks_per_thread(ROWS
         const __half *from = src + rows_offset(row0, ld) + chunk0 * CHUNK_HALVES;
         // elements from one of this thread's rows to the next
         const size_t step = (size_t)STEP * ld;
+        // this thread's column lies inside the head dim (every chunk of it: the same column)
+        const bool in_d = chunk0 * CHUNK_HALVES < cols;
         if (rows_left >= ROWS) {
 #pragma unroll
             for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i, from += step)
-                copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, from, true);
+                copy_chunk(stage[i], chunk_place<D, STEP, SWIZZLE>(tile, to, row0, chunk0, i),
+                           in_d ? from : src, in_d);
         } else {
 #pragma unroll
             for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i, from += step) {
-                const bool valid = row0 + i * STEP < rows_left;
-                copy_chunk(stage[i], to + i * STEP * D * HALF_BYTES, valid ? from : src, valid);
+                const bool valid = in_d && row0 + i * STEP < rows_left;
+                copy_chunk(stage[i], chunk_place<D, STEP, SWIZZLE>(tile, to, row0, chunk0, i),
+                           valid ? from : src, valid);
             }
         }
     }
@@ -297,6 +355,19 @@ __device__ __forceinline__ void tile_finish(
     cp_async_wait<0>();
     (void)stage, (void)tile;
 #else
+    if constexpr (THREADS / (D / CHUNK_HALVES) % MATRIX_ROWS != 0) {
+        // D = 256: this thread's rows are 4 apart, each chunk in its own swizzle (chunk_place)
+        constexpr int CHUNKS_PER_ROW = D / CHUNK_HALVES;
+        constexpr int STEP = THREADS / CHUNKS_PER_ROW;
+        const int tid = thread_index();
+#pragma unroll
+        for (int i = 0; i < chunks_per_thread(ROWS, D, THREADS); ++i) {
+            st_shared_v4(tile + smem_offset<D, SWIZZLE>(tid / CHUNKS_PER_ROW + i * STEP,
+                                                        tid % CHUNKS_PER_ROW),
+                         stage[i]);
+        }
+        return;
+    }
     // LAB HOLE 4 BEGIN [t4]: the sm_75 register-staged tile load: the registers to shared memory
     // LAB TODO: store this thread's staged chunks where tile_issue read them from: thread tid moves
     // LAB TODO: chunk tid % (D / 8) of rows tid / (D / 8) + i * STEP, i < chunks_per_thread(ROWS,
@@ -321,8 +392,8 @@ __device__ __forceinline__ void tile_finish(
 template <int ROWS, int D, int THREADS, bool SWIZZLE, bool PIPELINED, bool MODEL = false>
 __device__ __forceinline__ void tile_start(uint4 (&stage)[chunks_per_thread(ROWS, D, THREADS)],
                                            uint32_t tile, const __half *src, int rows_left,
-                                           unsigned ld = D) {
-    tile_issue<ROWS, D, THREADS, SWIZZLE, MODEL>(stage, tile, src, rows_left, ld);
+                                           unsigned ld = D, int cols = D) {
+    tile_issue<ROWS, D, THREADS, SWIZZLE, MODEL>(stage, tile, src, rows_left, ld, cols);
     if (!PIPELINED) tile_finish<ROWS, D, THREADS, SWIZZLE>(stage, tile);
 }
 
@@ -575,14 +646,16 @@ __device__ __forceinline__ float row_total_and_inverse(float &l) {
 
 // Epilogue. Each warp normalises its own rows and stages them, as fp16, in its own rows of
 // Q_smem (this warp's ldmatrix reads of Q were its last use of them), then writes them out
-// with 16-byte stores (O's rows D apart; MODEL: o_ld); the LSE goes straight from registers.
-// rows_left = N - the warp's first row: rows at or past it lie beyond N and are not written.
+// with 16-byte stores (O's rows D apart; MODEL: o_ld, and only the chunks of columns below `cols`,
+// the shape's head dim); the LSE goes straight from registers. rows_left = N - the warp's first
+// row: rows at or past it lie beyond N and are not written.
 template <int D, bool SWIZZLE, bool MODEL = false, bool BF16 = false, int MT, int DB>
 __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
                                              const float (&m_i)[MT][2], const float (&l_i)[MT][2],
                                              uint32_t Q_warp, __half *O, float *lse, int rows_left,
-                                             unsigned o_ld = D) {
-    constexpr int RPW = MT * MMA_M;  // rows of this warp
+                                             unsigned o_ld = D, int cols = D) {
+    constexpr int RPW = MT * MMA_M;    // rows of this warp
+    constexpr int RD = row_halves(D);  // the tile's row (halves)
     const int lane = thread_index() % WARP_SIZE, g = lane / QUAD, t = lane % QUAD;
     __syncwarp();  // this warp's reads of its Q_smem rows are done before they are overwritten
 #pragma unroll
@@ -594,7 +667,7 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
             const int r = MMA_M * m + g + FRAG_ROW_STEP * h;  // row inside the warp's rows
 #pragma unroll
             for (int n = 0; n < DB; ++n) {
-                st_shared_b32(Q_warp + smem_offset<D, SWIZZLE>(r, n) + t * sizeof(uint32_t),
+                st_shared_b32(Q_warp + smem_offset<RD, SWIZZLE>(r, n) + t * sizeof(uint32_t),
                               pack2_of<BF16>(O_acc[m][n][frag_reg(h, 0)] * inv_l,
                                              O_acc[m][n][frag_reg(h, 1)] * inv_l));
             }
@@ -608,15 +681,15 @@ __device__ __forceinline__ void store_output(const float (&O_acc)[MT][DB][4],
     for (int i = 0; i < RPW * CHUNKS_PER_ROW / WARP_SIZE; ++i) {
         const int c = lane + WARP_SIZE * i;
         const int r = c / CHUNKS_PER_ROW, chunk = c % CHUNKS_PER_ROW;
-        if (r < rows_left) {
-            if constexpr (MODEL) {
+        if constexpr (MODEL) {
+            if (r < rows_left && chunk * CHUNK_HALVES < cols) {
                 st_global_v4(O + rows_offset(r, o_ld) + chunk * CHUNK_HALVES,
-                             ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk)));
-            } else {
-                (void)o_ld;
-                st_global_v4(O + (size_t)r * D + chunk * CHUNK_HALVES,
-                             ld_shared_v4(Q_warp + smem_offset<D, SWIZZLE>(r, chunk)));
+                             ld_shared_v4(Q_warp + smem_offset<RD, SWIZZLE>(r, chunk)));
             }
+        } else if (r < rows_left) {
+            (void)o_ld, (void)cols;
+            st_global_v4(O + (size_t)r * D + chunk * CHUNK_HALVES,
+                         ld_shared_v4(Q_warp + smem_offset<RD, SWIZZLE>(r, chunk)));
         }
     }
 }
@@ -680,6 +753,7 @@ typedef struct model_layout {
     int keys_before, keys_after;
     int mask_after, mask_width;
     float softcap_in, softcap_log2;  // softcap: scale / cap and cap * log2(e); 0: none
+    int cols;  // the shape's head dim (at most the kernel's D): columns at or past it masked
 } model_layout;
 
 // blockIdx.y = batch * H + query head, read afresh (as block_index_x) for the epilogue.
@@ -802,9 +876,11 @@ __device__ __forceinline__ void start_softmax(float (&m_i)[MT][2], float (&l_i)[
 template <int D, int BC, int THREADS, bool SWIZZLE, bool PIPELINED, bool MODEL>
 __device__ __forceinline__ void start_next_k(uint4 (&stage_k)[chunks_per_thread(BC, D, THREADS)],
                                              uint32_t K_smem, const fwd_params &p,
-                                             const block_place &s, size_t kv, size_t next, int k0) {
-    tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(
-        stage_k, K_smem, (MODEL ? p.K + next : p.K + kv + BC * D), s.N - (k0 + BC), s.kv_ld);
+                                             const model_layout &l, const block_place &s, size_t kv,
+                                             size_t next, int k0) {
+    tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_k, K_smem,
+                                                          (MODEL ? p.K + next : p.K + kv + BC * D),
+                                                          s.N - (k0 + BC), s.kv_ld, l.cols);
 }
 
 // Phase 5, the epilogue: the warp's rows of O and LSE (one pass), or of this key range's partial
@@ -822,7 +898,7 @@ __device__ __forceinline__ void store_block(const fwd_params &p, const model_lay
             const int ob = block_index_y() / l.H, oh = block_index_y() % l.H;  // b, h afresh
             __half *O_rows = p.O + ob * l.o_batch + oh * l.o_head + rows_offset(first, l.o_row);
             store_output<D, SWIZZLE, true, BF16>(O_acc, m_i, l_i, Q_warp, O_rows, p.lse + row0,
-                                                 rows_left, l.o_row);
+                                                 rows_left, l.o_row, l.cols);
         } else {
             store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, p.O + row0 * D, p.lse + row0,
                                      rows_left);
@@ -846,32 +922,47 @@ template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool S
           bool MODEL, bool BF16, bool WINDOW_SOFTCAP = false>
 __device__ __forceinline__ void attention_block(const fwd_params &p, const model_layout &l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    // sm_75 code runs only the SM75 tiles (the launcher asks kernel_arch which code it has):
-    // with the prefetched tile waiting in registers, larger tiles would spill there. It has no
-    // bf16 mma either.
-    if constexpr (BR != SM75.BR || BC != SM75.BC || WARPS != SM75.WARPS || BF16) {
+    // sm_75 code runs only the SM75 tiles (SM75_D256 at D = 256; the launcher asks kernel_arch
+    // which code it has): with the prefetched tile waiting in registers, larger tiles would spill
+    // there. It has no bf16 mma either.
+    constexpr tile_config T = sm75_tiles(D);
+    if constexpr (BR != T.BR || BC != T.BC || WARPS != T.WARPS || BF16) {
+        __trap();
+        return;
+    }
+#elif defined(__CUDA_ARCH__)
+    // sm_80+ code never runs sm_75's tiles at D = 96 and 256, nor in the window and softcap
+    // kernels (choose_tiles): not compiled there.
+    constexpr tile_config T = sm75_tiles(D);
+    if constexpr (BR == T.BR && BC == T.BC && WARPS == T.WARPS &&
+                  (WINDOW_SOFTCAP || (D != 64 && D != 128))) {
         __trap();
         return;
     }
 #endif
     constexpr int THREADS = WARPS * WARP_SIZE;
-    constexpr int ROW_BYTES = D * HALF_BYTES;  // one row of a tile in shared memory
-    constexpr int RPW = BR / WARPS;            // query rows per warp
-    constexpr int MT = RPW / MMA_M;            // m16 slices per warp
-    constexpr int NB = BC / MMA_N;             // n8 blocks of S per slice (keys)
-    constexpr int DB = D / MMA_N;              // n8 blocks of O_acc per slice (head dim)
-    constexpr int KD = D / MMA_K;              // k16 steps of S = Q K^T
-    constexpr int KC = BC / MMA_K;             // k16 steps of O += P V
+    constexpr int RD = row_halves(D);           // a tile's row in shared memory, in halves
+    constexpr int ROW_BYTES = RD * HALF_BYTES;  // one row of a tile in shared memory
+    constexpr int RPW = BR / WARPS;             // query rows per warp
+    constexpr int MT = RPW / MMA_M;             // m16 slices per warp
+    constexpr int NB = BC / MMA_N;              // n8 blocks of S per slice (keys)
+    constexpr int DB = D / MMA_N;               // n8 blocks of O_acc per slice (head dim)
+    constexpr int KD = D / MMA_K;               // k16 steps of S = Q K^T
+    constexpr int KC = BC / MMA_K;              // k16 steps of O += P V
     constexpr bool Q_IN_REGS = MT * KD * 4 + MT * NB * 4 + MT * DB * 4 <= Q_REGS_BUDGET;
     // WINDOW_SOFTCAP kernels hold the mask's bounds and the softcap's factor through the key
     // loop: the registers that frees is what they need (late K_{j+1}, the lane offset afresh).
+    // So does D = 256 on sm_75, beside its staged tile (20 bytes of spill without it; on sm_90,
+    // 8 with it at SM80_D256).
     constexpr bool EARLY_K = D <= EARLY_K_MAX_D && HAS_CP_ASYNC && !WINDOW_SOFTCAP;
-    constexpr bool LANE_OFFSET_AFRESH = LANE_OFFSET_PER_TILE || WINDOW_SOFTCAP;
+    constexpr bool LANE_OFFSET_AFRESH =
+        LANE_OFFSET_PER_TILE || WINDOW_SOFTCAP || (D > 128 && !HAS_CP_ASYNC);
     static_assert(RPW % MMA_M == 0 && BC % X4_DIM == 0 && D % X4_DIM == 0, "tile shapes");
-    static_assert(chunks_per_thread(BR, D, THREADS) * THREADS == BR * D / CHUNK_HALVES,
+    static_assert(chunks_per_thread(BR, RD, THREADS) * THREADS == BR * RD / CHUNK_HALVES,
                   "Q tile split");
-    static_assert(chunks_per_thread(BC, D, THREADS) * THREADS == BC * D / CHUNK_HALVES,
+    static_assert(chunks_per_thread(BC, RD, THREADS) * THREADS == BC * RD / CHUNK_HALVES,
                   "K/V tile split");
+    static_assert(MODEL || RD == D, "the plain kernels' tiles are D wide (no masked columns)");
 
     // 1. The place: which rows and keys (block_keys), and where they lie.
     const block_work w = block_keys<BR, BC, SKIP, MODEL, WINDOW_SOFTCAP>(p, l);
@@ -892,18 +983,20 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
 
     // 2. The prologue: Q tile and the range's first key tile.
     {
-        uint4 stage_q[chunks_per_thread(BR, D, THREADS)];
-        uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
+        uint4 stage_q[chunks_per_thread(BR, RD, THREADS)];
+        uint4 stage_k[chunks_per_thread(BC, RD, THREADS)];
         if constexpr (MODEL) {
-            tile_issue<BR, D, THREADS, SWIZZLE, true>(
-                stage_q, Q_smem, p.Q + s.head + rows_offset(w.q0, l.q_row), p.N - w.q0, l.q_row);
+            tile_issue<BR, RD, THREADS, SWIZZLE, true>(stage_q, Q_smem,
+                                                       p.Q + s.head + rows_offset(w.q0, l.q_row),
+                                                       p.N - w.q0, l.q_row, l.cols);
         } else {
             tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, p.Q + s.head + (size_t)w.q0 * D,
                                                 p.N - w.q0);
         }
-        tile_issue<BC, D, THREADS, SWIZZLE, MODEL>(stage_k, K_smem, p.K + s.range, s.N, s.kv_ld);
-        tile_finish<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem);
-        tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
+        tile_issue<BC, RD, THREADS, SWIZZLE, MODEL>(stage_k, K_smem, p.K + s.range, s.N, s.kv_ld,
+                                                    l.cols);
+        tile_finish<BR, RD, THREADS, SWIZZLE>(stage_q, Q_smem);
+        tile_finish<BC, RD, THREADS, SWIZZLE>(stage_k, K_smem);
     }
     __syncthreads();  // Q_smem and K_smem (first tile) written by all threads, visible to all warps
 
@@ -926,21 +1019,21 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
         else
             kv = s.range + (size_t)k0 * D;
         const bool has_next = k0 + BC < s.kv_end;
-        uint4 stage_v[chunks_per_thread(BC, D, THREADS)];
-        uint4 stage_k[chunks_per_thread(BC, D, THREADS)];
+        uint4 stage_v[chunks_per_thread(BC, RD, THREADS)];
+        uint4 stage_k[chunks_per_thread(BC, RD, THREADS)];
         float S[MT][NB][4];
         uint32_t P[MT][KC][4];
 
         __syncthreads();  // K_j complete and visible; every warp is done reading V_smem (PV j-1)
-        tile_start<BC, D, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_v, V_smem, p.V + kv, s.N - k0,
-                                                              s.kv_ld);
+        tile_start<BC, RD, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_v, V_smem, p.V + kv, s.N - k0,
+                                                               s.kv_ld, l.cols);
         compute_scores<ROW_BYTES, Q_IN_REGS, KD, BF16>(S, q_frag, Q_warp, K_smem, lane_off,
                                                        k_lane_offset<ROW_BYTES, SWIZZLE>());
-        if (PIPELINED) tile_finish<BC, D, THREADS, SWIZZLE>(stage_v, V_smem);
+        if (PIPELINED) tile_finish<BC, RD, THREADS, SWIZZLE>(stage_v, V_smem);
         __syncthreads();  // V_j complete and visible; every warp is done reading K_smem (S above)
         if (EARLY_K && has_next)
-            start_next_k<D, BC, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_k, K_smem, p, s, kv, next,
-                                                                    k0);
+            start_next_k<RD, BC, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_k, K_smem, p, l, s, kv,
+                                                                     next, k0);
         if constexpr (WINDOW_SOFTCAP) {
             if (l.softcap_in != 0.f) cap_scores(S, l.softcap_in);
             if (needs_window_mask<BR, BC>(k0, s.q0, s.N, l.mask_width))
@@ -953,14 +1046,14 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
             online_softmax<LAZY, BF16>(S, m_i, l_i, O_acc, P, p.scale_log2);
         }
         if (!EARLY_K && has_next)
-            start_next_k<D, BC, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_k, K_smem, p, s, kv, next,
-                                                                    k0);
+            start_next_k<RD, BC, THREADS, SWIZZLE, PIPELINED, MODEL>(stage_k, K_smem, p, l, s, kv,
+                                                                     next, k0);
         if constexpr (LANE_OFFSET_AFRESH) {
             accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, a_lane_offset<ROW_BYTES, SWIZZLE>());
         } else {
             accumulate_pv<ROW_BYTES, BF16>(O_acc, P, V_smem, lane_off);
         }
-        if (PIPELINED && has_next) tile_finish<BC, D, THREADS, SWIZZLE>(stage_k, K_smem);
+        if (PIPELINED && has_next) tile_finish<BC, RD, THREADS, SWIZZLE>(stage_k, K_smem);
     }
 
     // 5. The epilogue.
@@ -996,8 +1089,47 @@ enum {
 
 #include "plan.cuh"
 
+// The merge of split-KV's ranges at a head dim other than 64 and 128: combine_kernel's rows
+// (O_part's D = d, the compiled head dim) and lanes, but only the lanes of O's columns below the
+// shape's D read and write (a lane's columns: D / combine_lanes<D>() of them), and at D = 96, whose
+// 24 lanes a row do not divide a block's threads, only the block's whole rows.
+template <int D, bool BF16>
+__global__ void __launch_bounds__(COMBINE_THREADS)
+    combine_kernel_cols(const combine_params p, int cols) {
+    int lane;
+    const long long row = combine_thread_row<D>(&lane);
+    const bool whole_row = (int)threadIdx.x < combine_rows_per_block<D>() * combine_lanes<D>();
+    if (row < p.rows && whole_row && lane * (D / combine_lanes<D>()) < cols)
+        combine_row<D, BF16>(p, row, lane);
+}
+
+template <int D>
+static cudaError_t combine_cols_at(const attn_shape *s, const combine_params &cp,
+                                   cudaStream_t stream) {
+    const unsigned blocks = (unsigned)ceil_div(cp.rows, combine_rows_per_block<D>());
+    (s->bf16 ? combine_kernel_cols<D, true>
+             : combine_kernel_cols<D, false>)<<<blocks, COMBINE_THREADS, 0, stream>>>(cp, s->D);
+    ATTN_TRY(cudaGetLastError());
+    return cudaSuccess;
+}
+
+static cudaError_t combine_cols(const attn_shape *s, const combine_params &cp, int d,
+                                cudaStream_t stream) {
+    switch (d) {
+        case 64:
+            return combine_cols_at<64>(s, cp, stream);
+        case 96:
+            return combine_cols_at<96>(s, cp, stream);
+        case 128:
+            return combine_cols_at<128>(s, cp, stream);
+        default:
+            return combine_cols_at<256>(s, cp, stream);
+    }
+}
+
 static const char *attention_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
-    if (s->D != 64 && s->D != 128) return "head dim must be 64 or 128";
+    if (s->D < ATTN_MIN_D || s->D > ATTN_MAX_D || s->D % ATTN_D_STEP)
+        return "head dim must be a multiple of 8 from 32 to 256";
     if (!(s->scale > 0.f)) return "scale must be positive (the row max is taken before scaling)";
     if (s->B < 1 || s->H < 1 || s->N < 1) return "B, H and N must be >= 1";
     if (dev->cc < 75) return "needs sm_75 or newer (mma.sync m16n8k8, ldmatrix)";
@@ -1012,24 +1144,28 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};  // 16-byte rows, 32-bit tile offsets
     const char *why = attn_strides_refused(l, 4, s->D, INT_MAX / MAX_TILE_ROWS);
     if (why) return why;
-    if (attn_shape_asks(s, 0) && variant != VARIANT_DEFAULT && variant != VARIANT_NOSPLIT &&
+    if (plan_is_model(s) && variant != VARIANT_DEFAULT && variant != VARIANT_NOSPLIT &&
         variant != VARIANT_EAGER_RESCALE)
-        return "bf16, GQA, strides, N_k != N, local windows and softcap run in the default tiles' "
-               "eager kernels only (variants default, nosplit, eager_rescale)";
+        return "bf16, GQA, strides, N_k != N, local windows, softcap and head dims other than 64 "
+               "and 128 run in the default tiles' eager kernels only (variants default, nosplit, "
+               "eager_rescale)";
     int arch = 0;
     if (kernel_arch(&arch) != cudaSuccess) {
         cudaGetLastError();
         return "no kernel image for this device";
     }
-    if (choose_tiles(s->D, arch, dev->smem_per_block).BR == 0)
-        return "needs 48 KB (D=128) or 24 KB (D=64) of shared memory per block";
-    if (s->bf16 && (arch < 80 || same_tiles(choose_tiles(s->D, arch, dev->smem_per_block), SM75)))
+    const int d = compiled_d(s->D);
+    if (choose_tiles(d, arch, dev->smem_per_block).BR == 0)
+        return "needs 24 KB (D <= 64) or 48 KB (D > 64) of shared memory per block";
+    if (s->bf16 &&
+        (arch < 80 || same_tiles(choose_tiles(d, arch, dev->smem_per_block), sm75_tiles(d))))
         return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
     return NULL;
 }
 
 // Split-KV's partial results: O_part [splits, B * H, N, D] then lse_part [splits, B * H, N],
-// fp32. Nothing when the grid fills the GPU by itself.
+// fp32, D the compiled head dim (its rows as the kernel writes them, masked columns 0). Nothing
+// when the grid fills the GPU by itself.
 static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     fwd_plan plan;
     if (attention_unsupported(s, dev, variant) || make_plan(s, dev, variant, true, &plan)) {
@@ -1037,7 +1173,7 @@ static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *
         return 0;  // forward() reports the error
     }
     if (plan.splits == 1) return 0;
-    return (size_t)plan.splits * s->B * s->H * s->N * (s->D + 1) * sizeof(float);
+    return (size_t)plan.splits * s->B * s->H * s->N * (plan.d + 1) * sizeof(float);
 }
 
 static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev, const void *Q,
@@ -1060,7 +1196,7 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
     p.O = (__half *)O, p.lse = lse;
     p.O_part = (float *)workspace;
-    p.lse_part = plan.splits > 1 ? p.O_part + (size_t)plan.splits * rows * s->D : NULL;
+    p.lse_part = plan.splits > 1 ? p.O_part + (size_t)plan.splits * rows * plan.d : NULL;
     p.N = s->N, p.causal = s->causal, p.splits = plan.splits, p.split_tiles = plan.split_tiles;
     p.scale_log2 = s->scale * LOG2E;  // log2(e) folded into the scale
 
@@ -1087,7 +1223,8 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
                                 after,
                                 after + (r.left < 0 ? s->N_k : r.left),
                                 s->softcap > 0.f ? s->scale / s->softcap : 0.f,
-                                s->softcap > 0.f ? s->softcap * LOG2E : 0.f};
+                                s->softcap > 0.f ? s->softcap * LOG2E : 0.f,
+                                s->D};
         plan.kernel->model<<<grid, threads, plan.smem, stream>>>(p, l);
     } else {
         plan.kernel->fn<<<grid, threads, plan.smem, stream>>>(p);
@@ -1110,6 +1247,7 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
                                s->o.batch,
                                s->o.head,
                                (int)s->o.row};
+    if (s->D != 64 && s->D != 128) return combine_cols(s, cp, plan.d, stream);
     const unsigned rows_per_block =
         s->D == 64 ? combine_rows_per_block<64>() : combine_rows_per_block<128>();
     const unsigned blocks = (unsigned)((rows + rows_per_block - 1) / rows_per_block);

@@ -19,8 +19,9 @@
 
 /* ---- tiles ----------------------------------------------------------------------------------- */
 
+// D: a compiled head dim (compiled_d); its tiles' rows are row_halves(D) wide.
 static size_t smem_bytes(tile_config c, int D) {
-    return (size_t)(c.BR + 2 * c.BC) * D * sizeof(__half);
+    return (size_t)(c.BR + 2 * c.BC) * row_halves(D) * sizeof(__half);
 }
 
 // Blocks of `smem` bytes that fit in one SM's shared memory when a block may use at most
@@ -30,20 +31,24 @@ static int blocks_fit(size_t smem, size_t smem_limit) {
     return (int)((smem_limit + 1024) / (smem + 1024));
 }
 
-// Tiles for this head dim, code arch and shared-memory limit: the first that fits of
-// sm_80 (two blocks per SM), small-smem sm_80, sm_75. BR = 0 if none fits.
+// Tiles for this compiled head dim, code arch and shared-memory limit. sm_75 code: sm75_tiles.
+// sm_80+: windows and softcap, window_tiles; D = 64, 128, the first that fits of sm_80 (two blocks
+// per SM; D = 64: one will do), small-smem sm_80 (D = 128), SM75; D = 96 and 256 (MODEL kernels
+// only), SM80_D128 and SM80_D256 where they fit, else window_tiles. BR = 0 if none fits.
 static tile_config choose_tiles(int D, int arch, size_t smem_limit, bool window_softcap = false) {
-    const tile_config none = {0, 0, 0};
-    if (arch >= 80 && window_softcap && smem_bytes(WINDOW_SOFTCAP_TILES, D) <= smem_limit)
-        return WINDOW_SOFTCAP_TILES;
-    if (arch >= 80 && !window_softcap) {
-        const tile_config c = D == 64 ? SM80_D64 : SM80_D128;
-        if (blocks_fit(smem_bytes(c, D), smem_limit) >= 2 ||
-            (D == 64 && smem_bytes(c, D) <= smem_limit)) {
-            return c;
-        }
-        if (D == 128 && smem_bytes(SMALL_SMEM_D128, D) <= smem_limit) return SMALL_SMEM_D128;
+    const tile_config none = {0, 0, 0}, sm75 = sm75_tiles(D), w = window_tiles(D);
+    if (arch < 80) return smem_bytes(sm75, D) <= smem_limit ? sm75 : none;
+    if (window_softcap) return smem_bytes(w, D) <= smem_limit ? w : none;
+    if (D == 96 || D == 256) {  // one tile config, else the window kernels' (which run any shape)
+        const tile_config c = D == 96 ? SM80_D128 : SM80_D256;
+        if (smem_bytes(c, D) <= smem_limit) return c;
+        return smem_bytes(w, D) <= smem_limit ? w : none;
     }
+    const tile_config c = D == 64 ? SM80_D64 : SM80_D128;
+    if (blocks_fit(smem_bytes(c, D), smem_limit) >= 2 ||
+        (D == 64 && smem_bytes(c, D) <= smem_limit))
+        return c;
+    if (D == 128 && smem_bytes(SMALL_SMEM_D128, D) <= smem_limit) return SMALL_SMEM_D128;
     return smem_bytes(SM75, D) <= smem_limit ? SM75 : none;
 }
 
@@ -86,21 +91,26 @@ static kernel_entry *model_entry() {
     return &e;
 }
 
-// The variants are instantiations of the same kernel with one lesson switched off. What models
-// feed (model: bf16, GQA, strides, N_k != N) runs in the default tiles' MODEL kernels, eager
-// rescaling, bf16 on sm_80 and newer only (attention_unsupported says so).
+// What models feed (model: bf16, GQA, strides, N_k != N, a head dim other than 64 and 128) runs in
+// the default tiles' MODEL kernels, eager rescaling, bf16 on sm_80 and newer only
+// (attention_unsupported says so): sm_75's tiles (sm75_tiles) have no bf16 kernel.
+template <int D, int BR, int BC, int WARPS>
+static kernel_entry *model_variant_entry(bool bf16) {
+    if (bf16) {
+        constexpr tile_config T = sm75_tiles(D);
+        if constexpr (BR == T.BR && BC == T.BC && WARPS == T.WARPS) {
+            return NULL;
+        } else {
+            return model_entry<D, BR, BC, WARPS, true, false>();
+        }
+    }
+    return model_entry<D, BR, BC, WARPS, false, false>();
+}
+
+// The variants are instantiations of the same kernel with one lesson switched off (D = 64, 128).
 template <int D, int BR, int BC, int WARPS>
 static kernel_entry *variant_entry(int variant, bool lazy, bool model, bool bf16) {
-    if (model) {
-        if (bf16) {
-            if constexpr (BR == SM75.BR && BC == SM75.BC && WARPS == SM75.WARPS) {
-                return NULL;
-            } else {
-                return model_entry<D, BR, BC, WARPS, true, false>();
-            }
-        }
-        return model_entry<D, BR, BC, WARPS, false, false>();
-    }
+    if (model) return model_variant_entry<D, BR, BC, WARPS>(bf16);
     switch (variant) {
         case VARIANT_NOSWIZZLE:
             return entry<D, BR, BC, WARPS, false, true, true, false>();
@@ -115,24 +125,42 @@ static kernel_entry *variant_entry(int variant, bool lazy, bool model, bool bf16
 }
 
 #define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy, model, bf16)
+#define MODEL_ENTRY(D_, C) model_variant_entry<D_, C.BR, C.BC, C.WARPS>(bf16)
 
-// Local windows and softcap: MODEL kernels of their own, WINDOW_SOFTCAP_TILES (sm_80+) or SM75
+// Local windows and softcap: MODEL kernels of their own, window_tiles (sm_80+) or sm75_tiles
 // (fp16), eager rescaling.
 template <int D>
 static kernel_entry *window_softcap_entry(tile_config c, bool bf16) {
-    constexpr tile_config W = WINDOW_SOFTCAP_TILES;
+    constexpr tile_config W = window_tiles(D);
     if (same_tiles(c, W))
         return bf16 ? model_entry<D, W.BR, W.BC, W.WARPS, true, true>()
                     : model_entry<D, W.BR, W.BC, W.WARPS, false, true>();
-    if (same_tiles(c, SM75) && !bf16)
-        return model_entry<D, SM75.BR, SM75.BC, SM75.WARPS, false, true>();
+    constexpr tile_config T = sm75_tiles(D);
+    if (same_tiles(c, T) && !bf16) return model_entry<D, T.BR, T.BC, T.WARPS, false, true>();
     return NULL;
 }
 
+// D: the compiled head dim (compiled_d); 96 and 256 only through the MODEL kernels (model).
 static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy, bool model, bool bf16,
                                 bool window_softcap) {
-    if (window_softcap)
-        return D == 64 ? window_softcap_entry<64>(c, bf16) : window_softcap_entry<128>(c, bf16);
+    const bool new_d = D == 96 || D == 256;  // MODEL kernels only
+    if (window_softcap || (new_d && same_tiles(c, window_tiles(D)))) {
+        switch (D) {
+            case 64:
+                return window_softcap_entry<64>(c, bf16);
+            case 96:
+                return window_softcap_entry<96>(c, bf16);
+            case 128:
+                return window_softcap_entry<128>(c, bf16);
+            default:
+                return window_softcap_entry<256>(c, bf16);
+        }
+    }
+    if (new_d && !model) return NULL;
+    if (D == 96 && same_tiles(c, SM80_D128)) return MODEL_ENTRY(96, SM80_D128);
+    if (D == 96 && same_tiles(c, SM75)) return MODEL_ENTRY(96, SM75);
+    if (D == 256 && same_tiles(c, SM80_D256)) return MODEL_ENTRY(256, SM80_D256);
+    if (D == 256 && same_tiles(c, SM75_D256)) return MODEL_ENTRY(256, SM75_D256);
     if (D == 64 && same_tiles(c, SM80_D64)) return VARIANT_ENTRY(64, SM80_D64);
     if (D == 64 && same_tiles(c, SM75)) return VARIANT_ENTRY(64, SM75);
     if (D == 128 && same_tiles(c, SM80_D128)) return VARIANT_ENTRY(128, SM80_D128);
@@ -183,8 +211,15 @@ typedef struct {
     size_t smem;
     int splits, split_tiles;
     bool skip;  // key tiles outside the causal diagonal or the window are skipped (not noskip)
-    int model;  // the shape asks more than the plain case (attn_shape_asks): MODEL kernels
+    int model;  // the shape asks more than the plain case (attn_shape_asks) or its D is not 64 or
+                // 128: MODEL kernels
+    int d;      // the compiled head dim it runs in (compiled_d)
 } fwd_plan;
+
+// MODEL kernels: what models feed beyond the plain case, and every head dim but 64 and 128.
+static bool plan_is_model(const attn_shape *s) {
+    return attn_shape_asks(s, 0) != 0 || (s->D != 64 && s->D != 128);
+}
 
 static bool same_key(const fwd_plan *a, const fwd_plan *b) {
     return a->shape.B == b->shape.B && a->shape.H == b->shape.H && a->shape.N == b->shape.N &&
@@ -204,7 +239,8 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     plan->shape = *s, plan->shape.scale = 0.f;  // the scale does not change the plan
     plan->variant = variant, plan->sm_count = dev->sm_count, plan->allow_split = allow_split;
     plan->smem_limit = dev->smem_per_block;
-    plan->model = attn_shape_asks(s, 0) != 0;
+    plan->model = plan_is_model(s);
+    plan->d = compiled_d(s->D);
     ATTN_TRY(current_device(&plan->device));
     pthread_mutex_lock(&cache_lock);
     const bool hit = last.kernel && same_key(&last, plan);
@@ -215,10 +251,10 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     int arch = 0;
     ATTN_TRY(kernel_arch(&arch));
     const bool window_softcap = s->local || s->softcap > 0.f;
-    const tile_config c = choose_tiles(s->D, arch, dev->smem_per_block, window_softcap);
-    const size_t smem = smem_bytes(c, s->D);
+    const tile_config c = choose_tiles(plan->d, arch, dev->smem_per_block, window_softcap);
+    const size_t smem = smem_bytes(c, plan->d);
     const int threads = c.WARPS * WARP_SIZE;
-    kernel_entry *k = kernel_for(s->D, c, variant, false, plan->model, s->bf16, window_softcap);
+    kernel_entry *k = kernel_for(plan->d, c, variant, false, plan->model, s->bf16, window_softcap);
     if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
     ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
     int per_sm = k->blocks_per_sm[plan->device];
@@ -238,7 +274,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     const bool lazy = variant == VARIANT_LAZY_RESCALE ||
                       ((variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT) &&
                        (keys < s->N_k ? keys : s->N_k) >= LAZY_MIN_N);
-    plan->kernel = kernel_for(s->D, c, variant, lazy, plan->model, s->bf16, window_softcap);
+    plan->kernel = kernel_for(plan->d, c, variant, lazy, plan->model, s->bf16, window_softcap);
     ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
     pthread_mutex_lock(&cache_lock);
     last = *plan;
