@@ -87,14 +87,14 @@ constexpr tile_config SMALL_D256 = {64, 32, 4};
 constexpr tile_config SM75_D256 = {64, 16, 4};
 // The window and softcap kernels' tiles on sm_80+ at head dim D. They run every shape (no window:
 // the causal rule or none; no cap): at D = 96 and 256 also what their one tile config does not fit.
-__host__ __device__ constexpr tile_config window_tiles(int d) {
+static __host__ __device__ constexpr tile_config window_tiles(int d) {
     return d == 256 ? tile_config{SMALL_D256.BR, SMALL_D256.BC, SMALL_D256.WARPS}
                     : tile_config{WINDOW_SOFTCAP_TILES.BR, WINDOW_SOFTCAP_TILES.BC,
                                   WINDOW_SOFTCAP_TILES.WARPS};
 }
 // The tiles sm_75 code runs at head dim D (kernel_arch: the PTX arch); at D = 96 and 256, and for
 // windows and softcap, no other code does (choose_tiles).
-__host__ __device__ constexpr tile_config sm75_tiles(int d) {
+static __host__ __device__ constexpr tile_config sm75_tiles(int d) {
     return d == 256 ? tile_config{SM75_D256.BR, SM75_D256.BC, SM75_D256.WARPS}
                     : tile_config{SM75.BR, SM75.BC, SM75.WARPS};
 }
@@ -102,13 +102,13 @@ __host__ __device__ constexpr tile_config sm75_tiles(int d) {
 // The head dims compiled: 64 and 128 (every variant), 96 and 256 (the MODEL kernels). Every other
 // D of the contract (a multiple of 8 from 32 to 256) runs in the next compiled one, its columns
 // at or past D masked in the kernel: loads zero-fill them, O's stores skip them.
-__host__ __device__ constexpr int compiled_d(int d) {
+static __host__ __device__ constexpr int compiled_d(int d) {
     return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : 256;
 }
 // A shared-memory tile's row, in halves: D rounded up to a power of two (D = 96: 128). The
 // swizzle's XOR arithmetic (smem_offset, the ldmatrix lane addresses) holds for rows of a power of
 // two bytes only; a 96-wide row's 4 pad chunks are zero-filled and never read.
-__host__ __device__ constexpr int row_halves(int d) {
+static __host__ __device__ constexpr int row_halves(int d) {
     return d <= 64 ? 64 : d <= 128 ? 128 : 256;
 }
 
