@@ -190,8 +190,9 @@ static inline int attn_layout_unset(const attn_layout *l) {
  * window in its one form (flash-attn's rules): causal makes window_right 0; a bound at or past
  * the keys (window_left >= N_k, window_right >= N_k) is unbounded (-1); a window unbounded on
  * the left and 0 on the right is causal (local = 0, causal = 1); one unbounded on both sides is
- * no window (local = 0); beside a bounded left, an unbounded right is N_k (flash-attn's). Every caller of a stage completes its shape first (the program and the
- * library do); a stage reads it whole. */
+ * no window (local = 0); beside a bounded left, an unbounded right is N_k (flash-attn's). Every
+ * caller of a stage completes its shape first (the program and the library do); a stage reads it
+ * whole. */
 static inline void attn_shape_complete(attn_shape *s) {
     if (s->H_kv == 0) s->H_kv = s->H;
     if (s->N_k == 0) s->N_k = s->N;

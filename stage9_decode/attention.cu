@@ -828,11 +828,21 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
 
     // The merge, launched with PDL: its blocks wait on the SMs while the decode kernel ends, and
     // the launch's latency is hidden behind it (on GPUs before sm_90 an ordinary launch).
-    const combine_params cp = {
-        p.O_part,  p.lse_part, (__half *)O,        lse,
-        part_rows, s->N,       1,                  KT,
-        pl.splits, pl.split_keys / KT, {s->N, (int)capacity, -1, -1}, s->H,
-        s->o.batch, s->o.head, (int)s->o.row};
+    const combine_params cp = {p.O_part,
+                               p.lse_part,
+                               (__half *)O,
+                               lse,
+                               part_rows,
+                               s->N,
+                               1,
+                               KT,
+                               pl.splits,
+                               pl.split_keys / KT,
+                               {s->N, (int)capacity, -1, -1},
+                               s->H,
+                               s->o.batch,
+                               s->o.head,
+                               (int)s->o.row};
     const unsigned rows_per_block =
         s->D == 64 ? combine_rows_per_block<64>() : combine_rows_per_block<128>();
     cudaLaunchAttribute attr;

@@ -83,7 +83,8 @@ __host__ __device__ __forceinline__ int query_tile_key_end(const key_rule &r, in
 // How many key tiles they see from the first (0: none; a row may still see none within them).
 __host__ __device__ __forceinline__ int query_tile_key_tile_count(const key_rule &r, int q0, int BR,
                                                                   int BC) {
-    return max(0, (query_tile_key_end(r, q0, BR) + BC - 1) / BC - query_tile_first_key_tile(r, q0, BC));
+    return max(
+        0, (query_tile_key_end(r, q0, BR) + BC - 1) / BC - query_tile_first_key_tile(r, q0, BC));
 }
 
 /* ---- the merge ------------------------------------------------------------------------------- */
@@ -262,9 +263,8 @@ constexpr int MAX_SIMULATED_WAVES = 8;  // split counts beyond this many waves a
 }
 
 // Key ranges per query tile (1: no split) and key tiles per range.
-[[maybe_unused]] static int choose_splits(const attn_shape *s, int BR, int BC,
-                                          const key_rule &keys, int slots, double overhead,
-                                          int *split_tiles) {
+[[maybe_unused]] static int choose_splits(const attn_shape *s, int BR, int BC, const key_rule &keys,
+                                          int slots, double overhead, int *split_tiles) {
     const long long blocks = (long long)s->B * s->H * ceil_div(s->N, BR);
     *split_tiles = ceil_div(s->N_k, BC);
     if (blocks >= (long long)FULL_WAVES * slots) return 1;

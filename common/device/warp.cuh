@@ -112,7 +112,8 @@ __device__ __forceinline__ uint32_t pack2_of(float lo, float hi) {
     }
 }
 
-/* ---- softcap ----------------------------------------------------------------------------------- */
+/* ---- softcap -----------------------------------------------------------------------------------
+ */
 
 // tanh(x) by the special-function unit (MUFU.TANH, sm_75 on): one instruction, an absolute error
 // about 2^-11 (an fp16 result's precision; the checker's 16-bit reference rounds the cap's tanh
