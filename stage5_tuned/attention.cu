@@ -141,8 +141,10 @@ constexpr int LAZY_MIN_N = 32768;
 // sm_100 (B200, B300) code: there ptxas (CUDA 13.0) spills in two kernels, 24 bytes in the lazy
 // D = 64 kernel with the early copy and 4 in single_stage at D = 128 with the A/V lane offset
 // held through the key loop. That code issues K_{j+1} late at every D and reads the offset
-// afresh for P V (LANE_OFFSET_PER_TILE): no spill, no stack frame; not measured on a B200.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000 && __CUDA_ARCH__ < 1200
+// afresh for P V (LANE_OFFSET_PER_TILE): no spill, no stack frame; not measured on a B200. sm_120
+// (RTX 50) code the same: 8 and 16 bytes spilled in the D = 64 kernels of single_stage and
+// noswizzle there once the head dims and windows came (LOG.md, step 17); not measured either.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 constexpr int EARLY_K_MAX_D = 0;
 constexpr bool LANE_OFFSET_PER_TILE = true;
 #else

@@ -109,6 +109,10 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
                "memory per block";
     if (s->bf16 && arch < 80)
         return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
+    if (variant == VARIANT_DETERMINISTIC && model_shape(s) && D == 64 &&
+        arch >= DQ_MODEL_D64_ABSENT_ARCH)
+        return "sm_120: the deterministic variant runs no local window, softcap or head dim below "
+               "64 there (dq_kernel.cuh: its kernel for them would spill)";
     return NULL;
 }
 

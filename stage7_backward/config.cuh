@@ -139,6 +139,8 @@ __host__ __device__ constexpr smem_p_config smem_p_tiles() {
 // the warps' atomics (their queue was what the dQ phase waited on: LOG.md, steps 5 and 6).
 // Elsewhere the warps add it by red.global.add themselves (accumulate_dq_tile).
 constexpr int DQ_BULK_ARCH = 90;
+// From this arch on, code has no MODEL dq_kernel at D = 64 (dq_kernel.cuh: it would spill).
+constexpr int DQ_MODEL_D64_ABSENT_ARCH = 120;
 __host__ __device__ constexpr bool dq_bulk(int arch) {
     return arch >= DQ_BULK_ARCH;
 }

@@ -62,6 +62,15 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         return;
     }
 #endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+    // sm_120 (RTX 50): ptxas (CUDA 13.0) spills 8 bytes in the MODEL kernel at D = 64, so there is
+    // none there: stage_unsupported refuses its shapes in the deterministic variant
+    // (DQ_MODEL_D64_ABSENT_ARCH).
+    if constexpr (MODEL && D == 64) {
+        __trap();
+        return;
+    }
+#endif
 
     // Causal: the last query tiles have the most key tiles; launch them first.
     const int q_index = p.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
