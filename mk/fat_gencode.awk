@@ -7,8 +7,9 @@
 #     cuda_bf16.hpp: NV_PROVIDES_SM_75, _80, _90), and each new generation (sm_100's code made
 #     from compute_90 PTX differs from the code made from compute_100's, cuobjdump -sass: a new
 #     generation keeps its own PTX). So sm_86 and sm_89 take compute_80's PTX, whose machine code
-#     is the one compute_86's and compute_89's give (cuobjdump -sass: the same instructions, the
-#     header's virtual architecture aside; stages 4 and 9 compared, CUDA 13.0);
+#     is the one compute_86's and compute_89's give (common/tests/same_sass.sh, a fat build with
+#     one PTX per target against this one, CUDA 13.0: every function of stages 0-4 identical on
+#     every target);
 #   - every `__CUDA_ARCH__ <op> N` comparison in the files read (the stage's .cu and .cuh files,
 #     common/device/*.cuh), N / 10;
 #   - the stage's own list (levels="...": its stage.mk's <stage>_ARCH_LEVELS), for a stage that
