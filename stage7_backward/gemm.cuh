@@ -27,11 +27,11 @@ __device__ __forceinline__ void gemm_rows_by_rows(float (&C)[NB][4], uint32_t A_
 #pragma unroll
     for (int k = 0; k < D / MMA_K; ++k) {
         uint32_t a[4];
-        ldmatrix_x4(a, A_rows + (a_off ^ (k * X4_BYTES)));
+        ldmatrix_x4(a, A_rows + lane_xor<D>(a_off, k * X4_BYTES));
 #pragma unroll
         for (int n = 0; n < NB; n += X4_BLOCKS) {
             uint32_t b[4];  // b0, b1 of columns 8n..; b0, b1 of columns 8n + 8..
-            ldmatrix_x4(b, B_tile + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
+            ldmatrix_x4(b, B_tile + lane_xor<D>(b_off, k * X4_BYTES) + n * MMA_N * ROW_BYTES);
             mma_16816_of<BF16>(C[n], a, b[0], b[1]);
             mma_16816_of<BF16>(C[n + 1], a, b[2], b[3]);
         }
@@ -51,8 +51,8 @@ __device__ __forceinline__ void gemm_frags_by_tile(float (&C)[D / MMA_N][4],
 #pragma unroll
         for (int n = 0; n < D / MMA_N; n += X4_BLOCKS) {
             uint32_t b[4];
-            ldmatrix_x4_trans(b,
-                              B_tile + (off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
+            ldmatrix_x4_trans(
+                b, B_tile + lane_xor<D>(off, n / X4_BLOCKS * X4_BYTES) + k * MMA_K * ROW_BYTES);
             mma_16816_of<BF16>(C[n], A[k], b[0], b[1]);
             mma_16816_of<BF16>(C[n + 1], A[k], b[2], b[3]);
         }
@@ -112,7 +112,7 @@ __device__ __forceinline__ void mma_rows_step(float (&C)[MT][NT][4], const uint3
 #pragma unroll
     for (int n = 0; n < NT; n += X4_BLOCKS) {
         uint32_t b[4];  // b0, b1 of rows 8n..; b0, b1 of rows 8n + 8..
-        ldmatrix_x4(b, B_rows + (b_off ^ (k * X4_BYTES)) + n * MMA_N * ROW_BYTES);
+        ldmatrix_x4(b, B_rows + lane_xor<D>(b_off, k * X4_BYTES) + n * MMA_N * ROW_BYTES);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             if (FIRST) {
@@ -137,7 +137,7 @@ __device__ __forceinline__ void gemm_nt_step(float (&C)[MT][NT][4], uint32_t A_r
     uint32_t a[MT][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-        ldmatrix_x4(a[m], A_rows + (a_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
+        ldmatrix_x4(a[m], A_rows + lane_xor<D>(a_off, k * X4_BYTES) + m * MMA_M * ROW_BYTES);
     }
     mma_rows_step<BF16, D, MT, NT, FIRST>(C, a, B_rows, b_off, k);
 }
@@ -163,7 +163,7 @@ __device__ __forceinline__ void load_row_fragments(uint32_t (&A)[D / MMA_K][MT][
     for (int k = 0; k < D / MMA_K; ++k) {
 #pragma unroll
         for (int m = 0; m < MT; ++m)
-            ldmatrix_x4(A[k][m], A_rows + (a_off ^ (k * X4_BYTES)) + m * MMA_M * ROW_BYTES);
+            ldmatrix_x4(A[k][m], A_rows + lane_xor<D>(a_off, k * X4_BYTES) + m * MMA_M * ROW_BYTES);
     }
 }
 
@@ -194,16 +194,18 @@ __device__ __forceinline__ void gemm_nn_step(float (&C)[MT][NT][4], uint32_t A, 
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         if (A_T) {
-            ldmatrix_x4_trans(a[m], A + (a_off ^ ((a_chunk + m * X4_BLOCKS) * CHUNK_BYTES)) +
-                                        k * MMA_K * A_ROW_BYTES);
+            ldmatrix_x4_trans(a[m],
+                              A + lane_xor<A_COLS>(a_off, (a_chunk + m * X4_BLOCKS) * CHUNK_BYTES) +
+                                  k * MMA_K * A_ROW_BYTES);
         } else {
-            ldmatrix_x4(a[m], A + (a_off ^ (k * X4_BYTES)) + m * MMA_M * A_ROW_BYTES);
+            ldmatrix_x4(a[m], A + lane_xor<A_COLS>(a_off, k * X4_BYTES) + m * MMA_M * A_ROW_BYTES);
         }
     }
 #pragma unroll
     for (int n = 0; n < NT; n += X4_BLOCKS) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, B + (b_off ^ ((b_chunk + n) * CHUNK_BYTES)) + k * MMA_K * B_ROW_BYTES);
+        ldmatrix_x4_trans(
+            b, B + lane_xor<B_COLS>(b_off, (b_chunk + n) * CHUNK_BYTES) + k * MMA_K * B_ROW_BYTES);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             if (FIRST) {
@@ -249,7 +251,7 @@ __device__ __forceinline__ void store_fragments(uint32_t tile, const float (&C)[
         for (int n = 0; n < NT; n += X4_BLOCKS) {
             const uint32_t chunk = col0 / CHUNK_HALVES + n;  // even: the XOR moves whole pairs
             stmatrix_x4(tile + (row0 + MMA_M * m) * (COLS * HALF_BYTES) +
-                            (lane_off ^ (chunk * CHUNK_BYTES)),
+                            lane_xor<COLS>(lane_off, chunk * CHUNK_BYTES),
                         pack2_of<BF16>(C[m][n][0], C[m][n][1]),
                         pack2_of<BF16>(C[m][n][2], C[m][n][3]),
                         pack2_of<BF16>(C[m][n + 1][0], C[m][n + 1][1]),

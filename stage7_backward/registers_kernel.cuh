@@ -156,8 +156,8 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
             for (int nn = 0; nn < NC; nn += X4_BLOCKS) {
                 const int n = part * DB_PART + nn0 + nn;  // head-dim blocks n, n + 1
                 uint32_t b[4];
-                ldmatrix_x4_trans(
-                    b, K_smem + (b_off ^ (n / X4_BLOCKS * X4_BYTES)) + k * MMA_K * ROW_BYTES);
+                ldmatrix_x4_trans(b, K_smem + lane_xor<D>(b_off, n / X4_BLOCKS * X4_BYTES) +
+                                         k * MMA_K * ROW_BYTES);
                 mma_16816_of<BF16>(C[nn], a, b[0], b[1]);
                 mma_16816_of<BF16>(C[nn + 1], a, b[2], b[3]);
             }

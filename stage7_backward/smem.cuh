@@ -35,6 +35,23 @@ __device__ __forceinline__ uint32_t smem_offset(int row, int chunk) {
     }
 }
 
+// A lane offset into a swizzled [*, COLS] tile moved x bytes within its row (x: whole chunk
+// pairs, the k16 steps' k * X4_BYTES or an n8 pair's chunk): the chunk's XOR, which the swizzle
+// commutes with. A row of 64, 128 or 256 halves is a power of two bytes, its start in bits above
+// the chunk's, so the whole offset takes the XOR (stage 5's). A 12-chunk row (D = 96) starts at a
+// multiple of 192 bytes, whose bits 6 and 7 the XOR would flip (row 1's chunk 4 read as row 0's
+// chunk 8): the row's start is kept aside and only the offset within the row takes the XOR.
+template <int COLS>
+__device__ __forceinline__ uint32_t lane_xor(uint32_t lane_off, uint32_t x) {
+    constexpr uint32_t ROW_BYTES = COLS * HALF_BYTES;
+    if constexpr ((ROW_BYTES & (ROW_BYTES - 1)) == 0) {
+        return lane_off ^ x;
+    } else {
+        const uint32_t in_row = lane_off % ROW_BYTES;
+        return lane_off - in_row + (in_row ^ x);
+    }
+}
+
 // 16 bytes global -> shared. sm_80+: cp.async (zero-filled when !valid; completed by
 // cp_async_wait). sm_75 has no cp.async: the chunk goes through a register at once.
 __device__ __forceinline__ void copy_chunk(uint32_t dst, const void *src, bool valid) {
@@ -49,8 +66,8 @@ __device__ __forceinline__ void copy_chunk(uint32_t dst, const void *src, bool v
 // k_lane_offset). A-order (an A operand, or a B operand read .trans): lane l addresses row l % 16,
 // chunk l / 16 of the 16 x 16 block. B-order (a B operand read untransposed, two n8 blocks; also an
 // A operand read .trans from a tile stored transposed): lane l addresses row l % 8 + 8 (l / 16),
-// chunk (l / 8) % 2. XOR with k * X4_BYTES then moves to the k-th 16-column block (the swizzle
-// commutes with it), adding r * 8 * ROW_BYTES moves 8 r rows down.
+// chunk (l / 8) % 2. lane_xor with k * X4_BYTES then moves to the k-th 16-column block (the
+// swizzle commutes with it), adding r * 8 * ROW_BYTES moves 8 r rows down.
 template <int COLS>
 __device__ __forceinline__ uint32_t a_lane_offset() {
     const int lane = lane_index();
