@@ -18,26 +18,6 @@
 // accumulator's registers 2j and 2j + 1 (warp.cuh: blocks 2k and 2k + 1 are k-step k).
 constexpr int A_REGS_PER_KSTEP = WGMMA_M * WGMMA_K / 2 / WARPGROUP;  // 4
 
-// The wgmma shape only D = 96 uses (as common/device/sm90.cuh's): dK, dV += A (64 x 16,
-// registers) B (16 x 96, MN-major, a slab and a half).
-#define REGS48 \
-    REGS32     \
-    ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-#define WGMMA_M64N96_RS(T)                                                \
-    asm volatile(                                                         \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"                      \
-        "wgmma.mma_async.sync.aligned.m64n96k16.f32." T "." T " {" REGS48 \
-        "}, {%48, %49, %50, %51}, %52, p, 1, 1, 1;\n}\n"                  \
-        : ACC32(d), ACC8(d, 32), ACC8(d, 40)                              \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
-template <bool BF16>
-__device__ __forceinline__ void wgmma_m64n96_rs(float (&d)[48], const uint32_t *a, uint64_t b,
-                                                int accumulate) {
-    if constexpr (BF16)
-        WGMMA_M64N96_RS("bf16");
-    else
-        WGMMA_M64N96_RS("f16");
-}
 // Start X^T = A B^T for the scores: 64 rows of K_j (or V_j) times Q_i^T (or dO_i^T), D deep, both
 // K-major in shared memory (rows of D halves, as TMA wrote them): D / 16 wgmma of N = qrows<D>(),
 // one group.

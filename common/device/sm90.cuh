@@ -534,3 +534,77 @@ __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *
     else
         WGMMA_M64N64_RS("f16");
 }
+
+// The head dims 96 and 256 (stages 6 and 8): S = Q K^T over 80 keys (stage 6, D = 256), and
+// d += A B over N = 96 and 256 columns with A from registers (stage 6's O += P V; stage 8's dK,
+// dV at D = 96). wgmma's N goes to 256 in steps of 8; a 64 x N fp32 accumulator is N / 2
+// registers a thread. B is read MN-major from 64-column slabs, the next slab a leading offset
+// further on: N = 96 covers one slab and half of the next, N = 256 four.
+#define ACC40(d) ACC32(d), ACC8(d, 32)
+#define ACC48(d) ACC40(d), ACC8(d, 40)
+#define ACC128(d)                                                                            \
+    ACC64(d), ACC8(d, 64), ACC8(d, 72), ACC8(d, 80), ACC8(d, 88), ACC8(d, 96), ACC8(d, 104), \
+        ACC8(d, 112), ACC8(d, 120)
+#define REGS40 \
+    REGS32     \
+    ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define REGS48 \
+    REGS32     \
+    ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define REGS128                                                                                    \
+    REGS64                                                                                         \
+    ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"             \
+    ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"             \
+    ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111" \
+    ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
+    "%127"
+
+// d (64 x 80) {=, +=} A (64 x 16, K-major) * B (16 x 80, K-major), both from shared memory.
+#define WGMMA_M64N80_SS(T)                                                \
+    asm volatile(                                                         \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                      \
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32." T "." T " {" REGS40 \
+        "}, %40, %41, p, 1, 1, 0, 0;\n}\n"                                \
+        : ACC40(d)                                                        \
+        : "l"(a), "l"(b), "r"(accumulate))
+template <bool BF16>
+__device__ __forceinline__ void wgmma_m64n80_ss(float (&d)[40], uint64_t a, uint64_t b,
+                                                int accumulate) {
+    if constexpr (BF16)
+        WGMMA_M64N80_SS("bf16");
+    else
+        WGMMA_M64N80_SS("f16");
+}
+
+// d (64 x N) {=, +=} A (64 x 16, registers) * B (16 x N, MN-major in shared memory), N = 96 and
+// 256; A's registers as wgmma_m64n128_rs's.
+#define WGMMA_M64N96_RS(T)                                                \
+    asm volatile(                                                         \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"                      \
+        "wgmma.mma_async.sync.aligned.m64n96k16.f32." T "." T " {" REGS48 \
+        "}, {%48, %49, %50, %51}, %52, p, 1, 1, 1;\n}\n"                  \
+        : ACC48(d)                                                        \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+template <bool BF16>
+__device__ __forceinline__ void wgmma_m64n96_rs(float (&d)[48], const uint32_t *a, uint64_t b,
+                                                int accumulate) {
+    if constexpr (BF16)
+        WGMMA_M64N96_RS("bf16");
+    else
+        WGMMA_M64N96_RS("f16");
+}
+#define WGMMA_M64N256_RS(T)                                                 \
+    asm volatile(                                                           \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                       \
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {" REGS128 \
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"               \
+        : ACC128(d)                                                         \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+template <bool BF16>
+__device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const uint32_t *a, uint64_t b,
+                                                 int accumulate) {
+    if constexpr (BF16)
+        WGMMA_M64N256_RS("bf16");
+    else
+        WGMMA_M64N256_RS("f16");
+}
