@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "attention.h"
+
 /* ---- fp16 (IEEE binary16) on the host ---- */
 uint16_t f32_to_f16(float f); /* round to nearest even, overflow to inf, NaN kept */
 float f16_to_f32(uint16_t h);
@@ -56,6 +58,22 @@ typedef struct {
     int local, window_left, window_right;
     double softcap;
 } ref_shape;
+
+/* The checker's view of a complete shape: its sizes, scale, mask and softcap. */
+static inline ref_shape ref_of(const attn_shape *s) {
+    return (ref_shape){.B = s->B,
+                       .H = s->H,
+                       .N = s->N,
+                       .D = s->D,
+                       .causal = s->causal,
+                       .scale = (double)s->scale,
+                       .H_kv = s->H_kv,
+                       .N_k = s->N_k,
+                       .local = s->local,
+                       .window_left = s->window_left,
+                       .window_right = s->window_right,
+                       .softcap = (double)s->softcap};
+}
 
 /* H_kv and N_k of a ref_shape, zero meaning H and N; the group size H / H_kv. */
 static inline long long ref_kv_heads(const ref_shape *s) {

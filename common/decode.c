@@ -391,14 +391,8 @@ static void check_attention(const decode_options *d, const decode_inputs *in, co
         }
         gather_keys(in, in->Kc, b, L, Kb);
         gather_keys(in, in->Vc, b, L, Vb);
-        const ref_shape rs = {.B = 1,
-                              .H = s->H,
-                              .N = s->N,
-                              .D = s->D,
-                              .causal = s->causal,
-                              .scale = (double)s->scale,
-                              .H_kv = s->H_kv,
-                              .N_k = (int)L};
+        ref_shape rs = ref_of(s); /* one sequence: its L keys gathered */
+        rs.B = 1, rs.N_k = (int)L;
         check_result c;
         check_output(&rs, in->st, in->Qf + first * D, Kb, Vb, O + first * D, lse + first, local, n,
                      &c);

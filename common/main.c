@@ -920,22 +920,6 @@ static long long *rows_to_check(const options *o, long long rows, uint64_t seed,
     return rl;
 }
 
-/* The checker's view of a complete shape: its sizes, scale, mask and softcap. */
-static ref_shape ref_of(const attn_shape *s) {
-    return (ref_shape){.B = s->B,
-                       .H = s->H,
-                       .N = s->N,
-                       .D = s->D,
-                       .causal = s->causal,
-                       .scale = (double)s->scale,
-                       .H_kv = s->H_kv,
-                       .N_k = s->N_k,
-                       .local = s->local,
-                       .window_left = s->window_left,
-                       .window_right = s->window_right,
-                       .softcap = (double)s->softcap};
-}
-
 /* The backward pass once on poisoned dQ, dK, dV; then its outputs written and checked against
  * the float64 reference, with the forward's stored O and lse (host copies). Returns its time. */
 static double run_backward(const options *o, gpu_ctx *g, const host_inputs *in, void *const b[BUFS],
