@@ -94,7 +94,7 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
         (void)cudaGetLastError();
         return "no kernel image for this device";
     }
-    // A head dim runs in the next compiled one (64, 128, 256: compiled_d), its tail masked.
+    // A head dim runs in the next compiled one (64, 96, 128, 256: compiled_d), its tail masked.
     const int D = compiled_d(s->D);
     if (D > REGISTERS_MAX_D) {  // backward_kernel only: no backward_registers_kernel (config.cuh)
         if (variant == VARIANT_REGISTERS)
@@ -105,8 +105,8 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
     }
     if ((D <= REGISTERS_MAX_D && choose_tiles(D, dev->smem_per_block, arch, true) < 0) ||
         choose_tiles(D, dev->smem_per_block, arch, false) < 0)
-        return "the backward needs 64 KB (D = 128), 40.5 KB (D = 64) or 64 KB (D > 128) of shared "
-               "memory per block";
+        return "the backward needs 64 KB (D = 128), 48 KB (D = 96), 40.5 KB (D = 64) or 64 KB "
+               "(D > 128) of shared memory per block";
     if (s->bf16 && arch < 80)
         return "bf16 needs sm_80 or newer (mma.sync has no bf16 form on sm_75)";
     if (variant == VARIANT_DETERMINISTIC && model_shape(s) && D == 64 &&

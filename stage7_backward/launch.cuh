@@ -53,12 +53,11 @@ static int choose_tiles_for(size_t smem_limit, int arch) {
     return -1;
 }
 
-// The head dims compiled: 64 and 128 (plain and MODEL kernels), 256 (MODEL only). A shape's D runs
-// in the first of them >= D (32 and 40 .. 56: 64; 72 .. 120: 128; above: 256), the columns past it
-// masked (bwd_params.D); a D not 64 or 128 runs the MODEL kernels. (D = 96's own kernels, LOG step
-// 13, failed the self-test at D = 72 .. 96 on the H200 and are not built: 96 runs in 128's.)
+// The head dims compiled: 64 and 128 (plain and MODEL kernels), 96 and 256 (MODEL only). A shape's
+// D runs in the first of them >= D (32 and 40 .. 56: 64; 72 .. 88: 96; 104 .. 120: 128; above:
+// 256), the columns past it masked (bwd_params.D); a D not 64 or 128 runs the MODEL kernels.
 static int compiled_d(int D) {
-    return D <= 64 ? 64 : (D <= 128 ? 128 : 256);
+    return D <= 64 ? 64 : (D <= 96 ? 96 : (D <= 128 ? 128 : 256));
 }
 
 // D: a compiled head dim.
@@ -67,6 +66,8 @@ static int choose_tiles(int D, size_t smem_limit, int arch, bool registers_kerne
         switch (D) {
             case 64:
                 return choose_tiles_for<64, true>(smem_limit, arch);
+            case 96:
+                return choose_tiles_for<96, true>(smem_limit, arch);
             case 128:
                 return choose_tiles_for<128, true>(smem_limit, arch);
             default:
@@ -76,6 +77,8 @@ static int choose_tiles(int D, size_t smem_limit, int arch, bool registers_kerne
     switch (D) {
         case 64:
             return choose_tiles_for<64, false>(smem_limit, arch);
+        case 96:
+            return choose_tiles_for<96, false>(smem_limit, arch);
         case 128:
             return choose_tiles_for<128, false>(smem_limit, arch);
         default:
@@ -85,22 +88,31 @@ static int choose_tiles(int D, size_t smem_limit, int arch, bool registers_kerne
 
 static tile_config tiles_at(int D, bool registers_kernel, int i) {
     if (registers_kernel) {
-        return D == 64 ? REGISTERS_TILES_D64[i] : REGISTERS_TILES_D128[i];
+        return D == 64 ? REGISTERS_TILES_D64[i]
+                       : (D == 96 ? REGISTERS_TILES_D96[i] : REGISTERS_TILES_D128[i]);
     }
-    return D == 64 ? DQ_TILES_D64[i] : (D == 128 ? DQ_TILES_D128[i] : DQ_TILES_D256[i]);
+    return D == 64 ? DQ_TILES_D64[i]
+                   : (D == 96 ? DQ_TILES_D96[i] : (D == 128 ? DQ_TILES_D128[i] : DQ_TILES_D256[i]));
 }
 
 // The last configuration of a kernel's list at compiled head dim D (the MODEL kernels'), or -1.
 static int last_tiles(int D, bool registers_kernel) {
     if (registers_kernel) {
-        return D == 64 ? tile_count<64, true>() - 1 : (D == 128 ? tile_count<128, true>() - 1 : -1);
+        return D == 64 ? tile_count<64, true>() - 1
+                       : (D == 96 ? tile_count<96, true>() - 1
+                                  : (D == 128 ? tile_count<128, true>() - 1 : -1));
     }
-    return D == 64 ? tile_count<64, false>() - 1
-                   : (D == 128 ? tile_count<128, false>() - 1 : tile_count<256, false>() - 1);
+    return D == 64
+               ? tile_count<64, false>() - 1
+               : (D == 96
+                      ? tile_count<96, false>() - 1
+                      : (D == 128 ? tile_count<128, false>() - 1 : tile_count<256, false>() - 1));
 }
 
 static smem_p_config smem_p_tiles_of(int D) {
-    return D == 64 ? smem_p_tiles<64>() : (D == 128 ? smem_p_tiles<128>() : smem_p_tiles<256>());
+    return D == 64 ? smem_p_tiles<64>()
+                   : (D == 96 ? smem_p_tiles<96>()
+                              : (D == 128 ? smem_p_tiles<128>() : smem_p_tiles<256>()));
 }
 
 typedef void (*kernel_fn)(bwd_params, bwd_model);
@@ -187,6 +199,8 @@ static smem_kernel_fn smem_p_model_kernel_of(int D) {
     switch (D) {
         case 64:
             return smem_p_model_kernel<64, BF16>();
+        case 96:
+            return smem_p_model_kernel<96, BF16>();
         case 128:
             return smem_p_model_kernel<128, BF16>();
         default:
@@ -198,6 +212,8 @@ static kernel_fn model_kernel_of(int D) {
     switch (D) {
         case 64:
             return model_kernel<64, REGISTERS, BF16>();
+        case 96:
+            return model_kernel<96, REGISTERS, BF16>();
         case 128:
             return model_kernel<128, REGISTERS, BF16>();
         default:
