@@ -70,6 +70,24 @@ def parse_args(argv=None):
     return args
 
 
+FA2_DIMS = (64, 128)  # FlashAttention-2's benchmark head dims
+FA2_MODEL_DIM = 2048  # H x D of every fa2 shape (H = 2048 / D: 32 heads at 64, 16 at 128)
+
+
+def head_dims(text):
+    """argparse type of --dims: "64,96,256" -> (64, 96, 256), each a multiple of 8 in 32..256."""
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a comma-separated list of head dims" % text) \
+            from None
+    bad = [d for d in dims if d < 32 or d > 256 or d % 8]
+    if bad or not dims:
+        raise argparse.ArgumentTypeError("head dims are multiples of 8 from 32 to 256, got %r"
+                                         % text)
+    return dims
+
+
 def add_shape_options(p):
     """The options shapes() reads (this script's and tools/compare.py's)."""
     p.add_argument("--quick", action="store_true", help="N up to 4096 only")
@@ -77,6 +95,9 @@ def add_shape_options(p):
                    help="the whole long sweep (B = H = 1, D = 128, N = 1k..256k)")
     p.add_argument("--no-fa2-shapes", action="store_true", help="skip the fa2 shapes")
     p.add_argument("--no-long-shapes", action="store_true", help="skip the long shapes")
+    p.add_argument("--dims", type=head_dims, default=FA2_DIMS, metavar="D,D,...",
+                   help="head dims of the fa2 shapes, H = 2048 / D heads each (default %s)"
+                        % ",".join(map(str, FA2_DIMS)))
 
 
 def check_shape_options(p, args):
@@ -88,12 +109,12 @@ def shapes(args):
     """(kind, B, H, N, D, causal) in table order."""
     out = []
     if not args.no_fa2_shapes:
-        for d in (64, 128):
+        for d in args.dims:
             for causal in (0, 1):
                 for n in (1024, 2048, 4096, 8192, 16384):
                     if args.quick and n > 4096:
                         continue
-                    out.append(("fa2", 16384 // n, 2048 // d, n, d, causal))
+                    out.append(("fa2", 16384 // n, FA2_MODEL_DIM // d, n, d, causal))
     long_ns = () if args.no_long_shapes else LONG_NS if args.long else (LONG_NS[-1],)
     for n in long_ns:
         if args.quick and n > 4096:
