@@ -18,6 +18,11 @@
  * scaled score s = scale * q_i . k_j into c * tanh(s / c) before the softmax (LSE and m are then
  * of the capped scores).
  *
+ * Packed variable-length batches (flash-attn's varlen; attn_varlen below): the B sequences lie one
+ * after another along the rows, Q, O [total_q, H, D] and K, V [total_k, H_kv, D] by default;
+ * sequence b is its own attention of N_b queries and N_k_b keys (causal and windows aligned to
+ * its own bottom right), and lse is [H, total_q].
+ *
  * The plain case is what every stage takes: its storage type, H_kv = H, N_k = N, contiguous
  * tensors. What models feed beyond it (bf16, grouped-query heads, strided views, queries shorter
  * or longer than the keys) a stage takes when its descriptor's `takes` says so; the program and
@@ -42,8 +47,19 @@ typedef struct {
     long long batch, head, row;
 } attn_layout;
 
+/* A packed batch: sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of Q, O
+ * (dO, dQ), its keys rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of K, V (dK, dV); every
+ * tensor's batch stride is unused. The shape's N and N_k are then the longest sequence's
+ * (flash-attn's max_seqlen_q, max_seqlen_k: what grids are planned with, the host never reads the
+ * device's arrays) and total_q, total_k the rows of the tensors. A kernel reads a sequence's rows
+ * through attn_sequence_of, which keeps them inside the tensors whatever the arrays hold. */
 typedef struct {
-    int B, H, N, D; /* batch, query heads, queries, head dim */
+    const int *cu_seqlens_q, *cu_seqlens_k; /* [B + 1] int32 on the device; NULL: not packed */
+    int total_q, total_k;                   /* rows of Q and of K */
+} attn_varlen;
+
+typedef struct {
+    int B, H, N, D; /* batch (packed: sequences), query heads, queries, head dim */
     int causal;     /* 1: query i sees keys 0 .. i + N_k - N */
     float scale;    /* softmax scale, 1/sqrt(D) unless given */
     /* Beyond the plain case (zero: the plain case; attn_shape_complete fills them in): */
@@ -57,18 +73,66 @@ typedef struct {
      * window_size; causal makes window_right 0). attn_shape_complete writes every window in one
      * form: causal for (-1, 0), the plain case for (-1, -1) or bounds past the keys. */
     int local, window_left, window_right;
-    float softcap; /* > 0: scores s become softcap * tanh(s / softcap) (s = scale * q . k) */
+    float softcap;      /* > 0: scores s become softcap * tanh(s / softcap) (s = scale * q . k) */
+    attn_varlen varlen; /* a packed batch (cu_seqlens_q set), else all zero */
 } attn_shape;
 
 /* What a stage takes beyond the plain case (its descriptor's `takes`, a set of these). */
 enum {
-    ATTN_TAKES_BF16 = 1,    /* bf16 storage (an fp16 stage) */
-    ATTN_TAKES_GQA = 2,     /* H_kv < H */
-    ATTN_TAKES_STRIDES = 4, /* non-contiguous layouts */
-    ATTN_TAKES_N_K = 8,     /* N_k != N */
-    ATTN_TAKES_LOCAL = 16,  /* a local window (local = 1) */
-    ATTN_TAKES_SOFTCAP = 32 /* softcap > 0 */
+    ATTN_TAKES_BF16 = 1,     /* bf16 storage (an fp16 stage) */
+    ATTN_TAKES_GQA = 2,      /* H_kv < H */
+    ATTN_TAKES_STRIDES = 4,  /* non-contiguous layouts */
+    ATTN_TAKES_N_K = 8,      /* N_k != N */
+    ATTN_TAKES_LOCAL = 16,   /* a local window (local = 1) */
+    ATTN_TAKES_SOFTCAP = 32, /* softcap > 0 */
+    ATTN_TAKES_VARLEN = 64   /* a packed batch (varlen.cu_seqlens_q set) */
 };
+
+#ifdef __CUDACC__
+#define ATTN_HOST_DEVICE __host__ __device__
+#else
+#define ATTN_HOST_DEVICE
+#endif
+
+/* One sequence of a batch as a kernel reads it: row i of its queries is row q_row + i of Q's
+ * layout (key j: row k_row + j of K's), its lse at lse[lse_row + h * lse_head + i]. Unpacked,
+ * q_row = k_row = 0 (the batch stride places the sequence), N and N_k are the shape's and lse is
+ * [B, H, N]; packed, the rows come from cu_seqlens (clamped to the tensors and to N, N_k: a
+ * wrong array gives wrong rows, never an access outside) and lse is [H, total_q]. */
+typedef struct {
+    long long q_row, k_row;
+    long long lse_row, lse_head;
+    int N, N_k;
+} attn_sequence;
+
+static inline ATTN_HOST_DEVICE attn_sequence attn_sequence_of(const attn_varlen *v, int b, int H,
+                                                              int N, int N_k) {
+    attn_sequence q;
+    if (!v->cu_seqlens_q) {
+        q.q_row = q.k_row = 0;
+        q.lse_row = (long long)b * H * N, q.lse_head = N;
+        q.N = N, q.N_k = N_k;
+        return q;
+    }
+    int q0 = v->cu_seqlens_q[b], q1 = v->cu_seqlens_q[b + 1];
+    int k0 = v->cu_seqlens_k[b], k1 = v->cu_seqlens_k[b + 1];
+    q0 = q0 < 0 ? 0 : (q0 > v->total_q ? v->total_q : q0);
+    q1 = q1 < q0 ? q0 : (q1 > v->total_q ? v->total_q : q1);
+    k0 = k0 < 0 ? 0 : (k0 > v->total_k ? v->total_k : k0);
+    k1 = k1 < k0 ? k0 : (k1 > v->total_k ? v->total_k : k1);
+    q.q_row = q0, q.k_row = k0;
+    q.lse_row = q0, q.lse_head = v->total_q;
+    q.N = q1 - q0 < N ? q1 - q0 : N;
+    q.N_k = k1 - k0 < N_k ? k1 - k0 : N_k;
+    return q;
+}
+
+/* A packed batch with nothing to compute: no query rows, no key rows, or no query in any sequence
+ * (N = 0). No stage sees one: the program and the library write its outputs themselves, what
+ * flash-attn returns: O = 0 and lse = -inf on every query row, dQ = dK = dV = 0 on every row. */
+static inline int attn_packed_empty(const attn_shape *s) {
+    return s->varlen.cu_seqlens_q && (s->N < 1 || s->varlen.total_q < 1 || s->varlen.total_k < 1);
+}
 
 /* A KV cache (decode, stage 9), as flash-attn's flash_attn_with_kvcache takes it: B sequences, each
  * its own length, their keys and values read in place.
@@ -182,6 +246,12 @@ static inline int ceil_div(long long a, long long b) {
     return (int)((a + b - 1) / b);
 }
 
+/* A packed tensor's layout, [total, heads, D] (the batch stride unused: attn_varlen). */
+static inline attn_layout attn_packed(int heads, int D) {
+    attn_layout l = {0, D, (long long)heads * D};
+    return l;
+}
+
 static inline int attn_layout_unset(const attn_layout *l) {
     return l->batch == 0 && l->head == 0 && l->row == 0;
 }
@@ -210,6 +280,12 @@ static inline void attn_shape_complete(attn_shape *s) {
     if (!(s->softcap > 0.f)) s->softcap = 0.f;
     attn_layout *qs[] = {&s->q, &s->o, &s->dO, &s->dQ}, *ks[] = {&s->k, &s->v, &s->dK, &s->dV};
     for (int t = 0; t < 4; t++) {
+        if (s->varlen.cu_seqlens_q) { /* packed: [total, heads, D] unless given; no batch stride */
+            if (attn_layout_unset(qs[t])) *qs[t] = attn_packed(s->H, s->D);
+            if (attn_layout_unset(ks[t])) *ks[t] = attn_packed(s->H_kv, s->D);
+            qs[t]->batch = ks[t]->batch = 0;
+            continue;
+        }
         if (attn_layout_unset(qs[t])) *qs[t] = attn_contiguous(s->H, s->N, s->D);
         if (attn_layout_unset(ks[t])) *ks[t] = attn_contiguous(s->H_kv, s->N_k, s->D);
     }
@@ -222,11 +298,13 @@ static inline int attn_layout_is(const attn_layout *l, attn_layout want) {
 /* What a complete shape asks beyond the plain case (ATTN_TAKES_*); `backward`: its backward
  * tensors' layouts too. */
 static inline unsigned attn_shape_asks(const attn_shape *s, int backward) {
-    const attn_layout qc = attn_contiguous(s->H, s->N, s->D),
-                      kc = attn_contiguous(s->H_kv, s->N_k, s->D);
+    const int packed = s->varlen.cu_seqlens_q != NULL;
+    const attn_layout qc = packed ? attn_packed(s->H, s->D) : attn_contiguous(s->H, s->N, s->D),
+                      kc = packed ? attn_packed(s->H_kv, s->D)
+                                  : attn_contiguous(s->H_kv, s->N_k, s->D);
     unsigned a = (s->bf16 ? ATTN_TAKES_BF16 : 0) | (s->H_kv != s->H ? ATTN_TAKES_GQA : 0) |
                  (s->N_k != s->N ? ATTN_TAKES_N_K : 0) | (s->local ? ATTN_TAKES_LOCAL : 0) |
-                 (s->softcap > 0.f ? ATTN_TAKES_SOFTCAP : 0);
+                 (s->softcap > 0.f ? ATTN_TAKES_SOFTCAP : 0) | (packed ? ATTN_TAKES_VARLEN : 0);
     if (!attn_layout_is(&s->q, qc) || !attn_layout_is(&s->k, kc) || !attn_layout_is(&s->v, kc) ||
         !attn_layout_is(&s->o, qc))
         a |= ATTN_TAKES_STRIDES;
@@ -261,6 +339,7 @@ static inline const char *attn_shape_refused(const attn_shape *s, unsigned takes
     if (missing & ATTN_TAKES_STRIDES) return "strided tensors (this stage takes contiguous ones)";
     if (missing & ATTN_TAKES_LOCAL) return "a local window (window_size; stages 5-8 take it)";
     if (missing & ATTN_TAKES_SOFTCAP) return "a softcap (stages 5-8 take it)";
+    if (missing & ATTN_TAKES_VARLEN) return "a packed batch (cu_seqlens; stages 5-8 take it)";
     return NULL;
 }
 

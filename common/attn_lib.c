@@ -18,10 +18,18 @@
  * (attn_exit: wrong for a CUDA error, usage for a bad argument, unsupported here or no GPU,
  * oom), and one line for attn_lib_last_error. Nothing is printed, except what a stage's
  * launcher itself writes to stderr (ATTN_TRY names the failing call there).
+ *
+ * A packed batch (the request's varlen: attention.h's attn_varlen) is planned from B, the longest
+ * sequences (N, N_k) and the tokens (total_q, total_k), never from the sequences' boundaries: those
+ * are pointers of the run (cu_seqlens_q, cu_seqlens_k), which a packed plan's run must pass and
+ * an unpacked plan's must not. A packed batch with nothing to compute (attn_packed_empty: no
+ * token of a side, or N = 0) calls no stage: the run writes O = 0 and lse = -inf on every query
+ * row (the forward), dQ = dK = dV = 0 (the backward), on the stream, as flash-attn returns them.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attn_lib.h"
 
+#include <cuda.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -134,6 +142,9 @@ typedef struct {
     size_t workspace;
     attn_cache cache; /* decode: the cache's sizes and the new keys' strides (pointers NULL) */
     int paged;        /* decode: the run passes a block table */
+    int packed;       /* a packed batch: the run passes cu_seqlens_q, cu_seqlens_k (the shape's
+                         varlen pointers NULL here) */
+    int empty;        /* a packed batch with nothing to compute (attn_packed_empty): no stage */
 } attn_lib_plan_t;
 
 size_t attn_lib_plan_bytes(void) {
@@ -153,7 +164,9 @@ static int check_arguments(const attn_shape *s, int variant, int pass) {
     if (variant < 0 || variant >= attn_variant_count(attn_this_stage.variants))
         return fail(ATTN_EXIT_USAGE, "%s: variant index %d is not one of %s", name, variant,
                     attn_this_stage.variants);
-    switch (attn_shape_check(s)) { /* the program's rules (device_info.c) */
+    attn_shape rules = *s; /* a packed batch's N may be 0 (no query: nothing to compute) */
+    if (s->varlen.cu_seqlens_q && rules.N == 0) rules.N = 1;
+    switch (attn_shape_check(&rules)) { /* the program's rules (device_info.c) */
         case ATTN_SHAPE_OK:
             break;
         case ATTN_SHAPE_NOT_POSITIVE:
@@ -216,8 +229,14 @@ static void decode_defaults(const attn_lib_request *r, attn_shape *s) {
     if (attn_layout_unset(&s->v)) s->v = kv;
 }
 
-/* The shape of a request: H_kv and N_k 0 (H and N) and a tensor's strides all zero (contiguous)
- * filled in by attn_shape_complete (a decode's first by decode_defaults). */
+/* Where a plan's cache and packed batch stand in for the run's pointers: attn_cache_refused, the
+ * stage's unsupported() and its workspace sizes see which pointers the run passes (non-NULL),
+ * never where they point. */
+static const int placeholder;
+
+/* The shape of a request: H_kv and N_k 0 (H and N) and a tensor's strides all zero (contiguous;
+ * packed: [total, heads, D]) filled in by attn_shape_complete (a decode's first by
+ * decode_defaults); a packed batch's sequences the placeholder's. */
 static attn_shape shape_of(const attn_lib_request *r) {
     attn_shape s = {.B = r->B,
                     .H = r->H,
@@ -232,6 +251,7 @@ static attn_shape shape_of(const attn_lib_request *r) {
                     .window_left = r->window_left,
                     .window_right = r->window_right,
                     .softcap = r->softcap};
+    if (r->varlen) s.varlen = (attn_varlen){&placeholder, &placeholder, r->total_q, r->total_k};
     attn_layout *l[] = {&s.q, &s.k, &s.v, &s.o, &s.dO, &s.dQ, &s.dK, &s.dV};
     for (int t = 0; t < 8; t++)
         *l[t] = (attn_layout){r->strides[3 * t], r->strides[3 * t + 1], r->strides[3 * t + 2]};
@@ -264,10 +284,6 @@ static int check_model_inputs(const attn_shape *s, const attn_cache *c, int pass
     return ATTN_EXIT_PASS;
 }
 
-/* Where a plan's cache stands in for the run's pointers: attn_cache_refused and the stage's
- * decode_workspace_bytes see which pointers the run passes (non-NULL), never where they point. */
-static const int placeholder;
-
 /* A decode request's cache (attention.h's attn_cache): the sizes and the new keys' strides, the
  * pointers the run will pass as placeholders. */
 static attn_cache cache_of(const attn_lib_request *r, const attn_shape *s) {
@@ -287,6 +303,31 @@ static attn_cache cache_of(const attn_lib_request *r, const attn_shape *s) {
     if (attn_layout_unset(&c.k_new)) c.k_new = new_rows;
     if (attn_layout_unset(&c.v_new)) c.v_new = new_rows;
     return c;
+}
+
+/* A packed batch's rules that need no device (the request's varlen, total_q, total_k; its N and
+ * N_k the longest sequence's, N = 0 allowed), and an unpacked request's: none of them. */
+static int check_varlen(const attn_lib_request *r) {
+    const char *name = attn_this_stage.name;
+    if (!r->varlen) {
+        if (r->total_q || r->total_k)
+            return fail(ATTN_EXIT_USAGE,
+                        "%s: total_q and total_k are a packed batch's (varlen 1; got varlen 0, "
+                        "total_q %d, total_k %d)",
+                        name, r->total_q, r->total_k);
+        return ATTN_EXIT_PASS;
+    }
+    if (r->pass == PASS_DEC)
+        return fail(ATTN_EXIT_USAGE, "%s: a decode takes no packed batch (varlen)", name);
+    if (r->total_q < 0 || r->total_q > ATTN_MAX_N || r->total_k < 0 || r->total_k > ATTN_MAX_N)
+        return fail(ATTN_EXIT_USAGE,
+                    "%s: a packed batch's total_q and total_k must be in [0, %d] (got %d, %d)",
+                    name, ATTN_MAX_N, r->total_q, r->total_k);
+    if (r->N < 0)
+        return fail(ATTN_EXIT_USAGE,
+                    "%s: a packed batch's N (the longest sequence's queries) must be >= 0 (got %d)",
+                    name, r->N);
+    return ATTN_EXIT_PASS;
 }
 
 /* The cache rules that need no device (attention.h's attn_cache_refused). */
@@ -312,7 +353,10 @@ int attn_lib_plan(const attn_lib_request *r, void *plan, size_t plan_bytes,
         p.cache = cache_of(r, &p.shape);
         p.paged = r->paged != 0;
     }
-    int rc = check_arguments(&p.shape, variant, pass);
+    p.packed = r->varlen != 0;
+    p.empty = attn_packed_empty(&p.shape);
+    int rc = check_varlen(r);
+    if (rc == ATTN_EXIT_PASS) rc = check_arguments(&p.shape, variant, pass);
     if (rc == ATTN_EXIT_PASS && pass == PASS_DEC) rc = check_cache(&p.shape, &p.cache);
     if (rc == ATTN_EXIT_PASS) rc = check_model_inputs(&p.shape, &p.cache, pass);
     if (rc == ATTN_EXIT_PASS) rc = device_props(device, smem_limit, &p.dev);
@@ -320,17 +364,23 @@ int attn_lib_plan(const attn_lib_request *r, void *plan, size_t plan_bytes,
     int prev = device;
     rc = enter_device(device, &prev);
     if (rc != ATTN_EXIT_PASS) return rc;
-    const char *why = attn_this_stage.unsupported(&p.shape, &p.dev, variant);
+    /* a packed batch with nothing to compute, which the stage never sees, is refused where any
+     * packed batch of its kind is: unsupported() asked of it with a token on each side */
+    attn_shape asked = p.shape;
+    if (p.empty) asked.N = asked.N_k = asked.varlen.total_q = asked.varlen.total_k = 1;
+    const char *why = attn_this_stage.unsupported(&asked, &p.dev, variant);
     if (why) {
         rc = fail(ATTN_EXIT_UNSUPPORTED, "%s: %s", attn_this_stage.name, why);
     } else {
         p.workspace =
-            pass == PASS_BWD ? attn_this_stage.backward_workspace_bytes(&p.shape, &p.dev, variant)
+            p.empty            ? 0
+            : pass == PASS_BWD ? attn_this_stage.backward_workspace_bytes(&p.shape, &p.dev, variant)
             : pass == PASS_DEC
                 ? attn_this_stage.decode_workspace_bytes(&p.shape, &p.cache, &p.dev, variant)
                 : attn_this_stage.workspace_bytes(&p.shape, &p.dev, variant);
         p.cache.seqlens = p.cache.block_table = NULL; /* the run's pointers, never the plan's */
         p.cache.K_new = p.cache.V_new = NULL;
+        p.shape.varlen.cu_seqlens_q = p.shape.varlen.cu_seqlens_k = NULL;
         if (workspace_bytes) *workspace_bytes = p.workspace;
         if (plan) memcpy(plan, &p, sizeof p);
     }
@@ -338,14 +388,21 @@ int attn_lib_plan(const attn_lib_request *r, void *plan, size_t plan_bytes,
     return rc;
 }
 
+/* What every run checks first: a plan of this library's pass. */
+static int check_plan(int pass, const attn_lib_plan_t *p) {
+    if (!p || p->stage != &attn_this_stage || p->pass != pass)
+        return fail(ATTN_EXIT_USAGE, "%s: not a plan of this library's %s pass (attn_lib_plan)",
+                    attn_this_stage.name, pass_name(pass));
+    return ATTN_EXIT_PASS;
+}
+
 /* What every run checks before its launch: a plan of this library's pass, no NULL among the
  * pointers it needs (n of them) and the workspace it asked for. */
 static int check_run(int pass, const attn_lib_plan_t *p, const void *const *ptrs, int n,
                      const char *names, const void *workspace, size_t workspace_bytes) {
     const char *name = attn_this_stage.name;
-    if (!p || p->stage != &attn_this_stage || p->pass != pass)
-        return fail(ATTN_EXIT_USAGE, "%s: not a plan of this library's %s pass (attn_lib_plan)",
-                    name, pass_name(pass));
+    int rc = check_plan(pass, p);
+    if (rc != ATTN_EXIT_PASS) return rc;
     int null = p->workspace && !workspace;
     for (int i = 0; i < n; i++) null |= !ptrs[i];
     if (null)
@@ -365,45 +422,144 @@ static int launched(cudaError_t e, int pass) {
     return cuda_fail(e, pass_name(pass));
 }
 
-/* One pass of a plan on the caller's stream: the pointers and the workspace, then the launch. */
+/* ---- a packed batch with nothing to compute: its outputs, without a stage ---- */
+
+/* The driver's cuMemsetD32Async (32-bit words: lse's -inf, which no byte pattern makes), fetched
+ * once through the runtime, as common/device/tensor_map.cuh fetches its encoder: no -lcuda. */
+typedef CUresult (*memset_d32_fn)(CUdeviceptr, unsigned int, size_t, CUstream);
+static memset_d32_fn memset_d32;
+static pthread_once_t memset_d32_once = PTHREAD_ONCE_INIT;
+#define MEMSET_D32_VERSION 12000 /* the driver API version asked for (the call dates from 3.2) */
+
+static void find_memset_d32(void) {
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult found; /* (C: the enum keyword) */
+#if CUDART_VERSION >= 12050
+    if (cudaGetDriverEntryPointByVersion("cuMemsetD32Async", &fn, MEMSET_D32_VERSION,
+                                         cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+#else
+    if (cudaGetDriverEntryPoint("cuMemsetD32Async", &fn, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+#endif
+        memset_d32 = (memset_d32_fn)fn;
+    (void)cudaGetLastError();
+}
+
+#define NEG_INF_BITS 0xff800000u /* -inf, IEEE binary32 */
+
+/* Zero every row of a tensor of `rows` rows (t: its first element), head by head in its layout. */
+static cudaError_t zero_rows(void *t, const attn_layout *l, int heads, int rows, int D,
+                             cudaStream_t stream) {
+    const size_t esz = attn_this_stage.dtype == ATTN_F16 ? 2 : 4;
+    cudaError_t e = cudaSuccess;
+    for (int h = 0; rows > 0 && h < heads && e == cudaSuccess; h++)
+        e = cudaMemset2DAsync((char *)t + (size_t)h * l->head * esz, (size_t)l->row * esz, 0,
+                              (size_t)D * esz, (size_t)rows, stream);
+    return e;
+}
+
+/* The run of a plan with nothing to compute (attn_packed_empty): no stage; the forward writes O =
+ * 0 and lse = -inf on every query row, the backward dQ = dK = dV = 0 on every row; memsets on the
+ * stream (a CUDA graph captures them). out: O, lse or dQ, dK, dV; those of a side without a
+ * token may be NULL. */
+static int fill_empty(int pass, const attn_lib_plan_t *p, void *const *out, cudaStream_t stream) {
+    const attn_shape *s = &p->shape;
+    const int tq = s->varlen.total_q, tk = s->varlen.total_k;
+    const int null = pass == PASS_FWD ? tq > 0 && (!out[0] || !out[1])
+                                      : (tq > 0 && !out[0]) || (tk > 0 && (!out[1] || !out[2]));
+    if (null)
+        return fail(ATTN_EXIT_USAGE, "%s: a NULL pointer among %s", attn_this_stage.name,
+                    pass == PASS_FWD ? "O, lse" : "dQ, dK, dV");
+    pthread_once(&memset_d32_once, find_memset_d32);
+    if (pass == PASS_FWD && tq > 0 && !memset_d32)
+        return fail(ATTN_EXIT_UNSUPPORTED,
+                    "%s: the driver has no cuMemsetD32Async (the lse of a batch without keys)",
+                    attn_this_stage.name);
+    int prev = p->device;
+    int rc = enter_device(p->device, &prev);
+    if (rc != ATTN_EXIT_PASS) return rc;
+    cudaError_t e;
+    if (pass == PASS_FWD) {
+        e = zero_rows(out[0], &s->o, s->H, tq, s->D, stream);
+        if (e == cudaSuccess && tq > 0 &&
+            memset_d32((CUdeviceptr)(uintptr_t)out[1], NEG_INF_BITS, (size_t)s->H * tq,
+                       (CUstream)stream) != CUDA_SUCCESS)
+            e = cudaErrorUnknown;
+    } else {
+        e = zero_rows(out[0], &s->dQ, s->H, tq, s->D, stream);
+        if (e == cudaSuccess) e = zero_rows(out[1], &s->dK, s->H_kv, tk, s->D, stream);
+        if (e == cudaSuccess) e = zero_rows(out[2], &s->dV, s->H_kv, tk, s->D, stream);
+    }
+    rc = launched(e, pass);
+    leave_device(prev, p->device);
+    return rc;
+}
+
+/* One pass of a plan on the caller's stream: the sequences' boundaries where the plan is of a
+ * packed batch (and only there), the pointers and the workspace, then the launch. */
 static int run(int pass, const void *plan, const void *const *in, int n_in, void *const *out,
-               int n_out, const char *names, void *workspace, size_t workspace_bytes,
-               cudaStream_t stream) {
+               int n_out, const char *names, const int *cu_seqlens_q, const int *cu_seqlens_k,
+               void *workspace, size_t workspace_bytes, cudaStream_t stream) {
     const attn_lib_plan_t *p = (const attn_lib_plan_t *)plan;
+    const char *name = attn_this_stage.name;
+    int rc = check_plan(pass, p);
+    if (rc != ATTN_EXIT_PASS) return rc;
+    if (p->packed && (!cu_seqlens_q || !cu_seqlens_k))
+        return fail(ATTN_EXIT_USAGE,
+                    "%s: the run of a packed plan needs cu_seqlens_q and cu_seqlens_k (the "
+                    "sequences' boundaries, [B + 1] int32 on the device)",
+                    name);
+    if (!p->packed && (cu_seqlens_q || cu_seqlens_k))
+        return fail(ATTN_EXIT_USAGE,
+                    "%s: cu_seqlens given to the run of an unpacked plan (a packed batch is "
+                    "planned with varlen 1)",
+                    name);
+    if (p->empty) return fill_empty(pass, p, out, stream);
     const void *ptrs[9];
     for (int i = 0; i < n_in; i++) ptrs[i] = in[i];
     for (int i = 0; i < n_out; i++) ptrs[n_in + i] = out[i];
-    int rc = check_run(pass, p, ptrs, n_in + n_out, names, workspace, workspace_bytes);
+    rc = check_run(pass, p, ptrs, n_in + n_out, names, workspace, workspace_bytes);
     if (rc != ATTN_EXIT_PASS) return rc;
+    attn_shape packed; /* the plan's shape with the run's sequences */
+    const attn_shape *s = &p->shape;
+    if (p->packed) {
+        packed = p->shape;
+        packed.varlen.cu_seqlens_q = cu_seqlens_q, packed.varlen.cu_seqlens_k = cu_seqlens_k;
+        s = &packed;
+    }
     int prev = p->device;
     rc = enter_device(p->device, &prev);
     if (rc != ATTN_EXIT_PASS) return rc;
-    cudaError_t e = pass == PASS_BWD
-                        ? attn_this_stage.backward(&p->shape, &p->dev, in[0], in[1], in[2], in[3],
-                                                   (const float *)in[4], in[5], out[0], out[1],
-                                                   out[2], workspace, p->variant, stream)
-                        : attn_this_stage.forward(&p->shape, &p->dev, in[0], in[1], in[2], out[0],
-                                                  (float *)out[1], workspace, p->variant, stream);
+    cudaError_t e =
+        pass == PASS_BWD
+            ? attn_this_stage.backward(s, &p->dev, in[0], in[1], in[2], in[3], (const float *)in[4],
+                                       in[5], out[0], out[1], out[2], workspace, p->variant, stream)
+            : attn_this_stage.forward(s, &p->dev, in[0], in[1], in[2], out[0], (float *)out[1],
+                                      workspace, p->variant, stream);
     rc = launched(e, pass);
     leave_device(prev, p->device);
     return rc;
 }
 
 int attn_lib_forward(const void *plan, const void *Q, const void *K, const void *V, void *O,
-                     float *lse, void *workspace, size_t workspace_bytes, void *stream) {
+                     float *lse, const int *cu_seqlens_q, const int *cu_seqlens_k, void *workspace,
+                     size_t workspace_bytes, void *stream) {
     const void *in[] = {Q, K, V};
     void *out[] = {O, lse};
-    return run(PASS_FWD, plan, in, 3, out, 2, "Q, K, V, O, lse", workspace, workspace_bytes,
-               (cudaStream_t)stream);
+    return run(PASS_FWD, plan, in, 3, out, 2, "Q, K, V, O, lse", cu_seqlens_q, cu_seqlens_k,
+               workspace, workspace_bytes, (cudaStream_t)stream);
 }
 
 int attn_lib_backward(const void *plan, const void *Q, const void *K, const void *V, const void *O,
                       const float *lse, const void *dO, void *dQ, void *dK, void *dV,
-                      void *workspace, size_t workspace_bytes, void *stream) {
+                      const int *cu_seqlens_q, const int *cu_seqlens_k, void *workspace,
+                      size_t workspace_bytes, void *stream) {
     const void *in[] = {Q, K, V, O, lse, dO};
     void *out[] = {dQ, dK, dV};
-    return run(PASS_BWD, plan, in, 6, out, 3, "Q, K, V, O, lse, dO, dQ, dK, dV", workspace,
-               workspace_bytes, (cudaStream_t)stream);
+    return run(PASS_BWD, plan, in, 6, out, 3, "Q, K, V, O, lse, dO, dQ, dK, dV", cu_seqlens_q,
+               cu_seqlens_k, workspace, workspace_bytes, (cudaStream_t)stream);
 }
 
 int attn_lib_decode(const void *plan, const void *Q, void *K_cache, void *V_cache,

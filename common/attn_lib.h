@@ -32,8 +32,10 @@ extern "C" {
  * attn_lib_last_error; 5: attn_lib_plan takes what models feed (H_kv, N_k, bf16, strides);
  * 6: attn_lib_plan takes one attn_lib_request; attn_lib_limits; 7: decode over a KV cache (the
  * pass ATTN_LIB_DECODE, the request's cache fields, attn_lib_decode); 8: local windows and softcap
- * (the request's local, window_left, window_right, softcap) */
-#define ATTN_LIB_ABI 8
+ * (the request's local, window_left, window_right, softcap); 9: packed batches (the request's
+ * varlen, total_q, total_k; attn_lib_forward's and attn_lib_backward's cu_seqlens_q, cu_seqlens_k)
+ */
+#define ATTN_LIB_ABI 9
 
 /* attn_lib_request.pass */
 enum { ATTN_LIB_FORWARD = 0, ATTN_LIB_BACKWARD = 1, ATTN_LIB_DECODE = 2 };
@@ -69,17 +71,28 @@ typedef struct {
      * a softcap (> 0: scores s become softcap * tanh(s / softcap)); attention.h's attn_shape */
     int local, window_left, window_right;
     float softcap;
+    /* a packed batch (attention.h's attn_varlen; forward and backward): varlen 1, B sequences of
+     * at most N queries and N_k keys (flash-attn's max_seqlen_q, max_seqlen_k), q, o, dO, dQ
+     * [total_q, H, D] and k, v, dK, dV [total_k, H_kv, D] by their head and row strides (the
+     * batch stride unused; all three zero: packed contiguous), lse [H, total_q]; the sequences'
+     * boundaries are pointers of the run (cu_seqlens_q, cu_seqlens_k [B + 1] int32 on the
+     * device), never read by the host */
+    int varlen;
+    int total_q, total_k;
 } attn_lib_request;
 
 int attn_lib_abi(void);
 size_t attn_lib_plan_bytes(void);
 int attn_lib_plan(const attn_lib_request *request, void *plan, size_t plan_bytes,
                   size_t *workspace_bytes);
+/* cu_seqlens_q, cu_seqlens_k: a packed plan's sequences (device, [B + 1] int32), else NULL */
 int attn_lib_forward(const void *plan, const void *Q, const void *K, const void *V, void *O,
-                     float *lse, void *workspace, size_t workspace_bytes, void *stream);
+                     float *lse, const int *cu_seqlens_q, const int *cu_seqlens_k, void *workspace,
+                     size_t workspace_bytes, void *stream);
 int attn_lib_backward(const void *plan, const void *Q, const void *K, const void *V, const void *O,
                       const float *lse, const void *dO, void *dQ, void *dK, void *dV,
-                      void *workspace, size_t workspace_bytes, void *stream);
+                      const int *cu_seqlens_q, const int *cu_seqlens_k, void *workspace,
+                      size_t workspace_bytes, void *stream);
 /* seqlens [B] int32 and block_table [B, max_pages] int32 (NULL for a contiguous cache) on the
  * device; K_new, V_new NULL where the plan has no new keys; the cache written in place. */
 int attn_lib_decode(const void *plan, const void *Q, void *K_cache, void *V_cache,

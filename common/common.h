@@ -57,6 +57,10 @@ typedef struct {
     /* a local window and a softcap, as a complete attn_shape has them (zero: none) */
     int local, window_left, window_right;
     double softcap;
+    /* A packed batch (attention.h's attn_varlen) on the host: B sequences, sequence b's N_b =
+     * cu_q[b + 1] - cu_q[b] queries and N_k_b = cu_k[b + 1] - cu_k[b] keys, cumulative from 0;
+     * N and N_k are then the longest sequence's (bounds only). NULL: not packed. */
+    const int *cu_q, *cu_k;
 } ref_shape;
 
 /* The checker's view of a complete shape: its sizes, scale, mask and softcap. */
@@ -91,6 +95,26 @@ static inline long long ref_kv_row(const ref_shape *s, long long bh, long long j
     return ((bh / H) * ref_kv_heads(s) + (bh % H) / group) * ref_n_k(s) + j;
 }
 
+/* The checker's host copies of a packed batch: sequence-major, sequence b's rows of a query tensor
+ * ([total_q, H, D] on the device) as one [H, N_b, D] block at row H * cu_q[b] (its lse, [H,
+ * total_q] on the device, as [H, N_b] at H * cu_q[b]), those of a key tensor as [H_kv, N_k_b, D]
+ * at row H_kv * cu_k[b]: each sequence is an unpacked batch of one, so the reference below runs on
+ * it unchanged. An unpacked batch [B, H, N, D] is the same with cu_q[b] = b N, cu_k[b] = b N_k.
+ * The rows of a tensor (query rows: ref_rows(s, 0); key rows: ref_rows(s, 1)), and the sequence
+ * of a row (an index into them). */
+long long ref_rows(const ref_shape *s, int keys);
+long long ref_sequence_of_row(const ref_shape *s, int keys, long long row);
+/* Sequence b as an unpacked batch of one: its shape (B = 1, its N_b queries and N_k_b keys, the
+ * mask's bounds as the whole shape has them), its first query row and key row in the host copies
+ * (rows of [.., D]; lse: q_row) and its keys (s.N_k = 0, no keys, would read as N_b: a caller
+ * checks keys first). */
+typedef struct {
+    ref_shape s;
+    long long q_row, k_row;
+    long long keys;
+} ref_sequence;
+ref_sequence ref_sequence_at(const ref_shape *s, long long b);
+
 /* One output row (b*H + h, query i) from float inputs laid out [B, H, N, D] (Q) and
  * [B, H_kv, N_k, D] (K, V), over the keys ref_key_range gives it. o_exact[D] and lse: float64
  * softmax(scores) V, a score being s = scale q.k, or softcap * tanh(s / softcap) with a softcap;
@@ -106,6 +130,26 @@ void ref_row(const ref_shape *s, store_type st, const float *Q, const float *K, 
  * checked rows fall at different positions inside tiles). Returns how many were written
  * (min(want, total)); want < 0 means all rows. */
 long long pick_rows(long long total, long long want, uint64_t seed, long long *rows);
+/* The rows of a packed batch to check (s->cu_q set): in every sequence with rows, its first and
+ * last row and a spread (pick_rows), about `want` rows in all in proportion to the sequences'
+ * rows but at least two of each (want < 0: all rows), and with `edges` the first and last row of
+ * every head too (where a tile written past a sequence's end lands: the next one's first rows);
+ * query rows (keys 0) or key rows (keys 1), increasing, as indices into ref_rows. Returns how
+ * many (-1: no host memory); rows NULL: only counts them. */
+long long pick_sequence_rows(const ref_shape *s, int keys, long long want, int edges, uint64_t seed,
+                             long long *rows);
+
+/* ---- packed batches: the sequences' lengths (--varlen) ---- */
+/* SPEC: a comma-separated list of sequences, each Nq or Nq:Nk (queries, keys; Nk = Nq when not
+ * given), lengths 0 to ATTN_MAX_N, at most ATTN_MAX_BH sequences and ATTN_MAX_N tokens of each
+ * side. 0 and *B sequences, cu_q and cu_k [B + 1] malloc'd (cumulative from 0); -1 and one line in
+ * err (a bad list); NPY_ERR_NOMEM (no host memory). */
+int varlen_parse(const char *spec, int *B, int **cu_q, int **cu_k, char *err, size_t errlen);
+/* B random sequences into cu_q and cu_k [B + 1]: queries uniform in 0 .. max_q, keys as many
+ * (max_k < 0) or uniform in 0 .. max_k, each side empty one time in VARLEN_EMPTY_ODDS besides, a
+ * pure function of seed. 0, or -1 when the tokens of a side pass ATTN_MAX_N. */
+#define VARLEN_EMPTY_ODDS 8
+int varlen_random(int B, int max_q, int max_k, uint64_t seed, int *cu_q, int *cu_k);
 
 typedef struct {
     double max_abs_err; /* max |O - O_ref| over checked rows */
@@ -120,7 +164,9 @@ typedef struct {
 } check_result;
 
 /* Checks O ([B,H,N,D], as floats) and lse ([B,H,N]) at the given rows; every element of O and
- * lse must be finite, but lse = -inf exactly where a row attends to no key.
+ * lse must be finite, but lse = -inf exactly where a row attends to no key. A packed batch
+ * (s->cu_q): O and lse as the host copies hold them (sequence-major, above), each sequence against
+ * its own keys (a sequence without keys: O = 0, lse = -inf), rows indices into ref_rows(s, 0).
  * st: the storage type (16-bit: pass rule 2x that reference's error + floor; fp32: tight). */
 void check_output(const ref_shape *s, store_type st, const float *Q, const float *K, const float *V,
                   const float *O, const float *lse, const long long *rows, long long nrows,
@@ -140,7 +186,9 @@ typedef struct {
 
 /* Checks dQ at the query rows qrows (indices into [B*H, N]) and dK, dV at the key rows krows
  * (indices into [B*H_kv, N_k]); dQ [B, H, N, D], dK and dV [B, H_kv, N_k, D], as floats; a key
- * row's gradient sums over the query heads that share its head (GQA). The reference takes the
+ * row's gradient sums over the query heads that share its head (GQA); a packed batch (s->cu_q)
+ * sequence by sequence, as check_output (a sequence without keys: dQ = 0; without queries: dK =
+ * dV = 0), qrows and krows indices into ref_rows(s, 0) and ref_rows(s, 1). The reference takes the
  * stored inputs Q, K, V, dO and the forward's stored O and lse (checked by check_output first): D_i
  * = dO_i . O_i, P_ij = exp(scale q_i.k_j - lse_i), dS_ij = P_ij (dO_i.v_j - D_i); dQ_i = scale
  * sum_j dS_ij k_j, dK_j = scale sum_i dS_ij q_i, dV_j = sum_i P_ij dO_i, in float64, over every key

@@ -40,6 +40,10 @@
 #define MAX_REPEATS 10000
 #define MOVE_ROWS_SERIAL_BYTES (8 << 20) /* host copies below this size stay on one thread */
 #define DECODE_DEFAULT_N_MAX 1024        /* the decode path's --seq-k when none is given */
+/* A packed batch's outputs (--varlen) are allocated this many rows longer than their tensors,
+ * poisoned, and checked untouched: a tile of the last sequence written past its end lands there
+ * (a tile of another sequence lands on the next sequence's first rows, which are checked). */
+#define PACKED_SLACK_ROWS 256
 /* The stages with a backward pass, named where a forward-only stage is asked for one (the
  * Makefile passes them from the stages' stage.mk declarations). */
 #ifndef ATTN_BACKWARD_STAGES
@@ -54,11 +58,15 @@ static const char *const layout_names[LAYOUTS] = {"bhnd", "bnhd", "qkv"};
 
 typedef struct {
     attn_shape shape;
-    int given_B, given_H, given_N, given_D, given_scale;
+    int given_B, given_H, given_N, given_D, given_scale, given_N_k;
     layout_kind layout;
     int given_layout;
     int page_size;          /* the decode path's cache: --page-size (0: contiguous), */
     int ragged, N_new;      /* --ragged, --new-tokens */
+    const char *varlen;     /* --varlen SPEC as given; NULL: not packed */
+    int *cu_q, *cu_k;       /* a packed batch's sequences on the host, [B + 1] each (--varlen) */
+    int forward_only;       /* the forward pass alone (the self-test's packed cases a stage's
+                               backward does not take) */
     int decode;             /* one of the three given: the decode path */
     const char *shape_from; /* "--q 'q.npy'": the file the shape was taken from, if any */
     int given_run;          /* an option the self-test would ignore (shape, --dist, --check...) */
@@ -67,6 +75,7 @@ typedef struct {
     const char *qpath, *kpath, *vpath, *outpath, *lsepath;
     const char *dOpath, *dqpath, *dkpath, *dvpath; /* the backward pass's input and outputs */
     long long check_rows;                          /* -1: all rows */
+    int check_edges; /* a packed batch's: every head's first and last row of each sequence too */
     int bench, csv, self_test, variant, variant_given;
     double budget_s;
     long long smem_limit;
@@ -88,8 +97,20 @@ static const double pass_flops[PASSES] = {1.0, 2.5, 3.5};
 /* The forward's FLOPs: 4 B H N N_k D (two matrix products of 2 N N_k D each per head), halved when
  * causal (the FlashAttention papers' rule; plots/measure.py is the Python side's home); with a
  * local window, 4 B H D times the (query, key) pairs attended, exactly: the sum over the rows of
- * hi - lo + 1 (attn_key_range), causal or not. */
+ * hi - lo + 1 (attn_key_range), causal or not. A packed batch: the sum of its sequences' (the
+ * shape's cu_seqlens the program's host arrays, as the program keeps them: options). */
 static double attn_flops(const attn_shape *s) {
+    if (s->varlen.cu_seqlens_q) {
+        double sum = 0;
+        for (int b = 0; b < s->B; b++) {
+            const attn_sequence q = attn_sequence_of(&s->varlen, b, s->H, s->N, s->N_k);
+            attn_shape one = *s; /* the sequence alone: its own N and N_k, the shape's mask */
+            one.B = 1, one.N = q.N, one.N_k = q.N_k;
+            one.varlen = (attn_varlen){0};
+            if (q.N > 0 && q.N_k > 0) sum += attn_flops(&one);
+        }
+        return sum;
+    }
     const double N_k = s->N_k ? s->N_k : s->N;
     if (!s->local) return 4.0 * s->B * s->H * (double)s->N * N_k * s->D * (s->causal ? 0.5 : 1.0);
     double pairs = 0;
@@ -150,6 +171,17 @@ static void usage(void) {
         "                     (--causal makes R 0; -1,-1: no window)\n"
         "  --softcap C        each score s (= scale q.k) becomes C tanh(s / C) before the\n"
         "                     softmax; C >= 0 (0: none, the default)\n"
+        "packed batches (flash-attn's varlen; stages 5-8, the others refuse them):\n"
+        "  --varlen SPEC      sequences of their own lengths, packed one after another:\n"
+        "                     Q, O [total_q, H, D], K, V [total_k, H_kv, D], lse [H, total_q]\n"
+        "                     (cu_seqlens); causal and windows align to each sequence's own\n"
+        "                     bottom right. SPEC: each sequence's Nq or Nq:Nk (queries:keys),\n"
+        "                     comma-separated, e.g. 1000,0,37:512; or random: --batch\n"
+        "                     sequences of 0..--seq queries (one in %d empty), keys as many or\n"
+        "                     0..--seq-k, from --seed. N, N_k: the longest sequence's.\n"
+        "                     --layout bnhd is the default here, bhnd [H, total, D], qkv\n"
+        "                     [total, 3, H, D]; --out, --dq/--dk/--dv write [total, H, D],\n"
+        "                     --lse [H, total_q]\n"
         "decode (a stage with a KV-cache path, stage 9; any of these three selects it):\n"
         "  --page-size P      a paged cache of P keys per page, a power of two 1..%d, its pages\n"
         "                     scattered by a random block table (default: one contiguous cache\n"
@@ -184,8 +216,8 @@ static void usage(void) {
         "exit codes: %d pass, %d wrong result, %d bad usage, %d unsupported here (no NVIDIA "
         "GPU, or the shape), %d out of device or host memory\n",
         prog, attn_this_stage.name, attn_this_stage.adds, ATTN_HEAD_DIMS, ATTN_MAX_BH,
-        attn_this_stage.dtype == ATTN_F16 ? "f16" : "f32", ATTN_MAX_PAGE_SIZE, ATTN_MAX_DECODE_N,
-        DECODE_DEFAULT_N_MAX,
+        attn_this_stage.dtype == ATTN_F16 ? "f16" : "f32", VARLEN_EMPTY_ODDS, ATTN_MAX_PAGE_SIZE,
+        ATTN_MAX_DECODE_N, DECODE_DEFAULT_N_MAX,
         attn_this_stage.dtype == ATTN_F16 ? "float16 (bf16 runs: float32)" : "float32", MIN_REPEATS,
         MIN_SECONDS, attn_this_stage.variants, ATTN_EXIT_PASS, ATTN_EXIT_WRONG, ATTN_EXIT_USAGE,
         ATTN_EXIT_UNSUPPORTED, ATTN_EXIT_OOM);
@@ -253,6 +285,7 @@ enum {
     OPT_LAYOUT,
     OPT_WINDOW,
     OPT_SOFTCAP,
+    OPT_VARLEN,
     OPT_SEED,
     OPT_DIST,
     OPT_Q,
@@ -289,6 +322,7 @@ static const struct option long_options[] = {
     {"layout", required_argument, NULL, OPT_LAYOUT},
     {"window", required_argument, NULL, OPT_WINDOW},
     {"softcap", required_argument, NULL, OPT_SOFTCAP},
+    {"varlen", required_argument, NULL, OPT_VARLEN},
     {"seed", required_argument, NULL, OPT_SEED},
     {"dist", required_argument, NULL, OPT_DIST},
     {"q", required_argument, NULL, OPT_Q},
@@ -375,7 +409,7 @@ static float parse_softcap(const char *opt, const char *v) {
 }
 
 /* --batch, --heads, --seq, --dim, --causal, --scale, --kv-heads, --seq-k, --dtype, --layout,
- * --window, --softcap: 1 if c is one of them. */
+ * --window, --softcap, --varlen: 1 if c is one of them. */
 static int shape_option(int c, const char *a, const char *v, options *o) {
     attn_shape *s = &o->shape;
     switch (c) {
@@ -401,7 +435,7 @@ static int shape_option(int c, const char *a, const char *v, options *o) {
             s->H_kv = (int)parse_int(a, v, 1, ATTN_MAX_BH);
             break;
         case OPT_SEQ_K:
-            s->N_k = (int)parse_int(a, v, 1, ATTN_MAX_N);
+            s->N_k = (int)parse_int(a, v, 1, ATTN_MAX_N), o->given_N_k = 1;
             break;
         case OPT_DTYPE:
             if (strcmp(v, "f16") && strcmp(v, "bf16") && strcmp(v, "f32"))
@@ -425,6 +459,9 @@ static int shape_option(int c, const char *a, const char *v, options *o) {
             break;
         case OPT_SOFTCAP:
             s->softcap = parse_softcap(a, v);
+            break;
+        case OPT_VARLEN: /* read in check_options, with --batch, --seq and --seq-k */
+            o->varlen = v;
             break;
         default:
             return 0;
@@ -544,11 +581,26 @@ static void parse_args(int argc, char **argv, options *o) {
     if (optind < argc) die_usage("unknown option '%s'", argv[optind]);
 }
 
-/* The layouts of --layout (the shape's strides; contiguous ones left zero, then filled in). */
+/* The layouts of --layout (the shape's strides; contiguous ones left zero, then filled in). A
+ * packed batch's: bnhd [total, H, D] (attention.h's attn_packed), bhnd [H, total, D], qkv [total,
+ * 3, H, D]; their batch stride unused. */
 static void set_layout(options *o) {
     attn_shape *s = &o->shape;
     attn_shape_complete(s); /* H_kv, N_k */
     const long long D = s->D, H = s->H, N = s->N, Hk = s->H_kv, Nk = s->N_k;
+    if (s->varlen.cu_seqlens_q) { /* packed: the tensors' rows are the batch's tokens */
+        const long long tq = s->varlen.total_q, tk = s->varlen.total_k;
+        attn_layout q = attn_packed((int)H, (int)D), k = attn_packed((int)Hk, (int)D);
+        if (o->layout == LAYOUT_BHND) /* [heads, total, D] */
+            q = (attn_layout){0, tq * D, D}, k = (attn_layout){0, tk * D, D};
+        s->q = s->o = s->dO = s->dQ = q;
+        s->k = s->v = s->dK = s->dV = k;
+        if (o->layout == LAYOUT_QKV) { /* [total, 3, H, D] */
+            const attn_layout qkv = {0, D, 3 * H * D};
+            s->q = s->k = s->v = s->dQ = s->dK = s->dV = qkv;
+        }
+        return;
+    }
     if (o->layout == LAYOUT_BNHD || o->layout == LAYOUT_QKV) {
         const attn_layout q = {N * H * D, D, H * D}, k = {Nk * Hk * D, D, Hk * D};
         s->q = s->o = s->dO = s->dQ = q;
@@ -558,6 +610,59 @@ static void set_layout(options *o) {
         const attn_layout qkv = {3 * N * H * D, D, 3 * H * D};
         s->q = s->k = s->v = s->dQ = s->dK = s->dV = qkv;
     }
+}
+
+/* --varlen: its sequences (a list, or random from --batch, --seq, --seq-k and --seed) in o->cu_q
+ * and o->cu_k, and the shape they make: B sequences, N and N_k the longest's (N_k 0, no key in
+ * the batch, completes to N: a batch with nothing to compute, attn_packed_empty), the packed
+ * layouts (bnhd unless --layout says otherwise). The shape's cu_seqlens are the host arrays until
+ * a run puts the device's in a copy of it (enqueue): no stage reads them on the host. */
+static void setup_varlen(options *o) {
+    attn_shape *s = &o->shape;
+    if (o->decode)
+        die_usage(
+            "--varlen: the decode path (--page-size, --ragged, --new-tokens) takes no packed "
+            "batch");
+    const char *const names[] = {"--q", "--k", "--v", "--dO"};
+    const char *const paths[] = {o->qpath, o->kpath, o->vpath, o->dOpath};
+    for (int f = 0; f < (int)(sizeof paths / sizeof paths[0]); f++)
+        if (paths[f]) die_usage("%s: a packed batch (--varlen) makes its own inputs", names[f]);
+    int B = s->B;
+    if (!strcmp(o->varlen, "random")) {
+        o->cu_q = malloc(sizeof(int) * (size_t)(B + 1));
+        o->cu_k = malloc(sizeof(int) * (size_t)(B + 1));
+        if (!o->cu_q || !o->cu_k) die_host_oom("the sequences' lengths");
+        if (varlen_random(B, s->N, o->given_N_k ? s->N_k : -1, o->seed, o->cu_q, o->cu_k) != 0)
+            die_usage(
+                "--varlen random: these %d sequences pass %d tokens in all (a smaller --batch "
+                "or --seq)",
+                B, ATTN_MAX_N);
+    } else {
+        if (o->given_N || o->given_N_k)
+            die_usage(
+                "%s: --varlen's list sets the sequences' lengths (--varlen random takes --seq "
+                "and --seq-k as their bounds)",
+                o->given_N ? "--seq" : "--seq-k");
+        char err[256];
+        const int rc = varlen_parse(o->varlen, &B, &o->cu_q, &o->cu_k, err, sizeof err);
+        if (rc == NPY_ERR_NOMEM) die_host_oom(err);
+        if (rc != 0) die_usage("--varlen: %s", err);
+        if (o->given_B && B != s->B)
+            die_usage("--batch: %d, but --varlen lists %d sequences", s->B, B);
+    }
+    int most_q = 0, most_k = 0, same = 1;
+    for (int b = 0; b < B; b++) {
+        const int n_q = o->cu_q[b + 1] - o->cu_q[b], n_k = o->cu_k[b + 1] - o->cu_k[b];
+        most_q = n_q > most_q ? n_q : most_q, most_k = n_k > most_k ? n_k : most_k;
+        same &= n_q == n_k;
+    }
+    s->B = B, s->N = most_q, s->N_k = most_k;
+    s->varlen = (attn_varlen){o->cu_q, o->cu_k, o->cu_q[B], o->cu_k[B]};
+    if (!o->given_layout) o->layout = LAYOUT_BNHD;
+    if (o->layout == LAYOUT_QKV && ((s->H_kv && s->H_kv != s->H) || !same))
+        die_usage(
+            "--layout qkv: one fused projection has as many key/value heads as query heads "
+            "and every sequence as many keys as queries");
 }
 
 /* ---- inputs ---- */
@@ -617,8 +722,24 @@ static float *load_npy(const char *opt, const char *path, options *o) {
 
 /* ---- the run's tensors: their shapes, storage and layouts ---- */
 
-/* Device buffers of one run; the backward's are allocated only for a stage that has one. */
-enum { BUF_Q, BUF_K, BUF_V, BUF_O, BUF_LSE, BUF_WS, BUF_DO, BUF_DQ, BUF_DK, BUF_DV, BUF_BWS, BUFS };
+/* Device buffers of one run; the backward's are allocated only for a stage that has one, the
+ * sequences' boundaries (cu_seqlens_q, cu_seqlens_k) only for a packed batch. */
+enum {
+    BUF_Q,
+    BUF_K,
+    BUF_V,
+    BUF_O,
+    BUF_LSE,
+    BUF_WS,
+    BUF_DO,
+    BUF_DQ,
+    BUF_DK,
+    BUF_DV,
+    BUF_BWS,
+    BUF_CU_Q,
+    BUF_CU_K,
+    BUFS
+};
 
 /* The storage type of the run (what the checker rounds to), and its element size. */
 static store_type store_of(const attn_shape *s) {
@@ -628,13 +749,27 @@ static size_t esz_of(void) {
     return attn_this_stage.dtype == ATTN_F16 ? 2 : 4;
 }
 
+/* Whether the run has a backward pass: the stage has one and the case is not its forward alone. */
+static int has_backward(const options *o) {
+    return attn_this_stage.backward && !o->forward_only;
+}
+
+/* malloc of at least one byte (a packed batch's side without a token has no element). */
+static void *host_alloc(size_t bytes) {
+    return malloc(bytes ? bytes : 1);
+}
+
 /* Whether a tensor has the keys' shape [B, H_kv, N_k, D] (else the queries' [B, H, N, D]). */
 static int key_tensor(int buf) {
     return buf == BUF_K || buf == BUF_V || buf == BUF_DK || buf == BUF_DV;
 }
 
-/* A tensor's elements, [B, heads, rows, D] as the checker sees it (contiguous). */
+/* A tensor's elements, [B, heads, rows, D] as the checker sees it (contiguous); a packed batch's
+ * [total, heads, D] (the checker's copy sequence-major: common.h). */
 static size_t elems_of(const attn_shape *s, int buf) {
+    if (s->varlen.cu_seqlens_q) /* packed: [total, heads, D] */
+        return key_tensor(buf) ? (size_t)s->varlen.total_k * s->H_kv * s->D
+                               : (size_t)s->varlen.total_q * s->H * s->D;
     return (size_t)s->B * (key_tensor(buf) ? (size_t)s->H_kv * s->N_k : (size_t)s->H * s->N) * s->D;
 }
 
@@ -669,26 +804,72 @@ static size_t offset_of(const options *o, int buf) {
 static size_t span_of(const options *o, int buf) {
     const attn_shape *s = &o->shape;
     const attn_layout *l = layout_of(s, buf);
-    const int heads = key_tensor(buf) ? s->H_kv : s->H, rows = key_tensor(buf) ? s->N_k : s->N;
+    const int heads = key_tensor(buf) ? s->H_kv : s->H;
+    const long long rows = !o->cu_q          ? (key_tensor(buf) ? s->N_k : s->N)
+                           : key_tensor(buf) ? s->varlen.total_k
+                                             : s->varlen.total_q;
+    if (rows == 0) return 0; /* a packed batch without a token of this side */
     return offset_of(o, buf) + (size_t)(s->B - 1) * l->batch + (size_t)(heads - 1) * l->head +
            (size_t)(rows - 1) * l->row + s->D;
 }
 
-/* Each [D] row of a tensor between its contiguous host copy (host, elements of esz bytes) and its
- * device image (img, span_of elements): host into img (ROWS_SCATTER), img into host (ROWS_GATHER),
- * or the rows in img set to 0xff bytes (ROWS_ERASE: what is left is the layout's gaps). */
+/* Whether a tensor is one of the outputs (O, dQ, dK, dV). */
+static int output_tensor(int buf) {
+    return buf == BUF_O || buf == BUF_DQ || buf == BUF_DK || buf == BUF_DV;
+}
+
+/* The elements its device buffer holds: the span, and after a packed batch's outputs
+ * PACKED_SLACK_ROWS rows more, poisoned (the download counts what a run writes there). */
+static size_t alloc_of(const options *o, int buf) {
+    const size_t span = span_of(o, buf);
+    if (!o->cu_q || !output_tensor(buf) || span == 0) return span;
+    return span + (size_t)PACKED_SLACK_ROWS * layout_of(&o->shape, buf)->row;
+}
+
+/* The checker's view of the run: its shape, and a packed batch's sequences (common.h). */
+static ref_shape checker_shape(const options *o) {
+    ref_shape rs = ref_of(&o->shape);
+    rs.cu_q = o->cu_q, rs.cu_k = o->cu_k;
+    return rs;
+}
+
+/* Where row r of a tensor's host copy (contiguous [B, heads, rows, D]; a packed batch's
+ * sequence-major, common.h) lies in the tensor: the batch, head and row its layout's strides
+ * multiply (rs: checker_shape's). */
+static void row_place(const options *o, const ref_shape *rs, int buf, long long r, long long *b,
+                      long long *h, long long *i) {
+    const attn_shape *s = &o->shape;
+    const int keys = key_tensor(buf);
+    const long long heads = keys ? s->H_kv : s->H;
+    if (!o->cu_q) {
+        const long long rows = keys ? s->N_k : s->N;
+        *b = r / (heads * rows), *h = r / rows % heads, *i = r % rows;
+        return;
+    }
+    /* the sequence's first row and length, as a kernel reads them (the host's own arrays) */
+    const long long seq = ref_sequence_of_row(rs, keys, r);
+    const attn_sequence q = attn_sequence_of(&s->varlen, (int)seq, s->H, s->N, s->N_k);
+    const long long first = heads * (keys ? o->cu_k : o->cu_q)[seq], len = keys ? q.N_k : q.N;
+    *b = 0, *h = (r - first) / len, *i = (keys ? q.k_row : q.q_row) + (r - first) % len;
+}
+
+/* Each [D] row of a tensor between its host copy (host, elements of esz bytes; row_place's order)
+ * and its device image (img, alloc_of elements): host into img (ROWS_SCATTER), img into host
+ * (ROWS_GATHER), or the rows in img set to 0xff bytes (ROWS_ERASE: what is left is the layout's
+ * gaps and a packed output's slack rows). */
 typedef enum { ROWS_SCATTER, ROWS_GATHER, ROWS_ERASE } rows_move;
 static void move_rows(const options *o, int buf, void *host, void *img, rows_move how) {
     const attn_shape *s = &o->shape;
     const attn_layout *l = layout_of(s, buf);
-    const int heads = key_tensor(buf) ? s->H_kv : s->H, rows = key_tensor(buf) ? s->N_k : s->N;
     const size_t esz = esz_of(), row_bytes = (size_t)s->D * esz, off = offset_of(o, buf);
-    const long long all = (long long)s->B * heads * rows;
+    const long long all = (long long)(elems_of(s, buf) / (size_t)s->D);
+    const ref_shape rs = checker_shape(o);
     /* threads only where there is work for them: the self-test's small cases run three programs
      * side by side, where idle OpenMP threads spinning at a barrier cost more than the copy */
 #pragma omp parallel for schedule(static) if (all * (long long)row_bytes > MOVE_ROWS_SERIAL_BYTES)
     for (long long r = 0; r < all; r++) {
-        const long long b = r / ((long long)heads * rows), h = r / rows % heads, i = r % rows;
+        long long b, h, i;
+        row_place(o, &rs, buf, r, &b, &h, &i);
         char *at = (char *)img + (off + b * l->batch + h * l->head + i * l->row) * esz;
         char *row = (char *)host + r * row_bytes;
         if (how == ROWS_SCATTER)
@@ -711,13 +892,13 @@ static int make_inputs(const options *o, float *fileq, float *filek, float *file
     void **stored[4] = {&in->Qs, &in->Ks, &in->Vs, &in->dOs};
     const int bufs[4] = {BUF_Q, BUF_K, BUF_V, BUF_DO};
     memset(in, 0, sizeof *in);
-    for (int t = 0; t < (attn_this_stage.backward ? 4 : 3); t++) {
+    for (int t = 0; t < (has_backward(o) ? 4 : 3); t++) {
         const size_t n = elems_of(s, bufs[t]);
-        float *f = src[t] ? src[t] : malloc(n * sizeof(float));
+        float *f = src[t] ? src[t] : host_alloc(n * sizeof(float));
         if (!f) return -1;
         if (!src[t]) fill_normal(f, n, o->seed, (uint32_t)t, (t == 0 && o->peaky) ? 8.0f : 1.0f);
         if (st != STORE_F32) {
-            uint16_t *h = malloc(n * sizeof(uint16_t));
+            uint16_t *h = host_alloc(n * sizeof(uint16_t));
             if (!h) return -1;
 #pragma omp parallel for schedule(static)
             for (long long x = 0; x < (long long)n; x++) {
@@ -759,6 +940,23 @@ static int gpu_init(const options *o, gpu_ctx *g) {
     return 0;
 }
 
+/* 0xff bytes (NaN in fp16, bf16 and fp32) over an output's device buffer before a checked run. */
+static void poison(void *p, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemset(p, 0xff, bytes));
+}
+
+/* The stage's unsupported() of a shape. A packed batch with nothing to compute, which no stage
+ * sees (attention.h's attn_packed_empty), asks it of the same batch with a token on each side,
+ * so that it is refused where any packed batch of its kind is (a head dim the stage did not
+ * compile, a type this GPU has no instruction for). */
+static const char *stage_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
+    if (!attn_packed_empty(s)) return attn_this_stage.unsupported(s, dev, variant);
+    attn_shape one = *s;
+    one.N = one.N_k = 1;
+    one.varlen.total_q = one.varlen.total_k = 1;
+    return attn_this_stage.unsupported(&one, dev, variant);
+}
+
 /* cudaMalloc that reports, rather than dies, when the device is out of memory. */
 int dev_alloc(void **p, size_t bytes, const char *what, double *total_mb) {
     *p = NULL;
@@ -778,11 +976,49 @@ int dev_alloc(void **p, size_t bytes, const char *what, double *total_mb) {
     return 0;
 }
 
-static void enqueue(gpu_ctx *g, const options *o, void *const b[BUFS], pass_kind pass) {
+/* Zero every row of a packed tensor (t: its first element), head by head in its layout. */
+static void zero_rows(gpu_ctx *g, const options *o, void *t, int buf) {
     const attn_shape *s = &o->shape;
+    const attn_layout *l = layout_of(s, buf);
+    const int heads = key_tensor(buf) ? s->H_kv : s->H;
+    const int rows = key_tensor(buf) ? s->varlen.total_k : s->varlen.total_q;
+    const size_t esz = esz_of();
+    for (int h = 0; rows > 0 && h < heads; h++)
+        CUDA_CHECK(cudaMemset2DAsync((char *)t + (size_t)h * l->head * esz, (size_t)l->row * esz, 0,
+                                     (size_t)s->D * esz, (size_t)rows, g->stream));
+}
+
+/* A packed batch with nothing to compute (attention.h's attn_packed_empty) calls no stage: the
+ * program writes what the library writes, flash-attn's answer: O = 0 and lse = -inf on every
+ * query row (the forward), dQ = dK = dV = 0 (the backward). */
+static void fill_empty(gpu_ctx *g, const options *o, void *const t[BUFS], pass_kind pass) {
+    const attn_shape *s = &o->shape;
+    if (pass != PASS_BWD) {
+        zero_rows(g, o, t[BUF_O], BUF_O);
+        const size_t n = (size_t)s->H * s->varlen.total_q;
+        float *none = host_alloc(n * sizeof(float));
+        if (!none) die_host_oom("the lse of a batch without keys");
+        for (size_t x = 0; x < n; x++) none[x] = -INFINITY;
+        if (n) /* (from pageable memory: staged before the call returns, so none may go) */
+            CUDA_CHECK(cudaMemcpyAsync(t[BUF_LSE], none, n * sizeof(float), cudaMemcpyHostToDevice,
+                                       g->stream));
+        free(none);
+    }
+    if (pass != PASS_FWD)
+        for (int buf = BUF_DQ; buf <= BUF_DV; buf++) zero_rows(g, o, t[buf], buf);
+}
+
+static void enqueue(gpu_ctx *g, const options *o, void *const b[BUFS], pass_kind pass) {
+    attn_shape packed = o->shape; /* a packed batch's: the sequences' boundaries on the device */
+    packed.varlen.cu_seqlens_q = b[BUF_CU_Q], packed.varlen.cu_seqlens_k = b[BUF_CU_K];
+    const attn_shape *s = o->cu_q ? &packed : &o->shape;
     void *t[BUFS]; /* each tensor's first element (Q, K, V of a fused projection: one after another)
                     */
     for (int i = 0; i < BUFS; i++) t[i] = b[i] ? (char *)b[i] + offset_of(o, i) * esz_of() : NULL;
+    if (attn_packed_empty(s)) {
+        fill_empty(g, o, t, pass);
+        return;
+    }
     if (pass != PASS_BWD)
         CUDA_CHECK(attn_this_stage.forward(s, &g->dev, t[BUF_Q], t[BUF_K], t[BUF_V], t[BUF_O],
                                            (float *)t[BUF_LSE], t[BUF_WS], o->variant, g->stream));
@@ -851,16 +1087,16 @@ void bench_launches(gpu_ctx *g, enqueue_fn call, const void *arg, double first_m
  * poisoned with 0xff bytes before the run) that the run wrote over. */
 static float *download(const options *o, const void *dev_buf, int buf, void **raw,
                        long long *stray) {
-    const size_t count = elems_of(&o->shape, buf), span = span_of(o, buf), esz = esz_of();
+    const size_t count = elems_of(&o->shape, buf), span = alloc_of(o, buf), esz = esz_of();
     const store_type st = store_of(&o->shape);
-    float *f = malloc(count * sizeof(float));
-    void *r = esz == 4 ? (void *)f : malloc(count * esz);
-    unsigned char *img = malloc(span * esz);
+    float *f = host_alloc(count * sizeof(float));
+    void *r = esz == 4 ? (void *)f : host_alloc(count * esz);
+    unsigned char *img = host_alloc(span * esz);
     if (!f || !r || !img) die_host_oom("the copy of an output");
-    CUDA_CHECK(cudaMemcpy(img, dev_buf, span * esz, cudaMemcpyDeviceToHost));
+    if (span) CUDA_CHECK(cudaMemcpy(img, dev_buf, span * esz, cudaMemcpyDeviceToHost));
     move_rows(o, buf, r, img, ROWS_GATHER);
     long long written = 0;
-    if (span != count) { /* a strided layout: its gaps must still hold the poison */
+    if (span != count) { /* a strided layout's gaps, a packed output's slack: still the poison */
         move_rows(o, buf, NULL, img, ROWS_ERASE);
 #pragma omp parallel for reduction(+ : written) \
     schedule(static) if (span * esz > MOVE_ROWS_SERIAL_BYTES)
@@ -888,22 +1124,74 @@ static void write_npy(const char *opt, const char *path, npy_dtype dt, int ndim,
     }
 }
 
-/* lse [B, H, N] float32 (always contiguous) to the host. */
-static float *download_lse(const attn_shape *s, const void *dev_lse) {
-    const size_t rows = (size_t)s->B * s->H * s->N;
-    float *f = malloc(rows * sizeof(float));
+/* The lse's elements, [B, H, N] (a packed batch's [H, total_q]), and those of its device buffer:
+ * a packed batch's PACKED_SLACK_ROWS more, poisoned, as its outputs' (alloc_of). */
+static size_t lse_rows(const options *o) {
+    const attn_shape *s = &o->shape;
+    return o->cu_q ? (size_t)s->H * s->varlen.total_q : (size_t)s->B * s->H * s->N;
+}
+static size_t lse_alloc(const options *o) {
+    return lse_rows(o) + (o->cu_q && lse_rows(o) ? PACKED_SLACK_ROWS : 0);
+}
+
+/* lse float32 (always contiguous) to the host as it lies on the device, [B, H, N] or [H, total_q];
+ * *stray: bytes of a packed batch's slack written over. */
+static float *download_lse(const options *o, const void *dev_lse, long long *stray) {
+    const size_t rows = lse_rows(o), alloc = lse_alloc(o);
+    float *f = host_alloc(alloc * sizeof(float));
     if (!f) die_host_oom("the copy of the lse");
-    CUDA_CHECK(cudaMemcpy(f, dev_lse, rows * sizeof(float), cudaMemcpyDeviceToHost));
+    if (alloc) CUDA_CHECK(cudaMemcpy(f, dev_lse, alloc * sizeof(float), cudaMemcpyDeviceToHost));
+    const unsigned char *slack = (const unsigned char *)(f + rows);
+    long long written = 0;
+    for (size_t x = 0; x < (alloc - rows) * sizeof(float); x++) written += slack[x] != 0xff;
+    *stray = written;
     return f;
 }
 
-/* An output to a .npy file, [B, heads, rows, D]: the stored values (bf16: as float32). */
-static void write_tensor(const char *opt, const char *path, const attn_shape *s, int buf,
+/* The lse as the checker reads it: a packed batch's [H, total_q] sequence-major (common.h), a
+ * copy; else lse itself. */
+static float *checker_lse(const options *o, float *lse) {
+    if (!o->cu_q) return lse;
+    const attn_shape *s = &o->shape;
+    float *c = host_alloc(lse_rows(o) * sizeof(float));
+    if (!c) die_host_oom("the copy of the lse");
+    for (int b = 0; b < s->B; b++) {
+        const long long first = o->cu_q[b], len = o->cu_q[b + 1] - first;
+        for (long long h = 0; h < s->H; h++)
+            for (long long i = 0; i < len; i++)
+                c[s->H * first + h * len + i] = lse[h * s->varlen.total_q + first + i];
+    }
+    return c;
+}
+
+/* An output to a .npy file, [B, heads, rows, D] (a packed batch's [total, heads, D]): the stored
+ * values (bf16: as float32). */
+static void write_tensor(const char *opt, const char *path, const options *o, int buf,
                          const float *f, const void *raw) {
-    long long shp[4] = {s->B, key_tensor(buf) ? s->H_kv : s->H, key_tensor(buf) ? s->N_k : s->N,
-                        s->D};
+    const attn_shape *s = &o->shape;
     const store_type st = store_of(s);
-    write_npy(opt, path, st == STORE_F16 ? NPY_F16 : NPY_F32, 4, shp, st == STORE_F16 ? raw : f);
+    const void *data = st == STORE_F16 ? raw : f;
+    const int heads = key_tensor(buf) ? s->H_kv : s->H;
+    if (!path) return;
+    if (!o->cu_q) {
+        long long shp[4] = {s->B, heads, key_tensor(buf) ? s->N_k : s->N, s->D};
+        write_npy(opt, path, st == STORE_F16 ? NPY_F16 : NPY_F32, 4, shp, data);
+        return;
+    }
+    /* packed: the host copy's rows in the tensor's order */
+    const size_t esz = st == STORE_F16 ? 2 : 4, row_bytes = (size_t)s->D * esz;
+    const long long rows = (long long)(elems_of(s, buf) / (size_t)s->D);
+    char *packed = host_alloc((size_t)rows * row_bytes);
+    if (!packed) die_host_oom("the packed copy of an output");
+    const ref_shape rs = checker_shape(o);
+    for (long long r = 0; r < rows; r++) {
+        long long b, h, i;
+        row_place(o, &rs, buf, r, &b, &h, &i);
+        memcpy(packed + (i * heads + h) * row_bytes, (const char *)data + r * row_bytes, row_bytes);
+    }
+    long long shp[3] = {rows / heads, heads, s->D};
+    write_npy(opt, path, st == STORE_F16 ? NPY_F16 : NPY_F32, 3, shp, packed);
+    free(packed);
 }
 
 static void free_download(float *f, void *raw) {
@@ -920,13 +1208,25 @@ static long long *rows_to_check(const options *o, long long rows, uint64_t seed,
     return rl;
 }
 
+/* A packed batch's: the query rows (keys 0) or key rows (keys 1) of every sequence, about
+ * o->check_rows in all (pick_sequence_rows; with o->check_edges every head's first and last). */
+static long long *sequence_rows_to_check(const options *o, int keys, uint64_t seed, long long *n) {
+    const ref_shape rs = checker_shape(o);
+    const long long count =
+        pick_sequence_rows(&rs, keys, o->check_rows, o->check_edges, seed, NULL);
+    long long *rl = count < 0 ? NULL : host_alloc(sizeof(long long) * (size_t)count);
+    if (!rl) die_host_oom("the list of rows to check");
+    *n = pick_sequence_rows(&rs, keys, o->check_rows, o->check_edges, seed, rl);
+    if (*n < 0) die_host_oom("the list of rows to check");
+    return rl;
+}
+
 /* The backward pass once on poisoned dQ, dK, dV; then its outputs written and checked against
  * the float64 reference, with the forward's stored O and lse (host copies). Returns its time. */
 static double run_backward(const options *o, gpu_ctx *g, const host_inputs *in, void *const b[BUFS],
                            const float *O, const float *lse, run_result *r) {
     const attn_shape *s = &o->shape;
-    for (int x = BUF_DQ; x <= BUF_DV; x++)
-        CUDA_CHECK(cudaMemset(b[x], 0xff, span_of(o, x) * esz_of()));
+    for (int x = BUF_DQ; x <= BUF_DV; x++) poison(b[x], alloc_of(o, x) * esz_of());
     const double ms = timed_launch(g, o, b, PASS_BWD);
     if (o->check_rows == 0 && !o->dqpath && !o->dkpath && !o->dvpath) return ms;
     void *raw[3];
@@ -937,15 +1237,18 @@ static double run_backward(const options *o, gpu_ctx *g, const host_inputs *in, 
         long long stray;
         grad[t] = download(o, b[BUF_DQ + t], BUF_DQ + t, &raw[t], &stray);
         r->stray += stray;
-        write_tensor(opts[t], paths[t], s, BUF_DQ + t, grad[t], raw[t]);
+        write_tensor(opts[t], paths[t], o, BUF_DQ + t, grad[t], raw[t]);
     }
     if (o->check_rows != 0) {
         long long nq, nk;
         const long long qrows = (long long)s->B * s->H * s->N;
         const long long krows = (long long)s->B * s->H_kv * s->N_k;
-        long long *qr = rows_to_check(o, qrows, o->seed, &nq);
-        long long *kr = rows_to_check(o, krows, o->seed ^ 0x9e3779b97f4a7c15ull, &nk);
-        const ref_shape rs = ref_of(s);
+        const uint64_t key_seed = o->seed ^ 0x9e3779b97f4a7c15ull;
+        long long *qr = o->cu_q ? sequence_rows_to_check(o, 0, o->seed, &nq)
+                                : rows_to_check(o, qrows, o->seed, &nq);
+        long long *kr = o->cu_q ? sequence_rows_to_check(o, 1, key_seed, &nk)
+                                : rows_to_check(o, krows, key_seed, &nk);
+        const ref_shape rs = checker_shape(o);
         check_gradients(&rs, store_of(s), in->Qf, in->Kf, in->Vf, in->dOf, O, lse, grad[0], grad[1],
                         grad[2], qr, nq, kr, nk, &r->gchk);
         r->gchecked = 1;
@@ -955,28 +1258,47 @@ static double run_backward(const options *o, gpu_ctx *g, const host_inputs *in, 
     return ms;
 }
 
-/* The device buffers of one run (the backward's only for a stage with a backward pass), each as
- * long as its layout spans, the inputs copied in. 0, or -1 when the device is out of memory (what
+/* The device buffers of one run (the backward's only for a stage with a backward pass; a packed
+ * batch's sequences, and its outputs PACKED_SLACK_ROWS longer: alloc_of), each as long as its
+ * layout spans, the inputs copied in. 0, or -1 when the device is out of memory (what
  * is allocated stays in b). */
 static int alloc_buffers(const options *o, gpu_ctx *g, const host_inputs *in, void *b[BUFS],
                          run_result *r) {
     const attn_shape *s = &o->shape;
-    const int bwd = attn_this_stage.backward != NULL;
-    const size_t rows = (size_t)s->B * s->H * s->N, esz = esz_of();
-    const char *what[BUFS] = {
-        "Q", "K", "V", "O", "lse", "workspace", "dO", "dQ", "dK", "dV", "the backward's workspace"};
+    const int bwd = has_backward(o), empty = attn_packed_empty(s); /* empty: no stage runs */
+    const size_t esz = esz_of(), sequences = o->cu_q ? (size_t)(s->B + 1) * sizeof(int) : 0;
+    const char *what[BUFS] = {"Q",
+                              "K",
+                              "V",
+                              "O",
+                              "lse",
+                              "workspace",
+                              "dO",
+                              "dQ",
+                              "dK",
+                              "dV",
+                              "the backward's workspace",
+                              "cu_seqlens_q",
+                              "cu_seqlens_k"};
     size_t bytes[BUFS];
     for (int i = 0; i < BUFS; i++)
-        bytes[i] = i >= BUF_DO && !bwd ? 0
-                   : i == BUF_LSE      ? rows * sizeof(float)
-                   : i == BUF_WS       ? attn_this_stage.workspace_bytes(s, &g->dev, o->variant)
+        bytes[i] = (i >= BUF_DO && i <= BUF_BWS && !bwd) || ((i == BUF_WS || i == BUF_BWS) && empty)
+                       ? 0
+                   : i == BUF_LSE ? lse_alloc(o) * sizeof(float)
+                   : i == BUF_WS  ? attn_this_stage.workspace_bytes(s, &g->dev, o->variant)
                    : i == BUF_BWS ? attn_this_stage.backward_workspace_bytes(s, &g->dev, o->variant)
-                                  : span_of(o, i) * esz;
+                   : i == BUF_CU_Q || i == BUF_CU_K ? sequences
+                                                    : alloc_of(o, i) * esz;
     for (int i = 0; i < BUFS; i++)
         if (dev_alloc(&b[i], bytes[i], what[i], &r->device_mb) != 0) return -1;
+    if (sequences) {
+        CUDA_CHECK(cudaMemcpy(b[BUF_CU_Q], o->cu_q, sequences, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(b[BUF_CU_K], o->cu_k, sequences, cudaMemcpyHostToDevice));
+    }
     void *const host[4] = {in->Qs, in->Ks, in->Vs, in->dOs};
     const int bufs[4] = {BUF_Q, BUF_K, BUF_V, BUF_DO};
     for (int t = 0; t < (bwd ? 4 : 3); t++) {
+        if (!bytes[bufs[t]]) continue; /* a packed batch's side without a token */
         void *img = malloc(bytes[bufs[t]]);
         if (!img) die_host_oom("the device image of an input");
         memset(img, 0, bytes[bufs[t]]); /* a strided layout's gaps */
@@ -992,7 +1314,7 @@ static int alloc_buffers(const options *o, gpu_ctx *g, const host_inputs *in, vo
 static void check_outputs(const options *o, gpu_ctx *g, const host_inputs *in, void *const b[BUFS],
                           double first_ms[PASSES], run_result *r) {
     const attn_shape *s = &o->shape;
-    const int bwd = attn_this_stage.backward != NULL;
+    const int bwd = has_backward(o);
     const long long rows = (long long)s->B * s->H * s->N;
     const int need_out = o->check_rows != 0 || o->outpath || o->lsepath;
     if (!need_out && !(bwd && (o->dqpath || o->dkpath || o->dvpath))) {
@@ -1000,21 +1322,26 @@ static void check_outputs(const options *o, gpu_ctx *g, const host_inputs *in, v
         return;
     }
     void *raw;
+    long long lse_stray;
     float *O = download(o, b[BUF_O], BUF_O, &raw, &r->stray);
-    float *lse = download_lse(s, b[BUF_LSE]);
-    long long shp[3] = {s->B, s->H, s->N};
-    write_tensor("--out", o->outpath, s, BUF_O, O, raw);
-    write_npy("--lse", o->lsepath, NPY_F32, 3, shp, lse);
+    float *lse = download_lse(o, b[BUF_LSE], &lse_stray);
+    r->stray += lse_stray;
+    write_tensor("--out", o->outpath, o, BUF_O, O, raw);
+    long long shp[3] = {s->B, s->H, s->N}, packed_shp[2] = {s->H, s->varlen.total_q};
+    write_npy("--lse", o->lsepath, NPY_F32, o->cu_q ? 2 : 3, o->cu_q ? packed_shp : shp, lse);
+    float *lse_c = checker_lse(o, lse);
     if (o->check_rows != 0) {
         long long nr;
-        long long *rl = rows_to_check(o, rows, o->seed, &nr);
-        const ref_shape rs = ref_of(s);
-        check_output(&rs, store_of(s), in->Qf, in->Kf, in->Vf, O, lse, rl, nr, &r->chk);
+        long long *rl = o->cu_q ? sequence_rows_to_check(o, 0, o->seed, &nr)
+                                : rows_to_check(o, rows, o->seed, &nr);
+        const ref_shape rs = checker_shape(o);
+        check_output(&rs, store_of(s), in->Qf, in->Kf, in->Vf, O, lse_c, rl, nr, &r->chk);
         r->checked = 1;
         free(rl);
     }
-    if (bwd) first_ms[PASS_BWD] = run_backward(o, g, in, b, O, lse, r);
+    if (bwd) first_ms[PASS_BWD] = run_backward(o, g, in, b, O, lse_c, r);
     free_download(O, raw);
+    if (lse_c != lse) free(lse_c);
     free(lse);
 }
 
@@ -1036,7 +1363,7 @@ static void time_passes(const options *o, gpu_ctx *g, void *const b[BUFS],
         timing *t = &r->t[p];
         t->ms_median = t->ms_min = first_ms[p];
         t->repeats = 1;
-        if (p != PASS_FWD && !attn_this_stage.backward) continue;
+        if (p != PASS_FWD && !has_backward(o)) continue;
         if (first_ms[p] > o->budget_s * 1000.0) {
             r->status = "over_budget";
         } else if (o->bench && !(p == PASS_FWD && !own_forward())) {
@@ -1052,9 +1379,9 @@ static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_res
     memset(r, 0, sizeof *r);
     r->status = "ok";
     const char *why = attn_shape_refused(&o->shape, attn_this_stage.takes, 0);
-    if (!why && attn_this_stage.backward)
+    if (!why && has_backward(o))
         why = attn_shape_refused(&o->shape, attn_this_stage.backward_takes, 1);
-    if (!why) why = attn_this_stage.unsupported(&o->shape, &g->dev, o->variant);
+    if (!why) why = stage_unsupported(&o->shape, &g->dev, o->variant);
     if (why) {
         fprintf(stderr, "%s: unsupported here: %s\n", prog, why);
         r->status = "unsupported";
@@ -1067,9 +1394,8 @@ static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_res
         rc = ATTN_EXIT_OOM;
     } else {
         /* first run: on NaN-poisoned output (0xff bytes are NaN in fp16 and fp32) */
-        const size_t rows = (size_t)o->shape.B * o->shape.H * o->shape.N;
-        CUDA_CHECK(cudaMemset(b[BUF_O], 0xff, span_of(o, BUF_O) * esz_of()));
-        CUDA_CHECK(cudaMemset(b[BUF_LSE], 0xff, rows * sizeof(float)));
+        poison(b[BUF_O], alloc_of(o, BUF_O) * esz_of());
+        poison(b[BUF_LSE], lse_alloc(o) * sizeof(float));
         double first_ms[PASSES] = {timed_launch(g, o, b, PASS_FWD), 0, 0};
         check_outputs(o, g, in, b, first_ms, r);
         if ((r->checked && !r->chk.pass) || (r->gchecked && !r->gchk.pass) || r->stray) {
@@ -1089,8 +1415,8 @@ static int run_case(const options *o, gpu_ctx *g, const host_inputs *in, run_res
 
 /* The passes a stage reports: its forward when the forward is its own (a linked forward is its
  * stage's to report), and for a stage with a backward pass the backward alone and both. */
-static int reported(pass_kind p) {
-    return p == PASS_FWD ? own_forward() : attn_this_stage.backward != NULL;
+static int reported(const options *o, pass_kind p) {
+    return p == PASS_FWD ? own_forward() : has_backward(o);
 }
 
 static double max3(const double v[GRADS]) {
@@ -1105,7 +1431,7 @@ static void print_csv(const options *o, const gpu_ctx *g, const run_result *r) {
     const attn_shape *s = &o->shape;
     printf(CSV_HEADER "\n");
     for (int p = 0; p < PASSES; p++) {
-        if (!reported((pass_kind)p)) continue;
+        if (!reported(o, (pass_kind)p)) continue;
         const timing *t = &r->t[p];
         printf("%s,%s,%s,%s,%d,%d,%d,%d,%d,%s,", g ? g->name : "none", attn_this_stage.name, vname,
                pass_names[p], s->B, s->H, s->N, s->D, s->causal,
@@ -1139,14 +1465,17 @@ static void describe(FILE *f, const options *o, const run_result *r) {
     if (s->H_kv != s->H) fprintf(f, " H_kv=%d", s->H_kv);
     if (s->N_k != s->N) fprintf(f, " N_k=%d", s->N_k);
     if (s->bf16) fprintf(f, " bf16");
-    if (o->layout != LAYOUT_BHND) fprintf(f, " layout=%s", layout_names[o->layout]);
+    if (o->layout != LAYOUT_BHND || o->cu_q) fprintf(f, " layout=%s", layout_names[o->layout]);
     if (s->local) fprintf(f, " window=%d,%d", s->window_left, s->window_right);
     if (s->softcap > 0) fprintf(f, " softcap=%g", (double)s->softcap);
+    if (o->cu_q) /* the list as --varlen takes it back (random: its seed's) */
+        fprintf(f, " varlen=%s (total_q=%d total_k=%d)", o->varlen, s->varlen.total_q,
+                s->varlen.total_k);
     fprintf(f, ":");
     if (r->stray) fprintf(f, " %lld bytes written outside the outputs' elements,", r->stray);
     if (!strcmp(r->status, "ok") || !strcmp(r->status, "over_budget")) {
         for (int p = 0; p < PASSES; p++) {
-            if (!reported((pass_kind)p)) continue;
+            if (!reported(o, (pass_kind)p)) continue;
             const timing *t = &r->t[p];
             fprintf(f, " %s%s%.3f ms (%s of %d), %.1f TFLOP/s,",
                     attn_this_stage.backward ? pass_names[p] : "",
@@ -1303,8 +1632,7 @@ static options local_case(const options *base, int v, int c, uint64_t case_no) {
 /* Whether the stage takes a case's inputs (its descriptor's takes, both passes). */
 static int stage_takes(const options *o) {
     return !attn_shape_refused(&o->shape, attn_this_stage.takes, 0) &&
-           !(attn_this_stage.backward &&
-             attn_shape_refused(&o->shape, attn_this_stage.backward_takes, 1));
+           !(has_backward(o) && attn_shape_refused(&o->shape, attn_this_stage.backward_takes, 1));
 }
 
 /* What both passes of the stage take beyond the plain case (ATTN_TAKES_*). */
@@ -1363,6 +1691,89 @@ static options head_dim_case(const options *base, int v, int c, uint64_t case_no
     return o;
 }
 
+/* Packed batches (--varlen), for a stage whose descriptor takes them: the lists below (lengths 1
+ * to 5,000; sequences without queries and without keys; more keys than queries and fewer; tile
+ * edges), each with every mask and cap: none, causal, the windows (0, 0), (127, 0), (1000, 1000),
+ * (-1, 64), softcap 30 (causal in turn), softcap 50 with a window in turn; twice, with two of
+ * the head dims 64, 96, 128, 256, so that each list meets each D four times and each mask every
+ * D. Per case in turn: (H, H_kv) (fewer heads beside the long sequences: the float64 reference's
+ * cost), bf16, the layout (packed [total, H, D], [H, total, D], fused [total, 3, H, D] where
+ * every sequence has as many keys as queries and H_kv = H, else [H, total, D]; such a case
+ * takes it for [total, H, D] too), the distribution. Then the batches with nothing to compute (no
+ * query; no key: no stage runs). A case the stage's backward does not take runs its forward alone.
+ * Every row is checked up to PACKED_FULL_PAIRS (query, key) pairs x heads, else PACKED_SAMPLE rows
+ * spread over the sequences and every head's first and last row of each (where a tile written past
+ * a sequence's end lands). */
+static const char *const packed_lists[] = {
+    "1,0,17,63,64,65,0:9,127,128,129,5:0,2", "5000,1,0,300,1000,2",
+    "127:200,200:127,64:65,1:1000,1000:1,0:0,333:334,48:16",
+    "731:1520,0:12,2047:2047,45:0,1500:731,12:45,260:259,1:1,0:0,64:64,177:90,31:32"};
+static const int packed_long[] = {0, 1, 0, 1}; /* the lists with sequences over 1,000 */
+static const int packed_long_heads[][2] = {{4, 4}, {4, 2}, {4, 1}, {2, 1}};
+static const char *const packed_empty[] = {"0,0,0", "5:0,3:0,0", "0:4,0:9"};
+static const int packed_D[] = {64, 96, 128, 256};
+static const int packed_windows[][2] = {{0, 0}, {127, 0}, {1000, 1000}, {-1, 64}};
+#define PACKED_MASKS 8  /* none, causal, the four windows, softcap 30, softcap 50 with a window */
+#define PACKED_PASSES 2 /* head dims per list and mask */
+#define PACKED_LIST_CASES (COUNT(packed_lists) * PACKED_MASKS * PACKED_PASSES)
+#define PACKED_CASES (PACKED_LIST_CASES + COUNT(packed_empty))
+#define PACKED_FULL_PAIRS (1 << 17) /* (query, key) pairs x heads */
+#define PACKED_SAMPLE 64
+
+static options packed_case(const options *base, int v, int c, uint64_t case_no) {
+    const int lists = COUNT(packed_lists), list = c % lists, empty = c >= PACKED_LIST_CASES;
+    const int mask = empty ? 0 : c / lists % PACKED_MASKS, pass = c / (lists * PACKED_MASKS);
+    /* the head dims of a (list, mask): two apart, so that every D meets every list and mask */
+    const int D = packed_D[empty ? 0 : (mask + list + 2 * pass) % COUNT(packed_D)];
+    const int w = mask >= 2 && mask < 6 ? mask - 2
+                  : mask == 7           ? (list + pass) % COUNT(packed_windows)
+                                        : -1;
+    const int turn = (c + c / lists) % COUNT(model_heads);
+    const int *heads = packed_long[list] && !empty ? packed_long_heads[turn] : model_heads[turn];
+    options o = *base;
+    memset(&o.shape, 0, sizeof o.shape);
+    o.shape = (attn_shape){.B = 1,
+                           .H = heads[0],
+                           .N = 1,
+                           .D = D,
+                           .causal = mask == 1 || (mask == 6 && (list + pass) % 2),
+                           .scale = 1.0f / sqrtf((float)D),
+                           .H_kv = heads[1],
+                           .bf16 = (c / 2 + mask) % 2,
+                           .local = w >= 0,
+                           .window_left = w >= 0 ? packed_windows[w][0] : 0,
+                           .window_right = w >= 0 ? packed_windows[w][1] : 0,
+                           .softcap = mask == 6   ? 30.f
+                                      : mask == 7 ? 50.f
+                                                  : 0.f};
+    o.varlen = empty ? packed_empty[c - PACKED_LIST_CASES] : packed_lists[list];
+    o.given_B = o.given_N = o.given_N_k = 0;
+    o.given_layout = 1, o.layout = LAYOUT_BNHD;
+    setup_varlen(&o);
+    int same = heads[0] == heads[1];
+    for (int b = 0; b < o.shape.B; b++) same &= o.cu_q[b + 1] == o.cu_k[b + 1];
+    o.layout = (layout_kind)((c / 3 + list) % LAYOUTS);
+    if (o.layout == LAYOUT_QKV && !same) o.layout = LAYOUT_BHND;
+    if (o.layout == LAYOUT_BNHD && same) o.layout = LAYOUT_QKV; /* (few cases can have it) */
+    set_layout(&o);
+    o.variant = v;
+    o.peaky = o.shape.softcap > 0 || c / 4 % 2;
+    o.bench = 0;
+    o.seed = base->seed * 1000003ull + case_no;
+    double pairs = 0;
+    for (int b = 0; b < o.shape.B; b++)
+        pairs += (double)o.shape.H * (o.cu_q[b + 1] - o.cu_q[b]) * (o.cu_k[b + 1] - o.cu_k[b]);
+    o.check_rows = pairs <= PACKED_FULL_PAIRS ? -1 : PACKED_SAMPLE;
+    o.check_edges = 1;
+    return o;
+}
+
+/* What a case allocated (a packed batch's sequences). */
+static void release_case(options *o) {
+    free(o->cu_q), free(o->cu_k);
+    o->cu_q = o->cu_k = NULL;
+}
+
 /* One case: inputs, run, check; a failure described on stderr. 1 if it passed. */
 static int self_test_run(const options *o, gpu_ctx *g) {
     host_inputs in;
@@ -1403,23 +1814,32 @@ static int self_test(const options *base, gpu_ctx *g) {
             int count;
             options (*make)(const options *, int, int, uint64_t);
             const char *what;
-        } groups[] = {{MODEL_CASES, model_case, "what models feed (bf16, GQA, strides, N_k != N)"},
-                      {LOCAL_CASES, local_case, "local windows and softcap"},
-                      {HEAD_DIM_CASES, head_dim_case, "head dims"}};
+            int forward_alone; /* a case the backward does not take: the forward alone */
+        } groups[] = {
+            {MODEL_CASES, model_case, "what models feed (bf16, GQA, strides, N_k != N)", 0},
+            {LOCAL_CASES, local_case, "local windows and softcap", 0},
+            {HEAD_DIM_CASES, head_dim_case, "head dims", 0},
+            {PACKED_CASES, packed_case, "packed batches (varlen)", 1}};
         for (int k = 0; k < COUNT(groups); k++) {
             int mp = 0, mn = 0, waived = 0;
             for (int c = 0; c < groups[k].count; c++) {
-                const options o = groups[k].make(base, v, c, case_no++);
-                if (!stage_takes(&o)) continue;
-                const char *why = attn_this_stage.unsupported(&o.shape, &g->dev, v);
+                options o = groups[k].make(base, v, c, case_no++);
+                if (groups[k].forward_alone && !stage_takes(&o)) o.forward_only = 1;
+                if (!stage_takes(&o)) {
+                    release_case(&o);
+                    continue;
+                }
+                const char *why = stage_unsupported(&o.shape, &g->dev, v);
                 if (why) { /* a type this code path has no instruction for (bf16 on sm_75), a
                             * head dim the stage did not compile */
                     if (!waived++)
                         printf("%s variant %s: waived here: %s\n", attn_this_stage.name, vname,
                                why);
+                    release_case(&o);
                     continue;
                 }
                 mn++, mp += self_test_run(&o, g);
+                release_case(&o);
             }
             if (mn || waived)
                 printf("%s variant %s, %s: %d passed, %d failed, %d waived\n", attn_this_stage.name,
@@ -1474,12 +1894,16 @@ static void check_decode_options(options *o) {
 static void check_options(options *o) {
     attn_shape *s = &o->shape;
     if (o->decode) check_decode_options(o);
+    if (o->varlen && !o->self_test) setup_varlen(o); /* (the self-test refuses it below) */
+    attn_shape rules = *s; /* the shape rules, on a packed batch's without a query too */
+    if (rules.N < 1) rules.N = 1;
     if (!attn_head_dim_ok(s->D))
         die_usage("--dim: %d is not a head dim (" ATTN_HEAD_DIMS ")", s->D);
-    if (attn_shape_check(s) == ATTN_SHAPE_BH)
-        die_usage("--batch x --heads: %lld is over %d", (long long)s->B * s->H, ATTN_MAX_BH);
+    if (attn_shape_check(&rules) == ATTN_SHAPE_BH)
+        die_usage("--batch x --heads: %lld is over %d%s", (long long)s->B * s->H, ATTN_MAX_BH,
+                  o->cu_q ? " (--varlen's sequences x --heads)" : "");
     if (!o->given_scale) s->scale = 1.0f / sqrtf((float)s->D);
-    if (attn_shape_check(s) == ATTN_SHAPE_KV_HEADS)
+    if (attn_shape_check(&rules) == ATTN_SHAPE_KV_HEADS)
         die_usage(
             "--kv-heads: %d does not divide --heads %d (each key/value head serves H / H_kv "
             "query heads)",
@@ -1500,8 +1924,8 @@ static void check_options(options *o) {
         die_usage(
             "--self-test runs its own shapes and checks every row; it takes no --batch, "
             "--heads, --seq, --dim, --causal, --scale, --kv-heads, --seq-k, --dtype, --layout, "
-            "--window, --softcap, --dist, --check, --bench, --budget, --csv, --page-size, "
-            "--ragged, --new-tokens");
+            "--window, --softcap, --varlen, --dist, --check, --bench, --budget, --csv, "
+            "--page-size, --ragged, --new-tokens");
     if (o->outpath) check_writable("--out", o->outpath);
     if (o->lsepath) check_writable("--lse", o->lsepath);
     if (o->dqpath) check_writable("--dq", o->dqpath);

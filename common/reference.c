@@ -17,8 +17,14 @@
  * the storage type; the LSE bound then grows by twice the distance of that computation's LSE
  * from the float64 one (relative to 1 + |lse_ref|), as O's does.
  * fp32 storage: max|O - O_ref| <= CHECK_F32_TOL * (1 + max|O_ref|). LSE in both cases.
+ *
+ * A packed batch (ref_shape's cu_q, cu_k) is checked one sequence at a time, each an unpacked
+ * batch of one over its own rows of the host copies (common.h: sequence-major), against its own
+ * keys and its own bottom-right mask; the scans for NaN/Inf cover every sequence. Here too: the
+ * lengths of --varlen (a list, or random ones).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,6 +103,86 @@ void fill_normal(float *x, size_t n, uint64_t seed, uint32_t stream, float mul) 
     }
 }
 
+/* ---- packed batches: the sequences' lengths ---- */
+
+/* One length of a --varlen list at *p: digits only, 0 .. ATTN_MAX_N; -1 if there is none. */
+static long long varlen_length(const char **p) {
+    long long v = 0;
+    const char *start = *p;
+    while (**p >= '0' && **p <= '9' && v <= ATTN_MAX_N) v = v * 10 + (*(*p)++ - '0');
+    return *p == start || v > ATTN_MAX_N ? -1 : v;
+}
+
+int varlen_parse(const char *spec, int *B, int **cu_q, int **cu_k, char *err, size_t errlen) {
+    *B = 0, *cu_q = *cu_k = NULL;
+    long long n = 1;
+    for (const char *c = spec; *c; c++) n += *c == ',';
+    if (n > ATTN_MAX_BH) {
+        snprintf(err, errlen, "%lld sequences, more than %d", n, ATTN_MAX_BH);
+        return -1;
+    }
+    int *q = malloc(sizeof(int) * (size_t)(n + 1)), *k = malloc(sizeof(int) * (size_t)(n + 1));
+    if (!q || !k) {
+        free(q), free(k);
+        snprintf(err, errlen, "no host memory for %lld sequences", n);
+        return NPY_ERR_NOMEM;
+    }
+    q[0] = k[0] = 0;
+    const char *p = spec;
+    for (long long b = 0; b < n; b++) {
+        const char *entry = p;
+        const long long nq = varlen_length(&p);
+        long long nk = nq; /* Nq alone: as many keys */
+        if (nq >= 0 && *p == ':') {
+            p++;
+            nk = varlen_length(&p);
+        }
+        if (nq < 0 || nk < 0 || (*p != ',' && *p != 0)) {
+            const int len = (int)strcspn(entry, ",");
+            snprintf(err, errlen,
+                     "'%.*s' (sequence %lld) is not Nq or Nq:Nk, lengths of 0 to %d tokens", len,
+                     entry, b + 1, ATTN_MAX_N);
+            free(q), free(k);
+            return -1;
+        }
+        if (q[b] + nq > ATTN_MAX_N || k[b] + nk > ATTN_MAX_N) {
+            snprintf(err, errlen, "more than %d %s tokens in all", ATTN_MAX_N,
+                     q[b] + nq > ATTN_MAX_N ? "query" : "key");
+            free(q), free(k);
+            return -1;
+        }
+        q[b + 1] = (int)(q[b] + nq), k[b + 1] = (int)(k[b] + nk);
+        if (*p == ',') p++;
+    }
+    *B = (int)n, *cu_q = q, *cu_k = k;
+    return 0;
+}
+
+/* The stream of the lengths' random numbers (fill_normal's: the tensors' 0 .. 3), and each
+ * sequence's draws: its queries', then its keys'. */
+#define VARLEN_STREAM 16
+#define VARLEN_DRAWS 2
+
+int varlen_random(int B, int max_q, int max_k, uint64_t seed, int *cu_q, int *cu_k) {
+    const uint64_t key = mix64(seed ^ ((uint64_t)VARLEN_STREAM << 56));
+    cu_q[0] = cu_k[0] = 0;
+    for (int b = 0; b < B; b++) {
+        /* per side: empty one time in VARLEN_EMPTY_ODDS, else uniform in 0 .. max */
+        const uint64_t draw = (uint64_t)b * VARLEN_DRAWS;
+        const uint64_t a = mix64(key ^ mix64(draw)), c = mix64(key ^ mix64(draw + 1));
+        const long long nq = a % VARLEN_EMPTY_ODDS == 0
+                                 ? 0
+                                 : (long long)(a / VARLEN_EMPTY_ODDS % ((uint64_t)max_q + 1));
+        const long long nk = max_k < 0 ? nq
+                             : c % VARLEN_EMPTY_ODDS == 0
+                                 ? 0
+                                 : (long long)(c / VARLEN_EMPTY_ODDS % ((uint64_t)max_k + 1));
+        if (cu_q[b] + nq > ATTN_MAX_N || cu_k[b] + nk > ATTN_MAX_N) return -1;
+        cu_q[b + 1] = (int)(cu_q[b] + nq), cu_k[b + 1] = (int)(cu_k[b] + nk);
+    }
+    return 0;
+}
+
 void ref_key_range(const ref_shape *s, long long i, long long *lo, long long *hi) {
     attn_shape m = {.N = s->N,
                     .N_k = (int)ref_n_k(s),
@@ -164,6 +250,94 @@ void ref_row(const ref_shape *s, store_type st, const float *Q, const float *K, 
     row_reference(s, st, Q, K, V, bh, i, o_exact, o_16, lse, NULL, scratch);
 }
 
+/* ---- packed batches: one sequence at a time ---- */
+
+long long ref_rows(const ref_shape *s, int keys) {
+    const long long heads = keys ? ref_kv_heads(s) : s->H;
+    if (s->cu_q) return heads * (keys ? s->cu_k : s->cu_q)[s->B];
+    return (long long)s->B * heads * (keys ? ref_n_k(s) : s->N);
+}
+
+long long ref_sequence_of_row(const ref_shape *s, int keys, long long row) {
+    const long long heads = keys ? ref_kv_heads(s) : s->H;
+    if (!s->cu_q) return row / (heads * (keys ? ref_n_k(s) : s->N));
+    const int *cu = keys ? s->cu_k : s->cu_q;
+    /* the last sequence whose rows start at or before row (an empty one starts where the next
+     * does: the last of them is the one that holds the row) */
+    long long lo = 0, hi = s->B - 1;
+    while (lo < hi) {
+        const long long mid = (lo + hi + 1) / 2;
+        if (heads * cu[mid] <= row)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+ref_sequence ref_sequence_at(const ref_shape *s, long long b) {
+    ref_sequence q = {.s = *s};
+    const long long H = s->H, H_kv = ref_kv_heads(s);
+    if (s->cu_q) {
+        q.s.N = s->cu_q[b + 1] - s->cu_q[b];
+        q.keys = s->cu_k[b + 1] - s->cu_k[b];
+        q.q_row = H * s->cu_q[b], q.k_row = H_kv * s->cu_k[b];
+    } else {
+        q.keys = ref_n_k(s);
+        q.q_row = b * H * s->N, q.k_row = b * H_kv * q.keys;
+    }
+    q.s.B = 1, q.s.H_kv = (int)H_kv, q.s.N_k = (int)q.keys;
+    q.s.cu_q = q.s.cu_k = NULL;
+    return q;
+}
+
+/* The most keys of a sequence: the scratch a row's reference needs. */
+static long long most_keys(const ref_shape *s) {
+    if (!s->cu_q) return ref_n_k(s);
+    long long most = 0;
+    for (int b = 0; b < s->B; b++)
+        if (s->cu_k[b + 1] - s->cu_k[b] > most) most = s->cu_k[b + 1] - s->cu_k[b];
+    return most;
+}
+
+static int cmp_row(const void *a, const void *b) {
+    const long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+long long pick_sequence_rows(const ref_shape *s, int keys, long long want, int edges, uint64_t seed,
+                             long long *rows) {
+    const long long total = ref_rows(s, keys), heads = keys ? ref_kv_heads(s) : s->H;
+    const int *cu = keys ? s->cu_k : s->cu_q;
+    long long n = 0;
+    for (int b = 0; b < s->B; b++) {
+        const long long first = heads * cu[b], len = cu[b + 1] - cu[b], count = heads * len;
+        if (count == 0) continue;
+        if (want < 0) { /* every row */
+            for (long long k = 0; rows && k < count; k++) rows[n + k] = first + k;
+            n += count;
+            continue;
+        }
+        /* the sequence's share of want, rounded, at least its first and last row (pick_rows'),
+         * and with edges the first and last row of every head */
+        long long share = (want * count + total / 2) / total;
+        share = share < 2 ? 2 : share > count ? count : share;
+        long long *mine = malloc(sizeof(long long) * (size_t)(share + 2 * heads));
+        if (!mine) return -1;
+        long long got = pick_rows(count, share, seed ^ mix64((uint64_t)b), mine);
+        for (long long h = 0; edges && h < heads; h++)
+            mine[got++] = h * len, mine[got++] = h * len + len - 1;
+        qsort(mine, (size_t)got, sizeof *mine, cmp_row);
+        long long unique = 0;
+        for (long long k = 0; k < got; k++)
+            if (k == 0 || mine[k] != mine[k - 1]) mine[unique++] = mine[k];
+        for (long long k = 0; rows && k < unique; k++) rows[n + k] = first + mine[k];
+        n += unique;
+        free(mine);
+    }
+    return n;
+}
+
 long long pick_rows(long long total, long long want, uint64_t seed, long long *rows) {
     if (want < 0 || want >= total) {
         for (long long r = 0; r < total; r++) rows[r] = r;
@@ -181,34 +355,60 @@ long long pick_rows(long long total, long long want, uint64_t seed, long long *r
     return want;
 }
 
+/* The reference of query row `row` of the host copies (an index into ref_rows(s, 0)): its
+ * sequence's keys (none: O = 0, lse = -inf). */
+static void reference_of_row(const ref_shape *s, store_type st, const float *Q, const float *K,
+                             const float *V, long long row, double *o_exact, double *o_16,
+                             double *lse, double *lse16, double *scratch) {
+    const ref_sequence q = ref_sequence_at(s, ref_sequence_of_row(s, 0, row));
+    const long long D = s->D, local = row - q.q_row;
+    if (q.keys == 0) {
+        for (long long d = 0; d < D; d++) {
+            o_exact[d] = 0.0;
+            if (o_16) o_16[d] = 0.0;
+        }
+        *lse = -INFINITY;
+        if (lse16) *lse16 = -INFINITY;
+        return;
+    }
+    row_reference(&q.s, st, Q + q.q_row * D, K + q.k_row * D, V + q.k_row * D, local / q.s.N,
+                  local % q.s.N, o_exact, o_16, lse, lse16, scratch);
+}
+
+/* Whether query row `row` of the host copies attends to no key (its lse must be -inf). */
+static int row_sees_none(const ref_shape *s, long long row) {
+    const ref_sequence q = ref_sequence_at(s, ref_sequence_of_row(s, 0, row));
+    if (q.keys == 0) return 1;
+    long long lo, hi;
+    ref_key_range(&q.s, (row - q.q_row) % q.s.N, &lo, &hi);
+    return lo > hi;
+}
+
 void check_output(const ref_shape *s, store_type st, const float *Q, const float *K, const float *V,
                   const float *O, const float *lse, const long long *rows, long long nrows,
                   check_result *r) {
-    const long long N = s->N, D = s->D, total = (long long)s->B * s->H * N;
+    const long long D = s->D, total = ref_rows(s, 0);
     const int f16 = st != STORE_F32; /* a 16-bit storage type's pass rule */
     long long nonfinite = 0;
 #pragma omp parallel for reduction(+ : nonfinite) schedule(static)
     for (long long x = 0; x < total * D; x++) nonfinite += !isfinite(O[x]);
     /* lse: finite, but -inf exactly where the row attends to no key */
 #pragma omp parallel for reduction(+ : nonfinite) schedule(static)
-    for (long long x = 0; x < total; x++) {
-        long long lo, hi;
-        ref_key_range(s, x % N, &lo, &hi);
-        nonfinite += lo <= hi ? !isfinite(lse[x]) : !(lse[x] == -INFINITY);
-    }
+    for (long long x = 0; x < total; x++)
+        nonfinite += row_sees_none(s, x) ? !(lse[x] == -INFINITY) : !isfinite(lse[x]);
 
     double max_err = 0, f16_err = 0, lse_err = 0, lse16_err = 0, max_ref = 0, sq_err = 0,
            sq_ref = 0;
+    const long long keys = most_keys(s);
 #pragma omp parallel reduction(max : max_err, f16_err, lse_err, lse16_err, max_ref) \
     reduction(+ : sq_err, sq_ref)
     {
-        double *scratch = malloc(sizeof(double) * (size_t)(ref_n_k(s) + 2 * D));
-        double *oe = scratch + ref_n_k(s), *of = oe + D;
+        double *scratch = malloc(sizeof(double) * (size_t)(keys + 2 * D));
+        double *oe = scratch + keys, *of = oe + D;
 #pragma omp for schedule(dynamic, 1)
         for (long long k = 0; k < nrows; k++) {
-            long long bh = rows[k] / N, i = rows[k] % N;
             double l_ref, l16;
-            row_reference(s, st, Q, K, V, bh, i, oe, f16 ? of : NULL, &l_ref, &l16, scratch);
+            reference_of_row(s, st, Q, K, V, rows[k], oe, f16 ? of : NULL, &l_ref, &l16, scratch);
             const float *o = O + rows[k] * D;
             for (long long d = 0; d < D; d++) {
                 double e = fabs((double)o[d] - oe[d]);

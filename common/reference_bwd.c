@@ -13,6 +13,7 @@
  * whose range holds it: a row with no key contributes nothing. With a softcap c, a score s =
  * scale q.k is capped to c t, t = tanh(s / c): P = exp(c t - lse) and dS = P (dP - D_i) (1 - t^2),
  * the cap's derivative; the 16-bit computation takes t rounded to fp16, as the forward's does.
+ * A packed batch is checked one sequence at a time, as the forward's (reference.c).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -138,19 +139,33 @@ static void judge(const stats st[GRADS], long long nonfinite, long long rows,
     r->nonfinite = nonfinite;
 }
 
+/* One checked row of the host copies (a query row, an index into ref_rows(s, 0), or a key row,
+ * into ref_rows(s, 1)): reference_row on its sequence as an unpacked batch of one (common.h); a
+ * query row of a sequence without keys has dQ = 0, a key row of one without queries dK = dV = 0. */
+static void reference_of_row(const ref_shape *s, store_type st, const float *Q, const float *K,
+                             const float *V, const float *dO, const float *lse, const double *Dsum,
+                             long long row, int is_query, double *ge, double *gf, double *ve,
+                             double *vf) {
+    const ref_sequence q = ref_sequence_at(s, ref_sequence_of_row(s, !is_query, row));
+    const long long D = s->D;
+    if (is_query && q.keys == 0) return; /* no key: dQ = 0 */
+    reference_row(&q.s, st, Q + q.q_row * D, K + q.k_row * D, V + q.k_row * D, dO + q.q_row * D,
+                  lse + q.q_row, Dsum + q.q_row, row - (is_query ? q.q_row : q.k_row), is_query, ge,
+                  gf, ve, vf);
+}
+
 void check_gradients(const ref_shape *s, store_type st, const float *Q, const float *K,
                      const float *V, const float *dO, const float *O, const float *lse,
                      const float *dQ, const float *dK, const float *dV, const long long *qrows,
                      long long nq, const long long *krows, long long nk, grad_check_result *r) {
-    const long long D = s->D, total = (long long)s->B * s->H * s->N;
-    const long long kv_total = (long long)s->B * ref_kv_heads(s) * ref_n_k(s);
+    const long long D = s->D, total = ref_rows(s, 0), kv_total = ref_rows(s, 1);
     long long nonfinite = 0;
 #pragma omp parallel for reduction(+ : nonfinite) schedule(static)
     for (long long x = 0; x < total * D; x++) nonfinite += !isfinite(dQ[x]);
 #pragma omp parallel for reduction(+ : nonfinite) schedule(static)
     for (long long x = 0; x < kv_total * D; x++) nonfinite += !isfinite(dK[x]) + !isfinite(dV[x]);
 
-    double *Dsum = malloc(sizeof(double) * (size_t)total);
+    double *Dsum = malloc(sizeof(double) * (size_t)(total > 0 ? total : 1));
     if (!Dsum) {
         memset(r, 0, sizeof *r);
         r->nonfinite = nonfinite, r->pass = 0;
@@ -172,7 +187,7 @@ void check_gradients(const ref_shape *s, store_type st, const float *Q, const fl
             const int is_query = x < nq;
             const long long row = is_query ? qrows[x] : krows[x - nq];
             memset(buf, 0, sizeof(double) * (size_t)(4 * D));
-            reference_row(s, st, Q, K, V, dO, lse, Dsum, row, is_query, ge, gf, ve, vf);
+            reference_of_row(s, st, Q, K, V, dO, lse, Dsum, row, is_query, ge, gf, ve, vf);
             add_row(&mine[is_query ? GRAD_DQ : GRAD_DK], (is_query ? dQ : dK) + row * D, ge, gf, D);
             if (!is_query) add_row(&mine[GRAD_DV], dV + row * D, ve, vf, D);
         }

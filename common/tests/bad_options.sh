@@ -47,6 +47,28 @@ expect 2 "--softcap: 'nan' is not a number >= 0" --softcap nan
 expect 2 "--softcap: '1e-50' is outside the float range" --softcap 1e-50
 expect 2 "--self-test runs its own shapes" --self-test --window 4,4
 expect 2 "--self-test runs its own shapes" --self-test --softcap 30
+# --varlen: a list (each Nq or Nq:Nk) or random; the list sets B, N and N_k, random takes them
+expect 2 "--varlen needs a value" --varlen
+expect 2 "--varlen: '' (sequence 1) is not Nq or Nq:Nk" --varlen ""
+expect 2 "--varlen: 'x' (sequence 2) is not Nq or Nq:Nk" --varlen 5,x
+expect 2 "--varlen: '' (sequence 3)" --varlen 5,6,
+expect 2 "--varlen: '3:' (sequence 1)" --varlen 3:
+expect 2 "--varlen: '-4' (sequence 1)" --varlen -4
+expect 2 "--varlen: '1:2:3' (sequence 1)" --varlen 1:2:3
+expect 2 "--varlen: 'randomly' (sequence 1)" --varlen randomly
+expect 2 "--varlen: more than 1073741824 query tokens in all" --varlen 1073741824,1
+expect 2 "--seq: --varlen's list sets the sequences' lengths" --varlen 5,6 --seq 10
+expect 2 "--seq-k: --varlen's list sets the sequences' lengths" --varlen 5,6 --seq-k 10
+expect 2 "--batch: 3, but --varlen lists 2 sequences" --varlen 5,6 --batch 3
+expect 2 "--layout qkv: one fused projection has as many key/value heads" --varlen 5,6:7 --layout qkv
+expect 2 "--layout qkv: one fused projection has as many key/value heads" --varlen 5,6 --layout qkv --heads 4 --kv-heads 2
+expect 2 "--q: a packed batch (--varlen) makes its own inputs" --varlen 16 --q "$fx/good.npy"
+# the B x H limit, from its home (attention.h: ATTN_MAX_BH is ATTN_MAX_GRID_Y)
+max_bh=$(sed -n 's/^#define ATTN_MAX_GRID_Y \([0-9]*\).*/\1/p' "$(dirname "$0")/../attention.h")
+expect 2 "--batch x --heads: 90000 is over $max_bh (--varlen's sequences x --heads)" --varlen random --batch 300 --heads 300
+expect 2 "--varlen random: these $max_bh sequences pass 1073741824 tokens in all" --varlen random --batch "$max_bh" --seq 1073741824
+expect 2 "--self-test runs its own shapes" --self-test --varlen 5
+expect 2 "--self-test runs its own shapes" --self-test --varlen random
 expect 2 "unknown option 'extra'" --seq 16 extra
 expect 2 "unknown option '-x'" -x
 expect 2 "--batch: '0'" --batch 0
@@ -119,13 +141,12 @@ else
   expect 2 "--window: the decode path takes no local window or softcap" --ragged --window 4,0
   expect 2 "--softcap: the decode path takes no local window or softcap" --ragged --softcap 30
   expect 2 "--q: the decode path" --ragged --q "$fx/good.npy"
+  expect 2 "--varlen: the decode path (--page-size, --ragged, --new-tokens) takes no packed batch" --ragged --varlen 5,6
   expect 2 "--self-test runs its own shapes" --self-test --page-size 16
 fi
 expect 0 "" --help
 help=$("$bin" --help)
-# the B x H limit, from its home (attention.h: ATTN_MAX_BH is ATTN_MAX_GRID_Y)
-max_bh=$(sed -n 's/^#define ATTN_MAX_GRID_Y \([0-9]*\).*/\1/p' "$(dirname "$0")/../attention.h")
-for want in "B x H <= ${max_bh:-(no ATTN_MAX_GRID_Y in attention.h)}" "--dim D            head dim: a multiple of 8 from 32 to 256" "in the stage's storage type (float" "4 out of device or host memory" "--page-size P" "--window L,R" "--softcap C"; do
+for want in "B x H <= ${max_bh:-(no ATTN_MAX_GRID_Y in attention.h)}" "--dim D            head dim: a multiple of 8 from 32 to 256" "in the stage's storage type (float" "4 out of device or host memory" "--page-size P" "--window L,R" "--softcap C" "--varlen SPEC"; do
   if grep -qF -- "$want" <<<"$help"; then ok "--help says '$want'"; else bad "--help does not say '$want'"; fi
 done
 limit=2097152 # 2 GiB of address space: the 8 GiB of big.npy do not fit

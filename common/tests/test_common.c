@@ -69,7 +69,7 @@ static void test_generator(void) {
 
 static void test_reference_by_hand(void) {
     /* one query, two keys, D = 1: s = (0, 1), O = (e^-1 * 1 + 1 * 3) / (1 + e^-1) */
-    ref_shape s = {1, 1, 2, 1, 0, 1.0, 0, 0, 0, -1, -1, 0.0};
+    ref_shape s = {1, 1, 2, 1, 0, 1.0, 0, 0, 0, -1, -1, 0.0, NULL, NULL};
     float Q[2] = {1, 0}, K[2] = {0, 1}, V[2] = {1, 3};
     double o, o16, lse, scratch[2];
     ref_row(&s, STORE_F16, Q, K, V, 0, 0, &o, &o16, &lse, scratch);
@@ -87,7 +87,7 @@ static void test_reference_by_hand(void) {
 }
 
 static void test_causal_first_row(void) {
-    ref_shape s = {2, 3, 37, 64, 1, 0.125, 0, 0, 0, -1, -1, 0.0};
+    ref_shape s = {2, 3, 37, 64, 1, 0.125, 0, 0, 0, -1, -1, 0.0, NULL, NULL};
     size_t n = (size_t)2 * 3 * 37 * 64;
     float *Q = malloc(n * 4), *K = malloc(n * 4), *V = malloc(n * 4);
     fill_normal(Q, n, 3, 0, 8.0f), fill_normal(K, n, 3, 1, 1.0f), fill_normal(V, n, 3, 2, 1.0f);
@@ -139,8 +139,8 @@ static void test_model_inputs(void) {
                 Kr[((b * H + h) * N) * D + x] = K[((b * H_KV + h / 2) * N) * D + x];
                 Vr[((b * H + h) * N) * D + x] = V[((b * H_KV + h / 2) * N) * D + x];
             }
-    ref_shape g = {B, H, N, D, 1, 0.3, H_KV, 0, 0, -1, -1, 0.0},
-              m = {B, H, N, D, 1, 0.3, 0, 0, 0, -1, -1, 0.0};
+    ref_shape g = {B, H, N, D, 1, 0.3, H_KV, 0, 0, -1, -1, 0.0, NULL, NULL},
+              m = {B, H, N, D, 1, 0.3, 0, 0, 0, -1, -1, 0.0, NULL, NULL};
     double o1[D], o2[D], l1, l2, scratch[N];
     int bad = 0;
     for (long long bh = 0; bh < B * H; bh++)
@@ -151,14 +151,14 @@ static void test_model_inputs(void) {
         }
     EXPECT(bad == 0, "GQA = MHA with K, V repeated (%d rows differ)", bad);
     /* 5 queries against 3 keys, causal: query i sees keys <= i - 2; rows 0, 1 see none */
-    ref_shape c = {1, 1, N, D, 1, 0.3, 0, 3, 0, -1, -1, 0.0};
+    ref_shape c = {1, 1, N, D, 1, 0.3, 0, 3, 0, -1, -1, 0.0, NULL, NULL};
     ref_row(&c, STORE_F32, Q, K, V, 0, 1, o1, NULL, &l1, scratch);
     EXPECT(isinf(l1) && l1 < 0 && o1[0] == 0.0 && o1[D - 1] == 0.0, "no key: O = 0, lse = -inf");
     ref_row(&c, STORE_F32, Q, K, V, 0, 2, o1, NULL, &l1, scratch);
     EXPECT(keys_of(&c, 2) == 1 && o1[0] == (double)V[0], "query 2 sees key 0 only: O = V[0]");
     EXPECT(keys_of(&c, 4) == 3 && keys_of(&c, 0) == 0, "the last query sees every key");
     /* 2 queries against 5 keys, causal: query 0 sees keys 0..3, query 1 all 5 */
-    ref_shape d = {1, 1, 2, D, 1, 0.3, 0, N, 0, -1, -1, 0.0};
+    ref_shape d = {1, 1, 2, D, 1, 0.3, 0, N, 0, -1, -1, 0.0, NULL, NULL};
     EXPECT(keys_of(&d, 0) == 4 && keys_of(&d, 1) == 5, "bottom-right aligned: %lld %lld",
            keys_of(&d, 0), keys_of(&d, 1));
 }
@@ -284,7 +284,7 @@ static void test_key_range(void) {
     attn_key_range(&s, 2, &lo, &hi);
     EXPECT(lo == 0 && hi == 6, "causal, 3 of 7: row 2 sees %lld..%lld", lo, hi);
     /* the checker's range is the same */
-    ref_shape r = {1, 1, 6, 8, 0, 1.0, 0, 4, 1, 1, 0, 0.0};
+    ref_shape r = {1, 1, 6, 8, 0, 1.0, 0, 4, 1, 1, 0, 0.0, NULL, NULL};
     EXPECT(keys_of(&r, 1) == 0 && keys_of(&r, 2) == 1 && keys_of(&r, 5) == 2,
            "ref_key_range: %lld %lld %lld", keys_of(&r, 1), keys_of(&r, 2), keys_of(&r, 5));
 }
@@ -297,7 +297,7 @@ static void test_softcap_forward(void) {
     fill_normal(V, N_K * D, 21, 2, 1.0f);
     const double scale = 0.9, cap = 1.5;
     /* 3 queries of 5 keys, window (1, 0): query i sees keys i + 1 .. i + 2 */
-    const ref_shape s = {1, 1, N, D, 0, scale, 0, N_K, 1, 1, 0, cap};
+    const ref_shape s = {1, 1, N, D, 0, scale, 0, N_K, 1, 1, 0, cap, NULL, NULL};
     double worst = 0, worst_lse = 0, capped_off = 0;
     for (int i = 0; i < N; i++) {
         double sc[N_K], m = -INFINITY, l = 0, o[D] = {0}, ro[D], ro16[D], rl, scratch[N_K];
@@ -386,14 +386,14 @@ static int gradients_match(ref_shape s, double off, double *worst) {
 static void test_softcap_backward(void) {
     double worst;
     /* 3 queries of 5 keys, window (1, 1), softcap 1.5, two query heads on one key/value head */
-    const ref_shape a = {1, 2, 3, 4, 0, 0.9, 1, 5, 1, 1, 1, 1.5};
+    const ref_shape a = {1, 2, 3, 4, 0, 0.9, 1, 5, 1, 1, 1, 1.5, NULL, NULL};
     EXPECT(gradients_match(a, 0, &worst), "window (1, 1), softcap 1.5, GQA: off by %g", worst);
     EXPECT(!gradients_match(a, 1e-4, &worst), "a gradient moved by 1e-4 fails: off by %g", worst);
     /* 5 queries of 3 keys, causal, window (1, 0), softcap 0.8: rows 0, 1 see no key */
-    const ref_shape b = {1, 1, 5, 4, 1, 0.9, 0, 3, 1, 1, 0, 0.8};
+    const ref_shape b = {1, 1, 5, 4, 1, 0.9, 0, 3, 1, 1, 0, 0.8, NULL, NULL};
     EXPECT(gradients_match(b, 0, &worst), "causal window (1, 0), softcap 0.8: off by %g", worst);
     /* the cap's derivative is read: the uncapped reference disagrees with the capped gradients */
-    const ref_shape c = {1, 1, 4, 4, 0, 0.9, 0, 6, 1, 2, 3, 0.0};
+    const ref_shape c = {1, 1, 4, 4, 0, 0.9, 0, 6, 1, 2, 3, 0.0, NULL, NULL};
     EXPECT(gradients_match(c, 0, &worst), "window (2, 3), no softcap: off by %g", worst);
 }
 
@@ -401,7 +401,7 @@ static void test_softcap_backward(void) {
  * rows of another window or another cap fail. */
 static int window_check(int other_window, double other_cap) {
     enum { H = 2, N = 40, N_K = 24, D = 64 };
-    const ref_shape s = {1, H, N, D, 0, 0.125, 1, N_K, 1, 5, 3, 3.0};
+    const ref_shape s = {1, H, N, D, 0, 0.125, 1, N_K, 1, 5, 3, 3.0, NULL, NULL};
     ref_shape w = s;
     if (other_window) w.window_left = 6;
     if (other_cap > 0) w.softcap = other_cap;
@@ -447,7 +447,7 @@ static void test_pick_rows(void) {
 typedef enum { RIGHT, NAN_UNCHECKED, SHIFTED_MASK, ROW_SWAP, SKIPPED_KEY } mistake;
 
 static int check_with(int f16, mistake m, int causal) {
-    ref_shape s = {1, 2, 97, 64, causal, 0.125, 0, 0, 0, -1, -1, 0.0};
+    ref_shape s = {1, 2, 97, 64, causal, 0.125, 0, 0, 0, -1, -1, 0.0, NULL, NULL};
     size_t n = (size_t)2 * 97 * 64, rows = 2 * 97;
     float *Q = malloc(n * 4), *K = malloc(n * 4), *V = malloc(n * 4), *O = malloc(n * 4);
     float *lse = malloc(rows * 4);
@@ -523,6 +523,416 @@ static void test_pass_rule(void) {
         }
         EXPECT(!check_with(f16, SHIFTED_MASK, 1), "f16=%d: causal mask off by one fails", f16);
     }
+}
+
+/* ---- packed batches ---- */
+
+/* attn_sequence_of (attention.h) on the host: unpacked, packed, and arrays that lie. */
+static void test_sequence_of(void) {
+    attn_varlen none = {NULL, NULL, 0, 0};
+    attn_sequence q = attn_sequence_of(&none, 2, 3, 10, 7);
+    EXPECT(q.q_row == 0 && q.k_row == 0 && q.lse_row == 2 * 3 * 10 && q.lse_head == 10 &&
+               q.N == 10 && q.N_k == 7,
+           "unpacked: rows 0 (the batch stride places b), lse [B, H, N]: %lld %lld %lld %lld %d %d",
+           q.q_row, q.k_row, q.lse_row, q.lse_head, q.N, q.N_k);
+    const int cq[] = {0, 5, 5, 12}, ck[] = {0, 3, 7, 7};
+    const attn_varlen v = {cq, ck, 12, 7};
+    q = attn_sequence_of(&v, 0, 4, 7, 4);
+    EXPECT(q.q_row == 0 && q.k_row == 0 && q.N == 5 && q.N_k == 3 && q.lse_row == 0 &&
+               q.lse_head == 12,
+           "packed, sequence 0: %lld %lld %d %d", q.q_row, q.k_row, q.N, q.N_k);
+    q = attn_sequence_of(&v, 1, 4, 7, 4);
+    EXPECT(q.q_row == 5 && q.k_row == 3 && q.N == 0 && q.N_k == 4,
+           "packed, sequence 1 (no query): %lld %lld %d %d", q.q_row, q.k_row, q.N, q.N_k);
+    q = attn_sequence_of(&v, 2, 4, 7, 4);
+    EXPECT(q.q_row == 5 && q.k_row == 7 && q.N == 7 && q.N_k == 0 && q.lse_row == 5,
+           "packed, sequence 2 (no key): %lld %lld %d %d", q.q_row, q.k_row, q.N, q.N_k);
+    /* arrays that lie: negative, decreasing, past the tensors, longer than N: clamped inside */
+    const int bq[] = {-4, 3, 1, 40, 50}, bk[] = {2, 100, -1, 6, 6};
+    const attn_varlen w = {bq, bk, 30, 6};
+    int bad = 0;
+    for (int b = 0; b < 4; b++) {
+        const attn_sequence s = attn_sequence_of(&w, b, 2, 5, 3);
+        bad += s.q_row < 0 || s.q_row + s.N > 30 || s.k_row < 0 || s.k_row + s.N_k > 6;
+        bad += s.N < 0 || s.N > 5 || s.N_k < 0 || s.N_k > 3 || s.lse_row + s.N > 30;
+    }
+    const attn_sequence s0 = attn_sequence_of(&w, 0, 2, 5, 3),
+                        s2 = attn_sequence_of(&w, 2, 2, 5, 3);
+    EXPECT(bad == 0 && s0.q_row == 0 && s0.N == 3 && s0.k_row == 2 && s0.N_k == 3 &&
+               s2.q_row == 1 && s2.N == 5 && s2.N_k == 3,
+           "bad arrays stay inside the tensors (%d out): %lld %d %lld %d / %lld %d %d", bad,
+           s0.q_row, s0.N, s0.k_row, s0.N_k, s2.q_row, s2.N, s2.N_k);
+}
+
+/* varlen_parse: --varlen's lists; the errors name the entry. */
+static void test_varlen_parse(void) {
+    int B, *q, *k;
+    char err[256];
+    int rc = varlen_parse("1000,0,37:512", &B, &q, &k, err, sizeof err);
+    EXPECT(rc == 0 && B == 3 && q[0] == 0 && q[1] == 1000 && q[2] == 1000 && q[3] == 1037 &&
+               k[1] == 1000 && k[2] == 1000 && k[3] == 1512,
+           "1000,0,37:512: rc %d B %d", rc, B);
+    if (rc == 0) free(q), free(k);
+    rc = varlen_parse("0:5", &B, &q, &k, err, sizeof err);
+    EXPECT(rc == 0 && B == 1 && q[1] == 0 && k[1] == 5, "0:5: rc %d", rc);
+    if (rc == 0) free(q), free(k);
+    rc = varlen_parse("1073741824", &B, &q, &k, err, sizeof err);
+    EXPECT(rc == 0 && q[1] == ATTN_MAX_N, "one sequence of ATTN_MAX_N: rc %d", rc);
+    if (rc == 0) free(q), free(k);
+    const char *bad[][2] = {{"", "'' (sequence 1)"},
+                            {",", "'' (sequence 1)"},
+                            {"1,,2", "'' (sequence 2)"},
+                            {"4,", "'' (sequence 2)"},
+                            {"a", "'a' (sequence 1)"},
+                            {"-1", "'-1'"},
+                            {"+1", "'+1'"},
+                            {" 1", "' 1'"},
+                            {"1 ", "'1 '"},
+                            {"3:", "'3:'"},
+                            {":3", "':3'"},
+                            {"1:2:3", "'1:2:3'"},
+                            {"5,7x", "'7x' (sequence 2)"},
+                            {"1073741825", "lengths of 0 to 1073741824"},
+                            {"99999999999999999999", "'99999999999999999999'"},
+                            {"1073741824,1", "more than 1073741824 query tokens"},
+                            {"1:1073741824,0:1", "more than 1073741824 key tokens"}};
+    int wrong = 0;
+    for (int t = 0; t < (int)(sizeof bad / sizeof bad[0]); t++) {
+        err[0] = 0;
+        rc = varlen_parse(bad[t][0], &B, &q, &k, err, sizeof err);
+        if (rc != -1 || !strstr(err, bad[t][1]) || q || k) {
+            wrong++;
+            printf("  varlen_parse('%s'): rc %d, '%s' (want '%s')\n", bad[t][0], rc, err,
+                   bad[t][1]);
+        }
+    }
+    EXPECT(wrong == 0, "%d bad lists not refused as they should be", wrong);
+    /* more sequences than a grid's B x H holds */
+    char *many = malloc(2 * (ATTN_MAX_BH + 1) + 1);
+    for (int b = 0; b <= ATTN_MAX_BH; b++) many[2 * b] = '1', many[2 * b + 1] = ',';
+    many[2 * ATTN_MAX_BH + 1] = 0;
+    rc = varlen_parse(many, &B, &q, &k, err, sizeof err);
+    char over[64];
+    snprintf(over, sizeof over, "%d sequences", ATTN_MAX_BH + 1);
+    EXPECT(rc == -1 && strstr(err, over), "ATTN_MAX_BH + 1 sequences: rc %d '%s'", rc, err);
+    many[2 * ATTN_MAX_BH - 1] = 0;
+    rc = varlen_parse(many, &B, &q, &k, err, sizeof err);
+    EXPECT(rc == 0 && B == ATTN_MAX_BH && q[B] == ATTN_MAX_BH, "ATTN_MAX_BH sequences: rc %d", rc);
+    if (rc == 0) free(q), free(k);
+    free(many);
+}
+
+/* varlen_random: a pure function of the seed, in bounds, empty sequences among them, keys as many
+ * as queries unless bounded apart. */
+static void test_varlen_random(void) {
+    enum { B = 400 };
+    int q[B + 1], k[B + 1], q2[B + 1], k2[B + 1];
+    EXPECT(varlen_random(B, 100, -1, 5, q, k) == 0 && varlen_random(B, 100, -1, 5, q2, k2) == 0 &&
+               !memcmp(q, q2, sizeof q) && !memcmp(k, k2, sizeof k),
+           "same seed, same lengths");
+    int empty = 0, full = 0, out = 0, apart = 0;
+    for (int b = 0; b < B; b++) {
+        const int n = q[b + 1] - q[b];
+        empty += n == 0, full += n == 100, out += n < 0 || n > 100, apart += n != k[b + 1] - k[b];
+    }
+    EXPECT(out == 0 && apart == 0 && empty > B / VARLEN_EMPTY_ODDS / 2 && full > 0,
+           "0 .. 100, keys as many: %d out, %d apart, %d empty, %d of 100", out, apart, empty,
+           full);
+    varlen_random(B, 100, 30, 5, q2, k2);
+    int kout = 0, kempty = 0;
+    apart = 0;
+    for (int b = 0; b < B; b++) {
+        const int n = k2[b + 1] - k2[b];
+        kout += n < 0 || n > 30, kempty += n == 0, apart += n != q2[b + 1] - q2[b];
+    }
+    EXPECT(kout == 0 && kempty > B / VARLEN_EMPTY_ODDS / 2 && apart > B / 2 && q2[B] == q[B],
+           "keys 0 .. 30 apart, queries the same: %d out, %d empty, %d apart", kout, kempty, apart);
+    varlen_random(B, 100, -1, 6, q2, k2);
+    EXPECT(memcmp(q, q2, sizeof q) != 0, "another seed, other lengths");
+    int big_q[9], big_k[9];
+    const int rc = varlen_random(8, ATTN_MAX_N, -1, 1, big_q, big_k);
+    EXPECT(rc == -1 || (rc == 0 && big_q[8] <= ATTN_MAX_N), "tokens past ATTN_MAX_N refused");
+    int tiny_q[2], tiny_k[2];
+    EXPECT(varlen_random(1, 0, 0, 9, tiny_q, tiny_k) == 0 && tiny_q[1] == 0 && tiny_k[1] == 0,
+           "bounds of 0: one empty sequence");
+}
+
+/* flash-attn's varlen mask, written out: the window (left, right) completed on the whole batch
+ * (attn_shape_complete: its bounds against the longest sequence's keys), then applied to
+ * sequence b as its own attention of N_b queries and N_k_b keys, aligned to its bottom right. */
+static int packed_sees(const attn_shape *w, int N_b, int N_k_b, long long i, long long j) {
+    const long long diag = i + N_k_b - N_b;
+    if (j < 0 || j >= N_k_b) return 0;
+    if (w->causal && j > diag) return 0;
+    if (w->local && w->window_left >= 0 && j < diag - w->window_left) return 0;
+    if (w->local && w->window_right >= 0 && j > diag + w->window_right) return 0;
+    return 1;
+}
+
+enum { PK_B = 6, PK_H = 2, PK_HKV = 1, PK_D = 8 };
+static const int pk_q[PK_B + 1] = {0, 5, 5, 12, 15, 19, 20},
+                             pk_k[PK_B + 1] = {0, 3, 7, 14, 14, 23, 24};
+
+/* A packed batch's host copies (sequence-major, common.h) with O and lse by a direct float64
+ * softmax over packed_sees; in float. `whole`: the mask aligned to the whole batch's N and N_k
+ * (7 and 9) rather than each sequence's, a kernel's mistake. */
+typedef struct {
+    float Q[PK_H * 20 * PK_D], K[PK_HKV * 24 * PK_D], V[PK_HKV * 24 * PK_D], dO[PK_H * 20 * PK_D];
+    float O[PK_H * 20 * PK_D], lse[PK_H * 20];
+} packed_data;
+
+static void packed_direct(const attn_shape *w, packed_data *p, uint64_t seed, int whole) {
+    fill_normal(p->Q, sizeof p->Q / 4, seed, 0, 2.0f),
+        fill_normal(p->K, sizeof p->K / 4, seed, 1, 1.0f);
+    fill_normal(p->V, sizeof p->V / 4, seed, 2, 1.0f),
+        fill_normal(p->dO, sizeof p->dO / 4, seed, 3, 1.0f);
+    for (int b = 0; b < PK_B; b++) {
+        const int N_b = pk_q[b + 1] - pk_q[b], N_k_b = pk_k[b + 1] - pk_k[b];
+        const int mask_N = whole ? 7 : N_b, mask_N_k = whole ? 9 : N_k_b;
+        for (int h = 0; h < PK_H; h++)
+            for (int i = 0; i < N_b; i++) {
+                const float *q = p->Q + ((long long)PK_H * pk_q[b] + h * N_b + i) * PK_D;
+                const float *K = p->K + (long long)PK_HKV * pk_k[b] * PK_D; /* one kv head */
+                const float *V = p->V + (long long)PK_HKV * pk_k[b] * PK_D;
+                double sc[24], m = -INFINITY, l = 0, o[PK_D] = {0};
+                for (int j = 0; j < N_k_b; j++) {
+                    if (!packed_sees(w, mask_N, mask_N_k, i, j)) continue;
+                    double dot = 0;
+                    for (int d = 0; d < PK_D; d++) dot += (double)q[d] * K[j * PK_D + d];
+                    sc[j] = w->scale * dot;
+                    if (w->softcap > 0) sc[j] = w->softcap * tanh(sc[j] / w->softcap);
+                    m = fmax(m, sc[j]);
+                }
+                for (int j = 0; j < N_k_b; j++) {
+                    if (!packed_sees(w, mask_N, mask_N_k, i, j)) continue;
+                    l += exp(sc[j] - m);
+                    for (int d = 0; d < PK_D; d++) o[d] += exp(sc[j] - m) * V[j * PK_D + d];
+                }
+                const long long row = (long long)PK_H * pk_q[b] + h * N_b + i;
+                for (int d = 0; d < PK_D; d++)
+                    p->O[row * PK_D + d] = l > 0 ? (float)(o[d] / l) : 0.f;
+                p->lse[row] = l > 0 ? (float)(m + log(l)) : -INFINITY;
+            }
+    }
+}
+
+static ref_shape packed_ref(const attn_shape *w) {
+    ref_shape r = ref_of(w);
+    r.cu_q = pk_q, r.cu_k = pk_k;
+    return r;
+}
+
+/* The packed batch's shape: sequences 5:3, 0:4, 7:7, 3:0, 4:9, 1:1, the window completed against
+ * the longest sequence (9 keys). */
+static attn_shape packed_shape(int causal, int local, int left, int right, float softcap) {
+    attn_shape w = {.B = PK_B,
+                    .H = PK_H,
+                    .N = 7,
+                    .D = PK_D,
+                    .causal = causal,
+                    .scale = 0.4f,
+                    .H_kv = PK_HKV,
+                    .N_k = 9,
+                    .local = local,
+                    .window_left = left,
+                    .window_right = right,
+                    .softcap = softcap};
+    w.varlen = (attn_varlen){pk_q, pk_k, pk_q[PK_B], pk_k[PK_B]};
+    attn_shape_complete(&w);
+    return w;
+}
+
+/* The checker's per-sequence reference against the direct answer, every mask; and what it must
+ * catch: a row of another sequence's keys, an unwritten row, a finite lse of a row without keys,
+ * the mask aligned to the whole batch rather than the sequence. */
+static void test_packed_check(void) {
+    static packed_data p;
+    const int masks[][5] = {{0, 0, 0, 0, 0},  {1, 0, 0, 0, 0}, {0, 1, 0, 0, 0}, {0, 1, 2, 0, 0},
+                            {0, 1, -1, 1, 0}, {1, 1, 3, 0, 0}, {0, 1, 1, 2, 1}, {1, 0, 0, 0, 1}};
+    long long rows[PK_H * 20], n;
+    int wrong = 0;
+    for (int m = 0; m < (int)(sizeof masks / sizeof masks[0]); m++) {
+        const attn_shape w = packed_shape(masks[m][0], masks[m][1], masks[m][2], masks[m][3],
+                                          masks[m][4] ? 1.5f : 0.f);
+        packed_direct(&w, &p, 50 + m, 0);
+        const ref_shape r = packed_ref(&w);
+        n = pick_sequence_rows(&r, 0, -1, 0, 1, rows);
+        check_result c;
+        check_output(&r, STORE_F32, p.Q, p.K, p.V, p.O, p.lse, rows, n, &c);
+        if (!c.pass || c.max_abs_err > 1e-6 || c.lse_err > 1e-6 || n != PK_H * 20) {
+            wrong++;
+            printf("  mask %d: pass %d, O off by %g, lse by %g, %lld rows, %lld NaN/Inf\n", m,
+                   c.pass, c.max_abs_err, c.lse_err, n, c.nonfinite);
+        }
+    }
+    EXPECT(wrong == 0, "the per-sequence reference = the direct answer (%d masks differ)", wrong);
+
+    const attn_shape w = packed_shape(1, 1, 2, 0, 0.f);
+    const ref_shape r = packed_ref(&w);
+    n = pick_sequence_rows(&r, 0, -1, 0, 1, rows);
+    check_result c;
+    packed_direct(&w, &p, 60, 0);
+    /* sequence 4's first row (query 0 of head 0) as sequence 2's last query sees its keys */
+    const long long first4 = (long long)PK_H * pk_q[4];
+    for (int d = 0; d < PK_D; d++) p.O[first4 * PK_D + d] = p.O[(PK_H * pk_q[3] - 1) * PK_D + d];
+    check_output(&r, STORE_F32, p.Q, p.K, p.V, p.O, p.lse, rows, n, &c);
+    EXPECT(!c.pass, "another sequence's row in a sequence's first row fails (err %g)",
+           c.max_abs_err);
+    packed_direct(&w, &p, 60, 0);
+    p.O[(PK_H * pk_q[2] + 3) * PK_D + 1] = NAN; /* a row of sequence 2, unchecked */
+    check_output(&r, STORE_F32, p.Q, p.K, p.V, p.O, p.lse, rows, 2, &c);
+    EXPECT(!c.pass && c.nonfinite == 1, "an unwritten row of a middle sequence fails (%lld)",
+           c.nonfinite);
+    packed_direct(&w, &p, 60, 0);
+    p.lse[PK_H * pk_q[3] + 1] = 0.f; /* sequence 3 has no key: lse must stay -inf */
+    check_output(&r, STORE_F32, p.Q, p.K, p.V, p.O, p.lse, rows, n, &c);
+    EXPECT(!c.pass, "a finite lse in a sequence without keys fails");
+    packed_direct(&w, &p, 60, 0);
+    /* the mask aligned to the whole batch's N, N_k (7, 9) instead of each sequence's */
+    packed_direct(&w, &p, 60, 1);
+    check_output(&r, STORE_F32, p.Q, p.K, p.V, p.O, p.lse, rows, n, &c);
+    EXPECT(!c.pass, "the mask aligned to the whole batch fails (O err %g, lse err %g)",
+           c.max_abs_err, c.lse_err);
+}
+
+/* The float64 loss sum dO . O of a packed batch, by the direct softmax. */
+static double packed_loss(const attn_shape *w, packed_data *p) {
+    double total = 0;
+    for (int b = 0; b < PK_B; b++) {
+        const int N_b = pk_q[b + 1] - pk_q[b], N_k_b = pk_k[b + 1] - pk_k[b];
+        for (int h = 0; h < PK_H; h++)
+            for (int i = 0; i < N_b; i++) {
+                const long long row = (long long)PK_H * pk_q[b] + h * N_b + i;
+                const float *q = p->Q + row * PK_D;
+                const float *K = p->K + (long long)pk_k[b] * PK_D,
+                            *V = p->V + (long long)pk_k[b] * PK_D;
+                double sc[24], m = -INFINITY, l = 0, o[PK_D] = {0};
+                for (int j = 0; j < N_k_b; j++) {
+                    if (!packed_sees(w, N_b, N_k_b, i, j)) continue;
+                    double dot = 0;
+                    for (int d = 0; d < PK_D; d++) dot += (double)q[d] * K[j * PK_D + d];
+                    sc[j] = w->scale * dot;
+                    if (w->softcap > 0) sc[j] = w->softcap * tanh(sc[j] / w->softcap);
+                    m = fmax(m, sc[j]);
+                }
+                for (int j = 0; j < N_k_b; j++) {
+                    if (!packed_sees(w, N_b, N_k_b, i, j)) continue;
+                    l += exp(sc[j] - m);
+                    for (int d = 0; d < PK_D; d++) o[d] += exp(sc[j] - m) * V[j * PK_D + d];
+                }
+                for (int d = 0; d < PK_D; d++)
+                    total += (l > 0 ? o[d] / l : 0.0) * p->dO[row * PK_D + d];
+            }
+    }
+    return total;
+}
+
+/* check_gradients on a packed batch against central differences of the direct loss: every
+ * sequence (no query: dK = dV = 0; no key: dQ = 0), GQA, a window and a softcap. */
+static void test_packed_gradients(void) {
+    static packed_data p;
+    static float g[GRADS][PK_H * 24 * PK_D];
+    const attn_shape w = packed_shape(1, 1, 3, 0, 1.5f);
+    packed_direct(&w, &p, 70, 0);
+    float *in[GRADS] = {p.Q, p.K, p.V};
+    const size_t count[GRADS] = {(size_t)PK_H * pk_q[PK_B] * PK_D,
+                                 (size_t)PK_HKV * pk_k[PK_B] * PK_D,
+                                 (size_t)PK_HKV * pk_k[PK_B] * PK_D};
+    const float h = 0x1p-10f;
+    for (int t = 0; t < GRADS; t++)
+        for (size_t x = 0; x < count[t]; x++) {
+            const float keep = in[t][x];
+            in[t][x] = keep + h;
+            const double up = packed_loss(&w, &p);
+            in[t][x] = keep - h;
+            const double down = packed_loss(&w, &p);
+            in[t][x] = keep;
+            g[t][x] = (float)((up - down) / (2.0 * h));
+        }
+    const ref_shape r = packed_ref(&w);
+    long long qrows[PK_H * 24], krows[PK_HKV * 24];
+    const long long nq = pick_sequence_rows(&r, 0, -1, 0, 1, qrows),
+                    nk = pick_sequence_rows(&r, 1, -1, 0, 1, krows);
+    grad_check_result c;
+    check_gradients(&r, STORE_F32, p.Q, p.K, p.V, p.dO, p.O, p.lse, g[0], g[1], g[2], qrows, nq,
+                    krows, nk, &c);
+    const double worst =
+        fmax(c.max_abs_err[GRAD_DQ], fmax(c.max_abs_err[GRAD_DK], c.max_abs_err[GRAD_DV]));
+    EXPECT(c.nonfinite == 0 && worst < 1e-5 && nq == PK_H * 20 && nk == PK_HKV * 24,
+           "packed gradients = central differences: off by %g (%lld, %lld rows)", worst, nq, nk);
+    /* sequence 1 has no query: its keys' gradients are 0; a stray value there fails */
+    g[1][(long long)pk_k[1] * PK_D + 2] = 0.01f;
+    check_gradients(&r, STORE_F32, p.Q, p.K, p.V, p.dO, p.O, p.lse, g[0], g[1], g[2], qrows, nq,
+                    krows, nk, &c);
+    EXPECT(!c.pass, "dK of a sequence without queries must be 0 (err %g)", c.max_abs_err[GRAD_DK]);
+    g[1][(long long)pk_k[1] * PK_D + 2] = 0.f;
+    g[0][(long long)PK_H * pk_q[3] * PK_D] = 0.01f; /* sequence 3 has no key: dQ = 0 */
+    check_gradients(&r, STORE_F32, p.Q, p.K, p.V, p.dO, p.O, p.lse, g[0], g[1], g[2], qrows, nq,
+                    krows, nk, &c);
+    EXPECT(!c.pass, "dQ of a sequence without keys must be 0 (err %g)", c.max_abs_err[GRAD_DQ]);
+}
+
+/* The rows the checker picks in a packed batch: inside the sequences, increasing, every sequence
+ * with rows its first and last, with edges every head's; all of them when asked. */
+static void test_sequence_rows(void) {
+    const attn_shape w = packed_shape(0, 0, 0, 0, 0.f);
+    const ref_shape r = packed_ref(&w);
+    EXPECT(ref_rows(&r, 0) == PK_H * 20 && ref_rows(&r, 1) == PK_HKV * 24, "ref_rows %lld %lld",
+           ref_rows(&r, 0), ref_rows(&r, 1));
+    int bad = 0;
+    for (long long x = 0; x < PK_H * 20; x++) {
+        const long long b = ref_sequence_of_row(&r, 0, x);
+        bad += x < (long long)PK_H * pk_q[b] || x >= (long long)PK_H * pk_q[b + 1];
+    }
+    for (long long x = 0; x < PK_HKV * 24; x++) {
+        const long long b = ref_sequence_of_row(&r, 1, x);
+        bad += x < (long long)PK_HKV * pk_k[b] || x >= (long long)PK_HKV * pk_k[b + 1];
+    }
+    EXPECT(bad == 0, "ref_sequence_of_row: %d rows in the wrong sequence (empty ones between)",
+           bad);
+    long long rows[PK_H * 24];
+    for (int edges = 0; edges < 2; edges++) {
+        const long long n = pick_sequence_rows(&r, 0, 4, edges, 3, rows);
+        int first = 0, last = 0, order = 0;
+        for (long long k = 0; k < n; k++) order += k > 0 && rows[k] <= rows[k - 1];
+        for (int b = 0; b < PK_B; b++) {
+            const long long len = pk_q[b + 1] - pk_q[b];
+            for (int h = 0; h < (edges ? PK_H : 1); h++)
+                for (long long k = 0; len && k < n; k++) {
+                    first += rows[k] == PK_H * pk_q[b] + h * len;
+                    last += rows[k] == PK_H * pk_q[b] + (edges ? h : PK_H - 1) * len + len - 1;
+                }
+        }
+        const int want = edges ? PK_H * 5 : 5; /* 5 sequences with queries */
+        EXPECT(order == 0 && first == want && last == want &&
+                   n == pick_sequence_rows(&r, 0, 4, edges, 3, NULL),
+               "edges %d: %lld rows, %d firsts, %d lasts (want %d), %d out of order", edges, n,
+               first, last, want, order);
+    }
+    EXPECT(pick_sequence_rows(&r, 1, -1, 0, 3, rows) == PK_HKV * 24 && rows[23] == 23,
+           "every key row");
+}
+
+/* The checker on an unpacked batch and the same as a packed batch of sequences of one length:
+ * the same rows, the same numbers. */
+static void test_packed_as_unpacked(void) {
+    enum { B = 3, H = 2, N = 6, D = 8 };
+    float Q[B * H * N * D], K[B * H * N * D], V[B * H * N * D], O[B * H * N * D], lse[B * H * N];
+    fill_normal(Q, sizeof Q / 4, 80, 0, 1.0f), fill_normal(K, sizeof K / 4, 80, 1, 1.0f);
+    fill_normal(V, sizeof V / 4, 80, 2, 1.0f), fill_normal(O, sizeof O / 4, 80, 3, 0.1f);
+    for (int x = 0; x < B * H * N; x++) lse[x] = 1.f;
+    const int cu[B + 1] = {0, N, 2 * N, 3 * N};
+    ref_shape u = {B, H, N, D, 1, 0.3, 0, 0, 0, -1, -1, 0.0, NULL, NULL}, p = u;
+    p.cu_q = p.cu_k = cu;
+    long long rows[B * H * N];
+    const long long n = pick_rows(B * H * N, -1, 1, rows);
+    check_result a, b;
+    check_output(&u, STORE_F16, Q, K, V, O, lse, rows, n, &a);
+    check_output(&p, STORE_F16, Q, K, V, O, lse, rows, n, &b);
+    /* (rel_err sums over threads in any order: its last bits may differ) */
+    EXPECT(a.max_abs_err == b.max_abs_err && fabs(a.rel_err - b.rel_err) <= 1e-12 * a.rel_err &&
+               a.lse_err == b.lse_err && a.f16_err == b.f16_err && a.nonfinite == b.nonfinite,
+           "unpacked %g %g, packed %g %g", a.max_abs_err, a.lse_err, b.max_abs_err, b.lse_err);
 }
 
 static void test_npy(const char *dir) {
@@ -619,7 +1029,8 @@ static void test_reference_head_dims(void) {
     for (int t = 0; t < 2; t++) {
         const int D = dims[t], causal = t; /* D = 256 causal: row 0 sees keys 0 .. 2 */
         const ref_shape s = {HD_B,   HD_H,  HD_N, D,  causal, 1.0 / sqrt((double)D),
-                             HD_HKV, HD_NK, 0,    -1, -1,     0.0};
+                             HD_HKV, HD_NK, 0,    -1, -1,     0.0,
+                             NULL,   NULL};
         const size_t nq = (size_t)HD_H * HD_N * D, nk = (size_t)HD_HKV * HD_NK * D;
         fill_normal(Q, nq, 40 + t, 0, 2.0f), fill_normal(K, nk, 40 + t, 1, 1.0f);
         fill_normal(V, nk, 40 + t, 2, 1.0f), fill_normal(dO, nq, 40 + t, 3, 1.0f);
@@ -754,6 +1165,13 @@ int main(int argc, char **argv) {
     test_pass_rule();
     test_head_dim_rule();
     test_reference_head_dims();
+    test_sequence_of();
+    test_varlen_parse();
+    test_varlen_random();
+    test_packed_check();
+    test_packed_gradients();
+    test_sequence_rows();
+    test_packed_as_unpacked();
     test_npy(dir);
     printf("test_common: %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
