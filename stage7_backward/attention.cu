@@ -37,7 +37,8 @@
  * bottom right), bf16 (sm_80 on: the kernels' BF16 switch), and local windows and softcap, in
  * MODEL instantiations of the three kernels (config.cuh, bwd_model: a key tile loops over the query
  * tiles whose rows see it; dS gains the cap's derivative, 1 - t^2), which the plain cases' kernels
- * do not carry.
+ * do not carry; so do packed batches of variable-length sequences (cu_seqlens: a block reads its
+ * sequence's rows through bwd_sequence_of, and a tile past the sequence's end does nothing).
  * mma.sync + ldmatrix + cp.async as stage 5: every GPU from sm_75 on (sm_75 loads synchronously).
  *
  * Run:  make build && build/stage7_backward --seq 4096 --heads 16 --dim 128 --causal --bench
@@ -84,7 +85,20 @@
 static const char *stage_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
     const char *why = attn_forward_stage.unsupported(s, dev, LINKED_FORWARD_VARIANT);
+    // what stage 5 does not take (the descriptor's `takes` below lists what it takes)
+    if (!why) why = attn_shape_refused(s, attn_forward_stage.takes, 0);
     if (why) return why;
+    // Packed: the workspace's rows per head (total_q and a ROW_PAD a sequence) in 32 bits.
+    if (s->varlen.cu_seqlens_q &&
+        (long long)s->varlen.total_q + (long long)s->B * ROW_PAD > INT_MAX - ROW_PAD)
+        return "a packed batch's total_q + 128 B must be below 2^31 - 128";
+    // The preprocess's grid: a thread per 16-byte chunk of B H N_pad rows (packed: N_pad of the
+    // longest sequence), in the lanes of its instantiation for D (64, 128 or 256), in grid x.
+    const int pre_d = s->D <= 64 ? 64 : (s->D <= 128 ? 128 : 256);
+    if ((long long)s->B * s->H * padded_rows(s->N) * preprocess_lanes(pre_d) / PREPROCESS_THREADS >
+        INT_MAX)
+        return "B x H x N (packed: the longest sequence's N) is more rows than the preprocess's "
+               "grid holds";
     // Every tile moves by 16-byte chunks (cp.async), every row by a 32-bit stride (tile_issue).
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o, &s->dO, &s->dQ, &s->dK, &s->dV};
     why = attn_strides_refused(l, (int)(sizeof l / sizeof *l), s->D, INT_MAX);
@@ -128,9 +142,9 @@ extern "C" const attn_stage attn_this_stage = {
     backward_workspace_bytes,
     backward,
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
-        ATTN_TAKES_SOFTCAP,  // its forward's (stage 5's)
+        ATTN_TAKES_SOFTCAP | ATTN_TAKES_VARLEN,  // its forward's (stage 5's: stage_unsupported)
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
-        ATTN_TAKES_SOFTCAP,  // the backward's
-    NULL,                    // no decode pass: attention against a KV cache is stage 9's
+        ATTN_TAKES_SOFTCAP | ATTN_TAKES_VARLEN,  // the backward's
+    NULL,  // no decode pass: attention against a KV cache is stage 9's
     NULL,
 };

@@ -200,3 +200,15 @@ static inline bwd_model bwd_model_of(const attn_shape *s, dq_way dq) {
     m.dq = dq;
     return m;
 }
+
+// A packed batch (attention.h's attn_varlen) runs the MODEL kernels too: a block reads its
+// sequence through bwd_sequence_of (common/device/backward_prepost.cuh), and the rule of the keys
+// its rows see is the shape's with the sequence's queries and keys (causal and the window aligned
+// to its own bottom right; the window's bounds and the softcap are the shape's).
+// (MODEL; the plain kernels read none of it.)
+template <bool MODEL>
+__device__ __forceinline__ bwd_model sequence_model(bwd_model m, const bwd_sequence &s) {
+    if constexpr (MODEL) m.keys.N = s.seq.N, m.keys.N_k = s.seq.N_k;
+    (void)s;
+    return m;
+}

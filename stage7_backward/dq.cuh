@@ -46,12 +46,28 @@ __device__ __forceinline__ void stage_dq_fragments(uint32_t dq_stage, const floa
     fence_proxy_async();
 }
 
+// DQ_BY_BULK: the tensor-map coordinates {row, (batch, head) or head} of row q0 of query head h
+// in dQ_acc: the plain kernels' [B * H, N, D], or (MODEL) sequence s's rows (bwd_sequence_of,
+// dq_map_coords: packed, its rows of [H, acc_rows, D]).
+template <bool MODEL>
+__device__ __forceinline__ int2 dq_tile_coords(const bwd_params &p, const bwd_sequence &s, int b,
+                                               int h, int q0) {
+    if constexpr (MODEL) {
+        return dq_map_coords(p, s, b, h, q0);
+    } else {
+        (void)s;
+        return make_int2(q0, b * p.H + h);
+    }
+}
+
 // DQ_BY_BULK: after a barrier that follows every warp's stage_dq_fragments, thread 0 hands the
-// staging tile to one bulk tensor reduction into rows q0 .. q0 + QROWS of (batch, head) bh of
-// dQ_acc (rows past N skipped by the TMA unit).
+// staging tile to one bulk tensor reduction into the QROWS rows of dQ_acc from `at`
+// (dq_tile_coords; rows past the map's skipped by the TMA unit: unpacked, past N; packed, the rows
+// past the sequence's end are its own padding, never read, so its box never reaches the next
+// sequence's rows).
 __device__ __forceinline__ void add_staged_dq_tile(const CUtensorMap *dq_map, uint32_t dq_stage,
-                                                   int q0, int bh) {
+                                                   int2 at) {
     if (threadIdx.x != 0) return;
-    tma_reduce_add_4d(dq_map, dq_stage, 0, q0, 0, bh);
+    tma_reduce_add_4d(dq_map, dq_stage, 0, at.x, 0, at.y);
     bulk_commit();
 }

@@ -10,20 +10,20 @@
 // MODEL (dq_kernel): S becomes P and dP becomes dS, for the warp's 16 queries (the first is q_row)
 // x keys k0.. : the window's mask (key_masked) where the tile needs one, and with a softcap c,
 // t = tanh(scale S / c), P = 2^(t c log2(e) - LSE), dS = P (dP - D_i) (1 - t^2). lse2, Di: the
-// lane's rows g and g + 8.
+// lane's rows g and g + 8. key_shift: the sequence's N_k - N.
 template <int NB>
 __device__ __forceinline__ void model_score_gradients(float (&S)[NB][4], float (&dP)[NB][4],
                                                       const bwd_params &p, const bwd_model &model,
                                                       const float (&lse2)[FRAG_LANE_ROWS],
                                                       const float (&Di)[FRAG_LANE_ROWS], int k0,
-                                                      int q_row, bool mask) {
+                                                      int q_row, int key_shift, bool mask) {
     const bool softcap = model.cap_in > 0.f;  // the same for every thread
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
 #pragma unroll
         for (int e = 0; e < FRAG_REGS; ++e) {
             const int key = k0 + frag_col(n, e);
-            const int query = q_row + frag_row(e) + p.key_shift;  // as a key index
+            const int query = q_row + frag_row(e) + key_shift;  // as a key index
             const bool off = mask && key_masked(model.keys, key, query);
             float t = 0.f, x;  // softcap: the capped score's tanh
             if (softcap) {
@@ -44,10 +44,12 @@ __device__ __forceinline__ void model_score_gradients(float (&S)[NB][4], float (
 //   S = Q_i K_j^T, P = 2^(c S - LSE_i), dP = dO_i V_j^T, dS = P (dP - D_i), dQ_i += dS K_j.
 // MODEL (a local window, a softcap: bwd_model): the key tiles the tile's rows see (split_kv.cuh's
 // rule, as the forward's), the window's masks, and with a softcap c, t = tanh(scale S / c):
-// P = 2^(t c log2(e) - LSE_i), dS = P (dP - D_i) (1 - t^2).
+// P = 2^(t c log2(e) - LSE_i), dS = P (dP - D_i) (1 - t^2). MODEL also runs packed batches: the
+// batch of blockIdx.y is then a sequence (bwd_sequence_of), a query tile at or past its N_b rows
+// does nothing, and the rule is the sequence's.
 template <int D, int WARPS, int STAGES, bool BF16, bool MODEL = false>
 __global__ void __launch_bounds__(WARPS *WARP_SIZE)
-    dq_kernel(const bwd_params p, const bwd_model model) {
+    dq_kernel(const bwd_params p, const bwd_model shape_model) {
     constexpr tile_config CFG = {WARPS, STAGES, 0};
     constexpr int THREADS = WARPS * WARP_SIZE;
     constexpr int ROWS = tile_rows(CFG);
@@ -76,9 +78,19 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     const int q_index = p.causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
     const int q0 = q_index * ROWS;
     const int b = (int)blockIdx.y / p.H, h = (int)blockIdx.y % p.H;  // batch, query head
-    const size_t vec = (size_t)blockIdx.y * p.N_pad;                 // its rows of lse2 and Dsum
-    const __half *const K_rows = p.K + head_offset(p.layout.k, b, h / p.group);  // [N_k, D]
-    const __half *const V_rows = p.V + head_offset(p.layout.v, b, h / p.group);
+    // MODEL: the sequence (packed: b's rows of the batch; unpacked: the batch b) and its rule
+    const bwd_sequence s = kernel_sequence<MODEL>(p, b);
+    // packed: a query tile at or past the sequence's rows does nothing (the rows past N_b are
+    // the next sequence's: nothing written)
+    if (MODEL && q0 >= s.seq.N) return;
+    const bwd_model model = sequence_model<MODEL>(shape_model, s);
+    const size_t vec = MODEL ? (size_t)(s.row_pad + h * s.head_pad)
+                             : (size_t)blockIdx.y * p.N_pad;  // its rows of lse2 and Dsum
+    // (MODEL: the sequence's first key row, and below its first query row: packed, not 0)
+    const __half *const K_rows = p.K + head_offset(p.layout.k, b, h / p.group) +
+                                 (MODEL ? rows_offset((int)s.seq.k_row, p.layout.k.row) : 0);
+    const __half *const V_rows = p.V + head_offset(p.layout.v, b, h / p.group) +
+                                 (MODEL ? rows_offset((int)s.seq.k_row, p.layout.v.row) : 0);
     const unsigned k_ld = p.layout.k.row, v_ld = p.layout.v.row;
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int q_row = q0 + MMA_M * warp;  // this warp's first query
@@ -95,18 +107,19 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     const uint32_t K_smem = dO_smem + TILE, V_smem = K_smem + STAGES * TILE;
     const int cols = MODEL ? p.D : D;  // the head dim's columns the tensors hold
 
+    const int row = MODEL ? (int)s.seq.q_row + q0 : q0;  // the tile's first in Q's, dO's layouts
     tile_issue<ROWS, D, THREADS>(
-        Q_smem, p.Q + head_offset(p.layout.q, b, h) + rows_offset(q0, p.layout.q.row),
-        p.layout.q.row, p.N - q0, cols);
+        Q_smem, p.Q + head_offset(p.layout.q, b, h) + rows_offset(row, p.layout.q.row),
+        p.layout.q.row, (MODEL ? s.seq.N : p.N) - q0, cols);
     tile_issue<ROWS, D, THREADS>(
-        dO_smem, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(q0, p.layout.dO.row),
-        p.layout.dO.row, p.N - q0, cols);
+        dO_smem, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(row, p.layout.dO.row),
+        p.layout.dO.row, (MODEL ? s.seq.N : p.N) - q0, cols);
     cp_async_commit();
     if (STAGES == 2 && (!MODEL || k_tiles > 0)) {  // K_j, V_j of the first key tile (MODEL: kv0)
         tile_issue<ROWS, D, THREADS>(K_smem, MODEL ? K_rows + rows_offset(kv0, k_ld) : K_rows, k_ld,
-                                     p.N_k - kv0, cols);
+                                     (MODEL ? s.seq.N_k : p.N_k) - kv0, cols);
         tile_issue<ROWS, D, THREADS>(V_smem, MODEL ? V_rows + rows_offset(kv0, v_ld) : V_rows, v_ld,
-                                     p.N_k - kv0, cols);
+                                     (MODEL ? s.seq.N_k : p.N_k) - kv0, cols);
         cp_async_commit();
     }
     const int g = lane_index() / QUAD;
@@ -121,14 +134,18 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     float dQ[DB][4] = {};
     for (int it = 0; it < k_tiles; ++it) {
         const int k0 = kv0 + it * ROWS;
+        // MODEL: the sequence read again (cu_seqlens, from L1) rather than held in registers across
+        // the loop: beside dQ_i, S and dP ptxas would spill them (D = 96 on sm_80 to sm_89, D = 256
+        // on sm_100)
+        const bwd_sequence s_it = kernel_sequence<MODEL>(p, b);
         const int buf = STAGES == 2 ? it % STAGES : 0;
         const uint32_t K_tile = K_smem + buf * TILE, V_tile = V_smem + buf * TILE;
         if (STAGES == 1) {
             __syncthreads();  // every warp is done with the last K_j, V_j
-            tile_issue<ROWS, D, THREADS>(K_tile, K_rows + rows_offset(k0, k_ld), k_ld, p.N_k - k0,
-                                         cols);
-            tile_issue<ROWS, D, THREADS>(V_tile, V_rows + rows_offset(k0, v_ld), v_ld, p.N_k - k0,
-                                         cols);
+            tile_issue<ROWS, D, THREADS>(K_tile, K_rows + rows_offset(k0, k_ld), k_ld,
+                                         (MODEL ? s_it.seq.N_k : p.N_k) - k0, cols);
+            tile_issue<ROWS, D, THREADS>(V_tile, V_rows + rows_offset(k0, v_ld), v_ld,
+                                         (MODEL ? s_it.seq.N_k : p.N_k) - k0, cols);
             cp_async_commit();
         }
         cp_async_wait<0>();
@@ -137,10 +154,10 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         if (STAGES == 2 && it + 1 < k_tiles) {
             tile_issue<ROWS, D, THREADS>(K_smem + (STAGES - 1 - buf) * TILE,
                                          K_rows + rows_offset(k0 + ROWS, k_ld), k_ld,
-                                         p.N_k - k0 - ROWS, cols);
+                                         (MODEL ? s_it.seq.N_k : p.N_k) - k0 - ROWS, cols);
             tile_issue<ROWS, D, THREADS>(V_smem + (STAGES - 1 - buf) * TILE,
                                          V_rows + rows_offset(k0 + ROWS, v_ld), v_ld,
-                                         p.N_k - k0 - ROWS, cols);
+                                         (MODEL ? s_it.seq.N_k : p.N_k) - k0 - ROWS, cols);
             cp_async_commit();
         }
         const uint32_t Q_warp = Q_smem + warp * MMA_M * ROW_BYTES;
@@ -150,8 +167,10 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         gemm_rows_by_rows<BF16, D>(S, Q_warp, K_tile);  // S = Q_i K_j^T
         if constexpr (MODEL) {  // dP first: P and dS in one pass, the cap's t read by both
             gemm_rows_by_rows<BF16, D>(dP, dO_warp, V_tile);  // dP = dO_i V_j^T
-            model_score_gradients(S, dP, p, model, lse2, Di, k0, q_row,
-                                  tile_needs_mask(model.keys, k0, ROWS, q0 + p.key_shift, ROWS));
+            const bwd_model model_it = sequence_model<MODEL>(shape_model, s_it);
+            const int key_shift = key_shift_of<MODEL>(p, s_it);  // the sequence's N_k - N
+            model_score_gradients(S, dP, p, model_it, lse2, Di, k0, q_row, key_shift,
+                                  tile_needs_mask(model_it.keys, k0, ROWS, q0 + key_shift, ROWS));
         } else {
             const bool mask = k0 + ROWS > p.N_k || (p.causal && k0 + ROWS - 1 > q0 + p.key_shift);
 #pragma unroll
@@ -177,6 +196,8 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         gemm_frags_by_tile<BF16, D>(dQ, A, K_tile);  // dQ_i += dS K_j
     }
     cp_async_wait<0>();  // (no key tile: Q_i's, dO_i's copies land before the block ends)
-    store_rows<BF16, D>(p.dQ + head_offset(p.layout.dQ, b, h), dQ, q_row, p.N, p.scale,
-                        p.layout.dQ.row, cols);
+    const bwd_sequence s_end = kernel_sequence<MODEL>(p, b);  // (MODEL: read again, as s_it)
+    store_rows<BF16, D>(p.dQ + head_offset(p.layout.dQ, b, h) +
+                            (MODEL ? rows_offset((int)s_end.seq.q_row, p.layout.dQ.row) : 0),
+                        dQ, q_row, (MODEL ? s_end.seq.N : p.N), p.scale, p.layout.dQ.row, cols);
 }

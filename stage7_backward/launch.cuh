@@ -159,13 +159,14 @@ static smem_kernel_fn smem_p_kernel(dq_way dq) {
     }
 }
 
-// A local window, a softcap (bwd_model) or a head dim not 64 or 128 (its tail masked: bwd_params.D)
-// runs the MODEL kernels: one backward_kernel per head dim and storage type (dQ's way a runtime
-// value), and for the others the last configuration of their lists, which fits wherever one does
-// (one buffer: every architecture): so that the plain cases' kernels carry none of it, with few
-// instantiations more.
+// A local window, a softcap (bwd_model), a head dim not 64 or 128 (its tail masked: bwd_params.D)
+// or a packed batch (bwd_sequence_of) runs the MODEL kernels: one backward_kernel per head dim and
+// storage type (dQ's way a runtime value), and for the others the last configuration of their
+// lists, which fits wherever one does (one buffer: every architecture): so that the plain cases'
+// kernels carry none of it, with few instantiations more.
 static bool model_shape(const attn_shape *s) {
-    return (attn_shape_asks(s, 1) & (ATTN_TAKES_LOCAL | ATTN_TAKES_SOFTCAP)) != 0 ||
+    return (attn_shape_asks(s, 1) & (ATTN_TAKES_LOCAL | ATTN_TAKES_SOFTCAP | ATTN_TAKES_VARLEN)) !=
+               0 ||
            (s->D != 64 && s->D != 128);
 }
 
@@ -248,13 +249,15 @@ static cudaError_t launch(FN fn, dim3 grid, int threads, size_t smem, cudaStream
     return cudaSuccess;
 }
 
-// Workspace (bwd_params_of): lse2 and Dsum, then (every variant but deterministic) dQ_acc.
+// Workspace (bwd_params_of): lse2 and Dsum, then (every variant but deterministic) dQ_acc; packed,
+// rows of the total tokens plus ROW_PAD a sequence (bwd_pad_rows, bwd_acc_rows), not of B times
+// the longest.
 
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     (void)dev;
-    const size_t rows = (size_t)s->B * s->H * padded_rows(s->N);
+    const size_t rows = bwd_pad_rows(s);
     const size_t acc =
-        variant == VARIANT_DETERMINISTIC ? 0 : (size_t)s->B * s->H * s->N * s->D * sizeof(float);
+        variant == VARIANT_DETERMINISTIC ? 0 : bwd_acc_rows(s) * s->D * sizeof(float);
     return 2 * aligned(rows * sizeof(float)) + aligned(acc);
 }
 

@@ -120,11 +120,13 @@ __device__ __forceinline__ void store_score_gradients(uint32_t dS_smem, const ui
 // split over the warps: warp w takes the 16 query rows of
 // slice w % (QROWS / 16) and its share of the head dim. A = those rows of dS (read .trans from
 // dS_smem, where they are columns), B = K_j (.trans); two head-dim blocks at a time, each added to
-// global memory by fp32 atomics (red.global.add; two floats at once on sm_90). TAIL: dQ_acc's
-// rows are p.D floats, and the columns past them are skipped.
-template <bool BF16, int D, int ROWS, int QROWS, int WARPS, bool TAIL>
-__device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_smem,
-                                              uint32_t K_smem, size_t head, int q0) {
+// global memory by fp32 atomics (red.global.add; two floats at once on sm_90), rows past the
+// sequence's end skipped (MODEL: sequence s's). TAIL: dQ_acc's rows are p.D floats, and the
+// columns past them are skipped.
+template <bool BF16, int D, int ROWS, int QROWS, int WARPS, bool TAIL, bool MODEL>
+__device__ __forceinline__ void accumulate_dq(const bwd_params &p, const bwd_sequence &s,
+                                              uint32_t dS_smem, uint32_t K_smem, size_t head,
+                                              int q0) {
     constexpr int KC = ROWS / MMA_K;            // k16 steps over the keys
     constexpr int SLICES = QROWS / MMA_M;       // m16 slices of the query tile
     constexpr int PARTS = WARPS / SLICES;       // warps per slice
@@ -165,7 +167,7 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
             const int row = q0 + MMA_M * slice + g + FRAG_ROW_STEP * h;
-            if (row >= p.N) continue;
+            if (row >= queries_of<MODEL>(p, s)) continue;
 #pragma unroll
             for (int nn = 0; nn < NC; ++nn) {
                 const int col = MMA_N * (part * DB_PART + nn0 + nn);
@@ -184,10 +186,11 @@ __device__ __forceinline__ void accumulate_dq(const bwd_params &p, uint32_t dS_s
 // ADDS_DQ: the block also adds its part of dQ (the default); the deterministic variant leaves dQ
 // to dq_kernel. MODEL (a local window, a softcap: bwd_model): the query tiles whose rows see the
 // key tile, the window's masks, the softcap (probabilities_model_t), and whether dQ is added is
-// the launcher's (model.dq; instantiated with ADDS_DQ).
+// the launcher's (model.dq; instantiated with ADDS_DQ). MODEL also runs packed batches (as
+// backward_kernel: the block's sequence, bwd_sequence_of, and its rule).
 template <int D, int WARPS, int STAGES, int QROWS, bool ADDS_DQ, bool BF16, bool MODEL = false>
 __global__ void __launch_bounds__(WARPS *WARP_SIZE)
-    backward_registers_kernel(const bwd_params p, const bwd_model model) {
+    backward_registers_kernel(const bwd_params p, const bwd_model shape_model) {
     constexpr tile_config CFG = {WARPS, STAGES, QROWS};
     constexpr int THREADS = WARPS * WARP_SIZE;
     constexpr int ROWS = tile_rows(CFG);       // keys per block
@@ -209,12 +212,19 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
 
     const int k0 = (int)blockIdx.x * ROWS;                                  // the block's first key
     const int b = (int)blockIdx.y / p.H_kv, hk = (int)blockIdx.y % p.H_kv;  // batch, K/V head
+    // MODEL: the sequence (packed: b's rows of the batch; unpacked: the batch b) and its rule
+    const bwd_sequence s = kernel_sequence<MODEL>(p, b);
+    // packed: a key tile at or past the sequence's keys does nothing (the rows past N_k_b are
+    // the next sequence's: nothing written)
+    if (MODEL && k0 >= s.seq.N_k) return;
+    const bwd_model model = sequence_model<MODEL>(shape_model, s);
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int key_row = k0 + MMA_M * warp;  // this warp's first key
     // Earlier queries see no key here (causal: query i sees keys <= i + key_shift); from a
     // whole query tile, so that LSE_i and D_i stay within their padded rows. MODEL: nor do the
     // queries past a window's end.
-    int q_begin = p.causal ? max(k0 - p.key_shift, 0) / QROWS * QROWS : 0, q_end = p.N;
+    int q_begin = p.causal ? max(k0 - key_shift_of<MODEL>(p, s), 0) / QROWS * QROWS : 0,
+        q_end = queries_of<MODEL>(p, s);
     if constexpr (MODEL) {  // (q_end: MODEL's; the plain kernels read p.N where they use it)
         q_begin = key_tile_first_query<QROWS>(model.keys, k0);
         q_end = key_tile_query_end(model.keys, k0, ROWS);
@@ -231,10 +241,11 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     const uint32_t vec_smem = dS_smem + ROWS * QROWS * sizeof(__half);
 
     const int cols = MODEL ? p.D : D;  // the head dim's columns the tensors hold
-    issue_key_tile<D, ROWS, THREADS>(p, K_smem, V_smem, b, hk, k0, cols);
+    issue_key_tile<D, ROWS, THREADS, MODEL>(p, s, K_smem, V_smem, b, hk, k0, cols);
     int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
     if (STAGES == 2)
-        issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0, cols);
+        issue_query_tile<D, QROWS, THREADS, true, MODEL>(p, s, Q_smem, dO_smem, vec_smem, b, hq, q0,
+                                                         cols);
 
     float dK[DB][4] = {}, dV[DB][4] = {};  // this warp's 16 keys x D, fp32
     for (int it = 0; it < tiles; ++it) {
@@ -243,8 +254,8 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         const uint32_t vec_tile = vec_smem + buf * VEC;
         if (STAGES == 1) {    // (the T4's configuration: its sm_75 code unrolls every copy)
             __syncthreads();  // every warp is done with the last tile's Q, dO, LSE, D and dS
-            issue_query_tile<D, QROWS, THREADS, false>(p, Q_tile, dO_tile, vec_tile, b, hq, q0,
-                                                       cols);
+            issue_query_tile<D, QROWS, THREADS, false, MODEL>(p, s, Q_tile, dO_tile, vec_tile, b,
+                                                              hq, q0, cols);
         }
         cp_async_wait<0>();
         __syncthreads();  // tile it (and K_j, V_j) visible to all; with two stages, every warp is
@@ -252,8 +263,8 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         if (STAGES == 2 && it + 1 < tiles) {
             int hq_next = hq, q0_next = q0;
             next_query_tile<QROWS>(hq_next, q0_next, q_begin, MODEL ? q_end : p.N);
-            issue_query_tile<D, QROWS, THREADS>(
-                p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
+            issue_query_tile<D, QROWS, THREADS, true, MODEL>(
+                p, s, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
                 vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next, cols);
         }
         const uint32_t K_warp = K_smem + warp * MMA_M * ROW_BYTES;  // this warp's keys
@@ -261,8 +272,8 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
 
         float S[NB][4], dP[NB][4];
         uint32_t A[KC][4];
-        gemm_rows_by_rows<BF16, D>(S, K_warp, Q_tile);  // S^T = K_j Q_i^T
-        const int qk0 = q0 + p.key_shift;               // the tile's first query as a key index
+        gemm_rows_by_rows<BF16, D>(S, K_warp, Q_tile);   // S^T = K_j Q_i^T
+        const int qk0 = q0 + key_shift_of<MODEL>(p, s);  // the tile's first query as a key index
         if constexpr (MODEL) {
             probabilities_model_t(S, vec_tile, key_row, qk0, p, model,
                                   tile_needs_mask(model.keys, k0, ROWS, qk0, QROWS));  // P^T
@@ -292,16 +303,22 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         if (adds_dq) {
             store_score_gradients<QROWS>(dS_smem, A, warp);
             __syncthreads();  // dS_smem written by every warp, visible to all
-            accumulate_dq<BF16, D, ROWS, QROWS, WARPS, MODEL>(
-                p, dS_smem, K_smem, (size_t)(b * p.H + hq) * p.N * cols, q0);
+            accumulate_dq<BF16, D, ROWS, QROWS, WARPS, MODEL, MODEL>(
+                p, s, dS_smem, K_smem,
+                MODEL ? (size_t)(s.row_acc + hq * s.head_acc) * cols
+                      : (size_t)(b * p.H + hq) * p.N * cols,
+                q0);
         }
         next_query_tile<QROWS>(hq, q0, q_begin, MODEL ? q_end : p.N);
     }
     // MODEL: a key tile no row sees (a window) ran no loop: its prologue's copies land before the
     // block ends, and it stores dK_j = dV_j = 0.
     if constexpr (MODEL) cp_async_wait<0>();
-    store_rows<BF16, D>(p.dK + head_offset(p.layout.dK, b, hk), dK, key_row, p.N_k, p.scale,
-                        p.layout.dK.row, cols);
-    store_rows<BF16, D>(p.dV + head_offset(p.layout.dV, b, hk), dV, key_row, p.N_k, 1.f,
-                        p.layout.dV.row, cols);
+    // (MODEL: the sequence's keys, from its first; packed, the rows past them are the next one's)
+    store_rows<BF16, D>(p.dK + head_offset(p.layout.dK, b, hk) +
+                            (MODEL ? rows_offset((int)s.seq.k_row, p.layout.dK.row) : 0),
+                        dK, key_row, keys_of<MODEL>(p, s), p.scale, p.layout.dK.row, cols);
+    store_rows<BF16, D>(p.dV + head_offset(p.layout.dV, b, hk) +
+                            (MODEL ? rows_offset((int)s.seq.k_row, p.layout.dV.row) : 0),
+                        dV, key_row, keys_of<MODEL>(p, s), 1.f, p.layout.dV.row, cols);
 }

@@ -217,36 +217,69 @@ __device__ __forceinline__ bool key_masked(const key_rule &r, int key, int diago
            (r.left >= 0 && diagonal - key > r.left);
 }
 
+// The sequence a block of a MODEL kernel works on (packed or not: bwd_sequence_of reads
+// cu_seqlens); the plain kernels read none: their rows are the unpacked batch's, from bwd_params.
+template <bool MODEL>
+__device__ __forceinline__ bwd_sequence kernel_sequence(const bwd_params &p, int b) {
+    if constexpr (MODEL) {
+        return bwd_sequence_of(p, b);
+    } else {
+        (void)p, (void)b;
+        return bwd_sequence{};
+    }
+}
+
+// The queries, keys and N_k - N a kernel's rows are bounded by: MODEL, its sequence's (s); the
+// plain kernels', the shape's, read from bwd_params where they are used.
+template <bool MODEL>
+__device__ __forceinline__ int queries_of(const bwd_params &p, const bwd_sequence &s) {
+    return MODEL ? s.seq.N : p.N;
+}
+template <bool MODEL>
+__device__ __forceinline__ int keys_of(const bwd_params &p, const bwd_sequence &s) {
+    return MODEL ? s.seq.N_k : p.N_k;
+}
+template <bool MODEL>
+__device__ __forceinline__ int key_shift_of(const bwd_params &p, const bwd_sequence &s) {
+    return MODEL ? s.seq.N_k - s.seq.N : p.key_shift;
+}
+
 // The block's key tile: K_j and V_j ([ROWS, D], keys k0 .. of key/value head hk of batch b; keys
-// past N_k and columns past cols as zeros) into K_smem and V_smem. One commit group.
-template <int D, int ROWS, int THREADS>
-__device__ __forceinline__ void issue_key_tile(const bwd_params &p, uint32_t K_smem,
-                                               uint32_t V_smem, int b, int hk, int k0,
-                                               int cols = D) {
+// past the sequence's and columns past cols as zeros) into K_smem and V_smem. MODEL: of sequence
+// s (packed: its keys from row s.seq.k_row). One commit group.
+template <int D, int ROWS, int THREADS, bool MODEL = false>
+__device__ __forceinline__ void issue_key_tile(const bwd_params &p, const bwd_sequence &s,
+                                               uint32_t K_smem, uint32_t V_smem, int b, int hk,
+                                               int k0, int cols = D) {
+    const int row = MODEL ? (int)s.seq.k_row + k0 : k0;  // the tile's first row in K's, V's layouts
     tile_issue<ROWS, D, THREADS>(
-        K_smem, p.K + head_offset(p.layout.k, b, hk) + rows_offset(k0, p.layout.k.row),
-        p.layout.k.row, p.N_k - k0, cols);
+        K_smem, p.K + head_offset(p.layout.k, b, hk) + rows_offset(row, p.layout.k.row),
+        p.layout.k.row, keys_of<MODEL>(p, s) - k0, cols);
     tile_issue<ROWS, D, THREADS>(
-        V_smem, p.V + head_offset(p.layout.v, b, hk) + rows_offset(k0, p.layout.v.row),
-        p.layout.v.row, p.N_k - k0, cols);
+        V_smem, p.V + head_offset(p.layout.v, b, hk) + rows_offset(row, p.layout.v.row),
+        p.layout.v.row, keys_of<MODEL>(p, s) - k0, cols);
     cp_async_commit();
 }
 
 // The main kernel's loop tile: Q_i and dO_i ([ROWS, D]) and LSE_i, D_i ([ROWS] floats) of query
-// tile q0 of query head h of batch b (columns past cols as zeros), copied into buffer `at`. One
-// commit group.
-template <int D, int ROWS, int THREADS, bool WHOLE_UNROLLED = true>
-__device__ __forceinline__ void issue_query_tile(const bwd_params &p, uint32_t Q_tile,
-                                                 uint32_t dO_tile, uint32_t vec_tile, int b, int h,
-                                                 int q0, int cols = D) {
-    const size_t vec = (size_t)(b * p.H + h) * p.N_pad + q0;  // its rows of lse2 and Dsum
+// tile q0 of query head h of batch b (rows past the sequence's end and columns past cols as
+// zeros), copied into buffer `at`. MODEL: of sequence s (packed or not): its rows in Q and dO from
+// s.seq.q_row, its lse2 and Dsum rows from s.row_pad. One commit group.
+template <int D, int ROWS, int THREADS, bool WHOLE_UNROLLED = true, bool MODEL = false>
+__device__ __forceinline__ void issue_query_tile(const bwd_params &p, const bwd_sequence &s,
+                                                 uint32_t Q_tile, uint32_t dO_tile,
+                                                 uint32_t vec_tile, int b, int h, int q0,
+                                                 int cols = D) {
+    const size_t vec = MODEL ? (size_t)(s.row_pad + h * s.head_pad + q0)
+                             : (size_t)(b * p.H + h) * p.N_pad + q0;  // its rows of lse2 and Dsum
+    const int row = MODEL ? (int)s.seq.q_row + q0 : q0;  // its first row in Q's and dO's layouts
     vector_issue<ROWS, THREADS>(vec_tile, p.lse2 + vec);
     vector_issue<ROWS, THREADS>(vec_tile + ROWS * sizeof(float), p.Dsum + vec);
     tile_issue<ROWS, D, THREADS, WHOLE_UNROLLED>(
-        Q_tile, p.Q + head_offset(p.layout.q, b, h) + rows_offset(q0, p.layout.q.row),
-        p.layout.q.row, p.N - q0, cols);
+        Q_tile, p.Q + head_offset(p.layout.q, b, h) + rows_offset(row, p.layout.q.row),
+        p.layout.q.row, queries_of<MODEL>(p, s) - q0, cols);
     tile_issue<ROWS, D, THREADS, WHOLE_UNROLLED>(
-        dO_tile, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(q0, p.layout.dO.row),
-        p.layout.dO.row, p.N - q0, cols);
+        dO_tile, p.dO + head_offset(p.layout.dO, b, h) + rows_offset(row, p.layout.dO.row),
+        p.layout.dO.row, queries_of<MODEL>(p, s) - q0, cols);
     cp_async_commit();
 }

@@ -106,11 +106,13 @@ __device__ __forceinline__ void score_gradients(
 // (D = 96: 16; A = dS, read .trans from dS_smem where they are columns) x D / DQ_COL_WARPS head-dim
 // columns (B = K_j, .trans). BULK: into the staging tile (stage_dq_fragments). Else added to global
 // memory by fp32 atomics (red.global.add), one address a thread, its fragment rows and columns
-// constant offsets. TAIL: dQ_acc's rows are p.D floats, and the columns past them are skipped.
-template <bool BF16, int D, int KEYS, int QROWS, bool BULK, bool TAIL>
-__device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t dS_smem,
-                                                   uint32_t K_smem, uint32_t dq_stage, size_t head,
-                                                   int q0) {
+// constant offsets, rows past the sequence's end skipped (MODEL: sequence s's). head: the query
+// head's first row of dQ_acc, in floats. TAIL: dQ_acc's rows are p.D floats, and the columns past
+// them are skipped.
+template <bool BF16, int D, int KEYS, int QROWS, bool BULK, bool TAIL, bool MODEL>
+__device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, const bwd_sequence &s,
+                                                   uint32_t dS_smem, uint32_t K_smem,
+                                                   uint32_t dq_stage, size_t head, int q0) {
     constexpr int WARP_ROWS = dq_warp_rows<D, QROWS>();  // query rows a warp
     constexpr int DQ_ROW_WARPS = QROWS / WARP_ROWS, DQ_COL_WARPS = SMEM_P_WARPS / DQ_ROW_WARPS;
     constexpr int MQ = WARP_ROWS / MMA_M, NT_Q = D / DQ_COL_WARPS / MMA_N;
@@ -133,7 +135,7 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
             const int r = MMA_M * m + FRAG_ROW_STEP * h;  // the fragment row, from row0
-            if (row0 + r >= p.N) continue;
+            if (row0 + r >= queries_of<MODEL>(p, s)) continue;
 #pragma unroll
             for (int n = 0; n < NT_Q; ++n) {
                 if (TAIL && MMA_N * (NT_Q * dw + n) >= p.D) continue;
@@ -146,21 +148,27 @@ __device__ __forceinline__ void accumulate_dq_tile(const bwd_params &p, uint32_t
 
 // The epilogue: the warp's dK_j (times the scale: S = scale Q K^T) and dV_j, keys key_row ..
 // (MT m16 blocks) x head-dim columns col0 .. (NT n8 blocks) of (batch b, key/value head hk), to
-// global memory in the storage type (keys past N_k skipped; TAIL: columns past cols too).
-template <bool BF16, int MT, int NT, bool TAIL>
-__device__ __forceinline__ void store_dkv_fragments(const bwd_params &p,
+// global memory in the storage type (keys past the sequence's skipped: packed, the next
+// sequence's rows; TAIL: columns past cols too). MODEL: sequence s's keys (packed: from row
+// s.seq.k_row).
+template <bool BF16, int MT, int NT, bool TAIL, bool MODEL>
+__device__ __forceinline__ void store_dkv_fragments(const bwd_params &p, const bwd_sequence &s,
                                                     const float (&dK)[MT][NT][4],
                                                     const float (&dV)[MT][NT][4], int b, int hk,
                                                     int key_row, int col0, int cols) {
-    __half *const dK_rows = p.dK + head_offset(p.layout.dK, b, hk);  // [N_k, D] of (b, hk)
-    __half *const dV_rows = p.dV + head_offset(p.layout.dV, b, hk);
+    __half *dK_rows = p.dK + head_offset(p.layout.dK, b, hk);  // [N_k, D] of (b, hk)
+    __half *dV_rows = p.dV + head_offset(p.layout.dV, b, hk);
+    if constexpr (MODEL) {  // the sequence's first key
+        dK_rows += rows_offset((int)s.seq.k_row, p.layout.dK.row);
+        dV_rows += rows_offset((int)s.seq.k_row, p.layout.dV.row);
+    }
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         const int g = lane_index() / QUAD, t = lane_index() % QUAD;
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
             const int r = key_row + MMA_M * m + g + FRAG_ROW_STEP * h;
-            if (r >= p.N_k) continue;
+            if (r >= keys_of<MODEL>(p, s)) continue;
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
                 if (TAIL && col0 + MMA_N * n >= cols) continue;
@@ -190,11 +198,13 @@ __device__ __forceinline__ void store_dkv_fragments(const bwd_params &p,
 // MODEL (a local window, a softcap: bwd_model): the loop runs over the query tiles whose rows see
 // the key tile (key_tile_first_query .. key_tile_query_end), the tiles crossing a bound masked,
 // and how dQ is added is the launcher's (model.dq; instantiated with ADDS_DQ and DQ_BY_BULK_OK).
+// MODEL also runs packed batches: blockIdx.y's batch is then a sequence (bwd_sequence_of), a key
+// tile at or past its N_k_b keys does nothing, and every rule above is the sequence's.
 template <int D, int KEYS, int QROWS, int STAGES, int SCORE_PASSES, bool KV_REGS, bool ADDS_DQ,
           bool DQ_BY_BULK_OK, bool BF16, bool MODEL = false>
 __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     backward_kernel(const bwd_params p, const __grid_constant__ CUtensorMap dq_map,
-                    const bwd_model model) {
+                    const bwd_model shape_model) {
     constexpr int THREADS = SMEM_P_WARPS * WARP_SIZE;
     constexpr int ROW_BYTES = D * HALF_BYTES;
     constexpr int WARP_KEYS = KEYS / SMEM_P_KEY_WARPS;         // keys of a warp, every phase but dQ
@@ -212,8 +222,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     constexpr uint32_t VEC = LOOP_VECTORS * QROWS * sizeof(float);    // LSE_i, then D_i
     constexpr bool BULK = dq_by_bulk_here<ADDS_DQ, DQ_BY_BULK_OK>();  // dQ by bulk reductions
     // ... in this call (MODEL: as the launcher says; else the instantiation's, at compile time)
-    const bool adds_dq = ADDS_DQ && (!MODEL || model.dq != DQ_BY_SECOND_PASS);
-    const bool bulk = BULK && (!MODEL || model.dq == DQ_BY_BULK);
+    const bool adds_dq = ADDS_DQ && (!MODEL || shape_model.dq != DQ_BY_SECOND_PASS);
+    const bool bulk = BULK && (!MODEL || shape_model.dq == DQ_BY_BULK);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 has no cp.async for a second buffer, and a T4's shared memory is too small for this
     // kernel: the launcher never picks it there.
@@ -223,12 +233,19 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
 
     const int k0 = (int)blockIdx.x * KEYS;                                  // the block's first key
     const int b = (int)blockIdx.y / p.H_kv, hk = (int)blockIdx.y % p.H_kv;  // batch, K/V head
+    // MODEL: the sequence (packed: b's rows of the batch; unpacked: the batch b) and its rule
+    const bwd_sequence s = kernel_sequence<MODEL>(p, b);
+    // packed: a key tile at or past the sequence's keys does nothing (the rows past N_k_b are
+    // the next sequence's: nothing written)
+    if (MODEL && k0 >= s.seq.N_k) return;
+    const bwd_model model = sequence_model<MODEL>(shape_model, s);
     const int warp = (int)threadIdx.x / WARP_SIZE;
     const int kw = warp % SMEM_P_KEY_WARPS, cw = warp / SMEM_P_KEY_WARPS;
     // Earlier queries see no key here (causal: query i sees keys <= i + key_shift); from a
     // whole query tile, so that LSE_i and D_i stay within their padded rows. MODEL: nor do the
     // queries past a window's end.
-    int q_begin = p.causal ? max(k0 - p.key_shift, 0) / QROWS * QROWS : 0, q_end = p.N;
+    int q_begin = p.causal ? max(k0 - key_shift_of<MODEL>(p, s), 0) / QROWS * QROWS : 0,
+        q_end = queries_of<MODEL>(p, s);
     if constexpr (MODEL) {  // (q_end: MODEL's; the plain kernels read p.N where they use it)
         q_begin = key_tile_first_query<QROWS>(model.keys, k0);
         q_end = key_tile_query_end(model.keys, k0, KEYS);
@@ -246,9 +263,10 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
 
     // The prologue: K_j, V_j and the first loop tile.
     const int cols = MODEL ? p.D : D;  // the head dim's columns the tensors hold
-    issue_key_tile<D, KEYS, THREADS>(p, K_smem, V_smem, b, hk, k0, cols);
+    issue_key_tile<D, KEYS, THREADS, MODEL>(p, s, K_smem, V_smem, b, hk, k0, cols);
     int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
-    issue_query_tile<D, QROWS, THREADS>(p, Q_smem, dO_smem, vec_smem, b, hq, q0, cols);
+    issue_query_tile<D, QROWS, THREADS, true, MODEL>(p, s, Q_smem, dO_smem, vec_smem, b, hq, q0,
+                                                     cols);
 
     float dK[MT][NT_KV][4] = {}, dV[MT][NT_KV][4] = {};  // keys kw x columns cw, fp32
     constexpr int KF = KV_REGS ? D / MMA_K : 1;          // k16 steps of K_frag, V_frag (unused: 1)
@@ -262,7 +280,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         __syncthreads();  // tile it (and K_j, V_j) visible to all; every warp is done with tile
                           // it - 1 (its buffer is refilled next) and with P_smem and dS_smem;
                           // BULK: tile it - 1's dQ is staged
-        if (bulk && it > 0) add_staged_dq_tile(&dq_map, dq_stage, q0_prev, b * p.H + hq_prev);
+        if (bulk && it > 0)
+            add_staged_dq_tile(&dq_map, dq_stage, dq_tile_coords<MODEL>(p, s, b, hq_prev, q0_prev));
         if constexpr (KV_REGS) {  // K_j and V_j have arrived with tile 0: into registers
             if (it == 0) {
                 load_row_fragments<D, MT>(K_frag, K_smem + WARP_KEYS * kw * ROW_BYTES);
@@ -272,8 +291,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         if (it + 1 < tiles) {
             int hq_next = hq, q0_next = q0;
             next_query_tile<QROWS>(hq_next, q0_next, q_begin, MODEL ? q_end : p.N);
-            issue_query_tile<D, QROWS, THREADS>(
-                p, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
+            issue_query_tile<D, QROWS, THREADS, true, MODEL>(
+                p, s, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
                 vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next, cols);
         }
 
@@ -285,8 +304,8 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
             score_gradients<BF16, D, QROWS, MT, NT_S, KV_REGS, KF, MODEL>(
                 p, model, K_smem + WARP_KEYS * kw * ROW_BYTES, V_smem + WARP_KEYS * kw * ROW_BYTES,
                 K_frag, V_frag, Q_tile, dO_tile, vec_tile, P_smem, dS_smem, k0, WARP_KEYS * kw,
-                q0 + p.key_shift, WARP_QUERIES * cw + pass * PASS_QUERIES,
-                MODEL ? tile_needs_mask(model.keys, k0, KEYS, q0 + p.key_shift, QROWS)
+                q0 + key_shift_of<MODEL>(p, s), WARP_QUERIES * cw + pass * PASS_QUERIES,
+                MODEL ? tile_needs_mask(model.keys, k0, KEYS, q0 + key_shift_of<MODEL>(p, s), QROWS)
                       : k0 + KEYS > p.N_k || (p.causal && q0 + p.key_shift < k0 + KEYS - 1));
         }
         if (bulk) bulk_wait<true>();  // the staged tile thread 0 handed over is read
@@ -312,13 +331,15 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         // LAB HOLE 2 END
         // dQ_i += dS K_j: fp32 atomics, or staged for bulk reductions (LOG.md, step 4's try)
         if (adds_dq) {
-            const size_t acc = (size_t)(b * p.H + hq) * p.N * cols;  // its head of dQ_acc
+            // its head of dQ_acc (MODEL: the sequence's rows, bwd_sequence_of)
+            const size_t acc = MODEL ? (size_t)(s.row_acc + hq * s.head_acc) * cols
+                                     : (size_t)(b * p.H + hq) * p.N * cols;
             if (bulk) {
-                accumulate_dq_tile<BF16, D, KEYS, QROWS, BULK, MODEL>(p, dS_smem, K_smem, dq_stage,
-                                                                      acc, q0);
+                accumulate_dq_tile<BF16, D, KEYS, QROWS, BULK, MODEL, MODEL>(p, s, dS_smem, K_smem,
+                                                                             dq_stage, acc, q0);
             } else {  // the atomics (also a MODEL kernel called without bulk reductions)
-                accumulate_dq_tile<BF16, D, KEYS, QROWS, false, MODEL>(p, dS_smem, K_smem, dq_stage,
-                                                                       acc, q0);
+                accumulate_dq_tile<BF16, D, KEYS, QROWS, false, MODEL, MODEL>(p, s, dS_smem, K_smem,
+                                                                              dq_stage, acc, q0);
             }
         }
         hq_prev = hq, q0_prev = q0;
@@ -326,12 +347,12 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     }
     if (bulk && tiles > 0) {  // the last tile's dQ
         __syncthreads();      // every warp's part of it is staged
-        add_staged_dq_tile(&dq_map, dq_stage, q0_prev, b * p.H + hq_prev);
+        add_staged_dq_tile(&dq_map, dq_stage, dq_tile_coords<MODEL>(p, s, b, hq_prev, q0_prev));
         bulk_wait<false>();
     }
     // MODEL: a key tile no row sees (a window) ran no loop: its prologue's copies land before the
     // block ends, and it stores dK_j = dV_j = 0.
     if constexpr (MODEL) cp_async_wait<0>();
-    store_dkv_fragments<BF16, MT, NT_KV, MODEL>(p, dK, dV, b, hk, k0 + WARP_KEYS * kw,
-                                                WARP_COLS * cw, cols);
+    store_dkv_fragments<BF16, MT, NT_KV, MODEL, MODEL>(p, s, dK, dV, b, hk, k0 + WARP_KEYS * kw,
+                                                       WARP_COLS * cw, cols);
 }

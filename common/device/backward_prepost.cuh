@@ -39,17 +39,25 @@ typedef struct {
 // The 16-bit tensors are __half pointers whatever their type: fp16, or bf16 where the kernels'
 // BF16 says so (only the products, the packing and the preprocess's reads tell them apart).
 typedef struct bwd_params {
+    // (packed: Q, O, dO, dQ [total_q, H, D], K, V, dK, dV [total_k, H_kv, D], lse [H, total_q],
+    // dQ_acc [H, acc_rows, D], lse2 and Dsum [H, acc_rows]: bwd_sequence_of)
     const __half *Q, *K, *V, *O, *dO;  // Q, O, dO [B, H, N, D]; K, V [B, H_kv, N_k, D]; strided
     const float *lse;                  // [B, H, N] natural log (the forward's), contiguous
     __half *dQ, *dK, *dV;              // dQ [B, H, N, D]; dK, dV [B, H_kv, N_k, D]; strided
     float *dQ_acc;                     // [B, H, N, D] fp32, contiguous, zeroed by preprocess_kernel
     float *lse2;                       // [B * H, N_pad]: LSE * log2(e), +inf past N
     float *Dsum;                       // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
-    bwd_layouts layout;                // the eight tensors' strides
-    int H, H_kv, group;                // query heads, key/value heads, H / H_kv (GQA)
-    int N, N_k, N_pad, causal;         // queries, keys, N rounded up to ROW_PAD
-    int key_shift;                     // N_k - N: causal query i sees keys j <= i + key_shift
-    float scale, scale_log2;           // scale, scale * log2(e)
+    // A packed batch (attention.h's attn_varlen; all zero unpacked): the tensors' rows and lse as
+    // attn_sequence_of reads them, and the workspace's rows by head, [H, acc_rows] (lse2, Dsum)
+    // and [H, acc_rows, D] (dQ_acc), sequence b's from bwd_sequence_of's row_pad / row_acc.
+    attn_varlen varlen;
+    int acc_rows;  // packed: total_q + B * ROW_PAD rounded up to ROW_PAD
+
+    bwd_layouts layout;         // the eight tensors' strides
+    int H, H_kv, group;         // query heads, key/value heads, H / H_kv (GQA)
+    int N, N_k, N_pad, causal;  // queries, keys, N rounded up to ROW_PAD
+    int key_shift;              // N_k - N: causal query i sees keys j <= i + key_shift
+    float scale, scale_log2;    // scale, scale * log2(e)
     int D;  // the tensors' head dim (a pass with TAIL, compiled for a larger one, reads it here)
 } bwd_params;
 
@@ -58,17 +66,58 @@ __host__ __device__ __forceinline__ size_t head_offset(const tensor_strides &t, 
     return (size_t)b * t.batch + (size_t)h * t.head;
 }
 
+// Sequence b of a call as the backward reads it: its rows in the tensors and in lse (seq:
+// attention.h's attn_sequence; unpacked, q_row = k_row = 0) and its rows in the workspace: lse2
+// and Dsum of head h, row i at [row_pad + h * head_pad + i], dQ_acc's at [(row_acc + h * head_acc
+// + i) * D]. Unpacked those are [B * H, N_pad] and [B * H, N, D]; packed, sequence b's rows start
+// at its first row plus b ROW_PADs, rounded down to ROW_PAD (FlashAttention-3's varlen dQ_acc):
+// a tile of up to ROW_PAD rows at a multiple of ROW_PAD in the sequence stays clear of the next
+// sequence's rows (and of the arrays' end: acc_rows holds total_q + B ROW_PADs), so a kernel may
+// write a whole tile's rows, padding included.
+typedef struct {
+    attn_sequence seq;
+    long long row_pad, head_pad;  // lse2, Dsum
+    long long row_acc, head_acc;  // dQ_acc
+} bwd_sequence;
+
+__host__ __device__ __forceinline__ bwd_sequence bwd_sequence_of(const bwd_params &p, int b) {
+    bwd_sequence s;
+    s.seq = attn_sequence_of(&p.varlen, b, p.H, p.N, p.N_k);
+    if (p.varlen.cu_seqlens_q) {
+        s.row_pad = s.row_acc = (s.seq.q_row + (long long)b * ROW_PAD) / ROW_PAD * ROW_PAD;
+        s.head_pad = s.head_acc = p.acc_rows;
+    } else {
+        s.row_pad = (long long)b * p.H * p.N_pad, s.head_pad = p.N_pad;
+        s.row_acc = (long long)b * p.H * p.N, s.head_acc = p.N;
+    }
+    return s;
+}
+
 /* ---- the parameters of a call ---------------------------------------------------------------- */
 
 // The workspace: lse2 and Dsum [B * H, N_pad] floats, then (where the stage accumulates dQ in
-// fp32) dQ_acc [B, H, N, D] floats, each part starting at a multiple of WORKSPACE_ALIGN bytes
-// (a stage may put more after them).
+// fp32) dQ_acc [B, H, N, D] floats (packed: [H, acc_rows] and [H, acc_rows, D]: bwd_pad_rows,
+// bwd_acc_rows), each part starting at a multiple of WORKSPACE_ALIGN bytes (a stage may put more
+// after them).
 constexpr size_t WORKSPACE_ALIGN = 256;
 static inline size_t aligned(size_t bytes) {
     return (bytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN;
 }
-static inline int padded_rows(int N) {
+__host__ __device__ inline int padded_rows(int N) {
     return (N + ROW_PAD - 1) / ROW_PAD * ROW_PAD;
+}
+// Packed: rows per head of lse2, Dsum and dQ_acc (bwd_sequence_of).
+static inline int packed_acc_rows(const attn_shape *s) {
+    return padded_rows(s->varlen.total_q + s->B * ROW_PAD);
+}
+// Rows of lse2 and of Dsum (each), and of dQ_acc: [B * H, N_pad] and [B * H, N]; packed [H,
+// acc_rows] both. A stage's workspace_bytes reads them.
+static inline size_t bwd_pad_rows(const attn_shape *s) {
+    return s->varlen.cu_seqlens_q ? (size_t)s->H * packed_acc_rows(s)
+                                  : (size_t)s->B * s->H * padded_rows(s->N);
+}
+static inline size_t bwd_acc_rows(const attn_shape *s) {
+    return s->varlen.cu_seqlens_q ? (size_t)s->H * packed_acc_rows(s) : (size_t)s->B * s->H * s->N;
 }
 
 // The parameters of the contract's backward() call for the passes before and after and the main
@@ -78,7 +127,7 @@ static bwd_params bwd_params_of(const attn_shape *s, const void *Q, const void *
                                 const void *O, const float *lse, const void *dO, void *dQ, void *dK,
                                 void *dV, void *workspace, bool with_dq_acc) {
     const int N_pad = padded_rows(s->N);
-    const size_t rows = (size_t)s->B * s->H * N_pad;
+    const size_t rows = bwd_pad_rows(s);
     bwd_params p;
     memset(&p, 0, sizeof p);
     p.Q = (const __half *)Q, p.K = (const __half *)K, p.V = (const __half *)V;
@@ -98,6 +147,8 @@ static bwd_params bwd_params_of(const attn_shape *s, const void *Q, const void *
     p.key_shift = s->N_k - s->N;
     p.scale = s->scale, p.scale_log2 = s->scale * LOG2E;
     p.D = s->D;
+    p.varlen = s->varlen;
+    p.acc_rows = s->varlen.cu_seqlens_q ? packed_acc_rows(s) : 0;
     return p;
 }
 
@@ -115,14 +166,19 @@ constexpr int DQ_MAP_RANK = 4;
 // [DQ_SLAB_COLS] (innermost last: the layout of the staging tile), in boxes of one whole query
 // tile, rows past N out of bounds. box_cols: the staging tile's columns, when a kernel compiled
 // for a larger head dim than s->D stages them (its columns past D out of bounds: not added).
+// Packed ([H, acc_rows, D]): [H][slabs][acc_rows][DQ_SLAB_COLS], a sequence's rows at row_acc
+// (dq_map_coords).
 static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s, int qrows,
                                  int box_cols = 0) {
     PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return cudaErrorSymbolNotFound;
+    const bool packed = s->varlen.cu_seqlens_q != NULL;
     const cuuint64_t row = (cuuint64_t)s->D * sizeof(float);
-    const cuuint64_t dims[DQ_MAP_RANK] = {
-        DQ_SLAB_COLS, (cuuint64_t)s->N, (cuuint64_t)(s->D / DQ_SLAB_COLS), (cuuint64_t)s->B * s->H};
-    const cuuint64_t strides[DQ_MAP_RANK - 1] = {row, DQ_SLAB_ROW_BYTES, row * s->N};  // bytes
+    const cuuint64_t rows = packed ? (cuuint64_t)packed_acc_rows(s) : (cuuint64_t)s->N;
+    const cuuint64_t heads = packed ? (cuuint64_t)s->H : (cuuint64_t)s->B * s->H;
+    const cuuint64_t dims[DQ_MAP_RANK] = {DQ_SLAB_COLS, rows, (cuuint64_t)(s->D / DQ_SLAB_COLS),
+                                          heads};
+    const cuuint64_t strides[DQ_MAP_RANK - 1] = {row, DQ_SLAB_ROW_BYTES, row * rows};  // bytes
     const cuuint32_t box[DQ_MAP_RANK] = {DQ_SLAB_COLS, (cuuint32_t)qrows,
                                          (cuuint32_t)((box_cols ? box_cols : s->D) / DQ_SLAB_COLS),
                                          1};
@@ -132,6 +188,12 @@ static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_sha
                elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// The tensor-map coordinates {row, head} of row i of head h of sequence b in dQ_acc.
+__device__ __forceinline__ int2 dq_map_coords(const bwd_params &p, const bwd_sequence &s, int b,
+                                              int h, int i) {
+    return p.varlen.cu_seqlens_q ? make_int2((int)s.row_acc + i, h) : make_int2(i, b * p.H + h);
 }
 
 /* ---- the passes before and after ----------------------------------------------------------- */
@@ -144,8 +206,10 @@ static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_sha
 // FlashAttention-2's preprocess does: no separate pass over dQ_acc). A lane per 16-byte chunk of
 // a row (D / 8 lanes: one load of O and one of dO each, and the chunk's floats of dQ_acc zeroed),
 // so that D = 128 keeps as many loads in flight per byte as D = 64; the grid covers B * H * N_pad
-// rows exactly (N_pad is a multiple of ROW_PAD). TAIL: the tensors' head dim is p.D <= D (a stage
-// that runs it in a kernel compiled for D): the lanes past it read and zero nothing.
+// rows exactly (N_pad is a multiple of ROW_PAD). Packed, sequence b's rows are its own N_b, padded
+// to ROW_PAD in its workspace rows (bwd_sequence_of); the rows of the grid past them write nothing
+// (the workspace rows after them are the next sequence's). TAIL: the tensors' head dim is p.D <= D
+// (a stage that runs it in a kernel compiled for D): the lanes past it read and zero nothing.
 constexpr int PREPROCESS_THREADS = 128;
 __host__ __device__ constexpr int preprocess_lanes(int D) {
     return D / CHUNK_HALVES;
@@ -180,24 +244,26 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
     const int sub = (int)threadIdx.x % LANES;                             // the row's chunk
     const size_t bh = row / (size_t)p.N_pad;
     const int i = (int)(row - bh * p.N_pad);
-    const bool inside = i < p.N;
+    const int b = (int)bh / p.H, h = (int)bh % p.H;  // (B * H fits a grid's y: 32 bits)
+    const bwd_sequence s = bwd_sequence_of(p, b);
+    const bool inside = i < s.seq.N;
+    const int q_row = (int)s.seq.q_row + i;  // in Q, O, dO's layouts (packed: of the whole batch)
     float sum = 0.f;
     if (inside && (!TAIL || sub * CHUNK_HALVES < cols)) {
-        const int b = (int)bh / p.H, h = (int)bh % p.H;  // (B * H fits a grid's y: 32 bits)
         if (p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it; contiguous)
             constexpr int FLOAT4_FLOATS = 4;
             float4 *const acc = reinterpret_cast<float4 *>(
-                p.dQ_acc + ((size_t)bh * p.N + i) * cols + sub * CHUNK_HALVES);
+                p.dQ_acc + (size_t)(s.row_acc + h * s.head_acc + i) * cols + sub * CHUNK_HALVES);
 #pragma unroll
             for (int c = 0; c < CHUNK_HALVES / FLOAT4_FLOATS; ++c)
                 acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        const uint4 o =
-            *reinterpret_cast<const uint4 *>(p.O + head_offset(p.layout.o, b, h) +
-                                             rows_offset(i, p.layout.o.row) + sub * CHUNK_HALVES);
-        const uint4 d =
-            *reinterpret_cast<const uint4 *>(p.dO + head_offset(p.layout.dO, b, h) +
-                                             rows_offset(i, p.layout.dO.row) + sub * CHUNK_HALVES);
+        const uint4 o = *reinterpret_cast<const uint4 *>(p.O + head_offset(p.layout.o, b, h) +
+                                                         rows_offset(q_row, p.layout.o.row) +
+                                                         sub * CHUNK_HALVES);
+        const uint4 d = *reinterpret_cast<const uint4 *>(p.dO + head_offset(p.layout.dO, b, h) +
+                                                         rows_offset(q_row, p.layout.dO.row) +
+                                                         sub * CHUNK_HALVES);
         const uint32_t *ow = reinterpret_cast<const uint32_t *>(&o);
         const uint32_t *dw = reinterpret_cast<const uint32_t *>(&d);
 #pragma unroll
@@ -207,11 +273,14 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
         }
     }
 #pragma unroll
-    for (int s = LANES / 2; s > 0; s /= 2) sum += __shfl_xor_sync(FULL_WARP, sum, s);
-    if (sub == 0) {
-        p.Dsum[row] = inside ? sum : 0.f;
-        const float lse = inside ? p.lse[bh * p.N + i] : INFINITY;
-        p.lse2[row] = lse == -INFINITY ? INFINITY : lse * LOG2E;  // (a row with no key: +inf)
+    for (int lanes = LANES / 2; lanes > 0; lanes /= 2)
+        sum += __shfl_xor_sync(FULL_WARP, sum, lanes);
+    // the sequence's rows and its padding to ROW_PAD (packed: past it lie the next sequence's)
+    if (sub == 0 && i < padded_rows(s.seq.N)) {
+        const size_t at = (size_t)(s.row_pad + h * s.head_pad + i);  // unpacked: row
+        p.Dsum[at] = inside ? sum : 0.f;
+        const float lse = inside ? p.lse[s.seq.lse_row + h * s.seq.lse_head + i] : INFINITY;
+        p.lse2[at] = lse == -INFINITY ? INFINITY : lse * LOG2E;  // (a row with no key: +inf)
     }
 }
 
@@ -224,13 +293,16 @@ template <int D, bool BF16, bool TAIL = false>
 __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_params p) {
     const int cols = TAIL ? p.D : D, row_float4s = cols / CONVERT_FLOATS;
     const size_t i = (size_t)blockIdx.x * CONVERT_THREADS + threadIdx.x;  // float4 of the head
-    if (i >= (size_t)p.N * row_float4s) return;
     const int bh = (int)blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const bwd_sequence s = bwd_sequence_of(p, b);
+    if (i >= (size_t)s.seq.N * row_float4s) return;
     const int row = (int)(i / row_float4s), col = (int)(i % row_float4s) * CONVERT_FLOATS;
-    const float4 a = reinterpret_cast<const float4 *>(p.dQ_acc + (size_t)bh * p.N * cols)[i];
+    const float4 a =
+        reinterpret_cast<const float4 *>(p.dQ_acc + (size_t)(s.row_acc + h * s.head_acc) * cols)[i];
     uint2 out;
     out.x = pack2_of<BF16>(a.x * p.scale, a.y * p.scale);
     out.y = pack2_of<BF16>(a.z * p.scale, a.w * p.scale);
-    st_global_v2(p.dQ + head_offset(p.layout.dQ, b, h) + rows_offset(row, p.layout.dQ.row) + col,
+    st_global_v2(p.dQ + head_offset(p.layout.dQ, b, h) +
+                     rows_offset((int)s.seq.q_row + row, p.layout.dQ.row) + col,
                  out);
 }
