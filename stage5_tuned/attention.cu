@@ -118,11 +118,11 @@ static __host__ __device__ constexpr int row_halves(int d) {
 // ldmatrix for every key tile, as FA2 does.
 constexpr int Q_REGS_BUDGET = 192;
 
-// What models feed (bf16, GQA, strides, N_k != N) runs in instantiations of its own (MODEL), of
-// the default tiles with eager rescaling only: the plain case keeps kernels whose addresses are
-// compile- time multiples of D, and the ablation variants take the plain case only. A MODEL tile's
-// rows lie within 2^31 elements of its first (tile_issue's 32-bit row offsets): row strides up to
-// INT_MAX / MAX_TILE_ROWS, MAX_TILE_ROWS at least every tile's BR and BC.
+// What models feed (bf16, GQA, strides, N_k != N, packed batches) runs in instantiations of its
+// own (MODEL), of the default tiles with eager rescaling only: the plain case keeps kernels whose
+// addresses are compile-time multiples of D, and the ablation variants take the plain case only. A
+// MODEL tile's rows lie within 2^31 elements of its first (tile_issue's 32-bit row offsets): row
+// strides up to INT_MAX / MAX_TILE_ROWS, MAX_TILE_ROWS at least every tile's BR and BC.
 constexpr int MAX_TILE_ROWS = 128;
 
 // Rescale only when a row's max grows (LAZY, see the softmax) from this many keys on. Skipping
@@ -756,6 +756,10 @@ typedef struct model_layout {
     int mask_after, mask_width;
     float softcap_in, softcap_log2;  // softcap: scale / cap and cap * log2(e); 0: none
     int cols;  // the shape's head dim (at most the kernel's D): columns at or past it masked
+    // A packed batch (attention.h's attn_varlen; cu_seqlens_q NULL: not packed): blockIdx.y's batch
+    // is sequence b, its rows and its N and N_k those attn_sequence_of reads from cu_seqlens (N and
+    // N_k above: the longest's, what the grid is planned with).
+    attn_varlen varlen;
 } model_layout;
 
 // blockIdx.y = batch * H + query head, read afresh (as block_index_x) for the epilogue.
@@ -765,6 +769,24 @@ __device__ __forceinline__ int block_index_y() {
     return b;
 }
 
+// The sequence of (batch, head) y = blockIdx.y (MODEL): a packed batch's sequence b = y / H, its
+// first rows in Q, O and K, V, its lse rows and its N and N_k (attention.h's attn_sequence_of,
+// which clamps them to the tensors and to N, the shape's); unpacked, row 0 where the batch stride
+// places it, the shape's N and N_k.
+__device__ __forceinline__ attn_sequence sequence_of_block(const model_layout &l, int y, int N) {
+    return attn_sequence_of(&l.varlen, y / l.H, l.H, N, l.N_k);
+}
+
+// v in a register of its own (a mov the compiler keeps). The epilogue takes the shape's N so: its
+// sequence's N is that N unpacked and a packed sequence's length otherwise, and where the compiler
+// merges the two into the register of N, N is no longer read from the constant bank where it is
+// used but held through the key loop (4 bytes spilled at D = 256 on sm_90).
+__device__ __forceinline__ int copy_afresh(int v) {
+    int r;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(r) : "r"(v));
+    return r;
+}
+
 // Which rows and keys one block works on.
 typedef struct {
     int q0;        // first query row
@@ -772,24 +794,42 @@ typedef struct {
     int kv_end;
 } block_work;
 
+// gridDim.x, read afresh (as block_index_x).
+__device__ __forceinline__ int grid_dim_x() {
+    int n;
+    asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(n));
+    return n;
+}
+
+// The first query row of the block of query tile q_index (blockIdx.x / splits) of q_tiles
+// (gridDim.x / splits): causal, the last query tiles are launched first.
+template <int BR>
+__device__ __forceinline__ int query_tile_row(const fwd_params &p, int q_index, int q_tiles) {
+    return (p.causal ? q_tiles - 1 - q_index : q_index) * BR;
+}
+
 // Causal: the last query tiles have the most key tiles; launch them first so the short ones
 // fill the tail of the grid. A query tile's keys: [0, N), or causal up to its last real row
 // (later tiles are skipped); with splits, range `split` of split_tiles tiles of them (a
-// causal query tile may have fewer ranges than splits: its remaining blocks get none).
+// causal query tile may have fewer ranges than splits: its remaining blocks get none). MODEL:
+// the rules of the block's sequence q (its N and N_k; a packed batch's own, the grid's tiles
+// planned for the longest).
 template <int BR, int BC, bool SKIP, bool MODEL, bool WINDOW_SOFTCAP>
-__device__ __forceinline__ block_work block_keys(const fwd_params &p, const model_layout &l) {
+__device__ __forceinline__ block_work block_keys(const fwd_params &p, const model_layout &l,
+                                                 const attn_sequence &q) {
     block_work w;
     const int q_index = (int)blockIdx.x / p.splits, q_tiles = (int)gridDim.x / p.splits;
     const int split = (int)blockIdx.x - q_index * p.splits;  // which key range
-    w.q0 = (p.causal ? q_tiles - 1 - q_index : q_index) * BR;
+    w.q0 = query_tile_row<BR>(p, q_index, q_tiles);
     int kv_all, first_tile = 0;
     if constexpr (WINDOW_SOFTCAP) {  // every tile no row sees is skipped (key_rule)
-        const key_rule r = {p.N, l.N_k, l.keys_before, l.keys_after};
+        const key_rule r = {q.N, q.N_k, l.keys_before, l.keys_after};
         first_tile = query_tile_first_key_tile(r, w.q0, BC);
         kv_all = query_tile_key_end(r, w.q0, BR);
     } else if constexpr (MODEL) {
-        kv_all = query_tile_key_end_nk(w.q0, BR, p.N, l.N_k, p.causal && SKIP);
+        kv_all = query_tile_key_end_nk(w.q0, BR, q.N, q.N_k, p.causal && SKIP);
     } else {
+        (void)q;
         kv_all = query_tile_key_end(w.q0, BR, p.N, p.causal && SKIP);
     }
     w.kv_begin = (first_tile + split * p.split_tiles) * BC;
@@ -827,13 +867,15 @@ typedef struct {
 
 // Phase 1, the place: the block's offsets and key bounds. MODEL: K and V share one layout
 // (attention_unsupported), one offset for both, of the range's first key in this block's
-// key/value head (query head h reads head h / group: GQA); the keys are N_k and query row i sits
-// at key index i + key_shift (the causal diagonal).
+// key/value head (query head h reads head h / group: GQA); the keys are the sequence's N_k and
+// query row i sits at key index i + key_shift (the causal diagonal). A packed sequence starts q_row
+// rows into Q and k_row into K and V (the batch strides are 0 there).
 template <int D, bool MODEL, bool WINDOW_SOFTCAP>
 __device__ __forceinline__ block_place place_block(const fwd_params &p, const model_layout &l,
-                                                   const block_work &w) {
+                                                   const block_work &w, const attn_sequence &q) {
     block_place s;
     if constexpr (!MODEL) {
+        (void)q;
         s.head = (size_t)blockIdx.y * (size_t)p.N * D;
         s.range = s.head + (size_t)w.kv_begin * D;
         s.kv_ld = D;
@@ -842,11 +884,12 @@ __device__ __forceinline__ block_place place_block(const fwd_params &p, const mo
         s.kv_end = w.kv_end - w.kv_begin;
     } else {
         const int b = (int)blockIdx.y / l.H, h = (int)blockIdx.y % l.H;
-        const int key_shift = l.N_k - p.N;  // N_k - N: query row i as a key index, i + key_shift
-        s.head = b * l.q_batch + h * l.q_head;
-        s.range = b * l.kv_batch + h / l.group * l.kv_head + rows_offset(w.kv_begin, l.kv_row);
+        const int key_shift = q.N_k - q.N;  // N_k - N: query row i as a key index, i + key_shift
+        s.head = b * l.q_batch + h * l.q_head + (size_t)q.q_row * l.q_row;
+        s.range = b * l.kv_batch + h / l.group * l.kv_head + (size_t)q.k_row * l.kv_row +
+                  rows_offset(w.kv_begin, l.kv_row);
         s.kv_ld = l.kv_row;
-        s.N = l.N_k - w.kv_begin;
+        s.N = q.N_k - w.kv_begin;
         s.q0 = w.q0 + key_shift - w.kv_begin;
         if constexpr (WINDOW_SOFTCAP) s.q0 += l.mask_after;  // the first row's last key
         s.kv_end = max(w.kv_end - w.kv_begin, 0);
@@ -886,21 +929,30 @@ __device__ __forceinline__ void start_next_k(uint4 (&stage_k)[chunks_per_thread(
 }
 
 // Phase 5, the epilogue: the warp's rows of O and LSE (one pass), or of this key range's partial
-// O and LSE for the merge (split-KV). Q_warp: the warp's Q rows, free now, stage O.
-template <int D, int RPW, bool SWIZZLE, bool MODEL, bool BF16, int MT, int DB>
-__device__ __forceinline__ void store_block(const fwd_params &p, const model_layout &l,
-                                            const block_work &w, int warp, uint32_t Q_warp,
+// O and LSE for the merge (split-KV). Q_warp: the warp's Q rows, free now, stage O. q0: the
+// block's first query row. MODEL: q0, blockIdx.y and the sequence read again here (block_index_x,
+// grid_dim_x, block_index_y afresh: none of them held through the key loop); only rows below the
+// sequence's N are written (a packed batch's next rows are another sequence's).
+template <int D, int BR, int RPW, bool SWIZZLE, bool MODEL, bool BF16, int MT, int DB>
+__device__ __forceinline__ void store_block(const fwd_params &p, const model_layout &l, int q0,
+                                            int warp, uint32_t Q_warp,
                                             const float (&O_acc)[MT][DB][4],
                                             const float (&m_i)[MT][2], const float (&l_i)[MT][2]) {
-    const int first = w.q0 + warp * RPW;                   // this warp's first row
-    const size_t row0 = (size_t)blockIdx.y * p.N + first;  // in [B * H, N]
-    const int rows_left = p.N - first;                     // rows of it inside N
+    if constexpr (MODEL)
+        q0 = query_tile_row<BR>(p, block_index_x() / p.splits, grid_dim_x() / p.splits);
+    const unsigned y = MODEL ? (unsigned)block_index_y() : blockIdx.y;
+    const int first = q0 + warp * RPW;            // this warp's first row
+    const size_t row0 = (size_t)y * p.N + first;  // in [B * H, N]
+    const int rows_left = p.N - first;            // rows of it inside N
     if (p.splits == 1) {
         if constexpr (MODEL) {
-            const int ob = block_index_y() / l.H, oh = block_index_y() % l.H;  // b, h afresh
-            __half *O_rows = p.O + ob * l.o_batch + oh * l.o_head + rows_offset(first, l.o_row);
-            store_output<D, SWIZZLE, true, BF16>(O_acc, m_i, l_i, Q_warp, O_rows, p.lse + row0,
-                                                 rows_left, l.o_row, l.cols);
+            const int ob = (int)y / l.H, oh = (int)y % l.H;  // b, h
+            const attn_sequence q = sequence_of_block(l, (int)y, copy_afresh(p.N));
+            __half *O_rows = p.O + ob * l.o_batch + oh * l.o_head + (size_t)q.q_row * l.o_row +
+                             rows_offset(first, l.o_row);
+            store_output<D, SWIZZLE, true, BF16>(O_acc, m_i, l_i, Q_warp, O_rows,
+                                                 p.lse + q.lse_row + oh * q.lse_head + first,
+                                                 q.N - first, l.o_row, l.cols);
         } else {
             store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, p.O + row0 * D, p.lse + row0,
                                      rows_left);
@@ -966,13 +1018,19 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
                   "K/V tile split");
     static_assert(MODEL || RD == D, "the plain kernels' tiles are D wide (no masked columns)");
 
-    // 1. The place: which rows and keys (block_keys), and where they lie.
-    const block_work w = block_keys<BR, BC, SKIP, MODEL, WINDOW_SOFTCAP>(p, l);
+    // 1. The place: which sequence (MODEL: a packed batch's, else the shape's), rows and keys
+    // (block_keys), and where they lie.
+    attn_sequence q = {};
+    if constexpr (MODEL) q = sequence_of_block(l, (int)blockIdx.y, p.N);
+    const block_work w = block_keys<BR, BC, SKIP, MODEL, WINDOW_SOFTCAP>(p, l, q);
+    // A packed batch's grid has the longest sequence's query tiles: a shorter one's tiles at or
+    // past its N hold no row of it (their rows are the next sequence's) and do nothing.
+    if (MODEL && w.q0 >= q.N) return;
     // A causal query tile has fewer key ranges than splits: its remaining blocks have none. (MODEL:
-    // a query tile that sees no key, causal with N > N_k, still writes O = 0 and LSE = -inf
-    // unless split: then the merge writes those rows.)
+    // a query tile that sees no key, causal with N > N_k or a sequence with no key, still writes
+    // O = 0 and LSE = -inf unless split: then the merge writes those rows.)
     if (w.kv_begin >= w.kv_end && (!MODEL || p.splits > 1)) return;
-    const block_place s = place_block<D, MODEL, WINDOW_SOFTCAP>(p, l, w);
+    const block_place s = place_block<D, MODEL, WINDOW_SOFTCAP>(p, l, w, q);
 
     // Shared memory, each tile named by its shared-space address (what ldmatrix, cp.async and
     // st.shared take): Q_smem [BR, D] (O staging at the end), K_smem and V_smem [BC, D], swizzled.
@@ -990,7 +1048,7 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
         if constexpr (MODEL) {
             tile_issue<BR, RD, THREADS, SWIZZLE, true>(stage_q, Q_smem,
                                                        p.Q + s.head + rows_offset(w.q0, l.q_row),
-                                                       p.N - w.q0, l.q_row, l.cols);
+                                                       q.N - w.q0, l.q_row, l.cols);
         } else {
             tile_issue<BR, D, THREADS, SWIZZLE>(stage_q, Q_smem, p.Q + s.head + (size_t)w.q0 * D,
                                                 p.N - w.q0);
@@ -1059,7 +1117,7 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
     }
 
     // 5. The epilogue.
-    store_block<D, RPW, SWIZZLE, MODEL, BF16>(p, l, w, warp, Q_warp, O_acc, m_i, l_i);
+    store_block<D, BR, RPW, SWIZZLE, MODEL, BF16>(p, l, w.q0, warp, Q_warp, O_acc, m_i, l_i);
 }
 
 // The kernels: the plain case, every variant (attention_block's MODEL off: no layout parameter);
@@ -1146,11 +1204,14 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};  // 16-byte rows, 32-bit tile offsets
     const char *why = attn_strides_refused(l, 4, s->D, INT_MAX / MAX_TILE_ROWS);
     if (why) return why;
+    if (s->varlen.cu_seqlens_q &&
+        (!s->varlen.cu_seqlens_k || s->varlen.total_q < 0 || s->varlen.total_k < 0))
+        return "a packed batch needs cu_seqlens_k beside cu_seqlens_q, and its totals";
     if (plan_is_model(s) && variant != VARIANT_DEFAULT && variant != VARIANT_NOSPLIT &&
         variant != VARIANT_EAGER_RESCALE)
-        return "bf16, GQA, strides, N_k != N, local windows, softcap and head dims other than 64 "
-               "and 128 run in the default tiles' eager kernels only (variants default, nosplit, "
-               "eager_rescale)";
+        return "bf16, GQA, strides, N_k != N, local windows, softcap, packed batches and head dims "
+               "other than 64 and 128 run in the default tiles' eager kernels only (variants "
+               "default, nosplit, eager_rescale)";
     int arch = 0;
     if (kernel_arch(&arch) != cudaSuccess) {
         cudaGetLastError();
@@ -1167,7 +1228,7 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
 
 // Split-KV's partial results: O_part [splits, B * H, N, D] then lse_part [splits, B * H, N],
 // fp32, D the compiled head dim (its rows as the kernel writes them, masked columns 0). Nothing
-// when the grid fills the GPU by itself.
+// when the grid fills the GPU by itself, nor for a packed batch (make_plan: no split).
 static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     fwd_plan plan;
     if (attention_unsupported(s, dev, variant) || make_plan(s, dev, variant, true, &plan)) {
@@ -1207,7 +1268,8 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     const unsigned threads = plan.tiles.WARPS * WARP_SIZE;
     if (plan.model) {
         const key_rule r = key_rule_of(s, true);
-        const int after = r.right < 0 ? s->N : r.right;  // a key - query difference is < N
+        // a key - query difference is < N (packed: < its sequence's N, at most the longest's)
+        const int after = r.right < 0 ? s->N : r.right;
         const model_layout l = {s->q.batch,
                                 s->q.head,
                                 s->k.batch,
@@ -1226,7 +1288,8 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
                                 after + (r.left < 0 ? s->N_k : r.left),
                                 s->softcap > 0.f ? s->scale / s->softcap : 0.f,
                                 s->softcap > 0.f ? s->softcap * LOG2E : 0.f,
-                                s->D};
+                                s->D,
+                                s->varlen};
         plan.kernel->model<<<grid, threads, plan.smem, stream>>>(p, l);
     } else {
         plan.kernel->fn<<<grid, threads, plan.smem, stream>>>(p);
@@ -1276,7 +1339,7 @@ extern "C" const attn_stage attn_this_stage = {
     NULL,  // a forward-only stage: no backward pass
     NULL,
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
-        ATTN_TAKES_SOFTCAP,  // besides the plain case (the default tiles' kernels: MODEL)
+        ATTN_TAKES_SOFTCAP | ATTN_TAKES_VARLEN,  // besides the plain case (MODEL kernels)
     0,
     NULL,  // no decode pass: attention against a KV cache is stage 9's
     NULL,

@@ -229,7 +229,8 @@ static bool same_key(const fwd_plan *a, const fwd_plan *b) {
            a->shape.window_left == b->shape.window_left &&
            a->shape.window_right == b->shape.window_right && a->shape.softcap == b->shape.softcap &&
            a->device == b->device && a->variant == b->variant && a->sm_count == b->sm_count &&
-           a->allow_split == b->allow_split && a->smem_limit == b->smem_limit;
+           a->allow_split == b->allow_split && a->smem_limit == b->smem_limit &&
+           !a->shape.varlen.cu_seqlens_q == !b->shape.varlen.cu_seqlens_q;
 }
 
 static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int variant,
@@ -264,7 +265,11 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     plan->tiles = c, plan->smem = smem;
     plan->skip = variant != VARIANT_NOSKIP;
     plan->split_tiles = ceil_div(s->N_k, c.BC), plan->splits = 1;
-    if (allow_split && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
+    // A packed batch is not split: split-KV's workspace and merge index [B * H, N] rows, B times
+    // the longest sequence's N, where a packed batch's tensors hold total_q rows (a thousand short
+    // documents beside one long one would need a thousand long ones' workspace).
+    const bool packed = s->varlen.cu_seqlens_q != NULL;
+    if (allow_split && !packed && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
         plan->splits =
             choose_splits(s, c.BR, c.BC, key_rule_of(s, plan->skip), dev->sm_count * per_sm,
                           SPLIT_OVERHEAD_TILES, &plan->split_tiles);
