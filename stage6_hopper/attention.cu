@@ -68,6 +68,12 @@
  * MODEL kernels, with the tail of D masked by the tensor maps: their inner extent is the shape's
  * D, so TMA reads zeros past it and clips the O stores to it; the direct O stores and the merge
  * write the shape's D columns (problem's o_cols, combine_cols_kernel_pdl).
+ * Packed batches (cu_seqlens, flash-attn's varlen): in the MODEL kernels, unsplit. The tensor maps
+ * cover the packed tensors whole; a work tile (sequence, head, query tile, numbered over the
+ * longest sequence) reads its sequence's first rows and lengths (work_at: attn_sequence_of), the
+ * producer skips those past a sequence's end (skip_work), the masks take the sequence's N_k, and
+ * a warp whose rows cross its sequence's end copies the rows before it to O itself, not by TMA
+ * (store_o_rows).
  *
  * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
  * runs besides the softmax and the GEMMs (the ring's slot and phase arithmetic, descriptors
@@ -83,6 +89,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "device/sm80.cuh"        // ld_shared_v4 (a packed sequence's last rows of O)
 #include "device/sm90.cuh"        // mbarriers, TMA, wgmma, setmaxnreg, PDL, the fragment vocabulary
 #include "device/split_kv.cuh"    // split-KV: key ranges, their merge, how many
 #include "device/tensor_map.cuh"  // tensor_map_encoder
@@ -110,13 +117,22 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (s->H_kv < 1 || s->H % s->H_kv)
         return "H must be a multiple of H_kv (query heads per KV head)";
     if (s->N_k < 1) return "N_k must be >= 1";
+    // A packed batch (its N and N_k the longest sequence's): one batch of total_q queries and
+    // total_k keys (tensor_maps_model).
+    const bool packed = s->varlen.cu_seqlens_q != NULL;
+    const attn_varlen *v = &s->varlen;
+    if (packed && !v->cu_seqlens_k) return "a packed batch needs cu_seqlens_k";
+    if (packed && (v->total_q < 1 || v->total_k < 1))  // (attn_packed_empty: the caller's)
+        return "a packed batch with no query or no key rows has nothing to compute";
     // Q, K, V and O go through TMA tensor maps (tensor_map_4d): each stride a multiple of 16 bytes
     // (8 halves) and below 2^40 bytes; rows at least D apart, so that O's rows do not overlap, and
     // at most INT_MAX elements (the row strides of the merge, combine_params, and of the problem).
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};
-    const int heads[] = {s->H, s->H_kv, s->H_kv, s->H}, rows[] = {s->N, s->N_k, s->N_k, s->N};
+    const int heads[] = {s->H, s->H_kv, s->H_kv, s->H};
+    const int rows[] = {packed ? v->total_q : s->N, packed ? v->total_k : s->N_k,
+                        packed ? v->total_k : s->N_k, packed ? v->total_q : s->N};
     for (int t = 0; t < 4; t++) {
-        if (!tensor_map_takes(l[t], s->B, heads[t], rows[t], HALF_BYTES) ||
+        if (!tensor_map_takes(l[t], packed ? 1 : s->B, heads[t], rows[t], HALF_BYTES) ||
             (rows[t] > 1 && (l[t]->row < s->D || l[t]->row > INT_MAX)))
             return "strides must be multiples of 8 elements (16 bytes, TMA's rule) below 2^39, "
                    "rows "
@@ -146,12 +162,17 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     const int BR = c.consumers * WGMMA_M;  // block_rows<C>()
     if ((long long)s->B * s->H * ((s->N + BR - 1) / BR) > (long long)INT_MAX)
         return "too many work tiles (B * H * ceil(N / rows per tile) must be below 2^31)";
+    // The kernels count a packed batch's rows in ints, up to a tile past a sequence's end.
+    if (packed && ((long long)v->total_q + s->N + BR > INT_MAX ||
+                   (long long)v->total_k + s->N_k + c.key_tile > INT_MAX))
+        return "a packed batch's rows must stay below 2^31 (total_q + N, total_k + N_k)";
     return NULL;
 }
 
 // The workspace: the work tile counter of the persistent blocks (zeroed before each launch),
 // then with split-KV the key ranges' O_part [splits, B * H, N, D] and lse_part [splits, B * H, N],
 // fp32, 16-byte aligned; D the kernel's (compiled_d: a masked D's rows have its zero columns).
+// A packed batch runs unsplit (plan_splits): the counter alone, whatever its lengths.
 constexpr size_t PART_ALIGN = 16;
 static size_t attention_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     if (attention_unsupported(s, dev, variant)) return sizeof(int);  // forward() reports it
@@ -203,7 +224,7 @@ extern "C" const attn_stage attn_this_stage = {
     NULL,  // a forward-only stage: no backward pass
     NULL,
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
-        ATTN_TAKES_SOFTCAP,  // beyond the plain case (the MODEL kernels)
+        ATTN_TAKES_SOFTCAP | ATTN_TAKES_VARLEN,  // beyond the plain case (the MODEL kernels)
     0,
     NULL,  // no decode pass: attention against a KV cache is stage 9's
     NULL,

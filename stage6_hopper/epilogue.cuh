@@ -5,8 +5,31 @@
  */
 #pragma once
 
+#include "device/sm80.cuh"  // ld_shared_v4
 #include "schedule.cuh"
 #include "smem.cuh"
+
+// The end of work tile wt's rows (those past it are not written): N, or (MODEL) its sequence's
+// end, a row of Q and O (work_at: packed, the next sequence's rows follow).
+template <bool MODEL>
+__device__ __forceinline__ int rows_end(const work_tile &wt, const problem &pb) {
+    if constexpr (MODEL)
+        return wt.q_end;
+    else
+        return pb.N;
+}
+
+// Row `row` of work tile wt in the LSE: [B, H, N] (split: a range's slice of lse_part), or packed
+// [H, total_q], row q of Q (a packed row) of head h at h total_q + q.
+template <bool MODEL>
+__device__ __forceinline__ size_t lse_index(const work_tile &wt, const problem &pb, int row) {
+    if constexpr (MODEL) {
+        if (is_packed(pb)) return (size_t)heads_of<MODEL>(wt.bh, pb).head * pb.varlen.total_q + row;
+        return (size_t)wt.bh * pb.N + row;
+    } else {
+        return (size_t)wt.bh * pb.N + row;
+    }
+}
 
 // The sum of a row's l over the 4 lanes of its quad.
 __device__ __forceinline__ float quad_sum(float x) {
@@ -36,9 +59,10 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[QUAD], int t) {
 }
 
 // O straight from the registers to global memory (where shared memory has no room to stage it),
-// in O's layout (its strides; the plain kernels': [B, H, N, D] contiguous). After quad_transpose
-// each lane writes 16 contiguous bytes (one chunk), and a warp's store covers 8 rows x 64 bytes:
-// D / 32 stores per row and thread.
+// in O's layout (its strides; the plain kernels': [B, H, N, D] contiguous), the rows before the
+// end (rows_end: N, or a packed sequence's). After quad_transpose each lane writes 16 contiguous
+// bytes (one chunk), and a warp's store covers 8 rows x 64 bytes: D / 32 stores per row and
+// thread.
 template <int D, bool BF16, bool MODEL>
 __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], const float (&inv_l)[2],
                                                const consumer_place &p, const work_tile &wt,
@@ -64,7 +88,8 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
                                       O_acc[acc_index(QUAD * k + r, h, 1)] * inv_l[h]);
             quad_transpose(v, p.t);  // (every lane takes part, rows past N too)
             // (MODEL: the chunks inside the shape's D, o_cols; the columns past it are zeros)
-            if (row < pb.N && (!MODEL || FRAG_COLS * (QUAD * k + p.t) < pb.o_cols)) {
+            if (row < rows_end<MODEL>(wt, pb) &&
+                (!MODEL || FRAG_COLS * (QUAD * k + p.t) < pb.o_cols)) {
                 if constexpr (STORE_V4)
                     st_global_v4(o_row + FRAG_COLS * (QUAD * k + p.t),
                                  make_uint4(v[0], v[1], v[2], v[3]));
@@ -76,6 +101,28 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
     }
 }
 
+// (MODEL) A packed sequence's warp whose rows cross the sequence's end: its lanes copy the rows
+// before the end from the warp's block of the staging tile to O, one 16-byte chunk at a time (the
+// swizzle undone), the chunks inside the shape's D (o_cols). A loop, not unrolled: it runs once per
+// sequence end and warpgroup, and the kernels keep one copy of it per epilogue. The warp's next
+// epilogue writes the block after a __syncwarp, when these loads are done.
+template <int D, bool MODEL>
+__device__ __forceinline__ void store_o_rows(uint32_t stage, const consumer_place &p,
+                                             const work_tile &wt, const problem &pb) {
+    constexpr int ROW_CHUNKS = D / CHUNK_HALVES;
+    const int row0 = warpgroup_row0(wt, p) + warp_row0(p);  // the warp's first row, a row of O
+    const int chunks = max(0, min(WARP_ROWS, wt.q_end - row0)) * ROW_CHUNKS;
+    const tile_heads hd = heads_of<MODEL>(wt.bh, pb);
+    __half *const O_head = pb.O + hd.batch * pb.o_batch + hd.head * pb.o_head;
+#pragma unroll 1
+    for (int i = p.lane; i < chunks; i += WARP_SIZE) {
+        const int r = i / ROW_CHUNKS, c = i - r * ROW_CHUNKS;  // row r of the warp's, chunk c
+        if (CHUNK_HALVES * c < pb.o_cols)
+            st_global_v4(O_head + (long long)(row0 + r) * pb.o_row + CHUNK_HALVES * c,
+                         ld_shared_v4(stage + swizzled_chunk_offset<WGMMA_M>(warp_row0(p) + r, c)));
+    }
+}
+
 // O through shared memory (o_staged()), one warp at a time: stmatrix writes the warp's 16 x D
 // block of O into its part of the warpgroup's staging tile, in the 128-byte swizzle the TMA
 // reads, four 8 x 8 matrices per instruction straight from the accumulator layout (D / 16 a
@@ -83,7 +130,9 @@ __device__ __forceinline__ void store_o_direct(const float (&O_acc)[D / 2], cons
 // which leave out the rows past N. The warp does not wait for them: its next epilogue, a work
 // tile later, first makes sure they have read the block. No barrier across warps. The copies clip
 // to the tensor's D: at D = 96 the second slab's last 32 columns, never written, are not stored,
-// nor are the zero columns of a D masked in a larger kernel.
+// nor are the zero columns of a D masked in a larger kernel. They clip to the tensor's rows too,
+// not to a packed sequence's: a warp whose rows cross its sequence's end copies the rows before
+// it itself (store_o_rows; past it lies the next sequence's O, another block's).
 template <int D, bool BF16, bool MODEL>
 __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], const float (&inv_l)[2],
                                                const consumer_place &p, const work_tile &wt,
@@ -108,6 +157,12 @@ __device__ __forceinline__ void store_o_staged(const float (&O_acc)[D / 2], cons
     }
     fence_proxy_async();  // each lane's stmatrix writes are visible to the copy engine
     __syncwarp();         // the warp's block is written
+    if constexpr (MODEL) {
+        if (is_packed(pb) && warpgroup_row0(wt, p) + warp_row0(p) + WARP_ROWS > wt.q_end) {
+            store_o_rows<D, MODEL>(stage, p, wt, pb);  // (the warp's rows: one branch for all)
+            return;
+        }
+    }
     if (p.lane == 0) {
         const tile_heads hd = heads_of<MODEL>(wt.bh, pb);
 #pragma unroll
@@ -138,31 +193,48 @@ __device__ __forceinline__ void store_o_partial(const float (&O_acc)[D / 2],
 }
 
 // The end of a work tile: O = O_acc / l (fp16) and LSE = (m + log2 l) ln 2 for the thread's two
-// rows (those inside N); with split-KV, the key range's O (fp32) and LSE into the workspace. l >=
-// 1 for a row with any key (its max contributes 2^0), so the fast reciprocal and logarithm
-// (MUFU.RCP, MUFU.LG2) are accurate here; a row with no key in its range (causal, split) has l =
-// 0 and m = -inf: O = 0 and LSE = -inf, which the merge weighs 0.
-template <int D, int C, int BC, bool BF16, bool MODEL>
-__device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const float (&m_i)[2],
-                                         const float (&l_i)[2], const consumer_place &p,
-                                         const smem_tiles &sm, const work_tile &wt,
-                                         const problem &pb) {
+// rows (those inside N; MODEL: before the sequence's end, wt.q_end), LSE [B, H, N] (packed:
+// [H, total_q], row q of Q of head h at h total_q + q); with split-KV, the key range's O (fp32)
+// and LSE into the workspace. l >= 1 for a row with any key (its max contributes 2^0), so the
+// fast reciprocal and logarithm (MUFU.RCP, MUFU.LG2) are accurate here; a row with no key in its
+// range (causal, split) has l = 0 and m = -inf: O = 0 and LSE = -inf, which the merge weighs 0.
+// In two parts: finish_rows (the LSE, and 1 / l for O) and store_o; the MODEL kernels' overlapped
+// schedule takes the first as the rows end (end_rows), before their last P V is done.
+template <bool MODEL>
+__device__ __forceinline__ void finish_rows(const float (&m_i)[2], const float (&l_i)[2],
+                                            const consumer_place &p, const work_tile &wt,
+                                            const problem &pb, float (&inv_l)[2]) {
     const bool split = pb.splits > 1;
     float *const lse = split ? pb.lse_part + (size_t)wt.split * pb.rows : pb.lse;
-    float inv_l[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float l = quad_sum(l_i[h]);
         inv_l[h] = l > 0.f ? __fdividef(1.f, l) : 0.f;
         const int row = row_of(wt, p) + FRAG_ROW_STEP * h;
         // m_i is in raw-score units: scale, then natural log.
-        if (p.t == 0 && row < pb.N)
-            lse[(size_t)wt.bh * pb.N + row] = (m_i[h] * pb.scale_log2 + __log2f(l)) * LN2;
+        if (p.t == 0 && row < rows_end<MODEL>(wt, pb))
+            lse[lse_index<MODEL>(wt, pb, row)] = (m_i[h] * pb.scale_log2 + __log2f(l)) * LN2;
     }
-    if (split)
+}
+
+template <int D, int C, int BC, bool BF16, bool MODEL>
+__device__ __forceinline__ void store_o(const float (&O_acc)[D / 2], const float (&inv_l)[2],
+                                        const consumer_place &p, const smem_tiles &sm,
+                                        const work_tile &wt, const problem &pb) {
+    if (pb.splits > 1)
         store_o_partial<D>(O_acc, inv_l, p, wt, pb);
     else if constexpr (o_staged<D, C, BC>())
         store_o_staged<D, BF16, MODEL>(O_acc, inv_l, p, wt, pb, sm.O + p.wg * o_stage_bytes<D>());
     else
         store_o_direct<D, BF16, MODEL>(O_acc, inv_l, p, wt, pb);
+}
+
+template <int D, int C, int BC, bool BF16, bool MODEL>
+__device__ __forceinline__ void epilogue(const float (&O_acc)[D / 2], const float (&m_i)[2],
+                                         const float (&l_i)[2], const consumer_place &p,
+                                         const smem_tiles &sm, const work_tile &wt,
+                                         const problem &pb) {
+    float inv_l[2];
+    finish_rows<MODEL>(m_i, l_i, p, wt, pb, inv_l);
+    store_o<D, C, BC, BF16, MODEL>(O_acc, inv_l, p, sm, wt, pb);
 }

@@ -63,6 +63,8 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
         pb.splits = 1, pb.split_tiles = INT_MAX;
         if (MODEL) pb.works_per_head = pb.q_tiles;
         pb.per_query_tile.mul = 1, pb.per_query_tile.shift = 0;  // n / 1
+    } else {
+        pb.packed = 0;  // (a packed batch runs unsplit)
     }
     pb.tmO = &tmO;
     if (threadIdx.x < PRODUCER_WARPGROUPS * WARPGROUP) {

@@ -17,12 +17,15 @@
 // Split-KV, by stage 5's rule (choose_splits): key ranges per query tile where the work tiles
 // leave SMs idle or make a short last wave, with one slot per SM (the persistent blocks). Decided
 // once per shape and device (the last one is kept: a benchmark launches the same shape many
-// times).
+// times). Not for a packed batch: the host knows only its longest sequence's lengths (the plan
+// would cut keys that most sequences do not have), and its sequences' rows take split-KV's place
+// in the problem; its short sequences make many work tiles anyway.
 // What a key range costs besides its key tiles (Q's copy, the first K tile's wait, the fp32 O
 // and LSE stores), in key tiles: stage 5's estimate (LOG.md, step 15).
 constexpr double SPLIT_OVERHEAD_TILES = 1.0;
 typedef struct {
-    attn_shape shape;  // key: the shape (not its scale; its window and softcap too), SMs, variant
+    attn_shape shape;  // key: the shape (not its scale; its window, softcap, packed or not), SMs,
+                       // variant
     int sm_count, variant;
     kernel_config config;     // value: config_for(),
     int splits, split_tiles;  // key ranges
@@ -35,8 +38,10 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     memset(&p, 0, sizeof p);
     p.shape = *s, p.shape.scale = 0.f, p.sm_count = dev->sm_count, p.variant = variant;
     pthread_mutex_lock(&lock);
+    const bool packed = s->varlen.cu_seqlens_q != NULL;
     const bool hit =
-        last.splits > 0 && last.shape.B == s->B && last.shape.H == s->H && last.shape.N == s->N &&
+        last.splits > 0 && (last.shape.varlen.cu_seqlens_q != NULL) == packed &&
+        last.shape.B == s->B && last.shape.H == s->H && last.shape.N == s->N &&
         last.shape.N_k == s->N_k && last.shape.D == s->D && last.shape.causal == s->causal &&
         last.shape.local == s->local && last.shape.window_left == s->window_left &&
         last.shape.window_right == s->window_right && last.shape.softcap == s->softcap &&
@@ -48,7 +53,7 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     const int BR = p.config.consumers * WGMMA_M;  // block_rows<C>()
     const int BC = p.config.key_tile;
     p.splits = 1, p.split_tiles = ceil_div(s->N_k, BC);
-    if (variant != VARIANT_NOSPLIT && dev->sm_count > 0)
+    if (variant != VARIANT_NOSPLIT && dev->sm_count > 0 && !packed)
         p.splits = choose_splits(s, BR, BC, key_rule_of(s, true), dev->sm_count,
                                  SPLIT_OVERHEAD_TILES, &p.split_tiles);
     pthread_mutex_lock(&lock);
@@ -59,8 +64,9 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
 
 typedef struct {
     const void *Q, *K, *V;  // [B, H, N, D] fp16 or bf16; K, V [B, H_kv, N_k, D]; in their layouts
-    __half *O;              // [B, H, N, D] fp16 or bf16 (s->bf16) in its layout
-    float *lse;             // [B, H, N]
+                            // (packed: [total_q, H, D], [total_k, H_kv, D])
+    __half *O;              // [B, H, N, D] fp16 or bf16 (s->bf16) in its layout (packed: as Q)
+    float *lse;             // [B, H, N] (packed: [H, total_q])
     int *next_work;         // the persistent blocks' work tile counter (the workspace)
     float *O_part;          // split-KV's partial results (the workspace after the counter)
     split_plan split;
@@ -110,19 +116,32 @@ static cudaError_t tensor_map_plain(CUtensorMap *map, const void *base, const at
                          s->N, s->D, &folded, SLAB_COLS, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// The MODEL kernels' Q, K, V and O maps: [B, heads, rows, D] by each tensor's strides, the shape's
+// D as the inner extent. A packed batch's tensors are one batch of total_q (total_k) rows, the
+// sequences' rows one after another (the work tiles add a sequence's first row).
+static cudaError_t tensor_maps_model(CUtensorMap *tmQ, CUtensorMap *tmK, CUtensorMap *tmV,
+                                     CUtensorMap *tmO, const attn_shape *s, const launch_args *a,
+                                     int q_box, int k_box, int o_box) {
+    attn_shape maps = *s;
+    int q_rows = s->N, k_rows = s->N_k;
+    if (s->varlen.cu_seqlens_q) maps.B = 1, q_rows = s->varlen.total_q, k_rows = s->varlen.total_k;
+    ATTN_TRY(tensor_map_slabs(tmQ, a->Q, &maps, s->H, q_rows, &s->q, q_box));
+    ATTN_TRY(tensor_map_slabs(tmK, a->K, &maps, s->H_kv, k_rows, &s->k, k_box));
+    ATTN_TRY(tensor_map_slabs(tmV, a->V, &maps, s->H_kv, k_rows, &s->v, k_box));
+    ATTN_TRY(tensor_map_slabs(tmO, a->O, &maps, s->H, q_rows, &s->o, o_box));
+    return cudaSuccess;
+}
+
 // The plain kernels take the plain case at their own D; a D masked in a larger kernel (s->D < D),
 // or one of a model_only configuration, runs in the MODEL kernels (the tensor maps with the
-// shape's D, tensor_map_slabs).
+// shape's D, tensor_map_slabs), and so does a packed batch (unsplit: plan_splits).
 template <int D, int C, int BC, int SCHEDULE, bool MODEL_ONLY>
 static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     constexpr int BR = block_rows<C>();
     CUtensorMap tmQ, tmK, tmV, tmO;  // (tmO: staged O, a warp's rows)
     const bool model = MODEL_ONLY || s->D != D || attn_shape_asks(s, 0) != 0;
     if (model) {
-        ATTN_TRY(tensor_map_slabs(&tmQ, a->Q, s, s->H, s->N, &s->q, BR));
-        ATTN_TRY(tensor_map_slabs(&tmK, a->K, s, s->H_kv, s->N_k, &s->k, BC));
-        ATTN_TRY(tensor_map_slabs(&tmV, a->V, s, s->H_kv, s->N_k, &s->v, BC));
-        ATTN_TRY(tensor_map_slabs(&tmO, a->O, s, s->H, s->N, &s->o, WARP_ROWS));
+        ATTN_TRY(tensor_maps_model(&tmQ, &tmK, &tmV, &tmO, s, a, BR, BC, WARP_ROWS));
     } else {
         ATTN_TRY(tensor_map_plain(&tmQ, a->Q, s, BR));
         ATTN_TRY(tensor_map_plain(&tmK, a->K, s, BC));
@@ -140,7 +159,7 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     if (blocks < works) ATTN_TRY(cudaMemsetAsync(a->next_work, 0, sizeof(int), a->stream));
     problem pb;
     memset(&pb, 0, sizeof pb);
-    pb.N = s->N, pb.N_k = s->N_k, pb.key_shift = s->N_k - s->N;
+    pb.N = s->N, pb.N_k = s->N_k;
     if (model)
         pb.o_cols = s->D;  // (MODEL: in causal's place)
     else
@@ -164,6 +183,7 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     pb.rows = (long long)s->B * s->H * s->N;
     pb.O_part = a->O_part;
     pb.lse_part = a->O_part ? a->O_part + (size_t)pb.splits * pb.rows * D : NULL;
+    if (s->varlen.cu_seqlens_q) pb.varlen = s->varlen, pb.packed = 1;  // (unsplit: plan_splits)
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t config = launch_config(blocks, block_threads<C>(), smem, a, &attr);
     ATTN_TRY(cudaLaunchKernelEx(&config, kernel, tmQ, tmK, tmV, tmO, pb, works, a->next_work));

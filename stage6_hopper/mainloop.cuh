@@ -126,17 +126,19 @@ __device__ __forceinline__ void pingpong_pass_turn(int wg) {
     named_barrier_arrive<TURN_THREADS>(NAMED_BARRIER_TURN_WG0 + (wg + 1) % CONSUMERS);
 }
 
-// Key tile j of work tile wt needs a mask when it is the tail tile (keys past N_k), or has a key
-// past the diagonal of the warpgroup's first row (causal) or past its window (MODEL: the row as a
-// key index, + N_k - N, plus window_right), or before the window of the warpgroup's last row (its
-// diagonal minus window_left). The tiles in between, every row seeing every key, go unmasked.
+// Key tile j of work tile wt needs a mask when it is the tail tile (keys past N_k; MODEL: the
+// sequence's, wt.n_k, so a packed sequence's last tile is masked even where its keys fill it and
+// the next sequence's follow), or has a key past the diagonal of the warpgroup's first row
+// (causal) or past its window (MODEL: the row as a key index, diagonal_shift(), plus
+// window_right), or before the window of the warpgroup's last row (its diagonal minus
+// window_left). The tiles in between, every row seeing every key, go unmasked.
 template <int BC, bool MODEL>
 __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
                                            const consumer_place &p, int j) {
     const int key0 = key_tile_start<BC>(wt, j);
     if constexpr (MODEL) {
-        const int diagonal0 = warpgroup_row0(wt, p) + pb.key_shift;  // its first row's
-        return key0 + BC > pb.N_k ||
+        const int diagonal0 = warpgroup_row0(wt, p) + diagonal_shift(wt);  // its first row's
+        return key0 + BC > wt.n_k ||
                (pb.window_right >= 0 && key0 + BC - 1 > diagonal0 + pb.window_right) ||
                (pb.window_left >= 0 && key0 < diagonal0 + (WGMMA_M - 1) - pb.window_left);
     } else {
@@ -159,8 +161,8 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
     if constexpr (MODEL) {
         if (pb.softcap_scale != 0.f) cap_scores<BC>(S, pb.softcap_scale);  // (before the mask)
         if (needs_mask<BC, MODEL>(pb, wt, p, j))
-            mask_window<BC>(S, p, row_of(wt, p) + pb.key_shift, key_tile_start<BC>(wt, j), pb.N_k,
-                            pb.window_left, pb.window_right);
+            mask_window<BC>(S, p, row_of(wt, p) + diagonal_shift(wt), key_tile_start<BC>(wt, j),
+                            wt.n_k, pb.window_left, pb.window_right);
     } else {
         if (needs_mask<BC, MODEL>(pb, wt, p, j))
             mask_scores<BC>(S, p, row_of(wt, p), key_tile_start<BC>(wt, j), pb.N, pb.causal);
@@ -258,12 +260,27 @@ __device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2]
 }
 
 // A work tile whose last P V was issued while the next work tile's rows went on (end_rows): what
-// its epilogue needs once that P V is done (retire_pv).
+// its epilogue needs once that P V is done (retire_pv). The MODEL kernels write its LSE as its
+// rows end and keep 1 / l: fewer registers across the main loop and in the epilogue, which the
+// D = 256 consumers have none to spare of.
 typedef struct {
-    bool due;          // the P V in flight is this work tile's last: its epilogue comes next
-    work_tile wt;      // the work tile
-    float m[2], l[2];  // its rows' max and sum
+    bool due;      // the P V in flight is this work tile's last: its epilogue comes next
+    work_tile wt;  // the work tile
+    float m[2];    // its rows' max (plain kernels)
+    float l[2];    // its rows' sum (MODEL: 1 / the sum, its LSE written: finish_rows)
 } finished_tile;
+
+// The epilogue of the finished work tile (its O, and for the plain kernels its LSE).
+template <int D, int C, int BC, bool BF16, bool MODEL>
+__device__ __forceinline__ void finished_epilogue(const float (&O_acc)[D / 2],
+                                                  const finished_tile &done,
+                                                  const consumer_place &p, const smem_tiles &sm,
+                                                  const problem &pb) {
+    if constexpr (MODEL)
+        store_o<D, C, BC, BF16, MODEL>(O_acc, done.l, p, sm, done.wt, pb);
+    else
+        epilogue<D, C, BC, BF16, MODEL>(O_acc, done.m, done.l, p, sm, done.wt, pb);
+}
 
 // The P V of key tile it - 1 is done: P and O_acc are free. Release that tile's V; if that P V
 // ended a work tile (done.due), write that work tile's O and LSE; then the softmax of key tile it
@@ -280,19 +297,24 @@ __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[B
     pin_registers(P);
     const kv_pipeline kv = {it};
     if (kv.count > 0) release(bar_at(sm, BAR_V_EMPTY + kv.previous().slot()), p);
-    if (done.due) epilogue<D, C, BC, BF16, MODEL>(O_acc, done.m, done.l, p, sm, done.wt, pb);
+    if (done.due) finished_epilogue<D, C, BC, BF16, MODEL>(O_acc, done, p, sm, pb);
     rescale_o<D>(O_acc, r.alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
     exp_pack<BC, early_chunks<C>(), BF16>(S, P, l_i, pb.scale_log2, r);
 }
 
 // Work tile wt's rows end with the P V of its last key tile, about to be issued: keep their m
-// and l for its epilogue (retire_pv, once that P V is done), and start the next work tile's rows
-// (O_acc restarts in issue_pv).
+// and l for its epilogue (retire_pv, once that P V is done; MODEL: write their LSE now, which
+// needs no O, and keep 1 / l), and start the next work tile's rows (O_acc restarts in issue_pv).
+template <bool MODEL>
 __device__ __forceinline__ void end_rows(finished_tile &done, float (&m_i)[2], float (&l_i)[2],
-                                         const work_tile &wt) {
+                                         const work_tile &wt, const consumer_place &p,
+                                         const problem &pb) {
     done.due = true;
     done.wt = wt;
-    done.m[0] = m_i[0], done.m[1] = m_i[1], done.l[0] = l_i[0], done.l[1] = l_i[1];
+    if constexpr (MODEL)
+        finish_rows<MODEL>(m_i, l_i, p, wt, pb, done.l);
+    else
+        done.m[0] = m_i[0], done.m[1] = m_i[1], done.l[0] = l_i[0], done.l[1] = l_i[1];
     m_i[0] = m_i[1] = -INFINITY, l_i[0] = l_i[1] = 0.f;
 }
 
@@ -309,7 +331,7 @@ __device__ __forceinline__ bool next_key_tile(const smem_tiles &sm, const consum
     next = wt;
     next_j = j + 1;
     if (next_j == wt.n_tiles) {
-        end_rows(done, m_i, l_i, wt);
+        end_rows<MODEL>(done, m_i, l_i, wt, p, pb);
         next_j = 0;
         if (!take_work<C, BC, QB, MODEL>(sm, p, pb, works, wt.t + 1, next)) return false;
     }
@@ -342,9 +364,8 @@ __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D /
 // The block's last key tile (the it-th): O += P V only, then the last work tile's epilogue.
 template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL>
 __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
-                                        const float (&m_i)[2], const float (&l_i)[2],
-                                        const smem_tiles &sm, const consumer_place &p,
-                                        const problem &pb, const work_tile &wt, int it, int j) {
+                                        const finished_tile &done, const smem_tiles &sm,
+                                        const consumer_place &p, const problem &pb, int it, int j) {
     const kv_pipeline kv = {it};
     const int st = kv.slot();
     wait_full(sm, BAR_V_FULL, kv);
@@ -354,7 +375,7 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
     wgmma_wait<0>();
     pin_registers(O_acc);
     release(bar_at(sm, BAR_V_EMPTY + st), p);
-    epilogue<D, C, BC, BF16, MODEL>(O_acc, m_i, l_i, p, sm, wt, pb);
+    finished_epilogue<D, C, BC, BF16, MODEL>(O_acc, done, p, sm, pb);
 }
 
 // Overlapped (default; nopingpong without the turn-taking): one pipeline over every key tile the
@@ -399,8 +420,8 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
         wt = next;
         j = next_j;
     }
-    // (next_key_tile ended wt's rows: their m and l are done's)
-    last_pv<D, C, BC, PINGPONG, BF16, MODEL>(O_acc, P, done.m, done.l, sm, p, pb, done.wt, it, j);
+    // (next_key_tile ended wt's rows: done has what their epilogue needs)
+    last_pv<D, C, BC, PINGPONG, BF16, MODEL>(O_acc, P, done, sm, p, pb, it, j);
 
     // Every turn was handed on; warpgroup 0 takes the last warpgroup's final hand-over, so that no
     // arrival is left pending on its barrier.

@@ -9,8 +9,9 @@
 #include "smem.cuh"
 
 // Announce a tile's bytes on its "full" barrier and copy rows row0 .. row0 + ROWS - 1 of head
-// `head` of batch `batch`, one TMA copy per 64-column slab (columns past the tensor's D read as
-// zeros, and their bytes count).
+// `head` of batch `batch`, one TMA copy per 64-column slab (columns past the tensor's D and rows
+// past its end read as zeros, and their bytes count; a packed sequence's tile that crosses its
+// end reads the next sequence's rows, which the masks and the epilogue leave out).
 template <int D, int ROWS>
 __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, uint32_t full,
                                           int row0, int head, int batch) {
@@ -97,10 +98,12 @@ __device__ __forceinline__ void producer(const smem_tiles &sm, const CUtensorMap
         if (w >= works) return;                            // that was "stop"
         const tile_heads hd = heads_of<MODEL>(wt.bh, pb);  // (publish_work's, worked out once)
         if constexpr (MODEL) {
-            // The range's key tiles by their first keys (two registers for the loop, not three:
-            // the thread has 24, and the K/V head and batch take one more than bh does).
-            const int key_end = key_tile_start<BC>(wt, wt.n_tiles);
-            for (int key0 = key_tile_start<BC>(wt, 0); key0 < key_end; key0 += BC, kv = kv.next()) {
+            // The range's key tiles by their first keys' rows of K and V (the sequence's first
+            // row, k_row, added once; two registers for the loop, not three: the thread has 24,
+            // and the K/V head and batch take one more than bh does).
+            const int key_end = wt.k_row + key_tile_start<BC>(wt, wt.n_tiles);
+            for (int key0 = wt.k_row + key_tile_start<BC>(wt, 0); key0 < key_end;
+                 key0 += BC, kv = kv.next()) {
                 load_key_tile<D, BC, BAR_K_FULL, BAR_K_EMPTY>(sm, sm.K, tmK, kv, hd, key0);
                 load_key_tile<D, BC, BAR_V_FULL, BAR_V_EMPTY>(sm, sm.V, tmV, kv, hd, key0);
             }

@@ -37,13 +37,18 @@ __device__ __forceinline__ int fast_divide(int n, fast_divisor f) {
 // N, D] contiguous, H_kv = H, N_k = N) read them; what models feed (MODEL on) adds the rest, and
 // softcap_scale in the padding after scale_log2: the plain fields and the kernel's parameters
 // after the problem keep their offsets, and the plain kernels their machine code. The keys a row
-// sees are split_kv.cuh's key_rule: query row i plus key_shift = N_k - N is its diagonal key, and
-// it sees window_left keys before that one and window_right after it, -1 unbounded (causal is
-// (-1, 0): the MODEL kernels read the window, not `causal`). Counts the host can work out are
-// launch constants there, not computed in the kernel: the producer thread has 24 registers, and
-// the compiler would hold such values in some of them across its loops (N_k - N did, LOG.md
-// step 25). The MODEL kernels read the window, not `causal`: its place holds the shape's D, the
-// columns of O the direct stores write.
+// sees are split_kv.cuh's key_rule: query row i plus N_k - N is its diagonal key, and it sees
+// window_left keys before that one and window_right after it, -1 unbounded (causal is (-1, 0):
+// the MODEL kernels read the window, not `causal`). Counts the host can work out are launch
+// constants there, not computed in the kernel: the producer thread has 24 registers, and the
+// compiler would hold such values in some of them across its loops (LOG.md step 25). The MODEL
+// kernels read the window, not `causal`: its place holds the shape's D, the columns of O the
+// direct stores write.
+// A packed batch (attention.h's attn_varlen) runs unsplit in the MODEL kernels: its sequences'
+// boundaries take the place of split-KV's partial results, which an unsplit launch has none of,
+// and `packed` says which of the two the place holds (the split kernels clear it: their code has
+// no packed batch's). Its N and N_k are the longest sequence's, what the grid is planned with;
+// each work tile reads its own sequence's (work_at).
 typedef struct {
     int N;
     union {
@@ -52,26 +57,44 @@ typedef struct {
     };
     int splits, split_tiles;
     fast_divisor per_head, per_query_tile;  // work tiles: of a head, of a query tile (splits)
-    float scale_log2;        // scale log2(e); softcap c: c log2(e), the capped scores' scale
-    float softcap_scale;     // (MODEL) softcap: scale / c (raw scores to tanh's argument); 0: none
-    __half *O;               // [B, H, N, D]                  (splits = 1, where not staged)
-    float *lse;              // [B, H, N]                     (splits = 1)
-    float *O_part;           // [splits, B * H, N, D], fp32   (splits > 1: combine_kernel merges)
-    float *lse_part;         // [splits, B * H, N]            (splits > 1)
-    long long rows;          // B * H * N
+    float scale_log2;     // scale log2(e); softcap c: c log2(e), the capped scores' scale
+    float softcap_scale;  // (MODEL) softcap: scale / c (raw scores to tanh's argument); 0: none
+    __half *O;            // [B, H, N, D]                  (splits = 1, where not staged)
+    float *lse;           // [B, H, N] (packed: [H, total_q]) (splits = 1)
+    union {
+        struct {
+            float *O_part;    // [splits, B * H, N, D], fp32   (splits > 1: combine_kernel merges)
+            float *lse_part;  // [splits, B * H, N]            (splits > 1)
+            long long rows;   // B * H * N
+        };
+        attn_varlen varlen;  // (MODEL, splits = 1, packed = 1) a packed batch's sequences
+    };
     const CUtensorMap *tmO;  // O in boxes of 16 rows x 64 columns, for the staged stores
     // what models feed (MODEL)
-    int N_k, key_shift;                   // keys, and N_k - N
+    int N_k;                              // keys
     int window_left, window_right;        // key_rule_of(shape, true)'s left and right
     int q_tiles, works_per_head;          // ceil(N / BR); q_tiles * splits work tiles a head
     int H;                                // query heads (a work tile's bh = batch * H + head)
     int o_row;                            // O's row stride, elements (<= INT_MAX: unsupported())
+    int packed;                           // 1: a packed batch (varlen above; unsplit)
     fast_divisor per_batch, per_kv_head;  // bh / H = batch; head / (H / H_kv) = K/V head (GQA)
     long long o_batch, o_head;            // O's batch and head strides, elements
 } problem;
 static_assert(
     offsetof(problem, softcap_scale) + sizeof(float) == offsetof(problem, O),
     "softcap_scale fills the padding after scale_log2: the plain fields keep their place");
+static_assert(offsetof(problem, varlen) == offsetof(problem, O_part) &&
+                  sizeof(attn_varlen) == offsetof(problem, tmO) - offsetof(problem, O_part),
+              "the packed batch takes split-KV's place exactly: the plain fields keep theirs");
+// The kernel's parameters after the problem (works, next_work) keep their offsets too: its size is
+// the one the plain kernels' machine code reads them at.
+constexpr size_t PROBLEM_BYTES = 152;
+static_assert(sizeof(problem) == PROBLEM_BYTES, "the problem's size is the plain kernels' ABI");
+
+// A packed batch (MODEL kernels, unsplit): the work tiles read their sequences' rows.
+__device__ __forceinline__ bool is_packed(const problem &pb) {
+    return pb.packed != 0;
+}
 
 // A work tile: one batch*head, BR query rows and a range of their key tiles, [j0, j0 + n_tiles)
 // (all of them unless split). Numbered head by head; inside a head, the query tiles with the most
@@ -82,16 +105,31 @@ static_assert(
 // order matters little there). A causal or windowed query tile has fewer key tiles, so fewer
 // ranges, than the longest: its last ranges are empty (n_tiles = 0) and nobody takes them
 // (take_next_work). A query tile that sees no key at all (N > N_k: even its last row's diagonal,
-// plus the window's right bound, comes before the first key) still takes one key tile when
-// unsplit, key tile 0, wholly masked: its rows end with l = 0 and m = -inf, so O = 0 and LSE = -inf
-// (epilogue); split, its ranges are all empty and the merge writes those. A persistent block
-// (one per SM) starts with work tile blockIdx.x and then takes the next one not yet taken from a
-// global counter, so work tiles of different lengths even out over the SMs as they would with
-// one block per tile (the variant nopersistent, which launches exactly that). t numbers the
-// block's work tiles: it is the count of the Q buffers' pipeline_state.
+// plus the window's right bound, comes before the first key; or a sequence with no key) still
+// takes one key tile when unsplit, key tile 0, wholly masked: its rows end with l = 0 and
+// m = -inf, so O = 0 and LSE = -inf (epilogue); split, its ranges are all empty and the merge
+// writes those. A persistent block (one per SM) starts with work tile blockIdx.x and then takes
+// the next one not yet taken from a global counter, so work tiles of different lengths even out
+// over the SMs as they would with one block per tile (the variant nopersistent, which launches
+// exactly that). t numbers the block's work tiles: it is the count of the Q buffers'
+// pipeline_state.
+// The MODEL kernels read a work tile's sequence from it: q0 and q_end (the end of the sequence's
+// queries) are rows of Q and O as the tensor maps count them, n_k is the sequence's keys and
+// key_tile_start() counts them from its first, row k_row of K and V. Unpacked that is the batch's
+// N, N_k and rows from 0; packed (attn_sequence_of), each sequence's, its query tiles numbered
+// over the longest sequence's: those that start past the sequence's end, the first `skip` of the
+// head from this one, hold none of its rows and nobody takes them (take_next_work).
 typedef struct {
     int bh, q0, j0, n_tiles, split, t;
+    int q_end, n_k, k_row, skip;  // (MODEL) the work tile's sequence
 } work_tile;
+
+// (MODEL) What turns a row of the work tile (a row of Q, row_of) into its diagonal key (a key of
+// its sequence): the sequence's row i sees up to key i + n_k - N_b, and its row of Q is
+// q_end - N_b + i.
+__device__ __forceinline__ int diagonal_shift(const work_tile &wt) {
+    return wt.n_k - wt.q_end;
+}
 
 template <int C, int BC, bool MODEL>
 __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
@@ -104,13 +142,22 @@ __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
         const int in_head = w - t.bh * pb.works_per_head;
         const int q_index = fast_divide(in_head, pb.per_query_tile);
         t.split = in_head - q_index * pb.splits;
-        t.q0 = (q_tiles - 1 - q_index) * BR;
+        t.q0 = (q_tiles - 1 - q_index) * BR;  // (its sequence's row)
+        t.q_end = pb.N, t.n_k = pb.N_k, t.k_row = 0, t.skip = 0;
+        if (is_packed(pb)) {  // sequence b = bh / H: its rows of the packed tensors, its lengths
+            const attn_sequence seq =
+                attn_sequence_of(&pb.varlen, fast_divide(t.bh, pb.per_batch), pb.H, pb.N, pb.N_k);
+            t.skip = max(0, q_tiles - q_index - (seq.N + BR - 1) / BR);
+            t.q0 += (int)seq.q_row;
+            t.q_end = (int)seq.q_row + seq.N;
+            t.n_k = seq.N_k;
+            t.k_row = (int)seq.k_row;
+        }
         // The one rule of split_kv.cuh (the merge and the split planner read it too): from the
         // first row's window to the last row's, 0 tiles where no row sees a key. Taken on the
-        // rows moved onto their diagonals (q0 + key_shift, as N_k queries against N_k keys): the
-        // same tiles, with no N_k - N for the compiler to hold in a register.
-        const key_rule keys = {pb.N_k, pb.N_k, pb.window_left, pb.window_right};
-        const int diagonal0 = t.q0 + pb.key_shift;  // the first row's diagonal key
+        // rows moved onto their diagonals (as n_k queries against n_k keys): the same tiles.
+        const key_rule keys = {t.n_k, t.n_k, pb.window_left, pb.window_right};
+        const int diagonal0 = t.q0 + diagonal_shift(t);  // the first row's diagonal key
         first = query_tile_first_key_tile(keys, diagonal0, BC);
         tiles = query_tile_key_tile_count(keys, diagonal0, BR, BC);
         if (pb.splits == 1) tiles = max(tiles, 1);  // unsplit: at least one (see above; first = 0)
@@ -121,6 +168,7 @@ __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
         t.split = in_head - q_index * pb.splits;
         t.q0 = (q_tiles - 1 - q_index) * BR;
         tiles = query_tile_key_tiles(t.q0, BR, BC, pb.N, pb.causal);
+        t.q_end = pb.N, t.n_k = pb.N, t.k_row = 0, t.skip = 0;  // (one sequence, N_k = N)
     }
     const int before = t.split * pb.split_tiles;  // the query tile's key tiles in earlier ranges
     t.j0 = first + before;
@@ -132,6 +180,7 @@ __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
 // Where work tile rows of batch*head bh lie in the 4-D tensor maps (D, rows, heads, B): the batch,
 // the query head (Q, O) and the key/value head it reads (K, V; GQA: head / (H / H_kv)). The plain
 // kernels' maps fold batch and head into one dimension (one batch of B * H heads): bh is the head.
+// A packed batch's maps have one batch (its sequences are rows: work_at's q0, k_row).
 typedef struct {
     int batch, head, kv_head;
 } tile_heads;
@@ -142,13 +191,15 @@ __device__ __forceinline__ tile_heads heads_of(int bh, const problem &pb) {
         t.batch = fast_divide(bh, pb.per_batch);
         t.head = bh - t.batch * pb.H;
         t.kv_head = fast_divide(t.head, pb.per_kv_head);
+        if (is_packed(pb)) t.batch = 0;
     } else {
         t.batch = 0, t.head = t.kv_head = bh;
     }
     return t;
 }
 
-// The first key of key tile j of work tile wt (j counts from the start of its range).
+// The first key of key tile j of work tile wt (j counts from the start of its range; MODEL: a key
+// of its sequence, row k_row + key of K and V).
 template <int BC>
 __device__ __forceinline__ int key_tile_start(const work_tile &wt, int j) {
     return (wt.j0 + j) * BC;
@@ -160,14 +211,30 @@ __device__ __forceinline__ int next_work_index(int works, int *next_work) {
     return (int)gridDim.x >= works ? works : gridDim.x + atomicAdd(next_work, 1);
 }
 
-// Work tile w (wt), or past it the first one with key tiles (a causal split leaves empty ones),
-// or none (works).
+// Work tiles before `end` hold no rows (packed: they start past their sequence's end): the counter
+// jumps to it (it hands out work tile gridDim.x + its value), so that each such run costs one
+// atomic, not one per work tile. What it jumps over lies between a work tile of the run this block
+// took and the run's end: none of it is work; what lies past the end stays the counter's to hand
+// out. A block that has taken another work tile of the run jumps the same way.
+__device__ __forceinline__ void skip_work(int end, int works, int *next_work) {
+    if ((int)gridDim.x < works) atomicMax(next_work, end - (int)gridDim.x);
+}
+
+// Work tile w (wt), or past it the first one with key tiles (a causal split leaves empty ones)
+// and rows (packed), or none (works). Only the producer takes work tiles: the consumers take the
+// ones it hands over (take_work), so every role skips the same ones.
 template <int C, int BC, bool MODEL>
 __device__ __forceinline__ int take_next_work(int w, const problem &pb, int works, int *next_work,
                                               work_tile &wt) {
     for (;; w = next_work_index(works, next_work)) {
         if (w >= works) return works;
         wt = work_at<C, BC, MODEL>(w, pb);
+        if constexpr (MODEL) {
+            if (wt.skip > 0) {  // this one and the skip - 1 after it: no rows
+                skip_work(w + wt.skip, works, next_work);
+                continue;
+            }
+        }
         if (wt.n_tiles > 0 || pb.splits == 1) return w;  // (unsplit, every one has key tiles)
     }
 }
