@@ -49,8 +49,10 @@
  * over them in registers), strided layouts (4-D tensor maps; dQ's conversion by strided stores),
  * N_k != N (causal aligned bottom right), local windows (a key tile walks only the query tiles
  * whose rows see it, masked at both bounds: query_tiles_of), softcap (a branch per step:
- * capped_probabilities) and bf16 (a template parameter: wgmma's .bf16 products); all but bf16 are
- * runtime parameters of the same kernels (bwd_problem).
+ * capped_probabilities), packed batches (cu_seqlens: each block reads its sequence's rows,
+ * lengths and mask, block_place_of; a key tile past its sequence's keys leaves at once, the last
+ * one's dK and dV are stored masked, store_rows_masked) and bf16 (a template parameter: wgmma's
+ * .bf16 products); all but bf16 are runtime parameters of the same kernels (bwd_problem).
  *
  * NOTE: what is left (LOG.md, steps 13 to 17): ahead of cuDNN's backward at every fa2 and long
  * shape, behind FA3-class's at all of them, by its steps (FA3's 80-query steps at D = 128 are
@@ -91,6 +93,9 @@
 
 static const char *stage_unsupported(const attn_shape *s, const attn_device *dev, int variant) {
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
+    const bool packed = s->varlen.cu_seqlens_q != NULL;
+    if (packed && !(attn_forward_stage.takes & ATTN_TAKES_VARLEN))
+        return "a packed batch: the linked forward (stage 6's) does not take one";
     const char *why = attn_forward_stage.unsupported(s, dev, LINKED_FORWARD_VARIANT);
     if (why) return why;  // D, Hopper, the sm_90a code, Q/K/V/O strides for TMA
     // dO, dK and dV go through tensor maps too; every stride a multiple of 8 elements (16 bytes),
@@ -98,9 +103,12 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
     const attn_layout *l[] = {&s->dO, &s->dQ, &s->dK, &s->dV};
     why = attn_strides_refused(l, (int)(sizeof l / sizeof *l), s->D, INT_MAX);
     if (why) return why;
-    if (!tensor_map_takes(&s->dO, s->B, s->H, s->N, HALF_BYTES) ||
-        !tensor_map_takes(&s->dK, s->B, s->H_kv, s->N_k, HALF_BYTES) ||
-        !tensor_map_takes(&s->dV, s->B, s->H_kv, s->N_k, HALF_BYTES))
+    // (a packed batch: each tensor one batch of its total rows, as launch.cuh's operand_map)
+    const int maps_B = packed ? 1 : s->B, q_rows = packed ? s->varlen.total_q : s->N,
+              k_rows = packed ? s->varlen.total_k : s->N_k;
+    if (!tensor_map_takes(&s->dO, maps_B, s->H, q_rows, HALF_BYTES) ||
+        !tensor_map_takes(&s->dK, maps_B, s->H_kv, k_rows, HALF_BYTES) ||
+        !tensor_map_takes(&s->dV, maps_B, s->H_kv, k_rows, HALF_BYTES))
         return "dO's, dK's and dV's strides must be below 2^39 elements (TMA's limit)";
     const int d = compiled_d(s->D);
     if (!d)
@@ -135,9 +143,9 @@ extern "C" const attn_stage attn_this_stage = {
     backward_workspace_bytes,
     backward,
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
-        ATTN_TAKES_SOFTCAP,  // its forward's (stage 6's)
+        ATTN_TAKES_SOFTCAP | ATTN_TAKES_VARLEN,  // its forward's (stage 6's: stage_unsupported)
     ATTN_TAKES_BF16 | ATTN_TAKES_GQA | ATTN_TAKES_STRIDES | ATTN_TAKES_N_K | ATTN_TAKES_LOCAL |
-        ATTN_TAKES_SOFTCAP,  // the backward's
-    NULL,                    // no decode pass: attention against a KV cache is stage 9's
+        ATTN_TAKES_SOFTCAP | ATTN_TAKES_VARLEN,  // the backward's
+    NULL,  // no decode pass: attention against a KV cache is stage 9's
     NULL,
 };

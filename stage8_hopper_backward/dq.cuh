@@ -57,20 +57,21 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
 }
 
 // DQ_BY_ATOMICS (variant atomics), after the step's dQ wgmma is done: the thread's part of dQ_i
-// straight from its registers into rows q0 .. of (batch, head) bh of dQ_acc, two floats a
-// reduction (16 a thread; rows past N skipped), no staging tile, no barrier: the adds leave from
-// 256 threads instead of one TMA instruction. The warpgroup's part: dq_part_row, dq_part_col.
+// straight from its registers into rows q0 .. of query head `head` of the block's sequence in
+// dQ_acc (bwd_sequence_of places them), two floats a reduction (16 a thread; rows past the
+// sequence's N skipped), no staging tile, no barrier: the adds leave from 256 threads instead of
+// one TMA instruction. The warpgroup's part: dq_part_row, dq_part_col.
 template <int D>
 __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[DQ_REGS],
-                                              const bwd_problem &pb, int wg, int warp, int lane,
-                                              int bh, int q0) {
+                                              const bwd_problem &pb, const block_place &b, int wg,
+                                              int warp, int lane, int head, int q0) {
     const int g = lane / QUAD, t = lane % QUAD;
-    float *const head = pb.dQ_acc + (size_t)bh * pb.N * D;
+    float *const rows = pb.call.dQ_acc + (size_t)(b.seq.row_acc + head * b.seq.head_acc) * D;
 #pragma unroll
     for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
         const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
-        if (row >= pb.N) continue;
-        float *const out = head + (size_t)row * D + dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
+        if (row >= b.N) continue;
+        float *const out = rows + (size_t)row * D + dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
 #pragma unroll
         for (int n = 0; n < SLAB_COLS / FRAG_COLS; ++n)
             red_add_f32x2(out + FRAG_COLS * n, dQ_part[acc_index(n, h, 0)],
@@ -78,18 +79,28 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[DQ_REGS],
     }
 }
 
-// DQ_BY_BULK_IN_TURNS: wait for this key tile's turn at query tile qt of (batch, head) bh
-// (dq_turn_of), which is when the key tiles before it in the order have all added theirs and the
-// counter reads their number. Then the ordinary acquire is ordered before the bulk reduction that
-// follows (a proxy fence).
+// DQ_BY_BULK_IN_TURNS: where the counters of query head `head` of the block's sequence start in
+// dq_turn, query tile qt's at [qt]: one per tile of qrows<D>() rows of lse2, at the tile's first
+// row's place there divided by qrows (every sequence's rows of a head are padded to a multiple of
+// ROW_PAD, itself of qrows: one counter a tile, none shared between sequences), so that the
+// counters scale with lse2's rows (packed: the total queries plus a ROW_PAD per sequence, a head;
+// fewer than 2^31). The next head's start seq.head_pad / qrows counters further.
 template <int D>
-__device__ __forceinline__ int *wait_for_turn(const bwd_problem &pb, int bh, int qt) {
-    int *const turn = pb.dq_turn + (size_t)bh * pb.q_tiles + qt;
-    const int mine = dq_turn_of<D>(pb, block_key_tile(pb), qt);
+__host__ __device__ __forceinline__ int dq_turns_of(const block_place &b, int head) {
+    return (int)((b.seq.row_pad + head * b.seq.head_pad) / qrows<D>());
+}
+
+// DQ_BY_BULK_IN_TURNS: wait for this key tile's turn at the query tile at q0 (dq_turn_of, under
+// the rule of the block's sequence), whose counter is `turn`: until the key tiles before it in
+// the order have all added theirs and the counter reads their number. Then the ordinary acquire
+// is ordered before the bulk reduction that follows (a proxy fence).
+template <int D>
+__device__ __forceinline__ void wait_for_turn(const bwd_problem &pb, const key_rule &keys,
+                                              const int *turn, int q0) {
+    const int mine = dq_turn_of<D>(pb, keys, block_key_tile(pb), q0);
     while (ld_acquire_gpu(turn) != mine) {
     }
     fence_proxy_async_global();
-    return turn;
 }
 
 // DQ_BY_BULK_IN_TURNS: this key tile's reductions are complete (not only read: their adds are in
@@ -101,16 +112,19 @@ __device__ __forceinline__ void pass_turn(int *turn) {
     red_release_gpu_add(turn, 1);
 }
 
-// The dQ warp's one thread: for each step of the block (the same walk as the loads), wait until
+// The dQ warp's lane 0: for each step of the block (the same walk as the loads), wait until
 // every consumer warp has staged its dQ part in the step's buffer (DQ_FULL), add the tile to rows
-// q0 .. q0 + qrows - 1 of (batch, head)'s dQ_acc (rows past N skipped by the TMA unit), wait until
-// the reduction has read it, and hand it back (DQ_EMPTY). DQ_BY_BULK: the adds of different blocks
+// q0 .. q0 + qrows - 1 of the query head's rows of dQ_acc (at dq_map_coords: unpacked, rows past
+// N skipped by the TMA unit; packed, the rows past the sequence's N are its padding, which
+// nothing reads, and those it adds there are zeros: P = 0 past N), wait until the reduction has
+// read it, and hand it back (DQ_EMPTY). DQ_BY_BULK: the adds of different blocks
 // into the same rows land in any order, fp32 sums, not bitwise reproducible. DQ_BY_BULK_IN_TURNS
 // (deterministic): each step waits for its key tile's turn, adds, waits until its adds are
 // complete and passes the turn on. At the end it waits for its reductions to complete.
 //
 // Why DQ_BY_BULK_IN_TURNS cannot deadlock: a key tile waits only for key tiles earlier in its query
-// tile's order (j' < j; under diagonal_order j' > j) of the same (batch, key/value head), and the
+// tile's order (j' < j; under diagonal_order j' > j) of the same (sequence, key/value head), all
+// below the sequence's keys (the blocks past them leave at once, block_has_keys), and the
 // grid (key_tiles, B * H_kv) maps them to blocks of lower linear index (block_key_tile: under
 // diagonal_order block x is key tile key_tiles - 1 - x); the GPU starts blocks in increasing
 // linear index, so they are running or done when a block waits, and the lowest unfinished block
@@ -118,30 +132,38 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // backward, which relies on the same order).
 template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMap *tmdQ,
-                                          const bwd_problem &pb) {
+                                          const bwd_problem &pb, int lane) {
     const block_place b = block_place_of(pb);
+    if (lane != 0) return;  // one thread issues the reductions
     int tiles;
-    const int first = query_tiles_of<D>(pb, b.key0, &tiles);
-    // one loop over the block's steps (the load warp's walk), the head and the tile carried along:
-    // the warp runs on PRODUCER_REGS registers
-    int bh = b.batch * pb.H + b.kv_head * pb.group;  // dQ_acc's (batch, head)
-    int qt = first;                                  // the tile
+    const int first = query_tiles_of<D>(b.keys, b.key0, &tiles);
+    // one loop over the block's steps (the load warp's walk), the head and the tile carried along
+    // as the map's coordinates and the counters' place: the warp runs on PRODUCER_REGS registers.
+    // dq_map_coords of (head, row i) is its row 0's {row + i, head}, and head h + 1's head
+    // coordinate is h's plus one.
+    const int head = b.kv_head * pb.group;  // the group's first query head
+    const int2 at = dq_map_coords(pb.call, b.seq, b.batch, head, 0);
+    int map_head = at.y;
+    int turns = DQ == DQ_BY_BULK_IN_TURNS ? dq_turns_of<D>(b, head) : 0;
+    const int turns_apart = (int)(b.seq.head_pad / qrows<D>());  // a head's counters
+    int qt = first;                                              // the tile
     for (int it = 0; it < pb.group * tiles; ++it) {
         // the consumers' parts staged
         mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()), dq_pipeline{it}.phase());
         const uint32_t tile = dq_buffer_at<D>(sm, it);
+        const int q0 = qt * qrows<D>();
         if constexpr (DQ == DQ_BY_BULK_IN_TURNS) {
-            int *const turn = wait_for_turn<D>(pb, bh, qt);
-            tma_reduce_add_4d(tmdQ, tile, 0, qt * qrows<D>(), 0, bh);
+            wait_for_turn<D>(pb, b.keys, pb.dq_turn + turns + qt, q0);
+            tma_reduce_add_4d(tmdQ, tile, 0, at.x + q0, 0, map_head);
             bulk_commit();
-            pass_turn(turn);  // (the staging tile is read too)
+            pass_turn(pb.dq_turn + turns + qt);  // (the staging tile is read too)
         } else {
-            tma_reduce_add_4d(tmdQ, tile, 0, qt * qrows<D>(), 0, bh);
+            tma_reduce_add_4d(tmdQ, tile, 0, at.x + q0, 0, map_head);
             bulk_commit();
             bulk_wait<true>();  // the reduction has read the staging tile
         }
         mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()));
-        if (++qt == first + tiles) qt = first, ++bh;  // the first tile of the next head
+        if (++qt == first + tiles) qt = first, ++map_head, turns += turns_apart;  // the next head
     }
     bulk_wait<false>();  // every reduction done before the block's shared memory goes
 }

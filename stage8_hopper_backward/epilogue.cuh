@@ -4,7 +4,8 @@
  * every query head of the group in fp32 registers, to global memory in the storage type: the
  * consumers write them over K_j and V_j in shared memory (stage_dkv), the store warp stores them
  * by TMA (store_dkv), in whole 128-byte rows (a warp's 4-byte stores straight from the
- * accumulator layout would write 16 bytes of each of 8 rows).
+ * accumulator layout would write 16 bytes of each of 8 rows); a packed batch's last key tile of a
+ * sequence by the consumers' threads, masked at the sequence's end (store_rows_masked).
  */
 #pragma once
 
@@ -30,39 +31,80 @@ __device__ __forceinline__ void stage_rows(const float (&acc)[D / 2], float scal
     }
 }
 
+// A packed batch's key tile that runs past its sequence's keys (the sequence's last): a TMA
+// store of the whole box would write the next sequence's rows of dK and dV, another block's.
+__device__ __forceinline__ bool dkv_masked(const bwd_problem &pb, const block_place &b) {
+    return pb.call.varlen.cu_seqlens_q && b.key0 + KEYS > b.N_k;
+}
+
+// Such a tile's first `rows` rows, staged (stage_rows' swizzled layout), to rows row0 .. of head
+// `head` of `out` (strides l) by the consumers' threads, a 16-byte chunk each: thread i copies
+// chunk i % ROW_CHUNKS of every ROW_STEP-th row from row i / ROW_CHUNKS (whole rows' columns at
+// once), columns past the tensors' D (cols, a multiple of 8) skipped as TMA clips them.
+template <int D>
+__device__ __forceinline__ void store_rows_masked(uint32_t tile, __half *out,
+                                                  const tensor_strides &l, int row0, int head,
+                                                  int rows, int cols, int thread) {
+    constexpr int THREADS = CONSUMERS * WARPGROUP, ROW_CHUNKS = slabs<D>() * CHUNKS_PER_SLAB_ROW;
+    constexpr int ROW_STEP = THREADS / ROW_CHUNKS;
+    static_assert(THREADS % ROW_CHUNKS == 0, "a thread keeps one chunk of the rows");
+    const int chunk = thread % ROW_CHUNKS;
+    if (chunk * CHUNK_HALVES >= cols) return;
+    // (a packed tensor has no batch stride)
+    __half *const column = out + head_offset(l, 0, head) + chunk * CHUNK_HALVES;
+#pragma unroll 4
+    for (int row = thread / ROW_CHUNKS; row < rows; row += ROW_STEP)
+        st_global_v4(column + rows_offset(row0 + row, l.row),
+                     ld_shared_v4(tile + swizzled_chunk_offset<KEYS>(row, chunk)));
+}
+
 // A consumer thread's part of dK_j = scale dK_acc and dV_j = dV_acc, over its rows of K_j's and
 // V_j's tiles (the same layout); then visible to the copy engine, and announced to the store
 // warp (DKV_STAGED). The tiles are free once both warpgroups' wgmma are done (KV_FREE): the dQ
-// products read all 128 keys of K_j.
+// products read all 128 keys of K_j. A packed batch's tile past its sequence's keys
+// (dkv_masked): once both warpgroups have staged their rows (KV_FREE again), the consumers store
+// the sequence's rows themselves (store_rows_masked), the store warp none.
 template <int D, bool BF16>
 __device__ __forceinline__ void stage_dkv(const float (&dK)[D / 2], const float (&dV)[D / 2],
                                           const smem_tiles &sm, const consumer_place &p,
-                                          float scale) {
+                                          const bwd_problem &pb, const block_place &b) {
     named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_KV_FREE);
     const int row = WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first row
-    stage_rows<D, BF16>(dK, scale, sm.K, row, p.t);
+    stage_rows<D, BF16>(dK, pb.scale, sm.K, row, p.t);
     stage_rows<D, BF16>(dV, 1.f, sm.V, row, p.t);
     fence_proxy_async();  // this thread's stores are visible to the copy engine
     named_barrier_arrive<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
+    if (dkv_masked(pb, b)) {
+        named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_KV_FREE);  // both staged theirs
+        const int thread = (p.wg * WARPS_PER_WARPGROUP + p.warp) * WARP_SIZE + p.lane;
+        const int k_row = (int)b.seq.seq.k_row + b.key0, rows = b.N_k - b.key0;  // (> 0)
+        store_rows_masked<D>(sm.K, pb.call.dK, pb.call.layout.dK, k_row, b.kv_head, rows, pb.call.D,
+                             thread);
+        store_rows_masked<D>(sm.V, pb.call.dV, pb.call.layout.dV, k_row, b.kv_head, rows, pb.call.D,
+                             thread);
+    }
 }
 
 // The store warp: once the consumers have staged dK_j and dV_j (DKV_STAGED), lane 0 stores them
 // to keys key0 .. of (batch, kv_head) of dK and dV (tmdK, tmdV: KEYS-row boxes; keys past N_k are
 // not written; columns past the tensors' D neither), slabs<D>() TMA copies each, and waits until
-// they have read the tiles: the block's shared memory lives until then.
+// they have read the tiles: the block's shared memory lives until then. A packed batch: at the
+// sequence's rows of the packed tensors (from k_row, batch 0), where the whole box lies in them
+// (else the consumers store the rows: dkv_masked).
 template <int D>
 __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMap *tmdK,
                                           const CUtensorMap *tmdV, const bwd_problem &pb,
                                           int lane) {
     named_barrier_sync<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
-    if (lane == 0) {
-        const block_place b = block_place_of(pb);
+    const block_place b = block_place_of(pb);
+    if (lane == 0 && !dkv_masked(pb, b)) {
+        const int k_row = (int)b.seq.seq.k_row + b.key0;
 #pragma unroll
         for (int c = 0; c < slabs<D>(); ++c) {
-            tma_store_4d(tmdK, sm.K + slab_offset<KEYS>(c), c * SLAB_COLS, b.key0, b.kv_head,
-                         b.batch);
-            tma_store_4d(tmdV, sm.V + slab_offset<KEYS>(c), c * SLAB_COLS, b.key0, b.kv_head,
-                         b.batch);
+            tma_store_4d(tmdK, sm.K + slab_offset<KEYS>(c), c * SLAB_COLS, k_row, b.kv_head,
+                         b.tile_batch);
+            tma_store_4d(tmdV, sm.V + slab_offset<KEYS>(c), c * SLAB_COLS, k_row, b.kv_head,
+                         b.tile_batch);
         }
         bulk_commit();
         bulk_wait<true>();  // the copies have read the tiles

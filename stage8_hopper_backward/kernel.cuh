@@ -1,7 +1,8 @@
 /*
  * stage8_hopper_backward/kernel.cuh: the main kernel: one block per (key tile, batch, key/value
  * head); its barriers set up, then warpgroup 0 the producer (a load warp, a dQ warp, a store warp)
- * with few registers and warpgroups 1 and 2 the consumers with many.
+ * with few registers and warpgroups 1 and 2 the consumers with many. A packed batch's block past
+ * its sequence's keys leaves before any of it.
  */
 #pragma once
 
@@ -34,6 +35,8 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // its tensor map (D, rows, heads, B) with its strides, in 128-byte swizzled boxes of 64 columns
 // (qrows<D>() rows for Q and dO, KEYS for the others); dQ_acc [B * H, N, D] fp32 through tmdQ
 // (dq_tensor_map); the rest in pb. Grid: (ceil(N_k / KEYS), B * H_kv), BLOCK_THREADS threads.
+// A packed batch: Q, dO [total_q, H, D] and K, V, dK, dV [total_k, H_kv, D], each map one batch
+// of total rows; dQ_acc [H, acc_rows, D]; N, N_k the longest sequence's.
 template <int D, bool BF16, dq_way DQ>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tmQ,
@@ -44,6 +47,8 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
                     const __grid_constant__ CUtensorMap tmdK,
                     const __grid_constant__ CUtensorMap tmdV, const bwd_problem pb) {
 #if HOPPER_KERNELS
+    // a key tile past its sequence's keys: every thread leaves here, before any barrier exists
+    if (!block_has_keys(pb)) return;
     extern __shared__ __align__(SWIZZLE_ATOM_BYTES) unsigned char smem_raw[];
     if (smem_u32(smem_raw) % SWIZZLE_ATOM_BYTES != 0) __trap();  // the tiles' swizzle needs it
     const smem_tiles sm = carve_smem<D>(smem_raw);
@@ -59,8 +64,8 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         const int warp = (int)threadIdx.x / WARP_SIZE, lane = (int)threadIdx.x % WARP_SIZE;
         if (warp == LOAD_WARP)
             load_tiles<D>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
-        else if (DQ != DQ_BY_ATOMICS && warp == DQ_WARP && lane == 0)
-            reduce_dq<D, DQ>(sm, &tmdQ, pb);  // (DQ_BY_ATOMICS: the consumers add dQ themselves)
+        else if (DQ != DQ_BY_ATOMICS && warp == DQ_WARP)
+            reduce_dq<D, DQ>(sm, &tmdQ, pb, lane);  // (DQ_BY_ATOMICS: the consumers add dQ)
         else if (warp == STORE_WARP)
             store_dkv<D>(sm, &tmdK, &tmdV, pb, lane);
     } else {

@@ -21,16 +21,32 @@ static int qrows_of(int D) {
     return d == 64 ? qrows<64>() : d == 96 ? qrows<96>() : qrows<128>();
 }
 
-// Workspace (bwd_params_of): lse2 and Dsum, dQ_acc, then (variant deterministic) dq_turn
-// [B * H, ceil(N / qrows)] ints, at a multiple of WORKSPACE_ALIGN bytes.
+// Workspace (bwd_params_of): lse2 and Dsum (bwd_pad_rows floats each), dQ_acc (bwd_acc_rows rows
+// of D floats), then (variant deterministic) dq_turn, an int per qrows rows of lse2 (dq_turns_of),
+// each at a multiple of WORKSPACE_ALIGN bytes. A packed batch's scale with its total queries
+// plus a ROW_PAD per sequence (backward_prepost.cuh), not with B times the longest.
+static size_t dq_acc_bytes(const attn_shape *s) {
+    return bwd_acc_rows(s) * s->D * sizeof(float);
+}
+static size_t dq_turns(const attn_shape *s) {
+    return bwd_pad_rows(s) / qrows_of(s->D);  // (ROW_PAD: a multiple of qrows)
+}
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     (void)dev;
-    const size_t rows = (size_t)s->B * s->H * padded_rows(s->N);
-    const size_t turns =
-        variant == VARIANT_DETERMINISTIC ? (size_t)s->B * s->H * ceil_div(s->N, qrows_of(s->D)) : 0;
-    return 2 * aligned(rows * sizeof(float)) +
-           aligned((size_t)s->B * s->H * s->N * s->D * sizeof(float)) +
+    const size_t turns = variant == VARIANT_DETERMINISTIC ? dq_turns(s) : 0;
+    return 2 * aligned(bwd_pad_rows(s) * sizeof(float)) + aligned(dq_acc_bytes(s)) +
            aligned(turns * sizeof(int));
+}
+
+// The map of a 16-bit operand (tensor_map_slabs): [B, heads, rows, D] by its layout, or, packed,
+// [total, heads, D] as one batch of `total` rows (its batch stride unused), where a sequence's
+// rows start at its first row (bwd_sequence_of; the kernel's coordinates add it).
+static cudaError_t operand_map(CUtensorMap *map, const void *base, const attn_shape *s, int heads,
+                               int rows, int total, const attn_layout *l, int box_rows) {
+    if (!s->varlen.cu_seqlens_q) return tensor_map_slabs(map, base, s, heads, rows, l, box_rows);
+    attn_shape one = *s;
+    one.B = 1;
+    return tensor_map_slabs(map, base, &one, heads, total, l, box_rows);
 }
 
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
@@ -80,41 +96,43 @@ static cudaError_t enqueue_convert(const attn_shape *s, const bwd_params &p, dim
 template <int D, bool BF16>
 static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, int *dq_turn,
                                     int variant, cudaStream_t stream) {
+    // (packed: the preprocess's grid is planned with the longest sequence; its rows past a
+    // sequence's padding do nothing)
     const size_t rows = (size_t)s->B * s->H * p.N_pad;
     ATTN_TRY((enqueue_preprocess<D, BF16>(s, p, rows, stream)));
 
     CUtensorMap tmQ, tmK, tmV, tmdO, tmdQ, tmdK, tmdV;
-    ATTN_TRY(tensor_map_slabs(&tmQ, p.Q, s, s->H, s->N, &s->q, qrows<D>()));
-    ATTN_TRY(tensor_map_slabs(&tmK, p.K, s, s->H_kv, s->N_k, &s->k, KEYS));
-    ATTN_TRY(tensor_map_slabs(&tmV, p.V, s, s->H_kv, s->N_k, &s->v, KEYS));
-    ATTN_TRY(tensor_map_slabs(&tmdO, p.dO, s, s->H, s->N, &s->dO, qrows<D>()));
+    const int total_q = s->varlen.total_q, total_k = s->varlen.total_k;  // (packed)
+    ATTN_TRY(operand_map(&tmQ, p.Q, s, s->H, s->N, total_q, &s->q, qrows<D>()));
+    ATTN_TRY(operand_map(&tmK, p.K, s, s->H_kv, s->N_k, total_k, &s->k, KEYS));
+    ATTN_TRY(operand_map(&tmV, p.V, s, s->H_kv, s->N_k, total_k, &s->v, KEYS));
+    ATTN_TRY(operand_map(&tmdO, p.dO, s, s->H, s->N, total_q, &s->dO, qrows<D>()));
     ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>(), D));
-    ATTN_TRY(tensor_map_slabs(&tmdK, p.dK, s, s->H_kv, s->N_k, &s->dK, KEYS));
-    ATTN_TRY(tensor_map_slabs(&tmdV, p.dV, s, s->H_kv, s->N_k, &s->dV, KEYS));
+    ATTN_TRY(operand_map(&tmdK, p.dK, s, s->H_kv, s->N_k, total_k, &s->dK, KEYS));
+    ATTN_TRY(operand_map(&tmdV, p.dV, s, s->H_kv, s->N_k, total_k, &s->dV, KEYS));
     bwd_problem pb;
     memset(&pb, 0, sizeof pb);
-    pb.N = s->N, pb.N_k = s->N_k, pb.N_pad = p.N_pad;
     pb.H = s->H, pb.H_kv = s->H_kv, pb.group = s->H / s->H_kv;
     pb.keys = key_rule_of(s, true);  // the tiles each key tile meets, masked at the bounds
-    const long long shift = s->N_k - s->N;
-    pb.see_lo = pb.keys.left < 0 ? INT_MIN : (int)(shift - pb.keys.left);
-    pb.see_hi = pb.keys.right < 0 ? INT_MAX : (int)(shift + pb.keys.right);
-    pb.q_tiles = ceil_div(s->N, qrows<D>());
     pb.key_tiles = ceil_div(s->N_k, KEYS);
     pb.diagonal_order = variant == VARIANT_DETERMINISTIC && pb.keys.right >= 0;  // dq_turn_of()
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
-    pb.lse2 = p.lse2, pb.Dsum = p.Dsum, pb.dQ_acc = p.dQ_acc, pb.dq_turn = dq_turn;
+    pb.call = p, pb.dq_turn = dq_turn;
     if (dq_turn)  // every query tile's counter starts at 0: no key tile has added
-        ATTN_TRY(
-            cudaMemsetAsync(dq_turn, 0, (size_t)s->B * s->H * pb.q_tiles * sizeof(int), stream));
+        ATTN_TRY(cudaMemsetAsync(dq_turn, 0, dq_turns(s) * sizeof(int), stream));
     const kernel_fn kernel = kernel_for<D, BF16>(variant);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
+    // (packed: a block per key tile of the longest sequence; those past a sequence's keys leave.
+    // A packed batch whose longest sequence has no key has no block: no dK, dV row to write)
     const dim3 grid((unsigned)pb.key_tiles, (unsigned)(s->B * s->H_kv));
-    kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdQ, tmdK, tmdV,
-                                                             pb);
-    ATTN_TRY(cudaGetLastError());
+    if (pb.key_tiles > 0) {
+        kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdQ, tmdK,
+                                                                 tmdV, pb);
+        ATTN_TRY(cudaGetLastError());
+    }
 
+    // (packed: N the longest sequence's; a sequence's threads past its rows leave)
     const size_t head_threads = (size_t)s->N * s->D / CONVERT_FLOATS;  // a (batch, head)'s
     const dim3 convert_grid((unsigned)((head_threads + CONVERT_THREADS - 1) / CONVERT_THREADS),
                             (unsigned)(s->B * s->H));
@@ -138,10 +156,9 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         return cudaErrorMisalignedAddress;
     }
     const bwd_params p = bwd_params_of(s, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, true);
-    int *const dq_turn =
-        variant == VARIANT_DETERMINISTIC
-            ? (int *)((char *)p.dQ_acc + aligned((size_t)s->B * s->H * s->N * s->D * sizeof(float)))
-            : NULL;
+    int *const dq_turn = variant == VARIANT_DETERMINISTIC
+                             ? (int *)((char *)p.dQ_acc + aligned(dq_acc_bytes(s)))
+                             : NULL;
     const int d = compiled_d(s->D);  // the kernels that run s->D (stage_unsupported: one does)
     if (d == 64)
         return s->bf16 ? enqueue_backward<64, true>(s, p, dq_turn, variant, stream)

@@ -38,20 +38,22 @@ __device__ __forceinline__ void issue_scores(float (&X)[score_regs<D>()], uint64
     wgmma_commit();
 }
 
-// Whether a step needs the mask: the key tile runs past N_k, or some (key, query) pair of the
-// step lies outside the window (schedule.cuh: see_lo <= j - i <= see_hi), which the corners
-// say: the tile's last key against its first query (causal: past the diagonal), its first key
-// against its last query (a left bound). Interior steps of a window run unmasked.
+// Whether a step needs the mask: the key tile runs past the sequence's N_k, or some (key, query)
+// pair of the step lies outside the window (schedule.cuh's block_place: see_lo <= j - i <=
+// see_hi, the sequence's own bounds), which the corners say: the tile's last key against its
+// first query (causal: past the diagonal), its first key against its last query (a left bound).
+// Interior steps of a window run unmasked; every key tile that runs past its sequence's keys is
+// masked (a packed batch's next sequence lies there).
 template <int D>
-__device__ __forceinline__ bool step_needs_mask(const bwd_problem &pb, int key0, int q0) {
-    return key0 + KEYS > pb.N_k || key0 + KEYS - 1 - q0 > pb.see_hi ||
-           key0 - (q0 + qrows<D>() - 1) < pb.see_lo;
+__host__ __device__ __forceinline__ bool step_needs_mask(const block_place &b, int key0, int q0) {
+    return key0 + KEYS > b.N_k || key0 + KEYS - 1 - q0 > b.see_hi ||
+           key0 - (q0 + qrows<D>() - 1) < b.see_lo;
 }
 
 // Whether query `query` sees key `key` (the mask of a masked step).
-__device__ __forceinline__ bool key_seen(const bwd_problem &pb, int key, int query) {
+__host__ __device__ __forceinline__ bool key_seen(const block_place &b, int key, int query) {
     const int d = key - query;
-    return key < pb.N_k && d <= pb.see_hi && d >= pb.see_lo;
+    return key < b.N_k && d <= b.see_hi && d >= b.see_lo;
 }
 
 // The thread's column pairs of LSE_i or D_i (a float per query of the tile, in shared memory):
@@ -74,11 +76,13 @@ __device__ __forceinline__ constexpr bool lse_ahead() {
 
 // S^T has landed: P^T = 2^(S^T scale log2(e) - LSE_i log2(e)) in place, the forward's
 // probabilities exactly (lse2 is the LSE in log2 units; +inf on query rows past N and rows that
-// see no key, whose P is then 0 with no mask). Masked: keys past N_k and keys outside a query's
-// window (causal: past its diagonal) get P = 0. The thread's columns are queries 8n + 2t + c of
-// the tile, its rows keys key_row and key_row + 8.
+// see no key, whose P is then 0 with no mask: packed, the next sequence's rows a tile reads past
+// N, finite, too). Masked: keys past N_k and keys outside a query's window (causal: past its
+// diagonal) get P = 0. The thread's columns are queries q0 + 8n + 2t + c of the tile, its rows
+// keys key_row and key_row + 8.
 template <int D>
 __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const bwd_problem &pb,
+                                              const block_place &b,
                                               const float2 (&lse_cols)[qrows<D>() / FRAG_COLS],
                                               int key_row, int q0, int t, bool mask) {
 #pragma unroll
@@ -91,7 +95,7 @@ __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const
             if (mask) {
                 const int key = key_row + FRAG_ROW_STEP * frag_h(e);
                 const int query = q0 + FRAG_COLS * n + FRAG_LANE_COLS * t + frag_c(e);
-                if (!key_seen(pb, key, query)) p = 0.f;
+                if (!key_seen(b, key, query)) p = 0.f;
             }
             S[i] = p;
         }
@@ -124,7 +128,8 @@ __device__ __forceinline__ void score_gradients(uint32_t (&P16)[packed_regs<D>()
 // c) in place, or -inf where masked (as probabilities() masks).
 template <int D>
 __device__ __forceinline__ void capped_scores(float (&S)[score_regs<D>()], const bwd_problem &pb,
-                                              int key_row, int q0, int t, bool mask) {
+                                              const block_place &b, int key_row, int q0, int t,
+                                              bool mask) {
 #pragma unroll
     for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
 #pragma unroll
@@ -134,7 +139,7 @@ __device__ __forceinline__ void capped_scores(float (&S)[score_regs<D>()], const
             if (mask) {
                 const int key = key_row + FRAG_ROW_STEP * frag_h(e);
                 const int query = q0 + FRAG_COLS * n + FRAG_LANE_COLS * t + frag_c(e);
-                if (!key_seen(pb, key, query)) S[i] = -INFINITY;
+                if (!key_seen(b, key, query)) S[i] = -INFINITY;
             }
         }
     }
@@ -287,26 +292,28 @@ __device__ __forceinline__ void wait_ds(const smem_tiles &sm, int it) {
 template <int D, dq_way DQ>
 __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[DQ_REGS], const smem_tiles &sm,
                                              const consumer_place &p, const bwd_problem &pb,
-                                             walk_step s) {
+                                             const block_place &b, walk_step s) {
     if constexpr (DQ == DQ_BY_ATOMICS)
-        add_dq_atomic<D>(dQ_part, pb, p.wg, p.warp, p.lane, s.bh, s.q0);
+        add_dq_atomic<D>(dQ_part, pb, b, p.wg, p.warp, p.lane, s.head, s.q0);
     else
         stage_dq<D>(dQ_part, sm, p.wg, p.warp, p.lane, s.it);
 }
 
 // One step: query tile cur.q0 (ring slot cur.it % Q_STAGES) against the warpgroup's 64 keys, and
 // the dQ part of the step before (dq; none in the block's first step). dS^T goes to buffer
-// cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read).
+// cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read). The mask is the
+// block's sequence's (b).
 template <int D, bool BF16, dq_way DQ, bool FIRST>
 __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D / 2],
                                               const smem_tiles &sm, const consumer_place &p,
-                                              const bwd_problem &pb, uint64_t K_desc,
-                                              uint64_t V_desc, int key0, walk_step cur,
+                                              const bwd_problem &pb, const block_place &b,
+                                              uint64_t K_desc, uint64_t V_desc, walk_step cur,
                                               walk_step dq) {
     constexpr bool WITH_DQ = !FIRST;
     const int slot = q_pipeline{cur.it}.slot();
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
                    dO_tile = sm.dO + slot * q_tile_bytes<D>();
+    const int key0 = b.key0, q0 = cur.q0;
     const int key_row = key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first
     float S[score_regs<D>()], dP[score_regs<D>()], dQ_part[DQ_REGS];
     uint32_t P16[packed_regs<D>()], dS16[packed_regs<D>()];
@@ -325,15 +332,15 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     // branch has its own wait, so that neither holds the other's values across it. Each mask
     // case is a call of its own (the mask a constant): with one call and a select per element,
     // ptxas moved most of the exponentials past the wait, off dP^T's shadow
-    const bool mask = step_needs_mask<D>(pb, key0, cur.q0);
+    const bool mask = step_needs_mask<D>(b, key0, q0);
     wgmma_wait<1>();
     pin_registers(S);
     if constexpr (!lse_ahead<D>()) load_columns<D>(lse, sm.lse + slot * vec_bytes<D>(), p.t);
     if (pb.cap_log2 > 0.f) {
         if (mask)
-            capped_scores<D>(S, pb, key_row, cur.q0, p.t, true);
+            capped_scores<D>(S, pb, b, key_row, q0, p.t, true);
         else
-            capped_scores<D>(S, pb, key_row, cur.q0, p.t, false);
+            capped_scores<D>(S, pb, b, key_row, q0, p.t, false);
         capped_probabilities<D, BF16>(S, pb, lse);
         wgmma_wait<0>();
         pin_registers(dP);
@@ -341,9 +348,9 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
         capped_gradients<D, BF16>(P16, dS16, S, dP, Di);
     } else {
         if (mask)
-            probabilities<D>(S, pb, lse, key_row, cur.q0, p.t, true);
+            probabilities<D>(S, pb, b, lse, key_row, q0, p.t, true);
         else
-            probabilities<D>(S, pb, lse, key_row, cur.q0, p.t, false);
+            probabilities<D>(S, pb, b, lse, key_row, q0, p.t, false);
         wgmma_wait<0>();
         pin_registers(dP);
         load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>(), p.t);
@@ -371,25 +378,25 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     // are no longer needed: every thread arrives, so that its own loads are ordered before the
     // load warp's next stores into the slot (producer.cuh).
     mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
-    if constexpr (WITH_DQ) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, dq);
+    if constexpr (WITH_DQ) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
 }
 
 // The dQ part of the block's last step, after the loop.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_place &p,
-                                        const bwd_problem &pb, walk_step dq) {
+                                        const bwd_problem &pb, const block_place &b, walk_step dq) {
     float dQ_part[DQ_REGS];
     wait_ds(sm, dq.it);
     issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
     wgmma_wait<0>();
     pin_registers(dQ_part);
-    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, dq);
+    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
 }
 
 // One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
 // head of the group (the producer's walk, in the same order), each with the dQ part of the step
 // before (the last step's after the loop); dK_j *= scale; store both. No query tile sees the keys
-// (a window, or causal with N > N_k): no step, dK_j = dV_j = 0.
+// (a window, or causal with N > N_k; a packed sequence with no query): no step, dK_j = dV_j = 0.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
@@ -403,17 +410,18 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     mbar_wait(bar_at(sm, BAR_KV_FULL), 0);  // (also when no query tile comes: the copies land)
 
     int tiles;
-    const int first = query_tiles_of<D>(pb, b.key0, &tiles);
+    const int first = query_tiles_of<D>(b.keys, b.key0, &tiles);
     const int steps = pb.group * tiles;
     if (steps > 0) {
-        walk_step cur = {0, b.batch * pb.H + b.kv_head * pb.group, first * qrows<D>()};
-        consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, K_desc, V_desc, b.key0, cur, cur);
+        const int q_first = first * qrows<D>(), q_end = q_first + tiles * qrows<D>();
+        walk_step cur = {0, b.kv_head * pb.group, q_first};
+        consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur);
         for (int it = 1; it < steps; ++it) {
             const walk_step prev = cur;
-            cur = next_step(cur, first, tiles, qrows<D>());
-            consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, K_desc, V_desc, b.key0, cur, prev);
+            cur = next_step(cur, q_first, q_end, qrows<D>());
+            consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, prev);
         }
-        last_dq<D, BF16, DQ>(sm, p, pb, cur);
+        last_dq<D, BF16, DQ>(sm, p, pb, b, cur);
     }
-    stage_dkv<D, BF16>(dK, dV, sm, p, pb.scale);
+    stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);
 }

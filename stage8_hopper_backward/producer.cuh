@@ -9,8 +9,9 @@
 #include "schedule.cuh"
 #include "smem.cuh"
 
-// Rows row0 .. row0 + ROWS - 1 of head `head` of batch `batch` into dst, one TMA copy per
-// 64-column slab, completing on `full` (the caller has announced the bytes there).
+// Rows row0 .. row0 + ROWS - 1 of head `head` of batch `batch` into dst (a packed tensor: row0
+// counts from the batch's first row, batch 0), one TMA copy per 64-column slab, completing on
+// `full` (the caller has announced the bytes there).
 template <int D, int ROWS>
 __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, uint32_t full,
                                           int row0, int head, int batch) {
@@ -25,7 +26,10 @@ __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, 
 // a cp.async of its floats of LSE_i and arrives on Q_FULL when it has landed, then the same with
 // D_i on DO_FULL, so that S^T = K_j Q_i^T may start before dO_i lands. Rows past N (and keys past
 // N_k) arrive as zeros from TMA; lse2 and Dsum are padded to N_pad, a multiple of qrows, so their
-// copies never leave the head's rows.
+// copies never leave the head's rows. A packed batch: Q_i, dO_i (K_j, V_j) rows past the
+// sequence's N (N_k) are the next sequence's, finite, whose P the padded LSE (+inf past N) and the
+// consumers' mask (keys) make 0; each sequence's rows of lse2 and Dsum are padded to a multiple of
+// ROW_PAD (bwd_sequence_of), so a tile's copies stay in them too.
 //
 // Why the lanes' cp.async, not a bulk copy, moves LSE_i and D_i: the consumers read them with
 // ordinary loads (the generic proxy), and a bulk copy writes in the async proxy; writes in one
@@ -47,9 +51,10 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     const block_place b = block_place_of(pb);
     if (lane == 0) {
         const uint32_t kv_full = bar_at(sm, BAR_KV_FULL);
+        const int k_row = (int)b.seq.seq.k_row + b.key0;
         mbar_arrive_expect_tx(kv_full, 2 * kv_tile_bytes<D>());
-        copy_tile<D, KEYS>(sm.K, tmK, kv_full, b.key0, b.kv_head, b.batch);
-        copy_tile<D, KEYS>(sm.V, tmV, kv_full, b.key0, b.kv_head, b.batch);
+        copy_tile<D, KEYS>(sm.K, tmK, kv_full, k_row, b.kv_head, b.tile_batch);
+        copy_tile<D, KEYS>(sm.V, tmV, kv_full, k_row, b.kv_head, b.tile_batch);
     }
 
     // One loop over the block's steps (every query tile of every query head of the group, the
@@ -57,25 +62,29 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     // and Dsum worked out afresh at each step: the warp runs on PRODUCER_REGS registers (LOG.md,
     // step 14: what a 64-bit running offset cost).
     int tiles;
-    const int first = query_tiles_of<D>(pb, b.key0, &tiles);
+    const int first = query_tiles_of<D>(b.keys, b.key0, &tiles);
     const uint32_t lane_bytes = (uint32_t)(lane * LANE_BYTES);  // its floats' place in a row
     int head = b.kv_head * pb.group, qt = first;
+    const int head_pad = (int)b.seq.head_pad;  // a head's rows there (N_pad or acc_rows: 32 bits)
     for (int it = 0; it < pb.group * tiles; ++it) {
         const int slot = q_pipeline{it}.slot(), q0 = qt * ROWS;
-        const size_t row = ((size_t)b.batch * pb.H + head) * pb.N_pad + q0 + LANE_FLOATS * lane;
+        const int q_row = (int)b.seq.seq.q_row + q0;  // in Q's and dO's maps
+        const size_t row = b.seq.row_pad + (size_t)head * head_pad + q0 + LANE_FLOATS * lane;
         mbar_wait(bar_at(sm, BAR_Q_EMPTY + slot),
                   q_pipeline{it}.empty_phase());  // the slot is free
         const uint32_t q_full = bar_at(sm, BAR_Q_FULL + slot);
         const uint32_t do_full = bar_at(sm, BAR_DO_FULL + slot);
         if (lane == 0) {
             mbar_expect_tx(q_full, q_tile_bytes<D>());
-            copy_tile<D, ROWS>(sm.Q + slot * q_tile_bytes<D>(), tmQ, q_full, q0, head, b.batch);
+            copy_tile<D, ROWS>(sm.Q + slot * q_tile_bytes<D>(), tmQ, q_full, q_row, head,
+                               b.tile_batch);
             mbar_expect_tx(do_full, q_tile_bytes<D>());
-            copy_tile<D, ROWS>(sm.dO + slot * q_tile_bytes<D>(), tmdO, do_full, q0, head, b.batch);
+            copy_tile<D, ROWS>(sm.dO + slot * q_tile_bytes<D>(), tmdO, do_full, q_row, head,
+                               b.tile_batch);
         }
-        cp_async_ca<LANE_BYTES>(sm.lse + slot * vec_bytes<D>() + lane_bytes, pb.lse2 + row);
+        cp_async_ca<LANE_BYTES>(sm.lse + slot * vec_bytes<D>() + lane_bytes, pb.call.lse2 + row);
         mbar_arrive_after_cp_async(q_full);
-        cp_async_ca<LANE_BYTES>(sm.Dsum + slot * vec_bytes<D>() + lane_bytes, pb.Dsum + row);
+        cp_async_ca<LANE_BYTES>(sm.Dsum + slot * vec_bytes<D>() + lane_bytes, pb.call.Dsum + row);
         mbar_arrive_after_cp_async(do_full);
         if (++qt == first + tiles) qt = first, ++head;  // the first tile of the next head
     }

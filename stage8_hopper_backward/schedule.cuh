@@ -1,39 +1,43 @@
 /*
  * stage8_hopper_backward/schedule.cuh: who works on what. The parameters every thread of the main
- * kernel reads (bwd_problem), a block's key tile and (batch, key/value head) (block_place_of), the
- * query tiles it meets (query_tiles_of) and its walk over them, step by step (walk_step,
- * next_step), and the deterministic variant's order of the adds into a query tile (dq_turn_of).
- * A consumer thread's place in its warpgroups (consumer_place) is common/device/sm90.cuh's.
+ * kernel reads (bwd_problem), a block's key tile, (sequence, key/value head) and its sequence's
+ * rows (block_place_of), the query tiles it meets (query_tiles_of) and its walk over them, step by
+ * step (walk_step, next_step), and the deterministic variant's order of the adds into a query tile
+ * (dq_turn_of). A consumer thread's place in its warpgroups (consumer_place) is
+ * common/device/sm90.cuh's.
  */
 #pragma once
 
 #include "config.cuh"
 #include "device/split_kv.cuh"  // key_rule: which keys a query row sees (causal, local windows)
 
-// One block: key tile j = block_key_tile() (keys key0 = KEYS j ..) of (batch, key/value head)
-// blockIdx.y = batch * H_kv + kv_head; it walks the group's query heads kv_head * group ..
-// (kv_head + 1) * group - 1, each over the query tiles that see its keys.
+// One block: key tile j = block_key_tile() (keys key0 = KEYS j .. of its sequence) of (batch,
+// key/value head) blockIdx.y = batch * H_kv + kv_head; it walks the group's query heads kv_head *
+// group .. (kv_head + 1) * group - 1, each over the query tiles that see its keys. A packed batch
+// (call.varlen) plans the grid with the longest sequence's N_k: a block whose key tile starts at
+// or past its own sequence's keys does nothing (block_has_keys), every role alike. The shape's N,
+// N_k (packed: the longest sequence's) are call's.
 typedef struct {
-    int N, N_k, N_pad;   // queries, keys, N rounded up to ROW_PAD (lse2's and Dsum's rows)
     int H, H_kv, group;  // query heads, key/value heads, H / H_kv
     // The mask (attention.h's attn_key_range): query i sits on key i + N_k - N and sees `left`
     // keys before it and `right` after it, -1 unbounded (split_kv.cuh's key_rule: causal is
-    // (-1, 0)); the same bounds on j - i: key j is seen by query i when
-    // see_lo <= j - i <= see_hi (INT_MIN, INT_MAX when unbounded).
+    // (-1, 0)); a block applies it with its sequence's own N and N_k (block_place).
     key_rule keys;
-    int see_lo, see_hi;
-    int q_tiles;         // ceil(N / qrows<D>())
     int key_tiles;       // ceil(N_k / KEYS): the grid's x
     int diagonal_order;  // DQ_BY_BULK_IN_TURNS with a right bound (causal): see dq_turn_of()
     float scale, scale_log2;
     // Softcap c (attention.h): the capped score in log2 units is c log2(e) tanh(S scale / c), S
     // the raw q . k: cap_in = scale / c, cap_log2 = c log2(e); both 0 without a softcap.
     float cap_in, cap_log2;
-    const float *lse2;  // [B * H, N_pad]: LSE * log2(e), +inf past N (preprocess_kernel)
-    const float *Dsum;  // [B * H, N_pad]: D_i = rowsum(dO_i * O_i), 0 past N
-    float *dQ_acc;  // [B * H, N, D] fp32, contiguous (DQ_BY_ATOMICS's adds; DQ_BY_BULK's via tmdQ)
-    int *
-        dq_turn;  // [B * H, q_tiles]: key tiles that have added into the tile (DQ_BY_BULK_IN_TURNS)
+    // The call as the passes before and after read it (common/device/backward_prepost.cuh): the
+    // tensors and their strides, a packed batch's cu_seqlens, and the workspace: lse2, Dsum
+    // (LSE * log2(e) and D_i, a float per padded query row; +inf and 0 past a sequence's N) and
+    // dQ_acc (fp32, contiguous: DQ_BY_ATOMICS's adds; DQ_BY_BULK's go through tmdQ), each
+    // sequence's rows where bwd_sequence_of() places them.
+    bwd_params call;
+    // DQ_BY_BULK_IN_TURNS: per query tile of every (sequence, head), the key tiles that have added
+    // into it, at the tile's first row's place in lse2 divided by qrows<D>() (dq_turns_of)
+    int *dq_turn;
 } bwd_problem;
 
 // The block's key tile: blockIdx.x, or with diagonal_order the last key tile first (the grid
@@ -42,20 +46,53 @@ __device__ __forceinline__ int block_key_tile(const bwd_problem &pb) {
     return pb.diagonal_order ? pb.key_tiles - 1 - (int)blockIdx.x : (int)blockIdx.x;
 }
 
-// Where the block works: its first key (key0 = KEYS block_key_tile()), batch and key/value head.
+// Where the block works: its first key key0 = KEYS block_key_tile() (within its sequence), the
+// sequence (batch) and key/value head, and the sequence's rows (bwd_sequence_of: in the tensors,
+// seq.seq.q_row and k_row, 0 unpacked; in lse2, Dsum and dQ_acc) with its own lengths N, N_k and
+// mask (keys: the shape's window over them; see_lo, see_hi: the same bounds on j - i, key j seen
+// by query i when see_lo <= j - i <= see_hi, INT_MIN and INT_MAX unbounded, and j < N_k).
+// tile_batch: the batch coordinate of the tensor maps, 0 for a packed batch (one [total, heads,
+// D] tensor each: launch.cuh).
 typedef struct {
-    int key0, batch, kv_head;
+    int key0, batch, kv_head, tile_batch;
+    int N, N_k;  // the sequence's queries and keys
+    bwd_sequence seq;
+    key_rule keys;
+    int see_lo, see_hi;
 } block_place;
+
+// The mask of a sequence of N queries and N_k keys (b.N, b.N_k): query i sits on key i + N_k - N.
+__host__ __device__ __forceinline__ void sequence_mask(block_place &b, const bwd_problem &pb) {
+    b.keys = {b.N, b.N_k, pb.keys.left, pb.keys.right};
+    const int shift = b.N_k - b.N;  // (each below 2^30: no overflow)
+    b.see_lo = pb.keys.left < 0 ? INT_MIN : shift - pb.keys.left;
+    b.see_hi = pb.keys.right < 0 ? INT_MAX : shift + pb.keys.right;
+}
 
 __device__ __forceinline__ block_place block_place_of(const bwd_problem &pb) {
     block_place b;
     b.key0 = block_key_tile(pb) * KEYS;
     b.batch = (int)blockIdx.y / pb.H_kv;
     b.kv_head = (int)blockIdx.y % pb.H_kv;
+    const bool packed = pb.call.varlen.cu_seqlens_q != NULL;
+    b.tile_batch = packed ? 0 : b.batch;
+    b.seq = bwd_sequence_of(pb.call, b.batch);
+    b.N = b.seq.seq.N, b.N_k = b.seq.seq.N_k;
+    sequence_mask(b, pb);
     return b;
 }
 
-// DQ_BY_BULK_IN_TURNS: how many key tiles add into query tile qt before key tile j does (its turn).
+// Whether the block's key tile holds keys of its sequence (unpacked always: the grid covers N_k):
+// one that does not (a packed sequence shorter than the longest) has no keys to give gradients
+// to, and no query tile of its sequence waits for it (dq_turn_of counts the key tiles below N_k).
+__device__ __forceinline__ bool block_has_keys(const bwd_problem &pb) {
+    const block_place b = block_place_of(pb);
+    return b.key0 < b.N_k;
+}
+
+// DQ_BY_BULK_IN_TURNS: how many key tiles add into the query tile at q0 before key tile j does (its
+// turn), under `keys`, the rule of the block's sequence (block_place: its own N, N_k, so that
+// j_max is below its own key tiles).
 // The key tiles that meet a query tile are always j_min .. j_max, the keys its rows see (0 ..
 // N_k - 1 with no mask; a left bound raises j_min, causal or a right bound lowers j_max:
 // split_kv.cuh's rule, the forward's). In key-tile order j's turn is j - j_min: with no left
@@ -65,11 +102,18 @@ __device__ __forceinline__ block_place block_place_of(const bwd_problem &pb) {
 // tile j + 1), a step ahead on the same walk. In key-tile order instead, key tile j would wait at
 // its first query tile for key tiles j_min .. j - 1 to walk up to it: a staircase of idle blocks
 // (LOG.md, step 4's measurement).
+// With a right bound, j_max is query_tile_key_end's last key's tile, here in 32 bits (the dQ warp
+// works it out at each step on PRODUCER_REGS registers): the end of the keys the tile's rows see,
+// min(last row's diagonal + 1 + right, N_k), as min(.., N_k - right) + right, every term below
+// 2^31 in magnitude (N, N_k <= 2^30, right <= the shape's N_k); at least the block's first key
+// + 1, as the block meets the tile.
 template <int D>
-__host__ __device__ __forceinline__ int dq_turn_of(const bwd_problem &pb, int j, int qt) {
-    const int q0 = qt * qrows<D>();
-    if (!pb.diagonal_order) return j - query_tile_first_key_tile(pb.keys, q0, KEYS);
-    return (query_tile_key_end(pb.keys, q0, qrows<D>()) - 1) / KEYS - j;
+__host__ __device__ __forceinline__ int dq_turn_of(const bwd_problem &pb, const key_rule &keys,
+                                                   int j, int q0) {
+    if (!pb.diagonal_order) return j - query_tile_first_key_tile(keys, q0, KEYS);
+    const int diagonal_end = min(q0 + qrows<D>(), keys.N) + keys.N_k - keys.N;
+    const int key_end = min(diagonal_end, keys.N_k - keys.right) + keys.right;
+    return (key_end - 1) / KEYS - j;
 }
 
 // The query tiles a key tile meets: the inverse of split_kv.cuh's rule (the key tiles a query
@@ -79,11 +123,10 @@ __host__ __device__ __forceinline__ int dq_turn_of(const bwd_problem &pb, int j,
 // bound, else N - 1), clipped to 0 .. N - 1 (none when the first is past the last): every row
 // between sees one of them, as its keys run from its own lo to hi and both grow by one a row.
 // Returns the first tile of those rows; *count the number (0: no query sees these keys; their
-// dK, dV are zero). Each bound below 2^31: N, N_k <= 2^30.
+// dK, dV are zero). Each bound below 2^31: N, N_k <= 2^30. r: the rule of the block's sequence
+// (block_place.keys; packed, its own N and N_k).
 template <int D>
-__host__ __device__ __forceinline__ int query_tiles_of(const bwd_problem &pb, int key0,
-                                                       int *count) {
-    const key_rule &r = pb.keys;
+__host__ __device__ __forceinline__ int query_tiles_of(const key_rule &r, int key0, int *count) {
     const int shift = r.N_k - r.N, last_key = min(key0 + KEYS, r.N_k) - 1;
     const int first_row = r.right < 0 ? 0 : max(0, key0 - shift - r.right);
     const int end_row = r.left < 0 ? r.N : min(r.N, last_key - shift + r.left + 1);  // past last
@@ -93,16 +136,17 @@ __host__ __device__ __forceinline__ int query_tiles_of(const bwd_problem &pb, in
 }
 
 // A step of the block's walk (every query tile that meets its keys, of every query head of the
-// group, head by head): its place in it (the rings' count), the (batch, head) of dQ_acc it adds
-// into and its first query.
+// group, head by head): its place in it (the rings' count), the query head and its first query
+// (within the sequence).
 typedef struct {
-    int it, bh, q0;
+    int it, head, q0;
 } walk_step;
 
-// The next step of the walk: the next query tile of the head, or the first of the next head.
-__device__ __forceinline__ walk_step next_step(walk_step s, int first, int tiles, int rows) {
+// The next step of the walk: the next query tile of the head, or, past the head's last (q_end),
+// the first (q_first) of the next head.
+__device__ __forceinline__ walk_step next_step(walk_step s, int q_first, int q_end, int rows) {
     ++s.it;
     s.q0 += rows;
-    if (s.q0 == (first + tiles) * rows) s.q0 = first * rows, ++s.bh;
+    if (s.q0 == q_end) s.q0 = q_first, ++s.head;
     return s;
 }

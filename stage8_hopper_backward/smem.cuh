@@ -114,7 +114,8 @@ __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
 // Named barriers (barrier 0 is __syncthreads'), and what each protects:
 //   KV_FREE     the two consumer warpgroups, at the block's end: both warpgroups' wgmma are done,
 //               so that no product reads K_j or V_j any more and the consumers may stage dK_j and
-//               dV_j there (epilogue.cuh).
+//               dV_j there (epilogue.cuh); for a packed batch's key tile past its sequence's keys
+//               once more after: both have staged theirs, which they then store (dkv_masked).
 //   DKV_STAGED  the consumers (arrive) and the store warp (wait): dK_j and dV_j are staged, fenced
 //               for the async proxy, and the store warp's TMA stores may read them.
 enum named_barrier {
