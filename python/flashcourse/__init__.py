@@ -8,6 +8,8 @@
     dq, dk, dv = flashcourse.attention_backward(q, k, v, o, lse, do, causal=True)
     o = flashcourse.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's, exactly
     o = flashcourse.flash_attn_func(q, k, v, causal=True)     # flash-attn 2's: [B, N, H, D]
+    o = flashcourse.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+                                               # a packed batch: q [total_q, H, D], no padding
     o = flashcourse.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens,
                                             block_table=table, causal=True)   # decode: stage 9
 
@@ -18,7 +20,8 @@ once per shape and keeps the plan; later calls cost a dictionary lookup and the 
 one small C++ operator where `make lib` built it against this torch (flashcourse.eager_path()
 says which; without it, the same calls in Python, with more host time a call). Under
 torch.compile the passes are PyTorch custom operators (flashcourse::forward,
-flashcourse::backward), kept whole in its graph, and CUDA graphs capture them. `make wheel`
+flashcourse::backward; a packed batch's flashcourse::varlen_forward and ::varlen_backward), kept
+whole in its graph, and CUDA graphs capture them. `make wheel`
 builds a wheel that holds the libraries (flashcourse/lib), for machines without the checkout.
 
 The modules by role, each importing only those before it at import time (no cycle):
@@ -30,6 +33,7 @@ The modules by role, each importing only those before it at import time (no cycl
              by _run and api at a call's first use, never at their import: it imports torch)
   api        attention(), attention_backward(), auto_stage(), auto_backward_stage()
   dropins    scaled_dot_product_attention(), flash_attn_func(), flash_attn_with_kvcache()
+  varlen     flash_attn_varlen_func(): packed batches of sequences of different lengths
 """
 
 from ._library import LibraryNotBuiltError, Stage, exit_codes, library_dir, stages
@@ -37,8 +41,9 @@ from ._run import eager_path
 from ._version import __version__
 from .api import attention, attention_backward, auto_backward_stage, auto_stage
 from .dropins import flash_attn_func, flash_attn_with_kvcache, scaled_dot_product_attention
+from .varlen import flash_attn_varlen_func
 
 __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "flash_attn_func",
-           "flash_attn_with_kvcache",
+           "flash_attn_varlen_func", "flash_attn_with_kvcache",
            "stages", "Stage", "auto_stage", "auto_backward_stage", "library_dir", "exit_codes",
            "eager_path", "LibraryNotBuiltError", "__version__"]

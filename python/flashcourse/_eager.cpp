@@ -20,6 +20,10 @@
  * its own layout where the backward stage takes strides (a second plan for that layout, made
  * here once per layout by attn_lib_plan, as _plans._Plan.with_do does; four at most), else copied
  * into o's layout.
+ * A packed batch (flashcourse.flash_attn_varlen_func) runs the same passes through the operator
+ * flashcourse_eager::attention_varlen, which takes the sequences' boundaries (cu_seqlens_q,
+ * cu_seqlens_k: int32 on the device, never read here) beside q, k, v: q [total_q, H, D], lse
+ * [H, total_q].
  * The binding falls back to its Python path (torch.autograd.Function over ctypes) where this
  * library is missing, was built for another torch, or FLASHCOURSE_EAGER_OP=0.
  */
@@ -31,6 +35,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "attn_lib.h"  // common/: build_eager.py puts it on the include path
@@ -43,7 +48,7 @@ typedef decltype(&attn_lib_backward) backward_fn;
 typedef decltype(&attn_lib_plan) plan_fn;
 typedef decltype(&attn_lib_last_error) last_error_fn;
 
-constexpr int64_t EAGER_ABI = 4;   // _run._EAGER_ABI (4: the request grew a local window, softcap)
+constexpr int64_t EAGER_ABI = 5;   // _run._EAGER_ABI (5: the request grew a packed batch)
 constexpr int DO_ROWS = 12;        // dO's {batch, head, row} strides among the request's 24
 constexpr int DO_LAYOUTS_MAX = 4;  // _run._DO_LAYOUTS_MAX: more are copied into o's layout
 
@@ -115,14 +120,34 @@ at::Tensor workspace(uint64_t bytes, const at::Tensor &like) {
     return bytes ? at::empty({(int64_t)bytes}, like.options().dtype(at::kByte)) : at::Tensor();
 }
 
+// A packed batch's sequence boundaries (cu_seqlens_q or _k) as the library takes them; nullptr:
+// not packed (the tensor undefined).
+const int *seqlens(const at::Tensor &cu) {
+    return cu.defined() ? cu.data_ptr<int>() : nullptr;
+}
+
+// A tensor's {batch, head, row} strides: [B, H, N, D], or packed [total, H, D] (batch unused: 0).
+void rows_of(const at::Tensor &t, int64_t rows[3]) {
+    const bool packed = t.dim() == 3;
+    rows[0] = packed ? 0 : t.stride(0);
+    rows[1] = t.stride(1);
+    rows[2] = packed ? t.stride(0) : t.stride(2);
+}
+
+// cu_q, cu_k: a packed batch's boundaries (q [total_q, H, D], lse [H, total_q]), else undefined
 std::vector<at::Tensor> run_forward(const eager_call *c, const at::Tensor &q, const at::Tensor &k,
-                                    const at::Tensor &v) {
+                                    const at::Tensor &v, const at::Tensor &cu_q,
+                                    const at::Tensor &cu_k) {
     at::Tensor o = at::empty_like(q);
-    at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    at::Tensor lse =
+        cu_q.defined()
+            ? at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat))
+            : at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
     at::Tensor ws = workspace(c->forward_workspace, q);
-    int rc = c->forward(at_offset(c, c->forward_plan), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                        o.data_ptr(), lse.data_ptr<float>(), ws.defined() ? ws.data_ptr() : nullptr,
-                        c->forward_workspace, current_stream(q));
+    int rc =
+        c->forward(at_offset(c, c->forward_plan), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                   o.data_ptr(), lse.data_ptr<float>(), seqlens(cu_q), seqlens(cu_k),
+                   ws.defined() ? ws.data_ptr() : nullptr, c->forward_workspace, current_stream(q));
     if (rc != c->code_pass) fail(c, rc, c->forward_error, "attn_lib_forward");
     return {o, lse};
 }
@@ -161,14 +186,16 @@ const void *plan_for_rows(eager_call *c, const int64_t rows[3], uint64_t *ws) {
 
 std::vector<at::Tensor> run_backward(eager_call *c, const at::Tensor &q, const at::Tensor &k,
                                      const at::Tensor &v, const at::Tensor &o,
-                                     const at::Tensor &lse, at::Tensor d_o) {
+                                     const at::Tensor &lse, at::Tensor d_o, const at::Tensor &cu_q,
+                                     const at::Tensor &cu_k) {
     // dO as the backward pass takes it (_plans.grad_input): a contiguous last dimension and
     // 16-byte aligned, then in its own layout if the stage takes strides, else in o's
-    if (d_o.stride(3) != 1 || reinterpret_cast<uintptr_t>(d_o.data_ptr()) % 16)
+    if (d_o.stride(-1) != 1 || reinterpret_cast<uintptr_t>(d_o.data_ptr()) % 16)
         d_o = d_o.clone(at::MemoryFormat::Contiguous);
     if (!c->backward_takes_strides && d_o.strides() != o.strides())
         d_o = at::empty_like(o).copy_(d_o);
-    const int64_t rows[3] = {d_o.stride(0), d_o.stride(1), d_o.stride(2)};
+    int64_t rows[3];
+    rows_of(d_o, rows);
     uint64_t ws_bytes = 0;
     const void *plan = plan_for_rows(c, rows, &ws_bytes);
     if (!plan) {  // a fifth layout of dO: into o's, the binding's plan's
@@ -181,8 +208,8 @@ std::vector<at::Tensor> run_backward(eager_call *c, const at::Tensor &q, const a
     at::Tensor ws = workspace(ws_bytes, q);
     int rc = c->backward(plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                          lse.data_ptr<float>(), d_o.data_ptr(), dq.data_ptr(), dk.data_ptr(),
-                         dv.data_ptr(), ws.defined() ? ws.data_ptr() : nullptr, ws_bytes,
-                         current_stream(q));
+                         dv.data_ptr(), seqlens(cu_q), seqlens(cu_k),
+                         ws.defined() ? ws.data_ptr() : nullptr, ws_bytes, current_stream(q));
     if (rc != c->code_pass) fail(c, rc, c->backward_error, "attn_lib_backward");
     return {dq, dk, dv};
 }
@@ -208,51 +235,86 @@ struct NoDerivative : public torch::autograd::Function<NoDerivative> {
     }
 };
 
+// A packed batch's boundaries, or none (torch::autograd::Function::apply refuses an undefined
+// tensor argument: "tensor does not have a device").
+typedef std::optional<at::Tensor> maybe_tensor;
+
+// A boundary kept for the backward pass (saved_data), undefined where there is none.
+at::Tensor saved_tensor(AutogradContext *ctx, const char *name) {
+    const c10::IValue &saved = ctx->saved_data[name];
+    return saved.isNone() ? at::Tensor() : saved.toTensor();
+}
+
 // o, lse = attention(q, k, v); lse is a constant (no gradient flows through it), and a missing
-// gradient of o stays missing (no zeros made).
+// gradient of o stays missing (no zeros made). cu_q, cu_k: a packed batch's boundaries (kept for
+// the backward pass), else none.
 struct Attention : public torch::autograd::Function<Attention> {
     static variable_list forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
-                                 const at::Tensor &v, const at::Tensor &call) {
+                                 const at::Tensor &v, const at::Tensor &call,
+                                 const maybe_tensor &cu_q, const maybe_tensor &cu_k) {
         eager_call *c = call_at(call);
-        variable_list out = run_forward(c, q, k, v);
+        variable_list out =
+            run_forward(c, q, k, v, cu_q.value_or(at::Tensor()), cu_k.value_or(at::Tensor()));
         ctx->save_for_backward({q, k, v, out[0], out[1]});
+        ctx->saved_data["cu_q"] = cu_q;
+        ctx->saved_data["cu_k"] = cu_k;
         ctx->saved_data["call"] = call;
         ctx->mark_non_differentiable({out[1]});
         ctx->set_materialize_grads(false);
         return out;
     }
     static variable_list backward(AutogradContext *ctx, variable_list grads) {
-        if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+        const at::Tensor none;  // no gradient: the call's, the boundaries'
+        if (!grads[0].defined()) return {none, none, none, none, none, none};
         const at::Tensor call = ctx->saved_data["call"].toTensor();
         eager_call *c = call_at(call);
         TORCH_CHECK(c->backward,
                     "flashcourse_eager: this call was planned without a backward "
                     "pass");
         variable_list s = ctx->get_saved_variables();
-        variable_list d = run_backward(c, s[0], s[1], s[2], s[3], s[4], grads[0]);
+        variable_list d = run_backward(c, s[0], s[1], s[2], s[3], s[4], grads[0],
+                                       saved_tensor(ctx, "cu_q"), saved_tensor(ctx, "cu_k"));
         if (at::GradMode::is_enabled())  // create_graph=True: a derivative of these would be wrong
             d = NoDerivative::apply(s[0], s[1], s[2], d[0], d[1], d[2], call);
-        return {d[0], d[1], d[2], at::Tensor()};  // (none for the call)
+        return {d[0], d[1], d[2], none, none, none};
     }
 };
 
+// The forward pass alone where no gradient is wanted (no autograd node), else through Attention.
+std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor &q, const at::Tensor &k,
+                                          const at::Tensor &v, const at::Tensor &call,
+                                          const maybe_tensor &cu_q, const maybe_tensor &cu_k) {
+    eager_call *c = call_at(call);
+    variable_list out = c->backward ? Attention::apply(q, k, v, call, cu_q, cu_k)
+                                    : run_forward(c, q, k, v, cu_q.value_or(at::Tensor()),
+                                                  cu_k.value_or(at::Tensor()));
+    return {out[0], out[1]};
+}
+
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor &q, const at::Tensor &k,
                                              const at::Tensor &v, const at::Tensor &call) {
-    eager_call *c = call_at(call);
-    if (!c->backward) {  // no gradient wanted: the forward pass alone, no autograd node
-        variable_list out = run_forward(c, q, k, v);
-        return {out[0], out[1]};
-    }
-    variable_list out = Attention::apply(q, k, v, call);
-    return {out[0], out[1]};
+    return attend(q, k, v, call, std::nullopt, std::nullopt);
+}
+
+// A packed batch: q [total_q, H, D], k, v [total_k, H_kv, D], cu_seqlens_q, cu_seqlens_k [B + 1]
+// int32 on q's device; o like q, lse [H, total_q].
+std::tuple<at::Tensor, at::Tensor> attention_varlen(const at::Tensor &q, const at::Tensor &k,
+                                                    const at::Tensor &v, const at::Tensor &cu_q,
+                                                    const at::Tensor &cu_k,
+                                                    const at::Tensor &call) {
+    return attend(q, k, v, call, cu_q, cu_k);
 }
 
 }  // namespace
 
 TORCH_LIBRARY(flashcourse_eager, m) {
     m.def("attention(Tensor q, Tensor k, Tensor v, Tensor call) -> (Tensor, Tensor)");
+    m.def(
+        "attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "Tensor call) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(flashcourse_eager, CompositeImplicitAutograd, m) {
     m.impl("attention", attention);
+    m.impl("attention_varlen", attention_varlen);
 }

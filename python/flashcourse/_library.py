@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-ABI = 8  # ATTN_LIB_ABI in common/attn_lib.h
+ABI = 9  # ATTN_LIB_ABI in common/attn_lib.h
 _DTYPES = {0: "float32", 1: "float16"}  # attn_dtype: ATTN_F32, ATTN_F16
 # attention.h's ATTN_TAKES_*: what a stage takes beyond the plain case
 TAKES_BF16, TAKES_GQA, TAKES_STRIDES, TAKES_N_K, TAKES_LOCAL, TAKES_SOFTCAP = 1, 2, 4, 8, 16, 32
+TAKES_VARLEN = 64  # a packed batch (cu_seqlens: flash_attn_varlen_func)
 PASS_FWD, PASS_BWD, PASS_DEC = 0, 1, 2  # attn_lib.h's ATTN_LIB_FORWARD, _BACKWARD, _DECODE
 # The stages the package names (the auto rules: _plans.resolve)
 HOPPER_STAGE = "stage6_hopper"  # the fastest forward where it runs (sm_90a code on a Hopper GPU)
@@ -86,7 +87,8 @@ class Request(ctypes.Structure):
                 [(n, _I) for n in ("paged", "page_size", "num_pages", "max_pages", "N_new")] +
                 [("new_strides", _L * 6)] +
                 [(n, _I) for n in ("local", "window_left", "window_right")] +
-                [("softcap", ctypes.c_float)])
+                [("softcap", ctypes.c_float)] +
+                [(n, _I) for n in ("varlen", "total_q", "total_k")])
 
 
 @dataclass(frozen=True)
@@ -187,10 +189,11 @@ def _declare(lib: ctypes.CDLL):
     P, I, Z = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     sigs = {
         "attn_lib_plan": (I, [ctypes.POINTER(Request), P, Z, ctypes.POINTER(Z)]),
-        # plan, Q, K, V, O, lse, workspace, workspace_bytes, stream
-        "attn_lib_forward": (I, [P] * 7 + [Z, P]),
-        # plan, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, workspace_bytes, stream
-        "attn_lib_backward": (I, [P] * 11 + [Z, P]),
+        # plan, Q, K, V, O, lse, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream
+        "attn_lib_forward": (I, [P] * 9 + [Z, P]),
+        # plan, Q, K, V, O, lse, dO, dQ, dK, dV, cu_seqlens_q, cu_seqlens_k, workspace,
+        # workspace_bytes, stream
+        "attn_lib_backward": (I, [P] * 13 + [Z, P]),
         # plan, Q, K_cache, V_cache, seqlens, block_table, K_new, V_new, O, lse, workspace,
         # workspace_bytes, stream
         "attn_lib_decode": (I, [P] * 11 + [Z, P]),

@@ -16,8 +16,8 @@ from typing import Dict, Optional
 
 from ._library import (BACKWARD_STAGE, FORWARD_STAGE, HOPPER_BACKWARD_STAGE, HOPPER_STAGE,
                        PASS_BWD, PASS_DEC, PASS_FWD, TAKES_BF16, TAKES_GQA, TAKES_LOCAL,
-                       TAKES_N_K, TAKES_SOFTCAP, TAKES_STRIDES, Library, LibraryNotBuiltError,
-                       Request, _torch, stage_library, stages)
+                       TAKES_N_K, TAKES_SOFTCAP, TAKES_STRIDES, TAKES_VARLEN, Library,
+                       LibraryNotBuiltError, Request, _torch, stage_library, stages)
 
 _INT_MAX = 2**31 - 1
 _FLT_MIN = 2.0**-126  # the smallest normal float32
@@ -128,9 +128,10 @@ def check_aligned(who: str, named):
 
 
 def rows(t) -> tuple:
-    """A [B, H, N, D] tensor's batch, head and row strides (elements)."""
+    """A [B, H, N, D] tensor's batch, head and row strides (elements); a packed [total, H, D]
+    one's (0, head, row): the batch stride unused (attention.h's attn_varlen)."""
     st = t.stride()
-    return (st[0], st[1], st[2])
+    return (st[0], st[1], st[2]) if len(st) == 4 else (0, st[1], st[0])
 
 
 _like: Dict[tuple, tuple] = {}
@@ -149,30 +150,36 @@ def _like_rows(t) -> tuple:
     return found
 
 
-def forward_geometry(q, k) -> tuple:
+def _dims(q, k, seqs: Optional[tuple]) -> tuple:
+    """(B, H, N, D, H_kv, N_k) of q [B, H, N, D] and k [B, H_kv, N_k, D]; or of a packed batch
+    (seqs: (B, max_seqlen_q, max_seqlen_k)) of q [total_q, H, D] and k [total_k, H_kv, D]."""
+    if seqs is None:
+        B, H, N, D = (int(x) for x in q.shape)
+        return B, H, N, D, int(k.shape[1]), int(k.shape[2])
+    return seqs[0], int(q.shape[1]), seqs[1], int(q.shape[2]), int(k.shape[1]), seqs[2]
+
+
+def forward_geometry(q, k, seqs: Optional[tuple] = None) -> tuple:
     """What a forward plan's shape is: (B, H, N, D, H_kv, N_k, 24 strides: q, k, v (k's), o, and
-    zeros for the backward's tensors)."""
-    B, H, N, D = (int(x) for x in q.shape)
+    zeros for the backward's tensors); seqs: a packed batch's (B, max_seqlen_q, max_seqlen_k)."""
     kr = rows(k)
-    return (B, H, N, D, int(k.shape[1]), int(k.shape[2]),
-            rows(q) + kr + kr + _like_rows(q) + (0,) * 12)
+    return _dims(q, k, seqs) + (rows(q) + kr + kr + _like_rows(q) + (0,) * 12,)
 
 
-def backward_geometry(q, k, v, o=None, do=None) -> tuple:
+def backward_geometry(q, k, v, o=None, do=None, seqs: Optional[tuple] = None) -> tuple:
     """A backward plan's: q, k, v, o and do as given (o and do None: laid out like an output of
-    q, as attention() allocates o), dq, dk, dv allocated like q, k, v."""
-    B, H, N, D = (int(x) for x in q.shape)
+    q, as attention() allocates o), dq, dk, dv allocated like q, k, v; seqs as
+    forward_geometry's."""
     o_rows = rows(o) if o is not None else _like_rows(q)
     do_rows = rows(do) if do is not None else o_rows
-    return (B, H, N, D, int(k.shape[1]), int(k.shape[2]),
-            rows(q) + rows(k) + rows(v) + o_rows + do_rows + _like_rows(q) + _like_rows(k) +
-            _like_rows(v))
+    return _dims(q, k, seqs) + (rows(q) + rows(k) + rows(v) + o_rows + do_rows + _like_rows(q) +
+                                _like_rows(k) + _like_rows(v),)
 
 
 def grad_input(backward_stage: str, o, do):
     """The upstream gradient do as the backward pass takes it: 16-byte aligned with a contiguous
     last dimension, in its own layout where the stage takes strides (no copy), else in o's."""
-    if do.stride(3) != 1 or do.data_ptr() % ALIGN:
+    if do.stride(-1) != 1 or do.data_ptr() % ALIGN:
         do = do.clone(memory_format=_torch().contiguous_format)
     if stage_library(backward_stage).stage.backward_takes & TAKES_STRIDES or \
             do.stride() == o.stride():
@@ -196,10 +203,11 @@ def variant_index(st, variant, what: str = "variant") -> int:
 
 def request(backward: bool, device: int, geometry: tuple, causal: bool, s32: float, vi: int,
             smem_limit: int, bf16: bool, cache: Optional[tuple] = None,
-            local: tuple = NO_LOCAL) -> Request:
+            local: tuple = NO_LOCAL, varlen: Optional[tuple] = None) -> Request:
     """The attn_lib_request of a pass (geometry: (B, H, N, D, H_kv, N_k, 24 strides or None));
     cache: a decode's (paged, page_size, num_pages, max_pages, N_new, 6 strides of k_new and
-    v_new): decode_geometry's; local: (window_left, window_right, softcap) or NO_LOCAL."""
+    v_new): decode_geometry's; local: (window_left, window_right, softcap) or NO_LOCAL; varlen:
+    a packed batch's (total_q, total_k), its sequences' boundaries the run's (cu_seqlens)."""
     B, H, N, D, H_kv, N_k, strides = geometry
     pass_ = PASS_DEC if cache is not None else PASS_BWD if backward else PASS_FWD
     r = Request(pass_, device, smem_limit, B, H, N, D, int(causal), s32, vi, H_kv, N_k, int(bf16))
@@ -207,6 +215,8 @@ def request(backward: bool, device: int, geometry: tuple, causal: bool, s32: flo
     r.local = int(local[:2] != (-1, -1))
     if strides:
         r.strides[:] = strides
+    if varlen is not None:
+        r.varlen, r.total_q, r.total_k = 1, varlen[0], varlen[1]
     if cache is not None:
         r.paged, r.page_size, r.num_pages, r.max_pages, r.N_new = cache[:5]
         r.new_strides[:] = cache[5]
@@ -222,14 +232,16 @@ class _Plan:
     strides or None)."""
 
     __slots__ = ("library", "buf", "addr", "workspace", "device", "tdevice", "lse_shape",
-                 "run", "stage", "geometry", "request", "by_do")
+                 "run", "stage", "geometry", "request", "by_do", "varlen")
 
     def __init__(self, library: Library, backward: bool, device: int, geometry: tuple,
                  causal: bool, s32: float, vi: int, smem_limit: int, bf16: bool = False,
-                 cache: Optional[tuple] = None, local: tuple = NO_LOCAL):
+                 cache: Optional[tuple] = None, local: tuple = NO_LOCAL,
+                 varlen: Optional[tuple] = None):
         self.library, self.stage, self.geometry = library, library.stage.name, geometry
         self.request = request(backward, device, geometry, causal, s32, vi, smem_limit, bf16,
-                               cache, local)
+                               cache, local, varlen)
+        self.varlen = varlen
         self.by_do = {}  # backward: the plans for other layouts of do (with_do)
         self.buf = ctypes.create_string_buffer(library.plan_bytes)
         self.addr = ctypes.addressof(self.buf)
@@ -239,7 +251,8 @@ class _Plan:
         library.check(rc, "attn_lib_plan")
         self.workspace, self.device = ws.value, device
         self.tdevice = _torch().device("cuda", device)
-        self.lse_shape = tuple(geometry[:3])
+        # lse [B, H, N]; a packed batch's [H, total_q]
+        self.lse_shape = tuple(geometry[:3]) if varlen is None else (geometry[1], varlen[0])
         self.run = (library.decode if cache is not None else library.backward if backward else
                     library.forward)
 
@@ -256,7 +269,7 @@ class _Plan:
             r = self.request
             p = _Plan(self.library, True, r.device, g, bool(r.causal), r.scale, r.variant,
                       r.smem_limit, bool(r.bf16),
-                      local=(r.window_left, r.window_right, r.softcap))
+                      local=(r.window_left, r.window_right, r.softcap), varlen=self.varlen)
             self.by_do[do_rows] = p
         return p
 
@@ -266,12 +279,14 @@ _plans: Dict[tuple, _Plan] = {}
 
 def plan(stage: str, backward: bool, shape, device: Optional[int], dtype, causal: bool,
          scale: float, variant: str, smem_limit: int, who: Optional[str] = None,
-         local: tuple = NO_LOCAL) -> _Plan:
+         local: tuple = NO_LOCAL, varlen: Optional[tuple] = None) -> _Plan:
     """Every check the library makes before a pass, without running it, once per combination:
     the plan, or TypeError / ValueError (named by `who`, the call the user made, where given).
     shape: [B, H, N, D] (contiguous tensors, as many keys and key/value heads as queries) or a
     geometry (forward_geometry, backward_geometry); dtype: the tensors' torch dtype. stage
-    "auto": resolve's for what the call asks. local: (window_left, window_right, softcap)."""
+    "auto": resolve's for what the call asks. local: (window_left, window_right, softcap);
+    varlen: a packed batch's (total_q, total_k) (its geometry's B, N, N_k: the sequences, the
+    longest's lengths)."""
     torch = _torch()
     if device is None:
         device = torch.cuda.current_device()
@@ -281,10 +296,10 @@ def plan(stage: str, backward: bool, shape, device: Optional[int], dtype, causal
         geometry = (B, H, N, D, H, N, None)
     if stage == "auto":
         B, H, N, D, H_kv, N_k, _ = geometry
-        stage = resolve(stage, backward, device, asks_of(dtype, H, H_kv, N, N_k, local),
-                        variant, smem_limit, D)
+        stage = resolve(stage, backward, device, asks_of(dtype, H, H_kv, N, N_k, local) |
+                        (TAKES_VARLEN if varlen else 0), variant, smem_limit, D)
     key = (stage, backward, geometry, device, dtype, causal, scale, variant, smem_limit, local,
-           os.environ.get("FLASHCOURSE_LIB_DIR"))
+           varlen, os.environ.get("FLASHCOURSE_LIB_DIR"))
     p = _plans.get(key)
     if p is not None:
         return p
@@ -301,51 +316,10 @@ def plan(stage: str, backward: bool, shape, device: Optional[int], dtype, causal
         raise TypeError(f"{lead} takes {names} tensors (its storage type); these are {dtype}")
     vi = variant_index(st, variant, "backward variant" if backward and who else "variant")
     p = _Plan(library, backward, device, geometry, causal, _scale32(scale), vi, smem_limit,
-              dtype == torch.bfloat16, local=local)
+              dtype == torch.bfloat16, local=local, varlen=varlen)
     if len(_plans) >= PLANS_MAX:
         _plans.clear()
     _plans[key] = p
-    return p
-
-
-# ---- decode over a KV cache (flash_attn_with_kvcache) ----
-
-def _rows_of(t) -> tuple:
-    """A [B, N, H, D] tensor's batch, head and row strides (elements)."""
-    st = t.stride()
-    return (st[0], st[2], st[1])
-
-
-def decode_geometry(q, k_cache, v_cache, k, v, max_pages: Optional[int]):
-    """A decode plan's (geometry, cache) (request()): q, k_cache, v_cache by their strides, o
-    [B, N_q, H, D] contiguous, N_k the keys a sequence can hold; k and v (None: no new keys) by
-    theirs; the cache's sizes (max_pages: the block table's row length, None: contiguous)."""
-    B, N_q, H, D = (int(x) for x in q.shape)
-    rows = int(k_cache.shape[1])  # keys per page, or per sequence
-    geometry = (B, H, N_q, D, int(k_cache.shape[2]), rows * (max_pages or 1),
-                _rows_of(q) + _rows_of(k_cache) + _rows_of(v_cache) + (N_q * H * D, D, H * D) +
-                (0,) * 12)
-    news = (0,) * 6 if k is None else _rows_of(k) + _rows_of(v)
-    paged = max_pages is not None
-    cache = (int(paged), rows if paged else 0, int(k_cache.shape[0]) if paged else 0,
-             max_pages or 0, 0 if k is None else int(k.shape[1]), news)
-    return geometry, cache
-
-
-def decode_plan(stage: str, device: int, dtype, geometry: tuple, cache: tuple, causal: bool,
-                scale: float, variant: str) -> "_Plan":
-    """The library's checks of a decode call, once per combination: its plan, or ValueError."""
-    key = ("decode", stage, geometry, cache, device, dtype, causal, scale, variant,
-           os.environ.get("FLASHCOURSE_LIB_DIR"))
-    p = _plans.get(key)
-    if p is None:
-        library = stage_library(stage)
-        vi = variant_index(library.stage, variant)
-        p = _Plan(library, False, device, geometry, causal, _scale32(scale), vi, 0,
-                  dtype == _torch().bfloat16, cache)
-        if len(_plans) >= PLANS_MAX:
-            _plans.clear()
-        _plans[key] = p
     return p
 
 
@@ -361,8 +335,10 @@ def asks_of(dtype, H: int, H_kv: int, N: int, N_k: int, local: tuple = NO_LOCAL)
     return asks | (TAKES_N_K if N_k != N else 0)
 
 
-def asks(q, k, local: tuple = NO_LOCAL) -> int:
-    return asks_of(q.dtype, q.shape[1], k.shape[1], q.shape[2], k.shape[2], local)
+def asks(q, k, local: tuple = NO_LOCAL, seqs: Optional[tuple] = None) -> int:
+    """asks_of for q and k: [B, H, N, D], or packed (seqs: forward_geometry's) [total, H, D]."""
+    _, H, N, _, H_kv, N_k = _dims(q, k, seqs)
+    return asks_of(q.dtype, H, H_kv, N, N_k, local) | (TAKES_VARLEN if seqs else 0)
 
 
 _probed: Dict[tuple, object] = {}

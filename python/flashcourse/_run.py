@@ -1,7 +1,9 @@
 """The run paths: one pass of a plan on tensors, and what a cached call runs.
 
 A call that passed its checks is kept as a function of (q, k, v) in `calls` (api.attention looks
-it up first: the per-call cost is that lookup and the launches). Eagerly it runs through the
+it up first: the per-call cost is that lookup and the launches); a packed batch's
+(flash_attn_varlen_func) as a function of (q, k, v, cu_seqlens_q, cu_seqlens_k), the sequences'
+boundaries passed to the library as pointers, never read here. Eagerly it runs through the
 eager operator, flashcourse_eager::attention (_eager.cpp: the forward pass and, through autograd,
 the backward pass as one torch::autograd::Function in C++ over the same plans), where `make lib`
 built it for this torch, else through the Python path (_ops.AttentionFunction over ctypes; the
@@ -15,9 +17,9 @@ import os
 from typing import Dict, Optional
 
 from . import _library
-from ._library import TAKES_STRIDES, Request, _torch, library_dir
-from ._plans import (ALIGN, NO_LOCAL, _Plan, backward_geometry, check_aligned, device_of,
-                     forward_geometry, plan)
+from ._library import TAKES_STRIDES, Request, _torch, library_dir, stage_library
+from ._plans import (ALIGN, NO_LOCAL, PLANS_MAX, _Plan, _plans, _scale32, backward_geometry,
+                     check_aligned, device_of, forward_geometry, plan, variant_index)
 
 
 def _raw_stream_public(device: int) -> int:
@@ -36,53 +38,73 @@ def init_stream_accessor():
         _raw_stream = get if get is not None else _raw_stream_public
 
 
-def forward_with(p: _Plan, q, k, v):
+def _cu(cu) -> tuple:
+    """A packed batch's (cu_seqlens_q, cu_seqlens_k) as the pointers a run takes; (None, None):
+    not packed."""
+    return (None, None) if cu is None else (cu[0].data_ptr(), cu[1].data_ptr())
+
+
+def forward_with(p: _Plan, q, k, v, cu=None):
     """One forward pass of plan p on q, k, v (checked by whoever made p for their shape, dtype
-    and device; aligned): (o, lse), allocated through PyTorch on the current stream."""
+    and device; aligned): (o, lse), allocated through PyTorch on the current stream. cu: a
+    packed plan's (cu_seqlens_q, cu_seqlens_k) tensors."""
     torch = _library.torch_mod
     o = torch.empty_like(q)
     lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.tdevice)
     ws = p.workspace
     work = torch.empty(ws, dtype=torch.uint8, device=p.tdevice) if ws else None
     rc = p.run(p.addr, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-               work.data_ptr() if ws else None, ws, _raw_stream(p.device))
+               *_cu(cu), work.data_ptr() if ws else None, ws, _raw_stream(p.device))
     if rc:
         p.library.check(rc, "attn_lib_forward")
     return o, lse
 
 
-def backward_with(p: _Plan, q, k, v, o, lse, do):
+def backward_with(p: _Plan, q, k, v, o, lse, do, cu=None):
     """One backward pass of plan p: (dq, dk, dv) like q, k, v, on the current stream."""
     torch = _library.torch_mod
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # their layouts
     ws = p.workspace
     work = torch.empty(ws, dtype=torch.uint8, device=p.tdevice) if ws else None
     rc = p.run(p.addr, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-               do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+               do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), *_cu(cu),
                work.data_ptr() if ws else None, ws, _raw_stream(p.device))
     if rc:
         p.library.check(rc, "attn_lib_backward")
     return dq, dk, dv
 
 
+def _packed(q, k, packed) -> tuple:
+    """(seqs, varlen, cu) of a packed batch (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k) for plan() and a run; (None, None, None): not packed."""
+    if packed is None:
+        return None, None, None
+    cu_q, cu_k, max_q, max_k = packed
+    return ((int(cu_q.shape[0]) - 1, int(max_q), int(max_k)),
+            (int(q.shape[0]), int(k.shape[0])), (cu_q, cu_k))
+
+
 def run_forward(q, k, v, causal: bool, scale: float, stage: str, variant: str,
-                smem_limit: int, local: tuple = NO_LOCAL):
-    """The forward pass on the current stream: (o, lse). The custom operator's body."""
+                smem_limit: int, local: tuple = NO_LOCAL, packed: Optional[tuple] = None):
+    """The forward pass on the current stream: (o, lse). The custom operators' body. packed: a
+    packed batch's (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
     check_aligned(stage, (("q", q), ("k", k), ("v", v)))
     init_stream_accessor()
-    p = plan(stage, False, forward_geometry(q, k), device_of(q), q.dtype, causal, scale,
-             variant, smem_limit, local=local)
-    return forward_with(p, q, k, v)
+    seqs, varlen, cu = _packed(q, k, packed)
+    p = plan(stage, False, forward_geometry(q, k, seqs), device_of(q), q.dtype, causal, scale,
+             variant, smem_limit, local=local, varlen=varlen)
+    return forward_with(p, q, k, v, cu)
 
 
 def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, stage: str, variant: str,
-                 smem_limit: int, local: tuple = NO_LOCAL):
-    """The backward pass on the current stream: (dq, dk, dv). The custom operator's body."""
+                 smem_limit: int, local: tuple = NO_LOCAL, packed: Optional[tuple] = None):
+    """The backward pass on the current stream: (dq, dk, dv). The custom operators' body."""
     check_aligned(stage, (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)))
     init_stream_accessor()
-    p = plan(stage, True, backward_geometry(q, k, v, o, do), device_of(q), q.dtype, causal,
-             scale, variant, smem_limit, local=local)
-    return backward_with(p, q, k, v, o, lse, do)
+    seqs, varlen, cu = _packed(q, k, packed)
+    p = plan(stage, True, backward_geometry(q, k, v, o, do, seqs), device_of(q), q.dtype, causal,
+             scale, variant, smem_limit, local=local, varlen=varlen)
+    return backward_with(p, q, k, v, o, lse, do, cu)
 
 
 # ---- the call cache: one dict lookup per call ----
@@ -108,21 +130,29 @@ def ready(q, k, v) -> bool:
 
 def make_call(fp: _Plan, bp: Optional[_Plan]):
     """The function a cached call runs: the forward plan alone, or both through autograd; by
-    the eager operator (C++) where it is loaded, else in Python."""
+    the eager operator (C++) where it is loaded, else in Python. A packed plan's (fp.varlen) is
+    a function of (q, k, v, cu_seqlens_q, cu_seqlens_k)."""
     op = eager_op()
     if op is not None:
         call = _eager_call(fp, bp)
+        if fp.varlen is not None:
+            op = _eager[2]
+            return lambda q, k, v, cu_q, cu_k: op(q, k, v, cu_q, cu_k, call)
         return lambda q, k, v: op(q, k, v, call)
     if bp is None:
+        if fp.varlen is not None:
+            return lambda q, k, v, cu_q, cu_k: forward_with(fp, q, k, v, (cu_q, cu_k))
         return lambda q, k, v: forward_with(fp, q, k, v)
     from . import _ops  # (imports torch.library: only for calls with gradients)
     apply = _ops.AttentionFunction.apply
-    return lambda q, k, v: apply(q, k, v, fp, bp)
+    if fp.varlen is not None:
+        return lambda q, k, v, cu_q, cu_k: apply(q, k, v, fp, bp, cu_q, cu_k)
+    return lambda q, k, v: apply(q, k, v, fp, bp, None, None)
 
 
 # ---- the eager operator: the hot path in C++ (python/flashcourse/_eager.cpp) ----
 
-_EAGER_ABI = 4  # EAGER_ABI in _eager.cpp
+_EAGER_ABI = 5  # EAGER_ABI in _eager.cpp
 _DO_LAYOUTS_MAX = 4  # DO_LAYOUTS_MAX in _eager.cpp
 EAGER_LIB = "libflashcourse_eager.so"
 
@@ -186,13 +216,16 @@ def _eager_call(fp: _Plan, bp: Optional[_Plan]):
     return t
 
 
-_eager = None  # (the operator or None, where it came from or why not): eager_op()
+# (the operator or None, where it came from or why not, its packed batches' operator):
+# eager_op()
+_eager = None
 
 
 def eager_op():
     """The eager operator flashcourse_eager::attention, loaded at the first call, or None: not
     built (`make lib` builds it where its python3 has torch), built for another torch, not
-    loadable, or FLASHCOURSE_EAGER_OP=0 (read once)."""
+    loadable, or FLASHCOURSE_EAGER_OP=0 (read once). Its packed batches' twin,
+    flashcourse_eager::attention_varlen, comes with it (_eager[2])."""
     global _eager
     if _eager is None:
         _eager = _load_eager()
@@ -202,24 +235,25 @@ def eager_op():
 def _load_eager():
     torch = _torch()
     if os.environ.get("FLASHCOURSE_EAGER_OP", "1") == "0":
-        return None, "Python (FLASHCOURSE_EAGER_OP=0)"
+        return None, "Python (FLASHCOURSE_EAGER_OP=0)", None
     path = library_dir() / EAGER_LIB
     if not path.is_file():
         return None, (f"Python ({path} not built: `make lib` builds it where the python3 it "
-                      f"runs, or its PYTHON, has torch)")
+                      f"runs, or its PYTHON, has torch)"), None
     try:
         built = path.with_suffix(".torch").read_text().strip()
     except OSError:
         built = "unknown"
     if built != torch.__version__:
         return None, (f"Python ({path} was built for torch {built}, this is "
-                      f"{torch.__version__}: `make lib` again with this torch's python)")
+                      f"{torch.__version__}: `make lib` again with this torch's python)"), None
     try:
         torch.ops.load_library(str(path))
         op = torch.ops.flashcourse_eager.attention.default
+        op_varlen = torch.ops.flashcourse_eager.attention_varlen.default
     except (OSError, RuntimeError, AttributeError) as e:
-        return None, f"Python ({path} does not load: {str(e).splitlines()[0]})"
-    return op, f"C++ ({path})"
+        return None, f"Python ({path} does not load: {str(e).splitlines()[0]})", None
+    return op, f"C++ ({path})", op_varlen
 
 
 class PythonPath:
@@ -234,7 +268,7 @@ class PythonPath:
     def __enter__(self):
         global _eager, calls
         self.saved = _eager, calls
-        _eager, calls = (None, "Python (a PythonPath block)"), self.calls
+        _eager, calls = (None, "Python (a PythonPath block)", None), self.calls
         return self
 
     def __exit__(self, *exc):
@@ -252,20 +286,61 @@ def eager_path() -> str:
 
 # ---- raw entry points, for the tests ----
 
-def forward_raw(p: _Plan, ptrs, workspace_bytes: int = 0, stream: int = 0):
+def forward_raw(p: _Plan, ptrs, workspace_bytes: int = 0, stream: int = 0, cu=(None, None)):
     """attn_lib_forward of plan p (the tests' raw_plan) on raw device pointers (q, k, v, o, lse,
-    workspace): the tests reach the C entry point's own checks with inputs attention() refuses
-    first."""
-    p.library.check(p.run(p.addr, *ptrs, workspace_bytes, stream), "attn_lib_forward")
+    workspace; cu: cu_seqlens_q, cu_seqlens_k): the tests reach the C entry point's own checks
+    with inputs attention() refuses first."""
+    p.library.check(p.run(p.addr, *ptrs[:5], *cu, ptrs[5], workspace_bytes, stream),
+                    "attn_lib_forward")
 
 
-def backward_raw(p: _Plan, ptrs, workspace_bytes: int = 0, stream: int = 0):
+def backward_raw(p: _Plan, ptrs, workspace_bytes: int = 0, stream: int = 0, cu=(None, None)):
     """attn_lib_backward of plan p on raw device pointers (q, k, v, o, lse, do, dq, dk, dv,
-    workspace)."""
-    p.library.check(p.run(p.addr, *ptrs, workspace_bytes, stream), "attn_lib_backward")
+    workspace; cu as forward_raw's)."""
+    p.library.check(p.run(p.addr, *ptrs[:9], *cu, ptrs[9], workspace_bytes, stream),
+                    "attn_lib_backward")
 
 
-# ---- decode over a KV cache: flash_attn_with_kvcache's run path ----
+# ---- decode over a KV cache: flash_attn_with_kvcache's plans and run path ----
+
+def _rows_of(t) -> tuple:
+    """A [B, N, H, D] tensor's batch, head and row strides (elements)."""
+    st = t.stride()
+    return (st[0], st[2], st[1])
+
+
+def decode_geometry(q, k_cache, v_cache, k, v, max_pages: Optional[int]):
+    """A decode plan's (geometry, cache) (request()): q, k_cache, v_cache by their strides, o
+    [B, N_q, H, D] contiguous, N_k the keys a sequence can hold; k and v (None: no new keys) by
+    theirs; the cache's sizes (max_pages: the block table's row length, None: contiguous)."""
+    B, N_q, H, D = (int(x) for x in q.shape)
+    rows = int(k_cache.shape[1])  # keys per page, or per sequence
+    geometry = (B, H, N_q, D, int(k_cache.shape[2]), rows * (max_pages or 1),
+                _rows_of(q) + _rows_of(k_cache) + _rows_of(v_cache) + (N_q * H * D, D, H * D) +
+                (0,) * 12)
+    news = (0,) * 6 if k is None else _rows_of(k) + _rows_of(v)
+    paged = max_pages is not None
+    cache = (int(paged), rows if paged else 0, int(k_cache.shape[0]) if paged else 0,
+             max_pages or 0, 0 if k is None else int(k.shape[1]), news)
+    return geometry, cache
+
+
+def decode_plan(stage: str, device: int, dtype, geometry: tuple, cache: tuple, causal: bool,
+                scale: float, variant: str) -> "_Plan":
+    """The library's checks of a decode call, once per combination: its plan, or ValueError."""
+    key = ("decode", stage, geometry, cache, device, dtype, causal, scale, variant,
+           os.environ.get("FLASHCOURSE_LIB_DIR"))
+    p = _plans.get(key)
+    if p is None:
+        library = stage_library(stage)
+        vi = variant_index(library.stage, variant)
+        p = _Plan(library, False, device, geometry, causal, _scale32(scale), vi, 0,
+                  dtype == _torch().bfloat16, cache)
+        if len(_plans) >= PLANS_MAX:
+            _plans.clear()
+        _plans[key] = p
+    return p
+
 
 # What a decode call with these arguments runs once they passed every check: a function of the
 # call's tensors (kv_key: everything the checks looked at but alignment, checked on every call).

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _run
 from ._library import DECODE_STAGE, _torch, stage_library
-from ._plans import (_INT_MAX, ALIGN, NO_LOCAL, PLANS_MAX, causal_checked, decode_geometry,
-                     decode_plan, device_of, scale_checked)
+from ._plans import (_INT_MAX, ALIGN, NO_LOCAL, PLANS_MAX, causal_checked, device_of,
+                     scale_checked)
 from .api import _OWN_ERRORS, attention_as, named_by
 
 if TYPE_CHECKING:
@@ -419,9 +419,9 @@ def _kvcache_checked(who, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
         q, k, v = (None if t is None else t.clone(memory_format=torch.contiguous_format)
                    for t in (q, k, v))
     _run.init_stream_accessor()
-    geometry, cache = decode_geometry(q, k_cache, v_cache, k, v,
-                                      int(block_table.shape[1]) if paged else None)
-    p = decode_plan(stage, device_of(q), q.dtype, geometry, cache, causal, scale, variant)
+    geometry, cache = _run.decode_geometry(q, k_cache, v_cache, k, v,
+                                           int(block_table.shape[1]) if paged else None)
+    p = _run.decode_plan(stage, device_of(q), q.dtype, geometry, cache, causal, scale, variant)
     call = _run.make_decode_call(who, p, capacity, copy_new)
     if not unaligned and (softmax_scale is None or type(softmax_scale) in (int, float)):
         try:  # (a 0-d tensor's scale hashes by identity: checked every call)

@@ -5,7 +5,9 @@
 # does (pip_install.sh: `pip install ./python` finds this checkout's libraries; wheel.sh: the wheel
 # `make wheel` writes, installed into a fresh venv, finds its own), the drop-ins against torch's
 # SDPA and flash-attn's keywords (test_dropins.py: GPU), flash_attn_with_kvcache (test_kvcache.py:
-# its CPU checks anywhere, stage9_decode against a float64 reference on a GPU), tests the
+# its CPU checks anywhere, stage9_decode against a float64 reference on a GPU),
+# flash_attn_varlen_func (test_varlen.py: its CPU checks anywhere, packed batches against a
+# float64 reference on a GPU), tests the
 # comparison scripts' command line and shape lists (test_compare.py, no GPU needed) and train_gpt.py's (test_train_gpt.py:
 # --dtype, --kv-heads, the stages it refuses, --sdpa-only on a CPU where PyTorch is), checks the
 # notebook's cells parse, and that the example says in one line that it needs PyTorch where there
@@ -62,6 +64,9 @@ runpy.run_path('python/build_eager.py', run_name='__main__')" 2>&1)
   # flash_attn_with_kvcache and the library's decode entry: its signature, refused keywords, the
   # ctypes mirror and the C checks anywhere (fake stages linked here); stage9_decode on a GPU
   FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_kvcache.py python3 python/tests/test_kvcache.py
+  # flash_attn_varlen_func and the library's packed entry: its signature, refusals, scalar checks,
+  # the prototypes and the C checks anywhere (fake stages linked here); stages 5-8 on a GPU
+  FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_varlen.py python3 python/tests/test_varlen.py
   # the comparison scripts (tools/compare.py, tools/compare_fa2.py) without a GPU
   report_run test_compare.py python3 python/tests/test_compare.py
   # train_gpt.py's options and checks before training without a GPU (its --sdpa-only run where

@@ -217,7 +217,7 @@ def t_auto_backward_choice():
 
     class FakePlan:  # the library's plan: the Hopper stages run on device 0 with >= 100000 B
         def __init__(self, library, backward, device, geometry, causal, s32, vi, smem_limit,
-                     bf16=False, cache=None, local=None):
+                     bf16=False, cache=None, local=None, varlen=None):
             name, D = library.stage.name, geometry[3]
             planned.append((name, backward, device, smem_limit, D))
             if D % 8 or not 32 <= D <= 256:  # the library's usage rule, every stage
@@ -252,6 +252,7 @@ def t_auto_backward_choice():
         assert choose(0, b.TAKES_BF16 | b.TAKES_GQA | b.TAKES_N_K) == HOPPER_BWD
         assert choose(0, b.TAKES_LOCAL) == BWD, "a local window this stage 8 does not take"
         assert choose(0, b.TAKES_SOFTCAP) == BWD, "a softcap this stage 8 does not take"
+        assert choose(0, b.TAKES_VARLEN) == BWD, "a packed batch this stage 8 does not take"
         assert choose(0, 0, "registers") == BWD, "a variant stage 8 lacks"
         assert choose(0, 0, "default", 65536) == BWD, "an smem_limit stage 8 does not fit"
         assert choose(0, 0, "default", 200000) == HOPPER_BWD
@@ -290,6 +291,9 @@ def t_auto_backward_choice():
         assert P.plan("auto", True, g, 0, f16, True, 0.125, "registers", 0).stage == BWD
         assert P.plan("auto", False, g, 0, f16, True, 0.125, "default", 0).stage == \
             b.HOPPER_STAGE
+        # a packed batch (varlen: total_q, total_k) asks for TAKES_VARLEN: this stage 8 lacks it
+        assert P.plan("auto", True, g, 0, f16, True, 0.125, "default", 0,
+                      varlen=(300, 500)).stage == BWD
         # takes_strides on the resolved names
         assert P.takes_strides(P.resolve("auto", False, 0), choose(0))
         assert not P.takes_strides(P.resolve("auto", False, 1), choose(1))
@@ -312,7 +316,8 @@ def t_one_auto_resolver():
     # compares a stage with "auto" to pick one, and the package imports in one direction.
     import ast
     pkg = HERE.parent / "flashcourse"
-    order = ["_version", "_library", "_plans", "_run", "_ops", "api", "dropins", "__init__"]
+    order = ["_version", "_library", "_plans", "_run", "_ops", "api", "dropins", "varlen",
+             "__init__"]
     for path in sorted(pkg.glob("*.py")):
         tree = ast.parse(path.read_text())
         if path.stem != "__main__":

@@ -151,7 +151,8 @@ int main(void) {
     F(attn_lib_request, max_pages); F(attn_lib_request, N_new);
     F(attn_lib_request, new_strides); F(attn_lib_request, local);
     F(attn_lib_request, window_left); F(attn_lib_request, window_right);
-    F(attn_lib_request, softcap);
+    F(attn_lib_request, softcap); F(attn_lib_request, varlen); F(attn_lib_request, total_q);
+    F(attn_lib_request, total_k);
     printf("stage.takes %zu\nstage.decode_workspace_bytes %zu\nstage.decode %zu\n",
            offsetof(attn_stage, takes), offsetof(attn_stage, decode_workspace_bytes),
            offsetof(attn_stage, decode));
@@ -183,9 +184,10 @@ def t_abi_mirror():
         else:
             want = getattr(R, names.get(field, field)).offset
         assert off == want, f"{field}: C offset {off}, ctypes {want}"
-    assert [f[0] for f in R._fields_][-10:] == ["paged", "page_size", "num_pages", "max_pages",
+    assert [f[0] for f in R._fields_][-13:] == ["paged", "page_size", "num_pages", "max_pages",
                                                 "N_new", "new_strides", "local", "window_left",
-                                                "window_right", "softcap"]
+                                                "window_right", "softcap", "varlen", "total_q",
+                                                "total_k"]
 
 
 FAKE_STAGE_C = r"""
