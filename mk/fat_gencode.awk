@@ -3,10 +3,12 @@
 # nvcc compiles a .cu once per virtual architecture (cicc, NVVM: most of a compile, e.g. 40 s of
 # stage 3's 55 per target) and then once per machine-code target (ptxas). Each target takes its
 # PTX from the highest "level" not above it, where the levels are where the code can change:
-#   - 75, 80, 90, 100 and 120: the lowest fat target, the CUDA headers' branches (cuda_fp16.hpp,
-#     cuda_bf16.hpp: NV_PROVIDES_SM_75, _80, _90), and each new generation (sm_100's code made
-#     from compute_90 PTX differs from the code made from compute_100's, cuobjdump -sass: a new
-#     generation keeps its own PTX). So sm_86 and sm_89 take compute_80's PTX, whose machine code
+#   - 75, 80, 90 and 100: the lowest fat target, the CUDA headers' branches (cuda_fp16.hpp,
+#     cuda_bf16.hpp: NV_PROVIDES_SM_75, _80, _90), and the data-centre generations (sm_100's code
+#     made from compute_90 PTX differs from the code made from compute_100's, cuobjdump -sass: a
+#     new generation keeps its own PTX). sm_120 takes compute_100's unless the stage's code tells
+#     120 apart (`__CUDA_ARCH__ >= 1200`: stage 7), one PTX compile a stage less: the fat build's
+#     share of CI's 20 minutes. So sm_86 and sm_89 take compute_80's PTX, whose machine code
 #     is the one compute_86's and compute_89's give (common/tests/same_sass.sh, a fat build with
 #     one PTX per target against this one, CUDA 13.0: every function of stages 0-4 identical on
 #     every target);
@@ -26,7 +28,7 @@
 BEGIN {
     q = "\047"  # a list of targets in brackets is quoted for the shell
     nt = split(targets, t, " ")
-    level[75] = level[80] = level[90] = level[100] = level[120] = 1
+    level[75] = level[80] = level[90] = level[100] = 1
     own = split(levels, given, " ")
     for (i = 1; i <= own; i++) level[given[i] + 0] = 1
     every = 0
