@@ -769,18 +769,27 @@ __device__ __forceinline__ int block_index_y() {
     return b;
 }
 
-// The sequence of (batch, head) y = blockIdx.y (MODEL): a packed batch's sequence b = y / H, its
-// first rows in Q, O and K, V, its lse rows and its N and N_k (attention.h's attn_sequence_of,
-// which clamps them to the tensors and to N, the shape's); unpacked, row 0 where the batch stride
-// places it, the shape's N and N_k.
+// The sequence of (batch, head) y = blockIdx.y (MODEL): a packed batch's (PACKED) sequence
+// b = y / H, its first rows in Q, O and K, V, its lse rows and its N and N_k (attention.h's
+// attn_sequence_of, which clamps them to the tensors and to N, the shape's); unpacked, row 0 where
+// the batch stride places it, the shape's N and N_k. Unpacked is a compile-time case, not a test
+// of cu_seqlens_q: values loaded from cu_seqlens are a thread's own, and every index computed from
+// them would leave the uniform datapath (LOG.md step 18), so an unpacked kernel sees the NULL
+// array at compile time and keeps the shape's N and N_k from the constant bank.
+template <bool PACKED>
 __device__ __forceinline__ attn_sequence sequence_of_block(const model_layout &l, int y, int N) {
-    return attn_sequence_of(&l.varlen, y / l.H, l.H, N, l.N_k);
+    if constexpr (PACKED) {
+        return attn_sequence_of(&l.varlen, y / l.H, l.H, N, l.N_k);
+    } else {
+        const attn_varlen unpacked = {};
+        return attn_sequence_of(&unpacked, y / l.H, l.H, N, l.N_k);
+    }
 }
 
-// v in a register of its own (a mov the compiler keeps). The epilogue takes the shape's N so: its
-// sequence's N is that N unpacked and a packed sequence's length otherwise, and where the compiler
-// merges the two into the register of N, N is no longer read from the constant bank where it is
-// used but held through the key loop (4 bytes spilled at D = 256 on sm_90).
+// v in a register of its own (a mov the compiler keeps). A packed epilogue takes the shape's N
+// so: where the compiler merges the sequence's N with the shape's into the register of N, N is no
+// longer read from the constant bank where it is used but held through the key loop (4 bytes
+// spilled at D = 256 on sm_90).
 __device__ __forceinline__ int copy_afresh(int v) {
     int r;
     asm volatile("mov.b32 %0, %1;\n" : "=r"(r) : "r"(v));
@@ -930,15 +939,16 @@ __device__ __forceinline__ void start_next_k(uint4 (&stage_k)[chunks_per_thread(
 
 // Phase 5, the epilogue: the warp's rows of O and LSE (one pass), or of this key range's partial
 // O and LSE for the merge (split-KV). Q_warp: the warp's Q rows, free now, stage O. q0: the
-// block's first query row. MODEL: q0, blockIdx.y and the sequence read again here (block_index_x,
-// grid_dim_x, block_index_y afresh: none of them held through the key loop); only rows below the
-// sequence's N are written (a packed batch's next rows are another sequence's).
-template <int D, int BR, int RPW, bool SWIZZLE, bool MODEL, bool BF16, int MT, int DB>
+// block's first query row. MODEL: blockIdx.y read again here (block_index_y afresh), and PACKED
+// q0 and the sequence too (block_index_x, grid_dim_x: none of them held through the key loop);
+// only rows below the sequence's N are written (a packed batch's next rows are another
+// sequence's).
+template <int D, int BR, int RPW, bool SWIZZLE, bool MODEL, bool BF16, bool PACKED, int MT, int DB>
 __device__ __forceinline__ void store_block(const fwd_params &p, const model_layout &l, int q0,
                                             int warp, uint32_t Q_warp,
                                             const float (&O_acc)[MT][DB][4],
                                             const float (&m_i)[MT][2], const float (&l_i)[MT][2]) {
-    if constexpr (MODEL)
+    if constexpr (MODEL && PACKED)
         q0 = query_tile_row<BR>(p, block_index_x() / p.splits, grid_dim_x() / p.splits);
     const unsigned y = MODEL ? (unsigned)block_index_y() : blockIdx.y;
     const int first = q0 + warp * RPW;            // this warp's first row
@@ -947,7 +957,8 @@ __device__ __forceinline__ void store_block(const fwd_params &p, const model_lay
     if (p.splits == 1) {
         if constexpr (MODEL) {
             const int ob = (int)y / l.H, oh = (int)y % l.H;  // b, h
-            const attn_sequence q = sequence_of_block(l, (int)y, copy_afresh(p.N));
+            const attn_sequence q =
+                sequence_of_block<PACKED>(l, (int)y, PACKED ? copy_afresh(p.N) : p.N);
             __half *O_rows = p.O + ob * l.o_batch + oh * l.o_head + (size_t)q.q_row * l.o_row +
                              rows_offset(first, l.o_row);
             store_output<D, SWIZZLE, true, BF16>(O_acc, m_i, l_i, Q_warp, O_rows,
@@ -969,11 +980,12 @@ __device__ __forceinline__ void store_block(const fwd_params &p, const model_lay
 // noswizzle turns it off), PIPELINED (single_stage: load, wait, compute), SKIP (noskip: causal
 // processes and masks every key tile), LAZY (rescale only when a row's max grows; chosen by
 // the launcher from the keys per block, see LAZY_MIN_N), MODEL (what models feed: strides, GQA,
-// N_k != N), BF16 (bf16 storage; MODEL kernels only). Its phases, numbered below: the place (which
+// N_k != N), BF16 (bf16 storage; MODEL kernels only), WINDOW_SOFTCAP (local windows and softcap;
+// MODEL), PACKED (a packed batch's sequences; MODEL). Its phases, numbered below: the place (which
 // rows and keys), the prologue (Q and the first key tile), Q's fragments and the softmax's start,
 // the key loop (the pipeline schedule), the epilogue.
 template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY,
-          bool MODEL, bool BF16, bool WINDOW_SOFTCAP = false>
+          bool MODEL, bool BF16, bool WINDOW_SOFTCAP = false, bool PACKED = false>
 __device__ __forceinline__ void attention_block(const fwd_params &p, const model_layout &l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     // sm_75 code runs only the SM75 tiles (SM75_D256 at D = 256; the launcher asks kernel_arch
@@ -1021,11 +1033,11 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
     // 1. The place: which sequence (MODEL: a packed batch's, else the shape's), rows and keys
     // (block_keys), and where they lie.
     attn_sequence q = {};
-    if constexpr (MODEL) q = sequence_of_block(l, (int)blockIdx.y, p.N);
+    if constexpr (MODEL) q = sequence_of_block<PACKED>(l, (int)blockIdx.y, p.N);
     const block_work w = block_keys<BR, BC, SKIP, MODEL, WINDOW_SOFTCAP>(p, l, q);
     // A packed batch's grid has the longest sequence's query tiles: a shorter one's tiles at or
     // past its N hold no row of it (their rows are the next sequence's) and do nothing.
-    if (MODEL && w.q0 >= q.N) return;
+    if (PACKED && w.q0 >= q.N) return;
     // A causal query tile has fewer key ranges than splits: its remaining blocks have none. (MODEL:
     // a query tile that sees no key, causal with N > N_k or a sequence with no key, still writes
     // O = 0 and LSE = -inf unless split: then the merge writes those rows.)
@@ -1117,7 +1129,8 @@ __device__ __forceinline__ void attention_block(const fwd_params &p, const model
     }
 
     // 5. The epilogue.
-    store_block<D, BR, RPW, SWIZZLE, MODEL, BF16>(p, l, w.q0, warp, Q_warp, O_acc, m_i, l_i);
+    store_block<D, BR, RPW, SWIZZLE, MODEL, BF16, PACKED>(p, l, w.q0, warp, Q_warp, O_acc, m_i,
+                                                          l_i);
 }
 
 // The kernels: the plain case, every variant (attention_block's MODEL off: no layout parameter);
@@ -1128,10 +1141,11 @@ __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1) attention_kernel(const fw
     attention_block<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY, false, false>(p,
                                                                                     model_layout{});
 }
-template <int D, int BR, int BC, int WARPS, bool BF16, bool WINDOW_SOFTCAP>
+template <int D, int BR, int BC, int WARPS, bool BF16, bool WINDOW_SOFTCAP, bool PACKED>
 __global__ void __launch_bounds__(WARP_SIZE *WARPS, 1)
     attention_kernel_model(const fwd_params p, const model_layout l) {
-    attention_block<D, BR, BC, WARPS, true, true, true, false, true, BF16, WINDOW_SOFTCAP>(p, l);
+    attention_block<D, BR, BC, WARPS, true, true, true, false, true, BF16, WINDOW_SOFTCAP, PACKED>(
+        p, l);
 }
 
 /* ---- launcher -------------------------------------------------------------------------------- */

@@ -84,33 +84,37 @@ static kernel_entry *entry() {
         attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>, NULL, {0}};
     return &e;
 }
+// A MODEL instantiation, for unpacked shapes or packed batches (PACKED: their own kernels, so that
+// the unpacked ones keep the uniform datapath; sequence_of_block).
 template <int D, int BR, int BC, int WARPS, bool BF16, bool WINDOW_SOFTCAP>
-static kernel_entry *model_entry() {
-    static kernel_entry e = {
-        NULL, attention_kernel_model<D, BR, BC, WARPS, BF16, WINDOW_SOFTCAP>, {0}};
-    return &e;
+static kernel_entry *model_entry(bool packed) {
+    static kernel_entry unpacked = {
+        NULL, attention_kernel_model<D, BR, BC, WARPS, BF16, WINDOW_SOFTCAP, false>, {0}};
+    static kernel_entry each_sequence = {
+        NULL, attention_kernel_model<D, BR, BC, WARPS, BF16, WINDOW_SOFTCAP, true>, {0}};
+    return packed ? &each_sequence : &unpacked;
 }
 
 // What models feed (model: bf16, GQA, strides, N_k != N, a head dim other than 64 and 128) runs in
 // the default tiles' MODEL kernels, eager rescaling, bf16 on sm_80 and newer only
 // (attention_unsupported says so): sm_75's tiles (sm75_tiles) have no bf16 kernel.
 template <int D, int BR, int BC, int WARPS>
-static kernel_entry *model_variant_entry(bool bf16) {
+static kernel_entry *model_variant_entry(bool bf16, bool packed) {
     if (bf16) {
         constexpr tile_config T = sm75_tiles(D);
         if constexpr (BR == T.BR && BC == T.BC && WARPS == T.WARPS) {
             return NULL;
         } else {
-            return model_entry<D, BR, BC, WARPS, true, false>();
+            return model_entry<D, BR, BC, WARPS, true, false>(packed);
         }
     }
-    return model_entry<D, BR, BC, WARPS, false, false>();
+    return model_entry<D, BR, BC, WARPS, false, false>(packed);
 }
 
 // The variants are instantiations of the same kernel with one lesson switched off (D = 64, 128).
 template <int D, int BR, int BC, int WARPS>
-static kernel_entry *variant_entry(int variant, bool lazy, bool model, bool bf16) {
-    if (model) return model_variant_entry<D, BR, BC, WARPS>(bf16);
+static kernel_entry *variant_entry(int variant, bool lazy, bool model, bool bf16, bool packed) {
+    if (model) return model_variant_entry<D, BR, BC, WARPS>(bf16, packed);
     switch (variant) {
         case VARIANT_NOSWIZZLE:
             return entry<D, BR, BC, WARPS, false, true, true, false>();
@@ -124,36 +128,38 @@ static kernel_entry *variant_entry(int variant, bool lazy, bool model, bool bf16
     }
 }
 
-#define VARIANT_ENTRY(D_, C) variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy, model, bf16)
-#define MODEL_ENTRY(D_, C) model_variant_entry<D_, C.BR, C.BC, C.WARPS>(bf16)
+#define VARIANT_ENTRY(D_, C) \
+    variant_entry<D_, C.BR, C.BC, C.WARPS>(variant, lazy, model, bf16, packed)
+#define MODEL_ENTRY(D_, C) model_variant_entry<D_, C.BR, C.BC, C.WARPS>(bf16, packed)
 
 // Local windows and softcap: MODEL kernels of their own, window_tiles (sm_80+) or sm75_tiles
 // (fp16), eager rescaling.
 template <int D>
-static kernel_entry *window_softcap_entry(tile_config c, bool bf16) {
+static kernel_entry *window_softcap_entry(tile_config c, bool bf16, bool packed) {
     constexpr tile_config W = window_tiles(D);
     if (same_tiles(c, W))
-        return bf16 ? model_entry<D, W.BR, W.BC, W.WARPS, true, true>()
-                    : model_entry<D, W.BR, W.BC, W.WARPS, false, true>();
+        return bf16 ? model_entry<D, W.BR, W.BC, W.WARPS, true, true>(packed)
+                    : model_entry<D, W.BR, W.BC, W.WARPS, false, true>(packed);
     constexpr tile_config T = sm75_tiles(D);
-    if (same_tiles(c, T) && !bf16) return model_entry<D, T.BR, T.BC, T.WARPS, false, true>();
+    if (same_tiles(c, T) && !bf16) return model_entry<D, T.BR, T.BC, T.WARPS, false, true>(packed);
     return NULL;
 }
 
-// D: the compiled head dim (compiled_d); 96 and 256 only through the MODEL kernels (model).
+// D: the compiled head dim (compiled_d); 96 and 256 only through the MODEL kernels (model), as
+// packed batches (packed: a MODEL shape).
 static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy, bool model, bool bf16,
-                                bool window_softcap) {
+                                bool window_softcap, bool packed) {
     const bool new_d = D == 96 || D == 256;  // MODEL kernels only
     if (window_softcap || (new_d && same_tiles(c, window_tiles(D)))) {
         switch (D) {
             case 64:
-                return window_softcap_entry<64>(c, bf16);
+                return window_softcap_entry<64>(c, bf16, packed);
             case 96:
-                return window_softcap_entry<96>(c, bf16);
+                return window_softcap_entry<96>(c, bf16, packed);
             case 128:
-                return window_softcap_entry<128>(c, bf16);
+                return window_softcap_entry<128>(c, bf16, packed);
             default:
-                return window_softcap_entry<256>(c, bf16);
+                return window_softcap_entry<256>(c, bf16, packed);
         }
     }
     if (new_d && !model) return NULL;
@@ -255,7 +261,9 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     const tile_config c = choose_tiles(plan->d, arch, dev->smem_per_block, window_softcap);
     const size_t smem = smem_bytes(c, plan->d);
     const int threads = c.WARPS * WARP_SIZE;
-    kernel_entry *k = kernel_for(plan->d, c, variant, false, plan->model, s->bf16, window_softcap);
+    const bool packed = s->varlen.cu_seqlens_q != NULL;
+    kernel_entry *k =
+        kernel_for(plan->d, c, variant, false, plan->model, s->bf16, window_softcap, packed);
     if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
     ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
     int per_sm = k->blocks_per_sm[plan->device];
@@ -268,7 +276,6 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     // A packed batch is not split: split-KV's workspace and merge index [B * H, N] rows, B times
     // the longest sequence's N, where a packed batch's tensors hold total_q rows (a thousand short
     // documents beside one long one would need a thousand long ones' workspace).
-    const bool packed = s->varlen.cu_seqlens_q != NULL;
     if (allow_split && !packed && variant != VARIANT_NOSPLIT && dev->sm_count > 0) {
         plan->splits =
             choose_splits(s, c.BR, c.BC, key_rule_of(s, plan->skip), dev->sm_count * per_sm,
@@ -279,7 +286,8 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     const bool lazy = variant == VARIANT_LAZY_RESCALE ||
                       ((variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT) &&
                        (keys < s->N_k ? keys : s->N_k) >= LAZY_MIN_N);
-    plan->kernel = kernel_for(plan->d, c, variant, lazy, plan->model, s->bf16, window_softcap);
+    plan->kernel =
+        kernel_for(plan->d, c, variant, lazy, plan->model, s->bf16, window_softcap, packed);
     ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
     pthread_mutex_lock(&cache_lock);
     last = *plan;

@@ -144,10 +144,13 @@ static const char *attention_unsupported(const attn_shape *s, const attn_device 
     if (compiled_d(s->D) != 64 && compiled_d(s->D) != 128 &&
         (variant == VARIANT_NOPINGPONG || variant == VARIANT_NOOVERLAP))
         return "variants nopingpong and nooverlap run head dims up to 64 and from 104 to 128";
+    // So do packed batches: their kernels (kernel_for's PACKED) are the default schedule's.
+    if (packed && (variant == VARIANT_NOPINGPONG || variant == VARIANT_NOOVERLAP))
+        return "packed batches run in the default schedule (variants default, nopersistent, "
+               "nosplit, nopdl)";
     if (dev->cc != 90) return "needs a Hopper GPU (sm_90): TMA, wgmma and setmaxnreg";
-    if (!hopper_code_here(
-            (const void *)
-                attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG, false, false, false>))
+    if (!hopper_code_here((const void *)attention_kernel<64, 2, KEY_TILE_SHORT, SCHEDULE_PINGPONG,
+                                                         false, false, false, false>))
         return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
     // The kernel's shared memory layout is fixed when it is compiled (q_buffers(), o_staged()):
     // a smaller limit (--smem-limit) makes the shape unsupported, it picks no other layout.

@@ -35,8 +35,11 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // local windows and softcap, runtime values of the problem, and bf16, which only MODEL kernels
 // take); without it the kernel is the plain case's, [B, H, N, D] fp16 with H_kv = H and N_k = N,
 // whose maps fold batch and head into one dimension, and whose code is the plain case's alone
-// (LOG.md, step 23).
-template <int D, int C, int BC, int SCHEDULE, bool SPLIT, bool BF16, bool MODEL>
+// (LOG.md, step 23). PACKED (MODEL, unsplit): a packed batch's, whose work tiles read their
+// sequences from cu_seqlens; the other kernels know at compile time that theirs is no packed
+// batch, and keep the shape's lengths, which every work tile shares, out of per-thread registers
+// (LOG.md, step 28).
+template <int D, int C, int BC, int SCHEDULE, bool SPLIT, bool BF16, bool MODEL, bool PACKED>
 __global__ void __launch_bounds__(block_threads<C>(), 1)
     attention_kernel(const __grid_constant__ CUtensorMap tmQ,
                      const __grid_constant__ CUtensorMap tmK,
@@ -59,13 +62,13 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
 
     problem pb = prob;
     static_assert(MODEL || !BF16, "bf16 storage runs in the MODEL kernels");
+    static_assert(!PACKED || (MODEL && !SPLIT), "a packed batch runs unsplit in MODEL kernels");
     if (!SPLIT) {  // one range: all of a query tile's keys
         pb.splits = 1, pb.split_tiles = INT_MAX;
         if (MODEL) pb.works_per_head = pb.q_tiles;
         pb.per_query_tile.mul = 1, pb.per_query_tile.shift = 0;  // n / 1
-    } else {
-        pb.packed = 0;  // (a packed batch runs unsplit)
     }
+    pb.packed = PACKED;  // (is_packed: a constant from here on)
     pb.tmO = &tmO;
     if (threadIdx.x < PRODUCER_WARPGROUPS * WARPGROUP) {
         registers_decrease<producer_regs<C>()>();

@@ -92,18 +92,25 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
                           const CUtensorMap, const problem, int, int *);
 
 // The configuration's kernel for split-KV or not: the plain case's, or for what models feed
-// (model), with fp16 or bf16 storage. A model_only configuration has the MODEL kernels alone.
+// (model), with fp16 or bf16 storage, or a packed batch's (packed: MODEL, unsplit, the default
+// schedule alone: attention_unsupported). A model_only configuration has the MODEL kernels alone.
 template <int D, int C, int BC, int SCHEDULE, bool MODEL_ONLY>
-static kernel_fn kernel_for(bool split, bool model, bool bf16) {
+static kernel_fn kernel_for(bool split, bool model, bool bf16, bool packed) {
+    if (packed) {
+        if constexpr (SCHEDULE == SCHEDULE_PINGPONG)
+            return bf16 ? attention_kernel<D, C, BC, SCHEDULE, false, true, true, true>
+                        : attention_kernel<D, C, BC, SCHEDULE, false, false, true, true>;
+        return NULL;
+    }
     if (bf16)
-        return split ? attention_kernel<D, C, BC, SCHEDULE, true, true, true>
-                     : attention_kernel<D, C, BC, SCHEDULE, false, true, true>;
+        return split ? attention_kernel<D, C, BC, SCHEDULE, true, true, true, false>
+                     : attention_kernel<D, C, BC, SCHEDULE, false, true, true, false>;
     if (MODEL_ONLY || model)
-        return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, true>
-                     : attention_kernel<D, C, BC, SCHEDULE, false, false, true>;
+        return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, true, false>
+                     : attention_kernel<D, C, BC, SCHEDULE, false, false, true, false>;
     if constexpr (!MODEL_ONLY)
-        return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, false>
-                     : attention_kernel<D, C, BC, SCHEDULE, false, false, false>;
+        return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, false, false>
+                     : attention_kernel<D, C, BC, SCHEDULE, false, false, false, false>;
     return NULL;
 }
 
@@ -149,8 +156,8 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
         ATTN_TRY(tensor_map_plain(&tmO, a->O, s, WARP_ROWS));
     }
     const int smem = smem_bytes<D, C, BC>();
-    const kernel_fn kernel =
-        kernel_for<D, C, BC, SCHEDULE, MODEL_ONLY>(a->split.splits > 1, model, s->bf16);
+    const kernel_fn kernel = kernel_for<D, C, BC, SCHEDULE, MODEL_ONLY>(
+        a->split.splits > 1, model, s->bf16, s->varlen.cu_seqlens_q != NULL);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem));  // once per kernel and device
     const int works = s->B * s->H * ceil_div(s->N, BR) * a->split.splits;
     const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works

@@ -260,23 +260,31 @@ __device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2]
 }
 
 // A work tile whose last P V was issued while the next work tile's rows went on (end_rows): what
-// its epilogue needs once that P V is done (retire_pv). The MODEL kernels write its LSE as its
-// rows end and keep 1 / l: fewer registers across the main loop and in the epilogue, which the
-// D = 256 consumers have none to spare of.
+// its epilogue needs once that P V is done (retire_pv). A packed batch's kernels write its LSE as
+// its rows end and keep 1 / l (lse_at_rows_end): fewer registers across the main loop and in the
+// epilogue, where they also hold the work tile's sequence, and the D = 256 consumers have none to
+// spare.
 typedef struct {
     bool due;      // the P V in flight is this work tile's last: its epilogue comes next
     work_tile wt;  // the work tile
-    float m[2];    // its rows' max (plain kernels)
-    float l[2];    // its rows' sum (MODEL: 1 / the sum, its LSE written: finish_rows)
+    float m[2];    // its rows' max (not lse_at_rows_end)
+    float l[2];    // its rows' sum (lse_at_rows_end: 1 / the sum, its LSE written: finish_rows)
 } finished_tile;
 
-// The epilogue of the finished work tile (its O, and for the plain kernels its LSE).
+// Whether a work tile's LSE is written as its rows end (end_rows), rather than with its O: a packed
+// batch's kernels (is_packed, a constant in every kernel).
+template <bool MODEL>
+__device__ __forceinline__ bool lse_at_rows_end(const problem &pb) {
+    return MODEL && is_packed(pb);
+}
+
+// The epilogue of the finished work tile: its O, and its LSE unless written as its rows ended.
 template <int D, int C, int BC, bool BF16, bool MODEL>
 __device__ __forceinline__ void finished_epilogue(const float (&O_acc)[D / 2],
                                                   const finished_tile &done,
                                                   const consumer_place &p, const smem_tiles &sm,
                                                   const problem &pb) {
-    if constexpr (MODEL)
+    if (lse_at_rows_end<MODEL>(pb))
         store_o<D, C, BC, BF16, MODEL>(O_acc, done.l, p, sm, done.wt, pb);
     else
         epilogue<D, C, BC, BF16, MODEL>(O_acc, done.m, done.l, p, sm, done.wt, pb);
@@ -303,15 +311,16 @@ __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[B
 }
 
 // Work tile wt's rows end with the P V of its last key tile, about to be issued: keep their m
-// and l for its epilogue (retire_pv, once that P V is done; MODEL: write their LSE now, which
-// needs no O, and keep 1 / l), and start the next work tile's rows (O_acc restarts in issue_pv).
+// and l for its epilogue (retire_pv, once that P V is done; lse_at_rows_end: write their LSE now,
+// which needs no O, and keep 1 / l), and start the next work tile's rows (O_acc restarts in
+// issue_pv).
 template <bool MODEL>
 __device__ __forceinline__ void end_rows(finished_tile &done, float (&m_i)[2], float (&l_i)[2],
                                          const work_tile &wt, const consumer_place &p,
                                          const problem &pb) {
     done.due = true;
     done.wt = wt;
-    if constexpr (MODEL)
+    if (lse_at_rows_end<MODEL>(pb))
         finish_rows<MODEL>(m_i, l_i, p, wt, pb, done.l);
     else
         done.m[0] = m_i[0], done.m[1] = m_i[1], done.l[0] = l_i[0], done.l[1] = l_i[1];
