@@ -15,13 +15,18 @@
    as a number of a generated section (between <!-- results:...:begin/end --> markers of any
    README, which plots/tests/run.sh checks against plots/h200/results.csv), or as a time or
    TFLOP/s of a committed CSV (plots/*/results.csv, stage*/measured/*.csv) at the precision typed
-   (three significant digits or more). Not checked: the generated sections themselves, code
+   (three significant digits or more), or in the committed record its sentence cites: a step or
+   a section of the stage's LOG.md ("LOG.md, step 9", "LOG.md, steps 5 and 6", "LOG.md, \"What
+   did not work\"", a link to LOG.md#what-did-not-work; another stage's as ../stageN_x/LOG.md),
+   whose text must hold the figure as typed, or a CSV named in a `code span` or a link, one of
+   whose cells must round to it. Not checked: the generated sections themselves, code
    blocks and `code spans`, <details> answers whose summary names their run ("measured on ...",
    "by hand", a .csv), and sentences that say the figure is not a measurement (a prediction, a
    peak, an expectation, a bound). LOG.md files are not lessons: they keep their history.
    The top README.md is not a lesson either (it has no code map), but its prose quotes the same
    runs: rule 3, and only rule 3, applies to it.
-4. Length. A lesson holds at most 2,300 words outside its generated sections (between
+4. Length. A lesson holds at most 2,300 words (3,000 for stages 5-8, whose lessons explain a
+   schedule and must stand without their LOG.md) outside its generated sections (between
    <!-- results:...:begin/end --> markers) and its HTML comments; a word is a run of non-blank
    characters with a letter or a digit in it (a table's "|" or a list's "-" is none). The
    step-by-step history belongs in the stage's LOG.md.
@@ -230,8 +235,24 @@ def csv_values(root):
     return ms, tf
 
 
-def prose_units(text):
-    """The lesson's prose, as (line, sentence) pairs, without what is not checked."""
+def prose_units(text, csvs=None):
+    """The lesson's prose, as (line, sentence, citing) triples, without what is not checked: citing
+    is the text whose citations hold for the sentence (a table's row: the row and the sentence that
+    introduces the table, the last of the paragraph right above it). A CSV file named
+    in a `code span` or a link target leaves a token CSVREF<letters> in its sentence, the letters
+    its place in `csvs` (filled if given), so that rule 3 can read the figures the sentence cites
+    from it; a link to a LOG.md keeps its target (with its #anchor) in the sentence."""
+    csvs = [] if csvs is None else csvs
+
+    def csv_ref(path):
+        csvs.append(path)
+        i, letters = len(csvs) - 1, ""
+        while True:
+            letters = chr(ord("a") + i % 26) + letters
+            i = i // 26 - 1
+            if i < 0:
+                return f" CSVREF{letters} "
+
     text = re.sub(r"<!-- results:([\w-]+):begin -->.*?<!-- results:\1:end -->",
                   lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
     text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
@@ -243,9 +264,19 @@ def prose_units(text):
 
     text = re.sub(r"<details>.*?</details>", details, text, flags=re.S)
     text = re.sub(r"<!--.*?-->", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
-    text = re.sub(r"`[^`\n]*`", " ", text)
-    text = re.sub(r"\]\([^)\s]*\)", "]", text)
-    units, para, start = [], [], 0
+    text = re.sub(r"`([^`\n]*)`", lambda m: csv_ref(m.group(1)) if CSV_NAME.fullmatch(m.group(1))
+                  else " ", text)
+
+    def link(m):
+        target = m.group(1)
+        if CSV_NAME.fullmatch(target):
+            return "]" + csv_ref(target)
+        if LOG_NAME.fullmatch(target):
+            return "] " + target + " "
+        return "]"
+
+    text = re.sub(r"\]\(([^)\s]*)\)", link, text)
+    units, para, start, intro = [], [], 0, ""
     for n, line in enumerate(text.split("\n") + [""], 1):
         if line.strip() and not line.lstrip().startswith("|"):
             if not para:
@@ -254,18 +285,110 @@ def prose_units(text):
             continue
         if para:
             joined = " ".join(para)
-            units += [(start, s) for s in re.split(r"(?<=[.;!?])\s+(?=[A-Z(*\[])", joined)]
+            sentences = re.split(r"(?<=[.;!?])\s+(?=[A-Z(*\[])", joined)
+            units += [(start, s, s) for s in sentences]
+            intro = sentences[-1]  # what a table right after this paragraph cites
             para = []
         if line.lstrip().startswith("|"):
-            units.append((n, line))
+            units.append((n, line, line + " " + intro))
+        elif line.strip():
+            intro = ""
     return units
 
 
+# A figure may also come from the committed record the sentence cites: the sentence names a step
+# or a section of a LOG.md ("LOG.md, step 9", "LOG.md, steps 5 and 6", "LOG.md, \"What did not
+# work\"", a link to LOG.md#what-did-not-work) or a committed CSV (`measured/x.csv`), and the figure
+# is written there: in the step's or section's text as typed (commas and a trailing x aside), or as
+# a number of the CSV's cells at the precision typed.
+CSV_NAME = re.compile(r"(?:\.\./)*(?:[\w.-]+/)*[\w.-]+\.csv")
+LOG_NAME = re.compile(r"(?:\.\./[\w.-]+/)?LOG\.md(?:#[\w-]+)?")
+CITE_STEPS = re.compile(r"((?:\.\./[\w.-]+/)?LOG\.md)\]?\s*,?\s*steps?\s+"
+                        r"(\d+(?:\s*(?:,|-|–|and|to)\s*\d+)*)")
+CITE_SECTION = re.compile(r"((?:\.\./[\w.-]+/)?LOG\.md)(?:#([\w-]+)|\]?\s*,?\s*\"([^\"]+)\")")
+
+
+def slug(heading):
+    """A heading's anchor as GitHub makes it."""
+    return re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", heading.strip().lower()))
+
+
+def log_parts(path):
+    """A LOG.md's steps and sections: {("step", N): text, ("section", slug): text}. A step is a
+    heading "## Step N..." (to the next heading of its level or above) or a numbered item
+    "N. **..." (to the next line that starts at the margin); a section is any heading."""
+    parts, lines = {}, path.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        head = re.match(r"^(#{1,6})\s+(.*)", line)
+        item = re.match(r"^\s{0,3}(\d+)\.\s+\*\*", line)
+        if head:
+            level, end = len(head.group(1)), len(lines)
+            for j in range(i + 1, len(lines)):
+                h = re.match(r"^(#{1,6})\s", lines[j])
+                if h and len(h.group(1)) <= level:
+                    end = j
+                    break
+            body = "\n".join(lines[i:end])
+            parts[("section", slug(head.group(2)))] = body
+            step = re.match(r"Step (\d+)\b", head.group(2))
+            if step:
+                parts.setdefault(("step", int(step.group(1))), body)
+        elif item:
+            end = len(lines)
+            for j in range(i + 1, len(lines)):
+                if lines[j].strip() and not lines[j][0].isspace():
+                    end = j
+                    break
+            parts.setdefault(("step", int(item.group(1))), "\n".join(lines[i:end]))
+    return parts
+
+
+def cited_numbers(readme, sentence, csvs):
+    """What the sentence cites: (the numbers, normalised, of the LOG steps and sections it names;
+    the numeric cells of the CSVs it names)."""
+    words, cells = set(), []
+
+    def log_at(rel):
+        path = readme.parent / rel
+        return log_parts(path) if path.is_file() else {}
+
+    for m in CITE_STEPS.finditer(sentence):
+        parts = log_at(m.group(1))
+        nums = [int(x) for x in re.findall(r"\d+", m.group(2))]
+        steps = set(nums)
+        for a, b in re.findall(r"(\d+)\s*(?:-|–|to)\s*(\d+)", m.group(2)):
+            steps.update(range(int(a), int(b) + 1))
+        for n in steps:
+            words.update(norm(t) for t in re.findall(NUM, parts.get(("step", n), "")))
+    for m in CITE_SECTION.finditer(sentence):
+        parts = log_at(m.group(1))
+        key = m.group(2) or slug(m.group(3) or "")
+        words.update(norm(t) for t in re.findall(NUM, parts.get(("section", key), "")))
+    for letters in re.findall(r"CSVREF([a-z]+)", sentence):
+        i = 0
+        for ch in letters:
+            i = i * 26 + ord(ch) - ord("a") + 1
+        rel = csvs[i - 1] if 0 < i <= len(csvs) else ""
+        path = next((p for p in (readme.parent / rel, HERE.parents[1] / rel) if rel and p.is_file()),
+                    None)
+        if path is None:
+            continue
+        with open(path, newline="") as f:
+            for row in csv.reader(f):
+                for cell in row:
+                    try:
+                        cells.append(float(cell.replace(",", "")))
+                    except ValueError:
+                        pass
+    return words, cells
+
+
 def figure_problems(readme, gen, ms, tf):
-    problems = []
-    for n, sentence in prose_units(readme.read_text()):
+    problems, csvs = [], []
+    for n, sentence, citing in prose_units(readme.read_text(), csvs):
         if NOT_MEASURED.search(sentence) and not re.search(r"measured", sentence, re.I):
             continue
+        cited = None  # (numbers of the LOG text it cites, cells of the CSVs), worked out once
         for m in GROUP.finditer(sentence):
             group, unit = m.group(1), (m.group(2) or "").strip()
             if VERSIONED.search(sentence[:m.start()]):
@@ -284,19 +407,37 @@ def figure_problems(readme, gen, ms, tf):
                 want = float(t) * (scale or 1.0)
                 places = max(len(frac) + {"us": 3, "µs": 3, "s": -3}.get(unit, 0), 0)
                 digits = len(t.replace(".", "").lstrip("0"))
-                if digits >= 3 and any(abs(round(x, places) - want) <= 1e-9 * max(1.0, want)
-                                       for x in pool):
+
+                def near(values, value=want, at=places):
+                    return any(abs(round(x, at) - value) <= 1e-9 * max(1.0, value) for x in values)
+
+                if digits >= 3 and near(pool):
                     continue
+                if cited is None:
+                    cited = cited_numbers(readme, citing, csvs)
+                if t in cited[0]:
+                    continue  # written so in the LOG step or section the sentence cites
+                if digits >= 3 and near(cited[1], float(t), len(frac)):
+                    continue  # a number of a CSV the sentence cites
                 shown = tok + unit if unit in ("x", "×") else f"{tok} {unit}".strip()
                 problems.append(f"{readme}:{n}: \"{shown}\" typed in prose matches nothing in "
-                                f"the committed results: quote the generated tables, or move it "
-                                f"into an exercise's answer that names its run")
+                                f"the committed results: quote the generated tables, cite the LOG "
+                                f"step or the CSV it is written in, or move it into an exercise's "
+                                f"answer that names its run")
     return problems
 
 
 # ---- 4: length --------------------------------------------------------------------------------
 
 MAX_WORDS = 2300
+MAX_WORDS_LONG = 3000  # the lessons of stages 5-8: a schedule to explain, and a LOG to stand without
+LONG_LESSONS = range(5, 9)
+
+
+def word_limit(readme):
+    """The most words a lesson may hold: MAX_WORDS_LONG for stages 5-8, MAX_WORDS elsewhere."""
+    m = re.match(r"stage(\d+)_", Path(readme).resolve().parent.name)
+    return MAX_WORDS_LONG if m and int(m.group(1)) in LONG_LESSONS else MAX_WORDS
 
 
 def word_count(text):
@@ -306,7 +447,8 @@ def word_count(text):
     return sum(1 for w in text.split() if re.search(r"[A-Za-z0-9]", w))
 
 
-def length_problems(readme, limit=MAX_WORDS):
+def length_problems(readme, limit=None):
+    limit = limit or word_limit(readme)
     n = word_count(readme.read_text())
     if n <= limit:
         return []
@@ -329,7 +471,7 @@ def check(readmes, root):
         if full != top:  # a lesson; the top README is held to rule 3 only
             results.append((f"{r}: code map", code_map_problems(r, root)))
             results.append((f"{r}: line references", line_ref_problems(r, root)))
-            results.append((f"{r}: at most {MAX_WORDS:,} words", length_problems(r)))
+            results.append((f"{r}: at most {word_limit(full):,} words", length_problems(r)))
         results.append((f"{r}: no untraced figure in prose", figure_problems(r, gen, ms, tf)))
     return results
 
@@ -396,6 +538,48 @@ def self_test(root):
                f"{MAX_WORDS + 1:,} words outside")
         expect("a lesson at the word limit passes (generated sections, comments, rules uncounted)",
                length_problems(at), none=True)
+        # stages 5-8 may hold MAX_WORDS_LONG words: over MAX_WORDS passes there, one over fails
+        (Path(tmp) / "stage5_x").mkdir()
+        (Path(tmp) / "stage4_x").mkdir()
+        long_at, long_over = Path(tmp) / "stage5_x" / "README.md", Path(tmp) / "stage5_x" / "o.md"
+        short_over = Path(tmp) / "stage4_x" / "README.md"
+        long_at.write_text(body + "\n" + filler(MAX_WORDS_LONG - base) + "\n")
+        long_over.write_text(body + "\n" + filler(MAX_WORDS_LONG + 1 - base) + "\n")
+        short_over.write_text(body + "\n" + filler(MAX_WORDS + 1 - base) + "\n")
+        expect("a lesson of stages 5-8 at its longer limit passes", length_problems(long_at),
+               none=True)
+        expect("a lesson of stages 5-8 over its longer limit fails", length_problems(long_over),
+               f"{MAX_WORDS_LONG + 1:,} words outside")
+        expect("a lesson of another stage keeps the shorter limit", length_problems(short_over),
+               f"{MAX_WORDS + 1:,} words outside")
+        # rule 3's citations: a figure written in the LOG step, the LOG section or the CSV that
+        # its sentence cites passes; cited from the wrong step, or not in the CSV, it fails
+        stage = Path(tmp) / "stage6_x"
+        (stage / "measured").mkdir(parents=True)
+        (stage / "LOG.md").write_text(
+            "# Log\n\n## The steps\n\n1. **One.** Measured: 412.57 TFLOP/s, 0.9613 of the time.\n"
+            "2. **Two.** Measured: 1.0078 of cuDNN,\n   and 3.1416 ms.\n\n## What did not work\n\n"
+            "- A try: 0.8765 of the time.\n\n## Step 7: a heading step\n\n2.7183 ms.\n")
+        (stage / "measured" / "run.csv").write_text("shape,ms\nfa2,1.23456\n")
+        cites = stage / "README.md"
+        cites.write_text(
+            "# Cites\n\n"
+            "A 0.9613 (LOG.md, step 1). And 3.1416 ms ([LOG.md](LOG.md), steps 1 and 2).\n\n"
+            "A try gave 0.8765 (LOG.md, \"What did not work\"); Again 0.8765\n"
+            "([LOG.md](LOG.md#what-did-not-work)). Then 2.7183 ms (LOG.md, step 7).\n\n"
+            "The run took 1.235 ms (`measured/run.csv`).\n\n"
+            "Wrong: 1.0078 (LOG.md, step 1). Wrong: 1.2399 ms (`measured/run.csv`). Wrong: 0.9613.\n\n"
+            "As measured (LOG.md, step 1):\n\n| run | TFLOP/s |\n|---|---|\n| one | 412.57 |\n\n"
+            "## A table that cites nothing\n\n| run | TFLOP/s |\n|---|---|\n| one | 412.57 |\n")
+        cited = figure_problems(cites, (set(), set()), [], [])
+        for needle in ["1.0078", "1.2399 ms"]:
+            expect(f"a figure its citation does not hold ({needle}) is caught", cited, f'"{needle}"')
+        expect("a figure with no citation is caught", cited, '"0.9613"')
+        expect("a table's figure its introducing sentence does not cite is caught",
+               [p for p in cited if ":22:" in p], '"412.57"')
+        expect("figures their cited LOG step, section or CSV holds pass (a table's: its "
+               "introducing sentence's)", [p for p in cited if not re.search(r":(10|22):", p)],
+               none=True)
     gen = generated_numbers(root)
     ms, tf = csv_values(root)
     # The fixture's stale readings, taken out of what the results hold: a later sweep may measure

@@ -6,6 +6,11 @@
 #     exercises of stages 0-3 and 6 (stage 0 ex. 4, stage 1 ex. 5, stage 2 ex. 4, stage 3 ex. 4, stage 6
 #     ex. 3 and 4: the runs each asks for and the self-test): rows of
 #     stageN_*/measured/<gpu>_answers.csv, as below;
+#   - every exercise of stages 4 and 5 (stage 4: ncu's tensor-pipe share and instruction count beside
+#     stage 5's, the L4's shared memory, the T4 path, the unrescaled sum; stage 5: the swizzle off
+#     and ncu's bank conflicts, single_stage and noskip, lazy and eager rescaling, split-KV, the
+#     one-sided swizzle, the T4 path), stage 6 exercise 1 at three shapes (D = 128, D = 64 with three
+#     consumers, causal), and stage 8 exercise 3's self-test;
 #   - the answers of stages 6 and 7 measured on older kernels (stage 6 exercises 1, 2 and 6; stage 7
 #     exercises 2 to 7): the exact commands each exercise asks the learner to run, written as rows
 #     of stage6_hopper/measured/<gpu>_answers.csv and stage7_backward/measured/<gpu>_answers.csv
@@ -19,6 +24,8 @@
 # usage: common/tests/measure_answers.sh          (on a GPU)
 #        ONLY="s0e4 s8e2" common/tests/measure_answers.sh   (those answers only: the builds and runs
 #        they need; their rows replace the same answers' rows of the CSVs, other rows are kept)
+#        e.g. ONLY="s4e1 s4e2 s4e3 s4e4", then ONLY="s5e1 s5e2 s5e3 s5e4 s5e5 s5e6": stages 4 and 5
+#        (ncu for s4e1 and s5e1: found as `make profile` finds it; without it those rows say so)
 set -u
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -80,6 +87,8 @@ ready() {
 measure() {
   local answer=$1 label=$2 secs=$3; shift 3
   local out err rc ms st line n
+  # a run of an answer ONLY leaves out (its build serves another): neither run nor written
+  [ "$answer" != - ] && ! want "$answer" && return 0
   seq=$((seq + 1)); n=$(printf %03d $seq)
   out=$(timeout "$secs" "$@" 2>"$tmp/err.$n"); rc=$?
   err=$(tail -n 1 "$tmp/err.$n")
@@ -95,7 +104,7 @@ measure() {
     local cmd ms_ tf_ status_
     read -r ms_ tf_ status_ <<<"$ms"
     # the program as the learner names it: build/<stage>
-    cmd=${CMD:-$(printf '%s' "$*" | sed -E -e "s|$tmp/s7t4/build/|build/t4/|" -e "s|$tmp/[a-z0-9]+/build/|build/|")}
+    cmd=${CMD:-$(printf '%s' "$*" | sed -E -e "s|$tmp/s[0-9]+t4/build/|build/t4/|" -e "s|$tmp/[a-z0-9]+/build/|build/|")}
     printf '%s\n' "$answer" "$label" "$cmd" "$rc" "${ms_:--}" "${tf_:--}" "${status_:--}" "${st:--}" "${NOTE:--}" "$gpu" "$commit" |
       sed -e 's/"/""/g' -e 's/.*/"&"/' | paste -sd, >"$tmp/row.$n"
   fi
@@ -103,6 +112,60 @@ measure() {
 
 # in the background, for the self-tests (CPU-bound: side by side)
 measure_bg() { seq=$((seq + 1)); local s=$seq; (seq=$((s - 1)); measure "$@" >/dev/null) & seq=$s; }
+
+# the program as the learner names it: build/<stage> (build/t4/<stage> for a compute_75 build)
+learner_path() { case $1 in */s[0-9]*t4/build/*) echo "build/t4/${1##*/build/}" ;; *) echo "build/${1##*/build/}" ;; esac; }
+
+# checked ANSWER LABEL PROGRAM ARGS...: one checked forward run, the checker's verdict (its error
+# against its bound, and any NaN/Inf) as the row's note
+checked() {
+  local answer=$1 label=$2 prog=$3 rc verdict; shift 3
+  timeout 300 "$prog" "$@" >"$tmp/checked.out" 2>&1; rc=$?
+  verdict=$(grep -oE 'max_abs_err [^ ]+ \(bound [^)]+\)|[0-9]+ NaN/Inf' "$tmp/checked.out" | tail -n 2 | paste -sd ' ' -)
+  CMD="$(learner_path "$prog") $*" NOTE="${verdict:-no checker line: $(tail -n 1 "$tmp/checked.out")}" \
+    measure "$answer" "$label" 10 bash -c "exit $rc"
+}
+
+# ncu, for the exercises that read the profiler's counters (where `make profile` finds it)
+ncu=$(command -v ncu 2>/dev/null || ls -d /usr/local/cuda/bin/ncu /usr/local/cuda/nsight-compute*/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
+TENSOR=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+INSTRUCTIONS=sm__inst_executed.sum
+CONFLICTS=l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+DURATION=gpu__time_duration.sum
+# profile ANSWER LABEL METRICS PROGRAM ARGS...: the stage's attention kernel under ncu (its second
+# launch: `--bench` runs it many times; --clock-control none: the clocks a run has), the metrics as
+# the row's note
+profile() {
+  local answer=$1 label=$2 metrics=$3 prog=$4 rc note opts; shift 4
+  opts="--clock-control none --kernel-name regex:attention_kernel --launch-skip 1 --launch-count 1 --metrics $metrics"
+  if [ -z "$ncu" ]; then
+    CMD="ncu $opts $(learner_path "$prog") $*" NOTE="ncu not found here: not measured" \
+      measure "$answer" "$label" 10 bash -c "exit 127"
+    return
+  fi
+  # shellcheck disable=SC2086  # opts: one word an option
+  timeout 600 "$ncu" $opts --csv "$prog" "$@" >"$tmp/ncu.out" 2>"$tmp/ncu.err"; rc=$?
+  note=$(python3 - "$tmp/ncu.out" <<'EOF'
+import csv, sys
+names = {"sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor pipe active",
+         "sm__inst_executed.sum": "warp instructions executed",
+         "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": "shared-load bank conflicts",
+         "gpu__time_duration.sum": "duration"}
+with open(sys.argv[1], newline="") as f:
+    rows = list(csv.reader(line for line in f if not line.startswith("==")))
+head = next((r for r in rows if "Metric Name" in r and "Metric Value" in r), None)
+out = []
+if head:
+    i, u, v = head.index("Metric Name"), head.index("Metric Unit"), head.index("Metric Value")
+    for r in rows:
+        if len(r) == len(head) and r is not head and r[i] in names:
+            out.append(f"{names[r[i]]} {r[v]} {r[u]}".strip())
+print("; ".join(out))
+EOF
+)
+  [ "$rc" -ne 0 ] || [ -z "$note" ] && note="${note:+$note; }ncu exit $rc: $(tail -n 1 "$tmp/ncu.err" 2>/dev/null)"
+  CMD="ncu $opts $(learner_path "$prog") $*" NOTE="$note" measure "$answer" "$label" 10 bash -c "exit $rc"
+}
 
 # ---- the builds, side by side
 want s1e4 && prepare s1 stage1_scalar_flash attention.cu ""
@@ -115,6 +178,14 @@ want s3e3 && prepare s3 stage3_cp_async attention.cu ""
 want s7e2 s7e3 s7e4 s7e7 && prepare s7 stage7_backward attention.cu ""
 # stage 7 exercise 4: PTX for the T4 (compute_75), run here by the driver's JIT
 want s7e4 && prepare s7t4 stage7_backward attention.cu "" compute_75
+# stages 4 and 5: the builds as they are (native, and compute_75 PTX for the T4 paths); stage 4
+# exercise 4: the running sum not rescaled; stage 5 exercise 5: K read unswizzled in k_lane_offset()
+want s4e1 s4e2 s4e3 && prepare s4 stage4_wmma attention.cu ""
+want s4e3 && prepare s4t4 stage4_wmma attention.cu "" compute_75
+want s4e4 && prepare s4sum stage4_wmma attention.cu 's|l_i = l_i \* alpha + l_new;|l_i = l_i + l_new;|'
+want s4e1 s5e1 s5e2 s5e3 s5e4 s5e5 s5e6 && prepare s5 stage5_tuned attention.cu ""
+want s5e6 && prepare s5t4 stage5_tuned attention.cu "" compute_75
+want s5e5 && prepare s5ksw stage5_tuned attention.cu '/k_lane_offset() {/,/^}/ s|const uint32_t sw = SWIZZLE ? lane % MATRIX_ROWS : 0;|const uint32_t sw = 0;|'
 # stage 7 exercise 5: the barrier after store_score_gradients() in backward_registers_kernel() deleted
 want s7e5 && prepare s7nobar stage7_backward registers_kernel.cuh '/__syncthreads();  \/\/ dS_smem written by every warp, visible to all/d'
 # stage 7 exercise 6: no mask in probabilities_t()
@@ -167,13 +238,79 @@ if ready s3 stage3_cp_async; then
   done
 fi
 
+# stage 4: exercise 1 (ncu beside stage 5), 2 (an L4's shared memory), 3 (the T4 path), 4 (the
+# running sum not rescaled)
+if ready s4 stage4_wmma; then
+  want s4e1 && profile s4e1 "stage 4, fa2 shape" "$TENSOR,$INSTRUCTIONS,$DURATION" "$p" $FA2 --bench --check 0
+  if want s4e2; then
+    for shape in "--batch 4 --heads 16 --seq 4096 --dim 128" "--batch 4 --heads 32 --seq 4096 --dim 64"; do
+      label="B = 4, H = $(awk '{print $4}' <<<"$shape"), N = 4,096, D = $(awk '{print $8}' <<<"$shape")"
+      measure s4e2 "default, $label" 300 "$p" $shape --bench --csv --check 0
+      measure s4e2 "--smem-limit 101376, $label" 300 "$p" $shape --bench --csv --check 0 --smem-limit 101376
+    done
+  fi
+  want s4e3 && measure s4e3 "default, fa2 shape" 300 "$p" $FA2 --bench --csv
+fi
+want s4e1 && ready s5 stage5_tuned &&
+  profile s4e1 "stage 5, fa2 shape" "$TENSOR,$INSTRUCTIONS,$DURATION" "$p" $FA2 --bench --check 0
+ready s4t4 stage4_wmma &&
+  measure s4e3 "compute_75 PTX --smem-limit 65536, fa2 shape" 300 "$p" $FA2 --bench --csv --smem-limit 65536
+if ready s4sum stage4_wmma; then
+  s4sum=$p
+  for a in "--seq 4096 --dim 128" "--seq 4096 --dim 128 --dist peaky" "--seq 64 --dim 128"; do
+    checked s4e4 "l_i not rescaled, $a" "$p" $a
+  done
+fi
+
+# stage 5: exercises 1 (the swizzle off, and ncu's bank conflicts), 2 (single_stage, noskip), 3
+# (lazy and eager rescaling), 4 (split-KV), 5 (noswizzle against a one-sided swizzle), 6 (the T4
+# path)
+S5CAUSAL="--batch 1 --heads 16 --seq 16384 --dim 128 --causal"
+if ready s5 stage5_tuned; then
+  if want s5e1; then
+    for v in default noswizzle; do measure s5e1 "$v, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0 --variant $v; done
+    for v in default noswizzle; do
+      profile s5e1 "ncu: $v, fa2 shape" "$CONFLICTS,$TENSOR,$DURATION" "$p" $FA2 --bench --check 0 --variant $v
+    done
+  fi
+  if want s5e2; then
+    for v in default single_stage; do measure s5e2 "$v, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0 --variant $v; done
+    for v in default noskip; do
+      measure s5e2 "$v, B = 1, H = 16, N = 16,384, D = 128, causal" 300 "$p" $S5CAUSAL --bench --csv --check 0 --variant $v
+    done
+  fi
+  if want s5e3; then
+    for v in default eager_rescale; do
+      measure s5e3 "$v, B = H = 1, N = 262,144, D = 128" 600 "$p" --seq 262144 --dim 128 --bench --csv --check 0 --variant $v
+    done
+    for v in default lazy_rescale; do measure s5e3 "$v, fa2 shape" 300 "$p" $FA2 --bench --csv --check 0 --variant $v; done
+  fi
+  if want s5e4; then
+    for v in default nosplit; do
+      measure s5e4 "$v, B = H = 1, N = 4,096, D = 128" 120 "$p" --seq 4096 --dim 128 --bench --csv --check 0 --variant $v
+    done
+  fi
+  want s5e5 && checked s5e5 "noswizzle, fa2 shape" "$p" $FA2 --variant noswizzle
+  want s5e6 && measure s5e6 "default, fa2 shape" 300 "$p" $FA2 --bench --csv
+fi
+if ready s5ksw stage5_tuned; then
+  s5ksw=$p
+  checked s5e5 "k_lane_offset() without the swizzle, fa2 shape" "$p" $FA2
+fi
+ready s5t4 stage5_tuned &&
+  measure s5e6 "compute_75 PTX --smem-limit 65536, fa2 shape" 300 "$p" $FA2 --bench --csv --smem-limit 65536
+
 # stage 6 (Hopper only): exercise 5, --smem-limit picks no other layout; exercises 1, 2 and 6
 if [ -n "$hopper" ] && ready s6 stage6_hopper; then
   measure s6e5 "default, B = H = 1, N = 1,024, D = 128" 120 "$p" --seq 1024 --dim 128 --bench --csv --check 0
   measure s6e5 "--smem-limit 200000, B = H = 1, N = 1,024, D = 128" 120 "$p" --seq 1024 --dim 128 --bench --csv --check 0 --smem-limit 200000
   measure s6e5 "--smem-limit 100000, B = H = 1, N = 1,024, D = 128" 120 "$p" --seq 1024 --dim 128 --bench --csv --check 0 --smem-limit 100000
-  for v in nooverlap nopingpong default; do
-    measure s6e1 "$v, B = 1, H = 16, N = 16,384, D = 128" 120 "$p" --batch 1 --heads 16 --seq 16384 --dim 128 --bench --csv --check 0 --variant $v
+  # exercise 1 at D = 128 (176-key tiles), D = 64 (three consumers) and causal (128-key tiles)
+  for shape in "--heads 16 --dim 128" "--heads 32 --dim 64" "--heads 16 --dim 128 --causal"; do
+    label="B = 1, H = $(awk '{print $2}' <<<"$shape"), N = 16,384, D = $(awk '{print $4}' <<<"$shape")$(grep -q causal <<<"$shape" && echo ', causal')"
+    for v in nooverlap nopingpong default; do
+      measure s6e1 "$v, $label" 120 "$p" --batch 1 $shape --seq 16384 --bench --csv --check 0 --variant $v
+    done
   done
   for d in 128 64; do
     for v in default nopersistent; do
@@ -251,6 +388,7 @@ if [ -n "$hopper" ]; then
   ready s8ta stage8_hopper_backward &&
     check8 s8e1 "issue_dq() with A not transposed, N = 256, D = 128" "$p" --seq 256 --dim 128
   if ready s8nomask stage8_hopper_backward; then
+    s8nomask=$p
     check8 s8e3 "probabilities() without the mask, N = 1,000, D = 64, peaky" "$p" --seq 1000 --dim 64 --dist peaky
     check8 s8e3 "probabilities() without the mask, N = 1,000, D = 64, peaky, causal" "$p" --seq 1000 --dim 64 --dist peaky --causal
   fi
@@ -305,6 +443,7 @@ ready s7nomask stage7_backward && s7nomask=$p
 [ -n "${s7t4:-}" ] && measure_bg s7e4 "compute_75 PTX, --self-test --smem-limit 65536" 600 "$s7t4" --self-test --smem-limit 65536
 [ -n "${s7nobar:-}" ] && measure_bg s7e5 "backward_registers_kernel() without the barrier after store_score_gradients(), --self-test --variant registers" 600 "$s7nobar" --self-test --variant registers
 [ -n "${s7nomask:-}" ] && measure_bg s7e6 "probabilities_t() without the mask, --self-test --variant registers" 600 "$s7nomask" --self-test --variant registers
+[ -n "${s4sum:-}" ] && measure_bg s4e4 "l_i not rescaled, --self-test" 600 "$s4sum" --self-test
 wait
 # the break-it exercises' self-tests and stage 8's (after the ones above: at most seven side by side)
 [ -n "${s8nobar:-}" ] && measure_bg s8e2 "consumer_step() without wait_ds(), --self-test" 600 "$s8nobar" --self-test
@@ -316,9 +455,13 @@ wait
 [ -n "${s6nowaits:-}" ] && measure_bg s6e3 "no wgmma_wait<1>() for S, --self-test --variant default" 600 "$s6nowaits" --self-test --variant default
 [ -n "${s6nowaitk:-}" ] && measure_bg s6e4 "no wait for K in issue_turn(), --self-test --variant default" 600 "$s6nowaitk" --self-test --variant default
 wait
+# stage 5's one-sided swizzle and stage 8's maskless probabilities, each on its default variant
+[ -n "${s5ksw:-}" ] && measure_bg s5e5 "k_lane_offset() without the swizzle, --self-test --variant default" 600 "$s5ksw" --self-test --variant default
+[ -n "${s8nomask:-}" ] && measure_bg s8e3 "probabilities() without the mask, --self-test --variant default" 600 "$s8nomask" --self-test --variant default
+wait
 
 # ---- the answers' CSVs, the summary
-for s in 0:stage0_naive 1:stage1_scalar_flash 2:stage2_smem_tiling 3:stage3_cp_async 6:stage6_hopper 7:stage7_backward 8:stage8_hopper_backward; do
+for s in 0:stage0_naive 1:stage1_scalar_flash 2:stage2_smem_tiling 3:stage3_cp_async 4:stage4_wmma 5:stage5_tuned 6:stage6_hopper 7:stage7_backward 8:stage8_hopper_backward; do
   rows=$(cat "$tmp"/row.* 2>/dev/null | grep "^\"s${s%%:*}e" || true)
   [ -n "$rows" ] || continue
   out=${s#*:}/measured/${slug}_answers.csv
