@@ -3,8 +3,8 @@
 # the checker on its fixtures (a wrong function name, a line reference past the end or outside the
 # function its code map entry names, and the stale
 # figures of the lessons before issue 19 must each be reported; a correct lesson must pass), then
-# every stage*/README.md: code map, line references, at most 2,300 words outside its generated
-# sections, no untraced figure from a run in its prose
+# every stage*/README.md: code map, line references, at most 2,300 words (3,000 for stages 5-8)
+# outside its generated sections, no untraced figure from a run in its prose
 # (and the top README.md: its prose only); stage 9's generated section against its CSV;
 # and every diagram script under plots/diagrams/ draws its picture.
 # Ends with "N passed, M failed, K skipped" (common/tests/report.sh; a check that cannot run here: a
