@@ -950,19 +950,21 @@ __device__ __forceinline__ void store_block(const fwd_params &p, const model_lay
                                             const float (&m_i)[MT][2], const float (&l_i)[MT][2]) {
     if constexpr (MODEL && PACKED)
         q0 = query_tile_row<BR>(p, block_index_x() / p.splits, grid_dim_x() / p.splits);
-    const unsigned y = MODEL ? (unsigned)block_index_y() : blockIdx.y;
+    const unsigned y = MODEL && PACKED ? (unsigned)block_index_y() : blockIdx.y;
     const int first = q0 + warp * RPW;            // this warp's first row
     const size_t row0 = (size_t)y * p.N + first;  // in [B * H, N]
     const int rows_left = p.N - first;            // rows of it inside N
     if (p.splits == 1) {
         if constexpr (MODEL) {
-            const int ob = (int)y / l.H, oh = (int)y % l.H;  // b, h
+            const int ob = block_index_y() / l.H, oh = block_index_y() % l.H;  // b, h afresh
             const attn_sequence q =
                 sequence_of_block<PACKED>(l, (int)y, PACKED ? copy_afresh(p.N) : p.N);
             __half *O_rows = p.O + ob * l.o_batch + oh * l.o_head + (size_t)q.q_row * l.o_row +
                              rows_offset(first, l.o_row);
-            store_output<D, SWIZZLE, true, BF16>(O_acc, m_i, l_i, Q_warp, O_rows,
-                                                 p.lse + q.lse_row + oh * q.lse_head + first,
+            // (unpacked, the LSE rows [B * H, N] of row0: q.lse_row + oh * q.lse_head is y * N)
+            float *const lse_rows =
+                PACKED ? p.lse + q.lse_row + oh * q.lse_head + first : p.lse + row0;
+            store_output<D, SWIZZLE, true, BF16>(O_acc, m_i, l_i, Q_warp, O_rows, lse_rows,
                                                  q.N - first, l.o_row, l.cols);
         } else {
             store_output<D, SWIZZLE>(O_acc, m_i, l_i, Q_warp, p.O + row0 * D, p.lse + row0,
