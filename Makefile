@@ -147,35 +147,53 @@ sanitize:
 # what a stage's diff is taken against: the stage before it, or its stage.mk's <stage>_DIFF_BASE
 # (stage 7, the backward pass: stage 5, whose forward it reuses)
 PREV_DIR  = $(or $($(STAGE_DIR)_DIFF_BASE),$(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*)))
-# A stage's code as one text in reading order: attention.cu, then the .cuh files of its folder in
-# the order attention.cu includes them (those it does not name last), each after a line naming it;
-# the labs' marker lines (// LAB HOLE, TODO, STUB: comments) left out, so the diff is the lesson's.
-stage_code = for f in $(1)/attention.cu $$(sed -n 's/^\#include "\([^/"]*\.cuh\)".*/\1/p' $(1)/attention.cu | sed 's|^|$(1)/|') \
-               $$(ls $(1)/*.cuh 2>/dev/null | grep -v -x -F "$$(sed -n 's/^\#include "\([^/"]*\.cuh\)".*/$(1)\/\1/p' $(1)/attention.cu)"); do \
-               [ -f "$$f" ] && { echo "// ==== $$f"; grep -v -E '^[[:space:]]*// LAB (HOLE [0-9]+ (BEGIN|END)|TODO:|STUB:)' "$$f"; }; done
-# git diff --no-index exits 1 when the files differ, which they always do: that is no error.
+# make diff STAGE=n: what stage n adds over PREV_DIR, its code read without the labs' marker lines
+# (// LAB HOLE, TODO, STUB: comments), by common/labs.py: the whole diff; or, where the stage is a
+# rewrite of its base rather than an edit (less than a third of its lines are the base's: stage 1
+# and stages 5-9), one line saying so and pointing to the lesson's code map, its files by role,
+# and the diffs of those that correspond to an edited file of the base. ALL=1: the whole diff.
 diff:
-	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
-	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && mkdir -p "$$tmp/a" "$$tmp/b" && \
-	{ $(call stage_code,$(PREV_DIR)); } > "$$tmp/a/$(PREV_DIR)" && { $(call stage_code,$(STAGE_DIR)); } > "$$tmp/b/$(STAGE_DIR)" && \
-	cd "$$tmp" && { git --no-pager diff --no-index --stat a/$(PREV_DIR) b/$(STAGE_DIR); [ $$? -le 1 ]; } && \
-	{ git --no-pager diff --no-index a/$(PREV_DIR) b/$(STAGE_DIR); [ $$? -le 1 ]; }
+	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n [ALL=1] (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
+	@python3 common/labs.py diff $(STAGE_DIR) $(PREV_DIR) $(if $(filter-out 0,$(ALL)),--all)
+
+# make read STAGE=n: the stage's code without the labs' marker lines, its files in the order its
+# lesson's code map names them, each line numbered as in its file (the lessons link to those
+# lines); in $PAGER (less) on a terminal. STAGE=capstone: the capstone's.
+.PHONY: read
+read:
+	@test -n "$(STAGE)" || { echo "usage: make read STAGE=n (n = $(firstword $(STAGE_NUMBERS))..$(lastword $(STAGE_NUMBERS)), or capstone)"; exit 2; }
+	@python3 common/labs.py read '$(STAGE)'
 
 # ---- labs (common/labs.py says how the holes are marked in a stage's source) ----
 # make lab STAGE=n writes labs/<stage>/ (ignored by git) and never overwrites a learner's edits
 # (RESTART=1 starts over, keeping theirs as a .bak). make grade STAGE=n builds the learner's copy
-# with this Makefile, as the stage's own program is built, and prints a report card; ARCH= and
-# SMEM_LIMIT= as for make check (ARCH=compute_75 SMEM_LIMIT=65536: the T4 path), GPU_NAME=
-# pretends there is no GPU (then it only compiles, says that nothing was graded, and the grader
-# exits 3, the programs' "unsupported here": make reports "Error 3" and fails); QUICK=1 runs the
-# quick cases only (no self-test, no timing); LABS=dir keeps the labs somewhere else than labs/.
-LAB_ARGS = $(STAGE) $(if $(filter command line,$(origin ARCH)),--arch '$(ARCH)') \
+# with this Makefile, as the stage's own program is built, and prints a report card, which ends
+# with the registers, spills and stack frame (ptxas) of the kernels that hold the holes' code,
+# the learner's beside the stage's own; ARCH= and SMEM_LIMIT= as for make check (ARCH=compute_75
+# SMEM_LIMIT=65536: the T4 path), GPU_NAME= pretends there is no GPU (then it compiles, prints the
+# table, says that nothing was graded, and the grader exits 3, the programs' "unsupported here":
+# make reports "Error 3" and fails); QUICK=1 runs the quick cases only (no self-test, no timing);
+# YOURS_ONLY=1 leaves the stage's own kernels out of the table (with no GPU: not built);
+# LABS=dir keeps the labs somewhere else than labs/.
+LAB_ARGS = '$(STAGE)' $(if $(filter command line,$(origin ARCH)),--arch '$(ARCH)') \
            $(if $(SMEM_LIMIT),--smem-limit '$(SMEM_LIMIT)') \
            $(if $(filter command line environment,$(origin GPU_NAME)),--gpu-name '$(GPU_NAME)') \
-           $(if $(filter-out 0,$(QUICK)),--quick)
+           $(if $(filter-out 0,$(QUICK)),--quick) $(if $(filter-out 0,$(YOURS_ONLY)),--yours-only)
 lab grade:
-	@test -n "$(STAGE)" || { echo "usage: make $@ STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
-	@python3 common/labs.py $(if $(LABS),--labs '$(LABS)') $@ $(if $(filter lab,$@),$(STAGE) $(if $(filter-out 0,$(RESTART)),--restart),$(LAB_ARGS))
+	@test -n "$(STAGE)" || { echo "usage: make $@ STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))), or capstone)"; exit 2; }
+	@python3 common/labs.py $(if $(LABS),--labs '$(LABS)') $@ $(if $(filter lab,$@),'$(STAGE)' $(if $(filter-out 0,$(RESTART)),--restart),$(LAB_ARGS))
+
+# The capstone lab (capstone/attention.cu): the whole FlashAttention-2 forward pass from its
+# specification. make capstone writes it (make lab STAGE=capstone), make grade STAGE=capstone
+# grades it. Not a stage (no sweep, no fat build): its program is linked as a stage's, the host
+# program's objects and the learner's file; its solution is stage 5's kernel behind the
+# capstone's contract (hence the dependency), which its speed is measured against.
+.PHONY: capstone
+capstone:
+	@$(MAKE) --no-print-directory lab STAGE=capstone
+$(BUILD)/capstone: $(BUILD)/obj/capstone.o $(COMMON_OBJ)
+	$(NVCC) -o $@ $^ $(LDLIBS)
+$(BUILD)/obj/capstone.o: $(wildcard stage5_tuned/*.cu stage5_tuned/*.cuh) $(DEVICE_HEADERS)
 
 # ncu sections per lesson (each stage's stage.mk: <stage>_PROFILE_SECTIONS, _PROFILE_KERNELS);
 # PROFILE_ARGS sets the shape.
@@ -204,9 +222,11 @@ help:
 	@echo "make plots         redraw the PNGs from the CSV"
 	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the reference CSV (another GPU: plots/<gpu>/TABLES.md)"
 	@echo "make test-plots    CPU tests of the sweep, plots and tables only"
-	@echo "make diff STAGE=n  what stage n adds over stage n-1"
-	@echo "make lab STAGE=n   write labs/<stage>/: the stage's kernel with the lesson cut into holes (stages 1-7)"
-	@echo "make grade STAGE=n build your lab, self-test it, time it: a report card (no GPU: it only compiles, grades nothing and fails with the grader's exit 3; QUICK=1: no self-test)"
+	@echo "make diff STAGE=n  what stage n adds over stage n-1 (a rewrite, as stages 1 and 5-9: its files by role; ALL=1: the whole diff)"
+	@echo "make read STAGE=n  the stage's code without the lab's markers, in the order of its lesson's code map"
+	@echo "make lab STAGE=n   write labs/<stage>/: the stage's kernel with the lesson cut into holes (a stage with none says so)"
+	@echo "make grade STAGE=n build your lab, self-test it, time it: a report card and your kernels' registers and spills beside the stage's (no GPU: it compiles, prints that table, grades nothing and fails with the grader's exit 3; QUICK=1: no self-test)"
+	@echo "make capstone      write labs/capstone/: the whole FlashAttention-2 forward from its specification (make grade STAGE=capstone: graded, timed against stage 5)"
 	@echo "make profile STAGE=n [VARIANT=name]  ncu with the sections for that lesson"
 	@echo "make lib           every stage also as build/lib/lib<stage>.so, for python/flashcourse (see README: From Python)"
 	@echo "stages: $(STAGES)"

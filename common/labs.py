@@ -4,8 +4,8 @@
 The holes are marked in the stage's source files (any *.cu, *.cuh, *.h of its folder) by comment
 lines, so a lab is generated from the code it teaches and cannot drift from it:
 
-    // LAB HOLE 2 BEGIN: the online-softmax update        (a part of hole 2, with its title)
-    // LAB TODO: what the learner must compute, the layouts, a hint (any number of lines)
+    // LAB HOLE 2 BEGIN [design]: the online-softmax update  (a part of hole 2: its tags, its title)
+    // LAB TODO: what the learner must compute, the layouts, the invariants (any number of lines)
     // LAB STUB: code the lab keeps in place of the hole  (optional; e.g. S[j] = 0.f so that
     //                                                     the unfilled lab still compiles)
     ...the solution's code...
@@ -13,12 +13,32 @@ lines, so a lab is generated from the code it teaches and cannot drift from it:
 
 A hole is numbered 1, 2, ... in the lesson's order (not necessarily the file's), and may have
 several parts (the same number BEGIN ... END more than once, in one file or several): a part
-keeps its title, and the hole is graded as one. A tag after BEGIN names the code path a hole is
-on when not every build compiles it: `// LAB HOLE 3 BEGIN [t4]: ...` is code of the sm_75 (T4)
-path, graded from PTX for compute_75 run with --smem-limit 65536 on a newer GPU; `[sm80]` is
-code of sm_80 and newer (cp.async), graded natively from sm_80 on, and on a T4 only compiled
-(PTX for compute_80) and reported as not gradable there. Markers are comments: the stage's
-machine code is the same with them or without them.
+keeps its title, and the hole is graded as one. A part's marker lines (BEGIN, TODO, STUB, END) are
+indented as the code they sit in, all alike, and the lab keeps that indentation.
+
+Tags, each in brackets after BEGIN (none, one or several; the parts of a hole carry the same code
+path and the same [design]):
+  [design]   a design hole: the learner writes a whole phase from the lesson's specification. Its
+             TODO says what the code must compute, the layouts and the invariants it keeps, never
+             the calls; the calls are in the stage's LAB.md, in folded hints, progressive (the
+             idea, then the shape, then the code), each tied to its hole by its number:
+                 <details><summary>Hint 2.1: the idea</summary> ... </details>
+             (Hint N.k: hole N's k-th hint, k = 1, 2, ... in order). `labs.py lint` checks that
+             no line of the hole's solution appears in its TODO or in its first hint (N.1): the
+             code of a line without its // comment, its leading } and trailing { or ;, compared
+             without whitespace; lines shorter than 12 characters or only punctuation are left
+             out. Every [design] hole has a Hint N.1, and every hint a hole.
+  [t4]       code of the sm_75 (T4) path: graded from PTX for compute_75 run with --smem-limit
+             65536 on a newer GPU.
+  [sm80]     code of sm_80 and newer (cp.async): graded natively from sm_80 on, and on a T4 only
+             compiled (PTX for compute_80) and reported as not gradable there.
+  [smem>=N]  code that runs only where a block may use at least N bytes of shared memory (the
+             least, over the shapes the self-test runs, of what the kernel holding it needs): on
+             a GPU or a path that gives a block less (a T4's 65536, an L4's 101376, or less by
+             --smem-limit) the checker never runs it, and the report card says so ("not
+             gradable on this GPU") instead of grading it. A part's own: a hole whose other
+             parts run is graded on those, and the report card names the part it could not.
+Markers are comments: the stage's machine code is the same with them or without them.
 
 An unfilled lab must fail fast and cleanly: a stub leaves wrong values, or, where doing nothing
 would leave the kernel waiting forever (stage 6's producer: no arrival on an mbarrier the
@@ -32,6 +52,21 @@ Each program is built in build/lab/<stage>/ in a folder named by its target and 
 files: jobs of the same content (every hole of a lab filled with the stage's code, the stage's own
 program) are built and run once, a later grade finds them built, and a new folder starts from
 the common objects of the last one (this stage's; else another stage's, for the same target).
+A target given as PTX only (compute_75: the T4 path, or the build without a GPU) is built as that
+PTX and, from the same PTX, machine code for its GPU (sm_75), so that ptxas reports on it.
+
+The report card ends with a table: per kernel that holds a hole's code (its body has a part, or
+calls a function that has one, or was written in one), the registers, spill stores and loads and
+stack frame (ptxas -v, the build's report) of the learner's build beside the stage's own. With no
+GPU the grader builds both for the stage's no-GPU target (compute_75, or its stage.mk's
+<stage>_LAB_ARCH) and prints the table, then says that nothing was graded and exits 3 (the
+programs' "unsupported here"): a compile is no grade.
+
+The capstone (capstone/attention.cu, make lab STAGE=capstone) is a lab of one [design] hole: the
+whole FlashAttention-2 forward pass, kernels and launcher, behind the stage contract, from a
+specification. It builds and is graded like a stage (common/main.c and the learner's file, the
+same checker and self-test); its solution is stage 5's kernel behind the capstone's contract, so
+"the stage's own code" it is timed against is stage 5's.
 
 In the lab the BEGIN and END lines stay (the grader finds the learner's code between them); in
 between, every `LAB TODO:` line becomes `TODO:` and every `LAB STUB: code` line becomes `code`,
@@ -39,11 +74,23 @@ and the solution's lines are left out.
 
 usage: labs.py lab STAGE [--restart]          write labs/<stage>/ (never over a learner's edits)
        labs.py grade STAGE [--arch A] [--smem-limit B] [--gpu-name NAME] [--jobs J] [--quick]
+                           [--yours-only]      (--yours-only: the table without the stage's own
+                                               kernels, which then are not built)
        labs.py render FILE                     a stage file's lab text, to stdout
        labs.py fill LAB_FILE SOLUTION_FILE [--except K]
                                                the lab with its holes (all, or all but hole K)
                                                filled from the solution, to stdout
        labs.py holes STAGE                     the stage's holes, one line each
+       labs.py lint STAGE|DIR... [--need-design LIST]
+                                               the markers, the hints and the design holes'
+                                               TODOs and first hints (LIST: stage numbers whose
+                                               lab must have a [design] hole)
+       labs.py read STAGE [--plain]            the stage's files without lab markers, in its
+                                               code map's order, lines numbered as in the files
+       labs.py diff STAGE BASE [--all]         what STAGE adds over BASE (folders): the whole
+                                               diff, or for a rewrite, one line saying so and
+                                               the diffs of the files that correspond
+STAGE is a stage number, a stage's folder name, or capstone.
 """
 
 import argparse
@@ -54,24 +101,34 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_SUFFIXES = (".cu", ".cuh", ".h")
-BEGIN = re.compile(r"^[ \t]*// LAB HOLE (\d+) BEGIN(?: \[([a-z0-9_]+)\])?: (\S.*)$")
-END = re.compile(r"^[ \t]*// LAB HOLE (\d+) END$")
+BEGIN = re.compile(r"^([ \t]*)// LAB HOLE (\d+) BEGIN((?: \[[^\]\s]+\])*): (\S.*)$")
+END = re.compile(r"^([ \t]*)// LAB HOLE (\d+) END$")
 TODO = re.compile(r"^([ \t]*)// LAB TODO:(?: (.*))?$")
-STUB = re.compile(r"^([ \t]*)// LAB STUB: (.*)$")
+STUB = re.compile(r"^([ \t]*)// LAB STUB:(?: (.*))?$")
 ANY = re.compile(r"LAB +(HOLE|TODO|STUB)\b")  # a marker, well formed or not
+MARKER = re.compile(r"^[ \t]*// LAB (HOLE \d+ (BEGIN|END)\b|TODO:|STUB:)")  # a marker line
+SMEM_TAG = re.compile(r"smem>=(\d+)")
 # The code paths a hole can be on, beyond the GPU's own: how to build and run each.
 PATHS = {"t4": {"arch": "compute_75", "smem_limit": "65536",
                 "what": "the sm_75 (T4) path: PTX for compute_75, --smem-limit 65536"},
          "sm80": {"min_arch": 80, "what": "code for sm_80 and newer"}}
-# Where the grader compiles without a GPU (PTX only): compute_75, unless the stage's stage.mk
-# names another (<stage>_LAB_ARCH: a stage whose kernels exist on one architecture only).
+# The most shared memory a block may use (opt-in), by compute capability: the CUDA C++
+# Programming Guide's table of technical specifications. A [smem>=N] part runs where the path's
+# --smem-limit, else this, is at least N; a GPU not listed here is taken to run it.
+SMEM_PER_BLOCK = {70: 98304, 72: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912,
+                  89: 101376, 90: 232448, 100: 232448, 103: 232448, 120: 101376, 121: 101376}
+# Where the grader compiles without a GPU: compute_75, unless the stage's stage.mk names another
+# (<stage>_LAB_ARCH: a stage whose kernels exist on one architecture only).
 NO_GPU_ARCH = "compute_75"
+CAPSTONE = "capstone"  # the capstone lab's folder (not a stage: no sweep, no fat build)
+CAPSTONE_REFERENCE = "stage 5's kernel"  # what its solution runs, and its speed is measured against
 # the programs' exit codes, from their one home: the attn_exit enum of common/attention.h
 EXIT_CODES = {k: int(v) for k, v in re.findall(r"^\s*ATTN_EXIT_([A-Z]+)\s*=\s*(\d+)",
                                                (ROOT / "common" / "attention.h").read_text(), re.M)}
@@ -99,24 +156,26 @@ DECODE_BENCH = ["--batch", "1", "--heads", "32", "--kv-heads", "8", "--seq", "1"
 SMOKE_TIMEOUT, SELF_TEST_TIMEOUT, BENCH_TIMEOUT = 60, 600, 300
 
 
-def no_gpu_arch(sdir):
-    """The target a lab compiles for without a GPU: the stage's <stage>_LAB_ARCH (one `:=` line of
-    its stage.mk, which the Makefile reads too), else NO_GPU_ARCH."""
+def stage_mk_value(sdir, var):
+    """The value of the stage's stage.mk line `<stage>_<var> := value` (the Makefile reads it
+    too), or None."""
     mk = sdir / "stage.mk"
-    if mk.exists():
-        m = re.search(rf"^{re.escape(sdir.name)}_LAB_ARCH\s*:?=\s*(\S+)\s*$", mk.read_text(),
-                      re.MULTILINE)
-        if m:
-            return m.group(1)
-    return NO_GPU_ARCH
+    if not mk.exists():
+        return None
+    m = re.search(rf"^{re.escape(sdir.name)}_{var}\s*:?=\s*(\S+)\s*$", mk.read_text(), re.M)
+    return m.group(1) if m else None
+
+
+def no_gpu_arch(sdir):
+    """The target a lab compiles for without a GPU: the stage's <stage>_LAB_ARCH, else
+    NO_GPU_ARCH."""
+    return stage_mk_value(sdir, "LAB_ARCH") or NO_GPU_ARCH
 
 
 def grade_cases(sdir):
     """The quick cases and the timed shape of a stage's grade: (SMOKE, BENCH), or a decode stage's
-    (its stage.mk's <stage>_LAB_CASES := decode, one `:=` line as _LAB_ARCH)."""
-    mk = sdir / "stage.mk"
-    if mk.exists() and re.search(rf"^{re.escape(sdir.name)}_LAB_CASES\s*:?=\s*decode\s*$",
-                                 mk.read_text(), re.MULTILINE):
+    (its stage.mk's <stage>_LAB_CASES := decode)."""
+    if stage_mk_value(sdir, "LAB_CASES") == "decode":
         return DECODE_SMOKE, DECODE_BENCH
     return SMOKE, BENCH
 
@@ -128,10 +187,27 @@ class LabError(Exception):
 # ---- the markers -------------------------------------------------------------------------------
 
 
+def parse_tags(tags, where):
+    """(code path tag or '', design, least shared memory or 0) from a BEGIN's ' [a] [b]' text."""
+    path, design, smem = "", False, 0
+    for tag in re.findall(r"\[([^\]]+)\]", tags):
+        m = SMEM_TAG.fullmatch(tag)
+        if tag == "design" and not design:
+            design = True
+        elif tag in PATHS and not path:
+            path = tag
+        elif m and not smem:
+            smem = int(m.group(1))
+        else:
+            raise LabError(f"{where}: tag [{tag}] is not one of [design], [t4], [sm80], [smem>=N] "
+                           f"(each once, a hole on one code path)")
+    return path, design, smem
+
+
 def parse(text, name):
     """The file's text as a list of pieces: str (lines outside the holes, kept as they are) or a
-    dict for each hole part: hole, tag, title, begin and end (the marker lines), body (the lines
-    between them), todo and stub (the learner's TODO text and stub code, rendered)."""
+    dict for each hole part: hole, tag (its code path), design, smem, title, begin and end (the
+    marker lines), body (the lines between them), line (BEGIN's) and end_line."""
     pieces, out, part = [], [], None
     for n, line in enumerate(text.splitlines(keepends=True), 1):
         bare = line.rstrip("\n")
@@ -142,24 +218,27 @@ def parse(text, name):
             raise LabError(f"{name}:{n}: a LAB TODO or LAB STUB line outside a hole")
         if part is None:
             if e:
-                raise LabError(f"{name}:{n}: LAB HOLE {e.group(1)} END without a BEGIN")
+                raise LabError(f"{name}:{n}: LAB HOLE {e.group(2)} END without a BEGIN")
             if b:
                 if out:
                     pieces.append("".join(out))
                 out = []
-                part = {"hole": int(b.group(1)), "tag": b.group(2) or "", "title": b.group(3),
-                        "begin": line, "body": [], "line": n}
+                path, design, smem = parse_tags(b.group(3), f"{name}:{n}")
+                part = {"hole": int(b.group(2)), "tag": path, "design": design, "smem": smem,
+                        "title": b.group(4), "begin": line, "indent": b.group(1), "body": [],
+                        "line": n}
             else:
                 out.append(line)
             continue
         if b:
-            raise LabError(f"{name}:{n}: LAB HOLE {b.group(1)} BEGIN inside hole {part['hole']} "
+            raise LabError(f"{name}:{n}: LAB HOLE {b.group(2)} BEGIN inside hole {part['hole']} "
                            f"(line {part['line']})")
         if e:
-            if int(e.group(1)) != part["hole"]:
-                raise LabError(f"{name}:{n}: LAB HOLE {e.group(1)} END closes hole {part['hole']} "
+            if int(e.group(2)) != part["hole"]:
+                raise LabError(f"{name}:{n}: LAB HOLE {e.group(2)} END closes hole {part['hole']} "
                                f"(line {part['line']})")
             part["end"] = line
+            part["end_line"] = n
             part["body"] = "".join(part["body"])
             pieces.append(part)
             part = None
@@ -180,8 +259,22 @@ def lab_body(part):
         if t:
             todo.append(f"{t.group(1)}// TODO:{' ' + t.group(2) if t.group(2) else ''}\n")
         elif s:
-            stub.append(f"{s.group(1)}{s.group(2)}\n")
+            stub.append(f"{s.group(1)}{s.group(2) or ''}".rstrip() + "\n")
     return "".join(todo + stub)
+
+
+def solution_lines(part):
+    """The part's solution: its body's lines that are not TODO or STUB lines, with their numbers."""
+    out = []
+    for k, line in enumerate(part["body"].splitlines(), part["line"] + 1):
+        if not (TODO.match(line) or STUB.match(line)):
+            out.append((k, line))
+    return out
+
+
+def todo_text(part):
+    return " ".join((TODO.match(ln).group(2) or "") for ln in part["body"].splitlines()
+                    if TODO.match(ln))
 
 
 def render(text, name):
@@ -190,6 +283,14 @@ def render(text, name):
     for p in parse(text, name):
         out.append(p if isinstance(p, str) else p["begin"] + lab_body(p) + p["end"])
     return "".join(out)
+
+
+def without_markers(text, name):
+    """A stage file's text with every lab marker line (BEGIN, END, TODO, STUB) left out, as
+    [(line number in the file, line)]: the stage's code as it reads with no lab in it."""
+    parse(text, name)  # well formed
+    return [(n, ln) for n, ln in enumerate(text.splitlines(keepends=True), 1)
+            if not MARKER.match(ln)]
 
 
 def parts_of(pieces):
@@ -222,16 +323,28 @@ def outside(pieces):
 # ---- a stage and its lab -----------------------------------------------------------------------
 
 
+def stage_dirs():
+    return sorted((d for d in ROOT.glob("stage[0-9]*_*") if (d / "attention.cu").is_file()),
+                  key=lambda d: int(re.match(r"stage(\d+)", d.name).group(1)))
+
+
 def stage_dir(stage):
-    """The folder of stage `stage` (a number or a folder name)."""
+    """The folder of stage `stage` (a number or a folder name), or the capstone's."""
     s = str(stage).rstrip("/")
-    dirs = sorted(d for d in ROOT.glob("stage[0-9]*_*") if (d / "attention.cu").is_file())
-    names = [d.name for d in dirs]
+    if s == CAPSTONE and (ROOT / CAPSTONE / "attention.cu").is_file():
+        return ROOT / CAPSTONE
+    dirs = stage_dirs()
     for d in dirs:
         if s == d.name or re.fullmatch(r"\d+", s) and d.name.split("_")[0] == f"stage{s}":
             return d
-    nums = " ".join(n.split("_")[0][5:] for n in names)
-    raise LabError(f"STAGE={s}: no such stage (one of {nums})")
+    nums = " ".join(d.name.split("_")[0][5:] for d in dirs)
+    raise LabError(f"STAGE={s}: no such stage (one of {nums}, or {CAPSTONE})")
+
+
+def stage_number(sdir):
+    """What STAGE= names a stage's folder by: its number, or capstone."""
+    m = re.match(r"stage(\d+)_", sdir.name)
+    return m.group(1) if m else sdir.name
 
 
 def stage_files(sdir):
@@ -252,6 +365,9 @@ def stage_files(sdir):
     for n, ps in holes.items():
         if len({p["tag"] for p in ps}) > 1:
             raise LabError(f"{sdir.name}: hole {n}: its parts are on different code paths")
+        if len({p["design"] for p in ps}) > 1:
+            raise LabError(f"{sdir.name}: hole {n}: [design] on some of its parts only (a design "
+                           f"hole's parts carry it all)")
     return files, holes
 
 
@@ -278,6 +394,10 @@ def lab_dir(sdir):
     return LABS / sdir.name
 
 
+def plural(n, word):
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def cmd_lab(args):
     sdir = stage_dir(args.stage)
     files, holes = stage_files(sdir)
@@ -286,7 +406,7 @@ def cmd_lab(args):
     dest = lab_dir(sdir)
     dest.mkdir(parents=True, exist_ok=True)
     rel = rel_path(dest)
-    num = sdir.name.split("_")[0][5:]
+    num = stage_number(sdir)
     wrote, kept, same = [], [], []
     for name, text in files.items():
         lab_text = render(text, f"{sdir.name}/{name}")
@@ -311,14 +431,721 @@ def cmd_lab(args):
               f"stage's code: make lab STAGE={num} RESTART=1, which keeps yours as a .bak)")
     for name in same:
         print(f"make lab: {rel}/{name} is there already, not yet edited: unchanged")
-    print(f"make lab: {len(holes)} holes: " + "; ".join(
-        f"{n}. {hole_title(holes[n])}" for n in sorted(holes)))
+    print(f"make lab: {plural(len(holes), 'hole')}: " + "; ".join(
+        f"{n}. {hole_title(holes[n])}" + (" (design)" if holes[n][0]["design"] else "")
+        for n in sorted(holes)))
     print(f"make lab: the guide is {guide.relative_to(ROOT) if guide.exists() else 'the lesson'}; "
           f"when a hole is written: make grade STAGE={num}")
     return 0
 
 
+# ---- lint: the markers, the hints, the design holes --------------------------------------------
+
+HINT = re.compile(r"<details>\s*<summary>\s*Hint (\d+)\.(\d+)\b[^<]*</summary>(.*?)</details>",
+                  re.S)
+MIN_LINE = 12  # solution lines shorter than this (stripped) are not checked against the TODO
+
+
+def code_of(line):
+    """A solution line's code for the copy check: without its // comment, its leading } and
+    trailing { or ;, whitespace collapsed; '' for a line too short or only punctuation."""
+    code = re.sub(r'"(?:\\.|[^"\\])*"', lambda m: m.group(0).replace("//", "\0"), line)
+    code = code.split("//", 1)[0].replace("\0", "//").strip()
+    code = re.sub(r"^\}\s*", "", code)
+    code = re.sub(r"\s*[{;]\s*$", "", code).strip()
+    code = re.sub(r"\s+", " ", code)
+    if len(code) < MIN_LINE or re.fullmatch(r"[\s{}()\[\];,]*", code):
+        return ""
+    return code
+
+
+def squeeze(text):
+    return re.sub(r"\s+", "", text)
+
+
+def hints(guide):
+    """{(hole, k): text} of a LAB.md's folded hints, and the problems of their numbering."""
+    out, problems = {}, []
+    text = guide.read_text() if guide.exists() else ""
+    for m in HINT.finditer(text):
+        key = (int(m.group(1)), int(m.group(2)))
+        if key in out:
+            problems.append(f"{guide.name}: Hint {key[0]}.{key[1]} twice")
+        out[key] = m.group(3)
+    opened = len(re.findall(r"<summary>\s*Hint \d", text))
+    if opened != len(out) + sum(1 for p in problems if p.endswith("twice")):
+        problems.append(f"{guide.name}: a <details><summary>Hint N.k ...</summary> without its "
+                        f"</details> (or not of that form)")
+    return out, problems
+
+
+def lint_stage(sdir, need_design):
+    """The problems of a stage's lab, one line each (none: it passes)."""
+    problems = []
+    try:
+        files, holes = stage_files(sdir)
+    except LabError as e:
+        return [str(e)]
+    for n, ps in sorted(holes.items()):
+        for p in ps:
+            where = f"{sdir.name}/{p['file']}:{p['line']}"
+            for k, line in enumerate(p["body"].splitlines(), p["line"] + 1):
+                m = TODO.match(line) or STUB.match(line)
+                if m and m.group(1) != p["indent"]:
+                    problems.append(f"{sdir.name}/{p['file']}:{k}: hole {n}: a marker indented "
+                                    f"otherwise than its BEGIN (line {p['line']})")
+            if END.match(p["end"].rstrip("\n")).group(1) != p["indent"]:
+                problems.append(f"{where}: hole {n}: its END is indented otherwise than its BEGIN")
+    if not holes:
+        return problems + ([f"{sdir.name}: no lab (no LAB HOLE markers), and it must have a "
+                            f"[design] hole"] if need_design else [])
+    guide = sdir / "LAB.md"
+    tips, hint_problems = hints(guide)
+    problems += [f"{sdir.name}/{p}" for p in hint_problems]
+    for (n, k) in sorted(tips):
+        if n not in holes:
+            problems.append(f"{sdir.name}/LAB.md: Hint {n}.{k} is for hole {n}, which the stage "
+                            f"does not have")
+    for n in sorted({n for n, _ in tips}):
+        ks = sorted(k for m, k in tips if m == n)
+        if ks != list(range(1, len(ks) + 1)):
+            problems.append(f"{sdir.name}/LAB.md: hole {n}'s hints are numbered {ks}: they must "
+                            f"be {n}.1 .. {n}.{len(ks)}")
+    design = [n for n in sorted(holes) if holes[n][0]["design"]]
+    if need_design and not design:
+        problems.append(f"{sdir.name}: no [design] hole (a lab has at least one: the learner "
+                        f"writes a whole phase from the specification)")
+    for n in design:
+        if (n, 1) not in tips:
+            problems.append(f"{sdir.name}: hole {n} [design] has no Hint {n}.1 in LAB.md "
+                            f"(<details><summary>Hint {n}.1: the idea</summary>)")
+        todo = squeeze(" ".join(todo_text(p) for p in holes[n]))
+        first = squeeze(tips.get((n, 1), ""))
+        said = set()
+        for p in holes[n]:
+            for k, line in solution_lines(p):
+                code = code_of(line)
+                if not code or code in said:
+                    continue
+                said.add(code)
+                for what, text in (("its TODO", todo), (f"its Hint {n}.1", first)):
+                    if squeeze(code) in text:
+                        problems.append(f"{sdir.name}/{p['file']}:{k}: hole {n} [design]: {what} "
+                                        f"holds this line of the solution: {code}")
+    return problems
+
+
+def cmd_lint(args):
+    need = set(args.need_design.replace(",", " ").split())
+    bad = 0
+    for s in args.stages:
+        sdir = Path(s) if Path(s).is_dir() and not re.fullmatch(r"\d+", s) else stage_dir(s)
+        sdir = sdir.resolve()
+        problems = lint_stage(sdir, stage_number(sdir) in need or sdir.name in need)
+        for p in problems:
+            print(f"labs.py lint: {p}")
+        bad += bool(problems)
+    return 1 if bad else 0
+
+
+# ---- read and diff: a stage's code without the lab's markers -----------------------------------
+
+
+def include_order(sdir, first="attention.cu"):
+    """The folder's source files, attention.cu first, then each as it is first included (depth
+    first), then the rest by name."""
+    names = sorted(f.name for f in sdir.iterdir() if f.suffix in SOURCE_SUFFIXES and f.is_file())
+    order = []
+
+    def visit(name):
+        if name in order or name not in names:
+            return
+        order.append(name)
+        for inc in re.findall(r'^\s*#\s*include\s*"([^"/]+)"', (sdir / name).read_text(), re.M):
+            visit(inc)
+
+    visit(first)
+    return order + [n for n in names if n not in order]
+
+
+def code_map_order(sdir):
+    """The folder's source files in the order its lesson's code map names them, then the others
+    in include order."""
+    readme = sdir / "README.md"
+    text = readme.read_text() if readme.exists() else ""
+    m = re.search(r"^## Code map\s*$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    names = include_order(sdir)
+    order = []
+    for f in re.findall(r"`(?:[\w./]*/)?([\w.]+\.(?:cu|cuh|h))`", m.group(1) if m else ""):
+        if f in names and f not in order:
+            order.append(f)
+    return order + [n for n in names if n not in order]
+
+
+def cmd_read(args):
+    sdir = stage_dir(args.stage)
+    out = []
+    for name in code_map_order(sdir):
+        lines = without_markers((sdir / name).read_text(), f"{sdir.name}/{name}")
+        if args.plain:
+            out.append(f"// ==== {sdir.name}/{name}\n")
+            out += [ln for _, ln in lines]
+            continue
+        out.append(f"// ==== {sdir.name}/{name} ({plural(len(lines), 'line')}; numbered as in the "
+                   f"file, the lab's marker lines left out)\n")
+        out += [f"{n:5d}  {ln}" for n, ln in lines]
+    text = "".join(out)
+    pager = os.environ.get("PAGER") or "less"
+    if sys.stdout.isatty() and shutil.which(pager.split()[0]):
+        subprocess.run(pager, shell=True, input=text, text=True)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+REWRITE_KEPT = 1 / 3  # a stage whose code keeps less of its base's lines than this is a rewrite
+
+
+def git_diff(cwd, *args, capture=False):
+    """git diff --no-index in cwd, paths without a/ b/ prefixes; its output, or to stdout."""
+    cmd = ["git", "--no-pager", "diff", "--no-index", "--no-prefix", *args]
+    if capture:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd).stdout
+    sys.stdout.flush()
+    rc = subprocess.run(cmd, cwd=cwd).returncode
+    if rc > 1:  # 1: the files differ
+        raise LabError(f"git diff failed (exit {rc})")
+    return ""
+
+
+def numstat(cwd, a, b):
+    """(lines added, lines removed) from a to b."""
+    out = git_diff(cwd, "--numstat", a, b, capture=True).split()
+    return (int(out[0]), int(out[1])) if len(out) >= 2 and out[0].isdigit() else (0, 0)
+
+
+def stage_code(d):
+    """{file: its text without lab markers} of a stage's folder, in include order."""
+    return {name: "".join(ln for _, ln in
+                          without_markers((d / name).read_text(), f"{d.name}/{name}"))
+            for name in include_order(d)}
+
+
+def cmd_diff(args):
+    sdir, base = stage_dir(args.stage), stage_dir(args.base)
+    code = {base: stage_code(base), sdir: stage_code(sdir)}
+    with tempfile.TemporaryDirectory() as tmp:
+        whole, files = Path(tmp) / "whole", Path(tmp) / "files"
+        for d in (base, sdir):  # the whole stage as one text (whole/<stage>), and by file
+            (files / d.name).mkdir(parents=True)
+            whole.mkdir(exist_ok=True)
+            (whole / d.name).write_text("".join(f"// ==== {d.name}/{name}\n{text}"
+                                                for name, text in code[d].items()))
+            for name, text in code[d].items():
+                (files / d.name / name).write_text(text)
+        added, removed = numstat(whole, base.name, sdir.name)
+        lines = (whole / sdir.name).read_text().count("\n")
+        kept = (lines - added) / max(lines, 1)
+        if args.all or kept >= REWRITE_KEPT:
+            git_diff(whole, "--stat", base.name, sdir.name)
+            git_diff(whole, base.name, sdir.name)
+            return 0
+        num = stage_number(sdir)
+        print(f"make diff: {sdir.name} rewrites {base.name} ({kept:.0%} of its {lines:,} lines are "
+              f"{base.name}'s): read it in its code map's order ({sdir.name}/README.md, \"Code "
+              f"map\"; make read STAGE={num}). Its files, by role:")
+        edits = []
+        for name, text in code[sdir].items():
+            n = text.count("\n")
+            if name not in code[base]:
+                print(f"  {name:<22} new ({plural(n, 'line')})")
+                continue
+            a, b = f"{base.name}/{name}", f"{sdir.name}/{name}"
+            ad, rm = numstat(files, a, b)
+            if (n - ad) / max(n, 1) >= REWRITE_KEPT:
+                edits.append((a, b))
+                print(f"  {name:<22} {base.name}'s, edited (+{ad} -{rm}): its diff below")
+            else:
+                print(f"  {name:<22} {base.name}'s, rewritten (+{ad} -{rm}; {n} lines)")
+        for name in code[base]:
+            if name not in code[sdir]:
+                print(f"  {name:<22} {base.name}'s, not in {sdir.name}")
+        print(f"make diff STAGE={num} ALL=1: the whole diff anyway (+{added} -{removed})")
+        for a, b in edits:
+            git_diff(files, a, b)
+    return 0
+
+
+# ---- the kernels that hold a hole's code, and their resources (ptxas -v) ------------------------
+
+NOT_NAMES = {"if", "for", "while", "switch", "catch", "return", "sizeof", "alignof", "decltype",
+             "static_assert", "__launch_bounds__", "alignas", "defined", "__attribute__"}
+
+
+def clean_source(text):
+    """The text with comments and string and character literals blanked, preprocessor lines
+    blanked, and of each #if group only its first branch kept, newlines kept: braces balance, and
+    offsets and line numbers are the text's."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+        else:
+            out.append(c)
+            i += 1
+            continue
+        out.append(re.sub(r"[^\n]", " ", text[i:j]))
+        i = j
+    lines, stack, cont = "".join(out).split("\n"), [], False
+    for k, line in enumerate(lines):
+        if cont or line.lstrip().startswith("#"):
+            if not cont:
+                word = re.match(r"\s*#\s*(\w*)", line).group(1)
+                if word.startswith("if"):
+                    stack.append(False)
+                elif word in ("elif", "else") and stack:
+                    stack[-1] = True  # a later branch: left out
+                elif word == "endif" and stack:
+                    stack.pop()
+            cont = line.rstrip().endswith("\\")
+            lines[k] = " " * len(line)
+        elif any(stack):
+            lines[k] = " " * len(line)
+    return "\n".join(lines)
+
+
+def function_name(clean, brace):
+    """The name of the function whose body opens at `brace`, or None (not a function's body)."""
+    head = clean[:brace].rstrip()
+    while True:
+        m = re.search(r"\b(const|noexcept|override|final|mutable|volatile)$", head)
+        if not m:
+            break
+        head = head[:m.start()].rstrip()
+    if not head.endswith(")"):
+        return None, None
+    depth, k = 0, len(head) - 1
+    while k >= 0:
+        depth += {")": 1, "(": -1}.get(head[k], 0)
+        if depth == 0:
+            break
+        k -= 1
+    m = re.search(r"([A-Za-z_]\w*)\s*$", head[:k])
+    if not m or m.group(1) in NOT_NAMES:
+        return None, None
+    start = max(head.rfind(";", 0, m.start()), head.rfind("}", 0, m.start()),
+                head.rfind("{", 0, m.start()))
+    return m.group(1), "__global__" in head[start + 1:m.start()]
+
+
+def functions(clean):
+    """[{name, kernel, start, end}] of the function definitions (their bodies' braces)."""
+    found, stack = [], []
+    for m in re.finditer(r"[{}]", clean):
+        if m.group() == "{":
+            if any(kind == "f" for kind, _ in stack):
+                stack.append(("i", None))
+                continue
+            name, kernel = function_name(clean, m.start())
+            stack.append(("f", (name, kernel, m.start())) if name else ("o", None))
+        elif stack:
+            kind, what = stack.pop()
+            if kind == "f":
+                found.append({"name": what[0], "kernel": what[1], "start": what[2],
+                              "end": m.start()})
+    if stack:
+        return None  # unbalanced: not understood
+    return found
+
+
+def resolve_include(name, where):
+    for d in (where.parent, ROOT / "common"):
+        p = (d / name).resolve()
+        if p.is_file() and ROOT in p.parents:
+            return p
+    return None
+
+
+def hole_kernels(sdir, texts):
+    """The names of the kernels that hold a hole's code, from the stage's files (texts: {file
+    name: text}, the learner's or the stage's): a kernel whose body, or the body of a function it
+    calls (by name, through the files its folder includes), has a hole's part, or that was
+    defined inside a part (or in a file included from inside one). None where the code is not
+    understood (then every kernel is shown)."""
+    seen, funcs = {}, []
+
+    def load(path, text, in_hole):
+        key = path.resolve()
+        if key in seen and (seen[key] or not in_hole):
+            return True
+        seen[key] = in_hole
+        clean = clean_source(text)
+        fs = functions(clean)
+        if fs is None:
+            return False
+        starts = [0] + [m.end() for m in re.finditer("\n", text)]
+        spans = []
+        if key.parent == sdir.resolve():
+            spans = [(starts[p["line"] - 1], starts[p["end_line"] - 1])
+                     for p in parts_of(parse(text, path.name))]
+        for f in fs:
+            f["hole"] = in_hole or any(f["start"] < b < f["end"] or b < f["start"] < e
+                                       for b, e in spans)
+            f["calls"] = set(re.findall(r"[A-Za-z_]\w*", clean[f["start"]:f["end"]]))
+            funcs.append(f)
+        ok = True
+        for m in re.finditer(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', text, re.M):
+            inc = resolve_include(m.group(1), path)
+            if inc is None:
+                continue
+            inner = in_hole or any(b < m.start() < e for b, e in spans)
+            body = texts.get(inc.name) if inc.parent == sdir.resolve() else None
+            ok &= load(inc, body if body is not None else inc.read_text(), inner)
+        return ok
+
+    ok = True
+    for name in sorted(set(include_order(sdir)) | set(texts)):
+        path = sdir / name
+        text = texts.get(name)
+        if text is None:
+            if not path.is_file():
+                continue
+            text = path.read_text()
+        try:
+            ok &= load(path, text, False)
+        except (LabError, OSError, IndexError):
+            ok = False
+    if not ok:
+        return None
+    by_name = {}
+    for f in funcs:
+        by_name.setdefault(f["name"], []).append(f)
+    holding = {}
+
+    def holds(name, path=()):
+        if name in holding:
+            return holding[name]
+        if name in path:
+            return False
+        fs = by_name.get(name, [])
+        r = any(f["hole"] for f in fs) or any(
+            holds(c, path + (name,)) for f in fs for c in f["calls"] if c in by_name and c != name)
+        if not path:
+            holding[name] = r
+        return r
+
+    return {f["name"] for f in funcs if f["kernel"] and holds(f["name"])}
+
+
+def ptxas_report(path):
+    """{entry: {arch, registers, stack, spill_stores, spill_loads}} from an nvcc -Xptxas -v log."""
+    out, entry, props = {}, None, None
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)' for '([^']+)'", line)
+        if m:
+            entry = m.group(1)
+            out[entry] = {"arch": m.group(2)}
+            continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            props = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                      line)
+        if m and props in out:
+            out[props].update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
+                              spill_loads=int(m.group(3)))
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and entry in out:
+            out[entry]["registers"] = int(m.group(1))
+    return {k: v for k, v in out.items() if "registers" in v}
+
+
+# A small Itanium C++ demangler: a kernel's name and template arguments, for the table.
+BUILTIN = {"v": "void", "b": "bool", "c": "char", "a": "signed char", "h": "unsigned char",
+           "s": "short", "t": "unsigned short", "i": "int", "j": "unsigned", "l": "long",
+           "m": "unsigned long", "x": "long long", "y": "unsigned long long", "f": "float",
+           "d": "double", "e": "long double"}
+
+
+class Demangler:
+    def __init__(self, s):
+        self.s, self.i = s, 0
+
+    def peek(self, k=1):
+        return self.s[self.i:self.i + k]
+
+    def eat(self, c):
+        if not self.s.startswith(c, self.i):
+            raise ValueError(c)
+        self.i += len(c)
+
+    def number(self):
+        m = re.compile(r"n?\d+").match(self.s, self.i)
+        if not m:
+            raise ValueError("number")
+        self.i = m.end()
+        return m.group().replace("n", "-")
+
+    def source_name(self):
+        n = int(re.compile(r"\d+").match(self.s, self.i).group())
+        self.i += len(str(n))
+        name = self.s[self.i:self.i + n]
+        self.i += n
+        return "(anonymous namespace)" if name.startswith("_GLOBAL__N") else name
+
+    def name(self):
+        if self.peek() == "N":
+            self.eat("N")
+            parts = []
+            while self.peek() != "E":
+                if self.peek() == "I":
+                    parts[-1] += self.template_args()
+                elif self.peek() in ("K", "V", "r"):
+                    self.i += 1
+                else:
+                    parts.append(self.unqualified())
+            self.eat("E")
+            return "::".join(parts)
+        n = self.unqualified()
+        if self.peek() == "I":
+            n += self.template_args()
+        return n
+
+    def unqualified(self):
+        if self.peek() == "S":
+            return self.substitution()
+        if self.peek().isdigit():
+            return self.source_name()
+        raise ValueError("name")
+
+    def substitution(self):
+        self.eat("S")
+        if self.peek() == "t":
+            self.eat("t")
+            return "std::" + self.unqualified()
+        while self.peek() != "_":
+            self.i += 1
+        self.eat("_")
+        return "?"
+
+    def template_args(self):
+        self.eat("I")
+        args = []
+        while self.peek() != "E":
+            args.append(self.template_arg())
+        self.eat("E")
+        return "<" + ", ".join(args) + ">"
+
+    def template_arg(self):
+        c = self.peek()
+        if c == "L":
+            self.eat("L")
+            if self.peek(2) == "_Z":
+                raise ValueError("external name")
+            t = self.type()
+            v = self.number()
+            self.eat("E")
+            return {"bool": {"0": "false", "1": "true"}.get(v, v)}.get(t, v if t in (
+                "int", "unsigned", "long", "unsigned long", "long long", "unsigned long long",
+                "char", "short") else f"({t}){v}")
+        if c == "J":
+            self.eat("J")
+            args = []
+            while self.peek() != "E":
+                args.append(self.template_arg())
+            self.eat("E")
+            return ", ".join(args)
+        if c == "X":
+            depth = 0
+            while True:
+                ch = self.s[self.i]
+                self.i += 1
+                depth += (ch in "XLIN") - (ch == "E")
+                if depth == 0:
+                    return "..."
+        return self.type()
+
+    def type(self):
+        c = self.peek()
+        if c in BUILTIN:
+            self.i += 1
+            return BUILTIN[c]
+        if c == "P":
+            self.eat("P")
+            return self.type() + " *"
+        if c == "R":
+            self.eat("R")
+            return self.type() + " &"
+        if c == "K":
+            self.eat("K")
+            return "const " + self.type()
+        if c == "D":
+            code = self.peek(2)
+            self.i += 2
+            return {"Dh": "half", "Dn": "decltype(nullptr)"}.get(code, code)
+        if c == "T":
+            self.eat("T")
+            while self.peek() != "_":
+                self.i += 1
+            self.eat("_")
+            return "T"
+        return self.name()
+
+
+def demangle(sym):
+    """A kernel's name and template arguments ("attention_kernel<64, 64, true>"), or sym."""
+    if not sym.startswith("_Z"):
+        return sym
+    d = Demangler(sym)
+    d.i = 2
+    try:
+        return d.name()
+    except (ValueError, IndexError, AttributeError):
+        return sym
+
+
+def base_name(sym):
+    """The unqualified name of a kernel's symbol, without its template arguments."""
+    depth, out = 0, ""
+    for ch in demangle(sym):
+        depth += (ch == "<") - (ch == ">")
+        if depth == 0 and ch != ">":
+            out += ch
+    return out.split("::")[-1]
+
+
+MAX_ROWS = 16  # kernels listed one by one; the others are summed up per kernel name
+
+
+def resource_table(mine, ref, kernels_mine, kernels_ref, what_ref, where=(), target=""):
+    """The table's lines: per kernel that holds a hole's code, your build's registers, spills and
+    stack frame beside the stage's own (ref None: yours alone). mine, ref: ptxas_report()s;
+    kernels_*: hole_kernels() (None: every kernel); where: the reports' paths, for the kernels
+    the table sums up; target: the machine code's, named when no kernel names it."""
+    def keep(report, names):
+        return {k: v for k, v in (report or {}).items() if names is None or base_name(k) in names}
+
+    a, b, both = keep(mine, kernels_mine), keep(ref, kernels_ref), ref is not None
+    archs = sorted({v["arch"] for v in list(a.values()) + list(b.values())})
+    lines = [f"registers, spills and stack frame (ptxas -v, {', '.join(archs) or target}) "
+             f"of the kernels that hold a hole's code: yours" + (f" beside {what_ref}" if both
+                                                                 else "")]
+    if mine is None:
+        return lines + ["  (your build left no ptxas report)"]
+
+    def spilled(v):
+        return v["spill_stores"] or v["spill_loads"] or v["stack"]
+
+    def sp(v):
+        return "-" if v is None else f"{v['spill_stores']}/{v['spill_loads']}"
+
+    def num(v, key):
+        return "-" if v is None else str(v[key])
+
+    def note(x, y):
+        if x is None:
+            return "not in your build"
+        if y is None:
+            return "not in the stage's build" if both else ""
+        words = []
+        if x["spill_stores"] + x["spill_loads"] > y["spill_stores"] + y["spill_loads"]:
+            words.append("yours spills more")
+        if x["stack"] > y["stack"]:
+            words.append("a bigger stack frame")
+        if x["registers"] != y["registers"]:
+            words.append(f"{x['registers'] - y['registers']:+d} registers")
+        return ", ".join(words)
+
+    def summary(name, vs, tail):
+        regs = sorted(v["registers"] for v in vs)
+        span = f"{regs[0]}" if regs[0] == regs[-1] else f"{regs[0]}-{regs[-1]}"
+        odd = sum(1 for v in vs if spilled(v))
+        return (f"    {name}: {plural(len(vs), 'instantiation')}, {span} registers, "
+                + (f"{odd} with spills or a stack frame" if odd else "no spill, no stack frame")
+                + tail)
+
+    def by_name(keys):
+        return sorted(keys, key=lambda k: (base_name(k), demangle(k)))
+
+    def alone(side, keys):  # one build's kernels: listed, or summed up per kernel name
+        if len(keys) > MAX_ROWS:
+            groups = {}
+            for k in keys:
+                groups.setdefault(base_name(k), []).append(side[k])
+            return [summary(n, vs, "") for n, vs in groups.items()]
+        out = ["    registers  spills (bytes st/ld)  stack frame  kernel"]
+        for k in keys:
+            v = side[k]
+            out.append(f"    {v['registers']:>9}  {sp(v):<20}  {v['stack']:>11}  {demangle(k)}")
+        return out
+
+    if not both or not set(a) & set(b):  # yours alone, or two sets of kernels (the capstone)
+        if a:
+            lines += ["  yours:"] + alone(a, by_name(a))
+        else:
+            lines.append("  yours: none (no kernel of yours holds a hole's code yet)")
+        if both:
+            lines += [f"  {what_ref}:"] + alone(b, by_name(b))
+        return lines
+    keys = by_name(set(a) | set(b))
+    odd = [k for k in keys if note(a.get(k), b.get(k)) or any(
+        v and spilled(v) for v in (a.get(k), b.get(k)))]
+    listed = odd[:MAX_ROWS] if odd or len(keys) > MAX_ROWS else keys
+    if listed:
+        lines += ["     registers     spills (bytes st/ld)   stack frame",
+                  "    yours stage    yours     stage       yours stage   kernel"]
+    for k in listed:
+        x, y = a.get(k), b.get(k)
+        n = note(x, y)
+        lines.append(f"    {num(x, 'registers'):>5} {num(y, 'registers'):>5}    {sp(x):<9} "
+                     f"{sp(y):<11} {num(x, 'stack'):>5} {num(y, 'stack'):>5}   {demangle(k)}"
+                     + (f"   ({n})" if n else ""))
+    rest = {}
+    for k in keys:
+        if k not in listed:
+            rest.setdefault(base_name(k), []).append(k)
+    for name, ks in rest.items():
+        same = all(k in a and k in b and not note(a[k], b[k]) for k in ks)
+        vs = [a[k] for k in ks if k in a] + [b[k] for k in ks if k in b and k not in a]
+        lines.append(summary(f"{name}" + (" (more)" if listed else ""), vs,
+                             ", the same in both builds" if same else
+                             ", some differ between the builds"))
+    if rest and where:
+        lines.append("    (every kernel: " + "; ".join(str(w) for w in where) + ")")
+    return lines
+
+
 # ---- building and running ----------------------------------------------------------------------
+
+
+def build_target(arch):
+    """The ARCH a job's program is built for: a PTX-only target (compute_75) also gets the machine
+    code of its GPU from the same PTX (sm_75), which ptxas reports on; where no such GPU is, the
+    driver compiles the PTX as before."""
+    m = re.fullmatch(r"compute_(\d+[af]?)", arch)
+    return f"{arch} sm_{m.group(1)}" if m else arch
+
+
+def target_words(arch):
+    m = re.fullmatch(r"compute_(\d+[af]?)", arch)
+    return (f"ARCH={arch}: its PTX, and sm_{m.group(1)} machine code from it by ptxas" if m
+            else f"ARCH={arch}")
 
 
 def gpu_present(name_given):
@@ -389,7 +1216,7 @@ def build_locked(job, sdir, arch, log):
                 if (other / f"{c.stem}.o").is_file():
                     shutil.copy2(other / f"{c.stem}.o", out / "obj" / f"{c.stem}.o")
     cmd = ["make", "--no-print-directory", "-C", str(base / "src"), f"BUILD={out}",
-           f"ARCH={arch}", str(out / sdir.name)]
+           f"ARCH={build_target(arch)}", str(out / sdir.name)]
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
@@ -403,7 +1230,8 @@ def compile_errors(log, n=12):
     lines = Path(log).read_text(errors="replace").splitlines()
     errs = [ln for ln in lines if re.search(r"error|warning", ln, re.I) and "Error " not in ln]
     errs = errs or lines[-n:]
-    return [re.sub(r"^(?:\S*/src/)?(stage[0-9]+_\w+/)", r"labs/\1", ln) for ln in errs[:n]]
+    return [re.sub(rf"^(?:\S*/src/)?(stage[0-9]+_\w+/|{CAPSTONE}/)", r"labs/\1", ln)
+            for ln in errs[:n]]
 
 
 def run(cmd, timeout):
@@ -473,7 +1301,7 @@ def bench_ms(prog, bench=BENCH):
         return None
 
 
-KEEP_BUILDS = 12  # build folders kept per stage (the most recently used)
+KEEP_BUILDS = 24  # build folders kept per stage (the most recently used; grades side by side)
 
 
 def job_dir(build_root, arch, smem, texts):
@@ -481,7 +1309,8 @@ def job_dir(build_root, arch, smem, texts):
     h = hashlib.sha1(f"{arch}\0{smem}".encode())
     for name in sorted(texts):
         h.update(f"\0{name}\0{texts[name]}".encode())
-    return build_root / f"{arch}-{smem or 'native'}-{h.hexdigest()[:12]}"
+    target = build_target(arch).replace(" ", "+")
+    return build_root / f"{target}-{smem or 'native'}-{h.hexdigest()[:12]}"
 
 
 def seed_for(build_root, where, sdir):
@@ -514,9 +1343,31 @@ def prune(build_root):
         d.with_suffix(".lock").unlink(missing_ok=True)
 
 
+def smem_available(path, cc):
+    """(bytes of shared memory a block may use on a grading path, and what sets it) or
+    (None, ...) where the grader does not know (then a [smem>=N] part is taken to run)."""
+    smem = path[1]
+    if smem:
+        return int(smem), f"--smem-limit gives it {int(smem):,}"
+    n = SMEM_PER_BLOCK.get(int(cc))
+    return n, f"this GPU (sm_{cc}) gives it {n:,}" if n else "this GPU's is not known"
+
+
+def unrun_parts(holes, paths, cc):
+    """{hole: its parts the checker cannot run on the hole's path ([smem>=N] where a block gets
+    less shared memory), each with `why`}. paths: {code path tag: (arch, smem limit, ...)}."""
+    unrun = {}
+    for n, ps in holes.items():
+        have, why = smem_available(paths[ps[0]["tag"]], cc)
+        unrun[n] = [dict(p, why=f"its code runs only where a block may use {p['smem']:,} bytes of "
+                                f"shared memory, and {why}")
+                    for p in ps if p["smem"] and have is not None and have < p["smem"]]
+    return unrun
+
+
 def cmd_grade(args):
     sdir = stage_dir(args.stage)
-    num = sdir.name.split("_")[0][5:]
+    num = stage_number(sdir)
     files, holes = stage_files(sdir)
     if not holes:
         raise LabError(f"{sdir.name} has no lab yet (no LAB HOLE markers in its source)")
@@ -543,6 +1394,9 @@ def cmd_grade(args):
     build_root = ROOT / "build" / "lab" / sdir.name
     build_root.mkdir(parents=True, exist_ok=True)
     jobs_n = args.jobs or max(1, (os.cpu_count() or 2) // 2)
+    capstone = sdir.name == CAPSTONE
+    ref_what = (f"{CAPSTONE_REFERENCE} (the capstone's reference solution)" if capstone
+                else "the stage's own code")
 
     def job(key, keep, arch, smem, what):
         """A program to build: the files (yours with the holes not in `keep` filled from the
@@ -551,23 +1405,56 @@ def cmd_grade(args):
         fl = {name: fill(mine[name], files[name], keep, f"{rel}/{name}", f"{sdir.name}/{name}")
               if keep is not None else files[name] for name in files}
         return {"key": key, "files": fl, "arch": arch, "smem": smem, "what": what,
-                "dir": job_dir(build_root, arch, smem, fl)}
+                "dir": job_dir(build_root, arch, smem, fl), "runs": False}
+
+    def table(yours, ref):
+        """The resource table's lines for two built jobs (ref None: yours alone)."""
+        def report(j):
+            return ptxas_report(j["dir"] / "out" / "ptxas" / f"{sdir.name}.txt")
+        km = hole_kernels(sdir, yours["files"])
+        kr = hole_kernels(sdir, ref["files"]) if ref else km
+        km, kr = (km if km is not None else kr), (kr if kr is not None else km)  # one not read
+        return resource_table(report(yours), report(ref) if ref else None, km, kr, ref_what,
+                              where=reports(yours, ref),
+                              target="sm_" + re.sub(r"^(sm_|compute_)", "",
+                                                    build_target(yours["arch"]).split()[-1]))
+
+    def reports(yours, ref):
+        def path(j):
+            return rel_path(j["dir"] / "out" / "ptxas" / f"{sdir.name}.txt")
+        if ref is None or ref["dir"] == yours["dir"]:
+            return [f"{path(yours)}" + (" (yours and the stage's: the same program)" if ref
+                                        else "")]
+        return [f"{path(yours)} (yours)", f"{path(ref)} (the stage's)"]
 
     if gpu is None:
         arch = args.arch or no_gpu_arch(sdir)
-        j = job("yours", set(holes), arch, None, "your file")
-        j["seed"] = seed_for(build_root, j["dir"], sdir)
-        ok, _ = build(j, sdir, arch, j["dir"].with_suffix(".log"))
-        if not ok:
+        todo = [job("yours", set(holes), arch, None, "your file")]
+        if not args.yours_only:
+            todo.append(job("stage", None, arch, None, ref_what))
+        if len(todo) > 1 and todo[1]["dir"] == todo[0]["dir"]:  # yours is the stage's own
+            todo[1] = todo[0]
+        for j in todo:
+            j["seed"] = seed_for(build_root, j["dir"], sdir)
+        with ThreadPoolExecutor(max_workers=min(jobs_n, len(todo))) as pool:
+            built = list(pool.map(lambda j: build(j, sdir, arch, j["dir"].with_suffix(".log")),
+                                  {id(j): j for j in todo}.values()))
+        built = built + built[-1:] * (len(todo) - len(built))
+        if not built[0][0]:
             print(f"make grade: {rel}: does not compile (ARCH={arch}):")
-            for ln in compile_errors(j["dir"].with_suffix(".log")):
+            for ln in compile_errors(todo[0]["dir"].with_suffix(".log")):
                 print("  " + ln)
             return 1
+        print(f"make grade: no NVIDIA GPU here: {rel} compiles ({target_words(arch)})")
+        ref = todo[1] if len(todo) > 1 and built[1][0] else None
+        for ln in table(todo[0], ref):
+            print("  " + ln)
+        if len(todo) > 1 and not built[1][0]:
+            print(f"  ({ref_what} does not compile here: see {rel_path(todo[1]['dir'])}.log)")
         # compiled, not graded: the programs' "unsupported here", so that neither a script nor a
         # learner's `&&` reads it as a pass
-        print(f"make grade: no NVIDIA GPU here: {rel} compiles (ARCH={arch}, PTX only), but "
-              f"nothing was graded: the self-test and the timing need a GPU (make grade "
-              f"STAGE={num} on one); exit {EXIT_UNSUPPORTED}, unsupported here")
+        print(f"make grade: nothing was graded: the self-test and the timing need a GPU (make "
+              f"grade STAGE={num} on one); exit {EXIT_UNSUPPORTED}, unsupported here")
         return EXIT_UNSUPPORTED
 
     native_arch = args.arch or cc
@@ -579,10 +1466,11 @@ def cmd_grade(args):
                   + (f", --smem-limit {native_smem}" if native_smem else ""), True)}
     for n, ps in holes.items():
         tag = ps[0]["tag"]
-        if tag and tag not in PATHS:
-            raise LabError(f"{sdir.name}: hole {n}: unknown code path [{tag}]")
         if tag and tag not in paths:
             paths[tag] = code_path(tag, gpu, cc, native_arch, paths[""])
+    unrun = unrun_parts(holes, paths, cc)
+    gradable_here = {n: paths[ps[0]["tag"]][3] and len(unrun[n]) < len(ps)
+                     for n, ps in holes.items()}
     jobs = [job("yours", set(holes), *paths[""][:2], "your file")]
     jobs[0]["runs"] = True
     for tag in paths:  # your file on each other code path that has a hole you started
@@ -593,7 +1481,7 @@ def cmd_grade(args):
             jobs.append(j)
     hole_job = {}
     for n in sorted(holes):
-        if not started[n]:
+        if not started[n] or (paths[holes[n][0]["tag"]][3] and not gradable_here[n]):
             continue
         arch, smem, _, runs = paths[holes[n][0]["tag"]]
         same = [j for j in jobs if j["arch"] == arch and j["smem"] == smem]
@@ -604,43 +1492,51 @@ def cmd_grade(args):
         j["runs"] = runs
         jobs.append(j)
         hole_job[n] = j["key"]
-    ref = job("stage", None, native_arch, native_smem, "the stage's own code")
+    ref = job("stage", None, native_arch, native_smem, ref_what)  # the table's, and the timing's
 
-    first = {}  # build folder -> the first job that builds it (the others share its result)
-    for j in jobs:
-        first.setdefault(j["dir"], j)
-    for j in first.values():
-        j["seed"] = seed_for(build_root, j["dir"], sdir)
-    print(f"make grade: {sdir.name}, {rel}, on {paths[''][2]}: building {len(first)} programs "
-          f"for {len(jobs)} jobs (logs in {build_root.relative_to(ROOT)}/)"
+    by_dir = {}  # build folder -> the jobs that share it (one build, one run)
+    for j in jobs + [ref]:
+        by_dir.setdefault(j["dir"], []).append(j)
+    for d, js in by_dir.items():
+        js[0]["seed"] = seed_for(build_root, d, sdir)
+    print(f"make grade: {sdir.name}, {rel}, on {paths[''][2]}: building {len(by_dir)} programs "
+          f"for {len(jobs)} jobs and the stage's own code (logs in "
+          f"{build_root.relative_to(ROOT)}/)"
           + ("; quick: the quick cases only, no self-test, not timed" if args.quick else ""),
           flush=True)
 
-    def do(j):
+    def do(d):
+        js = by_dir[d]
+        lead = js[0]
         t0 = time.time()
-        ok, prog = build(j, sdir, j["arch"], j["dir"].with_suffix(".log"))
+        ok, prog = build(lead, sdir, lead["arch"], d.with_suffix(".log"))
         took = f"build {time.time() - t0:.0f} s"
         if not ok:
-            return j["key"], (False, "does not compile: " + "; ".join(
-                compile_errors(j["dir"].with_suffix(".log"), 3)), None, took)
-        if j["key"] == "stage":
-            return j["key"], (True, prog, prog, took)
-        if not j["runs"]:
-            return j["key"], (None, f"compiles (ARCH={j['arch']}); its code cannot run on this GPU: "
-                                    f"not graded here", prog, took)
+            return d, (False, "does not compile: " + "; ".join(
+                compile_errors(d.with_suffix(".log"), 3)), None, took)
+        graded = [j for j in js if j is not ref]
+        if not graded:
+            return d, ("built", "", prog, took)
+        if not any(j["runs"] for j in graded):
+            return d, (None, f"compiles (ARCH={lead['arch']}); its code cannot run on this GPU: "
+                             f"not graded here", prog, took)
         t1 = time.time()
-        res = grade_program(prog, j["smem"], args.quick, grade_cases(sdir)[0])
-        return j["key"], res + (prog, f"{took}, run {time.time() - t1:.0f} s")
+        res = grade_program(prog, lead["smem"], args.quick, grade_cases(sdir)[0])
+        return d, res + (prog, f"{took}, run {time.time() - t1:.0f} s")
 
     results = {}
+    alone = by_dir[ref["dir"]] == [ref]  # the stage's own code, not one of the graded programs
+    order = [d for d in by_dir if not (alone and d == ref["dir"])] + ([ref["dir"]] if alone else [])
     with ThreadPoolExecutor(max_workers=jobs_n) as pool:
-        for key, res in pool.map(do, list(first.values())):
-            results[key] = res
-            print(f"  {key}: {verdict(res[0])} ({res[3]})", flush=True)
-    for j in jobs:
-        if j["key"] not in results:
-            results[j["key"]] = results[first[j["dir"]]["key"]]
-            print(f"  {j['key']}: the same program as {first[j['dir']]['key']}", flush=True)
+        for d, res in pool.map(do, order):
+            for k, j in enumerate(by_dir[d]):
+                results[j["key"]] = res
+                if k:
+                    print(f"  {j['key']}: the same program as {by_dir[d][0]['key']}", flush=True)
+                elif res[0] == "built":
+                    print(f"  {j['key']}: built ({res[3]})", flush=True)
+                else:
+                    print(f"  {j['key']}: {verdict(res[0])} ({res[3]})", flush=True)
     prune(build_root)
 
     width = max(len(hole_title(ps)) + len(ps[0]["tag"]) + 3 for ps in holes.values()) + 9
@@ -649,14 +1545,22 @@ def cmd_grade(args):
     for n in sorted(holes):
         tag = holes[n][0]["tag"]
         title = f"hole {n}  {hole_title(holes[n])}" + (f" [{tag}]" if tag else "")
+        if paths[tag][3] and not gradable_here[n]:
+            print(f"  {title:<{width}} ----  not gradable on this GPU: {unrun[n][0]['why']}"
+                  + ("" if started[n] else " (and still the TODO)"))
+            continue
         if not started[n]:
             gradable += paths[tag][3]
             print(f"  {title:<{width}} FAIL  not started (still the TODO)")
-            continue
-        ok, line = results[hole_job[n]][:2]
-        gradable += ok is not None
-        passing += ok is True
-        print(f"  {title:<{width}} {verdict(ok)}  {line}")
+        else:
+            ok, line = results[hole_job[n]][:2]
+            gradable += ok is not None
+            passing += ok is True
+            print(f"  {title:<{width}} {verdict(ok)}  {line}"
+                  + (" (its other parts only: see below)" if unrun[n] else ""))
+        for p in unrun[n]:
+            print(f"    (its part in {p['file']}:{p['line']}, {p['title'].split(': ')[-1]}, is not "
+                  f"gradable on this GPU: {p['why']})")
     all_ok = True
     for j in jobs:
         if not j["key"].startswith("yours"):
@@ -670,22 +1574,26 @@ def cmd_grade(args):
     elif all_ok:
         same = ref["dir"] == jobs[0]["dir"]
         print("  your file passes: " + ("the same program as the stage's own code; timing it twice"
-                                        if same else "building the stage's own code to time both"),
-              flush=True)
-        ref["seed"] = seed_for(build_root, ref["dir"], sdir)
-        results["stage"] = do(ref)[1]
-        if not results["stage"][0]:
-            speed = "not timed: the stage's own code did not build (" + results["stage"][1] + ")"
+                                        if same else f"timing it and {ref_what}"), flush=True)
+        if results["stage"][2] is None:
+            speed = f"not timed: {ref_what} did not build (" + results["stage"][1] + ")"
         else:
             bench = grade_cases(sdir)[1]
             mine_ms = bench_ms(results["yours"][2], bench)
-            ref_ms = bench_ms(results["stage"][1], bench)
+            ref_ms = bench_ms(results["stage"][2], bench)
+            of = f"{CAPSTONE_REFERENCE}'s speed" if capstone else "the stage's own kernel's speed"
             if mine_ms and ref_ms:
-                speed = (f"{ref_ms / mine_ms:.2f} of the stage's own kernel's speed ({mine_ms:.3f} "
-                         f"ms vs {ref_ms:.3f} ms, {' '.join(bench[:8])})")
+                speed = (f"{ref_ms / mine_ms:.2f} of {of} ({mine_ms:.3f} ms vs {ref_ms:.3f} ms, "
+                         f"{' '.join(bench[:8])})")
             else:
                 speed = "not timed: a timing run failed"
     print(f"  {'speed':<{width}} {speed}")
+    if results["yours"][2] is not None:  # your file compiled: its kernels' resources
+        ref_ok = results["stage"][2] is not None
+        for ln in table(jobs[0], ref if ref_ok else None):
+            print("  " + ln)
+        if not ref_ok:
+            print(f"    ({ref_what} does not build: the table has yours alone)")
     for note in notes:
         print("  " + note)
     left = len(holes) - gradable
@@ -742,9 +1650,20 @@ def cmd_holes(args):
     for n in sorted(holes):
         for p in holes[n]:
             lines = p["body"].count("\n")
-            tag = f" [{p['tag']}]" if p["tag"] else ""
-            print(f"{sdir.name}/{p['file']}:{p['line']}: hole {n}{tag}: {p['title']} "
+            tags = "".join(f" [{t}]" for t in (["design"] if p["design"] else []) +
+                           ([p["tag"]] if p["tag"] else []) +
+                           ([f"smem>={p['smem']}"] if p["smem"] else []))
+            print(f"{sdir.name}/{p['file']}:{p['line']}: hole {n}{tags}: {p['title']} "
                   f"({lines} lines)")
+    return 0
+
+
+def cmd_kernels(args):
+    """The kernels that hold a hole's code (the table's rows), by name."""
+    sdir = stage_dir(args.stage)
+    files, _ = stage_files(sdir)
+    names = hole_kernels(sdir, files)
+    print(" ".join(sorted(names)) if names is not None else "(not understood: every kernel)")
     return 0
 
 
@@ -763,6 +1682,8 @@ def main():
     a.add_argument("--jobs", type=int, default=0)
     a.add_argument("--quick", action="store_true",
                    help="the quick cases only: no self-test, no timing")
+    a.add_argument("--yours-only", action="store_true",
+                   help="the resource table without the stage's own kernels (not built then)")
     a = sub.add_parser("render")
     a.add_argument("file")
     a = sub.add_parser("fill")
@@ -771,16 +1692,33 @@ def main():
     a.add_argument("--except", dest="except_hole", type=int, default=0)
     a = sub.add_parser("holes")
     a.add_argument("stage")
+    a = sub.add_parser("kernels")
+    a.add_argument("stage")
+    a = sub.add_parser("lint")
+    a.add_argument("stages", nargs="+")
+    a.add_argument("--need-design", default="",
+                   help="stage numbers (or folders) whose lab must have a [design] hole")
+    a = sub.add_parser("read")
+    a.add_argument("stage")
+    a.add_argument("--plain", action="store_true", help="no line numbers")
+    a = sub.add_parser("diff")
+    a.add_argument("stage")
+    a.add_argument("base")
+    a.add_argument("--all", action="store_true", help="the whole diff, even of a rewrite")
     ap.add_argument("--labs", default=str(LABS), help="where the labs are (default: labs/)")
     args = ap.parse_args()
     LABS = Path(args.labs).resolve()
     try:
         return {"lab": cmd_lab, "grade": cmd_grade, "render": cmd_render, "fill": cmd_fill,
-                "holes": cmd_holes}[args.cmd](args)
+                "holes": cmd_holes, "kernels": cmd_kernels, "lint": cmd_lint, "read": cmd_read,
+                "diff": cmd_diff}[args.cmd](args)
     except LabError as e:
-        print(f"make {args.cmd}: {e}" if args.cmd in ("lab", "grade") else f"labs.py: {e}",
-              file=sys.stderr)
+        print(f"make {args.cmd}: {e}" if args.cmd in ("lab", "grade", "read", "diff")
+              else f"labs.py: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # a reader (head, a pager) that stopped reading: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

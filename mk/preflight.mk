@@ -70,7 +70,7 @@ endif
 # Objects remember the flags they were built with: a build folder reused with another ARCH or
 # toolkit is rebuilt, not mixed.
 BUILD_FLAGS := $(NVCC) $(NVCCFLAGS) $(GENCODE)
-ifeq ($(filter clean help diff format format-check lab grade,$(MAKECMDGOALS)),)
+ifeq ($(filter clean help diff read format format-check lab grade capstone,$(MAKECMDGOALS)),)
 # An ARCH given by hand is checked against the targets this nvcc knows before flags.txt is
 # touched: a typo (ARCH=99) fails at once and leaves the build folder as it was, so the next
 # plain make rebuilds nothing. (sm_90a and the like: the base target must be known.)

@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
 # The labs' checks behind `make test` (common/labs.py says how holes are marked), with no GPU:
-#   1. the markers: every stage with LAB HOLE markers renders a lab, and filling the lab's holes
-#      from the markers gives back the stage's file byte for byte; leaving any one hole unfilled
-#      does not (each hole has code of its own); and the lab with any one hole left as the TODO
+#   1. the markers: every stage with LAB HOLE markers (and the capstone) renders a lab, and
+#      filling the lab's holes from the markers gives back the stage's file byte for byte; the
+#      lab keeps each marker line's indentation; leaving any one hole unfilled does not give the
+#      file back (each hole has code of its own); and the lab with any one hole left as the TODO
 #      compiles with the Makefile's nvcc command, front end only (-fdevice-syntax-only, and the
 #      host compiler's -fsyntax-only: every warning of both, as errors, in seconds; the code
 #      generation of a lab is what make grade compiles in 4), holes in any file of the folder;
-#   2. the marker grammar: a BEGIN without an END, a malformed marker, a TODO outside a hole and
-#      a learner's file whose holes are not the stage's are each refused with the line named;
-#   3. make lab writes the lab, never overwrites a learner's edits, and RESTART=1 keeps theirs;
-#   4. make grade on each unfilled lab with no GPU (GPU_NAME=): it compiles with the Makefile's
-#      flags (PTX for compute_75; stage 6: compute_90, its only target), says in one line what
-#      compiled and that nothing was graded, and fails with the programs' "unsupported here"
-#      (labs.py exits ATTN_EXIT_UNSUPPORTED, 3; make reports its "Error 3" and exits 2, as make
-#      does when a recipe fails); a lab with a compile error fails and names the line.
-# The compiles of 1 and 4 are independent: one queue runs them, the longest first, as many at a
-# time as there are cores (nproc; LAB_JOBS=n for another number), while 2 and 3 run.
+#      the capstone's solution (stage 5's kernel behind its contract) compiles the same way;
+#   2. the marker grammar: a BEGIN without an END, a malformed marker, a TODO outside a hole, an
+#      unknown tag and a learner's file whose holes are not the stage's are each refused with the
+#      line named; a [smem>=N] part is not gradable where a block gets less shared memory (the
+#      T4 and L4 paths, a T4, an L4) and is where it gets N (an H200);
+#   3. labs.py lint on every lab: markers indented alike, hints numbered per hole, and no line of
+#      a [design] hole's solution in its TODO or its first hint; every stage of DESIGN_STAGES
+#      has a [design] hole; and fixtures that break each rule fail it, naming the rule;
+#   4. make lab writes the lab, never overwrites a learner's edits, and RESTART=1 keeps theirs;
+#      make capstone writes the capstone's; make read prints a stage's files without a marker
+#      line, each line numbered as in its file; make diff shows an edit's diff, and says of a
+#      rewrite (stages 5-8) that it is one, with its files by role (ALL=1: the whole diff);
+#   5. make grade on each unfilled lab with no GPU (GPU_NAME=): it compiles with the Makefile's
+#      flags (PTX for compute_75 and sm_75 machine code from it; stage 6: compute_90, its only
+#      target), prints the registers, spills and stack frame of the kernels that hold the holes'
+#      code (stage 1: beside the stage's own, built too; the others: YOURS_ONLY=1, the learner's
+#      alone), says in one line that nothing was graded, and fails with the programs'
+#      "unsupported here" (labs.py exits ATTN_EXIT_UNSUPPORTED, 3; make reports its "Error 3"
+#      and exits 2, as make does when a recipe fails); a lab with a compile error fails and names
+#      the line.
+# The compiles of 1 and 5 are independent: one queue runs them, the longest first, as many at a
+# time as there are cores (nproc; LAB_JOBS=n for another number), while 2, 3 and 4 run.
 # Ends with "N passed, M failed, K skipped" (common/tests/report.sh).
 # usage: check_labs.sh
 set -u
@@ -31,12 +44,15 @@ mk() { # make with no jobserver of the caller's, output in $tmp/out, status in $
 }
 labs=common/labs.py
 jobs=${LAB_JOBS:-$(nproc 2>/dev/null || echo 2)} # compiles at a time
+# The stages whose lab must have a [design] hole (numbers, space-separated): a stage joins when its
+# lab is redesigned, and the check then fails if it loses its design holes.
+DESIGN_STAGES="1 2 3 4 7 8 9"
 
 # ---- 1. every lab: generated, and filled back to the stage's file byte for byte; each hole
 # alone left as the TODO differs from it. One python process (labs.py's render and fill, which
 # its command line runs: section 2 runs that), which also writes the trees of 1b: for each stage
 # and hole, the stage's folder with that hole's parts left as the TODO, the rest filled
-files=$(grep -l -E '^[[:space:]]*// LAB HOLE [0-9]+ BEGIN' stage*/*.cu stage*/*.cuh stage*/*.h 2>/dev/null)
+files=$(grep -l -E '^[[:space:]]*// LAB HOLE [0-9]+ BEGIN' stage*/*.cu stage*/*.cuh stage*/*.h capstone/*.cu 2>/dev/null)
 stages=$(for f in $files; do dirname "$f"; done | sort -u)
 [ -n "$stages" ] && ok "labs found: $(echo $stages)" || bad "no stage has LAB HOLE markers"
 # shellcheck disable=SC2086
@@ -60,6 +76,13 @@ for f in files:
         same = False
     print(f"{'ok' if same else 'FAIL'}\t{f}: its lab, filled from the markers, "
           + ("is the stage's file byte for byte" if same else "differs from the stage's file"))
+    indent = all(p["begin"] == q["begin"] and p["end"] == q["end"] and
+                 [re.match(r"[ \t]*", ln).group() for ln in p["body"].splitlines()
+                  if ln.lstrip().startswith("// TODO:")] ==
+                 [m.group(1) for m in map(labs.TODO.match, q["body"].splitlines()) if m]
+                 for p, q in zip(labs.parts_of(labs.parse(lab, f)), labs.parts_of(labs.parse(text, f))))
+    print(f"{'ok' if indent else 'FAIL'}\t{f}: the lab's marker lines keep their indentation"
+          + ("" if indent else " (a BEGIN, END or TODO line of the lab is indented otherwise)"))
     ns = sorted({int(n) for n in re.findall(r"// LAB HOLE (\d+) BEGIN", text)})
     kept = (re.search(r"^[ \t]*// LAB HOLE", lab, re.M) and lab != text
             and "// LAB TODO" not in lab and "// LAB STUB" not in lab)
@@ -93,8 +116,9 @@ done <"$tmp/marks"
 
 # ---- 1b. a lab with any one hole left as the TODO (the rest filled) compiles: the tree above, its
 # attention.cu compiled with the Makefile's nvcc command for the stage, front end only (device
-# and host: what a TODO can break; make grade in 4 compiles an unfilled lab to PTX), for the one
-# target whose code has the holes (lab_arch) and, where a hole is tagged [sm80], compute_80 too
+# and host: what a TODO can break; make grade in 5 compiles an unfilled lab), for the one target
+# whose code has the holes (lab_arch) and, where a hole is tagged [sm80], compute_80 too; and the
+# capstone's solution, capstone/attention.cu itself (the stages' own files: the fat build's)
 nvcc_cmd() { # nvcc_cmd STAGE_DIR ARCH: the Makefile's compile command of the stage, without -c/-o
   env -u MAKEFLAGS make -n --no-print-directory BUILD="$tmp/n$2" ARCH="$2" "$tmp/n$2/obj/$1.o" 2>/dev/null |
     grep -m 1 -- "-c $1/attention.cu -o" | sed -E 's/ -c [^ ]+ -o .*//'
@@ -114,7 +138,7 @@ cost=()     # i -> its rough cost, for the order (the longest first)
 for s in $stages; do
   sfiles=$(for f in $files; do [ "$(dirname "$f")" = "$s" ] && echo "$f"; done)
   archs=$(lab_arch "$s")
-  grep -q 'LAB HOLE [0-9]* BEGIN \[sm80\]' $sfiles && archs="$archs compute_80"
+  grep -q 'LAB HOLE [0-9]* BEGIN .*\[sm80\]' $sfiles && archs="$archs compute_80"
   for a in $archs; do
     cmd=$(nvcc_cmd "$s" "$a")
     if [ -z "$cmd" ]; then bad "$s: no nvcc command from make -n for $a"; continue; fi
@@ -126,16 +150,27 @@ for s in $stages; do
     done < <(grep -P "^tree\t$s\t" "$tmp/marks")
   done
 done
+cmd=$(nvcc_cmd capstone compute_75)
+if [ -z "$cmd" ]; then
+  bad "capstone: no nvcc command from make -n for compute_75 (the Makefile's capstone rules)"
+else
+  i=${#tasks[@]}
+  queue[i]="$cmd -fdevice-syntax-only -Xcompiler -fsyntax-only -c capstone/attention.cu -o $tmp/capstone.o"
+  cost[i]=3
+  tasks[i]="capstone/attention.cu, the capstone's solution (stage 5's kernel behind its contract),|compiles for compute_75 (front end, warnings as errors)|does not compile for compute_75"
+fi
 
-# ---- 4, queued with 1b: make grade with no GPU on each unfilled lab (labs of their own in $G;
-# each stage's build folder is its own, build/lab/<stage>/): compiles it, says so in one line,
-# grades nothing and exits ATTN_EXIT_UNSUPPORTED; and a lab with a compile error
+# ---- 5, queued with 1b: make grade with no GPU on each unfilled lab (labs of their own in $G;
+# each stage's build folder is its own, build/lab/<stage>/): compiles it, prints its kernels'
+# registers and spills (stage 1 beside the stage's own: one more compile; the others alone,
+# YOURS_ONLY=1), says that nothing was graded and exits ATTN_EXIT_UNSUPPORTED; and a lab with a
+# compile error
 G=$tmp/glabs
 for s in $stages; do
   n=${s#stage}; n=${n%%_*}
   i=${#tasks[@]}
   queue[i]="env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory lab STAGE=$n LABS='$G' >'$tmp/lab.$i' 2>&1 &&
-    env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory grade STAGE=$n LABS='$G' GPU_NAME="
+    env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory grade STAGE=$n LABS='$G' GPU_NAME= $([ "$n" = 1 ] || echo YOURS_ONLY=1)"
   cost[i]=$((10 + $(cat "$s"/*.cu "$s"/*.cuh 2>/dev/null | wc -l) / 100)) # a whole compile: first
   tasks[i]="grade $s"
 done
@@ -161,13 +196,14 @@ queue_pid=$!
 
 # ---- 2. the grammar: each broken file refused, with its line
 src=stage1_scalar_flash/attention.cu
-awk '!/LAB HOLE 3 END/' "$src" >"$tmp/no_end.cu"
-sed 's|// LAB HOLE 1 BEGIN: |// LAB HOLE 1 BEGIN |' "$src" >"$tmp/malformed.cu"
+tac "$src" | awk '!gone && /LAB HOLE [0-9]+ END/ { gone = 1; next } 1' | tac >"$tmp/no_end.cu" # the last END
+sed 's|\(// LAB HOLE 1 BEGIN[^:]*\): |\1 |' "$src" >"$tmp/malformed.cu"
 sed '0,/LAB HOLE 1 BEGIN/s|^\(.*LAB HOLE 1 BEGIN.*\)$|// LAB TODO: stray\n\1|' "$src" >"$tmp/stray.cu"
-for t in no_end:"BEGIN without an END" malformed:"not a well-formed lab marker" stray:"outside a hole"; do
+sed 's|// LAB HOLE 1 BEGIN|// LAB HOLE 1 BEGIN [t5]|' "$src" >"$tmp/tag.cu"
+for t in no_end:"BEGIN without an END" malformed:"not a well-formed lab marker" stray:"outside a hole" tag:"tag [t5] is not one of"; do
   name=${t%%:*} want=${t#*:}
   python3 $labs render "$tmp/$name.cu" >/dev/null 2>"$tmp/out"
-  if [ $? -eq 2 ] && grep -q "$want" "$tmp/out" && grep -qE "$name\.cu:[0-9]+:" "$tmp/out"; then
+  if [ $? -eq 2 ] && grep -qF "$want" "$tmp/out" && grep -qE "$name\.cu:[0-9]+:" "$tmp/out"; then
     ok "a file with a marker $name is refused, its line named ($want)"
   else
     bad "a file with a marker $name should be refused with its line and '$want'"
@@ -181,7 +217,101 @@ else
   bad "a learner's file whose holes are not the stage's should be refused"
 fi
 
-# ---- 3. make lab: writes, keeps the learner's edits, RESTART=1 keeps theirs as a .bak
+# [smem>=N]: which parts the grader can run where (labs.unrun_parts, as make grade decides it),
+# for a hole of two parts, one of them [smem>=132096] (as stage 7's shared-memory kernel's)
+python3 - >"$tmp/smem" 2>&1 <<'EOF'
+import sys
+sys.path.insert(0, "common")
+import labs
+text = """// x
+    // LAB HOLE 1 BEGIN [design]: the hole: its registers part
+    int a = 1;
+    // LAB HOLE 1 END
+    // LAB HOLE 1 BEGIN [design] [smem>=132096]: the hole: its shared-memory part
+    int b = 2;
+    // LAB HOLE 1 END
+    // LAB HOLE 2 BEGIN [smem>=132096]: all of it in the shared-memory kernel
+    int c = 3;
+    // LAB HOLE 2 END
+"""
+parts = labs.parts_of(labs.parse(text, "fixture.cu"))
+holes = {}
+for p in parts:
+    holes.setdefault(p["hole"], []).append(dict(p, file="fixture.cu"))
+assert parts[0]["design"] and parts[1]["smem"] == 132096 and not parts[0]["smem"]
+cases = [("an H200", "90", ""), ("an H200, the T4 path (--smem-limit 65536)", "90", "65536"),
+         ("an H200, the L4 path (--smem-limit 101376)", "90", "101376"), ("a T4", "75", ""),
+         ("an L4", "89", ""), ("an A100", "80", "")]
+for what, cc, limit in cases:
+    unrun = labs.unrun_parts(holes, {"": ("x", limit, "", True)}, cc)
+    print(what, len(unrun[1]), len(unrun[2]), unrun[2][0]["why"] if unrun[2] else "")
+EOF
+want="an H200 0 0 |an H200, the T4 path (--smem-limit 65536) 1 1 its code runs only where a block may use 132,096 bytes of shared memory, and --smem-limit gives it 65,536|an H200, the L4 path (--smem-limit 101376) 1 1 its code runs only where a block may use 132,096 bytes of shared memory, and --smem-limit gives it 101,376|a T4 1 1 its code runs only where a block may use 132,096 bytes of shared memory, and this GPU (sm_75) gives it 65,536|an L4 1 1 its code runs only where a block may use 132,096 bytes of shared memory, and this GPU (sm_89) gives it 101,376|an A100 0 0 |"
+if [ "$(tr '\n' '|' <"$tmp/smem")" = "$want" ]; then
+  ok "[smem>=N]: a part is not gradable where a block gets less shared memory (the T4 and L4 paths, a T4, an L4: the reason named) and is on an H200 and an A100; a hole's other parts still are"
+else
+  cp "$tmp/smem" "$tmp/out"; bad "[smem>=N]: the parts the grader can run per GPU and path are not as expected"
+fi
+
+# ---- 3. lint: every lab (markers, hints, design holes), then fixtures that break each rule
+python3 $labs lint $stages --need-design "$DESIGN_STAGES" >"$tmp/out" 2>&1
+if [ $? -eq 0 ]; then
+  ok "labs.py lint: every lab's markers indented alike, its hints numbered per hole, no [design] hole's solution line in its TODO or first hint; a [design] hole in each of DESIGN_STAGES (${DESIGN_STAGES:-none yet})"
+else
+  bad "labs.py lint: $(grep -c '' "$tmp/out") problems"
+fi
+F=$tmp/fx/stage99_fixture # a lab of one design hole that passes; each fixture breaks one rule
+mkdir -p "$F"
+cat >"$F/attention.cu.ok" <<'EOF'
+__device__ float twice_plus_one(float x) {
+    // LAB HOLE 1 BEGIN [design]: y from x
+    // LAB TODO: y is twice x, plus one.
+    // LAB STUB: return x;
+    const float y = fmaf(x, 2.0f, 1.0f);
+    return y;
+    // LAB HOLE 1 END
+}
+EOF
+cat >"$F/LAB.md.ok" <<'EOF'
+<details><summary>Hint 1.1: the idea</summary>
+
+A fused multiply-add.
+</details>
+
+<details><summary>Hint 1.2: the code</summary>
+
+`const float y = fmaf(x, 2.0f, 1.0f);`
+</details>
+EOF
+fixture() { # fixture NAME WANT [--need-design 99] with $F/attention.cu, $F/LAB.md written
+  python3 $labs lint "$F" "${@:3}" >"$tmp/out" 2>&1
+  local rc=$?
+  if [ "$1" = passes ]; then
+    [ $rc -eq 0 ] && ok "lint fixture: $2 passes" || bad "lint fixture: $2 should pass"
+  elif [ $rc -eq 1 ] && grep -qF -- "$2" "$tmp/out"; then
+    ok "lint fixture: $1 fails it ($2)"
+  else
+    bad "lint fixture: $1 should fail lint with '$2' (exit $rc)"
+  fi
+}
+fx() { cp "$F/attention.cu.ok" "$F/attention.cu"; cp "$F/LAB.md.ok" "$F/LAB.md"; }
+fx; fixture passes "a design hole whose TODO and Hint 1.1 hold no line of its solution" --need-design 99
+fx; sed -i 's|// LAB TODO: y is twice x, plus one.|// LAB TODO: const float y = fmaf(x, 2.0f, 1.0f);|' "$F/attention.cu"
+fixture "a solution line in a design hole's TODO" "attention.cu:5: hole 1 [design]: its TODO holds this line of the solution: const float y = fmaf(x, 2.0f, 1.0f)"
+fx; sed -i 's|^A fused multiply-add.|A fused multiply-add: `const float y = fmaf(x,2.0f,1.0f)`.|' "$F/LAB.md"
+fixture "a solution line, spaced otherwise, in a design hole's first hint" "its Hint 1.1 holds this line of the solution"
+fx; sed -i 's|Hint 1.1: the idea|Hint 1.3: the idea|' "$F/LAB.md"
+fixture "a design hole without a Hint 1.1" "hole 1 [design] has no Hint 1.1"
+fx; printf '%s\n' '<details><summary>Hint 2.1: the idea</summary>' 'x' '</details>' >>"$F/LAB.md"
+fixture "a hint for a hole the stage does not have" "Hint 2.1 is for hole 2"
+fx; sed -i 's|// LAB HOLE 1 BEGIN \[design\]:|// LAB HOLE 1 BEGIN:|' "$F/attention.cu"
+fixture "a stage of DESIGN_STAGES without a design hole" "no [design] hole" --need-design 99
+fx; sed -i 's|^    // LAB STUB: return x;|        // LAB STUB: return x;|' "$F/attention.cu"
+fixture "a marker indented otherwise than its BEGIN" "a marker indented otherwise than its BEGIN"
+fx; printf '%s\n' '// LAB HOLE 1 BEGIN: y from x, a second part' '// LAB HOLE 1 END' >>"$F/attention.cu"
+fixture "a hole with [design] on some of its parts only" "[design] on some of its parts only"
+
+# ---- 4. make lab: writes, keeps the learner's edits, RESTART=1 keeps theirs as a .bak
 L=$tmp/labs
 mk lab STAGE=1 LABS="$L"
 lab1=$L/stage1_scalar_flash/attention.cu
@@ -208,8 +338,54 @@ fi
 rm -rf "$L"
 mk lab STAGE=0 LABS="$L"
 if [ $rc -ne 0 ] && grep -q "has no lab yet" "$tmp/out"; then ok "make lab STAGE=0: no lab there, said in one line"; else bad "make lab STAGE=0 (exit $rc) should say it has no lab"; fi
+mk capstone LABS="$L"
+if [ $rc -eq 0 ] && python3 $labs render capstone/attention.cu | cmp -s - "$L/capstone/attention.cu" &&
+  ! grep -q '#include "\.\./stage' "$L/capstone/attention.cu"; then
+  ok "make capstone writes labs/capstone/attention.cu: the contract and the signatures, not the solution"
+else
+  bad "make capstone (exit $rc) should write the capstone's lab"
+fi
+# make read: each stage's files, every line but the markers, numbered as in its file
+for s in $stages; do
+  n=${s#stage}; n=${n%%_*}
+  mk read STAGE="$n"
+  want=0
+  for f in "$s"/*.cu "$s"/*.cuh "$s"/*.h; do
+    [ -f "$f" ] && want=$((want + $(grep -c '' "$f") - $(grep -c -E '^[[:space:]]*// LAB (HOLE [0-9]+ (BEGIN|END)|TODO:|STUB:)' "$f") + 1))
+  done
+  first=$(grep -v '^// ==== ' "$tmp/out" | head -n 1)
+  if [ $rc -eq 0 ] && [ "$(grep -c '' "$tmp/out")" -eq "$want" ] && ! grep -q -E '// LAB (HOLE|TODO|STUB)' "$tmp/out" &&
+    [ "$first" = "    1  $(head -n 1 "$(grep -m 1 '^// ==== ' "$tmp/out" | cut -d' ' -f3)")" ]; then
+    ok "make read STAGE=$n: its files without a marker line, every other line numbered as in its file"
+  else
+    bad "make read STAGE=$n (exit $rc, $(grep -c '' "$tmp/out") lines, want $want): its files without the markers, lines numbered"
+  fi
+done
+# make diff: an edit's whole diff, a rewrite's one line and its files by role (stages 5-8)
+for n in $(seq 1 "$(ls -d stage[0-9]*_* | sed -E 's/^stage([0-9]+)_.*/\1/' | sort -n | tail -n 1)"); do
+  ls -d stage"$n"_* >/dev/null 2>&1 || continue
+  mk diff STAGE="$n"
+  markers=$(grep -c -E '^[-+ ].*// LAB (HOLE [0-9]+ (BEGIN|END)|TODO:|STUB:)' "$tmp/out")
+  if [ $rc -ne 0 ] || [ "$markers" -ne 0 ]; then
+    bad "make diff STAGE=$n: exit $rc, $markers marker lines in it"
+  elif head -n 1 "$tmp/out" | grep -q "^make diff: stage${n}_[a-z_0-9]* rewrites .*make read STAGE=$n)\. Its files, by role:$"; then
+    ok "make diff STAGE=$n: a rewrite, said in one line, then its files by role"
+  elif [ "$n" -ge 5 ] && [ "$n" -le 8 ]; then
+    bad "make diff STAGE=$n: stage $n rewrites its base: it should say so in one line"
+  elif grep -q '^diff --git' "$tmp/out"; then
+    ok "make diff STAGE=$n: the diff of an edit ($(grep -c '^[-+][^-+]' "$tmp/out") lines changed), without the lab's markers"
+  else
+    bad "make diff STAGE=$n: neither a diff nor a rewrite's line"
+  fi
+done
+mk diff STAGE=6 ALL=1
+if [ $rc -eq 0 ] && grep -q '^diff --git stage5_tuned stage6_hopper' "$tmp/out"; then
+  ok "make diff STAGE=6 ALL=1: the whole diff of a rewrite"
+else
+  bad "make diff STAGE=6 ALL=1 (exit $rc) should print the whole diff"
+fi
 
-# ---- the queue's results: 1b, then 4
+# ---- the queue's results: 1b, then 5
 wait "$queue_pid"
 for i in "${!tasks[@]}"; do
   case ${tasks[i]} in grade*) continue ;; esac
@@ -218,18 +394,30 @@ for i in "${!tasks[@]}"; do
   if [ "$rc" = 0 ]; then ok "$what $yes"; else cp "$tmp/log.$i" "$tmp/out"; bad "$what $no"; fi
 done
 for i in "${!tasks[@]}"; do
-  case ${tasks[i]} in "grade stage"*) ;; *) continue ;; esac
+  case ${tasks[i]} in "grade stage"* | "grade capstone") ;; *) continue ;; esac
   s=${tasks[i]#grade } n=${s#stage}; n=${n%%_*}
   rc=-1 took=-1; read -r rc took <"$tmp/rc.$i" # -1: the task left no exit code
   cp "$tmp/log.$i" "$tmp/out"
-  a=$(no_gpu_arch "$s")
-  # labs.py's one line, then make's own line for the failed recipe: "Error 3"
-  if [ "$rc" -eq 2 ] && [ "$(grep -c '' "$tmp/out")" -eq 2 ] &&
-    grep -q "^make grade: no NVIDIA GPU here: .* compiles (ARCH=$a, PTX only), but nothing was graded: the self-test and the timing need a GPU" "$tmp/out" &&
-    grep -qE "^make: \*\*\* \[.*grade\] Error $ATTN_EXIT_UNSUPPORTED\$" "$tmp/out"; then
-    ok "make grade STAGE=$n, the unfilled lab, no GPU: compiles, one line says nothing was graded, exit $ATTN_EXIT_UNSUPPORTED (unsupported here) ($took s)"
+  a=$(no_gpu_arch "$s") sm=sm_$(no_gpu_arch "$s" | sed 's/^compute_//')
+  # labs.py's lines (what compiled, the table, nothing graded), then make's own line: "Error 3"
+  # a kernel's row, or a kernel's instantiations summed up (more than labs.py's MAX_ROWS)
+  rows=$(grep -c -E '^      ( +[0-9]+  [0-9]+/[0-9]+ +[0-9]+  [A-Za-z_]|[A-Za-z_][A-Za-z_0-9]*: [0-9]+ instantiations?, [0-9-]+ registers)' "$tmp/out")
+  if [ "$n" = 1 ]; then # beside the stage's own: both columns in every row
+    table=$(grep -c -E '^ +[0-9]+ +[0-9]+ +[0-9]+/[0-9]+ +[0-9]+/[0-9]+ +[0-9]+ +[0-9]+   attention_kernel<[0-9, ]+>' "$tmp/out")
+    what="its kernels' registers and spills beside the stage's own ($table kernels)"
+  elif [ "$s" = capstone ] && grep -q '^    yours: none (no kernel of yours holds a hole.s code yet)$' "$tmp/out"; then
+    table=1 what="its table (no kernel yet)"
   else
-    bad "make grade STAGE=$n with no GPU (make's exit $rc, $(grep -c '' "$tmp/out") lines): should compile, say in one line that nothing was graded, and fail with exit $ATTN_EXIT_UNSUPPORTED"
+    table=$rows what="its kernels' registers and spills ($rows kernels)"
+  fi
+  if [ "$rc" -eq 2 ] && [ "$table" -gt 0 ] &&
+    grep -q "^make grade: no NVIDIA GPU here: .* compiles (ARCH=$a: its PTX, and $sm machine code from it by ptxas)\$" "$tmp/out" &&
+    grep -q -E "^  registers, spills and stack frame \\(ptxas -v, ${sm}a?\\) of the kernels that hold a hole's code: yours" "$tmp/out" &&
+    grep -q "^make grade: nothing was graded: the self-test and the timing need a GPU" "$tmp/out" &&
+    [ "$(tail -n 1 "$tmp/out" | grep -c -E "^make: \*\*\* \[.*grade\] Error $ATTN_EXIT_UNSUPPORTED\$")" -eq 1 ]; then
+    ok "make grade STAGE=$n, the unfilled lab, no GPU: compiles for $sm, prints $what, says that nothing was graded, exit $ATTN_EXIT_UNSUPPORTED (unsupported here) ($took s)"
+  else
+    bad "make grade STAGE=$n with no GPU (make's exit $rc): should compile, print its kernels' table, say that nothing was graded, and fail with exit $ATTN_EXIT_UNSUPPORTED"
   fi
 done
 # the grader's own exit code: labs.py, as make grade runs it (stage 1's build is there: no compile)
