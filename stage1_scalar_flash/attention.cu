@@ -90,11 +90,9 @@ __device__ __forceinline__ void scores(float S[BC], const float *Q_smem, const f
 #pragma unroll
     for (int j = 0; j < BC; ++j) S[j] = 0.f;
     // LAB HOLE 1 BEGIN: the scores S[j] = q_i . k_j of the tile
-    // LAB TODO: add q_i . k_j to S[j] (zeroed above) for the BC keys j of this tile, unscaled.
-    // LAB TODO: q_i is row tid of Q_smem [BR][D]; k_j is row j of K_smem [BC][D] (floats).
-    // LAB TODO: Read both in 16-byte chunks, load_chunk(&Q_smem[...], q) into float q[CHUNK],
-    // LAB TODO: and multiply-add with fmaf. Loop order: keys in passes of KEYS_PER_PASS, then
-    // LAB TODO: d in steps of CHUNK (#pragma unroll 1: rolled), then the pass's keys.
+    // LAB TODO: add q_i . k_j to S[j] (zeroed above) for the tile's BC keys j, unscaled: q_i is
+    // LAB TODO: row tid of Q_smem [BR][D] and k_j row j of K_smem [BC][D] (floats). Read shared
+    // LAB TODO: memory in 16-byte chunks, each chunk of q_i serving KEYS_PER_PASS keys.
     // LAB STUB: (void)Q_smem, (void)K_smem, (void)tid;  // unused until the hole is filled
 #pragma unroll
     for (int j0 = 0; j0 < BC; j0 += KEYS_PER_PASS) {
@@ -120,14 +118,14 @@ template <int D, int BC>
 __device__ __forceinline__ void online_softmax_update(float S[BC], float &m_i, float &l_i,
                                                       float O_acc[D], const float *V_smem, int k0,
                                                       int N, int causal, int i, float scale) {
-    // LAB HOLE 2 BEGIN: the online-softmax update
-    // LAB TODO: fold this tile's scores into row i's running m_i, l_i and O_acc[D]:
-    // LAB TODO: scale S[j]; mask it to -INFINITY for keys past N (k0 + j >= N) and, when
-    // LAB TODO: causal, keys after row i; m_new = max(m_i, the S[j]); alpha = exp(m_i - m_new)
-    // LAB TODO: rescales l_i and O_acc; then for each key P = exp(S[j] - m_new), l_i += P and
-    // LAB TODO: O_acc[d] += P * v_j[d] (v_j: row j of V_smem [BC][D], read with load_chunk);
-    // LAB TODO: last, m_i = m_new. Careful: while every key so far is masked, m_new is -inf,
-    // LAB TODO: and exp(-inf - -inf) is NaN: subtract 0 instead then.
+    // LAB HOLE 2 BEGIN [design]: the online-softmax update
+    // LAB TODO: fold the tile's raw scores S[j] (key k0 + j) into row i's running state, so that
+    // LAB TODO: afterwards, over every key seen so far: m_i is the largest score, l_i the sum of
+    // LAB TODO: exp(score - m_i), and O_acc[d] the sum of exp(score - m_i) * v[d], v the key's row
+    // LAB TODO: of V_smem [BC][D] (floats, rows 16-byte aligned). A key's score is scale * S[j];
+    // LAB TODO: keys at or past N, and (causal) keys after row i, are masked: they add nothing.
+    // LAB TODO: What l_i and O_acc hold on entry is relative to the old m_i. While every key so
+    // LAB TODO: far is masked, m_i stays -inf: no NaN may come of it.
     // LAB STUB: (void)S, (void)m_i, (void)l_i, (void)O_acc, (void)V_smem, (void)k0, (void)N;
     // LAB STUB: (void)causal, (void)i, (void)scale;  // unused until the hole is filled
     // Scale, mask (keys past N; causal: keys after row i), new running max.
@@ -170,9 +168,8 @@ template <int D>
 __device__ __forceinline__ void store_row(float *O, float *lse, const float O_acc[D], float m_i,
                                           float l_i, int i, int N) {
     // LAB HOLE 3 BEGIN: O and LSE of row i
-    // LAB TODO: for a row i < N (rows past N are never written): O[i][d] = O_acc[d] / l_i, stored
-    // LAB TODO: 16 bytes at a time with store_chunk (O is [N][D] floats for this head), and
-    // LAB TODO: lse[i] = m_i + log(l_i).
+    // LAB TODO: for a row i < N only (rows past N are never written): row i of this head's O
+    // LAB TODO: ([N][D] floats) = O_acc / l_i, stored 16 bytes at a time; lse[i] = m_i + ln(l_i).
     // LAB STUB: (void)O, (void)lse, (void)O_acc, (void)i, (void)m_i, (void)l_i, (void)N;
     if (i < N) {
         const float inv_l = 1.f / l_i;
@@ -231,6 +228,18 @@ __global__ void __launch_bounds__(BR)
 #pragma unroll
     for (int d = 0; d < D; ++d) O_acc[d] = 0.f;
 
+    // LAB HOLE 4 BEGIN [design]: the key loop: K/V tiles through shared memory, and its barriers
+    // LAB TODO: stream this head's keys and values past the block's Q tile, one tile of BC rows
+    // LAB TODO: at a time (FlashAttention-2's loop order: the Q tile stays, the K/V tiles move).
+    // LAB TODO: Tile kt is keys kt * BC .. kt * BC + BC - 1: bring it into K_smem and V_smem
+    // LAB TODO: ([BC][D] floats each, rows past N as zeros), then every thread scores its row
+    // LAB TODO: against the tile and folds the scores into its m_i, l_i and O_acc (holes 1, 2).
+    // LAB TODO: Which tiles: each that holds a key below N; when causal, none after the tile that
+    // LAB TODO: holds the block's last query row below N (their keys are masked for all its rows).
+    // LAB TODO: Barriers: the threads fill a tile together and each reads all of it, so no thread
+    // LAB TODO: may read a tile before every part of it (and, the first time, of Q_smem) is
+    // LAB TODO: written, and none may overwrite it while another still reads it.
+    // LAB STUB: (void)K_smem, (void)V_smem, (void)causal, (void)scale;  // no tile read: O is NaN
     // Causal: key tiles after the one holding the block's last query row are all masked.
     const int last_row = min(q0 + BR, N) - 1;
     const int n_kv_tiles = causal ? last_row / BC + 1 : (N + BC - 1) / BC;
@@ -247,6 +256,7 @@ __global__ void __launch_bounds__(BR)
         online_softmax_update<D, BC>(S, m_i, l_i, O_acc, V_smem, k0, N, causal, i, scale);
         __syncthreads();  // every thread is done with K_smem/V_smem before the next tile lands
     }
+    // LAB HOLE 4 END
 
     store_row<D>(O, lse, O_acc, m_i, l_i, i, N);
 }

@@ -56,9 +56,8 @@ constexpr int CHUNK = 16 / sizeof(__half);
 // One 16-byte chunk of shared memory -> CHUNK floats in registers (fp16 -> fp32 on use).
 __device__ __forceinline__ void load_chunk(const __half *p, float f[CHUNK]) {
     // LAB HOLE 2 BEGIN: fp16 loads: 8 halves to 8 floats
-    // LAB TODO: read the 16 bytes at p in one load (as a uint4: p is 16-byte aligned) and convert
-    // LAB TODO: its 8 halves to f[0..7] in order. Hint: each 32-bit word holds two halves, a
-    // LAB TODO: __half2, and __half22float2 converts both at once.
+    // LAB TODO: the 8 halves at p (16 bytes, 16-byte aligned) as floats f[0..7], in order, read
+    // LAB TODO: in one 16-byte load: every shared-memory read of the kernel comes through here.
     // LAB STUB: for (int c = 0; c < CHUNK; ++c) f[c] = 0.f;  // zeros until the hole is filled
     const uint4 v = *(const uint4 *)p;
     const unsigned w[4] = {v.x, v.y, v.z, v.w};
@@ -73,9 +72,8 @@ __device__ __forceinline__ void load_chunk(const __half *p, float f[CHUNK]) {
 // CHUNK floats -> one 16-byte chunk of global memory (fp32 -> fp16, round to nearest).
 __device__ __forceinline__ void store_chunk(__half *p, const float f[CHUNK]) {
     // LAB HOLE 3 BEGIN: fp16 stores: 8 floats to 8 halves
-    // LAB TODO: round f[0..7] to halves (to nearest) and write them to p in one 16-byte store.
-    // LAB TODO: Hint: __floats2half2_rn packs two floats into a __half2 (32 bits); four of them
-    // LAB TODO: make a uint4.
+    // LAB TODO: f[0..7] rounded to halves (to nearest) at p, in order, in one 16-byte store (p is
+    // LAB TODO: 16-byte aligned).
     unsigned w[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -120,13 +118,14 @@ __device__ __forceinline__ void scores(float S[BC], const __half *Q_smem, const 
                                        int tid) {
 #pragma unroll
     for (int j = 0; j < BC; ++j) S[j] = 0.f;
-    // LAB HOLE 1 BEGIN: the scores from the padded Q_smem rows
-    // LAB TODO: add q_i . k_j to S[j] (zeroed above) for the BC keys j of this tile, unscaled.
-    // LAB TODO: q_i is row tid of Q_smem, whose rows are D + PAD halves apart ([BR][D + PAD]:
-    // LAB TODO: the padding, PAD = Q_PAD or 0 for the variant nopad); k_j is row j of K_smem
-    // LAB TODO: [BC][D], unpadded. load_chunk turns 16 bytes (CHUNK = 8 halves) into floats.
-    // LAB TODO: Loop order: keys in passes of KEYS_PER_PASS (4), then d in steps of CHUNK
-    // LAB TODO: (#pragma unroll 1), then the pass's keys: one Q_smem read serves 4 keys.
+    // LAB HOLE 1 BEGIN [design]: the padded Q tile and its scores: 4 keys per read of q_i
+    // LAB TODO: add q_i . k_j to S[j] (zeroed above) for the tile's BC keys j, unscaled, in fp32.
+    // LAB TODO: q_i is row tid of Q_smem [BR][D + PAD] (halves, rows padded as the kernel wrote
+    // LAB TODO: them: PAD = Q_PAD, or 0 for the variant nopad); k_j is row j of K_smem [BC][D],
+    // LAB TODO: unpadded. Shared memory is read in 16-byte chunks (8 halves, as floats), and each
+    // LAB TODO: chunk of q_i read must serve KEYS_PER_PASS keys: a register tile of 4 keys, which
+    // LAB TODO: cuts the Q_smem reads 4x. Registers are tight (S and O_acc hold most of them): the
+    // LAB TODO: tunables' comments say what spills.
     // LAB STUB: (void)Q_smem, (void)K_smem, (void)tid;  // unused until the hole is filled
 #pragma unroll
     for (int j0 = 0; j0 < BC; j0 += KEYS_PER_PASS) {
@@ -237,8 +236,13 @@ __global__ void __launch_bounds__(BR)
     O += head;
     lse += (size_t)bh * N;
 
+    // LAB HOLE 1 BEGIN [design]: the padded Q tile and its scores: Q_i into the padded rows
+    // LAB TODO: the block's query rows q0 .. q0 + BR - 1 of this head's Q [N][D] into Q_smem, row t
+    // LAB TODO: of the tile at Q_smem + t * (D + PAD) (the padding, against the bank conflict),
+    // LAB TODO: rows past N as zeros; the key loop's first barrier publishes them.
     // Q_i -> Q_smem (rows >= N zero-filled)
     load_tile<BR, D, D + PAD, BR>(Q_smem, Q, q0, N, tid);
+    // LAB HOLE 1 END
 
     // Online softmax state of row i, in registers.
     float m_i = -INFINITY;  // running max of the scaled scores

@@ -113,10 +113,9 @@ __device__ __forceinline__ void load_tile(__half *tile, const __half *__restrict
 // and reads nothing.
 __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, int src_bytes) {
     // LAB HOLE 1 BEGIN [sm80]: the cp.async wrappers: issue one 16-byte copy
-    // LAB TODO: one cp.async.cg.shared.global of 16 bytes, in inline PTX (asm volatile, with a
-    // LAB TODO: "memory" clobber): destination = smem as a 32-bit shared-memory address
-    // LAB TODO: (__cvta_generic_to_shared), source = gmem (a 64-bit "l" operand), and src_bytes
-    // LAB TODO: as the source size (the copy zero-fills the rest of the 16 bytes).
+    // LAB TODO: one asynchronous 16-byte copy, global memory at gmem -> shared memory at smem,
+    // LAB TODO: cached in L2 only (.cg): src_bytes of it read from gmem, the rest zero-filled.
+    // LAB TODO: Inline PTX (PTX ISA: cp.async); no memory access may move across it.
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
                  "r"(src_bytes)
@@ -127,7 +126,7 @@ __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, int sr
 // Close the group of this thread's cp.asyncs issued so far.
 __device__ __forceinline__ void cp_async_commit() {
     // LAB HOLE 1 BEGIN [sm80]: the cp.async wrappers: close the group
-    // LAB TODO: cp.async.commit_group, in inline PTX with a "memory" clobber.
+    // LAB TODO: this thread's cp.asyncs issued so far become one group (inline PTX, as above).
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     // LAB HOLE 1 END
 }
@@ -135,8 +134,8 @@ __device__ __forceinline__ void cp_async_commit() {
 // Wait until all of this thread's committed cp.async groups have landed in shared memory.
 __device__ __forceinline__ void cp_async_wait_all() {
     // LAB HOLE 1 BEGIN [sm80]: the cp.async wrappers: wait for every group
-    // LAB TODO: cp.async.wait_group with 0 groups left pending, in inline PTX ("memory" clobber:
-    // LAB TODO: no shared-memory read may move above it).
+    // LAB TODO: wait until none of this thread's committed groups is pending (inline PTX); no
+    // LAB TODO: shared-memory read may move above it.
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     // LAB HOLE 1 END
 }
@@ -199,9 +198,12 @@ __device__ __forceinline__ void load_first_tile(__half *K_buf, __half *V_buf, co
                                                 const __half *V, int N, int tid) {
     if (PIPELINE) {
 #if HAS_CP_ASYNC
-        // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: tile 0 on its way
-        // LAB TODO: issue the copies of K and V tile 0 (rows 0 .. BC - 1) into buffer 0 (K_buf,
-        // LAB TODO: V_buf, each [BC][D]) with load_tile_async, and commit them as one group.
+        // LAB HOLE 2 BEGIN [sm80] [design]: the cp.async pipeline: tile 0 on its way
+        // LAB TODO: the pipeline's prologue. Tile kt (keys kt * BC .. + BC - 1 of K and V) goes to
+        // LAB TODO: buffer kt % 2 of K_buf and V_buf ([2][BC][D] halves each) by cp.async, every
+        // LAB TODO: thread copying its share of the chunks (rows past N zero-filled), one commit
+        // LAB TODO: group per tile: when iteration kt waits, tile kt's is the only group in
+        // LAB TODO: flight. Here: tile 0 on its way into buffer 0; nothing waits for it yet.
         load_tile_async<BC, D, D, BR>(K_buf, K, 0, N, tid);
         load_tile_async<BC, D, D, BR>(V_buf, V, 0, N, tid);
         cp_async_commit();
@@ -224,9 +226,10 @@ __device__ __forceinline__ void land_tile(__half *K_buf, __half *V_buf, const __
         load_tile<BC, D, D, BR>(V_buf, V, k0, N, tid);
     } else {
 #if HAS_CP_ASYNC
-        // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: wait for tile kt
-        // LAB TODO: wait until this thread's copies of tile kt have landed (the barrier below
-        // LAB TODO: then makes every thread's copies visible to all).
+        // LAB HOLE 2 BEGIN [sm80] [design]: the cp.async pipeline: wait for tile kt
+        // LAB TODO: the pipeline's steady state, before the kernel's barrier: this thread's copies
+        // LAB TODO: of tile kt have landed (a thread waits for its own copies only: the barrier
+        // LAB TODO: then makes every thread's visible to all).
         // this thread's copies of tile kt have landed
         cp_async_wait_all();
         // LAB HOLE 2 END
@@ -240,11 +243,11 @@ template <int D, int BC>
 __device__ __forceinline__ void prefetch_tile_async(__half *K_next, __half *V_next, const __half *K,
                                                     const __half *V, int k0, int N, int tid,
                                                     bool prefetch) {
-    // LAB HOLE 2 BEGIN [sm80]: the cp.async pipeline: tile kt + 1 on its way
-    // LAB TODO: if there is a next tile (prefetch), issue the copies of K and V tile kt + 1
-    // LAB TODO: (rows k0 + BC ..) into the other buffer, K_next and V_next, and commit them:
-    // LAB TODO: they land while this tile is computed on. Why is it safe to overwrite that
-    // LAB TODO: buffer now, and not before the __syncthreads above?
+    // LAB HOLE 2 BEGIN [sm80] [design]: the cp.async pipeline: tile kt + 1 on its way
+    // LAB TODO: the pipeline, after the kernel's barrier: tile kt + 1 (keys k0 + BC ..) on its
+    // LAB TODO: way into the other buffer, K_next and V_next, landing while tile kt is computed
+    // LAB TODO: on; the drain: after the last tile (prefetch false) nothing is left to start.
+    // LAB TODO: Why may that buffer be overwritten now, and not before the barrier?
     // LAB STUB: (void)K_next, (void)V_next, (void)prefetch;  // unused until filled
     if (prefetch) {  // tile kt + 1 -> the other buffer, in flight while we compute
         load_tile_async<BC, D, D, BR>(K_next, K, k0 + BC, N, tid);
@@ -408,11 +411,13 @@ __global__ void __launch_bounds__(BR)
 #if HAS_CP_ASYNC
         prefetch_tile_async<D, BC>(K_next, V_next, K, V, k0, N, tid, prefetch);
 #else
-        // LAB HOLE 3 BEGIN [t4]: the sm_75 register-staged prefetch: fetch K of tile kt + 1
-        // LAB TODO: sm_75 has no cp.async: stage tile kt + 1 through registers. Declare this
-        // LAB TODO: thread's registers for one tile, uint4 next[BC * D / CHUNK / BR], and if there
-        // LAB TODO: is a next tile (prefetch), fetch_tile its K rows (k0 + BC ..) into them: the
-        // LAB TODO: loads are in flight while S is computed below.
+        // LAB HOLE 3 BEGIN [t4] [design]: the sm_75 register-staged prefetch: fetch the next K
+        // LAB TODO: sm_75 has no cp.async: tile kt + 1 (keys k0 + BC ..; none after the last
+        // LAB TODO: tile: prefetch) goes to the other buffer, K_next and V_next, through this
+        // LAB TODO: thread's registers, its share of the chunks, in the shadow of the math: the
+        // LAB TODO: global loads start before a phase and land in shared memory after it, so
+        // LAB TODO: their latency hides behind the phase. Registers are scarce: one tile's worth
+        // LAB TODO: (K, then V). Here, before S: start the loads of K's rows.
         // LAB STUB: (void)K_next, (void)V_next, (void)prefetch;  // unused until filled
         uint4 next[BC * D / CHUNK / BR];  // this thread's chunks of K, then V, of tile kt + 1
         if (prefetch) fetch_tile<BC, D, BR>(next, K, k0 + BC, N, tid);
@@ -422,9 +427,9 @@ __global__ void __launch_bounds__(BR)
         float S[BC];
         scores<D, BC, PAD>(S, Q_smem, K_smem, tid);
 #if !HAS_CP_ASYNC
-        // LAB HOLE 3 BEGIN [t4]: the sm_75 register-staged prefetch: stash K, fetch V
-        // LAB TODO: S is done: stash_tile the K registers into K_next, then fetch_tile the V rows
-        // LAB TODO: of tile kt + 1 into the same registers (in flight during the softmax and P V).
+        // LAB HOLE 3 BEGIN [t4] [design]: the sm_75 register-staged prefetch: stash K, fetch V
+        // LAB TODO: S is done: K of tile kt + 1 from the registers into K_next; then start the
+        // LAB TODO: loads of its V rows, in flight during the softmax and P V.
         if (prefetch) {  // K of tile kt + 1: registers -> the other buffer; then fetch its V
             stash_tile<BC, D, D, BR>(K_next, next, tid);
             fetch_tile<BC, D, BR>(next, V, k0 + BC, N, tid);
@@ -434,9 +439,9 @@ __global__ void __launch_bounds__(BR)
 
         online_softmax_update<D, BC>(S, m_i, l_i, O_acc, V_smem, k0, N, causal, i, scale);
 #if !HAS_CP_ASYNC
-        // LAB HOLE 3 BEGIN [t4]: the sm_75 register-staged prefetch: stash V
-        // LAB TODO: P V is done: stash_tile the V registers into V_next. The next iteration's
-        // LAB TODO: __syncthreads makes both halves of tile kt + 1 visible to every thread.
+        // LAB HOLE 3 BEGIN [t4] [design]: the sm_75 register-staged prefetch: stash V
+        // LAB TODO: P V is done: V of tile kt + 1 from the registers into V_next. The next
+        // LAB TODO: iteration's barrier makes both halves of the tile visible to every thread.
         if (prefetch)  // V of tile kt + 1 -> the other buffer
             stash_tile<BC, D, D, BR>(V_next, next, tid);
         // LAB HOLE 3 END

@@ -224,12 +224,12 @@ __device__ __forceinline__ void load_q_and_first_tile(__half *Q_smem, __half *K_
 template <int BC, int LD>
 __device__ __forceinline__ void scores_k(frag_acc S_frag[BC / WN], const frag_a &Q_k,
                                          const __half *K_k) {
-// LAB HOLE 1 BEGIN: S = Q_i K_j^T in fragments: one k slice's products
-// LAB TODO: for each of the BC/16 key blocks n (keys 16n .. 16n + 15 of the tile): load the 16
-// LAB TODO: x 16 block of K^T as a frag_bt (matrix_b, col_major) from K_k + n * WN * LD with
-// LAB TODO: leading dimension LD: read column-major, row n of K_j (keys along rows, head dim
-// LAB TODO: along columns) is column n of K^T. Then S_frag[n] += Q_k K^T with wmma::mma_sync
-// LAB TODO: (accumulator in, accumulator out).
+    // LAB HOLE 1 BEGIN [design]: step 1, S = Q_i K_j^T: one k slice's products
+    // LAB TODO: (your split of step 1, with scores() below; this part may stay empty) S_frag[n] +=
+    // LAB TODO: Q_k (K_j's keys 16n .. 16n + 15, head-dim columns of this slice)^T for the BC/16
+    // LAB TODO: key blocks n. K_k points at column 16k of K_smem [BC][LD] (halves, keys along
+    // LAB TODO: rows): the B operand is K^T, which K_smem holds only transposed.
+    // LAB STUB: (void)S_frag, (void)Q_k, (void)K_k;  // unused until filled
 #pragma unroll
     for (int n = 0; n < BC / WN; ++n) {
         frag_bt K_frag;  // K^T read column-major: its column n is key row n of K_j
@@ -298,10 +298,12 @@ __device__ __forceinline__ void store_half8(__half *dst, const float *src) {
 template <int D, int LD>
 __device__ __forceinline__ void accumulate_pv_k(frag_acc O_acc[D / WN], const frag_a &P_k,
                                                 const __half *V_k) {
-// LAB HOLE 2 BEGIN: O += P V_j in fragments: one k slice's products
-// LAB TODO: for each of the D/16 head-dim blocks n: load V_k's 16 x 16 block of columns 16n ..
-// LAB TODO: 16n + 15 (V_k + n * WN, leading dimension LD) as a frag_b (matrix_b, row_major: V's
-// LAB TODO: rows are keys, the k of this product), then O_acc[n] += P_k V with wmma::mma_sync.
+    // LAB HOLE 2 BEGIN [design]: step 4, O_acc = alpha O_acc + P V_j: one k slice
+    // LAB TODO: (your split of step 4, with accumulate_pv() below; this part may stay empty)
+    // LAB TODO: O_acc[n] += P_k (V_j's 16 keys of this slice, head-dim columns 16n .. 16n + 15) for
+    // LAB TODO: the D/16 blocks n. V_k points at row 16k of V_smem [BC][LD] (halves, keys along
+    // LAB TODO: rows, head dim along columns).
+    // LAB STUB: (void)O_acc, (void)P_k, (void)V_k;  // unused until filled
 #pragma unroll
     for (int n = 0; n < D / WN; ++n) {
         frag_b V_frag;
@@ -347,9 +349,15 @@ __device__ __forceinline__ void row_lanes(int row_lane[frag_acc::num_elements], 
 // whole key loop when Q_IN_REGS (see the kernel).
 template <int D, int LD, bool Q_IN_REGS>
 __device__ __forceinline__ void load_q_fragments(frag_a Q_frag[D / WK], const __half *Q_w) {
+    // LAB HOLE 1 BEGIN [design]: step 1, S = Q_i K_j^T: Q_i's A fragments in registers
+    // LAB TODO: when Q_IN_REGS, Q_frag[k] (k < D/16) holds the warp's 16 rows of Q_i, head-dim
+    // LAB TODO: columns 16k .. 16k + 15, as the A operand of step 1 for the whole key loop; Q_w is
+    // LAB TODO: those rows in Q_smem ([16][LD] halves). Otherwise nothing: scores() reads Q_w.
+    // LAB STUB: (void)Q_frag, (void)Q_w;  // unused until filled
 #pragma unroll
     for (int k = 0; k < D / WK; ++k)
         if (Q_IN_REGS) wmma::load_matrix_sync(Q_frag[k], Q_w + k * WK, LD);
+    // LAB HOLE 1 END
 }
 
 // Step 1: S = Q_i K_j^T on the tensor cores: k outer, the BC/16 accumulators side by side; the
@@ -357,6 +365,14 @@ __device__ __forceinline__ void load_q_fragments(frag_a Q_frag[D / WK], const __
 template <int D, int BC, int LD, int S_LD, bool Q_IN_REGS>
 __device__ __forceinline__ void scores(float *S_w, const frag_a Q_frag[D / WK], const __half *Q_w,
                                        const __half *K_smem) {
+    // LAB HOLE 1 BEGIN [design]: step 1, S = Q_i K_j^T: the products into the slice
+    // LAB TODO: S = Q_i K_j^T for the warp's 16 query rows and the tile's BC keys, on the tensor
+    // LAB TODO: cores (16 x 16 x 16 fp16 products, fp32 accumulation), unscaled, written to the
+    // LAB TODO: warp's slice S_w: [16][S_LD] floats, row-major, S_w[r][c] = q_r . k_c, where step
+    // LAB TODO: 2 reads its rows. Q_i: Q_frag (when Q_IN_REGS) or the warp's rows Q_w in Q_smem
+    // LAB TODO: ([16][LD] halves); K_j: K_smem [BC][LD] halves, keys along rows. Only this warp
+    // LAB TODO: touches S_w; the kernel orders its reads after your stores (__syncwarp).
+    // LAB STUB: (void)S_w, (void)Q_frag, (void)Q_w, (void)K_smem;  // S_w keeps stale values
     frag_acc S_frag[BC / WN];
 #pragma unroll
     for (int n = 0; n < BC / WN; ++n) wmma::fill_fragment(S_frag[n], 0.f);
@@ -369,10 +385,6 @@ __device__ __forceinline__ void scores(float *S_w, const frag_a Q_frag[D / WK], 
             wmma::load_matrix_sync(Q_k, Q_w + k * WK, LD);
         scores_k<BC, LD>(S_frag, Q_k, K_smem + k * WK);
     }
-// LAB HOLE 1 BEGIN: S = Q_i K_j^T in fragments: the scores to the warp's slice
-// LAB TODO: store the BC/16 accumulators side by side into the warp's slice S_w
-// LAB TODO: ([16][S_LD] floats): S_frag[n] holds columns 16n .. 16n + 15. Row-major,
-// LAB TODO: leading dimension S_LD: step 2 reads rows.
 #pragma unroll
     for (int n = 0; n < BC / WN; ++n)
         wmma::store_matrix_sync(S_w + n * WN, S_frag[n], S_LD, wmma::mem_row_major);
@@ -441,6 +453,15 @@ template <int D, int BC, int LD, int P_LD>
 __device__ __forceinline__ void accumulate_pv(frag_acc O_acc[D / WN], float alpha,
                                               const int row_lane[frag_acc::num_elements],
                                               const __half *P_w, const __half *V_smem) {
+    // LAB HOLE 2 BEGIN [design]: step 4, O_acc = alpha O_acc + P V_j: the rescale, then P V
+    // LAB TODO: the warp's 16 x D output accumulators O_acc (O_acc[n]: head-dim columns 16n ..
+    // LAB TODO: 16n + 15) become alpha O_acc + P V_j: every element times the alpha of its own
+    // LAB TODO: row, whose lanes 2r, 2r + 1 hold it after step 2 (row_lane[e], the note before
+    // LAB TODO: the kernel: WMMA does not say which row an element is in), then += P V_j on the
+    // LAB TODO: tensor cores. P: the warp's P_w, [16][P_LD] halves over S_w, written by its lanes
+    // LAB TODO: in step 3 (each lane its part: the warp must see all of it first); V_j: V_smem
+    // LAB TODO: [BC][LD] halves, keys along rows.
+    // LAB STUB: (void)O_acc, (void)alpha, (void)row_lane, (void)P_w, (void)V_smem;  // O stays 0
     const row_factors alpha_e = factors_by_row(alpha, row_lane);
 #pragma unroll
     for (int n = 0; n < D / WN; ++n)
@@ -448,12 +469,6 @@ __device__ __forceinline__ void accumulate_pv(frag_acc O_acc[D / WN], float alph
         for (int e = 0; e < frag_acc::num_elements; ++e) O_acc[n].x[e] *= alpha_e.x[e];
 
     __syncwarp();  // the warp's P tile is complete before it is loaded as fragments
-// LAB HOLE 2 BEGIN: O += P V_j in fragments: P as the A operand, k slice by k slice
-// LAB TODO: for each of the BC/16 k slices (keys 16k .. 16k + 15 of the tile): load the
-// LAB TODO: warp's P block (P_w + k * WK, halves, leading dimension P_LD) as a frag_a
-// LAB TODO: (matrix_a, row_major), then add its product with V_j's rows 16k .. (V_smem
-// LAB TODO: + k * WK * LD) to O_acc: accumulate_pv_k.
-// LAB STUB: (void)V_smem;  // unused until filled: O stays 0
 #pragma unroll
     for (int k = 0; k < BC / WK; ++k) {
         frag_a P_frag;
@@ -479,12 +494,11 @@ __device__ __forceinline__ void store_o(__half *O, float *lse, frag_acc O_acc[D 
     for (int c0 = 0; c0 < D; c0 += BC) {
         // Out through S_w, BC columns at a time: accumulators -> floats -> 16-byte half stores.
         // LAB HOLE 3 BEGIN: O_i = O_acc / l_i through the warp's slice
-        // LAB TODO: first a __syncwarp: every lane is done reading S_w (its last P, or the previous
-        // LAB TODO: columns). The output columns c0 .. c0 + BC - 1 are the accumulators O_acc[c0 /
-        // LAB TODO: 16 + n], n < BC/16. Copy each one (a frag_acc), multiply every element e by its
-        // LAB TODO: row's 1 / l_i (inv_l_e.x[e]: the layout is hidden, so the factor comes per
-        // LAB TODO: element, like alpha in step 4), and store it into S_w at column 16n, row-major,
-        // LAB TODO: leading dimension S_LD; the loop below turns S_w into halves.
+        // LAB TODO: output columns c0 .. c0 + BC - 1 (the accumulators O_acc[c0 / 16 ..]), each
+        // LAB TODO: element divided by its own row's l_i (inv_l_e: one factor per element, as
+        // LAB TODO: alpha in step 4), into the warp's slice S_w as floats, [16][S_LD] row-major,
+        // LAB TODO: column c0 + c at S_w column c: the loop below turns them into halves. The
+        // LAB TODO: lanes may still be reading S_w (the last P, or the previous columns).
         // LAB STUB: (void)inv_l_e;  // unused until filled: O is what S_w held (the last P)
         __syncwarp();  // the warp is done reading S_w (its last P, or the previous columns)
 #pragma unroll
