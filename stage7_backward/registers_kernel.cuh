@@ -17,6 +17,12 @@
 template <int NB>
 __device__ __forceinline__ void probabilities_t(float (&S)[NB][4], uint32_t lse_tile, int key_row,
                                                 int qk0, const bwd_params &p, bool mask) {
+    // LAB HOLE 1 BEGIN [design]: P^T and dS^T recomputed: P^T, registers layout (probabilities_t)
+    // LAB TODO: P^T as in softmax_gradients (smem_kernel.cuh), in this layout: S holds the warp's
+    // LAB TODO: 16 keys x QROWS queries of S^T as NB m16n8 blocks, element e of block n at key
+    // LAB TODO: key_row + g + 8 h and query column 8 n + 2 t + c (qk0 + the column: the query as a
+    // LAB TODO: key index); lse_tile holds LSE_i, a float per query column. Masked only when
+    // LAB TODO: `mask` says so.
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
         const float2 lse = ld_shared_f2(lse_tile + frag_col(n, 0) * sizeof(float));
@@ -28,6 +34,7 @@ __device__ __forceinline__ void probabilities_t(float (&S)[NB][4], uint32_t lse_
             S[n][e] = off ? 0.f : fast_exp2(x);
         }
     }
+    // LAB HOLE 1 END
 }
 
 // MODEL (a local window, a softcap): P^T as probabilities_t, masked by the window (key_masked), and
@@ -36,6 +43,11 @@ template <int NB>
 __device__ __forceinline__ void probabilities_model_t(float (&S)[NB][4], uint32_t lse_tile,
                                                       int key_row, int qk0, const bwd_params &p,
                                                       const bwd_model &model, bool mask) {
+    // LAB HOLE 1 BEGIN [design]: P^T and dS^T recomputed: P^T, windowed (probabilities_model_t)
+    // LAB TODO: probabilities_t's P^T under MODEL's rules: masked (where `mask` says so) by the
+    // LAB TODO: sequence's window (model.keys), and with a softcap (model.cap_in > 0) from the
+    // LAB TODO: capped score t = tanh(S^T cap_in): P^T = 2^(t cap_log2 - LSE_i). The factor 1 - t^2
+    // LAB TODO: of dS^T is softcap_gradients_t's (next).
     const bool softcap = model.cap_in > 0.f;  // the same for every thread
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
@@ -51,6 +63,7 @@ __device__ __forceinline__ void probabilities_model_t(float (&S)[NB][4], uint32_
             S[n][e] = off ? 0.f : fast_exp2(x);
         }
     }
+    // LAB HOLE 1 END
 }
 
 // MODEL with a softcap: dS^T gains the cap's derivative, 1 - t^2. score_gradients_t (next, the
@@ -81,10 +94,9 @@ __device__ __forceinline__ void softcap_gradients_t(float (&dP)[NB][4], const fl
 template <int NB>
 __device__ __forceinline__ void score_gradients_t(float (&dP)[NB][4], const float (&P)[NB][4],
                                                   uint32_t D_tile) {
-    // LAB HOLE 1 BEGIN: dS = P (dP - D_i): in the registers layout
-    // LAB TODO: the same for this layout's fragments: for each n8 block n of queries, load D_i of
-    // LAB TODO: its two columns (D_tile + frag_col(n, 0) floats, ld_shared_f2), then dP[n][e] =
-    // LAB TODO: P[n][e] * (dP[n][e] - D_i of column frag_c(e)) for e < FRAG_REGS.
+    // LAB HOLE 1 BEGIN [design]: P^T and dS^T recomputed: dS^T (score_gradients_t)
+    // LAB TODO: dS^T = P^T (dP^T - D_i) in place of dP^T, element by element (P and dP: the
+    // LAB TODO: layout of probabilities_t's S); D_tile holds D_i, a float per query column.
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
         const float2 Di = ld_shared_f2(D_tile + frag_col(n, 0) * sizeof(float));
@@ -286,13 +298,13 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
             gemm_rows_by_rows<BF16, D>(dP, V_warp, dO_tile);      // dP^T = V_j dO_i^T
         }
         // LAB HOLE 2 BEGIN: dK_j, dV_j accumulated: from P^T and dS^T in registers
-        // LAB TODO: here P^T (S) and dP^T are this warp's 16 keys x QROWS queries as accumulator
-        // LAB TODO: fragments. Pack P^T into A fragments (to_a_fragments<BF16>(A, S): the C layout
-        // LAB TODO: of two n8 blocks is the A layout of a k16 step) and add P^T dO_i to dV
-        // LAB TODO: (gemm_frags_by_tile<BF16, D>(dV, A, dO_tile)); then dS^T in place of dP^T
-        // LAB TODO: (score_gradients_t, D_i after LSE in vec_tile: + QROWS floats), packed into A
-        // LAB TODO: the same way, and dK += dS^T Q_i. A must hold dS^T afterwards: dQ below reads
-        // LAB TODO: it.
+        // LAB TODO: here S holds P^T and dP holds dP^T: the warp's 16 keys x QROWS queries as
+        // LAB TODO: accumulator fragments. dV_j += P^T dO_i, then dK_j += dS^T Q_i, with P^T and
+        // LAB TODO: dS^T as the A operand straight from registers: the accumulators of two n8
+        // LAB TODO: blocks are, register for register, the A fragment of one k16 step once packed
+        // LAB TODO: to 16 bits (gemm.cuh: the packing, and A fragments times a [QROWS, D] tile).
+        // LAB TODO: dS^T is score_gradients_t's (D_i after LSE_i in vec_tile). A must hold dS^T
+        // LAB TODO: at the end: dQ below reads it.
         // LAB STUB: to_a_fragments<BF16>(A, S);  // until filled: dK and dV stay 0, dQ reads P^T
         to_a_fragments<BF16>(A, S);
         gemm_frags_by_tile<BF16, D>(dV, A, dO_tile);                 // dV_j += P^T dO_i

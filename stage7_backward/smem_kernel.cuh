@@ -22,6 +22,23 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
                                                   const bwd_params &p, const bwd_model &model,
                                                   uint32_t vec_tile, int key_row, int qk0,
                                                   int q_col) {
+    // LAB HOLE 1 BEGIN [smem>=132096] [design]: P^T and dS^T recomputed (softmax_gradients)
+    // LAB TODO: S and dP hold this warp's S^T = K_j Q_i^T and dP^T = V_j dO_i^T as m16n8
+    // LAB TODO: accumulator fragments: element e of block (m, n) is key key_row + 16 m + g + 8 h
+    // LAB TODO: (its row) and query q_col + 8 n + 2 t + c of the tile (its column), where g, t are
+    // LAB TODO: the lane's quad and place in it, h, c the element's row half and column. Keys run
+    // LAB TODO: along the rows, queries along the columns. Overwrite, element by element, S^T with
+    // LAB TODO: P^T = exp(scale S^T - LSE_i) and dP^T with dS^T = P^T (dP^T - D_i), LSE_i and
+    // LAB TODO: D_i = rowsum(dO_i * O_i) those of the element's query. vec_tile holds the tile's
+    // LAB TODO: QROWS floats of LSE (log2 units: P^T is a power of 2, p.scale_log2 = scale
+    // LAB TODO: log2(e)), then its QROWS of D, one per query column.
+    // LAB TODO: MASK (the diagonal tile, the tile holding N_k): keys past N_k and, causal, keys
+    // LAB TODO: past the query's diagonal get P^T = 0 (qk0 is the tile's first query as a key
+    // LAB TODO: index: the last key it sees); MODEL: keys outside the sequence's window
+    // LAB TODO: (model.keys) instead.
+    // LAB TODO: MODEL with a softcap (model.cap_in > 0): the score is t = tanh(S^T cap_in) and
+    // LAB TODO: P^T = 2^(t cap_log2 - LSE_i); dS^T gains the cap's derivative, a factor 1 - t^2.
+    // LAB TODO: Query rows past N need no mask: their LSE is +inf.
     const bool softcap = MODEL && model.cap_in > 0.f;  // the same for every thread
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
@@ -29,13 +46,7 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
         for (int n = 0; n < NT; ++n) {
             const int col = q_col + frag_col(n, 0);
             const float2 lse = ld_shared_f2(vec_tile + col * sizeof(float));
-            // LAB HOLE 1 BEGIN: dS = P (dP - D_i): D_i of the fragment's two queries
-            // LAB TODO: D_i = rowsum(dO_i * O_i) of each query, computed by the preprocess kernel,
-            // LAB TODO: lies in vec_tile after the tile's LSE: float QROWS + col (col = the
-            // LAB TODO: fragment's first query column in the tile). Load the two queries this
-            // LAB TODO: lane's elements belong to (columns col, col + 1) at once: ld_shared_f2.
             const float2 Di = ld_shared_f2(vec_tile + (QROWS + col) * sizeof(float));
-            // LAB HOLE 1 END
 #pragma unroll
             for (int e = 0; e < FRAG_REGS; ++e) {
                 const float lse_e = frag_c(e) ? lse.y : lse.x;
@@ -55,18 +66,12 @@ __device__ __forceinline__ void softmax_gradients(float (&S)[MT][NT][4], float (
                                            : key >= p.N_k || (p.causal && key > query);
                     if (off) S[m][n][e] = 0.f;
                 }
-                // LAB HOLE 1 BEGIN: dS = P (dP - D_i): in place of dP
-                // LAB TODO: S[m][n][e] is now P^T (keys along rows, queries along columns),
-                // LAB TODO: dP[m][n][e] is dP^T. Overwrite dP^T with dS^T = P^T * (dP^T - D_i)
-                // LAB TODO: element by element: D_i of the element's query is Di.x for column c =
-                // LAB TODO: frag_c(e) = 0 and Di.y for c = 1. (Why is this the softmax's Jacobian?
-                // LAB TODO: The lesson's "The gradients".)
                 dP[m][n][e] = S[m][n][e] * (dP[m][n][e] - (frag_c(e) ? Di.y : Di.x));
-                // LAB HOLE 1 END
                 if (softcap) dP[m][n][e] *= fmaf(-t, t, 1.f);  // d(c tanh(s / c)) / ds
             }
         }
     }
+    // LAB HOLE 1 END
 }
 
 // One warp's block of the scores phase: keys key0.. (MT m16 blocks, from the block's k0) x
@@ -313,16 +318,15 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
                           // dq_stage free
 
         // dV_j += P^T dO_i, dK_j += dS^T Q_i: keys kw, head-dim columns cw.
-        // LAB HOLE 2 BEGIN: dK_j, dV_j accumulated: from P^T and dS^T in shared memory
-        // LAB TODO: this warp's block of dV (keys kw: WARP_KEYS rows, head-dim columns cw:
-        // LAB TODO: WARP_COLS) += P^T dO_i, and of dK += dS^T Q_i, in fp32 registers across every
-        // LAB TODO: query tile. gemm_nn<BF16, MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(C,
-        // LAB TODO: A tile, A's first chunk, B tile, B's first chunk): A = the warp's rows of
-        // LAB TODO: P_smem (resp.
-        // LAB TODO: dS_smem), [keys, QROWS] halves, from row WARP_KEYS * kw (QROWS * HALF_BYTES
-        // LAB TODO: bytes a row), chunk 0; B = dO_tile (resp. Q_tile), [QROWS, D], from chunk
-        // LAB TODO: WARP_COLS * cw / CHUNK_HALVES. (dK's factor `scale` is applied once, when dK is
-        // LAB TODO: stored.)
+        // LAB HOLE 2 BEGIN [smem>=132096]: dK_j, dV_j accumulated from shared memory's P^T, dS^T
+        // LAB TODO: add this query tile's share to the warp's blocks of dV_j and dK_j, fp32
+        // LAB TODO: accumulators that live across every query tile: keys kw (WARP_KEYS rows from
+        // LAB TODO: WARP_KEYS * kw) x head-dim columns cw (WARP_COLS from WARP_COLS * cw).
+        // LAB TODO: dV += P^T dO_i and dK += dS^T Q_i, each summed over the tile's QROWS queries
+        // LAB TODO: (the products' K). P^T and dS^T lie in P_smem and dS_smem, [KEYS][QROWS]
+        // LAB TODO: halves; dO_i and Q_i in dO_tile and Q_tile, [QROWS][D]; all swizzled in 16-byte
+        // LAB TODO: chunks. gemm.cuh has a warp's product of two such row-major tiles (A's rows by
+        // LAB TODO: B's columns). dK's factor `scale` is applied once, when dK_j is stored.
         const int col_chunk = WARP_COLS * cw / CHUNK_HALVES;
         gemm_nn<BF16, MT, NT_KV, QROWS / MMA_K, false, QROWS, D>(
             dV, P_smem + WARP_KEYS * kw * QROWS * HALF_BYTES, 0, dO_tile, col_chunk);

@@ -152,6 +152,18 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()), dq_pipeline{it}.phase());
         const uint32_t tile = dq_buffer_at<D>(sm, it);
         const int q0 = qt * qrows<D>();
+        // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq)
+        // LAB TODO: the staging tile at `tile` holds the step's dQ_i, qrows x D floats in the
+        // LAB TODO: layout tmdQ walks (dq_tensor_map: coordinates column in the 8-column slab, row,
+        // LAB TODO: slab, head; a box is one whole query tile). Add it to the step's rows of dQ_acc
+        // LAB TODO: by one bulk tensor reduction of this thread: the query tile's first row is
+        // LAB TODO: at.x + q0, its head map_head. The default (DQ_BY_BULK): adds land in any order;
+        // LAB TODO: wait only until the reduction has read the tile (DQ_EMPTY hands it back next),
+        // LAB TODO: not until its adds are complete. Deterministic (DQ_BY_BULK_IN_TURNS): the
+        // LAB TODO: same reduction between waiting for this key tile's turn at the query tile's
+        // LAB TODO: counter (pb.dq_turn + turns + qt) and passing the turn on (dq.cuh's helpers
+        // LAB TODO: above), which waits until the adds are complete.
+        // LAB STUB: (void)tile, (void)q0, (void)turns;  // until filled: nothing is added
         if constexpr (DQ == DQ_BY_BULK_IN_TURNS) {
             wait_for_turn<D>(pb, b.keys, pb.dq_turn + turns + qt, q0);
             tma_reduce_add_4d(tmdQ, tile, 0, at.x + q0, 0, map_head);
@@ -162,6 +174,7 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
             bulk_commit();
             bulk_wait<true>();  // the reduction has read the staging tile
         }
+        // LAB HOLE 4 END
         mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()));
         if (++qt == first + tiles) qt = first, ++map_head, turns += turns_apart;  // the next head
     }

@@ -85,6 +85,13 @@ __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const
                                               const block_place &b,
                                               const float2 (&lse_cols)[qrows<D>() / FRAG_COLS],
                                               int key_row, int q0, int t, bool mask) {
+    // LAB HOLE 1 BEGIN: P^T and dS^T as A operands: P^T in place of S^T (probabilities)
+    // LAB TODO: overwrite S^T with P^T = 2^(S^T scale log2(e) - LSE_i) (pb.scale_log2; LSE_i in
+    // LAB TODO: log2 units), element by element. S is the thread's share of the warpgroup's
+    // LAB TODO: accumulator: register acc_index(n, h, c) holds key key_row + 8 h (a row) and query
+    // LAB TODO: q0 + 8 n + 2 t + c (a column), and lse_cols[n] LSE_i of its columns c = 0, 1 of
+    // LAB TODO: block n. Where `mask` says so, a key the query does not see (key_seen: past N_k,
+    // LAB TODO: outside the window, causal past the diagonal) gets P^T = 0.
 #pragma unroll
     for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
         const float2 lse = lse_cols[n];
@@ -100,6 +107,7 @@ __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const
             S[i] = p;
         }
     }
+    // LAB HOLE 1 END
 }
 
 // dP^T has landed: dS^T = P^T * (dP^T - D_i) (softmax's Jacobian; D_i per query column), and
@@ -112,6 +120,13 @@ __device__ __forceinline__ void score_gradients(uint32_t (&P16)[packed_regs<D>()
                                                 const float (&P)[score_regs<D>()],
                                                 const float (&dP)[score_regs<D>()],
                                                 const float2 (&D_cols)[qrows<D>() / FRAG_COLS]) {
+    // LAB HOLE 1 BEGIN: P^T and dS^T as A operands: packed, with dS^T (score_gradients)
+    // LAB TODO: dS^T = P^T (dP^T - D_i) (P and dP in S's layout; D_cols holds D_i as lse_cols
+    // LAB TODO: holds LSE_i), and P^T and dS^T packed as wgmma's A operand: two 16-bit values of
+    // LAB TODO: the storage type a register, register j of P16 (dS16) holding the accumulator's
+    // LAB TODO: registers 2 j and 2 j + 1, the columns c = 0, 1 of one row. Pack each pair as soon
+    // LAB TODO: as it is computed, so that the fp32 values die early (registers are short here).
+    // LAB STUB: for (int j = 0; j < packed_regs<D>(); ++j) P16[j] = dS16[j] = 0u;  // until filled
 #pragma unroll
     for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
         const float2 Di = D_cols[n];
@@ -122,6 +137,7 @@ __device__ __forceinline__ void score_gradients(uint32_t (&P16)[packed_regs<D>()
             dS16[j] = pack2_of<BF16>(P[i] * (dP[i] - Di.x), P[i + 1] * (dP[i + 1] - Di.y));
         }
     }
+    // LAB HOLE 1 END
 }
 
 // Softcap (pb.cap_log2 > 0), while dP^T runs: each raw score of S^T becomes t = tanh(S^T scale /
@@ -203,6 +219,18 @@ __device__ __forceinline__ void capped_gradients(uint32_t (&P16)[packed_regs<D>(
 template <int D>
 __device__ __forceinline__ void store_ds(const uint32_t (&dS)[packed_regs<D>()], uint32_t dS_tile,
                                          const consumer_place &p) {
+    // LAB HOLE 3 BEGIN [design]: the dS^T hand-over: this warp's rows into shared memory (store_ds)
+    // LAB TODO: write the warp's 16 rows of the warpgroup's dS^T block (keys: rows 64 wg + 16 warp
+    // LAB TODO: .. of the block's KEYS; the step's qrows queries: columns) into dS_tile, where the
+    // LAB TODO: dQ wgmma of both warpgroups reads it through a descriptor, MN-major: qrows / 64
+    // LAB TODO: slabs of [KEYS rows][64 queries] 16-bit values, each 128-byte row swizzled (its
+    // LAB TODO: 16-byte chunk c at chunk position c ^ (row % 8)). dS is the block as wgmma's A
+    // LAB TODO: operand: for k-step k (queries 16 k ..) its registers 4 k .. 4 k + 3 are four 8 x 8
+    // LAB TODO: matrices in the accumulator layout: rows 0-7 and 8-15 of the warp's rows, at
+    // LAB TODO: query chunk 2 k, then the same at chunk 2 k + 1: stmatrix stores four such
+    // LAB TODO: matrices in one instruction, each lane giving the address of one row of one of
+    // LAB TODO: them (4-byte stores of a register each would work too, more slowly). Then these
+    // LAB TODO: writes must become visible to the async proxy, through which wgmma reads.
     const int row = WGMMA_M * p.wg + WARP_ROWS * p.warp +
                     STMATRIX_ROWS * (p.lane / STMATRIX_ROWS % 2) + p.lane % STMATRIX_ROWS;
     const int second = p.lane / (2 * STMATRIX_ROWS);  // this lane's matrix is of chunk 2k + 1
@@ -215,6 +243,7 @@ __device__ __forceinline__ void store_ds(const uint32_t (&dS)[packed_regs<D>()],
                     dS[A_REGS_PER_KSTEP * k + 1], dS[A_REGS_PER_KSTEP * k + 2],
                     dS[A_REGS_PER_KSTEP * k + 3]);
     fence_proxy_async();
+    // LAB HOLE 3 END
 }
 
 // acc (64 keys x D) += A B over the qrows queries: A a packed 64 x qrows tile in registers, B
@@ -223,6 +252,14 @@ template <int D, bool BF16>
 __device__ __forceinline__ void accumulate_rs(float (&acc)[D / 2],
                                               const uint32_t (&A)[packed_regs<D>()],
                                               uint64_t desc) {
+    // LAB HOLE 2 BEGIN: dV_j and dK_j with A from registers (accumulate_rs)
+    // LAB TODO: acc (the warpgroup's 64 keys x D, fp32) += A B, summed over the step's qrows<D>()
+    // LAB TODO: queries (the K dimension): one wgmma m64 x nD x k16 per k-step kk, each adding to
+    // LAB TODO: acc (issue_dkv fences before and commits after). A: k-step kk's 64 x 16 slice of
+    // LAB TODO: the packed tile, in registers (A_REGS_PER_KSTEP of them a k-step, in order). B:
+    // LAB TODO: desc's qrows x D tile, MN-major (its rows are the queries, its D columns
+    // LAB TODO: contiguous), k-step kk 16 rows further down. N = D: one instruction shape for each
+    // LAB TODO: of 64, 96 and 128.
 #pragma unroll
     for (int kk = 0; kk < qrows<D>() / WGMMA_K; ++kk) {
         if constexpr (D == 128)
@@ -232,6 +269,7 @@ __device__ __forceinline__ void accumulate_rs(float (&acc)[D / 2],
         else
             wgmma_m64n64_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
     }
+    // LAB HOLE 2 END
 }
 
 // Start dV_j += P^T dO_i and dK_j += dS^T Q_i: qrows / 16 wgmma each, A from registers (P^T,
@@ -277,15 +315,27 @@ __device__ __forceinline__ void issue_dq(float (&dQ_part)[DQ_REGS], const smem_t
 // This warp's rows of step it's dS^T are in their buffer (store_ds fenced them for the async
 // proxy): one arrival per warp on the buffer's DS_FULL.
 __device__ __forceinline__ void announce_ds(const smem_tiles &sm, const consumer_place &p, int it) {
+    // LAB HOLE 3 BEGIN [design]: the dS^T hand-over: this warp's rows announced (announce_ds)
+    // LAB TODO: step it's dS^T buffer (ring slot it % DS_BUFFERS) has a DS_FULL mbarrier that
+    // LAB TODO: completes a phase after CONSUMER_WARPS arrivals: one per consumer warp, made once
+    // LAB TODO: every lane of the warp has stored (and fenced) its part of the warp's rows.
+    // LAB STUB: printf("lab hole 3 unfilled: announce_ds\n"), __trap();  // stops the kernel
     __syncwarp();  // the warp's stores are all in
     if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ds_pipeline{it}.slot()));
+    // LAB HOLE 3 END
 }
 
 // Every consumer warp has written its rows of step it's dS^T: both warpgroups' keys, all of which
 // the dQ wgmma reads. Waited a step after the arrivals: the buffer's DS_FULL, long complete unless
 // the other warpgroup lags.
 __device__ __forceinline__ void wait_ds(const smem_tiles &sm, int it) {
+    // LAB HOLE 3 BEGIN [design]: the dS^T hand-over: both warpgroups' rows awaited (wait_ds)
+    // LAB TODO: wait until step it's DS_FULL has completed its phase for this use of the buffer
+    // LAB TODO: (the buffer's (it / DS_BUFFERS)-th: a wait names the phase's parity). Without it
+    // LAB TODO: the dQ wgmma may read rows the other warpgroup has not written yet.
+    // LAB STUB: printf("lab hole 3 unfilled: wait_ds\n"), __trap();  // stops the kernel
     mbar_wait(bar_at(sm, BAR_DS_FULL + ds_pipeline{it}.slot()), ds_pipeline{it}.phase());
+    // LAB HOLE 3 END
 }
 
 // Step s's dQ part, its wgmma done: to the staging tile (or, variant atomics, to dQ_acc).

@@ -4,6 +4,8 @@
 # sm_90, this stage gets sm_90a instead (mk/detect.mk, as stage 6). On every other target it builds
 # host code and the passes before and after, and its unsupported() says why.
 stage8_hopper_backward_GENCODE = $(sm90a_gencode)
+# make grade without a GPU compiles the lab where its kernels exist: PTX for compute_90 (sm_90a).
+stage8_hopper_backward_LAB_ARCH := compute_90
 # The forward pass is stage 6's, linked beside this stage's backward (not copied).
 stage8_hopper_backward_FORWARD := stage6_hopper
 # `make diff STAGE=8` shows the backward on wgmma against stage 7's on mma.sync.

@@ -173,7 +173,7 @@ __device__ __forceinline__ int sequence_keys(const decode_params &p, int b) {
 // table reads nothing).
 template <bool PAGED>
 __device__ __forceinline__ long long key_offset(const decode_params &p, int b, int page, int key) {
-    // LAB HOLE 1 BEGIN: the page gather: where key `key` of sequence b lies in the cache
+    // LAB HOLE 1 BEGIN [design]: the page gather: where key `key` of sequence b lies in the cache
     // LAB TODO: the element offset of the key's row in the cache (K's, and V's: the same strides),
     // LAB TODO: without the head and the chunk (issue_tile adds those). A contiguous cache holds
     // LAB TODO: sequence b as its batch b (p.k_batch elements apart), its keys p.k_row apart. A
@@ -445,7 +445,7 @@ __device__ __forceinline__ void merge_key_warps(const decode_params &p, float *s
     }
     __syncthreads();  // the other key warps' states are in shared memory
     if (key_warp > 0) return;
-    // LAB HOLE 2 BEGIN: the key warps' merge: warp 0's rows made the state of all their keys
+    // LAB HOLE 2 BEGIN [design]: the key warps' merge into warp 0's rows
     // LAB TODO: for each of this thread's two rows (g and g + FRAG_ROW_STEP), key warp kw > 0 left
     // LAB TODO: its state at merge_row(): O_acc's D columns in the accumulator's order (column
     // LAB TODO: n * MMA_N + 2t + c is st.o[n][frag_reg(h, c)]), then m (base 2), then l (its

@@ -4,15 +4,16 @@
 #   1. the unfilled lab: make grade fails, with a report card, its run (after the build) within
 #      LIMIT seconds, and names no hang or crash;
 #   2. the lab filled with the stage's own code: make grade passes (every hole, your file, speed);
-#   3. one hole filled wrong on purpose (below, per stage): make grade fails and the report card
-#      names that hole as FAIL and the others as PASS;
+#   3. each of the stage's wrong fills (below: one hole filled wrong on purpose, a plausible
+#      learner's mistake; one for each design hole at least), one after the other: make grade
+#      fails and the report card names that hole as FAIL and the others as PASS;
 #   4. the T4 path of stages 3 and 5 (ARCH=compute_75 SMEM_LIMIT=65536): the filled lab passes
 #      there (stage 5's [t4] hole is also graded on that path in step 2, with the self-test).
-# Stage 6 runs only on sm_90a: on another GPU step 1 must say so (unsupported here), and steps
+# Stages 6 and 8 run only on sm_90a: on another GPU step 1 must say so (unsupported here), and steps
 # 2-3 are skipped.
-# QUICK=1 (the quick proof, about 6 minutes for stages 4-7 on an H200): the stages run side by
-# side, and in each, steps 1 and 3 beside step 2 (each step has its own labs folder; a build of
-# the same content is shared, make grade builds it once); steps 3 and 4 grade with make grade
+# QUICK=1 (the quick proof): the stages run side by side, and in each, steps 1 and 3 beside
+# step 2 (each step has its own labs folder; a build of the same content is shared, make grade
+# builds it once); steps 3 and 4 grade with make grade
 # QUICK=1 (the two quick cases, no self-test, no timing): what it skips is the self-test of the
 # wrongly filled lab's other holes (the quick cases still pass them) and of the T4 run of step 4
 # (step 2 ran stage 5's T4 path with the self-test). Steps 1 and 2 are the same in both modes,
@@ -30,20 +31,45 @@ quick=${QUICK:-0}
 top=$(mktemp -d)
 trap 'rm -rf "$top"' EXIT
 
-# wrong N: one hole of stage N filled wrong on purpose: sets $hole, $file (in the stage's folder)
-# and $edit (a sed script for that file); each changes values, never hangs
-wrong() {
+# wrongs N: the wrong fills of stage N, one a line: HOLE<TAB>FILE<TAB>SED, a hole filled wrong
+# on purpose as a learner might (FILE in the stage's folder, SED a sed script for it); each changes
+# values, never hangs. A design hole (its TODO gives the specification, not the calls) has one at
+# least. Add one: a line of the stage's printf below.
+wrongs() {
   case $1 in
-    1) hole=2 file=attention.cu edit='s|const float alpha = expf(m_i - m_ref);|const float alpha = 1.f;|' ;;
-    2) hole=1 file=attention.cu edit='s|load_chunk(&Q_smem\[tid \* (D + PAD) + d\], q);|load_chunk(\&Q_smem[tid * D + d], q);|' ;;
-    3) hole=2 file=attention.cu edit='s|load_tile_async<BC, D, D, BR>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, D, BR>(\1_next, \2, k0, N, tid);|' ;;
-    4) hole=1 file=attention.cu edit='s|wmma::load_matrix_sync(K_frag, K_k + n \* WN \* LD, LD);|wmma::load_matrix_sync(K_frag, K_k + n * WN, LD);|' ;;
-    5) hole=3 file=attention.cu edit='s|(SWIZZLE ? (chunk ^ (row \& 7)) : chunk)|(SWIZZLE ? (chunk ^ (row \& 3)) : chunk)|' ;;
-    6) hole=1 file=producer.cuh edit='s|map, full, c \* SLAB_COLS, row0, head, batch);|map, full, 0, row0, head, batch);|' ;;
-    7) hole=1 file=smem_kernel.cuh edit='s|(dP\[m\]\[n\]\[e\] - (frag_c(e) ? Di.y : Di.x))|(dP[m][n][e] - (frag_c(e) ? Di.x : Di.y))|' ;;
-    9) hole=2 file=attention.cu edit='s|const float w = fast_exp2(row\[D\] - base);|const float w = 1.f;|' ;;
-    *) hole=0 file=attention.cu edit='' ;;
+    # 2: the online-softmax update without the rescale (l_i, O_acc left on the old max);
+    # 4: the key loop's tile count without the tail tile (an off-by-one tile bound)
+    1) printf '%s\t%s\t%s\n' \
+      2 attention.cu 's|const float alpha = expf(m_i - m_ref);|const float alpha = 1.f;|' \
+      4 attention.cu 's|const int n_kv_tiles = causal ? last_row / BC + 1 : (N + BC - 1) / BC;|const int n_kv_tiles = causal ? last_row / BC + 1 : N / BC;|' ;;
+    # 1: the scores read Q_smem unpadded, the Q tile written padded
+    2) printf '%s\t%s\t%s\n' \
+      1 attention.cu 's|load_chunk(&Q_smem\[tid \* (D + PAD) + d\], q);|load_chunk(\&Q_smem[tid * D + d], q);|' ;;
+    # 2: the prefetch copies tile kt again, not kt + 1 (an off-by-one tile);
+    # 3 (the T4 path): the next tile's V registers fetched from K (V_next gets K's rows)
+    3) printf '%s\t%s\t%s\n' \
+      2 attention.cu 's|load_tile_async<BC, D, D, BR>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, D, BR>(\1_next, \2, k0, N, tid);|' \
+      3 attention.cu 's|fetch_tile<BC, D, BR>(next, V, k0 + BC, N, tid);|fetch_tile<BC, D, BR>(next, K, k0 + BC, N, tid);|' ;;
+    # 1: K^T's block n read from column 16n of K_smem, not from key row 16n;
+    # 2: every element rescaled by this lane's own alpha, not by its row's (the hidden layout)
+    4) printf '%s\t%s\t%s\n' \
+      1 attention.cu 's|wmma::load_matrix_sync(K_frag, K_k + n \* WN \* LD, LD);|wmma::load_matrix_sync(K_frag, K_k + n * WN, LD);|' \
+      2 attention.cu 's|O_acc\[n\].x\[e\] \*= alpha_e.x\[e\];|O_acc[n].x[e] *= alpha;|' ;;
+    5) printf '%s\t%s\t%s\n' 3 attention.cu 's|(SWIZZLE ? (chunk ^ (row \& 7)) : chunk)|(SWIZZLE ? (chunk ^ (row \& 3)) : chunk)|' ;;
+    6) printf '%s\t%s\t%s\n' 1 producer.cuh 's|map, full, c \* SLAB_COLS, row0, head, batch);|map, full, 0, row0, head, batch);|' ;;
+    # 1: D_i's two rows swapped in dS; the causal mask drops the diagonal key (key >= query)
+    7) printf '%s\t%s\t%s\n' \
+      1 smem_kernel.cuh 's|(dP\[m\]\[n\]\[e\] - (frag_c(e) ? Di.y : Di.x))|(dP[m][n][e] - (frag_c(e) ? Di.x : Di.y))|' \
+      1 smem_kernel.cuh 's|key >= p.N_k \|\| (p.causal \&\& key > query);|key >= p.N_k \|\| (p.causal \&\& key >= query);|' ;;
+    # 3: dS^T stored without its warpgroup's 64 rows (both warpgroups write the first 64)
+    8) printf '%s\t%s\t%s\n' 3 mainloop.cuh 's|const int row = WGMMA_M \* p.wg + WARP_ROWS \* p.warp +|const int row = WARP_ROWS * p.warp +|' ;;
+    9) printf '%s\t%s\t%s\n' 2 attention.cu 's|const float w = fast_exp2(row\[D\] - base);|const float w = 1.f;|' ;;
   esac
+}
+
+# hopper_only DIR: a stage whose kernels exist in sm_90a code only (6 and 8)
+hopper_only() {
+  [ "${1#stage6_}" != "$1" ] || [ "${1#stage8_}" != "$1" ]
 }
 
 # step N STEP: one step of stage N in its own labs folder ($top/labs<N>-<STEP>); its lines go to
@@ -69,8 +95,8 @@ step() {
   env -u MAKEFLAGS make --no-print-directory lab STAGE="$n" LABS="$L" >/dev/null || { bad "make lab STAGE=$n"; return; }
   lab_files=$(cd "$L/$dir" && ls)
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
-  if [ "${dir#stage6_}" != "$dir" ] && [ "$cc" != 90 ] && [ "$s" != 1 ]; then
-    return  # stage 6 on another GPU: step 1 says it is unsupported, the rest cannot run
+  if hopper_only "$dir" && [ "$cc" != 90 ] && [ "$s" != 1 ]; then
+    return  # stage 6 or 8 on another GPU: step 1 says it is unsupported, the rest cannot run
   fi
   case $s in
   1) # the unfilled lab
@@ -78,7 +104,7 @@ step() {
     run_s=$(grep -m 1 -oE '^  yours: FAIL \(build [0-9]+ s, run [0-9]+ s\)' "$tmp/out" | grep -oE 'run [0-9]+' | grep -oE '[0-9]+')
     if [ "$rc" -eq 124 ]; then
       bad "stage $n, unfilled lab: make grade did not finish in 900 s"
-    elif [ "${dir#stage6_}" != "$dir" ] && [ "$cc" != 90 ]; then
+    elif hopper_only "$dir" && [ "$cc" != 90 ]; then
       if [ "$rc" -ne 0 ] && grep -q 'unsupported here' "$tmp/out"; then
         ok "stage $n on sm_$cc: make grade says it cannot run here (sm_90a only): $(grep -m 1 -o 'unsupported here.*' "$tmp/out" | cut -c1-120); steps 2-3 skipped"
       else
@@ -98,21 +124,24 @@ step() {
     else
       bad "stage $n, the solution: exit $rc after $took s: want every hole passing and a speed"
     fi ;;
-  3) # one hole wrong on purpose
-    wrong "$n"
-    fill_solution
-    sed "$edit" "$dir/$file" >"$L/$dir/$file"
-    if cmp -s "$L/$dir/$file" "$dir/$file"; then
-      say "FAIL  stage $n: the wrong fill did not change $file (its sed is stale)"
-      return
-    fi
-    grade 900 $qarg
-    others=$(grep -E '^  hole [0-9]+ ' "$tmp/out" | grep -v -E "^  hole $hole " | grep -c ' FAIL ')
-    if [ "$rc" -ne 0 ] && grep -q -E "^  hole $hole .* FAIL +(first failing case|self-test)" "$tmp/out" && [ "$others" -eq 0 ]; then
-      ok "stage $n, hole $hole filled wrong on purpose${qarg:+ ($qarg)}: caught and named ($took s): $(grep -E "^  hole $hole " "$tmp/out" | sed 's/  */ /g' | cut -c1-160)"
-    else
-      bad "stage $n, hole $hole filled wrong on purpose: exit $rc; want hole $hole FAIL with its first failing case, the others PASS"
-    fi ;;
+  3) # each wrong fill, one after the other
+    [ -n "$(wrongs "$n")" ] || { say "FAIL  stage $n: no wrong fill (wrongs() below has none)"; return; }
+    local hole file edit others
+    while IFS=$'\t' read -r -u 3 hole file edit; do  # fd 3: make and the programs keep stdin
+      fill_solution
+      sed "$edit" "$dir/$file" >"$L/$dir/$file"
+      if cmp -s "$L/$dir/$file" "$dir/$file"; then
+        say "FAIL  stage $n, hole $hole: the wrong fill did not change $file (its sed is stale)"
+        continue
+      fi
+      grade 900 $qarg
+      others=$(grep -E '^  hole [0-9]+ ' "$tmp/out" | grep -v -E "^  hole $hole " | grep -c ' FAIL ')
+      if [ "$rc" -ne 0 ] && grep -q -E "^  hole $hole .* FAIL +(first failing case|self-test)" "$tmp/out" && [ "$others" -eq 0 ]; then
+        ok "stage $n, hole $hole filled wrong on purpose${qarg:+ ($qarg)}: caught and named ($took s): $(grep -E "^  hole $hole " "$tmp/out" | sed 's/  */ /g' | cut -c1-160)"
+      else
+        bad "stage $n, hole $hole filled wrong on purpose: exit $rc; want hole $hole FAIL with its first failing case, the others PASS"
+      fi
+    done 3< <(wrongs "$n") ;;
   4) # the T4 path (stages 3 and 5: their sm_75 code is a hole of the lab)
     fill_solution
     grade 900 ARCH=compute_75 SMEM_LIMIT=65536 $qarg
