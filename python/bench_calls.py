@@ -17,7 +17,9 @@ shape it is the kernels' time unless the host is slower than them. Each call is 
             left when the host is out of the way (the kernels and their gaps).
 Rows: flashcourse, each labelled by the forward and the backward stage it runs (stage 5's forward
 with stage 7's backward everywhere, and on Hopper also what stage="auto" and backward_stage="auto"
-pick there: stage 6's forward with stage 8's backward), beside SDPA's default and its
+pick there: stage 6's forward with stage 8's backward), flash-attn's drop-ins on the same tokens
+(flash_attn_func in their [B, N, H, D] layout, flash_attn_varlen_func with the batch packed as B
+sequences of N), beside SDPA's default and its
 FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION backends; and, eagerly, three rows that
 locate the binding's cost: `Python path` (the last pair's calls through the binding's
 torch.autograd.Function and ctypes instead of its C++ operator: what a call costs where
@@ -185,6 +187,35 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
             add(impl, "graph", "forward+backward", graph_us(torch, fwd_bwd, calls, rounds))
             for t in leaves:
                 t.grad = None
+    # flash-attn's drop-ins on the same tokens, in their own layout ([B, N, H, D], contiguous):
+    # flash_attn_func, and flash_attn_varlen_func with the batch packed as B sequences of N
+    # ([B N, H, D] and cu_seqlens), each with its stages chosen by "auto"
+    bnhd = [t.transpose(1, 2).contiguous() for t in (q, k, v, do)]
+    cu = torch.arange(0, (B + 1) * N, N, device="cuda", dtype=torch.int32)
+    packed = [t.reshape(B * N, H, D) for t in bnhd]
+    for impl, inputs, call in (
+            ("flashcourse flash_attn_func", bnhd,
+             lambda q_, k_, v_, c: flashcourse.flash_attn_func(q_, k_, v_, causal=c)),
+            ("flashcourse flash_attn_varlen_func", packed,
+             lambda q_, k_, v_, c: flashcourse.flash_attn_varlen_func(q_, k_, v_, cu, cu, N, N,
+                                                                      causal=c))):
+        mine = [t.clone().requires_grad_(True) for t in inputs[:3]]
+
+        def fwd(call=call, inputs=inputs):
+            with torch.no_grad():
+                call(*inputs[:3], causal)
+
+        def fwd_bwd(call=call, mine=mine, grad=inputs[3]):
+            call(*mine, causal).backward(grad)
+
+        eager(impl, "forward", contextlib.nullcontext, fwd)
+        eager(impl, "forward+backward", contextlib.nullcontext, fwd_bwd)
+        add(impl, "graph", "forward", graph_us(torch, fwd, calls, rounds))
+        for t in mine:
+            t.grad = None
+        add(impl, "graph", "forward+backward", graph_us(torch, fwd_bwd, calls, rounds))
+        for t in mine:
+            t.grad = None
     stage, backward_stage = pairs[-1]
     p = _plans.plan(stage, False, shape, q.device.index, q.dtype, causal, D ** -0.5, "default",
                     0)

@@ -20,6 +20,9 @@
  * its own layout where the backward stage takes strides (a second plan for that layout, made
  * here once per layout by attn_lib_plan, as _plans._Plan.with_do does; four at most), else copied
  * into o's layout.
+ * flashcourse.flash_attn_func's calls take its tensors as they are, [B, N, H, D] (eager_call's
+ * bnhd): the plans are made for their [B, H, N, D] views (the same memory), the outputs laid out
+ * as those plans say, lse [B, H, N]; no transposes, no view nodes in the autograd graph.
  * A packed batch (flashcourse.flash_attn_varlen_func) runs the same passes through the operator
  * flashcourse_eager::attention_varlen, which takes the sequences' boundaries (cu_seqlens_q,
  * cu_seqlens_k: int32 on the device, never read here) beside q, k, v: q [total_q, H, D], lse
@@ -48,7 +51,7 @@ typedef decltype(&attn_lib_backward) backward_fn;
 typedef decltype(&attn_lib_plan) plan_fn;
 typedef decltype(&attn_lib_last_error) last_error_fn;
 
-constexpr int64_t EAGER_ABI = 5;   // _run._EAGER_ABI (5: the request grew a packed batch)
+constexpr int64_t EAGER_ABI = 6;   // _run._EAGER_ABI (6: bnhd, flash_attn_func's layout)
 constexpr int DO_ROWS = 12;        // dO's {batch, head, row} strides among the request's 24
 constexpr int DO_LAYOUTS_MAX = 4;  // _run._DO_LAYOUTS_MAX: more are copied into o's layout
 
@@ -73,9 +76,12 @@ struct eager_call {
     uint64_t plan_bytes;
     attn_lib_request request;
     int32_t backward_takes_strides;  // else dO is copied into o's layout
-    // the library's return codes (attn_lib_exit_codes) and the backward stage's name
+    // the library's return codes (attn_lib_exit_codes)
     int32_t code_pass, code_usage, code_unsupported, code_oom;
-    const char *backward_stage;
+    // 1: q, k, v (o, dO, dQ, dK, dV) are [B, N, H, D], the plans' [B, H, N, D] views transposed
+    // (flash_attn_func's layout; lse [B, H, N]); 0: [B, H, N, D], or packed [total, H, D]
+    int32_t bnhd;
+    const char *backward_stage;  // its name
     // backward plans for other layouts of dO, made here: room for DO_LAYOUTS_MAX of plan_bytes
     // each at offset do_plans, do_layouts of them made, {batch, head, row} each
     uint64_t do_plans;
@@ -126,23 +132,33 @@ const int *seqlens(const at::Tensor &cu) {
     return cu.defined() ? cu.data_ptr<int>() : nullptr;
 }
 
-// A tensor's {batch, head, row} strides: [B, H, N, D], or packed [total, H, D] (batch unused: 0).
-void rows_of(const at::Tensor &t, int64_t rows[3]) {
+// A tensor's {batch, head, row} strides: [B, H, N, D], [B, N, H, D] (bnhd), or packed
+// [total, H, D] (batch unused: 0).
+void rows_of(const at::Tensor &t, bool bnhd, int64_t rows[3]) {
     const bool packed = t.dim() == 3;
     rows[0] = packed ? 0 : t.stride(0);
-    rows[1] = t.stride(1);
-    rows[2] = packed ? t.stride(0) : t.stride(2);
+    rows[1] = t.stride(packed || !bnhd ? 1 : 2);
+    rows[2] = t.stride(packed ? 0 : bnhd ? 1 : 2);
+}
+
+// An output like t (o like q, dQ like q, dK like k, dV like v) laid out as the binding planned
+// it (_plans._like_rows): torch.empty_like of t, or with bnhd of t's [B, H, N, D] view,
+// transposed back (t's own strides where t is dense; where it is not, such as a fused
+// projection's slice, what empty_like makes of the view).
+at::Tensor like(const at::Tensor &t, bool bnhd) {
+    if (!bnhd || t.is_non_overlapping_and_dense()) return at::empty_like(t);
+    return at::empty_like(t.transpose(1, 2)).transpose(1, 2);
 }
 
 // cu_q, cu_k: a packed batch's boundaries (q [total_q, H, D], lse [H, total_q]), else undefined
 std::vector<at::Tensor> run_forward(const eager_call *c, const at::Tensor &q, const at::Tensor &k,
                                     const at::Tensor &v, const at::Tensor &cu_q,
                                     const at::Tensor &cu_k) {
-    at::Tensor o = at::empty_like(q);
-    at::Tensor lse =
-        cu_q.defined()
-            ? at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat))
-            : at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    at::Tensor o = like(q, c->bnhd);
+    const auto f32 = q.options().dtype(at::kFloat);
+    at::Tensor lse = cu_q.defined() ? at::empty({q.size(1), q.size(0)}, f32)
+                     : c->bnhd      ? at::empty({q.size(0), q.size(2), q.size(1)}, f32)
+                                    : at::empty({q.size(0), q.size(1), q.size(2)}, f32);
     at::Tensor ws = workspace(c->forward_workspace, q);
     int rc =
         c->forward(at_offset(c, c->forward_plan), q.data_ptr(), k.data_ptr(), v.data_ptr(),
@@ -195,7 +211,7 @@ std::vector<at::Tensor> run_backward(eager_call *c, const at::Tensor &q, const a
     if (!c->backward_takes_strides && d_o.strides() != o.strides())
         d_o = at::empty_like(o).copy_(d_o);
     int64_t rows[3];
-    rows_of(d_o, rows);
+    rows_of(d_o, c->bnhd, rows);
     uint64_t ws_bytes = 0;
     const void *plan = plan_for_rows(c, rows, &ws_bytes);
     if (!plan) {  // a fifth layout of dO: into o's, the binding's plan's
@@ -204,7 +220,7 @@ std::vector<at::Tensor> run_backward(eager_call *c, const at::Tensor &q, const a
         plan = at_offset(c, c->backward_plan);
     }
 
-    at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+    at::Tensor dq = like(q, c->bnhd), dk = like(k, c->bnhd), dv = like(v, c->bnhd);
     at::Tensor ws = workspace(ws_bytes, q);
     int rc = c->backward(plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                          lse.data_ptr<float>(), d_o.data_ptr(), dq.data_ptr(), dk.data_ptr(),

@@ -70,6 +70,24 @@ def causal_checked(causal, who: str) -> bool:
 NO_LOCAL = (-1, -1, 0.0)  # a call's (window_left, window_right, softcap): neither
 
 
+def local_checked(window_size, softcap, who: str) -> tuple:
+    """flash-attn's window_size (ints left, right; -1: unbounded) and softcap (>= 0; 0: none) as
+    (window_left, window_right, softcap), or TypeError / ValueError naming `who`."""
+    pair = tuple(window_size) if isinstance(window_size, (tuple, list)) else ()
+    if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in pair):
+        raise TypeError(f"{who}: window_size must be a pair (left, right) of ints, not "
+                        f"{window_size!r}")
+    if not all(-1 <= x <= _INT_MAX for x in pair):
+        raise ValueError(f"{who}: window_size {pair!r}: each side is -1 (unbounded) or 0 to "
+                         f"{_INT_MAX} keys")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"{who}: softcap must be a number, not {type(softcap).__name__}")
+    if not 0.0 <= softcap <= 3.4028234663852886e38:  # a float32
+        raise ValueError(f"{who}: softcap must be a finite number >= 0 (0: none), not "
+                         f"{softcap!r}")
+    return (int(pair[0]), int(pair[1]), float(softcap))
+
+
 def check_tensors(who: str, named, dtype=None):
     """Type, device, dtype and shape of q, k, v (and o, do): tensor metadata only, so
     torch.compile traces it. named: [(name, tensor)] starting with q, k, v: q [B, H, N, D], k and

@@ -1,9 +1,10 @@
 """The run paths: one pass of a plan on tensors, and what a cached call runs.
 
 A call that passed its checks is kept as a function of (q, k, v) in `calls` (api.attention looks
-it up first: the per-call cost is that lookup and the launches); a packed batch's
-(flash_attn_varlen_func) as a function of (q, k, v, cu_seqlens_q, cu_seqlens_k), the sequences'
-boundaries passed to the library as pointers, never read here. Eagerly it runs through the
+it up first: the per-call cost is that lookup and the launches; flash_attn_func's runs on its
+[B, N, H, D] tensors as they are); a packed batch's (flash_attn_varlen_func) as a function of
+(q, k, v, cu_seqlens_q, cu_seqlens_k), the sequences' boundaries passed to the library as
+pointers, never read here. Eagerly it runs through the
 eager operator, flashcourse_eager::attention (_eager.cpp: the forward pass and, through autograd,
 the backward pass as one torch::autograd::Function in C++ over the same plans), where `make lib`
 built it for this torch, else through the Python path (_ops.AttentionFunction over ctypes; the
@@ -115,11 +116,13 @@ def run_backward(q, k, v, o, lse, do, causal: bool, scale: float, stage: str, va
 calls: Dict[tuple, object] = {}
 
 
-def call_key(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-             backward_variant, grad: bool, local: tuple = NO_LOCAL):
+def call_key(q, k, v, *flags) -> tuple:
+    """The key of a call on q, k, v in `calls`: the tensors' types, shapes, strides, dtypes and
+    devices, the flags as the caller gave them (attention()'s: causal, scale, stage, variant,
+    smem_limit, backward_stage, backward_variant, grad, local; a flash-attn drop-in's: its name
+    first, api.given_key) and FLASHCOURSE_LIB_DIR."""
     return (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.stride(), k.stride(),
-            v.stride(), q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, scale,
-            stage, variant, smem_limit, backward_stage, backward_variant, grad, local,
+            v.stride(), q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, flags,
             os.environ.get("FLASHCOURSE_LIB_DIR"))
 
 
@@ -128,17 +131,42 @@ def ready(q, k, v) -> bool:
     return not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % ALIGN
 
 
-def make_call(fp: _Plan, bp: Optional[_Plan]):
+def remember(key_of, call, scale, cache: Optional[dict] = None) -> None:
+    """Keeps `call`, what a call that passed every check runs, in a call cache (cache: calls, the
+    default, or kv_calls) under key_of()'s key, so that the next call with these arguments costs
+    a dict lookup. Nothing is kept where the scale was given as other than None, an int or a
+    float (a 0-d tensor hashes by its identity, not its value) or where the key cannot be made
+    or hashed (an unhashable argument): such calls are checked every time. A full cache
+    (PLANS_MAX calls) starts over. attention() and the flash-attn drop-ins keep their calls
+    through it."""
+    if not (scale is None or type(scale) in (int, float)):
+        return
+    try:
+        key = key_of()
+        hash(key)
+    except TypeError:
+        return
+    if cache is None:
+        cache = calls  # (looked up now: a PythonPath block has its own)
+    if len(cache) >= PLANS_MAX:
+        cache.clear()
+    cache[key] = call
+
+
+def make_call(fp: _Plan, bp: Optional[_Plan], bnhd: bool = False):
     """The function a cached call runs: the forward plan alone, or both through autograd; by
     the eager operator (C++) where it is loaded, else in Python. A packed plan's (fp.varlen) is
-    a function of (q, k, v, cu_seqlens_q, cu_seqlens_k)."""
+    a function of (q, k, v, cu_seqlens_q, cu_seqlens_k). bnhd: plans of [B, H, N, D] views run
+    on the [B, N, H, D] tensors they view (flash_attn_func's): o [B, N, H, D], lse [B, H, N]."""
     op = eager_op()
     if op is not None:
-        call = _eager_call(fp, bp)
+        call = _eager_call(fp, bp, bnhd)
         if fp.varlen is not None:
             op = _eager[2]
             return lambda q, k, v, cu_q, cu_k: op(q, k, v, cu_q, cu_k, call)
         return lambda q, k, v: op(q, k, v, call)
+    if bnhd:  # the Python path runs on the views
+        return on_bnhd(make_call(fp, bp))
     if bp is None:
         if fp.varlen is not None:
             return lambda q, k, v, cu_q, cu_k: forward_with(fp, q, k, v, (cu_q, cu_k))
@@ -150,9 +178,18 @@ def make_call(fp: _Plan, bp: Optional[_Plan]):
     return lambda q, k, v: apply(q, k, v, fp, bp, None, None)
 
 
+def on_bnhd(run):
+    """A call of (q, k, v) [B, H, N, D] -> (o, lse) as one on the [B, N, H, D] tensors they are
+    views of: run on their transposes, o transposed back (flash-attn's layout)."""
+    def call(q, k, v):
+        o, lse = run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return o.transpose(1, 2), lse
+    return call
+
+
 # ---- the eager operator: the hot path in C++ (python/flashcourse/_eager.cpp) ----
 
-_EAGER_ABI = 5  # EAGER_ABI in _eager.cpp
+_EAGER_ABI = 6  # EAGER_ABI in _eager.cpp
 _DO_LAYOUTS_MAX = 4  # DO_LAYOUTS_MAX in _eager.cpp
 EAGER_LIB = "libflashcourse_eager.so"
 
@@ -168,7 +205,8 @@ class _EagerCall(ctypes.Structure):
                  ("backward_error", _P),
                  ("plan", _P), ("plan_bytes", _U), ("request", Request),
                  ("backward_takes_strides", _I)] +
-                [(n, _I) for n in ("code_pass", "code_usage", "code_unsupported", "code_oom")] +
+                [(n, _I) for n in ("code_pass", "code_usage", "code_unsupported", "code_oom",
+                                   "bnhd")] +
                 [("backward_stage", _P), ("do_plans", _U), ("do_layouts", _I),
                  ("do_rows", (_L * 3) * _DO_LAYOUTS_MAX),
                  ("do_workspace", _U * _DO_LAYOUTS_MAX)])
@@ -181,14 +219,14 @@ def _address(fn) -> int:
 _stage_names: Dict[str, ctypes.Array] = {}  # the backward stages' names, for _EagerCall (kept)
 
 
-def _eager_call(fp: _Plan, bp: Optional[_Plan]):
+def _eager_call(fp: _Plan, bp: Optional[_Plan], bnhd: bool = False):
     """The eager operator's description of a call: a CPU byte tensor holding an _EagerCall, the
     forward plan, the backward plan and room for DO_LAYOUTS_MAX more (_eager.cpp's eager_call;
     the plans are copies, so the tensor alone holds what the operator and its autograd node
-    read)."""
+    read). bnhd: the operator takes the [B, N, H, D] tensors the plans' views are of."""
     torch = _torch()
     c = _EagerCall()
-    c.abi = _EAGER_ABI
+    c.abi, c.bnhd = _EAGER_ABI, int(bnhd)
     lib = fp.library
     head = ctypes.sizeof(_EagerCall)
     c.forward, c.forward_plan, c.forward_workspace = _address(lib.forward), head, fp.workspace

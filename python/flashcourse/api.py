@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 from . import _library, _run
 from ._library import (BACKWARD_STAGE, FORWARD_STAGE, HOPPER_BACKWARD_STAGE, _torch,
                        stage_library)
-from ._plans import (NO_LOCAL, PLANS_MAX, asks, backward_geometry, causal_checked, check_aligned,
+from ._plans import (NO_LOCAL, asks, backward_geometry, causal_checked, check_aligned,
                      check_tensors, device_index, device_of, forward_geometry, plan, resolve,
                      scale_checked, smem_limit_checked, takes_strides)
 
@@ -78,7 +78,7 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
                                                 v.requires_grad)
             call = _run.calls.get(_run.call_key(q, k, v, causal, scale, stage, variant,
                                                 smem_limit, backward_stage, backward_variant,
-                                                grad))
+                                                grad, NO_LOCAL))
         except (AttributeError, TypeError):  # not tensors, an unhashable argument: checked below
             call = None
         if call is not None and _run.ready(q, k, v):
@@ -88,12 +88,14 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
 
 
 def attention_as(who: str, q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-                 backward_variant, local: tuple = NO_LOCAL):
+                 backward_variant, local: tuple = NO_LOCAL, bnhd_key=None):
     """attention() for a drop-in: the same cache first, and every error named by `who` (the
     function the user called). local: (window_left, window_right, softcap), a checked local
-    window and softcap (_plans.local_checked; flash_attn_func's)."""
+    window and softcap (_plans.local_checked; flash_attn_func's). bnhd_key: flash_attn_func's,
+    which looked its call up already (q, k, v: [B, H, N, D] views of its [B, N, H, D] tensors):
+    the call is kept as one on those tensors (_run.make_call's bnhd), under bnhd_key(grad)."""
     torch = _library.torch_mod
-    if torch is not None and not torch.compiler.is_compiling():
+    if bnhd_key is None and torch is not None and not torch.compiler.is_compiling():
         try:
             grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
                                                 v.requires_grad)
@@ -105,7 +107,15 @@ def attention_as(who: str, q, k, v, causal, scale, stage, variant, smem_limit, b
         if call is not None and _run.ready(q, k, v):
             return call(q, k, v)
     return _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit,
-                              backward_stage, backward_variant, who, local)
+                              backward_stage, backward_variant, who, local, bnhd_key)
+
+
+def given_key(who: str, q, k, v, causal, scale, window_size, softcap, *rest) -> tuple:
+    """A flash-attn drop-in's call's key (_run.call_key): its arguments as given (rest: the
+    others, grad last), with the types of those whose checks see more than their value (True ==
+    1 and 4.0 == 4 as keys, not as arguments), window_size's sides spread (a list's too)."""
+    typed = (causal, scale, *window_size, softcap)
+    return _run.call_key(q, k, v, who, type(window_size), *typed, *map(type, typed), *rest)
 
 
 def named_by(who: str, e: Exception) -> Exception:
@@ -126,14 +136,15 @@ def _compiling() -> bool:
 
 
 def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-                       backward_variant, who: Optional[str] = None, local: tuple = NO_LOCAL):
+                       backward_variant, who: Optional[str] = None, local: tuple = NO_LOCAL,
+                       bnhd_key=None):
     """attention() with every check made: the first call of a combination, every call under
     torch.compile (which traces the checks), and every call that fails one. who: the function
     the user called, where not attention(); attention()'s own errors for stage "auto" name
     flashcourse.attention (a stage's reason, such as a head dim it did not compile, included)."""
     try:
         return _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-                        backward_variant, who, local)
+                        backward_variant, who, local, bnhd_key)
     except _OWN_ERRORS as e:
         if who is None and stage != "auto":
             raise
@@ -144,7 +155,7 @@ def _attention_checked(q, k, v, causal, scale, stage, variant, smem_limit, backw
 
 
 def _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
-             backward_variant, who, local=NO_LOCAL):
+             backward_variant, who, local=NO_LOCAL, bnhd_key=None):
     given = (causal, scale, stage, variant, smem_limit)  # the cache's key: as the caller gave them
     given_backward = backward_stage  # ("auto" stays "auto" in the key, as attention() looks it up)
     name = who or (stage if isinstance(stage, str) and stage != "auto" else
@@ -191,21 +202,19 @@ def _checked(q, k, v, causal, scale, stage, variant, smem_limit, backward_stage,
         call = _in_parts(stage_library(stage).limits["max_bh"], H, H // int(k.shape[1]),
                          lambda q, k, v: attention_as(name, q, k, v, *given, given_backward,
                                                       backward_variant, local))
+        call = _run.on_bnhd(call) if bnhd_key else call
     else:
         call = _planned(q, k, v, causal, scale, stage, variant, sl, backward_stage,
-                        backward_variant, grad, eager, name, local)
+                        backward_variant, grad, eager, name, local, bool(bnhd_key))
         if not eager:
             return call
-    if given[1] is None or type(given[1]) in (int, float):  # (a 0-d tensor hashes by identity)
-        try:
-            key = _run.call_key(q, k, v, *given, given_backward, backward_variant, grad, local)
-        except TypeError:  # an unhashable argument: checked every call
-            key = None
-        if key is not None:
-            if len(_run.calls) >= PLANS_MAX:
-                _run.calls.clear()
-            _run.calls[key] = call
-    return call(q, k, v)
+    if bnhd_key is None:
+        _run.remember(lambda: _run.call_key(q, k, v, *given, given_backward, backward_variant,
+                                            grad, local), call, given[1])
+        return call(q, k, v)
+    _run.remember(lambda: bnhd_key(grad), call, given[1])  # flash_attn_func's, on its tensors
+    o, lse = call(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return o.transpose(1, 2), lse
 
 
 def _lead(name: str, stage: str) -> str:
@@ -214,9 +223,10 @@ def _lead(name: str, stage: str) -> str:
 
 
 def _planned(q, k, v, causal, scale, stage, variant, sl, backward_stage, backward_variant,
-             grad, eager, name, local=NO_LOCAL):
-    """The call's plans and the function that runs them on (q, k, v); under torch.compile, the
-    custom operator's result itself (it plans as it traces)."""
+             grad, eager, name, local=NO_LOCAL, bnhd=False):
+    """The call's plans and the function that runs them on (q, k, v) (bnhd: on the [B, N, H, D]
+    tensors that q, k, v are views of); under torch.compile, the custom operator's result itself
+    (it plans as it traces)."""
     # A stage that does not take strided tensors (or whose backward pass does not, with
     # gradients) gets contiguous copies; under torch.compile, which traces no library call, any
     # strided input is copied.
@@ -235,10 +245,11 @@ def _planned(q, k, v, causal, scale, stage, variant, sl, backward_stage, backwar
               local=local)
     bp = plan(backward_stage, True, backward_geometry(q, k, v), dev, q.dtype, causal, scale,
               backward_variant, sl, who=name, local=local) if grad else None
-    call = _run.make_call(fp, bp)
+    call = _run.make_call(fp, bp, bnhd and not copy)
     if copy:
         run = call
         call = lambda q, k, v: run(q.contiguous(), k.contiguous(), v.contiguous())  # noqa: E731
+        call = _run.on_bnhd(call) if bnhd else call
     return call
 
 

@@ -11,11 +11,11 @@ attention for the rest (two calls, concatenated along the rows).
 
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
-from . import _run
+from . import _library, _run
 from ._library import DECODE_STAGE, _torch, stage_library
-from ._plans import (_INT_MAX, ALIGN, NO_LOCAL, PLANS_MAX, causal_checked, device_of,
+from ._plans import (_INT_MAX, ALIGN, NO_LOCAL, causal_checked, device_of, local_checked,
                      scale_checked)
-from .api import _OWN_ERRORS, attention_as, named_by
+from .api import _OWN_ERRORS, attention_as, given_key, named_by
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -25,22 +25,13 @@ FLASH = "flashcourse.flash_attn_func"
 KVCACHE = "flashcourse.flash_attn_with_kvcache"
 
 
-def local_checked(window_size, softcap, who: str) -> tuple:
-    """flash-attn's window_size (ints left, right; -1: unbounded) and softcap (>= 0; 0: none) as
-    (window_left, window_right, softcap), or TypeError / ValueError naming `who`."""
-    pair = tuple(window_size) if isinstance(window_size, (tuple, list)) else ()
-    if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in pair):
-        raise TypeError(f"{who}: window_size must be a pair (left, right) of ints, not "
-                        f"{window_size!r}")
-    if not all(-1 <= x <= _INT_MAX for x in pair):
-        raise ValueError(f"{who}: window_size {pair!r}: each side is -1 (unbounded) or 0 to "
-                         f"{_INT_MAX} keys")
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise TypeError(f"{who}: softcap must be a number, not {type(softcap).__name__}")
-    if not 0.0 <= softcap <= 3.4028234663852886e38:  # a float32
-        raise ValueError(f"{who}: softcap must be a finite number >= 0 (0: none), not "
-                         f"{softcap!r}")
-    return (int(pair[0]), int(pair[1]), float(softcap))
+def flash_attn_lse(lse):
+    """The LSE as flash-attn 2 returns it: +inf for a row that sees no key (its kernels' `(sum ==
+    0.f || sum != sum) ? INFINITY`, and its fill where there are no keys at all), which the
+    course's contract and kernels write as -inf (attention.h). A new tensor, made on the device
+    (nothing waits): the backward pass keeps the kernels' own. For what a flash-attn drop-in
+    returns, and only where the caller asked for the LSE."""
+    return lse.masked_fill(lse == float("-inf"), float("inf"))
 
 
 def _four_dims(*ts) -> bool:
@@ -49,13 +40,13 @@ def _four_dims(*ts) -> bool:
 
 
 def _attend(who: str, q, k, v, mask: Optional[str], scale, stage, backward_stage,
-            backward_variant, local: tuple = NO_LOCAL):
+            backward_variant, local: tuple = NO_LOCAL, bnhd_key=None):
     """(o, lse) of q, k, v [B, H, N, D] with mask None, "bottom_right" (the kernels' causal) or
     "top_left" (SDPA's is_causal); local: a local window and softcap (bottom-right aligned, with
-    mask None or "bottom_right")."""
+    mask None or "bottom_right"); bnhd_key: flash_attn_func's (api.attention_as)."""
     def run(q, k, v, causal):
         return attention_as(who, q, k, v, causal, scale, stage, "default", None, backward_stage,
-                            backward_variant, local)
+                            backward_variant, local, bnhd_key)
 
     if mask != "top_left" or not _four_dims(q, k, v) or q.shape[2] == k.shape[2]:
         return run(q, k, v, mask is not None)
@@ -186,17 +177,34 @@ def flash_attn_func(q: "Tensor", k: "Tensor", v: "Tensor", dropout_p: float = 0.
     picks one that takes them), and flow into the backward pass; another stage raises
     ValueError naming this function.
     Returns o [B, N, H, D]; with return_attn_probs=True, (o, softmax_lse, S_dmask) as flash-attn
-    returns them without dropout: lse [B, H, N] float32 (natural log), S_dmask an empty tensor.
+    returns them without dropout: lse [B, H, N] float32 (natural log; +inf for a row that sees no
+    key, a window past its keys or N_k = 0, as flash-attn's, where attention() returns the
+    course's -inf), S_dmask an empty tensor.
     deterministic=True: the backward pass's deterministic variant (bit-identical gradients from
     run to run; stage 8's on Hopper, else stage 7's). Differentiable as attention(). stage: "auto" (stage 6 on Hopper, else
     stage 5) or a stage name; backward_stage: "auto" (stage 8 where it runs and takes the inputs,
-    else stage 7) or a stage name.
+    else stage 7) or a stage name. The first call of a combination of shapes, strides, dtypes and
+    arguments checks and plans; later ones cost a dict lookup and the launches, on q, k, v as they
+    are (no transposed views).
 
     The keywords flash-attn has and the stages do not compute are taken at their defaults only:
     dropout_p 0, alibi_slopes None; others raise NotImplementedError. Every error names this
     function.
     """
     who = FLASH
+    given = (causal, softmax_scale, window_size, softcap, deterministic, stage, backward_stage,
+             backward_variant)
+    torch = _library.torch_mod
+    if not dropout_p and alibi_slopes is None and torch is not None and \
+            not torch.compiler.is_compiling():
+        try:  # the call cache first: one dict lookup, on the tensors as they are
+            grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                                v.requires_grad)
+            call = _run.calls.get(given_key(who, q, k, v, *given, grad))
+        except Exception:  # not tensors, an unhashable argument, no pair: checked below
+            call = None
+        if call is not None and _run.ready(q, k, v):
+            return _flash_out(call(q, k, v), q, return_attn_probs)
     if dropout_p:
         raise NotImplementedError(f"{who} has no dropout (dropout_p={dropout_p!r}): pass "
                                   "dropout_p=0.0")
@@ -216,14 +224,20 @@ def flash_attn_func(q: "Tensor", k: "Tensor", v: "Tensor", dropout_p: float = 0.
         if t.dim() != 4:
             raise ValueError(f"{who} takes q [B, N, H, D], k and v [B, N_k, H_kv, D]; "
                              f"{n} has shape {tuple(t.shape)}")
-    # [B, N, H, D] -> [B, H, N, D] views: the same memory, the stages read it through strides
+    # [B, H, N, D] views, read through strides; the call kept is on q, k, v as they are (bnhd)
     o, lse = _attend(who, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                      "bottom_right" if causal else None, softmax_scale, stage, backward_stage,
-                     backward_variant, local)
-    o = o.transpose(1, 2)  # [B, N, H, D]: contiguous unless a stage without strides took copies
+                     backward_variant, local, lambda grad: given_key(who, q, k, v, *given, grad))
+    return _flash_out((o.transpose(1, 2), lse), q, return_attn_probs)
+
+
+def _flash_out(out: tuple, q, probs):
+    """flash_attn_func's result of (o [B, N, H, D], lse): o contiguous (a copy where it is not),
+    with probs (o, lse as flash-attn's, an empty S_dmask)."""
+    o, lse = out
     o = o if o.is_contiguous() else o.contiguous()
-    if return_attn_probs:
-        return o, lse, torch.empty((0,), dtype=q.dtype, device=q.device)
+    if probs:
+        return o, flash_attn_lse(lse), _torch().empty((0,), dtype=q.dtype, device=q.device)
     return o
 
 
@@ -259,13 +273,14 @@ def flash_attn_with_kvcache(q: "Tensor", k_cache: "Tensor", v_cache: "Tensor",
     place at cache_seqlens[b] .. + N_new - 1, then attended over with the rest (cache_seqlens is
     not advanced: the caller adds N_new, as with flash-attn). causal: query i sees keys j <=
     i + L_b - N_q (L_b = cache_seqlens[b] + N_new: aligned to the bottom right); a row with no
-    key gets o = 0 (lse -inf). softmax_scale: default 1/sqrt(D). Returns out [B, N_q, H, D]
-    (and softmax_lse [B, H, N_q] float32, natural log, with return_softmax_lse=True). Not
-    differentiable (as flash-attn's). Runs on the current stream with outputs from PyTorch's
-    caching allocator, planned once per combination of shapes, strides, dtypes and flags;
-    CUDA graphs capture it (an int cache_seqlens is captured as its value; pass a tensor to
-    change it between replays). num_splits: flash-attn's benchmarking knob, taken as a hint
-    (any int >= 0): the stage plans its own split of the keys from the GPU and the shape.
+    key gets o = 0 (lse +inf, as flash-attn's). softmax_scale: default 1/sqrt(D). Returns out
+    [B, N_q, H, D] (and softmax_lse [B, H, N_q] float32, natural log, with
+    return_softmax_lse=True). Not differentiable (as flash-attn's). Runs on the current stream
+    with outputs from PyTorch's caching allocator, planned once per combination of shapes,
+    strides, dtypes and flags; CUDA graphs capture it (an int cache_seqlens is captured as its
+    value; pass a tensor to change it between replays). num_splits: flash-attn's benchmarking
+    knob, taken as a hint (any int >= 0): the stage plans its own split of the keys from the GPU
+    and the shape.
 
     Refused: rotary_cos / rotary_sin (rotary embedding), cache_batch_idx, cache_leftpad,
     window_size other than (-1, -1), softcap other than 0, alibi_slopes raise
@@ -285,7 +300,7 @@ def flash_attn_with_kvcache(q: "Tensor", k_cache: "Tensor", v_cache: "Tensor",
             call = None
         if call is not None and _run.kv_ready(q, k_cache, v_cache, k, v):
             o, lse = call(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
-            return (o, lse) if return_softmax_lse else o
+            return (o, flash_attn_lse(lse)) if return_softmax_lse else o
     try:
         o, lse = _kvcache_checked(who, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                   cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
@@ -296,7 +311,7 @@ def flash_attn_with_kvcache(q: "Tensor", k_cache: "Tensor", v_cache: "Tensor",
         if renamed is e:
             raise
         raise renamed from None
-    return (o, lse) if return_softmax_lse else o
+    return (o, flash_attn_lse(lse)) if return_softmax_lse else o
 
 
 def _check_kvcache(who: str, q, k_cache, v_cache, k, v, cache_seqlens, block_table, dtypes):
@@ -423,14 +438,8 @@ def _kvcache_checked(who, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
                                            int(block_table.shape[1]) if paged else None)
     p = _run.decode_plan(stage, device_of(q), q.dtype, geometry, cache, causal, scale, variant)
     call = _run.make_decode_call(who, p, capacity, copy_new)
-    if not unaligned and (softmax_scale is None or type(softmax_scale) in (int, float)):
-        try:  # (a 0-d tensor's scale hashes by identity: checked every call)
-            key = _run.kv_key(q0, k_cache, v_cache, k0, v0, cache_seqlens, block_table,
-                              softmax_scale, causal, tuple(window_size), stage, variant)
-        except TypeError:  # an unhashable argument: checked every call
-            key = None
-        if key is not None:
-            if len(_run.kv_calls) >= PLANS_MAX:
-                _run.kv_calls.clear()
-            _run.kv_calls[key] = call
+    if not unaligned:
+        _run.remember(lambda: _run.kv_key(q0, k_cache, v_cache, k0, v0, cache_seqlens,
+                                          block_table, softmax_scale, causal, tuple(window_size),
+                                          stage, variant), call, softmax_scale, _run.kv_calls)
     return call(q, k_cache, v_cache, k, v, cache_seqlens, block_table)

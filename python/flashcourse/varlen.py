@@ -10,17 +10,16 @@ calls are, and runs from the same call cache (_run.calls) afterwards.
 """
 
 import operator
-import os
 import sys
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _library, _run
 from ._library import _torch, stage_library
-from ._plans import (_INT_MAX, PLANS_MAX, asks, backward_geometry, causal_checked,
-                     check_aligned, device_of, forward_geometry, plan, resolve, scale_checked,
+from ._plans import (_INT_MAX, asks, backward_geometry, causal_checked, check_aligned,
+                     device_of, forward_geometry, local_checked, plan, resolve, scale_checked,
                      takes_strides)
-from .api import _OWN_ERRORS, _compiling, named_by
-from .dropins import local_checked
+from .api import _OWN_ERRORS, _compiling, given_key, named_by
+from .dropins import flash_attn_lse
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -63,14 +62,15 @@ def flash_attn_varlen_func(q: "Tensor", k: "Tensor", v: "Tensor", cu_seqlens_q: 
     Returns o [total_q, H, D] (laid out like q); with return_attn_probs=True, (o, softmax_lse,
     S_dmask) as flash-attn returns them without dropout: softmax_lse [H, total_q] float32
     (natural log), S_dmask an empty tensor. A row that sees no key (a sequence without keys, a
-    window past its keys) gets o = 0 and lse -inf (the course's contract; flash-attn writes
-    +inf there); rows that no sequence covers are left as allocated. Differentiable with
-    respect to q, k and v (the backward by backward_stage: stage 8 on Hopper where it takes
-    packed batches, else stage 7); deterministic=True selects the backward's deterministic
-    variant, as flash_attn_func. An empty batch (max_seqlen_q or max_seqlen_k 0, no rows, no
-    heads) returns o = 0 and lse -inf, zero gradients. B x H over the kernels' grid limit runs
-    in parts along the heads. stage, backward_stage, backward_variant: as flash_attn_func's
-    (a stage that does not take packed batches says so: stages 5-8 do).
+    window past its keys) gets o = 0 and, as from flash-attn, lse +inf (the course's kernels
+    write -inf, which attention() returns: the LSE returned here is a copy with +inf there);
+    rows that no sequence covers are left as allocated. Differentiable with respect to q, k and
+    v (the backward by backward_stage: stage 8 on Hopper where it takes packed batches, else
+    stage 7); deterministic=True selects the backward's deterministic variant, as
+    flash_attn_func. An empty batch (max_seqlen_q or max_seqlen_k 0, no rows, no heads) returns
+    o = 0 and lse +inf, zero gradients. B x H over the kernels' grid limit runs in parts along
+    the heads. stage, backward_stage, backward_variant: as flash_attn_func's (a stage that does
+    not take packed batches says so: stages 5-8 do).
 
     Refused, naming this function and the argument: dropout_p > 0, alibi_slopes and block_table
     (a paged KV cache: flash_attn_with_kvcache takes one) raise NotImplementedError (so no
@@ -79,29 +79,24 @@ def flash_attn_varlen_func(q: "Tensor", k: "Tensor", v: "Tensor", cu_seqlens_q: 
     """
     who = VARLEN
     _refused(who, dropout_p, alibi_slopes, block_table)
-    local = local_checked(window_size, softcap, who)
-    if deterministic:
-        if backward_variant not in ("default", "deterministic"):
-            raise ValueError(f"{who}: deterministic=True is the backward variant "
-                             f"'deterministic', not {backward_variant!r}")
-        backward_variant = "deterministic"
-    given = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, local, stage, backward_stage,
-             backward_variant)
+    given = (causal, softmax_scale, window_size, softcap, deterministic, stage, backward_stage,
+             backward_variant, max_seqlen_q, max_seqlen_k)
     o, lse = _attend(who, q, k, v, cu_seqlens_q, cu_seqlens_k, given)
-    return (o, lse, _no_probs(q)) if return_attn_probs else o
+    return (o, flash_attn_lse(lse), _no_probs(q)) if return_attn_probs else o
 
 
 def _attend(who: str, q, k, v, cu_q, cu_k, given: tuple):
     """(o, lse) of a packed call: the call cache first (one dict lookup), else every check
-    (_checked), its errors named by `who`. given: (max_seqlen_q, max_seqlen_k, softmax_scale,
-    causal, local, stage, backward_stage, backward_variant) as the caller gave them."""
+    (_checked), its errors named by `who`. given: (causal, softmax_scale, window_size, softcap,
+    deterministic, stage, backward_stage, backward_variant, max_seqlen_q, max_seqlen_k) as the
+    caller gave them."""
     torch = _library.torch_mod
     if torch is not None and not torch.compiler.is_compiling():
         try:
             grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
                                                 v.requires_grad)
-            call = _run.calls.get(_key(q, k, v, cu_q, cu_k, *given, grad))
-        except (AttributeError, TypeError):  # not tensors, an unhashable argument: checked below
+            call = _run.calls.get(_key(q, k, v, cu_q, cu_k, given, grad))
+        except Exception:  # not tensors, an unhashable argument, no pair: checked below
             call = None
         if call is not None and _run.ready(q, k, v):
             return call(q, k, v, cu_q, cu_k)
@@ -131,15 +126,11 @@ def _refused(who: str, dropout_p, alibi_slopes, block_table):
                                   "flash_attn_with_kvcache takes one): pass None")
 
 
-def _key(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, local, stage, backward_stage,
-         backward_variant, grad: bool) -> tuple:
-    """The call cache's key: everything the checks look at but alignment (checked every call)."""
-    return (VARLEN, type(q), type(k), type(v), type(cu_q), type(cu_k), q.shape, k.shape, v.shape,
-            cu_q.shape, cu_k.shape, q.stride(), k.stride(), v.stride(), cu_q.stride(),
-            cu_k.stride(), q.dtype, k.dtype, v.dtype, cu_q.dtype, cu_k.dtype, q.device, k.device,
-            v.device, cu_q.device, cu_k.device, type(max_q), max_q, type(max_k), max_k, scale,
-            causal, local, stage, backward_stage, backward_variant, grad,
-            os.environ.get("FLASHCOURSE_LIB_DIR"))
+def _key(q, k, v, cu_q, cu_k, given: tuple, grad: bool) -> tuple:
+    """The call cache's key (api.given_key): everything the checks look at but alignment
+    (checked every call), the boundaries' metadata and max_seqlen_q and _k's types too."""
+    return given_key(VARLEN, q, k, v, *given, type(given[-2]), type(given[-1]), _run._meta(cu_q),
+                     _run._meta(cu_k), grad)
 
 
 def seqlen_checked(x, name: str, who: str) -> int:
@@ -199,7 +190,14 @@ def _check(who: str, q, k, v, cu_q, cu_k):
 def _checked(who, q, k, v, cu_q, cu_k, given: tuple):
     """flash_attn_varlen_func with every check made: the first call of a combination, every
     call under torch.compile and every call that fails a check; keeps what the call runs."""
-    max_q, max_k, scale, causal, local, stage, backward_stage, backward_variant = given
+    causal, scale, window_size, softcap, deterministic, stage, backward_stage, backward_variant, \
+        max_q, max_k = given
+    local = local_checked(window_size, softcap, who)
+    if deterministic:
+        if backward_variant not in ("default", "deterministic"):
+            raise ValueError(f"{who}: deterministic=True is the backward variant "
+                             f"'deterministic', not {backward_variant!r}")
+        backward_variant = "deterministic"
     max_q = seqlen_checked(max_q, "max_seqlen_q", who)
     max_k = seqlen_checked(max_k, "max_seqlen_k", who)
     causal = causal_checked(causal, who)
@@ -238,15 +236,7 @@ def _checked(who, q, k, v, cu_q, cu_k, given: tuple):
                         backward_stage, backward_variant, grad, eager)
         if not eager:
             return call
-    if given[2] is None or type(given[2]) in (int, float):  # (a 0-d tensor hashes by identity)
-        try:
-            key = _key(q, k, v, cu_q, cu_k, *given, grad)
-        except TypeError:  # an unhashable argument: checked every call
-            key = None
-        if key is not None:
-            if len(_run.calls) >= PLANS_MAX:
-                _run.calls.clear()
-            _run.calls[key] = call
+    _run.remember(lambda: _key(q, k, v, cu_q, cu_k, given, grad), call, given[1])
     return call(q, k, v, cu_q, cu_k)
 
 
@@ -280,7 +270,8 @@ def _planned(who, q, k, v, cu_q, cu_k, seqs, causal, scale, local, stage, backwa
 
 
 def _empty(q, k, v):
-    """(o, lse) of a packed batch with nothing to launch: o zero like q, lse [H, total_q] -inf;
+    """(o, lse) of a packed batch with nothing to launch: o zero like q, lse [H, total_q] -inf
+    (the kernels' value for a row without keys; flash_attn_varlen_func returns +inf);
     o differentiable with zero gradients (a sum over no element of each of q, k, v)."""
     torch = _torch()
     o = torch.zeros_like(q)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The drop-ins against their originals: flashcourse.scaled_dot_product_attention against
 torch.nn.functional.scaled_dot_product_attention, flash_attn_func's keywords as flash-attn 2 takes
-them, errors naming the function called, empty problems and B x H over the kernels' limit.
+them and its LSE as flash-attn 2 returns it (+inf for a row that sees no key), errors naming the
+function called, empty problems and B x H over the kernels' limit.
 
     PYTHONPATH=python python3 python/tests/test_dropins.py
 
@@ -12,48 +13,18 @@ failed, K skipped".
 """
 
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from harness import (Skip, assert_within, check_flash_lse, key_mask, miss, need_gpu, raiser, run,
+                     setup, softmax_ref, summary)
+
+torch, HAVE_GPU = setup()
 import flashcourse  # noqa: E402
 
-try:
-    import torch
-    import torch.nn.functional as F
-    HAVE_GPU = torch.cuda.is_available()
-except ImportError:
-    torch = F = None
-    HAVE_GPU = False
-
-from harness import Skip, run, summary  # noqa: E402
+F = torch.nn.functional if torch is not None else None
 
 SDPA_NAME, FLASH_NAME = "flashcourse.scaled_dot_product_attention", "flashcourse.flash_attn_func"
 
-
-def need_gpu():
-    if torch is None:
-        raise Skip("no PyTorch here")
-    if not HAVE_GPU:
-        raise Skip("no CUDA GPU here")
-
-
-def raises(exc, fn, *args, match=(), **kw):
-    """fn(*args, **kw) raises exc with every string of match in its one-line message, and no
-    internal name ("auto", a private module)."""
-    try:
-        fn(*args, **kw)
-    except exc as e:
-        msg = str(e)
-        assert "\n" not in msg.strip(), f"not one line: {msg!r}"
-        for m in [match] if isinstance(match, str) else match:
-            assert m in msg, f"{exc.__name__} {msg!r} lacks {m!r}"
-        for internal in ("'auto'", " auto ", "_plans", "_run", "_library", "_attention_checked"):
-            assert internal not in msg, f"{msg!r} names {internal!r}"
-        return msg
-    except Exception as e:
-        raise AssertionError(f"expected {exc.__name__}, got {type(e).__name__}: {e}")
-    raise AssertionError(f"expected {exc.__name__}, nothing raised")
+raises = raiser("'auto'", " auto ", "_attention_checked")
 
 
 def leaves(shape_q, shape_kv, dtype=torch and torch.float16, seed=0):
@@ -73,13 +44,6 @@ def sdpa_ref(q, k, v, **kw):
     return o, ref
 
 
-def miss(got, want, what):
-    """None if got is within the bound of want, else what and by how much."""
-    bound = 2e-2 * max(1.0, want.abs().max().item())
-    err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
-    return None if err <= bound else f"{what}: max error {err:.3g} > {bound:.3g}"
-
-
 def compare(ours_fn, ref_kw, q, k, v, label, other_kw=None):
     """ours_fn(q, k, v) against SDPA(**ref_kw) forward and gradients; other_kw: a mask whose
     answer must differ (so that a wrong alignment fails)."""
@@ -89,14 +53,127 @@ def compare(ours_fn, ref_kw, q, k, v, label, other_kw=None):
     ours = [o] + [t.grad for t in (q, k, v)]
     ro, ref = sdpa_ref(q, k, v, **ref_kw)
     ro.backward(do.float())
-    want = [ro] + [t.grad for t in ref]
-    bad = [m for m in (miss(g, w, f"{label} {n}") for g, w, n in
-                       zip(ours, want, ("o", "dq", "dk", "dv"))) if m]
-    assert not bad, "; ".join(bad)
+    assert_within(ours, [ro] + [t.grad for t in ref], label)
     if other_kw is not None:
         other, _ = sdpa_ref(q, k, v, **other_kw)
         assert miss(o, other, "the other mask") is not None, \
             f"{label}: the other mask's answer is within the bound: the test could not fail"
+
+
+def t_returned_lse():
+    # with PyTorch, no GPU needed (the stages' answer stood in for): the LSE the flash-attn
+    # drop-ins return is +inf where the stages' is -inf (a row that sees no key), as flash-attn
+    # returns it, only where the caller asked for it, and a new tensor: the stages' own (which
+    # the backward pass reads) keeps -inf; check_flash_lse holds it to that
+    if torch is None:
+        raise Skip("no PyTorch here")
+    from flashcourse import dropins, varlen
+    inf = float("inf")
+    lse = torch.tensor([[[-inf, 0.5, 2.0, -inf]]])  # [B, H, N] = [1, 1, 4]: rows 0 and 3 see none
+    want = torch.tensor([[[inf, 0.5, 2.0, inf]]])
+    q = torch.zeros(1, 4, 1, 8)  # [B, N, H, D]
+    o = torch.zeros(1, 1, 4, 8)  # [B, H, N, D], as the stages return it
+    saved = dropins._attend, varlen._attend, dropins._kvcache_checked
+    dropins._attend = lambda who, q, k, v, *rest: (o, lse)
+    varlen._attend = lambda who, q, k, v, cu_q, cu_k, given: (o[0].transpose(0, 1), lse[0])
+    dropins._kvcache_checked = lambda *args: (q, lse)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    try:
+        for name, call, got_lse in (
+                ("flash_attn_func", lambda probs: flashcourse.flash_attn_func(
+                    q, q, q, return_attn_probs=probs), lambda r: r[1]),
+                ("flash_attn_varlen_func", lambda probs: flashcourse.flash_attn_varlen_func(
+                    q[0], q[0], q[0], cu, cu, 4, 4, return_attn_probs=probs),
+                 lambda r: r[1][None]),
+                ("flash_attn_with_kvcache", lambda probs: flashcourse.flash_attn_with_kvcache(
+                    q, q, q, return_softmax_lse=probs), lambda r: r[1])):
+            assert isinstance(call(False), torch.Tensor), f"{name}: o alone unless asked"
+            got = got_lse(call(True))
+            assert torch.equal(got, want), f"{name}: {got} != {want}"
+            assert torch.equal(lse, torch.tensor([[[-inf, 0.5, 2.0, -inf]]])), \
+                f"{name} changed the stages' own LSE"
+            check_flash_lse(got, lse.double(), name)
+    finally:
+        dropins._attend, varlen._attend, dropins._kvcache_checked = saved
+    for bad, why in ((lse, "-inf"), (torch.tensor([[[inf, 0.5, inf, inf]]]), "+inf at other"),
+                     (torch.tensor([[[inf, 0.5, 9.0, inf]]]), "max error")):
+        try:
+            check_flash_lse(bad, lse.double(), "bad")
+        except AssertionError as e:
+            assert why in str(e), (why, e)
+        else:
+            raise AssertionError(f"check_flash_lse passed {bad}")
+
+
+class SpyCalls(dict):
+    """A call cache that records the keys looked up and answers each with `call` (None: a
+    miss)."""
+
+    def __init__(self, call=None):
+        super().__init__()
+        self.keys, self.call = [], call
+
+    def get(self, key, default=None):
+        self.keys.append(key)
+        return self.call
+
+
+def t_lookup_first():
+    # with PyTorch, no GPU needed: flash_attn_func and flash_attn_varlen_func look their call up
+    # first, keyed on what the caller passed, and a cached call runs on q, k, v as they are (the
+    # very tensors: no transposes, no checks; o made contiguous); arguments equal as keys but not
+    # as arguments (4.0 and 4, 1.0 and True) make other keys, so the checks still refuse them;
+    # dropout and ALiBi never reach the cache
+    if torch is None:
+        raise Skip("no PyTorch here")
+    from flashcourse import _run
+    inf = float("inf")
+    q = torch.zeros(1, 4, 2, 8)  # [B, N, H, D]
+    lse = torch.tensor([[[-inf, 0.5, 2.0, -inf]] * 2])  # [B, H, N]
+    ran = []
+
+    def call(*args):
+        ran.append(args)
+        return torch.zeros(1, 2, 4, 8).transpose(1, 2), lse  # o [B, N, H, D], not contiguous
+
+    fa, varlen = flashcourse.flash_attn_func, flashcourse.flash_attn_varlen_func
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    saved = _run.calls
+    try:
+        _run.calls = spy = SpyCalls(call)
+        o = fa(q, q, q, causal=True, window_size=(4, 4))
+        assert len(ran) == 1 and all(a is q for a in ran[0]), "not the tensors as given"
+        assert o.shape == (1, 4, 2, 8) and o.is_contiguous()
+        o, got, s_dmask = fa(q, q, q, causal=True, window_size=(4, 4), return_attn_probs=True)
+        assert torch.equal(got, lse.masked_fill(lse == -inf, inf)) and s_dmask.numel() == 0
+        packed = q[0]  # [total, H, D]
+        varlen(packed, packed, packed, cu, cu, 4, 4, causal=True)
+        assert len(ran) == 3 and all(a is b for a, b in zip(ran[2], (packed,) * 3 + (cu, cu)))
+        # one key per combination of what was passed (a list window's too: kept as well)
+        for fn, args in ((fa, (q, q, q)), (varlen, (packed, packed, packed, cu, cu, 4, 4))):
+            spy.keys = []
+            for kw in (dict(window_size=(4, 4)), dict(window_size=[4, 4]),
+                       dict(window_size=(4.0, 4)), dict(causal=1.0), dict(causal=True),
+                       dict(softcap=1), dict(softcap=True)):
+                fn(*args, **kw)
+            k = spy.keys
+            hash(k[1])  # a list window: a key all the same
+            assert k[2] != k[0] and k[3] != k[4] and k[5] != k[6], f"{fn.__name__}: equal keys"
+        # a miss: every check as before, errors naming the function
+        _run.calls = SpyCalls()
+        for kw, exc in ((dict(window_size=(4.0, 4)), TypeError), (dict(causal=1.0), TypeError),
+                        (dict(softcap=True), TypeError)):
+            raises(exc, fa, q, q, q, match=FLASH_NAME, **kw)
+            raises(exc, varlen, packed, packed, packed, cu, cu, 4, 4,
+                   match="flashcourse.flash_attn_varlen_func", **kw)
+        _run.calls = spy = SpyCalls(call)
+        raises(NotImplementedError, fa, q, q, q, dropout_p=0.1, match=[FLASH_NAME, "dropout"])
+        raises(NotImplementedError, fa, q, q, q, alibi_slopes=q, match=[FLASH_NAME, "ALiBi"])
+        raises(NotImplementedError, varlen, packed, packed, packed, cu, cu, 4, 4, dropout_p=0.1,
+               match="dropout")
+        assert not spy.keys, "dropout or ALiBi looked up"
+    finally:
+        _run.calls = saved
 
 
 CAUSAL_SHAPES = ((5, 20), (20, 5), (1, 100), (100, 1))
@@ -196,6 +273,27 @@ def t_flash_attn_keywords():
     assert torch.equal(o, o2)
     assert lse2.shape == (2, 4, 128) and lse2.dtype == torch.float32 and torch.equal(lse, lse2)
     assert s_dmask.numel() == 0, s_dmask.shape  # flash-attn 2 without dropout: empty
+    # causal with N > N_k: the first N - N_k rows see no key; flash-attn returns their lse as
+    # +inf, attention() as the course's -inf, and the backward pass is the same either way
+    N, N_k, none = 96, 40, 56
+    q3, k3, v3 = leaves((2, N, 4, 64), (2, N_k, 2, 64), seed=4)
+    do3 = torch.randn_like(q3)
+    grads = []
+    for probs in (True, False):
+        for t in (q3, k3, v3):
+            t.grad = None
+        out = fa(q3, k3, v3, causal=True, deterministic=True, return_attn_probs=probs)
+        (out[0] if probs else out).backward(do3)
+        grads.append([t.grad.clone() for t in (q3, k3, v3)])
+        if probs:
+            lse3 = out[1]
+    assert all(torch.equal(a, b) for a, b in zip(*grads)), "return_attn_probs: other gradients"
+    with torch.no_grad():
+        _, course = flashcourse.attention(*(t.transpose(1, 2) for t in (q3, k3, v3)), causal=True)
+    assert bool((course[:, :, :none] == float("-inf")).all()), "attention(): -inf (attention.h)"
+    assert bool((lse3[:, :, :none] == float("inf")).all()), lse3[:, :, :none]
+    assert torch.equal(lse3[:, :, none:], course[:, :, none:]) and \
+        bool(lse3[:, :, none:].isfinite().all())
     for kw, word in ((dict(alibi_slopes=torch.ones(4, device="cuda")), "ALiBi"),
                      (dict(dropout_p=0.1), "dropout")):
         raises(NotImplementedError, fa, q, k, v, match=[FLASH_NAME, word], **kw)
@@ -210,26 +308,86 @@ def t_flash_attn_keywords():
            match=FLASH_NAME)
 
 
-def key_mask(N, N_k, causal, left, right, device="cuda"):
-    """[N, N_k] bool: the keys each query attends to, by attention.h's rules (attn_shape_complete
-    then attn_key_range): causal makes right 0; a bound at or past N_k, or negative, is
-    unbounded, except an unbounded right beside a bounded left, which is N_k (flash-attn's);
-    query i sees keys i + N_k - N - left .. i + N_k - N + right."""
-    if causal:
-        right = 0
-    left = -1 if left < 0 or left >= N_k else left
-    right = -1 if right < 0 or right >= N_k else right
-    if left >= 0 and right < 0:
-        right = N_k
-    i = torch.arange(N, device=device)[:, None]
-    j = torch.arange(N_k, device=device)[None, :]
-    diag = i + N_k - N
-    mask = torch.ones(N, N_k, dtype=torch.bool, device=device)
-    if right >= 0:
-        mask &= j <= diag + right
-    if left >= 0:
-        mask &= j >= diag - left
-    return mask
+def _transposes(o) -> int:
+    """The TransposeBackward nodes between o and the leaves."""
+    seen, stack, n = set(), [o.grad_fn], 0
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        n += "Transpose" in node.name()
+        stack.extend(f for f, _ in node.next_functions)
+    return n
+
+
+def t_flash_attn_cached():
+    need_gpu()
+    # flash_attn_func's cached call runs on its [B, N, H, D] tensors as they are: its first
+    # (checked) call, its cached calls, attention() on the [B, H, N, D] views and the Python
+    # path give bit-identical o, lse and (deterministic) gradients, in four layouts, o
+    # contiguous; a cached call takes no checked path and, by the C++ operator, adds no
+    # transpose to the autograd graph
+    from flashcourse import _run, dropins
+    fa = flashcourse.flash_attn_func
+    B, N, N_k, H, H_kv, D = 2, 200, 260, 4, 2, 64
+    g = torch.Generator(device="cuda").manual_seed(77)
+
+    def r(*shape):
+        return torch.randn(shape, generator=g, device="cuda").half()
+
+    layouts = {  # name: (the leaves' values, q, k, v [B, N, H, D] of the leaves)
+        "contiguous": ([r(B, N, H, D), r(B, N_k, H_kv, D), r(B, N_k, H_kv, D)], lambda b: b),
+        "[B, H, N, D] memory": ([r(B, H, N, D), r(B, H_kv, N_k, D), r(B, H_kv, N_k, D)],
+                                lambda b: [t.transpose(1, 2) for t in b]),
+        "a fused projection": ([r(B, N, 3, H, D)], lambda b: list(b[0].unbind(2))),
+        "padded rows": ([r(B, N, H, D + 16), r(B, N_k, H_kv, D + 16), r(B, N_k, H_kv, D + 16)],
+                        lambda b: [t[..., :D] for t in b]),
+    }
+    cpp = flashcourse.eager_path().startswith("C++")
+    checked, real = [], dropins._attend
+
+    def counting(*args, **kw):
+        checked.append(args)
+        return real(*args, **kw)
+
+    def flash(q, k, v):
+        o, lse, _ = fa(q, k, v, causal=True, deterministic=True, return_attn_probs=True)
+        assert o.is_contiguous() and lse.shape == (B, H, N), (o.stride(), lse.shape)
+        return o, lse
+
+    def course(q, k, v):
+        o, lse = flashcourse.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       causal=True, backward_variant="deterministic")
+        return o.transpose(1, 2), lse
+
+    dropins._attend = counting
+    try:
+        for name, (values, view) in layouts.items():
+            do = r(B, N, H, D)
+
+            def once(fn):
+                leaves = [t.clone().requires_grad_(True) for t in values]
+                o, lse = fn(*view(leaves))
+                o.backward(do)
+                return [o.detach(), lse] + [t.grad for t in leaves], o
+
+            n = len(checked)
+            first, _ = once(flash)
+            assert len(checked) == n + 1, f"{name}: the first call was not checked"
+            second, o = once(flash)
+            assert len(checked) == n + 1, f"{name}: a repeated call took the checked path"
+            if cpp and name != "[B, H, N, D] memory":  # (there the caller's views transpose)
+                assert _transposes(o) == 0, f"{name}: transposes in the cached call's graph"
+            runs = {"cached": second, "attention()": once(course)[0]}
+            with _run.PythonPath():
+                runs["Python path, checked"] = once(flash)[0]
+                runs["Python path, cached"] = once(flash)[0]
+            for what, got in runs.items():
+                for x, y, part in zip(first, got, ("o", "lse", "grad 0", "grad 1", "grad 2")):
+                    assert torch.equal(x, y), f"{name}: {what}: {part} differs"
+    finally:
+        dropins._attend = real
 
 
 def local_ref(q, k, v, causal, window, softcap, scale):
@@ -243,14 +401,8 @@ def local_ref(q, k, v, causal, window, softcap, scale):
     s = scale * qh @ kh.transpose(-1, -2)
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    mask = key_mask(qh.shape[2], kh.shape[2], causal, *window, device=q.device)
-    s = s.masked_fill(~mask, float("-inf"))
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m).detach()
-    p = torch.exp(s - m)  # 0 where masked
-    l = p.sum(-1, keepdim=True)
-    o = (p @ vh) / torch.where(l > 0, l, torch.ones_like(l))
-    lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, float("-inf")))[..., 0]
+    o, lse = softmax_ref(s, key_mask(qh.shape[2], kh.shape[2], causal, *window,
+                                     device=q.device), vh)
     return o.transpose(1, 2), lse, ref
 
 
@@ -279,13 +431,8 @@ def t_flash_attn_local():
         o.backward(do)
         ro, rlse, ref = local_ref(q, k, v, causal, window, cap, 64 ** -0.5)
         ro.backward(do.double())
-        bad = [m for m in (miss(g, w, f"{label} {what}") for g, w, what in
-                           zip([o, q.grad, k.grad, v.grad], [ro] + [t.grad for t in ref],
-                               ("o", "dq", "dk", "dv"))) if m]
-        assert not bad, "; ".join(bad)
-        finite = torch.isfinite(rlse)
-        assert torch.equal(torch.isfinite(lse), finite), f"{label}: lse -inf at other rows"
-        assert miss(lse[finite], rlse[finite], f"{label} lse") is None, label
+        assert_within([o, q.grad, k.grad, v.grad], [ro] + [t.grad for t in ref], label)
+        check_flash_lse(lse, rlse, label)  # +inf where a row sees no key, as flash-attn's
         # the window and the cap are read: the plain answer is outside the bound
         plain, _, _ = local_ref(q, k, v, causal, (-1, -1), 0.0, 64 ** -0.5)
         assert miss(o, plain, "plain") is not None, f"{label}: equal to the plain answer"
@@ -324,10 +471,8 @@ def t_head_dims():
                 o.backward(do)
                 ro, rlse, ref = local_ref(q, k, v, causal, (-1, -1), 0.0, D ** -0.5)
                 ro.backward(do.double())
-                bad = [m for m in (miss(g, w, f"flash_attn_func {label} {what}") for g, w, what in
-                                   zip([o, q.grad, k.grad, v.grad], [ro] + [t.grad for t in ref],
-                                       ("o", "dq", "dk", "dv"))) if m]
-                assert not bad, "; ".join(bad)
+                assert_within([o, q.grad, k.grad, v.grad], [ro] + [t.grad for t in ref],
+                              f"flash_attn_func {label}")
                 assert miss(lse, rlse, f"{label} lse") is None, label
                 if causal:  # the mask is read: the full answer is outside the bound
                     full, _, _ = local_ref(q, k, v, False, (-1, -1), 0.0, D ** -0.5)
@@ -388,6 +533,11 @@ def t_empty():
             o, lse = flashcourse.attention(q, k, v)
         assert lse.shape == (B, H, L) and lse.dtype == torch.float32
         assert bool((lse == float("-inf")).all()), lse  # no key: lse -inf (attention.h)
+        with torch.no_grad():  # flash-attn's: +inf (its fill where there are no keys)
+            o, lse, _ = flashcourse.flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)),
+                                                    return_attn_probs=True)
+        assert o.shape == (B, L, H, 64) and not o.any(), o.shape
+        assert lse.shape == (B, H, L) and bool((lse == float("inf")).all()), lse
         for causal in (False, True):
             q, k, v = leaves((B, H, L, 64), (B, H, S, 64))
             o = sdpa(q, k, v, is_causal=causal)
@@ -422,21 +572,29 @@ def t_over_the_grid_limit():
 def main():
     print(f"flashcourse drop-in tests: torch {torch.__version__ if torch else 'absent'}, GPU "
           f"{torch.cuda.get_device_name() if HAVE_GPU else 'none'}")
+    run("flash-attn drop-ins return the LSE as flash-attn: +inf where the stages' is -inf, a "
+        "copy, only when asked (the stages stood in for)", t_returned_lse)
+    run("flash_attn_func and flash_attn_varlen_func look their call up first, keyed on what was "
+        "passed (types too), and run it on the tensors as given (a spy cache)", t_lookup_first)
     run("SDPA drop-in: is_causal with L != S aligned top-left as SDPA, forward and gradients",
         t_sdpa_causal_top_left)
     run("SDPA drop-in: causal_lower_right / causal_upper_left masks as SDPA", t_sdpa_causal_bias)
     run("SDPA drop-in: float32 inputs under autocast as SDPA; outside it one TypeError",
         t_sdpa_autocast)
     run("SDPA drop-in: grouped-query heads (enable_gqa=True) as SDPA", t_sdpa_gqa)
-    run("flash_attn_func: deterministic, return_attn_probs, the keywords it refuses",
-        t_flash_attn_keywords)
+    run("flash_attn_func: deterministic, return_attn_probs (lse +inf where a row sees no key, "
+        "as flash-attn's), the keywords it refuses", t_flash_attn_keywords)
+    run("flash_attn_func: its cached call on [B, N, H, D] tensors as they are (no transposes): "
+        "bit-identical to its first call, attention() and the Python path, in four layouts",
+        t_flash_attn_cached)
     run("flash_attn_func: window_size and softcap against a float64 masked, capped softmax, "
         "forward and gradients (GQA, bf16, N_k != N)", t_flash_attn_local)
     run("head dims 40, 80, 96, 256: flash_attn_func and the SDPA drop-in, fp16 and bf16, causal "
         "and not, forward and gradients vs float64; 24, 264, 100 refused naming the function",
         t_head_dims)
     run("errors name the function called", t_errors_name_the_function)
-    run("empty batches, heads, queries or keys: zeros as torch, zero-size gradients", t_empty)
+    run("empty batches, heads, queries or keys: zeros as torch, zero-size gradients; "
+        "flash_attn_func's lse +inf as flash-attn's", t_empty)
     run("B x H over the kernels' limit: in parts, equal to SDPA", t_over_the_grid_limit)
     return summary()
 

@@ -14,40 +14,27 @@ on a GPU: what the stage is told at plan time and at run time). With PyTorch and
 tensors' checks. On a GPU, against a float64 reference computed sequence by sequence: random
 lengths with 0, 1 and over 4,096 (fixed seeds), N_q != N_k per sequence, sequences without keys,
 causal and not, windows, softcap, GQA, bf16, D 64, 96, 128, 256, a fused projection's strided
-views, forward, lse and gradients; deterministic gradients; return_attn_probs; empty batches;
-B x H over the grid's limit; 1,000 short documents beside a long one (the workspace scales with
-the tokens); the call cache, no synchronisation, a CUDA graph replayed with new lengths,
-torch.compile, the C++ eager operator against the Python path; bad tensors. Ends with "N
-passed, M failed, K skipped".
+views, forward, lse (+inf for a row without keys, as flash-attn's) and gradients;
+deterministic gradients; return_attn_probs; empty batches; B x H over the grid's limit; 1,000
+short documents beside a long one (the workspace scales with the tokens); the call cache, no
+synchronisation, a CUDA graph replayed with new lengths, torch.compile, the C++ eager operator
+against the Python path; bad tensors. Ends with "N passed, M failed, K skipped".
 """
 
 import ctypes
 import inspect
-import os
 import random
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 from types import SimpleNamespace
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from harness import (REPO, Skip, assert_within, check_flash_lse, fake_stage_library, key_mask,
+                     miss, need_gpu, raiser, run, setup, softmax_ref, summary)
+
+torch, HAVE_GPU = setup()
 import flashcourse  # noqa: E402
 from flashcourse import _library, _plans, _run, varlen  # noqa: E402
 
-try:
-    import torch
-    HAVE_GPU = torch.cuda.is_available()
-except ImportError:
-    torch = None
-    HAVE_GPU = False
-
-from harness import Skip, run, summary  # noqa: E402
-
-REPO = HERE.parents[1]
 WHO = "flashcourse.flash_attn_varlen_func"
 fa_varlen = flashcourse.flash_attn_varlen_func
 
@@ -60,23 +47,7 @@ FLASH_ATTN_PARAMS = [
     ("alibi_slopes", None), ("deterministic", False), ("return_attn_probs", False),
     ("block_table", None)]
 
-
-def raises(exc, fn, *args, match=(), **kw):
-    """fn(*args, **kw) raises exc with every string of match in its one-line message, and no
-    internal name."""
-    try:
-        fn(*args, **kw)
-    except exc as e:
-        msg = str(e)
-        assert "\n" not in msg.strip(), f"not one line: {msg!r}"
-        for m in [match] if isinstance(match, str) else match:
-            assert m in msg, f"{exc.__name__} {msg!r} lacks {m!r}"
-        for internal in ("'auto'", "_plans", "_run", "_library", "_checked", "_attend"):
-            assert internal not in msg, f"{msg!r} names {internal!r}"
-        return msg
-    except Exception as e:
-        raise AssertionError(f"expected {exc.__name__}, got {type(e).__name__}: {e}")
-    raise AssertionError(f"expected {exc.__name__}, nothing raised")
+raises = raiser("'auto'", "_checked", "_attend")
 
 
 # ---- anywhere ----
@@ -178,14 +149,31 @@ def t_request():
     assert (r.varlen, r.total_q, r.total_k) == (0, 0, 0)
 
 
-def _cuda_home() -> Path:
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if home and (Path(home) / "include" / "cuda_runtime_api.h").is_file():
-            return Path(home)
-    nvcc = shutil.which("nvcc")
-    if nvcc and (Path(nvcc).resolve().parents[1] / "include" / "cuda_runtime_api.h").is_file():
-        return Path(nvcc).resolve().parents[1]
-    raise Skip("no CUDA toolkit headers (cuda_runtime_api.h) here")
+def t_remember():
+    # _run.remember: how attention(), flash_attn_varlen_func and flash_attn_with_kvcache keep a
+    # checked call; not where the scale is neither None, an int nor a float (a 0-d tensor hashes
+    # by identity), nor where the key cannot be made or hashed (checked every call, no error);
+    # the default cache is _run.calls (a PythonPath block's own inside one); full, it starts over
+    cache = {}
+    for key, scale in ((("a", 1), None), (("b",), 0.5), (("c",), 2)):
+        _run.remember(lambda: key, f"call {key[0]}", scale, cache)
+    assert cache == {("a", 1): "call a", ("b",): "call b", ("c",): "call c"}, cache
+
+    def unmade():
+        raise TypeError("an unhashable argument")
+
+    for key_of, scale in ((lambda: ("d",), object()), (lambda: ("e",), True),
+                          (lambda: ("f", [1]), None), (unmade, None)):
+        _run.remember(key_of, "not kept", scale, cache)
+    assert len(cache) == 3, cache
+    before = dict(_run.calls)
+    with _run.PythonPath() as block:
+        _run.remember(lambda: ("x",), "call x", None)
+        assert block.calls == {("x",): "call x"}, block.calls
+    assert _run.calls == before
+    full = {(i,): i for i in range(_plans.PLANS_MAX)}
+    _run.remember(lambda: ("new",), "call new", None, full)
+    assert full == {("new",): "call new"}
 
 
 # A fake stage: it runs nothing. Its unsupported() describes the shape the plan completed (for
@@ -238,29 +226,12 @@ _fakes = {}
 def fake_library(packed: bool):
     """A library linked here from common/attn_lib.c, common/device_info.c and the fake stage,
     taking packed batches or not, as make lib links a stage's: its _library.Library."""
-    if packed in _fakes:
-        return _fakes[packed]
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        raise Skip("no C compiler here")
-    cuda = _cuda_home()
-    static = cuda / "lib64" / "libcudart_static.a"
-    if not static.is_file():
-        raise Skip(f"no {static} here")
-    d = Path(tempfile.mkdtemp(prefix="fake_varlen_"))
-    name = "stage95_fake_packed" if packed else "stage96_fake_plain"
-    takes = "ATTN_TAKES_GQA | ATTN_TAKES_N_K | ATTN_TAKES_STRIDES" + \
-        (" | ATTN_TAKES_VARLEN" if packed else "")
-    (d / "stage.c").write_text(FAKE_STAGE_C)
-    so = d / f"lib{name}.so"
-    cmd = [cc, "-shared", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-fPIC",
-           f"-I{cuda}/include", f"-I{REPO}/common", f'-DNAME="{name}"', f"-DTAKES=({takes})",
-           str(d / "stage.c"), str(REPO / "common" / "attn_lib.c"),
-           str(REPO / "common" / "device_info.c"), "-o", str(so), str(static), "-lpthread",
-           "-ldl", "-lrt", "-lm"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
-    _fakes[packed] = _library._load(so)
+    if packed not in _fakes:
+        takes = "ATTN_TAKES_GQA | ATTN_TAKES_N_K | ATTN_TAKES_STRIDES" + \
+            (" | ATTN_TAKES_VARLEN" if packed else "")
+        _fakes[packed] = fake_stage_library(
+            "stage95_fake_packed" if packed else "stage96_fake_plain", FAKE_STAGE_C,
+            [f"TAKES=({takes})"])
     return _fakes[packed]
 
 
@@ -369,36 +340,6 @@ def t_tensor_checks():
 
 # ---- GPU: against a float64 reference, sequence by sequence ----
 
-def need_gpu():
-    if torch is None:
-        raise Skip("no PyTorch here")
-    if not HAVE_GPU:
-        raise Skip("no CUDA GPU here")
-
-
-def key_mask(N, N_k, causal, left, right, max_k, device="cuda"):
-    """[N, N_k] bool: the keys each query of one sequence sees (N queries, N_k keys), by
-    attention.h's rules with the batch's max_seqlen_k as its N_k (attn_shape_complete, as
-    flash-attn's mha_varlen_fwd and set_params_fprop with max_seqlen_k): causal makes right 0; a
-    bound at or past max_k, or negative, is unbounded, except an unbounded right beside a bounded
-    left, which is max_k; then query i sees keys i + N_k - N - left .. i + N_k - N + right."""
-    if causal:
-        right = 0
-    left = -1 if left < 0 or left >= max_k else left
-    right = -1 if right < 0 or right >= max_k else right
-    if left >= 0 and right < 0:
-        right = max_k
-    i = torch.arange(N, device=device)[:, None]
-    j = torch.arange(N_k, device=device)[None, :]
-    diag = i + N_k - N
-    mask = torch.ones(N, N_k, dtype=torch.bool, device=device)
-    if right >= 0:
-        mask &= j <= diag + right
-    if left >= 0:
-        mask &= j >= diag - left
-    return mask
-
-
 def varlen_ref(q, k, v, lens_q, lens_k, causal, window, softcap, scale, max_k):
     """The answer in float64 on q, k, v's values, sequence by sequence: (o [total_q, H, D], lse
     [H, total_q], the float64 leaves) for autograd; o = 0 and lse -inf where a row sees no key."""
@@ -421,25 +362,12 @@ def varlen_ref(q, k, v, lens_q, lens_k, causal, window, softcap, scale, max_k):
         s = scale * qs @ ks.transpose(-1, -2)
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
-        s = s.masked_fill(~key_mask(nq, nk, causal, *window, max_k, q.device), float("-inf"))
-        m = s.amax(-1, keepdim=True)
-        m = torch.where(torch.isinf(m), torch.zeros_like(m), m).detach()
-        p = torch.exp(s - m)  # 0 where masked
-        lsum = p.sum(-1, keepdim=True)
-        o = (p @ vs) / torch.where(lsum > 0, lsum, torch.ones_like(lsum))
+        o, lse = softmax_ref(s, key_mask(nq, nk, causal, *window, max_k, q.device), vs)
         outs.append(o.transpose(0, 1))
-        lses.append(torch.where(lsum > 0, m + torch.log(lsum),
-                                torch.full_like(lsum, float("-inf")))[..., 0])
+        lses.append(lse)
     o = torch.cat(outs, 0) if outs else ref[0].new_zeros(0, H, D)
     lse = torch.cat(lses, 1) if lses else ref[0].new_zeros(H, 0)
     return o, lse, ref
-
-
-def miss(got, want, what):
-    """None if got is within the bound of want (test_dropins.py's), else what and by how much."""
-    bound = 2e-2 * max(1.0, want.abs().max().item()) if want.numel() else 0.0
-    err = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
-    return None if err <= bound else f"{what}: max error {err:.3g} > {bound:.3g}"
 
 
 def cu_of(lens):
@@ -488,14 +416,9 @@ def check_case(lens_q, lens_k, H, H_kv, D, causal, window, softcap, dtype, seed,
     ro, rlse, ref = varlen_ref(q, k, v, lens_q, lens_k, causal, window, softcap, D ** -0.5,
                                max_k)
     ro.backward(do.double())
-    want = [ro] + [t.grad for t in ref]
-    bad = [m for m in (miss(a, b, f"{label} {n}") for a, b, n in
-                       zip(got, want, ("o", "dq", "dk", "dv"))) if m]
-    assert not bad, "; ".join(bad)
-    finite = torch.isfinite(rlse)
-    assert torch.equal(torch.isfinite(lse), finite), f"{label}: lse -inf at other rows"
-    assert miss(lse[finite], rlse[finite], f"{label} lse") is None, label
-    empty = ~finite.any(0)  # rows that see no key: exactly zero, and so their gradients
+    assert_within(got, [ro] + [t.grad for t in ref], label)
+    check_flash_lse(lse, rlse, label)  # +inf where a row sees no key, as flash-attn's
+    empty = ~torch.isfinite(rlse).any(0)  # rows that see no key: exactly zero, so their gradients
     assert not o[empty].any() and not got[1][empty].any(), f"{label}: rows without keys"
     for t in leaves:
         t.grad = None
@@ -594,7 +517,7 @@ def t_deterministic():
 
 
 def t_empty():
-    # nothing to launch: o zero like q, lse [H, total_q] -inf, zero gradients
+    # nothing to launch: o zero like q, lse [H, total_q] +inf (flash-attn's fill), zero gradients
     need_gpu()
     for lens_q, lens_k, max_q, max_k in (([3, 5], [4, 6], 0, 6), ([3, 5], [4, 6], 5, 0),
                                          ([0, 0], [4, 6], 0, 6), ([0, 0], [0, 0], 0, 0)):
@@ -602,7 +525,7 @@ def t_empty():
         o, lse, _ = fa_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
                               return_attn_probs=True)
         assert o.shape == q.shape and not o.any(), (lens_q, max_q, max_k)
-        assert lse.shape == (4, q.shape[0]) and bool((lse == float("-inf")).all())
+        assert lse.shape == (4, q.shape[0]) and bool((lse == float("inf")).all()), lse
         o.sum().backward()
         for t in (q, k, v):
             assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
@@ -622,10 +545,7 @@ def t_over_the_grid_limit():
     o.backward(do)
     ro, _, ref = varlen_ref(q, k, v, lens, lens, True, (-1, -1), 0.0, 64 ** -0.5, max(lens))
     ro.backward(do.double())
-    bad = [m for m in (miss(a, b, f"B={B} H={H} {n}") for a, b, n in
-                       zip([o, q.grad, k.grad, v.grad], [ro] + [t.grad for t in ref],
-                           ("o", "dq", "dk", "dv"))) if m]
-    assert not bad, "; ".join(bad)
+    assert_within([o, q.grad, k.grad, v.grad], [ro] + [t.grad for t in ref], f"B={B} H={H}")
 
 
 def t_long_document():
@@ -655,11 +575,8 @@ def t_long_document():
     leaves = [t.detach()[rows][None].clone().requires_grad_(True) for t in (q, k, v)]
     ol = flashcourse.flash_attn_func(*leaves, causal=True)
     ol.backward(do[rows][None])
-    for name, a, b in (("o", o[rows], ol[0]), ("dq", q.grad[rows], leaves[0].grad[0]),
-                       ("dk", k.grad[rows], leaves[1].grad[0]),
-                       ("dv", v.grad[rows], leaves[2].grad[0])):
-        m = miss(a, b, f"the long document's {name} vs flash_attn_func")
-        assert m is None, m
+    assert_within([o[rows], q.grad[rows], k.grad[rows], v.grad[rows]],
+                  [ol[0]] + [t.grad[0] for t in leaves], "the long document vs flash_attn_func:")
     short = [i for i in range(len(lens)) if i != at][:50]
     for i in short:
         r, n = sum(lens[:i]), lens[i]
@@ -667,10 +584,8 @@ def t_long_document():
         ro, _, ref = varlen_ref(q[sl], k[sl], v[sl], [n], [n], True, (-1, -1), 0.0, D ** -0.5,
                                 long_n)
         ro.backward(do[sl].double())
-        for name, a, b in (("o", o[sl], ro), ("dq", q.grad[sl], ref[0].grad),
-                           ("dk", k.grad[sl], ref[1].grad), ("dv", v.grad[sl], ref[2].grad)):
-            m = miss(a, b, f"document {i} ({n} tokens) {name}")
-            assert m is None, m
+        assert_within([o[sl], q.grad[sl], k.grad[sl], v.grad[sl]],
+                      [ro] + [t.grad for t in ref], f"document {i} ({n} tokens)")
 
 
 def t_cached_no_sync():
@@ -809,6 +724,8 @@ def main():
     run("attn_lib.h's prototypes (cu_seqlens before the workspace), ABI 9, the eager ABI",
         t_prototypes)
     run("a packed request: varlen, total_q, total_k", t_request)
+    run("the call cache keeps a checked call by its key, an unhashable one not (_run.remember)",
+        t_remember)
     run("the library's packed entry: a stage without it refuses it; what a stage is told at plan "
         "and run time (fake stages)", t_c_packed_entry)
     run("bad tensors: one line naming flash_attn_varlen_func", t_tensor_checks)
@@ -818,7 +735,7 @@ def main():
     run("random lengths 0 to 5000 (fixed seeds) vs float64", t_fuzz)
     run("sequences of one length: flash_attn_func's answer and lse", t_equal_lengths)
     run("deterministic=True: bit-identical gradients", t_deterministic)
-    run("empty batches: zeros, lse -inf, zero gradients", t_empty)
+    run("empty batches: zeros, lse +inf (flash-attn's), zero gradients", t_empty)
     run("B x H over the kernels' limit: in parts, vs float64", t_over_the_grid_limit)
     run("1,000 short documents and a long one: memory scales with the tokens", t_long_document)
     run("plans cached, no synchronisation", t_cached_no_sync)
