@@ -66,13 +66,12 @@ include mk/preflight.mk
 
 # ---- build ----
 # The objects that take longest to compile go first, so that the jobs end together. Measured on
-# the fat build with 2 jobs on 2 cores (seconds a compile took, 2026-11-29, before the PTX by
-# level of mk/fat_gencode.awk, which cut the whole fat build from about 880 s to 582): stage 3 520,
-# stage 2 424, stage 7 200, stage 4 132, stage 6 116, stage 1 106, stage 5 86, stage 9 55, stage 0
-# 49, stage 8 35 (stages 2 and 3 have the most instantiations per target). A stage not named here
-# follows, the last stages first.
-COMPILE_ORDER := stage3_cp_async stage2_smem_tiling stage7_backward stage4_wmma stage6_hopper \
-                 stage1_scalar_flash stage5_tuned
+# the fat build with 2 jobs on 2 cores (seconds from a compile's start to its end, the other core
+# busy, 2026-11-29, a fresh clone's .ci/run): stage 3 368, stage 5 323 (its packed batches' MODEL
+# kernels), stage 7 320, stage 2 284, stage 6 179, stage 1 79, stage 8 57, stage 9 42, stage 4 19,
+# stage 0 11. A stage not named here follows, the last stages first.
+COMPILE_ORDER := stage3_cp_async stage5_tuned stage7_backward stage2_smem_tiling stage6_hopper \
+                 stage1_scalar_flash stage8_hopper_backward stage9_decode
 reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
 build: $(patsubst %,$(BUILD)/obj/%.o,$(filter $(STAGES),$(COMPILE_ORDER))) \
        $(addprefix $(BUILD)/,$(call reverse,$(STAGES))) $(BUILD)/test_common
