@@ -53,11 +53,24 @@ if command -v python3 >/dev/null 2>&1; then
 else
   skip "one home each: python3 not found (common/tests/one_home.py)"
 fi
+# The labs check (most of this suite's compiles, two at a time) runs beside the parts after it,
+# which use one core each; its lines are printed, and its record joins this one's, when it ends
+# (a record of its own meanwhile: report_run counts a part's checks by the record's lines).
+labs_out=$tmp/labs.out labs_record=$tmp/labs.record
+(
+  export REPORT_FILE=$labs_record
+  : >"$REPORT_FILE"
+  part "labs: generated from the markers, filled back byte for byte, make lab / make grade without a GPU" \
+    bash common/tests/check_labs.sh
+) >"$labs_out" 2>&1 &
+labs_pid=$!
 part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
 if [ -f plots/tests/run.sh ]; then part "sweep, plots and tables" bash plots/tests/run.sh; fi
 part "adding a stage: its folder and the ladder row only (a copy of stage 4, compute_75)" bash common/tests/add_stage.sh
 part "lessons: code maps, line references, no untraced figure in prose" bash common/tests/check_lessons.sh
-part "labs: generated from the markers, filled back byte for byte, make lab / make grade without a GPU" bash common/tests/check_labs.sh
+wait "$labs_pid"
+cat "$labs_out"
+cat "$labs_record" >>"$REPORT_FILE"
 part "C/CUDA sources formatted (pinned clang-format)" make --no-print-directory -s format-check
 if nvidia-smi -L >/dev/null 2>&1; then
   for s in $stages; do part "$s --self-test" self_test "$s"; done
