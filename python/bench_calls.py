@@ -151,6 +151,17 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
             warm_up(fn, calls)
         timers.append((impl, "eager", pss, context, lambda: eager_round(torch, fn, calls)))
 
+    def graphs(impl, fwd, fwd_bwd, grads):
+        # CUDA graphs: the GPU's time, which the host's pace does not move; each graph timed and
+        # dropped at once (a graph kept while other calls allocate and free could replay into
+        # memory that is no longer its own: a backend's workspace, the leaves' gradients)
+        add(impl, "graph", "forward", graph_us(torch, fwd, calls, rounds))
+        for t in grads:
+            t.grad = None
+        add(impl, "graph", "forward+backward", graph_us(torch, fwd_bwd, calls, rounds))
+        for t in grads:
+            t.grad = None
+
     impls = implementations(torch, flashcourse, pairs)
     # Where the binding's time goes: the last pair's calls by its Python path (where the eager
     # operator is not built), its floor (one ctypes call on a kept plan, outputs allocated) and
@@ -177,16 +188,8 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
         eager(impl, "forward+backward", context, fwd_bwd)
         if impl.endswith("Python path"):
             continue
-        # CUDA graphs: the GPU's time, which the host's pace does not move; each graph timed and
-        # dropped at once (a graph kept while other calls allocate and free could replay into
-        # memory that is no longer its own: a backend's workspace, the leaves' gradients)
-        with context():
-            add(impl, "graph", "forward", graph_us(torch, fwd, calls, rounds))
-            for t in leaves:
-                t.grad = None
-            add(impl, "graph", "forward+backward", graph_us(torch, fwd_bwd, calls, rounds))
-            for t in leaves:
-                t.grad = None
+        with context():  # (graphs: the GPU's time)
+            graphs(impl, fwd, fwd_bwd, leaves)
     # flash-attn's drop-ins on the same tokens, in their own layout ([B, N, H, D], contiguous):
     # flash_attn_func, and flash_attn_varlen_func with the batch packed as B sequences of N
     # ([B N, H, D] and cu_seqlens), each with its stages chosen by "auto"
@@ -210,12 +213,7 @@ def bench_shape(torch, flashcourse, name, shape, causal, pairs, calls, rounds, r
 
         eager(impl, "forward", contextlib.nullcontext, fwd)
         eager(impl, "forward+backward", contextlib.nullcontext, fwd_bwd)
-        add(impl, "graph", "forward", graph_us(torch, fwd, calls, rounds))
-        for t in mine:
-            t.grad = None
-        add(impl, "graph", "forward+backward", graph_us(torch, fwd_bwd, calls, rounds))
-        for t in mine:
-            t.grad = None
+        graphs(impl, fwd, fwd_bwd, mine)
     stage, backward_stage = pairs[-1]
     p = _plans.plan(stage, False, shape, q.device.index, q.dtype, causal, D ** -0.5, "default",
                     0)
