@@ -7,8 +7,9 @@
 #   3. each of the stage's wrong fills (below: one hole filled wrong on purpose, a plausible
 #      learner's mistake; one for each design hole at least), one after the other: make grade
 #      fails and the report card names that hole as FAIL and the others as PASS;
-#   4. the T4 path of stages 3 and 5 (ARCH=compute_75 SMEM_LIMIT=65536): the filled lab passes
-#      there (stage 5's [t4] hole is also graded on that path in step 2, with the self-test).
+#   4. the T4 path of stages 3 and 5 and the capstone (ARCH=compute_75 SMEM_LIMIT=65536): the
+#      filled lab passes there (stage 5's [t4] hole is also graded on that path in step 2, with
+#      the self-test).
 # Stages 6 and 8 run only on sm_90a: on another GPU step 1 must say so (unsupported here), and steps
 # 2-3 are skipped.
 # QUICK=1 (the quick proof): the stages run side by side, and in each, steps 1 and 3 beside
@@ -19,11 +20,13 @@
 # (step 2 ran stage 5's T4 path with the self-test). Steps 1 and 2 are the same in both modes,
 # but side by side their times (step 2's speed too) are those of a shared machine.
 # The labs go to a folder of their own (LABS=), never the learner's labs/.
-# usage: common/tests/gpu_labs.sh [STAGE...]     (LIMIT=60, QUICK=0 by default)
+# usage: common/tests/gpu_labs.sh [STAGE...]     (STAGE: a number or capstone; LIMIT=60, QUICK=0
+#        by default)
 set -u
 cd "$(dirname "$0")/../.."
 all=$(grep -l -E '^[[:space:]]*// LAB HOLE [0-9]+ BEGIN' stage*/*.cu stage*/*.cuh stage*/*.h 2>/dev/null |
   sed -E 's|^stage([0-9]+)_.*|\1|' | sort -un | tr '\n' ' ')
+grep -q -E '^[[:space:]]*// LAB HOLE [0-9]+ BEGIN' capstone/attention.cu 2>/dev/null && all="${all}capstone"
 stages=${*:-$all}
 limit=${LIMIT:-60}
 quick=${QUICK:-0}
@@ -64,6 +67,10 @@ wrongs() {
     # 3: dS^T stored without its warpgroup's 64 rows (both warpgroups write the first 64)
     8) printf '%s\t%s\t%s\n' 3 mainloop.cuh 's|const int row = WGMMA_M \* p.wg + WARP_ROWS \* p.warp +|const int row = WARP_ROWS * p.warp +|' ;;
     9) printf '%s\t%s\t%s\n' 2 attention.cu 's|const float w = fast_exp2(row\[D\] - base);|const float w = 1.f;|' ;;
+    # the capstone's one hole: the scores scaled by 1.25 x the given scale; causal read backwards
+    capstone) printf '%s\t%s\t%s\n' \
+      1 attention.cu 's|return attention_forward(s, dev,|attn_shape t = *s; t.scale *= 1.25f; return attention_forward(\&t, dev,|' \
+      1 attention.cu 's|return attention_forward(s, dev,|attn_shape t = *s; t.causal = !t.causal; return attention_forward(\&t, dev,|' ;;
   esac
 }
 
@@ -76,7 +83,8 @@ hopper_only() {
 # stdout, its results to $top/<N>-<STEP>.sum ("ok"/"FAIL" lines)
 step() {
   local n=$1 s=$2 dir L tmp lab_files cc
-  dir=$(ls -d stage"$n"_* | head -n 1)
+  dir=$(ls -d stage"$n"_* 2>/dev/null | head -n 1)
+  [ -n "$dir" ] || dir=$n  # the capstone's folder is its name
   L=$top/labs$n-$s tmp=$top/tmp$n-$s
   mkdir -p "$tmp"
   say() { echo "$*" >>"$top/$n-$s.sum"; echo "$*"; }
@@ -119,8 +127,8 @@ step() {
   2) # the stage's own code
     fill_solution
     grade 900
-    if [ "$rc" -eq 0 ] && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out" && grep -q 'of the stage.s own kernel.s speed' "$tmp/out"; then
-      ok "stage $n, the solution: passes every hole and is timed ($took s; $(grep -o '[0-9.]* of the stage.s own kernel.s speed' "$tmp/out"))"
+    if [ "$rc" -eq 0 ] && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out" && grep -q -E "of (the stage.s own kernel|stage 5.s kernel).s speed" "$tmp/out"; then
+      ok "stage $n, the solution: passes every hole and is timed ($took s; $(grep -o -E "[0-9.]* of (the stage.s own kernel|stage 5.s kernel).s speed" "$tmp/out"))"
     else
       bad "stage $n, the solution: exit $rc after $took s: want every hole passing and a speed"
     fi ;;
@@ -142,7 +150,7 @@ step() {
         bad "stage $n, hole $hole filled wrong on purpose: exit $rc; want hole $hole FAIL with its first failing case, the others PASS"
       fi
     done 3< <(wrongs "$n") ;;
-  4) # the T4 path (stages 3 and 5: their sm_75 code is a hole of the lab)
+  4) # the T4 path (stages 3 and 5: their sm_75 code is a hole of the lab; the capstone runs there)
     fill_solution
     grade 900 ARCH=compute_75 SMEM_LIMIT=65536 $qarg
     if [ "$rc" -eq 0 ] && grep -q 'ARCH=compute_75, --smem-limit 65536' "$tmp/out" && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out"; then
@@ -157,7 +165,7 @@ step() {
 # whose build folders they share where the content is the same; step 4 after step 2)
 run_stage() {
   local n=$1 steps=123
-  case $n in 3 | 5) steps=1234 ;; esac
+  case $n in 3 | 5 | capstone) steps=1234 ;; esac
   if [ "$quick" = 0 ]; then
     for s in $(echo $steps | grep -o .); do step "$n" "$s"; done
     return
