@@ -403,12 +403,22 @@ __device__ __forceinline__ void tile_start(uint4 (&stage)[chunks_per_thread(ROWS
 // elements, then across the row's 4 lanes (same g) with 2 shuffles.
 template <int MT, int NB>
 __device__ __forceinline__ float row_max(const float (&S)[MT][NB][4], int m, int h) {
+    // LAB HOLE 5 BEGIN [design]: the online softmax on mma fragments: a row's max (row_max)
+    // LAB TODO: the max over the tile's keys of row g + 8h of slice m (g = lane / 4). This lane
+    // LAB TODO: holds two of the row's elements in each of the NB key blocks (elements
+    // LAB TODO: frag_reg(h, 0) and frag_reg(h, 1): keys 8n + 2t and 8n + 2t + 1, t = lane % 4); the
+    // LAB TODO: row's six others of each block are in the three other lanes of its quad (same g).
+    // LAB TODO: All four lanes must return the same value. A masked score is -inf: a row with no
+    // LAB TODO: key seen in this tile gets -inf.
+    // LAB STUB: (void)S, (void)m, (void)h;
+    // LAB STUB: return 0.f;  // until filled
     float mx = -INFINITY;
 #pragma unroll
     for (int n = 0; n < NB; ++n)
         mx = fmaxf(mx, fmaxf(S[m][n][frag_reg(h, 0)], S[m][n][frag_reg(h, 1)]));
     mx = fmaxf(mx, __shfl_xor_sync(FULL_WARP, mx, 1));
     return fmaxf(mx, __shfl_xor_sync(FULL_WARP, mx, 2));
+    // LAB HOLE 5 END
 }
 
 // Online-softmax update of one row for a tile whose (scaled) max is m_tile: raise m_i to the new
@@ -416,6 +426,14 @@ __device__ __forceinline__ float row_max(const float (&S)[MT][NB][4], int m, int
 template <int MT, int DB>
 __device__ __forceinline__ void rescale_row(float (&m_i)[MT][2], float (&l_i)[MT][2],
                                             float (&O_acc)[MT][DB][4], int m, int h, float m_tile) {
+    // LAB HOLE 5 BEGIN [design]: the online softmax on mma fragments: a row's rescale (rescale_row)
+    // LAB TODO: row g + 8h of slice m moves from its running max m_i[m][h] to the larger of it and
+    // LAB TODO: m_tile (both in log2 units: scale * log2(e) * q.k). This lane's part of its sum,
+    // LAB TODO: l_i[m][h], and of its O_acc (elements frag_reg(h, 0) and frag_reg(h, 1) of each of
+    // LAB TODO: the DB head-dim blocks) are multiplied by alpha = 2^(old max - new max). A row that
+    // LAB TODO: has seen only masked keys has max -inf: its alpha must come out 0, never NaN (no
+    // LAB TODO: -inf - (-inf) anywhere), and its max stays -inf.
+    // LAB STUB: (void)m_i, (void)l_i, (void)O_acc, (void)m, (void)h, (void)m_tile;  // until filled
     const float m_new = fmaxf(m_i[m][h], m_tile);
     // A row with every key masked so far keeps m = -inf; subtract 0 instead so that
     // 2^(-inf - (-inf)) = NaN never happens (its alpha is then 0).
@@ -425,6 +443,7 @@ __device__ __forceinline__ void rescale_row(float (&m_i)[MT][2], float (&l_i)[MT
 #pragma unroll
     for (int n = 0; n < DB; ++n)
         O_acc[m][n][frag_reg(h, 0)] *= alpha, O_acc[m][n][frag_reg(h, 1)] *= alpha;
+    // LAB HOLE 5 END
 }
 
 /* ---- kernel phases --------------------------------------------------------------------------- */
@@ -558,6 +577,28 @@ template <bool LAZY, bool BF16 = false, int MT, int NB, int DB, int KC>
 __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_i)[MT][2],
                                                float (&l_i)[MT][2], float (&O_acc)[MT][DB][4],
                                                uint32_t (&P)[MT][KC][4], float scale_log2) {
+    // LAB HOLE 5 BEGIN [design]: the online softmax on mma fragments: the update (online_softmax)
+    // LAB TODO: S[m][n] holds raw scores q.k (-inf where masked) in the accumulator layout: element
+    // LAB TODO: frag_reg(h, c) of block n is row g + 8h of slice m, key 8n + 2t + c of the tile
+    // LAB TODO: (g = lane / 4, t = lane % 4); a row lives in the four lanes of a quad. In the log2
+    // LAB TODO: domain, with c = scale_log2 (scale * log2(e), > 0), for each of the warp's rows:
+    // LAB TODO: the tile's max of c q.k over the whole row; the running max m_i raised to it, and
+    // LAB TODO: the row's l_i and O_acc multiplied by alpha = 2^(old max - new max) before this
+    // LAB TODO: tile's terms are added; then p = 2^(c q.k - m_i) of each of its scores, one
+    // LAB TODO: multiply-add and one exp2 a score (a -inf score gives 0; a row whose max is still
+    // LAB TODO: -inf subtracts 0, not -inf), each p added to this lane's l_i (the epilogue adds the
+    // LAB TODO: quad's four partial sums; the LSE is (m_i + log2 l) ln 2). LAZY: where no row of
+    // LAB TODO: the warp has a new max, every alpha would be exactly 1: the whole warp then skips
+    // LAB TODO: the tile's rescale, a decision the same in its 32 lanes (!LAZY: every row rescaled,
+    // LAB TODO: no branch). Last, P[m][k], the A fragment of slice m for k16 step k (keys
+    // LAB TODO: 16k .. 16k + 15) of O += P V_j: two values of the storage type (bf16 where BF16,
+    // LAB TODO: else fp16) a register, the lower key in the low half; its registers 0-3 hold
+    // LAB TODO: (row g, keys 16k + 2t and + 1), (row g + 8, the same keys), (row g, keys
+    // LAB TODO: 16k + 8 + 2t and + 1), (row g + 8, the same): which elements of which blocks of S
+    // LAB TODO: are those? row_max() and rescale_row() above are parts of this hole: write and use
+    // LAB TODO: them, or do without them.
+    // LAB STUB: (void)S, (void)m_i, (void)l_i, (void)O_acc, (void)scale_log2;
+    // LAB STUB: memset(P, 0, sizeof P);  // until filled: P = 0, so O stays 0
     float m_tile[MT][2];  // this tile's row maxima, times c
     bool grows = false;   // some row's max grew
 #pragma unroll
@@ -603,6 +644,7 @@ __device__ __forceinline__ void online_softmax(float (&S)[MT][NB][4], float (&m_
             P[m][k][3] = pack2_of<BF16>(S[m][2 * k + 1][2], S[m][2 * k + 1][3]);
         }
     }
+    // LAB HOLE 5 END
 }
 
 // O_acc += P V_j, V_j from V_smem.

@@ -58,8 +58,15 @@ wrongs() {
     4) printf '%s\t%s\t%s\n' \
       1 attention.cu 's|wmma::load_matrix_sync(K_frag, K_k + n \* WN \* LD, LD);|wmma::load_matrix_sync(K_frag, K_k + n * WN, LD);|' \
       2 attention.cu 's|O_acc\[n\].x\[e\] \*= alpha_e.x\[e\];|O_acc[n].x[e] *= alpha;|' ;;
-    5) printf '%s\t%s\t%s\n' 3 attention.cu 's|(SWIZZLE ? (chunk ^ (row \& 7)) : chunk)|(SWIZZLE ? (chunk ^ (row \& 3)) : chunk)|' ;;
-    6) printf '%s\t%s\t%s\n' 1 producer.cuh 's|map, full, c \* SLAB_COLS, row0, head, batch);|map, full, 0, row0, head, batch);|' ;;
+    # 3: the swizzle's XOR with row % 4, not row % 8; 5: a row's max over two lanes of its quad,
+    # not four (the second shuffle left out)
+    5) printf '%s\t%s\t%s\n' \
+      3 attention.cu 's|(SWIZZLE ? (chunk ^ (row \& 7)) : chunk)|(SWIZZLE ? (chunk ^ (row \& 3)) : chunk)|' \
+      5 attention.cu 's|return fmaxf(mx, __shfl_xor_sync(FULL_WARP, mx, 2));|return mx;|' ;;
+    # 1: every slab copied from column 0; 4: the running sum l not rescaled when the max grows
+    6) printf '%s\t%s\t%s\n' \
+      1 producer.cuh 's|map, full, c \* SLAB_COLS, row0, head, batch);|map, full, 0, row0, head, batch);|' \
+      4 softmax.cuh 's|l_i\[h\] = l_i\[h\] \* r.alpha\[h\] + sum\[h\];|l_i[h] = l_i[h] + sum[h];|' ;;
     # 1: D_i's two rows swapped in dS; the causal mask drops the diagonal key (key >= query)
     7) printf '%s\t%s\t%s\n' \
       1 smem_kernel.cuh 's|(dP\[m\]\[n\]\[e\] - (frag_c(e) ? Di.y : Di.x))|(dP[m][n][e] - (frag_c(e) ? Di.x : Di.y))|' \
