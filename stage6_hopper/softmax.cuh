@@ -100,6 +100,24 @@ __host__ __device__ constexpr int early_chunks() {
 template <int BC, int EARLY>
 __device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2], float scale_log2,
                                         row_step<EARLY> &r) {
+    // LAB HOLE 4 BEGIN [design]: the softmax on the wgmma accumulator: the rows' max (row_max)
+    // LAB TODO: S is this thread's part of the warpgroup's 64 x BC tile of raw scores q.k (-inf
+    // LAB TODO: where masked), in wgmma's accumulator layout: element acc_index(i, h, c) is row
+    // LAB TODO: g + 8h of the warp's 16 rows (g = lane / 4), column 8i + 2t + c of the tile
+    // LAB TODO: (t = lane % 4), i < BC / 8; a row's columns are spread over the four lanes of its
+    // LAB TODO: quad. For each of the thread's two rows h: m_i[h] becomes the larger of its old
+    // LAB TODO: value and the row's max over the tile, the same in the quad's four lanes, kept in
+    // LAB TODO: raw-score units (the epilogue scales it: LSE = (m scale_log2 + log2 l) ln 2). Into
+    // LAB TODO: r: alpha[h] = 2^((old max - new max) scale_log2), by which O_acc and l_i are to be
+    // LAB TODO: multiplied; shift[h], the new max in log2 units, which exp_pack subtracts from
+    // LAB TODO: S scale_log2 in the exponent; and the exponentials 2^(S scale_log2 - shift) of the
+    // LAB TODO: first EARLY 8-column blocks (i < EARLY) at their acc_index in r.p, with their sums
+    // LAB TODO: per row in r.sum (0 where EARLY is 0). A row that has seen only masked keys keeps
+    // LAB TODO: max -inf: its shift must be 0 and its alpha 0, never NaN (no -inf - (-inf)
+    // LAB TODO: anywhere). The P V before may still be in flight: read S, write m_i and r, and
+    // LAB TODO: touch neither O_acc nor P.
+    // LAB STUB: (void)S, (void)m_i, (void)scale_log2;
+    // LAB STUB: r = row_step<EARLY>{};  // until filled: every alpha, shift and sum 0
     float mx[2] = {m_i[0], m_i[1]};
 #pragma unroll
     for (int i = 0; i < BC / FRAG_COLS; ++i) {
@@ -133,16 +151,33 @@ __device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2
             }
         }
     }
+    // LAB HOLE 4 END
 }
 
 // exp_pack: P = 2^(S scale_log2 - shift) (the early chunks' from row_max), to fp16 (bf16 where
 // BF16) straight into the A-operand layout of the P V wgmma, which is the S layout (register k of
 // P packs elements 2k and 2k + 1: columns 2t and 2t + 1 of one row); l_i = l_i alpha + the rows'
 // sums. P's registers are the A operand of the P V before, so this comes after that wgmma's wait.
-template <int BC, int EARLY, bool BF16>
+// FMA_EXP2 (softcapped scores, whose tanh is a second MUFU op each): the odd columns' exponentials
+// by exp2_fma, on the FMA and integer pipes, the even columns' by MUFU.
+template <int BC, int EARLY, bool BF16, bool FMA_EXP2 = false>
 __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)[BC / 4],
                                          float (&l_i)[2], float scale_log2,
                                          const row_step<EARLY> &r) {
+    // LAB HOLE 4 BEGIN [design]: the softmax on the wgmma accumulator: P and l (exp_pack)
+    // LAB TODO: P = 2^(S scale_log2 - r.shift) of each of the thread's scores (those of the first
+    // LAB TODO: EARLY blocks are in r.p already), in the storage type (bf16 where BF16, else fp16),
+    // LAB TODO: two a register. P is the A operand of the P V wgmma from registers, whose layout is
+    // LAB TODO: the accumulator's: register k of P holds elements 2k (low half) and 2k + 1 (high
+    // LAB TODO: half) of S, columns 2t and 2t + 1 of one row. Where FMA_EXP2 (softcapped scores,
+    // LAB TODO: whose tanh keeps MUFU busy), the odd columns' (c = 1) exponentials come from the
+    // LAB TODO: FMA pipe's polynomial 2^x of warp.cuh, the even ones' from MUFU. And each row's
+    // LAB TODO: sum: l_i[h] becomes l_i[h] times r.alpha[h], plus this lane's sum of the row's p
+    // LAB TODO: over the tile (r.sum has the early blocks' part; the epilogue adds the quad's four
+    // LAB TODO: partial sums). This runs after the P V before has been waited for: until then P's
+    // LAB TODO: registers are that wgmma's operand.
+    // LAB STUB: (void)S, (void)l_i, (void)scale_log2, (void)r;
+    // LAB STUB: for (uint32_t &x : P) x = 0u;  // until filled: P = 0, so O stays 0
     float sum[2] = {r.sum[0], r.sum[1]};
 #pragma unroll
     for (int i = 0; i < BC / FRAG_COLS; ++i) {
@@ -154,7 +189,8 @@ __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)
                 if (i < EARLY) {
                     x[c] = r.p[acc_index(i, h, c)];
                 } else {
-                    x[c] = fast_exp2(fmaf(S[acc_index(i, h, c)], scale_log2, -r.shift[h]));
+                    const float e = fmaf(S[acc_index(i, h, c)], scale_log2, -r.shift[h]);
+                    x[c] = FMA_EXP2 && c == 1 ? exp2_fma(e) : fast_exp2(e);
                     sum[h] += x[c];
                 }
             }
@@ -163,10 +199,16 @@ __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_i[h] = l_i[h] * r.alpha[h] + sum[h];
+    // LAB HOLE 4 END
 }
 
 template <int D>
 __device__ __forceinline__ void rescale_o(float (&O_acc)[D / 2], const float (&alpha)[2]) {
+    // LAB HOLE 4 BEGIN [design]: the softmax on the wgmma accumulator: O's rescale (rescale_o)
+    // LAB TODO: O_acc, this thread's part of the warpgroup's 64 x D output rows in the same
+    // LAB TODO: accumulator layout (D / 8 blocks of 8 columns): each element times its row's alpha
+    // LAB TODO: (alpha[h] for row g + 8h).
+    // LAB STUB: (void)O_acc, (void)alpha;  // until filled: O never rescaled
 #pragma unroll
     for (int i = 0; i < D / FRAG_COLS; ++i) {
 #pragma unroll
@@ -175,4 +217,5 @@ __device__ __forceinline__ void rescale_o(float (&O_acc)[D / 2], const float (&a
             for (int c = 0; c < 2; ++c) O_acc[acc_index(i, h, c)] *= alpha[h];
         }
     }
+    // LAB HOLE 4 END
 }
