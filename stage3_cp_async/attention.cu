@@ -45,6 +45,7 @@
 
 // Q rows per block = threads per block (one query row per thread): 4 warps.
 constexpr int BR = 128;
+constexpr int THREADS = BR;
 // K/V rows per tile at D = 64: S[64] and O_acc[64] stay in registers; smem 51,200 B.
 constexpr int BC_D64 = 64;
 // K/V rows per tile at D = 128: S[32] and O_acc[128] stay in registers (no spills). Double
@@ -189,57 +190,36 @@ __device__ __forceinline__ void stash_tile(__half *tile,
 
 /* ---- kernel phases ----------------------------------------------------------------------- */
 
-// The phases of the kernel's key loop below, each a named piece (__forceinline__, so the names
-// cost no instruction): the kernel reads as the algorithm.
+// The steps of the kernel's schedule below, each a named piece (__forceinline__, so the names cost
+// no instruction): the kernel's loop body reads as the schedule.
 
-// Prologue: K/V tile 0 -> buffer 0 of K_buf, V_buf (PIPELINE; cp.async: in flight).
-template <int D, int BC, bool PIPELINE>
+// Prologue: key tile 0 -> buffer 0 (cp.async: in flight). The variant sync (PIPELINE false) has
+// none: its key loop loads every tile.
+template <int D, int BC, int LD, bool PIPELINE>
 __device__ __forceinline__ void load_first_tile(__half *K_buf, __half *V_buf, const __half *K,
                                                 const __half *V, int N, int tid) {
-    if (PIPELINE) {
+    if (!PIPELINE) return;
 #if HAS_CP_ASYNC
-        // LAB HOLE 2 BEGIN [sm80] [design]: the cp.async pipeline: tile 0 on its way
-        // LAB TODO: the pipeline's prologue. Tile kt (keys kt * BC .. + BC - 1 of K and V) goes to
-        // LAB TODO: buffer kt % 2 of K_buf and V_buf ([2][BC][D] halves each) by cp.async, every
-        // LAB TODO: thread copying its share of the chunks (rows past N zero-filled), one commit
-        // LAB TODO: group per tile: when iteration kt waits, tile kt's is the only group in
-        // LAB TODO: flight. Here: tile 0 on its way into buffer 0; nothing waits for it yet.
-        load_tile_async<BC, D, D, BR>(K_buf, K, 0, N, tid);
-        load_tile_async<BC, D, D, BR>(V_buf, V, 0, N, tid);
-        cp_async_commit();
-        // LAB HOLE 2 END
+    // LAB HOLE 2 BEGIN [sm80] [design]: the cp.async pipeline: tile 0 on its way
+    // LAB TODO: the pipeline's prologue. Tile kt (keys kt * BC .. + BC - 1 of K and V) goes to
+    // LAB TODO: buffer kt % 2 of K_buf and V_buf ([2][BC][LD] halves each) by cp.async, every
+    // LAB TODO: thread copying its share of the chunks (rows past N zero-filled), one commit
+    // LAB TODO: group per tile: when iteration kt waits, tile kt's is the only group in
+    // LAB TODO: flight. Here: tile 0 on its way into buffer 0; nothing waits for it yet.
+    load_tile_async<BC, D, LD, THREADS>(K_buf, K, 0, N, tid);
+    load_tile_async<BC, D, LD, THREADS>(V_buf, V, 0, N, tid);
+    cp_async_commit();
+    // LAB HOLE 2 END
 #else
-        load_tile<BC, D, D, BR>(K_buf, K, 0, N, tid);
-        load_tile<BC, D, D, BR>(V_buf, V, 0, N, tid);
+    load_tile<BC, D, LD, THREADS>(K_buf, K, 0, N, tid);
+    load_tile<BC, D, LD, THREADS>(V_buf, V, 0, N, tid);
 #endif
-    }
-}
-
-// Tile kt (keys k0 ..) in K_buf, V_buf: stage 2's load into the one buffer (variant sync), or the
-// wait for this thread's copies of it, issued one iteration earlier (PIPELINE).
-template <int D, int BC, bool PIPELINE>
-__device__ __forceinline__ void land_tile(__half *K_buf, __half *V_buf, const __half *K,
-                                          const __half *V, int k0, int N, int tid) {
-    if (!PIPELINE) {
-        // K_j, V_j -> K_smem, V_smem
-        load_tile<BC, D, D, BR>(K_buf, K, k0, N, tid);
-        load_tile<BC, D, D, BR>(V_buf, V, k0, N, tid);
-    } else {
-#if HAS_CP_ASYNC
-        // LAB HOLE 2 BEGIN [sm80] [design]: the cp.async pipeline: wait for tile kt
-        // LAB TODO: the pipeline's steady state, before the kernel's barrier: this thread's copies
-        // LAB TODO: of tile kt have landed (a thread waits for its own copies only: the barrier
-        // LAB TODO: then makes every thread's visible to all).
-        // this thread's copies of tile kt have landed
-        cp_async_wait_all();
-        // LAB HOLE 2 END
-#endif
-    }
 }
 
 #if HAS_CP_ASYNC
-// Prefetch: K/V tile kt + 1 (keys k0 + BC ..) -> K_next, V_next by cp.async, when there is one.
-template <int D, int BC>
+// Prefetch: K/V tile kt + 1 (keys k0 + BC ..) -> the other buffer, K_next and V_next, by cp.async:
+// in flight while the block computes on tile kt; nothing after the last tile (prefetch false).
+template <int D, int BC, int LD>
 __device__ __forceinline__ void prefetch_tile_async(__half *K_next, __half *V_next, const __half *K,
                                                     const __half *V, int k0, int N, int tid,
                                                     bool prefetch) {
@@ -250,11 +230,28 @@ __device__ __forceinline__ void prefetch_tile_async(__half *K_next, __half *V_ne
     // LAB TODO: Why may that buffer be overwritten now, and not before the barrier?
     // LAB STUB: (void)K_next, (void)V_next, (void)prefetch;  // unused until filled
     if (prefetch) {  // tile kt + 1 -> the other buffer, in flight while we compute
-        load_tile_async<BC, D, D, BR>(K_next, K, k0 + BC, N, tid);
-        load_tile_async<BC, D, D, BR>(V_next, V, k0 + BC, N, tid);
+        load_tile_async<BC, D, LD, THREADS>(K_next, K, k0 + BC, N, tid);
+        load_tile_async<BC, D, LD, THREADS>(V_next, V, k0 + BC, N, tid);
         cp_async_commit();
     }
     // LAB HOLE 2 END
+}
+#else
+// sm_75's register-staged prefetch, its middle: K of tile kt + 1 (keys k1 ..), fetched into this
+// thread's registers next, -> the other buffer K_next; then its V into the same registers.
+template <int D, int BC, int LD>
+__device__ __forceinline__ void stash_k_fetch_v(__half *K_next,
+                                                uint4 next[BC * D / CHUNK / THREADS],
+                                                const __half *V, int k1, int N, int tid) {
+    // LAB HOLE 3 BEGIN [t4] [design]: the sm_75 register-staged prefetch: its middle step
+    // LAB TODO: (your split of the step after S, with the kernel's part there; this part may stay
+    // LAB TODO: empty) the K rows of tile kt + 1 in this thread's registers (next) into K_next
+    // LAB TODO: ([BC][LD] halves), at the chunks they were fetched from; then the same registers
+    // LAB TODO: start loading the tile's V rows (keys k1 ..).
+    // LAB STUB: (void)K_next, (void)next, (void)V, (void)k1, (void)N, (void)tid;
+    stash_tile<BC, D, LD, THREADS>(K_next, next, tid);
+    fetch_tile<BC, D, THREADS>(next, V, k1, N, tid);
+    // LAB HOLE 3 END
 }
 #endif
 
@@ -353,18 +350,19 @@ __device__ __forceinline__ void store_row(__half *O, float *lse, const float O_a
 // PAD: halves of padding per Q_smem row (Q_PAD). PIPELINE: double-buffered K/V (default), or
 // stage 2's single buffer (variant sync).
 template <int D, int BC, int PAD, bool PIPELINE>
-__global__ void __launch_bounds__(BR)
+__global__ void __launch_bounds__(THREADS)
     attention_kernel(const __half *__restrict__ Q,  // [B, H, N, D]
                      const __half *__restrict__ K,  // [B, H, N, D]
                      const __half *__restrict__ V,  // [B, H, N, D]
                      __half *__restrict__ O,        // [B, H, N, D]
                      float *__restrict__ lse,       // [B, H, N]
                      int N, int n_q_tiles, int causal, float scale) {
+    constexpr int LD = D;  // row stride of K_buf, V_buf (halves): unpadded, read as broadcasts
     static_assert(BC % KEYS_PER_PASS == 0, "a tile is a whole number of passes");
     extern __shared__ uint4 smem_raw[];       // uint4: 16-byte aligned for the chunked accesses
     __half *Q_smem = (__half *)smem_raw;      // [BR][D + PAD]
-    __half *K_buf = Q_smem + BR * (D + PAD);  // [2][BC][D] (PIPELINE) or [BC][D]
-    __half *V_buf = K_buf + (PIPELINE ? 2 : 1) * BC * D;  // [2][BC][D] (PIPELINE) or [BC][D]
+    __half *K_buf = Q_smem + BR * (D + PAD);  // [2][BC][LD] (PIPELINE) or [BC][LD]
+    __half *V_buf = K_buf + (PIPELINE ? 2 : 1) * BC * LD;  // [2][BC][LD] (PIPELINE) or [BC][LD]
 
     const int tid = threadIdx.x;
     const int q_tile = blockIdx.x % n_q_tiles;
@@ -380,7 +378,7 @@ __global__ void __launch_bounds__(BR)
     lse += (size_t)bh * N;
 
     // Q_i -> Q_smem (rows >= N zero-filled)
-    load_tile<BR, D, D + PAD, BR>(Q_smem, Q, q0, N, tid);
+    load_tile<BR, D, D + PAD, THREADS>(Q_smem, Q, q0, N, tid);
 
     // Online softmax state of row i, in registers.
     float m_i = -INFINITY;  // running max of the scaled scores
@@ -393,23 +391,36 @@ __global__ void __launch_bounds__(BR)
     const int last_row = min(q0 + BR, N) - 1;
     const int n_kv_tiles = causal ? last_row / BC + 1 : (N + BC - 1) / BC;
 
-    load_first_tile<D, BC, PIPELINE>(K_buf, V_buf, K, V, N, tid);
+    load_first_tile<D, BC, LD, PIPELINE>(K_buf, V_buf, K, V, N, tid);
 
     for (int kt = 0; kt < n_kv_tiles; ++kt) {
         const int k0 = kt * BC;
         // Tile kt lives in buffer kt % 2; tile kt + 1 goes to the other one.
-        const __half *K_smem = K_buf + (PIPELINE ? kt % 2 : 0) * BC * D;  // [BC][D]
-        const __half *V_smem = V_buf + (PIPELINE ? kt % 2 : 0) * BC * D;  // [BC][D]
-        __half *K_next = K_buf + (kt + 1) % 2 * BC * D;                   // [BC][D]
-        __half *V_next = V_buf + (kt + 1) % 2 * BC * D;                   // [BC][D]
+        const __half *K_smem = K_buf + (PIPELINE ? kt % 2 : 0) * BC * LD;  // [BC][LD]
+        const __half *V_smem = V_buf + (PIPELINE ? kt % 2 : 0) * BC * LD;  // [BC][LD]
+        __half *K_next = K_buf + (kt + 1) % 2 * BC * LD;                   // [BC][LD]
+        __half *V_next = V_buf + (kt + 1) % 2 * BC * LD;                   // [BC][LD]
         const bool prefetch = PIPELINE && kt + 1 < n_kv_tiles;
-        land_tile<D, BC, PIPELINE>(K_buf, V_buf, K, V, k0, N, tid);
+        if (!PIPELINE) {  // variant sync: stage 2's loads, K_j, V_j -> the one buffer
+            load_tile<BC, D, LD, THREADS>(K_buf, K, k0, N, tid);
+            load_tile<BC, D, LD, THREADS>(V_buf, V, k0, N, tid);
+        } else {
+#if HAS_CP_ASYNC
+            // LAB HOLE 2 BEGIN [sm80] [design]: the cp.async pipeline: wait for tile kt
+            // LAB TODO: the pipeline's steady state, before the kernel's barrier: this thread's
+            // LAB TODO: copies of tile kt have landed (a thread waits for its own copies only: the
+            // LAB TODO: barrier then makes every thread's visible to all).
+            // this thread's copies of tile kt have landed
+            cp_async_wait_all();
+            // LAB HOLE 2 END
+#endif
+        }
         // K_smem/V_smem (and, at kt == 0, Q_smem) are filled by all threads. PIPELINE: also,
         // every thread is done with tile kt - 1, so its buffer is free for tile kt + 1.
         __syncthreads();
 
 #if HAS_CP_ASYNC
-        prefetch_tile_async<D, BC>(K_next, V_next, K, V, k0, N, tid, prefetch);
+        prefetch_tile_async<D, BC, LD>(K_next, V_next, K, V, k0, N, tid, prefetch);
 #else
         // LAB HOLE 3 BEGIN [t4] [design]: the sm_75 register-staged prefetch: fetch the next K
         // LAB TODO: sm_75 has no cp.async: tile kt + 1 (keys k0 + BC ..; none after the last
@@ -419,8 +430,8 @@ __global__ void __launch_bounds__(BR)
         // LAB TODO: their latency hides behind the phase. Registers are scarce: one tile's worth
         // LAB TODO: (K, then V). Here, before S: start the loads of K's rows.
         // LAB STUB: (void)K_next, (void)V_next, (void)prefetch;  // unused until filled
-        uint4 next[BC * D / CHUNK / BR];  // this thread's chunks of K, then V, of tile kt + 1
-        if (prefetch) fetch_tile<BC, D, BR>(next, K, k0 + BC, N, tid);
+        uint4 next[BC * D / CHUNK / THREADS];  // this thread's chunks of K, then V, of tile kt + 1
+        if (prefetch) fetch_tile<BC, D, THREADS>(next, K, k0 + BC, N, tid);
         // LAB HOLE 3 END
 #endif
 
@@ -430,10 +441,7 @@ __global__ void __launch_bounds__(BR)
         // LAB HOLE 3 BEGIN [t4] [design]: the sm_75 register-staged prefetch: stash K, fetch V
         // LAB TODO: S is done: K of tile kt + 1 from the registers into K_next; then start the
         // LAB TODO: loads of its V rows, in flight during the softmax and P V.
-        if (prefetch) {  // K of tile kt + 1: registers -> the other buffer; then fetch its V
-            stash_tile<BC, D, D, BR>(K_next, next, tid);
-            fetch_tile<BC, D, BR>(next, V, k0 + BC, N, tid);
-        }
+        if (prefetch) stash_k_fetch_v<D, BC, LD>(K_next, next, V, k0 + BC, N, tid);
         // LAB HOLE 3 END
 #endif
 
@@ -443,7 +451,7 @@ __global__ void __launch_bounds__(BR)
         // LAB TODO: P V is done: V of tile kt + 1 from the registers into V_next. The next
         // LAB TODO: iteration's barrier makes both halves of the tile visible to every thread.
         if (prefetch)  // V of tile kt + 1 -> the other buffer
-            stash_tile<BC, D, D, BR>(V_next, next, tid);
+            stash_tile<BC, D, LD, THREADS>(V_next, next, tid);
         // LAB HOLE 3 END
 #endif
         if (!PIPELINE)
@@ -495,7 +503,7 @@ static cudaError_t launch(const attn_shape *s, const __half *Q, const __half *K,
     const int n_q_tiles = (s->N + BR - 1) / BR;
     const unsigned blocks = (unsigned)((long long)n_q_tiles * s->B * s->H);
     attention_kernel<D, BC, Q_PAD, PIPELINE>
-        <<<blocks, BR, smem, stream>>>(Q, K, V, O, lse, s->N, n_q_tiles, s->causal, s->scale);
+        <<<blocks, THREADS, smem, stream>>>(Q, K, V, O, lse, s->N, n_q_tiles, s->causal, s->scale);
     ATTN_TRY(cudaGetLastError());
     return cudaSuccess;
 }

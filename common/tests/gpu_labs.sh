@@ -51,8 +51,8 @@ wrongs() {
     # 2: the prefetch copies tile kt again, not kt + 1 (an off-by-one tile);
     # 3 (the T4 path): the next tile's V registers fetched from K (V_next gets K's rows)
     3) printf '%s\t%s\t%s\n' \
-      2 attention.cu 's|load_tile_async<BC, D, D, BR>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, D, BR>(\1_next, \2, k0, N, tid);|' \
-      3 attention.cu 's|fetch_tile<BC, D, BR>(next, V, k0 + BC, N, tid);|fetch_tile<BC, D, BR>(next, K, k0 + BC, N, tid);|' ;;
+      2 attention.cu 's|load_tile_async<BC, D, LD, THREADS>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, LD, THREADS>(\1_next, \2, k0, N, tid);|' \
+      3 attention.cu 's|stash_k_fetch_v<D, BC, LD>(K_next, next, V, k0 + BC, N, tid);|stash_k_fetch_v<D, BC, LD>(K_next, next, K, k0 + BC, N, tid);|' ;;
     # 1: K^T's block n read from column 16n of K_smem, not from key row 16n;
     # 2: every element rescaled by this lane's own alpha, not by its row's (the hidden layout)
     4) printf '%s\t%s\t%s\n' \

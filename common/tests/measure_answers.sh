@@ -196,7 +196,7 @@ want s7e6 && prepare s7nomask stage7_backward registers_kernel.cuh 's|const bool
 want s0e4 && prepare s0mask stage0_naive attention.cu 's|const int n_keys = causal ? i + 1 : N;  // keys this row|const int n_keys = causal ? i : N;  // keys this row|'
 want s1e5 && prepare s1alpha stage1_scalar_flash attention.cu 's|const float alpha = expf(m_i - m_ref);|const float alpha = 1.f;|'
 want s2e4 && prepare s2tail stage2_smem_tiling attention.cu 's|(kj >= N \|\| (causal \&\& kj > i))|(causal \&\& kj > i)|'
-want s3e4 && prepare s3pre stage3_cp_async attention.cu 's|load_tile_async<BC, D, D, BR>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, D, BR>(\1_next, \2, k0, N, tid);|'
+want s3e4 && prepare s3pre stage3_cp_async attention.cu 's|load_tile_async<BC, D, LD, THREADS>(\([KV]\)_next, \([KV]\), k0 + BC, N, tid);|load_tile_async<BC, D, LD, THREADS>(\1_next, \2, k0, N, tid);|'
 if [ -n "$hopper" ]; then
   want s6e3 && prepare s6nowaits stage6_hopper mainloop.cuh '/^        wgmma_wait<1>();  \/\/ S of the next key tile is done; P V may still run$/d'
   want s6e4 && prepare s6nowaitk stage6_hopper mainloop.cuh '/^    wait_full(sm, BAR_K_FULL, kv_next);$/d'
