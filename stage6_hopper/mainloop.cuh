@@ -306,15 +306,8 @@ __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[B
     const kv_pipeline kv = {it};
     if (kv.count > 0) release(bar_at(sm, BAR_V_EMPTY + kv.previous().slot()), p);
     if (done.due) finished_epilogue<D, C, BC, BF16, MODEL>(O_acc, done, p, sm, pb);
-    // (alpha is 0 on a work tile's first key tile: see issue_pv.) Softcapped scores: half the
-    // exponentials off MUFU, which their tanh keeps busy (exp2_fma).
-    if (MODEL && pb.softcap_scale != 0.f) {
-        rescale_o<D>(O_acc, r.alpha);
-        exp_pack<BC, early_chunks<C>(), BF16, true>(S, P, l_i, pb.scale_log2, r);
-    } else {
-        rescale_o<D>(O_acc, r.alpha);
-        exp_pack<BC, early_chunks<C>(), BF16>(S, P, l_i, pb.scale_log2, r);
-    }
+    rescale_o<D>(O_acc, r.alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
+    exp_pack<BC, early_chunks<C>(), BF16>(S, P, l_i, pb.scale_log2, r);
 }
 
 // Work tile wt's rows end with the P V of its last key tile, about to be issued: keep their m

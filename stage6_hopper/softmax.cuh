@@ -158,9 +158,7 @@ __device__ __forceinline__ void row_max(const float (&S)[BC / 2], float (&m_i)[2
 // BF16) straight into the A-operand layout of the P V wgmma, which is the S layout (register k of
 // P packs elements 2k and 2k + 1: columns 2t and 2t + 1 of one row); l_i = l_i alpha + the rows'
 // sums. P's registers are the A operand of the P V before, so this comes after that wgmma's wait.
-// FMA_EXP2 (softcapped scores, whose tanh is a second MUFU op each): the odd columns' exponentials
-// by exp2_fma, on the FMA and integer pipes, the even columns' by MUFU.
-template <int BC, int EARLY, bool BF16, bool FMA_EXP2 = false>
+template <int BC, int EARLY, bool BF16>
 __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)[BC / 4],
                                          float (&l_i)[2], float scale_log2,
                                          const row_step<EARLY> &r) {
@@ -169,9 +167,7 @@ __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)
     // LAB TODO: EARLY blocks are in r.p already), in the storage type (bf16 where BF16, else fp16),
     // LAB TODO: two a register. P is the A operand of the P V wgmma from registers, whose layout is
     // LAB TODO: the accumulator's: register k of P holds elements 2k (low half) and 2k + 1 (high
-    // LAB TODO: half) of S, columns 2t and 2t + 1 of one row. Where FMA_EXP2 (softcapped scores,
-    // LAB TODO: whose tanh keeps MUFU busy), the odd columns' (c = 1) exponentials come from the
-    // LAB TODO: FMA pipe's polynomial 2^x of warp.cuh, the even ones' from MUFU. And each row's
+    // LAB TODO: half) of S, columns 2t and 2t + 1 of one row. And each row's
     // LAB TODO: sum: l_i[h] becomes l_i[h] times r.alpha[h], plus this lane's sum of the row's p
     // LAB TODO: over the tile (r.sum has the early blocks' part; the epilogue adds the quad's four
     // LAB TODO: partial sums). This runs after the P V before has been waited for: until then P's
@@ -189,8 +185,7 @@ __device__ __forceinline__ void exp_pack(const float (&S)[BC / 2], uint32_t (&P)
                 if (i < EARLY) {
                     x[c] = r.p[acc_index(i, h, c)];
                 } else {
-                    const float e = fmaf(S[acc_index(i, h, c)], scale_log2, -r.shift[h]);
-                    x[c] = FMA_EXP2 && c == 1 ? exp2_fma(e) : fast_exp2(e);
+                    x[c] = fast_exp2(fmaf(S[acc_index(i, h, c)], scale_log2, -r.shift[h]));
                     sum[h] += x[c];
                 }
             }

@@ -91,28 +91,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-// 2^x without the special-function unit, for a softmax's exponents (x <= 0): where MUFU is the
-// bottleneck (softcap's tanh takes a second MUFU op per score), part of the exponentials go to the
-// FMA and integer pipes instead. x is held at -126 and split as n + f, n the nearest integer
-// (adding 1.5 * 2^23 leaves n in the low bits of the sum's significand: one FADD) and f in
-// [-1/2, 1/2]; 2^f by a degree-4 polynomial fitted to it (relative error 5.2e-6, below fp16's
-// 2^-11 by two orders; 2^0 = 1 exactly); n added to the result's exponent field (an integer add
-// of n << 23). Below -126 (a masked score's -inf) it returns +0, as fast_exp2's flush to zero does.
-// About ten instructions where fast_exp2 issues one, so it pays only where MUFU is busier than the
-// issue slots.
-__device__ __forceinline__ float exp2_fma(float x) {
-    constexpr float ROUND = 12582912.f;  // 1.5 * 2^23
-    const float held = fmaxf(x, -126.f);
-    const float sum = __fadd_rn(held, ROUND);      // n in its low significand bits
-    const float f = held - __fsub_rn(sum, ROUND);  // held - n
-    float p = fmaf(0.009627114f, f, 0.05598684f);
-    p = fmaf(p, f, 0.24023318f);
-    p = fmaf(p, f, 0.69310886f);
-    p = fmaf(p, f, 1.f);
-    const float y = __int_as_float(__float_as_int(p) + (__float_as_int(sum) << 23));
-    return x < -126.f ? 0.f : y;
-}
-
 // Two floats -> one register of two halves, lo in the low 16 bits (the lower column).
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);

@@ -53,24 +53,39 @@ if command -v python3 >/dev/null 2>&1; then
 else
   skip "one home each: python3 not found (common/tests/one_home.py)"
 fi
-# The labs check (most of this suite's compiles, two at a time) runs beside the parts after it,
-# which use one core each; its lines are printed, and its record joins this one's, when it ends
-# (a record of its own meanwhile: report_run counts a part's checks by the record's lines).
-labs_out=$tmp/labs.out labs_record=$tmp/labs.record
-(
-  export REPORT_FILE=$labs_record
-  : >"$REPORT_FILE"
-  part "labs: generated from the markers, filled back byte for byte, make lab / make grade without a GPU" \
-    bash common/tests/check_labs.sh
-) >"$labs_out" 2>&1 &
-labs_pid=$!
-part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
-if [ -f plots/tests/run.sh ]; then part "sweep, plots and tables" bash plots/tests/run.sh; fi
+# The labs check (most of this suite's compiles, two at a time), the Python binding's tests (pip,
+# venvs, a process each) and the sweep's (scripts over fake stages) run side by side with the short
+# parts after them: each in the background with a record of its own (report_run counts a part's
+# checks by the record's lines), its lines printed and its record joined to this one's when all
+# have ended, in the order they were started. None writes where another reads: the labs build in
+# their own folders, the binding links BUILD_DIR/lib and checks that python/ is left as it was,
+# the sweep and the added stage work in temporary copies.
+bg_pids=()
+bg_part() { # bg_part NAME COMMAND...: part NAME COMMAND... in the background
+  local i=${#bg_pids[@]}
+  (
+    export REPORT_FILE=$tmp/bg$i.record
+    : >"$REPORT_FILE"
+    part "$@"
+  ) >"$tmp/bg$i.out" 2>&1 &
+  bg_pids+=($!)
+}
+bg_join() { # waits for every bg_part, then prints each one's lines and joins its record
+  local i
+  for i in "${!bg_pids[@]}"; do wait "${bg_pids[$i]}"; done
+  for i in "${!bg_pids[@]}"; do
+    cat "$tmp/bg$i.out"
+    cat "$tmp/bg$i.record" >>"$REPORT_FILE"
+  done
+  bg_pids=()
+}
+bg_part "labs: generated from the markers, filled back byte for byte, make lab / make grade without a GPU" \
+  bash common/tests/check_labs.sh
+bg_part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
+if [ -f plots/tests/run.sh ]; then bg_part "sweep, plots and tables" bash plots/tests/run.sh; fi
 part "adding a stage: its folder and the ladder row only (a copy of stage 4, compute_75)" bash common/tests/add_stage.sh
 part "lessons: code maps, line references, no untraced figure in prose" bash common/tests/check_lessons.sh
-wait "$labs_pid"
-cat "$labs_out"
-cat "$labs_record" >>"$REPORT_FILE"
+bg_join
 part "C/CUDA sources formatted (pinned clang-format)" make --no-print-directory -s format-check
 if nvidia-smi -L >/dev/null 2>&1; then
   for s in $stages; do part "$s --self-test" self_test "$s"; done
