@@ -29,7 +29,13 @@
 #      and exits 2, as make does when a recipe fails); a lab with a compile error fails and names
 #      the line.
 # The compiles of 1 and 5 are independent: one queue runs them, the longest first, as many at a
-# time as there are cores (nproc; LAB_JOBS=n for another number), while 2, 3 and 4 run.
+# time as there are cores (nproc; LAB_JOBS=n for another number), while 2, 3 and 4 run. Only what
+# changed is compiled again: a front-end compile of 1b that passed is remembered under a hash of
+# all it reads (the compile command, nvcc's and g++'s versions, the lab's tree, the sources of
+# common/, of every stage and of the capstone) in $FLASHCOURSE_CACHE/labs-syntax
+# (~/.cache/flashcourse), and
+# the same compile passes from there, said so on its line; LAB_CACHE=0 compiles everything. A
+# failing compile is never remembered; CI starts with no cache.
 # Ends with "N passed, M failed, K skipped" (common/tests/report.sh).
 # usage: check_labs.sh
 set -u
@@ -136,6 +142,23 @@ lab_arch() { # stage 7's main kernel is compiled from sm_80 on; the others as ma
 tasks=()    # i -> "check|passes|fails": what each compile of the queue checks
 queue=()    # i -> its command (run from the repository's root)
 cost=()     # i -> its rough cost, for the order (the longest first)
+keys=()     # i -> a front-end compile's hash of all it reads (its pass remembered under it)
+cache=
+if [ "${LAB_CACHE:-1}" != 0 ]; then
+  cache=${FLASHCOURSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flashcourse}/labs-syntax
+  mkdir -p "$cache" 2>/dev/null || cache=
+fi
+# what every front-end compile reads besides its lab's tree and its nvcc: the sources it can include
+# (and the host compiler nvcc runs: the first g++ on PATH, nvcc's default)
+shared_sum=$({ g++ --version 2>&1 | head -n 1; cat common/*.h common/device/*.cuh stage*/*.cu stage*/*.cuh \
+  stage*/*.h capstone/*.cu 2>/dev/null; } | sha256sum | cut -d' ' -f1)
+declare -A nvcc_version=() # nvcc's path -> its --version
+key_of() { # key_of COMMAND TREE: sets key to the hash a front-end compile's pass is remembered under
+  local nv=${1%% *}
+  [ -n "${nvcc_version[$nv]+set}" ] || nvcc_version[$nv]=$("$nv" --version 2>&1)
+  key=$({ echo "$shared_sum"; echo "${nvcc_version[$nv]}"; echo "${1//$tmp/TMP}"; cat "$2"/* 2>/dev/null; } |
+    sha256sum | cut -d' ' -f1)
+}
 for s in $stages; do
   sfiles=$(for f in $files; do [ "$(dirname "$f")" = "$s" ] && echo "$f"; done)
   archs=$(lab_arch "$s")
@@ -147,6 +170,7 @@ for s in $stages; do
       i=${#tasks[@]} d=$tmp/one/$s.$k
       queue[i]="$cmd -fdevice-syntax-only -Xcompiler -fsyntax-only -c $d/$s/attention.cu -o $d.$a.o"
       cost[i]=1
+      [ -n "$cache" ] && key_of "${queue[i]}" "$d/$s" && keys[i]=$key
       tasks[i]="$s: hole $k ($in) left as the TODO, the rest filled:|compiles for $a (front end, warnings as errors)|does not compile for $a"
     done < <(grep -P "^tree\t$s\t" "$tmp/marks")
   done
@@ -158,6 +182,7 @@ else
   i=${#tasks[@]}
   queue[i]="$cmd -fdevice-syntax-only -Xcompiler -fsyntax-only -c capstone/attention.cu -o $tmp/capstone.o"
   cost[i]=3
+  [ -n "$cache" ] && key_of "${queue[i]}" capstone && keys[i]=$key
   tasks[i]="capstone/attention.cu, the capstone's solution (stage 5's kernel behind its contract),|compiles for compute_75 (front end, warnings as errors)|does not compile for compute_75"
 fi
 
@@ -197,7 +222,14 @@ order=$(for i in "${!queue[@]}"; do echo "${cost[i]} $i"; done | sort -k1,1nr -k
 (
   for i in $order; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
-    (t0=$(date +%s); bash -c "${queue[i]}" >"$tmp/log.$i" 2>&1; echo "$? $(($(date +%s) - t0))" >"$tmp/rc.$i") &
+    k=${keys[i]:-}
+    if [ -n "$k" ] && [ -f "$cache/$k" ]; then # the same compile passed before: nothing changed
+      echo "0 0 cached" >"$tmp/rc.$i"
+      continue
+    fi
+    (t0=$(date +%s); bash -c "${queue[i]}" >"$tmp/log.$i" 2>&1; r=$?
+      [ "$r" = 0 ] && [ -n "$k" ] && : >"$cache/$k"
+      echo "$r $(($(date +%s) - t0))" >"$tmp/rc.$i") &
   done
   wait
 ) &
@@ -399,8 +431,12 @@ wait "$queue_pid"
 for i in "${!tasks[@]}"; do
   case ${tasks[i]} in grade*) continue ;; esac
   IFS='|' read -r what yes no <<<"${tasks[i]}"
-  rc=-1 took=-1; read -r rc took <"$tmp/rc.$i" # -1: the task left no exit code
-  if [ "$rc" = 0 ]; then ok "$what $yes"; else cp "$tmp/log.$i" "$tmp/out"; bad "$what $no"; fi
+  rc=-1 took=-1 how=; read -r rc took how <"$tmp/rc.$i" # -1: the task left no exit code
+  if [ "$rc" = 0 ]; then
+    ok "$what $yes${how:+ (cached: this compile of the same sources passed before)}"
+  else
+    cp "$tmp/log.$i" "$tmp/out"; bad "$what $no"
+  fi
 done
 for i in "${!tasks[@]}"; do
   case ${tasks[i]} in "grade stage"* | "grade capstone") ;; *) continue ;; esac

@@ -44,22 +44,13 @@ self_test() { # self_test STAGE: its --self-test; a stage that does not run on t
 
 part "CPU unit tests" "$dir/test_common" "$tmp"
 part "CPU unit tests: the fixtures" "$dir/test_common" --fixtures "$tmp"
-for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$dir/$s" "$tmp"; done
-part "make targets: no GPU, a mistyped ARCH, a missing tool, the formatter offline" bash common/tests/make_targets.sh
-part "no spills, no stack frame, no ptxas performance warning (stages 1-7, every target built)" bash common/tests/check_spills.sh "$dir" $stages
-part "the fat build's targets (sm_75 to sm_120), the README's list, the spill gate itself" bash common/tests/check_targets.sh "$dir"
-if command -v python3 >/dev/null 2>&1; then
-  part "one home each: the CSV header, the exit codes, the B x H limit, the variants list" python3 common/tests/one_home.py
-else
-  skip "one home each: python3 not found (common/tests/one_home.py)"
-fi
 # The labs check (most of this suite's compiles, two at a time), the Python binding's tests (pip,
-# venvs, a process each) and the sweep's (scripts over fake stages) run side by side with the short
-# parts after them: each in the background with a record of its own (report_run counts a part's
-# checks by the record's lines), its lines printed and its record joined to this one's when all
-# have ended, in the order they were started. None writes where another reads: the labs build in
-# their own folders, the binding links BUILD_DIR/lib and checks that python/ is left as it was,
-# the sweep and the added stage work in temporary copies.
+# venvs, a process each) and the sweep's (scripts over fake stages) run side by side with the
+# parts after them, up to bg_join: each in the background with a record of its own (report_run
+# counts a part's checks by the record's lines), its lines printed and its record joined to this
+# one's when all have ended, in the order they were started. None writes where another reads: the
+# labs build in their own folders, the binding links BUILD_DIR/lib (flags.txt as it is) and checks
+# that python/ is left as it was, the other parts work in build folders and copies of their own.
 bg_pids=()
 bg_part() { # bg_part NAME COMMAND...: part NAME COMMAND... in the background
   local i=${#bg_pids[@]}
@@ -83,6 +74,15 @@ bg_part "labs: generated from the markers, filled back byte for byte, make lab /
   bash common/tests/check_labs.sh
 bg_part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
 if [ -f plots/tests/run.sh ]; then bg_part "sweep, plots and tables" bash plots/tests/run.sh; fi
+for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$dir/$s" "$tmp"; done
+part "make targets: no GPU, a mistyped ARCH, a missing tool, the formatter offline" bash common/tests/make_targets.sh
+part "no spills, no stack frame, no ptxas performance warning (stages 1-7, every target built)" bash common/tests/check_spills.sh "$dir" $stages
+part "the fat build's targets (sm_75 to sm_120), the README's list, the spill gate itself" bash common/tests/check_targets.sh "$dir"
+if command -v python3 >/dev/null 2>&1; then
+  part "one home each: the CSV header, the exit codes, the B x H limit, the variants list" python3 common/tests/one_home.py
+else
+  skip "one home each: python3 not found (common/tests/one_home.py)"
+fi
 part "adding a stage: its folder and the ladder row only (a copy of stage 4, compute_75)" bash common/tests/add_stage.sh
 part "lessons: code maps, line references, no untraced figure in prose" bash common/tests/check_lessons.sh
 bg_join
