@@ -21,7 +21,7 @@
 # but side by side their times (step 2's speed too) are those of a shared machine.
 # The labs go to a folder of their own (LABS=), never the learner's labs/.
 # usage: common/tests/gpu_labs.sh [STAGE...]     (STAGE: a number or capstone; LIMIT=60, QUICK=0
-#        by default)
+#        by default; STEPS=23 runs those steps; GPU_LABS_DIR=DIR keeps the logs; a TERM prints what finished)
 set -u
 cd "$(dirname "$0")/../.."
 all=$(grep -l -E '^[[:space:]]*// LAB HOLE [0-9]+ BEGIN' stage*/*.cu stage*/*.cuh stage*/*.h 2>/dev/null |
@@ -31,8 +31,14 @@ stages=${*:-$all}
 limit=${LIMIT:-60}
 quick=${QUICK:-0}
 [ "$quick" = 0 ] && qarg="" || qarg="QUICK=1"
-top=$(mktemp -d)
-trap 'rm -rf "$top"' EXIT
+# GPU_LABS_DIR=DIR: the steps' folders and logs go there and stay (else a temporary folder)
+if [ -n "${GPU_LABS_DIR:-}" ]; then
+  top=$GPU_LABS_DIR
+  rm -rf "$top" && mkdir -p "$top" || exit 2
+else
+  top=$(mktemp -d)
+  trap 'rm -rf "$top"' EXIT
+fi
 
 # wrongs N: the wrong fills of stage N, one a line: HOLE<TAB>FILE<TAB>SED, a hole filled wrong
 # on purpose as a learner might (FILE in the stage's folder, SED a sed script for it); each changes
@@ -106,6 +112,7 @@ step() {
   }
   fill_solution() { for f in $lab_files; do cp "$dir/$f" "$L/$dir/$f"; done; }
   : >"$tmp/out"
+  echo "[$(date +%T)] stage $n, step $s starts"
   rm -rf "$L"
   env -u MAKEFLAGS make --no-print-directory lab STAGE="$n" LABS="$L" >/dev/null || { bad "make lab STAGE=$n"; return; }
   lab_files=$(cd "$L/$dir" && ls)
@@ -173,16 +180,47 @@ step() {
 run_stage() {
   local n=$1 steps=123
   case $n in 3 | 5 | capstone) steps=1234 ;; esac
+  [ -n "${STEPS:-}" ] && steps=$(echo "$steps" | tr -c -d "$STEPS")  # STEPS=23: those steps alone
   if [ "$quick" = 0 ]; then
     for s in $(echo $steps | grep -o .); do step "$n" "$s"; done
     return
   fi
-  step "$n" 1 >"$top/$n-1.out" 2>&1 &
-  step "$n" 3 >"$top/$n-3.out" 2>&1 &
-  { step "$n" 2; [ $steps = 1234 ] && step "$n" 4; } >"$top/$n-2.out" 2>&1
+  case $steps in *1*) step "$n" 1 >"$top/$n-1.out" 2>&1 & ;; esac
+  case $steps in *3*) step "$n" 3 >"$top/$n-3.out" 2>&1 & ;; esac
+  { case $steps in *2*) step "$n" 2 ;; esac; case $steps in *4*) step "$n" 4 ;; esac; } >"$top/$n-2.out" 2>&1
   wait
-  cat "$top/$n-1.out" "$top/$n-2.out" "$top/$n-3.out"
+  cat "$top/$n-1.out" "$top/$n-2.out" "$top/$n-3.out" 2>/dev/null
 }
+
+# summary [WORDS]: the steps' results so far, counted
+summary() {
+  echo
+  echo "== summary ($(($(date +%s) - t0)) s${qarg:+, $qarg}${1:+, $1})"
+  cat "$top"/*.sum 2>/dev/null
+  passed=$(cat "$top"/*.sum 2>/dev/null | grep -c '^ok ')
+  failed=$(cat "$top"/*.sum 2>/dev/null | grep -c '^FAIL ')
+  echo "$passed passed, $failed failed"
+}
+
+# Stopped (a timeout's TERM, or ^C): what finished is printed, with the last lines of each step
+# still running, and every step is stopped with it.
+stopped() {
+  trap "" TERM INT
+  for f in "$top"/*-[1-4].out; do
+    [ -f "$f" ] || continue
+    echo "== $(basename "$f" .out), its last lines when stopped"
+    tail -n 8 "$f" | cut -c1-240
+  done
+  summary "stopped before the end"
+  # every process of this run (the grades run under timeouts, in process groups of their own)
+  for e in /proc/[0-9]*/environ; do
+    pid=${e#/proc/} && pid=${pid%/environ}
+    [ "$pid" != $$ ] && grep -q -z -x "GPU_LABS_RUN=$top" "$e" 2>/dev/null && kill -TERM "$pid" 2>/dev/null
+  done
+  exit 124
+}
+export GPU_LABS_RUN=$top
+trap stopped TERM INT
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || { echo "no GPU here"; exit 2; }
 t0=$(date +%s)
@@ -193,10 +231,5 @@ else  # side by side: each stage's build folders and labs are its own
   wait
   for n in $stages; do echo "== stage $n"; cat "$top/$n.out"; done
 fi
-echo
-echo "== summary ($(($(date +%s) - t0)) s${qarg:+, $qarg})"
-cat "$top"/*.sum 2>/dev/null
-passed=$(cat "$top"/*.sum 2>/dev/null | grep -c '^ok ')
-failed=$(cat "$top"/*.sum 2>/dev/null | grep -c '^FAIL ')
-echo "$passed passed, $failed failed"
+summary
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
