@@ -117,11 +117,28 @@ class Stage:
         return (self.torch_dtype, torch.bfloat16) if bf16 else (self.torch_dtype,)
 
 
+LIB_DIR_VAR = "FLASHCOURSE_LIB_DIR"
+# os.environ's own mapping, keyed by encoded names: lib_dir_setting() reads it with one dict
+# lookup, where os.environ.get encodes the name on every call and, for a variable not set, raises
+# and catches a KeyError (about 1 us, on every call through a call cache). os.environ keeps it
+# in step with every assignment and deletion made through os.environ.
+_ENVIRON = getattr(os.environ, "_data", None)
+_LIB_DIR_KEY = os.environ.encodekey(LIB_DIR_VAR) if hasattr(os.environ, "encodekey") else None
+
+
+def lib_dir_setting():
+    """$FLASHCOURSE_LIB_DIR as the caches key it (None where it is not set; bytes or str): the
+    libraries, plans and calls a process keeps are those of the folder it named then."""
+    if _ENVIRON is not None and _LIB_DIR_KEY is not None:
+        return _ENVIRON.get(_LIB_DIR_KEY)
+    return os.environ.get(LIB_DIR_VAR)
+
+
 def library_dir() -> Path:
     """Where the libraries are looked for: $FLASHCOURSE_LIB_DIR; else, from a checkout (or a
     `pip install ./python` that recorded one), its build/lib; else the libraries a wheel
     (`make wheel`) holds inside the package."""
-    env = os.environ.get("FLASHCOURSE_LIB_DIR")
+    env = os.environ.get(LIB_DIR_VAR)
     if env:
         return Path(env)
     if REPO is not None:
@@ -267,7 +284,7 @@ def source_stages() -> List[str]:
 
 
 # (name, $FLASHCOURSE_LIB_DIR) -> the library: the folder is searched once per stage name
-_by_name: Dict[Tuple[str, Optional[str]], Library] = {}
+_by_name: Dict[Tuple[str, object], Library] = {}
 
 
 def stage_library(name, who: Optional[str] = None) -> Library:
@@ -276,7 +293,7 @@ def stage_library(name, who: Optional[str] = None) -> Library:
     if not isinstance(name, str):
         raise TypeError(f"{who + ': ' if who else ''}stage must be a stage name such as "
                         f"'{FORWARD_STAGE}', not {type(name).__name__}")
-    key = (name, os.environ.get("FLASHCOURSE_LIB_DIR"))
+    key = (name, lib_dir_setting())
     found = _by_name.get(key)
     if found is not None:
         return found

@@ -10,14 +10,14 @@ metadata only (shapes, strides, dtypes, devices), so torch.compile traces them; 
 
 import ctypes
 import math
-import os
 import struct
 from typing import Dict, Optional
 
 from ._library import (BACKWARD_STAGE, FORWARD_STAGE, HOPPER_BACKWARD_STAGE, HOPPER_STAGE,
                        PASS_BWD, PASS_DEC, PASS_FWD, TAKES_BF16, TAKES_GQA, TAKES_LOCAL,
                        TAKES_N_K, TAKES_SOFTCAP, TAKES_STRIDES, TAKES_VARLEN, Library,
-                       LibraryNotBuiltError, Request, _torch, stage_library, stages)
+                       LibraryNotBuiltError, Request, _torch, lib_dir_setting, stage_library,
+                       stages)
 
 _INT_MAX = 2**31 - 1
 _FLT_MIN = 2.0**-126  # the smallest normal float32
@@ -317,7 +317,7 @@ def plan(stage: str, backward: bool, shape, device: Optional[int], dtype, causal
         stage = resolve(stage, backward, device, asks_of(dtype, H, H_kv, N, N_k, local) |
                         (TAKES_VARLEN if varlen else 0), variant, smem_limit, D)
     key = (stage, backward, geometry, device, dtype, causal, scale, variant, smem_limit, local,
-           varlen, os.environ.get("FLASHCOURSE_LIB_DIR"))
+           varlen, lib_dir_setting())
     p = _plans.get(key)
     if p is not None:
         return p

@@ -18,7 +18,7 @@ import os
 from typing import Dict, Optional
 
 from . import _library
-from ._library import TAKES_STRIDES, Request, _torch, library_dir, stage_library
+from ._library import TAKES_STRIDES, Request, _torch, lib_dir_setting, library_dir, stage_library
 from ._plans import (ALIGN, NO_LOCAL, PLANS_MAX, _Plan, _plans, _scale32, backward_geometry,
                      check_aligned, device_of, forward_geometry, plan, variant_index)
 
@@ -123,7 +123,7 @@ def call_key(q, k, v, *flags) -> tuple:
     first, api.given_key) and FLASHCOURSE_LIB_DIR."""
     return (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.stride(), k.stride(),
             v.stride(), q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, flags,
-            os.environ.get("FLASHCOURSE_LIB_DIR"))
+            lib_dir_setting())
 
 
 def ready(q, k, v) -> bool:
@@ -367,7 +367,7 @@ def decode_plan(stage: str, device: int, dtype, geometry: tuple, cache: tuple, c
                 scale: float, variant: str) -> "_Plan":
     """The library's checks of a decode call, once per combination: its plan, or ValueError."""
     key = ("decode", stage, geometry, cache, device, dtype, causal, scale, variant,
-           os.environ.get("FLASHCOURSE_LIB_DIR"))
+           lib_dir_setting())
     p = _plans.get(key)
     if p is None:
         library = stage_library(stage)
@@ -394,7 +394,7 @@ def kv_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, *flags):
     not its value, which the call checks), and flags (scale, causal, ...) as given."""
     seqlens = int if type(cache_seqlens) is int else _meta(cache_seqlens)
     return (_meta(q), _meta(k_cache), _meta(v_cache), _meta(k), _meta(v), seqlens,
-            _meta(block_table), flags, os.environ.get("FLASHCOURSE_LIB_DIR"))
+            _meta(block_table), flags, lib_dir_setting())
 
 
 def kv_ready(q, k_cache, v_cache, k, v) -> bool:

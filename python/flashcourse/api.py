@@ -114,8 +114,9 @@ def given_key(who: str, q, k, v, causal, scale, window_size, softcap, *rest) -> 
     """A flash-attn drop-in's call's key (_run.call_key): its arguments as given (rest: the
     others, grad last), with the types of those whose checks see more than their value (True ==
     1 and 4.0 == 4 as keys, not as arguments), window_size's sides spread (a list's too)."""
-    typed = (causal, scale, *window_size, softcap)
-    return _run.call_key(q, k, v, who, type(window_size), *typed, *map(type, typed), *rest)
+    left, right = window_size  # (anything else: no key, and the checks say why)
+    return _run.call_key(q, k, v, who, type(window_size), causal, scale, left, right, softcap,
+                         type(causal), type(scale), type(left), type(right), type(softcap), *rest)
 
 
 def named_by(who: str, e: Exception) -> Exception:

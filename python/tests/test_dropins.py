@@ -12,6 +12,7 @@ answer is outside it). Without a GPU or PyTorch every test prints SKIP. Ends wit
 failed, K skipped".
 """
 
+import os
 import sys
 
 from harness import (Skip, assert_within, check_flash_lse, key_mask, miss, need_gpu, raiser, run,
@@ -159,6 +160,24 @@ def t_lookup_first():
             k = spy.keys
             hash(k[1])  # a list window: a key all the same
             assert k[2] != k[0] and k[3] != k[4] and k[5] != k[6], f"{fn.__name__}: equal keys"
+        # $FLASHCOURSE_LIB_DIR set, changed, unset: three keys (another folder, other libraries)
+        spy.keys = []
+        old = os.environ.get("FLASHCOURSE_LIB_DIR")
+        try:
+            for d in ("/libs/a", "/libs/b", None):
+                os.environ.pop("FLASHCOURSE_LIB_DIR", None)
+                if d is not None:
+                    os.environ["FLASHCOURSE_LIB_DIR"] = d
+                fa(q, q, q)
+        finally:
+            os.environ.pop("FLASHCOURSE_LIB_DIR", None)
+            if old is not None:
+                os.environ["FLASHCOURSE_LIB_DIR"] = old
+        assert len(set(spy.keys)) == 3, "the key does not follow FLASHCOURSE_LIB_DIR"
+        # a window of three sides makes no key: the checks refuse it, the cached call never runs
+        ran.clear()
+        raises(TypeError, fa, q, q, q, window_size=(1, 2, 3), match=[FLASH_NAME, "window_size"])
+        assert not ran, "a window of three sides ran a cached call"
         # a miss: every check as before, errors naming the function
         _run.calls = SpyCalls()
         for kw, exc in ((dict(window_size=(4.0, 4)), TypeError), (dict(causal=1.0), TypeError),
