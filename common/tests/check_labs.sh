@@ -31,9 +31,9 @@
 # The compiles of 1 and 5 are independent: one queue runs them, the longest first, as many at a
 # time as there are cores (nproc; LAB_JOBS=n for another number), while 2, 3 and 4 run. Only what
 # changed is compiled again: a front-end compile of 1b that passed is remembered under a hash of
-# all it reads (the compile command, nvcc's and g++'s versions, the lab's tree, the sources of
-# common/, of every stage and of the capstone) in $FLASHCOURSE_CACHE/labs-syntax
-# (~/.cache/flashcourse), and
+# all it reads (the compile command, nvcc's and g++'s versions, the lab's tree, common/'s headers
+# and the folders its sources include: an edit of one stage compiles that stage's labs again, and
+# those that include it) in $FLASHCOURSE_CACHE/labs-syntax (~/.cache/flashcourse), and
 # the same compile passes from there, said so on its line; LAB_CACHE=0 compiles everything. A
 # failing compile is never remembered; CI starts with no cache.
 # Ends with "N passed, M failed, K skipped" (common/tests/report.sh).
@@ -148,15 +148,31 @@ if [ "${LAB_CACHE:-1}" != 0 ]; then
   cache=${FLASHCOURSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flashcourse}/labs-syntax
   mkdir -p "$cache" 2>/dev/null || cache=
 fi
-# what every front-end compile reads besides its lab's tree and its nvcc: the sources it can include
-# (and the host compiler nvcc runs: the first g++ on PATH, nvcc's default)
-shared_sum=$({ g++ --version 2>&1 | head -n 1; cat common/*.h common/device/*.cuh stage*/*.cu stage*/*.cuh \
-  stage*/*.h capstone/*.cu 2>/dev/null; } | sha256sum | cut -d' ' -f1)
+# what every front-end compile reads besides its lab's tree and its nvcc: common/'s headers (and the
+# host compiler nvcc runs: the first g++ on PATH, nvcc's default); a folder's compile also reads
+# the folders its sources include ("../stage5_tuned/attention.cu"), theirs too: included_dirs
+common_sum=$({ g++ --version 2>&1 | head -n 1; cat common/*.h common/device/*.cuh; } | sha256sum | cut -d' ' -f1)
+included_dirs() { # included_dirs DIR: the folders DIR's sources include, and theirs, DIR left out
+  local todo=" $1 " seen=" " d
+  while [ -n "${todo// /}" ]; do
+    read -r d todo <<<"$todo"
+    case "$seen" in *" $d "*) continue ;; esac
+    seen="$seen$d "
+    todo="$todo $(cat "$d"/*.cu "$d"/*.cuh "$d"/*.h 2>/dev/null | sed -n 's|^ *#include "\.\./\([^/"]*\)/.*|\1|p' | sort -u | tr '\n' ' ')"
+  done
+  echo "${seen/ $1 / }"
+}
 declare -A nvcc_version=() # nvcc's path -> its --version
-key_of() { # key_of COMMAND TREE: sets key to the hash a front-end compile's pass is remembered under
-  local nv=${1%% *}
+declare -A dir_sum=()      # a folder -> the hash of common_sum and the folders it includes
+key_of() { # key_of COMMAND TREE DIR: sets key to the hash a front-end compile's pass is remembered
+  # under (TREE: the lab's copy of the folder DIR)
+  local nv=${1%% *} d
   [ -n "${nvcc_version[$nv]+set}" ] || nvcc_version[$nv]=$("$nv" --version 2>&1)
-  key=$({ echo "$shared_sum"; echo "${nvcc_version[$nv]}"; echo "${1//$tmp/TMP}"; cat "$2"/* 2>/dev/null; } |
+  if [ -z "${dir_sum[$3]+set}" ]; then
+    dir_sum[$3]=$({ echo "$common_sum"; for d in $(included_dirs "$3"); do echo "$d"; cat "$d"/*; done; } |
+      sha256sum | cut -d' ' -f1)
+  fi
+  key=$({ echo "${dir_sum[$3]}"; echo "${nvcc_version[$nv]}"; echo "${1//$tmp/TMP}"; cat "$2"/* 2>/dev/null; } |
     sha256sum | cut -d' ' -f1)
 }
 for s in $stages; do
@@ -170,7 +186,7 @@ for s in $stages; do
       i=${#tasks[@]} d=$tmp/one/$s.$k
       queue[i]="$cmd -fdevice-syntax-only -Xcompiler -fsyntax-only -c $d/$s/attention.cu -o $d.$a.o"
       cost[i]=1
-      [ -n "$cache" ] && key_of "${queue[i]}" "$d/$s" && keys[i]=$key
+      [ -n "$cache" ] && key_of "${queue[i]}" "$d/$s" "$s" && keys[i]=$key
       tasks[i]="$s: hole $k ($in) left as the TODO, the rest filled:|compiles for $a (front end, warnings as errors)|does not compile for $a"
     done < <(grep -P "^tree\t$s\t" "$tmp/marks")
   done
@@ -182,7 +198,7 @@ else
   i=${#tasks[@]}
   queue[i]="$cmd -fdevice-syntax-only -Xcompiler -fsyntax-only -c capstone/attention.cu -o $tmp/capstone.o"
   cost[i]=3
-  [ -n "$cache" ] && key_of "${queue[i]}" capstone && keys[i]=$key
+  [ -n "$cache" ] && key_of "${queue[i]}" capstone capstone && keys[i]=$key
   tasks[i]="capstone/attention.cu, the capstone's solution (stage 5's kernel behind its contract),|compiles for compute_75 (front end, warnings as errors)|does not compile for compute_75"
 fi
 
