@@ -150,7 +150,8 @@ PREV_DIR  = $(or $($(STAGE_DIR)_DIFF_BASE),$(firstword $(wildcard stage$(shell e
 # (// LAB HOLE, TODO, STUB: comments), by common/labs.py: the whole diff; or, where the stage is a
 # rewrite of its base rather than an edit (less than a third of its lines are the base's: stage 1
 # and stages 5-9), one line saying so and pointing to the lesson's code map, its files by role,
-# and the diffs of those that correspond to an edited file of the base. ALL=1: the whole diff.
+# and the diffs of those that correspond to an edited file of the base. A header comment the
+# stage rewrites shows as the stage's, the base's folded to one line. ALL=1: the whole diff.
 diff:
 	@test -n "$(STAGE)" -a -n "$(STAGE_DIR)" -a -n "$(PREV_DIR)" || { echo "usage: make diff STAGE=n [ALL=1] (n = 1..$(words $(wordlist 2,99,$(STAGES))))"; exit 2; }
 	@python3 common/labs.py diff $(STAGE_DIR) $(PREV_DIR) $(if $(filter-out 0,$(ALL)),--all)
@@ -221,7 +222,7 @@ help:
 	@echo "make plots         redraw the PNGs from the CSV"
 	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the reference CSV (another GPU: plots/<gpu>/TABLES.md)"
 	@echo "make test-plots    CPU tests of the sweep, plots and tables only"
-	@echo "make diff STAGE=n  what stage n adds over stage n-1 (a rewrite, as stages 1 and 5-9: its files by role; ALL=1: the whole diff)"
+	@echo "make diff STAGE=n  what stage n adds over stage n-1 (a rewrite, as stages 1 and 5-9: its files by role; ALL=1: the whole diff, the stage before's header comment too)"
 	@echo "make read STAGE=n  the stage's code without the lab's markers, in the order of its lesson's code map"
 	@echo "make lab STAGE=n   write labs/<stage>/: the stage's kernel with the lesson cut into holes (a stage with none says so)"
 	@echo "make grade STAGE=n build your lab, self-test it, time it: a report card and your kernels' registers and spills beside the stage's (no GPU: it compiles, prints that table, grades nothing and fails with the grader's exit 3; QUICK=1: no self-test)"

@@ -89,7 +89,9 @@ usage: labs.py lab STAGE [--restart]          write labs/<stage>/ (never over a 
                                                code map's order, lines numbered as in the files
        labs.py diff STAGE BASE [--all]         what STAGE adds over BASE (folders): the whole
                                                diff, or for a rewrite, one line saying so and
-                                               the diffs of the files that correspond
+                                               the diffs of the files that correspond; a header
+                                               comment that STAGE rewrites shows as STAGE's,
+                                               BASE's as one line (--all: everything in full)
 STAGE is a stage number, a stage's folder name, or capstone.
 """
 
@@ -636,22 +638,49 @@ def stage_code(d):
             for name in include_order(d)}
 
 
+def header_comment(text):
+    """The /* ... */ block a file opens with (its description: prose), or ''."""
+    m = re.match(r"/\*.*?\*/\n", text, re.S)
+    return m.group(0) if m else ""
+
+
+def fold_base_headers(base, sdir, code):
+    """BASE's texts with each header comment that STAGE rewrites as one line: a rewritten
+    description is prose that diffs line by line into noise; STAGE's own stays whole, the diff's
+    caption."""
+    out = {}
+    for name, text in code[base].items():
+        old, new = header_comment(text), header_comment(code[sdir].get(name, ""))
+        n = old.count("\n")
+        if n > 1 and new and old != new:
+            text = f"/* {base.name}'s header comment ({plural(n, 'line')}; ALL=1 shows it) */\n" + \
+                text[len(old):]
+        out[name] = text
+    return out
+
+
 def cmd_diff(args):
     sdir, base = stage_dir(args.stage), stage_dir(args.base)
     code = {base: stage_code(base), sdir: stage_code(sdir)}
     with tempfile.TemporaryDirectory() as tmp:
         whole, files = Path(tmp) / "whole", Path(tmp) / "files"
-        for d in (base, sdir):  # the whole stage as one text (whole/<stage>), and by file
-            (files / d.name).mkdir(parents=True)
+
+        def write(d, texts):  # the whole stage as one text (whole/<stage>), and by file
+            (files / d.name).mkdir(parents=True, exist_ok=True)
             whole.mkdir(exist_ok=True)
             (whole / d.name).write_text("".join(f"// ==== {d.name}/{name}\n{text}"
-                                                for name, text in code[d].items()))
-            for name, text in code[d].items():
+                                                for name, text in texts.items()))
+            for name, text in texts.items():
                 (files / d.name / name).write_text(text)
+
+        for d in (base, sdir):  # counted whole, headers too; shown with the base's folded
+            write(d, code[d])
         added, removed = numstat(whole, base.name, sdir.name)
         lines = (whole / sdir.name).read_text().count("\n")
         kept = (lines - added) / max(lines, 1)
         if args.all or kept >= REWRITE_KEPT:
+            if not args.all:
+                write(base, fold_base_headers(base, sdir, code))
             git_diff(whole, "--stat", base.name, sdir.name)
             git_diff(whole, base.name, sdir.name)
             return 0
@@ -676,6 +705,7 @@ def cmd_diff(args):
             if name not in code[sdir]:
                 print(f"  {name:<22} {base.name}'s, not in {sdir.name}")
         print(f"make diff STAGE={num} ALL=1: the whole diff anyway (+{added} -{removed})")
+        write(base, fold_base_headers(base, sdir, code))
         for a, b in edits:
             git_diff(files, a, b)
     return 0
@@ -1714,7 +1744,8 @@ def main():
     a = sub.add_parser("diff")
     a.add_argument("stage")
     a.add_argument("base")
-    a.add_argument("--all", action="store_true", help="the whole diff, even of a rewrite")
+    a.add_argument("--all", action="store_true",
+                   help="the whole diff, even of a rewrite, and the base's header comments")
     ap.add_argument("--labs", default=str(LABS), help="where the labs are (default: labs/)")
     args = ap.parse_args()
     LABS = Path(args.labs).resolve()

@@ -193,8 +193,8 @@ __device__ __forceinline__ void stash_tile(__half *tile,
 // The steps of the kernel's schedule below, each a named piece (__forceinline__, so the names cost
 // no instruction): the kernel's loop body reads as the schedule.
 
-// Prologue: key tile 0 -> buffer 0 (cp.async: in flight). The variant sync (PIPELINE false) has
-// none: its key loop loads every tile.
+// Prologue: key tile 0 -> buffer 0 (cp.async: in flight).
+// The variant sync (PIPELINE false) has none: its key loop loads every tile.
 template <int D, int BC, int LD, bool PIPELINE>
 __device__ __forceinline__ void load_first_tile(__half *K_buf, __half *V_buf, const __half *K,
                                                 const __half *V, int N, int tid) {
@@ -404,17 +404,17 @@ __global__ void __launch_bounds__(THREADS)
         if (!PIPELINE) {  // variant sync: stage 2's loads, K_j, V_j -> the one buffer
             load_tile<BC, D, LD, THREADS>(K_buf, K, k0, N, tid);
             load_tile<BC, D, LD, THREADS>(V_buf, V, k0, N, tid);
-        } else {
-#if HAS_CP_ASYNC
-            // LAB HOLE 2 BEGIN [sm80] [design]: the cp.async pipeline: wait for tile kt
-            // LAB TODO: the pipeline's steady state, before the kernel's barrier: this thread's
-            // LAB TODO: copies of tile kt have landed (a thread waits for its own copies only: the
-            // LAB TODO: barrier then makes every thread's visible to all).
-            // this thread's copies of tile kt have landed
-            cp_async_wait_all();
-            // LAB HOLE 2 END
-#endif
         }
+#if HAS_CP_ASYNC
+        // LAB HOLE 2 BEGIN [sm80] [design]: the cp.async pipeline: wait for tile kt
+        // LAB TODO: the pipeline's steady state, before the kernel's barrier (PIPELINE only: the
+        // LAB TODO: variant sync has no copies in flight): this thread's copies of tile kt have
+        // LAB TODO: landed (a thread waits for its own copies only: the barrier then makes every
+        // LAB TODO: thread's visible to all).
+        // this thread's copies of tile kt have landed
+        if (PIPELINE) cp_async_wait_all();
+        // LAB HOLE 2 END
+#endif
         // K_smem/V_smem (and, at kt == 0, Q_smem) are filled by all threads. PIPELINE: also,
         // every thread is done with tile kt - 1, so its buffer is free for tile kt + 1.
         __syncthreads();
@@ -524,6 +524,7 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     }
     const __half *q = (const __half *)Q, *k = (const __half *)K, *v = (const __half *)V;
     __half *o = (__half *)O;
+    // The tiles are chosen at run time from the shared memory the device (or --smem-limit) allows.
     const bool small = tile_bc(s->D, dev) != (s->D == 64 ? BC_D64 : BC_D128);
     if (variant == 1) {  // sync: stage 2's loads (one buffer), all else the same
         if (s->D == 64) return launch<64, BC_D64, false>(s, q, k, v, o, lse, stream);

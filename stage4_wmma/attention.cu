@@ -192,6 +192,45 @@ typedef wmma::fragment<wmma::accumulator, WM, WN, WK, float> frag_acc;          
 // The steps of the kernel's schedule below, each a named piece (__forceinline__, so the names cost
 // no instruction): the kernel's loop body reads as the schedule.
 
+// Prologue: key tile 0 -> buffer 0 (cp.async: in flight).
+template <int D, int BC, int LD>
+__device__ __forceinline__ void load_first_tile(__half *K_buf, __half *V_buf, const __half *K,
+                                                const __half *V, int N, int tid) {
+#if HAS_CP_ASYNC
+    load_tile_async<BC, D, LD, THREADS>(K_buf, K, 0, N, tid);
+    load_tile_async<BC, D, LD, THREADS>(V_buf, V, 0, N, tid);
+    cp_async_commit();
+#else
+    load_tile<BC, D, LD, THREADS>(K_buf, K, 0, N, tid);
+    load_tile<BC, D, LD, THREADS>(V_buf, V, 0, N, tid);
+#endif
+}
+
+#if HAS_CP_ASYNC
+// Prefetch: K/V tile kt + 1 (keys k0 + BC ..) -> the other buffer, K_next and V_next, by cp.async:
+// in flight while the block computes on tile kt; nothing after the last tile (prefetch false).
+template <int D, int BC, int LD>
+__device__ __forceinline__ void prefetch_tile_async(__half *K_next, __half *V_next, const __half *K,
+                                                    const __half *V, int k0, int N, int tid,
+                                                    bool prefetch) {
+    if (prefetch) {  // tile kt + 1 -> the other buffer, in flight while we compute
+        load_tile_async<BC, D, LD, THREADS>(K_next, K, k0 + BC, N, tid);
+        load_tile_async<BC, D, LD, THREADS>(V_next, V, k0 + BC, N, tid);
+        cp_async_commit();
+    }
+}
+#else
+// sm_75's register-staged prefetch, its middle: K of tile kt + 1 (keys k1 ..), fetched into this
+// thread's registers next, -> the other buffer K_next; then its V into the same registers.
+template <int D, int BC, int LD>
+__device__ __forceinline__ void stash_k_fetch_v(__half *K_next,
+                                                uint4 next[BC * D / CHUNK / THREADS],
+                                                const __half *V, int k1, int N, int tid) {
+    stash_tile<BC, D, LD, THREADS>(K_next, next, tid);
+    fetch_tile<BC, D, THREADS>(next, V, k1, N, tid);
+}
+#endif
+
 // The row-number fragment (see the note before the kernel): a matrix whose entries are their own
 // row numbers, written into the warp's slice S_w and loaded as an accumulator fragment.
 template <int S_LD>
@@ -201,22 +240,6 @@ __device__ __forceinline__ frag_acc row_number_fragment(float *S_w, int lane) {
     frag_acc rows;
     wmma::load_matrix_sync(rows, S_w, S_LD, wmma::mem_row_major);
     return rows;
-}
-
-// Prologue: Q_i -> Q_smem (rows >= N zero-filled); key tile 0 -> buffer 0 (cp.async: in flight).
-template <int D, int BC, int LD>
-__device__ __forceinline__ void load_q_and_first_tile(__half *Q_smem, __half *K_buf, __half *V_buf,
-                                                      const __half *Q, const __half *K,
-                                                      const __half *V, int q0, int N, int tid) {
-    load_tile<BR, D, LD, THREADS>(Q_smem, Q, q0, N, tid);
-#if HAS_CP_ASYNC
-    load_tile_async<BC, D, LD, THREADS>(K_buf, K, 0, N, tid);
-    load_tile_async<BC, D, LD, THREADS>(V_buf, V, 0, N, tid);
-    cp_async_commit();
-#else
-    load_tile<BC, D, LD, THREADS>(K_buf, K, 0, N, tid);
-    load_tile<BC, D, LD, THREADS>(V_buf, V, 0, N, tid);
-#endif
 }
 
 // Step 1's product for one k slice: S[:, n] += Q_k K_k^T for the BC/16 accumulators side by
@@ -312,28 +335,6 @@ __device__ __forceinline__ void accumulate_pv_k(frag_acc O_acc[D / WN], const fr
     }
     // LAB HOLE 2 END
 }
-
-#if HAS_CP_ASYNC
-// Prefetch: K/V tile kt + 1 (keys k1 ..) -> the other buffer, K_next and V_next, by cp.async: in
-// flight while the block computes on tile kt.
-template <int D, int BC, int LD>
-__device__ __forceinline__ void prefetch_tile_async(__half *K_next, __half *V_next, const __half *K,
-                                                    const __half *V, int k1, int N, int tid) {
-    load_tile_async<BC, D, LD, THREADS>(K_next, K, k1, N, tid);
-    load_tile_async<BC, D, LD, THREADS>(V_next, V, k1, N, tid);
-    cp_async_commit();
-}
-#else
-// sm_75's register-staged prefetch, its middle: K of tile kt + 1 (keys k1 ..), fetched into this
-// thread's registers next, -> the other buffer K_next; then its V into the same registers.
-template <int D, int BC, int LD>
-__device__ __forceinline__ void stash_k_fetch_v(__half *K_next,
-                                                uint4 next[BC * D / CHUNK / THREADS],
-                                                const __half *V, int k1, int N, int tid) {
-    stash_tile<BC, D, LD, THREADS>(K_next, next, tid);
-    fetch_tile<BC, D, THREADS>(next, V, k1, N, tid);
-}
-#endif
 
 // Row numbers: row_lane[e] = the lane holding the alpha and l_i of the row of element e of an
 // accumulator fragment (2 * row, see the note before the kernel).
@@ -478,9 +479,9 @@ __device__ __forceinline__ void accumulate_pv(frag_acc O_acc[D / WN], float alph
     // LAB HOLE 2 END
 }
 
-// Epilogue: O_i = O_acc / l_i and LSE_i = m_i + log(l_i) for the warp's rows qw .. qw + 15 of this
-// head's O [N, D] and lse [N]. Query rows past N are never written. Every row i < N has seen key
-// 0, so l_i >= 1 there.
+// Epilogue: O_i = O_acc / l_i and LSE_i = m_i + log(l_i) for row i of this head's O [N, D] and
+// lse [N]. Query rows past N are never written. Every row i < N has seen key 0, so l_i >= 1 here.
+// The warp writes its rows qw .. qw + 15: LSE from one lane of each pair, O through S_w.
 template <int D, int BC, int S_LD>
 __device__ __forceinline__ void store_o(__half *O, float *lse, frag_acc O_acc[D / WN], float m_i,
                                         float l_i, const int row_lane[frag_acc::num_elements],
@@ -582,7 +583,9 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
     int row_lane[frag_acc::num_elements];  // the lane holding the row's alpha, l_i (note above)
     row_lanes<S_LD>(row_lane, S_w, lane);  // S_w is next written after the __syncthreads below
 
-    load_q_and_first_tile<D, BC, LD>(Q_smem, K_buf, V_buf, Q, K, V, q0, N, tid);
+    // Q_i -> Q_smem (rows >= N zero-filled)
+    load_tile<BR, D, LD, THREADS>(Q_smem, Q, q0, N, tid);
+    load_first_tile<D, BC, LD>(K_buf, V_buf, K, V, N, tid);
     __syncthreads();  // Q_smem is filled by all threads (tile 0 may still be in flight)
 
     constexpr bool Q_IN_REGS = q_in_regs<D, BC>();
@@ -590,8 +593,9 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
     frag_a Q_frag[D / WK];                        // the A operand of S = Q_i K_j^T (Q_IN_REGS)
     load_q_fragments<D, LD, Q_IN_REGS>(Q_frag, Q_w);
 
-    // Online softmax state of row i (in both lanes of its pair); O_acc as WMMA accumulators.
-    float m_i = -INFINITY, l_i = 0.f;  // running max of the scaled scores, sum of exp(score - m_i)
+    // Online softmax state of row i, in registers.
+    float m_i = -INFINITY;  // running max of the scaled scores
+    float l_i = 0.f;        // running sum of exp(score - m_i)
     frag_acc O_acc[D / WN];
 #pragma unroll
     for (int n = 0; n < D / WN; ++n) wmma::fill_fragment(O_acc[n], 0.f);
@@ -617,7 +621,7 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
         __syncthreads();
 
 #if HAS_CP_ASYNC
-        if (prefetch) prefetch_tile_async<D, BC, LD>(K_next, V_next, K, V, k0 + BC, N, tid);
+        prefetch_tile_async<D, BC, LD>(K_next, V_next, K, V, k0, N, tid, prefetch);
 #else
         uint4 next[BC * D / CHUNK / THREADS];  // this thread's chunks of K, then V, of tile kt + 1
         if (prefetch) fetch_tile<BC, D, THREADS>(next, K, k0 + BC, N, tid);
@@ -641,7 +645,8 @@ __global__ void __launch_bounds__(THREADS, launch_min_blocks<D, BC>())
             accumulate_pv<D, BC, LD, P_LD>(O_acc, alpha, row_lane, P_w, V_smem);
         }
 #if !HAS_CP_ASYNC
-        if (prefetch) stash_tile<BC, D, LD, THREADS>(V_next, next, tid);  // V of tile kt + 1
+        if (prefetch)  // V of tile kt + 1 -> the other buffer
+            stash_tile<BC, D, LD, THREADS>(V_next, next, tid);
 #endif
     }
 
