@@ -97,14 +97,19 @@ def page_slots(table, positions, page_size: int):
     return page, positions % page_size
 
 
+def new_slots(table, n: int, start, page_size: int):
+    """page_slots of positions start .. start + n - 1 of each sequence; start an int or a tensor
+    [B] (each sequence its own)."""
+    t = torch.arange(n, device=table.device)[None, :]
+    t = t + (start if isinstance(start, int) else start.to(table.device).long()[:, None])
+    return page_slots(table, t, page_size)
+
+
 def write_pages(cache, table, new, start):
     """Writes new [B, n, H_kv, D] into the paged cache [num_pages, page_size, H_kv, D] at
     positions start .. start + n - 1 of each sequence; start an int or a tensor [B] (each
     sequence its own)."""
-    B, n = new.shape[:2]
-    t = torch.arange(n, device=new.device)[None, :]
-    t = t + (start if isinstance(start, int) else start.to(new.device).long()[:, None])
-    page, row = page_slots(table, t, cache.shape[1])
+    page, row = new_slots(table, new.shape[1], start, cache.shape[1])
     cache[page, row] = new
 
 
@@ -162,10 +167,11 @@ class PagedCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)
         self.stage, self.emulate, self.decoding = stage, emulate, False
+        self.slots = None  # the prompt's (page, row): made by the first layer, used by all
 
     def reset(self):
         self.lengths.zero_()
-        self.decoding = False
+        self.decoding, self.slots = False, None
 
     def positions(self, n: int):
         """The positions of the next n tokens of each sequence: [B, n] long on the device."""
@@ -183,8 +189,10 @@ class PagedCache:
                                                    is_causal=True).transpose(1, 2)
             else:
                 o = flashcourse.flash_attn_func(q, k, v, causal=True, stage=self.stage)
-            write_pages(self.k[layer], self.table, k, self.lengths)
-            write_pages(self.v[layer], self.table, v, self.lengths)
+            if self.slots is None:  # every layer's keys go to the same places: found once
+                self.slots = new_slots(self.table, k.shape[1], self.lengths, self.k[0].shape[1])
+            self.k[layer][self.slots] = k
+            self.v[layer][self.slots] = v
         elif self.emulate:
             o = kvcache_attention_torch(q, self.k[layer], self.v[layer], k, v, self.lengths,
                                         self.table, causal=True)
@@ -196,7 +204,7 @@ class PagedCache:
 
     def advance(self, n: int):
         self.lengths += n  # on the device: no wait for the GPU
-        self.decoding = True
+        self.decoding, self.slots = True, None
 
 
 class ContiguousCache:
