@@ -8,17 +8,17 @@
 #      learner's mistake; one for each design hole at least), one after the other: make grade
 #      fails and the report card names that hole as FAIL and the others as PASS;
 #   4. the T4 path of stages 3 and 5 and the capstone (ARCH=compute_75 SMEM_LIMIT=65536): the
-#      filled lab passes there (stage 5's [t4] hole is also graded on that path in step 2, with
-#      the self-test).
+#      filled lab passes there (stage 5's [t4] hole is also graded on that path in step 2: with
+#      the self-test, or under QUICK=1 its quick cases).
 # Stages 6 and 8 run only on sm_90a: on another GPU step 1 must say so (unsupported here), and steps
 # 2-3 are skipped.
 # QUICK=1 (the quick proof): the stages run side by side, and in each, steps 1 and 3 beside
 # step 2 (each step has its own labs folder; a build of the same content is shared, make grade
-# builds it once); steps 3 and 4 grade with make grade
-# QUICK=1 (the two quick cases, no self-test, no timing): what it skips is the self-test of the
-# wrongly filled lab's other holes (the quick cases still pass them) and of the T4 run of step 4
-# (step 2 ran stage 5's T4 path with the self-test). Steps 1 and 2 are the same in both modes,
-# but side by side their times (step 2's speed too) are those of a shared machine.
+# builds it once); steps 2, 3 and 4 grade with make grade QUICK=1 (the two quick cases, no
+# self-test, no timing): what it skips is the self-test of the solution (the stage's own
+# --self-test proves that code), of the wrongly filled lab's other holes (the quick cases still
+# pass them) and of the T4 run of step 4, and step 2's speed. Step 1 is the same in both modes,
+# but side by side its times are those of a shared machine.
 # The labs go to a folder of their own (LABS=), never the learner's labs/.
 # usage: common/tests/gpu_labs.sh [STAGE...]     (STAGE: a number or capstone; LIMIT=60, QUICK=0
 #        by default; STEPS=23 runs those steps; GPU_LABS_DIR=DIR keeps the logs; a TERM prints what finished)
@@ -138,13 +138,15 @@ step() {
     else
       bad "stage $n, unfilled lab: exit $rc after $took s (run ${run_s:-?} s): want a failing report card, its run within $limit s"
     fi ;;
-  2) # the stage's own code
+  2) # the stage's own code (QUICK=1: its quick cases, not timed)
     fill_solution
-    grade 900
+    grade 900 $qarg
     if [ "$rc" -eq 0 ] && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out" && grep -q -E "of (the stage.s own kernel|stage 5.s kernel).s speed" "$tmp/out"; then
       ok "stage $n, the solution: passes every hole and is timed ($took s; $(grep -o -E "[0-9.]* of (the stage.s own kernel|stage 5.s kernel).s speed" "$tmp/out"))"
+    elif [ -n "$qarg" ] && [ "$rc" -eq 0 ] && grep -q -E '^holes passing: ([0-9]+) of \1$' "$tmp/out" && grep -q '^  quick grade:' "$tmp/out"; then
+      ok "stage $n, the solution (QUICK=1): passes every hole on the quick cases ($took s; not timed)"
     else
-      bad "stage $n, the solution: exit $rc after $took s: want every hole passing and a speed"
+      bad "stage $n, the solution: exit $rc after $took s: want every hole passing${qarg:- and a speed}"
     fi ;;
   3) # each wrong fill, one after the other
     [ -n "$(wrongs "$n")" ] || { say "FAIL  stage $n: no wrong fill (wrongs() below has none)"; return; }
