@@ -135,6 +135,19 @@ class Runner:
                     enable_flash=False, enable_math=False, enable_mem_efficient=True),
             }
 
+    def timed(self, run, base):
+        """run() warmed up once, then timed under the budget (the protocol of plots/measure.py):
+        (status, ms_median, ms_min, repeats, device_mb), device_mb the peak above `base`."""
+        warm = self.timer.once(run)  # warm-up: kernel selection, workspace, first-touch
+        mb = (self.torch.cuda.max_memory_allocated() - base) / 2**20
+        if warm > self.budget_ms:
+            return "over_budget", warm, warm, 1, mb
+        first = self.timer.once(run)
+        if first > self.budget_ms:
+            return "over_budget", first, first, 1, mb
+        times = self.timer.repeat(run, first)
+        return "ok", measure.median(times), min(times), len(times), mb
+
     def measure(self, backend, pass_, b, h, n, d, causal):
         """Returns (status, ms_median, ms_min, repeats, device_mb)."""
         torch = self.torch
@@ -166,15 +179,7 @@ class Runner:
             else:
                 run = forward
 
-            warm = self.timer.once(run)  # warm-up: kernel selection, workspace, first-touch
-            mb = (torch.cuda.max_memory_allocated() - base) / 2**20
-            if warm > self.budget_ms:
-                return "over_budget", warm, warm, 1, mb
-            first = self.timer.once(run)
-            if first > self.budget_ms:
-                return "over_budget", first, first, 1, mb
-            times = self.timer.repeat(run, first)
-            return "ok", measure.median(times), min(times), len(times), mb
+            return self.timed(run, base)
         except torch.cuda.OutOfMemoryError:
             return "OOM", None, None, 0, None
         except RuntimeError as e:  # e.g. "No available kernel" for this backend and shape
@@ -214,15 +219,7 @@ class Runner:
                         return self.sdpa(qt, kt, vt, attn_mask=mask, enable_gqa=True)
                     return self.sdpa(qt, kt, vt, enable_gqa=True)
 
-            warm = self.timer.once(run)
-            mb = (torch.cuda.max_memory_allocated() - base) / 2**20
-            if warm > self.budget_ms:
-                return "over_budget", warm, warm, 1, mb
-            first = self.timer.once(run)
-            if first > self.budget_ms:
-                return "over_budget", first, first, 1, mb
-            times = self.timer.repeat(run, first)
-            return "ok", measure.median(times), min(times), len(times), mb
+            return self.timed(run, base)
         except torch.cuda.OutOfMemoryError:
             return "OOM", None, None, 0, None
         except (RuntimeError, TypeError, ImportError) as e:  # no kernel, no enable_gqa, no bias
