@@ -673,6 +673,29 @@ enum { PK_B = 6, PK_H = 2, PK_HKV = 1, PK_D = 8 };
 static const int pk_q[PK_B + 1] = {0, 5, 5, 12, 15, 19, 20},
                              pk_k[PK_B + 1] = {0, 3, 7, 14, 14, 23, 24};
 
+/* Query row i of a sequence by a direct float64 softmax over packed_sees(w, mask_N, mask_N_k):
+ * o = sum_j e^(s_j - m) V_j (unnormalised, PK_D of them), *m the row's max score, *l the sum of
+ * e^(s_j - m) (0: the row sees no key); the scores softcapped where w has a softcap. */
+static void packed_row(const attn_shape *w, int mask_N, int mask_N_k, int i, const float *q,
+                       const float *K, const float *V, int N_k_b, double *o, double *m, double *l) {
+    double sc[24];
+    *m = -INFINITY, *l = 0;
+    for (int d = 0; d < PK_D; d++) o[d] = 0;
+    for (int j = 0; j < N_k_b; j++) {
+        if (!packed_sees(w, mask_N, mask_N_k, i, j)) continue;
+        double dot = 0;
+        for (int d = 0; d < PK_D; d++) dot += (double)q[d] * K[j * PK_D + d];
+        sc[j] = w->scale * dot;
+        if (w->softcap > 0) sc[j] = w->softcap * tanh(sc[j] / w->softcap);
+        *m = fmax(*m, sc[j]);
+    }
+    for (int j = 0; j < N_k_b; j++) {
+        if (!packed_sees(w, mask_N, mask_N_k, i, j)) continue;
+        *l += exp(sc[j] - *m);
+        for (int d = 0; d < PK_D; d++) o[d] += exp(sc[j] - *m) * V[j * PK_D + d];
+    }
+}
+
 /* A packed batch's host copies (sequence-major, common.h) with O and lse by a direct float64
  * softmax over packed_sees; in float. `whole`: the mask aligned to the whole batch's N and N_k
  * (7 and 9) rather than each sequence's, a kernel's mistake. */
@@ -694,20 +717,8 @@ static void packed_direct(const attn_shape *w, packed_data *p, uint64_t seed, in
                 const float *q = p->Q + ((long long)PK_H * pk_q[b] + h * N_b + i) * PK_D;
                 const float *K = p->K + (long long)PK_HKV * pk_k[b] * PK_D; /* one kv head */
                 const float *V = p->V + (long long)PK_HKV * pk_k[b] * PK_D;
-                double sc[24], m = -INFINITY, l = 0, o[PK_D] = {0};
-                for (int j = 0; j < N_k_b; j++) {
-                    if (!packed_sees(w, mask_N, mask_N_k, i, j)) continue;
-                    double dot = 0;
-                    for (int d = 0; d < PK_D; d++) dot += (double)q[d] * K[j * PK_D + d];
-                    sc[j] = w->scale * dot;
-                    if (w->softcap > 0) sc[j] = w->softcap * tanh(sc[j] / w->softcap);
-                    m = fmax(m, sc[j]);
-                }
-                for (int j = 0; j < N_k_b; j++) {
-                    if (!packed_sees(w, mask_N, mask_N_k, i, j)) continue;
-                    l += exp(sc[j] - m);
-                    for (int d = 0; d < PK_D; d++) o[d] += exp(sc[j] - m) * V[j * PK_D + d];
-                }
+                double m, l, o[PK_D];
+                packed_row(w, mask_N, mask_N_k, i, q, K, V, N_k_b, o, &m, &l);
                 const long long row = (long long)PK_H * pk_q[b] + h * N_b + i;
                 for (int d = 0; d < PK_D; d++)
                     p->O[row * PK_D + d] = l > 0 ? (float)(o[d] / l) : 0.f;
@@ -806,20 +817,8 @@ static double packed_loss(const attn_shape *w, packed_data *p) {
                 const float *q = p->Q + row * PK_D;
                 const float *K = p->K + (long long)pk_k[b] * PK_D,
                             *V = p->V + (long long)pk_k[b] * PK_D;
-                double sc[24], m = -INFINITY, l = 0, o[PK_D] = {0};
-                for (int j = 0; j < N_k_b; j++) {
-                    if (!packed_sees(w, N_b, N_k_b, i, j)) continue;
-                    double dot = 0;
-                    for (int d = 0; d < PK_D; d++) dot += (double)q[d] * K[j * PK_D + d];
-                    sc[j] = w->scale * dot;
-                    if (w->softcap > 0) sc[j] = w->softcap * tanh(sc[j] / w->softcap);
-                    m = fmax(m, sc[j]);
-                }
-                for (int j = 0; j < N_k_b; j++) {
-                    if (!packed_sees(w, N_b, N_k_b, i, j)) continue;
-                    l += exp(sc[j] - m);
-                    for (int d = 0; d < PK_D; d++) o[d] += exp(sc[j] - m) * V[j * PK_D + d];
-                }
+                double m, l, o[PK_D];
+                packed_row(w, N_b, N_k_b, i, q, K, V, N_k_b, o, &m, &l);
                 for (int d = 0; d < PK_D; d++)
                     total += (l > 0 ? o[d] / l : 0.0) * p->dO[row * PK_D + d];
             }
