@@ -116,7 +116,7 @@ $(BUILD)/lib/lib$(1).so: $(call forward_obj,$(1))
 endef
 $(foreach s,$(BACKWARD_STAGES),$(eval $(call forward_rules,$(s))))
 
-$(BUILD)/test_common: common/tests/test_common.c $(BUILD)/obj/reference.o $(BUILD)/obj/reference_bwd.o $(BUILD)/obj/npy.o
+$(BUILD)/test_common: common/tests/test_common.c common/ring.h $(BUILD)/obj/reference.o $(BUILD)/obj/reference_bwd.o $(BUILD)/obj/npy.o
 	$(CC) $(CFLAGS) -Icommon -o $@ $^ -lm
 
 # ---- tests ----

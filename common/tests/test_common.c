@@ -12,6 +12,7 @@
 #include "attention.h"
 #include "common.h"
 #include "device_info.h"
+#include "ring.h"
 
 static int passed, failed;
 
@@ -287,6 +288,53 @@ static void test_key_range(void) {
     ref_shape r = {1, 1, 6, 8, 0, 1.0, 0, 4, 1, 1, 0, 0.0, NULL, NULL};
     EXPECT(keys_of(&r, 1) == 0 && keys_of(&r, 2) == 1 && keys_of(&r, 5) == 2,
            "ref_key_range: %lld %lld %lld", keys_of(&r, 1), keys_of(&r, 2), keys_of(&r, 5));
+}
+
+/* Stage 10's schedule (ring.h): every GPU's slice, and over the P steps of every GPU each (query,
+ * key) pair of the sequence is computed exactly once where the mask lets it be seen and never where
+ * it does not, the diagonal blocks' causal mask included; zigzag gives every GPU the same work. */
+static long long ring_token(const ring_slice *sl, long long row) {
+    return row < sl->rows[0] ? sl->start[0] + row : sl->start[1] + row - sl->rows[0];
+}
+
+static void test_ring_schedule(void) {
+    static const long long Ns[] = {1, 2, 3, 7, 8, 13, 64};
+    for (int P = 1; P <= 4; P++)
+        for (int layout = 0; layout < 2; layout++)
+            for (int causal = 0; causal < 2; causal++)
+                for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+                    const long long N = Ns[ni];
+                    int *seen = calloc((size_t)(N * N), sizeof(int)), *owner = calloc((size_t)N, sizeof(int));
+                    long long covered = 0, work[4] = {0};
+                    for (int r = 0; r < P; r++) {
+                        const ring_slice sl = ring_split(N, P, (ring_layout)layout, r);
+                        for (long long row = 0; row < sl.n; row++) owner[ring_token(&sl, row)]++;
+                        covered += sl.n;
+                        for (int t = 0; t < P; t++) {
+                            const ring_block b = ring_step(N, P, (ring_layout)layout, causal, r, t);
+                            const ring_slice src = ring_split(N, P, (ring_layout)layout, ((r - t) % P + P) % P);
+                            for (long long i = b.q_row; i < b.q_row + b.q_rows; i++)
+                                for (long long j = b.k_row; j < b.k_row + b.k_rows; j++) {
+                                    if (b.causal && j > i) continue; /* the block's own mask */
+                                    seen[ring_token(&sl, i) * N + ring_token(&src, j)]++;
+                                    work[r]++;
+                                }
+                        }
+                    }
+                    int bad = covered != N;
+                    for (long long i = 0; i < N; i++) bad |= owner[i] != 1;
+                    for (long long i = 0; i < N; i++)
+                        for (long long j = 0; j < N; j++) bad |= seen[i * N + j] != (!causal || j <= i);
+                    EXPECT(!bad, "ring schedule P=%d %s%s N=%lld: a pair computed twice, never, or "
+                           "against the mask", P, layout ? "contiguous" : "zigzag", causal ? " causal" : "", N);
+                    if (layout == RING_ZIGZAG && causal && N % (2 * P) == 0) {
+                        long long lo = work[0], hi = work[0];
+                        for (int r = 1; r < P; r++) lo = work[r] < lo ? work[r] : lo, hi = work[r] > hi ? work[r] : hi;
+                        EXPECT(hi - lo <= N / (2 * P), "zigzag P=%d N=%lld: work %lld..%lld", P, N, lo, hi);
+                    }
+                    free(seen);
+                    free(owner);
+                }
 }
 
 /* The reference's softcap and window against the softmax written out in float64. */
@@ -1161,6 +1209,7 @@ int main(int argc, char **argv) {
     test_softcap_backward();
     test_window_pass_rule();
     test_pick_rows();
+    test_ring_schedule();
     test_pass_rule();
     test_head_dim_rule();
     test_reference_head_dims();

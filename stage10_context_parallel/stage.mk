@@ -1,0 +1,52 @@
+# stage10_context_parallel/stage.mk: what the build knows of this stage (the top-level Makefile
+# reads it). Stage 10 is not a stage of the one host program: its program drives several GPUs
+# (common/ring_main.c) around its ring (ring.cu), calls the course's best stage for the GPU
+# through that stage's library (build/lib: stages 8 and 6 on Hopper, 7 and 5 elsewhere), and
+# needs NCCL. So it has no attention.cu: the sweep, the tables and the labs' lists leave it out,
+# and this file builds it.
+#
+#   make cp          build it (and the stage libraries it loads), run its self-test on every GPU
+#                    here (one GPU: the ring of one)
+#   make cp ARGS="--seq 131072 --heads 32 --kv-heads 8 --causal --backward --bench"
+#
+# NCCL: its header and library from NCCL_HOME, the toolkit, the system, or the nvidia-nccl wheel
+# PyTorch installs (python3's nvidia.nccl); without it every other stage builds and this one says
+# why it is skipped.
+CP := stage10_context_parallel
+NCCL_HOME ?=
+NCCL_WHEEL := $(shell python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
+# the first root that has both the header and the library
+NCCL_ROOT := $(firstword $(foreach d,$(NCCL_HOME) $(CUDA_HOME) /usr /usr/local $(NCCL_WHEEL),\
+               $(if $(wildcard $(d)/include/nccl.h),$(if $(wildcard $(d)/lib/libnccl.so* $(d)/lib64/libnccl.so* $(d)/lib/x86_64-linux-gnu/libnccl.so*),$(d)))))
+NCCL_LIBDIR := $(patsubst %/,%,$(dir $(firstword $(wildcard $(NCCL_ROOT)/lib64/libnccl.so* $(NCCL_ROOT)/lib/libnccl.so* $(NCCL_ROOT)/lib/x86_64-linux-gnu/libnccl.so*))))
+# the wheel has libnccl.so.2 only (no unversioned link): link the file itself
+NCCL_LINK := -L$(NCCL_LIBDIR) $(if $(wildcard $(NCCL_LIBDIR)/libnccl.so),-lnccl,-l:libnccl.so.2) \
+             -Xlinker -rpath,$(NCCL_LIBDIR)
+# the stage libraries it loads: the backward stages (their forward passes linked inside)
+CP_INNER := stage7_backward stage8_hopper_backward
+# its kernels are elementwise (the merge, the sums, the inputs): one PTX, machine code per
+# generation in the fat build
+CP_GENCODE := $(if $(strip $(ARCH)),$(GENCODE),-gencode 'arch=compute_75,code=[sm_75,sm_80,sm_90,compute_75]')
+
+.PHONY: cp cp-build
+ifneq ($(NCCL_ROOT),)
+build: $(BUILD)/$(CP)
+cp-build: $(BUILD)/$(CP) $(patsubst %,$(BUILD)/lib/lib%.so,$(CP_INNER))
+$(BUILD)/obj/$(CP).o: $(CP)/ring.cu common/ring.h common/attn_lib.h common/attention.h $(BUILD)/flags.txt
+	@mkdir -p $(@D) $(BUILD)/ptxas
+	@echo "$(NVCC) -c $< [$(if $(ARCH),ARCH=$(ARCH),fat build)] -> $@"
+	@$(NVCC) $(NVCCFLAGS) -I$(NCCL_ROOT)/include $(CP_GENCODE) -c $< -o $@ 2> $(BUILD)/ptxas/$(CP).txt || { cat $(BUILD)/ptxas/$(CP).txt; exit 1; }
+$(BUILD)/obj/ring_main.o: common/ring_main.c common/ring.h common/attn_lib.h $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/$(CP): $(BUILD)/obj/$(CP).o $(BUILD)/obj/ring_main.o $(BUILD)/obj/reference.o $(BUILD)/obj/reference_bwd.o $(BUILD)/obj/npy.o
+	$(NVCC) -o $@ $^ $(LDLIBS) $(NCCL_LINK)
+cp: cp-build
+	$(BUILD)/$(CP) $(or $(ARGS),--self-test)
+else
+build: cp-skipped
+cp-build cp: cp-skipped
+.PHONY: cp-skipped
+cp-skipped:
+	@echo "make: $(CP) skipped: no NCCL here (nccl.h and libnccl: NCCL_HOME=dir, the toolkit, the system's libnccl-dev, or pip install nvidia-nccl-cu13)"
+endif
