@@ -135,6 +135,13 @@ int ring_backward(ring *g, const void *const *q, const void *const *k, const voi
                   void *const *dQ, void *const *dK, void *const *dV, void *const *streams,
                   char *err, size_t errlen);
 
+/* The timeline: after ring_timeline_on, every pass records, per GPU and step, when its compute
+ * began and ended and when its transfer of keys to the next GPU began and ended; ring_timeline
+ * reads them after the pass (ms from the pass's start on that GPU; -1: none, as the last step's
+ * transfer). */
+int ring_timeline_on(ring *g, char *err, size_t errlen);
+int ring_timeline(const ring *g, int r, int t, float ms[4]);
+
 /* The program's inputs, made on each GPU (returns the launch's cudaError_t, 0: none): element (b, h, token, d) of a [B, heads, N, D] tensor
  * is a normal sample times mul, a function of (seed, tensor, b, h, token, d) alone, so every
  * split of the sequence holds the same values; x is GPU r's slice ([B, heads, n_r, D]). */

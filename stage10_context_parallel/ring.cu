@@ -135,6 +135,7 @@ static int grid_for(long long work) {
 // ---- the ring's state ----
 
 #define STEP_BUFFERS 2  // a slice of keys in use by a step, the next one arriving
+#define RING_MARKS 4    // a step's compute begins, ends; its transfer (the next slice) begins, ends
 
 typedef struct {
     int device;
@@ -152,13 +153,22 @@ typedef struct {
     void *workspace;
     size_t workspace_bytes, bytes;
     unsigned char *plans;  // forward and backward plan of every step
+    // the timeline (ring_timeline): the pass's start, and each step's compute and transfers
+    cudaEvent_t t0, marks[RING_MAX_GPUS][RING_MARKS];
 } ring_gpu;
 
 struct ring {
     ring_shape s;
     ring_inner inner;
+    int timeline; /* 1: the events of ring_timeline are recorded */
     ring_gpu gpu[RING_MAX_GPUS];
 };
+
+// A timeline mark (one of RING_MARKS) of step t on stream st, when the timeline is on.
+static cudaError_t mark(const ring *g, int r, int t, int which, cudaStream_t st) {
+    return g->timeline ? cudaEventRecord(g->gpu[r].marks[t][which], st) : cudaSuccess;
+}
+enum { MARK_COMPUTE, MARK_COMPUTED, MARK_SEND, MARK_SENT };
 
 static int fail(char *err, size_t len, int code, const char *fmt, ...) {
     va_list ap;
@@ -295,6 +305,29 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
     return ATTN_EXIT_PASS;
 }
 
+int ring_timeline_on(ring *g, char *err, size_t errlen) {
+    for (int r = 0; r < g->s.P && !g->timeline; r++) {
+        ring_gpu *G = &g->gpu[r];
+        RING_CUDA(cudaSetDevice(G->device));
+        RING_CUDA(cudaEventCreate(&G->t0));
+        for (int t = 0; t < g->s.P; t++)
+            for (int m = 0; m < RING_MARKS; m++) RING_CUDA(cudaEventCreate(&G->marks[t][m]));
+    }
+    g->timeline = 1;
+    return ATTN_EXIT_PASS;
+}
+
+int ring_timeline(const ring *g, int r, int t, float ms[4]) {
+    const ring_gpu *G = &g->gpu[r];
+    for (int m = 0; m < RING_MARKS; m++) {
+        ms[m] = -1.f;
+        // the last step has no transfer of keys in the forward pass
+        if (cudaEventElapsedTime(&ms[m], G->t0, G->marks[t][m]) != cudaSuccess) ms[m] = -1.f;
+    }
+    (void)cudaGetLastError();
+    return ATTN_EXIT_PASS;
+}
+
 void ring_destroy(ring *g) {
     if (!g) return;
     for (int r = 0; r < g->s.P; r++) {
@@ -308,6 +341,11 @@ void ring_destroy(ring *g) {
                             G->kv_free[1], G->dkv_ready, G->dkv_arrived[0], G->dkv_arrived[1]};
         for (size_t i = 0; i < sizeof(ev) / sizeof(ev[0]); i++)
             if (ev[i]) cudaEventDestroy(ev[i]);
+        if (g->timeline) {
+            cudaEventDestroy(G->t0);
+            for (int t = 0; t < g->s.P; t++)
+                for (int m = 0; m < RING_MARKS; m++) cudaEventDestroy(G->marks[t][m]);
+        }
         if (G->comm_stream) cudaStreamDestroy(G->comm_stream);
         if (G->comm) ncclCommDestroy(G->comm);
         free(G->plans);
@@ -340,6 +378,7 @@ static int pass_keys(ring *g, int t, const void *const *k, const void *const *v,
         RING_CUDA(cudaSetDevice(G->device));
         RING_CUDA(cudaStreamWaitEvent(G->comm_stream, t == 0 ? G->start : G->kv_ready[t % STEP_BUFFERS], 0));
         if (t >= 1) RING_CUDA(cudaStreamWaitEvent(G->comm_stream, G->kv_free[next], 0));
+        RING_CUDA(mark(g, r, t, MARK_SEND, G->comm_stream));
     }
     RING_NCCL(ncclGroupStart());
     for (int r = 0; r < P; r++) {
@@ -359,6 +398,7 @@ static int pass_keys(ring *g, int t, const void *const *k, const void *const *v,
     for (int r = 0; r < P; r++) {
         RING_CUDA(cudaSetDevice(g->gpu[r].device));
         RING_CUDA(cudaEventRecord(g->gpu[r].kv_ready[next], g->gpu[r].comm_stream));
+        RING_CUDA(mark(g, r, t, MARK_SENT, g->gpu[r].comm_stream));
     }
     return ATTN_EXIT_PASS;
 }
@@ -405,6 +445,7 @@ static int forward_steps(ring *g, const void *const *q, const void *const *k, co
         acc_in_out[r] = true;
         RING_CUDA(cudaSetDevice(g->gpu[r].device));
         RING_CUDA(cudaEventRecord(g->gpu[r].start, (cudaStream_t)streams[r]));
+        if (g->timeline) RING_CUDA(cudaEventRecord(g->gpu[r].t0, (cudaStream_t)streams[r]));
     }
     for (int t = 0; t < P; t++) {
         if (t + 1 < P) {  // the next slice arrives while this one computes
@@ -417,6 +458,7 @@ static int forward_steps(ring *g, const void *const *q, const void *const *k, co
             const ring_block b = ring_step(s->N, P, s->layout, s->causal, r, t);
             RING_CUDA(cudaSetDevice(G->device));
             if (t > 0) RING_CUDA(cudaStreamWaitEvent(st, G->kv_ready[t % STEP_BUFFERS], 0));
+            RING_CUDA(mark(g, r, t, MARK_COMPUTE, st));
             if (b.q_rows && b.k_rows) {
                 const T *qb = (const T *)q[r] + b.q_row * s->D;
                 const T *kb = (const T *)keys_at(g, r, t, k) + b.k_row * s->D;
@@ -434,6 +476,7 @@ static int forward_steps(ring *g, const void *const *q, const void *const *k, co
                 RING_CUDA(merge_into<T>(g, r, acc_in_out[r], last, (T *)o[r], lse[r], &b, st));
                 acc_in_out[r] = last;
             }
+            RING_CUDA(mark(g, r, t, MARK_COMPUTED, st));
         }
     }
     return ATTN_EXIT_PASS;
@@ -499,6 +542,7 @@ static int backward_steps(ring *g, const void *const *q, const void *const *k, c
         acc_in_out[r] = true;
         RING_CUDA(cudaSetDevice(g->gpu[r].device));
         RING_CUDA(cudaEventRecord(g->gpu[r].start, (cudaStream_t)streams[r]));
+        if (g->timeline) RING_CUDA(cudaEventRecord(g->gpu[r].t0, (cudaStream_t)streams[r]));
     }
     for (int t = 0; t < P; t++) {
         if (t + 1 < P) {
@@ -513,6 +557,7 @@ static int backward_steps(ring *g, const void *const *q, const void *const *k, c
             const bool runs = b.q_rows && b.k_rows;
             RING_CUDA(cudaSetDevice(G->device));
             if (t > 0) RING_CUDA(cudaStreamWaitEvent(st, G->kv_ready[t % STEP_BUFFERS], 0));
+            RING_CUDA(mark(g, r, t, MARK_COMPUTE, st));
             if (runs) {
                 const long long at = b.q_row * s->D;
                 const float *lb = lse[r];
@@ -560,6 +605,7 @@ static int backward_steps(ring *g, const void *const *q, const void *const *k, c
                 RING_CUDA(accumulate(G->dv_buf[here], av, dvb, kh, n_s, b.k_row, b.k_rows, s->D, st));
             }
             RING_CUDA(cudaEventRecord(G->dkv_ready, st));
+            RING_CUDA(mark(g, r, t, MARK_COMPUTED, st));
         }
         if (P > 1) {
             const int rc = pass_gradients(g, t, err, errlen);
