@@ -117,7 +117,7 @@ endef
 $(foreach s,$(BACKWARD_STAGES),$(eval $(call forward_rules,$(s))))
 
 $(BUILD)/test_common: common/tests/test_common.c common/ring.h $(BUILD)/obj/reference.o $(BUILD)/obj/reference_bwd.o $(BUILD)/obj/npy.o
-	$(CC) $(CFLAGS) -Icommon -o $@ $^ -lm
+	$(CC) $(CFLAGS) -Icommon -o $@ $(filter-out %.h,$^) -lm
 
 # ---- tests ----
 # The fat build: where there is no GPU that is what `make` built, in $(BUILD); on a GPU machine

@@ -37,10 +37,10 @@ typedef enum { RING_ZIGZAG = 0, RING_CONTIGUOUS = 1 } ring_layout;
 
 /* One GPU's slice: up to two chunks of the sequence, in the order its rows hold them. */
 typedef struct {
-    int parts;            /* chunks: 2 (zigzag) or 1 (contiguous) */
-    long long start[2];   /* each chunk's first token in the sequence */
-    long long rows[2];    /* each chunk's tokens (0 when N < 2P leaves it empty) */
-    long long n;          /* the slice's tokens: rows[0] + rows[1] */
+    int parts;          /* chunks: 2 (zigzag) or 1 (contiguous) */
+    long long start[2]; /* each chunk's first token in the sequence */
+    long long rows[2];  /* each chunk's tokens (0 when N < 2P leaves it empty) */
+    long long n;        /* the slice's tokens: rows[0] + rows[1] */
 } ring_slice;
 
 /* GPU r's slice of N tokens over P GPUs. */
@@ -73,7 +73,7 @@ static inline ring_block ring_step(long long N, int P, ring_layout layout, int c
     const ring_slice mine = ring_split(N, P, layout, r), theirs = ring_split(N, P, layout, s);
     ring_block b = {0, mine.n, 0, theirs.n, 0};
     if (!causal) return b; /* every query sees every key */
-    if (s == r) {          /* the diagonal: the slice's own order keeps the mask a plain causal one */
+    if (s == r) { /* the diagonal: the slice's own order keeps the mask a plain causal one */
         b.causal = 1;
         return b;
     }
@@ -97,8 +97,8 @@ typedef struct {
     int (*forward)(const void *, const void *, const void *, const void *, void *, float *,
                    const int *, const int *, void *, size_t, void *);
     int (*backward)(const void *, const void *, const void *, const void *, const void *,
-                    const float *, const void *, void *, void *, void *, const int *,
-                    const int *, void *, size_t, void *);
+                    const float *, const void *, void *, void *, void *, const int *, const int *,
+                    void *, size_t, void *);
     const char *(*last_error)(void);
     size_t plan_bytes;
 } ring_inner;
@@ -127,8 +127,7 @@ size_t ring_bytes(const ring *g, int r);
 /* The forward pass: per GPU r (arrays of P), its q, k, v in, o and lse out, enqueued on streams[r]
  * (cudaStream_t) and returning at once; 0 or ATTN_EXIT_WRONG with one line in err. */
 int ring_forward(ring *g, const void *const *q, const void *const *k, const void *const *v,
-                 void *const *o, float *const *lse, void *const *streams, char *err,
-                 size_t errlen);
+                 void *const *o, float *const *lse, void *const *streams, char *err, size_t errlen);
 /* The backward pass from the forward's o and lse and dO: dQ, dK, dV per GPU. */
 int ring_backward(ring *g, const void *const *q, const void *const *k, const void *const *v,
                   const void *const *o, const float *const *lse, const void *const *dO,
@@ -142,9 +141,10 @@ int ring_backward(ring *g, const void *const *q, const void *const *k, const voi
 int ring_timeline_on(ring *g, char *err, size_t errlen);
 int ring_timeline(const ring *g, int r, int t, float ms[4]);
 
-/* The program's inputs, made on each GPU (returns the launch's cudaError_t, 0: none): element (b, h, token, d) of a [B, heads, N, D] tensor
- * is a normal sample times mul, a function of (seed, tensor, b, h, token, d) alone, so every
- * split of the sequence holds the same values; x is GPU r's slice ([B, heads, n_r, D]). */
+/* The program's inputs, made on each GPU (returns the launch's cudaError_t, 0: none): element (b,
+ * h, token, d) of a [B, heads, N, D] tensor is a normal sample times mul, a function of (seed,
+ * tensor, b, h, token, d) alone, so every split of the sequence holds the same values; x is GPU r's
+ * slice ([B, heads, n_r, D]). */
 int ring_fill(void *x, int bf16, const ring_slice *slice, long long N, int B, int heads, int D,
               unsigned long long seed, unsigned tensor, float mul, void *stream);
 

@@ -11,7 +11,7 @@ FLASHCOURSE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/flashcourse
 CLANG_FORMAT_DIR = $(FLASHCOURSE_CACHE)/clang-format-$(CLANG_FORMAT_VERSION)
 CLANG_FORMAT = $(CLANG_FORMAT_DIR)/clang_format/data/bin/clang-format
 FORMAT_CHECK_REQUIRED ?=
-FORMAT_FILES = $(wildcard common/*.c common/*.h common/tests/*.c common/device/*.cuh stage*/attention.cu stage*/*.cuh \
+FORMAT_FILES = $(wildcard common/*.c common/*.h common/tests/*.c common/device/*.cuh stage*/*.cu stage*/*.cuh \
   capstone/*.cu \
   python/flashcourse/*.cpp)
 # Shell: installs the pinned clang-format unless it is there; sets $$why (empty: installed) when

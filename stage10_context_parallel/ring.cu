@@ -1,5 +1,6 @@
 /*
- * Stage 10: context parallelism. Ring attention over NCCL, forward and backward, any number of GPUs.
+ * Stage 10: context parallelism. Ring attention over NCCL, forward and backward, any number of
+ * GPUs.
  *
  * Adds over stages 6 and 8 (5 and 7 off Hopper): nothing inside a GPU. The sequence is split along
  * its tokens over P GPUs (common/ring.h: ring_split, zigzag or contiguous); each GPU keeps its
@@ -42,12 +43,24 @@
 
 // ---- the elementwise kernels: one value in float, whatever it is stored as ----
 
-__device__ __forceinline__ float load_value(const float *p) { return *p; }
-__device__ __forceinline__ float load_value(const __half *p) { return __half2float(*p); }
-__device__ __forceinline__ float load_value(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store_value(float *p, float x) { *p = x; }
-__device__ __forceinline__ void store_value(__half *p, float x) { *p = __float2half_rn(x); }
-__device__ __forceinline__ void store_value(__nv_bfloat16 *p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ float load_value(const float *p) {
+    return *p;
+}
+__device__ __forceinline__ float load_value(const __half *p) {
+    return __half2float(*p);
+}
+__device__ __forceinline__ float load_value(const __nv_bfloat16 *p) {
+    return __bfloat162float(*p);
+}
+__device__ __forceinline__ void store_value(float *p, float x) {
+    *p = x;
+}
+__device__ __forceinline__ void store_value(__half *p, float x) {
+    *p = __float2half_rn(x);
+}
+__device__ __forceinline__ void store_value(__nv_bfloat16 *p, float x) {
+    *p = __float2bfloat16_rn(x);
+}
 
 // The merge of one step's partial output into the accumulated one, a warp per row of
 // [B * H, n] (rows row0 .. row0 + rows - 1 have a partial, part_o [B * H, rows, D] and part_lse
@@ -67,8 +80,8 @@ __global__ void merge_kernel(O *out_o, float *lse, const A *acc_o, const P *part
         const float lse_b = has_part ? part_lse[bh * rows + pr] : -INFINITY;
         const float top = fmaxf(lse_a, lse_b);
         // both -inf: a row that sees no key yet (O = 0 and lse = -inf stay)
-        const float merged = top == -INFINITY ? -INFINITY
-                                              : top + logf(expf(lse_a - top) + expf(lse_b - top));
+        const float merged =
+            top == -INFINITY ? -INFINITY : top + logf(expf(lse_a - top) + expf(lse_b - top));
         const float wa = merged == -INFINITY ? 0.f : expf(lse_a - merged);
         const float wb = merged == -INFINITY ? 0.f : expf(lse_b - merged);
         const A *a = acc_o + w * D;
@@ -115,8 +128,8 @@ __global__ void fill_kernel(T *x, ring_slice slice, long long bh_count, long lon
     const long long total = bh_count * slice.n * D, stride = (long long)gridDim.x * blockDim.x;
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
         const long long d = e % D, row = (e / D) % slice.n, bh = e / D / slice.n;
-        const long long token = row < slice.rows[0] ? slice.start[0] + row
-                                                    : slice.start[1] + (row - slice.rows[0]);
+        const long long token =
+            row < slice.rows[0] ? slice.start[0] + row : slice.start[1] + (row - slice.rows[0]);
         // the element's index in the whole tensor; its pair (d even, d + 1) shares one draw
         const unsigned long long pair = (unsigned long long)(((bh * N + token) * D + d) / 2);
         const unsigned long long a = mix64(key ^ mix64(pair));
@@ -144,12 +157,12 @@ typedef struct {
     cudaEvent_t start;         // the caller's stream at the call: the inputs are ready
     cudaEvent_t kv_ready[STEP_BUFFERS], kv_free[STEP_BUFFERS];
     cudaEvent_t dkv_ready, dkv_arrived[STEP_BUFFERS];
-    void *k_buf[STEP_BUFFERS], *v_buf[STEP_BUFFERS];    // [B, H_kv, n_s, D] of the slice visiting
-    float *dk_buf[STEP_BUFFERS], *dv_buf[STEP_BUFFERS]; // its travelling fp32 dK, dV
-    void *o_part;      // [B, H, q_rows, D]: a step's partial output (forward); dQ of a block (backward)
-    float *lse_part;   // [B, H, q_rows]: its lse; the backward: the lse of the block's rows
-    float *o_acc;      // [B, H, n, D] fp32: the accumulator between the first and last steps (P > 2)
-    void *dk_part, *dv_part; // [B, H_kv, k_rows, D]: a block's dK, dV
+    void *k_buf[STEP_BUFFERS], *v_buf[STEP_BUFFERS];     // [B, H_kv, n_s, D] of the slice visiting
+    float *dk_buf[STEP_BUFFERS], *dv_buf[STEP_BUFFERS];  // its travelling fp32 dK, dV
+    void *o_part;  // [B, H, q_rows, D]: a step's partial output (forward); dQ of a block (backward)
+    float *lse_part;  // [B, H, q_rows]: its lse; the backward: the lse of the block's rows
+    float *o_acc;     // [B, H, n, D] fp32: the accumulator between the first and last steps (P > 2)
+    void *dk_part, *dv_part;  // [B, H_kv, k_rows, D]: a block's dK, dV
     void *workspace;
     size_t workspace_bytes, bytes;
     unsigned char *plans;  // forward and backward plan of every step
@@ -178,24 +191,28 @@ static int fail(char *err, size_t len, int code, const char *fmt, ...) {
     return code;
 }
 
-#define RING_CUDA(call)                                                                         \
-    do {                                                                                        \
-        cudaError_t e_ = (call);                                                                \
-        if (e_ != cudaSuccess)                                                                  \
-            return fail(err, errlen,                                                            \
-                        e_ == cudaErrorMemoryAllocation ? ATTN_EXIT_OOM : ATTN_EXIT_WRONG,      \
-                        "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_));    \
+#define RING_CUDA(call)                                                                      \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess)                                                               \
+            return fail(err, errlen,                                                         \
+                        e_ == cudaErrorMemoryAllocation ? ATTN_EXIT_OOM : ATTN_EXIT_WRONG,   \
+                        "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
     } while (0)
-#define RING_NCCL(call)                                                                         \
-    do {                                                                                        \
-        ncclResult_t e_ = (call);                                                               \
-        if (e_ != ncclSuccess)                                                                  \
-            return fail(err, errlen, ATTN_EXIT_WRONG, "%s:%d: %s: %s", __FILE__, __LINE__,     \
-                        #call, ncclGetErrorString(e_));                                         \
+#define RING_NCCL(call)                                                                           \
+    do {                                                                                          \
+        ncclResult_t e_ = (call);                                                                 \
+        if (e_ != ncclSuccess)                                                                    \
+            return fail(err, errlen, ATTN_EXIT_WRONG, "%s:%d: %s: %s", __FILE__, __LINE__, #call, \
+                        ncclGetErrorString(e_));                                                  \
     } while (0)
 
-static size_t elem_bytes(void) { return 2; } /* fp16 and bf16 */
-static int source_of(int P, int r, int t) { return ((r - t) % P + P) % P; }
+static size_t elem_bytes(void) {
+    return 2;
+} /* fp16 and bf16 */
+static int source_of(int P, int r, int t) {
+    return ((r - t) % P + P) % P;
+}
 static long long slice_rows(const ring_shape *s, int r) {
     return ring_split(s->N, s->P, s->layout, r).n;
 }
@@ -219,8 +236,9 @@ static attn_lib_request block_request(const ring *g, int r, int t, int pass, con
     const attn_layout block_q = attn_contiguous(s->H, (int)b->q_rows, s->D);
     const attn_layout block_k = attn_contiguous(s->H_kv, (int)b->k_rows, s->D);
     // q, k, v, o, dO, dQ, dK, dV; the backward's o and dO are the slice's (the final output)
-    const attn_layout *l[8] = {&slice, &keys, &keys, pass == ATTN_LIB_FORWARD ? &block_q : &slice,
-                               &slice, &block_q, &block_k, &block_k};
+    const attn_layout *l[8] = {
+        &slice, &keys,    &keys,    pass == ATTN_LIB_FORWARD ? &block_q : &slice,
+        &slice, &block_q, &block_k, &block_k};
     for (int i = 0; i < 8; i++) {
         q.strides[3 * i] = l[i]->batch, q.strides[3 * i + 1] = l[i]->head;
         q.strides[3 * i + 2] = l[i]->row;
@@ -232,7 +250,8 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
                 size_t errlen) {
     *out = NULL;
     if (s->P < 1 || s->P > RING_MAX_GPUS)
-        return fail(err, errlen, ATTN_EXIT_USAGE, "ring: 1 to %d GPUs, not %d", RING_MAX_GPUS, s->P);
+        return fail(err, errlen, ATTN_EXIT_USAGE, "ring: 1 to %d GPUs, not %d", RING_MAX_GPUS,
+                    s->P);
     ring *g = (ring *)calloc(1, sizeof(ring));
     if (!g) return fail(err, errlen, ATTN_EXIT_OOM, "ring: no host memory");
     g->s = *s, g->inner = *inner;
@@ -269,12 +288,12 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
         RING_CUDA(cudaSetDevice(G->device));
         const size_t e = elem_bytes(), q_elems = (size_t)s->B * s->H * s->D,
                      k_elems = (size_t)s->B * s->H_kv * s->D;
-#define RING_ALLOC(ptr, size)                                \
-    do {                                                     \
-        if ((size) > 0) {                                    \
-            RING_CUDA(cudaMalloc((void **)&(ptr), (size)));  \
-            G->bytes += (size);                              \
-        }                                                    \
+#define RING_ALLOC(ptr, size)                               \
+    do {                                                    \
+        if ((size) > 0) {                                   \
+            RING_CUDA(cudaMalloc((void **)&(ptr), (size))); \
+            G->bytes += (size);                             \
+        }                                                   \
     } while (0)
         if (P > 1)
             for (int i = 0; i < STEP_BUFFERS; i++) {
@@ -297,8 +316,9 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
         RING_ALLOC(G->workspace, G->workspace_bytes);
 #undef RING_ALLOC
         RING_CUDA(cudaStreamCreateWithFlags(&G->comm_stream, cudaStreamNonBlocking));
-        cudaEvent_t *ev[] = {&G->start, &G->kv_ready[0], &G->kv_ready[1], &G->kv_free[0],
-                             &G->kv_free[1], &G->dkv_ready, &G->dkv_arrived[0], &G->dkv_arrived[1]};
+        cudaEvent_t *ev[] = {&G->start,          &G->kv_ready[0],   &G->kv_ready[1],
+                             &G->kv_free[0],     &G->kv_free[1],    &G->dkv_ready,
+                             &G->dkv_arrived[0], &G->dkv_arrived[1]};
         for (size_t i = 0; i < sizeof(ev) / sizeof(ev[0]); i++)
             RING_CUDA(cudaEventCreateWithFlags(ev[i], cudaEventDisableTiming));
     }
@@ -333,12 +353,12 @@ void ring_destroy(ring *g) {
     for (int r = 0; r < g->s.P; r++) {
         ring_gpu *G = &g->gpu[r];
         if (cudaSetDevice(G->device) != cudaSuccess) continue;
-        void *bufs[] = {G->k_buf[0], G->k_buf[1], G->v_buf[0], G->v_buf[1], G->dk_buf[0],
-                        G->dk_buf[1], G->dv_buf[0], G->dv_buf[1], G->o_part, G->lse_part,
-                        G->o_acc, G->dk_part, G->dv_part, G->workspace};
+        void *bufs[] = {G->k_buf[0],  G->k_buf[1],  G->v_buf[0],  G->v_buf[1], G->dk_buf[0],
+                        G->dk_buf[1], G->dv_buf[0], G->dv_buf[1], G->o_part,   G->lse_part,
+                        G->o_acc,     G->dk_part,   G->dv_part,   G->workspace};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) cudaFree(bufs[i]);
-        cudaEvent_t ev[] = {G->start, G->kv_ready[0], G->kv_ready[1], G->kv_free[0],
-                            G->kv_free[1], G->dkv_ready, G->dkv_arrived[0], G->dkv_arrived[1]};
+        cudaEvent_t ev[] = {G->start,      G->kv_ready[0], G->kv_ready[1],    G->kv_free[0],
+                            G->kv_free[1], G->dkv_ready,   G->dkv_arrived[0], G->dkv_arrived[1]};
         for (size_t i = 0; i < sizeof(ev) / sizeof(ev[0]); i++)
             if (ev[i]) cudaEventDestroy(ev[i]);
         if (g->timeline) {
@@ -353,7 +373,9 @@ void ring_destroy(ring *g) {
     free(g);
 }
 
-size_t ring_bytes(const ring *g, int r) { return g->gpu[r].bytes; }
+size_t ring_bytes(const ring *g, int r) {
+    return g->gpu[r].bytes;
+}
 
 // ---- the ring's schedule ----
 
@@ -376,7 +398,8 @@ static int pass_keys(ring *g, int t, const void *const *k, const void *const *v,
     for (int r = 0; r < P; r++) {
         ring_gpu *G = &g->gpu[r];
         RING_CUDA(cudaSetDevice(G->device));
-        RING_CUDA(cudaStreamWaitEvent(G->comm_stream, t == 0 ? G->start : G->kv_ready[t % STEP_BUFFERS], 0));
+        RING_CUDA(cudaStreamWaitEvent(G->comm_stream,
+                                      t == 0 ? G->start : G->kv_ready[t % STEP_BUFFERS], 0));
         if (t >= 1) RING_CUDA(cudaStreamWaitEvent(G->comm_stream, G->kv_free[next], 0));
         RING_CUDA(mark(g, r, t, MARK_SEND, G->comm_stream));
     }
@@ -386,12 +409,16 @@ static int pass_keys(ring *g, int t, const void *const *k, const void *const *v,
         const size_t out = row_bytes * slice_rows(s, source_of(P, r, t));
         const size_t in = row_bytes * slice_rows(s, source_of(P, r, t + 1));
         if (out) {
-            RING_NCCL(ncclSend(keys_at(g, r, t, k), out, ncclUint8, (r + 1) % P, G->comm, G->comm_stream));
-            RING_NCCL(ncclSend(values_at(g, r, t, v), out, ncclUint8, (r + 1) % P, G->comm, G->comm_stream));
+            RING_NCCL(ncclSend(keys_at(g, r, t, k), out, ncclUint8, (r + 1) % P, G->comm,
+                               G->comm_stream));
+            RING_NCCL(ncclSend(values_at(g, r, t, v), out, ncclUint8, (r + 1) % P, G->comm,
+                               G->comm_stream));
         }
         if (in) {
-            RING_NCCL(ncclRecv(G->k_buf[next], in, ncclUint8, (r + P - 1) % P, G->comm, G->comm_stream));
-            RING_NCCL(ncclRecv(G->v_buf[next], in, ncclUint8, (r + P - 1) % P, G->comm, G->comm_stream));
+            RING_NCCL(
+                ncclRecv(G->k_buf[next], in, ncclUint8, (r + P - 1) % P, G->comm, G->comm_stream));
+            RING_NCCL(
+                ncclRecv(G->v_buf[next], in, ncclUint8, (r + P - 1) % P, G->comm, G->comm_stream));
         }
     }
     RING_NCCL(ncclGroupEnd());
@@ -424,13 +451,17 @@ static cudaError_t merge_into(const ring *g, int r, bool acc_in_out, bool last, 
     const int grid = grid_for(bh_rows * WARP);
     const T *part = (const T *)G->o_part;
     if (acc_in_out && last)
-        merge_kernel<T, T, T><<<grid, RING_THREADS, 0, st>>>(o, lse, o, part, G->lse_part, bh_rows, n, b->q_row, b->q_rows, s->D);
+        merge_kernel<T, T, T><<<grid, RING_THREADS, 0, st>>>(o, lse, o, part, G->lse_part, bh_rows,
+                                                             n, b->q_row, b->q_rows, s->D);
     else if (acc_in_out)
-        merge_kernel<T, T, float><<<grid, RING_THREADS, 0, st>>>(G->o_acc, lse, o, part, G->lse_part, bh_rows, n, b->q_row, b->q_rows, s->D);
+        merge_kernel<T, T, float><<<grid, RING_THREADS, 0, st>>>(
+            G->o_acc, lse, o, part, G->lse_part, bh_rows, n, b->q_row, b->q_rows, s->D);
     else if (last)
-        merge_kernel<float, T, T><<<grid, RING_THREADS, 0, st>>>(o, lse, G->o_acc, part, G->lse_part, bh_rows, n, b->q_row, b->q_rows, s->D);
+        merge_kernel<float, T, T><<<grid, RING_THREADS, 0, st>>>(
+            o, lse, G->o_acc, part, G->lse_part, bh_rows, n, b->q_row, b->q_rows, s->D);
     else
-        merge_kernel<float, T, float><<<grid, RING_THREADS, 0, st>>>(G->o_acc, lse, G->o_acc, part, G->lse_part, bh_rows, n, b->q_row, b->q_rows, s->D);
+        merge_kernel<float, T, float><<<grid, RING_THREADS, 0, st>>>(
+            G->o_acc, lse, G->o_acc, part, G->lse_part, bh_rows, n, b->q_row, b->q_rows, s->D);
     return cudaGetLastError();
 }
 
@@ -466,8 +497,9 @@ static int forward_steps(ring *g, const void *const *q, const void *const *k, co
                 // step 0 (every row, every GPU) writes the output itself; the others a partial
                 void *ob = t == 0 ? o[r] : G->o_part;
                 float *lb = t == 0 ? lse[r] : G->lse_part;
-                const int rc = g->inner.forward(plan_at(g, r, ATTN_LIB_FORWARD, t), qb, kb, vb, ob,
-                                                lb, NULL, NULL, G->workspace, G->workspace_bytes, st);
+                const int rc =
+                    g->inner.forward(plan_at(g, r, ATTN_LIB_FORWARD, t), qb, kb, vb, ob, lb, NULL,
+                                     NULL, G->workspace, G->workspace_bytes, st);
                 if (rc) return fail(err, errlen, rc, "%s", g->inner.last_error());
             }
             if (t > 0) RING_CUDA(cudaEventRecord(G->kv_free[t % STEP_BUFFERS], st));
@@ -506,12 +538,16 @@ static int pass_gradients(ring *g, int t, char *err, size_t errlen) {
         const size_t out = row_bytes * slice_rows(s, source_of(P, r, t));
         const size_t in = row_bytes * slice_rows(s, source_of(P, r, t + 1));
         if (out) {
-            RING_NCCL(ncclSend(G->dk_buf[here], out, ncclUint8, (r + 1) % P, G->comm, G->comm_stream));
-            RING_NCCL(ncclSend(G->dv_buf[here], out, ncclUint8, (r + 1) % P, G->comm, G->comm_stream));
+            RING_NCCL(
+                ncclSend(G->dk_buf[here], out, ncclUint8, (r + 1) % P, G->comm, G->comm_stream));
+            RING_NCCL(
+                ncclSend(G->dv_buf[here], out, ncclUint8, (r + 1) % P, G->comm, G->comm_stream));
         }
         if (in) {
-            RING_NCCL(ncclRecv(G->dk_buf[next], in, ncclUint8, (r + P - 1) % P, G->comm, G->comm_stream));
-            RING_NCCL(ncclRecv(G->dv_buf[next], in, ncclUint8, (r + P - 1) % P, G->comm, G->comm_stream));
+            RING_NCCL(
+                ncclRecv(G->dk_buf[next], in, ncclUint8, (r + P - 1) % P, G->comm, G->comm_stream));
+            RING_NCCL(
+                ncclRecv(G->dv_buf[next], in, ncclUint8, (r + P - 1) % P, G->comm, G->comm_stream));
         }
     }
     RING_NCCL(ncclGroupEnd());
@@ -592,17 +628,22 @@ static int backward_steps(ring *g, const void *const *q, const void *const *k, c
                 else if (last)
                     RING_CUDA(accumulate(out, G->o_acc, blk, qh, n, b.q_row, b.q_rows, s->D, st));
                 else
-                    RING_CUDA(accumulate(G->o_acc, G->o_acc, blk, qh, n, b.q_row, b.q_rows, s->D, st));
+                    RING_CUDA(
+                        accumulate(G->o_acc, G->o_acc, blk, qh, n, b.q_row, b.q_rows, s->D, st));
                 acc_in_out[r] = last;
             }
             // dK, dV: the visiting slice's accumulator (its own, zero, at step 0) plus the block
             const int here = t % STEP_BUFFERS;
             if (t > 0) RING_CUDA(cudaStreamWaitEvent(st, G->dkv_arrived[here], 0));
-            const T *dkb = runs ? (const T *)G->dk_part : NULL, *dvb = runs ? (const T *)G->dv_part : NULL;
+            const T *dkb = runs ? (const T *)G->dk_part : NULL,
+                    *dvb = runs ? (const T *)G->dv_part : NULL;
             if (t == 0 || runs) {
-                const float *ak = t == 0 ? NULL : G->dk_buf[here], *av = t == 0 ? NULL : G->dv_buf[here];
-                RING_CUDA(accumulate(G->dk_buf[here], ak, dkb, kh, n_s, b.k_row, b.k_rows, s->D, st));
-                RING_CUDA(accumulate(G->dv_buf[here], av, dvb, kh, n_s, b.k_row, b.k_rows, s->D, st));
+                const float *ak = t == 0 ? NULL : G->dk_buf[here],
+                            *av = t == 0 ? NULL : G->dv_buf[here];
+                RING_CUDA(
+                    accumulate(G->dk_buf[here], ak, dkb, kh, n_s, b.k_row, b.k_rows, s->D, st));
+                RING_CUDA(
+                    accumulate(G->dv_buf[here], av, dvb, kh, n_s, b.k_row, b.k_rows, s->D, st));
             }
             RING_CUDA(cudaEventRecord(G->dkv_ready, st));
             RING_CUDA(mark(g, r, t, MARK_COMPUTED, st));
@@ -632,7 +673,8 @@ int ring_backward(ring *g, const void *const *q, const void *const *k, const voi
     if (!g->s.backward)
         return fail(err, errlen, ATTN_EXIT_USAGE, "ring: planned without the backward pass");
     return g->s.bf16
-               ? backward_steps<__nv_bfloat16>(g, q, k, v, o, lse, dO, dQ, dK, dV, streams, err, errlen)
+               ? backward_steps<__nv_bfloat16>(g, q, k, v, o, lse, dO, dQ, dK, dV, streams, err,
+                                               errlen)
                : backward_steps<__half>(g, q, k, v, o, lse, dO, dQ, dK, dV, streams, err, errlen);
 }
 
@@ -642,8 +684,10 @@ int ring_fill(void *x, int bf16, const ring_slice *slice, long long N, int B, in
     const unsigned long long key = mix64(seed ^ ((unsigned long long)tensor << TENSOR_SHIFT));
     const int grid = grid_for(bh * slice->n * D);
     if (bf16)
-        fill_kernel<<<grid, RING_THREADS, 0, (cudaStream_t)stream>>>((__nv_bfloat16 *)x, *slice, bh, N, D, key, mul);
+        fill_kernel<<<grid, RING_THREADS, 0, (cudaStream_t)stream>>>((__nv_bfloat16 *)x, *slice, bh,
+                                                                     N, D, key, mul);
     else
-        fill_kernel<<<grid, RING_THREADS, 0, (cudaStream_t)stream>>>((__half *)x, *slice, bh, N, D, key, mul);
+        fill_kernel<<<grid, RING_THREADS, 0, (cudaStream_t)stream>>>((__half *)x, *slice, bh, N, D,
+                                                                     key, mul);
     return (int)cudaGetLastError();
 }

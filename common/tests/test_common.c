@@ -304,7 +304,8 @@ static void test_ring_schedule(void) {
             for (int causal = 0; causal < 2; causal++)
                 for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
                     const long long N = Ns[ni];
-                    int *seen = calloc((size_t)(N * N), sizeof(int)), *owner = calloc((size_t)N, sizeof(int));
+                    int *seen = calloc((size_t)(N * N), sizeof(int)),
+                        *owner = calloc((size_t)N, sizeof(int));
                     long long covered = 0, work[4] = {0};
                     for (int r = 0; r < P; r++) {
                         const ring_slice sl = ring_split(N, P, (ring_layout)layout, r);
@@ -312,7 +313,8 @@ static void test_ring_schedule(void) {
                         covered += sl.n;
                         for (int t = 0; t < P; t++) {
                             const ring_block b = ring_step(N, P, (ring_layout)layout, causal, r, t);
-                            const ring_slice src = ring_split(N, P, (ring_layout)layout, ((r - t) % P + P) % P);
+                            const ring_slice src =
+                                ring_split(N, P, (ring_layout)layout, ((r - t) % P + P) % P);
                             for (long long i = b.q_row; i < b.q_row + b.q_rows; i++)
                                 for (long long j = b.k_row; j < b.k_row + b.k_rows; j++) {
                                     if (b.causal && j > i) continue; /* the block's own mask */
@@ -324,13 +326,18 @@ static void test_ring_schedule(void) {
                     int bad = covered != N;
                     for (long long i = 0; i < N; i++) bad |= owner[i] != 1;
                     for (long long i = 0; i < N; i++)
-                        for (long long j = 0; j < N; j++) bad |= seen[i * N + j] != (!causal || j <= i);
-                    EXPECT(!bad, "ring schedule P=%d %s%s N=%lld: a pair computed twice, never, or "
-                           "against the mask", P, layout ? "contiguous" : "zigzag", causal ? " causal" : "", N);
+                        for (long long j = 0; j < N; j++)
+                            bad |= seen[i * N + j] != (!causal || j <= i);
+                    EXPECT(!bad,
+                           "ring schedule P=%d %s%s N=%lld: a pair computed twice, never, or "
+                           "against the mask",
+                           P, layout ? "contiguous" : "zigzag", causal ? " causal" : "", N);
                     if (layout == RING_ZIGZAG && causal && N % (2 * P) == 0) {
                         long long lo = work[0], hi = work[0];
-                        for (int r = 1; r < P; r++) lo = work[r] < lo ? work[r] : lo, hi = work[r] > hi ? work[r] : hi;
-                        EXPECT(hi - lo <= N / (2 * P), "zigzag P=%d N=%lld: work %lld..%lld", P, N, lo, hi);
+                        for (int r = 1; r < P; r++)
+                            lo = work[r] < lo ? work[r] : lo, hi = work[r] > hi ? work[r] : hi;
+                        EXPECT(hi - lo <= N / (2 * P), "zigzag P=%d N=%lld: work %lld..%lld", P, N,
+                               lo, hi);
                     }
                     free(seen);
                     free(owner);

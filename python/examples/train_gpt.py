@@ -109,6 +109,16 @@ def load_text(root: Path):
     return "\n\n".join(train), "\n\n".join(held), len(files)
 
 
+def char_ids(root: Path):
+    """The course's text (load_text) as character ids, the vocabulary every character of it:
+    (train ids, held-out ids, vocabulary size, number of files)."""
+    train_text, val_text, nfiles = load_text(root)
+    chars = sorted(set(train_text + val_text))
+    index = {c: i for i, c in enumerate(chars)}
+    return (torch.tensor([index[c] for c in train_text], dtype=torch.long),
+            torch.tensor([index[c] for c in val_text], dtype=torch.long), len(chars), nfiles)
+
+
 # ---- the model: a GPT whose attention is a function given to it ----
 
 class CausalSelfAttention(nn.Module):
@@ -181,9 +191,12 @@ class GPT(nn.Module):
                                                                       "mlp.2.weight")) else 0.02
                 nn.init.normal_(p, 0.0, std)
 
-    def forward(self, idx):
-        N = idx.shape[1]
-        x = self.tok(idx) + self.pos(torch.arange(N, device=idx.device))
+    def forward(self, idx, positions=None):
+        """idx [B, N] token ids at `positions` [N] in their sequences (default 0 .. N-1; a
+        context-parallel rank's slice: its tokens' own, train_gpt_cp.py)."""
+        if positions is None:
+            positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(positions)
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
@@ -275,6 +288,42 @@ def validation_loss(s: Setup, model) -> float:
     return total.item() / (n * seq)
 
 
+def optimizer(s: Setup, model):
+    """The optimizer and the gradient scaler of a run: (opt, scaler)."""
+    # AdamW on every weight matrix and embedding, no decay on biases and norms; fused: one
+    # kernel, and with the gradient scaler no host-device synchronisation in the step.
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=s.args.lr, betas=(0.9, 0.95), fused=s.device.type == "cuda")
+    # fp16 gradients can underflow: scale the loss up (and skip a step whose gradients overflow);
+    # bf16 has float32's exponent range, and no scaler (disabled, it passes everything through)
+    scaler = torch.amp.GradScaler(s.device.type, enabled=s.amp_dtype == torch.float16)
+    return opt, scaler
+
+
+def train_step(s: Setup, model, opt, scaler, step: int, loss_of, reduce_grads=None):
+    """Training step `step` of a run: the learning rate of the schedule, loss_of() (the loss,
+    computed here) and its backward through the gradient scaler, reduce_grads(model) where given
+    (train_gpt_cp.py: the sum over the ranks, before the gradients are unscaled and clipped),
+    the gradient norm clipped to 1, the optimizer's step. Returns (the loss, detached; the
+    learning rate)."""
+    lr = learning_rate(step, s.args.steps, s.args.lr)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    loss = loss_of()
+    scaler.scale(loss).backward()
+    if reduce_grads is not None:
+        reduce_grads(model)
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach(), lr
+
+
 def train(s: Setup, name: str, sdpa, result: dict):
     """One run, as a generator: each next() trains the next chunk of steps (the last may be
     shorter) and yields how many steps are done; after the last, result gets the loss of every
@@ -283,33 +332,15 @@ def train(s: Setup, name: str, sdpa, result: dict):
     torch.manual_seed(SEED)  # the same random state in both runs (nothing in the step draws)
     model = s.new_model(sdpa)
     model.load_state_dict(s.init_state)
-    # AdamW on every weight matrix and embedding, no decay on biases and norms; fused: one
-    # kernel, and with the gradient scaler no host-device synchronisation in the step.
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": rest, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), fused=s.device.type == "cuda")
-    # fp16 gradients can underflow: scale the loss up (and skip a step whose gradients overflow);
-    # bf16 has float32's exponent range, and no scaler (disabled, it passes everything through)
-    scaler = torch.amp.GradScaler(s.device.type, enabled=s.amp_dtype == torch.float16)
+    opt, scaler = optimizer(s, model)
 
     losses = torch.zeros(a.steps, device=s.device)
     every = max(1, a.steps // 20)
     chunk = chunk_steps(a.steps)
     for step in range(a.steps):
-        lr = learning_rate(step, a.steps, a.lr)
-        for group in opt.param_groups:
-            group["lr"] = lr
         x, y = s.batch(s.train_ids, s.starts[step])
-        loss = s.loss(model, x, y)
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        losses[step] = loss.detach()  # kept on the device: no wait for the GPU in the loop
+        loss, lr = train_step(s, model, opt, scaler, step, functools.partial(s.loss, model, x, y))
+        losses[step] = loss  # kept on the device: no wait for the GPU in the loop
         if (step + 1) % every == 0 or step + 1 == a.steps:
             say(f"  [{name}] step {step + 1:5d}/{a.steps}  loss {losses[step].item():.4f}  "
                 f"lr {lr:.2e}")
@@ -470,15 +501,11 @@ def draw(csv: Path, out: Path) -> str:
 
 # ---- the program ----
 
-def parse_args():
-    ap = argparse.ArgumentParser(
-        description="Train a small character-level GPT twice, with the course's attention "
-                    "(flashcourse.scaled_dot_product_attention: a forward stage + a backward "
-                    "stage) and with PyTorch's F.scaled_dot_product_attention, called the "
-                    "same way, and compare the two.",
-        epilog="Defaults suit an H100 or H200 (about a minute for both runs); --small a T4. "
-               "Exit 0: the validation losses agree; 1: they do not; 2: something is missing.")
-    d, sm = DEFAULTS, SMALL
+def model_options(ap, defaults=DEFAULTS, small=SMALL):
+    """The options of the model and its training, on the parser ap, with their help naming
+    `defaults` and --small's `small` (train_gpt_cp.py takes them too, with its own); model_args()
+    completes and checks them after parsing."""
+    d, sm = defaults, small
 
     def default(flag):
         small = f"; --small: {sm[flag]:g}" if sm[flag] != d[flag] else ""
@@ -516,14 +543,12 @@ def parse_args():
                          "a Hopper GPU, else stage7_backward); printed as resolved")
     ap.add_argument("--small", action="store_true",
                     help="smaller defaults, for a T4: a couple of minutes for both runs")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="folder for train_gpt.csv and train_gpt.png (default plots/<gpu>/, "
-                         "as `make bench` names it)")
-    # Hidden, for checking this script where the stage libraries are not built (on a CPU too):
-    # both runs use SDPA, so they must agree exactly; nothing is said about the course.
-    ap.add_argument("--sdpa-only", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    base = SMALL if args.small else DEFAULTS
+
+
+def model_args(ap, args, defaults=DEFAULTS, small=SMALL):
+    """args (parsed with model_options' options) completed from `defaults` (or `small` with
+    --small) and checked: ap.error (exit 2) on a bad one."""
+    base = small if args.small else defaults
     for key, value in base.items():
         if key != "width" and getattr(args, key) is None:
             setattr(args, key, value)
@@ -548,6 +573,24 @@ def parse_args():
     if not (args.lr > 0 and math.isfinite(args.lr)):
         ap.error(f"--lr must be a positive number, got {args.lr}")
     return args
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(
+        description="Train a small character-level GPT twice, with the course's attention "
+                    "(flashcourse.scaled_dot_product_attention: a forward stage + a backward "
+                    "stage) and with PyTorch's F.scaled_dot_product_attention, called the "
+                    "same way, and compare the two.",
+        epilog="Defaults suit an H100 or H200 (about a minute for both runs); --small a T4. "
+               "Exit 0: the validation losses agree; 1: they do not; 2: something is missing.")
+    model_options(ap)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for train_gpt.csv and train_gpt.png (default plots/<gpu>/, "
+                         "as `make bench` names it)")
+    # Hidden, for checking this script where the stage libraries are not built (on a CPU too):
+    # both runs use SDPA, so they must agree exactly; nothing is said about the course.
+    ap.add_argument("--sdpa-only", action="store_true", help=argparse.SUPPRESS)
+    return model_args(ap, ap.parse_args())
 
 
 def main() -> int:
@@ -586,15 +629,11 @@ def main() -> int:
         gpu = "CPU"
 
     # The text, as character ids; the vocabulary is every character of the course.
-    train_text, val_text, nfiles = load_text(REPO)
-    chars = sorted(set(train_text + val_text))
-    index = {c: i for i, c in enumerate(chars)}
-    if len(train_text) <= args.seq + 1 or len(val_text) <= args.seq + 1:
-        return fail(f"the course's text ({len(train_text)} characters to train on, "
-                    f"{len(val_text)} held out, from {nfiles} files under {REPO}) is too short "
+    train_ids, val_ids, vocab, nfiles = char_ids(REPO)
+    if len(train_ids) <= args.seq + 1 or len(val_ids) <= args.seq + 1:
+        return fail(f"the course's text ({len(train_ids)} characters to train on, "
+                    f"{len(val_ids)} held out, from {nfiles} files under {REPO}) is too short "
                     f"for --seq {args.seq}")
-    train_ids = torch.tensor([index[c] for c in train_text], dtype=torch.long)
-    val_ids = torch.tensor([index[c] for c in val_text], dtype=torch.long)
 
     out = args.out
     if out is None:
@@ -604,7 +643,7 @@ def main() -> int:
     except OSError as e:
         return fail(f"cannot make the folder --out {out}: {e}")
 
-    s = Setup(args, device, train_ids, val_ids, len(chars))
+    s = Setup(args, device, train_ids, val_ids, vocab)
     width = args.heads * args.dim
     params = sum(p.numel() for p in s.init_state.values()) - s.init_state["head.weight"].numel()
     course_name = "SDPA (--sdpa-only)" if args.sdpa_only else \
@@ -621,7 +660,7 @@ def main() -> int:
     say(f"train_gpt.py on {gpu} (torch {torch.__version__}, {amp_words}"
         f"{'' if cuda else ' on the CPU'}, seed {SEED})")
     say(f"text: {nfiles} files of the course, {len(train_ids):,} characters to train on, "
-        f"{len(val_ids):,} held out (the last {HELD_OUT:.0%} of each), {len(chars)} symbols")
+        f"{len(val_ids):,} held out (the last {HELD_OUT:.0%} of each), {vocab} symbols")
     say(f"model: {model_words}")
 
     # One call in the model, two functions: the drop-in and SDPA itself (SDPA twice with

@@ -12,6 +12,10 @@
                                                # a packed batch: q [total_q, H, D], no padding
     o = flashcourse.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens,
                                             block_table=table, causal=True)   # decode: stage 9
+    o, lse = flashcourse.ring_attention(q, k, v, causal=True)   # torchrun: this rank's slice
+    flashcourse.ring_sizes(N, P)               # which tokens each rank holds (zigzag: 2P chunks)
+    q = flashcourse.zigzag_split(q_all, P, rank, dim=2)          # this rank's slice, a copy
+    o_all = flashcourse.zigzag_gather([o_0, o_1], dim=2)        # the whole, from every slice
 
 Each stage is the same attention.cu as its program, linked as a shared library with a small C
 entry point (common/attn_lib.c, common/attn_lib.h) and loaded with ctypes: nothing is compiled at
@@ -34,6 +38,9 @@ The modules by role, each importing only those before it at import time (no cycl
   api        attention(), attention_backward(), auto_stage(), auto_backward_stage()
   dropins    scaled_dot_product_attention(), flash_attn_func(), flash_attn_with_kvcache()
   varlen     flash_attn_varlen_func(): packed batches of sequences of different lengths
+  ring       ring_attention(): a sequence split over the ranks of a torch.distributed group
+             (NCCL), K/V and dK/dV passed around a ring; ring_sizes(), zigzag_split(),
+             zigzag_gather(): the split
 """
 
 from ._library import LibraryNotBuiltError, Stage, exit_codes, library_dir, stages
@@ -41,9 +48,11 @@ from ._run import eager_path
 from ._version import __version__
 from .api import attention, attention_backward, auto_backward_stage, auto_stage
 from .dropins import flash_attn_func, flash_attn_with_kvcache, scaled_dot_product_attention
+from .ring import ring_attention, ring_sizes, zigzag_gather, zigzag_split
 from .varlen import flash_attn_varlen_func
 
 __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "flash_attn_func",
-           "flash_attn_varlen_func", "flash_attn_with_kvcache",
+           "flash_attn_varlen_func", "flash_attn_with_kvcache", "ring_attention", "ring_sizes",
+           "zigzag_split", "zigzag_gather",
            "stages", "Stage", "auto_stage", "auto_backward_stage", "library_dir", "exit_codes",
            "eager_path", "LibraryNotBuiltError", "__version__"]

@@ -67,6 +67,7 @@ runpy.run_path('python/build_eager.py', run_name='__main__')" 2>&1)
   # flash_attn_varlen_func and the library's packed entry: its signature, refusals, scalar checks,
   # the prototypes and the C checks anywhere (fake stages linked here); stages 5-8 on a GPU
   FLASHCOURSE_LIB_DIR="$dir/lib" report_run test_varlen.py python3 python/tests/test_varlen.py
+  report_run test_ring.py python3 python/tests/test_ring.py
   # the comparison scripts (tools/compare.py, tools/compare_fa2.py) without a GPU
   report_run test_compare.py python3 python/tests/test_compare.py
   # train_gpt.py's options and checks before training without a GPU (its --sdpa-only run where
