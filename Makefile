@@ -143,9 +143,10 @@ sanitize:
 	SANITIZER='$(SANITIZER)' bash common/tests/sanitize.sh $(BUILD) "$(SANITIZE_TOOLS)" $(STAGES)
 
 # ---- one lesson at a time ----
-# what a stage's diff is taken against: the stage before it, or its stage.mk's <stage>_DIFF_BASE
+# what a stage's diff is taken against: the stage of the host program before it (stage 10, a
+# program of its own, is none), or its stage.mk's <stage>_DIFF_BASE
 # (stage 7, the backward pass: stage 5, whose forward it reuses)
-PREV_DIR  = $(or $($(STAGE_DIR)_DIFF_BASE),$(firstword $(wildcard stage$(shell expr $(STAGE) - 1 2>/dev/null)_*)))
+PREV_DIR  = $(or $($(STAGE_DIR)_DIFF_BASE),$(firstword $(wildcard stage$(shell p=; for n in $(STAGE_NUMBERS); do [ "$$n" -lt "$(STAGE)" ] 2>/dev/null && [ "$$n" -gt "$${p:--1}" ] && p=$$n; done; echo "$$p")_*)))
 # make diff STAGE=n: what stage n adds over PREV_DIR, its code read without the labs' marker lines
 # (// LAB HOLE, TODO, STUB: comments), by common/labs.py: the whole diff; or, where the stage is a
 # rewrite of its base rather than an edit (less than a third of its lines are the base's: stage 1

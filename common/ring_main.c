@@ -612,11 +612,14 @@ static int one_shape(const ring_shape *s, const ring_inner *inner, const char *i
             printf(" backward %.3f ms (1 GPU %.3f) fwd+bwd efficiency %.3f", 1e3 * tb, 1e3 * tb1,
                    eff_fb);
         printf("  [%s]\n", inner_name);
-        if (o->csv) {
-            printf("csv,%s,%d,%s,%s,%d,%d,%d,%lld,%d,%d,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", gpu,
-                   s->P, layout_name(s->layout), inner_name, s->B, s->H, s->H_kv, s->N, s->D,
-                   s->causal, s->bf16 ? "bf16" : "fp16", 1e3 * tf, 1e3 * tf1, eff_f, 1e3 * tb,
-                   1e3 * tb1, s->backward ? eff_fb : 0.0);
+        if (o->csv) { /* the backward's columns empty for a forward alone */
+            printf("csv,%s,%d,%s,%s,%d,%d,%d,%lld,%d,%d,%s,%.4f,%.4f,%.4f,", gpu, s->P,
+                   layout_name(s->layout), inner_name, s->B, s->H, s->H_kv, s->N, s->D, s->causal,
+                   s->bf16 ? "bf16" : "fp16", 1e3 * tf, 1e3 * tf1, eff_f);
+            if (s->backward)
+                printf("%.4f,%.4f,%.4f\n", 1e3 * tb, 1e3 * tb1, eff_fb);
+            else
+                printf(",,\n");
         }
     }
     fflush(stdout);
