@@ -76,6 +76,11 @@ bg_part "labs: generated from the markers, filled back byte for byte, make lab /
 bg_part "python binding: make lib, exports, tests" bash python/tests/run.sh "$dir"
 if [ -f plots/tests/run.sh ]; then bg_part "sweep, plots and tables" bash plots/tests/run.sh; fi
 for s in $stages; do part "$s: bad options" bash common/tests/bad_options.sh "$dir/$s" "$tmp"; done
+if [ -x "$dir/stage10_context_parallel" ]; then
+  part "stage10_context_parallel: bad options, no GPU" bash common/tests/cp_options.sh "$dir/stage10_context_parallel"
+else
+  skip "stage10_context_parallel: not built (make says why: no NCCL here)"
+fi
 part "make targets: no GPU, a mistyped ARCH, a missing tool, the formatter offline" bash common/tests/make_targets.sh
 part "no spills, no stack frame, no ptxas performance warning (stages 1-7, every target built)" bash common/tests/check_spills.sh "$dir" $stages
 part "the fat build's targets (sm_75 to sm_120), the README's list, the spill gate itself" bash common/tests/check_targets.sh "$dir"
