@@ -6,7 +6,7 @@ The runner: each test a function, counted as passed, failed (its traceback print
 skipped"; python/tests/run.sh records each line. Imported by every test script here (each run as
 a script from any folder: Python puts this folder first on the import path).
 
-Shared by test_dropins.py, test_kvcache.py and test_varlen.py: their start (setup: this
+Shared by test_dropins.py, test_kvcache.py, test_varlen.py and test_ring.py: their start (setup: this
 checkout's package first on the import path, PyTorch where it is installed), need_gpu(), the
 one-line error check (raiser), the C toolchain and the fake stages linked with the library's C
 entry (cuda_home, c_compiler, fake_stage_library), and the float64 references' pieces (key_mask,

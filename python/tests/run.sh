@@ -7,7 +7,8 @@
 # SDPA and flash-attn's keywords (test_dropins.py: GPU), flash_attn_with_kvcache (test_kvcache.py:
 # its CPU checks anywhere, stage9_decode against a float64 reference on a GPU),
 # flash_attn_varlen_func (test_varlen.py: its CPU checks anywhere, packed batches against a
-# float64 reference on a GPU), tests the
+# float64 reference on a GPU), ring_attention (test_ring.py: the ring's schedule and merge
+# simulated on the CPU, its exchange over gloo; two GPUs under torchrun), tests the
 # comparison scripts' command line and shape lists (test_compare.py, no GPU needed) and train_gpt.py's (test_train_gpt.py:
 # --dtype, --kv-heads, the stages it refuses, --sdpa-only on a CPU where PyTorch is), checks the
 # notebook's cells parse, and that the example says in one line that it needs PyTorch where there
