@@ -13,5 +13,8 @@
 #define CSV_HEADER_H
 // clang-format off: one line, so that scripts can read it
 #define CSV_HEADER "gpu,stage,variant,pass,B,H,N,D,causal,dtype,ms_median,ms_min,repeats,tflops,max_abs_err,rel_err,lse_err,rows_checked,device_mb,status"
+// Stage 10's program (common/ring_main.c, --csv): a row per shape, its lines prefixed "csv," among
+// the others; the ring's times beside the ring of one's, and the efficiencies T_1 / (P T_P)
+#define RING_CSV_HEADER "gpu,gpus,layout,inner,B,H,H_kv,N,D,causal,dtype,fwd_ms,fwd_ms_1gpu,fwd_efficiency,bwd_ms,bwd_ms_1gpu,fwd_bwd_efficiency"
 // clang-format on
 #endif

@@ -13,8 +13,8 @@
  * The timing: the ring's pass between two synchronizations of every GPU, median of repeats,
  * beside the one-GPU run of the same shape (the ring of one): efficiency = T_1 / (P T_P).
  *
- * Exit codes as every stage's program (attention.h's attn_exit): 0 pass, 1 wrong, 2 usage,
- * 3 unsupported here (no GPU, no stage library: `make lib`), 4 out of memory.
+ * Exit codes as every stage's program (attention.h's attn_exit): pass, wrong, usage, unsupported
+ * here (no GPU, no stage library: `make lib`), out of memory.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
@@ -30,6 +30,7 @@
 
 #include "attn_lib.h"
 #include "common.h"
+#include "csv_header.h"
 #include "ring.h"
 
 #define PEAKY_MUL 8.0f /* --dist peaky: Q scaled so that each query attends to a few keys */
@@ -711,10 +712,7 @@ int main(int argc, char **argv) {
     for (int r = 0; r < RING_MAX_GPUS; r++) s.devices[r] = r;
     printf("stage10_context_parallel: %d x %s, ring of %d, inner %s\n", gpus, prop.name, o.P,
            inner_name);
-    if (o.csv)
-        printf(
-            "csv,gpu,gpus,layout,inner,B,H,H_kv,N,D,causal,dtype,fwd_ms,fwd_ms_1gpu,fwd_efficiency,"
-            "bwd_ms,bwd_ms_1gpu,fwd_bwd_efficiency\n");
+    if (o.csv) printf("csv,%s\n", RING_CSV_HEADER);
     if (o.self_test) return self_test(s, &inner, inner_name, &o, prop.name, o.P);
     int failed = 0;
     const int r = one_shape(&s, &inner, inner_name, &o, prop.name, &failed);

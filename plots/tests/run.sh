@@ -204,7 +204,10 @@ done
 nstages=0
 for d in stage[0-9]*/; do
     k=${d#stage}; k=${k%%_*} r=${d}README.md nstages=$((nstages + 1))
-    if grep -q -x -F '<!-- results:decode:begin -->' "$r"; then
+    if grep -q -x -F '<!-- results:ring:begin -->' "$r"; then # stage 10's: tools/ring_table.py
+        check "$r (the ring) has its measured section between <!-- results:ring:begin/end -->" \
+            [ "$(grep -c -x -F -e "<!-- results:ring:begin -->" -e "<!-- results:ring:end -->" "$r")" = 2 ]
+    elif grep -q -x -F '<!-- results:decode:begin -->' "$r"; then
         check "$r (a decode stage) has its measured section between <!-- results:decode:begin/end -->" \
             [ "$(grep -c -x -F -e "<!-- results:decode:begin -->" -e "<!-- results:decode:end -->" "$r")" = 2 ]
     else

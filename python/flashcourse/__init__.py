@@ -38,6 +38,7 @@ The modules by role, each importing only those before it at import time (no cycl
   api        attention(), attention_backward(), auto_stage(), auto_backward_stage()
   dropins    scaled_dot_product_attention(), flash_attn_func(), flash_attn_with_kvcache()
   varlen     flash_attn_varlen_func(): packed batches of sequences of different lengths
+  _ring      the ring's split, schedule, merge and loops, with no process group (tests run them)
   ring       ring_attention(): a sequence split over the ranks of a torch.distributed group
              (NCCL), K/V and dK/dV passed around a ring; ring_sizes(), zigzag_split(),
              zigzag_gather(): the split

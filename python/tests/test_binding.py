@@ -316,8 +316,8 @@ def t_one_auto_resolver():
     # compares a stage with "auto" to pick one, and the package imports in one direction.
     import ast
     pkg = HERE.parent / "flashcourse"
-    order = ["_version", "_library", "_plans", "_run", "_ops", "api", "dropins", "varlen",
-             "__init__"]
+    order = ["_version", "_library", "_plans", "_run", "_ops", "api", "dropins", "varlen", "_ring",
+             "ring", "__init__"]
     for path in sorted(pkg.glob("*.py")):
         tree = ast.parse(path.read_text())
         if path.stem != "__main__":
