@@ -34,7 +34,11 @@ STAGES    := $(sort $(patsubst %/attention.cu,%,$(wildcard stage[0-9]*/attention
 #   <stage>_LAB_ARCH  the target `make grade` compiles a lab for without a GPU (PTX only; none:
 #                    compute_75), when the stage's kernels exist on one architecture only
 #                    (common/labs.py reads it: one `:=` line)
-#   <stage>_LAB_CASES  decode: `make grade` runs decode's quick cases and timed shape (common/labs.py)
+#   <stage>_LAB_CASES  decode: `make grade` runs decode's quick cases and timed shape (common/labs.py);
+#                    ring: the ring's (stage 10)
+#   <stage>_PROGRAM_SOURCES  a stage that is a program of its own, not a stage of common/main.c
+#                    (stage 10: ring.cu): its sources, where its lab's holes are (common/labs.py)
+#   <stage>_PROGRAM_LIBS  the stage libraries such a program loads at run time
 #   <stage>_PROFILE_ARGS  the shape `make profile` runs (none: PROFILE_ARGS's default below)
 include $(wildcard stage[0-9]*/stage.mk)
 # the stages with a backward pass (a linked forward), named by the program to a forward-only one
@@ -61,6 +65,8 @@ STAGE_OBJ := $(patsubst %,$(BUILD)/obj/%.o,$(STAGES))
 # STAGE=n (profile, diff): its folder; the stage numbers there are
 STAGE_DIR = $(firstword $(wildcard stage$(STAGE)_*))
 STAGE_NUMBERS := $(patsubst stage%,%,$(foreach s,$(STAGES),$(firstword $(subst _, ,$(s)))))
+# the highest stage number, a program of its own included (stage 10): what lab and grade take
+LAST_STAGE_NUMBER = $(lastword $(shell printf '%s\n' $(patsubst stage%,%,$(foreach d,$(wildcard stage[0-9]*_*),$(firstword $(subst _, ,$(d))))) | sort -n))
 
 include mk/preflight.mk
 
@@ -181,7 +187,7 @@ LAB_ARGS = '$(STAGE)' $(if $(filter command line,$(origin ARCH)),--arch '$(ARCH)
            $(if $(filter command line environment,$(origin GPU_NAME)),--gpu-name '$(GPU_NAME)') \
            $(if $(filter-out 0,$(QUICK)),--quick) $(if $(filter-out 0,$(YOURS_ONLY)),--yours-only)
 lab grade:
-	@test -n "$(STAGE)" || { echo "usage: make $@ STAGE=n (n = 1..$(words $(wordlist 2,99,$(STAGES))), or capstone)"; exit 2; }
+	@test -n "$(STAGE)" || { echo "usage: make $@ STAGE=n (n = 1..$(LAST_STAGE_NUMBER), or capstone)"; exit 2; }
 	@python3 common/labs.py $(if $(LABS),--labs '$(LABS)') $@ $(if $(filter lab,$@),'$(STAGE)' $(if $(filter-out 0,$(RESTART)),--restart),$(LAB_ARGS))
 
 # The capstone lab (capstone/attention.cu): the whole FlashAttention-2 forward pass from its

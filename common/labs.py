@@ -38,12 +38,26 @@ path and the same [design]):
              --smem-limit) the checker never runs it, and the report card says so ("not
              gradable on this GPU") instead of grading it. A part's own: a hole whose other
              parts run is graded on those, and the report card names the part it could not.
+  [gpus>=N]  code that runs only where the program has at least N GPUs (stage 10's ring: the ring
+             of one GPU sends nothing and merges nothing): on a machine with fewer the report
+             card says that it is not gradable there, as for [smem>=N].
 Markers are comments: the stage's machine code is the same with them or without them.
 
 An unfilled lab must fail fast and cleanly: a stub leaves wrong values, or, where doing nothing
 would leave the kernel waiting forever (stage 6's producer: no arrival on an mbarrier the
-consumers wait on), prints "lab hole N unfilled: ..." and traps; the grader reports that line.
+consumers wait on), prints "lab hole N unfilled: ..." and traps (host code returns its error with
+that line: stage 10's transfers, where sending nothing would compute from unset buffers); the
+grader reports that line.
 
+A stage is a folder stage<n>_<name> with an attention.cu (a stage of the one host program,
+common/main.c), or one whose stage.mk names the sources of a program of its own
+(<stage>_PROGRAM_SOURCES := ring.cu: stage 10, whose program is common/ring_main.c around its
+ring); such a program is built by its stage.mk's rule for $(BUILD)/<stage>, loads the stage
+libraries <stage>_PROGRAM_LIBS names (make grade builds them once per target, in
+build/lab/<stage>/libs-<target>/, and runs the program with --lib-dir there), and runs the quick
+cases and the timed shape of its <stage>_LAB_CASES. A program that cannot be built here (stage 10
+without NCCL) says so in one line, "make: <stage> skipped: why", and make grade repeats it and
+exits 3, nothing graded. make diff says of such a stage that it is a program of its own.
 A stage's holes live in its own folder's files (a primitive of common/device/ is not cut into a
 lab). labs/<stage>/ gets a copy of each file that has holes; the grader builds the stage from a
 tree of links to the repository in which those files are the learner's, with the Makefile, so a
@@ -60,7 +74,9 @@ calls a function that has one, or was written in one), the registers, spill stor
 stack frame (ptxas -v, the build's report) of the learner's build beside the stage's own. With no
 GPU the grader builds both for the stage's no-GPU target (compute_75, or its stage.mk's
 <stage>_LAB_ARCH) and prints the table, then says that nothing was graded and exits 3 (the
-programs' "unsupported here"): a compile is no grade.
+programs' "unsupported here"): a compile is no grade. On a GPU where none of the holes can be
+graded (all of them [gpus>=2] on a machine with one GPU) it runs your file all the same; if that
+passes, it says that no hole was graded and exits 3 too (a failure is still a failure, exit 1).
 
 The capstone (capstone/attention.cu, make lab STAGE=capstone) is a lab of one [design] hole: the
 whole FlashAttention-2 forward pass, kernels and launcher, behind the stage contract, from a
@@ -104,6 +120,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -117,6 +134,7 @@ STUB = re.compile(r"^([ \t]*)// LAB STUB:(?: (.*))?$")
 ANY = re.compile(r"LAB +(HOLE|TODO|STUB)\b")  # a marker, well formed or not
 MARKER = re.compile(r"^[ \t]*// LAB (HOLE \d+ (BEGIN|END)\b|TODO:|STUB:)")  # a marker line
 SMEM_TAG = re.compile(r"smem>=(\d+)")
+GPUS_TAG = re.compile(r"gpus>=(\d+)")
 # The code paths a hole can be on, beyond the GPU's own: how to build and run each.
 PATHS = {"t4": {"arch": "compute_75", "smem_limit": "65536",
                 "what": "the sm_75 (T4) path: PTX for compute_75, --smem-limit 65536"},
@@ -155,6 +173,24 @@ DECODE_SMOKE = [
 DECODE_BENCH = ["--batch", "1", "--heads", "32", "--kv-heads", "8", "--seq", "1", "--seq-k",
                 "32768", "--dim", "128", "--layout", "bnhd", "--bench", "--check", "0", "--csv",
                 "--budget", "20"]
+# A ring's (stage 10's stage.mk: <stage>_LAB_CASES := ring), on every GPU here (one: the ring of
+# one): forward and backward, checked against the ring of one on every element and against float64
+# on sampled rows; the zigzag split with the causal mask over two chunks per GPU, then the
+# contiguous one without a mask, in bf16, with slices of unequal sizes (4097 tokens). Timed: the
+# ring's forward plus backward (the program also times the ring of one beside it).
+RING_SMOKE = [
+    ["--batch", "2", "--heads", "4", "--kv-heads", "2", "--seq", "1000", "--dim", "128",
+     "--causal", "--backward", "--dist", "peaky"],
+    ["--heads", "2", "--kv-heads", "1", "--seq", "4097", "--dim", "64", "--layout", "contiguous",
+     "--bf16", "--backward", "--dist", "peaky"],
+]
+RING_BENCH = ["--seq", "32768", "--heads", "32", "--kv-heads", "8", "--causal", "--backward",
+              "--dim", "128", "--bench", "--check", "0", "--csv", "--budget", "5"]
+# <stage>_LAB_CASES -> the quick cases, the timed shape, the columns of its CSV row whose sum is the
+# time compared (the main program's median; the ring's forward and backward), and what that is
+CASES = {"": (SMOKE, BENCH, ("ms_median",), ""),
+         "decode": (DECODE_SMOKE, DECODE_BENCH, ("ms_median",), ""),
+         "ring": (RING_SMOKE, RING_BENCH, ("fwd_ms", "bwd_ms"), "forward + backward")}
 SMOKE_TIMEOUT, SELF_TEST_TIMEOUT, BENCH_TIMEOUT = 60, 600, 300
 # A program built as PTX for an older GPU (the T4 path, compute_75, on a newer GPU) is compiled by
 # the driver when its first kernel launches: scalar stages' unrolled loops take tens of seconds to
@@ -166,11 +202,30 @@ JIT_ALLOWANCE = 300
 def stage_mk_value(sdir, var):
     """The value of the stage's stage.mk line `<stage>_<var> := value` (the Makefile reads it
     too), or None."""
+    words = stage_mk_words(sdir, var)
+    return words[0] if words and len(words) == 1 else None
+
+
+def stage_mk_words(sdir, var):
+    """The words of the stage's stage.mk line `<stage>_<var> := a b c`, or [] (no such line)."""
     mk = sdir / "stage.mk"
     if not mk.exists():
-        return None
-    m = re.search(rf"^{re.escape(sdir.name)}_{var}\s*:?=\s*(\S+)\s*$", mk.read_text(), re.M)
-    return m.group(1) if m else None
+        return []
+    m = re.search(rf"^{re.escape(sdir.name)}_{var}\s*:?=[ \t]*(\S.*?)\s*$", mk.read_text(), re.M)
+    return m.group(1).split() if m else []
+
+
+def program_sources(sdir):
+    """The stage's sources that its program compiles, in its folder: attention.cu (a stage of the
+    one host program), or its stage.mk's <stage>_PROGRAM_SOURCES (a program of its own)."""
+    if (sdir / "attention.cu").is_file():
+        return ["attention.cu"]
+    return [f for f in stage_mk_words(sdir, "PROGRAM_SOURCES") if (sdir / f).is_file()]
+
+
+def own_program(sdir):
+    """Whether the stage is a program of its own (stage 10), not a stage of common/main.c."""
+    return not (sdir / "attention.cu").is_file() and bool(program_sources(sdir))
 
 
 def no_gpu_arch(sdir):
@@ -180,11 +235,13 @@ def no_gpu_arch(sdir):
 
 
 def grade_cases(sdir):
-    """The quick cases and the timed shape of a stage's grade: (SMOKE, BENCH), or a decode stage's
-    (its stage.mk's <stage>_LAB_CASES := decode)."""
-    if stage_mk_value(sdir, "LAB_CASES") == "decode":
-        return DECODE_SMOKE, DECODE_BENCH
-    return SMOKE, BENCH
+    """The quick cases, the timed shape and the timed CSV columns of a stage's grade: (SMOKE,
+    BENCH, ...), or those its stage.mk's <stage>_LAB_CASES names (decode, ring)."""
+    kind = stage_mk_value(sdir, "LAB_CASES") or ""
+    if kind not in CASES:
+        raise LabError(f"{sdir.name}/stage.mk: {sdir.name}_LAB_CASES := {kind}: not one of "
+                       f"{', '.join(k for k in CASES if k)}")
+    return CASES[kind]
 
 
 class LabError(Exception):
@@ -195,26 +252,30 @@ class LabError(Exception):
 
 
 def parse_tags(tags, where):
-    """(code path tag or '', design, least shared memory or 0) from a BEGIN's ' [a] [b]' text."""
-    path, design, smem = "", False, 0
+    """(code path tag or '', design, least shared memory or 0, least GPUs or 0) from a BEGIN's
+    ' [a] [b]' text."""
+    path, design, smem, gpus = "", False, 0, 0
     for tag in re.findall(r"\[([^\]]+)\]", tags):
-        m = SMEM_TAG.fullmatch(tag)
+        m, g = SMEM_TAG.fullmatch(tag), GPUS_TAG.fullmatch(tag)
         if tag == "design" and not design:
             design = True
         elif tag in PATHS and not path:
             path = tag
         elif m and not smem:
             smem = int(m.group(1))
+        elif g and not gpus and int(g.group(1)) >= 1:
+            gpus = int(g.group(1))
         else:
-            raise LabError(f"{where}: tag [{tag}] is not one of [design], [t4], [sm80], [smem>=N] "
-                           f"(each once, a hole on one code path)")
-    return path, design, smem
+            raise LabError(f"{where}: tag [{tag}] is not one of [design], [t4], [sm80], [smem>=N], "
+                           f"[gpus>=N] (each once, a hole on one code path)")
+    return path, design, smem, gpus
 
 
 def parse(text, name):
     """The file's text as a list of pieces: str (lines outside the holes, kept as they are) or a
     dict for each hole part: hole, tag (its code path), design, smem, title, begin and end (the
-    marker lines), body (the lines between them), line (BEGIN's) and end_line."""
+    marker lines), body (the lines between them), line (BEGIN's) and end_line; gpus, the
+    least GPUs its code runs on (0: any)."""
     pieces, out, part = [], [], None
     for n, line in enumerate(text.splitlines(keepends=True), 1):
         bare = line.rstrip("\n")
@@ -230,10 +291,10 @@ def parse(text, name):
                 if out:
                     pieces.append("".join(out))
                 out = []
-                path, design, smem = parse_tags(b.group(3), f"{name}:{n}")
+                path, design, smem, gpus = parse_tags(b.group(3), f"{name}:{n}")
                 part = {"hole": int(b.group(2)), "tag": path, "design": design, "smem": smem,
-                        "title": b.group(4), "begin": line, "indent": b.group(1), "body": [],
-                        "line": n}
+                        "gpus": gpus, "title": b.group(4), "begin": line, "indent": b.group(1),
+                        "body": [], "line": n}
             else:
                 out.append(line)
             continue
@@ -331,7 +392,9 @@ def outside(pieces):
 
 
 def stage_dirs():
-    return sorted((d for d in ROOT.glob("stage[0-9]*_*") if (d / "attention.cu").is_file()),
+    """The stages' folders by number: those with an attention.cu, and those whose stage.mk names
+    their program's sources (stage 10)."""
+    return sorted((d for d in ROOT.glob("stage[0-9]*_*") if d.is_dir() and program_sources(d)),
                   key=lambda d: int(re.match(r"stage(\d+)", d.name).group(1)))
 
 
@@ -441,6 +504,13 @@ def cmd_lab(args):
     print(f"make lab: {plural(len(holes), 'hole')}: " + "; ".join(
         f"{n}. {hole_title(holes[n])}" + (" (design)" if holes[n][0]["design"] else "")
         for n in sorted(holes)))
+    need = sorted({p["gpus"] for ps in holes.values() for p in ps if p["gpus"] > 1})
+    for g in need:
+        ns = [str(n) for n in sorted(holes) if any(p["gpus"] == g for p in holes[n])]
+        many = len(ns) > 1
+        print(f"make lab: hole{'s' if many else ''} {', '.join(ns)} run{'' if many else 's'} only "
+              f"where the program has {g} GPUs or more: make grade STAGE={num} grades "
+              f"{'them' if many else 'it'} on a machine with {g} (with fewer it says so)")
     print(f"make lab: the guide is {guide.relative_to(ROOT) if guide.exists() else 'the lesson'}; "
           f"when a hole is written: make grade STAGE={num}")
     return 0
@@ -558,9 +628,10 @@ def cmd_lint(args):
 # ---- read and diff: a stage's code without the lab's markers -----------------------------------
 
 
-def include_order(sdir, first="attention.cu"):
-    """The folder's source files, attention.cu first, then each as it is first included (depth
-    first), then the rest by name."""
+def include_order(sdir):
+    """The folder's source files, its program's first (attention.cu, or stage.mk's
+    <stage>_PROGRAM_SOURCES), then each as it is first included (depth first), then the rest by
+    name."""
     names = sorted(f.name for f in sdir.iterdir() if f.suffix in SOURCE_SUFFIXES and f.is_file())
     order = []
 
@@ -571,7 +642,8 @@ def include_order(sdir, first="attention.cu"):
         for inc in re.findall(r'^\s*#\s*include\s*"([^"/]+)"', (sdir / name).read_text(), re.M):
             visit(inc)
 
-    visit(first)
+    for first in program_sources(sdir) or ["attention.cu"]:
+        visit(first)
     return order + [n for n in names if n not in order]
 
 
@@ -661,6 +733,13 @@ def fold_base_headers(base, sdir, code):
 
 def cmd_diff(args):
     sdir, base = stage_dir(args.stage), stage_dir(args.base)
+    if own_program(sdir):  # no stage of the host program before it: nothing it edits
+        num = stage_number(sdir)
+        print(f"make diff: {sdir.name} is a program of its own, not a stage of the host program: "
+              f"no stage before it to diff it against; read {', '.join(program_sources(sdir))} in "
+              f"its code map's order ({sdir.name}/README.md, \"Code map\"; make read "
+              f"STAGE={num})")
+        return 0
     code = {base: stage_code(base), sdir: stage_code(sdir)}
     with tempfile.TemporaryDirectory() as tmp:
         whole, files = Path(tmp) / "whole", Path(tmp) / "files"
@@ -921,6 +1000,7 @@ BUILTIN = {"v": "void", "b": "bool", "c": "char", "a": "signed char", "h": "unsi
 class Demangler:
     def __init__(self, s):
         self.s, self.i = s, 0
+        self.subs = []  # the substitution candidates so far (S_, S0_, S1_ ...): names, pointers
 
     def peek(self, k=1):
         return self.s[self.i:self.i + k]
@@ -957,8 +1037,11 @@ class Demangler:
                     parts.append(self.unqualified())
             self.eat("E")
             return "::".join(parts)
+        sub = self.peek() == "S"
         n = self.unqualified()
         if self.peek() == "I":
+            if not sub:
+                self.subs.append(n)  # a template's name is a candidate, before its arguments
             n += self.template_args()
         return n
 
@@ -974,10 +1057,13 @@ class Demangler:
         if self.peek() == "t":
             self.eat("t")
             return "std::" + self.unqualified()
+        seq = ""
         while self.peek() != "_":
+            seq += self.peek()
             self.i += 1
         self.eat("_")
-        return "?"
+        k = int(seq, 36) + 1 if seq else 0  # S_ is the first candidate, S0_ the second, ...
+        return self.subs[k] if k < len(self.subs) else "?"
 
     def template_args(self):
         self.eat("I")
@@ -1021,15 +1107,11 @@ class Demangler:
         if c in BUILTIN:
             self.i += 1
             return BUILTIN[c]
-        if c == "P":
-            self.eat("P")
-            return self.type() + " *"
-        if c == "R":
-            self.eat("R")
-            return self.type() + " &"
-        if c == "K":
-            self.eat("K")
-            return "const " + self.type()
+        if c in "PRK":  # a pointer, a reference, a const type: each a substitution candidate
+            self.eat(c)
+            r = {"P": "{} *", "R": "{} &", "K": "const {}"}[c].format(self.type())
+            self.subs.append(r)
+            return r
         if c == "D":
             code = self.peek(2)
             self.i += 2
@@ -1039,8 +1121,13 @@ class Demangler:
             while self.peek() != "_":
                 self.i += 1
             self.eat("_")
+            self.subs.append("T")
             return "T"
-        return self.name()
+        start = self.i
+        r = self.name()
+        if self.s[start] != "S" or self.s[self.i - 1] == "E":  # not a bare substitution
+            self.subs.append(r)
+        return r
 
 
 def demangle(sym):
@@ -1286,13 +1373,14 @@ def first_failure(rc, out, err, timeout):
         return None
     if rc == 124:
         return f"did not finish in {timeout} s (a hang? killed)"
-    stubs = [ln for ln in (out + err).splitlines() if re.match(r"lab hole \d+ unfilled", ln)]
+    stubs = [m.group() for m in re.finditer(r"lab hole \d+ unfilled.*", out + err)]
     if stubs:  # a stub that stops the kernel (where doing nothing would hang it) said so
         return f"stopped by a stub: {stubs[0]}"
     fails = [ln for ln in (err + out).splitlines() if ln.startswith("FAILED: ")]
     if fails:
         return "first failing case: " + fails[0][len("FAILED: "):]
-    described = [ln for ln in out.splitlines() if ln.endswith(" FAIL")]
+    described = [ln for ln in out.splitlines() if ln.endswith(" FAIL")] or [
+        re.sub(r"\s+", " ", ln) for ln in out.splitlines() if re.search(r"\sFAIL\b", ln)]
     if rc == EXIT_WRONG and described:
         return "first failing case: " + described[0]
     last = [ln for ln in (err.strip() or out.strip()).splitlines()][-1:] or ["no output"]
@@ -1303,10 +1391,11 @@ def first_failure(rc, out, err, timeout):
     return f"exit {rc}: {last[0]}"
 
 
-def grade_program(prog, smem_limit, quick=False, smoke=SMOKE, jit=False):
+def grade_program(prog, smem_limit, quick=False, smoke=SMOKE, jit=False, libs=None):
     """Runs the quick cases, then (unless quick) the self-test. Returns (passed, one line).
-    jit: the program's PTX is compiled by the driver at its first launch (JIT_ALLOWANCE)."""
-    extra = ["--smem-limit", smem_limit] if smem_limit else []
+    jit: the program's PTX is compiled by the driver at its first launch (JIT_ALLOWANCE); libs:
+    the folder of the stage libraries the program loads (--lib-dir), if it loads any."""
+    extra = (["--smem-limit", smem_limit] if smem_limit else []) + lib_args(libs)
     for i, case in enumerate(smoke):
         limit = SMOKE_TIMEOUT + (JIT_ALLOWANCE if jit and i == 0 else 0)
         rc, out, err = run([str(prog)] + case + extra, limit)
@@ -1320,7 +1409,7 @@ def grade_program(prog, smem_limit, quick=False, smoke=SMOKE, jit=False):
     if quick:
         return True, f"the {len(smoke)} quick cases pass (no self-test: a quick grade)"
     rc, out, err = run([str(prog), "--self-test"] + extra, SELF_TEST_TIMEOUT)
-    counts = re.findall(r"^(\d+) passed, (\d+) failed$", out, re.M)
+    counts = re.findall(r"^(\d+) passed, (\d+) failed(?:$|,)", out, re.M)
     why = first_failure(rc, out, err, SELF_TEST_TIMEOUT)
     total = f"self-test {counts[-1][0]} passed, {counts[-1][1]} failed" if counts else "self-test"
     if why:
@@ -1328,16 +1417,89 @@ def grade_program(prog, smem_limit, quick=False, smoke=SMOKE, jit=False):
     return True, total
 
 
-def bench_ms(prog, bench=BENCH):
-    rc, out, err = run([str(prog)] + bench, BENCH_TIMEOUT)
+def bench_ms(prog, bench=BENCH, columns=("ms_median",), libs=None):
+    """The program's time of the timed shape: the sum of `columns` of its CSV row, or None."""
+    rc, out, err = run([str(prog)] + bench + lib_args(libs), BENCH_TIMEOUT)
     rows = [ln.split(",") for ln in out.splitlines() if ln.count(",") > 10]
     if rc != 0 or len(rows) < 2:
         return None
     head = rows[0]
     try:
-        return float(rows[1][head.index("ms_median")])
+        return sum(float(rows[1][head.index(c)]) for c in columns)
     except (ValueError, IndexError):
         return None
+
+
+def lib_args(libs):
+    return ["--lib-dir", str(libs)] if libs else []
+
+
+def unbuildable(log, sdir):
+    """Why the stage's program cannot be built here at all, from its build log: the one line its
+    stage.mk prints then ("make: <stage> skipped: why", stage 10 without NCCL), or None."""
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return None
+    m = re.search(rf"^make: {re.escape(sdir.name)} skipped: (.*)$", text, re.M)
+    return m.group(1).strip() if m else None
+
+
+LIBS_BUILT = {}  # (stage, target) -> program_libs()'s answer, once per grade
+LIBS_LOCK = threading.Lock()
+
+
+def program_libs(sdir, build_root, arch):
+    """(folder, None) of the stage libraries the stage's program loads (its stage.mk's
+    <stage>_PROGRAM_LIBS), built once per target from the repository in
+    build_root/libs-<target>/ and reused by later grades; (None, None) for a program that loads
+    none; (None, why) when they do not build."""
+    names = stage_mk_words(sdir, "PROGRAM_LIBS")
+    if not names:
+        return None, None
+    with LIBS_LOCK:  # the grade's jobs ask at once: the first builds, the others wait for it
+        key = (sdir.name, build_target(arch))
+        if key not in LIBS_BUILT:
+            LIBS_BUILT[key] = build_libs(build_root, arch, names)
+        return LIBS_BUILT[key]
+
+
+def build_libs(build_root, arch, names):
+    out = build_root / f"libs-{build_target(arch).replace(' ', '+')}"
+    log = out.with_suffix(".log")
+    libs = [out / "lib" / f"lib{n}.so" for n in names]
+    t0 = time.time()
+    with open(out.with_suffix(".lock"), "w") as lock:  # two grades side by side: one builds
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out.mkdir(parents=True, exist_ok=True)
+        os.utime(out)  # used now (prune keeps it)
+        cmd = ["make", "--no-print-directory", "-C", str(ROOT), f"BUILD={out}",
+               f"ARCH={build_target(arch)}"] + [str(x) for x in libs]
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + "\n")
+            f.flush()
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if rc != 0:
+        return None, (f"the stage libraries its program loads ({', '.join(names)}) did not build: "
+                      f"see {rel_path(log)}")
+    print(f"  the stage libraries its program loads ({', '.join(names)}): ready for "
+          f"ARCH={arch} in {rel_path(out / 'lib')} ({time.time() - t0:.0f} s; built once)",
+          flush=True)
+    return out / "lib", None
+
+
+def gpu_count():
+    """The GPUs a program may use here (nvidia-smi's, within CUDA_VISIBLE_DEVICES), or 0."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    n = sum(1 for ln in out.stdout.splitlines() if ln.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        n = min(n, len([x for x in visible.split(",") if x.strip()]))
+    return n
 
 
 KEEP_BUILDS = 24  # build folders kept per stage (the most recently used; grades side by side)
@@ -1374,8 +1536,10 @@ def common_seed(build_root, target):
 
 
 def prune(build_root):
-    """Keeps the KEEP_BUILDS most recently used build folders (a folder is touched on use)."""
-    dirs = sorted((d for d in build_root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    """Keeps the KEEP_BUILDS most recently used build folders (a folder is touched on use), and
+    the stage libraries (libs-<target>)."""
+    builds = (d for d in build_root.iterdir() if d.is_dir() and not d.name.startswith("libs-"))
+    dirs = sorted(builds, key=lambda d: d.stat().st_mtime)
     for d in dirs[:-KEEP_BUILDS]:
         shutil.rmtree(d, ignore_errors=True)
         d.with_suffix(".log").unlink(missing_ok=True)
@@ -1392,15 +1556,23 @@ def smem_available(path, cc):
     return n, f"this GPU (sm_{cc}) gives it {n:,}" if n else "this GPU's is not known"
 
 
-def unrun_parts(holes, paths, cc):
+def unrun_parts(holes, paths, cc, gpus=None):
     """{hole: its parts the checker cannot run on the hole's path ([smem>=N] where a block gets
-    less shared memory), each with `why`}. paths: {code path tag: (arch, smem limit, ...)}."""
+    less shared memory, [gpus>=N] where the program has fewer GPUs), each with `why`}. paths:
+    {code path tag: (arch, smem limit, ...)}; gpus: the GPUs here (None: not known, taken to be
+    enough)."""
     unrun = {}
     for n, ps in holes.items():
         have, why = smem_available(paths[ps[0]["tag"]], cc)
-        unrun[n] = [dict(p, why=f"its code runs only where a block may use {p['smem']:,} bytes of "
-                                f"shared memory, and {why}")
-                    for p in ps if p["smem"] and have is not None and have < p["smem"]]
+        unrun[n] = []
+        for p in ps:
+            if p["smem"] and have is not None and have < p["smem"]:
+                unrun[n].append(dict(p, why=f"its code runs only where a block may use "
+                                            f"{p['smem']:,} bytes of shared memory, and {why}"))
+            elif p.get("gpus") and gpus is not None and gpus < p["gpus"]:
+                unrun[n].append(dict(p, why=f"its code runs only where the program has "
+                                            f"{p['gpus']} GPUs or more, and this machine has "
+                                            f"{gpus}"))
     return unrun
 
 
@@ -1479,6 +1651,11 @@ def cmd_grade(args):
             built = list(pool.map(lambda j: build(j, sdir, arch, j["dir"].with_suffix(".log")),
                                   {id(j): j for j in todo}.values()))
         built = built + built[-1:] * (len(todo) - len(built))
+        why = None if built[0][0] else unbuildable(todo[0]["dir"].with_suffix(".log"), sdir)
+        if why:
+            print(f"make grade: {sdir.name} cannot be built here: {why}; nothing was graded, exit "
+                  f"{EXIT_UNSUPPORTED} (unsupported here)")
+            return EXIT_UNSUPPORTED
         if not built[0][0]:
             print(f"make grade: {rel}: does not compile (ARCH={arch}):")
             for ln in compile_errors(todo[0]["dir"].with_suffix(".log")):
@@ -1507,7 +1684,8 @@ def cmd_grade(args):
         tag = ps[0]["tag"]
         if tag and tag not in paths:
             paths[tag] = code_path(tag, gpu, cc, native_arch, paths[""])
-    unrun = unrun_parts(holes, paths, cc)
+    gpus = gpu_count()
+    unrun = unrun_parts(holes, paths, cc, gpus)
     gradable_here = {n: paths[ps[0]["tag"]][3] and len(unrun[n]) < len(ps)
                      for n, ps in holes.items()}
     jobs = [job("yours", set(holes), *paths[""][:2], "your file")]
@@ -1544,6 +1722,8 @@ def cmd_grade(args):
           + ("; quick: the quick cases only, no self-test, not timed" if args.quick else ""),
           flush=True)
 
+    cases = grade_cases(sdir)
+
     def do(d):
         js = by_dir[d]
         lead = js[0]
@@ -1551,6 +1731,9 @@ def cmd_grade(args):
         ok, prog = build(lead, sdir, lead["arch"], d.with_suffix(".log"))
         took = f"build {time.time() - t0:.0f} s"
         if not ok:
+            why = unbuildable(d.with_suffix(".log"), sdir)
+            if why:
+                return d, ("unbuildable", why, None, took)
             return d, (False, "does not compile: " + "; ".join(
                 compile_errors(d.with_suffix(".log"), 3)), None, took)
         graded = [j for j in js if j is not ref]
@@ -1559,9 +1742,12 @@ def cmd_grade(args):
         if not any(j["runs"] for j in graded):
             return d, (None, f"compiles (ARCH={lead['arch']}); its code cannot run on this GPU: "
                              f"not graded here", prog, took)
+        libs, why = program_libs(sdir, build_root, lead["arch"])
+        if why:
+            return d, (False, why, None, took)
         t1 = time.time()
         jit = lead["arch"].startswith("compute_") and arch_number(lead["arch"]) != int(cc)
-        res = grade_program(prog, lead["smem"], args.quick, grade_cases(sdir)[0], jit)
+        res = grade_program(prog, lead["smem"], args.quick, cases[0], jit, libs)
         return d, res + (prog, f"{took}, run {time.time() - t1:.0f} s")
 
     results = {}
@@ -1573,11 +1759,16 @@ def cmd_grade(args):
                 results[j["key"]] = res
                 if k:
                     print(f"  {j['key']}: the same program as {by_dir[d][0]['key']}", flush=True)
-                elif res[0] == "built":
-                    print(f"  {j['key']}: built ({res[3]})", flush=True)
+                elif res[0] in ("built", "unbuildable"):
+                    print(f"  {j['key']}: {res[0]} ({res[3]})", flush=True)
                 else:
                     print(f"  {j['key']}: {verdict(res[0])} ({res[3]})", flush=True)
     prune(build_root)
+    why = next((r[1] for r in results.values() if r[0] == "unbuildable"), None)
+    if why:  # the program cannot be built here at all (stage 10 without NCCL)
+        print(f"make grade: {sdir.name} cannot be built here: {why}; nothing was graded, exit "
+              f"{EXIT_UNSUPPORTED} (unsupported here)")
+        return EXIT_UNSUPPORTED
 
     width = max(len(hole_title(ps)) + len(ps[0]["tag"]) + 3 for ps in holes.values()) + 9
     print(f"\nReport card: {sdir.name} lab ({rel}) on {paths[''][2]}")
@@ -1609,7 +1800,9 @@ def cmd_grade(args):
         all_ok &= ok is not False
         print(f"  {j['what']:<{width}} {verdict(ok)}  {line}")
     speed = "not timed: your file does not pass yet"
-    if all_ok and args.quick:
+    if all_ok and holes and not gradable:
+        speed = "not timed: none of the holes' code runs on this GPU (see above)"
+    elif all_ok and args.quick:
         speed = "not timed (a quick grade: make grade without QUICK=1 times it)"
     elif all_ok:
         same = ref["dir"] == jobs[0]["dir"]
@@ -1618,13 +1811,14 @@ def cmd_grade(args):
         if results["stage"][2] is None:
             speed = f"not timed: {ref_what} did not build (" + results["stage"][1] + ")"
         else:
-            bench = grade_cases(sdir)[1]
-            mine_ms = bench_ms(results["yours"][2], bench)
-            ref_ms = bench_ms(results["stage"][2], bench)
+            bench, columns, what = cases[1], cases[2], cases[3]
+            libs = program_libs(sdir, build_root, native_arch)[0]
+            mine_ms = bench_ms(results["yours"][2], bench, columns, libs)
+            ref_ms = bench_ms(results["stage"][2], bench, columns, libs)
             of = f"{CAPSTONE_REFERENCE}'s speed" if capstone else "the stage's own kernel's speed"
             if mine_ms and ref_ms:
                 speed = (f"{ref_ms / mine_ms:.2f} of {of} ({mine_ms:.3f} ms vs {ref_ms:.3f} ms, "
-                         f"{' '.join(bench[:8])})")
+                         + (f"{what}, " if what else "") + f"{' '.join(bench[:8])})")
             else:
                 speed = "not timed: a timing run failed"
     print(f"  {'speed':<{width}} {speed}")
@@ -1641,6 +1835,10 @@ def cmd_grade(args):
         print("  quick grade: only the quick cases ran (make grade without QUICK=1: the self-test)")
     print(f"holes passing: {passing} of {gradable}" + (
         f" ({left} not gradable on this GPU: see above)" if left else ""))
+    if holes and not gradable and all_ok:  # what ran passed, but no hole was graded: no pass
+        print(f"make grade: no hole was graded: none of their code runs on this GPU; exit "
+              f"{EXIT_UNSUPPORTED}, unsupported here")
+        return EXIT_UNSUPPORTED
     return 0 if all_ok and passing == gradable else 1
 
 
@@ -1692,7 +1890,8 @@ def cmd_holes(args):
             lines = p["body"].count("\n")
             tags = "".join(f" [{t}]" for t in (["design"] if p["design"] else []) +
                            ([p["tag"]] if p["tag"] else []) +
-                           ([f"smem>={p['smem']}"] if p["smem"] else []))
+                           ([f"smem>={p['smem']}"] if p["smem"] else []) +
+                           ([f"gpus>={p['gpus']}"] if p["gpus"] else []))
             print(f"{sdir.name}/{p['file']}:{p['line']}: hole {n}{tags}: {p['title']} "
                   f"({lines} lines)")
     return 0

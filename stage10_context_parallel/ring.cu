@@ -78,12 +78,22 @@ __global__ void merge_kernel(O *out_o, float *lse, const A *acc_o, const P *part
         const bool has_part = pr >= 0 && pr < rows;
         const float lse_a = lse[w];
         const float lse_b = has_part ? part_lse[bh * rows + pr] : -INFINITY;
+        // LAB HOLE 1 BEGIN [gpus>=2]: the merge by log-sum-exp: the merged lse and the two weights
+        // LAB TODO: merged = log(e^lse_a + e^lse_b), computed as top + logf(expf(lse_a - top) +
+        // LAB TODO: expf(lse_b - top)) with top = fmaxf(lse_a, lse_b), so that no exponential
+        // LAB TODO: overflows; then the weights wa = expf(lse_a - merged) and wb = expf(lse_b -
+        // LAB TODO: merged), which sum to 1. A row no key has reached yet has lse_a = lse_b = -inf:
+        // LAB TODO: merged must stay -inf and both weights be 0 (-inf minus -inf is a NaN: test
+        // LAB TODO: for that row first). A row without a partial here has lse_b = -inf: wb = 0.
+        // LAB STUB: const float merged = lse_a, wa = 1.f, wb = 0.f;  // until filled: no partial
+        // LAB STUB: (void)lse_b;
         const float top = fmaxf(lse_a, lse_b);
         // both -inf: a row that sees no key yet (O = 0 and lse = -inf stay)
         const float merged =
             top == -INFINITY ? -INFINITY : top + logf(expf(lse_a - top) + expf(lse_b - top));
         const float wa = merged == -INFINITY ? 0.f : expf(lse_a - merged);
         const float wb = merged == -INFINITY ? 0.f : expf(lse_b - merged);
+        // LAB HOLE 1 END
         const A *a = acc_o + w * D;
         const P *b = part_o + (bh * rows + (has_part ? pr : 0)) * D;
         O *o = out_o + w * D;
@@ -392,6 +402,27 @@ static const void *values_at(const ring *g, int r, int t, const void *const *own
 // read (its kv_free). One NCCL group for every GPU: this one thread drives them all.
 static int pass_keys(ring *g, int t, const void *const *k, const void *const *v, char *err,
                      size_t errlen) {
+    // LAB HOLE 2 BEGIN [design] [gpus>=2]: the ring's transfers: keys and values, one step
+    // LAB TODO: Every GPU r sends the keys and the values it computes with at step t (its own
+    // LAB TODO: slice at t = 0, then the visiting slice's buffer of the pair: keys_at, values_at)
+    // LAB TODO: to GPU r + 1, and receives those of step t + 1 from GPU r - 1 into the pair's other
+    // LAB TODO: buffer (k_buf, v_buf), on its comm stream: K and V a transfer each. A slice is
+    // LAB TODO: [B, H_kv, n_s, D] contiguous, 2 bytes an element, n_s the rows of the GPU whose
+    // LAB TODO: slice it is (source_of, slice_rows): what r sends and what it receives differ in
+    // LAB TODO: size when N is not a multiple of 2P; a transfer of no bytes is left out on both of
+    // LAB TODO: its sides (sender and receiver agree on it). Before its transfers, GPU r's comm
+    // LAB TODO: stream waits for what they read and write: at t = 0 the inputs (start); later the
+    // LAB TODO: arrival of the keys it passes on (kv_ready of step t's buffer) and the end of step
+    // LAB TODO: t - 1's compute, which read the buffer now received into (kv_free). One thread
+    // LAB TODO: drives every GPU: a GPU's calls run with that GPU current, and all the sends and
+    // LAB TODO: receives of the step, every GPU's, go in one NCCL group (apart, the first send
+    // LAB TODO: would wait forever for a receive not yet issued). After the group each comm stream
+    // LAB TODO: records kv_ready of the buffer it received into: step t + 1's compute waits for it.
+    // LAB TODO: The timeline: MARK_SEND on the comm stream once its waits are in, MARK_SENT after
+    // LAB TODO: kv_ready (mark()). Every CUDA and NCCL error is returned with its call (RING_CUDA,
+    // LAB TODO: RING_NCCL); ATTN_EXIT_PASS when all is enqueued.
+    // LAB STUB: (void)g, (void)t, (void)k, (void)v;
+    // LAB STUB: return fail(err, errlen, ATTN_EXIT_WRONG, "lab hole 2 unfilled: no keys travel");
     const ring_shape *s = &g->s;
     const int P = s->P, next = (t + 1) % STEP_BUFFERS;
     const size_t row_bytes = (size_t)s->B * s->H_kv * s->D * elem_bytes();
@@ -428,6 +459,7 @@ static int pass_keys(ring *g, int t, const void *const *k, const void *const *v,
         RING_CUDA(mark(g, r, t, MARK_SENT, g->gpu[r].comm_stream));
     }
     return ATTN_EXIT_PASS;
+    // LAB HOLE 2 END
 }
 
 // The last step that computes anything on GPU r (a contiguous split's later blocks do not).
@@ -525,6 +557,21 @@ int ring_forward(ring *g, const void *const *q, const void *const *k, const void
 // next step's slice arrives from r - 1, on the comm stream, once this step has added its block
 // (dkv_ready). Step P - 1's send takes every accumulator home.
 static int pass_gradients(ring *g, int t, char *err, size_t errlen) {
+    // LAB HOLE 2 BEGIN [design] [gpus>=2]: the ring's transfers: the gradients' accumulators
+    // LAB TODO: The keys' transfer again, for the fp32 accumulators of dK and dV that travel with
+    // LAB TODO: the keys' slices (dk_buf, dv_buf): every GPU r sends the accumulator of the slice
+    // LAB TODO: it visited at step t (this step's buffer of the pair) to GPU r + 1, and receives
+    // LAB TODO: the accumulator of step t + 1's slice from GPU r - 1 into the other buffer, on its
+    // LAB TODO: comm stream, dK and dV a transfer each: [B, H_kv, n_s, D] float32, n_s the rows of
+    // LAB TODO: the slice's owner; no transfer of no bytes, on either side. A comm stream starts
+    // LAB TODO: once its GPU's compute stream has added this step's block (dkv_ready); the buffer
+    // LAB TODO: it receives into was sent on at step t - 1, earlier on the same stream. One NCCL
+    // LAB TODO: group for the whole step, every GPU's calls with that GPU current; after it each
+    // LAB TODO: comm stream records dkv_arrived of the buffer it received into (the next step's
+    // LAB TODO: compute waits for it). Called at every step, the last too: at t = P - 1 what
+    // LAB TODO: arrives is the GPU's own slice's accumulator, home. Errors returned as the keys'.
+    // LAB STUB: (void)g, (void)t;
+    // LAB STUB: return fail(err, errlen, ATTN_EXIT_WRONG, "lab hole 2 unfilled: no dK, dV travel");
     const ring_shape *s = &g->s;
     const int P = s->P, here = t % STEP_BUFFERS, next = (t + 1) % STEP_BUFFERS;
     const size_t row_bytes = (size_t)s->B * s->H_kv * s->D * sizeof(float);
@@ -556,6 +603,7 @@ static int pass_gradients(ring *g, int t, char *err, size_t errlen) {
         RING_CUDA(cudaEventRecord(g->gpu[r].dkv_arrived[next], g->gpu[r].comm_stream));
     }
     return ATTN_EXIT_PASS;
+    // LAB HOLE 2 END
 }
 
 template <typename A, typename K, typename O>
@@ -633,6 +681,18 @@ static int backward_steps(ring *g, const void *const *q, const void *const *k, c
                 acc_in_out[r] = last;
             }
             // dK, dV: the visiting slice's accumulator (its own, zero, at step 0) plus the block
+            // LAB HOLE 3 BEGIN [gpus>=2]: dK and dV added into the travelling accumulator
+            // LAB TODO: The visiting slice's fp32 dK and dV accumulators are this step's buffers of
+            // LAB TODO: the pair, dk_buf[here] and dv_buf[here] with here = t % STEP_BUFFERS,
+            // LAB TODO: [B, H_kv, n_s, D] (kh = B H_kv heads, n_s rows). From t = 1 on they arrive
+            // LAB TODO: from GPU r - 1: the compute stream first waits for dkv_arrived[here]. At
+            // LAB TODO: t = 0 the accumulator starts from zero (accumulate()'s acc NULL), later
+            // LAB TODO: from itself; the block's dK and dV (dk_part, dv_part: [B, H_kv, b.k_rows,
+            // LAB TODO: D]; NULL where the block did not run) are added at the slice's key rows
+            // LAB TODO: b.k_row .. b.k_row + b.k_rows - 1. A step whose block did not run (t > 0)
+            // LAB TODO: leaves the accumulator as it arrived. Then record dkv_ready on the compute
+            // LAB TODO: stream: pass_gradients() sends the accumulator on once it is reached.
+            // LAB STUB: (void)n_s, (void)kh;  // until filled: the accumulators travel unset
             const int here = t % STEP_BUFFERS;
             if (t > 0) RING_CUDA(cudaStreamWaitEvent(st, G->dkv_arrived[here], 0));
             const T *dkb = runs ? (const T *)G->dk_part : NULL,
@@ -646,6 +706,7 @@ static int backward_steps(ring *g, const void *const *q, const void *const *k, c
                     accumulate(G->dv_buf[here], av, dvb, kh, n_s, b.k_row, b.k_rows, s->D, st));
             }
             RING_CUDA(cudaEventRecord(G->dkv_ready, st));
+            // LAB HOLE 3 END
             RING_CUDA(mark(g, r, t, MARK_COMPUTED, st));
         }
         if (P > 1) {

@@ -7,18 +7,23 @@
 #      compiles with the Makefile's nvcc command, front end only (-fdevice-syntax-only, and the
 #      host compiler's -fsyntax-only: every warning of both, as errors, in seconds; the code
 #      generation of a lab is what make grade compiles in 4), holes in any file of the folder;
+#      a stage that is a program of its own (stage 10: its stage.mk's <stage>_PROGRAM_SOURCES)
+#      compiles its program's source (ring.cu) with its stage.mk's command, NCCL's header
+#      included; where the program cannot be built here (no NCCL) a SKIP line says why;
 #      the capstone's solution (stage 5's kernel behind its contract) compiles the same way;
 #   2. the marker grammar: a BEGIN without an END, a malformed marker, a TODO outside a hole, an
 #      unknown tag and a learner's file whose holes are not the stage's are each refused with the
 #      line named; a [smem>=N] part is not gradable where a block gets less shared memory (the
-#      T4 and L4 paths, a T4, an L4) and is where it gets N (an H200);
+#      T4 and L4 paths, a T4, an L4) and is where it gets N (an H200); a [gpus>=N] part is not
+#      gradable on a machine with fewer GPUs and is on one with N;
 #   3. labs.py lint on every lab: markers indented alike, hints numbered per hole, and no line of
 #      a [design] hole's solution in its TODO or its first hint; every stage of DESIGN_STAGES
 #      has a [design] hole; and fixtures that break each rule fail it, naming the rule;
 #   4. make lab writes the lab, never overwrites a learner's edits, and RESTART=1 keeps theirs;
 #      make capstone writes the capstone's; make read prints a stage's files without a marker
 #      line, each line numbered as in its file; make diff shows an edit's diff, and says of a
-#      rewrite (stages 5-8) that it is one, with its files by role (ALL=1: the whole diff);
+#      rewrite (stages 5-8) that it is one, with its files by role (ALL=1: the whole diff), and
+#      of a program of its own (stage 10) that it is one, pointing to make read and its code map;
 #   5. make grade on each unfilled lab with no GPU (GPU_NAME=; but GRADE_SKIP's stages, whose
 #      whole compile takes minutes: their holes compile in 1, one by one): it compiles with the
 #      Makefile's flags (PTX for compute_75 and sm_75 machine code from it), prints the
@@ -27,7 +32,8 @@
 #      in one line that nothing was graded, and fails with the programs'
 #      "unsupported here" (labs.py exits ATTN_EXIT_UNSUPPORTED, 3; make reports its "Error 3"
 #      and exits 2, as make does when a recipe fails); a lab with a compile error fails and names
-#      the line.
+#      the line; a program of its own that cannot be built here (stage 10 with NCCL_ROOT=, as
+#      where there is no NCCL) says so in one line and fails with exit 3 (make's "Error 3").
 # The compiles of 1 and 5 are independent: one queue runs them, the longest first, as many at a
 # time as there are cores (nproc; LAB_JOBS=n for another number), while 2, 3 and 4 run. Only what
 # changed is compiled again: a front-end compile of 1b that passed is remembered under a hash of
@@ -53,7 +59,7 @@ labs=common/labs.py
 jobs=${LAB_JOBS:-$(nproc 2>/dev/null || echo 2)} # compiles at a time
 # The stages whose lab must have a [design] hole (numbers, space-separated): a stage joins when its
 # lab is redesigned, and the check then fails if it loses its design holes.
-DESIGN_STAGES="1 2 3 4 5 6 7 8 9"
+DESIGN_STAGES="1 2 3 4 5 6 7 8 9 10"
 
 # ---- 1. every lab: generated, and filled back to the stage's file byte for byte; each hole
 # alone left as the TODO differs from it. One python process (labs.py's render and fill, which
@@ -126,9 +132,24 @@ done <"$tmp/marks"
 # and host: what a TODO can break; make grade in 5 compiles an unfilled lab), for the one target
 # whose code has the holes (lab_arch) and, where a hole is tagged [sm80], compute_80 too; and the
 # capstone's solution, capstone/attention.cu itself (the stages' own files: the fat build's)
+main_source() { # main_source DIR: the file its program compiles: attention.cu, or the first of its
+  # stage.mk's <stage>_PROGRAM_SOURCES (a program of its own: stage 10's ring.cu)
+  local f
+  f=$(sed -n "s/^$1_PROGRAM_SOURCES *:\{0,1\}= *\([^ ]*\).*\$/\1/p" "$1/stage.mk" 2>/dev/null)
+  echo "${f:-attention.cu}"
+}
 nvcc_cmd() { # nvcc_cmd STAGE_DIR ARCH: the Makefile's compile command of the stage, without -c/-o
   env -u MAKEFLAGS make -n --no-print-directory BUILD="$tmp/n$2" ARCH="$2" "$tmp/n$2/obj/$1.o" 2>/dev/null |
-    grep -m 1 -- "-c $1/attention.cu -o" | sed -E 's/ -c [^ ]+ -o .*//'
+    grep -m 1 -- "-c $1/$(main_source "$1") -o" | sed -E 's/ -c [^ ]+ -o .*//'
+}
+own_program() { # own_program DIR: a stage that is a program of its own (stage 10)
+  grep -q "^$1_PROGRAM_SOURCES *:\{0,1\}=" "$1/stage.mk" 2>/dev/null
+}
+unbuildable() { # unbuildable STAGE_DIR: why its program cannot be built here, the line its
+  # stage.mk prints then ("make: <stage> skipped: why": stage 10 without NCCL), or nothing
+  own_program "$1" || return 0
+  env -u MAKEFLAGS make -n --no-print-directory BUILD="$tmp/u" "$tmp/u/$1" 2>/dev/null |
+    sed -n "s/^echo [\"']make: $1 skipped: \(.*\)[\"']\$/\1/p" | head -n 1
 }
 no_gpu_arch() { # where make grade compiles STAGE_DIR's lab without a GPU: its stage.mk's
   # <stage>_LAB_ARCH (stage 6: compute_90, its only target), else compute_75 (common/labs.py)
@@ -181,10 +202,13 @@ for s in $stages; do
   grep -q 'LAB HOLE [0-9]* BEGIN .*\[sm80\]' $sfiles && archs="$archs compute_80"
   for a in $archs; do
     cmd=$(nvcc_cmd "$s" "$a")
+    why=
+    [ -z "$cmd" ] && why=$(unbuildable "$s")
+    if [ -n "$why" ]; then skip "$s: its holes left as the TODO, compiled for $a: $why"; continue; fi
     if [ -z "$cmd" ]; then bad "$s: no nvcc command from make -n for $a"; continue; fi
     while IFS=$'\t' read -r _ _ k in; do
       i=${#tasks[@]} d=$tmp/one/$s.$k
-      queue[i]="$cmd -fdevice-syntax-only -Xcompiler -fsyntax-only -c $d/$s/attention.cu -o $d.$a.o"
+      queue[i]="$cmd -fdevice-syntax-only -Xcompiler -fsyntax-only -c $d/$s/$(main_source "$s") -o $d.$a.o"
       cost[i]=1
       [ -n "$cache" ] && key_of "${queue[i]}" "$d/$s" "$s" && keys[i]=$key
       tasks[i]="$s: hole $k ($in) left as the TODO, the rest filled:|compiles for $a (front end, warnings as errors)|does not compile for $a"
@@ -212,9 +236,11 @@ fi
 # CI's 20 minutes are tight: stage 1 (its table beside the stage's own) and the capstone show
 # that a lab builds whole without a GPU; every other lab's holes compile above one by one (front
 # end), and make grade builds them whole on a GPU (gpu_labs.sh). GRADE_SKIP: the stages this
-# check does not compile whole.
+# check does not compile whole (stage 10: its holes compile above, and its grade where its program
+# cannot be built is checked below; GRADE_SKIP= compiles every lab whole, stage 10's program
+# without the stage libraries it loads).
 G=$tmp/glabs
-GRADE_SKIP=${GRADE_SKIP-"stage2_smem_tiling stage3_cp_async stage4_wmma stage5_tuned stage6_hopper stage7_backward stage8_hopper_backward stage9_decode"}
+GRADE_SKIP=${GRADE_SKIP-"stage2_smem_tiling stage3_cp_async stage4_wmma stage5_tuned stage6_hopper stage7_backward stage8_hopper_backward stage9_decode stage10_context_parallel"}
 for s in $stages; do
   case " $GRADE_SKIP " in *" $s "*) continue ;; esac
   n=${s#stage}; n=${n%%_*}
@@ -308,6 +334,32 @@ if [ "$(tr '\n' '|' <"$tmp/smem")" = "$want" ]; then
   ok "[smem>=N]: a part is not gradable where a block gets less shared memory (the T4 and L4 paths, a T4, an L4: the reason named) and is on an H200 and an A100; a hole's other parts still are"
 else
   cp "$tmp/smem" "$tmp/out"; bad "[smem>=N]: the parts the grader can run per GPU and path are not as expected"
+fi
+# [gpus>=N]: a hole of one part that runs on 2 GPUs or more (stage 10's ring), and one on any
+python3 - >"$tmp/gpus" 2>&1 <<'EOF'
+import sys
+sys.path.insert(0, "common")
+import labs
+text = """// x
+    // LAB HOLE 1 BEGIN [design] [gpus>=2]: the ring's transfer
+    int a = 1;
+    // LAB HOLE 1 END
+    // LAB HOLE 2 BEGIN: on any number of GPUs
+    int b = 2;
+    // LAB HOLE 2 END
+"""
+holes = {}
+for p in labs.parts_of(labs.parse(text, "fixture.cu")):
+    holes.setdefault(p["hole"], []).append(dict(p, file="fixture.cu"))
+for gpus in (1, 2, 8, None):
+    unrun = labs.unrun_parts(holes, {"": ("x", "", "", True)}, "90", gpus)
+    print(gpus, len(unrun[1]), len(unrun[2]), unrun[1][0]["why"] if unrun[1] else "")
+EOF
+want="1 1 0 its code runs only where the program has 2 GPUs or more, and this machine has 1|2 0 0 |8 0 0 |None 0 0 |"
+if [ "$(tr '\n' '|' <"$tmp/gpus")" = "$want" ]; then
+  ok "[gpus>=N]: a part is not gradable on a machine with fewer GPUs (the reason named), and is with N or more; a hole without the tag always is"
+else
+  cp "$tmp/gpus" "$tmp/out"; bad "[gpus>=N]: the parts the grader can run per number of GPUs are not as expected"
 fi
 
 # ---- 3. lint: every lab (markers, hints, design holes), then fixtures that break each rule
@@ -420,7 +472,18 @@ for s in $stages; do
 done
 # make diff: an edit's whole diff, a rewrite's one line and its files by role (stages 5-8)
 for n in $(seq 1 "$(ls -d stage[0-9]*_* | sed -E 's/^stage([0-9]+)_.*/\1/' | sort -n | tail -n 1)"); do
-  ls stage"$n"_*/attention.cu >/dev/null 2>&1 || continue # stage 10: a program of its own
+  if ! ls stage"$n"_*/attention.cu >/dev/null 2>&1; then # stage 10: a program of its own
+    s=$(ls -d stage"$n"_* 2>/dev/null | head -n 1)
+    [ -n "$s" ] && own_program "$s" || continue
+    mk diff STAGE="$n"
+    if [ $rc -eq 0 ] && [ "$(grep -c '' "$tmp/out")" -eq 1 ] &&
+      grep -q "^make diff: $s is a program of its own, .*README.md, \"Code map\"; make read STAGE=$n)\$" "$tmp/out"; then
+      ok "make diff STAGE=$n: a program of its own, said in one line, pointing to its code map and make read STAGE=$n"
+    else
+      bad "make diff STAGE=$n (exit $rc): should say in one line that $s is a program of its own and point to make read STAGE=$n"
+    fi
+    continue
+  fi
   mk diff STAGE="$n"
   markers=$(grep -c -E '^[-+ ].*// LAB (HOLE [0-9]+ (BEGIN|END)|TODO:|STUB:)' "$tmp/out")
   if [ $rc -ne 0 ] || [ "$markers" -ne 0 ]; then
@@ -441,6 +504,21 @@ if [ $rc -eq 0 ] && grep -q '^diff --git stage5_tuned stage6_hopper' "$tmp/out";
 else
   bad "make diff STAGE=6 ALL=1 (exit $rc) should print the whole diff"
 fi
+# make grade of a program of its own where it cannot be built: stage 10 with NCCL_ROOT= (empty:
+# its stage.mk builds as where there is no NCCL, and make grade's own make inherits it)
+for s in $stages; do
+  own_program "$s" || continue
+  n=${s#stage}; n=${n%%_*}
+  mk lab STAGE="$n" LABS="$tmp/nolabs"
+  [ $rc -eq 0 ] && mk grade STAGE="$n" LABS="$tmp/nolabs" GPU_NAME= NCCL_ROOT=
+  if [ $rc -eq 2 ] && [ "$(grep -c '' "$tmp/out")" -eq 2 ] &&
+    grep -q "^make grade: $s cannot be built here: no NCCL here .*; nothing was graded, exit $ATTN_EXIT_UNSUPPORTED (unsupported here)\$" "$tmp/out" &&
+    tail -n 1 "$tmp/out" | grep -q -E "^make: \*\*\* \[.*grade\] Error $ATTN_EXIT_UNSUPPORTED\$"; then
+    ok "make grade STAGE=$n without NCCL (NCCL_ROOT=): says so in one line, nothing graded, exit $ATTN_EXIT_UNSUPPORTED"
+  else
+    bad "make grade STAGE=$n without NCCL (NCCL_ROOT=; exit $rc): should say in one line that it cannot be built here and exit $ATTN_EXIT_UNSUPPORTED"
+  fi
+done
 
 # ---- the queue's results: 1b, then 5
 wait "$queue_pid"
@@ -459,6 +537,15 @@ for i in "${!tasks[@]}"; do
   s=${tasks[i]#grade } n=${s#stage}; n=${n%%_*}
   rc=-1 took=-1; read -r rc took <"$tmp/rc.$i" # -1: the task left no exit code
   cp "$tmp/log.$i" "$tmp/out"
+  why=$(unbuildable "$s")
+  if [ -n "$why" ]; then # a program of its own that cannot be built here: its one line
+    if [ "$rc" -eq 2 ] && grep -q "^make grade: $s cannot be built here: " "$tmp/out"; then
+      skip "make grade STAGE=$n, the unfilled lab, no GPU: not compiled: $why (it says so in one line, exit $ATTN_EXIT_UNSUPPORTED)"
+    else
+      bad "make grade STAGE=$n where its program cannot be built ($why): should say so in one line and exit $ATTN_EXIT_UNSUPPORTED"
+    fi
+    continue
+  fi
   a=$(no_gpu_arch "$s") sm=sm_$(no_gpu_arch "$s" | sed 's/^compute_//')
   # labs.py's lines (what compiled, the table, nothing graded), then make's own line: "Error 3"
   # a kernel's row, or a kernel's instantiations summed up (more than labs.py's MAX_ROWS)

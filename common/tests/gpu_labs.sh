@@ -80,6 +80,13 @@ wrongs() {
     # 3: dS^T stored without its warpgroup's 64 rows (both warpgroups write the first 64)
     8) printf '%s\t%s\t%s\n' 3 mainloop.cuh 's|const int row = WGMMA_M \* p.wg + WARP_ROWS \* p.warp +|const int row = WARP_ROWS * p.warp +|' ;;
     9) printf '%s\t%s\t%s\n' 2 attention.cu 's|const float w = fast_exp2(row\[D\] - base);|const float w = 1.f;|' ;;
+    # 1: the partial's weight not normalised; 2: the next keys received into the buffer the
+    # step computes from (the next step reads one nothing wrote); 3: dK's accumulator restarted
+    # at every step (the sum so far dropped). Stage 10 grades on two GPUs only.
+    10) printf '%s\t%s\t%s\n' \
+      1 ring.cu 's|const float wb = merged == -INFINITY ? 0.f : expf(lse_b - merged);|const float wb = merged == -INFINITY ? 0.f : expf(lse_b - top);|' \
+      2 ring.cu 's|ncclRecv(G->k_buf\[next\], in,|ncclRecv(G->k_buf[t % STEP_BUFFERS], in,|' \
+      3 ring.cu 's|const float \*ak = t == 0 ? NULL : G->dk_buf\[here\],|const float *ak = NULL,|' ;;
     # the capstone's one hole: the scores scaled by 1.25 x the given scale; causal read backwards
     capstone) printf '%s\t%s\t%s\n' \
       1 attention.cu 's|return attention_forward(s, dev,|attn_shape t = *s; t.scale *= 1.25f; return attention_forward(\&t, dev,|' \
