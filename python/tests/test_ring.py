@@ -716,7 +716,7 @@ def gather_rows(x, P, group, layout):
 
 GPU_CASES = [(B, 8, 2, N, 128) for B, N in ((2, 1000), (1, 4096 + 7))]
 SIMULATED = (2, 3)  # rings simulated on one GPU where there is no other (P = 1)
-BENCH_SHAPE = (1, 32, 8, 128)  # --bench's B, H, H_kv, D (bf16, causal): issue 55's efficiency shape
+BENCH_SHAPE = (1, 32, 8, 128)  # --bench's B, H, H_kv, D (bf16, causal): the lesson's efficiency shape
 
 
 def gpu_case(P, rank, group, B, H, H_kv, N, D, dtype, causal, layout, simulated=0):
