@@ -3,15 +3,17 @@
 # for the T4 and L4 paths), every stage's --self-test on each (stages in parallel), the
 # sanitizers, and a small timing table. Logs go to $LOGS (default build/gpu-logs); a summary
 # is printed last.
-# usage: gpu_suite.sh [build] [selftest] [t4] [l4] [sanitize] [bench]   (default: all)
+# Stage 10 (a program of its own, NCCL's) in the part `cp`: make cp-build (its program and the
+# stage libraries it loads), its --self-test on every GPU here (one GPU: the ring of one).
+# usage: gpu_suite.sh [build] [selftest] [t4] [l4] [sanitize] [bench] [cp]   (default: all)
 #        STAGES="stage4_wmma stage5_tuned" limits the stages; NATIVE=dir names a prebuilt build.
 set -u
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
 LOGS=${LOGS:-build/gpu-logs}
 mkdir -p "$LOGS"
-parts=${*:-build selftest t4 l4 sanitize bench}
-stages=${STAGES:-$(ls -d stage[0-9]*/ | tr -d / | sort)}
+parts=${*:-build selftest t4 l4 sanitize bench cp}
+stages=${STAGES:-$(ls stage[0-9]*/attention.cu | cut -d/ -f1 | sort)}
 native=${NATIVE:-build/sm90}
 summary=$LOGS/summary.txt
 : >"$summary"
@@ -48,6 +50,11 @@ report() {
     grep -h "FAILED" "$f" | head -3
   done
 }
+if has cp; then # stage 10: its own build (NCCL) and self-test, beside the others' self-tests
+  ( make -j6 cp-build ARCH=90 BUILD="$native" >"$LOGS/build_cp.log" 2>&1 &&
+    OMP_NUM_THREADS=2 timeout 400 "$native/stage10_context_parallel" --self-test >"$LOGS/selftest_cp.log" 2>&1 ||
+    echo "build or self-test failed (exit $?): $LOGS/build_cp.log" >>"$LOGS/selftest_cp.log" ) &
+fi
 # self-tests and sanitizers all at once (none of it is timed)
 has selftest && selftest "$native" native
 has t4 && selftest build/c75 t4 --smem-limit 65536
@@ -61,6 +68,7 @@ fi
 wait
 stamp "self-tests and sanitizers done"
 for l in native t4 l4; do has "${l/native/selftest}" && report "$l"; done
+has cp && say "self-test stage10_context_parallel: $(tail -n 1 "$LOGS/selftest_cp.log" 2>/dev/null)"
 if has sanitize; then
   for s in $stages; do say "sanitize $s: $(tail -n 1 "$LOGS/sanitize_$s.log")"; grep -h FAILED "$LOGS/sanitize_$s.log" | head -3; done
 fi
