@@ -160,6 +160,20 @@ got=$(ci_sum "440 passed, 2 failed, 31 skipped" "12 passed, 0 failed"); rc=$?
 got=$(ci_sum "no count" "12 passed, 0 failed"); rc=$?
 [ "$rc" -ne 0 ] && ok ".ci/run fails when make test printed no count ($got)" ||
   { echo "$got" >"$tmp/out"; bad ".ci/run without make test's count (exit $rc): '$got'"; }
+# stage 10 without NCCL (NCCL_ROOT= builds as there): make cp says why in one line and fails;
+# make build goes on with every other stage, the same line said
+mk cp NCCL_ROOT= GPU_NAME= ARCH=75 BUILD="$tmp/cp"
+if [ "$rc" -ne 0 ] && has "stage10_context_parallel skipped: no NCCL here" && ! has "false "; then
+  ok "make cp without NCCL: says so in one line and fails"
+else
+  bad "make cp without NCCL (exit $rc): should say there is no NCCL and fail"
+fi
+mk -n build NCCL_ROOT= GPU_NAME= ARCH=75 BUILD="$tmp/cp"
+if [ "$rc" -eq 0 ] && has "stage10_context_parallel skipped: no NCCL here" && has "stage5_tuned"; then
+  ok "make build without NCCL: builds every other stage, says stage 10 is skipped"
+else
+  bad "make build without NCCL (exit $rc): should build the other stages and say stage 10 is skipped"
+fi
 # run.sh's closing count is report.sh's report_end over its record: on a sample record of one
 # pass, two failures and one skip it prints the line .ci/run reads, and fails
 printf 'ok\ta\tx\nFAIL\ta\ty\nSKIP\tb\tz: why\nFAIL\tb\tw\n' >"$tmp/record"
