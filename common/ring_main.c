@@ -41,6 +41,7 @@ enum { T_Q, T_K, T_V, T_DO, INPUTS }; /* the inputs' numbers in ring_fill */
 
 typedef struct {
     int P, B, H, H_kv, D, causal, bf16, peaky, backward, bench, csv, self_test, timeline;
+    int float64_only; /* --against float64 */
     long long N, check_rows, smem_limit;
     int repeats;
     double budget;
@@ -72,6 +73,10 @@ static void help(void) {
         "  --backward           the backward pass too (dQ, dK, dV from a random dO)\n"
         "  --check ROWS|0       float64 rows checked (default %d) and the one-GPU comparison; 0: "
         "none\n"
+        "  --against one|float64  one: the ring of one too (default; float64 alone when it does "
+        "not fit);\n"
+        "                       float64: float64 alone on one (batch, key/value head) group, "
+        "every token\n"
         "  --bench              time the ring and the one-GPU run: efficiency T_1 / (P T_P)\n"
         "  --budget SECONDS     time spent on repeats of a timed pass (default 10)\n"
         "  --repeats R          exactly R timed runs of a pass after its warm-up (long shapes)\n"
@@ -158,6 +163,11 @@ static void parse(int argc, char **argv, options *o) {
             if (strcmp(l, "zigzag") && strcmp(l, "contiguous"))
                 usage_exit("--layout: '%s' is not one of zigzag, contiguous", l);
             o->layout = strcmp(l, "zigzag") ? RING_CONTIGUOUS : RING_ZIGZAG;
+        } else if (!strcmp(a, "--against")) {
+            const char *c = VALUE();
+            if (strcmp(c, "one") && strcmp(c, "float64"))
+                usage_exit("--against: '%s' is not one of one, float64", c);
+            o->float64_only = !strcmp(c, "float64");
         } else if (!strcmp(a, "--dist")) {
             const char *d = VALUE();
             if (strcmp(d, "normal") && strcmp(d, "peaky"))
@@ -228,6 +238,9 @@ static void free_run(run *u) {
     }
     ring_destroy(u->g);
     memset(u, 0, sizeof *u);
+    /* a failed allocation (a run that did not fit) leaves its error as the thread's last one: the
+     * next launch's check (cudaGetLastError) would read it as its own */
+    (void)cudaGetLastError();
 }
 
 #define TRY_CUDA(call)                                                                \
@@ -305,14 +318,17 @@ static int backward(run *u, char *err, size_t errlen) {
     return ring_backward(u->g, q, k, v, o, lse, dO, dq, dk, dv, st, err, errlen);
 }
 
-/* ---- gathering: every GPU's slice into the whole [B, heads, N, D] tensor as floats ---- */
+/* ---- gathering: every GPU's slice into the whole sequence's tensor as floats ---- */
 
-static int gather(const run *u, int which, int heads, int cols, float *out, char *err,
-                  size_t errlen) {
+/* Heads first .. first + count - 1 of the flattened (batch, head) pairs of a [B, heads, N, cols]
+ * tensor (0 and B heads: all of it), every token in the sequence's order: out [count, N, cols]. A
+ * slice holds them as one span of its rows. */
+static int gather(const run *u, int which, long long first, long long count, int cols, float *out,
+                  char *err, size_t errlen) {
     const ring_shape *s = &u->s;
     for (int r = 0; r < s->P; r++) {
         const ring_slice sl = ring_split(s->N, s->P, s->layout, r);
-        const size_t n = (size_t)s->B * heads * sl.n * cols;
+        const size_t n = (size_t)count * sl.n * cols;
         if (!n) continue;
         const gpu_tensors *x = &u->x[r];
         const void *src = which < INPUTS        ? x->t[which]
@@ -322,15 +338,17 @@ static int gather(const run *u, int which, int heads, int cols, float *out, char
                           : which == INPUTS + 3 ? x->dk
                                                 : x->dv;
         const int is_lse = which == INPUTS + 1;
-        const size_t bytes = n * (is_lse ? sizeof(float) : 2);
+        const size_t elem = is_lse ? sizeof(float) : 2;
+        const size_t bytes = n * elem;
         unsigned char *h = malloc(bytes);
         if (!h) {
             snprintf(err, errlen, "no host memory for the gathered tensors");
             return ATTN_EXIT_OOM;
         }
         TRY_CUDA(cudaSetDevice(s->devices[r]));
-        TRY_CUDA(cudaMemcpy(h, src, bytes, cudaMemcpyDeviceToHost));
-        for (long long bh = 0; bh < (long long)s->B * heads; bh++)
+        TRY_CUDA(cudaMemcpy(h, (const unsigned char *)src + (size_t)first * sl.n * cols * elem,
+                            bytes, cudaMemcpyDeviceToHost));
+        for (long long bh = 0; bh < count; bh++)
             for (long long row = 0; row < sl.n; row++) {
                 const long long token =
                     row < sl.rows[0] ? sl.start[0] + row : sl.start[1] + row - sl.rows[0];
@@ -358,7 +376,9 @@ typedef struct {
     /* o, lse, dq, dk, dv: max |ring - one GPU|, and its bound: twice the float64 check's bound
      * past one ulp of the one-GPU value (their sums are rounded in different orders) */
     double diff[5], bound[5];
-    int worst; /* the first tensor past its bound, -1: none */
+    int worst;   /* the first tensor past its bound, -1: none */
+    int one_gpu; /* 1: compared with the ring of one; 0: it did not fit, float64 on one group */
+    long long group_batch, group_head; /* that group: its batch and key/value head */
     check_result out;
     grad_check_result grads;
     int pass;
@@ -396,12 +416,107 @@ static double max_diff(const float *a, const float *b, size_t n, int relative, i
     return m;
 }
 
-/* The ring (P GPUs) against the ring of one on devices[0] and against float64 on sampled rows. */
+/* Tensors of a check, in gather's numbering: q k v dO (inputs), then o lse dq dk dv. */
+enum { CHECKED = 9 };
+
+/* The float64 check of the ring's results (t: the gathered tensors of the problem rs, whole or one
+ * group) on sampled rows, the course's pass rule; the ring rounds each step's partial result (o,
+ * dQ, dK, dV) to the storage type before adding it up: P - 1 more roundings, each at most an ulp of
+ * the largest value, are allowed beside it. */
+static void check_float64(const ring_shape *s, const ref_shape *rs, float *const *t,
+                          const options *o, verdict *vd) {
+    const store_type st = s->bf16 ? STORE_BF16 : STORE_F16;
+    const long long total = (long long)rs->B * rs->H * rs->N,
+                    ktotal = (long long)rs->B * rs->H_kv * rs->N;
+    const size_t qn = (size_t)total * rs->D, kn = (size_t)ktotal * rs->D;
+    long long *rows = malloc(sizeof(long long) * (size_t)(total + ktotal));
+    if (!rows) {
+        vd->pass = 0;
+        return;
+    }
+    const long long nq = pick_rows(total, o->check_rows, o->seed, rows);
+    const long long nk = pick_rows(ktotal, o->check_rows, o->seed + 1, rows + nq);
+    const double extra = s->P - 1;
+    check_output(rs, st, t[T_Q], t[T_K], t[T_V], t[4], t[5], rows, nq, &vd->out);
+    vd->out.pass = vd->out.nonfinite == 0 &&
+                   vd->out.max_abs_err <= vd->out.bound + extra * ulp(max_abs(t[4], qn), s->bf16) &&
+                   vd->out.lse_err <= vd->out.lse_bound;
+    vd->pass = vd->out.pass;
+    if (s->backward) {
+        check_gradients(rs, st, t[T_Q], t[T_K], t[T_V], t[T_DO], t[4], t[5], t[6], t[7], t[8], rows,
+                        nq, rows + nq, nk, &vd->grads);
+        const size_t count[GRADS] = {qn, kn, kn};
+        vd->grads.pass = vd->grads.nonfinite == 0;
+        for (int gi = 0; gi < GRADS; gi++)
+            vd->grads.pass &=
+                vd->grads.max_abs_err[gi] <=
+                vd->grads.bound[gi] + extra * ulp(max_abs(t[6 + gi], count[gi]), s->bf16);
+        vd->pass &= vd->grads.pass;
+    }
+    free(rows);
+}
+
+/* Gathers tensors `which` of the problem whose (batch, head) pairs start at qfirst (query heads,
+ * qcount of them) and kfirst (key/value heads, kcount) into t (allocated here; the caller frees).
+ */
+static int gather_all(const run *u, long long qfirst, long long qcount, long long kfirst,
+                      long long kcount, int inputs, int outputs, float **t, char *err,
+                      size_t errlen) {
+    const ring_shape *s = &u->s;
+    for (int i = 0; i < CHECKED; i++) {
+        const int is_input = i < INPUTS;
+        if ((is_input && !inputs) || (!is_input && !outputs)) continue;
+        if (!s->backward && (i == T_DO || i >= 6)) continue;
+        const int keys = i == T_K || i == T_V || i == 7 || i == 8;
+        const long long first = keys ? kfirst : qfirst, count = keys ? kcount : qcount;
+        const int cols = i == 5 ? 1 : s->D;
+        t[i] = malloc((size_t)count * s->N * cols * sizeof(float) + 4);
+        if (!t[i]) {
+            snprintf(err, errlen, "no host memory for the check");
+            return ATTN_EXIT_OOM;
+        }
+        const int rc = gather(u, i, first, count, cols, t[i], err, errlen);
+        if (rc) return rc;
+    }
+    return ATTN_EXIT_PASS;
+}
+
+/* When the whole sequence does not fit one GPU: float64 alone, on one group of the ring's results
+ * (a batch and key/value head picked by the seed, its query heads: every token of each), the
+ * inputs gathered from the ring itself (ring_fill makes the same tensors in any split). */
+static int check_group(const run *ring_run, const options *o, verdict *vd, char *err,
+                       size_t errlen) {
+    const ring_shape *s = &ring_run->s;
+    const int group = s->H / s->H_kv;
+    const long long kv = (long long)(o->seed % (unsigned long long)((long long)s->B * s->H_kv));
+    vd->one_gpu = 0;
+    vd->group_batch = kv / s->H_kv, vd->group_head = kv % s->H_kv;
+    const long long qfirst = vd->group_batch * s->H + vd->group_head * group;
+    float *t[CHECKED] = {0};
+    int rc = gather_all(ring_run, qfirst, group, kv, 1, 1, 1, t, err, errlen);
+    if (!rc) {
+        const ref_shape rs = {.B = 1,
+                              .H = group,
+                              .N = (int)s->N,
+                              .D = s->D,
+                              .causal = s->causal,
+                              .scale = s->scale,
+                              .H_kv = 1,
+                              .N_k = (int)s->N};
+        check_float64(s, &rs, t, o, vd);
+    }
+    for (int i = 0; i < CHECKED; i++) free(t[i]);
+    return rc;
+}
+
+/* The ring (P GPUs) against the ring of one on devices[0] (every element) and against float64 on
+ * sampled rows; when the ring of one does not fit, float64 alone on one group (check_group). */
 static int check_ring(run *ring_run, const ring_inner *inner, const options *o, verdict *vd,
                       char *err, size_t errlen) {
     const ring_shape *s = &ring_run->s;
     memset(vd, 0, sizeof *vd);
     vd->worst = -1;
+    if (o->float64_only) return check_group(ring_run, o, vd, err, errlen);
     ring_shape one = *s;
     one.P = 1;
     run single;
@@ -409,25 +524,15 @@ static int check_ring(run *ring_run, const ring_inner *inner, const options *o, 
     if (!rc) rc = forward(&single, err, errlen);
     if (!rc && s->backward) rc = backward(&single, err, errlen);
     if (!rc) rc = sync_all(&single, err, errlen);
-    const size_t qn = (size_t)s->B * s->H * s->N * s->D, kn = (size_t)s->B * s->H_kv * s->N * s->D,
-                 ln = (size_t)s->B * s->H * s->N;
-    /* tensors: q k v dO o lse dq dk dv, of the whole sequence; the ring's outputs after them */
-    const size_t count[9] = {qn, kn, kn, qn, qn, ln, qn, kn, kn};
-    float *t1[9] = {0}, *tp[9] = {0};
-    for (int i = 0; !rc && i < 9; i++) {
-        if (!s->backward && (i == T_DO || i >= 6)) continue;
-        t1[i] = malloc(count[i] * sizeof(float) + 4);
-        tp[i] = i >= INPUTS ? malloc(count[i] * sizeof(float) + 4) : NULL;
-        if (!t1[i] || (i >= INPUTS && !tp[i])) {
-            snprintf(err, errlen, "no host memory for the check");
-            rc = ATTN_EXIT_OOM;
-            break;
-        }
-        const int heads = (i == T_K || i == T_V || i == 7 || i == 8) ? s->H_kv : s->H;
-        const int cols = i == 5 ? 1 : s->D;
-        rc = gather(&single, i, heads, cols, t1[i], err, errlen);
-        if (!rc && tp[i]) rc = gather(ring_run, i, heads, cols, tp[i], err, errlen);
+    if (rc == ATTN_EXIT_OOM && s->P > 1) {
+        free_run(&single);
+        return check_group(ring_run, o, vd, err, errlen);
     }
+    vd->one_gpu = 1;
+    const long long bh = (long long)s->B * s->H, bh_kv = (long long)s->B * s->H_kv;
+    float *t1[CHECKED] = {0}, *tp[CHECKED] = {0};
+    if (!rc) rc = gather_all(&single, 0, bh, 0, bh_kv, 1, 1, t1, err, errlen);
+    if (!rc) rc = gather_all(ring_run, 0, bh, 0, bh_kv, 0, 1, tp, err, errlen);
     if (!rc) {
         const ref_shape rs = {.B = s->B,
                               .H = s->H,
@@ -437,43 +542,27 @@ static int check_ring(run *ring_run, const ring_inner *inner, const options *o, 
                               .scale = s->scale,
                               .H_kv = s->H_kv,
                               .N_k = (int)s->N};
-        const store_type st = s->bf16 ? STORE_BF16 : STORE_F16;
-        const long long total = (long long)s->B * s->H * s->N,
-                        ktotal = (long long)s->B * s->H_kv * s->N;
-        long long *rows = malloc(sizeof(long long) * (size_t)(total + ktotal));
-        long long nq = pick_rows(total, o->check_rows, o->seed, rows);
-        long long nk = pick_rows(ktotal, o->check_rows, o->seed + 1, rows + nq);
-        /* The float64 check's rule, for a 16-bit result rounded once; the ring rounds each
-         * step's partial result (o, dQ, dK, dV) to the storage type before adding it up: P - 1
-         * more roundings, each at most an ulp of the largest value, are allowed beside it. */
-        const double extra = s->P - 1;
-        check_output(&rs, st, t1[T_Q], t1[T_K], t1[T_V], tp[4], tp[5], rows, nq, &vd->out);
-        vd->out.pass =
-            vd->out.nonfinite == 0 &&
-            vd->out.max_abs_err <= vd->out.bound + extra * ulp(max_abs(t1[4], qn), s->bf16) &&
-            vd->out.lse_err <= vd->out.lse_bound;
-        vd->pass = vd->out.pass;
+        for (int i = 0; i < INPUTS; i++) tp[i] = t1[i], t1[i] = NULL; /* the same inputs */
+        check_float64(s, &rs, tp, o, vd);
+        /* twice the float64 rule's bound, and as there P - 1 more roundings of the partial results
+         * (an ulp of the largest value each: where partials cancel, as under a peaked softmax,
+         * their roundings are far above the sum's) */
+        const size_t qn = (size_t)bh * s->N * s->D, kn = (size_t)bh_kv * s->N * s->D;
+        const size_t count[5] = {qn, (size_t)bh * s->N, qn, kn, kn};
         vd->bound[0] = 2 * vd->out.bound, vd->bound[1] = 2 * vd->out.lse_bound;
-        if (s->backward) {
-            check_gradients(&rs, st, t1[T_Q], t1[T_K], t1[T_V], t1[T_DO], tp[4], tp[5], tp[6],
-                            tp[7], tp[8], rows, nq, rows + nq, nk, &vd->grads);
-            vd->grads.pass = vd->grads.nonfinite == 0;
-            for (int gi = 0; gi < GRADS; gi++)
-                vd->grads.pass &=
-                    vd->grads.max_abs_err[gi] <=
-                    vd->grads.bound[gi] + extra * ulp(max_abs(t1[6 + gi], count[6 + gi]), s->bf16);
-            vd->pass &= vd->grads.pass;
-            for (int gi = 0; gi < GRADS; gi++) vd->bound[2 + gi] = 2 * vd->grads.bound[gi];
-        }
-        free(rows);
-        for (int i = 4; i < 9; i++) {
+        for (int gi = 0; s->backward && gi < GRADS; gi++)
+            vd->bound[2 + gi] = 2 * vd->grads.bound[gi];
+        for (int i = 4; i < CHECKED; i++)
+            if (i != 5 && t1[i])
+                vd->bound[i - 4] += (s->P - 1) * ulp(max_abs(t1[i], count[i - 4]), s->bf16);
+        for (int i = 4; i < CHECKED; i++) {
             if (!tp[i]) continue;
             double excess;
-            vd->diff[i - 4] = max_diff(tp[i], t1[i], count[i], i == 5, s->bf16, &excess);
+            vd->diff[i - 4] = max_diff(tp[i], t1[i], count[i - 4], i == 5, s->bf16, &excess);
             if (!(excess <= vd->bound[i - 4])) vd->pass = 0, vd->worst = i - 4;
         }
     }
-    for (int i = 0; i < 9; i++) free(t1[i]), free(tp[i]);
+    for (int i = 0; i < CHECKED; i++) free(t1[i]), free(tp[i]);
     free_run(&single);
     return rc;
 }
@@ -575,13 +664,23 @@ static int one_shape(const ring_shape *s, const ring_inner *inner, const char *i
         return rc;
     }
     if (o->timeline) print_timeline(&u, what);
-    if (o->check_rows) {
+    if (o->check_rows && vd.one_gpu) {
         printf("%-64s %s  o %.2e (vs 1 GPU %.2e <= %.2e) lse %.2e", what, vd.pass ? "ok  " : "FAIL",
                vd.out.max_abs_err, vd.diff[0], vd.bound[0], vd.diff[1]);
         if (s->backward)
             printf(" dq %.2e dk %.2e dv %.2e (vs 1 GPU %.1e %.1e %.1e)", vd.grads.max_abs_err[0],
                    vd.grads.max_abs_err[1], vd.grads.max_abs_err[2], vd.diff[2], vd.diff[3],
                    vd.diff[4]);
+    } else if (o->check_rows) {
+        printf("%-64s %s  o %.2e lse %.2e", what, vd.pass ? "ok  " : "FAIL", vd.out.max_abs_err,
+               vd.out.lse_err);
+        if (s->backward)
+            printf(" dq %.2e dk %.2e dv %.2e", vd.grads.max_abs_err[0], vd.grads.max_abs_err[1],
+                   vd.grads.max_abs_err[2]);
+        printf(" (float64 alone%s: batch %lld, key/value head %lld)",
+               o->float64_only ? "" : ", one GPU out of memory", vd.group_batch, vd.group_head);
+    }
+    if (o->check_rows) {
         static const char *names[5] = {"o", "lse", "dq", "dk", "dv"};
         if (!vd.pass)
             printf("  [%s]", vd.worst >= 0  ? names[vd.worst]
@@ -600,6 +699,15 @@ static int one_shape(const ring_shape *s, const ring_inner *inner, const char *i
         if (!rc) rc = make_run(&u, &one, inner, o, err, sizeof err);
         if (!rc) rc = time_pass(&u, 0, o->budget, o->repeats, &tf1, err, sizeof err);
         if (!rc && s->backward) rc = time_pass(&u, 1, o->budget, o->repeats, &tb1, err, sizeof err);
+        if (rc == ATTN_EXIT_OOM && tf > 0 && s->P > 1) { /* the ring's times stand alone */
+            printf("%-64s forward %.3f ms (%.0f TFLOP/s per GPU)", what, 1e3 * tf,
+                   flops(s) / tf / s->P * 1e-12);
+            if (s->backward) printf(" backward %.3f ms", 1e3 * tb);
+            printf(" (one GPU out of memory)  [%s]\n", inner_name);
+            free_run(&u);
+            fflush(stdout);
+            return ATTN_EXIT_PASS;
+        }
         if (rc) {
             printf("%-64s %s: %s\n", what, rc == ATTN_EXIT_OOM ? "OOM (timing)" : "FAIL", err);
             free_run(&u);
@@ -646,8 +754,11 @@ static int self_test(ring_shape base, const ring_inner *inner, const char *inner
                         s.H_kv = heads[hi][2], s.backward = 1;
                         s.D = (ni + hi) % 2 ? 64 : 128, s.bf16 = (int)(ni % 2);
                         s.scale = 1.0f / sqrtf((float)s.D);
+                        /* N = 1000 with a peaked softmax (Q x 8): partials that cancel */
+                        options po = *o;
+                        po.peaky = Ns[ni] == 1000;
                         const int before = failed;
-                        const int rc = one_shape(&s, inner, inner_name, o, gpu, &failed);
+                        const int rc = one_shape(&s, inner, inner_name, &po, gpu, &failed);
                         passed += failed == before && rc != ATTN_EXIT_UNSUPPORTED;
                         unsupported += rc == ATTN_EXIT_UNSUPPORTED;
                     }

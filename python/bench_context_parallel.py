@@ -12,6 +12,13 @@ whole sequence on one GPU (rank 0, the other ranks waiting), so efficiency = T_1
 10's program prints it. Where flashcourse.ring_attention is importable, the course's ring through
 PyTorch is timed the same way on the same shards. One line per shape and path; the device and
 the world size first. K and V have H heads here (context_parallel's SDPA takes no enable_gqa).
+
+    torchrun --nproc_per_node=2 python/bench_context_parallel.py --per-call   # or plain python3
+
+--per-call: what one call of flashcourse.ring_attention costs the host, beside SDPA's on this
+rank's slice alone (no ring): --calls back-to-back calls at a tiny shape (B = 1, H = 1, 256
+tokens a rank, D = 64, causal) between two synchronizations, per call, the median of runs taken
+in turns; forward (no gradient) and forward + backward. Under plain python3: the ring of one.
 """
 
 import argparse
@@ -29,6 +36,8 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-causal", action="store_true")
+    ap.add_argument("--per-call", action="store_true", help="a call's host cost (tiny shape)")
+    ap.add_argument("--calls", type=int, default=200, help="calls per timed run (--per-call)")
     args = ap.parse_args()
     import torch
     import torch.distributed as dist
@@ -38,10 +47,16 @@ def main() -> int:
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
+    if args.per_call and "RANK" not in os.environ:
+        return per_call(args, 0, 1)
     dist.init_process_group("nccl")
+    if args.per_call:
+        rc = per_call(args, rank, world)
+        dist.destroy_process_group()
+        return rc
     mesh = init_device_mesh("cuda", (world,))
     causal = not args.no_causal
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
     try:
         import flashcourse
         ring = getattr(flashcourse, "ring_attention", None)
@@ -53,17 +68,7 @@ def main() -> int:
               flush=True)
 
     def timed(fn, reps):
-        fn()  # warm-up
-        times = []
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            dist.barrier()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return timed_runs(fn, reps, barrier=dist.barrier)
 
     for N in args.seq:
         g = torch.Generator(device="cuda").manual_seed(N)
@@ -81,7 +86,7 @@ def main() -> int:
             def fb1():
                 F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal).backward(do)
 
-            one = {"fwd": timed_local(fwd1, args.repeats), "fwd+bwd": timed_local(fb1, args.repeats)}
+            one = {"fwd": timed_runs(fwd1, args.repeats), "fwd+bwd": timed_runs(fb1, args.repeats)}
             del qs, ks, vs
         dist.barrier()
         qc, kc, vc, dc = (t.clone() for t in (q, k, v, do))
@@ -132,17 +137,65 @@ def main() -> int:
     return 0
 
 
-def timed_local(fn, reps):
+def timed_runs(fn, reps, barrier=None):
+    """Median seconds of fn over reps runs after a warm-up, each between synchronizations (and,
+    given a barrier, every rank's: the slowest rank's time)."""
     import torch
-    fn()
+    fn()  # warm-up
     times = []
     for _ in range(reps):
         torch.cuda.synchronize()
+        if barrier:
+            barrier()
         t0 = time.perf_counter()
         fn()
         torch.cuda.synchronize()
+        if barrier:
+            barrier()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def per_call(args, rank: int, world: int) -> int:
+    """us per call of ring_attention and of SDPA on the rank's slice, forward and fwd+bwd."""
+    import torch
+    import torch.nn.functional as F
+    import flashcourse
+    n, shape = 256, (1, 1, 256, 64)
+    g = torch.Generator(device="cuda").manual_seed(rank)
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    calls = {
+        "flashcourse.ring_attention": (
+            lambda: flashcourse.ring_attention(q, k, v, causal=True),
+            lambda: flashcourse.ring_attention(q, k, v, causal=True)[0].backward(do)),
+        "SDPA (this rank's slice)": (
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)),
+    }
+    us = {name: {"fwd": [], "fwd+bwd": []} for name in calls}
+
+    def run(fn, grad):
+        with torch.enable_grad() if grad else torch.no_grad():
+            for _ in range(args.calls):
+                fn()
+
+    for name, (f, fb) in calls.items():  # warm-up
+        run(f, False)
+        run(fb, True)
+    for _ in range(max(args.repeats, 5)):  # the rows' runs in turns
+        for name, (f, fb) in calls.items():
+            for mode, fn, grad in (("fwd", f, False), ("fwd+bwd", fb, True)):
+                t = timed_runs(lambda: run(fn, grad), 1)
+                us[name][mode].append(1e6 * t / args.calls)
+    if rank == 0:
+        print(f"{world} x {torch.cuda.get_device_name()}, torch {torch.__version__}: us per call, "
+              f"B=1 H=1 {n} tokens a rank D=64 bf16 causal, {args.calls} calls, median", flush=True)
+        for name, m in us.items():
+            print(f"{name:34s} fwd {statistics.median(m['fwd']):8.1f}   "
+                  f"fwd+bwd {statistics.median(m['fwd+bwd']):8.1f}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ expect "$U" "--layout: 'spiral'" --layout spiral
 expect "$U" "--dist: 'flat'" --dist flat
 expect "$U" "--budget: '-1'" --budget -1
 expect "$U" "--check: 'some'" --check some
+expect "$U" "--against: 'cpu'" --against cpu
 expect "$U" "--repeats: '0'" --repeats 0
 expect "$ATTN_EXIT_PASS" "" --help
 if nvidia-smi -L >/dev/null 2>&1; then
