@@ -419,32 +419,41 @@ static double max_diff(const float *a, const float *b, size_t n, int relative, i
 /* Tensors of a check, in gather's numbering: q k v dO (inputs), then o lse dq dk dv. */
 enum { CHECKED = 9 };
 
-/* The float64 check of the ring's results (t: the gathered tensors of the problem rs, whole or one
- * group) on sampled rows, the course's pass rule; the ring rounds each step's partial result (o,
- * dQ, dK, dV) to the storage type before adding it up: P - 1 more roundings, each at most an ulp of
- * the largest value, are allowed beside it. */
-static void check_float64(const ring_shape *s, const ref_shape *rs, float *const *t,
-                          const options *o, verdict *vd) {
+/* The float64 check of the ring's results (t: the gathered tensors of B batches, H query heads and
+ * H_kv key/value heads of the whole sequence: all of it, or one group) on sampled rows, the
+ * course's pass rule; the ring rounds each step's partial result (o, dQ, dK, dV) to the storage
+ * type before adding it up: P - 1 more roundings, each at most an ulp of the largest value, are
+ * allowed beside it. */
+static int check_float64(const ring_shape *s, int B, int H, int H_kv, float *const *t,
+                         const options *o, verdict *vd, char *err, size_t errlen) {
+    const ref_shape rs = {.B = B,
+                          .H = H,
+                          .N = (int)s->N,
+                          .D = s->D,
+                          .causal = s->causal,
+                          .scale = s->scale,
+                          .H_kv = H_kv,
+                          .N_k = (int)s->N};
     const store_type st = s->bf16 ? STORE_BF16 : STORE_F16;
-    const long long total = (long long)rs->B * rs->H * rs->N,
-                    ktotal = (long long)rs->B * rs->H_kv * rs->N;
-    const size_t qn = (size_t)total * rs->D, kn = (size_t)ktotal * rs->D;
+    const long long total = (long long)rs.B * rs.H * rs.N,
+                    ktotal = (long long)rs.B * rs.H_kv * rs.N;
+    const size_t qn = (size_t)total * rs.D, kn = (size_t)ktotal * rs.D;
     long long *rows = malloc(sizeof(long long) * (size_t)(total + ktotal));
     if (!rows) {
-        vd->pass = 0;
-        return;
+        snprintf(err, errlen, "no host memory for the check's rows");
+        return ATTN_EXIT_OOM;
     }
     const long long nq = pick_rows(total, o->check_rows, o->seed, rows);
     const long long nk = pick_rows(ktotal, o->check_rows, o->seed + 1, rows + nq);
     const double extra = s->P - 1;
-    check_output(rs, st, t[T_Q], t[T_K], t[T_V], t[4], t[5], rows, nq, &vd->out);
+    check_output(&rs, st, t[T_Q], t[T_K], t[T_V], t[4], t[5], rows, nq, &vd->out);
     vd->out.pass = vd->out.nonfinite == 0 &&
                    vd->out.max_abs_err <= vd->out.bound + extra * ulp(max_abs(t[4], qn), s->bf16) &&
                    vd->out.lse_err <= vd->out.lse_bound;
     vd->pass = vd->out.pass;
     if (s->backward) {
-        check_gradients(rs, st, t[T_Q], t[T_K], t[T_V], t[T_DO], t[4], t[5], t[6], t[7], t[8], rows,
-                        nq, rows + nq, nk, &vd->grads);
+        check_gradients(&rs, st, t[T_Q], t[T_K], t[T_V], t[T_DO], t[4], t[5], t[6], t[7], t[8],
+                        rows, nq, rows + nq, nk, &vd->grads);
         const size_t count[GRADS] = {qn, kn, kn};
         vd->grads.pass = vd->grads.nonfinite == 0;
         for (int gi = 0; gi < GRADS; gi++)
@@ -454,6 +463,7 @@ static void check_float64(const ring_shape *s, const ref_shape *rs, float *const
         vd->pass &= vd->grads.pass;
     }
     free(rows);
+    return ATTN_EXIT_PASS;
 }
 
 /* Gathers tensors `which` of the problem whose (batch, head) pairs start at qfirst (query heads,
@@ -494,17 +504,7 @@ static int check_group(const run *ring_run, const options *o, verdict *vd, char 
     const long long qfirst = vd->group_batch * s->H + vd->group_head * group;
     float *t[CHECKED] = {0};
     int rc = gather_all(ring_run, qfirst, group, kv, 1, 1, 1, t, err, errlen);
-    if (!rc) {
-        const ref_shape rs = {.B = 1,
-                              .H = group,
-                              .N = (int)s->N,
-                              .D = s->D,
-                              .causal = s->causal,
-                              .scale = s->scale,
-                              .H_kv = 1,
-                              .N_k = (int)s->N};
-        check_float64(s, &rs, t, o, vd);
-    }
+    if (!rc) rc = check_float64(s, 1, group, 1, t, o, vd, err, errlen);
     for (int i = 0; i < CHECKED; i++) free(t[i]);
     return rc;
 }
@@ -534,16 +534,10 @@ static int check_ring(run *ring_run, const ring_inner *inner, const options *o, 
     if (!rc) rc = gather_all(&single, 0, bh, 0, bh_kv, 1, 1, t1, err, errlen);
     if (!rc) rc = gather_all(ring_run, 0, bh, 0, bh_kv, 0, 1, tp, err, errlen);
     if (!rc) {
-        const ref_shape rs = {.B = s->B,
-                              .H = s->H,
-                              .N = (int)s->N,
-                              .D = s->D,
-                              .causal = s->causal,
-                              .scale = s->scale,
-                              .H_kv = s->H_kv,
-                              .N_k = (int)s->N};
         for (int i = 0; i < INPUTS; i++) tp[i] = t1[i], t1[i] = NULL; /* the same inputs */
-        check_float64(s, &rs, tp, o, vd);
+        rc = check_float64(s, s->B, s->H, s->H_kv, tp, o, vd, err, errlen);
+    }
+    if (!rc) {
         /* twice the float64 rule's bound, and as there P - 1 more roundings of the partial results
          * (an ulp of the largest value each: where partials cancel, as under a peaked softmax,
          * their roundings are far above the sum's) */

@@ -137,11 +137,12 @@ def main() -> int:
     return 0
 
 
-def timed_runs(fn, reps, barrier=None):
-    """Median seconds of fn over reps runs after a warm-up, each between synchronizations (and,
-    given a barrier, every rank's: the slowest rank's time)."""
+def timed_runs(fn, reps, barrier=None, warm=True):
+    """Median seconds of fn over reps runs after a warm-up (warm=False: none, the caller's), each
+    between synchronizations (and, given a barrier, every rank's: the slowest rank's time)."""
     import torch
-    fn()  # warm-up
+    if warm:
+        fn()
     times = []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -187,7 +188,7 @@ def per_call(args, rank: int, world: int) -> int:
     for _ in range(max(args.repeats, 5)):  # the rows' runs in turns
         for name, (f, fb) in calls.items():
             for mode, fn, grad in (("fwd", f, False), ("fwd+bwd", fb, True)):
-                t = timed_runs(lambda: run(fn, grad), 1)
+                t = timed_runs(lambda: run(fn, grad), 1, warm=False)  # warmed up above
                 us[name][mode].append(1e6 * t / args.calls)
     if rank == 0:
         print(f"{world} x {torch.cuda.get_device_name()}, torch {torch.__version__}: us per call, "
