@@ -162,7 +162,8 @@ def per_call(args, rank: int, world: int) -> int:
     import torch
     import torch.nn.functional as F
     import flashcourse
-    n, shape = 256, (1, 1, 256, 64)
+    n = 256  # tokens a rank
+    shape = (1, 1, n, 64)
     g = torch.Generator(device="cuda").manual_seed(rank)
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
                    for _ in range(4))
@@ -182,7 +183,7 @@ def per_call(args, rank: int, world: int) -> int:
             for _ in range(args.calls):
                 fn()
 
-    for name, (f, fb) in calls.items():  # warm-up
+    for f, fb in calls.values():  # warm-up
         run(f, False)
         run(fb, True)
     for _ in range(max(args.repeats, 5)):  # the rows' runs in turns
