@@ -92,12 +92,13 @@ __host__ __device__ __forceinline__ int query_tile_key_tile_count(const key_rule
 // Merges the key ranges of split-KV, one row at a time (FA2's combine). Range s of a row
 // holds O_s (normalised by its own sum l_s) and lse_s = log(l_s) + its max, so the whole
 // row's sum is l = sum_s exp(lse_s) and O = sum_s (l_s / l) O_s = sum_s exp(lse_s - lse) O_s.
-// In that order, safely: first the largest lse_s, then sum exp(lse_s - max) (every term <= 1,
-// the largest exactly 1: no overflow, and the sum cannot underflow to 0), lse = max + log(sum),
-// then weights exp(lse_s - lse) <= 1. Ranges with no key for the row (lse_s = -inf) weigh 0.
-// combine_lanes() threads per row, 4 columns each (16-byte loads of O_s); the loops over the
-// ranges are unrolled so that their loads are in flight together (one at a time, each waiting
-// for L2, the merge took 8.7 us for 8 ranges at N = 4096 on an H200).
+// One pass over the ranges, as the attention kernels' online softmax: the largest lse_s so far
+// is the base m, the sum w = sum_s exp(lse_s - m) and o = sum_s exp(lse_s - m) O_s are rescaled
+// when m grows, and O = o / w, lse = m + log(w) at the end (every term <= 1, the largest
+// exactly 1: no overflow, and w cannot underflow to 0). Ranges with no key for the row
+// (lse_s = -inf) weigh 0. combine_lanes() threads per row, 4 columns each (16-byte loads of
+// O_s); UNROLL ranges' loads (their O_s and lse_s) are issued together before any is used, so
+// that a row's merge waits for memory once per UNROLL ranges, not once per range or per pass.
 constexpr int COMBINE_THREADS = 128;
 
 typedef struct combine_params {
@@ -128,23 +129,16 @@ __host__ __device__ constexpr int combine_rows_per_block() {
 // bf16 (BF16) or fp16.
 template <int D, bool BF16 = false>
 __device__ __forceinline__ void combine_row(const combine_params &p, long long row, int lane) {
-    constexpr int UNROLL = 8;  // ranges in flight at once: their loads are independent
-    int ranges = p.splits;     // causal, local: as many as this row's query tile was given
+    constexpr int UNROLL = 16;  // ranges in flight at once: their loads are independent
+    int ranges = p.splits;      // causal, local: as many as this row's query tile was given
     if (p.keys.left >= 0 || p.keys.right >= 0) {
         const int q0 = (int)(row % p.N) / p.BR * p.BR;
         const int tiles = query_tile_key_tile_count(p.keys, q0, p.BR, p.BC);
         ranges = (tiles + p.split_tiles - 1) / p.split_tiles;
     }
     const float *lse_s = p.lse_part + row;  // lse_s[s * rows]: range s (same for the row's lanes)
-    float mx = -INFINITY;
-#pragma unroll UNROLL
-    for (int s = 0; s < ranges; ++s) mx = fmaxf(mx, lse_s[s * p.rows]);
-    const float base = mx == -INFINITY ? 0.f : mx;  // no key at all: every weight 0
-    float sum = 0.f;
-#pragma unroll UNROLL
-    for (int s = 0; s < ranges; ++s) sum += expf(lse_s[s * p.rows] - base);
-    const float lse = base + logf(sum);
     const float4 *O_s = reinterpret_cast<const float4 *>(p.O_part + row * D) + lane;
+    float m = -INFINITY, w = 0.f;  // the base so far, and sum exp(lse_s - m)
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s0 = 0; s0 < ranges; s0 += UNROLL) {  // UNROLL ranges: loads first, then sums
         float4 x[UNROLL];
@@ -155,13 +149,24 @@ __device__ __forceinline__ void combine_row(const combine_params &p, long long r
             x[u] = in ? O_s[(s0 + u) * p.rows * (D / 4)] : make_float4(0.f, 0.f, 0.f, 0.f);
             l[u] = in ? lse_s[(s0 + u) * p.rows] : -INFINITY;
         }
+        float m_new = m;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, l[u]);
+        if (m_new == -INFINITY) continue;  // no key in these ranges either: o and w stay 0
+        const float corr = m == -INFINITY ? 0.f : expf(m - m_new);  // o, w: 0 while m = -inf
+        o.x *= corr, o.y *= corr, o.z *= corr, o.w *= corr, w *= corr;
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const float wt = lse == -INFINITY ? 0.f : expf(l[u] - lse);  // no key: O = 0
+            const float wt = expf(l[u] - m_new);  // -inf: 0
+            w += wt;
             o.x += wt * x[u].x, o.y += wt * x[u].y, o.z += wt * x[u].z, o.w += wt * x[u].w;
         }
+        m = m_new;
     }
-    const uint2 packed = make_uint2(pack2_of<BF16>(o.x, o.y), pack2_of<BF16>(o.z, o.w));
+    const float inv = w > 0.f ? 1.f / w : 0.f;  // no key at all: O = 0, lse = -inf
+    const float lse = w > 0.f ? m + logf(w) : -INFINITY;
+    const uint2 packed =
+        make_uint2(pack2_of<BF16>(o.x * inv, o.y * inv), pack2_of<BF16>(o.z * inv, o.w * inv));
     const long long bh = row / p.N, i = row - bh * p.N;  // (batch, head) and query row
     __half *O = p.O + bh / p.H * p.o_batch + bh % p.H * p.o_head + i * p.o_row;
     reinterpret_cast<uint2 *>(O)[lane] = packed;
