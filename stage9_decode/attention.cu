@@ -413,110 +413,109 @@ __device__ __forceinline__ void attend_slice(const decode_params &p,
     }
 }
 
-// Where key warp kw > 0 of row warp m_warp leaves row r of its state: O (D floats), m, l.
+// Where key warp kw leaves row `block_row` (of the block's row_warps x 16 rows) of its state in
+// shared memory (the ring, no longer needed): O_acc's D columns, then m and l. Rows are
+// state_floats() apart, a multiple of 4 floats: each row's columns stay 16-byte aligned for the
+// merge's float4 reads.
 template <int D>
-__device__ __forceinline__ float *merge_row(float *smem_f, int row_warps, int m_warp, int kw,
-                                            int r) {
-    constexpr int ROW_FLOATS = D + 2;
-    return smem_f + (((kw - 1) * row_warps + m_warp) * MMA_M + r) * ROW_FLOATS;
+__host__ __device__ constexpr int state_floats() {
+    return D + 4;  // O_acc, m, l, two floats of padding
+}
+template <int D>
+__device__ __forceinline__ int state_row(int row_warps, int kw, int block_row) {
+    return (kw * row_warps * MMA_M + block_row) * state_floats<D>();
 }
 
-// Phase 4 (once, when warps split the keys): warps key_warp > 0 leave m, l and O_acc in shared
-// memory (the ring, no longer needed), and warp key_warp = 0 of the same rows folds them into its
-// own: m = max m_w, l = sum l_w 2^(m_w - m), O = sum O_w 2^(m_w - m).
+// Phase 4 (once, every warp): leave this warp's rows of the tile's real rows (the padding rows
+// past p.rows are never merged) in shared memory, O_acc in the accumulator's order: column
+// n * MMA_N + 2t + c of row g (+ 8) is st.o[n][frag_reg(h, c)].
 template <int D>
-__device__ __forceinline__ void merge_key_warps(const decode_params &p, float *smem_f, int m_warp,
-                                                int key_warp, int lane, row_state<D> &st) {
-    const int key_warps = WARPS / p.row_warps;
+__device__ __forceinline__ void leave_state(const decode_params &p, float *smem_f, int m_warp,
+                                            int key_warp, int row0, int lane,
+                                            const row_state<D> &st) {
     const int g = lane / QUAD, t = lane % QUAD;
-    if (key_warp > 0) {
-#pragma unroll
-        for (int hh = 0; hh < FRAG_LANE_ROWS; ++hh) {
-            float *row =
-                merge_row<D>(smem_f, p.row_warps, m_warp, key_warp, g + FRAG_ROW_STEP * hh);
-#pragma unroll
-            for (int n = 0; n < D / MMA_N; ++n) {
-#pragma unroll
-                for (int c = 0; c < FRAG_LANE_COLS; ++c)
-                    row[n * MMA_N + FRAG_LANE_COLS * t + c] = st.o[n][frag_reg(hh, c)];
-            }
-            if (t == 0) row[D] = st.m[hh], row[D + 1] = st.l[hh];
-        }
-    }
-    __syncthreads();  // the other key warps' states are in shared memory
-    if (key_warp > 0) return;
-    // LAB HOLE 2 BEGIN [design]: the key warps' merge into warp 0's rows
-    // LAB TODO: for each of this thread's two rows (g and g + FRAG_ROW_STEP), key warp kw > 0 left
-    // LAB TODO: its state at merge_row(): O_acc's D columns in the accumulator's order (column
-    // LAB TODO: n * MMA_N + 2t + c is st.o[n][frag_reg(h, c)]), then m (base 2), then l (its
-    // LAB TODO: quad's sum). Afterwards st.m, st.l and st.o must be what one warp that saw every
-    // LAB TODO: key would hold: the largest m, and every warp's l and O_acc weighed by 2 to the
-    // LAB TODO: power (its m - that m) before they are summed. A row no warp saw a key of has m =
-    // LAB TODO: -inf in every state and must keep l = 0 and O_acc = 0, never a NaN.
-    // LAB STUB: (void)key_warps;  // until filled: warp 0's rows keep its own keys only
 #pragma unroll
     for (int hh = 0; hh < FRAG_LANE_ROWS; ++hh) {
         const int r = g + FRAG_ROW_STEP * hh;
-        float m = st.m[hh];
-        for (int kw = 1; kw < key_warps; ++kw)
-            m = fmaxf(m, merge_row<D>(smem_f, p.row_warps, m_warp, kw, r)[D]);
-        const float base = m == -INFINITY ? 0.f : m;
-        const float own = fast_exp2(st.m[hh] - base);
-        st.l[hh] *= own;
+        if (row0 + r >= p.rows) continue;
+        float *row = smem_f + state_row<D>(p.row_warps, key_warp, m_warp * MMA_M + r);
 #pragma unroll
-        for (int n = 0; n < D / MMA_N; ++n) {
-#pragma unroll
-            for (int c = 0; c < FRAG_LANE_COLS; ++c) st.o[n][frag_reg(hh, c)] *= own;
-        }
-        for (int kw = 1; kw < key_warps; ++kw) {
-            const float *row = merge_row<D>(smem_f, p.row_warps, m_warp, kw, r);
-            const float w = fast_exp2(row[D] - base);
-            st.l[hh] += w * row[D + 1];
-#pragma unroll
-            for (int n = 0; n < D / MMA_N; ++n) {
-#pragma unroll
-                for (int c = 0; c < FRAG_LANE_COLS; ++c)
-                    st.o[n][frag_reg(hh, c)] += w * row[n * MMA_N + FRAG_LANE_COLS * t + c];
-            }
-        }
-        st.m[hh] = m;
+        for (int n = 0; n < D / MMA_N; ++n)
+            *reinterpret_cast<float2 *>(row + n * MMA_N + FRAG_LANE_COLS * t) =
+                make_float2(st.o[n][frag_reg(hh, 0)], st.o[n][frag_reg(hh, 1)]);
+        if (t == 0) row[D] = st.m[hh], row[D + 1] = st.l[hh];
     }
+}
+
+// Phase 5a (per output item: a row and four of its columns): the key warps' states of that row,
+// each over its own keys of the range, folded into one state of all of them, unnormalised:
+// m = max m_w, l = sum l_w 2^(m_w - m), O = sum O_w 2^(m_w - m).
+template <int D>
+__device__ __forceinline__ void merge_key_warps(const float *smem_f, int row_warps, int key_warps,
+                                                int block_row, int col, float *m, float *l,
+                                                float4 *o) {
+    // LAB HOLE 2 BEGIN [design]: the key warps' merge of one row's four columns
+    // LAB TODO: key warp kw (0 .. key_warps - 1) left its state of the row at smem_f +
+    // LAB TODO: state_row<D>(row_warps, kw, block_row): O_acc's D columns, then m (base 2), then
+    // LAB TODO: l. Write into *m, *l and *o (columns col .. col + 3 of O_acc) what one warp that
+    // LAB TODO: saw every key would hold: the largest m, and every warp's l and O_acc weighed by
+    // LAB TODO: 2 to the power (its m - that m) before they are summed. A row no warp saw a key
+    // LAB TODO: of has m = -inf in every state and must come out with l = 0 and O_acc = 0, never
+    // LAB TODO: a NaN.
+    // LAB STUB: const float *row = smem_f + state_row<D>(row_warps, 0, block_row);  // warp 0's
+    // LAB STUB: *m = row[D], *l = row[D + 1], *o = *reinterpret_cast<const float4 *>(row + col);
+    // LAB STUB: (void)key_warps;  // until filled: the row keeps key warp 0's keys only
+    float mx = -INFINITY;
+    for (int kw = 0; kw < key_warps; ++kw)
+        mx = fmaxf(mx, smem_f[state_row<D>(row_warps, kw, block_row) + D]);
+    const float base = mx == -INFINITY ? 0.f : mx;  // no key: every weight 2^-inf = 0
+    float sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int kw = 0; kw < key_warps; ++kw) {
+        const float *row = smem_f + state_row<D>(row_warps, kw, block_row);
+        const float w = fast_exp2(row[D] - base);
+        const float4 x = *reinterpret_cast<const float4 *>(row + col);
+        sum += w * row[D + 1];
+        acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+    }
+    *m = mx, *l = sum, *o = acc;
     // LAB HOLE 2 END
 }
 
-// Phase 5 (once, warps key_warp = 0): O = O_acc / l and LSE = m ln 2 + ln l, into O and lse (one
-// range) or, split, into the range's slot of O_part and lse_part (combine_kernel_pdl merges them).
-// A row that saw no key: O = 0, LSE = -inf.
+// Phase 5 (once, every thread): the block's real rows, four columns an item, items spread over
+// the block's threads: each merged (merge_key_warps), then O = O_acc / l and LSE = m ln 2 + ln l
+// into O and lse (one range) or into the range's slot of O_part and lse_part (split:
+// combine_kernel_pdl merges the ranges). A row that saw no key: O = 0, LSE = -inf.
 template <int D, bool BF16>
-__device__ __forceinline__ void store_rows(const decode_params &p, int b, int h0, int row0,
-                                           int split, int lane, const row_state<D> &st) {
-    const int g = lane / QUAD, t = lane % QUAD;
+__device__ __forceinline__ void store_rows(const decode_params &p, const float *smem_f, int b,
+                                           int h0, int split) {
+    constexpr int ITEMS_PER_ROW = D / 4;  // a float4 of O's columns each
+    const int key_warps = WARPS / p.row_warps;
+    const int first = (int)blockIdx.z * p.row_warps * MMA_M;  // the block's first packed row
+    const int rows = min(p.rows - first, p.row_warps * MMA_M);
     const long long part_rows = (long long)p.B * p.H * p.N;
-#pragma unroll
-    for (int hh = 0; hh < FRAG_LANE_ROWS; ++hh) {
-        const int r = row0 + g + FRAG_ROW_STEP * hh;
-        if (r >= p.rows) continue;
+    for (int item = (int)threadIdx.x; item < rows * ITEMS_PER_ROW; item += THREADS) {
+        const int block_row = item / ITEMS_PER_ROW, col = item % ITEMS_PER_ROW * 4;
+        float m, l;
+        float4 o;
+        merge_key_warps<D>(smem_f, p.row_warps, key_warps, block_row, col, &m, &l, &o);
+        const int r = first + block_row;
         const int i = r / p.tile_heads, h = h0 + r % p.tile_heads;
-        const float l = st.l[hh];
         const float inv = l > 0.f ? 1.f / l : 0.f;
-        const float lse = l > 0.f ? st.m[hh] * LN2 + logf(l) : -INFINITY;
         const long long prow = ((long long)b * p.H + h) * p.N + i;  // [B, H, N] row
         if (p.splits == 1) {
-            elem *o = p.O + b * p.o_batch + (long long)i * p.o_row + (long long)h * p.o_head;
-#pragma unroll
-            for (int n = 0; n < D / MMA_N; ++n) {
-                const uint32_t v =
-                    pack2_of<BF16>(st.o[n][frag_reg(hh, 0)] * inv, st.o[n][frag_reg(hh, 1)] * inv);
-                *reinterpret_cast<uint32_t *>(o + n * MMA_N + FRAG_LANE_COLS * t) = v;
-            }
-            if (t == 0) p.lse[prow] = lse;
+            elem *out =
+                p.O + b * p.o_batch + (long long)i * p.o_row + (long long)h * p.o_head + col;
+            *reinterpret_cast<uint2 *>(out) = make_uint2(pack2_of<BF16>(o.x * inv, o.y * inv),
+                                                         pack2_of<BF16>(o.z * inv, o.w * inv));
         } else {
-            float *o = p.O_part + ((long long)split * part_rows + prow) * D;
-#pragma unroll
-            for (int n = 0; n < D / MMA_N; ++n)
-                *reinterpret_cast<float2 *>(o + n * MMA_N + FRAG_LANE_COLS * t) =
-                    make_float2(st.o[n][frag_reg(hh, 0)] * inv, st.o[n][frag_reg(hh, 1)] * inv);
-            if (t == 0) p.lse_part[(long long)split * part_rows + prow] = lse;
+            *reinterpret_cast<float4 *>(p.O_part + ((long long)split * part_rows + prow) * D +
+                                        col) =
+                make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        }
+        if (col == 0) {
+            const float lse = l > 0.f ? m * LN2 + logf(l) : -INFINITY;
+            (p.splits == 1 ? p.lse[prow] : p.lse_part[(long long)split * part_rows + prow]) = lse;
         }
     }
 }
@@ -595,12 +594,11 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
         st.l[hh] += __shfl_xor_sync(FULL_WARP, st.l[hh], 2);
     }
     cp_async_wait<0>();
-    if (key_warps > 1) {
-        __syncthreads();  // every warp is done with the ring: the merge may overwrite it
-        merge_key_warps<D>(p, reinterpret_cast<float *>(smem), m_warp, key_warp, lane, st);
-        if (key_warp > 0) return;
-    }
-    store_rows<D, BF16>(p, b, h0, row0, split, lane, st);
+    __syncthreads();  // every warp is done with the ring: the states may overwrite it
+    float *state = reinterpret_cast<float *>(smem);
+    leave_state<D>(p, state, m_warp, key_warp, row0, lane, st);
+    __syncthreads();  // every key warp's state is in shared memory
+    store_rows<D, BF16>(p, state, b, h0, split);
 }
 
 /* ---- the plan (host) ------------------------------------------------------------------------- */
@@ -613,13 +611,14 @@ typedef struct {
     size_t smem;
 } decode_plan;
 
-// Bytes of one ring stage (a K and a V tile), and of the key warps' merge (at most 3 warps' 16
-// rows of O, m and l: it reuses the ring).
+// Bytes of one ring stage (a K and a V tile), and of the key warps' merge (every warp's 16 rows
+// of O, m and l: it reuses the ring).
 static size_t stage_bytes(int D) {
     return (size_t)2 * KT * D * HALF_BYTES;
 }
 static size_t merge_bytes(int D) {
-    return (size_t)(WARPS - 1) * MMA_M * (D + 2) * sizeof(float);
+    return (size_t)WARPS * MMA_M * (D == 64 ? state_floats<64>() : state_floats<128>()) *
+           sizeof(float);
 }
 
 // Which code the kernels have on this device (a compute_75 PTX build JIT-compiled on an H100: 75).

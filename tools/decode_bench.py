@@ -26,7 +26,7 @@ Checks: each output against the first library that ran the shape (2e-2 absolute)
 line on stderr and exit 1.
 
 usage: python3 -m tools.decode_bench [--quick] [--page-size P] [--variant NAME] [--repeats N]
-                                     [--replays N] [--csv OUT] [--peak-tbs T] [--no-course | --no-sdpa]
+                                     [--replays N] [--csv OUT [--append]] [--peak-tbs T] [--no-course | --no-sdpa]
 Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
 """
 import argparse
@@ -49,7 +49,9 @@ def main():
     ap.add_argument("--variant", default="default")
     ap.add_argument("--repeats", type=int, default=20, help="calls per graph (default 20)")
     ap.add_argument("--replays", type=int, default=7, help="replays per graph (default 7)")
-    ap.add_argument("--csv")
+    ap.add_argument("--csv", help="write the rows here, in stage 9's measured format")
+    ap.add_argument("--append", action="store_true", help="add the rows to --csv's file (its "
+                    "header kept) instead of replacing it: one file from several runs")
     ap.add_argument("--peak-tbs", type=float, default=4.8)
     ap.add_argument("--no-course", action="store_true", help="SDPA and the copy only")
     ap.add_argument("--no-sdpa", action="store_true", help="the course and the copy only")
@@ -223,11 +225,20 @@ def main():
                 cells.append(f"{ms * 1e3:8.1f} us {gbs:5.0f} {100 * gbs / (1000 * args.peak_tbs):3.0f}%")
         print(f"{B:>2} {H:>3} {H_kv:>3} {D:>3} {N_q:>2} {N_k:>7} {int(causal):>1}  " + "  ".join(cells),
               flush=True)
-    if args.csv:
-        with open(args.csv, "w") as f:
-            f.write("gpu,B,H,H_kv,D,N_q,N_k,causal,library,ms,gbs\n")
-            for r in rows:
-                f.write(",".join(str(x) for x in r) + "\n")
+    if args.csv:  # the committed format (stage9_decode/measured/*.csv, tools/decode_table.py)
+        import os
+        header = not (args.append and os.path.exists(args.csv) and os.path.getsize(args.csv))
+        cache = f"paged{args.page_size}" if args.page_size else "contiguous"
+        with open(args.csv, "a" if args.append else "w") as f:
+            if header:
+                f.write("gpu,B,H,H_kv,D,N_q,N_k,causal,cache,library,variant,ms_median,gbs,"
+                        "hbm_pct\n")
+            for (gpu, B, H, H_kv, D, N_q, N_k, causal, lib, ms, gbs) in rows:
+                course_row = lib == "course"
+                f.write(",".join(str(x) for x in (
+                    gpu, B, H, H_kv, D, N_q, N_k, causal, cache,
+                    "stage9_decode" if course_row else lib, args.variant if course_row else "",
+                    f"{ms:.5f}", f"{gbs:.0f}", f"{100 * gbs / (1000 * args.peak_tbs):.1f}")) + "\n")
     return 1 if failed else 0
 
 

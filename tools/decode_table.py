@@ -41,8 +41,9 @@ def cell(r):
 def tables(rows):
     gpu = rows[0]["gpu"]
     out = [f"Measured on {gpu}; from `stage9_decode/measured/h200_decode.csv` "
-           "(regenerate: `python3 -m tools.decode_bench --csv ...`, then "
-           "`python3 -m tools.decode_table`). Time per call, and in brackets the share of the "
+           "(regenerate: `python3 -m tools.decode_bench --csv F`; the same with `--quick "
+           "--no-sdpa --csv F --append` and `--variant nopack`, `--variant nosplit`, "
+           "`--page-size 16`; then `python3 -m tools.decode_table`). Time per call, and in brackets the share of the "
            "HBM's 4.8 TB/s turned into cache reads (bytes of K and V / time); CUDA graphs of "
            "calls with the L2 flushed before each, the same for every library.", ""]
     out += ["| shape | stage 9 | FA2 | cuDNN | best of FA2, cuDNN / stage 9 |",
