@@ -3,14 +3,14 @@
 
 For every shape, one set of inputs (fixed seed): q [B, N_q, H, D] and a cache of N_k keys per
 sequence, K and V [B, N_k, H_kv, D] (flash-attn's layout; --page-size P: the same keys in pages of
-P, scattered by a random block table, for the course only). Each library is timed the same way:
-a CUDA graph of --repeats rounds of (flush the L2 cache: a buffer of twice its size is written;
-one call), replayed --replays times between CUDA events, against a graph of the flushes alone;
-a call's time is the difference of the fastest replays over --repeats. No host time is counted,
-as a server replays its decode step in a CUDA graph; the stage programs' own --bench (CUDA
-events around each launched call) counts the launch too. Decode reads every key
-and value once, so the figure of merit is their bytes over the time: GB/s, and the share of the
-HBM's peak (--peak-tbs, 4.8 for an H200).
+P, scattered by a random block table, for the course only). Each library is timed the same way: a
+CUDA graph of --repeats rounds of (flush the L2 cache: a buffer of twice its size is written, or,
+with --flush read, read; one call), replayed --replays times between CUDA events, against a graph of
+the flushes alone; a call's time is the difference of the fastest replays over --repeats. No host
+time is counted, as a server replays its decode step in a CUDA graph; the stage programs' own
+--bench (CUDA events around each launched call) counts the launch too. Decode reads every key and
+value once, so the figure of merit is their bytes over the time: GB/s, and the share of the HBM's
+peak (--peak-tbs, 4.8 for an H200).
 
 Columns:
   course   flashcourse.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=N_k, causal=)
@@ -26,7 +26,8 @@ Checks: each output against the first library that ran the shape (2e-2 absolute)
 line on stderr and exit 1.
 
 usage: python3 -m tools.decode_bench [--quick] [--page-size P] [--variant NAME] [--repeats N]
-                                     [--replays N] [--csv OUT [--append]] [--peak-tbs T] [--no-course | --no-sdpa]
+                                     [--replays N] [--csv OUT [--append]] [--peak-tbs T]
+                                     [--flush write|read] [--no-course | --no-sdpa]
 Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
 """
 import argparse
@@ -53,6 +54,9 @@ def main():
     ap.add_argument("--append", action="store_true", help="add the rows to --csv's file (its "
                     "header kept) instead of replacing it: one file from several runs")
     ap.add_argument("--peak-tbs", type=float, default=4.8)
+    ap.add_argument("--flush", choices=("write", "read"), default="write",
+                    help="how the L2 is flushed before each call: a buffer of twice its size "
+                    "written (default; the call's reads then evict dirty lines) or read")
     ap.add_argument("--no-course", action="store_true", help="SDPA and the copy only")
     ap.add_argument("--no-sdpa", action="store_true", help="the course and the copy only")
     args = ap.parse_args()
@@ -76,10 +80,14 @@ def main():
 
     dev = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
-    flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.int32, device=dev)
+    flush = torch.zeros(2 * l2 // 4 + 1, dtype=torch.int32, device=dev)
+    flush_sum = torch.zeros((), dtype=torch.int64, device=dev)
 
     def flush_l2():
-        flush.zero_()
+        if args.flush == "write":  # the cache left holding the buffer's last lines, dirty
+            flush.zero_()
+        else:  # read: the cache left holding clean lines (their eviction writes nothing back)
+            torch.sum(flush, dtype=torch.int64, out=flush_sum)
 
     def graph_of(fns, reps):
         """A CUDA graph of `reps` rounds of fns, captured on a side stream after a warm-up."""
