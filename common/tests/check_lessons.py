@@ -612,8 +612,10 @@ def self_test(root):
     outcomes.append(("self-test: the top README gets the figure check only (no code map)",
                      [] if names == [f"{top}: no untraced figure in prose"] else
                      [f"expected only its figure check, got {names}"]))
-    top_stale = figure_problems(top, gen, ms, tf)
-    for needle in ["42 s", "139 s", "689 s", "700 s", "267 s", "146 s", "60 s"]:
+    # its stale figures taken out of the generated tables' numbers, as the stale readings above
+    top_figures = ("42", "139", "689", "700", "267", "146", "60")
+    top_stale = figure_problems(top, (gen[0] - set(top_figures), gen[1]), ms, tf)
+    for needle in [f"{t} s" for t in top_figures]:
         expect(f"the top README's stale figure {needle} is caught", top_stale, f'"{needle}"')
     return outcomes
 
