@@ -27,7 +27,7 @@ line on stderr and exit 1.
 
 usage: python3 -m tools.decode_bench [--quick] [--page-size P] [--variant NAME] [--repeats N]
                                      [--replays N] [--csv OUT [--append]] [--peak-tbs T]
-                                     [--flush write|read] [--no-course | --no-sdpa]
+                                     [--flush write|read] [--no-course | --no-sdpa] | --self-test
 Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
 """
 import argparse
@@ -41,6 +41,74 @@ SHAPES += [(1, 32, 8, 128, 4, n, True) for n in (4096, 32768, 131072)]
 SHAPES += [(1, 32, 8, 64, 1, 32768, False), (1, 32, 32, 128, 1, 32768, False)]
 QUICK = [(1, 32, 8, 128, 1, 4096, False), (1, 32, 8, 128, 1, 32768, False),
          (8, 32, 8, 128, 1, 32768, False), (1, 32, 8, 128, 4, 32768, True)]
+
+
+HEADER = "gpu,B,H,H_kv,D,N_q,N_k,causal,cache,library,variant,ms_median,gbs,hbm_pct"
+
+
+def write_rows(path, rows, cache, variant, peak_tbs, append=False):
+    """The timed rows, (gpu, B, H, H_kv, D, N_q, N_k, causal, library, ms, GB/s) with the course
+    as "course", in the committed format (stage9_decode/measured/*.csv, read by
+    tools/decode_table.py): the course's rows as stage9_decode with its variant, the cache
+    ("contiguous" or "paged<P>"), the time in ms and the share of the HBM's peak. append: add
+    them to the file (its header kept; written where the file is new or empty)."""
+    import os
+    header = not (append and os.path.exists(path) and os.path.getsize(path))
+    with open(path, "a" if append else "w") as f:
+        if header:
+            f.write(HEADER + "\n")
+        for (gpu, B, H, H_kv, D, N_q, N_k, causal, lib, ms, gbs) in rows:
+            course = lib == "course"
+            f.write(",".join(str(x) for x in (
+                gpu, B, H, H_kv, D, N_q, N_k, causal, cache,
+                "stage9_decode" if course else lib, variant if course else "",
+                f"{ms:.5f}", f"{gbs:.0f}", f"{100 * gbs / (1000 * peak_tbs):.1f}")) + "\n")
+
+
+def self_test():
+    """Without a GPU: the rows of a full run, then of three --append runs (nopack, nosplit, pages
+    of 16), written as write_rows writes them, make both of decode_table's tables, with one
+    header and every cell where it belongs. Exit 0 when all hold."""
+    import csv
+    import tempfile
+    from tools import decode_table
+    shape = ("GPU X", 1, 32, 8, 128, 1, 4096, 0)
+    nbytes = 2 * 1 * 4096 * 8 * 128 * 2
+    timed = {"course": 0.0125, "FA2": 0.0200, "cuDNN": 0.0150}
+    problems = []
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/rows.csv"
+        write_rows(path, [shape + (lib, ms, nbytes / ms / 1e6) for lib, ms in timed.items()],
+                   "contiguous", "default", 4.8)
+        for cache, variant, ms in (("contiguous", "nopack", 0.0150),
+                                   ("contiguous", "nosplit", 0.0600),
+                                   ("paged16", "default", 0.0130)):
+            write_rows(path, [shape + ("course", ms, nbytes / ms / 1e6)], cache, variant, 4.8,
+                       append=True)
+        text = open(path).read()
+        if text.count(HEADER) != 1 or not text.startswith(HEADER):
+            problems.append(f"one header, first: found {text.count(HEADER)}")
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    if len(rows) != 6:
+        problems.append(f"6 rows: found {len(rows)}")
+    try:
+        out = decode_table.tables(rows)
+    except (KeyError, ValueError) as e:  # a row decode_table cannot read
+        out = ""
+        problems.append(f"decode_table cannot read the rows: {type(e).__name__}: {e}")
+    want = ["| B = 1, 32/8 heads, D = 128, N_k = 4,096, 1 query | 12.5 us (28%) | 20.0 us (18%) | "
+            "15.0 us (23%) | 1.20 |",
+            "| B = 1, 32/8 heads, D = 128, N_k = 4,096, 1 query | 12.5 us (28%) | 15.0 us (23%) | "
+            "60.0 us (6%) | 13.0 us (27%) |"]
+    for line in want:
+        if line not in out.splitlines():
+            problems.append(f"decode_table's line missing: {line}")
+    for p in problems:
+        print(f"FAIL  decode_bench --self-test: {p}")
+    print("ok    decode_bench --self-test: write_rows, --append and decode_table agree"
+          if not problems else f"{len(problems)} failed")
+    return 1 if problems else 0
 
 
 def main():
@@ -59,7 +127,11 @@ def main():
                     "written (default; the call's reads then evict dirty lines) or read")
     ap.add_argument("--no-course", action="store_true", help="SDPA and the copy only")
     ap.add_argument("--no-sdpa", action="store_true", help="the course and the copy only")
+    ap.add_argument("--self-test", action="store_true",
+                    help="without a GPU: write_rows and --append against tools/decode_table.py")
     args = ap.parse_args()
+    if args.self_test:
+        return self_test()
     try:
         import torch
         import torch.nn.functional as F
@@ -233,20 +305,9 @@ def main():
                 cells.append(f"{ms * 1e3:8.1f} us {gbs:5.0f} {100 * gbs / (1000 * args.peak_tbs):3.0f}%")
         print(f"{B:>2} {H:>3} {H_kv:>3} {D:>3} {N_q:>2} {N_k:>7} {int(causal):>1}  " + "  ".join(cells),
               flush=True)
-    if args.csv:  # the committed format (stage9_decode/measured/*.csv, tools/decode_table.py)
-        import os
-        header = not (args.append and os.path.exists(args.csv) and os.path.getsize(args.csv))
-        cache = f"paged{args.page_size}" if args.page_size else "contiguous"
-        with open(args.csv, "a" if args.append else "w") as f:
-            if header:
-                f.write("gpu,B,H,H_kv,D,N_q,N_k,causal,cache,library,variant,ms_median,gbs,"
-                        "hbm_pct\n")
-            for (gpu, B, H, H_kv, D, N_q, N_k, causal, lib, ms, gbs) in rows:
-                course_row = lib == "course"
-                f.write(",".join(str(x) for x in (
-                    gpu, B, H, H_kv, D, N_q, N_k, causal, cache,
-                    "stage9_decode" if course_row else lib, args.variant if course_row else "",
-                    f"{ms:.5f}", f"{gbs:.0f}", f"{100 * gbs / (1000 * args.peak_tbs):.1f}")) + "\n")
+    if args.csv:
+        write_rows(args.csv, rows, f"paged{args.page_size}" if args.page_size else "contiguous",
+                   args.variant, args.peak_tbs, args.append)
     return 1 if failed else 0
 
 

@@ -23,6 +23,8 @@ done
 # stage 9's measured section is its CSV's (tools/decode_table.py; decode is timed apart from the
 # sweeps that make tables regenerates)
 report_run "decode_table.py --check" python3 -m tools.decode_table --check
+# ... and the rows decode_bench.py writes (--csv, --append) are what decode_table.py reads
+report_run "decode_bench.py --self-test" python3 -m tools.decode_bench --self-test
 # stage 10's measured section is its CSVs' (tools/ring_table.py; the ring is timed on two GPUs)
 report_run "ring_table.py --check" python3 -m tools.ring_table --check
 # the lessons' diagrams drawn by gnuplot scripts: each renders its PNG without a warning
