@@ -417,13 +417,12 @@ __device__ __forceinline__ void attend_slice(const decode_params &p,
 // shared memory (the ring, no longer needed): O_acc's D columns, then m and l. Rows are
 // state_floats() apart, a multiple of 4 floats: each row's columns stay 16-byte aligned for the
 // merge's float4 reads.
-template <int D>
-__host__ __device__ constexpr int state_floats() {
+__host__ __device__ constexpr int state_floats(int D) {
     return D + 4;  // O_acc, m, l, two floats of padding
 }
 template <int D>
 __device__ __forceinline__ int state_row(int row_warps, int kw, int block_row) {
-    return (kw * row_warps * MMA_M + block_row) * state_floats<D>();
+    return (kw * row_warps * MMA_M + block_row) * state_floats(D);
 }
 
 // Phase 4 (once, every warp): leave this warp's rows of the tile's real rows (the padding rows
@@ -617,8 +616,7 @@ static size_t stage_bytes(int D) {
     return (size_t)2 * KT * D * HALF_BYTES;
 }
 static size_t merge_bytes(int D) {
-    return (size_t)WARPS * MMA_M * (D == 64 ? state_floats<64>() : state_floats<128>()) *
-           sizeof(float);
+    return (size_t)WARPS * MMA_M * state_floats(D) * sizeof(float);
 }
 
 // Which code the kernels have on this device (a compute_75 PTX build JIT-compiled on an H100: 75).

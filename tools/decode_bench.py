@@ -31,8 +31,11 @@ usage: python3 -m tools.decode_bench [--quick] [--page-size P] [--variant NAME] 
 Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
 """
 import argparse
+import csv
+import os
 import statistics
 import sys
+import tempfile
 
 # (B, H, H_kv, D, N_q, N_k, causal): the issue's shapes, then the sweep
 SHAPES = [(1, 32, 8, 128, 1, n, False) for n in (1024, 4096, 16384, 32768, 65536, 131072, 262144)]
@@ -52,7 +55,6 @@ def write_rows(path, rows, cache, variant, peak_tbs, append=False):
     tools/decode_table.py): the course's rows as stage9_decode with its variant, the cache
     ("contiguous" or "paged<P>"), the time in ms and the share of the HBM's peak. append: add
     them to the file (its header kept; written where the file is new or empty)."""
-    import os
     header = not (append and os.path.exists(path) and os.path.getsize(path))
     with open(path, "a" if append else "w") as f:
         if header:
@@ -69,8 +71,6 @@ def self_test():
     """Without a GPU: the rows of a full run, then of three --append runs (nopack, nosplit, pages
     of 16), written as write_rows writes them, make both of decode_table's tables, with one
     header and every cell where it belongs. Exit 0 when all hold."""
-    import csv
-    import tempfile
     from tools import decode_table
     shape = ("GPU X", 1, 32, 8, 128, 1, 4096, 0)
     nbytes = 2 * 1 * 4096 * 8 * 128 * 2
