@@ -4,13 +4,16 @@
 For every shape, one set of inputs (fixed seed): q [B, N_q, H, D] and a cache of N_k keys per
 sequence, K and V [B, N_k, H_kv, D] (flash-attn's layout; --page-size P: the same keys in pages of
 P, scattered by a random block table, for the course only). Each library is timed the same way: a
-CUDA graph of --repeats rounds of (flush the L2 cache: a buffer of twice its size is written, or,
-with --flush read, read; one call), replayed --replays times between CUDA events, against a graph of
-the flushes alone; a call's time is the difference of the fastest replays over --repeats. No host
-time is counted, as a server replays its decode step in a CUDA graph; the stage programs' own
---bench (CUDA events around each launched call) counts the launch too. Decode reads every key and
-value once, so the figure of merit is their bytes over the time: GB/s, and the share of the HBM's
-peak (--peak-tbs, 4.8 for an H200).
+CUDA graph of --repeats rounds of (flush the L2 cache: a buffer of twice its size is read; one
+call), replayed --replays times between CUDA events, against a graph of the flushes alone; a call's
+time is the difference of the fastest replays over --repeats. No host time is counted, as a server
+replays its decode step in a CUDA graph; the stage programs' own --bench (CUDA events around each
+launched call) counts the launch too. The flush reads, so that the cache holds clean lines: one
+that writes (--flush write) leaves the L2 full of dirty lines, and the call that evicts them pays
+for writing them back, tens of MB that are not its own (measured on an H200 at 32,768 keys: every
+library 6-8 us slower, stage 9's LOG, step 8). Decode reads every key and value once, so the
+figure of merit is their bytes over the time: GB/s, and the share of the HBM's peak (--peak-tbs,
+4.8 for an H200).
 
 Columns:
   course   flashcourse.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=N_k, causal=)
@@ -27,7 +30,7 @@ line on stderr and exit 1.
 
 usage: python3 -m tools.decode_bench [--quick] [--page-size P] [--variant NAME] [--repeats N]
                                      [--replays N] [--csv OUT [--append]] [--peak-tbs T]
-                                     [--flush write|read] [--no-course | --no-sdpa] | --self-test
+                                     [--flush read|write] [--no-course | --no-sdpa] | --self-test
 Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
 """
 import argparse
@@ -122,9 +125,10 @@ def main():
     ap.add_argument("--append", action="store_true", help="add the rows to --csv's file (its "
                     "header kept) instead of replacing it: one file from several runs")
     ap.add_argument("--peak-tbs", type=float, default=4.8)
-    ap.add_argument("--flush", choices=("write", "read"), default="write",
+    ap.add_argument("--flush", choices=("read", "write"), default="read",
                     help="how the L2 is flushed before each call: a buffer of twice its size "
-                    "written (default; the call's reads then evict dirty lines) or read")
+                    "read (default) or written (the call's reads then evict dirty lines, and "
+                    "it pays for their write-back)")
     ap.add_argument("--no-course", action="store_true", help="SDPA and the copy only")
     ap.add_argument("--no-sdpa", action="store_true", help="the course and the copy only")
     ap.add_argument("--self-test", action="store_true",
@@ -159,7 +163,7 @@ def main():
         if args.flush == "write":  # the cache left holding the buffer's last lines, dirty
             flush.zero_()
         else:  # read: the cache left holding clean lines (their eviction writes nothing back)
-            torch.sum(flush, dtype=torch.int64, out=flush_sum)
+            torch.sum(flush, dim=0, dtype=torch.int64, out=flush_sum)
 
     def graph_of(fns, reps):
         """A CUDA graph of `reps` rounds of fns, captured on a side stream after a warm-up."""

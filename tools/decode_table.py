@@ -45,7 +45,8 @@ def tables(rows):
            "--no-sdpa --csv F --append` and `--variant nopack`, `--variant nosplit`, "
            "`--page-size 16`; then `python3 -m tools.decode_table`). Time per call, and in brackets the share of the "
            "HBM's 4.8 TB/s turned into cache reads (bytes of K and V / time); CUDA graphs of "
-           "calls with the L2 flushed before each, the same for every library.", ""]
+           "calls with the L2 flushed before each (a read of twice its size: clean lines, "
+           "no write-back charged to the call), the same for every library.", ""]
     out += ["| shape | stage 9 | FA2 | cuDNN | best of FA2, cuDNN / stage 9 |",
             "|:---|---:|---:|---:|---:|"]
     by = {}
