@@ -56,11 +56,15 @@
 // rows empty: the tensor core's waste is free while memory is the bound.
 constexpr int WARPS = 4;
 constexpr int THREADS = WARPS * WARP_SIZE;
-// Keys per K/V tile: 64 x D halves each for K and V (32 KB a stage at D = 128).
-constexpr int KT = 64;
+// Keys per K/V tile: as many as make TILE_HALVES halves of K (and as many of V) at every head dim,
+// 64 at D = 128 and 128 at D = 64 (32 KB a stage). A tile's fixed costs (its wait, its barrier,
+// its copies' addresses) then weigh the same on every byte read, whatever D.
+constexpr int TILE_HALVES = 8192;
+__host__ __device__ constexpr int tile_keys(int D) {
+    return TILE_HALVES / D;
+}
 // A warp computes 16 keys at a time: S is two n8 blocks, P one k16 step of P V.
 constexpr int SLICE = MMA_K;
-constexpr int SLICES = KT / SLICE;
 // The ring of K/V tiles in shared memory: from 2 stages (a T4's 64 KB at D = 128) to 4. The
 // plan takes the count that keeps the most bytes in flight per SM (blocks per SM x stages - 1).
 constexpr int MIN_STAGES = 2;
@@ -75,8 +79,9 @@ constexpr double FILL_SLACK = SPLIT_SLACK;
 // results know which).
 typedef uint16_t elem;
 
-// Shared-memory tiles are [KT, D] halves, XOR-swizzled as stage 5's: 16-byte chunk c of row r is
-// stored at chunk c ^ (r % 8), so the eight rows of an ldmatrix matrix hit eight bank groups.
+// Shared-memory tiles are [tile_keys(D), D] halves, XOR-swizzled as stage 5's: 16-byte chunk c of
+// row r is stored at chunk c ^ (r % 8), so the eight rows of an ldmatrix matrix hit eight bank
+// groups.
 template <int D>
 __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
     return (uint32_t)(row * (D * HALF_BYTES) + (chunk ^ (row % MATRIX_ROWS)) * CHUNK_BYTES);
@@ -156,7 +161,7 @@ typedef struct {
     int rows;          // a tile's packed rows, tile_heads x N: row i x tile_heads + j is query i
                        // of head h0 + j
     int row_warps;     // warps over a tile's m16 row tiles (1, 2 or 4); the others split keys
-    int splits, split_keys;  // key ranges per sequence and keys per range (a multiple of KT)
+    int splits, split_keys;  // key ranges per sequence, keys per range (whole tiles: tile_keys(D))
     int stages;              // the K/V ring's depth
 } decode_params;
 
@@ -260,7 +265,7 @@ __host__ __device__ constexpr int copy_rows() {
 }
 template <int D>
 __host__ __device__ constexpr int copy_passes() {
-    return KT / copy_rows<D>();
+    return tile_keys(D) / copy_rows<D>();
 }
 
 // Phase 1 (once): this warp's 16 rows of the packed Q tile, as A fragments, straight from global
@@ -525,6 +530,7 @@ __device__ __forceinline__ void store_rows(const decode_params &p, const float *
 template <int D, bool BF16, bool PAGED>
 __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
     extern __shared__ __align__(128) unsigned char smem[];
+    constexpr int KT = tile_keys(D), SLICES = KT / SLICE;  // keys a tile, slices a tile
     constexpr uint32_t TILE_BYTES = KT * D * HALF_BYTES;
     constexpr uint32_t STAGE_BYTES = 2 * TILE_BYTES;  // K, then V
     const int split = blockIdx.x;
@@ -613,7 +619,7 @@ typedef struct {
 // Bytes of one ring stage (a K and a V tile), and of the key warps' merge (every warp's 16 rows
 // of O, m and l: it reuses the ring).
 static size_t stage_bytes(int D) {
-    return (size_t)2 * KT * D * HALF_BYTES;
+    return (size_t)2 * tile_keys(D) * D * HALF_BYTES;
 }
 static size_t merge_bytes(int D) {
     return (size_t)WARPS * MMA_M * state_floats(D) * sizeof(float);
@@ -652,8 +658,9 @@ static void make_plan(const attn_shape *s, const attn_device *dev, int variant, 
     if (pl->smem < merge_bytes(s->D)) pl->smem = merge_bytes(s->D);
     const int blocks_per_sm = pl->stages ? (int)(per_sm / (pl->smem + reserve)) : 1;
 
-    const int tiles = ceil_div(s->N_k, KT);
-    pl->splits = 1, pl->split_keys = tiles * KT;
+    const int tile_k = tile_keys(s->D);  // keys a tile
+    const int tiles = ceil_div(s->N_k, tile_k);
+    pl->splits = 1, pl->split_keys = tiles * tile_k;
     if (!split || variant == VARIANT_NOSPLIT || dev->sm_count < 1) return;
     const long long units = (long long)s->B * (s->H / pl->tile_heads) * pl->row_groups;
     const long long slots = (long long)dev->sm_count * (blocks_per_sm > 0 ? blocks_per_sm : 1);
@@ -665,7 +672,7 @@ static void make_plan(const attn_shape *s, const attn_device *dev, int variant, 
         n = n < tiles ? n : tiles;
         n = n < MAX_SPLITS ? n : MAX_SPLITS;
         const int per = ceil_div(tiles, n);
-        pl->split_keys = per * KT;
+        pl->split_keys = per * tile_k;
         pl->splits = ceil_div(tiles, per);
         return;
     }
@@ -681,7 +688,7 @@ static void make_plan(const attn_shape *s, const attn_device *dev, int variant, 
     for (int n = 1; n <= MAX_SPLITS && n <= tiles; ++n) {
         if (eff[n] >= FILL_SLACK * eff_best) {
             const int per = ceil_div(tiles, n);
-            pl->split_keys = per * KT;
+            pl->split_keys = per * tile_k;
             pl->splits = ceil_div(tiles, per);
             return;
         }
@@ -832,9 +839,9 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
                                part_rows,
                                s->N,
                                1,
-                               KT,
+                               tile_keys(s->D),
                                pl.splits,
-                               pl.split_keys / KT,
+                               pl.split_keys / tile_keys(s->D),
                                {s->N, (int)capacity, -1, -1},
                                s->H,
                                s->o.batch,
