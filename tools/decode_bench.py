@@ -28,7 +28,8 @@ is_causal is top-left, so SDPA gets torch.nn.attention.bias.causal_lower_right(N
 Checks: each output against the first library that ran the shape (2e-2 absolute); over it, a FAIL
 line on stderr and exit 1.
 
-usage: python3 -m tools.decode_bench [--quick] [--page-size P] [--variant NAME] [--repeats N]
+usage: python3 -m tools.decode_bench [--quick | --shape B,H,H_kv,D,N_q,N_k[,causal] ...]
+                                     [--page-size P] [--variant NAME] [--repeats N]
                                      [--replays N] [--csv OUT [--append]] [--peak-tbs T]
                                      [--flush read|write] [--no-course | --no-sdpa] | --self-test
 Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
@@ -50,6 +51,26 @@ QUICK = [(1, 32, 8, 128, 1, 4096, False), (1, 32, 8, 128, 1, 32768, False),
 
 
 HEADER = "gpu,B,H,H_kv,D,N_q,N_k,causal,cache,library,variant,ms_median,gbs,hbm_pct"
+
+
+def parse_shape(text):
+    """--shape's value, "B,H,H_kv,D,N_q,N_k" with ",1" for causal (",0" or nothing: not), as a
+    SHAPES entry; argparse.ArgumentTypeError naming what is wrong."""
+    try:
+        v = [int(x) for x in text.split(",")]
+    except ValueError:
+        v = []
+    if len(v) not in (6, 7):
+        raise argparse.ArgumentTypeError(f"'{text}' is not B,H,H_kv,D,N_q,N_k[,causal] (integers)")
+    B, H, H_kv, D, N_q, N_k = v[:6]
+    causal = v[6] if len(v) == 7 else 0
+    if min(B, H, H_kv, D, N_q, N_k) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': every size must be >= 1")
+    if H % H_kv:
+        raise argparse.ArgumentTypeError(f"'{text}': H ({H}) must be a multiple of H_kv ({H_kv})")
+    if causal not in (0, 1):
+        raise argparse.ArgumentTypeError(f"'{text}': causal must be 0 or 1")
+    return (B, H, H_kv, D, N_q, N_k, bool(causal))
 
 
 def write_rows(path, rows, cache, variant, peak_tbs, append=False):
@@ -107,9 +128,19 @@ def self_test():
     for line in want:
         if line not in out.splitlines():
             problems.append(f"decode_table's line missing: {line}")
+    if parse_shape("1,32,8,64,4,4096,1") != (1, 32, 8, 64, 4, 4096, True) or \
+            parse_shape("8,32,8,128,1,32768") != (8, 32, 8, 128, 1, 32768, False):
+        problems.append("parse_shape reads a good --shape wrong")
+    for bad in ("1,32,8,128,1", "1,32,8,128,1,0", "1,32,5,128,1,64", "1,32,8,128,1,64,2", "a,b"):
+        try:
+            parse_shape(bad)
+            problems.append(f"parse_shape takes '{bad}'")
+        except argparse.ArgumentTypeError:
+            pass
     for p in problems:
         print(f"FAIL  decode_bench --self-test: {p}")
-    print("ok    decode_bench --self-test: write_rows, --append and decode_table agree"
+    print("ok    decode_bench --self-test: write_rows, --append and decode_table agree; "
+          "--shape parsed"
           if not problems else f"{len(problems)} failed")
     return 1 if problems else 0
 
@@ -117,6 +148,8 @@ def self_test():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--shape", type=parse_shape, action="append", metavar="B,H,H_kv,D,N_q,N_k[,c]",
+                    help="time this shape instead of the list (repeatable; c = 1: causal)")
     ap.add_argument("--page-size", type=int, default=0)
     ap.add_argument("--variant", default="default")
     ap.add_argument("--repeats", type=int, default=20, help="calls per graph (default 20)")
@@ -229,7 +262,7 @@ def main():
     libs = ["course", "FA2", "cuDNN"]
     print(f"{'B':>2} {'H':>3} {'Hkv':>3} {'D':>3} {'Nq':>2} {'N_k':>7} {'c':>1}  " +
           "  ".join(f"{x:>22}" for x in libs))
-    for (B, H, H_kv, D, N_q, N_k, causal) in (QUICK if args.quick else SHAPES):
+    for (B, H, H_kv, D, N_q, N_k, causal) in (args.shape or (QUICK if args.quick else SHAPES)):
         g = torch.Generator(device=dev).manual_seed(1)
         q = torch.randn(B, N_q, H, D, device=dev, dtype=torch.float16, generator=g)
         k = torch.randn(B, N_k, H_kv, D, device=dev, dtype=torch.float16, generator=g)
