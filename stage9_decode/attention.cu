@@ -632,6 +632,14 @@ static cudaError_t kernel_arch(int *arch) {
     return kernel_versions((const void *)decode_kernel<64, false, false>, arch, &binary);
 }
 
+// The key ranges of n (at most): `tiles` K/V tiles cut into ranges of whole tiles, as even as
+// whole tiles allow (the last range may be shorter, so there may be fewer than n).
+static void cut_ranges(decode_plan *pl, int tiles, int n, int tile_k) {
+    const int per = ceil_div(tiles, n);
+    pl->split_keys = per * tile_k;
+    pl->splits = ceil_div(tiles, per);
+}
+
 // The plan of a shape: how rows and keys are shared out, the ring's depth, how many key ranges.
 // split: whether the caller gives the workspace split-KV needs. The shared memory per SM is taken
 // as the per-block limit plus the 1 KB the driver reserves per block: an imitated T4 or L4
@@ -671,9 +679,7 @@ static void make_plan(const attn_shape *s, const attn_device *dev, int variant, 
         long long n = slots / units;
         n = n < tiles ? n : tiles;
         n = n < MAX_SPLITS ? n : MAX_SPLITS;
-        const int per = ceil_div(tiles, n);
-        pl->split_keys = per * tile_k;
-        pl->splits = ceil_div(tiles, per);
+        cut_ranges(pl, tiles, (int)n, tile_k);
         return;
     }
     // More: the fewest ranges whose blocks fill the slots in whole waves within FILL_SLACK of the
@@ -687,9 +693,7 @@ static void make_plan(const attn_shape *s, const attn_device *dev, int variant, 
     }
     for (int n = 1; n <= MAX_SPLITS && n <= tiles; ++n) {
         if (eff[n] >= FILL_SLACK * eff_best) {
-            const int per = ceil_div(tiles, n);
-            pl->split_keys = per * tile_k;
-            pl->splits = ceil_div(tiles, per);
+            cut_ranges(pl, tiles, n, tile_k);
             return;
         }
     }
