@@ -10,10 +10,9 @@ time is the difference of the fastest replays over --repeats. No host time is co
 replays its decode step in a CUDA graph; the stage programs' own --bench (CUDA events around each
 launched call) counts the launch too. The flush reads, so that the cache holds clean lines: one
 that writes (--flush write) leaves the L2 full of dirty lines, and the call that evicts them pays
-for writing them back, tens of MB that are not its own (measured on an H200 at 32,768 keys: every
-library 6-8 us slower, stage 9's LOG, step 8). Decode reads every key and value once, so the
-figure of merit is their bytes over the time: GB/s, and the share of the HBM's peak (--peak-tbs,
-4.8 for an H200).
+for writing them back, tens of MB that are not its own (what that costs each library: stage 9's
+LOG, step 8). Decode reads every key and value once, so the figure of merit is their bytes over
+the time: GB/s, and the share of the HBM's peak (--peak-tbs, 4.8 for an H200).
 
 Columns:
   course   flashcourse.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=N_k, causal=)
