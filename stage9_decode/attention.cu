@@ -72,6 +72,10 @@ constexpr int MAX_STAGES = 4;
 // Split-KV: the fewest key ranges whose blocks fill the GPU's slots within this share of the
 // best (FA2's rule, split_kv.cuh's SPLIT_SLACK).
 constexpr double FILL_SLACK = SPLIT_SLACK;
+// The shortest key range worth a block where the SMs do not need more blocks: a range of fewer
+// tiles pays its block's fixed part (Q, the length, the ring's fill, its partial O and LSE and
+// their merge) on too few bytes.
+constexpr int MIN_RANGE_TILES = 4;
 
 /* ---- device helpers -------------------------------------------------------------------------- */
 
@@ -672,11 +676,15 @@ static void make_plan(const attn_shape *s, const attn_device *dev, int variant, 
     if (!split || variant == VARIANT_NOSPLIT || dev->sm_count < 1) return;
     const long long units = (long long)s->B * (s->H / pl->tile_heads) * pl->row_groups;
     const long long slots = (long long)dev->sm_count * (blocks_per_sm > 0 ? blocks_per_sm : 1);
-    // Fewer tiles than slots: as many ranges as one wave holds, so that every SM gets the same
-    // number of blocks (the blocks share an SM's issue slots: an SM with one block less idles
-    // while the others finish).
+    // Fewer units (packed query tiles) than slots: as many ranges as one wave holds, so that
+    // every SM gets the same number of blocks (the blocks share an SM's issue slots: an SM with
+    // one block less idles while the others finish); but ranges of at least MIN_RANGE_TILES
+    // tiles, with no fewer asked for than one block per SM.
     if (units <= slots) {
-        long long n = slots / units;
+        const long long fill = slots / units, per_sm = dev->sm_count / units;
+        const long long longest = tiles / MIN_RANGE_TILES;
+        long long n = fill < longest ? fill : longest;
+        n = n > per_sm ? n : per_sm;
         n = n < tiles ? n : tiles;
         n = n < MAX_SPLITS ? n : MAX_SPLITS;
         cut_ranges(pl, tiles, (int)n, tile_k);
