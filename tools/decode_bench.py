@@ -338,9 +338,10 @@ def main():
                 cells.append(f"{'n/a':>22}")
             else:
                 gbs = nbytes / ms / 1e6
-                cells.append(f"{ms * 1e3:8.1f} us {gbs:5.0f} {100 * gbs / (1000 * args.peak_tbs):3.0f}%")
-        print(f"{B:>2} {H:>3} {H_kv:>3} {D:>3} {N_q:>2} {N_k:>7} {int(causal):>1}  " + "  ".join(cells),
-              flush=True)
+                pct = 100 * gbs / (1000 * args.peak_tbs)
+                cells.append(f"{ms * 1e3:8.1f} us {gbs:5.0f} {pct:3.0f}%")
+        print(f"{B:>2} {H:>3} {H_kv:>3} {D:>3} {N_q:>2} {N_k:>7} {int(causal):>1}  "
+              + "  ".join(cells), flush=True)
     if args.csv:
         write_rows(args.csv, rows, f"paged{args.page_size}" if args.page_size else "contiguous",
                    args.variant, args.peak_tbs, args.append)

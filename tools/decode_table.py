@@ -43,10 +43,11 @@ def tables(rows):
     out = [f"Measured on {gpu}; from `stage9_decode/measured/h200_decode.csv` "
            "(regenerate: `python3 -m tools.decode_bench --csv F`; the same with `--quick "
            "--no-sdpa --csv F --append` and `--variant nopack`, `--variant nosplit`, "
-           "`--page-size 16`; then `python3 -m tools.decode_table`). Time per call, and in brackets the share of the "
-           "HBM's 4.8 TB/s turned into cache reads (bytes of K and V / time); CUDA graphs of "
-           "calls with the L2 flushed before each (a read of twice its size: clean lines, "
-           "no write-back charged to the call), the same for every library.", ""]
+           "`--page-size 16`; then `python3 -m tools.decode_table`). Time per call, and in "
+           "brackets the share of the HBM's 4.8 TB/s turned into cache reads (bytes of K and V "
+           "/ time); CUDA graphs of calls with the L2 flushed before each (a read of twice its "
+           "size: clean lines, no write-back charged to the call), the same for every library.",
+           ""]
     out += ["| shape | stage 9 | FA2 | cuDNN | best of FA2, cuDNN / stage 9 |",
             "|:---|---:|---:|---:|---:|"]
     by = {}
@@ -70,7 +71,8 @@ def tables(rows):
                    f"{cell(cudnn) if cudnn else 'n/a'} | "
                    f"{f'{ratio:.2f}' if ratio is not None else '-'} |")
     out += ["", f"Stage 9 is at least as fast as both on {wins} of {len(keys)} shapes.", ""]
-    out += ["| shape | default | nopack | nosplit | default, pages of 16 |", "|:---|---:|---:|---:|---:|"]
+    out += ["| shape | default | nopack | nosplit | default, pages of 16 |",
+            "|:---|---:|---:|---:|---:|"]
     for k in keys:
         cells = []
         for cache, var in (("contiguous", "default"), ("contiguous", "nopack"),
