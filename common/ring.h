@@ -113,7 +113,33 @@ typedef struct {
     int devices[RING_MAX_GPUS]; /* the CUDA device of ring position r */
     int backward;               /* 1: also plan and allocate for the backward pass */
     long long smem_limit;       /* > 0: the inner stage's shared memory per block lowered to it */
+    long long piece;            /* > 0: ring_piece_rows; 0: RING_PIECE_ROWS */
 } ring_shape;
+
+/* The backward pass runs an unmasked block of more than ring_piece_rows() queries (P > 1) as
+ * pieces of that many query rows, the last one shorter: stage 8's backward walks every query tile
+ * of its block from each key tile, and walks of more than 128k rows lose their reads' reuse in L2
+ * (stage10_context_parallel/LOG.md, step 8). Each piece gives the block's keys a partial dK and
+ * dV, added up in the storage type: one more rounding a piece. */
+#define RING_PIECE_ROWS 131072
+static inline long long ring_piece_rows(const ring_shape *s) {
+    return s->piece > 0 ? s->piece : RING_PIECE_ROWS;
+}
+static inline long long ring_pieces(const ring_shape *s, const ring_block *b) {
+    if (s->P == 1 || b->causal || b->q_rows == 0 || b->k_rows == 0) return 1;
+    return (b->q_rows + ring_piece_rows(s) - 1) / ring_piece_rows(s);
+}
+/* The most pieces a block of any GPU and step is cut into (the check's extra roundings). */
+static inline long long ring_pieces_max(const ring_shape *s) {
+    long long most = 1;
+    for (int r = 0; r < s->P; r++)
+        for (int t = 0; t < s->P; t++) {
+            const ring_block b = ring_step(s->N, s->P, s->layout, s->causal, r, t);
+            const long long n = ring_pieces(s, &b);
+            most = n > most ? n : most;
+        }
+    return most;
+}
 
 typedef struct ring ring; /* the plans, buffers, streams and NCCL communicators: ring.cu's */
 

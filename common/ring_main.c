@@ -37,12 +37,14 @@
 #define MIN_REPEATS 3  /* timed runs of a pass, at least */
 #define MAX_REPEATS 20 /* and at most, within --budget seconds */
 #define CHECK_ROWS 24  /* float64 rows checked by default (the first, the last, a spread) */
+#define SELF_TEST_PIECE \
+    384 /* --self-test: queries a piece of a block on some shapes (ring_pieces) */
 enum { T_Q, T_K, T_V, T_DO, INPUTS }; /* the inputs' numbers in ring_fill */
 
 typedef struct {
     int P, B, H, H_kv, D, causal, bf16, peaky, backward, bench, csv, self_test, timeline;
     int float64_only; /* --against float64 */
-    long long N, check_rows, smem_limit;
+    long long N, check_rows, smem_limit, piece;
     int repeats;
     double budget;
     unsigned long long seed;
@@ -81,6 +83,8 @@ static void help(void) {
         "  --budget SECONDS     time spent on repeats of a timed pass (default 10)\n"
         "  --repeats R          exactly R timed runs of a pass after its warm-up (long shapes)\n"
         "  --smem-limit BYTES   the inner stage's shared memory per block (65536: a T4's path)\n"
+        "  --piece ROWS         the backward's unmasked blocks cut into pieces of at most ROWS\n"
+        "                       queries (default 131072)\n"
         "  --csv                one CSV row per timed pass\n"
         "  --timeline           each GPU's steps: when its compute and its transfer ran (ms)\n"
         "  --dist normal|peaky  peaky scales Q by 8 so each query attends to a few keys\n"
@@ -140,6 +144,8 @@ static void parse(int argc, char **argv, options *o) {
             o->inner = VALUE();
         else if (!strcmp(a, "--smem-limit"))
             o->smem_limit = parse_int(a, VALUE(), 1, 1LL << 30);
+        else if (!strcmp(a, "--piece"))
+            o->piece = parse_int(a, VALUE(), 1, 1LL << 40);
         else if (!strcmp(a, "--repeats"))
             o->repeats = (int)parse_int(a, VALUE(), 1, MAX_REPEATS);
         else if (!strcmp(a, "--lib-dir"))
@@ -423,7 +429,7 @@ enum { CHECKED = 9 };
  * H_kv key/value heads of the whole sequence: all of it, or one group) on sampled rows, the
  * course's pass rule; the ring rounds each step's partial result (o, dQ, dK, dV) to the storage
  * type before adding it up: P - 1 more roundings, each at most an ulp of the largest value, are
- * allowed beside it. */
+ * allowed beside it, and for dK and dV one more for each further piece of a block (ring_pieces). */
 static int check_float64(const ring_shape *s, int B, int H, int H_kv, float *const *t,
                          const options *o, verdict *vd, char *err, size_t errlen) {
     const ref_shape rs = {.B = B,
@@ -445,7 +451,7 @@ static int check_float64(const ring_shape *s, int B, int H, int H_kv, float *con
     }
     const long long nq = pick_rows(total, o->check_rows, o->seed, rows);
     const long long nk = pick_rows(ktotal, o->check_rows, o->seed + 1, rows + nq);
-    const double extra = s->P - 1;
+    const double extra = s->P - 1, extra_kv = extra + s->P * (double)(ring_pieces_max(s) - 1);
     check_output(&rs, st, t[T_Q], t[T_K], t[T_V], t[4], t[5], rows, nq, &vd->out);
     vd->out.pass = vd->out.nonfinite == 0 &&
                    vd->out.max_abs_err <= vd->out.bound + extra * ulp(max_abs(t[4], qn), s->bf16) &&
@@ -457,9 +463,9 @@ static int check_float64(const ring_shape *s, int B, int H, int H_kv, float *con
         const size_t count[GRADS] = {qn, kn, kn};
         vd->grads.pass = vd->grads.nonfinite == 0;
         for (int gi = 0; gi < GRADS; gi++)
-            vd->grads.pass &=
-                vd->grads.max_abs_err[gi] <=
-                vd->grads.bound[gi] + extra * ulp(max_abs(t[6 + gi], count[gi]), s->bf16);
+            vd->grads.pass &= vd->grads.max_abs_err[gi] <=
+                              vd->grads.bound[gi] + (gi ? extra_kv : extra) *
+                                                        ulp(max_abs(t[6 + gi], count[gi]), s->bf16);
         vd->pass &= vd->grads.pass;
     }
     free(rows);
@@ -546,9 +552,11 @@ static int check_ring(run *ring_run, const ring_inner *inner, const options *o, 
         vd->bound[0] = 2 * vd->out.bound, vd->bound[1] = 2 * vd->out.lse_bound;
         for (int gi = 0; s->backward && gi < GRADS; gi++)
             vd->bound[2 + gi] = 2 * vd->grads.bound[gi];
+        const double pieces_kv = s->P * (double)(ring_pieces_max(s) - 1); /* dK, dV: i 7, 8 */
         for (int i = 4; i < CHECKED; i++)
             if (i != 5 && t1[i])
-                vd->bound[i - 4] += (s->P - 1) * ulp(max_abs(t1[i], count[i - 4]), s->bf16);
+                vd->bound[i - 4] += (s->P - 1 + (i >= 7 ? pieces_kv : 0)) *
+                                    ulp(max_abs(t1[i], count[i - 4]), s->bf16);
         for (int i = 4; i < CHECKED; i++) {
             if (!tp[i]) continue;
             double excess;
@@ -748,6 +756,9 @@ static int self_test(ring_shape base, const ring_inner *inner, const char *inner
                         s.H_kv = heads[hi][2], s.backward = 1;
                         s.D = (ni + hi) % 2 ? 64 : 128, s.bf16 = (int)(ni % 2);
                         s.scale = 1.0f / sqrtf((float)s.D);
+                        /* the backward's blocks in pieces (ring_pieces): of 384 queries, on the
+                         * long shapes of the second head set */
+                        s.piece = Ns[ni] >= 1000 && hi ? SELF_TEST_PIECE : 0;
                         /* N = 1000 with a peaked softmax (Q x 8): partials that cancel */
                         options po = *o;
                         po.peaky = Ns[ni] == 1000;
@@ -812,7 +823,8 @@ int main(int argc, char **argv) {
                     .P = o.P,
                     .layout = o.layout,
                     .backward = o.backward,
-                    .smem_limit = o.smem_limit};
+                    .smem_limit = o.smem_limit,
+                    .piece = o.piece};
     s.scale = o.scale > 0 ? o.scale : 1.0f / sqrtf((float)o.D);
     for (int r = 0; r < RING_MAX_GPUS; r++) s.devices[r] = r;
     printf("stage10_context_parallel: %d x %s, ring of %d, inner %s\n", gpus, prop.name, o.P,

@@ -172,10 +172,11 @@ typedef struct {
     void *o_part;  // [B, H, q_rows, D]: a step's partial output (forward); dQ of a block (backward)
     float *lse_part;  // [B, H, q_rows]: its lse; the backward: the lse of the block's rows
     float *o_acc;     // [B, H, n, D] fp32: the accumulator between the first and last steps (P > 2)
-    void *dk_part, *dv_part;  // [B, H_kv, k_rows, D]: a block's dK, dV
+    void *dk_part, *dv_part;    // [B, H_kv, k_rows, D]: a block's dK, dV
+    void *dk_piece, *dv_piece;  // the same, of a block's second and later pieces (ring_pieces)
     void *workspace;
     size_t workspace_bytes, bytes;
-    unsigned char *plans;  // forward and backward plan of every step
+    unsigned char *plans;  // forward and backward plan of every step, then its pieces' (two)
     // the timeline (ring_timeline): the pass's start, and each step's compute and transfers
     cudaEvent_t t0, marks[RING_MAX_GPUS][RING_MARKS];
 } ring_gpu;
@@ -229,17 +230,24 @@ static long long slice_rows(const ring_shape *s, int r) {
 static unsigned char *plan_at(const ring *g, int r, int pass, int t) {
     return g->gpu[r].plans + ((size_t)pass * g->s.P + t) * g->inner.plan_bytes;
 }
+// The backward plan of step t's pieces (ring_pieces): kind 0 the whole ones, 1 the last, shorter.
+enum { PIECE_WHOLE, PIECE_LAST, PIECE_KINDS };
+static unsigned char *piece_plan_at(const ring *g, int r, int t, int kind) {
+    return g->gpu[r].plans + ((size_t)(2 + kind) * g->s.P + t) * g->inner.plan_bytes;
+}
 
-// The request of step t's block on GPU r: its queries a view of the slice's rows (the slice's
-// strides), its keys a view of the visiting slice's, its outputs the block's own buffers.
-static attn_lib_request block_request(const ring *g, int r, int t, int pass, const ring_block *b) {
+// The request of step t's block on GPU r, for `rows` of its queries (the block's, or a piece's):
+// its queries a view of the slice's rows (the slice's strides), its keys a view of the visiting
+// slice's, its outputs the block's own buffers (a piece's dQ rows within the block's).
+static attn_lib_request block_request(const ring *g, int r, int t, int pass, const ring_block *b,
+                                      long long rows) {
     const ring_shape *s = &g->s;
     const long long n = slice_rows(s, r), n_s = slice_rows(s, source_of(s->P, r, t));
     attn_lib_request q = {};
     q.pass = pass;
     q.device = s->devices[r];
     q.smem_limit = s->smem_limit;
-    q.B = s->B, q.H = s->H, q.N = (int)b->q_rows, q.D = s->D, q.causal = b->causal;
+    q.B = s->B, q.H = s->H, q.N = (int)rows, q.D = s->D, q.causal = b->causal;
     q.scale = s->scale, q.H_kv = s->H_kv, q.N_k = (int)b->k_rows, q.bf16 = s->bf16;
     const attn_layout slice = attn_contiguous(s->H, (int)n, s->D);
     const attn_layout keys = attn_contiguous(s->H_kv, (int)n_s, s->D);
@@ -277,9 +285,9 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
     for (int r = 0; r < P; r++) {
         ring_gpu *G = &g->gpu[r];
         const long long n = slice_rows(s, r);
-        G->plans = (unsigned char *)calloc((size_t)2 * P, inner->plan_bytes);
+        G->plans = (unsigned char *)calloc((size_t)(2 + PIECE_KINDS) * P, inner->plan_bytes);
         if (!G->plans) return fail(err, errlen, ATTN_EXIT_OOM, "ring: no host memory");
-        long long q_rows = 0, k_rows = 0, n_max = 0;
+        long long q_rows = 0, k_rows = 0, n_max = 0, k_rows_pieced = 0;
         for (int t = 0; t < P; t++) {
             const ring_block b = ring_step(s->N, P, s->layout, s->causal, r, t);
             const long long n_s = slice_rows(s, source_of(P, r, t));
@@ -288,9 +296,22 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
             q_rows = b.q_rows > q_rows ? b.q_rows : q_rows;
             k_rows = b.k_rows > k_rows ? b.k_rows : k_rows;
             for (int pass = 0; pass <= s->backward; pass++) {
-                const attn_lib_request q = block_request(g, r, t, pass, &b);
+                const attn_lib_request q = block_request(g, r, t, pass, &b, b.q_rows);
                 size_t ws = 0;
                 const int rc = inner->plan(&q, plan_at(g, r, pass, t), inner->plan_bytes, &ws);
+                if (rc) return fail(err, errlen, rc, "%s", inner->last_error());
+                G->workspace_bytes = ws > G->workspace_bytes ? ws : G->workspace_bytes;
+            }
+            const long long pieces = s->backward ? ring_pieces(s, &b) : 1;
+            if (pieces == 1) continue;
+            const long long rows = ring_piece_rows(s), last = b.q_rows - (pieces - 1) * rows;
+            k_rows_pieced = b.k_rows > k_rows_pieced ? b.k_rows : k_rows_pieced;
+            for (int kind = 0; kind < PIECE_KINDS; kind++) {
+                const attn_lib_request q = block_request(g, r, t, ATTN_LIB_BACKWARD, &b,
+                                                         kind == PIECE_WHOLE ? rows : last);
+                size_t ws = 0;
+                const int rc =
+                    inner->plan(&q, piece_plan_at(g, r, t, kind), inner->plan_bytes, &ws);
                 if (rc) return fail(err, errlen, rc, "%s", inner->last_error());
                 G->workspace_bytes = ws > G->workspace_bytes ? ws : G->workspace_bytes;
             }
@@ -320,6 +341,8 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
             if (s->backward) {
                 RING_ALLOC(G->dk_part, k_elems * k_rows * e);
                 RING_ALLOC(G->dv_part, k_elems * k_rows * e);
+                RING_ALLOC(G->dk_piece, k_elems * k_rows_pieced * e);
+                RING_ALLOC(G->dv_piece, k_elems * k_rows_pieced * e);
             }
         }
         if (P > 2) RING_ALLOC(G->o_acc, q_elems * n * sizeof(float));
@@ -363,9 +386,10 @@ void ring_destroy(ring *g) {
     for (int r = 0; r < g->s.P; r++) {
         ring_gpu *G = &g->gpu[r];
         if (cudaSetDevice(G->device) != cudaSuccess) continue;
-        void *bufs[] = {G->k_buf[0],  G->k_buf[1],  G->v_buf[0],  G->v_buf[1], G->dk_buf[0],
-                        G->dk_buf[1], G->dv_buf[0], G->dv_buf[1], G->o_part,   G->lse_part,
-                        G->o_acc,     G->dk_part,   G->dv_part,   G->workspace};
+        void *bufs[] = {G->k_buf[0],  G->k_buf[1],  G->v_buf[0],  G->v_buf[1],
+                        G->dk_buf[0], G->dk_buf[1], G->dv_buf[0], G->dv_buf[1],
+                        G->o_part,    G->lse_part,  G->o_acc,     G->dk_part,
+                        G->dv_part,   G->dk_piece,  G->dv_piece,  G->workspace};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) cudaFree(bufs[i]);
         cudaEvent_t ev[] = {G->start,      G->kv_ready[0], G->kv_ready[1],    G->kv_free[0],
                             G->kv_free[1], G->dkv_ready,   G->dkv_arrived[0], G->dkv_arrived[1]};
@@ -614,6 +638,54 @@ static cudaError_t accumulate(O *out, const A *acc, const K *block, long long bh
     return cudaGetLastError();
 }
 
+// The inner backward on step t's block of GPU r, piece by piece (ring_pieces: one piece, the block,
+// unless it is unmasked and long): each piece's rows of lse copied contiguous where they are not
+// the slice's own, its dQ rows written where the block's go (the gradients themselves at step 0 or
+// in the ring of one, else o_part), the block's dK and dV into dk_part and dv_part, a later piece's
+// into dk_piece and dv_piece and added to them there.
+template <typename T>
+static int block_backward(ring *g, int r, int t, const ring_block *b, const void *const *q,
+                          const void *const *k, const void *const *v, const void *const *o,
+                          const float *const *lse, const void *const *dO, void *const *dQ,
+                          void *const *dK, void *const *dV, cudaStream_t st, char *err,
+                          size_t errlen) {
+    const ring_shape *s = &g->s;
+    ring_gpu *G = &g->gpu[r];
+    const long long n = slice_rows(s, r), pieces = ring_pieces(s, b);
+    const long long rows = pieces > 1 ? ring_piece_rows(s) : b->q_rows;
+    const bool direct = s->P == 1;  // the ring of one writes the gradients themselves
+    T *dq_block = (T *)(direct || t == 0 ? dQ[r] : G->o_part);
+    for (long long i = 0; i < pieces; i++) {
+        const long long row = b->q_row + i * rows, m = i + 1 < pieces ? rows : b->q_rows - i * rows;
+        const long long at = row * s->D;
+        const float *lb = lse[r];
+        if (row || m != n) {  // the piece's rows of lse, [B, H, m] as a stage takes them
+            RING_CUDA(cudaMemcpy2DAsync(G->lse_part, m * sizeof(float), lse[r] + row,
+                                        n * sizeof(float), m * sizeof(float), (size_t)s->B * s->H,
+                                        cudaMemcpyDeviceToDevice, st));
+            lb = G->lse_part;
+        }
+        const void *plan = pieces == 1 ? plan_at(g, r, ATTN_LIB_BACKWARD, t)
+                           : m == rows ? piece_plan_at(g, r, t, PIECE_WHOLE)
+                                       : piece_plan_at(g, r, t, PIECE_LAST);
+        void *dk = i > 0 ? G->dk_piece : direct ? dK[r] : G->dk_part;
+        void *dv = i > 0 ? G->dv_piece : direct ? dV[r] : G->dv_part;
+        const int rc = g->inner.backward(
+            plan, (const T *)q[r] + at, (const T *)keys_at(g, r, t, k) + b->k_row * s->D,
+            (const T *)values_at(g, r, t, v) + b->k_row * s->D, (const T *)o[r] + at, lb,
+            (const T *)dO[r] + at, dq_block + (row - b->q_row) * s->D, dk, dv, NULL, NULL,
+            G->workspace, G->workspace_bytes, st);
+        if (rc) return fail(err, errlen, rc, "%s", g->inner.last_error());
+        if (i > 0) {  // the piece's partial dK, dV added to the block's
+            const long long kh = (long long)s->B * s->H_kv;
+            T *dkb = (T *)G->dk_part, *dvb = (T *)G->dv_part;
+            RING_CUDA(accumulate(dkb, dkb, (const T *)dk, kh, b->k_rows, 0, b->k_rows, s->D, st));
+            RING_CUDA(accumulate(dvb, dvb, (const T *)dv, kh, b->k_rows, 0, b->k_rows, s->D, st));
+        }
+    }
+    return ATTN_EXIT_PASS;
+}
+
 template <typename T>
 static int backward_steps(ring *g, const void *const *q, const void *const *k, const void *const *v,
                           const void *const *o, const float *const *lse, const void *const *dO,
@@ -643,24 +715,9 @@ static int backward_steps(ring *g, const void *const *q, const void *const *k, c
             if (t > 0) RING_CUDA(cudaStreamWaitEvent(st, G->kv_ready[t % STEP_BUFFERS], 0));
             RING_CUDA(mark(g, r, t, MARK_COMPUTE, st));
             if (runs) {
-                const long long at = b.q_row * s->D;
-                const float *lb = lse[r];
-                if (b.q_row) {  // the block's rows of lse, contiguous as a stage takes them
-                    RING_CUDA(cudaMemcpy2DAsync(G->lse_part, b.q_rows * sizeof(float),
-                                                lse[r] + b.q_row, n * sizeof(float),
-                                                b.q_rows * sizeof(float), (size_t)s->B * s->H,
-                                                cudaMemcpyDeviceToDevice, st));
-                    lb = G->lse_part;
-                }
-                const bool direct = P == 1;  // the ring of one writes the gradients themselves
-                const int rc = g->inner.backward(
-                    plan_at(g, r, ATTN_LIB_BACKWARD, t), (const T *)q[r] + at,
-                    (const T *)keys_at(g, r, t, k) + b.k_row * s->D,
-                    (const T *)values_at(g, r, t, v) + b.k_row * s->D, (const T *)o[r] + at, lb,
-                    (const T *)dO[r] + at, direct || t == 0 ? dQ[r] : G->o_part,
-                    direct ? dK[r] : G->dk_part, direct ? dV[r] : G->dv_part, NULL, NULL,
-                    G->workspace, G->workspace_bytes, st);
-                if (rc) return fail(err, errlen, rc, "%s", g->inner.last_error());
+                const int rc = block_backward<T>(g, r, t, &b, q, k, v, o, lse, dO, dQ, dK, dV, st,
+                                                 err, errlen);
+                if (rc) return rc;
             }
             if (t > 0) RING_CUDA(cudaEventRecord(G->kv_free[t % STEP_BUFFERS], st));
             if (P == 1) continue;
