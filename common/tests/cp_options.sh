@@ -34,6 +34,7 @@ expect "$U" "--budget: '-1'" --budget -1
 expect "$U" "--check: 'some'" --check some
 expect "$U" "--against: 'cpu'" --against cpu
 expect "$U" "--repeats: '0'" --repeats 0
+expect "$U" "--piece: '0'" --piece 0
 expect "$ATTN_EXIT_PASS" "" --help
 if nvidia-smi -L >/dev/null 2>&1; then
   skip "$(basename "$bin") without a GPU: exit 3 (there is a GPU here)"
