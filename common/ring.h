@@ -116,26 +116,32 @@ typedef struct {
     long long piece;            /* > 0: ring_piece_rows; 0: RING_PIECE_ROWS */
 } ring_shape;
 
-/* The backward pass runs an unmasked block of more than ring_piece_rows() queries (P > 1) as
- * pieces of that many query rows, the last one shorter: stage 8's backward walks every query tile
- * of its block from each key tile, and walks of more than 128k rows lose their reads' reuse in L2
- * (stage10_context_parallel/LOG.md, step 8). Each piece gives the block's keys a partial dK and
- * dV, added up in the storage type: one more rounding a piece. */
+/* The backward pass runs an unmasked block (P > 1) of more than ring_piece_rows() queries or keys
+ * as pieces of at most that many query rows and key rows, the last of each side shorter: stage 8's
+ * backward walks every query tile of its block from each key tile, and slows down once its walks
+ * pass 128k rows or its key tiles 128k keys, as its reads lose their reuse in L2
+ * (stage10_context_parallel/LOG.md, steps 8 and 9). The pieces of one key range each give its
+ * keys a partial dK and dV, those of one query range each a partial dQ, added up in the storage
+ * type: one more rounding a piece. */
 #define RING_PIECE_ROWS 131072
+enum { RING_QUERIES, RING_KEYS }; /* a block's two sides */
 static inline long long ring_piece_rows(const ring_shape *s) {
     return s->piece > 0 ? s->piece : RING_PIECE_ROWS;
 }
-static inline long long ring_pieces(const ring_shape *s, const ring_block *b) {
+/* The pieces of block b along one side (RING_QUERIES or RING_KEYS). */
+static inline long long ring_pieces(const ring_shape *s, const ring_block *b, int side) {
     if (s->P == 1 || b->causal || b->q_rows == 0 || b->k_rows == 0) return 1;
-    return (b->q_rows + ring_piece_rows(s) - 1) / ring_piece_rows(s);
+    const long long rows = side == RING_KEYS ? b->k_rows : b->q_rows;
+    return (rows + ring_piece_rows(s) - 1) / ring_piece_rows(s);
 }
-/* The most pieces a block of any GPU and step is cut into (the check's extra roundings). */
-static inline long long ring_pieces_max(const ring_shape *s) {
+/* The most pieces along one side of a block of any GPU and step (the check's extra roundings: dK
+ * and dV gain one for each further query piece, dQ one for each further key piece). */
+static inline long long ring_pieces_max(const ring_shape *s, int side) {
     long long most = 1;
     for (int r = 0; r < s->P; r++)
         for (int t = 0; t < s->P; t++) {
             const ring_block b = ring_step(s->N, s->P, s->layout, s->causal, r, t);
-            const long long n = ring_pieces(s, &b);
+            const long long n = ring_pieces(s, &b, side);
             most = n > most ? n : most;
         }
     return most;

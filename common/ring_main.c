@@ -38,7 +38,7 @@
 #define MAX_REPEATS 20 /* and at most, within --budget seconds */
 #define CHECK_ROWS 24  /* float64 rows checked by default (the first, the last, a spread) */
 #define SELF_TEST_PIECE \
-    384 /* --self-test: queries a piece of a block on some shapes (ring_pieces) */
+    384 /* --self-test: queries and keys a piece of a block on some shapes (ring_pieces) */
 enum { T_Q, T_K, T_V, T_DO, INPUTS }; /* the inputs' numbers in ring_fill */
 
 typedef struct {
@@ -84,7 +84,7 @@ static void help(void) {
         "  --repeats R          exactly R timed runs of a pass after its warm-up (long shapes)\n"
         "  --smem-limit BYTES   the inner stage's shared memory per block (65536: a T4's path)\n"
         "  --piece ROWS         the backward's unmasked blocks cut into pieces of at most ROWS\n"
-        "                       queries (default 131072)\n"
+        "                       queries and ROWS keys (default 131072)\n"
         "  --csv                one CSV row per timed pass\n"
         "  --timeline           each GPU's steps: when its compute and its transfer ran (ms)\n"
         "  --dist normal|peaky  peaky scales Q by 8 so each query attends to a few keys\n"
@@ -429,7 +429,8 @@ enum { CHECKED = 9 };
  * H_kv key/value heads of the whole sequence: all of it, or one group) on sampled rows, the
  * course's pass rule; the ring rounds each step's partial result (o, dQ, dK, dV) to the storage
  * type before adding it up: P - 1 more roundings, each at most an ulp of the largest value, are
- * allowed beside it, and for dK and dV one more for each further piece of a block (ring_pieces). */
+ * allowed beside it, and one more for each further piece of a block (ring_pieces): along its
+ * queries for dK and dV, along its keys for dQ. */
 static int check_float64(const ring_shape *s, int B, int H, int H_kv, float *const *t,
                          const options *o, verdict *vd, char *err, size_t errlen) {
     const ref_shape rs = {.B = B,
@@ -451,7 +452,9 @@ static int check_float64(const ring_shape *s, int B, int H, int H_kv, float *con
     }
     const long long nq = pick_rows(total, o->check_rows, o->seed, rows);
     const long long nk = pick_rows(ktotal, o->check_rows, o->seed + 1, rows + nq);
-    const double extra = s->P - 1, extra_kv = extra + s->P * (double)(ring_pieces_max(s) - 1);
+    const double extra = s->P - 1,
+                 extra_q = extra + s->P * (double)(ring_pieces_max(s, RING_KEYS) - 1),
+                 extra_kv = extra + s->P * (double)(ring_pieces_max(s, RING_QUERIES) - 1);
     check_output(&rs, st, t[T_Q], t[T_K], t[T_V], t[4], t[5], rows, nq, &vd->out);
     vd->out.pass = vd->out.nonfinite == 0 &&
                    vd->out.max_abs_err <= vd->out.bound + extra * ulp(max_abs(t[4], qn), s->bf16) &&
@@ -464,7 +467,7 @@ static int check_float64(const ring_shape *s, int B, int H, int H_kv, float *con
         vd->grads.pass = vd->grads.nonfinite == 0;
         for (int gi = 0; gi < GRADS; gi++)
             vd->grads.pass &= vd->grads.max_abs_err[gi] <=
-                              vd->grads.bound[gi] + (gi ? extra_kv : extra) *
+                              vd->grads.bound[gi] + (gi ? extra_kv : extra_q) *
                                                         ulp(max_abs(t[6 + gi], count[gi]), s->bf16);
         vd->pass &= vd->grads.pass;
     }
@@ -552,10 +555,16 @@ static int check_ring(run *ring_run, const ring_inner *inner, const options *o, 
         vd->bound[0] = 2 * vd->out.bound, vd->bound[1] = 2 * vd->out.lse_bound;
         for (int gi = 0; s->backward && gi < GRADS; gi++)
             vd->bound[2 + gi] = 2 * vd->grads.bound[gi];
-        const double pieces_kv = s->P * (double)(ring_pieces_max(s) - 1); /* dK, dV: i 7, 8 */
+        /* the pieces' roundings (ring_pieces): dQ (i 6) one a further key piece, dK and dV (i 7,
+         * 8) one a further query piece */
+        const double pieces_q = s->P * (double)(ring_pieces_max(s, RING_KEYS) - 1),
+                     pieces_kv = s->P * (double)(ring_pieces_max(s, RING_QUERIES) - 1);
         for (int i = 4; i < CHECKED; i++)
             if (i != 5 && t1[i])
-                vd->bound[i - 4] += (s->P - 1 + (i >= 7 ? pieces_kv : 0)) *
+                vd->bound[i - 4] += (s->P - 1 +
+                                     (i == 6   ? pieces_q
+                                      : i >= 7 ? pieces_kv
+                                               : 0)) *
                                     ulp(max_abs(t1[i], count[i - 4]), s->bf16);
         for (int i = 4; i < CHECKED; i++) {
             if (!tp[i]) continue;
@@ -756,8 +765,8 @@ static int self_test(ring_shape base, const ring_inner *inner, const char *inner
                         s.H_kv = heads[hi][2], s.backward = 1;
                         s.D = (ni + hi) % 2 ? 64 : 128, s.bf16 = (int)(ni % 2);
                         s.scale = 1.0f / sqrtf((float)s.D);
-                        /* the backward's blocks in pieces (ring_pieces): of 384 queries, on the
-                         * long shapes of the second head set */
+                        /* the backward's blocks in pieces (ring_pieces): of 384 queries and 384
+                         * keys, on the long shapes of the second head set */
                         s.piece = Ns[ni] >= 1000 && hi ? SELF_TEST_PIECE : 0;
                         /* N = 1000 with a peaked softmax (Q x 8): partials that cancel */
                         options po = *o;

@@ -121,6 +121,19 @@ __global__ void accumulate_kernel(O *out, const A *acc, const K *block, long lon
     }
 }
 
+// out += part on rows row0 .. row0 + rows - 1 of [B * heads, n, D], both buffers laid out alike: a
+// piece's partial gradient added to its block's (block_backward).
+template <typename T>
+__global__ void add_rows_kernel(T *out, const T *part, long long bh_count, long long n,
+                                long long row0, long long rows, int D) {
+    const long long total = bh_count * rows * D, stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+        const long long d = e % D, row = row0 + (e / D) % rows, bh = e / D / rows;
+        const long long at = (bh * n + row) * D + d;
+        store_value(out + at, load_value(out + at) + load_value(part + at));
+    }
+}
+
 // The program's inputs: a counter-based normal sample per element of the whole [B, heads, N, D]
 // tensor (splitmix64's finalizer, Box-Muller on the pair an element belongs to).
 __host__ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
@@ -173,10 +186,11 @@ typedef struct {
     float *lse_part;  // [B, H, q_rows]: its lse; the backward: the lse of the block's rows
     float *o_acc;     // [B, H, n, D] fp32: the accumulator between the first and last steps (P > 2)
     void *dk_part, *dv_part;    // [B, H_kv, k_rows, D]: a block's dK, dV
-    void *dk_piece, *dv_piece;  // the same, of a block's second and later pieces (ring_pieces)
+    void *dq_piece;             // [B, H, q_rows, D]: dQ of a block's later key pieces (ring_pieces)
+    void *dk_piece, *dv_piece;  // [B, H_kv, k_rows, D]: dK, dV of its later query pieces
     void *workspace;
     size_t workspace_bytes, bytes;
-    unsigned char *plans;  // forward and backward plan of every step, then its pieces' (two)
+    unsigned char *plans;  // forward and backward plan of every step, then its pieces' (four)
     // the timeline (ring_timeline): the pass's start, and each step's compute and transfers
     cudaEvent_t t0, marks[RING_MAX_GPUS][RING_MARKS];
 } ring_gpu;
@@ -230,17 +244,29 @@ static long long slice_rows(const ring_shape *s, int r) {
 static unsigned char *plan_at(const ring *g, int r, int pass, int t) {
     return g->gpu[r].plans + ((size_t)pass * g->s.P + t) * g->inner.plan_bytes;
 }
-// The backward plan of step t's pieces (ring_pieces): kind 0 the whole ones, 1 the last, shorter.
-enum { PIECE_WHOLE, PIECE_LAST, PIECE_KINDS };
-static unsigned char *piece_plan_at(const ring *g, int r, int t, int kind) {
+// A block's pieces along one side (ring_pieces): how many, the rows of each but the last, the
+// last's.
+typedef struct {
+    long long count, rows, last;
+} piece_cut;
+static piece_cut cut_of(const ring_shape *s, const ring_block *b, int side) {
+    const long long total = side == RING_KEYS ? b->k_rows : b->q_rows;
+    const long long count = ring_pieces(s, b, side), rows = count > 1 ? ring_piece_rows(s) : total;
+    return {count, rows, total - (count - 1) * rows};
+}
+// The backward plan of step t's pieces: a piece is whole or the last, shorter, along each side.
+enum { PIECE_WHOLE, PIECE_LAST, PIECE_SIZES };
+#define PIECE_KINDS (PIECE_SIZES * PIECE_SIZES)
+static unsigned char *piece_plan_at(const ring *g, int r, int t, int q_size, int k_size) {
+    const int kind = q_size * PIECE_SIZES + k_size;
     return g->gpu[r].plans + ((size_t)(2 + kind) * g->s.P + t) * g->inner.plan_bytes;
 }
 
-// The request of step t's block on GPU r, for `rows` of its queries (the block's, or a piece's):
-// its queries a view of the slice's rows (the slice's strides), its keys a view of the visiting
-// slice's, its outputs the block's own buffers (a piece's dQ rows within the block's).
+// The request of step t's block on GPU r, for `rows` of its queries and `key_rows` of its keys (the
+// block's, or a piece's): its queries a view of the slice's rows (the slice's strides), its keys a
+// view of the visiting slice's, its outputs the block's own buffers (a piece's rows within them).
 static attn_lib_request block_request(const ring *g, int r, int t, int pass, const ring_block *b,
-                                      long long rows) {
+                                      long long rows, long long key_rows) {
     const ring_shape *s = &g->s;
     const long long n = slice_rows(s, r), n_s = slice_rows(s, source_of(s->P, r, t));
     attn_lib_request q = {};
@@ -248,7 +274,7 @@ static attn_lib_request block_request(const ring *g, int r, int t, int pass, con
     q.device = s->devices[r];
     q.smem_limit = s->smem_limit;
     q.B = s->B, q.H = s->H, q.N = (int)rows, q.D = s->D, q.causal = b->causal;
-    q.scale = s->scale, q.H_kv = s->H_kv, q.N_k = (int)b->k_rows, q.bf16 = s->bf16;
+    q.scale = s->scale, q.H_kv = s->H_kv, q.N_k = (int)key_rows, q.bf16 = s->bf16;
     const attn_layout slice = attn_contiguous(s->H, (int)n, s->D);
     const attn_layout keys = attn_contiguous(s->H_kv, (int)n_s, s->D);
     const attn_layout block_q = attn_contiguous(s->H, (int)b->q_rows, s->D);
@@ -287,7 +313,7 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
         const long long n = slice_rows(s, r);
         G->plans = (unsigned char *)calloc((size_t)(2 + PIECE_KINDS) * P, inner->plan_bytes);
         if (!G->plans) return fail(err, errlen, ATTN_EXIT_OOM, "ring: no host memory");
-        long long q_rows = 0, k_rows = 0, n_max = 0, k_rows_pieced = 0;
+        long long q_rows = 0, k_rows = 0, n_max = 0, q_rows_pieced = 0, k_rows_pieced = 0;
         for (int t = 0; t < P; t++) {
             const ring_block b = ring_step(s->N, P, s->layout, s->causal, r, t);
             const long long n_s = slice_rows(s, source_of(P, r, t));
@@ -296,25 +322,27 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
             q_rows = b.q_rows > q_rows ? b.q_rows : q_rows;
             k_rows = b.k_rows > k_rows ? b.k_rows : k_rows;
             for (int pass = 0; pass <= s->backward; pass++) {
-                const attn_lib_request q = block_request(g, r, t, pass, &b, b.q_rows);
+                const attn_lib_request q = block_request(g, r, t, pass, &b, b.q_rows, b.k_rows);
                 size_t ws = 0;
                 const int rc = inner->plan(&q, plan_at(g, r, pass, t), inner->plan_bytes, &ws);
                 if (rc) return fail(err, errlen, rc, "%s", inner->last_error());
                 G->workspace_bytes = ws > G->workspace_bytes ? ws : G->workspace_bytes;
             }
-            const long long pieces = s->backward ? ring_pieces(s, &b) : 1;
-            if (pieces == 1) continue;
-            const long long rows = ring_piece_rows(s), last = b.q_rows - (pieces - 1) * rows;
-            k_rows_pieced = b.k_rows > k_rows_pieced ? b.k_rows : k_rows_pieced;
-            for (int kind = 0; kind < PIECE_KINDS; kind++) {
-                const attn_lib_request q = block_request(g, r, t, ATTN_LIB_BACKWARD, &b,
-                                                         kind == PIECE_WHOLE ? rows : last);
-                size_t ws = 0;
-                const int rc =
-                    inner->plan(&q, piece_plan_at(g, r, t, kind), inner->plan_bytes, &ws);
-                if (rc) return fail(err, errlen, rc, "%s", inner->last_error());
-                G->workspace_bytes = ws > G->workspace_bytes ? ws : G->workspace_bytes;
-            }
+            const piece_cut qc = cut_of(s, &b, RING_QUERIES), kc = cut_of(s, &b, RING_KEYS);
+            if (!s->backward || qc.count * kc.count == 1) continue;
+            if (qc.count > 1) k_rows_pieced = b.k_rows > k_rows_pieced ? b.k_rows : k_rows_pieced;
+            if (kc.count > 1) q_rows_pieced = b.q_rows > q_rows_pieced ? b.q_rows : q_rows_pieced;
+            for (int qs = 0; qs < PIECE_SIZES; qs++)
+                for (int ks = 0; ks < PIECE_SIZES; ks++) {
+                    const attn_lib_request q = block_request(g, r, t, ATTN_LIB_BACKWARD, &b,
+                                                             qs == PIECE_WHOLE ? qc.rows : qc.last,
+                                                             ks == PIECE_WHOLE ? kc.rows : kc.last);
+                    size_t ws = 0;
+                    const int rc =
+                        inner->plan(&q, piece_plan_at(g, r, t, qs, ks), inner->plan_bytes, &ws);
+                    if (rc) return fail(err, errlen, rc, "%s", inner->last_error());
+                    G->workspace_bytes = ws > G->workspace_bytes ? ws : G->workspace_bytes;
+                }
         }
         RING_CUDA(cudaSetDevice(G->device));
         const size_t e = elem_bytes(), q_elems = (size_t)s->B * s->H * s->D,
@@ -341,6 +369,7 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
             if (s->backward) {
                 RING_ALLOC(G->dk_part, k_elems * k_rows * e);
                 RING_ALLOC(G->dv_part, k_elems * k_rows * e);
+                RING_ALLOC(G->dq_piece, q_elems * q_rows_pieced * e);
                 RING_ALLOC(G->dk_piece, k_elems * k_rows_pieced * e);
                 RING_ALLOC(G->dv_piece, k_elems * k_rows_pieced * e);
             }
@@ -386,10 +415,10 @@ void ring_destroy(ring *g) {
     for (int r = 0; r < g->s.P; r++) {
         ring_gpu *G = &g->gpu[r];
         if (cudaSetDevice(G->device) != cudaSuccess) continue;
-        void *bufs[] = {G->k_buf[0],  G->k_buf[1],  G->v_buf[0],  G->v_buf[1],
-                        G->dk_buf[0], G->dk_buf[1], G->dv_buf[0], G->dv_buf[1],
-                        G->o_part,    G->lse_part,  G->o_acc,     G->dk_part,
-                        G->dv_part,   G->dk_piece,  G->dv_piece,  G->workspace};
+        void *bufs[] = {G->k_buf[0],  G->k_buf[1],  G->v_buf[0],  G->v_buf[1], G->dk_buf[0],
+                        G->dk_buf[1], G->dv_buf[0], G->dv_buf[1], G->o_part,   G->lse_part,
+                        G->o_acc,     G->dk_part,   G->dv_part,   G->dq_piece, G->dk_piece,
+                        G->dv_piece,  G->workspace};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) cudaFree(bufs[i]);
         cudaEvent_t ev[] = {G->start,      G->kv_ready[0], G->kv_ready[1],    G->kv_free[0],
                             G->kv_free[1], G->dkv_ready,   G->dkv_arrived[0], G->dkv_arrived[1]};
@@ -638,11 +667,21 @@ static cudaError_t accumulate(O *out, const A *acc, const K *block, long long bh
     return cudaGetLastError();
 }
 
+// out += part on rows row0 .. row0 + rows - 1 of [bh_count, n, D] (add_rows_kernel).
+template <typename T>
+static cudaError_t add_rows(T *out, const T *part, long long bh_count, long long n, long long row0,
+                            long long rows, int D, cudaStream_t st) {
+    add_rows_kernel<T><<<grid_for(bh_count * rows * D), RING_THREADS, 0, st>>>(out, part, bh_count,
+                                                                               n, row0, rows, D);
+    return cudaGetLastError();
+}
+
 // The inner backward on step t's block of GPU r, piece by piece (ring_pieces: one piece, the block,
-// unless it is unmasked and long): each piece's rows of lse copied contiguous where they are not
-// the slice's own, its dQ rows written where the block's go (the gradients themselves at step 0 or
-// in the ring of one, else o_part), the block's dK and dV into dk_part and dv_part, a later piece's
-// into dk_piece and dv_piece and added to them there.
+// unless it is unmasked and long), query pieces outside, key pieces inside: each query piece's rows
+// of lse copied contiguous where they are not the slice's own; a piece's dQ rows written where the
+// block's go (the gradients themselves at step 0 or in the ring of one, else o_part), its dK and
+// dV rows into dk_part and dv_part; a later key piece's dQ into dq_piece, a later query piece's dK
+// and dV into dk_piece and dv_piece, each added to the block's there.
 template <typename T>
 static int block_backward(ring *g, int r, int t, const ring_block *b, const void *const *q,
                           const void *const *k, const void *const *v, const void *const *o,
@@ -651,36 +690,48 @@ static int block_backward(ring *g, int r, int t, const ring_block *b, const void
                           size_t errlen) {
     const ring_shape *s = &g->s;
     ring_gpu *G = &g->gpu[r];
-    const long long n = slice_rows(s, r), pieces = ring_pieces(s, b);
-    const long long rows = pieces > 1 ? ring_piece_rows(s) : b->q_rows;
+    const long long n = slice_rows(s, r), D = s->D;
+    const long long qh = (long long)s->B * s->H, kh = (long long)s->B * s->H_kv;
+    const piece_cut qc = cut_of(s, b, RING_QUERIES), kc = cut_of(s, b, RING_KEYS);
     const bool direct = s->P == 1;  // the ring of one writes the gradients themselves
     T *dq_block = (T *)(direct || t == 0 ? dQ[r] : G->o_part);
-    for (long long i = 0; i < pieces; i++) {
-        const long long row = b->q_row + i * rows, m = i + 1 < pieces ? rows : b->q_rows - i * rows;
-        const long long at = row * s->D;
+    T *dk_block = (T *)(direct ? dK[r] : G->dk_part),
+      *dv_block = (T *)(direct ? dV[r] : G->dv_part);
+    const T *keys = (const T *)keys_at(g, r, t, k) + b->k_row * D;
+    const T *values = (const T *)values_at(g, r, t, v) + b->k_row * D;
+    for (long long i = 0; i < qc.count; i++) {
+        const long long row = i * qc.rows, m = i + 1 < qc.count ? qc.rows : qc.last;
+        const long long at = (b->q_row + row) * D;  // the piece's first query row in the slice
         const float *lb = lse[r];
-        if (row || m != n) {  // the piece's rows of lse, [B, H, m] as a stage takes them
-            RING_CUDA(cudaMemcpy2DAsync(G->lse_part, m * sizeof(float), lse[r] + row,
-                                        n * sizeof(float), m * sizeof(float), (size_t)s->B * s->H,
+        if (b->q_row + row || m != n) {  // the piece's rows of lse, [B, H, m] as a stage takes them
+            RING_CUDA(cudaMemcpy2DAsync(G->lse_part, m * sizeof(float), lse[r] + b->q_row + row,
+                                        n * sizeof(float), m * sizeof(float), (size_t)qh,
                                         cudaMemcpyDeviceToDevice, st));
             lb = G->lse_part;
         }
-        const void *plan = pieces == 1 ? plan_at(g, r, ATTN_LIB_BACKWARD, t)
-                           : m == rows ? piece_plan_at(g, r, t, PIECE_WHOLE)
-                                       : piece_plan_at(g, r, t, PIECE_LAST);
-        void *dk = i > 0 ? G->dk_piece : direct ? dK[r] : G->dk_part;
-        void *dv = i > 0 ? G->dv_piece : direct ? dV[r] : G->dv_part;
-        const int rc = g->inner.backward(
-            plan, (const T *)q[r] + at, (const T *)keys_at(g, r, t, k) + b->k_row * s->D,
-            (const T *)values_at(g, r, t, v) + b->k_row * s->D, (const T *)o[r] + at, lb,
-            (const T *)dO[r] + at, dq_block + (row - b->q_row) * s->D, dk, dv, NULL, NULL,
-            G->workspace, G->workspace_bytes, st);
-        if (rc) return fail(err, errlen, rc, "%s", g->inner.last_error());
-        if (i > 0) {  // the piece's partial dK, dV added to the block's
-            const long long kh = (long long)s->B * s->H_kv;
-            T *dkb = (T *)G->dk_part, *dvb = (T *)G->dv_part;
-            RING_CUDA(accumulate(dkb, dkb, (const T *)dk, kh, b->k_rows, 0, b->k_rows, s->D, st));
-            RING_CUDA(accumulate(dvb, dvb, (const T *)dv, kh, b->k_rows, 0, b->k_rows, s->D, st));
+        for (long long j = 0; j < kc.count; j++) {
+            const long long key = j * kc.rows, mk = j + 1 < kc.count ? kc.rows : kc.last;
+            const void *plan = qc.count * kc.count == 1
+                                   ? plan_at(g, r, ATTN_LIB_BACKWARD, t)
+                                   : piece_plan_at(g, r, t, m == qc.rows ? PIECE_WHOLE : PIECE_LAST,
+                                                   mk == kc.rows ? PIECE_WHOLE : PIECE_LAST);
+            T *dq = (T *)(j > 0 ? G->dq_piece : dq_block) + row * D;
+            T *dk = (T *)(i > 0 ? G->dk_piece : dk_block) + key * D;
+            T *dv = (T *)(i > 0 ? G->dv_piece : dv_block) + key * D;
+            const int rc =
+                g->inner.backward(plan, (const T *)q[r] + at, keys + key * D, values + key * D,
+                                  (const T *)o[r] + at, lb, (const T *)dO[r] + at, dq, dk, dv, NULL,
+                                  NULL, G->workspace, G->workspace_bytes, st);
+            if (rc) return fail(err, errlen, rc, "%s", g->inner.last_error());
+            if (j > 0)  // the piece's partial dQ added to the block's
+                RING_CUDA(
+                    add_rows(dq_block, (const T *)G->dq_piece, qh, b->q_rows, row, m, s->D, st));
+            if (i > 0) {  // its partial dK, dV added to the block's
+                RING_CUDA(
+                    add_rows(dk_block, (const T *)G->dk_piece, kh, b->k_rows, key, mk, s->D, st));
+                RING_CUDA(
+                    add_rows(dv_block, (const T *)G->dv_piece, kh, b->k_rows, key, mk, s->D, st));
+            }
         }
     }
     return ATTN_EXIT_PASS;
