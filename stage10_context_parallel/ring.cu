@@ -290,6 +290,19 @@ static attn_lib_request block_request(const ring *g, int r, int t, int pass, con
     return q;
 }
 
+// Plans step t's block (or a piece of it: rows queries, key_rows keys) on GPU r for one pass into
+// plan, and grows the GPU's workspace to what the plan asks for.
+static int plan_block(ring *g, int r, int t, int pass, const ring_block *b, long long rows,
+                      long long key_rows, unsigned char *plan, char *err, size_t errlen) {
+    const attn_lib_request q = block_request(g, r, t, pass, b, rows, key_rows);
+    size_t ws = 0;
+    const int rc = g->inner.plan(&q, plan, g->inner.plan_bytes, &ws);
+    if (rc) return fail(err, errlen, rc, "%s", g->inner.last_error());
+    ring_gpu *G = &g->gpu[r];
+    G->workspace_bytes = ws > G->workspace_bytes ? ws : G->workspace_bytes;
+    return ATTN_EXIT_PASS;
+}
+
 int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *err,
                 size_t errlen) {
     *out = NULL;
@@ -322,11 +335,9 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
             q_rows = b.q_rows > q_rows ? b.q_rows : q_rows;
             k_rows = b.k_rows > k_rows ? b.k_rows : k_rows;
             for (int pass = 0; pass <= s->backward; pass++) {
-                const attn_lib_request q = block_request(g, r, t, pass, &b, b.q_rows, b.k_rows);
-                size_t ws = 0;
-                const int rc = inner->plan(&q, plan_at(g, r, pass, t), inner->plan_bytes, &ws);
-                if (rc) return fail(err, errlen, rc, "%s", inner->last_error());
-                G->workspace_bytes = ws > G->workspace_bytes ? ws : G->workspace_bytes;
+                const int rc = plan_block(g, r, t, pass, &b, b.q_rows, b.k_rows,
+                                          plan_at(g, r, pass, t), err, errlen);
+                if (rc) return rc;
             }
             const piece_cut qc = cut_of(s, &b, RING_QUERIES), kc = cut_of(s, &b, RING_KEYS);
             if (!s->backward || qc.count * kc.count == 1) continue;
@@ -334,14 +345,11 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
             if (kc.count > 1) q_rows_pieced = b.q_rows > q_rows_pieced ? b.q_rows : q_rows_pieced;
             for (int qs = 0; qs < PIECE_SIZES; qs++)
                 for (int ks = 0; ks < PIECE_SIZES; ks++) {
-                    const attn_lib_request q = block_request(g, r, t, ATTN_LIB_BACKWARD, &b,
-                                                             qs == PIECE_WHOLE ? qc.rows : qc.last,
-                                                             ks == PIECE_WHOLE ? kc.rows : kc.last);
-                    size_t ws = 0;
-                    const int rc =
-                        inner->plan(&q, piece_plan_at(g, r, t, qs, ks), inner->plan_bytes, &ws);
-                    if (rc) return fail(err, errlen, rc, "%s", inner->last_error());
-                    G->workspace_bytes = ws > G->workspace_bytes ? ws : G->workspace_bytes;
+                    const int rc = plan_block(g, r, t, ATTN_LIB_BACKWARD, &b,
+                                              qs == PIECE_WHOLE ? qc.rows : qc.last,
+                                              ks == PIECE_WHOLE ? kc.rows : kc.last,
+                                              piece_plan_at(g, r, t, qs, ks), err, errlen);
+                    if (rc) return rc;
                 }
         }
         RING_CUDA(cudaSetDevice(G->device));
