@@ -134,6 +134,16 @@ static inline long long ring_pieces(const ring_shape *s, const ring_block *b, in
     const long long rows = side == RING_KEYS ? b->k_rows : b->q_rows;
     return (rows + ring_piece_rows(s) - 1) / ring_piece_rows(s);
 }
+/* A block's pieces along one side: how many, the rows of each but the last, and the last's. */
+typedef struct {
+    long long count, rows, last;
+} ring_cut;
+static inline ring_cut ring_cut_of(const ring_shape *s, const ring_block *b, int side) {
+    const long long total = side == RING_KEYS ? b->k_rows : b->q_rows;
+    const long long count = ring_pieces(s, b, side), rows = count > 1 ? ring_piece_rows(s) : total;
+    const ring_cut c = {count, rows, total - (count - 1) * rows};
+    return c;
+}
 /* The most pieces along one side of a block of any GPU and step (the check's extra roundings: dK
  * and dV gain one for each further query piece, dQ one for each further key piece). */
 static inline long long ring_pieces_max(const ring_shape *s, int side) {

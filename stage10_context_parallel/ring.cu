@@ -244,16 +244,6 @@ static long long slice_rows(const ring_shape *s, int r) {
 static unsigned char *plan_at(const ring *g, int r, int pass, int t) {
     return g->gpu[r].plans + ((size_t)pass * g->s.P + t) * g->inner.plan_bytes;
 }
-// A block's pieces along one side (ring_pieces): how many, the rows of each but the last, the
-// last's.
-typedef struct {
-    long long count, rows, last;
-} piece_cut;
-static piece_cut cut_of(const ring_shape *s, const ring_block *b, int side) {
-    const long long total = side == RING_KEYS ? b->k_rows : b->q_rows;
-    const long long count = ring_pieces(s, b, side), rows = count > 1 ? ring_piece_rows(s) : total;
-    return {count, rows, total - (count - 1) * rows};
-}
 // The backward plan of step t's pieces: a piece is whole or the last, shorter, along each side.
 enum { PIECE_WHOLE, PIECE_LAST, PIECE_SIZES };
 #define PIECE_KINDS (PIECE_SIZES * PIECE_SIZES)
@@ -339,7 +329,8 @@ int ring_create(const ring_shape *s, const ring_inner *inner, ring **out, char *
                                           plan_at(g, r, pass, t), err, errlen);
                 if (rc) return rc;
             }
-            const piece_cut qc = cut_of(s, &b, RING_QUERIES), kc = cut_of(s, &b, RING_KEYS);
+            const ring_cut qc = ring_cut_of(s, &b, RING_QUERIES),
+                           kc = ring_cut_of(s, &b, RING_KEYS);
             if (!s->backward || qc.count * kc.count == 1) continue;
             if (qc.count > 1) k_rows_pieced = b.k_rows > k_rows_pieced ? b.k_rows : k_rows_pieced;
             if (kc.count > 1) q_rows_pieced = b.q_rows > q_rows_pieced ? b.q_rows : q_rows_pieced;
@@ -700,7 +691,7 @@ static int block_backward(ring *g, int r, int t, const ring_block *b, const void
     ring_gpu *G = &g->gpu[r];
     const long long n = slice_rows(s, r), D = s->D;
     const long long qh = (long long)s->B * s->H, kh = (long long)s->B * s->H_kv;
-    const piece_cut qc = cut_of(s, b, RING_QUERIES), kc = cut_of(s, b, RING_KEYS);
+    const ring_cut qc = ring_cut_of(s, b, RING_QUERIES), kc = ring_cut_of(s, b, RING_KEYS);
     const bool direct = s->P == 1;  // the ring of one writes the gradients themselves
     T *dq_block = (T *)(direct || t == 0 ? dQ[r] : G->o_part);
     T *dk_block = (T *)(direct ? dK[r] : G->dk_part),

@@ -344,6 +344,45 @@ static void test_ring_schedule(void) {
                 }
 }
 
+/* The backward's pieces (ring.h: ring_cut_of): along each side of every block the pieces add up to
+ * the block, each but the last of ring_piece_rows() rows and the last of 1 to that many; a block is
+ * cut only where it is unmasked, P > 1 and longer than a piece; ring_pieces_max bounds them all. */
+static void test_ring_pieces(void) {
+    static const long long Ns[] = {1, 7, 64, 1000, 4097};
+    static const long long pieces[] = {1, 3, 64, 384, 1LL << 20};
+    for (int P = 1; P <= 4; P++)
+        for (int layout = 0; layout < 2; layout++)
+            for (int causal = 0; causal < 2; causal++)
+                for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+                    for (size_t pi = 0; pi < sizeof pieces / sizeof pieces[0]; pi++) {
+                        ring_shape s;
+                        memset(&s, 0, sizeof s);
+                        s.N = Ns[ni], s.P = P, s.layout = (ring_layout)layout, s.causal = causal;
+                        s.piece = pieces[pi];
+                        int bad = 0;
+                        for (int r = 0; r < P; r++)
+                            for (int t = 0; t < P; t++) {
+                                const ring_block b = ring_step(s.N, P, s.layout, causal, r, t);
+                                if (!b.q_rows || !b.k_rows) continue;
+                                for (int side = RING_QUERIES; side <= RING_KEYS; side++) {
+                                    const ring_cut c = ring_cut_of(&s, &b, side);
+                                    const long long total = side == RING_KEYS ? b.k_rows : b.q_rows;
+                                    const int cut = P > 1 && !b.causal && total > s.piece;
+                                    bad |= (c.count - 1) * c.rows + c.last != total;
+                                    bad |= c.last < 1 || c.last > c.rows;
+                                    bad |= (c.count > 1) != cut;
+                                    bad |= cut && c.rows != s.piece;
+                                    bad |= c.count > ring_pieces_max(&s, side);
+                                }
+                            }
+                        EXPECT(!bad,
+                               "ring pieces P=%d %s%s N=%lld piece %lld: the pieces do not "
+                               "tile a block, or cut one they should not",
+                               P, layout ? "contiguous" : "zigzag", causal ? " causal" : "", s.N,
+                               s.piece);
+                    }
+}
+
 /* The reference's softcap and window against the softmax written out in float64. */
 static void test_softcap_forward(void) {
     enum { N = 3, N_K = 5, D = 4 };
@@ -1217,6 +1256,7 @@ int main(int argc, char **argv) {
     test_window_pass_rule();
     test_pick_rows();
     test_ring_schedule();
+    test_ring_pieces();
     test_pass_rule();
     test_head_dim_rule();
     test_reference_head_dims();
