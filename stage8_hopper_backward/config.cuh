@@ -41,8 +41,9 @@ __host__ __device__ constexpr int qrows() {
 // one up with the tail of D masked: the tensor maps' inner extent is the tensors' D, so TMA reads
 // zeros past it (the products add nothing there) and clips the stores and dQ's reduce-adds to it;
 // the passes before and after read and write its columns only (their TAIL). Past 128 no kernel:
-// D = 256 needs FlashAttention-3's 64-key tiles with dK and dV split across the warpgroups by
-// columns (128 + 128 registers a thread as this kernel holds them), a kernel of its own.
+// D = 256 needs a kernel of its own: smaller tiles (FlashAttention-3 runs 64 queries x 80 keys on
+// Hopper) and dK and dV split across the warpgroups (128 + 128 registers a thread as this kernel
+// holds them).
 constexpr int COMPILED_DS[] = {64, 96, 128};
 static inline int compiled_d(int D) {  // 0: none runs it
     if (D < ATTN_MIN_D || D % ATTN_D_STEP != 0) return 0;
