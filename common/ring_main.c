@@ -425,12 +425,20 @@ static double max_diff(const float *a, const float *b, size_t n, int relative, i
 /* Tensors of a check, in gather's numbering: q k v dO (inputs), then o lse dq dk dv. */
 enum { CHECKED = 9 };
 
+/* The roundings tensor i (gather's numbering: 4 o, 6 dq, 7 dk, 8 dv) of the ring has beyond one
+ * GPU's run: each step's partial result rounded to the storage type before it is added, P - 1 of
+ * them, and a gradient one more for each further piece of a block (ring_pieces): dQ along the
+ * block's keys, dK and dV along its queries. Each is at most an ulp of the largest value. */
+static double extra_roundings(const ring_shape *s, int i) {
+    const long long pieces = i == 6   ? ring_pieces_max(s, RING_KEYS)
+                             : i >= 7 ? ring_pieces_max(s, RING_QUERIES)
+                                      : 1;
+    return (s->P - 1) + s->P * (double)(pieces - 1);
+}
+
 /* The float64 check of the ring's results (t: the gathered tensors of B batches, H query heads and
  * H_kv key/value heads of the whole sequence: all of it, or one group) on sampled rows, the
- * course's pass rule; the ring rounds each step's partial result (o, dQ, dK, dV) to the storage
- * type before adding it up: P - 1 more roundings, each at most an ulp of the largest value, are
- * allowed beside it, and one more for each further piece of a block (ring_pieces): along its
- * queries for dK and dV, along its keys for dQ. */
+ * course's pass rule, with the ring's extra roundings (extra_roundings) allowed beside it. */
 static int check_float64(const ring_shape *s, int B, int H, int H_kv, float *const *t,
                          const options *o, verdict *vd, char *err, size_t errlen) {
     const ref_shape rs = {.B = B,
@@ -452,12 +460,10 @@ static int check_float64(const ring_shape *s, int B, int H, int H_kv, float *con
     }
     const long long nq = pick_rows(total, o->check_rows, o->seed, rows);
     const long long nk = pick_rows(ktotal, o->check_rows, o->seed + 1, rows + nq);
-    const double extra = s->P - 1,
-                 extra_q = extra + s->P * (double)(ring_pieces_max(s, RING_KEYS) - 1),
-                 extra_kv = extra + s->P * (double)(ring_pieces_max(s, RING_QUERIES) - 1);
     check_output(&rs, st, t[T_Q], t[T_K], t[T_V], t[4], t[5], rows, nq, &vd->out);
     vd->out.pass = vd->out.nonfinite == 0 &&
-                   vd->out.max_abs_err <= vd->out.bound + extra * ulp(max_abs(t[4], qn), s->bf16) &&
+                   vd->out.max_abs_err <=
+                       vd->out.bound + extra_roundings(s, 4) * ulp(max_abs(t[4], qn), s->bf16) &&
                    vd->out.lse_err <= vd->out.lse_bound;
     vd->pass = vd->out.pass;
     if (s->backward) {
@@ -467,7 +473,7 @@ static int check_float64(const ring_shape *s, int B, int H, int H_kv, float *con
         vd->grads.pass = vd->grads.nonfinite == 0;
         for (int gi = 0; gi < GRADS; gi++)
             vd->grads.pass &= vd->grads.max_abs_err[gi] <=
-                              vd->grads.bound[gi] + (gi ? extra_kv : extra_q) *
+                              vd->grads.bound[gi] + extra_roundings(s, 6 + gi) *
                                                         ulp(max_abs(t[6 + gi], count[gi]), s->bf16);
         vd->pass &= vd->grads.pass;
     }
@@ -555,17 +561,10 @@ static int check_ring(run *ring_run, const ring_inner *inner, const options *o, 
         vd->bound[0] = 2 * vd->out.bound, vd->bound[1] = 2 * vd->out.lse_bound;
         for (int gi = 0; s->backward && gi < GRADS; gi++)
             vd->bound[2 + gi] = 2 * vd->grads.bound[gi];
-        /* the pieces' roundings (ring_pieces): dQ (i 6) one a further key piece, dK and dV (i 7,
-         * 8) one a further query piece */
-        const double pieces_q = s->P * (double)(ring_pieces_max(s, RING_KEYS) - 1),
-                     pieces_kv = s->P * (double)(ring_pieces_max(s, RING_QUERIES) - 1);
         for (int i = 4; i < CHECKED; i++)
             if (i != 5 && t1[i])
-                vd->bound[i - 4] += (s->P - 1 +
-                                     (i == 6   ? pieces_q
-                                      : i >= 7 ? pieces_kv
-                                               : 0)) *
-                                    ulp(max_abs(t1[i], count[i - 4]), s->bf16);
+                vd->bound[i - 4] +=
+                    extra_roundings(s, i) * ulp(max_abs(t1[i], count[i - 4]), s->bf16);
         for (int i = 4; i < CHECKED; i++) {
             if (!tp[i]) continue;
             double excess;
