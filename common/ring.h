@@ -119,11 +119,11 @@ typedef struct {
 /* The backward pass runs an unmasked block (P > 1) of more than ring_piece_rows() queries or keys
  * as pieces of at most that many query rows and key rows, the last of each side shorter: stage 8's
  * backward walks every query tile of its block from each key tile, and slows down once its walks
- * pass 128k rows or its key tiles 128k keys, as its reads lose their reuse in L2
- * (stage10_context_parallel/LOG.md, steps 8 and 9). The pieces of one key range each give its
- * keys a partial dK and dV, those of one query range each a partial dQ, added up in the storage
- * type: one more rounding a piece. */
-#define RING_PIECE_ROWS 131072
+ * pass 128k rows or its key tiles 128k keys, as its reads lose their reuse in L2; pieces of 64k
+ * measured faster than 128k and no slower than 32k (stage10_context_parallel/LOG.md, steps 8-10).
+ * The pieces of one key range each give its keys a partial dK and dV, those of one query range each
+ * a partial dQ, added up in the storage type: one more rounding a piece. */
+#define RING_PIECE_ROWS 65536
 enum { RING_QUERIES, RING_KEYS }; /* a block's two sides */
 static inline long long ring_piece_rows(const ring_shape *s) {
     return s->piece > 0 ? s->piece : RING_PIECE_ROWS;

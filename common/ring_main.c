@@ -84,7 +84,7 @@ static void help(void) {
         "  --repeats R          exactly R timed runs of a pass after its warm-up (long shapes)\n"
         "  --smem-limit BYTES   the inner stage's shared memory per block (65536: a T4's path)\n"
         "  --piece ROWS         the backward's unmasked blocks cut into pieces of at most ROWS\n"
-        "                       queries and ROWS keys (default 131072)\n"
+        "                       queries and ROWS keys (default 65536)\n"
         "  --csv                one CSV row per timed pass\n"
         "  --timeline           each GPU's steps: when its compute and its transfer ran (ms)\n"
         "  --dist normal|peaky  peaky scales Q by 8 so each query attends to a few keys\n"
