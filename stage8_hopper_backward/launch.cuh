@@ -104,17 +104,17 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
     CUtensorMap tmQ, tmK, tmV, tmdO, tmdQ, tmdK, tmdV;
     const int total_q = s->varlen.total_q, total_k = s->varlen.total_k;  // (packed)
     ATTN_TRY(operand_map(&tmQ, p.Q, s, s->H, s->N, total_q, &s->q, qrows<D>()));
-    ATTN_TRY(operand_map(&tmK, p.K, s, s->H_kv, s->N_k, total_k, &s->k, KEYS));
-    ATTN_TRY(operand_map(&tmV, p.V, s, s->H_kv, s->N_k, total_k, &s->v, KEYS));
+    ATTN_TRY(operand_map(&tmK, p.K, s, s->H_kv, s->N_k, total_k, &s->k, block_keys<D>()));
+    ATTN_TRY(operand_map(&tmV, p.V, s, s->H_kv, s->N_k, total_k, &s->v, block_keys<D>()));
     ATTN_TRY(operand_map(&tmdO, p.dO, s, s->H, s->N, total_q, &s->dO, qrows<D>()));
     ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>(), D));
-    ATTN_TRY(operand_map(&tmdK, p.dK, s, s->H_kv, s->N_k, total_k, &s->dK, KEYS));
-    ATTN_TRY(operand_map(&tmdV, p.dV, s, s->H_kv, s->N_k, total_k, &s->dV, KEYS));
+    ATTN_TRY(operand_map(&tmdK, p.dK, s, s->H_kv, s->N_k, total_k, &s->dK, block_keys<D>()));
+    ATTN_TRY(operand_map(&tmdV, p.dV, s, s->H_kv, s->N_k, total_k, &s->dV, block_keys<D>()));
     bwd_problem pb;
     memset(&pb, 0, sizeof pb);
     pb.H = s->H, pb.H_kv = s->H_kv, pb.group = s->H / s->H_kv;
     pb.keys = key_rule_of(s, true);  // the tiles each key tile meets, masked at the bounds
-    pb.key_tiles = ceil_div(s->N_k, KEYS);
+    pb.key_tiles = ceil_div(s->N_k, block_keys<D>());
     pb.diagonal_order = variant == VARIANT_DETERMINISTIC && pb.keys.right >= 0;  // dq_turn_of()
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;

@@ -446,17 +446,18 @@ __device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
 // The four products below in fp16 (BF16 = false) or bf16 (true), both with fp32 accumulators:
 // each macro is the asm statement, T the instruction's type suffix (a string literal).
 
-// d (64 x 128, fp32) {=, +=} A (64 x 16, K-major in shared memory) * B (16 x 128, K-major in
-// shared memory). accumulate = 0 overwrites d. Lane l of warp w in the warpgroup, g = l / 4,
-// t = l % 4, holds d[acc_index(i, h, c)] = (row 16w + g + 8h, column 8i + 2t + c).
+// d (64 x 128, fp32) {=, +=} A (64 x 16) * B (16 x 128), both from shared memory, K-major by
+// default (TRANS_A, TRANS_B: as wgmma_m64n64_ss's below). accumulate = 0 overwrites d. Lane l of
+// warp w in the warpgroup, g = l / 4, t = l % 4, holds d[acc_index(i, h, c)] = (row 16w + g + 8h,
+// column 8i + 2t + c).
 #define WGMMA_M64N128_SS(T)                                                \
     asm volatile(                                                          \
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                       \
         "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {" REGS64 \
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                 \
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                             \
         : ACC64(d)                                                         \
-        : "l"(a), "l"(b), "r"(accumulate))
-template <bool BF16 = false>
+        : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
+template <bool BF16 = false, int TRANS_A = 0, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b,
                                                  int accumulate) {
     if constexpr (BF16)
