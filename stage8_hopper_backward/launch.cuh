@@ -18,7 +18,7 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
 // The query rows of a step of the kernel that runs head dim D (compiled_d).
 static int qrows_of(int D) {
     const int d = compiled_d(D);
-    return d == 64 ? qrows<64>() : d == 96 ? qrows<96>() : qrows<128>();
+    return d == 64 ? qrows<64>() : d == 96 ? qrows<96>() : d == 128 ? qrows<128>() : qrows<256>();
 }
 
 // Workspace (bwd_params_of): lse2 and Dsum (bwd_pad_rows floats each), dQ_acc (bwd_acc_rows rows
@@ -54,15 +54,21 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
                           const CUtensorMap, const bwd_problem);
 
 // The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ (none for
-// variant atomics where it does not take D: stage_unsupported refuses it first).
+// variant atomics where it does not take D, nor for variant deterministic at D = 256:
+// stage_unsupported refuses them first). At D = 256 the default variant adds as atomics does
+// (config.cuh: no staging tile fits).
 template <int D, bool BF16>
 static kernel_fn kernel_for(int variant) {
-    if (variant == VARIANT_ATOMICS) {
-        if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
-        return NULL;
+    if constexpr (splits_dkv<D>()) {
+        return variant == VARIANT_DETERMINISTIC ? NULL : backward_kernel<D, BF16, DQ_BY_ATOMICS>;
+    } else {
+        if (variant == VARIANT_ATOMICS) {
+            if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
+            return NULL;
+        }
+        return variant == VARIANT_DETERMINISTIC ? backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>
+                                                : backward_kernel<D, BF16, DQ_BY_BULK>;
     }
-    return variant == VARIANT_DETERMINISTIC ? backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>
-                                            : backward_kernel<D, BF16, DQ_BY_BULK>;
 }
 
 // The passes before and after for head dim D: at D = 64 and 128 the tensors' own where s->D = D;
@@ -166,6 +172,9 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     if (d == 96)
         return s->bf16 ? enqueue_backward<96, true>(s, p, dq_turn, variant, stream)
                        : enqueue_backward<96, false>(s, p, dq_turn, variant, stream);
+    if (d == 256)
+        return s->bf16 ? enqueue_backward<256, true>(s, p, dq_turn, variant, stream)
+                       : enqueue_backward<256, false>(s, p, dq_turn, variant, stream);
     return s->bf16 ? enqueue_backward<128, true>(s, p, dq_turn, variant, stream)
                    : enqueue_backward<128, false>(s, p, dq_turn, variant, stream);
 }

@@ -33,8 +33,10 @@ __device__ __forceinline__ void issue_scores(float (&X)[score_regs<D>()], uint64
                        b = desc_k_major_step<qrows<D>()>(tile_desc, kk);
         if constexpr (score_cols<D>() == 2 * WGMMA_M)
             wgmma_m64n128_ss<BF16>(X, a, b, kk > 0);
-        else
+        else if constexpr (score_cols<D>() == WGMMA_M)
             wgmma_m64n64_ss<BF16, 0, 0>(X, a, b, kk > 0);
+        else
+            wgmma_m64n32_ss<BF16>(X, a, b, kk > 0);
     }
     wgmma_commit();
 }
@@ -296,6 +298,30 @@ __device__ __forceinline__ void issue_dkv(float (&dV)[dkv_regs<D>()], float (&dK
     wgmma_commit();
 }
 
+// D = 256: start dV_j += P^T dO_i and dK_j += dS^T Q_i over the other warpgroup's queries of the
+// step, k-steps k0 .. k0 + score_cols / 16 - 1 of the sums, both operands from shared memory: A =
+// P^T or dS^T as the other warpgroup stored them (store_ds: rows are the keys = M, the queries K
+// contiguous: K-major), B = dO_i or Q_i at the warpgroup's columns (MN-major, as issue_dkv's); one
+// group. Chained on the accumulators of issue_dkv's group, which may still run: wgmma of one shape
+// on one accumulator need no fence between them.
+template <int D, bool BF16>
+__device__ __forceinline__ void issue_dkv_other(float (&dV)[dkv_regs<D>()],
+                                                float (&dK)[dkv_regs<D>()], uint64_t P_desc,
+                                                uint64_t dS_desc, uint64_t dO_desc, uint64_t Q_desc,
+                                                int k0) {
+    static_assert(dkv_cols<D>() == 2 * SLAB_COLS, "m64n128 products");
+    wgmma_fence();
+#pragma unroll
+    for (int kk = k0; kk < k0 + score_cols<D>() / WGMMA_K; ++kk)
+        wgmma_m64n128_ss<BF16, 0, 1>(dV, desc_k_major_step<block_keys<D>()>(P_desc, kk),
+                                     desc_mn_major_step(dO_desc, kk), 1);
+#pragma unroll
+    for (int kk = k0; kk < k0 + score_cols<D>() / WGMMA_K; ++kk)
+        wgmma_m64n128_ss<BF16, 0, 1>(dK, desc_k_major_step<block_keys<D>()>(dS_desc, kk),
+                                     desc_mn_major_step(Q_desc, kk), 1);
+    wgmma_commit();
+}
+
 // Start this warpgroup's part of dQ_i = dS K_j (64 queries x dq_cols columns, over all the
 // block's keys; config.cuh says which part): A = dS read from dS^T in shared memory (its rows are
 // keys = K, its 64 contiguous queries of a slab M: MN-major, the transpose bit for A), B = K_j as
@@ -370,10 +396,54 @@ __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()
         stage_dq<D>(dQ_part, sm, p.wg, p.warp, p.lane, s.it);
 }
 
-// One step: query tile cur.q0 (ring slot cur.it % Q_STAGES) against the warpgroup's 64 keys, and
-// the dQ part of the step before (dq; none in the block's first step). dS^T goes to buffer
-// cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read). The mask is the
-// block's sequence's (b). Up to D = 128.
+// The scores of a step issued (S^T, then dP^T: two groups): P^T while dP^T runs; then dS^T, both
+// packed (P16, dS16). LSE_i's columns in lse (loaded here unless lse_ahead), D_i's from ring slot
+// `slot`, from the warpgroup's first query of the scores on (its byte col_bytes in the rows);
+// the thread's columns are queries q0 + 8n + 2t + c, its rows keys key_row and key_row + 8. With a
+// softcap the same two halves: t, P^T and G = P^T (1 - t^2) (capped_scores,
+// capped_probabilities), then dS^T = G (dP^T - D_i); each branch has its own wait, so that neither
+// holds the other's values across it. Each mask case is a call of its own (the mask a constant):
+// with one call and a select per element, ptxas moved most of the exponentials past the wait, off
+// dP^T's shadow.
+template <int D, bool BF16>
+__device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
+                                          uint32_t (&dS16)[packed_regs<D>()],
+                                          float (&S)[score_regs<D>()], float (&dP)[score_regs<D>()],
+                                          float2 (&lse)[score_cols<D>() / FRAG_COLS],
+                                          const smem_tiles &sm, const bwd_problem &pb,
+                                          const block_place &b, int key_row, int q0, int t,
+                                          bool mask, int slot, int col_bytes) {
+    float2 Di[score_cols<D>() / FRAG_COLS];
+    wgmma_wait<1>();
+    pin_registers(S);
+    if constexpr (!lse_ahead<D>())
+        load_columns<D>(lse, sm.lse + slot * vec_bytes<D>() + col_bytes, t);
+    if (pb.cap_log2 > 0.f) {
+        if (mask)
+            capped_scores<D>(S, pb, b, key_row, q0, t, true);
+        else
+            capped_scores<D>(S, pb, b, key_row, q0, t, false);
+        capped_probabilities<D, BF16>(S, pb, lse);
+        wgmma_wait<0>();
+        pin_registers(dP);
+        load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>() + col_bytes, t);
+        capped_gradients<D, BF16>(P16, dS16, S, dP, Di);
+    } else {
+        if (mask)
+            probabilities<D>(S, pb, b, lse, key_row, q0, t, true);
+        else
+            probabilities<D>(S, pb, b, lse, key_row, q0, t, false);
+        wgmma_wait<0>();
+        pin_registers(dP);
+        load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>() + col_bytes, t);
+        score_gradients<D, BF16>(P16, dS16, S, dP, Di);
+    }
+}
+
+// One step up to D = 128: query tile cur.q0 (ring slot cur.it % Q_STAGES) against the warpgroup's
+// 64 keys, and the dQ part of the step before (dq; none in the block's first step). dS^T goes to
+// buffer cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read). The mask is
+// the block's sequence's (b).
 template <int D, bool BF16, dq_way DQ, bool FIRST>
 __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
@@ -388,7 +458,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     const int key_row = key0 + wg_key0<D>(p.wg) + WARP_ROWS * p.warp + p.g;  // the thread's first
     float S[score_regs<D>()], dP[score_regs<D>()], dQ_part[dq_regs<D>()];
     uint32_t P16[packed_regs<D>()], dS16[packed_regs<D>()];
-    float2 lse[score_cols<D>() / FRAG_COLS], Di[score_cols<D>() / FRAG_COLS];
+    float2 lse[score_cols<D>() / FRAG_COLS];
 
     // S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, each as soon as its tile has landed; at D = 128
     // LSE_i (landed with Q_i) into registers while they run (lse_ahead)
@@ -398,35 +468,9 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     mbar_wait(bar_at(sm, BAR_DO_FULL + slot), q_pipeline{cur.it}.phase());
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile));
 
-    // P^T while dP^T runs; then dS^T, both packed. With a softcap the same two halves: t, P^T and
-    // G = P^T (1 - t^2) (capped_scores, capped_probabilities), then dS^T = G (dP^T - D_i); each
-    // branch has its own wait, so that neither holds the other's values across it. Each mask
-    // case is a call of its own (the mask a constant): with one call and a select per element,
-    // ptxas moved most of the exponentials past the wait, off dP^T's shadow
+    // P^T while dP^T runs; then dS^T, both packed
     const bool mask = step_needs_mask<D>(b, key0, q0);
-    wgmma_wait<1>();
-    pin_registers(S);
-    if constexpr (!lse_ahead<D>()) load_columns<D>(lse, sm.lse + slot * vec_bytes<D>(), p.t);
-    if (pb.cap_log2 > 0.f) {
-        if (mask)
-            capped_scores<D>(S, pb, b, key_row, q0, p.t, true);
-        else
-            capped_scores<D>(S, pb, b, key_row, q0, p.t, false);
-        capped_probabilities<D, BF16>(S, pb, lse);
-        wgmma_wait<0>();
-        pin_registers(dP);
-        load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>(), p.t);
-        capped_gradients<D, BF16>(P16, dS16, S, dP, Di);
-    } else {
-        if (mask)
-            probabilities<D>(S, pb, b, lse, key_row, q0, p.t, true);
-        else
-            probabilities<D>(S, pb, b, lse, key_row, q0, p.t, false);
-        wgmma_wait<0>();
-        pin_registers(dP);
-        load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>(), p.t);
-        score_gradients<D, BF16>(P16, dS16, S, dP, Di);
-    }
+    gradients<D, BF16>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot, 0);
 
     // dS^T to shared memory (the other warpgroup's dQ reads it); dV, dK from registers; then the
     // dQ part from shared memory, once both warpgroups' dS^T of its step are there
@@ -452,6 +496,78 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     if constexpr (WITH_DQ) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
 }
 
+// One step at D = 256 (splits_dkv): query tile cur.q0 (ring slot cur.it % Q_STAGES) against the
+// block's 64 keys, warpgroup w on the step's queries 32 w .. 32 w + 31 for the scores and columns
+// 128 w .. 128 w + 127 for dV_j, dK_j and dQ_i. Its P^T and dS^T go to shared memory (buffers
+// cur.it % ds_buffers: config.cuh says why no step overwrites one still read) and are announced
+// (DS_FULL); dV and dK over its own queries start from registers while the other warpgroup
+// finishes its softmax; once both warpgroups' are there (wait_ds, the same step), dV and dK over
+// the other's queries and dQ_i's part, all from shared memory; the part then to dQ_acc from the
+// registers (hand_over_dq: DQ_BY_ATOMICS). One meeting a step.
+template <int D, bool BF16, dq_way DQ>
+__device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
+                                                    float (&dK)[dkv_regs<D>()],
+                                                    const smem_tiles &sm, const consumer_place &p,
+                                                    const bwd_problem &pb, const block_place &b,
+                                                    uint64_t K_desc, uint64_t V_desc,
+                                                    walk_step cur) {
+    static_assert(splits_dkv<D>() && DQ == DQ_BY_ATOMICS, "D = 256's step: the columns split");
+    constexpr int Q_ROWS = qrows<D>();
+    const int slot = q_pipeline{cur.it}.slot();
+    const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
+                   dO_tile = sm.dO + slot * q_tile_bytes<D>();
+    const int own = wg_query0<D>(p.wg), other = wg_query0<D>(1 - p.wg);  // first queries
+    const int key0 = b.key0, q0 = cur.q0 + own;  // the warpgroup's first query of the scores
+    const int key_row = key0 + wg_key0<D>(p.wg) + WARP_ROWS * p.warp + p.g;  // the thread's first
+    // the rows of its queries in Q_i and dO_i; the slabs of its columns there
+    const uint32_t own_rows = own * SLAB_ROW_BYTES;
+    const uint32_t cols = slab_offset<Q_ROWS>(wg_col0<D>(p.wg) / SLAB_COLS);
+    float S[score_regs<D>()], dP[score_regs<D>()], dQ_part[dq_regs<D>()];
+    uint32_t P16[packed_regs<D>()], dS16[packed_regs<D>()];
+    float2 lse[score_cols<D>() / FRAG_COLS];
+
+    // S^T = K_j Q_i^T and dP^T = V_j dO_i^T over its queries, each as soon as its tile has
+    // landed, LSE_i into registers while they run; then P^T and dS^T
+    mbar_wait(bar_at(sm, BAR_Q_FULL + slot), q_pipeline{cur.it}.phase());
+    issue_scores<D, BF16>(S, K_desc, desc_k_major(Q_tile + own_rows));
+    static_assert(lse_ahead<D>(), "LSE_i loaded while S^T runs");
+    load_columns<D>(lse, sm.lse + slot * vec_bytes<D>() + own * (int)sizeof(float), p.t);
+    mbar_wait(bar_at(sm, BAR_DO_FULL + slot), q_pipeline{cur.it}.phase());
+    issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile + own_rows));
+    const bool mask = step_needs_mask<D>(b, key0, cur.q0);
+    gradients<D, BF16>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot,
+                       own * (int)sizeof(float));
+
+    // P^T and dS^T to shared memory (the other warpgroup's dV and dK, both warpgroups' dQ read
+    // them); dV, dK over its own queries from registers; then, once both warpgroups' are there,
+    // over the other's and dQ_i's part from shared memory. The A registers of the first group
+    // are free once it is done: waited for before dQ's accumulator is needed
+    const uint32_t P_tile = pt_buffer_at<D>(sm, cur.it), dS_tile = ds_buffer_at<D>(sm, cur.it);
+    store_ds<D>(P16, P_tile, p);
+    store_ds<D>(dS16, dS_tile, p);
+    announce_ds<D>(sm, p, cur.it);
+    issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<Q_ROWS>(dO_tile + cols + own_rows),
+                       desc_mn_major<Q_ROWS>(Q_tile + cols + own_rows));
+    wait_ds<D>(sm, cur.it);
+    issue_dkv_other<D, BF16>(dV, dK, desc_k_major(P_tile), desc_k_major(dS_tile),
+                             desc_mn_major<Q_ROWS>(dO_tile + cols),
+                             desc_mn_major<Q_ROWS>(Q_tile + cols), other / WGMMA_K);
+    wgmma_wait<1>();  // issue_dkv's group: P16 and dS16 read
+    pin_registers(P16);
+    pin_registers(dS16);
+    issue_dq<D, BF16>(dQ_part, sm, dS_tile, p.wg);
+    wgmma_wait<0>();
+    pin_registers(dV);
+    pin_registers(dK);
+    pin_registers(dQ_part);
+
+    // Q_i, dO_i (read by the step's wgmma, all done), LSE_i, D_i (read by this thread's loads),
+    // and the step's P^T and dS^T buffers (read by both warpgroups' wgmma before their arrivals
+    // here) are no longer needed: every thread arrives (producer.cuh)
+    mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
+    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, cur);
+}
+
 // The dQ part of the block's last step, after the loop.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_place &p,
@@ -466,8 +582,9 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 
 // One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
 // head of the group (the producer's walk, in the same order), each with the dQ part of the step
-// before (the last step's after the loop); dK_j *= scale; store both. No query tile sees the keys
-// (a window, or causal with N > N_k; a packed sequence with no query): no step, dK_j = dV_j = 0.
+// before (the last step's after the loop; at D = 256 each with its own); dK_j *= scale; store both.
+// No query tile sees the keys (a window, or causal with N > N_k; a packed sequence with no query):
+// no step, dK_j = dV_j = 0.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
@@ -488,13 +605,20 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     if (steps > 0) {
         const int q_first = first * qrows<D>(), q_end = q_first + tiles * qrows<D>();
         walk_step cur = {0, b.kv_head * pb.group, q_first};
-        consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur);
-        for (int it = 1; it < steps; ++it) {
-            const walk_step prev = cur;
-            cur = next_step(cur, q_first, q_end, qrows<D>());
-            consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, prev);
+        if constexpr (splits_dkv<D>()) {  // D = 256: each step's dQ part in the step
+            for (int it = 0; it < steps; ++it) {
+                consumer_step_split<D, BF16, DQ>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur);
+                cur = next_step(cur, q_first, q_end, qrows<D>());
+            }
+        } else {  // the dQ part a step late, the last one's after the loop
+            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur);
+            for (int it = 1; it < steps; ++it) {
+                const walk_step prev = cur;
+                cur = next_step(cur, q_first, q_end, qrows<D>());
+                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, prev);
+            }
+            last_dq<D, BF16, DQ>(sm, p, pb, b, cur);
         }
-        last_dq<D, BF16, DQ>(sm, p, pb, b, cur);
     }
     stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);
 }
