@@ -78,18 +78,17 @@ __host__ __device__ constexpr int dkv_regs() {  // a 64 x dkv_cols fp32 accumula
     return WGMMA_M * dkv_cols<D>() / WARPGROUP;
 }
 
-// The head dims compiled: 64, 96, 128 and 256. Every other of the contract's up to 128 runs in the
-// next one up with the tail of D masked: the tensor maps' inner extent is the tensors' D, so TMA
-// reads zeros past it (the products add nothing there) and clips the stores and dQ's reduce-adds
-// to it; the passes before and after read and write its columns only (their TAIL). D = 136 to 248
-// run in none: D = 256's dQ adds (variant atomics' way, dq.cuh) address dQ_acc by the kernel's
-// head dim, and its passes have no TAIL.
+// The head dims compiled: 64, 96, 128 and 256. Every other of the contract's runs in the next one
+// up with the tail of D masked: the tensor maps' inner extent is the tensors' D, so TMA reads
+// zeros past it (the products add nothing there) and clips the stores and dQ's reduce-adds to it;
+// the passes before and after read and write its columns only (their TAIL). D = 136 to 248 run in
+// D = 256's kernels, whose dQ adds from the registers address dQ_acc by the tensors' D and skip
+// the columns past it (dq_acc_cols, dq.cuh).
 constexpr int COMPILED_DS[] = {64, 96, 128, 256};
-constexpr int MASKED_D_MAX = 2 * SLAB_COLS;  // the largest head dim run masked in a larger kernel
-static inline int compiled_d(int D) {        // 0: none runs it
+static inline int compiled_d(int D) {  // 0: none runs it
     if (D < ATTN_MIN_D || D % ATTN_D_STEP != 0) return 0;
     for (int d : COMPILED_DS)
-        if (D == d || (D < d && D <= MASKED_D_MAX)) return d;
+        if (D <= d) return d;
     return 0;
 }
 // A tile of D columns in shared memory: slabs<D>() 64-column slabs, 128-byte swizzled (D = 96's
@@ -98,10 +97,16 @@ template <int D>
 __host__ __device__ constexpr int slabs() {
     return (D + SLAB_COLS - 1) / SLAB_COLS;
 }
-// Variant atomics at D = 64, 128 and 256 only: its adds address dQ_acc by the compiled head dim.
+// Variant atomics' kernels: at D = 64 and 128, whose adds address dQ_acc by the compiled head dim
+// (they run that D only), and at D = 256, the default variant's kernel there, whose adds take the
+// tensors' D (they run D = 136 to 256). No D = 96 kernel of its own.
 template <int D>
 __host__ __device__ constexpr bool takes_atomics() {
     return D % SLAB_COLS == 0;
+}
+static inline bool atomics_run(int D) {  // the tensors' head dim D in variant atomics
+    const int d = compiled_d(D);
+    return d >= SPLIT_D_MIN || (d == D && d % SLAB_COLS == 0);
 }
 
 // The Q/dO ring: the producer runs up to Q_STAGES query tiles (Q_i, dO_i, LSE_i, D_i) ahead.

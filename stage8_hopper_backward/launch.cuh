@@ -55,8 +55,8 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 
 // The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ (none for
 // variant atomics where it does not take D, nor for variant deterministic at D = 256:
-// stage_unsupported refuses them first). At D = 256 the default variant adds as atomics does
-// (config.cuh: no staging tile fits).
+// stage_unsupported refuses them first). At D = 256 (D = 136 to 256) the default variant adds as
+// atomics does (config.cuh: no staging tile fits).
 template <int D, bool BF16>
 static kernel_fn kernel_for(int variant) {
     if constexpr (splits_dkv<D>()) {
@@ -71,30 +71,38 @@ static kernel_fn kernel_for(int variant) {
     }
 }
 
-// The passes before and after for head dim D: at D = 64 and 128 the tensors' own where s->D = D;
-// every other head dim runs TAIL_PASS_D's TAIL instances (16 lanes a row: the preprocess's shuffles
-// need a power of two), which read and write s->D columns: two pairs of kernels, not one a D.
+// The passes before and after for head dim D: at D = 64, 128 and 256 the tensors' own where
+// s->D = D; every other head dim runs the TAIL instances of tail_pass_d<D>() (the preprocess's
+// lanes a row: a power of two, for its shuffles), which read and write s->D columns: D = 128's
+// up to 128 (16 lanes a row), D = 256's for D = 136 to 248 (32 lanes): two pairs of kernels
+// each, not one a D.
 constexpr int TAIL_PASS_D = 128;
+template <int D>
+constexpr int tail_pass_d() {
+    return splits_dkv<D>() ? D : TAIL_PASS_D;
+}
 template <int D, bool BF16>
 static cudaError_t enqueue_preprocess(const attn_shape *s, const bwd_params &p, size_t rows,
                                       cudaStream_t stream) {
     constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;  // D = 96: none of its own
+    constexpr int TAIL_D = tail_pass_d<D>();
     if (s->D == OWN)
         preprocess_kernel<OWN, BF16>
             <<<preprocess_grid(rows, OWN), PREPROCESS_THREADS, 0, stream>>>(p);
     else
-        preprocess_kernel<TAIL_PASS_D, BF16, true>
-            <<<preprocess_grid(rows, TAIL_PASS_D), PREPROCESS_THREADS, 0, stream>>>(p);
+        preprocess_kernel<TAIL_D, BF16, true>
+            <<<preprocess_grid(rows, TAIL_D), PREPROCESS_THREADS, 0, stream>>>(p);
     return cudaGetLastError();
 }
 template <int D, bool BF16>
 static cudaError_t enqueue_convert(const attn_shape *s, const bwd_params &p, dim3 grid,
                                    cudaStream_t stream) {
     constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;
+    constexpr int TAIL_D = tail_pass_d<D>();
     if (s->D == OWN)
         dq_convert_kernel<OWN, BF16><<<grid, CONVERT_THREADS, 0, stream>>>(p);
     else
-        dq_convert_kernel<TAIL_PASS_D, BF16, true><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        dq_convert_kernel<TAIL_D, BF16, true><<<grid, CONVERT_THREADS, 0, stream>>>(p);
     return cudaGetLastError();
 }
 
