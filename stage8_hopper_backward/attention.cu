@@ -9,7 +9,7 @@
  * warpgroups that only compute. The forward pass is stage 6's, linked (stage.mk).
  *
  *   D_i = rowsum(dO_i * O_i), LSE_i * log2(e)           preprocess_kernel (stage 7's, shared)
- *   backward_kernel: one block per (key tile j of KEYS = 128 keys, batch, key/value head)
+ *   backward_kernel: one block per (key tile j of 128 keys, batch, key/value head; D = 256: 64)
  *     producer warpgroup, load warp (load_tiles):
  *       K_j, V_j -> shared memory, once                                            (KV_FULL)
  *       for each query head h of the group, each query tile i that sees the keys (it-th):
@@ -37,6 +37,12 @@
  *       the last step's dQ part the same way                                      (last_dq)
  *       dK *= scale; store dK_j, dV_j                                            (store_dkv)
  *   dQ = scale dQ_acc, in the storage type                 dq_convert_kernel (stage 7's, shared)
+ *
+ * At D = 256 (consumer_step_split; built, not yet run on a GPU): 64 keys a block; warpgroup w
+ * computes S^T, dP^T for the step's queries 32 w .. and owns columns 128 w .. of dK, dV and dQ;
+ * both store P^T and dS^T (DS_FULL, waited in the same step), dV and dK over the other's queries
+ * read them from shared memory, dQ's part goes to dQ_acc by red.global.add from the registers.
+ * D = 136 to 248 run in it masked (its adds skip dQ_acc's columns past the tensors' D).
  *
  * Variants: atomics (dQ by the consumers' fp32 atomics, the dQ warp idle), deterministic (each
  * query tile's dQ adds in a fixed key-tile order, by a counter in global memory: bit-identical dQ;
@@ -111,15 +117,19 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
         !tensor_map_takes(&s->dV, maps_B, s->H_kv, k_rows, HALF_BYTES))
         return "dO's, dK's and dV's strides must be below 2^39 elements (TMA's limit)";
     const int d = compiled_d(s->D);
-    if (!d)
-        return "the backward runs head dims up to 128 (kernels for 64, 96, 128; the rest masked "
-               "in the next): D = 256's tiles (64 x 64, dK and dV split by columns) are not built";
-    if (variant == VARIANT_ATOMICS && (d != s->D || d % SLAB_COLS != 0))
-        return "variant atomics runs D = 64 and 128 only (its adds address dQ_acc by the "
-               "kernel's head dim; no D = 96 kernel of its own)";
+    if (!d) return "the backward runs the head dims that are a multiple of 8 from 32 to 256";
+    if (variant == VARIANT_DETERMINISTIC && splits_dkv<256>() && d == 256)
+        return "variant deterministic runs head dims up to 128: from D = 136 on dQ is added from "
+               "the registers in no fixed order (no staging tile fits beside the tiles)";
+    if (variant == VARIANT_ATOMICS && !atomics_run(s->D))
+        return "variant atomics runs D = 64, 128 and 136 to 256 (up to 128 its adds address dQ_acc "
+               "by the kernel's head dim; no D = 96 kernel of its own)";
     if (!hopper_code_here((const void *)backward_kernel<64, false, DQ_BY_BULK>))
         return "this build has no sm_90a code (build on the Hopper GPU, or the fat build)";
-    const size_t smem = d == 64 ? smem_bytes<64>() : d == 96 ? smem_bytes<96>() : smem_bytes<128>();
+    const size_t smem = d == 64    ? smem_bytes<64>()
+                        : d == 96  ? smem_bytes<96>()
+                        : d == 128 ? smem_bytes<128>()
+                                   : smem_bytes<256>();
     if (smem > dev->smem_per_block) {
         static char why_smem[96];
         snprintf(why_smem, sizeof why_smem,

@@ -1,7 +1,8 @@
 /*
  * stage8_hopper_backward/config.cuh: the configuration: the tiles (keys per block, queries per
  * step, the depth of the Q/dO ring), the warpgroups and their registers, how the two consumer
- * warpgroups split dQ_i = dS K_j at each head dim, and the variants with their ways of adding dQ
+ * warpgroups split the block's work (at D = 256 the scores' queries and dK's, dV's columns) and
+ * dQ_i = dS K_j at each head dim, and the variants with their ways of adding dQ
  * (dq_way). The block's shared memory and barriers are smem.cuh's; who works on what (the
  * parameters the main kernel reads, bwd_problem, and a block's walk) schedule.cuh's.
  *
@@ -22,29 +23,68 @@
 
 /* ---- tiles and warpgroups -------------------------------------------------------------------- */
 
-// A block owns KEYS keys of one (batch, key/value head): each of the CONSUMERS warpgroups 64 of
-// them (wgmma's M), with their dK_j and dV_j in its registers for the whole block. Per step it
-// takes qrows<D>() queries of one query head (wgmma's N for S^T and dP^T, and the K of dV and
-// dK): FlashAttention-3's tiles, 128 keys x 64 queries at D = 128 and 128 x 128 at D = 64, where
-// the products of a step are half as deep and the step's barriers and softmax work would
-// otherwise weigh twice as much against them.
+// A block owns block_keys<D>() keys of one (batch, key/value head), with their dK_j and dV_j in the
+// CONSUMERS warpgroups' registers for the whole block. Per step it takes qrows<D>() queries of one
+// query head: FlashAttention-3's tiles, 128 keys x 64 queries at D = 128 and 128 x 128 at D = 64,
+// where the products of a step are half as deep and the step's barriers and softmax work would
+// otherwise weigh twice as much against them. Up to D = 128 each warpgroup owns 64 of the keys
+// (wgmma's M) and all D columns of their dK_j and dV_j; the step's queries are wgmma's N for S^T
+// and dP^T, and the K of dV and dK. At D = 256 (splits_dkv) those would be 128 + 128 fp32
+// registers a thread, past setmaxnreg's 240: the block owns 64 keys, both warpgroups' M, and the
+// warpgroups split the rest: warpgroup w computes the scores of the step's queries 32 w .. 32 w +
+// 31 (score_cols) and owns columns 128 w .. 128 w + 127 of dK_j, dV_j and dQ_i (dkv_cols), so
+// that each needs the other's P^T and dS^T (through shared memory, mainloop.cuh).
 constexpr int CONSUMERS = 2;  // (PRODUCER_WARPGROUPS, common/device/sm90.cuh: warpgroup 0)
 constexpr int BLOCK_THREADS = (CONSUMERS + PRODUCER_WARPGROUPS) * WARPGROUP;  // 384
-constexpr int KEYS = CONSUMERS * WGMMA_M;                                     // 128
 constexpr int CONSUMER_WARPS = CONSUMERS * WARPS_PER_WARPGROUP;
+constexpr int SPLIT_D_MIN = 2 * SLAB_COLS + 1;  // past 128: the columns split (D = 256)
+template <int D>
+__host__ __device__ constexpr bool splits_dkv() {
+    return D >= SPLIT_D_MIN;
+}
+template <int D>
+__host__ __device__ constexpr int block_keys() {
+    return splits_dkv<D>() ? WGMMA_M : CONSUMERS * WGMMA_M;  // 64 or 128
+}
 template <int D>
 __host__ __device__ constexpr int qrows() {
     return D == SLAB_COLS ? CONSUMERS * WGMMA_M : WGMMA_M;
 }
+// A warpgroup's share: the queries of its S^T and dP^T (wgmma's N) and the first of them in the
+// step; the first of its keys in the block (wgmma's M rows); the columns of its dK_j and dV_j
+// (and at D = 256 of dQ_i) and the first of them.
+template <int D>
+__host__ __device__ constexpr int score_cols() {
+    return splits_dkv<D>() ? qrows<D>() / CONSUMERS : qrows<D>();
+}
+template <int D>
+__host__ __device__ __forceinline__ constexpr int wg_query0(int wg) {
+    return splits_dkv<D>() ? score_cols<D>() * wg : 0;
+}
+template <int D>
+__host__ __device__ __forceinline__ constexpr int wg_key0(int wg) {
+    return splits_dkv<D>() ? 0 : WGMMA_M * wg;
+}
+template <int D>
+__host__ __device__ constexpr int dkv_cols() {
+    return splits_dkv<D>() ? D / CONSUMERS : D;
+}
+template <int D>
+__host__ __device__ __forceinline__ constexpr int wg_col0(int wg) {
+    return splits_dkv<D>() ? dkv_cols<D>() * wg : 0;
+}
+template <int D>
+__host__ __device__ constexpr int dkv_regs() {  // a 64 x dkv_cols fp32 accumulator, a thread's
+    return WGMMA_M * dkv_cols<D>() / WARPGROUP;
+}
 
-// The head dims compiled: 64, 96 and 128. Every other of the contract's up to 128 runs in the next
-// one up with the tail of D masked: the tensor maps' inner extent is the tensors' D, so TMA reads
+// The head dims compiled: 64, 96, 128 and 256. Every other of the contract's runs in the next one
+// up with the tail of D masked: the tensor maps' inner extent is the tensors' D, so TMA reads
 // zeros past it (the products add nothing there) and clips the stores and dQ's reduce-adds to it;
-// the passes before and after read and write its columns only (their TAIL). Past 128 no kernel:
-// D = 256 needs a kernel of its own: smaller tiles (FlashAttention-3 runs 64 queries x 80 keys on
-// Hopper) and dK and dV split across the warpgroups (128 + 128 registers a thread as this kernel
-// holds them).
-constexpr int COMPILED_DS[] = {64, 96, 128};
+// the passes before and after read and write its columns only (their TAIL). D = 136 to 248 run in
+// D = 256's kernels, whose dQ adds from the registers address dQ_acc by the tensors' D and skip
+// the columns past it (dq_acc_cols, dq.cuh).
+constexpr int COMPILED_DS[] = {64, 96, 128, 256};
 static inline int compiled_d(int D) {  // 0: none runs it
     if (D < ATTN_MIN_D || D % ATTN_D_STEP != 0) return 0;
     for (int d : COMPILED_DS)
@@ -57,31 +97,55 @@ template <int D>
 __host__ __device__ constexpr int slabs() {
     return (D + SLAB_COLS - 1) / SLAB_COLS;
 }
-// Variant atomics at D = 64 and 128 only: its adds address dQ_acc by the compiled head dim.
+// Variant atomics' kernels: at D = 64 and 128, whose adds address dQ_acc by the compiled head dim
+// (they run that D only), and at D = 256, the default variant's kernel there, whose adds take the
+// tensors' D (they run D = 136 to 256). No D = 96 kernel of its own.
 template <int D>
 __host__ __device__ constexpr bool takes_atomics() {
     return D % SLAB_COLS == 0;
+}
+static inline bool atomics_run(int D) {  // the tensors' head dim D in variant atomics
+    const int d = compiled_d(D);
+    return d >= SPLIT_D_MIN || (d == D && d % SLAB_COLS == 0);
 }
 
 // The Q/dO ring: the producer runs up to Q_STAGES query tiles (Q_i, dO_i, LSE_i, D_i) ahead.
 constexpr int Q_STAGES = 2;
 
 // dQ_i = dS K_j reads both warpgroups' dS^T rows (below), so a warpgroup's dQ product waits until
-// the other has written its rows. It comes a step late: step i issues dQ_{i-1}'s product after
-// its own dV and dK, when the other warpgroup wrote dS^T_{i-1} a step ago unless it lags, so that
-// the two need not meet at every step (LOG.md, steps 11 and 17: what it bought at each head dim).
+// the other has written its rows. Up to D = 128 it comes a step late: step i issues dQ_{i-1}'s
+// product after its own dV and dK, when the other warpgroup wrote dS^T_{i-1} a step ago unless it
+// lags, so that the two need not meet at every step (LOG.md, steps 11 and 17: what it bought at
+// each head dim). At D = 256 the warpgroups meet in every step anyway (each one's dV and dK need
+// the other's P^T and dS^T), and dQ_i's product comes in its own step.
 //
-// dS^T goes through shared memory: step i's into buffer i % DS_BUFFERS. A warpgroup reads step
-// i's in step i + 1; the other starts step i + DS_BUFFERS (and writes the buffer again) only once
-// the Q/dO slot of step i + DS_BUFFERS - Q_STAGES is free, which this warpgroup hands back at the
-// end of that step (its wgmma all done). So Q_STAGES + 1 buffers are enough, with no barrier for
-// a buffer's reuse.
+// dS^T goes through shared memory: step i's into buffer i % ds_buffers<D>() (at D = 256 P^T too,
+// into a buffer of its own beside it). Up to D = 128 a warpgroup reads step i's in step i + 1; the
+// other starts step i + DS_BUFFERS (and writes the buffer again) only once the Q/dO slot of step
+// i + DS_BUFFERS - Q_STAGES is free, which this warpgroup hands back at the end of that step (its
+// wgmma all done). So Q_STAGES + 1 buffers are enough, with no barrier for a buffer's reuse. At
+// D = 256 every read of step i's buffers is in step i, before the reader hands the slot back:
+// Q_STAGES buffers, by the same argument.
 constexpr int DS_BUFFERS = Q_STAGES + 1;
+template <int D>
+__host__ __device__ constexpr int ds_buffers() {
+    return splits_dkv<D>() ? Q_STAGES : DS_BUFFERS;
+}
+template <int D>
+__host__ __device__ constexpr int pt_buffers() {  // P^T's, beside dS^T's (D = 256)
+    return splits_dkv<D>() ? ds_buffers<D>() : 0;
+}
 
 // dQ_i's staging tile: one. A second, so that the consumers stage step i + 1's while the dQ
 // warp's reduction still reads step i's, does not fit beside the three dS^T buffers at either head
-// dim: smem_bytes() plus a 32 KB staging tile is over SMEM_PER_BLOCK_MAX at both.
+// dim: smem_bytes() plus a 32 KB staging tile is over SMEM_PER_BLOCK_MAX at both. None at D = 256,
+// whose dQ parts are added from the registers (DQ_BY_ATOMICS, below): a 64 x 256 fp32 tile does
+// not fit beside its tiles.
 constexpr int DQ_BUFFERS = 1;
+template <int D>
+__host__ __device__ constexpr int dq_buffers() {
+    return splits_dkv<D>() ? 0 : DQ_BUFFERS;
+}
 
 // The producer warpgroup's warps: one issues every load, one every dQ reduction, one the block's
 // dK_j and dV_j stores at its end (the others' registers are spoken for across their loops); the
@@ -95,31 +159,40 @@ constexpr int STORE_WARP = 2;
 constexpr int PRODUCER_REGS = 24;
 constexpr int CONSUMER_REGS = 240;
 
-// dQ_i = dS K_j (queries x D, summed over the block's 128 keys): the two consumer warpgroups split
-// it, each reading both warpgroups' dS^T rows (a named barrier between them). At D = 128 (64
-// queries: one wgmma M) by columns: warpgroup w computes D / 2 = 64 of them. At D = 64 (128
-// queries) by rows: warpgroup w computes queries 64 w .. 64 w + 63, all 64 columns (a 32-column
-// half would be narrower than the 128-byte swizzle's 64 halves: no canonical wgmma layout). At
-// D = 96 by slabs of K_j: warpgroup 0 columns 0 .. 63, warpgroup 1 the second slab's 32.
+// dQ_i = dS K_j (queries x D, summed over the block's keys): the two consumer warpgroups split
+// it, each reading both warpgroups' dS^T rows. At D = 128 (64 queries: one wgmma M) by columns:
+// warpgroup w computes D / 2 = 64 of them. At D = 64 (128 queries) by rows: warpgroup w computes
+// queries 64 w .. 64 w + 63, all 64 columns (a 32-column half would be narrower than the 128-byte
+// swizzle's 64 halves: no canonical wgmma layout). At D = 96 by slabs of K_j: warpgroup 0 columns
+// 0 .. 63, warpgroup 1 the second slab's 32. At D = 256 by columns, as dK and dV: warpgroup w
+// columns 128 w .. 128 w + 127, over the block's 64 keys.
 template <int D>
 __host__ __device__ constexpr bool dq_splits_rows() {
     return qrows<D>() > WGMMA_M;
 }
 // A warpgroup's dQ part is 64 x 64 (wgmma's M = 64 queries, N = 64 columns, a slab of K_j as B):
-// 32 fp32 registers a thread. D = 96's warpgroup 1 computes 64 columns too, those past 96 zero
-// (K_j's second slab, past D as TMA fills it), and stages its 32: one wgmma shape for both
-// warpgroups (N = 32 for the one warpgroup made ptxas serialize the block's wgmma).
-constexpr int DQ_REGS = WGMMA_M * SLAB_COLS / WARPGROUP;
+// 32 fp32 registers a thread; at D = 256 64 x 128, 64 registers. D = 96's warpgroup 1 computes 64
+// columns too, those past 96 zero (K_j's second slab, past D as TMA fills it), and stages its 32:
+// one wgmma shape for both warpgroups (N = 32 for the one warpgroup made ptxas serialize the
+// block's wgmma).
+template <int D>
+__host__ __device__ constexpr int dq_cols() {  // the columns of a warpgroup's dQ wgmma
+    return splits_dkv<D>() ? dkv_cols<D>() : SLAB_COLS;
+}
+template <int D>
+__host__ __device__ constexpr int dq_regs() {
+    return WGMMA_M * dq_cols<D>() / WARPGROUP;
+}
 template <int D>
 __host__ __device__ constexpr int dq_part_cols(int wg) {
     return dq_splits_rows<D>() || D % SLAB_COLS == 0 || D - wg * SLAB_COLS > SLAB_COLS
-               ? SLAB_COLS
+               ? dq_cols<D>()
                : D - wg * SLAB_COLS;
 }
-// S^T and dP^T: a warpgroup's 64 keys x qrows<D>() queries; packed as 16-bit A operands, half.
+// S^T and dP^T: a warpgroup's 64 keys x score_cols<D>() queries; packed as 16-bit A operands, half.
 template <int D>
 __host__ __device__ constexpr int score_regs() {
-    return WGMMA_M * qrows<D>() / WARPGROUP;
+    return WGMMA_M * score_cols<D>() / WARPGROUP;
 }
 template <int D>
 __host__ __device__ constexpr int packed_regs() {
@@ -134,6 +207,7 @@ constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of
 // its registers by fp32 reductions (red.global.add), no staging, the dQ warp idle: what the TMA
 // unit's reduction buys; DQ_BY_BULK_IN_TURNS (deterministic), as DQ_BY_BULK, but the key tiles
 // add into each query tile in turn, 0, 1, 2, ... (dq.cuh, reduce_dq), so that dQ is
-// bit-identical from run to run.
+// bit-identical from run to run. At D = 256 the default variant adds as atomics does (no staging
+// tile fits) and deterministic is refused (attention.cu).
 enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICS, VARIANT_DETERMINISTIC, VARIANTS };
 enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };

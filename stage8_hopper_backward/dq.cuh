@@ -12,16 +12,16 @@
 #include "schedule.cuh"
 #include "smem.cuh"
 
-// Where a warpgroup's 64 x 64 dQ part lies in the query tile: at D = 64 rows 64 wg .., all
-// columns; at D = 96 and 128 all 64 rows, columns 64 wg .. (dq_part_cols<D>(wg) of them;
-// config.cuh, dq_splits_rows).
+// Where a warpgroup's dQ part (64 x dq_cols) lies in the query tile: at D = 64 rows 64 wg .., all
+// columns; at D = 96 and 128 all 64 rows, columns 64 wg .. (dq_part_cols<D>(wg) of them); at
+// D = 256 all 64 rows, columns 128 wg .. (config.cuh, dq_splits_rows).
 template <int D>
 __device__ __forceinline__ int dq_part_row(int wg) {
     return dq_splits_rows<D>() ? wg * WGMMA_M : 0;
 }
 template <int D>
 __device__ __forceinline__ int dq_part_col(int wg) {
-    return dq_splits_rows<D>() ? 0 : wg * SLAB_COLS;
+    return dq_splits_rows<D>() ? 0 : wg * dq_cols<D>();
 }
 
 // The consumers' side, after the step's dQ wgmma is done: wait until the reduction has read the
@@ -31,7 +31,7 @@ __device__ __forceinline__ int dq_part_col(int wg) {
 // on DQ_FULL, one arrival per warp. In the staging layout [D/8][qrows][8] floats a warp's store
 // of one n8 block and row half is 8 rows x 32 bytes, contiguous: no bank conflict.
 template <int D>
-__device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const smem_tiles &sm,
+__device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], const smem_tiles &sm,
                                          int wg, int warp, int lane, int it) {
     constexpr int SLAB_BYTES = qrows<D>() * DQ_SLAB_ROW_BYTES, FLOAT_BYTES = sizeof(float);
     static_assert(FRAG_COLS == DQ_SLAB_COLS, "an n8 block of columns is one staging slab");
@@ -44,7 +44,7 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
               dq_pipeline{it}.empty_phase());            // it is read
     const int blocks = dq_part_cols<D>(wg) / FRAG_COLS;  // the part's n8 blocks
 #pragma unroll
-    for (int n = 0; n < SLAB_COLS / FRAG_COLS; ++n) {
+    for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
         if (n >= blocks) break;
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h)
@@ -56,26 +56,41 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[DQ_REGS], const s
     if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()));
 }
 
+// The columns of a row of dQ_acc as the kernel for head dim D addresses it: up to D = 128 its own
+// D (variant atomics runs only the D compiled there; the bulk reductions clip through tmdQ), at
+// D = 256 the tensors' (pb.call.D: the kernel runs D = 136 to 256, their tail masked).
+template <int D>
+__device__ __forceinline__ int dq_acc_cols(const bwd_problem &pb) {
+    return splits_dkv<D>() ? pb.call.D : D;
+}
+
 // DQ_BY_ATOMICS (variant atomics), after the step's dQ wgmma is done: the thread's part of dQ_i
 // straight from its registers into rows q0 .. of query head `head` of the block's sequence in
 // dQ_acc (bwd_sequence_of places them), two floats a reduction (16 a thread; rows past the
-// sequence's N skipped), no staging tile, no barrier: the adds leave from 256 threads instead of
-// one TMA instruction. The warpgroup's part: dq_part_row, dq_part_col.
+// sequence's N skipped; 32 a thread at D = 256), no staging tile, no barrier: the adds leave from
+// 256 threads instead of one TMA instruction. The warpgroup's part: dq_part_row, dq_part_col. At
+// D = 256 a row is dq_acc_cols long, and the part's n8 blocks of columns at or past it (zeros: K_j
+// is zero there) are skipped, as the bulk reductions' clipping does (the tensors' D is a multiple
+// of 8: a block is all in or all out).
 template <int D>
-__device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[DQ_REGS],
+__device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>()],
                                               const bwd_problem &pb, const block_place &b, int wg,
                                               int warp, int lane, int head, int q0) {
     const int g = lane / QUAD, t = lane % QUAD;
-    float *const rows = pb.call.dQ_acc + (size_t)(b.seq.row_acc + head * b.seq.head_acc) * D;
+    const int cols = dq_acc_cols<D>(pb);
+    const int blocks = (cols - dq_part_col<D>(wg)) / FRAG_COLS;  // (D = 256) inside the tensors' D
+    float *const rows = pb.call.dQ_acc + (size_t)(b.seq.row_acc + head * b.seq.head_acc) * cols;
 #pragma unroll
     for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
         const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
         if (row >= b.N) continue;
-        float *const out = rows + (size_t)row * D + dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
+        float *const out = rows + (size_t)row * cols + dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
 #pragma unroll
-        for (int n = 0; n < SLAB_COLS / FRAG_COLS; ++n)
+        for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
+            if (splits_dkv<D>() && n >= blocks) break;
             red_add_f32x2(out + FRAG_COLS * n, dQ_part[acc_index(n, h, 0)],
                           dQ_part[acc_index(n, h, 1)]);
+        }
     }
 }
 
@@ -133,7 +148,7 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMap *tmdQ,
                                           const bwd_problem &pb, int lane) {
-    const block_place b = block_place_of(pb);
+    const block_place b = block_place_of<D>(pb);
     if (lane != 0) return;  // one thread issues the reductions
     int tiles;
     const int first = query_tiles_of<D>(b.keys, b.key0, &tiles);

@@ -12,29 +12,31 @@
 #include "schedule.cuh"
 #include "smem.cuh"
 
-// One accumulator (a warpgroup's 64 keys x D; the thread's columns 8n + 2t, +1 of rows
-// row and row + 8 of its warp's 16) times `scale`, packed to 16 bits, into a [slabs][KEYS][64]
-// tile in the 128-byte swizzle: one 4-byte store a column pair. A warp's store writes 8 rows, each
+// One accumulator (a warpgroup's 64 keys x dkv_cols<D>(); the thread's columns 8n + 2t, +1 of
+// rows row and row + 8 of its warp's 16) times `scale`, packed to 16 bits, into a
+// [slabs][block_keys][64] tile in the 128-byte swizzle (at D = 256 from the warpgroup's first
+// slab on): one 4-byte store a column pair. A warp's store writes 8 rows, each
 // row's chunk n at position n ^ (row % 8): 8 different 16-byte bank groups, no bank conflict.
 template <int D, bool BF16>
-__device__ __forceinline__ void stage_rows(const float (&acc)[D / 2], float scale, uint32_t tile,
-                                           int row, int t) {
+__device__ __forceinline__ void stage_rows(const float (&acc)[dkv_regs<D>()], float scale,
+                                           uint32_t tile, int row, int t) {
 #pragma unroll
     for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
         const uint32_t base =
             swizzle_row_base(tile, row + FRAG_ROW_STEP * h) + FRAG_LANE_COLS * HALF_BYTES * t;
 #pragma unroll
-        for (int n = 0; n < D / FRAG_COLS; ++n)
+        for (int n = 0; n < dkv_cols<D>() / FRAG_COLS; ++n)
             st_shared_b32(
-                swizzled_chunk_at<KEYS>(base, n),
+                swizzled_chunk_at<block_keys<D>()>(base, n),
                 pack2_of<BF16>(acc[acc_index(n, h, 0)] * scale, acc[acc_index(n, h, 1)] * scale));
     }
 }
 
 // A packed batch's key tile that runs past its sequence's keys (the sequence's last): a TMA
 // store of the whole box would write the next sequence's rows of dK and dV, another block's.
+template <int D>
 __device__ __forceinline__ bool dkv_masked(const bwd_problem &pb, const block_place &b) {
-    return pb.call.varlen.cu_seqlens_q && b.key0 + KEYS > b.N_k;
+    return pb.call.varlen.cu_seqlens_q && b.key0 + block_keys<D>() > b.N_k;
 }
 
 // Such a tile's first `rows` rows, staged (stage_rows' swizzled layout), to rows row0 .. of head
@@ -55,26 +57,29 @@ __device__ __forceinline__ void store_rows_masked(uint32_t tile, __half *out,
 #pragma unroll 4
     for (int row = thread / ROW_CHUNKS; row < rows; row += ROW_STEP)
         st_global_v4(column + rows_offset(row0 + row, l.row),
-                     ld_shared_v4(tile + swizzled_chunk_offset<KEYS>(row, chunk)));
+                     ld_shared_v4(tile + swizzled_chunk_offset<block_keys<D>()>(row, chunk)));
 }
 
 // A consumer thread's part of dK_j = scale dK_acc and dV_j = dV_acc, over its rows of K_j's and
 // V_j's tiles (the same layout); then visible to the copy engine, and announced to the store
 // warp (DKV_STAGED). The tiles are free once both warpgroups' wgmma are done (KV_FREE): the dQ
-// products read all 128 keys of K_j. A packed batch's tile past its sequence's keys
-// (dkv_masked): once both warpgroups have staged their rows (KV_FREE again), the consumers store
-// the sequence's rows themselves (store_rows_masked), the store warp none.
+// products read all the block's keys of K_j (at D = 256 the scores of each warpgroup all of K_j
+// and V_j, whose columns the warpgroups stage half each). A packed batch's tile past its sequence's
+// keys (dkv_masked): once both warpgroups have staged their rows (KV_FREE again), the consumers
+// store the sequence's rows themselves (store_rows_masked), the store warp none.
 template <int D, bool BF16>
-__device__ __forceinline__ void stage_dkv(const float (&dK)[D / 2], const float (&dV)[D / 2],
-                                          const smem_tiles &sm, const consumer_place &p,
-                                          const bwd_problem &pb, const block_place &b) {
+__device__ __forceinline__ void stage_dkv(const float (&dK)[dkv_regs<D>()],
+                                          const float (&dV)[dkv_regs<D>()], const smem_tiles &sm,
+                                          const consumer_place &p, const bwd_problem &pb,
+                                          const block_place &b) {
     named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_KV_FREE);
-    const int row = WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first row
-    stage_rows<D, BF16>(dK, pb.scale, sm.K, row, p.t);
-    stage_rows<D, BF16>(dV, 1.f, sm.V, row, p.t);
+    const int row = wg_key0<D>(p.wg) + WARP_ROWS * p.warp + p.g;  // the thread's first row
+    const int slab = wg_col0<D>(p.wg) / SLAB_COLS;                // its first column's slab
+    stage_rows<D, BF16>(dK, pb.scale, sm.K + slab_offset<block_keys<D>()>(slab), row, p.t);
+    stage_rows<D, BF16>(dV, 1.f, sm.V + slab_offset<block_keys<D>()>(slab), row, p.t);
     fence_proxy_async();  // this thread's stores are visible to the copy engine
     named_barrier_arrive<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
-    if (dkv_masked(pb, b)) {
+    if (dkv_masked<D>(pb, b)) {
         named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_KV_FREE);  // both staged theirs
         const int thread = (p.wg * WARPS_PER_WARPGROUP + p.warp) * WARP_SIZE + p.lane;
         const int k_row = (int)b.seq.seq.k_row + b.key0, rows = b.N_k - b.key0;  // (> 0)
@@ -86,25 +91,25 @@ __device__ __forceinline__ void stage_dkv(const float (&dK)[D / 2], const float 
 }
 
 // The store warp: once the consumers have staged dK_j and dV_j (DKV_STAGED), lane 0 stores them
-// to keys key0 .. of (batch, kv_head) of dK and dV (tmdK, tmdV: KEYS-row boxes; keys past N_k are
-// not written; columns past the tensors' D neither), slabs<D>() TMA copies each, and waits until
-// they have read the tiles: the block's shared memory lives until then. A packed batch: at the
-// sequence's rows of the packed tensors (from k_row, batch 0), where the whole box lies in them
+// to keys key0 .. of (batch, kv_head) of dK and dV (tmdK, tmdV: block_keys-row boxes; keys past N_k
+// are not written; columns past the tensors' D neither), slabs<D>() TMA copies each, and waits
+// until they have read the tiles: the block's shared memory lives until then. A packed batch: at
+// the sequence's rows of the packed tensors (from k_row, batch 0), where the whole box lies in them
 // (else the consumers store the rows: dkv_masked).
 template <int D>
 __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMap *tmdK,
                                           const CUtensorMap *tmdV, const bwd_problem &pb,
                                           int lane) {
     named_barrier_sync<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
-    const block_place b = block_place_of(pb);
-    if (lane == 0 && !dkv_masked(pb, b)) {
+    const block_place b = block_place_of<D>(pb);
+    if (lane == 0 && !dkv_masked<D>(pb, b)) {
         const int k_row = (int)b.seq.seq.k_row + b.key0;
 #pragma unroll
         for (int c = 0; c < slabs<D>(); ++c) {
-            tma_store_4d(tmdK, sm.K + slab_offset<KEYS>(c), c * SLAB_COLS, k_row, b.kv_head,
-                         b.tile_batch);
-            tma_store_4d(tmdV, sm.V + slab_offset<KEYS>(c), c * SLAB_COLS, k_row, b.kv_head,
-                         b.tile_batch);
+            tma_store_4d(tmdK, sm.K + slab_offset<block_keys<D>()>(c), c * SLAB_COLS, k_row,
+                         b.kv_head, b.tile_batch);
+            tma_store_4d(tmdV, sm.V + slab_offset<block_keys<D>()>(c), c * SLAB_COLS, k_row,
+                         b.kv_head, b.tile_batch);
         }
         bulk_commit();
         bulk_wait<true>();  // the copies have read the tiles

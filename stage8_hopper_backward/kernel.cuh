@@ -23,7 +23,8 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
         mbar_init(bar_at(sm, BAR_DO_FULL + st), WARP_SIZE);
         mbar_init(bar_at(sm, BAR_Q_EMPTY + st), CONSUMERS * WARPGROUP);
     }
-    for (int b = 0; b < DS_BUFFERS; ++b) mbar_init(bar_at(sm, BAR_DS_FULL + b), CONSUMER_WARPS);
+    for (int b = 0; b < ds_buffers<D>(); ++b)
+        mbar_init(bar_at(sm, BAR_DS_FULL + b), CONSUMER_WARPS);
     for (int b = 0; b < DQ_BUFFERS; ++b) {
         mbar_init(bar_at(sm, BAR_DQ_FULL + b), CONSUMER_WARPS);
         mbar_init(bar_at(sm, BAR_DQ_EMPTY + b), 1);
@@ -33,8 +34,9 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 
 // Q, dO: [B, H, N, D] and K, V, dK, dV: [B, H_kv, N_k, D], 16-bit (bf16 where BF16), each through
 // its tensor map (D, rows, heads, B) with its strides, in 128-byte swizzled boxes of 64 columns
-// (qrows<D>() rows for Q and dO, KEYS for the others); dQ_acc [B * H, N, D] fp32 through tmdQ
-// (dq_tensor_map); the rest in pb. Grid: (ceil(N_k / KEYS), B * H_kv), BLOCK_THREADS threads.
+// (qrows<D>() rows for Q and dO, block_keys<D>() for the others); dQ_acc [B * H, N, D] fp32
+// through tmdQ (dq_tensor_map); the rest in pb. Grid: (ceil(N_k / block_keys<D>()), B * H_kv),
+// BLOCK_THREADS threads.
 // A packed batch: Q, dO [total_q, H, D] and K, V, dK, dV [total_k, H_kv, D], each map one batch
 // of total rows; dQ_acc [H, acc_rows, D]; N, N_k the longest sequence's.
 template <int D, bool BF16, dq_way DQ>
@@ -48,7 +50,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
                     const __grid_constant__ CUtensorMap tmdV, const bwd_problem pb) {
 #if HOPPER_KERNELS
     // a key tile past its sequence's keys: every thread leaves here, before any barrier exists
-    if (!block_has_keys(pb)) return;
+    if (!block_has_keys<D>(pb)) return;
     extern __shared__ __align__(SWIZZLE_ATOM_BYTES) unsigned char smem_raw[];
     if (smem_u32(smem_raw) % SWIZZLE_ATOM_BYTES != 0) __trap();  // the tiles' swizzle needs it
     const smem_tiles sm = carve_smem<D>(smem_raw);

@@ -18,7 +18,7 @@ static const char *stage_unsupported(const attn_shape *s, const attn_device *dev
 // The query rows of a step of the kernel that runs head dim D (compiled_d).
 static int qrows_of(int D) {
     const int d = compiled_d(D);
-    return d == 64 ? qrows<64>() : d == 96 ? qrows<96>() : qrows<128>();
+    return d == 64 ? qrows<64>() : d == 96 ? qrows<96>() : d == 128 ? qrows<128>() : qrows<256>();
 }
 
 // Workspace (bwd_params_of): lse2 and Dsum (bwd_pad_rows floats each), dQ_acc (bwd_acc_rows rows
@@ -54,41 +54,55 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
                           const CUtensorMap, const bwd_problem);
 
 // The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ (none for
-// variant atomics where it does not take D: stage_unsupported refuses it first).
+// variant atomics where it does not take D, nor for variant deterministic at D = 256:
+// stage_unsupported refuses them first). At D = 256 (D = 136 to 256) the default variant adds as
+// atomics does (config.cuh: no staging tile fits).
 template <int D, bool BF16>
 static kernel_fn kernel_for(int variant) {
-    if (variant == VARIANT_ATOMICS) {
-        if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
-        return NULL;
+    if constexpr (splits_dkv<D>()) {
+        return variant == VARIANT_DETERMINISTIC ? NULL : backward_kernel<D, BF16, DQ_BY_ATOMICS>;
+    } else {
+        if (variant == VARIANT_ATOMICS) {
+            if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
+            return NULL;
+        }
+        return variant == VARIANT_DETERMINISTIC ? backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>
+                                                : backward_kernel<D, BF16, DQ_BY_BULK>;
     }
-    return variant == VARIANT_DETERMINISTIC ? backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>
-                                            : backward_kernel<D, BF16, DQ_BY_BULK>;
 }
 
-// The passes before and after for head dim D: at D = 64 and 128 the tensors' own where s->D = D;
-// every other head dim runs TAIL_PASS_D's TAIL instances (16 lanes a row: the preprocess's shuffles
-// need a power of two), which read and write s->D columns: two pairs of kernels, not one a D.
+// The passes before and after for head dim D: at D = 64, 128 and 256 the tensors' own where
+// s->D = D; every other head dim runs the TAIL instances of tail_pass_d<D>() (the preprocess's
+// lanes a row: a power of two, for its shuffles), which read and write s->D columns: D = 128's
+// up to 128 (16 lanes a row), D = 256's for D = 136 to 248 (32 lanes): two pairs of kernels
+// each, not one a D.
 constexpr int TAIL_PASS_D = 128;
+template <int D>
+constexpr int tail_pass_d() {
+    return splits_dkv<D>() ? D : TAIL_PASS_D;
+}
 template <int D, bool BF16>
 static cudaError_t enqueue_preprocess(const attn_shape *s, const bwd_params &p, size_t rows,
                                       cudaStream_t stream) {
     constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;  // D = 96: none of its own
+    constexpr int TAIL_D = tail_pass_d<D>();
     if (s->D == OWN)
         preprocess_kernel<OWN, BF16>
             <<<preprocess_grid(rows, OWN), PREPROCESS_THREADS, 0, stream>>>(p);
     else
-        preprocess_kernel<TAIL_PASS_D, BF16, true>
-            <<<preprocess_grid(rows, TAIL_PASS_D), PREPROCESS_THREADS, 0, stream>>>(p);
+        preprocess_kernel<TAIL_D, BF16, true>
+            <<<preprocess_grid(rows, TAIL_D), PREPROCESS_THREADS, 0, stream>>>(p);
     return cudaGetLastError();
 }
 template <int D, bool BF16>
 static cudaError_t enqueue_convert(const attn_shape *s, const bwd_params &p, dim3 grid,
                                    cudaStream_t stream) {
     constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;
+    constexpr int TAIL_D = tail_pass_d<D>();
     if (s->D == OWN)
         dq_convert_kernel<OWN, BF16><<<grid, CONVERT_THREADS, 0, stream>>>(p);
     else
-        dq_convert_kernel<TAIL_PASS_D, BF16, true><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        dq_convert_kernel<TAIL_D, BF16, true><<<grid, CONVERT_THREADS, 0, stream>>>(p);
     return cudaGetLastError();
 }
 
@@ -104,17 +118,17 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
     CUtensorMap tmQ, tmK, tmV, tmdO, tmdQ, tmdK, tmdV;
     const int total_q = s->varlen.total_q, total_k = s->varlen.total_k;  // (packed)
     ATTN_TRY(operand_map(&tmQ, p.Q, s, s->H, s->N, total_q, &s->q, qrows<D>()));
-    ATTN_TRY(operand_map(&tmK, p.K, s, s->H_kv, s->N_k, total_k, &s->k, KEYS));
-    ATTN_TRY(operand_map(&tmV, p.V, s, s->H_kv, s->N_k, total_k, &s->v, KEYS));
+    ATTN_TRY(operand_map(&tmK, p.K, s, s->H_kv, s->N_k, total_k, &s->k, block_keys<D>()));
+    ATTN_TRY(operand_map(&tmV, p.V, s, s->H_kv, s->N_k, total_k, &s->v, block_keys<D>()));
     ATTN_TRY(operand_map(&tmdO, p.dO, s, s->H, s->N, total_q, &s->dO, qrows<D>()));
     ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>(), D));
-    ATTN_TRY(operand_map(&tmdK, p.dK, s, s->H_kv, s->N_k, total_k, &s->dK, KEYS));
-    ATTN_TRY(operand_map(&tmdV, p.dV, s, s->H_kv, s->N_k, total_k, &s->dV, KEYS));
+    ATTN_TRY(operand_map(&tmdK, p.dK, s, s->H_kv, s->N_k, total_k, &s->dK, block_keys<D>()));
+    ATTN_TRY(operand_map(&tmdV, p.dV, s, s->H_kv, s->N_k, total_k, &s->dV, block_keys<D>()));
     bwd_problem pb;
     memset(&pb, 0, sizeof pb);
     pb.H = s->H, pb.H_kv = s->H_kv, pb.group = s->H / s->H_kv;
     pb.keys = key_rule_of(s, true);  // the tiles each key tile meets, masked at the bounds
-    pb.key_tiles = ceil_div(s->N_k, KEYS);
+    pb.key_tiles = ceil_div(s->N_k, block_keys<D>());
     pb.diagonal_order = variant == VARIANT_DETERMINISTIC && pb.keys.right >= 0;  // dq_turn_of()
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
@@ -166,6 +180,9 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     if (d == 96)
         return s->bf16 ? enqueue_backward<96, true>(s, p, dq_turn, variant, stream)
                        : enqueue_backward<96, false>(s, p, dq_turn, variant, stream);
+    if (d == 256)
+        return s->bf16 ? enqueue_backward<256, true>(s, p, dq_turn, variant, stream)
+                       : enqueue_backward<256, false>(s, p, dq_turn, variant, stream);
     return s->bf16 ? enqueue_backward<128, true>(s, p, dq_turn, variant, stream)
                    : enqueue_backward<128, false>(s, p, dq_turn, variant, stream);
 }

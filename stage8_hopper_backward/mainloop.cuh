@@ -19,8 +19,9 @@
 constexpr int A_REGS_PER_KSTEP = WGMMA_M * WGMMA_K / 2 / WARPGROUP;  // 4
 
 // Start X^T = A B^T for the scores: 64 rows of K_j (or V_j) times Q_i^T (or dO_i^T), D deep, both
-// K-major in shared memory (rows of D halves, as TMA wrote them): D / 16 wgmma of N = qrows<D>(),
-// one group.
+// K-major in shared memory (rows of D halves, as TMA wrote them): D / 16 wgmma of N =
+// score_cols<D>() (the step's queries; at D = 256 the warpgroup's 32 of them, tile_desc at the
+// first), one group.
 template <int D, bool BF16>
 __device__ __forceinline__ void issue_scores(float (&X)[score_regs<D>()], uint64_t rows_desc,
                                              uint64_t tile_desc) {
@@ -28,12 +29,14 @@ __device__ __forceinline__ void issue_scores(float (&X)[score_regs<D>()], uint64
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / WGMMA_K; ++kk) {
-        const uint64_t a = desc_k_major_step<KEYS>(rows_desc, kk),
+        const uint64_t a = desc_k_major_step<block_keys<D>()>(rows_desc, kk),
                        b = desc_k_major_step<qrows<D>()>(tile_desc, kk);
-        if constexpr (qrows<D>() == 2 * WGMMA_M)
+        if constexpr (score_cols<D>() == 2 * WGMMA_M)
             wgmma_m64n128_ss<BF16>(X, a, b, kk > 0);
-        else
+        else if constexpr (score_cols<D>() == WGMMA_M)
             wgmma_m64n64_ss<BF16, 0, 0>(X, a, b, kk > 0);
+        else
+            wgmma_m64n32_ss<BF16>(X, a, b, kk > 0);
     }
     wgmma_commit();
 }
@@ -46,7 +49,7 @@ __device__ __forceinline__ void issue_scores(float (&X)[score_regs<D>()], uint64
 // masked (a packed batch's next sequence lies there).
 template <int D>
 __host__ __device__ __forceinline__ bool step_needs_mask(const block_place &b, int key0, int q0) {
-    return key0 + KEYS > b.N_k || key0 + KEYS - 1 - q0 > b.see_hi ||
+    return key0 + block_keys<D>() > b.N_k || key0 + block_keys<D>() - 1 - q0 > b.see_hi ||
            key0 - (q0 + qrows<D>() - 1) < b.see_lo;
 }
 
@@ -56,44 +59,46 @@ __host__ __device__ __forceinline__ bool key_seen(const block_place &b, int key,
     return key < b.N_k && d <= b.see_hi && d >= b.see_lo;
 }
 
-// The thread's column pairs of LSE_i or D_i (a float per query of the tile, in shared memory):
-// queries 8n + 2t and 8n + 2t + 1, for every n8 block n.
+// The thread's column pairs of LSE_i or D_i (a float per query of the tile, in shared memory, from
+// the warpgroup's first query of the scores on): queries 8n + 2t and 8n + 2t + 1 of its columns,
+// for every n8 block n.
 template <int D>
-__device__ __forceinline__ void load_columns(float2 (&v)[qrows<D>() / FRAG_COLS], uint32_t smem,
-                                             int t) {
+__device__ __forceinline__ void load_columns(float2 (&v)[score_cols<D>() / FRAG_COLS],
+                                             uint32_t smem, int t) {
 #pragma unroll
-    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n)
+    for (int n = 0; n < score_cols<D>() / FRAG_COLS; ++n)
         v[n] = ld_shared_f2(smem + (FRAG_COLS * n + FRAG_LANE_COLS * t) * (int)sizeof(float));
 }
 
 // Whether a step loads LSE_i before it waits for S^T: the loads' latency off the softmax's path,
-// for registers (qrows / 4 a thread) that D = 128's 64-query steps have and D = 64's 128-query
-// ones do not (they spill).
+// for registers (score_cols / 4 a thread) that D = 128's and 256's steps have and D = 64's
+// 128-query ones do not (they spill).
 template <int D>
 __device__ __forceinline__ constexpr bool lse_ahead() {
-    return qrows<D>() == WGMMA_M;
+    return score_cols<D>() <= WGMMA_M;
 }
 
 // S^T has landed: P^T = 2^(S^T scale log2(e) - LSE_i log2(e)) in place, the forward's
 // probabilities exactly (lse2 is the LSE in log2 units; +inf on query rows past N and rows that
 // see no key, whose P is then 0 with no mask: packed, the next sequence's rows a tile reads past
 // N, finite, too). Masked: keys past N_k and keys outside a query's window (causal: past its
-// diagonal) get P = 0. The thread's columns are queries q0 + 8n + 2t + c of the tile, its rows
-// keys key_row and key_row + 8.
+// diagonal) get P = 0. The thread's columns are queries q0 + 8n + 2t + c (q0: the warpgroup's
+// first query of the scores), its rows keys key_row and key_row + 8.
 template <int D>
 __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const bwd_problem &pb,
                                               const block_place &b,
-                                              const float2 (&lse_cols)[qrows<D>() / FRAG_COLS],
+                                              const float2 (&lse_cols)[score_cols<D>() / FRAG_COLS],
                                               int key_row, int q0, int t, bool mask) {
     // LAB HOLE 1 BEGIN: P^T and dS^T as A operands: P^T in place of S^T (probabilities)
     // LAB TODO: overwrite S^T with P^T = 2^(S^T scale log2(e) - LSE_i) (pb.scale_log2; LSE_i in
     // LAB TODO: log2 units), element by element. S is the thread's share of the warpgroup's
     // LAB TODO: accumulator: register acc_index(n, h, c) holds key key_row + 8 h (a row) and query
-    // LAB TODO: q0 + 8 n + 2 t + c (a column), and lse_cols[n] LSE_i of its columns c = 0, 1 of
-    // LAB TODO: block n. Where `mask` says so, a key the query does not see (key_seen: past N_k,
-    // LAB TODO: outside the window, causal past the diagonal) gets P^T = 0.
+    // LAB TODO: q0 + 8 n + 2 t + c (a column; score_cols<D>() / 8 blocks n), and lse_cols[n]
+    // LAB TODO: LSE_i of its columns c = 0, 1 of block n. Where `mask` says so, a key the query
+    // LAB TODO: does not see (key_seen: past N_k, outside the window, causal past the diagonal)
+    // LAB TODO: gets P^T = 0.
 #pragma unroll
-    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
+    for (int n = 0; n < score_cols<D>() / FRAG_COLS; ++n) {
         const float2 lse = lse_cols[n];
 #pragma unroll
         for (int e = 0; e < FRAG_REGS; ++e) {
@@ -115,11 +120,10 @@ __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const
 // accumulator's registers 2j and 2j + 1 (a column pair of one row). Each pair is packed as soon
 // as it is computed, so that P^T and dP^T in fp32 die as their packed halves appear.
 template <int D, bool BF16>
-__device__ __forceinline__ void score_gradients(uint32_t (&P16)[packed_regs<D>()],
-                                                uint32_t (&dS16)[packed_regs<D>()],
-                                                const float (&P)[score_regs<D>()],
-                                                const float (&dP)[score_regs<D>()],
-                                                const float2 (&D_cols)[qrows<D>() / FRAG_COLS]) {
+__device__ __forceinline__ void score_gradients(
+    uint32_t (&P16)[packed_regs<D>()], uint32_t (&dS16)[packed_regs<D>()],
+    const float (&P)[score_regs<D>()], const float (&dP)[score_regs<D>()],
+    const float2 (&D_cols)[score_cols<D>() / FRAG_COLS]) {
     // LAB HOLE 1 BEGIN: P^T and dS^T as A operands: packed, with dS^T (score_gradients)
     // LAB TODO: dS^T = P^T (dP^T - D_i) (P and dP in S's layout; D_cols holds D_i as lse_cols
     // LAB TODO: holds LSE_i), and P^T and dS^T packed as wgmma's A operand: two 16-bit values of
@@ -128,7 +132,7 @@ __device__ __forceinline__ void score_gradients(uint32_t (&P16)[packed_regs<D>()
     // LAB TODO: as it is computed, so that the fp32 values die early (registers are short here).
     // LAB STUB: for (int j = 0; j < packed_regs<D>(); ++j) P16[j] = dS16[j] = 0u;  // until filled
 #pragma unroll
-    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
+    for (int n = 0; n < score_cols<D>() / FRAG_COLS; ++n) {
         const float2 Di = D_cols[n];
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
@@ -147,7 +151,7 @@ __device__ __forceinline__ void capped_scores(float (&S)[score_regs<D>()], const
                                               const block_place &b, int key_row, int q0, int t,
                                               bool mask) {
 #pragma unroll
-    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
+    for (int n = 0; n < score_cols<D>() / FRAG_COLS; ++n) {
 #pragma unroll
         for (int e = 0; e < FRAG_REGS; ++e) {
             const int i = FRAG_REGS * n + e;
@@ -170,9 +174,9 @@ __device__ __forceinline__ void capped_scores(float (&S)[score_regs<D>()], const
 template <int D, bool BF16>
 __device__ __forceinline__ void capped_probabilities(
     float (&S)[score_regs<D>()], const bwd_problem &pb,
-    const float2 (&lse_cols)[qrows<D>() / FRAG_COLS]) {
+    const float2 (&lse_cols)[score_cols<D>() / FRAG_COLS]) {
 #pragma unroll
-    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
+    for (int n = 0; n < score_cols<D>() / FRAG_COLS; ++n) {
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
             const int i = acc_index(n, h, 0);  // columns c = 0, 1
@@ -192,13 +196,12 @@ __device__ __forceinline__ void capped_probabilities(
 // Softcap, once dP^T has landed: P^T's packed pairs to P16 as they are, and dS^T = G * (dP^T -
 // D_i) = P^T (dP^T - D_i) (1 - t^2) packed (score_gradients' work).
 template <int D, bool BF16>
-__device__ __forceinline__ void capped_gradients(uint32_t (&P16)[packed_regs<D>()],
-                                                 uint32_t (&dS16)[packed_regs<D>()],
-                                                 const float (&PG)[score_regs<D>()],
-                                                 const float (&dP)[score_regs<D>()],
-                                                 const float2 (&D_cols)[qrows<D>() / FRAG_COLS]) {
+__device__ __forceinline__ void capped_gradients(
+    uint32_t (&P16)[packed_regs<D>()], uint32_t (&dS16)[packed_regs<D>()],
+    const float (&PG)[score_regs<D>()], const float (&dP)[score_regs<D>()],
+    const float2 (&D_cols)[score_cols<D>() / FRAG_COLS]) {
 #pragma unroll
-    for (int n = 0; n < qrows<D>() / FRAG_COLS; ++n) {
+    for (int n = 0; n < score_cols<D>() / FRAG_COLS; ++n) {
         const float2 Di = D_cols[n];
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
@@ -210,61 +213,67 @@ __device__ __forceinline__ void capped_gradients(uint32_t (&P16)[packed_regs<D>(
     }
 }
 
-// The warpgroup's 64 x qrows block of dS^T (rows: its keys; columns: the queries) into dS_smem
-// [qrows/64][KEYS][64], 16-bit, in the 128-byte swizzle (a slab row of 64 queries is 128 bytes),
-// by stmatrix: instruction k writes chunks (8 queries) 2k and 2k + 1 of the warp's 16 rows, four
-// 8 x 8 matrices straight from the A registers (matrix 0: rows 0-7 of chunk 2k, 1: rows 8-15, 2
-// and 3: the same of chunk 2k + 1); lane L addresses row L % 8 of matrix L / 8. Then visible to
-// the wgmma that read it (the async proxy).
+// The warpgroup's block of dS^T (rows: its 64 keys; columns: its score_cols queries) into
+// dS_smem [qrows/64][block_keys][64], 16-bit, in the 128-byte swizzle (a slab row of 64 queries is
+// 128 bytes), by stmatrix: instruction k writes chunks (8 queries) 2k and 2k + 1 of its columns in
+// the warp's 16 rows, four 8 x 8 matrices straight from the A registers (matrix 0: rows 0-7 of
+// chunk 2k, 1: rows 8-15, 2 and 3: the same of chunk 2k + 1); lane L addresses row L % 8 of matrix
+// L / 8. At D = 256 the same for P^T, into its tile (the warpgroups share the block's keys, and
+// each writes its 32 queries' chunks, from chunk 4 wg on). announce_ds() makes them visible to the
+// wgmma that read them (the async proxy).
 template <int D>
 __device__ __forceinline__ void store_ds(const uint32_t (&dS)[packed_regs<D>()], uint32_t dS_tile,
                                          const consumer_place &p) {
     // LAB HOLE 3 BEGIN [design]: the dS^T hand-over: this warp's rows into shared memory (store_ds)
-    // LAB TODO: write the warp's 16 rows of the warpgroup's dS^T block (keys: rows 64 wg + 16 warp
-    // LAB TODO: .. of the block's KEYS; the step's qrows queries: columns) into dS_tile, where the
-    // LAB TODO: dQ wgmma of both warpgroups reads it through a descriptor, MN-major: qrows / 64
-    // LAB TODO: slabs of [KEYS rows][64 queries] 16-bit values, each 128-byte row swizzled (its
-    // LAB TODO: 16-byte chunk c at chunk position c ^ (row % 8)). dS is the block as wgmma's A
-    // LAB TODO: operand: for k-step k (queries 16 k ..) its registers 4 k .. 4 k + 3 are four 8 x 8
-    // LAB TODO: matrices in the accumulator layout: rows 0-7 and 8-15 of the warp's rows, at
-    // LAB TODO: query chunk 2 k, then the same at chunk 2 k + 1: stmatrix stores four such
-    // LAB TODO: matrices in one instruction, each lane giving the address of one row of one of
-    // LAB TODO: them (4-byte stores of a register each would work too, more slowly). Then these
-    // LAB TODO: writes must become visible to the async proxy, through which wgmma reads.
-    const int row = WGMMA_M * p.wg + WARP_ROWS * p.warp +
+    // LAB TODO: write the warp's 16 rows of the warpgroup's dS^T block into dS_tile (rows: its
+    // LAB TODO: keys, wg_key0<D>(wg) + 16 warp .. of the block's block_keys<D>(); columns: its
+    // LAB TODO: queries of the scores, score_cols<D>() of them from wg_query0<D>(wg) on: up to
+    // LAB TODO: D = 128 64 wg and all the step's qrows; at D = 256 all 64 keys, 32 wg and 32),
+    // LAB TODO: where the dQ wgmma of both warpgroups reads it through a descriptor, MN-major:
+    // LAB TODO: qrows / 64 slabs of [block_keys rows][64 queries] 16-bit values, each 128-byte
+    // LAB TODO: row swizzled (its 16-byte chunk c at chunk position c ^ (row % 8)). dS is the
+    // LAB TODO: block as wgmma's A operand: for k-step k (its queries 16 k ..) its registers
+    // LAB TODO: 4 k .. 4 k + 3 are four 8 x 8 matrices in the accumulator layout: rows 0-7 and
+    // LAB TODO: 8-15 of the warp's rows, at its query chunk 2 k, then the same at chunk 2 k + 1:
+    // LAB TODO: stmatrix stores four such matrices in one instruction, each lane giving the
+    // LAB TODO: address of one row of one of them (4-byte stores of a register each would work
+    // LAB TODO: too, more slowly). (At D = 256 the same call stores P^T into its own tile.)
+    const int row = wg_key0<D>(p.wg) + WARP_ROWS * p.warp +
                     STMATRIX_ROWS * (p.lane / STMATRIX_ROWS % 2) + p.lane % STMATRIX_ROWS;
-    const int second = p.lane / (2 * STMATRIX_ROWS);  // this lane's matrix is of chunk 2k + 1
-    // chunk 2k + second: the odd one's swizzle bit folded into the row's base, so that each
-    // address is the base and a constant (2k is even: its bit 0 is free)
+    const int second = p.lane / (2 * STMATRIX_ROWS);   // this lane's matrix is of chunk 2k + 1
+    const int first = wg_query0<D>(p.wg) / FRAG_COLS;  // the warpgroup's first chunk (even)
+    // chunk first + 2k + second: the odd one's swizzle bit folded into the row's base, so that
+    // each address is the base and a constant (first + 2k is even: its bit 0 is free)
     const uint32_t row_base = swizzle_row_base(dS_tile, row) ^ (uint32_t)(second * CHUNK_BYTES);
 #pragma unroll
-    for (int k = 0; k < qrows<D>() / (2 * FRAG_COLS); ++k)
-        stmatrix_x4(swizzled_chunk_at<KEYS>(row_base, 2 * k), dS[A_REGS_PER_KSTEP * k],
-                    dS[A_REGS_PER_KSTEP * k + 1], dS[A_REGS_PER_KSTEP * k + 2],
-                    dS[A_REGS_PER_KSTEP * k + 3]);
-    fence_proxy_async();
+    for (int k = 0; k < score_cols<D>() / (2 * FRAG_COLS); ++k)
+        stmatrix_x4(swizzled_chunk_at<block_keys<D>()>(row_base, first + 2 * k),
+                    dS[A_REGS_PER_KSTEP * k], dS[A_REGS_PER_KSTEP * k + 1],
+                    dS[A_REGS_PER_KSTEP * k + 2], dS[A_REGS_PER_KSTEP * k + 3]);
     // LAB HOLE 3 END
 }
 
-// acc (64 keys x D) += A B over the qrows queries: A a packed 64 x qrows tile in registers, B
-// (desc) qrows x D in shared memory, MN-major; qrows / 16 wgmma, no fence, no commit (issue_dkv's).
+// acc (64 keys x dkv_cols) += A B over the warpgroup's score_cols queries: A a packed 64 x
+// score_cols tile in registers, B (desc, at its first query's row) score_cols x dkv_cols in shared
+// memory, MN-major; score_cols / 16 wgmma, no fence, no commit (issue_dkv's).
 template <int D, bool BF16>
-__device__ __forceinline__ void accumulate_rs(float (&acc)[D / 2],
+__device__ __forceinline__ void accumulate_rs(float (&acc)[dkv_regs<D>()],
                                               const uint32_t (&A)[packed_regs<D>()],
                                               uint64_t desc) {
     // LAB HOLE 2 BEGIN: dV_j and dK_j with A from registers (accumulate_rs)
-    // LAB TODO: acc (the warpgroup's 64 keys x D, fp32) += A B, summed over the step's qrows<D>()
-    // LAB TODO: queries (the K dimension): one wgmma m64 x nD x k16 per k-step kk, each adding to
-    // LAB TODO: acc (issue_dkv fences before and commits after). A: k-step kk's 64 x 16 slice of
-    // LAB TODO: the packed tile, in registers (A_REGS_PER_KSTEP of them a k-step, in order). B:
-    // LAB TODO: desc's qrows x D tile, MN-major (its rows are the queries, its D columns
-    // LAB TODO: contiguous), k-step kk 16 rows further down. N = D: one instruction shape for each
-    // LAB TODO: of 64, 96 and 128.
+    // LAB TODO: acc (the warpgroup's 64 keys x dkv_cols<D>() columns, fp32) += A B, summed over
+    // LAB TODO: the score_cols<D>() queries of A (the K dimension; up to D = 128 the step's
+    // LAB TODO: qrows<D>(), at D = 256 the warpgroup's 32): one wgmma m64 x n(dkv_cols) x k16 per
+    // LAB TODO: k-step kk, each adding to acc (issue_dkv fences before and commits after). A:
+    // LAB TODO: k-step kk's 64 x 16 slice of the packed tile, in registers (A_REGS_PER_KSTEP of
+    // LAB TODO: them a k-step, in order). B: desc's queries x dkv_cols tile, MN-major (its rows
+    // LAB TODO: are the queries, its columns contiguous), k-step kk 16 rows further down. N =
+    // LAB TODO: dkv_cols<D>(): one instruction shape for each of 64, 96 and 128 (D = 256: 128).
 #pragma unroll
-    for (int kk = 0; kk < qrows<D>() / WGMMA_K; ++kk) {
-        if constexpr (D == 128)
+    for (int kk = 0; kk < score_cols<D>() / WGMMA_K; ++kk) {
+        if constexpr (dkv_cols<D>() == 2 * SLAB_COLS)
             wgmma_m64n128_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
-        else if constexpr (D == 96)
+        else if constexpr (dkv_cols<D>() == 96)
             wgmma_m64n96_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
         else
             wgmma_m64n64_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
@@ -272,12 +281,12 @@ __device__ __forceinline__ void accumulate_rs(float (&acc)[D / 2],
     // LAB HOLE 2 END
 }
 
-// Start dV_j += P^T dO_i and dK_j += dS^T Q_i: qrows / 16 wgmma each, A from registers (P^T,
+// Start dV_j += P^T dO_i and dK_j += dS^T Q_i: score_cols / 16 wgmma each, A from registers (P^T,
 // dS^T: rows are the warpgroup's keys, the K dimension the queries), B from shared memory
 // MN-major (dO_i's and Q_i's rows are queries = K, their D columns N: the transpose bit), one
-// group.
+// group. At D = 256 the warpgroup's own queries' half of the sums (issue_dkv_other the rest).
 template <int D, bool BF16>
-__device__ __forceinline__ void issue_dkv(float (&dV)[D / 2], float (&dK)[D / 2],
+__device__ __forceinline__ void issue_dkv(float (&dV)[dkv_regs<D>()], float (&dK)[dkv_regs<D>()],
                                           const uint32_t (&P)[packed_regs<D>()],
                                           const uint32_t (&dS)[packed_regs<D>()], uint64_t dO_desc,
                                           uint64_t Q_desc) {
@@ -289,85 +298,167 @@ __device__ __forceinline__ void issue_dkv(float (&dV)[D / 2], float (&dK)[D / 2]
     wgmma_commit();
 }
 
-// Start this warpgroup's part of dQ_i = dS K_j (64 queries x 64 columns, over all 128 keys;
-// config.cuh says which part): A = dS read from dS^T in shared memory (its rows are keys = K, its
-// 64 contiguous queries of a slab M: MN-major, the transpose bit for A), B = K_j as stored (rows
-// are keys = K, D columns N: MN-major). The first k-step overwrites dQ_part.
+// D = 256: start dV_j += P^T dO_i and dK_j += dS^T Q_i over the other warpgroup's queries of the
+// step, k-steps k0 .. k0 + score_cols / 16 - 1 of the sums, both operands from shared memory: A =
+// P^T or dS^T as the other warpgroup stored them (store_ds: rows are the keys = M, the queries K
+// contiguous: K-major), B = dO_i or Q_i at the warpgroup's columns (MN-major, as issue_dkv's); one
+// group. Chained on the accumulators of issue_dkv's group, which may still run: wgmma of one shape
+// on one accumulator need no fence between them.
 template <int D, bool BF16>
-__device__ __forceinline__ void issue_dq(float (&dQ_part)[DQ_REGS], const smem_tiles &sm,
-                                         uint32_t dS_tile, int wg) {
-    // D = 64: its 64-query slab of dS^T, all of K_j; D = 96, 128: dS^T, its slab of K_j (D = 96's
-    // warpgroup 1: the second slab, whose columns past 96 TMA filled with zeros; stage_dq keeps
-    // its 32 columns).
-    const uint64_t dS_desc =
-        desc_mn_major<KEYS>(dS_tile + (dq_splits_rows<D>() ? slab_offset<KEYS>(wg) : 0));
-    const uint64_t K_desc =
-        desc_mn_major<KEYS>(sm.K + (dq_splits_rows<D>() ? 0 : slab_offset<KEYS>(wg)));
-    pin_registers(dQ_part);
+__device__ __forceinline__ void issue_dkv_other(float (&dV)[dkv_regs<D>()],
+                                                float (&dK)[dkv_regs<D>()], uint64_t P_desc,
+                                                uint64_t dS_desc, uint64_t dO_desc, uint64_t Q_desc,
+                                                int k0) {
+    static_assert(dkv_cols<D>() == 2 * SLAB_COLS, "m64n128 products");
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < KEYS / WGMMA_K; ++kk)
-        wgmma_m64n64_ss<BF16, 1, 1>(dQ_part, desc_mn_major_step(dS_desc, kk),
-                                    desc_mn_major_step(K_desc, kk), kk > 0);
+    for (int kk = k0; kk < k0 + score_cols<D>() / WGMMA_K; ++kk)
+        wgmma_m64n128_ss<BF16, 0, 1>(dV, desc_k_major_step<block_keys<D>()>(P_desc, kk),
+                                     desc_mn_major_step(dO_desc, kk), 1);
+#pragma unroll
+    for (int kk = k0; kk < k0 + score_cols<D>() / WGMMA_K; ++kk)
+        wgmma_m64n128_ss<BF16, 0, 1>(dK, desc_k_major_step<block_keys<D>()>(dS_desc, kk),
+                                     desc_mn_major_step(Q_desc, kk), 1);
     wgmma_commit();
 }
 
-// This warp's rows of step it's dS^T are in their buffer (store_ds fenced them for the async
-// proxy): one arrival per warp on the buffer's DS_FULL.
+// Start this warpgroup's part of dQ_i = dS K_j (64 queries x dq_cols columns, over all the
+// block's keys; config.cuh says which part): A = dS read from dS^T in shared memory (its rows are
+// keys = K, its 64 contiguous queries of a slab M: MN-major, the transpose bit for A), B = K_j as
+// stored (rows are keys = K, D columns N: MN-major). The first k-step overwrites dQ_part.
+template <int D, bool BF16>
+__device__ __forceinline__ void issue_dq(float (&dQ_part)[dq_regs<D>()], const smem_tiles &sm,
+                                         uint32_t dS_tile, int wg) {
+    // D = 64: its 64-query slab of dS^T, all of K_j; D = 96, 128: dS^T, its slab of K_j (D = 96's
+    // warpgroup 1: the second slab, whose columns past 96 TMA filled with zeros; stage_dq keeps
+    // its 32 columns); D = 256: dS^T, its two slabs of K_j
+    constexpr int ROWS = block_keys<D>(), K_SLABS = dq_cols<D>() / SLAB_COLS;
+    const uint64_t dS_desc =
+        desc_mn_major<ROWS>(dS_tile + (dq_splits_rows<D>() ? slab_offset<ROWS>(wg) : 0));
+    const uint64_t K_desc =
+        desc_mn_major<ROWS>(sm.K + (dq_splits_rows<D>() ? 0 : slab_offset<ROWS>(K_SLABS * wg)));
+    pin_registers(dQ_part);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < ROWS / WGMMA_K; ++kk) {
+        if constexpr (dq_cols<D>() == 2 * SLAB_COLS)
+            wgmma_m64n128_ss<BF16, 1, 1>(dQ_part, desc_mn_major_step(dS_desc, kk),
+                                         desc_mn_major_step(K_desc, kk), kk > 0);
+        else
+            wgmma_m64n64_ss<BF16, 1, 1>(dQ_part, desc_mn_major_step(dS_desc, kk),
+                                        desc_mn_major_step(K_desc, kk), kk > 0);
+    }
+    wgmma_commit();
+}
+
+// This warp's rows of step it's dS^T (at D = 256 and of P^T) are in their buffers (store_ds):
+// visible to the async proxy, through which the wgmma read them, then one arrival per warp on
+// the buffer's DS_FULL.
+template <int D>
 __device__ __forceinline__ void announce_ds(const smem_tiles &sm, const consumer_place &p, int it) {
     // LAB HOLE 3 BEGIN [design]: the dS^T hand-over: this warp's rows announced (announce_ds)
-    // LAB TODO: step it's dS^T buffer (ring slot it % DS_BUFFERS) has a DS_FULL mbarrier that
-    // LAB TODO: completes a phase after CONSUMER_WARPS arrivals: one per consumer warp, made once
-    // LAB TODO: every lane of the warp has stored (and fenced) its part of the warp's rows.
+    // LAB TODO: this thread's stores (store_ds) must first become visible to the async proxy,
+    // LAB TODO: through which wgmma reads. Step it's dS^T buffer (ring slot it % ds_buffers<D>())
+    // LAB TODO: has a DS_FULL mbarrier that completes a phase after CONSUMER_WARPS arrivals: one
+    // LAB TODO: per consumer warp, made once every lane of the warp has stored (and fenced) its
+    // LAB TODO: part of the warp's rows.
     // LAB STUB: printf("lab hole 3 unfilled: announce_ds\n"), __trap();  // stops the kernel
+    fence_proxy_async();
     __syncwarp();  // the warp's stores are all in
-    if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ds_pipeline{it}.slot()));
+    if (p.lane == 0) mbar_arrive(bar_at(sm, BAR_DS_FULL + ds_pipeline<D>{it}.slot()));
     // LAB HOLE 3 END
 }
 
-// Every consumer warp has written its rows of step it's dS^T: both warpgroups' keys, all of which
-// the dQ wgmma reads. Waited a step after the arrivals: the buffer's DS_FULL, long complete unless
-// the other warpgroup lags.
+// Every consumer warp has written its part of step it's dS^T: both warpgroups' keys (at D = 256
+// both warpgroups' queries, of P^T too), all of which the dQ wgmma reads. Up to D = 128 waited a
+// step after the arrivals: the buffer's DS_FULL, long complete unless the other warpgroup lags;
+// at D = 256 in the same step, where the warpgroups meet.
+template <int D>
 __device__ __forceinline__ void wait_ds(const smem_tiles &sm, int it) {
     // LAB HOLE 3 BEGIN [design]: the dS^T hand-over: both warpgroups' rows awaited (wait_ds)
     // LAB TODO: wait until step it's DS_FULL has completed its phase for this use of the buffer
-    // LAB TODO: (the buffer's (it / DS_BUFFERS)-th: a wait names the phase's parity). Without it
-    // LAB TODO: the dQ wgmma may read rows the other warpgroup has not written yet.
+    // LAB TODO: (the buffer's (it / ds_buffers<D>())-th: a wait names the phase's parity). Without
+    // LAB TODO: it the dQ wgmma may read rows the other warpgroup has not written yet.
     // LAB STUB: printf("lab hole 3 unfilled: wait_ds\n"), __trap();  // stops the kernel
-    mbar_wait(bar_at(sm, BAR_DS_FULL + ds_pipeline{it}.slot()), ds_pipeline{it}.phase());
+    mbar_wait(bar_at(sm, BAR_DS_FULL + ds_pipeline<D>{it}.slot()), ds_pipeline<D>{it}.phase());
     // LAB HOLE 3 END
 }
 
 // Step s's dQ part, its wgmma done: to the staging tile (or, variant atomics, to dQ_acc).
 template <int D, dq_way DQ>
-__device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[DQ_REGS], const smem_tiles &sm,
-                                             const consumer_place &p, const bwd_problem &pb,
-                                             const block_place &b, walk_step s) {
+__device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()],
+                                             const smem_tiles &sm, const consumer_place &p,
+                                             const bwd_problem &pb, const block_place &b,
+                                             walk_step s) {
     if constexpr (DQ == DQ_BY_ATOMICS)
         add_dq_atomic<D>(dQ_part, pb, b, p.wg, p.warp, p.lane, s.head, s.q0);
     else
         stage_dq<D>(dQ_part, sm, p.wg, p.warp, p.lane, s.it);
 }
 
-// One step: query tile cur.q0 (ring slot cur.it % Q_STAGES) against the warpgroup's 64 keys, and
-// the dQ part of the step before (dq; none in the block's first step). dS^T goes to buffer
-// cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read). The mask is the
-// block's sequence's (b).
+// The scores of a step issued (S^T, then dP^T: two groups): P^T while dP^T runs; then dS^T, both
+// packed (P16, dS16). LSE_i's columns in lse (loaded here unless lse_ahead), D_i's from ring slot
+// `slot`, from the warpgroup's first query of the scores on (its byte col_bytes in the rows);
+// the thread's columns are queries q0 + 8n + 2t + c, its rows keys key_row and key_row + 8. With a
+// softcap the same two halves: t, P^T and G = P^T (1 - t^2) (capped_scores,
+// capped_probabilities), then dS^T = G (dP^T - D_i); each branch has its own wait, so that neither
+// holds the other's values across it. Each mask case is a call of its own (the mask a constant):
+// with one call and a select per element, ptxas moved most of the exponentials past the wait, off
+// dP^T's shadow.
+template <int D, bool BF16>
+__device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
+                                          uint32_t (&dS16)[packed_regs<D>()],
+                                          float (&S)[score_regs<D>()], float (&dP)[score_regs<D>()],
+                                          float2 (&lse)[score_cols<D>() / FRAG_COLS],
+                                          const smem_tiles &sm, const bwd_problem &pb,
+                                          const block_place &b, int key_row, int q0, int t,
+                                          bool mask, int slot, int col_bytes) {
+    float2 Di[score_cols<D>() / FRAG_COLS];
+    wgmma_wait<1>();
+    pin_registers(S);
+    if constexpr (!lse_ahead<D>())
+        load_columns<D>(lse, sm.lse + slot * vec_bytes<D>() + col_bytes, t);
+    if (pb.cap_log2 > 0.f) {
+        if (mask)
+            capped_scores<D>(S, pb, b, key_row, q0, t, true);
+        else
+            capped_scores<D>(S, pb, b, key_row, q0, t, false);
+        capped_probabilities<D, BF16>(S, pb, lse);
+        wgmma_wait<0>();
+        pin_registers(dP);
+        load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>() + col_bytes, t);
+        capped_gradients<D, BF16>(P16, dS16, S, dP, Di);
+    } else {
+        if (mask)
+            probabilities<D>(S, pb, b, lse, key_row, q0, t, true);
+        else
+            probabilities<D>(S, pb, b, lse, key_row, q0, t, false);
+        wgmma_wait<0>();
+        pin_registers(dP);
+        load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>() + col_bytes, t);
+        score_gradients<D, BF16>(P16, dS16, S, dP, Di);
+    }
+}
+
+// One step up to D = 128: query tile cur.q0 (ring slot cur.it % Q_STAGES) against the warpgroup's
+// 64 keys, and the dQ part of the step before (dq; none in the block's first step). dS^T goes to
+// buffer cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read). The mask is
+// the block's sequence's (b).
 template <int D, bool BF16, dq_way DQ, bool FIRST>
-__device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D / 2],
-                                              const smem_tiles &sm, const consumer_place &p,
-                                              const bwd_problem &pb, const block_place &b,
-                                              uint64_t K_desc, uint64_t V_desc, walk_step cur,
-                                              walk_step dq) {
+__device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
+                                              float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
+                                              const consumer_place &p, const bwd_problem &pb,
+                                              const block_place &b, uint64_t K_desc,
+                                              uint64_t V_desc, walk_step cur, walk_step dq) {
     constexpr bool WITH_DQ = !FIRST;
     const int slot = q_pipeline{cur.it}.slot();
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
                    dO_tile = sm.dO + slot * q_tile_bytes<D>();
     const int key0 = b.key0, q0 = cur.q0;
-    const int key_row = key0 + WGMMA_M * p.wg + WARP_ROWS * p.warp + p.g;  // the thread's first
-    float S[score_regs<D>()], dP[score_regs<D>()], dQ_part[DQ_REGS];
+    const int key_row = key0 + wg_key0<D>(p.wg) + WARP_ROWS * p.warp + p.g;  // the thread's first
+    float S[score_regs<D>()], dP[score_regs<D>()], dQ_part[dq_regs<D>()];
     uint32_t P16[packed_regs<D>()], dS16[packed_regs<D>()];
-    float2 lse[qrows<D>() / FRAG_COLS], Di[qrows<D>() / FRAG_COLS];
+    float2 lse[score_cols<D>() / FRAG_COLS];
 
     // S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, each as soon as its tile has landed; at D = 128
     // LSE_i (landed with Q_i) into registers while they run (lse_ahead)
@@ -377,44 +468,18 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     mbar_wait(bar_at(sm, BAR_DO_FULL + slot), q_pipeline{cur.it}.phase());
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile));
 
-    // P^T while dP^T runs; then dS^T, both packed. With a softcap the same two halves: t, P^T and
-    // G = P^T (1 - t^2) (capped_scores, capped_probabilities), then dS^T = G (dP^T - D_i); each
-    // branch has its own wait, so that neither holds the other's values across it. Each mask
-    // case is a call of its own (the mask a constant): with one call and a select per element,
-    // ptxas moved most of the exponentials past the wait, off dP^T's shadow
+    // P^T while dP^T runs; then dS^T, both packed
     const bool mask = step_needs_mask<D>(b, key0, q0);
-    wgmma_wait<1>();
-    pin_registers(S);
-    if constexpr (!lse_ahead<D>()) load_columns<D>(lse, sm.lse + slot * vec_bytes<D>(), p.t);
-    if (pb.cap_log2 > 0.f) {
-        if (mask)
-            capped_scores<D>(S, pb, b, key_row, q0, p.t, true);
-        else
-            capped_scores<D>(S, pb, b, key_row, q0, p.t, false);
-        capped_probabilities<D, BF16>(S, pb, lse);
-        wgmma_wait<0>();
-        pin_registers(dP);
-        load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>(), p.t);
-        capped_gradients<D, BF16>(P16, dS16, S, dP, Di);
-    } else {
-        if (mask)
-            probabilities<D>(S, pb, b, lse, key_row, q0, p.t, true);
-        else
-            probabilities<D>(S, pb, b, lse, key_row, q0, p.t, false);
-        wgmma_wait<0>();
-        pin_registers(dP);
-        load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>(), p.t);
-        score_gradients<D, BF16>(P16, dS16, S, dP, Di);
-    }
+    gradients<D, BF16>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot, 0);
 
     // dS^T to shared memory (the other warpgroup's dQ reads it); dV, dK from registers; then the
     // dQ part from shared memory, once both warpgroups' dS^T of its step are there
     store_ds<D>(dS16, ds_buffer_at<D>(sm, cur.it), p);
-    announce_ds(sm, p, cur.it);
+    announce_ds<D>(sm, p, cur.it);
     issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<qrows<D>()>(dO_tile),
                        desc_mn_major<qrows<D>()>(Q_tile));
     if constexpr (WITH_DQ) {
-        wait_ds(sm, dq.it);
+        wait_ds<D>(sm, dq.it);
         issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
     }
     wgmma_wait<0>();
@@ -431,12 +496,84 @@ __device__ __forceinline__ void consumer_step(float (&dV)[D / 2], float (&dK)[D 
     if constexpr (WITH_DQ) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
 }
 
+// One step at D = 256 (splits_dkv): query tile cur.q0 (ring slot cur.it % Q_STAGES) against the
+// block's 64 keys, warpgroup w on the step's queries 32 w .. 32 w + 31 for the scores and columns
+// 128 w .. 128 w + 127 for dV_j, dK_j and dQ_i. Its P^T and dS^T go to shared memory (buffers
+// cur.it % ds_buffers: config.cuh says why no step overwrites one still read) and are announced
+// (DS_FULL); dV and dK over its own queries start from registers while the other warpgroup
+// finishes its softmax; once both warpgroups' are there (wait_ds, the same step), dV and dK over
+// the other's queries and dQ_i's part, all from shared memory; the part then to dQ_acc from the
+// registers (hand_over_dq: DQ_BY_ATOMICS). One meeting a step.
+template <int D, bool BF16, dq_way DQ>
+__device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
+                                                    float (&dK)[dkv_regs<D>()],
+                                                    const smem_tiles &sm, const consumer_place &p,
+                                                    const bwd_problem &pb, const block_place &b,
+                                                    uint64_t K_desc, uint64_t V_desc,
+                                                    walk_step cur) {
+    static_assert(splits_dkv<D>() && DQ == DQ_BY_ATOMICS, "D = 256's step: the columns split");
+    constexpr int Q_ROWS = qrows<D>();
+    const int slot = q_pipeline{cur.it}.slot();
+    const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
+                   dO_tile = sm.dO + slot * q_tile_bytes<D>();
+    const int own = wg_query0<D>(p.wg), other = wg_query0<D>(1 - p.wg);  // first queries
+    const int key0 = b.key0, q0 = cur.q0 + own;  // the warpgroup's first query of the scores
+    const int key_row = key0 + wg_key0<D>(p.wg) + WARP_ROWS * p.warp + p.g;  // the thread's first
+    // the rows of its queries in Q_i and dO_i; the slabs of its columns there
+    const uint32_t own_rows = own * SLAB_ROW_BYTES;
+    const uint32_t cols = slab_offset<Q_ROWS>(wg_col0<D>(p.wg) / SLAB_COLS);
+    float S[score_regs<D>()], dP[score_regs<D>()], dQ_part[dq_regs<D>()];
+    uint32_t P16[packed_regs<D>()], dS16[packed_regs<D>()];
+    float2 lse[score_cols<D>() / FRAG_COLS];
+
+    // S^T = K_j Q_i^T and dP^T = V_j dO_i^T over its queries, each as soon as its tile has
+    // landed, LSE_i into registers while they run; then P^T and dS^T
+    mbar_wait(bar_at(sm, BAR_Q_FULL + slot), q_pipeline{cur.it}.phase());
+    issue_scores<D, BF16>(S, K_desc, desc_k_major(Q_tile + own_rows));
+    static_assert(lse_ahead<D>(), "LSE_i loaded while S^T runs");
+    load_columns<D>(lse, sm.lse + slot * vec_bytes<D>() + own * (int)sizeof(float), p.t);
+    mbar_wait(bar_at(sm, BAR_DO_FULL + slot), q_pipeline{cur.it}.phase());
+    issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile + own_rows));
+    const bool mask = step_needs_mask<D>(b, key0, cur.q0);
+    gradients<D, BF16>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot,
+                       own * (int)sizeof(float));
+
+    // P^T and dS^T to shared memory (the other warpgroup's dV and dK, both warpgroups' dQ read
+    // them); dV, dK over its own queries from registers; then, once both warpgroups' are there,
+    // over the other's and dQ_i's part from shared memory. The A registers of the first group
+    // are free once it is done: waited for before dQ's accumulator is needed
+    const uint32_t P_tile = pt_buffer_at<D>(sm, cur.it), dS_tile = ds_buffer_at<D>(sm, cur.it);
+    store_ds<D>(P16, P_tile, p);
+    store_ds<D>(dS16, dS_tile, p);
+    announce_ds<D>(sm, p, cur.it);
+    issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<Q_ROWS>(dO_tile + cols + own_rows),
+                       desc_mn_major<Q_ROWS>(Q_tile + cols + own_rows));
+    wait_ds<D>(sm, cur.it);
+    issue_dkv_other<D, BF16>(dV, dK, desc_k_major(P_tile), desc_k_major(dS_tile),
+                             desc_mn_major<Q_ROWS>(dO_tile + cols),
+                             desc_mn_major<Q_ROWS>(Q_tile + cols), other / WGMMA_K);
+    wgmma_wait<1>();  // issue_dkv's group: P16 and dS16 read
+    pin_registers(P16);
+    pin_registers(dS16);
+    issue_dq<D, BF16>(dQ_part, sm, dS_tile, p.wg);
+    wgmma_wait<0>();
+    pin_registers(dV);
+    pin_registers(dK);
+    pin_registers(dQ_part);
+
+    // Q_i, dO_i (read by the step's wgmma, all done), LSE_i, D_i (read by this thread's loads),
+    // and the step's P^T and dS^T buffers (read by both warpgroups' wgmma before their arrivals
+    // here) are no longer needed: every thread arrives (producer.cuh)
+    mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
+    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, cur);
+}
+
 // The dQ part of the block's last step, after the loop.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_place &p,
                                         const bwd_problem &pb, const block_place &b, walk_step dq) {
-    float dQ_part[DQ_REGS];
-    wait_ds(sm, dq.it);
+    float dQ_part[dq_regs<D>()];
+    wait_ds<D>(sm, dq.it);
     issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
     wgmma_wait<0>();
     pin_registers(dQ_part);
@@ -445,18 +582,21 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 
 // One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
 // head of the group (the producer's walk, in the same order), each with the dQ part of the step
-// before (the last step's after the loop); dK_j *= scale; store both. No query tile sees the keys
-// (a window, or causal with N > N_k; a packed sequence with no query): no step, dK_j = dV_j = 0.
+// before (the last step's after the loop; at D = 256 each with its own); dK_j *= scale; store both.
+// No query tile sees the keys (a window, or causal with N > N_k; a packed sequence with no query):
+// no step, dK_j = dV_j = 0.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
-    const block_place b = block_place_of(pb);
-    float dV[D / 2], dK[D / 2];
+    const block_place b = block_place_of<D>(pb);
+    float dV[dkv_regs<D>()], dK[dkv_regs<D>()];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) dV[i] = dK[i] = 0.f;
-    // this warpgroup's 64 rows of K_j and V_j, the A operands of S^T and dP^T
-    const uint64_t K_desc = desc_k_major(sm.K + p.wg * WGMMA_M * SLAB_ROW_BYTES);
-    const uint64_t V_desc = desc_k_major(sm.V + p.wg * WGMMA_M * SLAB_ROW_BYTES);
+    for (int i = 0; i < dkv_regs<D>(); ++i) dV[i] = dK[i] = 0.f;
+    // this warpgroup's 64 rows of K_j and V_j (at D = 256 the block's 64: wg_key0), the A
+    // operands of S^T and dP^T
+    const int rows_at = splits_dkv<D>() ? 0 : p.wg * WGMMA_M * SLAB_ROW_BYTES;
+    const uint64_t K_desc = desc_k_major(sm.K + rows_at);
+    const uint64_t V_desc = desc_k_major(sm.V + rows_at);
     mbar_wait(bar_at(sm, BAR_KV_FULL), 0);  // (also when no query tile comes: the copies land)
 
     int tiles;
@@ -465,13 +605,20 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     if (steps > 0) {
         const int q_first = first * qrows<D>(), q_end = q_first + tiles * qrows<D>();
         walk_step cur = {0, b.kv_head * pb.group, q_first};
-        consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur);
-        for (int it = 1; it < steps; ++it) {
-            const walk_step prev = cur;
-            cur = next_step(cur, q_first, q_end, qrows<D>());
-            consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, prev);
+        if constexpr (splits_dkv<D>()) {  // D = 256: each step's dQ part in the step
+            for (int it = 0; it < steps; ++it) {
+                consumer_step_split<D, BF16, DQ>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur);
+                cur = next_step(cur, q_first, q_end, qrows<D>());
+            }
+        } else {  // the dQ part a step late, the last one's after the loop
+            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur);
+            for (int it = 1; it < steps; ++it) {
+                const walk_step prev = cur;
+                cur = next_step(cur, q_first, q_end, qrows<D>());
+                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, prev);
+            }
+            last_dq<D, BF16, DQ>(sm, p, pb, b, cur);
         }
-        last_dq<D, BF16, DQ>(sm, p, pb, b, cur);
     }
     stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);
 }

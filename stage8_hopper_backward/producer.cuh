@@ -48,13 +48,13 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     constexpr int ROWS = qrows<D>(), LANE_FLOATS = ROWS / WARP_SIZE;
     constexpr int LANE_BYTES = LANE_FLOATS * (int)sizeof(float);  // one cp.async: 8 or 16
     static_assert(ROW_PAD % ROWS == 0, "N_pad (a multiple of ROW_PAD) is a whole number of tiles");
-    const block_place b = block_place_of(pb);
+    const block_place b = block_place_of<D>(pb);
     if (lane == 0) {
         const uint32_t kv_full = bar_at(sm, BAR_KV_FULL);
         const int k_row = (int)b.seq.seq.k_row + b.key0;
         mbar_arrive_expect_tx(kv_full, 2 * kv_tile_bytes<D>());
-        copy_tile<D, KEYS>(sm.K, tmK, kv_full, k_row, b.kv_head, b.tile_batch);
-        copy_tile<D, KEYS>(sm.V, tmV, kv_full, k_row, b.kv_head, b.tile_batch);
+        copy_tile<D, block_keys<D>()>(sm.K, tmK, kv_full, k_row, b.kv_head, b.tile_batch);
+        copy_tile<D, block_keys<D>()>(sm.V, tmV, kv_full, k_row, b.kv_head, b.tile_batch);
     }
 
     // One loop over the block's steps (every query tile of every query head of the group, the

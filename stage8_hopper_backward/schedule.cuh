@@ -11,19 +11,19 @@
 #include "config.cuh"
 #include "device/split_kv.cuh"  // key_rule: which keys a query row sees (causal, local windows)
 
-// One block: key tile j = block_key_tile() (keys key0 = KEYS j .. of its sequence) of (batch,
-// key/value head) blockIdx.y = batch * H_kv + kv_head; it walks the group's query heads kv_head *
-// group .. (kv_head + 1) * group - 1, each over the query tiles that see its keys. A packed batch
-// (call.varlen) plans the grid with the longest sequence's N_k: a block whose key tile starts at
-// or past its own sequence's keys does nothing (block_has_keys), every role alike. The shape's N,
-// N_k (packed: the longest sequence's) are call's.
+// One block: key tile j = block_key_tile() (keys key0 = block_keys<D>() j .. of its sequence) of
+// (batch, key/value head) blockIdx.y = batch * H_kv + kv_head; it walks the group's query heads
+// kv_head * group .. (kv_head + 1) * group - 1, each over the query tiles that see its keys. A
+// packed batch (call.varlen) plans the grid with the longest sequence's N_k: a block whose key tile
+// starts at or past its own sequence's keys does nothing (block_has_keys), every role alike. The
+// shape's N, N_k (packed: the longest sequence's) are call's.
 typedef struct {
     int H, H_kv, group;  // query heads, key/value heads, H / H_kv
     // The mask (attention.h's attn_key_range): query i sits on key i + N_k - N and sees `left`
     // keys before it and `right` after it, -1 unbounded (split_kv.cuh's key_rule: causal is
     // (-1, 0)); a block applies it with its sequence's own N and N_k (block_place).
     key_rule keys;
-    int key_tiles;       // ceil(N_k / KEYS): the grid's x
+    int key_tiles;       // ceil(N_k / block_keys<D>()): the grid's x
     int diagonal_order;  // DQ_BY_BULK_IN_TURNS with a right bound (causal): see dq_turn_of()
     float scale, scale_log2;
     // Softcap c (attention.h): the capped score in log2 units is c log2(e) tanh(S scale / c), S
@@ -46,13 +46,13 @@ __device__ __forceinline__ int block_key_tile(const bwd_problem &pb) {
     return pb.diagonal_order ? pb.key_tiles - 1 - (int)blockIdx.x : (int)blockIdx.x;
 }
 
-// Where the block works: its first key key0 = KEYS block_key_tile() (within its sequence), the
-// sequence (batch) and key/value head, and the sequence's rows (bwd_sequence_of: in the tensors,
-// seq.seq.q_row and k_row, 0 unpacked; in lse2, Dsum and dQ_acc) with its own lengths N, N_k and
-// mask (keys: the shape's window over them; see_lo, see_hi: the same bounds on j - i, key j seen
-// by query i when see_lo <= j - i <= see_hi, INT_MIN and INT_MAX unbounded, and j < N_k).
-// tile_batch: the batch coordinate of the tensor maps, 0 for a packed batch (one [total, heads,
-// D] tensor each: launch.cuh).
+// Where the block works: its first key key0 = block_keys<D>() block_key_tile() (within its
+// sequence), the sequence (batch) and key/value head, and the sequence's rows (bwd_sequence_of: in
+// the tensors, seq.seq.q_row and k_row, 0 unpacked; in lse2, Dsum and dQ_acc) with its own lengths
+// N, N_k and mask (keys: the shape's window over them; see_lo, see_hi: the same bounds on j - i,
+// key j seen by query i when see_lo <= j - i <= see_hi, INT_MIN and INT_MAX unbounded, and j <
+// N_k). tile_batch: the batch coordinate of the tensor maps, 0 for a packed batch (one [total,
+// heads, D] tensor each: launch.cuh).
 typedef struct {
     int key0, batch, kv_head, tile_batch;
     int N, N_k;  // the sequence's queries and keys
@@ -69,9 +69,10 @@ __host__ __device__ __forceinline__ void sequence_mask(block_place &b, const bwd
     b.see_hi = pb.keys.right < 0 ? INT_MAX : shift + pb.keys.right;
 }
 
+template <int D>
 __device__ __forceinline__ block_place block_place_of(const bwd_problem &pb) {
     block_place b;
-    b.key0 = block_key_tile(pb) * KEYS;
+    b.key0 = block_key_tile(pb) * block_keys<D>();
     b.batch = (int)blockIdx.y / pb.H_kv;
     b.kv_head = (int)blockIdx.y % pb.H_kv;
     const bool packed = pb.call.varlen.cu_seqlens_q != NULL;
@@ -85,8 +86,9 @@ __device__ __forceinline__ block_place block_place_of(const bwd_problem &pb) {
 // Whether the block's key tile holds keys of its sequence (unpacked always: the grid covers N_k):
 // one that does not (a packed sequence shorter than the longest) has no keys to give gradients
 // to, and no query tile of its sequence waits for it (dq_turn_of counts the key tiles below N_k).
+template <int D>
 __device__ __forceinline__ bool block_has_keys(const bwd_problem &pb) {
-    const block_place b = block_place_of(pb);
+    const block_place b = block_place_of<D>(pb);
     return b.key0 < b.N_k;
 }
 
@@ -110,10 +112,10 @@ __device__ __forceinline__ bool block_has_keys(const bwd_problem &pb) {
 template <int D>
 __host__ __device__ __forceinline__ int dq_turn_of(const bwd_problem &pb, const key_rule &keys,
                                                    int j, int q0) {
-    if (!pb.diagonal_order) return j - query_tile_first_key_tile(keys, q0, KEYS);
+    if (!pb.diagonal_order) return j - query_tile_first_key_tile(keys, q0, block_keys<D>());
     const int diagonal_end = min(q0 + qrows<D>(), keys.N) + keys.N_k - keys.N;
     const int key_end = min(diagonal_end, keys.N_k - keys.right) + keys.right;
-    return (key_end - 1) / KEYS - j;
+    return (key_end - 1) / block_keys<D>() - j;
 }
 
 // The query tiles a key tile meets: the inverse of split_kv.cuh's rule (the key tiles a query
@@ -127,7 +129,7 @@ __host__ __device__ __forceinline__ int dq_turn_of(const bwd_problem &pb, const 
 // (block_place.keys; packed, its own N and N_k).
 template <int D>
 __host__ __device__ __forceinline__ int query_tiles_of(const key_rule &r, int key0, int *count) {
-    const int shift = r.N_k - r.N, last_key = min(key0 + KEYS, r.N_k) - 1;
+    const int shift = r.N_k - r.N, last_key = min(key0 + block_keys<D>(), r.N_k) - 1;
     const int first_row = r.right < 0 ? 0 : max(0, key0 - shift - r.right);
     const int end_row = r.left < 0 ? r.N : min(r.N, last_key - shift + r.left + 1);  // past last
     const int first = first_row / qrows<D>();

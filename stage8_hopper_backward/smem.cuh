@@ -11,23 +11,24 @@
 
 /* ---- the kernel's shared memory -------------------------------------------------------------- */
 
-// K_smem, V_smem [slabs][KEYS][64]; Q_STAGES x (Q_smem, dO_smem [slabs][qrows][64]), all in the
-// 128-byte swizzle TMA writes; DS_BUFFERS x dS_smem [qrows/64][KEYS][64] (dS^T in 64-query slabs,
-// swizzled the same way by the consumers' stmatrix); DQ_BUFFERS x dQ_stage [D/8][qrows][8]
-// floats (backward_prepost.cuh's staging layout); Q_STAGES x (LSE_smem, Dsum_smem [qrows]
-// floats); the mbarriers. Every tile starts 1024-byte aligned (the swizzle atom): the block's
-// shared memory is declared so aligned (kernel.cuh), with no slack to round its start up.
+// K_smem, V_smem [slabs][keys][64]; Q_STAGES x (Q_smem, dO_smem [slabs][qrows][64]), all in the
+// 128-byte swizzle TMA writes; ds_buffers x dS_smem [qrows/64][keys][64] (dS^T in 64-query slabs,
+// swizzled the same way by the consumers' stmatrix); at D = 256 pt_buffers x P_smem, P^T the same
+// way; dq_buffers x dQ_stage [D/8][qrows][8] floats (backward_prepost.cuh's staging layout);
+// Q_STAGES x (LSE_smem, Dsum_smem [qrows] floats); the mbarriers. Every tile starts 1024-byte
+// aligned (the swizzle atom): the block's shared memory is declared so aligned (kernel.cuh), with
+// no slack to round its start up.
 template <int D>
 __host__ __device__ constexpr int kv_tile_bytes() {
-    return KEYS * slabs<D>() * SLAB_ROW_BYTES;
+    return block_keys<D>() * slabs<D>() * SLAB_ROW_BYTES;
 }
 template <int D>
 __host__ __device__ constexpr int q_tile_bytes() {
     return qrows<D>() * slabs<D>() * SLAB_ROW_BYTES;
 }
 template <int D>
-__host__ __device__ constexpr int ds_tile_bytes() {
-    return KEYS * qrows<D>() * HALF_BYTES;
+__host__ __device__ constexpr int ds_tile_bytes() {  // dS^T's, and at D = 256 P^T's
+    return block_keys<D>() * qrows<D>() * HALF_BYTES;
 }
 template <int D>
 __host__ __device__ constexpr int dq_tile_bytes() {
@@ -48,6 +49,10 @@ __host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query ti
 //             written its rows of a step's dS^T (stmatrix, fenced for the async proxy: the dQ
 //             wgmma read them). A barrier that can be waited on a step after its arrivals, as a
 //             named barrier cannot (its arrivals count toward whichever meeting comes next).
+//             At D = 256, per buffer pair (ds_buffers<256>() of the DS_FULL barriers): every
+//             consumer warp has written its part of the step's P^T and dS^T, which the other
+//             warpgroup's dV and dK wgmma and both warpgroups' dQ wgmma read; waited in the
+//             same step.
 //   DQ_FULL   per staging buffer: it holds a step's dQ_i parts (the consumers' stores).
 //   DQ_EMPTY  per staging buffer: the dQ warp's reduction has read it.
 // Each side arrives after its own accesses and waits before the other's, so that every access to
@@ -66,16 +71,18 @@ enum {
 template <int D>
 __host__ __device__ constexpr int smem_bytes() {
     return 2 * kv_tile_bytes<D>() + 2 * Q_STAGES * q_tile_bytes<D>() +
-           DS_BUFFERS * ds_tile_bytes<D>() + DQ_BUFFERS * dq_tile_bytes<D>() +
-           2 * Q_STAGES * vec_bytes<D>() + BARRIERS * MBARRIER_BYTES;
+           (ds_buffers<D>() + pt_buffers<D>()) * ds_tile_bytes<D>() +
+           dq_buffers<D>() * dq_tile_bytes<D>() + 2 * Q_STAGES * vec_bytes<D>() +
+           BARRIERS * MBARRIER_BYTES;
 }
 
 static_assert(smem_bytes<64>() <= SMEM_PER_BLOCK_MAX && smem_bytes<96>() <= SMEM_PER_BLOCK_MAX &&
-                  smem_bytes<128>() <= SMEM_PER_BLOCK_MAX,
+                  smem_bytes<128>() <= SMEM_PER_BLOCK_MAX &&
+                  smem_bytes<256>() <= SMEM_PER_BLOCK_MAX,
               "the block's tiles fit the shared memory a Hopper block may have");
 
 typedef struct {
-    uint32_t K, V, Q, dO, dS, dQ, lse, Dsum, bar;  // shared addresses
+    uint32_t K, V, Q, dO, dS, P, dQ, lse, Dsum, bar;  // shared addresses (P: D = 256's P^T)
 } smem_tiles;
 
 template <int D>
@@ -86,8 +93,9 @@ __device__ __forceinline__ smem_tiles carve_smem(const unsigned char *raw) {
     s.Q = s.V + kv_tile_bytes<D>();
     s.dO = s.Q + Q_STAGES * q_tile_bytes<D>();
     s.dS = s.dO + Q_STAGES * q_tile_bytes<D>();
-    s.dQ = s.dS + DS_BUFFERS * ds_tile_bytes<D>();
-    s.lse = s.dQ + DQ_BUFFERS * dq_tile_bytes<D>();
+    s.P = s.dS + ds_buffers<D>() * ds_tile_bytes<D>();
+    s.dQ = s.P + pt_buffers<D>() * ds_tile_bytes<D>();
+    s.lse = s.dQ + dq_buffers<D>() * dq_tile_bytes<D>();
     s.Dsum = s.lse + Q_STAGES * vec_bytes<D>();
     s.bar = s.Dsum + Q_STAGES * vec_bytes<D>();
     return s;
@@ -98,13 +106,19 @@ __device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
 
 // The block's rings, each a pipeline_state (common/device/sm90.cuh) whose count is the block's
 // step, it (counted over all its query tiles and query heads): the Q/dO slots (Q_STAGES), dS^T's
-// buffers (DS_BUFFERS, at ds_buffer_at) and dQ's staging tiles (DQ_BUFFERS, at dq_buffer_at).
+// buffers (ds_buffers<D>(), at ds_buffer_at; at D = 256 P^T's beside them, at pt_buffer_at) and
+// dQ's staging tiles (DQ_BUFFERS, at dq_buffer_at).
 typedef pipeline_state<Q_STAGES> q_pipeline;
-typedef pipeline_state<DS_BUFFERS> ds_pipeline;
+template <int D>
+using ds_pipeline = pipeline_state<ds_buffers<D>()>;
 typedef pipeline_state<DQ_BUFFERS> dq_pipeline;
 template <int D>
 __device__ __forceinline__ uint32_t ds_buffer_at(const smem_tiles &s, int it) {
-    return s.dS + ds_pipeline{it}.slot() * ds_tile_bytes<D>();
+    return s.dS + ds_pipeline<D>{it}.slot() * ds_tile_bytes<D>();
+}
+template <int D>
+__device__ __forceinline__ uint32_t pt_buffer_at(const smem_tiles &s, int it) {
+    return s.P + ds_pipeline<D>{it}.slot() * ds_tile_bytes<D>();
 }
 template <int D>
 __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {

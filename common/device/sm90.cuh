@@ -446,17 +446,18 @@ __device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
 // The four products below in fp16 (BF16 = false) or bf16 (true), both with fp32 accumulators:
 // each macro is the asm statement, T the instruction's type suffix (a string literal).
 
-// d (64 x 128, fp32) {=, +=} A (64 x 16, K-major in shared memory) * B (16 x 128, K-major in
-// shared memory). accumulate = 0 overwrites d. Lane l of warp w in the warpgroup, g = l / 4,
-// t = l % 4, holds d[acc_index(i, h, c)] = (row 16w + g + 8h, column 8i + 2t + c).
+// d (64 x 128, fp32) {=, +=} A (64 x 16) * B (16 x 128), both from shared memory, K-major by
+// default (TRANS_A, TRANS_B: as wgmma_m64n64_ss's below). accumulate = 0 overwrites d. Lane l of
+// warp w in the warpgroup, g = l / 4, t = l % 4, holds d[acc_index(i, h, c)] = (row 16w + g + 8h,
+// column 8i + 2t + c).
 #define WGMMA_M64N128_SS(T)                                                \
     asm volatile(                                                          \
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                       \
         "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {" REGS64 \
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                 \
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                             \
         : ACC64(d)                                                         \
-        : "l"(a), "l"(b), "r"(accumulate))
-template <bool BF16 = false>
+        : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
+template <bool BF16 = false, int TRANS_A = 0, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b,
                                                  int accumulate) {
     if constexpr (BF16)
@@ -535,11 +536,12 @@ __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *
         WGMMA_M64N64_RS("f16");
 }
 
-// The head dims 96 and 256 (stages 6 and 8): S = Q K^T over 80 keys (stage 6, D = 256), and
-// d += A B over N = 96 and 256 columns with A from registers (stage 6's O += P V; stage 8's dK,
-// dV at D = 96). wgmma's N goes to 256 in steps of 8; a 64 x N fp32 accumulator is N / 2
-// registers a thread. B is read MN-major from 64-column slabs, the next slab a leading offset
-// further on: N = 96 covers one slab and half of the next, N = 256 four.
+// The head dims 96 and 256 (stages 6 and 8): S = Q K^T over 80 keys (stage 6, D = 256; stage 8's
+// S^T over 32 queries at D = 256: wgmma_m64n32_ss below), and d += A B over N = 96 and 256 columns
+// with A from registers (stage 6's O += P V; stage 8's dK, dV at D = 96). wgmma's N goes to 256 in
+// steps of 8; a 64 x N fp32 accumulator is N / 2 registers a thread. B is read MN-major from
+// 64-column slabs, the next slab a leading offset further on: N = 96 covers one slab and half of
+// the next, N = 256 four.
 #define ACC40(d) ACC32(d), ACC8(d, 32)
 #define ACC48(d) ACC40(d), ACC8(d, 40)
 #define ACC128(d)                                                                            \
@@ -558,6 +560,26 @@ __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *
     ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111" \
     ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
     "%127"
+
+// d (64 x 32) {=, +=} A (64 x 16, K-major) * B (16 x 32, K-major), both from shared memory: 16
+// accumulator registers (stage 8's S^T and dP^T at D = 256, a warpgroup's 32 queries).
+#define ACC16(d) ACC8(d, 0), ACC8(d, 8)
+#define REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define WGMMA_M64N32_SS(T)                                                \
+    asm volatile(                                                         \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                      \
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " {" REGS16 \
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"                                \
+        : ACC16(d)                                                        \
+        : "l"(a), "l"(b), "r"(accumulate))
+template <bool BF16>
+__device__ __forceinline__ void wgmma_m64n32_ss(float (&d)[16], uint64_t a, uint64_t b,
+                                                int accumulate) {
+    if constexpr (BF16)
+        WGMMA_M64N32_SS("bf16");
+    else
+        WGMMA_M64N32_SS("f16");
+}
 
 // d (64 x 80) {=, +=} A (64 x 16, K-major) * B (16 x 80, K-major), both from shared memory.
 #define WGMMA_M64N80_SS(T)                                                \
