@@ -167,6 +167,7 @@ typedef struct {
     int row_warps;     // warps over a tile's m16 row tiles (1, 2 or 4); the others split keys
     int splits, split_keys;  // key ranges per sequence, keys per range (whole tiles: tile_keys(D))
     int stages;              // the K/V ring's depth
+    int page_stride, page_row;  // paged: k_batch and k_row as ints (run_decode: they fit)
 } decode_params;
 
 // The keys sequence b attends over: its length before the call plus the new ones, clamped to the
@@ -178,23 +179,25 @@ __device__ __forceinline__ int sequence_keys(const decode_params &p, int b) {
 }
 
 // The element offset of key `key` of sequence b in the cache (K's and V's: their strides are the
-// same), without its head, or -1 when its page index lies outside the cache (a corrupt block
-// table reads nothing).
+// same), without its head. Paged, `page` is the key's entry of the block table, one that lies in
+// the cache (issue_tile checks it first); a page's stride and a row's fit in 32 bits (run_decode
+// refuses a cache whose strides do not), so each product is one 32 x 32 -> 64-bit multiply.
 template <bool PAGED>
 __device__ __forceinline__ long long key_offset(const decode_params &p, int b, int page, int key) {
     // LAB HOLE 1 BEGIN [design]: the page gather: where key `key` of sequence b lies in the cache
     // LAB TODO: the element offset of the key's row in the cache (K's, and V's: the same strides),
     // LAB TODO: without the head and the chunk (issue_tile adds those). A contiguous cache holds
     // LAB TODO: sequence b as its batch b (p.k_batch elements apart), its keys p.k_row apart. A
-    // LAB TODO: paged one holds pages p.k_batch apart, each 2^p.page_shift consecutive keys of one
-    // LAB TODO: sequence, p.k_row apart; `page` is the key's entry of the block table (next_pages
-    // LAB TODO: read it). An entry outside [0, p.num_pages) must read nothing: -1. Offsets pass
-    // LAB TODO: 2^31 elements in long caches: 64-bit arithmetic.
-    // LAB STUB: return -1;  // until filled: every chunk is zero-filled
+    // LAB TODO: paged one holds pages p.page_stride apart, each 2^p.page_shift consecutive keys of
+    // LAB TODO: one sequence, p.page_row apart (p.k_batch and p.k_row as ints); `page` is the key's
+    // LAB TODO: entry of the block table (next_pages read it, issue_tile checked it). Offsets pass
+    // LAB TODO: 2^31 elements in long caches: 64-bit arithmetic (an int widened before it is
+    // LAB TODO: multiplied).
+    // LAB STUB: return 0;  // until filled: every key reads the cache's first row
     if constexpr (PAGED) {
         (void)b;
-        if ((unsigned)page >= (unsigned)p.num_pages) return -1;
-        return page * p.k_batch + (long long)(key & ((1 << p.page_shift) - 1)) * p.k_row;
+        return (long long)page * p.page_stride +
+               (long long)(key & ((1 << p.page_shift) - 1)) * p.page_row;
     } else {
         (void)page;
         return b * p.k_batch + (long long)key * p.k_row;
@@ -202,15 +205,33 @@ __device__ __forceinline__ long long key_offset(const decode_params &p, int b, i
     // LAB HOLE 1 END
 }
 
+// The block table as a block reads it (paged; a contiguous cache reads none): its sequence's row
+// of entries, found once, and the page size as a shift. The empty asm keeps the row in registers:
+// without it the compiler folds b x max_pages back into every key row's lookup (a multiply and
+// the parameters reloaded, per row and tile).
+struct page_table {
+    const int *row;
+    int shift;
+};
+template <bool PAGED>
+__device__ __forceinline__ page_table table_of(const decode_params &p, int b) {
+    if constexpr (PAGED) {
+        page_table t = {p.block_table + (long long)b * p.max_pages, p.page_shift};
+        asm("" : "+l"(t.row));
+        return t;
+    } else {
+        (void)p, (void)b;
+        return {nullptr, 0};
+    }
+}
+
 // The page of key `key` (paged), read from the block table; -1 past the sequence.
 template <bool PAGED>
-__device__ __forceinline__ int page_of(const decode_params &p, int b, int key, int k_end) {
+__device__ __forceinline__ int page_of(const page_table &t, int key, int k_end) {
     if constexpr (PAGED) {
-        return key < k_end
-                   ? __ldg(p.block_table + (long long)b * p.max_pages + (key >> p.page_shift))
-                   : -1;
+        return key < k_end ? __ldg(t.row + (key >> t.shift)) : -1;
     } else {
-        (void)p, (void)b, (void)key, (void)k_end;
+        (void)t, (void)key, (void)k_end;
         return 0;
     }
 }
@@ -299,9 +320,11 @@ __device__ __forceinline__ void load_q(const decode_params &p, int b, int h0, in
 
 // Phase 2 (per K/V tile, all threads): issue the copies of tile `tile` into ring stage `stage`:
 // key rows pass x copy_rows + tid / chunks, chunk tid % chunks, from the page `page[pass]` holds
-// (read a tile ahead: see next_pages). Keys past the range are zero-filled (and masked later). K
-// and V have the same strides: one offset per key row serves both. A row's swizzle is the same in
-// every pass (copy_rows is a multiple of 8 rows), so a pass adds a constant to the first offset.
+// (read a tile ahead: see next_pages). Keys past the range are zero-filled (and masked later):
+// contiguous, by their index; paged, by their page (page_of's -1), as any entry outside the cache
+// is. K and V have the same strides: one offset per key row serves both. A row's swizzle is the
+// same in every pass (copy_rows is a multiple of 8 rows), so a pass adds a constant to the first
+// offset.
 template <int D, bool PAGED>
 __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_stage,
                                            uint32_t v_stage, int b, int hk, int key0, int k_end,
@@ -315,23 +338,32 @@ __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_st
 #pragma unroll
     for (int pass = 0; pass < copy_passes<D>(); ++pass) {
         const int key = key0 + pass * copy_rows<D>() + r0;
-        const long long at = key_offset<PAGED>(p, b, page[pass], key);
-        const bool valid = key < k_end && at >= 0;
-        const long long off = valid ? at + head_chunk : 0;
-        copy_chunk(k_stage + first + pass * PASS_BYTES, p.K + off, valid);
-        copy_chunk(v_stage + first + pass * PASS_BYTES, p.V + off, valid);
+        if constexpr (PAGED) {
+            // past the range page_of gave -1; an entry outside the cache reads nothing either
+            // (the copy's address stays in page 0, never read)
+            const bool valid = (unsigned)page[pass] < (unsigned)p.num_pages;
+            const long long at = key_offset<PAGED>(p, b, valid ? page[pass] : 0, key);
+            copy_chunk(k_stage + first + pass * PASS_BYTES, p.K + head_chunk + at, valid);
+            copy_chunk(v_stage + first + pass * PASS_BYTES, p.V + head_chunk + at, valid);
+        } else {
+            const long long at = key_offset<PAGED>(p, b, page[pass], key);
+            const bool valid = key < k_end && at >= 0;
+            const long long off = valid ? at + head_chunk : 0;
+            copy_chunk(k_stage + first + pass * PASS_BYTES, p.K + off, valid);
+            copy_chunk(v_stage + first + pass * PASS_BYTES, p.V + off, valid);
+        }
     }
 }
 
 // The pages of the keys this thread copies in the tile at key0 (paged; else nothing is read).
 template <int D, bool PAGED>
-__device__ __forceinline__ void next_pages(const decode_params &p, int b, int key0, int k_end,
+__device__ __forceinline__ void next_pages(const page_table &t, int key0, int k_end,
                                            int (&page)[copy_passes<D>()]) {
     constexpr int CHUNKS = D / CHUNK_HALVES;
 #pragma unroll
     for (int pass = 0; pass < copy_passes<D>(); ++pass)
         page[pass] =
-            page_of<PAGED>(p, b, key0 + pass * copy_rows<D>() + (int)threadIdx.x / CHUNKS, k_end);
+            page_of<PAGED>(t, key0 + pass * copy_rows<D>() + (int)threadIdx.x / CHUNKS, k_end);
 }
 
 // A warp's running softmax state for its two rows (g and g + 8 of its m16 tile): the max m in
@@ -555,16 +587,17 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
     const uint32_t ring = smem_u32(smem);
 
     // the prologue: tiles 0 .. stages - 2 in flight, one commit group each (empty past the range)
+    const page_table table = table_of<PAGED>(p, b);
     int page[copy_passes<D>()];
     for (int j = 0; j < p.stages - 1; ++j) {
         if (j < tiles) {
-            next_pages<D, PAGED>(p, b, k_begin + j * KT, k_end, page);
+            next_pages<D, PAGED>(table, k_begin + j * KT, k_end, page);
             issue_tile<D, PAGED>(p, ring + j * STAGE_BYTES, ring + j * STAGE_BYTES + TILE_BYTES, b,
                                  hk, k_begin + j * KT, k_end, page);
         }
         cp_async_commit();
     }
-    next_pages<D, PAGED>(p, b, k_begin + (p.stages - 1) * KT, k_end, page);
+    next_pages<D, PAGED>(table, k_begin + (p.stages - 1) * KT, k_end, page);
 
     uint32_t q[D / MMA_K][A_FRAG_REGS];
     load_q<D>(p, b, h0, row0, lane, q);
@@ -587,7 +620,7 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
                                  page);
         }
         cp_async_commit();
-        next_pages<D, PAGED>(p, b, k_begin + (next + 1) * KT, k_end, page);  // in flight meanwhile
+        next_pages<D, PAGED>(table, k_begin + (next + 1) * KT, k_end, page);  // in flight meanwhile
 
         const uint32_t stage = ring + (uint32_t)(j % p.stages) * STAGE_BYTES;
         const int key0 = k_begin + j * KT;
@@ -774,6 +807,16 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
         return cudaErrorMisalignedAddress;
     }
     const bool paged = c->block_table != NULL;
+    // key_offset multiplies a page's stride and a row's as ints: the standard [pages, page_size,
+    // H_kv, D] holds page_size x H_kv x D <= 1,024 x H_kv x 128 elements a page, under 2^31 up to
+    // 16,383 KV heads; only a strided view of a larger tensor can pass it
+    if (paged && (s->k.batch < INT_MIN || s->k.batch > INT_MAX || s->k.row > INT_MAX)) {
+        fprintf(stderr,
+                "stage9_decode: %s: a paged cache's page and row strides must be under "
+                "2^31 elements\n",
+                who);
+        return cudaErrorInvalidValue;
+    }
     decode_plan pl;
     make_plan(s, dev, variant, workspace != NULL, &pl);
     int shift = 0;
@@ -830,6 +873,7 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
     p.B = s->B, p.H = s->H, p.H_kv = s->H_kv, p.N = s->N, p.N_new = c->N_new;
     p.capacity = (int)(capacity < INT_MAX ? capacity : INT_MAX);
     p.page_shift = shift, p.num_pages = c->num_pages, p.max_pages = c->max_pages;
+    p.page_stride = paged ? (int)s->k.batch : 0, p.page_row = paged ? (int)s->k.row : 0;
     p.causal = s->causal, p.scale_log2 = s->scale * LOG2E;
     p.tile_heads = pl.tile_heads, p.rows = pl.rows, p.row_warps = pl.row_warps;
     p.splits = pl.splits, p.split_keys = pl.split_keys, p.stages = pl.stages;

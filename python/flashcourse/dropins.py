@@ -266,7 +266,8 @@ def flash_attn_with_kvcache(q: "Tensor", k_cache: "Tensor", v_cache: "Tensor",
     [B, max_pages], paged [num_pages, page_size, H_kv, D] (page_size a power of two up to 1024;
     key t of sequence b is row t % page_size of page block_table[b, t // page_size]); H_kv
     dividing H (grouped-query heads, MQA); float16 or bfloat16; D 64 or 128; any strides with a
-    contiguous last dimension (q, k, v whose strides are not whole 16-byte chunks are copied).
+    contiguous last dimension (q, k, v whose strides are not whole 16-byte chunks are copied; a
+    paged cache's page and row strides under 2^31 elements).
     cache_seqlens: the keys each sequence holds, an int or an int32 tensor [B] on q's device
     (None: the whole cache); it stays on the device (nothing waits for the GPU; a length past the
     cache reads nothing outside it). k, v [B, N_new, H_kv, D]: new keys written into the cache in
