@@ -64,32 +64,68 @@ __device__ __forceinline__ int dq_acc_cols(const bwd_problem &pb) {
     return splits_dkv<D>() ? pb.call.D : D;
 }
 
+// DQ_BY_ATOMICS: a lane's four columns after the exchange below (one float4), and the columns of
+// the two n8 blocks the exchange works on.
+inline constexpr int RED_LANE_COLS = 2 * FRAG_LANE_COLS;
+inline constexpr int RED_PAIR_COLS = 2 * FRAG_COLS;
+
 // DQ_BY_ATOMICS (variant atomics), after the step's dQ wgmma is done: the thread's part of dQ_i
 // straight from its registers into rows q0 .. of query head `head` of the block's sequence in
-// dQ_acc (bwd_sequence_of places them), two floats a reduction (16 a thread; rows past the
-// sequence's N skipped; 32 a thread at D = 256), no staging tile, no barrier: the adds leave from
-// 256 threads instead of one TMA instruction. The warpgroup's part: dq_part_row, dq_part_col. At
-// D = 256 a row is dq_acc_cols long, and the part's n8 blocks of columns at or past it (zeros: K_j
-// is zero there) are skipped, as the bulk reductions' clipping does (the tensors' D is a multiple
-// of 8: a block is all in or all out).
+// dQ_acc (bwd_sequence_of places them), no staging tile, no barrier: the adds leave from 256
+// threads instead of one TMA instruction. The warpgroup's part: dq_part_row, dq_part_col.
+// Four floats a reduction: lanes t and t ^ 1 of a quad swap pairs so that, of two n8 blocks n and
+// n + 1 of a row, lane t holds the four consecutive columns 8 (n + (t & 1)) + 4 (t >> 1) .. + 3 (it
+// keeps its own pair of block n + (t & 1) and takes its partner's pair of that block); a warp's
+// reduction then covers 8 rows x 64 bytes where one of two floats a lane covered 16 rows x 32
+// bytes, half the instructions and a quarter of the (row, instruction) pairs the L1 works through
+// (16 a thread; rows past the sequence's N skipped). D = 64 and 128 keep two floats a lane (16
+// a thread): their kernels have no register left for the swap (4 bytes spilled). At D = 256 a row
+// is dq_acc_cols long, and the part's n8 blocks of columns at or past it (zeros: K_j is zero there)
+// are skipped, as the bulk reductions' clipping does (the tensors' D is a multiple of 8: a block
+// is all in or all out; a part ending on an odd block adds that block two floats a lane).
 template <int D>
 __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>()],
                                               const bwd_problem &pb, const block_place &b, int wg,
                                               int warp, int lane, int head, int q0) {
+    static_assert(dq_cols<D>() % RED_PAIR_COLS == 0, "a part's n8 blocks come in pairs");
     const int g = lane / QUAD, t = lane % QUAD;
+    const bool odd = t & 1;  // keeps block n + 1 of a pair, else block n
     const int cols = dq_acc_cols<D>(pb);
     const int blocks = (cols - dq_part_col<D>(wg)) / FRAG_COLS;  // (D = 256) inside the tensors' D
     float *const rows = pb.call.dQ_acc + (size_t)(b.seq.row_acc + head * b.seq.head_acc) * cols;
+    if constexpr (!splits_dkv<D>()) {  // D <= 128: two floats a lane (no register to spare)
 #pragma unroll
-    for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
-        const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
-        if (row >= b.N) continue;
-        float *const out = rows + (size_t)row * cols + dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+            const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
+            if (row >= b.N) continue;
+            float *const out = rows + (size_t)row * cols + dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
 #pragma unroll
-        for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
-            if (splits_dkv<D>() && n >= blocks) break;
-            red_add_f32x2(out + FRAG_COLS * n, dQ_part[acc_index(n, h, 0)],
-                          dQ_part[acc_index(n, h, 1)]);
+            for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n)
+                red_add_f32x2(out + FRAG_COLS * n, dQ_part[acc_index(n, h, 0)],
+                              dQ_part[acc_index(n, h, 1)]);
+        }
+    } else {  // D = 256
+#pragma unroll
+        for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+            const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
+            const bool in = row < b.N;  // the quad's row: the swap below needs every lane
+            float *const out = rows + (size_t)row * cols + dq_part_col<D>(wg);
+#pragma unroll
+            for (int n = 0; n < dq_cols<D>() / FRAG_COLS; n += 2) {
+                if (n >= blocks) break;
+                const float a0 = dQ_part[acc_index(n, h, 0)], a1 = dQ_part[acc_index(n, h, 1)];
+                if (n + 1 >= blocks) {  // the pair's second block is past D
+                    if (in) red_add_f32x2(out + FRAG_COLS * n + FRAG_LANE_COLS * t, a0, a1);
+                    break;
+                }
+                const float b0 = dQ_part[acc_index(n + 1, h, 0)];
+                const float b1 = dQ_part[acc_index(n + 1, h, 1)];
+                const float r0 = __shfl_xor_sync(FULL_WARP, odd ? a0 : b0, 1);  // the partner's
+                const float r1 = __shfl_xor_sync(FULL_WARP, odd ? a1 : b1, 1);  // pair of my block
+                if (in)
+                    red_add_f32x4(out + FRAG_COLS * (n + odd) + RED_LANE_COLS * (t / 2),
+                                  odd ? r0 : a0, odd ? r1 : a1, odd ? b0 : r0, odd ? b1 : r1);
+            }
         }
     }
 }

@@ -207,6 +207,18 @@ __device__ __forceinline__ void red_add_f32x2(float *to, float x, float y) {
 #endif
 }
 
+// to[0..3] += x, y, z, w in one reduction (to 16-byte aligned).
+__device__ __forceinline__ void red_add_f32x4(float *to, float x, float y, float z, float w) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(to), "f"(x), "f"(y),
+                 "f"(z), "f"(w)
+                 : "memory");
+#else
+    (void)to, (void)x, (void)y, (void)z, (void)w;
+    __trap();
+#endif
+}
+
 // A counter in global memory that blocks take turns by (stage 8's deterministic dQ): read it with
 // acquire semantics at GPU scope (what the block that raised it wrote before is visible after),
 // and raise it with release semantics (what this thread wrote before is visible to whoever reads
