@@ -89,9 +89,7 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
                                               int warp, int lane, int head, int q0) {
     static_assert(dq_cols<D>() % RED_PAIR_COLS == 0, "a part's n8 blocks come in pairs");
     const int g = lane / QUAD, t = lane % QUAD;
-    const bool odd = t & 1;  // keeps block n + 1 of a pair, else block n
     const int cols = dq_acc_cols<D>(pb);
-    const int blocks = (cols - dq_part_col<D>(wg)) / FRAG_COLS;  // (D = 256) inside the tensors' D
     float *const rows = pb.call.dQ_acc + (size_t)(b.seq.row_acc + head * b.seq.head_acc) * cols;
     if constexpr (!splits_dkv<D>()) {  // D <= 128: two floats a lane (no register to spare)
 #pragma unroll
@@ -104,7 +102,10 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
                 red_add_f32x2(out + FRAG_COLS * n, dQ_part[acc_index(n, h, 0)],
                               dQ_part[acc_index(n, h, 1)]);
         }
-    } else {  // D = 256
+    } else {
+        // D = 256: lane t keeps its pair of block n + odd
+        const bool odd = t & 1;
+        const int blocks = (cols - dq_part_col<D>(wg)) / FRAG_COLS;  // inside the tensors' D
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
             const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
