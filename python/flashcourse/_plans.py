@@ -375,14 +375,17 @@ def _probe(backward: bool, device: int, smem_limit: int) -> str:
     return found
 
 
-def _runs(stage: str, backward: bool, device: int, smem_limit: int, D: int) -> bool:
-    """Whether the stage is built and plans head dim D on this device within smem_limit (a D it
-    did not compile, its unsupported() refuses): asked once per stage, device, limit and D."""
-    key = (stage, backward, device, smem_limit, D)
+def _runs(stage: str, backward: bool, device: int, smem_limit: int, D: int,
+          variant: str = "default") -> bool:
+    """Whether the stage is built and plans head dim D on this device within smem_limit, in the
+    backward's variant (a D it did not compile, or one the variant does not run, its
+    unsupported() refuses: stage 8's deterministic variant from D = 136 on): asked once per
+    stage, device, limit, D and variant."""
+    key = (stage, backward, device, smem_limit, D, variant)
     if key not in _probed:
         try:
             plan(stage, backward, (1, 1, 128, D), device, _torch().float16, False, 0.125,
-                 "default", smem_limit)
+                 variant, smem_limit)
             _probed[key] = True
         except (LibraryNotBuiltError, ValueError, RuntimeError):
             _probed[key] = False
@@ -394,7 +397,8 @@ def resolve(stage: str, backward: bool, device: int, asks: int = 0, variant: str
     """A stage name as given, or what "auto" is for a call on `device` asking `asks` (TAKES_*
     bits) at head dim D (0: any): stage 6 (the Hopper forward; backward: stage 8) where it is
     built, plans here within smem_limit and takes what is asked (and the backward variant), else
-    stage 5 (7); for a D the first did not compile, the other where it runs D. Probed once."""
+    stage 5 (7); for a D the first does not run (not compiled, or not in the backward variant),
+    the other where it runs D. Probed once."""
     if stage != "auto":
         return stage
     hopper, other = ((HOPPER_BACKWARD_STAGE, BACKWARD_STAGE) if backward else
@@ -402,10 +406,12 @@ def resolve(stage: str, backward: bool, device: int, asks: int = 0, variant: str
     found = _probe(backward, device, smem_limit)
     if found == hopper and not _takes(hopper, backward, asks, variant):
         found = other
-    if not D or D in (64, 128) or _runs(found, backward, device, smem_limit, D):
+    probed = variant if backward else "default"  # (a forward's variant is not _takes' either)
+    if not D or D in (64, 128) or _runs(found, backward, device, smem_limit, D, probed):
         return found
     alt = other if found == hopper else hopper
-    if _takes(alt, backward, asks, variant) and _runs(alt, backward, device, smem_limit, D):
+    if _takes(alt, backward, asks, variant) and _runs(alt, backward, device, smem_limit, D,
+                                                       probed):
         return alt
     return found  # (its plan says why not)
 

@@ -212,7 +212,7 @@ def t_auto_backward_choice():
     descs = {s.name: s for s in (
         stage("stage5_tuned"), stage(b.HOPPER_STAGE, takes=every),
         stage(BWD, ("default", "deterministic", "registers"), backward_takes=every),
-        stage(HOPPER_BWD, takes=every, backward_takes=every))}
+        stage(HOPPER_BWD, ("default", "deterministic"), takes=every, backward_takes=every))}
     planned = []  # (stage, backward, device, smem_limit, D) of every plan made
 
     class FakePlan:  # the library's plan: the Hopper stages run on device 0 with >= 100000 B
@@ -230,6 +230,9 @@ def t_auto_backward_choice():
                 raise ValueError(f"{name}: head dim 96 is not compiled here")
             if name in (BWD, "stage5_tuned") and D == 200:
                 raise ValueError(f"{name}: head dim 200 is not compiled here")
+            if name == HOPPER_BWD and backward and D > 128 and \
+                    library.stage.variants[vi] == "deterministic":  # as stage 8's unsupported()
+                raise ValueError(f"{name}: variant deterministic runs head dims up to 128")
             if name == HOPPER_BWD and 0 < smem_limit < 100000:
                 raise ValueError(f"{name}: the backward needs 100000 bytes of shared memory")
             self.stage = name
@@ -275,6 +278,13 @@ def t_auto_backward_choice():
         assert P.resolve("auto", True, 1, 0, "default", 0, 200) == BWD, "neither: the first"
         assert P.resolve("auto", True, 0, 0, "default", 0, 100) == HOPPER_BWD
         assert P.resolve("auto", True, 0, 0, "registers", 0, 96) == BWD
+        # a D the first compiled but not in the call's backward variant: the other
+        assert P.resolve("auto", True, 0, 0, "deterministic", 0, 256) == BWD
+        assert P.resolve("auto", True, 0, 0, "deterministic", 0, 136) == BWD
+        assert P.resolve("auto", True, 0, 0, "default", 0, 256) == HOPPER_BWD
+        assert P.resolve("auto", True, 0, 0, "deterministic", 0, 64) == HOPPER_BWD
+        assert P.resolve("auto", True, 0, 0, "deterministic", 0, 120) == HOPPER_BWD
+        assert P.resolve("auto", False, 0, 0, "deterministic", 0, 200) == b.HOPPER_STAGE
         assert P.resolve("auto", True, 2, b.TAKES_LOCAL, "default", 0, 200) == BWD, \
             "stage 8 does not take the window: stage 7's plan says why not"
         probes = len(planned)
