@@ -38,10 +38,10 @@
  *       dK *= scale; store dK_j, dV_j                                            (store_dkv)
  *   dQ = scale dQ_acc, in the storage type                 dq_convert_kernel (stage 7's, shared)
  *
- * At D = 256 (consumer_step_split; built, not yet run on a GPU): 64 keys a block; warpgroup w
- * computes S^T, dP^T for the step's queries 32 w .. and owns columns 128 w .. of dK, dV and dQ;
- * both store P^T and dS^T (DS_FULL, waited in the same step), dV and dK over the other's queries
- * read them from shared memory, dQ's part goes to dQ_acc by red.global.add from the registers.
+ * At D = 256 (consumer_step_split): 64 keys a block; warpgroup w computes S^T, dP^T for the step's
+ * queries 32 w .. and owns columns 128 w .. of dK, dV and dQ; both store P^T and dS^T (DS_FULL,
+ * waited in the same step), dV and dK over the other's queries read them from shared memory, dQ's
+ * part goes to dQ_acc by red.global.add from the registers (four floats a lane: add_dq_atomic).
  * D = 136 to 248 run in it masked (its adds skip dQ_acc's columns past the tensors' D).
  *
  * Variants: atomics (dQ by the consumers' fp32 atomics, the dQ warp idle), deterministic (each
