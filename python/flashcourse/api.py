@@ -365,6 +365,7 @@ def auto_backward_stage(device=None) -> str:
     """The backward stage that backward_stage="auto" (the default) runs on a CUDA device
     (default: the current one): stage 8 (the Hopper backward) where its library is built and
     runs there, else stage 7. For one call it is stage 8 where that stage also takes what the
-    call asks (its dtype, heads and key count; the backward variant, among stage 8's variants;
-    smem_limit), else stage 7; this says it for the default variant, no smem_limit."""
+    call asks (its dtype, heads and key count; the backward variant, among stage 8's variants,
+    at the call's head dim: deterministic up to D = 128; smem_limit), else stage 7; this says it
+    for the default variant, no smem_limit."""
     return resolve("auto", True, device_index(device))
