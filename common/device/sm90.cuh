@@ -455,97 +455,80 @@ __device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
     ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
     "%80, %81, %82, %83, %84, %85, %86, %87"
 
-// The four products below in fp16 (BF16 = false) or bf16 (true), both with fp32 accumulators:
-// each macro is the asm statement, T the instruction's type suffix (a string literal).
+// The products below, each one wgmma.mma_async m64nNk16 with fp32 accumulators, in fp16
+// (BF16 = false) or bf16 (true). WGMMA_SS and WGMMA_RS write the asm statement of both types (a
+// function's BF16 picks one): N the columns, ACC and REGS its N / 2 accumulator operands, then the
+// numbers of the operands after them in the instruction (string literals, "%" before each).
+// SS: both operands from shared memory by descriptor (A, B), the accumulate flag (P: 0 overwrites
+// d), A's and B's transpose bits (TA, TB: the immediates TRANS_A, TRANS_B; 0 = K-major).
+#define WGMMA_SS_ASM(N, T, ACC, REGS, A, B, P, TA, TB)                                        \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P                                       \
+                 ", 0;\n"                                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" REGS "}, %" A \
+                 ", %" B ", p, 1, 1, %" TA ", %" TB ";\n}\n"                                  \
+                 : ACC(d)                                                                     \
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
+#define WGMMA_SS(N, ...)                          \
+    do {                                          \
+        if constexpr (BF16)                       \
+            WGMMA_SS_ASM(N, "bf16", __VA_ARGS__); \
+        else                                      \
+            WGMMA_SS_ASM(N, "f16", __VA_ARGS__);  \
+    } while (0)
+// RS: A from four registers (A0 .. A3; its layout below), B by descriptor, MN-major (B), the
+// accumulate flag (P).
+#define WGMMA_RS_ASM(N, T, ACC, REGS, A0, A1, A2, A3, B, P)                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P                                         \
+                 ", 0;\n"                                                                       \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" REGS "}, {%" A0 \
+                 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, 1;\n}\n"                       \
+                 : ACC(d)                                                                       \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+#define WGMMA_RS(N, ...)                          \
+    do {                                          \
+        if constexpr (BF16)                       \
+            WGMMA_RS_ASM(N, "bf16", __VA_ARGS__); \
+        else                                      \
+            WGMMA_RS_ASM(N, "f16", __VA_ARGS__);  \
+    } while (0)
 
 // d (64 x 128, fp32) {=, +=} A (64 x 16) * B (16 x 128), both from shared memory, K-major by
-// default (TRANS_A, TRANS_B: as wgmma_m64n64_ss's below). accumulate = 0 overwrites d. Lane l of
-// warp w in the warpgroup, g = l / 4, t = l % 4, holds d[acc_index(i, h, c)] = (row 16w + g + 8h,
-// column 8i + 2t + c).
-#define WGMMA_M64N128_SS(T)                                                \
-    asm volatile(                                                          \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                       \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {" REGS64 \
-        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                             \
-        : ACC64(d)                                                         \
-        : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
+// default (TRANS_A, TRANS_B: as wgmma_m64n64_ss's below). Lane l of warp w in the warpgroup,
+// g = l / 4, t = l % 4, holds d[acc_index(i, h, c)] = (row 16w + g + 8h, column 8i + 2t + c).
 template <bool BF16 = false, int TRANS_A = 0, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b,
                                                  int accumulate) {
-    if constexpr (BF16)
-        WGMMA_M64N128_SS("bf16");
-    else
-        WGMMA_M64N128_SS("f16");
+    WGMMA_SS(128, ACC64, REGS64, "64", "65", "66", "67", "68");
 }
 
 // The same with 176 columns: 88 accumulator registers.
-#define WGMMA_M64N176_SS(T)                                                \
-    asm volatile(                                                          \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"                       \
-        "wgmma.mma_async.sync.aligned.m64n176k16.f32." T "." T " {" REGS88 \
-        "}, %88, %89, p, 1, 1, 0, 0;\n}\n"                                 \
-        : ACC88(d)                                                         \
-        : "l"(a), "l"(b), "r"(accumulate))
-template <bool BF16 = false>
+template <bool BF16 = false, int TRANS_A = 0, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_m64n176_ss(float (&d)[88], uint64_t a, uint64_t b,
                                                  int accumulate) {
-    if constexpr (BF16)
-        WGMMA_M64N176_SS("bf16");
-    else
-        WGMMA_M64N176_SS("f16");
+    WGMMA_SS(176, ACC88, REGS88, "88", "89", "90", "91", "92");
 }
 
 // d (64 x 64, fp32) {=, +=} A (64 x 16) * B (16 x 64), both from shared memory, each K-major (its
 // TRANS bit 0) or MN-major (1: M, or N, contiguous; the 16-bit types' transpose bits). Stage 8's
 // S^T = K Q^T and dP^T = V dO^T (K-major both) and dQ = dS K (MN-major both: dS^T and K as stored).
-#define WGMMA_M64N64_SS(T)                                                \
-    asm volatile(                                                         \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                      \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {" REGS32 \
-        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"                            \
-        : ACC32(d)                                                        \
-        : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
 template <bool BF16, int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t a, uint64_t b,
                                                 int accumulate) {
-    if constexpr (BF16)
-        WGMMA_M64N64_SS("bf16");
-    else
-        WGMMA_M64N64_SS("f16");
+    WGMMA_SS(64, ACC32, REGS32, "32", "33", "34", "35", "36");
 }
 
 // d (64 x N, fp32) {=, +=} A (64 x 16 fp16 or bf16, in registers) * B (16 x N, MN-major in shared
 // memory). A's layout is the accumulator's, two columns packed per register: a[0] = (row g,
 // columns 2t, 2t+1), a[1] = (row g+8, same), a[2] = (row g, 2t+8, 2t+9), a[3] = (row g+8, same).
-#define WGMMA_M64N128_RS(T)                                                \
-    asm volatile(                                                          \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                       \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {" REGS64 \
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                   \
-        : ACC64(d)                                                         \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
 template <bool BF16 = false>
 __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t *a, uint64_t b,
                                                  int accumulate) {
-    if constexpr (BF16)
-        WGMMA_M64N128_RS("bf16");
-    else
-        WGMMA_M64N128_RS("f16");
+    WGMMA_RS(128, ACC64, REGS64, "64", "65", "66", "67", "68", "69");
 }
-#define WGMMA_M64N64_RS(T)                                                \
-    asm volatile(                                                         \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                      \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {" REGS32 \
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                  \
-        : ACC32(d)                                                        \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
 template <bool BF16 = false>
 __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *a, uint64_t b,
                                                 int accumulate) {
-    if constexpr (BF16)
-        WGMMA_M64N64_RS("bf16");
-    else
-        WGMMA_M64N64_RS("f16");
+    WGMMA_RS(64, ACC32, REGS32, "32", "33", "34", "35", "36", "37");
 }
 
 // The head dims 96 and 256 (stages 6 and 8): S = Q K^T over 80 keys (stage 6, D = 256; stage 8's
@@ -573,72 +556,32 @@ __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *
     ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
     "%127"
 
-// d (64 x 32) {=, +=} A (64 x 16, K-major) * B (16 x 32, K-major), both from shared memory: 16
-// accumulator registers (stage 8's S^T and dP^T at D = 256, a warpgroup's 32 queries).
+// d (64 x 32) {=, +=} A (64 x 16) * B (16 x 32), both from shared memory (K-major by default):
+// 16 accumulator registers (stage 8's S^T and dP^T at D = 256, a warpgroup's 32 queries).
 #define ACC16(d) ACC8(d, 0), ACC8(d, 8)
 #define REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define WGMMA_M64N32_SS(T)                                                \
-    asm volatile(                                                         \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                      \
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " {" REGS16 \
-        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"                                \
-        : ACC16(d)                                                        \
-        : "l"(a), "l"(b), "r"(accumulate))
-template <bool BF16>
+template <bool BF16, int TRANS_A = 0, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_m64n32_ss(float (&d)[16], uint64_t a, uint64_t b,
                                                 int accumulate) {
-    if constexpr (BF16)
-        WGMMA_M64N32_SS("bf16");
-    else
-        WGMMA_M64N32_SS("f16");
+    WGMMA_SS(32, ACC16, REGS16, "16", "17", "18", "19", "20");
 }
 
-// d (64 x 80) {=, +=} A (64 x 16, K-major) * B (16 x 80, K-major), both from shared memory.
-#define WGMMA_M64N80_SS(T)                                                \
-    asm volatile(                                                         \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                      \
-        "wgmma.mma_async.sync.aligned.m64n80k16.f32." T "." T " {" REGS40 \
-        "}, %40, %41, p, 1, 1, 0, 0;\n}\n"                                \
-        : ACC40(d)                                                        \
-        : "l"(a), "l"(b), "r"(accumulate))
-template <bool BF16>
+// d (64 x 80) {=, +=} A (64 x 16) * B (16 x 80), both from shared memory (K-major by default).
+template <bool BF16, int TRANS_A = 0, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_m64n80_ss(float (&d)[40], uint64_t a, uint64_t b,
                                                 int accumulate) {
-    if constexpr (BF16)
-        WGMMA_M64N80_SS("bf16");
-    else
-        WGMMA_M64N80_SS("f16");
+    WGMMA_SS(80, ACC40, REGS40, "40", "41", "42", "43", "44");
 }
 
 // d (64 x N) {=, +=} A (64 x 16, registers) * B (16 x N, MN-major in shared memory), N = 96 and
 // 256; A's registers as wgmma_m64n128_rs's.
-#define WGMMA_M64N96_RS(T)                                                \
-    asm volatile(                                                         \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"                      \
-        "wgmma.mma_async.sync.aligned.m64n96k16.f32." T "." T " {" REGS48 \
-        "}, {%48, %49, %50, %51}, %52, p, 1, 1, 1;\n}\n"                  \
-        : ACC48(d)                                                        \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
 template <bool BF16>
 __device__ __forceinline__ void wgmma_m64n96_rs(float (&d)[48], const uint32_t *a, uint64_t b,
                                                 int accumulate) {
-    if constexpr (BF16)
-        WGMMA_M64N96_RS("bf16");
-    else
-        WGMMA_M64N96_RS("f16");
+    WGMMA_RS(96, ACC48, REGS48, "48", "49", "50", "51", "52", "53");
 }
-#define WGMMA_M64N256_RS(T)                                                 \
-    asm volatile(                                                           \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                       \
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {" REGS128 \
-        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"               \
-        : ACC128(d)                                                         \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
 template <bool BF16>
 __device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const uint32_t *a, uint64_t b,
                                                  int accumulate) {
-    if constexpr (BF16)
-        WGMMA_M64N256_RS("bf16");
-    else
-        WGMMA_M64N256_RS("f16");
+    WGMMA_RS(256, ACC128, REGS128, "128", "129", "130", "131", "132", "133");
 }
