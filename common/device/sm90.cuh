@@ -459,38 +459,35 @@ __device__ __forceinline__ void pin_registers(uint32_t (&a)[R]) {
 // (BF16 = false) or bf16 (true). WGMMA_SS and WGMMA_RS write the asm statement of both types (a
 // function's BF16 picks one): N the columns, ACC and REGS its N / 2 accumulator operands, then the
 // numbers of the operands after them in the instruction (string literals, "%" before each).
+#define WGMMA_BOTH_TYPES(ASM, N, ...)    \
+    do {                                 \
+        if constexpr (BF16)              \
+            ASM(N, "bf16", __VA_ARGS__); \
+        else                             \
+            ASM(N, "f16", __VA_ARGS__);  \
+    } while (0)
 // SS: both operands from shared memory by descriptor (A, B), the accumulate flag (P: 0 overwrites
 // d), A's and B's transpose bits (TA, TB: the immediates TRANS_A, TRANS_B; 0 = K-major).
-#define WGMMA_SS_ASM(N, T, ACC, REGS, A, B, P, TA, TB)                                        \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P                                       \
-                 ", 0;\n"                                                                     \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" REGS "}, %" A \
-                 ", %" B ", p, 1, 1, %" TA ", %" TB ";\n}\n"                                  \
-                 : ACC(d)                                                                     \
+// clang-format off: the instruction's text as it reads
+#define WGMMA_SS_ASM(N, T, ACC, REGS, A, B, P, TA, TB)                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                       \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" REGS \
+                 "}, %" A ", %" B ", p, 1, 1, %" TA ", %" TB ";\n}\n"                  \
+                 : ACC(d)                                                            \
                  : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
-#define WGMMA_SS(N, ...)                          \
-    do {                                          \
-        if constexpr (BF16)                       \
-            WGMMA_SS_ASM(N, "bf16", __VA_ARGS__); \
-        else                                      \
-            WGMMA_SS_ASM(N, "f16", __VA_ARGS__);  \
-    } while (0)
+// clang-format on
+#define WGMMA_SS(N, ...) WGMMA_BOTH_TYPES(WGMMA_SS_ASM, N, __VA_ARGS__)
 // RS: A from four registers (A0 .. A3; its layout below), B by descriptor, MN-major (B), the
 // accumulate flag (P).
-#define WGMMA_RS_ASM(N, T, ACC, REGS, A0, A1, A2, A3, B, P)                                     \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P                                         \
-                 ", 0;\n"                                                                       \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" REGS "}, {%" A0 \
-                 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, 1;\n}\n"                       \
-                 : ACC(d)                                                                       \
+// clang-format off
+#define WGMMA_RS_ASM(N, T, ACC, REGS, A0, A1, A2, A3, B, P)                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                       \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " {" REGS \
+                 "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, 1;\n}\n"    \
+                 : ACC(d)                                                            \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
-#define WGMMA_RS(N, ...)                          \
-    do {                                          \
-        if constexpr (BF16)                       \
-            WGMMA_RS_ASM(N, "bf16", __VA_ARGS__); \
-        else                                      \
-            WGMMA_RS_ASM(N, "f16", __VA_ARGS__);  \
-    } while (0)
+// clang-format on
+#define WGMMA_RS(N, ...) WGMMA_BOTH_TYPES(WGMMA_RS_ASM, N, __VA_ARGS__)
 
 // d (64 x 128, fp32) {=, +=} A (64 x 16) * B (16 x 128), both from shared memory, K-major by
 // default (TRANS_A, TRANS_B: as wgmma_m64n64_ss's below). Lane l of warp w in the warpgroup,
