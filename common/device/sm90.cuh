@@ -570,6 +570,13 @@ __device__ __forceinline__ void wgmma_m64n80_ss(float (&d)[40], uint64_t a, uint
     WGMMA_SS(80, ACC40, REGS40, "40", "41", "42", "43", "44");
 }
 
+// d (64 x 96) {=, +=} A (64 x 16, K-major) * B (16 x 96, K-major), both from shared memory.
+template <bool BF16, int TRANS_A = 0, int TRANS_B = 0>
+__device__ __forceinline__ void wgmma_m64n96_ss(float (&d)[48], uint64_t a, uint64_t b,
+                                                int accumulate) {
+    WGMMA_SS(96, ACC48, REGS48, "48", "49", "50", "51", "52");
+}
+
 // d (64 x N) {=, +=} A (64 x 16, registers) * B (16 x N, MN-major in shared memory), N = 96 and
 // 256; A's registers as wgmma_m64n128_rs's.
 template <bool BF16>
