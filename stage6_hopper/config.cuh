@@ -32,10 +32,10 @@
 // pipe. Causal rows below this N keep two (192-row tiles balance short causal rows worse;
 // LOG.md, steps 5 and 10).
 constexpr int THREE_CONSUMERS_MIN_N_CAUSAL = 2048;
-// D = 96's third consumer (192-row work tiles of 96-key tiles) pays only on longer rows: at N =
-// 1,024 a sixth of its rows are padding and it ran 9% slower, causal at N = 4,096 3% slower, while
-// non-causal from N = 4,096 and causal at N = 16,384 it ran faster (LOG.md, step 31).
-constexpr int D96_THREE_MIN_N = 4096;
+// D = 96's third consumer (192-row work tiles of 112-key tiles) pays only on longer rows: at N =
+// 1,024 a sixth of its rows are padding and it ran 12% slower, causal at N = 4,096 5% slower,
+// while non-causal from N = 2,048 and causal at N = 16,384 it ran faster (LOG.md, steps 31-32).
+constexpr int D96_THREE_MIN_N = 2048;
 constexpr int D96_THREE_MIN_N_CAUSAL = 16384;
 template <int C>
 __host__ __device__ constexpr int block_rows() {  // BR
@@ -61,9 +61,9 @@ constexpr int KEY_TILE_SHORT = 128;
 constexpr int KEY_TILE_LONG = 176;
 constexpr int KEY_TILE_LONG_MIN_N = 4096;
 constexpr int KEY_TILE_D256 = 80;
-// D = 96 with three consumers: S 48, P 24 and O_acc 48 registers of setmaxnreg's 160 (128-key
+// D = 96 with three consumers: S 56, P 28 and O_acc 48 registers of setmaxnreg's 160 (128-key
 // tiles spill: S 64, P 32).
-constexpr int KEY_TILE_D96_THREE = 96;
+constexpr int KEY_TILE_D96_THREE = 112;
 static int key_tile_for(const attn_shape *s, int D, int consumers) {
     if (D == 256) return KEY_TILE_D256;
     if (D == 96 && consumers == 3) return KEY_TILE_D96_THREE;
@@ -116,7 +116,7 @@ enum {
 // critical path (B = H = 1, N = 1024: 128 work tiles for 132 SMs instead of 64). The variant
 // nosplit keeps two or three.
 // The head dims 96 and 256 have no kernels of one (fewer to compile); D = 96 takes three on long
-// rows (FlashAttention-3's 192-row tiles up to D = 96), in 96-key tiles (KEY_TILE_D96_THREE).
+// rows (FlashAttention-3's 192-row tiles up to D = 96), in 112-key tiles (KEY_TILE_D96_THREE).
 static int consumers_for(const attn_shape *s, int D, const attn_device *dev, int variant) {
     if (D == 96) return s->N >= (s->causal ? D96_THREE_MIN_N_CAUSAL : D96_THREE_MIN_N) ? 3 : 2;
     if (D != 64 && D != 128) return 2;

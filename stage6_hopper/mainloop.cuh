@@ -48,8 +48,8 @@ __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands
     // LAB TODO: K-major: A = this warpgroup's 64 rows of Q,
     // LAB TODO: desc_k_major_step<block_rows<C>()>(op.Q, kk), B = K_j's BC rows,
     // LAB TODO: desc_k_major_step<BC>(op.K, kk). The shape is m64 x n(BC) x k16: wgmma_m64n128_ss
-    // LAB TODO: for BC == 128, wgmma_m64n80_ss for BC == 80 (D = 256), wgmma_m64n96_ss for BC ==
-    // LAB TODO: 96 (D = 96, three consumers), wgmma_m64n176_ss for BC == 176 (if constexpr), each
+    // LAB TODO: for BC == 128, wgmma_m64n80_ss for BC == 80 (D = 256), wgmma_m64n112_ss for BC ==
+    // LAB TODO: 112 (D = 96, three consumers), wgmma_m64n176_ss for BC == 176 (if constexpr), each
     // LAB TODO: <BF16> (the
     // LAB TODO: storage type: .f16 or .bf16 operands). Accumulate (last
     // LAB TODO: argument) from the second step on: the first overwrites S. Then wgmma_commit: one
@@ -65,8 +65,8 @@ __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands
             wgmma_m64n80_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
                                   desc_k_major_step<BC>(op.K, kk), kk > 0);
         else if constexpr (BC == KEY_TILE_D96_THREE)
-            wgmma_m64n96_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
-                                  desc_k_major_step<BC>(op.K, kk), kk > 0);
+            wgmma_m64n112_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
+                                   desc_k_major_step<BC>(op.K, kk), kk > 0);
         else
             wgmma_m64n176_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
                                    desc_k_major_step<BC>(op.K, kk), kk > 0);

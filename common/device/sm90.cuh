@@ -545,6 +545,10 @@ __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t *
 #define REGS48 \
     REGS32     \
     ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define ACC56(d) ACC48(d), ACC8(d, 48)
+#define REGS56 \
+    REGS48     \
+    ", %48, %49, %50, %51, %52, %53, %54, %55"
 #define REGS128                                                                                    \
     REGS64                                                                                         \
     ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"             \
@@ -570,11 +574,11 @@ __device__ __forceinline__ void wgmma_m64n80_ss(float (&d)[40], uint64_t a, uint
     WGMMA_SS(80, ACC40, REGS40, "40", "41", "42", "43", "44");
 }
 
-// d (64 x 96) {=, +=} A (64 x 16, K-major) * B (16 x 96, K-major), both from shared memory.
+// d (64 x 112) {=, +=} A (64 x 16, K-major) * B (16 x 112, K-major), both from shared memory.
 template <bool BF16, int TRANS_A = 0, int TRANS_B = 0>
-__device__ __forceinline__ void wgmma_m64n96_ss(float (&d)[48], uint64_t a, uint64_t b,
-                                                int accumulate) {
-    WGMMA_SS(96, ACC48, REGS48, "48", "49", "50", "51", "52");
+__device__ __forceinline__ void wgmma_m64n112_ss(float (&d)[56], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+    WGMMA_SS(112, ACC56, REGS56, "56", "57", "58", "59", "60");
 }
 
 // d (64 x N) {=, +=} A (64 x 16, registers) * B (16 x N, MN-major in shared memory), N = 96 and
