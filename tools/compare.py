@@ -21,6 +21,13 @@ Columns:
 A library that cannot run a shape (an exception, out of memory included) shows n/a there, with
 its reason on stderr, and the run goes on.
 
+--softcap C caps every score at C (C tanh(S / C), Gemma 2's logits) in every library that takes
+it: the course's stages through flashcourse.flash_attn_func(..., softcap=C, stage=NAME) and the
+FA3-class kernels on the [B, N, H, D] copies; SDPA has no softcap, so FA2's and cuDNN's columns
+are n/a. A course stage's backward is then timed as the FA3-class kernels' (autograd from a
+forward run once, backward_stage=NAME, its @VARIANT the backward_variant); a forward @VARIANT is
+refused (the variants are attention()'s, which takes no softcap).
+
 --pass bwd times the gradients only. The course's stage (stage7_backward, or
 stage7_backward@deterministic) runs flashcourse.attention_backward from the O and LSE of its own
 forward, computed once. SDPA and the FA3-class kernels run their forward once, outside the graph,
@@ -56,10 +63,12 @@ Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
 
 usage: python3 -m tools.compare [--stage NAME[@VARIANT]]... [--pass fwd|bwd] [--quick]
                                 [--long] [--no-fa2-shapes] [--no-long-shapes]
-                                [--graph-ms MS] [--replays N] [--csv OUT]
+                                [--graph-ms MS] [--replays N] [--rounds K] [--softcap C]
+                                [--csv OUT]
   e.g. python3 -m tools.compare --stage stage5_tuned --stage stage6_hopper
        python3 -m tools.compare --pass bwd --stage stage7_backward \\
                --stage stage7_backward@deterministic --no-long-shapes
+       python3 -m tools.compare --stage stage6_hopper --softcap 30 --no-long-shapes
   (FLASHCOURSE_LIB_DIR names the stage libraries' folder, default build/lib: make lib)
 """
 import argparse
@@ -152,6 +161,9 @@ def parse_args(argv=None):
                    help="rounds per shape, each timing every library once, the order reversed "
                         "every other round; a library's time is its fastest round (default %d)"
                         % ROUNDS)
+    p.add_argument("--softcap", type=positive(float), metavar="C",
+                   help="cap the scores at C (C tanh(S / C)) where a library takes it; SDPA's "
+                        "columns n/a")
     p.add_argument("--csv", metavar="OUT", help="also write one row per (shape, library) to OUT")
     args = p.parse_args(argv)
     compare_fa2.check_shape_options(p, args)
@@ -161,6 +173,9 @@ def parse_args(argv=None):
         p.error("--stage %s given twice" % ", ".join(twice))
     if not args.stage:
         args.stage = [("stage7_backward" if args.which == "bwd" else "stage5_tuned", None)]
+    if args.softcap and args.which == "fwd" and any(v for _, v in args.stage):
+        p.error("--softcap with a forward @VARIANT: the variants are attention()'s, which takes "
+                "no softcap")
     return args
 
 
@@ -203,8 +218,10 @@ def geo_min(rs):
 # call() is one pass, what the graph repeats; unpack(call()) is the outputs as [B, H, N, D]
 # tensors, O or (dQ, dK, dV), for the check.
 
-def stage_setup(fc, name, variant, which):
+def stage_setup(torch, fc, name, variant, which, softcap=None):
     variant = variant or "default"
+    if softcap:
+        return capped_stage_setup(torch, fc, name, variant, which, softcap)
 
     def setup(t, causal):
         q, k, v = t["q"], t["k"], t["v"]
@@ -216,6 +233,30 @@ def stage_setup(fc, name, variant, which):
         return (lambda: fc.attention_backward(q, k, v, o, lse, do, causal=causal, stage=name,
                                               variant=variant),
                 tuple)
+    return setup
+
+
+def to_bhnd(outs):
+    """[B, N, H, D] outputs (flash-attn's layout) as [B, H, N, D] views, for the check."""
+    return tuple(x.transpose(1, 2) for x in outs)
+
+
+def capped_stage_setup(torch, fc, name, variant, which, softcap):
+    """A course stage with a softcap: flashcourse.flash_attn_func on the [B, N, H, D] copies,
+    the forward by `name`; for bwd, a forward by the default stage run once and the gradients by
+    backward_stage=name (its variant the backward_variant), as fa3_setup times the FA3-class
+    kernels' backward."""
+    def setup(t, causal):
+        if which == "fwd":
+            q, k, v = t["qt"], t["kt"], t["vt"]
+            return (lambda: fc.flash_attn_func(q, k, v, causal=causal, softcap=softcap,
+                                               stage=name),
+                    lambda o: to_bhnd((o,)))
+        q, k, v = (t[x].detach().requires_grad_() for x in ("qt", "kt", "vt"))
+        o = fc.flash_attn_func(q, k, v, causal=causal, softcap=softcap, backward_stage=name,
+                               backward_variant=variant)
+        do = t["dot"]
+        return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), to_bhnd
     return setup
 
 
@@ -238,19 +279,19 @@ def sdpa_setup(torch, sdpa_kernel, backend, which):
     return setup
 
 
-def fa3_setup(torch, flash_attn_func, which):
+def fa3_setup(torch, flash_attn_func, which, softcap=None):
+    cap = softcap or 0.0  # (its default: none)
+
     def out(r):  # flash_attn_func returns (out, lse)
         return r[0] if isinstance(r, (tuple, list)) else r
-
-    def to_bhnd(outs):
-        return tuple(x.transpose(1, 2) for x in outs)
 
     def setup(t, causal):
         if which == "fwd":
             q, k, v = t["qt"], t["kt"], t["vt"]
-            return lambda: out(flash_attn_func(q, k, v, causal=causal)), lambda o: to_bhnd((o,))
+            return (lambda: out(flash_attn_func(q, k, v, causal=causal, softcap=cap)),
+                    lambda o: to_bhnd((o,)))
         q, k, v = (t[x].detach().requires_grad_() for x in ("qt", "kt", "vt"))
-        o = out(flash_attn_func(q, k, v, causal=causal))
+        o = out(flash_attn_func(q, k, v, causal=causal, softcap=cap))
         do = t["dot"]
         return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), to_bhnd
     return setup
@@ -350,12 +391,12 @@ def measure(torch, setup, t, causal, ref, which, graph_ms, replays):
     return ms, diff, why, mine
 
 
-def make_tensors(torch, which, b, h, n, d, with_fa3):
+def make_tensors(torch, which, b, h, n, d, flash_layout):
     g = torch.Generator(device="cuda").manual_seed(SEED)
     names = ("q", "k", "v", "do") if which == "bwd" else ("q", "k", "v")
     t = {x: torch.randn(b, h, n, d, device="cuda", dtype=torch.float16, generator=g)
          for x in names}
-    if with_fa3:  # [B, N, H, D], contiguous: once per shape, outside every graph
+    if flash_layout:  # [B, N, H, D], contiguous: once per shape, outside every graph
         for x in names:
             t[("dot" if x == "do" else x + "t")] = t[x].transpose(1, 2).contiguous()
     torch.cuda.synchronize()
@@ -486,25 +527,29 @@ def main(argv=None):
         out_csv.flush()
 
     gpu = torch.cuda.get_device_name(0)
-    print("GPU: %s, torch %s (CUDA %s); %s pass, fp16; a time: median of %d replays of a CUDA "
+    print("GPU: %s, torch %s (CUDA %s); %s pass, fp16%s; a time: median of %d replays of a CUDA "
           "graph of R calls (R for ~%g ms a replay) / R%s" % (
               gpu, torch.__version__, torch.version.cuda,
-              "backward" if args.which == "bwd" else "forward", args.replays, args.graph_ms,
+              "backward" if args.which == "bwd" else "forward",
+              ", softcap %g" % args.softcap if args.softcap else "", args.replays, args.graph_ms,
               "; the fastest of %d rounds" % args.rounds if args.rounds > 1 else ""))
     stage_names = [label(s) for s in args.stage]
     setups = {}
     for (name, variant), x in zip(args.stage, stage_names):
-        setups[x] = stage_setup(flashcourse, name, variant, args.which)
-    setups[FA2] = sdpa_setup(torch, sdpa_kernel, SDPBackend.FLASH_ATTENTION, args.which)
+        setups[x] = stage_setup(torch, flashcourse, name, variant, args.which, args.softcap)
     cudnn = getattr(SDPBackend, "CUDNN_ATTENTION", None)
     skipped = {}
-    if cudnn is None:
-        skipped[CUDNN] = "this torch has no SDPBackend.CUDNN_ATTENTION"
+    if args.softcap:
+        skipped[FA2] = skipped[CUDNN] = "SDPA has no softcap"
     else:
-        setups[CUDNN] = sdpa_setup(torch, sdpa_kernel, cudnn, args.which)
+        setups[FA2] = sdpa_setup(torch, sdpa_kernel, SDPBackend.FLASH_ATTENTION, args.which)
+        if cudnn is None:
+            skipped[CUDNN] = "this torch has no SDPBackend.CUDNN_ATTENTION"
+        else:
+            setups[CUDNN] = sdpa_setup(torch, sdpa_kernel, cudnn, args.which)
     try:
         from flash_attn.cute import flash_attn_func
-        setups[FA3] = fa3_setup(torch, flash_attn_func, args.which)
+        setups[FA3] = fa3_setup(torch, flash_attn_func, args.which, args.softcap)
     except Exception as e:  # not installed, or it does not load here
         skipped[FA3] = "flash_attn.cute not importable: %s" % first_line(e)
     for x, why in skipped.items():
@@ -531,7 +576,8 @@ def main(argv=None):
                    for x in libs}
             ref = ref_name = None
             try:
-                t = make_tensors(torch, args.which, b, h, n, d, FA3 in setups)
+                t = make_tensors(torch, args.which, b, h, n, d,
+                                 FA3 in setups or bool(args.softcap))
             except torch.cuda.OutOfMemoryError as e:
                 t = None
                 print("  %s: inputs: OOM (%s)" % (name, first_line(e)), file=sys.stderr)

@@ -5,12 +5,14 @@ from the repository root (python3 -m tools.compare).
 
     python3 python/tests/test_compare.py
 
---help works; without PyTorch (hidden from the import here, whether or not it is installed) each
-prints one line "skipped: ..." and exits 0, as it does with PyTorch but no GPU; bad arguments exit
-2 with argparse's error; the shape lists (fa2: B*N = 16384, H = 2048 / D; long: B = H = 1,
-D = 128, N = 1k..256k; --quick, --long, --no-fa2-shapes, --no-long-shapes); the FLOP count of
-each pass; the number of calls in a graph; the cross-check's tolerances (on CPU tensors, where
-PyTorch is here). Ends with "N passed, M failed, K skipped".
+--help works (every option named); --softcap parses, and its setups call flash_attn_func as
+they should (stand-ins for torch and flashcourse that record the calls); without PyTorch (hidden
+from the import here, whether or not it is installed) each prints one line "skipped: ..." and
+exits 0, as it does with PyTorch but no GPU; bad arguments exit 2 with argparse's error; the
+shape lists (fa2: B*N = 16384, H = 2048 / D; long: B = H = 1, D = 128, N = 1k..256k; --quick,
+--long, --no-fa2-shapes, --no-long-shapes); the FLOP count of each pass; the number of calls in
+a graph; the cross-check's tolerances (on CPU tensors, where PyTorch is here). Ends with "N
+passed, M failed, K skipped".
 """
 
 import importlib
@@ -63,7 +65,7 @@ def t_help():
         assert out.startswith("usage:"), out[:200]
     rc, out, _ = script(COMPARE, ["--help"], hide_torch=True)
     for opt in ("--stage", "--pass", "--quick", "--long", "--no-fa2-shapes", "--no-long-shapes",
-                "--graph-ms", "--replays", "--rounds", "--csv"):
+                "--graph-ms", "--replays", "--rounds", "--softcap", "--csv"):
         assert opt in out, f"--help does not name {opt}"
 
 
@@ -95,7 +97,9 @@ def t_bad_arguments():
            ["--replays", "0"], ["--replays", "2.5"], ["--graph-ms", "-1"], ["--graph-ms", "x"],
            ["--rounds", "0"], ["--rounds", "1.5"],
            ["--no-fa2-shapes", "--no-long-shapes"],
-           ["--stage", "stage5_tuned", "--stage", "stage5_tuned"], ["--bogus"], ["--csv"]]
+           ["--stage", "stage5_tuned", "--stage", "stage5_tuned"], ["--bogus"], ["--csv"],
+           ["--softcap", "0"], ["--softcap", "-30"], ["--softcap", "x"],
+           ["--softcap", "30", "--stage", "stage6_hopper@nopdl"]]
     for args in bad:
         rc, out, err = script(COMPARE, args, hide_torch=True)
         assert rc == 2, f"{args}: exit {rc}, want 2 (stdout {out!r})"
@@ -232,6 +236,63 @@ def t_check():
     assert why and "dV" in why, (diff, why)
 
 
+def t_softcap():
+    a = cmp.parse_args(["--softcap", "30", "--pass", "bwd", "--stage",
+                        "stage8_hopper_backward@deterministic"])
+    assert a.softcap == 30.0 and a.stage == [("stage8_hopper_backward", "deterministic")], a
+    assert cmp.parse_args([]).softcap is None
+
+    # The setups with stand-ins for torch and flashcourse (no GPU, no PyTorch needed): a tensor
+    # is a name, transpose(1, 2) marks it, autograd.grad and flash_attn_func record their calls.
+    class T:
+        def __init__(self, name):
+            self.name = name
+
+        def detach(self):
+            return self
+
+        def requires_grad_(self):
+            return T(self.name + "*")
+
+        def transpose(self, a, b):
+            assert (a, b) == (1, 2), (a, b)
+            return "bhnd(%s)" % self.name
+
+    calls = []
+
+    class Course:
+        def flash_attn_func(self, q, k, v, **kw):
+            calls.append(("fwd", q.name, k.name, v.name, kw))
+            return T("o")
+
+    def grad(o, inputs, do, retain_graph):
+        calls.append(("grad", o.name, tuple(x.name for x in inputs), do.name, retain_graph))
+        return tuple(T("d" + x.name) for x in inputs)
+
+    torch = type("torch", (), {"autograd": type("autograd", (), {"grad": staticmethod(grad)})})
+    t = {x: T(x) for x in ("q", "k", "v", "qt", "kt", "vt", "dot")}
+    call, unpack = cmp.stage_setup(torch, Course(), "stage6_hopper", None, "fwd", 30.0)(t, True)
+    assert not calls, "nothing runs before the calls"
+    assert unpack(call()) == ("bhnd(o)",)
+    assert calls == [("fwd", "qt", "kt", "vt",
+                      dict(causal=True, softcap=30.0, stage="stage6_hopper"))], calls
+    calls.clear()
+    call, unpack = cmp.stage_setup(torch, Course(), "stage8_hopper_backward", "deterministic",
+                                   "bwd", 50.0)(t, False)
+    assert calls == [("fwd", "qt*", "kt*", "vt*",
+                      dict(causal=False, softcap=50.0, backward_stage="stage8_hopper_backward",
+                           backward_variant="deterministic"))], calls
+    assert unpack(call()) == ("bhnd(dqt*)", "bhnd(dkt*)", "bhnd(dvt*)")
+    assert unpack(call()) and len(calls) == 3, "the forward once, a backward per call"
+    assert calls[1] == ("grad", "o", ("qt*", "kt*", "vt*"), "dot", True), calls[1]
+    calls.clear()
+    call, _ = cmp.stage_setup(torch, Course(), "stage8_hopper_backward", None, "bwd", 50.0)(t, 1)
+    assert calls[0][4]["backward_variant"] == "default", calls
+    calls.clear()
+    call, unpack = cmp.stage_setup(torch, Course(), "stage5_tuned", None, "fwd")(t, True)
+    assert not calls  # no softcap: attention() on the [B, H, N, D] tensors, as before
+
+
 def t_csv_columns():
     need = ["gpu", "pass", "shape", "B", "H", "N", "D", "causal", "library", "ms", "tflops",
             "status", "max_abs_diff_vs_reference"]
@@ -249,6 +310,7 @@ def main():
                      ("calls per graph", t_calls),
                      ("ratios and their geometric mean", t_summaries),
                      ("the cross-check's tolerances, NaN", t_check),
+                     ("--softcap: the stages' calls through flash_attn_func", t_softcap),
                      ("the CSV's columns", t_csv_columns)):
         run(name, fn)
     return summary()
