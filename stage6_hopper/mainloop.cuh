@@ -47,29 +47,17 @@ __device__ __forceinline__ void issue_scores(float (&S)[BC / 2], scores_operands
     // LAB TODO: one wgmma per k16 step kk < D / WGMMA_K, both operands from shared memory (_ss),
     // LAB TODO: K-major: A = this warpgroup's 64 rows of Q,
     // LAB TODO: desc_k_major_step<block_rows<C>()>(op.Q, kk), B = K_j's BC rows,
-    // LAB TODO: desc_k_major_step<BC>(op.K, kk). The shape is m64 x n(BC) x k16: wgmma_m64n128_ss
-    // LAB TODO: for BC == 128, wgmma_m64n80_ss for BC == 80 (D = 256), wgmma_m64n112_ss for BC ==
-    // LAB TODO: 112 (D = 96, three consumers), wgmma_m64n176_ss for BC == 176 (if constexpr), each
-    // LAB TODO: <BF16> (the
-    // LAB TODO: storage type: .f16 or .bf16 operands). Accumulate (last
+    // LAB TODO: desc_k_major_step<BC>(op.K, kk). The shape is m64 x n(BC) x k16: wgmma_ss<BC,
+    // LAB TODO: BF16> (sm90.cuh's wrappers by N; BF16 the storage type: .f16 or .bf16 operands).
+    // LAB TODO: Accumulate (last
     // LAB TODO: argument) from the second step on: the first overwrites S. Then wgmma_commit: one
     // LAB TODO: group, waited for later.
     // LAB STUB: for (int i = 0; i < BC / 2; ++i) S[i] = 0.f;  // until filled: every score 0
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / WGMMA_K; ++kk)
-        if constexpr (BC == 128)
-            wgmma_m64n128_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
-                                   desc_k_major_step<BC>(op.K, kk), kk > 0);
-        else if constexpr (BC == KEY_TILE_D256)
-            wgmma_m64n80_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
-                                  desc_k_major_step<BC>(op.K, kk), kk > 0);
-        else if constexpr (BC == KEY_TILE_D96_THREE)
-            wgmma_m64n112_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
-                                   desc_k_major_step<BC>(op.K, kk), kk > 0);
-        else
-            wgmma_m64n176_ss<BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
-                                   desc_k_major_step<BC>(op.K, kk), kk > 0);
+        wgmma_ss<BC, BF16>(S, desc_k_major_step<block_rows<C>()>(op.Q, kk),
+                           desc_k_major_step<BC>(op.K, kk), kk > 0);
     wgmma_commit();
     // LAB HOLE 3 END
 }
@@ -84,20 +72,9 @@ __device__ __forceinline__ void issue_pv(float (&O_acc)[D / 2], const uint32_t (
     pin_registers(O_acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BC / WGMMA_K; ++kk) {
-        if constexpr (D == 128)
-            wgmma_m64n128_rs<BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
-                                   kk > 0 || accumulate);
-        else if constexpr (D == 96)
-            wgmma_m64n96_rs<BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
-                                  kk > 0 || accumulate);
-        else if constexpr (D == 256)
-            wgmma_m64n256_rs<BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
-                                   kk > 0 || accumulate);
-        else
-            wgmma_m64n64_rs<BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
-                                  kk > 0 || accumulate);
-    }
+    for (int kk = 0; kk < BC / WGMMA_K; ++kk)
+        wgmma_rs<D, BF16>(O_acc, &P[A_REGS_PER_KSTEP * kk], desc_mn_major_step(V_desc, kk),
+                          kk > 0 || accumulate);
     wgmma_commit();
 }
 

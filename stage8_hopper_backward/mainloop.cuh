@@ -31,12 +31,7 @@ __device__ __forceinline__ void issue_scores(float (&X)[score_regs<D>()], uint64
     for (int kk = 0; kk < D / WGMMA_K; ++kk) {
         const uint64_t a = desc_k_major_step<block_keys<D>()>(rows_desc, kk),
                        b = desc_k_major_step<qrows<D>()>(tile_desc, kk);
-        if constexpr (score_cols<D>() == 2 * WGMMA_M)
-            wgmma_m64n128_ss<BF16>(X, a, b, kk > 0);
-        else if constexpr (score_cols<D>() == WGMMA_M)
-            wgmma_m64n64_ss<BF16, 0, 0>(X, a, b, kk > 0);
-        else
-            wgmma_m64n32_ss<BF16>(X, a, b, kk > 0);
+        wgmma_ss<score_cols<D>(), BF16>(X, a, b, kk > 0);
     }
     wgmma_commit();
 }
@@ -283,16 +278,12 @@ __device__ __forceinline__ void accumulate_rs(float (&acc)[dkv_regs<D>()],
     // LAB TODO: k-step kk's 64 x 16 slice of the packed tile, in registers (A_REGS_PER_KSTEP of
     // LAB TODO: them a k-step, in order). B: desc's queries x dkv_cols tile, MN-major (its rows
     // LAB TODO: are the queries, its columns contiguous), k-step kk 16 rows further down. N =
-    // LAB TODO: dkv_cols<D>(): one instruction shape for each of 64, 96 and 128 (D = 256: 128).
+    // LAB TODO: dkv_cols<D>() (64, 96 or 128; D = 256: 128): wgmma_rs<N, BF16>, sm90.cuh's
+    // LAB TODO: wrappers by N.
 #pragma unroll
-    for (int kk = 0; kk < score_cols<D>() / WGMMA_K; ++kk) {
-        if constexpr (dkv_cols<D>() == 2 * SLAB_COLS)
-            wgmma_m64n128_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
-        else if constexpr (dkv_cols<D>() == 96)
-            wgmma_m64n96_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
-        else
-            wgmma_m64n64_rs<BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk), 1);
-    }
+    for (int kk = 0; kk < score_cols<D>() / WGMMA_K; ++kk)
+        wgmma_rs<dkv_cols<D>(), BF16>(acc, &A[A_REGS_PER_KSTEP * kk], desc_mn_major_step(desc, kk),
+                                      1);
     // LAB HOLE 2 END
 }
 
@@ -365,14 +356,9 @@ __device__ __forceinline__ void issue_dq(float (&dQ_part)[dq_regs<D>()], const s
     pin_registers(dQ_part);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < ROWS / WGMMA_K; ++kk) {
-        if constexpr (dq_cols<D>() == 2 * SLAB_COLS)
-            wgmma_m64n128_ss<BF16, 1, 1>(dQ_part, desc_mn_major_step(dS_desc, kk),
-                                         desc_mn_major_step(K_desc, kk), kk > 0);
-        else
-            wgmma_m64n64_ss<BF16, 1, 1>(dQ_part, desc_mn_major_step(dS_desc, kk),
-                                        desc_mn_major_step(K_desc, kk), kk > 0);
-    }
+    for (int kk = 0; kk < ROWS / WGMMA_K; ++kk)
+        wgmma_ss<dq_cols<D>(), BF16, 1, 1>(dQ_part, desc_mn_major_step(dS_desc, kk),
+                                           desc_mn_major_step(K_desc, kk), kk > 0);
     wgmma_commit();
 }
 

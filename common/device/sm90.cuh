@@ -593,3 +593,38 @@ __device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const uint32_t
                                                  int accumulate) {
     WGMMA_RS(256, ACC128, REGS128, "128", "129", "130", "131", "132", "133");
 }
+
+// The wrappers above by their N, where a kernel's tile sizes give it at compile time (keys per
+// tile, a head dim, a warpgroup's columns): one call where each caller would choose among them.
+template <int N, bool BF16, int TRANS_A = 0, int TRANS_B = 0>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b,
+                                         int accumulate) {
+    static_assert(N == 32 || N == 64 || N == 80 || N == 112 || N == 128 || N == 176,
+                  "an N with a wrapper from shared memory above");
+    if constexpr (N == 32)
+        wgmma_m64n32_ss<BF16, TRANS_A, TRANS_B>(d, a, b, accumulate);
+    else if constexpr (N == 64)
+        wgmma_m64n64_ss<BF16, TRANS_A, TRANS_B>(d, a, b, accumulate);
+    else if constexpr (N == 80)
+        wgmma_m64n80_ss<BF16, TRANS_A, TRANS_B>(d, a, b, accumulate);
+    else if constexpr (N == 112)
+        wgmma_m64n112_ss<BF16, TRANS_A, TRANS_B>(d, a, b, accumulate);
+    else if constexpr (N == 128)
+        wgmma_m64n128_ss<BF16, TRANS_A, TRANS_B>(d, a, b, accumulate);
+    else
+        wgmma_m64n176_ss<BF16, TRANS_A, TRANS_B>(d, a, b, accumulate);
+}
+template <int N, bool BF16>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t *a, uint64_t b,
+                                         int accumulate) {
+    static_assert(N == 64 || N == 96 || N == 128 || N == 256,
+                  "an N with a wrapper from registers above");
+    if constexpr (N == 64)
+        wgmma_m64n64_rs<BF16>(d, a, b, accumulate);
+    else if constexpr (N == 96)
+        wgmma_m64n96_rs<BF16>(d, a, b, accumulate);
+    else if constexpr (N == 128)
+        wgmma_m64n128_rs<BF16>(d, a, b, accumulate);
+    else
+        wgmma_m64n256_rs<BF16>(d, a, b, accumulate);
+}
