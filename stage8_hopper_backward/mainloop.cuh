@@ -575,27 +575,27 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
                        own * (int)sizeof(float));
 
     // P^T and dS^T to shared memory (the other warpgroup's dV and dK, both warpgroups' dQ read
-    // them); once both warpgroups' are there, dQ_i's part (group 1, from shared memory), dV, dK
-    // over its own queries (group 2, from registers) and over the other's (group 3, from shared
-    // memory). dQ's part goes first so that its adds run while groups 2 and 3 do: groups complete
-    // in order, so waiting for all but the last two is group 1
+    // them); dV, dK over its own queries from registers (group 1); then, once both warpgroups'
+    // are there, dQ_i's part (group 2) and dV, dK over the other's queries (group 3), both from
+    // shared memory. dQ's part goes first so that its adds run while group 3 does: groups
+    // complete in order, so waiting for all but the last is groups 1 (P16 and dS16 read) and 2
     const uint32_t P_tile = pt_buffer_at<D>(sm, cur.it), dS_tile = ds_buffer_at<D>(sm, cur.it);
     store_ds<D>(P16, P_tile, p);
     store_ds<D>(dS16, dS_tile, p);
     announce_ds<D>(sm, p, cur.it);
-    wait_ds<D>(sm, cur.it);
-    issue_dq<D, BF16>(dQ_part, sm, dS_tile, p.wg);
     issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<Q_ROWS>(dO_tile + cols + own_rows),
                        desc_mn_major<Q_ROWS>(Q_tile + cols + own_rows));
+    wait_ds<D>(sm, cur.it);
+    issue_dq<D, BF16>(dQ_part, sm, dS_tile, p.wg);
     issue_dkv_other<D, BF16>(dV, dK, desc_k_major(P_tile), desc_k_major(dS_tile),
                              desc_mn_major<Q_ROWS>(dO_tile + cols),
                              desc_mn_major<Q_ROWS>(Q_tile + cols), other / WGMMA_K);
-    wgmma_wait<2>();  // group 1
-    pin_registers(dQ_part);
-    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, cur);  // (groups 2, 3 on the tensor cores)
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // groups 1 and 2
     pin_registers(P16);
     pin_registers(dS16);
+    pin_registers(dQ_part);
+    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, cur);  // (group 3 on the tensor cores meanwhile)
+    wgmma_wait<0>();
     pin_registers(dV);
     pin_registers(dK);
 
