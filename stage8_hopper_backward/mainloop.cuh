@@ -73,6 +73,21 @@ __device__ __forceinline__ constexpr bool lse_ahead() {
     return score_cols<D>() <= WGMMA_M;
 }
 
+// Whether a step up to D = 128 issues the dQ part of the step before ahead of its dV, dK, so that
+// the part's hand-over runs while they do: for registers (the part's beside P16 and dS16, which
+// dV, dK read) that D = 96's and 128's steps have and D = 64's 128-query ones do not (they spill).
+// D = 64's default variant issues it between them instead (dq_between): dV, then once dV is done
+// (P16 free) the part, then dK, the hand-over while dK runs (its other variants spill 4 and 8
+// bytes so).
+template <int D>
+__device__ __forceinline__ constexpr bool dq_first() {
+    return qrows<D>() == WGMMA_M;
+}
+template <int D, dq_way DQ>
+__device__ __forceinline__ constexpr bool dq_between() {
+    return !dq_first<D>() && !splits_dkv<D>() && DQ == DQ_BY_BULK;
+}
+
 // S^T has landed: P^T = 2^(S^T scale log2(e) - LSE_i log2(e)) in place, the forward's
 // probabilities exactly (lse2 is the LSE in log2 units; +inf on query rows past N and rows that
 // see no key, whose P is then 0 with no mask: packed, the next sequence's rows a tile reads past
@@ -289,6 +304,16 @@ __device__ __forceinline__ void issue_dkv(float (&dV)[dkv_regs<D>()], float (&dK
     wgmma_commit();
 }
 
+// One of issue_dkv's two sums as a group of its own (D = 64's step: dq_between).
+template <int D, bool BF16>
+__device__ __forceinline__ void issue_rs_sum(float (&acc)[dkv_regs<D>()],
+                                             const uint32_t (&A)[packed_regs<D>()], uint64_t desc) {
+    pin_registers(acc);
+    wgmma_fence();
+    accumulate_rs<D, BF16>(acc, A, desc);
+    wgmma_commit();
+}
+
 // D = 256: start dV_j += P^T dO_i and dK_j += dS^T Q_i over the other warpgroup's queries of the
 // step, k-steps k0 .. k0 + score_cols / 16 - 1 of the sums, both operands from shared memory: A =
 // P^T or dS^T as the other warpgroup stored them (store_ds: rows are the keys = M, the queries K
@@ -458,20 +483,45 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     const bool mask = step_needs_mask<D>(b, key0, q0);
     gradients<D, BF16>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot, 0);
 
-    // dS^T to shared memory (the other warpgroup's dQ reads it); dV, dK from registers; then the
-    // dQ part from shared memory, once both warpgroups' dS^T of its step are there
+    // dS^T to shared memory (the other warpgroup's dQ reads it); dV, dK from registers and the
+    // dQ part from shared memory, once both warpgroups' dS^T of its step are there. With
+    // dq_first the part goes first, and its hand-over runs while dV, dK do (groups complete in
+    // order: waiting for all but the last is the part's); with dq_between after dV (done: P16
+    // free) and before dK, its hand-over while dK runs; else after dV, dK, and the hand-over
+    // once all are done
+    constexpr bool EARLY = WITH_DQ && dq_first<D>(), BETWEEN = WITH_DQ && dq_between<D, DQ>();
+    constexpr bool LATE = WITH_DQ && !EARLY && !BETWEEN;
     store_ds<D>(dS16, ds_buffer_at<D>(sm, cur.it), p);
     announce_ds<D>(sm, p, cur.it);
-    issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<qrows<D>()>(dO_tile),
-                       desc_mn_major<qrows<D>()>(Q_tile));
-    if constexpr (WITH_DQ) {
+    if constexpr (EARLY) {
         wait_ds<D>(sm, dq.it);
         issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
+    }
+    if constexpr (BETWEEN) {
+        issue_rs_sum<D, BF16>(dV, P16, desc_mn_major<qrows<D>()>(dO_tile));
+        wait_ds<D>(sm, dq.it);
+        wgmma_wait<0>();  // dV: P16 read
+        pin_registers(dV);
+        pin_registers(P16);
+        issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
+        issue_rs_sum<D, BF16>(dK, dS16, desc_mn_major<qrows<D>()>(Q_tile));
+    } else {
+        issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<qrows<D>()>(dO_tile),
+                           desc_mn_major<qrows<D>()>(Q_tile));
+    }
+    if constexpr (LATE) {
+        wait_ds<D>(sm, dq.it);
+        issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
+    }
+    if constexpr (EARLY || BETWEEN) {
+        wgmma_wait<1>();  // the part's group
+        pin_registers(dQ_part);
+        hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);  // (dV, dK or dK on the tensor cores)
     }
     wgmma_wait<0>();
     pin_registers(dV);
     pin_registers(dK);
-    if constexpr (WITH_DQ) pin_registers(dQ_part);
+    if constexpr (LATE) pin_registers(dQ_part);
     pin_registers(P16);
     pin_registers(dS16);
 
@@ -479,7 +529,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     // are no longer needed: every thread arrives, so that its own loads are ordered before the
     // load warp's next stores into the slot (producer.cuh).
     mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
-    if constexpr (WITH_DQ) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
+    if constexpr (LATE) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
 }
 
 // One step at D = 256 (splits_dkv): query tile cur.q0 (ring slot cur.it % Q_STAGES) against the
