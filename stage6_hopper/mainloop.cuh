@@ -220,14 +220,15 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
     }
 }
 
-// Where O's rescale runs in the overlapped schedule. Up to D = 128 in retire_pv(), beside the
-// exponentials, as soon as the P V before is done. Past 128 (D = 256: 128 multiplies a thread) in
-// the next turn instead, between the issue of S = Q K^T and that of P V, so that it runs while the
-// tensor cores work on S, off the path from the P V's wait to the next issue (FlashAttention-4's
-// order on sm_90 for these head dims; LOG.md, step 35).
-template <int D>
+// Where O's rescale runs in the overlapped schedule. Mostly in retire_pv(), beside the
+// exponentials, as soon as the P V before is done. Past D = 128 (128 multiplies a thread at D =
+// 256; FlashAttention-4's order on sm_90 for these head dims), and at D = 96 with three consumers,
+// in the next turn instead: between the issue of S = Q K^T and that of P V, so that it runs while
+// the tensor cores work on S, off the path from the P V's wait to the next issue. With two
+// consumers at D <= 128 that cost more than it saved (LOG.md, step 35).
+template <int D, int C>
 __device__ __forceinline__ constexpr bool rescale_before_pv() {
-    return D > 128;
+    return D > 128 || (D == 96 && C == 3);
 }
 
 // The overlapped schedule's steps, in the order consumer_overlapped() takes them. `it` counts the
@@ -298,7 +299,7 @@ __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[B
     const kv_pipeline kv = {it};
     if (kv.count > 0) release(bar_at(sm, BAR_V_EMPTY + kv.previous().slot()), p);
     if (done.due) finished_epilogue<D, C, BC, BF16, MODEL>(O_acc, done, p, sm, pb);
-    if constexpr (!rescale_before_pv<D>())
+    if constexpr (!rescale_before_pv<D, C>())
         rescale_o<D>(O_acc, r.alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
     exp_pack<BC, early_chunks<C>(), BF16>(S, P, l_i, pb.scale_log2, r);
 }
@@ -357,7 +358,7 @@ __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D /
     wait_full(sm, BAR_K_FULL, kv_next);
     if (PINGPONG) pingpong_wait_turn(p.wg);
     issue_scores<D, C, BC, BF16>(S, next_scores);
-    if constexpr (rescale_before_pv<D>()) rescale_o<D>(O_acc, alpha);
+    if constexpr (rescale_before_pv<D, C>()) rescale_o<D>(O_acc, alpha);
     wait_full(sm, BAR_V_FULL, kv);
     issue_pv<D, BC, BF16>(O_acc, P, V_desc, j > 0);
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
@@ -373,7 +374,7 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
                                         const float (&alpha)[2]) {
     const kv_pipeline kv = {it};
     const int st = kv.slot();
-    if constexpr (rescale_before_pv<D>()) rescale_o<D>(O_acc, alpha);
+    if constexpr (rescale_before_pv<D, C>()) rescale_o<D>(O_acc, alpha);
     wait_full(sm, BAR_V_FULL, kv);
     if (PINGPONG) pingpong_wait_turn(p.wg);
     issue_pv<D, BC, BF16>(O_acc, P, pv_operand_of<D, BC>(sm, st), j > 0);
@@ -389,7 +390,7 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
 // O += P V of this one, and the softmax of the next key tile starts while that P V is still in
 // flight (FlashAttention-3's intra-warpgroup overlap): its row max reads S alone and leaves O_acc
 // and P to the wgmma. The P V's wait opens the next pass (retire_pv; LOG.md, step 7), and there
-// the exponentials, O's rescale (past D = 128 in the next turn: rescale_before_pv) and P's
+// the exponentials, O's rescale (or in the next turn: rescale_before_pv) and P's
 // packing run side by side (step 18). When a P V ends a
 // work tile, the S issued beside it is already the next work tile's first (its Q is in the other
 // Q buffer), and the finished work tile's O is written while the other warpgroups' GEMMs run.
