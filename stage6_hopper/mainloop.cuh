@@ -220,6 +220,17 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
     }
 }
 
+// Where O's rescale runs in the overlapped schedule. Mostly in retire_pv(), beside the
+// exponentials, as soon as the P V before is done. Past D = 128 (128 multiplies a thread at D =
+// 256; FlashAttention-4's order on sm_90 for these head dims), and at D = 96 with three consumers,
+// in the next turn instead: between the issue of S = Q K^T and that of P V, so that it runs while
+// the tensor cores work on S, off the path from the P V's wait to the next issue. With two
+// consumers at D <= 128 that cost more than it saved (LOG.md, step 35).
+template <int D, int C>
+__device__ __forceinline__ constexpr bool rescale_before_pv() {
+    return D > 128 || (D == 96 && C == 3);
+}
+
 // The overlapped schedule's steps, in the order consumer_overlapped() takes them. `it` counts the
 // key tiles the block has gone through (the K/V ring's kv_pipeline), j is the key tile's index in
 // its work tile. With PINGPONG, the warpgroups take turns at issuing their GEMMs.
@@ -273,8 +284,9 @@ __device__ __forceinline__ void finished_epilogue(const float (&O_acc)[D / 2],
 
 // The P V of key tile it - 1 is done: P and O_acc are free. Release that tile's V; if that P V
 // ended a work tile (done.due), write that work tile's O and LSE; then the softmax of key tile it
-// goes on: O *= alpha, and P = fp16(2^(S - m)) with l (exp_pack). In one basic block, the
-// compiler interleaves the exponentials (MUFU) with the rescale and the packing (LOG.md, step 18).
+// goes on: O *= alpha (here unless rescale_before_pv), and P = fp16(2^(S - m)) with l (exp_pack).
+// In one basic block, the compiler interleaves the exponentials (MUFU) with the rescale and the
+// packing (LOG.md, step 18).
 template <int D, int C, int BC, bool BF16, bool MODEL>
 __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[BC / 4],
                                           const float (&S)[BC / 2], float (&l_i)[2],
@@ -287,7 +299,8 @@ __device__ __forceinline__ void retire_pv(float (&O_acc)[D / 2], uint32_t (&P)[B
     const kv_pipeline kv = {it};
     if (kv.count > 0) release(bar_at(sm, BAR_V_EMPTY + kv.previous().slot()), p);
     if (done.due) finished_epilogue<D, C, BC, BF16, MODEL>(O_acc, done, p, sm, pb);
-    rescale_o<D>(O_acc, r.alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
+    if constexpr (!rescale_before_pv<D, C>())
+        rescale_o<D>(O_acc, r.alpha);  // (alpha is 0 on a work tile's first key tile: see issue_pv)
     exp_pack<BC, early_chunks<C>(), BF16>(S, P, l_i, pb.scale_log2, r);
 }
 
@@ -329,13 +342,13 @@ __device__ __forceinline__ bool next_key_tile(const smem_tiles &sm, const consum
 }
 
 // One turn: issue S = Q K^T of the next key tile (work tile `next`, the block's (it + 1)-th) and
-// O += P V of key tile it (index j in its work tile), two wgmma groups back to back. Returns the
-// ring slot of the K it reads.
+// O += P V of key tile it (index j in its work tile), two wgmma groups back to back (with
+// rescale_before_pv, O *= alpha between them). Returns the ring slot of the K it reads.
 template <int D, int C, int BC, bool PINGPONG, bool BF16>
 __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D / 2],
                                           const uint32_t (&P)[BC / 4], const smem_tiles &sm,
                                           const consumer_place &p, const work_tile &next, int it,
-                                          int j) {
+                                          int j, const float (&alpha)[2]) {
     const kv_pipeline kv = {it}, kv_next = {it + 1};
     const int st = kv.slot(), next_st = kv_next.slot();
 
@@ -345,19 +358,23 @@ __device__ __forceinline__ int issue_turn(float (&S)[BC / 2], float (&O_acc)[D /
     wait_full(sm, BAR_K_FULL, kv_next);
     if (PINGPONG) pingpong_wait_turn(p.wg);
     issue_scores<D, C, BC, BF16>(S, next_scores);
+    if constexpr (rescale_before_pv<D, C>()) rescale_o<D>(O_acc, alpha);
     wait_full(sm, BAR_V_FULL, kv);
     issue_pv<D, BC, BF16>(O_acc, P, V_desc, j > 0);
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     return next_st;
 }
 
-// The block's last key tile (the it-th): O += P V only, then the last work tile's epilogue.
+// The block's last key tile (the it-th): O += P V only (O *= alpha first with rescale_before_pv),
+// then the last work tile's epilogue.
 template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL>
 __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&P)[BC / 4],
                                         const finished_tile &done, const smem_tiles &sm,
-                                        const consumer_place &p, const problem &pb, int it, int j) {
+                                        const consumer_place &p, const problem &pb, int it, int j,
+                                        const float (&alpha)[2]) {
     const kv_pipeline kv = {it};
     const int st = kv.slot();
+    if constexpr (rescale_before_pv<D, C>()) rescale_o<D>(O_acc, alpha);
     wait_full(sm, BAR_V_FULL, kv);
     if (PINGPONG) pingpong_wait_turn(p.wg);
     issue_pv<D, BC, BF16>(O_acc, P, pv_operand_of<D, BC>(sm, st), j > 0);
@@ -373,7 +390,8 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
 // O += P V of this one, and the softmax of the next key tile starts while that P V is still in
 // flight (FlashAttention-3's intra-warpgroup overlap): its row max reads S alone and leaves O_acc
 // and P to the wgmma. The P V's wait opens the next pass (retire_pv; LOG.md, step 7), and there
-// the exponentials, O's rescale and P's packing run side by side (step 18). When a P V ends a
+// the exponentials, O's rescale (or in the next turn: rescale_before_pv) and P's
+// packing run side by side (step 18). When a P V ends a
 // work tile, the S issued beside it is already the next work tile's first (its Q is in the other
 // Q buffer), and the finished work tile's O is written while the other warpgroups' GEMMs run.
 template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL>
@@ -404,14 +422,15 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
         int next_j;
         if (!next_key_tile<C, BC, QB, MODEL>(sm, p, pb, works, wt, j, next, next_j, done, m_i, l_i))
             break;
-        const int next_st = issue_turn<D, C, BC, PINGPONG, BF16>(S, O_acc, P, sm, p, next, it, j);
+        const int next_st =
+            issue_turn<D, C, BC, PINGPONG, BF16>(S, O_acc, P, sm, p, next, it, j, r.alpha);
         wgmma_wait<1>();  // S of the next key tile is done; P V may still run
         scores_done<BC, QB, MODEL>(S, m_i, r, sm, p, pb, next, next_j, next_st);
         wt = next;
         j = next_j;
     }
     // (next_key_tile ended wt's rows: done has what their epilogue needs)
-    last_pv<D, C, BC, PINGPONG, BF16, MODEL>(O_acc, P, done, sm, p, pb, it, j);
+    last_pv<D, C, BC, PINGPONG, BF16, MODEL>(O_acc, P, done, sm, p, pb, it, j, r.alpha);
 
     // Every turn was handed on; warpgroup 0 takes the last warpgroup's final hand-over, so that no
     // arrival is left pending on its barrier.
