@@ -491,7 +491,7 @@ int decode_run(const decode_options *d, gpu_ctx *g, decode_result *r) {
         if (rc == ATTN_EXIT_PASS && first_ms > d->budget_s * 1e3)
             r->status = "over_budget";
         else if (rc == ATTN_EXIT_PASS && d->bench)
-            bench_launches(g, enqueue_decode, &call, first_ms, &r->t);
+            bench(g, d->bench, enqueue_decode, &call, first_ms, &r->t);
         /* FLOPs: QK^T and PV over every key a query reads, 2 D each (causal's saving at N_q <= 16
          * is negligible); bytes: K and V of every key read once */
         const double flops = 4.0 * s.H * s.N * (double)r->keys * s.D;
@@ -590,7 +590,7 @@ static decode_options decode_test_case(int c, int v, uint64_t seed) {
         .N_new = N_new,
         .seed = seed,
         .peaky = test_factor(c, F_PEAKY, FLAG_VALUES),
-        .bench = 0,
+        .bench = BENCH_NONE,
         .budget_s = INFINITY,
         .variant = v};
     const long long rows = (long long)d.shape.B * d.shape.H * d.shape.N;

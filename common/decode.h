@@ -45,11 +45,21 @@ typedef struct {
 
 /* What a timed launch enqueues on g->stream (arg: the caller's description of the call). */
 typedef void (*enqueue_fn)(gpu_ctx *g, const void *arg);
+/* How a run is timed: its first launch alone; --bench, the median of launches, each after an L2
+ * flush; --bench-graph, tools/compare.py's protocol for the binding: CUDA graphs of back-to-back
+ * calls, the L2 as the calls before left it. */
+enum { BENCH_NONE, BENCH_LAUNCHES, BENCH_GRAPH };
 /* One launch: the L2 flushed, then the call between CUDA events; its milliseconds. */
 double time_launch(gpu_ctx *g, enqueue_fn call, const void *arg);
 /* The median of repeated launches after a warm-up (the protocol's repeats and seconds; few
  * repeats when first_ms, the first launch's time, is long): ms_median, ms_min, repeats in *t. */
 void bench_launches(gpu_ctx *g, enqueue_fn call, const void *arg, double first_ms, timing *t);
+/* R back-to-back calls captured in a CUDA graph on g->stream, R for about GRAPH_MS a replay (from
+ * first_ms, then from a replay's own time), replayed once untimed and GRAPH_REPLAYS times between
+ * events: ms_median the median replay / R, ms_min the fastest / R, repeats R x GRAPH_REPLAYS. */
+void bench_graph(gpu_ctx *g, enqueue_fn call, const void *arg, double first_ms, timing *t);
+/* bench_launches or bench_graph, as `how` (BENCH_LAUNCHES or BENCH_GRAPH) says. */
+void bench(gpu_ctx *g, int how, enqueue_fn call, const void *arg, double first_ms, timing *t);
 /* cudaMalloc that reports, rather than dies, when the device is out of memory: 0, or -1 with a
  * line on stderr naming `what`. *total_mb adds the bytes. */
 int dev_alloc(void **p, size_t bytes, const char *what, double *total_mb);
@@ -70,7 +80,7 @@ typedef struct {
     uint64_t seed;
     int peaky;            /* Q scaled by 8: each query attends sharply to a few keys */
     long long check_rows; /* query rows checked, over all sequences (-1: all; 0: no check) */
-    int bench;            /* 1: time with the protocol's repeats; 0: the first run's time */
+    int bench;            /* BENCH_NONE: the first run's time; else how it is repeated */
     double budget_s;      /* longer first run: over_budget, not repeated */
     int variant;
 } decode_options;

@@ -38,6 +38,15 @@
 #define SLOW_MS 1000.0  /* unless one launch takes longer than this: then ... */
 #define SLOW_REPEATS 3  /* ... this many launches */
 #define MAX_REPEATS 10000
+/* --bench-graph, as tools/compare.py times the binding: a replay of about GRAPH_MS (the graph's
+ * launch and the events' resolution under 0.1% of it), at most GRAPH_MAX_CALLS calls in it, a
+ * graph replaying in under GRAPH_RECAPTURE_BELOW of GRAPH_MS captured again with R from its own
+ * time, GRAPH_REPLAYS timed replays after one untimed (SLOW_REPEATS when one call takes over
+ * SLOW_MS). */
+#define GRAPH_MS 20.0
+#define GRAPH_MAX_CALLS 2000
+#define GRAPH_RECAPTURE_BELOW 0.5
+#define GRAPH_REPLAYS 10
 #define MOVE_ROWS_SERIAL_BYTES (8 << 20) /* host copies below this size stay on one thread */
 #define DECODE_DEFAULT_N_MAX 1024        /* the decode path's --seq-k when none is given */
 /* A packed batch's outputs (--varlen) are allocated this many rows longer than their tensors,
@@ -204,6 +213,8 @@ static void usage(void) {
         "run:\n"
         "  --check ROWS|all|0 rows checked against the float64 reference (default 64)\n"
         "  --bench            time the kernel (median of >= %d launches and %.1f s)\n"
+        "  --bench-graph      time it as tools/compare.py times the binding: the median replay\n"
+        "                     of a CUDA graph of back-to-back calls (about %.0f ms), per call\n"
         "  --budget SECONDS   longest one launch may take before the row is over_budget "
         "(default 60)\n"
         "  --csv              print a CSV header and row on stdout\n"
@@ -219,8 +230,8 @@ static void usage(void) {
         attn_this_stage.dtype == ATTN_F16 ? "f16" : "f32", VARLEN_EMPTY_ODDS, ATTN_MAX_PAGE_SIZE,
         ATTN_MAX_DECODE_N, DECODE_DEFAULT_N_MAX,
         attn_this_stage.dtype == ATTN_F16 ? "float16 (bf16 runs: float32)" : "float32", MIN_REPEATS,
-        MIN_SECONDS, attn_this_stage.variants, ATTN_EXIT_PASS, ATTN_EXIT_WRONG, ATTN_EXIT_USAGE,
-        ATTN_EXIT_UNSUPPORTED, ATTN_EXIT_OOM);
+        MIN_SECONDS, GRAPH_MS, attn_this_stage.variants, ATTN_EXIT_PASS, ATTN_EXIT_WRONG,
+        ATTN_EXIT_USAGE, ATTN_EXIT_UNSUPPORTED, ATTN_EXIT_OOM);
 }
 
 static long long parse_int(const char *opt, const char *s, long long lo, long long hi) {
@@ -299,6 +310,7 @@ enum {
     OPT_DV,
     OPT_CHECK,
     OPT_BENCH,
+    OPT_BENCH_GRAPH,
     OPT_BUDGET,
     OPT_CSV,
     OPT_VARIANT,
@@ -336,6 +348,7 @@ static const struct option long_options[] = {
     {"dv", required_argument, NULL, OPT_DV},
     {"check", required_argument, NULL, OPT_CHECK},
     {"bench", no_argument, NULL, OPT_BENCH},
+    {"bench-graph", no_argument, NULL, OPT_BENCH_GRAPH},
     {"budget", required_argument, NULL, OPT_BUDGET},
     {"csv", no_argument, NULL, OPT_CSV},
     {"variant", required_argument, NULL, OPT_VARIANT},
@@ -532,7 +545,10 @@ static void run_option(int c, const char *a, const char *v, options *o) {
             o->check_rows = !strcmp(v, "all") ? -1 : parse_int(a, v, 0, INT64_MAX);
             break;
         case OPT_BENCH:
-            o->bench = 1;
+            o->bench = BENCH_LAUNCHES;
+            break;
+        case OPT_BENCH_GRAPH:
+            o->bench = BENCH_GRAPH;
             break;
         case OPT_BUDGET:
             o->budget_s = parse_pos(a, v);
@@ -1081,6 +1097,64 @@ void bench_launches(gpu_ctx *g, enqueue_fn call, const void *arg, double first_m
     free(ms);
 }
 
+/* A CUDA graph of `calls` back-to-back calls captured on g->stream, instantiated. */
+static cudaGraphExec_t capture_calls(gpu_ctx *g, enqueue_fn call, const void *arg, int calls) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; i++) call(g, arg);
+    CUDA_CHECK(cudaStreamEndCapture(g->stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return exec;
+}
+
+/* One replay of exec between CUDA events: its milliseconds. */
+static double time_replay(gpu_ctx *g, cudaGraphExec_t exec) {
+    CUDA_CHECK(cudaEventRecord(g->start, g->stream));
+    CUDA_CHECK(cudaGraphLaunch(exec, g->stream));
+    CUDA_CHECK(cudaEventRecord(g->stop, g->stream));
+    CUDA_CHECK(cudaEventSynchronize(g->stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, g->start, g->stop));
+    return ms;
+}
+
+/* R: calls in one graph so that a replay lasts about GRAPH_MS. */
+static int graph_calls(double ms_per_call) {
+    if (!(ms_per_call > 0)) return GRAPH_MAX_CALLS;
+    const double r = GRAPH_MS / ms_per_call + 0.5;
+    return r < 1 ? 1 : r > GRAPH_MAX_CALLS ? GRAPH_MAX_CALLS : (int)r;
+}
+
+void bench_graph(gpu_ctx *g, enqueue_fn call, const void *arg, double first_ms, timing *t) {
+    int calls = graph_calls(first_ms);
+    cudaGraphExec_t exec = capture_calls(g, call, arg, calls);
+    double warm = time_replay(g, exec); /* untimed: the replay's own length */
+    /* the first launch (an L2 flushed, lazily loaded kernels) overestimates a short call */
+    if (warm < GRAPH_RECAPTURE_BELOW * GRAPH_MS && calls < GRAPH_MAX_CALLS) {
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        calls = graph_calls(warm / calls);
+        exec = capture_calls(g, call, arg, calls);
+        (void)time_replay(g, exec);
+    }
+    const int replays = first_ms > SLOW_MS ? SLOW_REPEATS : GRAPH_REPLAYS;
+    double ms[GRAPH_REPLAYS];
+    for (int k = 0; k < replays; k++) ms[k] = time_replay(g, exec) / calls;
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    qsort(ms, (size_t)replays, sizeof(double), cmp_double);
+    t->ms_median = ms[replays / 2]; /* the upper median, as compare.py takes it */
+    t->ms_min = ms[0];
+    t->repeats = calls * replays;
+}
+
+void bench(gpu_ctx *g, int how, enqueue_fn call, const void *arg, double first_ms, timing *t) {
+    if (how == BENCH_GRAPH)
+        bench_graph(g, call, arg, first_ms, t);
+    else
+        bench_launches(g, call, arg, first_ms, t);
+}
+
 /* A tensor from its device buffer (its layout) to the host: contiguous floats, and in *raw the
  * stored values, contiguous (for --out and the like; the floats themselves for fp32 storage; bf16
  * as floats). *stray: elements of the buffer outside the tensor's own (a strided layout's gaps,
@@ -1368,7 +1442,7 @@ static void time_passes(const options *o, gpu_ctx *g, void *const b[BUFS],
             r->status = "over_budget";
         } else if (o->bench && !(p == PASS_FWD && !own_forward())) {
             const pass_call call = {o, b, (pass_kind)p};
-            bench_launches(g, enqueue_pass, &call, first_ms[p], t);
+            bench(g, o->bench, enqueue_pass, &call, first_ms[p], t);
         }
         t->tflops = pass_flops[p] * flops / (t->ms_median * 1e-3) / 1e12;
     }
@@ -1522,7 +1596,7 @@ static options self_test_case(const options *base, int v, int c, uint64_t case_n
     set_layout(&o);
     o.variant = v;
     o.peaky = peaky;
-    o.bench = 0;
+    o.bench = BENCH_NONE;
     o.seed = base->seed * 1000003ull + case_no;
     long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
     o.check_rows = rows <= SELF_TEST_FULL_ROWS ? -1 : SELF_TEST_SAMPLE;
@@ -1563,7 +1637,7 @@ static options model_case(const options *base, int v, int c, uint64_t case_no) {
     set_layout(&o);
     o.variant = v;
     o.peaky = c / 2 % 2;
-    o.bench = 0;
+    o.bench = BENCH_NONE;
     o.seed = base->seed * 1000003ull + case_no;
     /* a key row's gradient sums over its group's query heads: a smaller sample than the matrix's */
     long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
@@ -1622,7 +1696,7 @@ static options local_case(const options *base, int v, int c, uint64_t case_no) {
     set_layout(&o);
     o.variant = v;
     o.peaky = capped || c / 2 % 2;
-    o.bench = 0;
+    o.bench = BENCH_NONE;
     o.seed = base->seed * 1000003ull + case_no;
     long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
     o.check_rows = rows <= MODEL_FULL_ROWS ? -1 : MODEL_SAMPLE;
@@ -1684,7 +1758,7 @@ static options head_dim_case(const options *base, int v, int c, uint64_t case_no
     set_layout(&o);
     o.variant = v;
     o.peaky = c / 7 % 2;
-    o.bench = 0;
+    o.bench = BENCH_NONE;
     o.seed = base->seed * 1000003ull + case_no;
     long long rows = (long long)o.shape.B * o.shape.H * o.shape.N;
     o.check_rows = rows <= MODEL_FULL_ROWS ? -1 : MODEL_SAMPLE;
@@ -1758,7 +1832,7 @@ static options packed_case(const options *base, int v, int c, uint64_t case_no) 
     set_layout(&o);
     o.variant = v;
     o.peaky = o.shape.softcap > 0 || c / 4 % 2;
-    o.bench = 0;
+    o.bench = BENCH_NONE;
     o.seed = base->seed * 1000003ull + case_no;
     double pairs = 0;
     for (int b = 0; b < o.shape.B; b++)

@@ -7,7 +7,9 @@ plans, lazily loaded kernels), then a CUDA graph of R back-to-back calls capture
 R chosen so one replay runs about 20 ms, replayed several times between CUDA events; the time of
 a call is the median replay / R. No L2 flush: each call reads what the one before it left. With
 --rounds K every library is timed K times per shape, interleaved with the others (the order
-reversed every other round), and its fastest round is kept.
+reversed every other round), and its fastest round is kept. A stage program's --bench-graph times
+its own call the same way (common/main.c holds the protocol's constants, which this file reads), so
+that the binding and the program can be set side by side.
 
 Columns:
   course stages   flashcourse.attention(q, k, v, causal=, stage=, variant=), in-process through
@@ -75,6 +77,7 @@ import argparse
 import csv
 import gc
 import math
+import os
 import re
 import sys
 
@@ -83,12 +86,29 @@ from tools import compare_fa2  # the shapes and the exit codes: one home each
 
 EXIT = compare_fa2.EXIT
 
+
+def graph_protocol(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common",
+                                     "main.c")):
+    """The graph protocol's constants from their one home, common/main.c, whose --bench-graph times
+    a stage program the same way: GRAPH_MS, GRAPH_MAX_CALLS, GRAPH_RECAPTURE_BELOW, GRAPH_REPLAYS
+    by name."""
+    with open(path) as f:
+        found = {m.group(1): float(m.group(2))
+                 for m in re.finditer(r"^#define (GRAPH_[A-Z_]+) ([0-9.]+)\b", f.read(), re.M)}
+    names = ("GRAPH_MS", "GRAPH_MAX_CALLS", "GRAPH_RECAPTURE_BELOW", "GRAPH_REPLAYS")
+    missing = [n for n in names if n not in found]
+    if missing:
+        sys.exit("compare.py: no %s in %s" % (", ".join(missing), path))
+    return found
+
+
+_GRAPH = graph_protocol()
 # One replay of a graph lasts about this long: the graph's launch (some microseconds) and the
 # events' resolution (about half a microsecond) stay under 0.1% of it, and 20 shapes x 5 columns x
 # (1 + REPLAYS) replays take under a minute.
-GRAPH_MS = 20.0
+GRAPH_MS = _GRAPH["GRAPH_MS"]
 # Timed replays per library and shape (the median is taken), after WARMUP_REPLAYS untimed.
-REPLAYS = 10
+REPLAYS = int(_GRAPH["GRAPH_REPLAYS"])
 # Rounds per shape (--rounds): on an H200 held at its power limit a library's time moves by 2-10%
 # between rounds seconds apart, as much as the ratios a run is meant to show; with K rounds, each
 # library is timed K times, interleaved with the others, and its fastest round is kept.
@@ -101,10 +121,10 @@ WARMUP_CALLS = 3
 ESTIMATE_CALLS = 3
 # At most this many calls in one graph: bounds the capture's time and the graph's size. The
 # smallest shape (long, N = 1024: about 15 us a call) needs about 1300 for GRAPH_MS.
-MAX_CALLS = 2000
+MAX_CALLS = int(_GRAPH["GRAPH_MAX_CALLS"])
 # An eager estimate of a short call is the launch overhead: a graph that replays in less than
 # this fraction of GRAPH_MS is captured again with R from its own time.
-RECAPTURE_BELOW = 0.5
+RECAPTURE_BELOW = _GRAPH["GRAPH_RECAPTURE_BELOW"]
 SEED = 1
 # Tolerances of the cross-check (each library against the reference library, not against exact
 # math). O is a convex combination of V's rows (|O| <= max |V|, about 5 for normal inputs), fp16's

@@ -33,6 +33,7 @@ expect 2 "--seq needs a value" --seq
 expect 2 "--seq: '0'" --seq=0
 expect 2 "--self-test runs its own shapes" --seq=16 --self-test
 expect 2 "--causal takes no value" --causal=1
+expect 2 "--bench-graph takes no value" --bench-graph=1
 expect 2 "--causal takes no value" --caus=1
 expect 2 "option '--d' is ambiguous (--dim, --dtype, --dist" --d 64
 expect 2 "--layout: 'nhd' is not one of bhnd, bnhd, qkv" --layout nhd

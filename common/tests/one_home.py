@@ -13,6 +13,7 @@
   the FLOP count and    common/main.c for the programs; plots/measure.py for the scripts that
   the timing protocol   time other libraries beside them (sdpa_baseline.py, compare_fa2.py,
                         compare.py, sdpa_bwd.py: tools/, the examples)
+  the graph protocol    common/main.c's GRAPH_* (--bench-graph); tools/compare.py reads them
 
 Fails on a second definition: a run of the header's columns written out, an exit code tied to
 its name by a literal number, a literal 65535 in code, a C loop over a `variants` string
@@ -193,6 +194,17 @@ bad = names_home({"plots/sdpa_baseline.py": r"import measure", "tools/compare_fa
                   r"import measure", "tools/compare.py": r"import measure",
                   "tools/sdpa_bwd.py": r"import measure"})
 check(not bad, f"the scripts that count FLOPs or time SDPA read {HOME_PY}", "\n".join(bad))
+# the graph protocol (a replay's length, its calls, its replays): common/main.c's GRAPH_*, which
+# its --bench-graph uses and tools/compare.py reads
+graph = dict(re.findall(r"^#define (GRAPH_[A-Z_]+) ([0-9.]+)", read("common/main.c"), re.M))
+check(set(graph) >= {"GRAPH_MS", "GRAPH_MAX_CALLS", "GRAPH_RECAPTURE_BELOW", "GRAPH_REPLAYS"},
+      f"the graph protocol's constants in common/main.c: {graph}")
+found = hits([f for f in CODE if f.endswith((".py", ".ipynb"))],
+             r"^\s*(GRAPH_MS|REPLAYS|MAX_CALLS|RECAPTURE_BELOW)\s*=\s*[0-9]")
+check(not found, "the graph protocol is set in common/main.c only (tools/compare.py reads it)",
+      "\n".join(found))
+bad = names_home({"tools/compare.py": r"GRAPH_\[A-Z_\]\+|GRAPH_MAX_CALLS"})
+check(not bad, "tools/compare.py reads the graph protocol from common/main.c", "\n".join(bad))
 
 print(f"one home each: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

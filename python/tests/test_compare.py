@@ -193,6 +193,23 @@ def t_calls():
     assert cmp.calls_for(float("nan"), 20.0) == cmp.MAX_CALLS
 
 
+def t_graph_protocol():
+    import tempfile
+    got = cmp.graph_protocol()  # from common/main.c, as the module's constants were
+    assert (got["GRAPH_MS"], int(got["GRAPH_REPLAYS"]), int(got["GRAPH_MAX_CALLS"]),
+            got["GRAPH_RECAPTURE_BELOW"]) == (cmp.GRAPH_MS, cmp.REPLAYS, cmp.MAX_CALLS,
+                                              cmp.RECAPTURE_BELOW), got
+    with tempfile.NamedTemporaryFile("w", suffix=".c") as f:
+        f.write("#define GRAPH_MS 5.0\n#define GRAPH_REPLAYS 3\n")
+        f.flush()
+        try:
+            cmp.graph_protocol(f.name)
+        except SystemExit as e:
+            assert "GRAPH_MAX_CALLS, GRAPH_RECAPTURE_BELOW" in str(e) and f.name in str(e), e
+        else:
+            raise AssertionError("a file without the constants was taken")
+
+
 def t_summaries():
     assert cmp.geo_min([]) == "no ratio"
     assert cmp.geo_min([None, None]) == "no ratio"
@@ -308,6 +325,7 @@ def main():
                      ("the shape lists (fa2, long, --quick, --long, --no-*-shapes)", t_shapes),
                      ("FLOPs: forward 4 B H N^2 D (causal: half), backward 2.5x", t_flops),
                      ("calls per graph", t_calls),
+                     ("the graph protocol, read from common/main.c", t_graph_protocol),
                      ("ratios and their geometric mean", t_summaries),
                      ("the cross-check's tolerances, NaN", t_check),
                      ("--softcap: the stages' calls through flash_attn_func", t_softcap),
