@@ -390,10 +390,10 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
 // O += P V of this one, and the softmax of the next key tile starts while that P V is still in
 // flight (FlashAttention-3's intra-warpgroup overlap): its row max reads S alone and leaves O_acc
 // and P to the wgmma. The P V's wait opens the next pass (retire_pv; LOG.md, step 7), and there
-// the exponentials, O's rescale (or in the next turn: rescale_before_pv) and P's
-// packing run side by side (step 18). When a P V ends a
-// work tile, the S issued beside it is already the next work tile's first (its Q is in the other
-// Q buffer), and the finished work tile's O is written while the other warpgroups' GEMMs run.
+// the exponentials, O's rescale (or in the next turn: rescale_before_pv) and P's packing run side
+// by side (step 18). When a P V ends a work tile, the S issued beside it is already the next work
+// tile's first (its Q is in the other Q buffer), and the finished work tile's O is written while
+// the other warpgroups' GEMMs run.
 template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL>
 __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
                                                     const problem &pb, int works) {
