@@ -325,16 +325,15 @@ __device__ __forceinline__ void issue_dkv_other(float (&dV)[dkv_regs<D>()],
                                                 float (&dK)[dkv_regs<D>()], uint64_t P_desc,
                                                 uint64_t dS_desc, uint64_t dO_desc, uint64_t Q_desc,
                                                 int k0) {
-    static_assert(dkv_cols<D>() == 2 * SLAB_COLS, "m64n128 products");
     wgmma_fence();
 #pragma unroll
     for (int kk = k0; kk < k0 + score_cols<D>() / WGMMA_K; ++kk)
-        wgmma_m64n128_ss<BF16, 0, 1>(dV, desc_k_major_step<block_keys<D>()>(P_desc, kk),
-                                     desc_mn_major_step(dO_desc, kk), 1);
+        wgmma_ss<dkv_cols<D>(), BF16, 0, 1>(dV, desc_k_major_step<block_keys<D>()>(P_desc, kk),
+                                            desc_mn_major_step(dO_desc, kk), 1);
 #pragma unroll
     for (int kk = k0; kk < k0 + score_cols<D>() / WGMMA_K; ++kk)
-        wgmma_m64n128_ss<BF16, 0, 1>(dK, desc_k_major_step<block_keys<D>()>(dS_desc, kk),
-                                     desc_mn_major_step(Q_desc, kk), 1);
+        wgmma_ss<dkv_cols<D>(), BF16, 0, 1>(dK, desc_k_major_step<block_keys<D>()>(dS_desc, kk),
+                                            desc_mn_major_step(Q_desc, kk), 1);
     wgmma_commit();
 }
 
