@@ -1044,9 +1044,8 @@ static void enqueue(gpu_ctx *g, const options *o, void *const b[BUFS], pass_kind
             t[BUF_DO], t[BUF_DQ], t[BUF_DK], t[BUF_DV], t[BUF_BWS], o->variant, g->stream));
 }
 
-/* The timing protocol (decode.h): one launch of any call, L2 flushed, between events. */
-double time_launch(gpu_ctx *g, enqueue_fn call, const void *arg) {
-    CUDA_CHECK(cudaMemsetAsync(g->flush, 0, g->flush_bytes, g->stream));
+/* A call between CUDA events on g->stream: its milliseconds. */
+static double time_between_events(gpu_ctx *g, enqueue_fn call, const void *arg) {
     CUDA_CHECK(cudaEventRecord(g->start, g->stream));
     call(g, arg);
     CUDA_CHECK(cudaEventRecord(g->stop, g->stream));
@@ -1054,6 +1053,12 @@ double time_launch(gpu_ctx *g, enqueue_fn call, const void *arg) {
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, g->start, g->stop));
     return ms;
+}
+
+/* The timing protocol (decode.h): one launch of any call, L2 flushed, between events. */
+double time_launch(gpu_ctx *g, enqueue_fn call, const void *arg) {
+    CUDA_CHECK(cudaMemsetAsync(g->flush, 0, g->flush_bytes, g->stream));
+    return time_between_events(g, call, arg);
 }
 
 /* One pass of this run, as time_launch's call. */
@@ -1109,15 +1114,12 @@ static cudaGraphExec_t capture_calls(gpu_ctx *g, enqueue_fn call, const void *ar
     return exec;
 }
 
-/* One replay of exec between CUDA events: its milliseconds. */
+/* One replay of a graph (arg: its cudaGraphExec_t), as time_between_events' call. */
+static void enqueue_replay(gpu_ctx *g, const void *arg) {
+    CUDA_CHECK(cudaGraphLaunch(*(const cudaGraphExec_t *)arg, g->stream));
+}
 static double time_replay(gpu_ctx *g, cudaGraphExec_t exec) {
-    CUDA_CHECK(cudaEventRecord(g->start, g->stream));
-    CUDA_CHECK(cudaGraphLaunch(exec, g->stream));
-    CUDA_CHECK(cudaEventRecord(g->stop, g->stream));
-    CUDA_CHECK(cudaEventSynchronize(g->stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, g->start, g->stop));
-    return ms;
+    return time_between_events(g, enqueue_replay, &exec);
 }
 
 /* R: calls in one graph so that a replay lasts about GRAPH_MS. */
