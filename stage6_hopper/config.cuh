@@ -33,10 +33,10 @@
 // LOG.md, steps 5 and 10).
 constexpr int THREE_CONSUMERS_MIN_N_CAUSAL = 2048;
 // D = 96's third consumer (192-row work tiles of 112-key tiles) pays only on longer rows: at N =
-// 1,024 a ninth of its rows are padding and it ran 12% slower, causal at N = 4,096 5% slower,
-// while non-causal from N = 2,048 and causal at N = 16,384 it ran faster (LOG.md, steps 31-32).
+// 1,024 a ninth of its rows are padding and it ran 11% slower, causal at N = 4,096 3% slower,
+// while non-causal from N = 2,048 and causal from N = 8,192 it ran faster (LOG.md, steps 31-36).
 constexpr int D96_THREE_MIN_N = 2048;
-constexpr int D96_THREE_MIN_N_CAUSAL = 16384;
+constexpr int D96_THREE_MIN_N_CAUSAL = 8192;
 template <int C>
 __host__ __device__ constexpr int block_rows() {  // BR
     return C * WGMMA_M;
