@@ -200,34 +200,35 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     const int turns_apart = (int)(b.seq.head_pad / qrows<D>());  // a head's counters
     int qt = first;                                              // the tile
     for (int it = 0; it < pb.group * tiles; ++it) {
+        const int q0 = qt * qrows<D>();
+        int *const turn = pb.dq_turn + turns + qt;  // DQ_BY_BULK_IN_TURNS: the query tile's counter
+        // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq)
+        // LAB TODO: the consumers stage the step's dQ_i, qrows x D floats, in the staging tile at
+        // LAB TODO: dq_buffer_at<D>(sm, it), in the layout tmdQ walks (dq_tensor_map: coordinates
+        // LAB TODO: column in the 8-column slab, row, slab, head; a box is one whole query tile),
+        // LAB TODO: and arrive on its DQ_FULL; they stage the next step's there once it is back
+        // LAB TODO: (DQ_EMPTY). Add it to the step's rows of dQ_acc by one bulk tensor reduction
+        // LAB TODO: of this thread (the query tile's first row at at.x + q0, its head map_head).
+        // LAB TODO: Default (DQ_BY_BULK): the adds land in any order. Deterministic
+        // LAB TODO: (DQ_BY_BULK_IN_TURNS): the adds into a query tile in key-tile order, this key
+        // LAB TODO: tile's after its turn at `turn` (wait_for_turn) and the next tile's after these
+        // LAB TODO: are complete (pass_turn). Keep the consumers' wait for the buffer short: hand
+        // LAB TODO: it back as soon as it has been read, and wait for nothing slow while they stage.
+        // LAB STUB: mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()), dq_pipeline{it}.phase());
+        // LAB STUB: mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()));  // nothing added
+        // LAB STUB: (void)q0, (void)turn;
+        // the query tile's turn first, while the consumers still compute the step: its poll is
+        // then off the path from their stores (DQ_FULL) to the reduction
+        if constexpr (DQ == DQ_BY_BULK_IN_TURNS) wait_for_turn<D>(pb, b.keys, turn, q0);
         // the consumers' parts staged
         mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()), dq_pipeline{it}.phase());
-        const uint32_t tile = dq_buffer_at<D>(sm, it);
-        const int q0 = qt * qrows<D>();
-        // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq)
-        // LAB TODO: the staging tile at `tile` holds the step's dQ_i, qrows x D floats in the
-        // LAB TODO: layout tmdQ walks (dq_tensor_map: coordinates column in the 8-column slab, row,
-        // LAB TODO: slab, head; a box is one whole query tile). Add it to the step's rows of dQ_acc
-        // LAB TODO: by one bulk tensor reduction of this thread: the query tile's first row is
-        // LAB TODO: at.x + q0, its head map_head. The default (DQ_BY_BULK): adds land in any order;
-        // LAB TODO: wait only until the reduction has read the tile (DQ_EMPTY hands it back next),
-        // LAB TODO: not until its adds are complete. Deterministic (DQ_BY_BULK_IN_TURNS): the
-        // LAB TODO: same reduction between waiting for this key tile's turn at the query tile's
-        // LAB TODO: counter (pb.dq_turn + turns + qt) and passing the turn on (dq.cuh's helpers
-        // LAB TODO: above), which waits until the adds are complete.
-        // LAB STUB: (void)tile, (void)q0, (void)turns;  // until filled: nothing is added
-        if constexpr (DQ == DQ_BY_BULK_IN_TURNS) {
-            wait_for_turn<D>(pb, b.keys, pb.dq_turn + turns + qt, q0);
-            tma_reduce_add_4d(tmdQ, tile, 0, at.x + q0, 0, map_head);
-            bulk_commit();
-            pass_turn(pb.dq_turn + turns + qt);  // (the staging tile is read too)
-        } else {
-            tma_reduce_add_4d(tmdQ, tile, 0, at.x + q0, 0, map_head);
-            bulk_commit();
-            bulk_wait<true>();  // the reduction has read the staging tile
-        }
-        // LAB HOLE 4 END
+        tma_reduce_add_4d(tmdQ, dq_buffer_at<D>(sm, it), 0, at.x + q0, 0, map_head);
+        bulk_commit();
+        bulk_wait<true>();  // the reduction has read the staging tile: it goes back
         mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()));
+        // the adds complete while the consumers stage the next step's tile; then the next turn
+        if constexpr (DQ == DQ_BY_BULK_IN_TURNS) pass_turn(turn);
+        // LAB HOLE 4 END
         if (++qt == first + tiles) qt = first, ++map_head, turns += turns_apart;  // the next head
     }
     bulk_wait<false>();  // every reduction done before the block's shared memory goes
