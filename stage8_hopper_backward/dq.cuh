@@ -211,11 +211,13 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         // LAB TODO: of this thread (the query tile's first row at at.x + q0, its head map_head).
         // LAB TODO: Default (DQ_BY_BULK): the adds land in any order. Deterministic
         // LAB TODO: (DQ_BY_BULK_IN_TURNS): the adds into a query tile in key-tile order, this key
-        // LAB TODO: tile's after its turn at `turn` (wait_for_turn) and the next tile's after these
-        // LAB TODO: are complete (pass_turn). Keep the consumers' wait for the buffer short: hand
-        // LAB TODO: it back as soon as it has been read, and wait for nothing slow while they stage.
-        // LAB STUB: mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()), dq_pipeline{it}.phase());
-        // LAB STUB: mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()));  // nothing added
+        // LAB TODO: tile's after its turn at `turn` (wait_for_turn) and the next tile's after
+        // LAB TODO: these are complete (pass_turn). Keep the consumers' wait for the buffer
+        // LAB TODO: short: hand it back once it has been read, and wait for nothing slow between
+        // LAB TODO: their stores and the reduction.
+        // LAB STUB: const int slot = dq_pipeline{it}.slot();  // until filled: nothing is added
+        // LAB STUB: mbar_wait(bar_at(sm, BAR_DQ_FULL + slot), dq_pipeline{it}.phase());
+        // LAB STUB: mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + slot));
         // LAB STUB: (void)q0, (void)turn;
         // the query tile's turn first, while the consumers still compute the step: its poll is
         // then off the path from their stores (DQ_FULL) to the reduction
