@@ -78,7 +78,7 @@ wrongs() {
       1 smem_kernel.cuh 's|(dP\[m\]\[n\]\[e\] - (frag_c(e) ? Di.y : Di.x))|(dP[m][n][e] - (frag_c(e) ? Di.x : Di.y))|' \
       1 smem_kernel.cuh 's|key >= p.N_k \|\| (p.causal \&\& key > query);|key >= p.N_k \|\| (p.causal \&\& key >= query);|' ;;
     # 3: dS^T stored without its warpgroup's 64 rows (both warpgroups write the first 64)
-    8) printf '%s\t%s\t%s\n' 3 mainloop.cuh 's|const int row = WGMMA_M \* p.wg + WARP_ROWS \* p.warp +|const int row = WARP_ROWS * p.warp +|' ;;
+    8) printf '%s\t%s\t%s\n' 3 mainloop.cuh 's|const int row = wg_key0<D>(p.wg) + WARP_ROWS \* p.warp +|const int row = WARP_ROWS * p.warp +|' ;;
     # 2: the key warps' sums l added without their weights (O weighed, l not)
     9) printf '%s\t%s\t%s\n' 2 attention.cu 's|sum += w \* row\[D + 1\];|sum += row[D + 1];|' ;;
     # 1: the partial's weight not normalised; 2: the next keys received into the buffer the
