@@ -211,3 +211,19 @@ constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of
 // tile fits) and deterministic is refused (attention.cu).
 enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICS, VARIANT_DETERMINISTIC, VARIANTS };
 enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
+
+// DQ_BY_BULK_IN_TURNS: where the dQ warp's step waits for its turn, and when it hands the staging
+// tile back (dq.cuh, reduce_dq). Either order is correct; these are the faster ones measured per
+// head dim (LOG.md, step 36). turn_before_full: the turn polled before the consumers' DQ_FULL, so
+// that a turn already passed costs no L2 round trip after their stores (D = 64, 96). Otherwise
+// after it, as the key tile's reduction is then the next thing to do. hand_back_at_read: the tile
+// back (DQ_EMPTY) once the reduction has read it, its adds completing while the consumers stage
+// the next step's (D = 64); otherwise once the adds are complete, with the turn passed on.
+template <int D>
+__host__ __device__ constexpr bool turn_before_full() {
+    return D <= 96;
+}
+template <int D>
+__host__ __device__ constexpr bool hand_back_at_read() {
+    return D == 64;
+}

@@ -172,7 +172,9 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // read it, and hand it back (DQ_EMPTY). DQ_BY_BULK: the adds of different blocks
 // into the same rows land in any order, fp32 sums, not bitwise reproducible. DQ_BY_BULK_IN_TURNS
 // (deterministic): each step waits for its key tile's turn, adds, waits until its adds are
-// complete and passes the turn on. At the end it waits for its reductions to complete.
+// complete and passes the turn on; where the turn's wait sits and whether the tile goes back
+// before or after the adds complete, config.cuh's turn_before_full and hand_back_at_read say.
+// At the end it waits for its reductions to complete.
 //
 // Why DQ_BY_BULK_IN_TURNS cannot deadlock: a key tile waits only for key tiles earlier in its query
 // tile's order (j' < j; under diagonal_order j' > j) of the same (sequence, key/value head), all
@@ -209,27 +211,30 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         // LAB TODO: and arrive on its DQ_FULL; they stage the next step's there once it is back
         // LAB TODO: (DQ_EMPTY). Add it to the step's rows of dQ_acc by one bulk tensor reduction
         // LAB TODO: of this thread (the query tile's first row at at.x + q0, its head map_head).
-        // LAB TODO: Default (DQ_BY_BULK): the adds land in any order. Deterministic
-        // LAB TODO: (DQ_BY_BULK_IN_TURNS): the adds into a query tile in key-tile order, this key
-        // LAB TODO: tile's after its turn at `turn` (wait_for_turn) and the next tile's after
-        // LAB TODO: these are complete (pass_turn). Keep the consumers' wait for the buffer
-        // LAB TODO: short: hand it back once it has been read, and wait for nothing slow between
-        // LAB TODO: their stores and the reduction.
+        // LAB TODO: Default (DQ_BY_BULK): the adds land in any order; hand the tile back as soon
+        // LAB TODO: as it has been read. Deterministic (DQ_BY_BULK_IN_TURNS): the adds into a
+        // LAB TODO: query tile in key-tile order, this key tile's after its turn at `turn`
+        // LAB TODO: (wait_for_turn) and the next tile's after these are complete (pass_turn);
+        // LAB TODO: poll the turn before or after DQ_FULL (turn_before_full<D>()) and hand the
+        // LAB TODO: tile back once read or once complete (hand_back_at_read<D>()), as config.cuh
+        // LAB TODO: chooses by head dim: either order is correct, one is faster.
         // LAB STUB: const int slot = dq_pipeline{it}.slot();  // until filled: nothing is added
         // LAB STUB: mbar_wait(bar_at(sm, BAR_DQ_FULL + slot), dq_pipeline{it}.phase());
         // LAB STUB: mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + slot));
         // LAB STUB: (void)q0, (void)turn;
-        // the query tile's turn first, while the consumers still compute the step: its poll is
-        // then off the path from their stores (DQ_FULL) to the reduction
-        if constexpr (DQ == DQ_BY_BULK_IN_TURNS) wait_for_turn<D>(pb, b.keys, turn, q0);
+        constexpr bool TURNS = DQ == DQ_BY_BULK_IN_TURNS;
+        constexpr bool AT_READ = !TURNS || hand_back_at_read<D>();  // the tile back once read
+        if constexpr (TURNS && turn_before_full<D>()) wait_for_turn<D>(pb, b.keys, turn, q0);
         // the consumers' parts staged
         mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()), dq_pipeline{it}.phase());
+        if constexpr (TURNS && !turn_before_full<D>()) wait_for_turn<D>(pb, b.keys, turn, q0);
         tma_reduce_add_4d(tmdQ, dq_buffer_at<D>(sm, it), 0, at.x + q0, 0, map_head);
         bulk_commit();
-        bulk_wait<true>();  // the reduction has read the staging tile: it goes back
-        mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()));
-        // the adds complete while the consumers stage the next step's tile; then the next turn
-        if constexpr (DQ == DQ_BY_BULK_IN_TURNS) pass_turn(turn);
+        if constexpr (AT_READ) bulk_wait<true>();  // the reduction has read the staging tile
+        if constexpr (TURNS && !AT_READ) pass_turn(turn);  // its adds complete (so read too)
+        mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()));  // the tile goes back
+        // the adds complete while the consumers stage the next step's tile; the next turn
+        if constexpr (TURNS && AT_READ) pass_turn(turn);
         // LAB HOLE 4 END
         if (++qt == first + tiles) qt = first, ++map_head, turns += turns_apart;  // the next head
     }
