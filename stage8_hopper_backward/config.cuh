@@ -149,10 +149,12 @@ __host__ __device__ constexpr int dq_buffers() {
 
 // The producer warpgroup's warps: one issues every load, one every dQ reduction, one the block's
 // dK_j and dV_j stores at its end (the others' registers are spoken for across their loops); the
-// fourth leaves at once.
+// fourth leaves at once, except where the deterministic variant has two dQ warps (dq_warps):
+// then DQ_WARP takes the even steps and DQ_WARP_ODD the odd ones.
 constexpr int LOAD_WARP = 0;
 constexpr int DQ_WARP = 1;
 constexpr int STORE_WARP = 2;
+constexpr int DQ_WARP_ODD = 3;
 
 // setmaxnreg: 384 threads start with 168 registers each (65,536 / 384, rounded down to 8); the
 // producer gives most of its share to the consumers: 128 x 24 + 256 x 240 = 64,512.
@@ -219,11 +221,19 @@ enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
 // after it, as the key tile's reduction is then the next thing to do. hand_back_at_read: the tile
 // back (DQ_EMPTY) once the reduction has read it, its adds completing while the consumers stage
 // the next step's (D = 64); otherwise once the adds are complete, with the turn passed on.
+// dq_warps: two dQ warps, each taking every other step with a DQ_FULL/DQ_EMPTY pair of its own
+// (the staging tile is still one), so that one warp's wait for its adds to complete and its pass
+// of the turn run while the other hands the next step's tile to the TMA unit (LOG.md, step 37).
+// With two, both moves above hold.
+template <int D>
+__host__ __device__ constexpr int dq_warps() {
+    return 2;
+}
 template <int D>
 __host__ __device__ constexpr bool turn_before_full() {
-    return D <= 96;
+    return dq_warps<D>() == 2 || D <= 96;
 }
 template <int D>
 __host__ __device__ constexpr bool hand_back_at_read() {
-    return D == 64;
+    return dq_warps<D>() == 2 || D == 64;
 }

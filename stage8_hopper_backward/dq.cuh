@@ -29,8 +29,10 @@ __device__ __forceinline__ int dq_part_col(int wg) {
 // accumulator of a 64 x 64 wgmma: register acc_index(n, h, c) is row 16 warp + g + 8h, column
 // 8n + 2t + c of its part), make the writes visible to the TMA unit (the async proxy), and arrive
 // on DQ_FULL, one arrival per warp. In the staging layout [D/8][qrows][8] floats a warp's store
-// of one n8 block and row half is 8 rows x 32 bytes, contiguous: no bank conflict.
-template <int D>
+// of one n8 block and row half is 8 rows x 32 bytes, contiguous: no bank conflict. TWO (two dQ
+// warps, each with its barrier pair): the previous step's tile read is on its warp's DQ_EMPTY,
+// this step's parts announced on this step's warp's DQ_FULL.
+template <int D, bool TWO>
 __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], const smem_tiles &sm,
                                          int wg, int warp, int lane, int it) {
     constexpr int SLAB_BYTES = qrows<D>() * DQ_SLAB_ROW_BYTES, FLOAT_BYTES = sizeof(float);
@@ -40,8 +42,11 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], co
     const uint32_t at = dq_buffer_at<D>(sm, it) + first_slab * SLAB_BYTES +
                         (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
                         FRAG_LANE_COLS * t * FLOAT_BYTES;
-    mbar_wait(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()),
-              dq_pipeline{it}.empty_phase());            // it is read
+    if constexpr (TWO)
+        mbar_wait(dq_empty_bar<true>(sm, it - 1), dq_phase<true>(it - 1));  // it is read
+    else
+        mbar_wait(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()),
+                  dq_pipeline{it}.empty_phase());        // it is read
     const int blocks = dq_part_cols<D>(wg) / FRAG_COLS;  // the part's n8 blocks
 #pragma unroll
     for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
@@ -53,7 +58,7 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], co
     }
     fence_proxy_async();  // this thread's writes, visible to the TMA unit
     __syncwarp();         // the warp's writes are all in
-    if (lane == 0) mbar_arrive(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()));
+    if (lane == 0) mbar_arrive(dq_full_bar<TWO>(sm, it));
 }
 
 // The columns of a row of dQ_acc as the kernel for head dim D addresses it: up to D = 128 its own
@@ -186,7 +191,7 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // backward, which relies on the same order).
 template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMap *tmdQ,
-                                          const bwd_problem &pb, int lane) {
+                                          const bwd_problem &pb, int lane, int odd) {
     const block_place b = block_place_of<D>(pb);
     if (lane != 0) return;  // one thread issues the reductions
     int tiles;
@@ -201,7 +206,12 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     int turns = DQ == DQ_BY_BULK_IN_TURNS ? dq_turns_of<D>(b, head) : 0;
     const int turns_apart = (int)(b.seq.head_pad / qrows<D>());  // a head's counters
     int qt = first;                                              // the tile
-    for (int it = 0; it < pb.group * tiles; ++it) {
+    // two dQ warps (TWO): this one's steps are odd, odd + 2, ...; the walk's place carried along
+    constexpr bool TWO = DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2;
+    constexpr int STRIDE = TWO ? 2 : 1;
+    if constexpr (TWO)
+        if (odd && ++qt == first + tiles) qt = first, ++map_head, turns += turns_apart;
+    for (int it = TWO ? odd : 0; it < pb.group * tiles; it += STRIDE) {
         const int q0 = qt * qrows<D>();
         int *const turn = pb.dq_turn + turns + qt;  // DQ_BY_BULK_IN_TURNS: the query tile's counter
         // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq)
@@ -218,25 +228,26 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         // LAB TODO: poll the turn before or after DQ_FULL (turn_before_full<D>()) and hand the
         // LAB TODO: tile back once read or once complete (hand_back_at_read<D>()), as config.cuh
         // LAB TODO: chooses by head dim: either order is correct, one is faster.
-        // LAB STUB: const int slot = dq_pipeline{it}.slot();  // until filled: nothing is added
-        // LAB STUB: mbar_wait(bar_at(sm, BAR_DQ_FULL + slot), dq_pipeline{it}.phase());
-        // LAB STUB: mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + slot));
+        // LAB STUB: mbar_wait(dq_full_bar<TWO>(sm, it), dq_phase<TWO>(it));  // nothing added
+        // LAB STUB: mbar_arrive(dq_empty_bar<TWO>(sm, it));
         // LAB STUB: (void)q0, (void)turn;
         constexpr bool TURNS = DQ == DQ_BY_BULK_IN_TURNS;
         constexpr bool AT_READ = !TURNS || hand_back_at_read<D>();  // the tile back once read
         if constexpr (TURNS && turn_before_full<D>()) wait_for_turn<D>(pb, b.keys, turn, q0);
         // the consumers' parts staged
-        mbar_wait(bar_at(sm, BAR_DQ_FULL + dq_pipeline{it}.slot()), dq_pipeline{it}.phase());
+        mbar_wait(dq_full_bar<TWO>(sm, it), dq_phase<TWO>(it));
         if constexpr (TURNS && !turn_before_full<D>()) wait_for_turn<D>(pb, b.keys, turn, q0);
         tma_reduce_add_4d(tmdQ, dq_buffer_at<D>(sm, it), 0, at.x + q0, 0, map_head);
         bulk_commit();
         if constexpr (AT_READ) bulk_wait<true>();  // the reduction has read the staging tile
         if constexpr (TURNS && !AT_READ) pass_turn(turn);  // its adds complete (so read too)
-        mbar_arrive(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()));  // the tile goes back
+        mbar_arrive(dq_empty_bar<TWO>(sm, it));            // the tile goes back
         // the adds complete while the consumers stage the next step's tile; the next turn
         if constexpr (TURNS && AT_READ) pass_turn(turn);
         // LAB HOLE 4 END
-        if (++qt == first + tiles) qt = first, ++map_head, turns += turns_apart;  // the next head
+#pragma unroll
+        for (int k = 0; k < STRIDE; ++k)  // the next step of this warp's
+            if (++qt == first + tiles) qt = first, ++map_head, turns += turns_apart;  // next head
     }
     bulk_wait<false>();  // every reduction done before the block's shared memory goes
 }

@@ -14,8 +14,9 @@
 // (one expect_tx arrival, and the bytes); Q_FULL and DO_FULL every lane of the load warp (once
 // its cp.async of LSE_i or D_i has landed; lane 0 also announces the tile's bytes); Q_EMPTY every
 // consumer thread (after its loads of LSE_i and D_i and its wgmma reads of the tiles); DS_FULL and
-// DQ_FULL one arrival per consumer warp; DQ_EMPTY the dQ warp's. Thread 0 initialises them.
-template <int D>
+// DQ_FULL (and DQ_FULL_ODD) one arrival per consumer warp; DQ_EMPTY (DQ_EMPTY_ODD) its dQ warp's.
+// Thread 0 initialises them.
+template <int D, dq_way DQ>
 __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     mbar_init(bar_at(sm, BAR_KV_FULL), 1);
     for (int st = 0; st < Q_STAGES; ++st) {
@@ -28,6 +29,10 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     for (int b = 0; b < DQ_BUFFERS; ++b) {
         mbar_init(bar_at(sm, BAR_DQ_FULL + b), CONSUMER_WARPS);
         mbar_init(bar_at(sm, BAR_DQ_EMPTY + b), 1);
+    }
+    if constexpr (DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2) {
+        mbar_init(bar_at(sm, BAR_DQ_FULL_ODD), CONSUMER_WARPS);
+        mbar_init(bar_at(sm, BAR_DQ_EMPTY_ODD), 1);
     }
     fence_barrier_init();  // visible to the copy engine (the async proxy)
 }
@@ -55,7 +60,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     if (smem_u32(smem_raw) % SWIZZLE_ATOM_BYTES != 0) __trap();  // the tiles' swizzle needs it
     const smem_tiles sm = carve_smem<D>(smem_raw);
     if (threadIdx.x == 0) {
-        init_barriers<D>(sm);
+        init_barriers<D, DQ>(sm);
         prefetch_tensor_map(&tmQ), prefetch_tensor_map(&tmK), prefetch_tensor_map(&tmV);
         prefetch_tensor_map(&tmdO), prefetch_tensor_map(&tmdQ);
         prefetch_tensor_map(&tmdK), prefetch_tensor_map(&tmdV);
@@ -67,7 +72,9 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         if (warp == LOAD_WARP)
             load_tiles<D>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
         else if (DQ != DQ_BY_ATOMICS && warp == DQ_WARP)
-            reduce_dq<D, DQ>(sm, &tmdQ, pb, lane);  // (DQ_BY_ATOMICS: the consumers add dQ)
+            reduce_dq<D, DQ>(sm, &tmdQ, pb, lane, 0);  // (DQ_BY_ATOMICS: the consumers add dQ)
+        else if (DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2 && warp == DQ_WARP_ODD)
+            reduce_dq<D, DQ>(sm, &tmdQ, pb, lane, 1);  // the odd steps
         else if (warp == STORE_WARP)
             store_dkv<D>(sm, &tmdK, &tmdV, pb, lane);
     } else {

@@ -55,6 +55,9 @@ __host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query ti
 //             same step.
 //   DQ_FULL   per staging buffer: it holds a step's dQ_i parts (the consumers' stores).
 //   DQ_EMPTY  per staging buffer: the dQ warp's reduction has read it.
+//   DQ_FULL_ODD, DQ_EMPTY_ODD  the same for the odd steps where two dQ warps share the one
+//             staging tile (dq_warps<D>() == 2, the deterministic variant): DQ_FULL and DQ_EMPTY
+//             then count the even steps only, each pair one warp's (dq_full_bar, dq_empty_bar).
 // Each side arrives after its own accesses and waits before the other's, so that every access to
 // a buffer is ordered by one barrier's release and acquire (kernel.cuh: who arrives how often).
 enum {
@@ -65,7 +68,9 @@ enum {
     BAR_DS_FULL = BAR_Q_EMPTY + Q_STAGES,
     BAR_DQ_FULL = BAR_DS_FULL + DS_BUFFERS,
     BAR_DQ_EMPTY = BAR_DQ_FULL + DQ_BUFFERS,
-    BARRIERS = BAR_DQ_EMPTY + DQ_BUFFERS
+    BAR_DQ_FULL_ODD = BAR_DQ_EMPTY + DQ_BUFFERS,
+    BAR_DQ_EMPTY_ODD,
+    BARRIERS
 };
 
 template <int D>
@@ -123,6 +128,23 @@ __device__ __forceinline__ uint32_t pt_buffer_at(const smem_tiles &s, int it) {
 template <int D>
 __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
     return s.dQ + dq_pipeline{it}.slot() * dq_tile_bytes<D>();
+}
+// Step it's DQ_FULL and DQ_EMPTY, and the phase of its hand-over there. With one dQ warp the
+// staging buffers' (dq_pipeline); with two (TWO), the pair of the step's warp, it % 2, on which
+// it is hand-over it / 2. Step -1 (before the first) reads as a phase already complete.
+template <bool TWO>
+__device__ __forceinline__ uint32_t dq_full_bar(const smem_tiles &s, int it) {
+    return bar_at(
+        s, TWO ? (it & 1 ? BAR_DQ_FULL_ODD : BAR_DQ_FULL) : BAR_DQ_FULL + dq_pipeline{it}.slot());
+}
+template <bool TWO>
+__device__ __forceinline__ uint32_t dq_empty_bar(const smem_tiles &s, int it) {
+    return bar_at(s, TWO ? (it & 1 ? BAR_DQ_EMPTY_ODD : BAR_DQ_EMPTY)
+                         : BAR_DQ_EMPTY + dq_pipeline{it}.slot());
+}
+template <bool TWO>
+__device__ __forceinline__ uint32_t dq_phase(int it) {
+    return TWO ? pipeline_state<2>{it}.phase() : dq_pipeline{it}.phase();
 }
 
 // Named barriers (barrier 0 is __syncthreads'), and what each protects:
