@@ -16,7 +16,8 @@
  *         wait Q_EMPTY[it % 2]; TMA Q_i, the warp stores LSE_i (Q_FULL); TMA dO_i, D_i (DO_FULL)
  *     producer warpgroup, dQ warp (reduce_dq), for the same walk:
  *         wait DQ_FULL; dQ_acc[h, i] += the staging tiles (TMA bulk reduce-add); wait until
- *         read; arrive DQ_EMPTY
+ *         read; arrive DQ_EMPTY (deterministic: in turns, and at D = 96, 128 two dQ warps, each
+ *         every other step with its own DQ_FULL, DQ_EMPTY)
  *     each of the two consumer warpgroups, keys 64 wg .. 64 wg + 63 of the tile (consumer):
  *       dK = dV = 0 (fp32 registers, for the whole block); wait KV_FULL
  *       for the same walk (consumer_step):

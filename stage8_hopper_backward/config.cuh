@@ -224,10 +224,11 @@ enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
 // dq_warps: two dQ warps, each taking every other step with a DQ_FULL/DQ_EMPTY pair of its own
 // (the staging tile is still one), so that one warp's wait for its adds to complete and its pass
 // of the turn run while the other hands the next step's tile to the TMA unit (LOG.md, step 37).
-// With two, both moves above hold.
+// With two, both moves above hold. At D = 64 one (its steps are twice as long: the one warp keeps
+// up).
 template <int D>
 __host__ __device__ constexpr int dq_warps() {
-    return 2;
+    return D == 64 ? 1 : 2;
 }
 template <int D>
 __host__ __device__ constexpr bool turn_before_full() {

@@ -179,7 +179,10 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // (deterministic): each step waits for its key tile's turn, adds, waits until its adds are
 // complete and passes the turn on; where the turn's wait sits and whether the tile goes back
 // before or after the adds complete, config.cuh's turn_before_full and hand_back_at_read say.
-// At the end it waits for its reductions to complete.
+// With two dQ warps (dq_warps, `odd` which of them) each takes every other step on its own pair
+// of barriers (dq_full_bar, dq_empty_bar): one waits for its adds and passes its turn while the
+// other hands the next step's tile to the TMA unit. At the end it waits for its reductions to
+// complete.
 //
 // Why DQ_BY_BULK_IN_TURNS cannot deadlock: a key tile waits only for key tiles earlier in its query
 // tile's order (j' < j; under diagonal_order j' > j) of the same (sequence, key/value head), all
@@ -227,7 +230,9 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         // LAB TODO: (wait_for_turn) and the next tile's after these are complete (pass_turn);
         // LAB TODO: poll the turn before or after DQ_FULL (turn_before_full<D>()) and hand the
         // LAB TODO: tile back once read or once complete (hand_back_at_read<D>()), as config.cuh
-        // LAB TODO: chooses by head dim: either order is correct, one is faster.
+        // LAB TODO: chooses by head dim: either order is correct, one is faster. This warp's
+        // LAB TODO: steps are every step, or with two dQ warps (TWO) every other one, each warp
+        // LAB TODO: on its own barriers: dq_full_bar<TWO>, dq_empty_bar<TWO>, dq_phase<TWO>.
         // LAB STUB: mbar_wait(dq_full_bar<TWO>(sm, it), dq_phase<TWO>(it));  // nothing added
         // LAB STUB: mbar_arrive(dq_empty_bar<TWO>(sm, it));
         // LAB STUB: (void)q0, (void)turn;
