@@ -191,7 +191,9 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // diagonal_order block x is key tile key_tiles - 1 - x); the GPU starts blocks in increasing
 // linear index, so they are running or done when a block waits, and the lowest unfinished block
 // waits for no one. They need not all be resident at once (as FlashAttention-3's deterministic
-// backward, which relies on the same order).
+// backward, which relies on the same order). Two dQ warps add no cycle: a warp waits for its
+// turn (other blocks) and for its own pair's DQ_FULL, which needs the consumers' stores, which
+// need the other warp's DQ_EMPTY of the step before, which needs only that warp's turn.
 template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMap *tmdQ,
                                           const bwd_problem &pb, int lane, int odd) {
