@@ -214,27 +214,11 @@ constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of
 enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICS, VARIANT_DETERMINISTIC, VARIANTS };
 enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
 
-// DQ_BY_BULK_IN_TURNS: where the dQ warp's step waits for its turn, and when it hands the staging
-// tile back (dq.cuh, reduce_dq). Either order is correct; these are the faster ones measured per
-// head dim (LOG.md, step 36). turn_before_full: the turn polled before the consumers' DQ_FULL, so
-// that a turn already passed costs no L2 round trip after their stores (D = 64, 96). Otherwise
-// after it, as the key tile's reduction is then the next thing to do. hand_back_at_read: the tile
-// back (DQ_EMPTY) once the reduction has read it, its adds completing while the consumers stage
-// the next step's (D = 64); otherwise once the adds are complete, with the turn passed on.
-// dq_warps: two dQ warps, each taking every other step with a DQ_FULL/DQ_EMPTY pair of its own
-// (the staging tile is still one), so that one warp's wait for its adds to complete and its pass
-// of the turn run while the other hands the next step's tile to the TMA unit (LOG.md, step 37).
-// With two, both moves above hold. At D = 64 one (its steps are twice as long: the one warp keeps
-// up).
+// DQ_BY_BULK_IN_TURNS: the dQ warps. Two, each taking every other step with a DQ_FULL/DQ_EMPTY
+// pair of its own (the staging tile is still one), so that one warp's wait for its adds to
+// complete and its pass of the turn run while the other hands the next step's tile to the TMA
+// unit (LOG.md, step 37). At D = 64 one: its steps are twice as long, and the one warp keeps up.
 template <int D>
 __host__ __device__ constexpr int dq_warps() {
     return D == 64 ? 1 : 2;
-}
-template <int D>
-__host__ __device__ constexpr bool turn_before_full() {
-    return dq_warps<D>() == 2 || D <= 96;
-}
-template <int D>
-__host__ __device__ constexpr bool hand_back_at_read() {
-    return dq_warps<D>() == 2 || D == 64;
 }

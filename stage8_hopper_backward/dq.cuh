@@ -30,8 +30,7 @@ __device__ __forceinline__ int dq_part_col(int wg) {
 // 8n + 2t + c of its part), make the writes visible to the TMA unit (the async proxy), and arrive
 // on DQ_FULL, one arrival per warp. In the staging layout [D/8][qrows][8] floats a warp's store
 // of one n8 block and row half is 8 rows x 32 bytes, contiguous: no bank conflict. TWO (two dQ
-// warps, each with its barrier pair): the previous step's tile read is on its warp's DQ_EMPTY,
-// this step's parts announced on this step's warp's DQ_FULL.
+// warps, each with its barrier pair): each step's DQ_FULL and DQ_EMPTY are its warp's.
 template <int D, bool TWO>
 __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], const smem_tiles &sm,
                                          int wg, int warp, int lane, int it) {
@@ -42,11 +41,8 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], co
     const uint32_t at = dq_buffer_at<D>(sm, it) + first_slab * SLAB_BYTES +
                         (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
                         FRAG_LANE_COLS * t * FLOAT_BYTES;
-    if constexpr (TWO)
-        mbar_wait(dq_empty_bar<true>(sm, it - 1), dq_phase<true>(it - 1));  // it is read
-    else
-        mbar_wait(bar_at(sm, BAR_DQ_EMPTY + dq_pipeline{it}.slot()),
-                  dq_pipeline{it}.empty_phase());        // it is read
+    // step it - DQ_BUFFERS's tile (this step's buffer) is read: on that step's DQ_EMPTY
+    mbar_wait(dq_empty_bar<TWO>(sm, it - DQ_BUFFERS), dq_phase<TWO>(it - DQ_BUFFERS));
     const int blocks = dq_part_cols<D>(wg) / FRAG_COLS;  // the part's n8 blocks
 #pragma unroll
     for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
@@ -177,12 +173,12 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // read it, and hand it back (DQ_EMPTY). DQ_BY_BULK: the adds of different blocks
 // into the same rows land in any order, fp32 sums, not bitwise reproducible. DQ_BY_BULK_IN_TURNS
 // (deterministic): each step waits for its key tile's turn, adds, waits until its adds are
-// complete and passes the turn on; where the turn's wait sits and whether the tile goes back
-// before or after the adds complete, config.cuh's turn_before_full and hand_back_at_read say.
-// With two dQ warps (dq_warps, `odd` which of them) each takes every other step on its own pair
-// of barriers (dq_full_bar, dq_empty_bar): one waits for its adds and passes its turn while the
-// other hands the next step's tile to the TMA unit. At the end it waits for its reductions to
-// complete.
+// complete and passes the turn on. It waits for the turn before DQ_FULL (the poll off the path
+// from the consumers' stores to the reduction) and hands the tile back once read, its adds
+// completing while the consumers stage the next step's (LOG.md, step 36). With two dQ warps
+// (dq_warps, `odd` which of them) each takes every other step on its own pair of barriers
+// (dq_full_bar, dq_empty_bar): one waits for its adds and passes its turn while the other hands the
+// next step's tile to the TMA unit. At the end it waits for its reductions to complete.
 //
 // Why DQ_BY_BULK_IN_TURNS cannot deadlock: a key tile waits only for key tiles earlier in its query
 // tile's order (j' < j; under diagonal_order j' > j) of the same (sequence, key/value head), all
@@ -230,27 +226,22 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         // LAB TODO: as it has been read. Deterministic (DQ_BY_BULK_IN_TURNS): the adds into a
         // LAB TODO: query tile in key-tile order, this key tile's after its turn at `turn`
         // LAB TODO: (wait_for_turn) and the next tile's after these are complete (pass_turn);
-        // LAB TODO: poll the turn before or after DQ_FULL (turn_before_full<D>()) and hand the
-        // LAB TODO: tile back once read or once complete (hand_back_at_read<D>()), as config.cuh
-        // LAB TODO: chooses by head dim: either order is correct, one is faster. This warp's
+        // LAB TODO: keep both waits off the consumers' path: the turn's before their stores are
+        // LAB TODO: in, the completion's after the tile is back. This warp's
         // LAB TODO: steps are every step, or with two dQ warps (TWO) every other one, each warp
         // LAB TODO: on its own barriers: dq_full_bar<TWO>, dq_empty_bar<TWO>, dq_phase<TWO>.
         // LAB STUB: mbar_wait(dq_full_bar<TWO>(sm, it), dq_phase<TWO>(it));  // nothing added
         // LAB STUB: mbar_arrive(dq_empty_bar<TWO>(sm, it));
         // LAB STUB: (void)q0, (void)turn;
-        constexpr bool TURNS = DQ == DQ_BY_BULK_IN_TURNS;
-        constexpr bool AT_READ = !TURNS || hand_back_at_read<D>();  // the tile back once read
-        if constexpr (TURNS && turn_before_full<D>()) wait_for_turn<D>(pb, b.keys, turn, q0);
-        // the consumers' parts staged
-        mbar_wait(dq_full_bar<TWO>(sm, it), dq_phase<TWO>(it));
-        if constexpr (TURNS && !turn_before_full<D>()) wait_for_turn<D>(pb, b.keys, turn, q0);
+        // the query tile's turn first, while the consumers still compute the step
+        if constexpr (DQ == DQ_BY_BULK_IN_TURNS) wait_for_turn<D>(pb, b.keys, turn, q0);
+        mbar_wait(dq_full_bar<TWO>(sm, it), dq_phase<TWO>(it));  // the consumers' parts staged
         tma_reduce_add_4d(tmdQ, dq_buffer_at<D>(sm, it), 0, at.x + q0, 0, map_head);
         bulk_commit();
-        if constexpr (AT_READ) bulk_wait<true>();  // the reduction has read the staging tile
-        if constexpr (TURNS && !AT_READ) pass_turn(turn);  // its adds complete (so read too)
-        mbar_arrive(dq_empty_bar<TWO>(sm, it));            // the tile goes back
+        bulk_wait<true>();                       // the reduction has read the staging tile
+        mbar_arrive(dq_empty_bar<TWO>(sm, it));  // the tile goes back
         // the adds complete while the consumers stage the next step's tile; the next turn
-        if constexpr (TURNS && AT_READ) pass_turn(turn);
+        if constexpr (DQ == DQ_BY_BULK_IN_TURNS) pass_turn(turn);
         // LAB HOLE 4 END
 #pragma unroll
         for (int k = 0; k < STRIDE; ++k)  // the next step of this warp's
