@@ -222,3 +222,10 @@ template <int D>
 __host__ __device__ constexpr int dq_warps() {
     return D == 64 ? 1 : 2;
 }
+
+// DQ_BY_BULK_IN_TURNS: whether the kernel can walk a block's query tiles from the tile of its key
+// tile's index on (bwd_problem.rotated_walk, schedule.cuh's walk_first; LOG.md, step 38).
+template <int D, dq_way DQ>
+__host__ __device__ constexpr bool rotates_walk() {
+    return DQ == DQ_BY_BULK_IN_TURNS;
+}

@@ -189,14 +189,18 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // waits for no one. They need not all be resident at once (as FlashAttention-3's deterministic
 // backward, which relies on the same order). Two dQ warps add no cycle: a warp waits for its
 // turn (other blocks) and for its own pair's DQ_FULL, which needs the consumers' stores, which
-// need the other warp's DQ_EMPTY of the step before, which needs only that warp's turn.
+// need the other warp's DQ_EMPTY of the step before, which needs only that warp's turn. A
+// rotated walk (walk_first) also waits for blocks of higher index: the host chooses it only where
+// a head's key tiles are at most the GPU's multiprocessors (one block each), so that all of a
+// head's blocks get one: those of earlier heads never wait for them, and later heads' start only
+// after the last of them.
 template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMap *tmdQ,
                                           const bwd_problem &pb, int lane, int odd) {
     const block_place b = block_place_of<D>(pb);
     if (lane != 0) return;  // one thread issues the reductions
     int tiles;
-    const int first = query_tiles_of<D>(b.keys, b.key0, &tiles);
+    const int first = walk_first<D, DQ>(pb, query_tiles_of<D>(b.keys, b.key0, &tiles));
     // one loop over the block's steps (the load warp's walk), the head and the tile carried along
     // as the map's coordinates and the counters' place: the warp runs on PRODUCER_REGS registers.
     // dq_map_coords of (head, row i) is its row 0's {row + i, head}, and head h + 1's head
@@ -213,8 +217,8 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     if constexpr (TWO)
         if (odd && ++qt == first + tiles) qt = first, ++map_head, turns += turns_apart;
     for (int it = TWO ? odd : 0; it < pb.group * tiles; it += STRIDE) {
-        const int q0 = qt * qrows<D>();
-        int *const turn = pb.dq_turn + turns + qt;  // DQ_BY_BULK_IN_TURNS: the query tile's counter
+        const int q0 = walk_row<D, DQ>(pb, qt);
+        int *const turn = pb.dq_turn + turns + q0 / qrows<D>();  // the query tile's counter
         // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq)
         // LAB TODO: the consumers stage the step's dQ_i, qrows x D floats, in the staging tile at
         // LAB TODO: dq_buffer_at<D>(sm, it), in the layout tmdQ walks (dq_tensor_map: coordinates

@@ -130,6 +130,17 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
     pb.keys = key_rule_of(s, true);  // the tiles each key tile meets, masked at the bounds
     pb.key_tiles = ceil_div(s->N_k, block_keys<D>());
     pb.diagonal_order = variant == VARIANT_DETERMINISTIC && pb.keys.right >= 0;  // dq_turn_of()
+    if (rotates_walk<D, DQ_BY_BULK_IN_TURNS>() && variant == VARIANT_DETERMINISTIC &&
+        pb.keys.left < 0 && pb.keys.right < 0 && s->varlen.cu_seqlens_q == NULL &&
+        pb.key_tiles <= ceil_div(s->N, qrows<D>())) {
+        // a rotated walk waits for blocks of higher index too: only where the GPU holds every
+        // block of a head at once (one block per multiprocessor)
+        int device = 0, sms = 0;
+        ATTN_TRY(cudaGetDevice(&device));
+        ATTN_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        pb.rotated_walk = pb.key_tiles <= sms;
+    }
+    pb.walk_rows = pb.rotated_walk ? ceil_div(s->N, qrows<D>()) * qrows<D>() : INT_MAX;
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
     pb.call = p, pb.dq_turn = dq_turn;

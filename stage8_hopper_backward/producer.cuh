@@ -40,7 +40,7 @@ __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, 
 // and the consumers' wait acquires it; each consumer thread's loads come before its own arrival
 // on Q_EMPTY, which every lane here waits for before it copies into the slot again. The floats
 // never pass through the warp's registers (it runs on PRODUCER_REGS of them).
-template <int D>
+template <int D, dq_way DQ>
 __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorMap *tmQ,
                                            const CUtensorMap *tmK, const CUtensorMap *tmV,
                                            const CUtensorMap *tmdO, const bwd_problem &pb,
@@ -62,12 +62,12 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     // and Dsum worked out afresh at each step: the warp runs on PRODUCER_REGS registers (LOG.md,
     // step 14: what a 64-bit running offset cost).
     int tiles;
-    const int first = query_tiles_of<D>(b.keys, b.key0, &tiles);
+    const int first = walk_first<D, DQ>(pb, query_tiles_of<D>(b.keys, b.key0, &tiles));
     const uint32_t lane_bytes = (uint32_t)(lane * LANE_BYTES);  // its floats' place in a row
     int head = b.kv_head * pb.group, qt = first;
     const int head_pad = (int)b.seq.head_pad;  // a head's rows there (N_pad or acc_rows: 32 bits)
     for (int it = 0; it < pb.group * tiles; ++it) {
-        const int slot = q_pipeline{it}.slot(), q0 = qt * ROWS;
+        const int slot = q_pipeline{it}.slot(), q0 = walk_row<D, DQ>(pb, qt);
         const int q_row = (int)b.seq.seq.q_row + q0;  // in Q's and dO's maps
         const size_t row = b.seq.row_pad + (size_t)head * head_pad + q0 + LANE_FLOATS * lane;
         mbar_wait(bar_at(sm, BAR_Q_EMPTY + slot),

@@ -38,6 +38,12 @@ typedef struct {
     // DQ_BY_BULK_IN_TURNS: per query tile of every (sequence, head), the key tiles that have added
     // into it, at the tile's first row's place in lse2 divided by qrows<D>() (dq_turns_of)
     int *dq_turn;
+    // DQ_BY_BULK_IN_TURNS with no mask, one length for every sequence and as many query tiles as
+    // key tiles at least: each block's walk starts at the query tile of its key tile's index and
+    // wraps (walk_first, walk_row, dq_turn_of), for as long as the GPU holds every block of a head
+    // at once (key_tiles <= its multiprocessors: launch.cuh)
+    int rotated_walk;
+    int walk_rows;  // rotated_walk: a head's query tiles' rows (T qrows), else INT_MAX (walk_row)
 } bwd_problem;
 
 // The block's key tile: blockIdx.x, or with diagonal_order the last key tile first (the grid
@@ -109,9 +115,20 @@ __device__ __forceinline__ bool block_has_keys(const bwd_problem &pb) {
 // min(last row's diagonal + 1 + right, N_k), as min(.., N_k - right) + right, every term below
 // 2^31 in magnitude (N, N_k <= 2^30, right <= the shape's N_k); at least the block's first key
 // + 1, as the block meets the tile.
+// With rotated_walk (no mask: every key tile 0 .. J - 1 meets every query tile 0 .. T - 1, J <=
+// T) block j starts at query tile j and wraps, so it reaches tile q at step (q - j) mod T, and
+// the turns at q follow those steps: the blocks j <= m = min(q, J - 1) first, from m down (steps
+// q - m .. q), then the rest from J - 1 down (steps past T - J + q). A block meets no block one
+// step ahead on its own tile until the walk wraps: no staircase at the start (LOG.md, step 38).
 template <int D>
 __host__ __device__ __forceinline__ int dq_turn_of(const bwd_problem &pb, const key_rule &keys,
                                                    int j, int q0) {
+    if constexpr (rotates_walk<D, DQ_BY_BULK_IN_TURNS>()) {
+        if (pb.rotated_walk) {
+            const int m = min(q0 / qrows<D>(), pb.key_tiles - 1);
+            return j <= m ? m - j : m + pb.key_tiles - j;
+        }
+    }
     if (!pb.diagonal_order) return j - query_tile_first_key_tile(keys, q0, block_keys<D>());
     const int diagonal_end = min(q0 + qrows<D>(), keys.N) + keys.N_k - keys.N;
     const int key_end = min(diagonal_end, keys.N_k - keys.right) + keys.right;
@@ -151,4 +168,28 @@ __device__ __forceinline__ walk_step next_step(walk_step s, int q_first, int q_e
     s.q0 += rows;
     if (s.q0 == q_end) s.q0 = q_first, ++s.head;
     return s;
+}
+
+// A rotated walk (rotates_walk, rotated_walk): block j walks each head's tiles j, j + 1, ..,
+// T - 1, 0, .., j - 1 (dq_turn_of). The load warp and the dQ warps run it as the plain walk over
+// the tiles j .. j + T - 1 (walk_first: the first of them; with no mask the plain first is 0),
+// and the tile a step reads is its index less T past the last (walk_row, against walk_rows in the
+// parameters: INT_MAX when not rotated), so that their loops on PRODUCER_REGS registers are the
+// plain ones and each step adds a compare with a constant. The consumers walk in the plain order
+// either way: a rotated walk has no mask, where a step's query tile decides nothing the consumers
+// compute (step_needs_mask and key_seen compare it only with the bounds, absent), and their ring
+// slots and phases are the step's count.
+template <int D, dq_way DQ>
+__device__ __forceinline__ int walk_first(const bwd_problem &pb, int first) {
+    if constexpr (rotates_walk<D, DQ>())
+        if (pb.rotated_walk) return (int)blockIdx.x;
+    return first;
+}
+// The first row of the tile step qt of a walk reads (see walk_first).
+template <int D, dq_way DQ>
+__device__ __forceinline__ int walk_row(const bwd_problem &pb, int qt) {
+    int q0 = qt * qrows<D>();
+    if constexpr (rotates_walk<D, DQ>())
+        if (q0 >= pb.walk_rows) q0 -= pb.walk_rows;
+    return q0;
 }
