@@ -108,8 +108,9 @@ static cudaError_t enqueue_convert(const attn_shape *s, const bwd_params &p, dim
 
 // The three passes for head dim D (compiled; the tensors' s->D <= D) and storage type BF16.
 template <int D, bool BF16>
-static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, int *dq_turn,
-                                    int variant, cudaStream_t stream) {
+static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
+                                    const bwd_params &p, int *dq_turn, int variant,
+                                    cudaStream_t stream) {
     // (packed: the preprocess's grid is planned with the longest sequence; its rows past a
     // sequence's padding do nothing)
     const size_t rows = (size_t)s->B * s->H * p.N_pad;
@@ -132,14 +133,10 @@ static cudaError_t enqueue_backward(const attn_shape *s, const bwd_params &p, in
     pb.diagonal_order = variant == VARIANT_DETERMINISTIC && pb.keys.right >= 0;  // dq_turn_of()
     if (rotates_walk<D, DQ_BY_BULK_IN_TURNS>() && variant == VARIANT_DETERMINISTIC &&
         pb.keys.left < 0 && pb.keys.right < 0 && s->varlen.cu_seqlens_q == NULL &&
-        pb.key_tiles <= ceil_div(s->N, qrows<D>())) {
+        pb.key_tiles <= ceil_div(s->N, qrows<D>()))
         // a rotated walk waits for blocks of higher index too: only where the GPU holds every
         // block of a head at once (one block per multiprocessor)
-        int device = 0, sms = 0;
-        ATTN_TRY(cudaGetDevice(&device));
-        ATTN_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        pb.rotated_walk = pb.key_tiles <= sms;
-    }
+        pb.rotated_walk = pb.key_tiles <= dev->sm_count;
     pb.walk_rows = pb.rotated_walk ? ceil_div(s->N, qrows<D>()) * qrows<D>() : INT_MAX;
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
@@ -186,14 +183,14 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
                              : NULL;
     const int d = compiled_d(s->D);  // the kernels that run s->D (stage_unsupported: one does)
     if (d == 64)
-        return s->bf16 ? enqueue_backward<64, true>(s, p, dq_turn, variant, stream)
-                       : enqueue_backward<64, false>(s, p, dq_turn, variant, stream);
+        return s->bf16 ? enqueue_backward<64, true>(s, dev, p, dq_turn, variant, stream)
+                       : enqueue_backward<64, false>(s, dev, p, dq_turn, variant, stream);
     if (d == 96)
-        return s->bf16 ? enqueue_backward<96, true>(s, p, dq_turn, variant, stream)
-                       : enqueue_backward<96, false>(s, p, dq_turn, variant, stream);
+        return s->bf16 ? enqueue_backward<96, true>(s, dev, p, dq_turn, variant, stream)
+                       : enqueue_backward<96, false>(s, dev, p, dq_turn, variant, stream);
     if (d == 256)
-        return s->bf16 ? enqueue_backward<256, true>(s, p, dq_turn, variant, stream)
-                       : enqueue_backward<256, false>(s, p, dq_turn, variant, stream);
-    return s->bf16 ? enqueue_backward<128, true>(s, p, dq_turn, variant, stream)
-                   : enqueue_backward<128, false>(s, p, dq_turn, variant, stream);
+        return s->bf16 ? enqueue_backward<256, true>(s, dev, p, dq_turn, variant, stream)
+                       : enqueue_backward<256, false>(s, dev, p, dq_turn, variant, stream);
+    return s->bf16 ? enqueue_backward<128, true>(s, dev, p, dq_turn, variant, stream)
+                   : enqueue_backward<128, false>(s, dev, p, dq_turn, variant, stream);
 }
