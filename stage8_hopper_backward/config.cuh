@@ -229,3 +229,9 @@ template <int D, dq_way DQ>
 __host__ __device__ constexpr bool rotates_walk() {
     return DQ == DQ_BY_BULK_IN_TURNS;
 }
+// The most key tiles a head may have for its blocks to walk rotated: beyond them the rotated walk
+// measured slower than the plain one (LOG.md, step 38), the more so the wider the head.
+template <int D>
+__host__ __device__ constexpr int rotated_walk_max_key_tiles() {
+    return D == 64 ? 64 : 32;
+}
