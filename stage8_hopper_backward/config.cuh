@@ -229,8 +229,10 @@ template <int D, dq_way DQ>
 __host__ __device__ constexpr bool rotates_walk() {
     return DQ == DQ_BY_BULK_IN_TURNS;
 }
-// The most key tiles a head may have for its blocks to walk rotated: beyond them the rotated walk
-// measured slower than the plain one (LOG.md, step 38), the more so the wider the head.
+// Where the blocks walk rotated (LOG.md, step 38): a grid of at most ROTATED_WALK_MAX_WAVES
+// blocks a multiprocessor, or heads of at most rotated_walk_max_key_tiles<D>() key tiles. Past
+// both, many waves of heads of many blocks, the rotated walk measured slower than the plain one.
+constexpr int ROTATED_WALK_MAX_WAVES = 2;
 template <int D>
 __host__ __device__ constexpr int rotated_walk_max_key_tiles() {
     return D == 64 ? 64 : 32;

@@ -136,8 +136,10 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
         pb.key_tiles <= ceil_div(s->N, qrows<D>()))
         // a rotated walk waits for blocks of higher index too: only where the GPU holds every
         // block of a head at once (one block per multiprocessor)
-        pb.rotated_walk =
-            pb.key_tiles <= dev->sm_count && pb.key_tiles <= rotated_walk_max_key_tiles<D>();
+        pb.rotated_walk = pb.key_tiles <= dev->sm_count &&
+                          (pb.key_tiles <= rotated_walk_max_key_tiles<D>() ||
+                           (long long)pb.key_tiles * s->B * s->H_kv <=
+                               (long long)ROTATED_WALK_MAX_WAVES * dev->sm_count);
     pb.walk_rows = pb.rotated_walk ? ceil_div(s->N, qrows<D>()) * qrows<D>() : INT_MAX;
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
