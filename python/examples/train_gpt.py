@@ -22,7 +22,9 @@ refused before training, in one line. The text is the course itself: its lessons
 stage*/README.md) and its CUDA and C sources, read from this repository, character by character;
 the last 10% of every file is held out for the validation loss.
 
-Printed: a progress line every few steps, each run's training throughput (tokens per second over
+Printed: which code runs the course's calls (flashcourse.eager_path(): the C++ eager operator that
+`make lib` builds, or the Python path and why; the Python path costs more host time a call), a
+progress line every few steps, each run's training throughput (tokens per second over
 its turns but the first, the warm-up, each turn timed between two torch.cuda.synchronize() calls:
 taking turns, a change in the machine's pace falls on both runs alike), its final loss
 (the mean training loss of the last steps) and its validation loss (every held-out window, in
@@ -676,6 +678,8 @@ def main() -> int:
     runs = (("course", *course), ("sdpa", f"F.scaled_dot_product_attention{call}", sdpa))
     for key, words, _ in runs:
         say(f"{key}: {words}")
+    if not args.sdpa_only:  # the C++ eager operator or the Python path (its host time a call)
+        say(f"course's calls run by: {flashcourse.eager_path()}")
     say(f"the two runs take turns, {chunk_steps(args.steps)} steps each")
     try:
         results = train_both(s, [(key, fn) for key, _, fn in runs])
