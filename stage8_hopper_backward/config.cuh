@@ -225,7 +225,7 @@ __host__ __device__ constexpr int dq_warps() {
 
 // DQ_BY_BULK_IN_TURNS: whether the kernel can walk a block's query tiles from the tile of its key
 // tile's index on (bwd_problem.rotated_walk, schedule.cuh's walk_first; LOG.md, step 38).
-template <int D, dq_way DQ>
+template <dq_way DQ>
 __host__ __device__ constexpr bool rotates_walk() {
     return DQ == DQ_BY_BULK_IN_TURNS;
 }

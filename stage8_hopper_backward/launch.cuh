@@ -131,16 +131,17 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     pb.keys = key_rule_of(s, true);  // the tiles each key tile meets, masked at the bounds
     pb.key_tiles = ceil_div(s->N_k, block_keys<D>());
     pb.diagonal_order = variant == VARIANT_DETERMINISTIC && pb.keys.right >= 0;  // dq_turn_of()
-    if (rotates_walk<D, DQ_BY_BULK_IN_TURNS>() && variant == VARIANT_DETERMINISTIC &&
-        pb.keys.left < 0 && pb.keys.right < 0 && s->varlen.cu_seqlens_q == NULL &&
-        pb.key_tiles <= ceil_div(s->N, qrows<D>()))
+    const int query_tiles = ceil_div(s->N, qrows<D>());
+    if (variant == VARIANT_DETERMINISTIC && pb.keys.left < 0 && pb.keys.right < 0 &&
+        s->varlen.cu_seqlens_q == NULL && pb.key_tiles <= query_tiles)
         // a rotated walk waits for blocks of higher index too: only where the GPU holds every
-        // block of a head at once (one block per multiprocessor)
+        // block of a head at once (one block per multiprocessor); and where it measured faster
+        // (config.cuh: few key tiles a head, or few waves)
         pb.rotated_walk = pb.key_tiles <= dev->sm_count &&
                           (pb.key_tiles <= rotated_walk_max_key_tiles<D>() ||
                            (long long)pb.key_tiles * s->B * s->H_kv <=
                                (long long)ROTATED_WALK_MAX_WAVES * dev->sm_count);
-    pb.walk_rows = pb.rotated_walk ? ceil_div(s->N, qrows<D>()) * qrows<D>() : INT_MAX;
+    pb.walk_rows = pb.rotated_walk ? query_tiles * qrows<D>() : INT_MAX;
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
     pb.call = p, pb.dq_turn = dq_turn;

@@ -40,8 +40,8 @@ typedef struct {
     int *dq_turn;
     // DQ_BY_BULK_IN_TURNS with no mask, one length for every sequence and as many query tiles as
     // key tiles at least: each block's walk starts at the query tile of its key tile's index and
-    // wraps (walk_first, walk_row, dq_turn_of), for as long as the GPU holds every block of a head
-    // at once (key_tiles <= its multiprocessors: launch.cuh)
+    // wraps (walk_first, walk_row, dq_turn_of), where the GPU holds every block of a head at once
+    // (key_tiles <= its multiprocessors) and the walk measured faster (launch.cuh)
     int rotated_walk;
     int walk_rows;  // rotated_walk: a head's query tiles' rows (T qrows), else INT_MAX (walk_row)
 } bwd_problem;
@@ -123,11 +123,9 @@ __device__ __forceinline__ bool block_has_keys(const bwd_problem &pb) {
 template <int D>
 __host__ __device__ __forceinline__ int dq_turn_of(const bwd_problem &pb, const key_rule &keys,
                                                    int j, int q0) {
-    if constexpr (rotates_walk<D, DQ_BY_BULK_IN_TURNS>()) {
-        if (pb.rotated_walk) {
-            const int m = min(q0 / qrows<D>(), pb.key_tiles - 1);
-            return j <= m ? m - j : m + pb.key_tiles - j;
-        }
+    if (pb.rotated_walk) {  // (the deterministic variant's alone, as the turns)
+        const int m = min(q0 / qrows<D>(), pb.key_tiles - 1);
+        return j <= m ? m - j : m + pb.key_tiles - j;
     }
     if (!pb.diagonal_order) return j - query_tile_first_key_tile(keys, q0, block_keys<D>());
     const int diagonal_end = min(q0 + qrows<D>(), keys.N) + keys.N_k - keys.N;
@@ -181,7 +179,7 @@ __device__ __forceinline__ walk_step next_step(walk_step s, int q_first, int q_e
 // slots and phases are the step's count.
 template <int D, dq_way DQ>
 __device__ __forceinline__ int walk_first(const bwd_problem &pb, int first) {
-    if constexpr (rotates_walk<D, DQ>())
+    if constexpr (rotates_walk<DQ>())
         if (pb.rotated_walk) return (int)blockIdx.x;
     return first;
 }
@@ -189,7 +187,7 @@ __device__ __forceinline__ int walk_first(const bwd_problem &pb, int first) {
 template <int D, dq_way DQ>
 __device__ __forceinline__ int walk_row(const bwd_problem &pb, int qt) {
     int q0 = qt * qrows<D>();
-    if constexpr (rotates_walk<D, DQ>())
+    if constexpr (rotates_walk<DQ>())
         if (q0 >= pb.walk_rows) q0 -= pb.walk_rows;
     return q0;
 }
