@@ -15,9 +15,10 @@
  *       for each query head h of the group, each query tile i that sees the keys (it-th):
  *         wait Q_EMPTY[it % 2]; TMA Q_i, the warp stores LSE_i (Q_FULL); TMA dO_i, D_i (DO_FULL)
  *     producer warpgroup, dQ warp (reduce_dq), for the same walk:
- *         wait DQ_FULL; dQ_acc[h, i] += the staging tiles (TMA bulk reduce-add); wait until
- *         read; arrive DQ_EMPTY (deterministic: in turns, and at D = 96, 128 two dQ warps, each
- *         every other step with its own DQ_FULL, DQ_EMPTY)
+ *         wait DQ_FULL; dQ_acc[h, i] += the staging tile (TMA bulk reduce-add); wait until
+ *         read; arrive DQ_EMPTY (D = 96, 128: per warpgroup's part, each on its own DQ_FULL,
+ *         DQ_EMPTY; deterministic: the whole tile in turns, and at D = 96, 128 two dQ warps,
+ *         each every other step with its own DQ_FULL, DQ_EMPTY)
  *     each of the two consumer warpgroups, keys 64 wg .. 64 wg + 63 of the tile (consumer):
  *       dK = dV = 0 (fp32 registers, for the whole block); wait KV_FULL
  *       for the same walk (consumer_step):

@@ -191,6 +191,14 @@ __host__ __device__ constexpr int dq_part_cols(int wg) {
                ? dq_cols<D>()
                : D - wg * SLAB_COLS;
 }
+// The staging tile: the query tile's rows in 8-column slabs, [slabs][qrows][8] floats. Where the
+// warpgroups split dQ_i by columns (D = 96, 128) each warpgroup's part is dq_cols / 8 whole slabs
+// (D = 96's second part, 32 columns, padded to 64: the tile is 32 KB); where they split it by rows
+// (D = 64) the parts interleave in every slab. dq_parts<D>(): the parts the tile has as slabs.
+template <int D>
+__host__ __device__ constexpr int dq_parts() {
+    return dq_splits_rows<D>() ? 1 : CONSUMERS;
+}
 // S^T and dP^T: a warpgroup's 64 keys x score_cols<D>() queries; packed as 16-bit A operands, half.
 template <int D>
 __host__ __device__ constexpr int score_regs() {
@@ -213,6 +221,24 @@ constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of
 // tile fits) and deterministic is refused (attention.cu).
 enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICS, VARIANT_DETERMINISTIC, VARIANTS };
 enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
+
+// How the staging tile is handed over (smem.cuh: DQ_FULL, DQ_EMPTY; LOG.md, step 39). By parts
+// (DQ_BY_BULK where each part is a box): each warpgroup's part on a DQ_FULL/DQ_EMPTY pair of its
+// own, reduced as soon as that warpgroup has staged it, so that neither warpgroup's next part
+// waits for the other's. As one tile (D = 64; DQ_BY_BULK_IN_TURNS, whose key tile's turn at the
+// query tile is the whole tile's): on one pair, or one per dQ warp.
+template <int D, dq_way DQ>
+__host__ __device__ constexpr bool dq_by_parts() {
+    return DQ == DQ_BY_BULK && dq_parts<D>() == CONSUMERS;
+}
+// The columns of a box of the reductions' tensor map (dq_tensor_map, qrows rows): by parts a
+// part's, else the whole tile's (D; at D = 96 the tile's first 12 slabs).
+template <int D, dq_way DQ>
+__host__ __device__ constexpr int dq_box_cols() {
+    return dq_by_parts<D, DQ>() ? dq_cols<D>() : D;
+}
+constexpr int DQ_PAIRS = 2;  // DQ_FULL/DQ_EMPTY pairs: a warpgroup's part's, or a dQ warp's
+static_assert(DQ_PAIRS == CONSUMERS && DQ_BUFFERS == 1, "a pair per part of the one staging tile");
 
 // DQ_BY_BULK_IN_TURNS: the dQ warps. Two, each taking every other step with a DQ_FULL/DQ_EMPTY
 // pair of its own (the staging tile is still one), so that one warp's wait for its adds to

@@ -24,14 +24,14 @@ __device__ __forceinline__ int dq_part_col(int wg) {
     return dq_splits_rows<D>() ? 0 : wg * dq_cols<D>();
 }
 
-// The consumers' side, after the step's dQ wgmma is done: wait until the reduction has read the
-// staging tile of buffer it % DQ_BUFFERS (DQ_EMPTY), write this warpgroup's dQ part there (the
-// accumulator of a 64 x 64 wgmma: register acc_index(n, h, c) is row 16 warp + g + 8h, column
-// 8n + 2t + c of its part), make the writes visible to the TMA unit (the async proxy), and arrive
-// on DQ_FULL, one arrival per warp. In the staging layout [D/8][qrows][8] floats a warp's store
-// of one n8 block and row half is 8 rows x 32 bytes, contiguous: no bank conflict. TWO (two dQ
-// warps, each with its barrier pair): each step's DQ_FULL and DQ_EMPTY are its warp's.
-template <int D, bool TWO>
+// The consumers' side, after the step's dQ wgmma is done: wait until the reduction has read this
+// warpgroup's part of the staging tile (by parts; as one tile, the tile) of the step before
+// (DQ_EMPTY), write the warpgroup's dQ part there (the accumulator of a 64 x 64 wgmma: register
+// acc_index(n, h, c) is row 16 warp + g + 8h, column 8n + 2t + c of its part), make the writes
+// visible to the TMA unit (the async proxy), and arrive on DQ_FULL, one arrival per warp. In the
+// staging layout [slabs][qrows][8] floats a warp's store of one n8 block and row half is 8 rows x
+// 32 bytes, contiguous: no bank conflict. The pairs and phases: dq_pair, dq_phase (smem.cuh).
+template <int D, dq_way DQ>
 __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], const smem_tiles &sm,
                                          int wg, int warp, int lane, int it) {
     constexpr int SLAB_BYTES = qrows<D>() * DQ_SLAB_ROW_BYTES, FLOAT_BYTES = sizeof(float);
@@ -41,8 +41,9 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], co
     const uint32_t at = dq_buffer_at<D>(sm, it) + first_slab * SLAB_BYTES +
                         (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
                         FRAG_LANE_COLS * t * FLOAT_BYTES;
-    // step it - DQ_BUFFERS's tile (this step's buffer) is read: on that step's DQ_EMPTY
-    mbar_wait(dq_empty_bar<TWO>(sm, it - DQ_BUFFERS), dq_phase<TWO>(it - DQ_BUFFERS));
+    // the step before has had this part (this tile) read: on its DQ_EMPTY
+    const int before = it - DQ_BUFFERS;
+    mbar_wait(dq_empty_bar(sm, dq_pair<D, DQ>(before, wg)), dq_phase<D, DQ>(before));
     const int blocks = dq_part_cols<D>(wg) / FRAG_COLS;  // the part's n8 blocks
 #pragma unroll
     for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
@@ -54,7 +55,18 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], co
     }
     fence_proxy_async();  // this thread's writes, visible to the TMA unit
     __syncwarp();         // the warp's writes are all in
-    if (lane == 0) mbar_arrive(dq_full_bar<TWO>(sm, it));
+    if (lane == 0) mbar_arrive(dq_full_bar(sm, dq_pair<D, DQ>(it, wg)));
+}
+
+// The dQ warp's lane 0: add box `part` of step it's staging tile (dq_box_cols: by parts the
+// warpgroup's slabs, from part x dq_cols / 8 on, at dq_part_at; else the whole tile, part 0) to
+// the query tile whose first row is row0 of the map's head map_head, one bulk tensor reduction
+// (not committed).
+template <int D>
+__device__ __forceinline__ void reduce_dq_part(const CUtensorMap *tmdQ, const smem_tiles &sm,
+                                               int it, int part, int row0, int map_head) {
+    tma_reduce_add_4d(tmdQ, dq_part_at<D>(sm, it, part), 0, row0,
+                      part * (dq_cols<D>() / DQ_SLAB_COLS), map_head);
 }
 
 // The columns of a row of dQ_acc as the kernel for head dim D addresses it: up to D = 128 its own
@@ -165,15 +177,17 @@ __device__ __forceinline__ void pass_turn(int *turn) {
     red_release_gpu_add(turn, 1);
 }
 
-// The dQ warp's lane 0: for each step of the block (the same walk as the loads), wait until
-// every consumer warp has staged its dQ part in the step's buffer (DQ_FULL), add the tile to rows
-// q0 .. q0 + qrows - 1 of the query head's rows of dQ_acc (at dq_map_coords: unpacked, rows past
-// N skipped by the TMA unit; packed, the rows past the sequence's N are its padding, which
-// nothing reads, and those it adds there are zeros: P = 0 past N), wait until the reduction has
-// read it, and hand it back (DQ_EMPTY). DQ_BY_BULK: the adds of different blocks
-// into the same rows land in any order, fp32 sums, not bitwise reproducible. DQ_BY_BULK_IN_TURNS
-// (deterministic): each step waits for its key tile's turn, adds, waits until its adds are
-// complete and passes the turn on. It waits for the turn before DQ_FULL (the poll off the path
+// The dQ warp's lane 0: for each step of the block (the same walk as the loads), add the staged
+// dQ_i to rows q0 .. q0 + qrows - 1 of the query head's rows of dQ_acc (at dq_map_coords:
+// unpacked, rows past N skipped by the TMA unit; packed, the rows past the sequence's N are its
+// padding, which nothing reads, and those it adds there are zeros: P = 0 past N). DQ_BY_BULK, by
+// parts: for each warpgroup in turn, wait until its warps have staged its part (its DQ_FULL), add
+// the part, wait until the reduction has read it and hand it back (its DQ_EMPTY), so that a
+// warpgroup ahead waits only for its own part's read; the adds of different blocks into the same
+// rows land in any order, fp32 sums, not bitwise reproducible. DQ_BY_BULK_IN_TURNS
+// (deterministic), as one tile: wait for the key tile's turn, then until every consumer warp has
+// staged (DQ_FULL), add both parts, hand the tile back once read (DQ_EMPTY), wait until the adds
+// are complete and pass the turn on. It waits for the turn before DQ_FULL (the poll off the path
 // from the consumers' stores to the reduction) and hands the tile back once read, its adds
 // completing while the consumers stage the next step's (LOG.md, step 36). With two dQ warps
 // (dq_warps, `odd` which of them) each takes every other step on its own pair of barriers
@@ -220,32 +234,47 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         const int q0 = walk_row<D, DQ>(pb, qt);
         int *const turn = pb.dq_turn + turns + q0 / qrows<D>();  // the query tile's counter
         // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq)
-        // LAB TODO: the consumers stage the step's dQ_i, qrows x D floats, in the staging tile at
-        // LAB TODO: dq_buffer_at<D>(sm, it), in the layout tmdQ walks (dq_tensor_map: coordinates
-        // LAB TODO: column in the 8-column slab, row, slab, head; a box is one whole query tile),
-        // LAB TODO: and arrive on its DQ_FULL; they stage the next step's there once it is back
-        // LAB TODO: (DQ_EMPTY). Add it to the step's rows of dQ_acc by one bulk tensor reduction
-        // LAB TODO: of this thread (the query tile's first row at at.x + q0, its head map_head).
-        // LAB TODO: Default (DQ_BY_BULK): the adds land in any order; hand the tile back as soon
-        // LAB TODO: as it has been read. Deterministic (DQ_BY_BULK_IN_TURNS): the adds into a
+        // LAB TODO: the consumers stage the step's dQ_i in the staging tile ([slabs][qrows][8]
+        // LAB TODO: floats, the layout tmdQ walks: column in the 8-column slab, row, slab, head);
+        // LAB TODO: reduce_dq_part<D>(tmdQ, sm, it, part, at.x + q0, map_head) adds box `part` of
+        // LAB TODO: it to the step's rows of dQ_acc by one bulk tensor reduction of this thread.
+        // LAB TODO: By parts (dq_by_parts: the default at D = 96, 128) warpgroup wg's part is box
+        // LAB TODO: wg on pair wg (dq_full_bar(sm, wg), dq_empty_bar(sm, wg)): add each part as
+        // LAB TODO: soon as it is staged and hand it back once read, so that neither warpgroup
+        // LAB TODO: waits for the other's. Else the tile is box 0 on pair dq_pair<D, DQ>(it, 0),
+        // LAB TODO: handed back once read. Deterministic (DQ_BY_BULK_IN_TURNS): the adds into a
         // LAB TODO: query tile in key-tile order, this key tile's after its turn at `turn`
         // LAB TODO: (wait_for_turn) and the next tile's after these are complete (pass_turn);
         // LAB TODO: keep both waits off the consumers' path: the turn's before their stores are
-        // LAB TODO: in, the completion's after the tile is back. This warp's
-        // LAB TODO: steps are every step, or with two dQ warps (TWO) every other one, each warp
-        // LAB TODO: on its own barriers: dq_full_bar<TWO>, dq_empty_bar<TWO>, dq_phase<TWO>.
-        // LAB STUB: mbar_wait(dq_full_bar<TWO>(sm, it), dq_phase<TWO>(it));  // nothing added
-        // LAB STUB: mbar_arrive(dq_empty_bar<TWO>(sm, it));
+        // LAB TODO: in, the completion's after the tile is back. This warp's steps are every
+        // LAB TODO: step, or with two dQ warps (TWO) every other one; phases: dq_phase<D, DQ>(it).
+        // LAB STUB: for (int wg = 0; wg < (dq_by_parts<D, DQ>() ? CONSUMERS : 1); ++wg) {
+        // LAB STUB:     mbar_wait(dq_full_bar(sm, dq_pair<D, DQ>(it, wg)), dq_phase<D, DQ>(it));
+        // LAB STUB:     mbar_arrive(dq_empty_bar(sm, dq_pair<D, DQ>(it, wg)));  // nothing added
+        // LAB STUB: }
         // LAB STUB: (void)q0, (void)turn;
-        // the query tile's turn first, while the consumers still compute the step
-        if constexpr (DQ == DQ_BY_BULK_IN_TURNS) wait_for_turn<D>(pb, b.keys, turn, q0);
-        mbar_wait(dq_full_bar<TWO>(sm, it), dq_phase<TWO>(it));  // the consumers' parts staged
-        tma_reduce_add_4d(tmdQ, dq_buffer_at<D>(sm, it), 0, at.x + q0, 0, map_head);
-        bulk_commit();
-        bulk_wait<true>();                       // the reduction has read the staging tile
-        mbar_arrive(dq_empty_bar<TWO>(sm, it));  // the tile goes back
-        // the adds complete while the consumers stage the next step's tile; the next turn
-        if constexpr (DQ == DQ_BY_BULK_IN_TURNS) pass_turn(turn);
+        if constexpr (dq_by_parts<D, DQ>()) {
+#pragma unroll
+            for (int wg = 0; wg < CONSUMERS; ++wg) {
+                mbar_wait(dq_full_bar(sm, wg), dq_phase<D, DQ>(it));  // the warpgroup's part staged
+                reduce_dq_part<D>(tmdQ, sm, it, wg, at.x + q0, map_head);
+                bulk_commit();
+                bulk_wait<true>();                  // the reduction has read the part
+                mbar_arrive(dq_empty_bar(sm, wg));  // the part goes back
+            }
+            (void)turn;
+        } else {
+            const int pair = dq_pair<D, DQ>(it, 0);
+            // the query tile's turn first, while the consumers still compute the step
+            if constexpr (DQ == DQ_BY_BULK_IN_TURNS) wait_for_turn<D>(pb, b.keys, turn, q0);
+            mbar_wait(dq_full_bar(sm, pair), dq_phase<D, DQ>(it));    // the consumers' parts staged
+            reduce_dq_part<D>(tmdQ, sm, it, 0, at.x + q0, map_head);  // the whole tile
+            bulk_commit();
+            bulk_wait<true>();                    // the reduction has read the staging tile
+            mbar_arrive(dq_empty_bar(sm, pair));  // the tile goes back
+            // the adds complete while the consumers stage the next step's tile; the next turn
+            if constexpr (DQ == DQ_BY_BULK_IN_TURNS) pass_turn(turn);
+        }
         // LAB HOLE 4 END
 #pragma unroll
         for (int k = 0; k < STRIDE; ++k)  // the next step of this warp's

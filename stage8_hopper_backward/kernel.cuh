@@ -13,8 +13,9 @@
 // What each barrier counts (config.cuh says what it protects): KV_FULL the load warp's lane 0
 // (one expect_tx arrival, and the bytes); Q_FULL and DO_FULL every lane of the load warp (once
 // its cp.async of LSE_i or D_i has landed; lane 0 also announces the tile's bytes); Q_EMPTY every
-// consumer thread (after its loads of LSE_i and D_i and its wgmma reads of the tiles); DS_FULL and
-// DQ_FULL (and DQ_FULL_ODD) one arrival per consumer warp; DQ_EMPTY (DQ_EMPTY_ODD) its dQ warp's.
+// consumer thread (after its loads of LSE_i and D_i and its wgmma reads of the tiles); DS_FULL one
+// arrival per consumer warp; DQ_FULL one per warp of its warpgroup (by parts) or per consumer
+// warp (as one tile); DQ_EMPTY its dQ warp's.
 // Thread 0 initialises them.
 template <int D, dq_way DQ>
 __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
@@ -26,13 +27,13 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     }
     for (int b = 0; b < ds_buffers<D>(); ++b)
         mbar_init(bar_at(sm, BAR_DS_FULL + b), CONSUMER_WARPS);
-    for (int b = 0; b < DQ_BUFFERS; ++b) {
-        mbar_init(bar_at(sm, BAR_DQ_FULL + b), CONSUMER_WARPS);
-        mbar_init(bar_at(sm, BAR_DQ_EMPTY + b), 1);
-    }
-    if constexpr (DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2) {
-        mbar_init(bar_at(sm, BAR_DQ_FULL_ODD), CONSUMER_WARPS);
-        mbar_init(bar_at(sm, BAR_DQ_EMPTY_ODD), 1);
+    // pair 0; pair 1 where it is used (by parts; two dQ warps)
+    constexpr bool TWO_PAIRS =
+        dq_by_parts<D, DQ>() || (DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2);
+    for (int pair = 0; pair < (TWO_PAIRS ? DQ_PAIRS : 1); ++pair) {
+        mbar_init(dq_full_bar(sm, pair),
+                  dq_by_parts<D, DQ>() ? WARPS_PER_WARPGROUP : CONSUMER_WARPS);
+        mbar_init(dq_empty_bar(sm, pair), 1);
     }
     fence_barrier_init();  // visible to the copy engine (the async proxy)
 }

@@ -403,8 +403,7 @@ __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()
     if constexpr (DQ == DQ_BY_ATOMICS)
         add_dq_atomic<D>(dQ_part, pb, b, p.wg, p.warp, p.lane, s.head, s.q0);
     else
-        stage_dq<D, DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2>(dQ_part, sm, p.wg, p.warp,
-                                                                     p.lane, s.it);
+        stage_dq<D, DQ>(dQ_part, sm, p.wg, p.warp, p.lane, s.it);
 }
 
 // The scores of a step issued (S^T, then dP^T: two groups): P^T while dP^T runs; then dS^T, both

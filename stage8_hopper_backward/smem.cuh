@@ -14,7 +14,7 @@
 // K_smem, V_smem [slabs][keys][64]; Q_STAGES x (Q_smem, dO_smem [slabs][qrows][64]), all in the
 // 128-byte swizzle TMA writes; ds_buffers x dS_smem [qrows/64][keys][64] (dS^T in 64-query slabs,
 // swizzled the same way by the consumers' stmatrix); at D = 256 pt_buffers x P_smem, P^T the same
-// way; dq_buffers x dQ_stage [D/8][qrows][8] floats (backward_prepost.cuh's staging layout);
+// way; dq_buffers x dQ_stage [slabs][qrows][8] floats (config.cuh: dq_parts boxes);
 // Q_STAGES x (LSE_smem, Dsum_smem [qrows] floats); the mbarriers. Every tile starts 1024-byte
 // aligned (the swizzle atom): the block's shared memory is declared so aligned (kernel.cuh), with
 // no slack to round its start up.
@@ -31,8 +31,12 @@ __host__ __device__ constexpr int ds_tile_bytes() {  // dS^T's, and at D = 256 P
     return block_keys<D>() * qrows<D>() * HALF_BYTES;
 }
 template <int D>
+__host__ __device__ constexpr int dq_part_bytes() {  // a box of the staging tile (dq_parts)
+    return qrows<D>() * dq_cols<D>() * (int)sizeof(float);
+}
+template <int D>
 __host__ __device__ constexpr int dq_tile_bytes() {
-    return qrows<D>() * D * (int)sizeof(float);
+    return dq_parts<D>() * dq_part_bytes<D>();
 }
 template <int D>
 __host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query tile
@@ -53,11 +57,10 @@ __host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query ti
 //             consumer warp has written its part of the step's P^T and dS^T, which the other
 //             warpgroup's dV and dK wgmma and both warpgroups' dQ wgmma read; waited in the
 //             same step.
-//   DQ_FULL   per staging buffer: it holds a step's dQ_i parts (the consumers' stores).
-//   DQ_EMPTY  per staging buffer: the dQ warp's reduction has read it.
-//   DQ_FULL_ODD, DQ_EMPTY_ODD  the same for the odd steps where two dQ warps share the one
-//             staging tile (dq_warps<D>() == 2, the deterministic variant): DQ_FULL and DQ_EMPTY
-//             then count the even steps only, each pair one warp's (dq_full_bar, dq_empty_bar).
+//   DQ_FULL   DQ_PAIRS of them (dq_pair): by parts (dq_by_parts), per warpgroup: its part of
+//             the staging tile holds the step's dQ_i part (its warps' stores); as one tile, one,
+//             or one per dQ warp: the tile holds both parts (every consumer warp's stores).
+//   DQ_EMPTY  the same pairs: the dQ warp's reduction has read the part (the tile).
 // Each side arrives after its own accesses and waits before the other's, so that every access to
 // a buffer is ordered by one barrier's release and acquire (kernel.cuh: who arrives how often).
 enum {
@@ -66,11 +69,9 @@ enum {
     BAR_DO_FULL = BAR_Q_FULL + Q_STAGES,
     BAR_Q_EMPTY = BAR_DO_FULL + Q_STAGES,
     BAR_DS_FULL = BAR_Q_EMPTY + Q_STAGES,
-    BAR_DQ_FULL = BAR_DS_FULL + DS_BUFFERS,
-    BAR_DQ_EMPTY = BAR_DQ_FULL + DQ_BUFFERS,
-    BAR_DQ_FULL_ODD = BAR_DQ_EMPTY + DQ_BUFFERS,
-    BAR_DQ_EMPTY_ODD,
-    BARRIERS
+    BAR_DQ_FULL = BAR_DS_FULL + DS_BUFFERS,  // pair p: DQ_FULL at BAR_DQ_FULL + 2 p, DQ_EMPTY after
+    BAR_DQ_EMPTY,
+    BARRIERS = BAR_DQ_FULL + 2 * DQ_PAIRS
 };
 
 template <int D>
@@ -112,7 +113,7 @@ __device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
 // The block's rings, each a pipeline_state (common/device/sm90.cuh) whose count is the block's
 // step, it (counted over all its query tiles and query heads): the Q/dO slots (Q_STAGES), dS^T's
 // buffers (ds_buffers<D>(), at ds_buffer_at; at D = 256 P^T's beside them, at pt_buffer_at) and
-// dQ's staging tiles (DQ_BUFFERS, at dq_buffer_at).
+// dQ's staging tile (DQ_BUFFERS, at dq_buffer_at; its parts at dq_part_at).
 typedef pipeline_state<Q_STAGES> q_pipeline;
 template <int D>
 using ds_pipeline = pipeline_state<ds_buffers<D>()>;
@@ -129,22 +130,32 @@ template <int D>
 __device__ __forceinline__ uint32_t dq_buffer_at(const smem_tiles &s, int it) {
     return s.dQ + dq_pipeline{it}.slot() * dq_tile_bytes<D>();
 }
-// Step it's DQ_FULL and DQ_EMPTY, and the phase of its hand-over there. With one dQ warp the
-// staging buffers' (dq_pipeline); with two (TWO), the pair of the step's warp, it % 2, on which
-// it is hand-over it / 2. Step -1 (before the first) reads as a phase already complete.
-template <bool TWO>
-__device__ __forceinline__ uint32_t dq_full_bar(const smem_tiles &s, int it) {
-    return bar_at(
-        s, TWO ? (it & 1 ? BAR_DQ_FULL_ODD : BAR_DQ_FULL) : BAR_DQ_FULL + dq_pipeline{it}.slot());
+template <int D>
+__device__ __forceinline__ uint32_t dq_part_at(const smem_tiles &s, int it, int part) {
+    return dq_buffer_at<D>(s, it) + part * dq_part_bytes<D>();
 }
-template <bool TWO>
-__device__ __forceinline__ uint32_t dq_empty_bar(const smem_tiles &s, int it) {
-    return bar_at(s, TWO ? (it & 1 ? BAR_DQ_EMPTY_ODD : BAR_DQ_EMPTY)
-                         : BAR_DQ_EMPTY + dq_pipeline{it}.slot());
+// The DQ_FULL/DQ_EMPTY pair of step it's hand-over of warpgroup wg's part (config.cuh,
+// dq_by_parts): by parts the warpgroup's; as one tile with two dQ warps the step's warp's, it % 2;
+// else the one. The phase of step it's hand-over on it: a pair used every step flips each step,
+// one of two dQ warps' every other step. Step -1 (before the first) reads as a phase already
+// complete.
+template <int D, dq_way DQ>
+__device__ __forceinline__ int dq_pair(int it, int wg) {
+    if constexpr (dq_by_parts<D, DQ>()) return wg;
+    if constexpr (DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2) return it & 1;
+    return 0;
 }
-template <bool TWO>
+template <int D, dq_way DQ>
 __device__ __forceinline__ uint32_t dq_phase(int it) {
-    return TWO ? pipeline_state<2>{it}.phase() : dq_pipeline{it}.phase();
+    if constexpr (DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2)
+        return pipeline_state<2>{it}.phase();
+    return dq_pipeline{it}.phase();
+}
+__device__ __forceinline__ uint32_t dq_full_bar(const smem_tiles &s, int pair) {
+    return bar_at(s, BAR_DQ_FULL + 2 * pair);
+}
+__device__ __forceinline__ uint32_t dq_empty_bar(const smem_tiles &s, int pair) {
+    return bar_at(s, BAR_DQ_EMPTY + 2 * pair);
 }
 
 // Named barriers (barrier 0 is __syncthreads'), and what each protects:

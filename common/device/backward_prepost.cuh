@@ -163,9 +163,10 @@ constexpr int DQ_SLAB_ROW_BYTES = DQ_SLAB_COLS * (int)sizeof(float);
 constexpr int DQ_MAP_RANK = 4;
 
 // dQ_acc [B * H, N, D] floats seen as [B * H][D / DQ_SLAB_COLS slabs][N rows]
-// [DQ_SLAB_COLS] (innermost last: the layout of the staging tile), in boxes of one whole query
-// tile, rows past N out of bounds. box_cols: the staging tile's columns, when a kernel compiled
-// for a larger head dim than s->D stages them (its columns past D out of bounds: not added).
+// [DQ_SLAB_COLS] (innermost last: the layout of the staging tile), in boxes of qrows rows (a whole
+// query tile; stage 8: a warpgroup's part), rows past N out of bounds. box_cols: the box's columns
+// (a part's; or a kernel compiled for a larger head dim than s->D stages them), those past D
+// out of bounds: not added.
 // Packed ([H, acc_rows, D]): [H][slabs][acc_rows][DQ_SLAB_COLS], a sequence's rows at row_acc
 // (dq_map_coords).
 static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s, int qrows,
