@@ -248,6 +248,16 @@ template <int D>
 __host__ __device__ constexpr int dq_warps() {
     return D == 64 ? 1 : 2;
 }
+template <int D, dq_way DQ>
+__host__ __device__ constexpr bool two_dq_warps() {
+    return DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2;
+}
+// The DQ_FULL/DQ_EMPTY pairs a kernel uses (dq_pair): one per part (dq_by_parts), one per dQ
+// warp (two_dq_warps), else one.
+template <int D, dq_way DQ>
+__host__ __device__ constexpr int dq_pairs_used() {
+    return dq_by_parts<D, DQ>() || two_dq_warps<D, DQ>() ? DQ_PAIRS : 1;
+}
 
 // DQ_BY_BULK_IN_TURNS: whether the kernel can walk a block's query tiles from the tile of its key
 // tile's index on (bwd_problem.rotated_walk, schedule.cuh's walk_first; LOG.md, step 38).

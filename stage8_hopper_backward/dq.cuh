@@ -226,7 +226,7 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     const int turns_apart = (int)(b.seq.head_pad / qrows<D>());  // a head's counters
     int qt = first;                                              // the tile
     // two dQ warps (TWO): this one's steps are odd, odd + 2, ...; the walk's place carried along
-    constexpr bool TWO = DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2;
+    constexpr bool TWO = two_dq_warps<D, DQ>();
     constexpr int STRIDE = TWO ? 2 : 1;
     if constexpr (TWO)
         if (odd && ++qt == first + tiles) qt = first, ++map_head, turns += turns_apart;

@@ -27,10 +27,7 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
     }
     for (int b = 0; b < ds_buffers<D>(); ++b)
         mbar_init(bar_at(sm, BAR_DS_FULL + b), CONSUMER_WARPS);
-    // pair 0; pair 1 where it is used (by parts; two dQ warps)
-    constexpr bool TWO_PAIRS =
-        dq_by_parts<D, DQ>() || (DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2);
-    for (int pair = 0; pair < (TWO_PAIRS ? DQ_PAIRS : 1); ++pair) {
+    for (int pair = 0; pair < dq_pairs_used<D, DQ>(); ++pair) {
         mbar_init(dq_full_bar(sm, pair),
                   dq_by_parts<D, DQ>() ? WARPS_PER_WARPGROUP : CONSUMER_WARPS);
         mbar_init(dq_empty_bar(sm, pair), 1);
@@ -74,7 +71,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
             load_tiles<D, DQ>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
         else if (DQ != DQ_BY_ATOMICS && warp == DQ_WARP)
             reduce_dq<D, DQ>(sm, &tmdQ, pb, lane, 0);  // (DQ_BY_ATOMICS: the consumers add dQ)
-        else if (DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2 && warp == DQ_WARP_ODD)
+        else if (two_dq_warps<D, DQ>() && warp == DQ_WARP_ODD)
             reduce_dq<D, DQ>(sm, &tmdQ, pb, lane, 1);  // the odd steps
         else if (warp == STORE_WARP)
             store_dkv<D>(sm, &tmdK, &tmdV, pb, lane);

@@ -142,13 +142,12 @@ __device__ __forceinline__ uint32_t dq_part_at(const smem_tiles &s, int it, int 
 template <int D, dq_way DQ>
 __device__ __forceinline__ int dq_pair(int it, int wg) {
     if constexpr (dq_by_parts<D, DQ>()) return wg;
-    if constexpr (DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2) return it & 1;
+    if constexpr (two_dq_warps<D, DQ>()) return it & 1;
     return 0;
 }
 template <int D, dq_way DQ>
 __device__ __forceinline__ uint32_t dq_phase(int it) {
-    if constexpr (DQ == DQ_BY_BULK_IN_TURNS && dq_warps<D>() == 2)
-        return pipeline_state<2>{it}.phase();
+    if constexpr (two_dq_warps<D, DQ>()) return pipeline_state<2>{it}.phase();
     return dq_pipeline{it}.phase();
 }
 __device__ __forceinline__ uint32_t dq_full_bar(const smem_tiles &s, int pair) {
