@@ -11,7 +11,7 @@
 #pragma once
 
 #include "attention.h"
-#include "device/backward_prepost.cuh"  // bwd_params, tensor_strides, ROW_PAD, DQ_SLAB_COLS
+#include "device/backward_prepost.cuh"  // bwd_params, tensor_strides, ROW_PAD, DQ_*_SLAB_COLS
 #include "device/sm90.cuh"              // WGMMA_M, WARPGROUP, slabs and descriptors, ...
 
 // The main kernel exists only in sm_90a code (HOPPER_KERNELS); other targets compile an empty
@@ -191,10 +191,25 @@ __host__ __device__ constexpr int dq_part_cols(int wg) {
                ? dq_cols<D>()
                : D - wg * SLAB_COLS;
 }
-// The staging tile: the query tile's rows in 8-column slabs, [slabs][qrows][8] floats. Where the
-// warpgroups split dQ_i by columns (D = 96, 128) each warpgroup's part is dq_cols / 8 whole slabs
-// (D = 96's second part, 32 columns, padded to 64: the tile is 32 KB); where they split it by rows
-// (D = 64) the parts interleave in every slab. dq_parts<D>(): the parts the tile has as slabs.
+// The staging tile: the query tile's rows in slabs of columns. At D = 96 and 128 (swizzled_staging)
+// slabs of 32 floats, 128-byte rows in the 128-byte swizzle ([slabs][qrows][32];
+// common/device/backward_prepost.cuh, dq_swizzled_tensor_map), reduced a slab at a time: the TMA
+// unit adds whole 128-byte rows, a request an L2 line (LOG.md, step 47). At D = 64 (128 queries)
+// slabs of 8 floats, 32-byte rows ([slabs][qrows][8]; dq_tensor_map), reduced in one box: the
+// swizzled tile measured 9-12% slower there. Where the warpgroups split dQ_i by columns (D = 96,
+// 128) each warpgroup's part is whole slabs (D = 96's second part, 32 columns, padded to 64: the
+// tile is 32 KB); where they split it by rows (D = 64) the parts share every slab. dq_parts<D>():
+// the parts the tile has as slabs.
+template <int D>
+__host__ __device__ constexpr bool swizzled_staging() {
+    return !dq_splits_rows<D>();
+}
+static_assert(DQ_SWIZZLED_SLAB_COLS * (int)sizeof(float) == SLAB_ROW_BYTES,
+              "a swizzled staging slab row is a row of the 128-byte swizzle (swizzle_row_base)");
+template <int D>
+__host__ __device__ constexpr int staging_slab_bytes() {
+    return qrows<D>() * (swizzled_staging<D>() ? SLAB_ROW_BYTES : DQ_SLAB_ROW_BYTES);
+}
 template <int D>
 __host__ __device__ constexpr int dq_parts() {
     return dq_splits_rows<D>() ? 1 : CONSUMERS;
@@ -223,18 +238,18 @@ enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICS, VARIANT_DETERMINISTIC, VARIANTS };
 enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
 
 // How the staging tile is handed over (smem.cuh: DQ_FULL, DQ_EMPTY; LOG.md, step 39). By parts
-// (DQ_BY_BULK where each part is a box): each warpgroup's part on a DQ_FULL/DQ_EMPTY pair of its
-// own, reduced as soon as that warpgroup has staged it, so that neither warpgroup's next part
+// (DQ_BY_BULK where each part is whole slabs): each warpgroup's part on a DQ_FULL/DQ_EMPTY pair of
+// its own, reduced as soon as that warpgroup has staged it, so that neither warpgroup's next part
 // waits for the other's. As one tile (D = 64; DQ_BY_BULK_IN_TURNS, whose key tile's turn at the
 // query tile is the whole tile's): on one pair, or one per dQ warp.
 template <int D, dq_way DQ>
 __host__ __device__ constexpr bool dq_by_parts() {
     return DQ == DQ_BY_BULK && dq_parts<D>() == CONSUMERS;
 }
-// The columns of a box of the reductions' tensor map (dq_tensor_map, qrows rows): by parts a
-// part's, else the whole tile's (D; at D = 96 the tile's first 12 slabs).
+// The columns one hand-over's reductions cover (a reduction a staging slab): by parts a part's,
+// else the whole tile's (D; at D = 96 the tile's first 3 slabs).
 template <int D, dq_way DQ>
-__host__ __device__ constexpr int dq_box_cols() {
+__host__ __device__ constexpr int dq_reduced_cols() {
     return dq_by_parts<D, DQ>() ? dq_cols<D>() : D;
 }
 constexpr int DQ_PAIRS = 2;  // DQ_FULL/DQ_EMPTY pairs: a warpgroup's part's, or a dQ warp's

@@ -24,49 +24,108 @@ __device__ __forceinline__ int dq_part_col(int wg) {
     return dq_splits_rows<D>() ? 0 : wg * dq_cols<D>();
 }
 
+// Where a consumer thread's first float of its dQ part goes in the swizzled staging tile (its
+// slot's, DQ_BUFFERS being one): its part's first slab, its row (16 warp + g of the part's rows)
+// and, in the row, the chunk of its first column pair (2t, 2t + 1 of an n8 block: chunk t / 2,
+// XORed with the row's place in its swizzle atom, row % 8 = g) and the pair's place in it. The
+// thread carries it through its steps (stage_dq), one register.
+template <int D>
+__device__ __forceinline__ uint32_t staging_lane_at(const smem_tiles &sm, int wg, int warp,
+                                                    int lane) {
+    static_assert(DQ_BUFFERS == 1, "one staging tile: the address is the same every step");
+    constexpr int FLOAT_BYTES = sizeof(float), CHUNK_FLOATS = CHUNK_BYTES / FLOAT_BYTES;
+    const int g = lane / QUAD, lane_col = FRAG_LANE_COLS * (lane % QUAD);
+    return sm.dQ + dq_part_col<D>(wg) / DQ_SWIZZLED_SLAB_COLS * staging_slab_bytes<D>() +
+           (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * SLAB_ROW_BYTES +
+           (g ^ lane_col / CHUNK_FLOATS) * CHUNK_BYTES + lane_col % CHUNK_FLOATS * FLOAT_BYTES;
+}
+
 // The consumers' side, after the step's dQ wgmma is done: wait until the reduction has read this
 // warpgroup's part of the staging tile (by parts; as one tile, the tile) of the step before
 // (DQ_EMPTY), write the warpgroup's dQ part there (the accumulator of a 64 x 64 wgmma: register
 // acc_index(n, h, c) is row 16 warp + g + 8h, column 8n + 2t + c of its part), make the writes
-// visible to the TMA unit (the async proxy), and arrive on DQ_FULL, one arrival per warp. In the
-// staging layout [slabs][qrows][8] floats a warp's store of one n8 block and row half is 8 rows x
-// 32 bytes, contiguous: no bank conflict. The pairs and phases: dq_pair, dq_phase (smem.cuh).
+// visible to the TMA unit (the async proxy), and arrive on DQ_FULL, one arrival per warp.
+// Swizzled staging (D = 96, 128; config.cuh): n8 block n = 4s + k of the part lies in slab s at
+// chunk pair k of the row, whose position is the thread's first XOR 32 k bytes (the swizzle
+// permutes a row's chunks by XOR): `at` (staging_lane_at) is XORed in place with 32, 64, 32 and 64
+// bytes in turn, visiting the pairs 0, 1, 3, 2 and coming back, so that the thread needs no
+// register for the other three; each XOR is inline PTX so that it happens where it is written
+// (the compiler would fold the four into constants off the one address: registers the consumers
+// lack). A warp's store of one n8 block and row half (8 rows x 32 bytes) finds every bank twice.
+// Else ([slabs][qrows][8] floats) it is 8 rows x 32 contiguous bytes. Neither has a bank
+// conflict. The pairs and phases: dq_pair, dq_phase (smem.cuh).
 template <int D, dq_way DQ>
 __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], const smem_tiles &sm,
-                                         int wg, int warp, int lane, int it) {
-    constexpr int SLAB_BYTES = qrows<D>() * DQ_SLAB_ROW_BYTES, FLOAT_BYTES = sizeof(float);
-    static_assert(FRAG_COLS == DQ_SLAB_COLS, "an n8 block of columns is one staging slab");
-    const int first_slab = dq_part_col<D>(wg) / DQ_SLAB_COLS;
-    const int g = lane / QUAD, t = lane % QUAD;
-    const uint32_t at = dq_buffer_at<D>(sm, it) + first_slab * SLAB_BYTES +
-                        (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
-                        FRAG_LANE_COLS * t * FLOAT_BYTES;
+                                         int wg, int warp, int lane, int it, uint32_t &at) {
     // the step before has had this part (this tile) read: on its DQ_EMPTY
     const int before = it - DQ_BUFFERS;
     mbar_wait(dq_empty_bar(sm, dq_pair<D, DQ>(before, wg)), dq_phase<D, DQ>(before));
     const int blocks = dq_part_cols<D>(wg) / FRAG_COLS;  // the part's n8 blocks
+    if constexpr (swizzled_staging<D>()) {
+        constexpr int PAIR_BYTES = FRAG_COLS * (int)sizeof(float);        // an n8 block's in a row
+        constexpr int SLAB_BLOCKS = DQ_SWIZZLED_SLAB_COLS / FRAG_COLS;    // n8 blocks a slab
+        constexpr int PART_SLABS = dq_cols<D>() / DQ_SWIZZLED_SLAB_COLS;  // slabs a part
+        constexpr int GRAY[SLAB_BLOCKS] = {0, 1, 3, 2};  // the chunk pairs in turn: one bit apart
 #pragma unroll
-    for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
-        if (n >= blocks) break;
+        for (int i = 0; i < SLAB_BLOCKS; ++i) {
+            const int k = GRAY[i];
 #pragma unroll
-        for (int h = 0; h < FRAG_LANE_ROWS; ++h)
-            st_shared_f2(at + n * SLAB_BYTES + FRAG_ROW_STEP * h * DQ_SLAB_ROW_BYTES,
-                         dQ_acc[acc_index(n, h, 0)], dQ_acc[acc_index(n, h, 1)]);
+            for (int s = 0; s < PART_SLABS; ++s) {
+                const int n = SLAB_BLOCKS * s + k;
+                if (n >= blocks) continue;
+#pragma unroll
+                for (int h = 0; h < FRAG_LANE_ROWS; ++h)
+                    st_shared_f2(
+                        at + s * staging_slab_bytes<D>() + FRAG_ROW_STEP * h * SLAB_ROW_BYTES,
+                        dQ_acc[acc_index(n, h, 0)], dQ_acc[acc_index(n, h, 1)]);
+            }
+            const uint32_t flip = (uint32_t)((k ^ GRAY[(i + 1) % SLAB_BLOCKS]) * PAIR_BYTES);
+            asm volatile("xor.b32 %0, %0, %1;" : "+r"(at) : "r"(flip));  // the next pair's
+        }
+    } else {
+        const int g = lane / QUAD, t = lane % QUAD;
+        const uint32_t row_at = dq_buffer_at<D>(sm, it) +
+                                (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
+                                FRAG_LANE_COLS * t * (int)sizeof(float);
+#pragma unroll
+        for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
+            if (n >= blocks) break;
+#pragma unroll
+            for (int h = 0; h < FRAG_LANE_ROWS; ++h)
+                st_shared_f2(
+                    row_at + n * staging_slab_bytes<D>() + FRAG_ROW_STEP * h * DQ_SLAB_ROW_BYTES,
+                    dQ_acc[acc_index(n, h, 0)], dQ_acc[acc_index(n, h, 1)]);
+        }
     }
     fence_proxy_async();  // this thread's writes, visible to the TMA unit
     __syncwarp();         // the warp's writes are all in
     if (lane == 0) mbar_arrive(dq_full_bar(sm, dq_pair<D, DQ>(it, wg)));
 }
 
-// The dQ warp's lane 0: add box `part` of step it's staging tile (dq_box_cols: by parts the
-// warpgroup's slabs, from part x dq_cols / 8 on, at dq_part_at; else the whole tile, part 0) to
-// the query tile whose first row is row0 of the map's head map_head, one bulk tensor reduction
-// (not committed).
-template <int D>
+// The dQ warp's lane 0: add part `part` of step it's staging tile (dq_reduced_cols of its columns
+// from dq_part_col on: by parts the warpgroup's, else the whole tile, part 0) to the query tile
+// whose first row is row0 of the map's head map_head (not committed). Swizzled staging: one bulk
+// tensor reduction a slab, a slab whose columns all lie past the call's D (a kernel compiled for
+// a larger head dim, or D = 96's padding) not issued; else one for the part's box of 8-float
+// slabs (dq_tensor_map), the columns past D clipped.
+template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq_part(const CUtensorMap *tmdQ, const smem_tiles &sm,
-                                               int it, int part, int row0, int map_head) {
-    tma_reduce_add_4d(tmdQ, dq_part_at<D>(sm, it, part), 0, row0,
-                      part * (dq_cols<D>() / DQ_SLAB_COLS), map_head);
+                                               const bwd_problem &pb, int it, int part, int row0,
+                                               int map_head) {
+    const int col0 = dq_part_col<D>(part);
+    if constexpr (swizzled_staging<D>()) {
+#pragma unroll
+        for (int slab = 0; slab < dq_reduced_cols<D, DQ>() / DQ_SWIZZLED_SLAB_COLS; ++slab) {
+            const int col = col0 + slab * DQ_SWIZZLED_SLAB_COLS;
+            if (col < pb.call.D)
+                tma_reduce_add_3d(tmdQ,
+                                  dq_part_at<D>(sm, it, part) + slab * staging_slab_bytes<D>(), col,
+                                  row0, map_head);
+        }
+    } else {
+        tma_reduce_add_4d(tmdQ, dq_part_at<D>(sm, it, part), 0, row0, col0 / DQ_SLAB_COLS,
+                          map_head);
+    }
 }
 
 // The columns of a row of dQ_acc as the kernel for head dim D addresses it: up to D = 128 its own
@@ -234,14 +293,15 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         const int q0 = walk_row<D, DQ>(pb, qt);
         int *const turn = pb.dq_turn + turns + q0 / qrows<D>();  // the query tile's counter
         // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq)
-        // LAB TODO: the consumers stage the step's dQ_i in the staging tile ([slabs][qrows][8]
-        // LAB TODO: floats, the layout tmdQ walks: column in the 8-column slab, row, slab, head);
-        // LAB TODO: reduce_dq_part<D>(tmdQ, sm, it, part, at.x + q0, map_head) adds box `part` of
-        // LAB TODO: it to the step's rows of dQ_acc by one bulk tensor reduction of this thread.
-        // LAB TODO: By parts (dq_by_parts: the default at D = 96, 128) warpgroup wg's part is box
-        // LAB TODO: wg on pair wg (dq_full_bar(sm, wg), dq_empty_bar(sm, wg)): add each part as
-        // LAB TODO: soon as it is staged and hand it back once read, so that neither warpgroup
-        // LAB TODO: waits for the other's. Else the tile is box 0 on pair dq_pair<D, DQ>(it, 0),
+        // LAB TODO: the consumers stage the step's dQ_i in the staging tile (128-byte swizzled
+        // LAB TODO: slabs of 32 floats, the boxes tmdQ adds: columns, row, head);
+        // LAB TODO: reduce_dq_part<D, DQ>(tmdQ, sm, pb, it, part, at.x + q0, map_head) adds part
+        // LAB TODO: `part` of it to the step's rows of dQ_acc by bulk tensor reductions of this
+        // LAB TODO: thread. By parts (dq_by_parts: the default at D = 96, 128) warpgroup wg's part
+        // LAB TODO: is part wg on pair wg (dq_full_bar(sm, wg), dq_empty_bar(sm, wg)): add each
+        // LAB TODO: part as soon as it is staged and hand it back once read, so that neither
+        // LAB TODO: warpgroup waits for the other's. Else the tile is part 0 on pair
+        // LAB TODO: dq_pair<D, DQ>(it, 0),
         // LAB TODO: handed back once read. Deterministic (DQ_BY_BULK_IN_TURNS): the adds into a
         // LAB TODO: query tile in key-tile order, this key tile's after its turn at `turn`
         // LAB TODO: (wait_for_turn) and the next tile's after these are complete (pass_turn);
@@ -257,7 +317,7 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
 #pragma unroll
             for (int wg = 0; wg < CONSUMERS; ++wg) {
                 mbar_wait(dq_full_bar(sm, wg), dq_phase<D, DQ>(it));  // the warpgroup's part staged
-                reduce_dq_part<D>(tmdQ, sm, it, wg, at.x + q0, map_head);
+                reduce_dq_part<D, DQ>(tmdQ, sm, pb, it, wg, at.x + q0, map_head);
                 bulk_commit();
                 bulk_wait<true>();                  // the reduction has read the part
                 mbar_arrive(dq_empty_bar(sm, wg));  // the part goes back
@@ -267,8 +327,8 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
             const int pair = dq_pair<D, DQ>(it, 0);
             // the query tile's turn first, while the consumers still compute the step
             if constexpr (DQ == DQ_BY_BULK_IN_TURNS) wait_for_turn<D>(pb, b.keys, turn, q0);
-            mbar_wait(dq_full_bar(sm, pair), dq_phase<D, DQ>(it));    // the consumers' parts staged
-            reduce_dq_part<D>(tmdQ, sm, it, 0, at.x + q0, map_head);  // the whole tile
+            mbar_wait(dq_full_bar(sm, pair), dq_phase<D, DQ>(it));  // the consumers' parts staged
+            reduce_dq_part<D, DQ>(tmdQ, sm, pb, it, 0, at.x + q0, map_head);  // the tile
             bulk_commit();
             bulk_wait<true>();                    // the reduction has read the staging tile
             mbar_arrive(dq_empty_bar(sm, pair));  // the tile goes back

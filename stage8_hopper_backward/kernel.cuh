@@ -38,10 +38,10 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // Q, dO: [B, H, N, D] and K, V, dK, dV: [B, H_kv, N_k, D], 16-bit (bf16 where BF16), each through
 // its tensor map (D, rows, heads, B) with its strides, in 128-byte swizzled boxes of 64 columns
 // (qrows<D>() rows for Q and dO, block_keys<D>() for the others); dQ_acc [B * H, N, D] fp32
-// through tmdQ (dq_tensor_map); the rest in pb. Grid: (ceil(N_k / block_keys<D>()), B * H_kv),
-// BLOCK_THREADS threads.
-// A packed batch: Q, dO [total_q, H, D] and K, V, dK, dV [total_k, H_kv, D], each map one batch
-// of total rows; dQ_acc [H, acc_rows, D]; N, N_k the longest sequence's.
+// through tmdQ (dq_swizzled_tensor_map or dq_tensor_map); the rest in pb. Grid: (ceil(N_k /
+// block_keys<D>()), B * H_kv), BLOCK_THREADS threads. A packed batch: Q, dO [total_q, H, D] and K,
+// V, dK, dV [total_k, H_kv, D], each map one batch of total rows; dQ_acc [H, acc_rows, D]; N, N_k
+// the longest sequence's.
 template <int D, bool BF16, dq_way DQ>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tmQ,

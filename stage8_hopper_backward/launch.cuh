@@ -122,9 +122,13 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     ATTN_TRY(operand_map(&tmK, p.K, s, s->H_kv, s->N_k, total_k, &s->k, block_keys<D>()));
     ATTN_TRY(operand_map(&tmV, p.V, s, s->H_kv, s->N_k, total_k, &s->v, block_keys<D>()));
     ATTN_TRY(operand_map(&tmdO, p.dO, s, s->H, s->N, total_q, &s->dO, qrows<D>()));
-    const int box_cols = variant == VARIANT_DEFAULT ? dq_box_cols<D, DQ_BY_BULK>()
-                                                    : dq_box_cols<D, DQ_BY_BULK_IN_TURNS>();
-    ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>(), box_cols));
+    if (swizzled_staging<D>()) {
+        ATTN_TRY(dq_swizzled_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>()));
+    } else {
+        const int box_cols = variant == VARIANT_DEFAULT ? dq_reduced_cols<D, DQ_BY_BULK>()
+                                                        : dq_reduced_cols<D, DQ_BY_BULK_IN_TURNS>();
+        ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>(), box_cols));
+    }
     ATTN_TRY(operand_map(&tmdK, p.dK, s, s->H_kv, s->N_k, total_k, &s->dK, block_keys<D>()));
     ATTN_TRY(operand_map(&tmdV, p.dV, s, s->H_kv, s->N_k, total_k, &s->dV, block_keys<D>()));
     bwd_problem pb;

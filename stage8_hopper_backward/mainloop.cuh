@@ -399,11 +399,11 @@ template <int D, dq_way DQ>
 __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()],
                                              const smem_tiles &sm, const consumer_place &p,
                                              const bwd_problem &pb, const block_place &b,
-                                             walk_step s) {
+                                             walk_step s, uint32_t &dq_at) {
     if constexpr (DQ == DQ_BY_ATOMICS)
         add_dq_atomic<D>(dQ_part, pb, b, p.wg, p.warp, p.lane, s.head, s.q0);
     else
-        stage_dq<D, DQ>(dQ_part, sm, p.wg, p.warp, p.lane, s.it);
+        stage_dq<D, DQ>(dQ_part, sm, p.wg, p.warp, p.lane, s.it, dq_at);
 }
 
 // The scores of a step issued (S^T, then dP^T: two groups): P^T while dP^T runs; then dS^T, both
@@ -459,7 +459,8 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
                                               const consumer_place &p, const bwd_problem &pb,
                                               const block_place &b, uint64_t K_desc,
-                                              uint64_t V_desc, walk_step cur, walk_step dq) {
+                                              uint64_t V_desc, walk_step cur, walk_step dq,
+                                              uint32_t &dq_at) {
     constexpr bool WITH_DQ = !FIRST;
     const int slot = q_pipeline{cur.it}.slot();
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
@@ -515,7 +516,8 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     if constexpr (EARLY || BETWEEN) {
         wgmma_wait<1>();  // the part's group
         pin_registers(dQ_part);
-        hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);  // (dV, dK or dK on the tensor cores)
+        hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq,
+                            dq_at);  // (dV, dK or dK on the tensor cores)
     }
     wgmma_wait<0>();
     pin_registers(dV);
@@ -528,7 +530,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     // are no longer needed: every thread arrives, so that its own loads are ordered before the
     // load warp's next stores into the slot (producer.cuh).
     mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
-    if constexpr (LATE) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
+    if constexpr (LATE) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq, dq_at);
 }
 
 // One step at D = 256 (splits_dkv): query tile cur.q0 (ring slot cur.it % Q_STAGES) against the
@@ -544,8 +546,8 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
                                                     float (&dK)[dkv_regs<D>()],
                                                     const smem_tiles &sm, const consumer_place &p,
                                                     const bwd_problem &pb, const block_place &b,
-                                                    uint64_t K_desc, uint64_t V_desc,
-                                                    walk_step cur) {
+                                                    uint64_t K_desc, uint64_t V_desc, walk_step cur,
+                                                    uint32_t &dq_at) {
     static_assert(splits_dkv<D>() && DQ == DQ_BY_ATOMICS, "D = 256's step: the columns split");
     constexpr int Q_ROWS = qrows<D>();
     const int slot = q_pipeline{cur.it}.slot();
@@ -593,7 +595,8 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
     pin_registers(P16);
     pin_registers(dS16);
     pin_registers(dQ_part);
-    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, cur);  // (group 3 on the tensor cores meanwhile)
+    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, cur,
+                        dq_at);  // (group 3 on the tensor cores meanwhile)
     wgmma_wait<0>();
     pin_registers(dV);
     pin_registers(dK);
@@ -607,13 +610,14 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
 // The dQ part of the block's last step, after the loop.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_place &p,
-                                        const bwd_problem &pb, const block_place &b, walk_step dq) {
+                                        const bwd_problem &pb, const block_place &b, walk_step dq,
+                                        uint32_t &dq_at) {
     float dQ_part[dq_regs<D>()];
     wait_ds<D>(sm, dq.it);
     issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
     wgmma_wait<0>();
     pin_registers(dQ_part);
-    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
+    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq, dq_at);
 }
 
 // One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
@@ -634,6 +638,7 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     const uint64_t K_desc = desc_k_major(sm.K + rows_at);
     const uint64_t V_desc = desc_k_major(sm.V + rows_at);
     mbar_wait(bar_at(sm, BAR_KV_FULL), 0);  // (also when no query tile comes: the copies land)
+    uint32_t dq_at = swizzled_staging<D>() ? staging_lane_at<D>(sm, p.wg, p.warp, p.lane) : 0;
 
     int tiles;
     const int first = query_tiles_of<D>(b.keys, b.key0, &tiles);
@@ -643,17 +648,18 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
         walk_step cur = {0, b.kv_head * pb.group, q_first};
         if constexpr (splits_dkv<D>()) {  // D = 256: each step's dQ part in the step
             for (int it = 0; it < steps; ++it) {
-                consumer_step_split<D, BF16, DQ>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur);
+                consumer_step_split<D, BF16, DQ>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, dq_at);
                 cur = next_step(cur, q_first, q_end, qrows<D>());
             }
         } else {  // the dQ part a step late, the last one's after the loop
-            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur);
+            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur, dq_at);
             for (int it = 1; it < steps; ++it) {
                 const walk_step prev = cur;
                 cur = next_step(cur, q_first, q_end, qrows<D>());
-                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, prev);
+                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, prev,
+                                                  dq_at);
             }
-            last_dq<D, BF16, DQ>(sm, p, pb, b, cur);
+            last_dq<D, BF16, DQ>(sm, p, pb, b, cur, dq_at);
         }
     }
     stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);

@@ -14,10 +14,10 @@
 // K_smem, V_smem [slabs][keys][64]; Q_STAGES x (Q_smem, dO_smem [slabs][qrows][64]), all in the
 // 128-byte swizzle TMA writes; ds_buffers x dS_smem [qrows/64][keys][64] (dS^T in 64-query slabs,
 // swizzled the same way by the consumers' stmatrix); at D = 256 pt_buffers x P_smem, P^T the same
-// way; dq_buffers x dQ_stage [slabs][qrows][8] floats (config.cuh: dq_parts boxes);
-// Q_STAGES x (LSE_smem, Dsum_smem [qrows] floats); the mbarriers. Every tile starts 1024-byte
-// aligned (the swizzle atom): the block's shared memory is declared so aligned (kernel.cuh), with
-// no slack to round its start up.
+// way; dq_buffers x dQ_stage [slabs][qrows][32 or 8] floats (config.cuh: swizzled_staging,
+// dq_parts); Q_STAGES x (LSE_smem, Dsum_smem [qrows] floats); the mbarriers. Every tile starts
+// 1024-byte aligned (the swizzle atom): the block's shared memory is declared so aligned
+// (kernel.cuh), with no slack to round its start up.
 template <int D>
 __host__ __device__ constexpr int kv_tile_bytes() {
     return block_keys<D>() * slabs<D>() * SLAB_ROW_BYTES;
@@ -31,7 +31,7 @@ __host__ __device__ constexpr int ds_tile_bytes() {  // dS^T's, and at D = 256 P
     return block_keys<D>() * qrows<D>() * HALF_BYTES;
 }
 template <int D>
-__host__ __device__ constexpr int dq_part_bytes() {  // a box of the staging tile (dq_parts)
+__host__ __device__ constexpr int dq_part_bytes() {  // a part of the staging tile (dq_parts)
     return qrows<D>() * dq_cols<D>() * (int)sizeof(float);
 }
 template <int D>

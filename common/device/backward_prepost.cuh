@@ -162,6 +162,27 @@ constexpr int DQ_SLAB_COLS = 8;
 constexpr int DQ_SLAB_ROW_BYTES = DQ_SLAB_COLS * (int)sizeof(float);
 constexpr int DQ_MAP_RANK = 4;
 
+// dQ_acc's rows a head and its heads: [B * H, N, D] floats, packed [H, acc_rows, D].
+static inline void dq_acc_extent(const attn_shape *s, cuuint64_t *rows, cuuint64_t *heads) {
+    const bool packed = s->varlen.cu_seqlens_q != NULL;
+    *rows = packed ? (cuuint64_t)packed_acc_rows(s) : (cuuint64_t)s->N;
+    *heads = packed ? (cuuint64_t)s->H : (cuuint64_t)s->B * s->H;
+}
+
+// A map of dQ_acc's floats for the TMA unit's reductions: `rank` dims, strides and box, every
+// element stride 1, nothing filled past the ends (a reduction does not add there).
+static inline cudaError_t dq_acc_map(CUtensorMap *map, float *dQ_acc, cuuint32_t rank,
+                                     const cuuint64_t *dims, const cuuint64_t *strides,
+                                     const cuuint32_t *box, CUtensorMapSwizzle swizzle) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return cudaErrorSymbolNotFound;
+    const cuuint32_t elem_strides[DQ_MAP_RANK] = {1, 1, 1, 1};
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, dQ_acc, dims, strides,
+                              box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // dQ_acc [B * H, N, D] floats seen as [B * H][D / DQ_SLAB_COLS slabs][N rows]
 // [DQ_SLAB_COLS] (innermost last: the layout of the staging tile), in boxes of qrows rows (a whole
 // query tile; stage 8: a warpgroup's part), rows past N out of bounds. box_cols: the box's columns
@@ -169,26 +190,41 @@ constexpr int DQ_MAP_RANK = 4;
 // out of bounds: not added.
 // Packed ([H, acc_rows, D]): [H][slabs][acc_rows][DQ_SLAB_COLS], a sequence's rows at row_acc
 // (dq_map_coords).
-static cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s, int qrows,
-                                 int box_cols = 0) {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (!encode) return cudaErrorSymbolNotFound;
-    const bool packed = s->varlen.cu_seqlens_q != NULL;
+static inline cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s,
+                                        int qrows, int box_cols = 0) {
+    cuuint64_t rows, heads;
+    dq_acc_extent(s, &rows, &heads);
     const cuuint64_t row = (cuuint64_t)s->D * sizeof(float);
-    const cuuint64_t rows = packed ? (cuuint64_t)packed_acc_rows(s) : (cuuint64_t)s->N;
-    const cuuint64_t heads = packed ? (cuuint64_t)s->H : (cuuint64_t)s->B * s->H;
     const cuuint64_t dims[DQ_MAP_RANK] = {DQ_SLAB_COLS, rows, (cuuint64_t)(s->D / DQ_SLAB_COLS),
                                           heads};
     const cuuint64_t strides[DQ_MAP_RANK - 1] = {row, DQ_SLAB_ROW_BYTES, row * rows};  // bytes
     const cuuint32_t box[DQ_MAP_RANK] = {DQ_SLAB_COLS, (cuuint32_t)qrows,
                                          (cuuint32_t)((box_cols ? box_cols : s->D) / DQ_SLAB_COLS),
                                          1};
-    const cuuint32_t elem_strides[DQ_MAP_RANK] = {1, 1, 1, 1};
-    const CUresult r =
-        encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, DQ_MAP_RANK, dQ_acc, dims, strides, box,
-               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    return dq_acc_map(map, dQ_acc, DQ_MAP_RANK, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+// Stage 8's staging tile at D = 96 and 128: the QROWS x D floats in slabs of
+// DQ_SWIZZLED_SLAB_COLS columns, [slabs][QROWS][DQ_SWIZZLED_SLAB_COLS], each slab row 128 bytes
+// whose 16-byte chunks are permuted by row % 8 (the 128-byte swizzle of the operand tiles), so
+// that a warp's fragment store, 8 rows x 32 bytes, finds every bank twice, and the TMA unit adds
+// whole 128-byte rows into dQ_acc: one L2 line a request, where the 32-byte rows above take four.
+constexpr int DQ_SWIZZLED_SLAB_COLS = 32;
+constexpr int DQ_SWIZZLED_MAP_RANK = 3;
+
+// dQ_acc [B * H, N, D] floats as they lie (packed: [H, acc_rows, D]), in boxes of
+// DQ_SWIZZLED_SLAB_COLS columns x qrows rows, 128-byte swizzled on the shared-memory side: one
+// reduction a slab of the staging tile, columns past D and rows past N out of bounds, not added.
+static inline cudaError_t dq_swizzled_tensor_map(CUtensorMap *map, float *dQ_acc,
+                                                 const attn_shape *s, int qrows) {
+    cuuint64_t rows, heads;
+    dq_acc_extent(s, &rows, &heads);
+    const cuuint64_t row = (cuuint64_t)s->D * sizeof(float);
+    const cuuint64_t dims[DQ_SWIZZLED_MAP_RANK] = {(cuuint64_t)s->D, rows, heads};
+    const cuuint64_t strides[DQ_SWIZZLED_MAP_RANK - 1] = {row, row * rows};  // bytes
+    const cuuint32_t box[DQ_SWIZZLED_MAP_RANK] = {DQ_SWIZZLED_SLAB_COLS, (cuuint32_t)qrows, 1};
+    return dq_acc_map(map, dQ_acc, DQ_SWIZZLED_MAP_RANK, dims, strides, box,
+                      CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // The tensor-map coordinates {row, head} of row i of head h of sequence b in dQ_acc.

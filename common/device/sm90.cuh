@@ -195,6 +195,21 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap *map, uint32
 #endif
 }
 
+// The same with a three-dimensional map (stage 8's dQ_acc: columns, rows, heads).
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap *map, uint32_t src, int c0,
+                                                  int c1, int c2) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+        " [%0, {%2, %3, %4}], [%1];\n" ::"l"((uint64_t)map),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+#else
+    (void)map, (void)src, (void)c0, (void)c1, (void)c2;
+    __trap();
+#endif
+}
+
 // to[0] += x, to[1] += y in global memory, one fp32 reduction of two floats (red.global.add.v2.f32,
 // sm_90 on; relaxed, no value returned): stage 8's atomics variant adds dQ_i's part with it.
 // Before sm_90: a trap (no caller goes there).
