@@ -516,8 +516,8 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     if constexpr (EARLY || BETWEEN) {
         wgmma_wait<1>();  // the part's group
         pin_registers(dQ_part);
-        hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq,
-                            dq_at);  // (dV, dK or dK on the tensor cores)
+        // (dV, dK or dK on the tensor cores meanwhile)
+        hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq, dq_at);
     }
     wgmma_wait<0>();
     pin_registers(dV);
