@@ -40,6 +40,17 @@ __device__ __forceinline__ uint32_t staging_lane_at(const smem_tiles &sm, int wg
            (g ^ lane_col / CHUNK_FLOATS) * CHUNK_BYTES + lane_col % CHUNK_FLOATS * FLOAT_BYTES;
 }
 
+// The thread's two rows (g and g + 8) of n8 block n of its dQ part, a pair of floats each, to `at`
+// and one accumulator row step (FRAG_ROW_STEP rows of row_bytes) past it.
+template <int D>
+__device__ __forceinline__ void store_block_rows(const float (&dQ_acc)[dq_regs<D>()], int n,
+                                                 uint32_t at, int row_bytes) {
+#pragma unroll
+    for (int h = 0; h < FRAG_LANE_ROWS; ++h)
+        st_shared_f2(at + FRAG_ROW_STEP * h * row_bytes, dQ_acc[acc_index(n, h, 0)],
+                     dQ_acc[acc_index(n, h, 1)]);
+}
+
 // The consumers' side, after the step's dQ wgmma is done: wait until the reduction has read this
 // warpgroup's part of the staging tile (by parts; as one tile, the tile) of the step before
 // (DQ_EMPTY), write the warpgroup's dQ part there (the accumulator of a 64 x 64 wgmma: register
@@ -73,11 +84,7 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], co
             for (int s = 0; s < PART_SLABS; ++s) {
                 const int n = SLAB_BLOCKS * s + k;
                 if (n >= blocks) continue;
-#pragma unroll
-                for (int h = 0; h < FRAG_LANE_ROWS; ++h)
-                    st_shared_f2(
-                        at + s * staging_slab_bytes<D>() + FRAG_ROW_STEP * h * SLAB_ROW_BYTES,
-                        dQ_acc[acc_index(n, h, 0)], dQ_acc[acc_index(n, h, 1)]);
+                store_block_rows<D>(dQ_acc, n, at + s * staging_slab_bytes<D>(), SLAB_ROW_BYTES);
             }
             const uint32_t flip = (uint32_t)((k ^ GRAY[(i + 1) % SLAB_BLOCKS]) * PAIR_BYTES);
             asm volatile("xor.b32 %0, %0, %1;" : "+r"(at) : "r"(flip));  // the next pair's
@@ -90,11 +97,7 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], co
 #pragma unroll
         for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
             if (n >= blocks) break;
-#pragma unroll
-            for (int h = 0; h < FRAG_LANE_ROWS; ++h)
-                st_shared_f2(
-                    row_at + n * staging_slab_bytes<D>() + FRAG_ROW_STEP * h * DQ_SLAB_ROW_BYTES,
-                    dQ_acc[acc_index(n, h, 0)], dQ_acc[acc_index(n, h, 1)]);
+            store_block_rows<D>(dQ_acc, n, row_at + n * staging_slab_bytes<D>(), DQ_SLAB_ROW_BYTES);
         }
     }
     fence_proxy_async();  // this thread's writes, visible to the TMA unit
