@@ -11,16 +11,16 @@
  *   D_i = rowsum(dO_i * O_i), LSE_i * log2(e)           preprocess_kernel (stage 7's, shared)
  *   backward_kernel: one block per (key tile j of 128 keys, batch, key/value head; D = 256: 64)
  *     producer warpgroup, load warp (load_tiles):
- *       K_j, V_j -> shared memory, once                                            (KV_FULL)
  *       for each query head h of the group, each query tile i that sees the keys (it-th):
  *         wait Q_EMPTY[it % 2]; TMA Q_i, the warp stores LSE_i (Q_FULL); TMA dO_i, D_i (DO_FULL)
+ *         (the first step's also K_j with Q_0 and V_j with dO_0, once: S^T waits for no V_j)
  *     producer warpgroup, dQ warp (reduce_dq), for the same walk:
  *         wait DQ_FULL; dQ_acc[h, i] += the staging tile (TMA bulk reduce-add); wait until
  *         read; arrive DQ_EMPTY (D = 96, 128: per warpgroup's part, each on its own DQ_FULL,
  *         DQ_EMPTY; deterministic: the whole tile in turns, and at D = 96, 128 two dQ warps,
  *         each every other step with its own DQ_FULL, DQ_EMPTY)
  *     each of the two consumer warpgroups, keys 64 wg .. 64 wg + 63 of the tile (consumer):
- *       dK = dV = 0 (fp32 registers, for the whole block); wait KV_FULL
+ *       dK = dV = 0 (fp32 registers, for the whole block)
  *       for the same walk (consumer_step):
  *         wait Q_FULL;  S^T  = K_j Q_i^T         wgmma SS, K-major both        (issue_scores)
  *         wait DO_FULL; dP^T = V_j dO_i^T        wgmma SS, K-major both

@@ -10,16 +10,15 @@
 #include "mainloop.cuh"
 #include "producer.cuh"
 
-// What each barrier counts (config.cuh says what it protects): KV_FULL the load warp's lane 0
-// (one expect_tx arrival, and the bytes); Q_FULL and DO_FULL every lane of the load warp (once
-// its cp.async of LSE_i or D_i has landed; lane 0 also announces the tile's bytes); Q_EMPTY every
+// What each barrier counts (config.cuh says what it protects): Q_FULL and DO_FULL every lane of
+// the load warp (once its cp.async of LSE_i or D_i has landed; lane 0 also announces the tile's
+// bytes, the first step's with K_j's or V_j's); Q_EMPTY every
 // consumer thread (after its loads of LSE_i and D_i and its wgmma reads of the tiles); DS_FULL one
 // arrival per consumer warp; DQ_FULL one per warp of its warpgroup (by parts) or per consumer
 // warp (as one tile); DQ_EMPTY its dQ warp's.
 // Thread 0 initialises them.
 template <int D, dq_way DQ>
 __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
-    mbar_init(bar_at(sm, BAR_KV_FULL), 1);
     for (int st = 0; st < Q_STAGES; ++st) {
         mbar_init(bar_at(sm, BAR_Q_FULL + st), WARP_SIZE);
         mbar_init(bar_at(sm, BAR_DO_FULL + st), WARP_SIZE);

@@ -637,13 +637,13 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     const int rows_at = splits_dkv<D>() ? 0 : p.wg * WGMMA_M * SLAB_ROW_BYTES;
     const uint64_t K_desc = desc_k_major(sm.K + rows_at);
     const uint64_t V_desc = desc_k_major(sm.V + rows_at);
-    mbar_wait(bar_at(sm, BAR_KV_FULL), 0);  // (also when no query tile comes: the copies land)
     uint32_t dq_at = swizzled_staging<D>() ? staging_lane_at<D>(sm, p.wg, p.warp, p.lane) : 0;
 
     int tiles;
     const int first = query_tiles_of<D>(b.keys, b.key0, &tiles);
     const int steps = pb.group * tiles;
     if (steps > 0) {
+        mbar_wait(bar_at(sm, BAR_Q_FULL), 0);  // K_j has landed, with Q_0 (the first step's wait)
         const int q_first = first * qrows<D>(), q_end = q_first + tiles * qrows<D>();
         walk_step cur = {0, b.kv_head * pb.group, q_first};
         if constexpr (splits_dkv<D>()) {  // D = 256: each step's dQ part in the step

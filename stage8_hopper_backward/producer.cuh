@@ -20,9 +20,12 @@ __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, 
         tma_load_4d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, head, batch);
 }
 
-// The load warp. Lane 0: K_j, V_j for the whole block on KV_FULL. Then per query tile (the
-// block's it-th), every lane: wait until the consumers have released its slot (Q_EMPTY); lane 0
-// announces the tiles' bytes and starts Q_i on Q_FULL and dO_i on DO_FULL (TMA); each lane starts
+// The load warp. Lane 0 starts the first step's tiles with the block's K_j and V_j, in the
+// order the consumers need them: K_j and Q_0 on Q_FULL, then V_j and dO_0 on DO_FULL (slot 0,
+// free at the start), so that the first S^T waits for no V_j. Then per query tile (the block's
+// it-th), every lane: wait until the consumers have released its slot (Q_EMPTY); lane 0 (past the
+// first step) announces the tiles' bytes and starts Q_i on Q_FULL and dO_i on DO_FULL (TMA); each
+// lane starts
 // a cp.async of its floats of LSE_i and arrives on Q_FULL when it has landed, then the same with
 // D_i on DO_FULL, so that S^T = K_j Q_i^T may start before dO_i lands. Rows past N (and keys past
 // N_k) arrive as zeros from TMA; lse2 and Dsum are padded to N_pad, a multiple of qrows, so their
@@ -49,22 +52,26 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     constexpr int LANE_BYTES = LANE_FLOATS * (int)sizeof(float);  // one cp.async: 8 or 16
     static_assert(ROW_PAD % ROWS == 0, "N_pad (a multiple of ROW_PAD) is a whole number of tiles");
     const block_place b = block_place_of<D>(pb);
-    if (lane == 0) {
-        const uint32_t kv_full = bar_at(sm, BAR_KV_FULL);
+    int tiles;
+    const int first = walk_first<D, DQ>(pb, query_tiles_of<D>(b.keys, b.key0, &tiles));
+    int head = b.kv_head * pb.group, qt = first;
+    if (lane == 0 && tiles > 0) {  // (no step: no tile, and the consumers read none)
         const int k_row = (int)b.seq.seq.k_row + b.key0;
-        mbar_arrive_expect_tx(kv_full, 2 * kv_tile_bytes<D>());
-        copy_tile<D, block_keys<D>()>(sm.K, tmK, kv_full, k_row, b.kv_head, b.tile_batch);
-        copy_tile<D, block_keys<D>()>(sm.V, tmV, kv_full, k_row, b.kv_head, b.tile_batch);
+        const int q_row = (int)b.seq.seq.q_row + walk_row<D, DQ>(pb, first);
+        const uint32_t q_full = bar_at(sm, BAR_Q_FULL), do_full = bar_at(sm, BAR_DO_FULL);
+        mbar_expect_tx(q_full, kv_tile_bytes<D>() + q_tile_bytes<D>());
+        copy_tile<D, block_keys<D>()>(sm.K, tmK, q_full, k_row, b.kv_head, b.tile_batch);
+        copy_tile<D, ROWS>(sm.Q, tmQ, q_full, q_row, head, b.tile_batch);
+        mbar_expect_tx(do_full, kv_tile_bytes<D>() + q_tile_bytes<D>());
+        copy_tile<D, block_keys<D>()>(sm.V, tmV, do_full, k_row, b.kv_head, b.tile_batch);
+        copy_tile<D, ROWS>(sm.dO, tmdO, do_full, q_row, head, b.tile_batch);
     }
 
     // One loop over the block's steps (every query tile of every query head of the group, the
     // consumers' order), with the head and the tile carried along and this lane's place in lse2
     // and Dsum worked out afresh at each step: the warp runs on PRODUCER_REGS registers (LOG.md,
     // step 14: what a 64-bit running offset cost).
-    int tiles;
-    const int first = walk_first<D, DQ>(pb, query_tiles_of<D>(b.keys, b.key0, &tiles));
     const uint32_t lane_bytes = (uint32_t)(lane * LANE_BYTES);  // its floats' place in a row
-    int head = b.kv_head * pb.group, qt = first;
     const int head_pad = (int)b.seq.head_pad;  // a head's rows there (N_pad or acc_rows: 32 bits)
     for (int it = 0; it < pb.group * tiles; ++it) {
         const int slot = q_pipeline{it}.slot(), q0 = walk_row<D, DQ>(pb, qt);
@@ -74,7 +81,7 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
                   q_pipeline{it}.empty_phase());  // the slot is free
         const uint32_t q_full = bar_at(sm, BAR_Q_FULL + slot);
         const uint32_t do_full = bar_at(sm, BAR_DO_FULL + slot);
-        if (lane == 0) {
+        if (lane == 0 && it > 0) {
             mbar_expect_tx(q_full, q_tile_bytes<D>());
             copy_tile<D, ROWS>(sm.Q + slot * q_tile_bytes<D>(), tmQ, q_full, q_row, head,
                                b.tile_batch);

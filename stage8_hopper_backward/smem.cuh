@@ -44,9 +44,10 @@ __host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query ti
 }
 
 // mbarriers, and what each protects:
-//   KV_FULL   K_j and V_j have landed (TMA, once).
-//   Q_FULL    per ring slot: Q_i has landed (TMA) and LSE_i is stored (the load warp's stores).
-//   DO_FULL   per slot: dO_i has landed and D_i is stored, the same way.
+//   Q_FULL    per ring slot: Q_i has landed (TMA) and LSE_i is stored (the load warp's stores);
+//             at the block's first step also K_j (TMA, once).
+//   DO_FULL   per slot: dO_i has landed and D_i is stored, the same way; at the first step also
+//             V_j.
 //   Q_EMPTY   per slot: every consumer thread is done with the slot: its wgmma have read Q_i and
 //             dO_i, its loads have read LSE_i and D_i; the load warp may overwrite all four.
 //   DS_FULL   per dS^T buffer (dQ comes a step late): every consumer warp has
@@ -64,7 +65,6 @@ __host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query ti
 // Each side arrives after its own accesses and waits before the other's, so that every access to
 // a buffer is ordered by one barrier's release and acquire (kernel.cuh: who arrives how often).
 enum {
-    BAR_KV_FULL,
     BAR_Q_FULL,
     BAR_DO_FULL = BAR_Q_FULL + Q_STAGES,
     BAR_Q_EMPTY = BAR_DO_FULL + Q_STAGES,
