@@ -83,7 +83,7 @@ __host__ __device__ constexpr int dkv_regs() {  // a 64 x dkv_cols fp32 accumula
 // zeros past it (the products add nothing there) and clips the stores and dQ's reduce-adds to it;
 // the passes before and after read and write its columns only (their TAIL). D = 136 to 248 run in
 // D = 256's kernels, whose dQ adds from the registers address dQ_acc by the tensors' D and skip
-// the columns past it (dq_acc_cols, dq.cuh).
+// the columns past it (dq_acc_cols, dq.cuh), as D = 64's adds of a block's last part do.
 constexpr int COMPILED_DS[] = {64, 96, 128, 256};
 static inline int compiled_d(int D) {  // 0: none runs it
     if (D < ATTN_MIN_D || D % ATTN_D_STEP != 0) return 0;
@@ -245,6 +245,17 @@ enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
 template <int D, dq_way DQ>
 __host__ __device__ constexpr bool dq_by_parts() {
     return DQ == DQ_BY_BULK && dq_parts<D>() == CONSUMERS;
+}
+// The block's last dQ part (up to D = 128 the parts come a step late: the last one after the
+// loop, last_dq) added from the consumers' registers (add_dq_atomic) instead of staged, where one
+// dQ warp reduces the whole tile (D = 64): staged, it waits for the reduction to have read the
+// tile before it, a step's work earlier elsewhere but only the last part's product earlier here,
+// with nothing left to hide the wait. At D = 96 and 128 (parts by warpgroup, each on its own
+// barriers) the adds cost more than the wait (LOG.md, step 51). Not in the deterministic variant,
+// whose adds into a query tile keep their key tiles' order.
+template <int D, dq_way DQ>
+__host__ __device__ constexpr bool last_dq_by_reds() {
+    return DQ == DQ_BY_BULK && !splits_dkv<D>() && !dq_by_parts<D, DQ>();
 }
 // The columns one hand-over's reductions cover (a reduction a staging slab): by parts a part's,
 // else the whole tile's (D; at D = 96 the tile's first 3 slabs).

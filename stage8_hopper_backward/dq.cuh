@@ -131,12 +131,14 @@ __device__ __forceinline__ void reduce_dq_part(const CUtensorMap *tmdQ, const sm
     }
 }
 
-// The columns of a row of dQ_acc as the kernel for head dim D addresses it: up to D = 128 its own
-// D (variant atomics runs only the D compiled there; the bulk reductions clip through tmdQ), at
-// D = 256 the tensors' (pb.call.D: the kernel runs D = 136 to 256, their tail masked).
-template <int D>
+// The columns of a row of dQ_acc, the tensors' D, as the adds from the registers of a kernel for
+// head dim D know it: D itself where it runs only its own (variant atomics up to D = 128), else
+// the call's (TAIL: the default variant's last part, last_dq_by_reds; D = 256's kernels, which
+// run D = 136 to 256): a smaller D's tail masked, its columns skipped as the bulk reductions'
+// clipping through tmdQ skips them.
+template <int D, bool TAIL>
 __device__ __forceinline__ int dq_acc_cols(const bwd_problem &pb) {
-    return splits_dkv<D>() ? pb.call.D : D;
+    return TAIL || splits_dkv<D>() ? pb.call.D : D;
 }
 
 // DQ_BY_ATOMICS: a lane's four columns after the exchange below (one float4), and the columns of
@@ -144,28 +146,33 @@ __device__ __forceinline__ int dq_acc_cols(const bwd_problem &pb) {
 inline constexpr int RED_LANE_COLS = 2 * FRAG_LANE_COLS;
 inline constexpr int RED_PAIR_COLS = 2 * FRAG_COLS;
 
-// DQ_BY_ATOMICS (variant atomics), after the step's dQ wgmma is done: the thread's part of dQ_i
-// straight from its registers into rows q0 .. of query head `head` of the block's sequence in
-// dQ_acc (bwd_sequence_of places them), no staging tile, no barrier: the adds leave from 256
-// threads instead of one TMA instruction. The warpgroup's part: dq_part_row, dq_part_col.
+// DQ_BY_ATOMICS (variant atomics), after the step's dQ wgmma is done, and the default variant's
+// last part of a block (last_dq_by_reds): the thread's part of dQ_i straight from its registers
+// into rows q0 .. of query head `head` of the block's sequence in dQ_acc (bwd_sequence_of places
+// them), no staging tile, no barrier: the adds leave from 256 threads instead of one TMA
+// instruction. The warpgroup's part: dq_part_row, dq_part_col.
 // Four floats a reduction: lanes t and t ^ 1 of a quad swap pairs so that, of two n8 blocks n and
 // n + 1 of a row, lane t holds the four consecutive columns 8 (n + (t & 1)) + 4 (t >> 1) .. + 3 (it
 // keeps its own pair of block n + (t & 1) and takes its partner's pair of that block); a warp's
 // reduction then covers 8 rows x 64 bytes where one of two floats a lane covered 16 rows x 32
 // bytes, half the instructions and a quarter of the (row, instruction) pairs the L1 works through
-// (16 a thread; rows past the sequence's N skipped). D = 64 and 128 keep two floats a lane (16
-// a thread): their kernels have no register left for the swap (4 bytes spilled). At D = 256 a row
-// is dq_acc_cols long, and the part's n8 blocks of columns at or past it (zeros: K_j is zero there)
+// (16 a thread; rows past the sequence's N skipped). D = 64, 96 and 128 keep two floats a lane
+// (16 a thread): their kernels have no register left for the swap (4 bytes spilled). A row is
+// dq_acc_cols long, and the part's n8 blocks of columns at or past it (zeros: K_j is zero there)
 // are skipped, as the bulk reductions' clipping does (the tensors' D is a multiple of 8: a block
-// is all in or all out; a part ending on an odd block adds that block two floats a lane).
-template <int D>
+// is all in or all out; at D = 256 a part ending on an odd block adds that block two floats a
+// lane).
+template <int D, bool TAIL = false>
 __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>()],
                                               const bwd_problem &pb, const block_place &b, int wg,
                                               int warp, int lane, int head, int q0) {
     static_assert(dq_cols<D>() % RED_PAIR_COLS == 0, "a part's n8 blocks come in pairs");
     const int g = lane / QUAD, t = lane % QUAD;
-    const int cols = dq_acc_cols<D>(pb);
+    const int cols = dq_acc_cols<D, TAIL>(pb);
     float *const rows = pb.call.dQ_acc + (size_t)(b.seq.row_acc + head * b.seq.head_acc) * cols;
+    const int blocks = TAIL || splits_dkv<D>()  // the part's inside the tensors' D
+                           ? (cols - dq_part_col<D>(wg)) / FRAG_COLS
+                           : dq_cols<D>() / FRAG_COLS;
     if constexpr (!splits_dkv<D>()) {  // D <= 128: two floats a lane (no register to spare)
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
@@ -173,14 +180,15 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
             if (row >= b.N) continue;
             float *const out = rows + (size_t)row * cols + dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
 #pragma unroll
-            for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n)
+            for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
+                if (n >= blocks) break;  // the tail of a smaller D
                 red_add_f32x2(out + FRAG_COLS * n, dQ_part[acc_index(n, h, 0)],
                               dQ_part[acc_index(n, h, 1)]);
+            }
         }
     } else {
         // D = 256: lane t keeps its pair of block n + odd
         const bool odd = t & 1;
-        const int blocks = (cols - dq_part_col<D>(wg)) / FRAG_COLS;  // inside the tensors' D
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
             const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
@@ -292,7 +300,9 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     constexpr int STRIDE = TWO ? 2 : 1;
     if constexpr (TWO)
         if (odd && ++qt == first + tiles) qt = first, ++map_head, turns += turns_apart;
-    for (int it = TWO ? odd : 0; it < pb.group * tiles; it += STRIDE) {
+    // the block's steps whose part the consumers stage (last_dq_by_reds: all but the last)
+    const int staged = pb.group * tiles - (last_dq_by_reds<D, DQ>() ? 1 : 0);
+    for (int it = TWO ? odd : 0; it < staged; it += STRIDE) {
         const int q0 = walk_row<D, DQ>(pb, qt);
         int *const turn = pb.dq_turn + turns + q0 / qrows<D>();  // the query tile's counter
         // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq)
@@ -310,7 +320,8 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         // LAB TODO: (wait_for_turn) and the next tile's after these are complete (pass_turn);
         // LAB TODO: keep both waits off the consumers' path: the turn's before their stores are
         // LAB TODO: in, the completion's after the tile is back. This warp's steps are every
-        // LAB TODO: step, or with two dQ warps (TWO) every other one; phases: dq_phase<D, DQ>(it).
+        // LAB TODO: staged step, or with two dQ warps (TWO) every other one; phases:
+        // LAB TODO: dq_phase<D, DQ>(it).
         // LAB STUB: for (int wg = 0; wg < (dq_by_parts<D, DQ>() ? CONSUMERS : 1); ++wg) {
         // LAB STUB:     mbar_wait(dq_full_bar(sm, dq_pair<D, DQ>(it, wg)), dq_phase<D, DQ>(it));
         // LAB STUB:     mbar_arrive(dq_empty_bar(sm, dq_pair<D, DQ>(it, wg)));  // nothing added

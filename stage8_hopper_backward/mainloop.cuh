@@ -607,7 +607,8 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
     mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
 }
 
-// The dQ part of the block's last step, after the loop.
+// The dQ part of the block's last step, after the loop: added from the registers where
+// last_dq_by_reds (no wait for the staging tile), else handed over as every other.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_place &p,
                                         const bwd_problem &pb, const block_place &b, walk_step dq,
@@ -617,7 +618,10 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
     issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
     wgmma_wait<0>();
     pin_registers(dQ_part);
-    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq, dq_at);
+    if constexpr (last_dq_by_reds<D, DQ>())
+        add_dq_atomic<D, true>(dQ_part, pb, b, p.wg, p.warp, p.lane, dq.head, dq.q0);
+    else
+        hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq, dq_at);
 }
 
 // One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
