@@ -506,12 +506,15 @@ __device__ __forceinline__ void merge_key_warps(const float *smem_f, int row_war
     // LAB STUB: *m = row[D], *l = row[D + 1], *o = *reinterpret_cast<const float4 *>(row + col);
     // LAB STUB: (void)key_warps;  // until filled: the row keeps key warp 0's keys only
     float mx = -INFINITY;
-    for (int kw = 0; kw < key_warps; ++kw)
-        mx = fmaxf(mx, smem_f[state_row<D>(row_warps, kw, block_row) + D]);
+#pragma unroll
+    for (int kw = 0; kw < WARPS; ++kw)  // (unrolled: key_warps is 1, 2 or 4)
+        if (kw < key_warps) mx = fmaxf(mx, smem_f[state_row<D>(row_warps, kw, block_row) + D]);
     const float base = mx == -INFINITY ? 0.f : mx;  // no key: every weight 2^-inf = 0
     float sum = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int kw = 0; kw < key_warps; ++kw) {
+#pragma unroll
+    for (int kw = 0; kw < WARPS; ++kw) {
+        if (kw >= key_warps) break;
         const float *row = smem_f + state_row<D>(row_warps, kw, block_row);
         const float w = fast_exp2(row[D] - base);
         const float4 x = *reinterpret_cast<const float4 *>(row + col);
@@ -522,26 +525,31 @@ __device__ __forceinline__ void merge_key_warps(const float *smem_f, int row_war
     // LAB HOLE 2 END
 }
 
-// Phase 5 (once, every thread): the block's real rows, four columns an item, items spread over
-// the block's threads: each merged (merge_key_warps), then O = O_acc / l and LSE = m ln 2 + ln l
-// into O and lse (one range) or into the range's slot of O_part and lse_part (split:
-// combine_kernel_pdl merges the ranges). A row that saw no key: O = 0, LSE = -inf.
+// Phase 5 (once, every thread): the block's real rows, four columns an item, a thread's items the
+// same four columns of every ROWS_PER_PASS-th row: each merged (merge_key_warps), then O = O_acc / l
+// and LSE = (m + log2 l) ln 2 into O and lse (one range) or into the range's slot of O_part and
+// lse_part (split: combine_kernel_pdl merges the ranges). A row that saw no key: O = 0, LSE = -inf.
+// A packed row r is query r / tile_heads of head h0 + r % tile_heads: worked out once a thread,
+// then carried from row to row.
 template <int D, bool BF16>
 __device__ __forceinline__ void store_rows(const decode_params &p, const float *smem_f, int b,
                                            int h0, int split) {
     constexpr int ITEMS_PER_ROW = D / 4;  // a float4 of O's columns each
+    constexpr int ROWS_PER_PASS = THREADS / ITEMS_PER_ROW;
+    static_assert(THREADS % ITEMS_PER_ROW == 0, "a thread keeps its columns from row to row");
     const int key_warps = WARPS / p.row_warps;
     const int first = (int)blockIdx.z * p.row_warps * MMA_M;  // the block's first packed row
     const int rows = min(p.rows - first, p.row_warps * MMA_M);
     const long long part_rows = (long long)p.B * p.H * p.N;
-    for (int item = (int)threadIdx.x; item < rows * ITEMS_PER_ROW; item += THREADS) {
-        const int block_row = item / ITEMS_PER_ROW, col = item % ITEMS_PER_ROW * 4;
+    const int col = (int)threadIdx.x % ITEMS_PER_ROW * 4;
+    int block_row = (int)threadIdx.x / ITEMS_PER_ROW;
+    int i = (first + block_row) / p.tile_heads, hh = (first + block_row) % p.tile_heads;
+    for (; block_row < rows; block_row += ROWS_PER_PASS) {
         float m, l;
         float4 o;
         merge_key_warps<D>(smem_f, p.row_warps, key_warps, block_row, col, &m, &l, &o);
-        const int r = first + block_row;
-        const int i = r / p.tile_heads, h = h0 + r % p.tile_heads;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int h = h0 + hh;
+        const float inv = l > 0.f ? __fdividef(1.f, l) : 0.f;  // l <= the range's keys
         const long long prow = ((long long)b * p.H + h) * p.N + i;  // [B, H, N] row
         if (p.splits == 1) {
             elem *out =
@@ -554,9 +562,10 @@ __device__ __forceinline__ void store_rows(const decode_params &p, const float *
                 make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
         }
         if (col == 0) {
-            const float lse = l > 0.f ? m * LN2 + logf(l) : -INFINITY;
+            const float lse = l > 0.f ? (m + __log2f(l)) * LN2 : -INFINITY;
             (p.splits == 1 ? p.lse[prow] : p.lse_part[(long long)split * part_rows + prow]) = lse;
         }
+        for (hh += ROWS_PER_PASS; hh >= p.tile_heads; hh -= p.tile_heads) ++i;  // the next row's
     }
 }
 
