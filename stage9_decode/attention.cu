@@ -525,12 +525,12 @@ __device__ __forceinline__ void merge_key_warps(const float *smem_f, int row_war
     // LAB HOLE 2 END
 }
 
-// Phase 5 (once, every thread): the block's real rows, four columns an item, a thread's items the
-// same four columns of every ROWS_PER_PASS-th row: each merged (merge_key_warps), then O = O_acc / l
-// and LSE = (m + log2 l) ln 2 into O and lse (one range) or into the range's slot of O_part and
-// lse_part (split: combine_kernel_pdl merges the ranges). A row that saw no key: O = 0, LSE = -inf.
-// A packed row r is query r / tile_heads of head h0 + r % tile_heads: worked out once a thread,
-// then carried from row to row.
+// Phase 5 (once, every thread): the block's real rows, four columns an item; a thread's items
+// are the same four columns of every ROWS_PER_PASS-th row. Each row is merged (merge_key_warps),
+// then O = O_acc / l and LSE = (m + log2 l) ln 2 go into O and lse (one range) or into the range's
+// slot of O_part and lse_part (split: combine_kernel_pdl merges the ranges). A row that saw no
+// key: O = 0, LSE = -inf. A packed row r is query r / tile_heads of head h0 + r % tile_heads:
+// worked out once a thread, then carried from row to row.
 template <int D, bool BF16>
 __device__ __forceinline__ void store_rows(const decode_params &p, const float *smem_f, int b,
                                            int h0, int split) {
@@ -549,7 +549,7 @@ __device__ __forceinline__ void store_rows(const decode_params &p, const float *
         float4 o;
         merge_key_warps<D>(smem_f, p.row_warps, key_warps, block_row, col, &m, &l, &o);
         const int h = h0 + hh;
-        const float inv = l > 0.f ? __fdividef(1.f, l) : 0.f;  // l <= the range's keys
+        const float inv = l > 0.f ? __fdividef(1.f, l) : 0.f;       // l <= the range's keys
         const long long prow = ((long long)b * p.H + h) * p.N + i;  // [B, H, N] row
         if (p.splits == 1) {
             elem *out =
