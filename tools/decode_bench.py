@@ -3,7 +3,8 @@
 
 For every shape, one set of inputs (fixed seed): q [B, N_q, H, D] and a cache of N_k keys per
 sequence, K and V [B, N_k, H_kv, D] (flash-attn's layout; --page-size P: the same keys in pages of
-P, scattered by a random block table, for the course only). Each library is timed the same way: a
+P, scattered by a random block table, for the course only; --page-order sequential: pages in the
+order of the keys, so that what scattering costs the HBM is told apart from the table's reads). Each library is timed the same way: a
 CUDA graph of --repeats rounds of (flush the L2 cache: a buffer of twice its size is read; one
 call), replayed --replays times between CUDA events, against a graph of the flushes alone; a call's
 time is the difference of the fastest replays over --repeats. No host time is counted, as a server
@@ -28,7 +29,8 @@ Checks: each output against the first library that ran the shape (2e-2 absolute)
 line on stderr and exit 1.
 
 usage: python3 -m tools.decode_bench [--quick | --shape B,H,H_kv,D,N_q,N_k[,causal] ...]
-                                     [--page-size P] [--variant NAME] [--repeats N]
+                                     [--page-size P [--page-order random|sequential]]
+                                     [--variant NAME] [--repeats N]
                                      [--replays N] [--csv OUT [--append]] [--peak-tbs T]
                                      [--flush read|write] [--no-course | --no-sdpa] | --self-test
 Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
@@ -150,6 +152,9 @@ def main():
     ap.add_argument("--shape", type=parse_shape, action="append", metavar="B,H,H_kv,D,N_q,N_k[,c]",
                     help="time this shape instead of the list (repeatable; c = 1: causal)")
     ap.add_argument("--page-size", type=int, default=0)
+    ap.add_argument("--page-order", choices=("random", "sequential"), default="random",
+                    help="with --page-size: the block table a random permutation of the pages "
+                    "(default) or the pages in order")
     ap.add_argument("--variant", default="default")
     ap.add_argument("--repeats", type=int, default=20, help="calls per graph (default 20)")
     ap.add_argument("--replays", type=int, default=7, help="replays per graph (default 7)")
@@ -278,8 +283,11 @@ def main():
             if args.page_size:
                 P = args.page_size
                 pages = (N_k + P - 1) // P
-                perm = torch.randperm(B * pages, device=dev, generator=g).to(torch.int32)
-                table = perm.view(B, pages)
+                if args.page_order == "random":
+                    perm = torch.randperm(B * pages, device=dev, generator=g)
+                else:
+                    perm = torch.arange(B * pages, device=dev)
+                table = perm.to(torch.int32).view(B, pages)
                 kp = torch.empty(B * pages, P, H_kv, D, device=dev, dtype=torch.float16)
                 vp = torch.empty_like(kp)
                 kpad = torch.zeros(B, pages * P, H_kv, D, device=dev, dtype=torch.float16)
@@ -343,8 +351,10 @@ def main():
         print(f"{B:>2} {H:>3} {H_kv:>3} {D:>3} {N_q:>2} {N_k:>7} {int(causal):>1}  "
               + "  ".join(cells), flush=True)
     if args.csv:
-        write_rows(args.csv, rows, f"paged{args.page_size}" if args.page_size else "contiguous",
-                   args.variant, args.peak_tbs, args.append)
+        cache = "contiguous"
+        if args.page_size:  # (decode_table reads the random tables' rows: "paged16")
+            cache = f"paged{args.page_size}" + ("" if args.page_order == "random" else "-sequential")
+        write_rows(args.csv, rows, cache, args.variant, args.peak_tbs, args.append)
     return 1 if failed else 0
 
 
