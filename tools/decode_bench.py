@@ -3,11 +3,12 @@
 
 For every shape, one set of inputs (fixed seed): q [B, N_q, H, D] and a cache of N_k keys per
 sequence, K and V [B, N_k, H_kv, D] (flash-attn's layout; --page-size P: the same keys in pages of
-P, scattered by a random block table, for the course only; --page-order sequential: pages in the
-order of the keys, so that what scattering costs the HBM is told apart from the table's reads). Each library is timed the same way: a
-CUDA graph of --repeats rounds of (flush the L2 cache: a buffer of twice its size is read; one
-call), replayed --replays times between CUDA events, against a graph of the flushes alone; a call's
-time is the difference of the fastest replays over --repeats. No host time is counted, as a server
+P, scattered by a random block table, for the course (and FlashInfer) only; --page-order
+sequential: pages in the order of the keys, so that what scattering costs the HBM is told apart
+from the table's reads). Each library is timed the same way: a CUDA graph of --repeats rounds of
+(flush the L2 cache: a buffer of twice its size is read; one call), replayed --replays times
+between CUDA events, against a graph of the flushes alone; a call's time is the difference of the
+fastest replays over --repeats. No host time is counted, as a server
 replays its decode step in a CUDA graph; the stage programs' own --bench (CUDA events around each
 launched call) counts the launch too. The flush reads, so that the cache holds clean lines: one
 that writes (--flush write) leaves the L2 full of dirty lines, and the call that evicts them pays
@@ -21,6 +22,11 @@ Columns:
   FA2      torch.nn.functional.scaled_dot_product_attention on [B, H, N_q, D] views of the same
            tensors, SDPBackend.FLASH_ATTENTION, enable_gqa=True
   cuDNN    the same, SDPBackend.CUDNN_ATTENTION
+  FlashInfer  with --flashinfer, where `import flashinfer` works: its paged decode (one query:
+           BatchDecodeWithPagedKVCacheWrapper, tensor cores from 4 query heads a KV head) or paged
+           prefill (more queries: BatchPrefillWithPagedKVCacheWrapper, causal bottom-right as
+           the course's), planned once outside the graph, on the course's cache: its pages and
+           block table with --page-size, else the contiguous cache as one page a sequence
   copy     a device-to-device copy of 1 GiB (bytes read + written / time): the practical roof
 Causal with N_q > 1 is bottom-right (query i sees keys up to i + N_k - N_q) in the course; SDPA's
 is_causal is top-left, so SDPA gets torch.nn.attention.bias.causal_lower_right(N_q, N_k).
@@ -32,7 +38,8 @@ usage: python3 -m tools.decode_bench [--quick | --shape B,H,H_kv,D,N_q,N_k[,caus
                                      [--page-size P [--page-order random|sequential]]
                                      [--variant NAME] [--repeats N]
                                      [--replays N] [--csv OUT [--append]] [--peak-tbs T]
-                                     [--flush read|write] [--no-course | --no-sdpa] | --self-test
+                                     [--flush read|write] [--no-course | --no-sdpa]
+                                     [--flashinfer] | --self-test
 Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
 """
 import argparse
@@ -146,6 +153,39 @@ def self_test():
     return 1 if problems else 0
 
 
+def flashinfer_call(flashinfer, torch, q, kc, vc, table, page, N_k, causal):
+    """FlashInfer on the course's cache, planned once (its plan runs on the host: outside the
+    graph): kc, vc [pages, page, H_kv, D] with `table` [B, pages a sequence] int32, every sequence
+    N_k keys. One query: the paged decode wrapper; more: the paged prefill wrapper, causal
+    aligned bottom-right (FlashInfer's rule when the keys outnumber the queries). Returns a call
+    whose output is [B, N_q, H, D]."""
+    B, N_q, H, D = q.shape
+    H_kv = kc.shape[2]
+    dev = q.device
+    per = table.shape[1]
+    indptr = torch.arange(B + 1, dtype=torch.int32, device=dev) * per
+    indices = table.reshape(-1).contiguous()
+    last = torch.full((B,), N_k - (per - 1) * page, dtype=torch.int32, device=dev)
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+    if N_q == 1:
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            ws, "NHD", use_cuda_graph=True, use_tensor_cores=H // H_kv >= 4,
+            paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices,
+            paged_kv_last_page_len_buffer=last)
+        w.plan(indptr, indices, last, H, H_kv, D, page, q_data_type=q.dtype,
+               kv_data_type=kc.dtype)
+        qq = q.view(B, H, D)
+        return lambda: w.run(qq, (kc, vc)).view(B, 1, H, D)
+    qo = torch.arange(B + 1, dtype=torch.int32, device=dev) * N_q
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        ws, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=indptr,
+        paged_kv_indices_buf=indices, paged_kv_last_page_len_buf=last)
+    w.plan(qo, indptr, indices, last, H, H_kv, D, page, causal=bool(causal),
+           q_data_type=q.dtype, kv_data_type=kc.dtype)
+    qq = q.reshape(B * N_q, H, D)
+    return lambda: w.run(qq, (kc, vc)).view(B, N_q, H, D)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -168,6 +208,8 @@ def main():
                     "it pays for their write-back)")
     ap.add_argument("--no-course", action="store_true", help="SDPA and the copy only")
     ap.add_argument("--no-sdpa", action="store_true", help="the course and the copy only")
+    ap.add_argument("--flashinfer", action="store_true",
+                    help="a FlashInfer column too (its wheels installed: n/a otherwise)")
     ap.add_argument("--self-test", action="store_true",
                     help="without a GPU: write_rows and --append against tools/decode_table.py")
     args = ap.parse_args()
@@ -263,7 +305,14 @@ def main():
           f"({100 * copy_gbs / (1000 * args.peak_tbs):.0f}% of {args.peak_tbs} TB/s)")
     rows = []
     failed = False
-    libs = ["course", "FA2", "cuDNN"]
+    libs = ["course", "FA2", "cuDNN"] + (["FlashInfer"] if args.flashinfer else [])
+    flashinfer = None
+    if args.flashinfer:
+        try:
+            import flashinfer
+        except Exception as e:  # not installed, or its import fails on this machine
+            print(f"FlashInfer: not importable ({type(e).__name__}: {e}): its column is n/a",
+                  file=sys.stderr)
     print(f"{'B':>2} {'H':>3} {'Hkv':>3} {'D':>3} {'Nq':>2} {'N_k':>7} {'c':>1}  " +
           "  ".join(f"{x:>22}" for x in libs))
     for (B, H, H_kv, D, N_q, N_k, causal) in (args.shape or (QUICK if args.quick else SHAPES)):
@@ -301,6 +350,19 @@ def main():
             else:
                 calls["course"] = lambda: course(q, k, v, cache_seqlens=seqlens, causal=causal,
                                                  variant=args.variant)
+        if flashinfer is not None:
+            try:
+                if args.page_size:
+                    calls["FlashInfer"] = flashinfer_call(flashinfer, torch, q, kp, vp, table,
+                                                          args.page_size, N_k, causal)
+                else:  # one page a sequence: the contiguous cache as it is
+                    calls["FlashInfer"] = flashinfer_call(
+                        flashinfer, torch, q, k, v,
+                        torch.arange(B, dtype=torch.int32, device=dev).view(B, 1), N_k, N_k,
+                        causal)
+            except Exception as e:  # a shape or build it does not take: n/a, and go on
+                print(f"FlashInfer: {type(e).__name__}: {str(e).splitlines()[0][:160]}",
+                      file=sys.stderr)
         if not args.no_sdpa:
             calls["FA2"] = (SDPBackend.FLASH_ATTENTION,)
             calls["cuDNN"] = (SDPBackend.CUDNN_ATTENTION,)
@@ -322,7 +384,7 @@ def main():
                                                               is_causal=False)
             try:
                 o = fn()
-                o = o.transpose(1, 2) if lib != "course" else o
+                o = o.transpose(1, 2) if lib in ("FA2", "cuDNN") else o
                 ms = timed(fn)
             except Exception as e:  # a library that cannot run the shape: n/a, and go on
                 print(f"{lib}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", file=sys.stderr)
@@ -353,7 +415,8 @@ def main():
     if args.csv:
         cache = "contiguous"
         if args.page_size:  # (decode_table reads the random tables' rows: "paged16")
-            cache = f"paged{args.page_size}" + ("" if args.page_order == "random" else "-sequential")
+            order = "" if args.page_order == "random" else "-sequential"
+            cache = f"paged{args.page_size}{order}"
         write_rows(args.csv, rows, cache, args.variant, args.peak_tbs, args.append)
     return 1 if failed else 0
 
