@@ -102,7 +102,8 @@ def write_rows(path, rows, cache, variant, peak_tbs, append=False):
 def self_test():
     """Without a GPU: the rows of a full run, then of three --append runs (nopack, nosplit, pages
     of 16), written as write_rows writes them, make both of decode_table's tables, with one
-    header and every cell where it belongs. Exit 0 when all hold."""
+    header and every cell where it belongs; a FlashInfer row adds its column. Exit 0 when all
+    hold."""
     from tools import decode_table
     shape = ("GPU X", 1, 32, 8, 128, 1, 4096, 0)
     nbytes = 2 * 1 * 4096 * 8 * 128 * 2
@@ -136,6 +137,17 @@ def self_test():
     for line in want:
         if line not in out.splitlines():
             problems.append(f"decode_table's line missing: {line}")
+    # FlashInfer's rows (--flashinfer) add its column and its ratio; without them, as above
+    fi_row = dict(rows[0], library="FlashInfer", ms_median="0.02500", hbm_pct="14.0")
+    try:
+        out_fi = decode_table.tables(rows + [fi_row])
+    except (KeyError, ValueError) as e:
+        out_fi = ""
+        problems.append(f"decode_table cannot read a FlashInfer row: {type(e).__name__}: {e}")
+    want_fi = ("| B = 1, 32/8 heads, D = 128, N_k = 4,096, 1 query | 12.5 us (28%) | "
+               "20.0 us (18%) | 15.0 us (23%) | 25.0 us (14%) | 1.20 | 2.00 |")
+    if want_fi not in out_fi.splitlines():
+        problems.append(f"decode_table's line with FlashInfer missing: {want_fi}")
     if parse_shape("1,32,8,64,4,4096,1") != (1, 32, 8, 64, 4, 4096, True) or \
             parse_shape("8,32,8,128,1,32768") != (8, 32, 8, 128, 1, 32768, False):
         problems.append("parse_shape reads a good --shape wrong")

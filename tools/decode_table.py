@@ -5,7 +5,8 @@ Reads stage9_decode/measured/h200_decode.csv (tools/decode_bench.py's rows, one 
 CUDA graphs of L2-flushed calls) and writes the tables between the lines
 <!-- results:decode:begin --> and <!-- results:decode:end --> of stage9_decode/README.md:
   1. every shape: stage 9, FA2 and cuDNN, time per call and the share of the HBM's peak it turns
-     into cache reads, and stage 9's speed over the faster of the two;
+     into cache reads, and stage 9's speed over the faster of the two; where the CSV has
+     FlashInfer's rows (decode_bench --flashinfer), its column and stage 9's speed over it too;
   2. the lessons switched off (variants nopack and nosplit) and the paged cache (pages of 16) on
      the shapes they were run on, against the default on a contiguous cache.
 --check: exit 1 (and say so) if the README's section is not what the CSV gives.
@@ -48,8 +49,13 @@ def tables(rows):
            "/ time); CUDA graphs of calls with the L2 flushed before each (a read of twice its "
            "size: clean lines, no write-back charged to the call), the same for every library.",
            ""]
-    out += ["| shape | stage 9 | FA2 | cuDNN | best of FA2, cuDNN / stage 9 |",
-            "|:---|---:|---:|---:|---:|"]
+    fi = any(r["library"] == "FlashInfer" and r["cache"] == "contiguous" for r in rows)
+    if fi:
+        out += ["| shape | stage 9 | FA2 | cuDNN | FlashInfer | best of FA2, cuDNN / stage 9 | "
+                "FlashInfer / stage 9 |", "|:---|---:|---:|---:|---:|---:|---:|"]
+    else:
+        out += ["| shape | stage 9 | FA2 | cuDNN | best of FA2, cuDNN / stage 9 |",
+                "|:---|---:|---:|---:|---:|"]
     by = {}
     for r in rows:
         by.setdefault((r["cache"], r["variant"] or "default", shape_key(r)), {})[r["library"]] = r
@@ -67,9 +73,16 @@ def tables(rows):
         others = [float(x["ms_median"]) for x in (fa2, cudnn) if x]
         ratio = min(others) / float(s9["ms_median"]) if others else None
         wins += ratio is not None and ratio >= 1.0
-        out.append(f"| {shape_name(k)} | {cell(s9)} | {cell(fa2) if fa2 else 'n/a'} | "
-                   f"{cell(cudnn) if cudnn else 'n/a'} | "
-                   f"{f'{ratio:.2f}' if ratio is not None else '-'} |")
+        line = (f"| {shape_name(k)} | {cell(s9)} | {cell(fa2) if fa2 else 'n/a'} | "
+                f"{cell(cudnn) if cudnn else 'n/a'} | ")
+        if fi:
+            fin = libs.get("FlashInfer")
+            line += f"{cell(fin) if fin else 'n/a'} | "
+        line += f"{f'{ratio:.2f}' if ratio is not None else '-'} |"
+        if fi:
+            line += (f" {float(fin['ms_median']) / float(s9['ms_median']):.2f} |" if fin
+                     else " - |")
+        out.append(line)
     out += ["", f"Stage 9 is at least as fast as both on {wins} of {len(keys)} shapes.", ""]
     out += ["| shape | default | nopack | nosplit | default, pages of 16 |",
             "|:---|---:|---:|---:|---:|"]
