@@ -76,6 +76,9 @@ constexpr double FILL_SLACK = SPLIT_SLACK;
 // tiles pays its block's fixed part (Q, the length, the ring's fill, its partial O and LSE and
 // their merge) on too few bytes.
 constexpr int MIN_RANGE_TILES = 4;
+// The merge of the key ranges in blocks of one warp (a row or two each): one query of 32 heads is
+// 32 rows, which COMBINE_THREADS-thread blocks would put on 8 SMs, each reading 32 ranges a row.
+constexpr int MERGE_THREADS = WARP_SIZE;
 
 /* ---- device helpers -------------------------------------------------------------------------- */
 
@@ -912,18 +915,20 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
                                s->o.batch,
                                s->o.head,
                                (int)s->o.row};
-    const unsigned rows_per_block =
-        s->D == 64 ? combine_rows_per_block<64>() : combine_rows_per_block<128>();
+    const unsigned rows_per_block = s->D == 64 ? combine_rows_per_block<64, MERGE_THREADS>()
+                                               : combine_rows_per_block<128, MERGE_THREADS>();
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t merge = {};
     merge.gridDim = dim3((unsigned)((part_rows + rows_per_block - 1) / rows_per_block));
-    merge.blockDim = dim3(COMBINE_THREADS);
+    merge.blockDim = dim3(MERGE_THREADS);
     merge.stream = stream, merge.attrs = &attr, merge.numAttrs = 1;
     void (*const merge_kernel)(const combine_params) =
-        s->D == 64 ? (s->bf16 ? combine_kernel_pdl<64, true> : combine_kernel_pdl<64, false>)
-                   : (s->bf16 ? combine_kernel_pdl<128, true> : combine_kernel_pdl<128, false>);
+        s->D == 64 ? (s->bf16 ? combine_kernel_pdl<64, true, MERGE_THREADS>
+                              : combine_kernel_pdl<64, false, MERGE_THREADS>)
+                   : (s->bf16 ? combine_kernel_pdl<128, true, MERGE_THREADS>
+                              : combine_kernel_pdl<128, false, MERGE_THREADS>);
     ATTN_TRY(cudaLaunchKernelEx(&merge, merge_kernel, cp));
     return cudaSuccess;
 }

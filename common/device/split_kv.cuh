@@ -115,14 +115,17 @@ typedef struct combine_params {
     int o_row;
 } combine_params;
 
-// Threads per row (4 columns each), and rows per block.
+// Threads per row (4 columns each), and rows per block of THREADS threads (COMBINE_THREADS, or
+// a warp where the rows are few: stage 9's one query a head makes 32 rows, 8 blocks of 128).
 template <int D>
 __host__ __device__ constexpr int combine_lanes() {
     return D / 4;
 }
-template <int D>
+template <int D, int THREADS = COMBINE_THREADS>
 __host__ __device__ constexpr int combine_rows_per_block() {
-    return COMBINE_THREADS / combine_lanes<D>();
+    static_assert(THREADS % combine_lanes<D>() == 0 || THREADS == COMBINE_THREADS,
+                  "a smaller block holds whole rows");
+    return THREADS / combine_lanes<D>();
 }
 
 // One thread's share of the merge: lane `lane` (of combine_lanes()) of row `row`; O stored as
@@ -174,10 +177,11 @@ __device__ __forceinline__ void combine_row(const combine_params &p, long long r
 }
 
 // The row of this thread (>= p.rows: none), and its lane in the row.
-template <int D>
+template <int D, int THREADS = COMBINE_THREADS>
 __device__ __forceinline__ long long combine_thread_row(int *lane) {
     *lane = (int)threadIdx.x % combine_lanes<D>();
-    return (long long)blockIdx.x * combine_rows_per_block<D>() + threadIdx.x / combine_lanes<D>();
+    return (long long)blockIdx.x * combine_rows_per_block<D, THREADS>() +
+           threadIdx.x / combine_lanes<D>();
 }
 
 template <int D, bool BF16 = false>
@@ -189,13 +193,14 @@ __global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel(const combine_
 
 // The same merge launched with PDL right behind the attention kernel (stages 6 and 9): its blocks
 // are placed on idle SMs (or as attention blocks leave) while that kernel runs, and start merging
-// the moment it ends (wait_for_previous_kernel: the key ranges' O and LSE are written).
-template <int D, bool BF16 = false>
-__global__ void __launch_bounds__(COMBINE_THREADS) combine_kernel_pdl(const combine_params p) {
+// the moment it ends (wait_for_previous_kernel: the key ranges' O and LSE are written). Blocks
+// of THREADS threads (combine_rows_per_block<D, THREADS>() rows each).
+template <int D, bool BF16 = false, int THREADS = COMBINE_THREADS>
+__global__ void __launch_bounds__(THREADS) combine_kernel_pdl(const combine_params p) {
     let_next_kernel_start();
     wait_for_previous_kernel();
     int lane;
-    const long long row = combine_thread_row<D>(&lane);
+    const long long row = combine_thread_row<D, THREADS>(&lane);
     if (row < p.rows) combine_row<D, BF16>(p, row, lane);
 }
 
