@@ -165,9 +165,12 @@ typedef struct {
     int causal;
     float scale_log2;  // scale x log2(e): scores in base 2
     int tile_heads;    // query heads packed in a tile: H / H_kv, or 1 (nopack)
+    int group;         // query heads a KV head: H / H_kv
     int rows;          // a tile's packed rows, tile_heads x N: row i x tile_heads + j is query i
                        // of head h0 + j
     int row_warps;     // warps over a tile's m16 row tiles (1, 2 or 4); the others split keys
+    int row_shift;     // log2(row_warps)
+    int row_groups;    // blocks over a tile's rows: ceil(rows / (row_warps x 16))
     int splits, split_keys;  // key ranges per sequence, keys per range (whole tiles: tile_keys(D))
     int stages;              // the K/V ring's depth
     int page_stride, page_row;  // paged: k_batch and k_row as ints (run_decode: they fit)
@@ -536,12 +539,11 @@ __device__ __forceinline__ void merge_key_warps(const float *smem_f, int row_war
 // worked out once a thread, then carried from row to row.
 template <int D, bool BF16>
 __device__ __forceinline__ void store_rows(const decode_params &p, const float *smem_f, int b,
-                                           int h0, int split) {
+                                           int h0, int first, int split) {
     constexpr int ITEMS_PER_ROW = D / 4;  // a float4 of O's columns each
     constexpr int ROWS_PER_PASS = THREADS / ITEMS_PER_ROW;
     static_assert(THREADS % ITEMS_PER_ROW == 0, "a thread keeps its columns from row to row");
     const int key_warps = WARPS / p.row_warps;
-    const int first = (int)blockIdx.z * p.row_warps * MMA_M;  // the block's first packed row
     const int rows = min(p.rows - first, p.row_warps * MMA_M);
     const long long part_rows = (long long)p.B * p.H * p.N;
     const int col = (int)threadIdx.x % ITEMS_PER_ROW * 4;
@@ -572,8 +574,23 @@ __device__ __forceinline__ void store_rows(const decode_params &p, const float *
     }
 }
 
-// One block: key range blockIdx.x of KV head and sequence blockIdx.y (tile_heads query heads of
-// it), row group blockIdx.z (of row_warps m16 tiles). The loop's schedule: the ring holds
+// Where a block works: key range blockIdx.x of query heads h0 .. h0 + tile_heads - 1 (head tile
+// blockIdx.y, of KV head hk) of sequence b, its rows from `first` (row group g of row_warps m16
+// tiles: blockIdx.z = b x row_groups + g). Without a division where the shape allows (one row
+// group, packed heads: one head tile a KV head), so that the length's load is among the block's
+// first instructions.
+struct block_place {
+    int b, h0, hk, first;
+};
+__device__ __forceinline__ block_place block_place_of(const decode_params &p) {
+    const int z = (int)blockIdx.z, y = (int)blockIdx.y;
+    const int b = p.row_groups == 1 ? z : z / p.row_groups;
+    const int g = z - b * p.row_groups;
+    const int h0 = y * p.tile_heads;
+    return {b, h0, p.tile_heads == p.group ? y : h0 / p.group, g * p.row_warps * MMA_M};
+}
+
+// One block (block_place_of says which). The loop's schedule: the ring holds
 // `stages` K/V tiles; tile j + stages - 1 is issued as tile j is computed.
 template <int D, bool BF16, bool PAGED>
 __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
@@ -582,14 +599,12 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
     constexpr uint32_t TILE_BYTES = KT * D * HALF_BYTES;
     constexpr uint32_t STAGE_BYTES = 2 * TILE_BYTES;  // K, then V
     const int split = blockIdx.x;
-    const int tiles_per_sequence = p.H / p.tile_heads;
-    const int b = blockIdx.y / tiles_per_sequence;
-    const int h0 = blockIdx.y % tiles_per_sequence * p.tile_heads;
-    const int hk = h0 / (p.H / p.H_kv);
+    const block_place at = block_place_of(p);
+    const int b = at.b, h0 = at.h0, hk = at.hk;
     const int warp = (int)threadIdx.x / WARP_SIZE, lane = (int)threadIdx.x % WARP_SIZE;
-    const int m_warp = warp % p.row_warps, key_warp = warp / p.row_warps;
-    const int key_warps = WARPS / p.row_warps;
-    const int row0 = ((int)blockIdx.z * p.row_warps + m_warp) * MMA_M;
+    const int m_warp = warp & (p.row_warps - 1), key_warp = warp >> p.row_shift;
+    const int key_warps = WARPS >> p.row_shift;
+    const int row0 = at.first + m_warp * MMA_M;
 
     let_next_kernel_start();  // the merge may be placed on the SMs (it waits for this grid)
     const int L = sequence_keys(p, b);
@@ -652,7 +667,7 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
     float *state = reinterpret_cast<float *>(smem);
     leave_state<D>(p, state, m_warp, key_warp, row0, lane, st);
     __syncthreads();  // every key warp's state is in shared memory
-    store_rows<D, BF16>(p, state, b, h0, split);
+    store_rows<D, BF16>(p, state, b, h0, at.first, split);
 }
 
 /* ---- the plan (host) ------------------------------------------------------------------------- */
@@ -765,7 +780,8 @@ static const char *decode_unsupported(const attn_shape *s, const attn_device *de
     if (variant < 0 || variant >= VARIANTS) return "unknown variant";
     if (s->H_kv < 1 || s->H % s->H_kv)
         return "H must be a multiple of H_kv (query heads per KV head)";
-    if ((long long)s->B * s->H > ATTN_MAX_GRID_Y) return "B * H is more than a grid's y holds";
+    // the grid's z is B x row groups: a tile's rows (at most 16 a query head) make at most H groups
+    if ((long long)s->B * s->H > ATTN_MAX_GRID_Y) return "B * H is more than a grid's z holds";
     if (s->k.batch != s->v.batch || s->k.head != s->v.head || s->k.row != s->v.row)
         return "the K and V caches must have the same strides";
     const attn_layout *l[] = {&s->q, &s->k, &s->v, &s->o};
@@ -887,13 +903,15 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
     p.page_shift = shift, p.num_pages = c->num_pages, p.max_pages = c->max_pages;
     p.page_stride = paged ? (int)s->k.batch : 0, p.page_row = paged ? (int)s->k.row : 0;
     p.causal = s->causal, p.scale_log2 = s->scale * LOG2E;
-    p.tile_heads = pl.tile_heads, p.rows = pl.rows, p.row_warps = pl.row_warps;
+    p.tile_heads = pl.tile_heads, p.group = s->H / s->H_kv, p.rows = pl.rows;
+    p.row_warps = pl.row_warps, p.row_groups = pl.row_groups;
+    for (p.row_shift = 0; (1 << p.row_shift) < pl.row_warps;) ++p.row_shift;
     p.splits = pl.splits, p.split_keys = pl.split_keys, p.stages = pl.stages;
 
     const decode_fn fn = kernel_for(s->D, s->bf16, paged);
     ATTN_TRY(kernel_smem_limit((const void *)fn, (int)pl.smem));
-    const dim3 grid((unsigned)pl.splits, (unsigned)(s->B * (s->H / pl.tile_heads)),
-                    (unsigned)pl.row_groups);
+    const dim3 grid((unsigned)pl.splits, (unsigned)(s->H / pl.tile_heads),
+                    (unsigned)(s->B * pl.row_groups));
     fn<<<grid, THREADS, pl.smem, stream>>>(p);
     ATTN_TRY(cudaGetLastError());
     if (pl.splits == 1) return cudaSuccess;
