@@ -330,21 +330,25 @@ __device__ __forceinline__ void load_q(const decode_params &p, int b, int h0, in
 // contiguous, by their index; paged, by their page (page_of's -1), as any entry outside the cache
 // is. K and V have the same strides: one offset per key row serves both. A row's swizzle is the
 // same in every pass (copy_rows is a multiple of 8 rows), so a pass adds a constant to the first
-// offset.
+// offset in shared memory; contiguous, also in the cache: pass_at, copy_rows keys' stride.
 template <int D, bool PAGED>
 __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_stage,
                                            uint32_t v_stage, int b, int hk, int key0, int k_end,
-                                           const int (&page)[copy_passes<D>()]) {
+                                           const int (&page)[copy_passes<D>()],
+                                           long long pass_at) {
     constexpr int CHUNKS = D / CHUNK_HALVES;
     constexpr uint32_t PASS_BYTES = copy_rows<D>() * D * HALF_BYTES;
     static_assert(copy_rows<D>() % MATRIX_ROWS == 0, "a pass keeps the rows' swizzle");
     const int tid = (int)threadIdx.x, c = tid % CHUNKS, r0 = tid / CHUNKS;
     const long long head_chunk = hk * p.k_head + (long long)c * CHUNK_HALVES;
     const uint32_t first = tile_offset<D>(r0, c);
+    // contiguous: the first pass's row; each pass copy_rows keys further (pass_at elements)
+    const long long at0 = PAGED ? 0 : key_offset<PAGED>(p, b, 0, key0 + r0) + head_chunk;
 #pragma unroll
     for (int pass = 0; pass < copy_passes<D>(); ++pass) {
         const int key = key0 + pass * copy_rows<D>() + r0;
         if constexpr (PAGED) {
+            (void)pass_at;
             // past the range page_of gave -1; an entry outside the cache reads nothing either
             // (the copy's address stays in page 0, never read)
             const bool valid = (unsigned)page[pass] < (unsigned)p.num_pages;
@@ -352,9 +356,8 @@ __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_st
             copy_chunk(k_stage + first + pass * PASS_BYTES, p.K + head_chunk + at, valid);
             copy_chunk(v_stage + first + pass * PASS_BYTES, p.V + head_chunk + at, valid);
         } else {
-            const long long at = key_offset<PAGED>(p, b, page[pass], key);
-            const bool valid = key < k_end && at >= 0;
-            const long long off = valid ? at + head_chunk : 0;
+            const bool valid = key < k_end;
+            const long long off = valid ? at0 + pass * pass_at : 0;
             copy_chunk(k_stage + first + pass * PASS_BYTES, p.K + off, valid);
             copy_chunk(v_stage + first + pass * PASS_BYTES, p.V + off, valid);
         }
@@ -611,7 +614,8 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
     const int k_begin = split * p.split_keys;
     const int k_end = min(L, k_begin + p.split_keys);
     const int tiles = k_end > k_begin ? (k_end - k_begin + KT - 1) / KT : 0;
-    const uint32_t ring = smem_u32(smem);
+    const uint32_t ring = smem_u32(smem), ring_end = ring + (uint32_t)p.stages * STAGE_BYTES;
+    const long long pass_at = (long long)copy_rows<D>() * p.k_row;  // contiguous: a pass's keys
 
     // the prologue: tiles 0 .. stages - 2 in flight, one commit group each (empty past the range)
     const page_table table = table_of<PAGED>(p, b);
@@ -620,7 +624,7 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
         if (j < tiles) {
             next_pages<D, PAGED>(table, k_begin + j * KT, k_end, page);
             issue_tile<D, PAGED>(p, ring + j * STAGE_BYTES, ring + j * STAGE_BYTES + TILE_BYTES, b,
-                                 hk, k_begin + j * KT, k_end, page);
+                                 hk, k_begin + j * KT, k_end, page, pass_at);
         }
         cp_async_commit();
     }
@@ -637,25 +641,27 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
         for (int e = 0; e < FRAG_REGS; ++e) st.o[n][e] = 0.f;
     }
 
+    // the ring's stages, carried from tile to tile: tile j's, and the one tile j - 1 left (where
+    // tile j + stages - 1 goes)
+    uint32_t stage = ring, free_stage = ring + (uint32_t)(p.stages - 1) * STAGE_BYTES;
     for (int j = 0; j < tiles; ++j) {
         cp_async_wait_pending(p.stages - 2);  // this thread's copies of tile j have landed
         __syncthreads();  // everyone's have; and every warp is done with tile j - 1's stage
         const int next = j + p.stages - 1;  // into the stage tile j - 1 left
-        if (next < tiles) {
-            const uint32_t stage = ring + (uint32_t)(next % p.stages) * STAGE_BYTES;
-            issue_tile<D, PAGED>(p, stage, stage + TILE_BYTES, b, hk, k_begin + next * KT, k_end,
-                                 page);
-        }
+        if (next < tiles)
+            issue_tile<D, PAGED>(p, free_stage, free_stage + TILE_BYTES, b, hk,
+                                 k_begin + next * KT, k_end, page, pass_at);
         cp_async_commit();
         next_pages<D, PAGED>(table, k_begin + (next + 1) * KT, k_end, page);  // in flight meanwhile
+        free_stage = stage;  // tile j's, once it is computed
 
-        const uint32_t stage = ring + (uint32_t)(j % p.stages) * STAGE_BYTES;
         const int key0 = k_begin + j * KT;
         for (int sl = key_warp; sl < SLICES && key0 + sl * SLICE < k_end; sl += key_warps) {
             const uint32_t off = (uint32_t)(sl * SLICE * D * HALF_BYTES);
             attend_slice<D, BF16>(p, q, stage + off, stage + TILE_BYTES + off, key0 + sl * SLICE,
                                   k_end, L, row0, lane, st);
         }
+        stage = stage + STAGE_BYTES == ring_end ? ring : stage + STAGE_BYTES;  // tile j + 1's
     }
 #pragma unroll
     for (int hh = 0; hh < FRAG_LANE_ROWS; ++hh) {  // each row's sum over its quad
