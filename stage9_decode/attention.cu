@@ -334,8 +334,7 @@ __device__ __forceinline__ void load_q(const decode_params &p, int b, int h0, in
 template <int D, bool PAGED>
 __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_stage,
                                            uint32_t v_stage, int b, int hk, int key0, int k_end,
-                                           const int (&page)[copy_passes<D>()],
-                                           long long pass_at) {
+                                           const int (&page)[copy_passes<D>()], long long pass_at) {
     constexpr int CHUNKS = D / CHUNK_HALVES;
     constexpr uint32_t PASS_BYTES = copy_rows<D>() * D * HALF_BYTES;
     static_assert(copy_rows<D>() % MATRIX_ROWS == 0, "a pass keeps the rows' swizzle");
@@ -649,8 +648,8 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
         __syncthreads();  // everyone's have; and every warp is done with tile j - 1's stage
         const int next = j + p.stages - 1;  // into the stage tile j - 1 left
         if (next < tiles)
-            issue_tile<D, PAGED>(p, free_stage, free_stage + TILE_BYTES, b, hk,
-                                 k_begin + next * KT, k_end, page, pass_at);
+            issue_tile<D, PAGED>(p, free_stage, free_stage + TILE_BYTES, b, hk, k_begin + next * KT,
+                                 k_end, page, pass_at);
         cp_async_commit();
         next_pages<D, PAGED>(table, k_begin + (next + 1) * KT, k_end, page);  // in flight meanwhile
         free_stage = stage;  // tile j's, once it is computed
