@@ -231,13 +231,15 @@ __device__ __forceinline__ page_table table_of(const decode_params &p, int b) {
     }
 }
 
-// The page of key `key` (paged), read from the block table; -1 past the sequence.
+// The page of key `key` (paged), read from the block table; -1 past the block's key range.
+// `k_limit` is the range's end within the cache, known from the parameters alone: the read does
+// not wait for the sequence's length (issue_tile drops the keys past the length).
 template <bool PAGED>
-__device__ __forceinline__ int page_of(const page_table &t, int key, int k_end) {
+__device__ __forceinline__ int page_of(const page_table &t, int key, int k_limit) {
     if constexpr (PAGED) {
-        return key < k_end ? __ldg(t.row + (key >> t.shift)) : -1;
+        return key < k_limit ? __ldg(t.row + (key >> t.shift)) : -1;
     } else {
-        (void)t, (void)key, (void)k_end;
+        (void)t, (void)key, (void)k_limit;
         return 0;
     }
 }
@@ -326,9 +328,8 @@ __device__ __forceinline__ void load_q(const decode_params &p, int b, int h0, in
 
 // Phase 2 (per K/V tile, all threads): issue the copies of tile `tile` into ring stage `stage`:
 // key rows pass x copy_rows + tid / chunks, chunk tid % chunks, from the page `page[pass]` holds
-// (read a tile ahead: see next_pages). Keys past the range are zero-filled (and masked later):
-// contiguous, by their index; paged, by their page (page_of's -1), as any entry outside the cache
-// is. K and V have the same strides: one offset per key row serves both. A row's swizzle is the
+// (read a tile ahead: see next_pages). Keys past the sequence are zero-filled (and masked later),
+// as are keys whose entry lies outside the cache. K and V have the same strides: one offset per key row serves both. A row's swizzle is the
 // same in every pass (copy_rows is a multiple of 8 rows), so a pass adds a constant to the first
 // offset in shared memory; contiguous, also in the cache: pass_at, copy_rows keys' stride.
 template <int D, bool PAGED>
@@ -348,9 +349,9 @@ __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_st
         const int key = key0 + pass * copy_rows<D>() + r0;
         if constexpr (PAGED) {
             (void)pass_at;
-            // past the range page_of gave -1; an entry outside the cache reads nothing either
-            // (the copy's address stays in page 0, never read)
-            const bool valid = (unsigned)page[pass] < (unsigned)p.num_pages;
+            // past the range page_of gave -1; past the sequence, or an entry outside the cache,
+            // reads nothing (the copy's address stays in page 0, never read)
+            const bool valid = key < k_end && (unsigned)page[pass] < (unsigned)p.num_pages;
             const long long at = key_offset<PAGED>(p, b, valid ? page[pass] : 0, key);
             copy_chunk(k_stage + first + pass * PASS_BYTES, p.K + head_chunk + at, valid);
             copy_chunk(v_stage + first + pass * PASS_BYTES, p.V + head_chunk + at, valid);
@@ -363,15 +364,16 @@ __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_st
     }
 }
 
-// The pages of the keys this thread copies in the tile at key0 (paged; else nothing is read).
+// The pages of the keys this thread copies in the tile at key0 (paged; else nothing is read), up
+// to the block's range end k_limit.
 template <int D, bool PAGED>
-__device__ __forceinline__ void next_pages(const page_table &t, int key0, int k_end,
+__device__ __forceinline__ void next_pages(const page_table &t, int key0, int k_limit,
                                            int (&page)[copy_passes<D>()]) {
     constexpr int CHUNKS = D / CHUNK_HALVES;
 #pragma unroll
     for (int pass = 0; pass < copy_passes<D>(); ++pass)
         page[pass] =
-            page_of<PAGED>(t, key0 + pass * copy_rows<D>() + (int)threadIdx.x / CHUNKS, k_end);
+            page_of<PAGED>(t, key0 + pass * copy_rows<D>() + (int)threadIdx.x / CHUNKS, k_limit);
 }
 
 // A warp's running softmax state for its two rows (g and g + 8 of its m16 tile): the max m in
@@ -609,25 +611,27 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
     const int row0 = at.first + m_warp * MMA_M;
 
     let_next_kernel_start();  // the merge may be placed on the SMs (it waits for this grid)
-    const int L = sequence_keys(p, b);
     const int k_begin = split * p.split_keys;
-    const int k_end = min(L, k_begin + p.split_keys);
+    const int k_limit = min(p.capacity, k_begin + p.split_keys);  // the range, from parameters
+    // tile 0's pages: their reads go out beside the length's, not after it
+    const page_table table = table_of<PAGED>(p, b);
+    int page[copy_passes<D>()];
+    next_pages<D, PAGED>(table, k_begin, k_limit, page);
+    const int L = sequence_keys(p, b);
+    const int k_end = min(L, k_limit);
     const int tiles = k_end > k_begin ? (k_end - k_begin + KT - 1) / KT : 0;
     const uint32_t ring = smem_u32(smem), ring_end = ring + (uint32_t)p.stages * STAGE_BYTES;
     const long long pass_at = (long long)copy_rows<D>() * p.k_row;  // contiguous: a pass's keys
 
-    // the prologue: tiles 0 .. stages - 2 in flight, one commit group each (empty past the range)
-    const page_table table = table_of<PAGED>(p, b);
-    int page[copy_passes<D>()];
+    // the prologue: tiles 0 .. stages - 2 in flight, one commit group each (empty past the range);
+    // tile j + 1's pages read once tile j's copies are out
     for (int j = 0; j < p.stages - 1; ++j) {
-        if (j < tiles) {
-            next_pages<D, PAGED>(table, k_begin + j * KT, k_end, page);
+        if (j < tiles)
             issue_tile<D, PAGED>(p, ring + j * STAGE_BYTES, ring + j * STAGE_BYTES + TILE_BYTES, b,
                                  hk, k_begin + j * KT, k_end, page, pass_at);
-        }
         cp_async_commit();
+        next_pages<D, PAGED>(table, k_begin + (j + 1) * KT, k_limit, page);
     }
-    next_pages<D, PAGED>(table, k_begin + (p.stages - 1) * KT, k_end, page);
 
     uint32_t q[D / MMA_K][A_FRAG_REGS];
     load_q<D>(p, b, h0, row0, lane, q);
@@ -651,7 +655,7 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
             issue_tile<D, PAGED>(p, free_stage, free_stage + TILE_BYTES, b, hk, k_begin + next * KT,
                                  k_end, page, pass_at);
         cp_async_commit();
-        next_pages<D, PAGED>(table, k_begin + (next + 1) * KT, k_end, page);  // in flight meanwhile
+        next_pages<D, PAGED>(table, k_begin + (next + 1) * KT, k_limit, page);  // in flight meanwhile
         free_stage = stage;  // tile j's, once it is computed
 
         const int key0 = k_begin + j * KT;
