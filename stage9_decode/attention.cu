@@ -130,6 +130,11 @@ __device__ __forceinline__ void copy_chunk(uint32_t dst, const elem *src, bool v
     }
 }
 
+// The cache's elements at a byte address (key_offset counts bytes).
+__device__ __forceinline__ const elem *as_elems(const char *at) {
+    return reinterpret_cast<const elem *>(at);
+}
+
 // cp.async.wait_group takes its count as an immediate: the ring's depth is the plan's.
 __device__ __forceinline__ void cp_async_wait_pending(int pending) {
     switch (pending) {
@@ -173,7 +178,7 @@ typedef struct {
     int row_groups;    // blocks over a tile's rows: ceil(rows / (row_warps x 16))
     int splits, split_keys;  // key ranges per sequence, keys per range (whole tiles: tile_keys(D))
     int stages;              // the K/V ring's depth
-    int page_stride, page_row;  // paged: k_batch and k_row as ints (run_decode: they fit)
+    unsigned page_bytes, row_bytes;  // paged: k_batch and k_row in bytes (run_decode: they fit)
 } decode_params;
 
 // The keys sequence b attends over: its length before the call plus the new ones, clamped to the
@@ -184,29 +189,31 @@ __device__ __forceinline__ int sequence_keys(const decode_params &p, int b) {
     return (int)min((long long)before + p.N_new, (long long)p.capacity);
 }
 
-// The element offset of key `key` of sequence b in the cache (K's and V's: their strides are the
+// The byte offset of key `key` of sequence b in the cache (K's and V's: their strides are the
 // same), without its head. Paged, `page` is the key's entry of the block table, one that lies in
-// the cache (issue_tile checks it first); a page's stride and a row's fit in 32 bits (run_decode
-// refuses a cache whose strides do not), so each product is one 32 x 32 -> 64-bit multiply.
+// the cache (issue_tile checks it first); a page's bytes and a page's rows fit in 32 bits
+// (run_decode refuses a cache whose strides do not): the page's product is one unsigned
+// 32 x 32 -> 64-bit multiply, the row's within the page a 32-bit one.
 template <bool PAGED>
-__device__ __forceinline__ long long key_offset(const decode_params &p, int b, int page, int key) {
+__device__ __forceinline__ long long key_offset(const decode_params &p, int b, unsigned page,
+                                                int key) {
     // LAB HOLE 1 BEGIN [design]: the page gather: where key `key` of sequence b lies in the cache
-    // LAB TODO: the element offset of the key's row in the cache (K's, and V's: the same strides),
+    // LAB TODO: the byte offset of the key's row in the cache (K's, and V's: the same strides),
     // LAB TODO: without the head and the chunk (issue_tile adds those). A contiguous cache holds
-    // LAB TODO: sequence b as its batch b (p.k_batch elements apart), its keys p.k_row apart. A
-    // LAB TODO: paged one holds pages p.page_stride apart, each 2^p.page_shift consecutive keys of
-    // LAB TODO: one sequence, p.page_row apart (p.k_batch and p.k_row as ints); `page` is the key's
-    // LAB TODO: entry of the block table (next_pages read it, issue_tile checked it). Offsets pass
-    // LAB TODO: 2^31 elements in long caches: 64-bit arithmetic (an int widened before it is
+    // LAB TODO: sequence b as its batch b (p.k_batch elements apart), its keys p.k_row elements
+    // LAB TODO: apart. A paged one holds pages p.page_bytes apart, each 2^p.page_shift consecutive
+    // LAB TODO: keys of one sequence, p.row_bytes apart; `page` is the key's entry of the block
+    // LAB TODO: table (next_pages read it, issue_tile checked it). Offsets pass 2^32 bytes in long
+    // LAB TODO: caches: the page's product in 64 bits (a 32-bit value widened before it is
     // LAB TODO: multiplied).
     // LAB STUB: return 0;  // until filled: every key reads the cache's first row
     if constexpr (PAGED) {
         (void)b;
-        return (long long)page * p.page_stride +
-               (long long)(key & ((1 << p.page_shift) - 1)) * p.page_row;
+        return (long long)((unsigned long long)page * p.page_bytes +
+                           (unsigned)(key & ((1 << p.page_shift) - 1)) * p.row_bytes);
     } else {
         (void)page;
-        return b * p.k_batch + (long long)key * p.k_row;
+        return (b * p.k_batch + (long long)key * p.k_row) * (long long)HALF_BYTES;
     }
     // LAB HOLE 1 END
 }
@@ -340,10 +347,13 @@ __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_st
     constexpr uint32_t PASS_BYTES = copy_rows<D>() * D * HALF_BYTES;
     static_assert(copy_rows<D>() % MATRIX_ROWS == 0, "a pass keeps the rows' swizzle");
     const int tid = (int)threadIdx.x, c = tid % CHUNKS, r0 = tid / CHUNKS;
+    // the thread's head and chunk in K and V; key_offset's bytes go on top
     const long long head_chunk = hk * p.k_head + (long long)c * CHUNK_HALVES;
+    const char *k_at = reinterpret_cast<const char *>(p.K + head_chunk);
+    const char *v_at = reinterpret_cast<const char *>(p.V + head_chunk);
     const uint32_t first = tile_offset<D>(r0, c);
-    // contiguous: the first pass's row; each pass copy_rows keys further (pass_at elements)
-    const long long at0 = PAGED ? 0 : key_offset<PAGED>(p, b, 0, key0 + r0) + head_chunk;
+    // contiguous: the first pass's row; each pass copy_rows keys further (pass_at bytes)
+    const long long at0 = PAGED ? 0 : key_offset<PAGED>(p, b, 0, key0 + r0);
 #pragma unroll
     for (int pass = 0; pass < copy_passes<D>(); ++pass) {
         const int key = key0 + pass * copy_rows<D>() + r0;
@@ -352,14 +362,14 @@ __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_st
             // past the range page_of gave -1; past the sequence, or an entry outside the cache,
             // reads nothing (the copy's address stays in page 0, never read)
             const bool valid = key < k_end && (unsigned)page[pass] < (unsigned)p.num_pages;
-            const long long at = key_offset<PAGED>(p, b, valid ? page[pass] : 0, key);
-            copy_chunk(k_stage + first + pass * PASS_BYTES, p.K + head_chunk + at, valid);
-            copy_chunk(v_stage + first + pass * PASS_BYTES, p.V + head_chunk + at, valid);
+            const long long at = key_offset<PAGED>(p, b, valid ? (unsigned)page[pass] : 0u, key);
+            copy_chunk(k_stage + first + pass * PASS_BYTES, as_elems(k_at + at), valid);
+            copy_chunk(v_stage + first + pass * PASS_BYTES, as_elems(v_at + at), valid);
         } else {
             const bool valid = key < k_end;
-            const long long off = valid ? at0 + pass * pass_at : 0;
-            copy_chunk(k_stage + first + pass * PASS_BYTES, p.K + off, valid);
-            copy_chunk(v_stage + first + pass * PASS_BYTES, p.V + off, valid);
+            const long long at = valid ? at0 + pass * pass_at : 0;
+            copy_chunk(k_stage + first + pass * PASS_BYTES, as_elems(k_at + at), valid);
+            copy_chunk(v_stage + first + pass * PASS_BYTES, as_elems(v_at + at), valid);
         }
     }
 }
@@ -621,7 +631,7 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
     const int k_end = min(L, k_limit);
     const int tiles = k_end > k_begin ? (k_end - k_begin + KT - 1) / KT : 0;
     const uint32_t ring = smem_u32(smem), ring_end = ring + (uint32_t)p.stages * STAGE_BYTES;
-    const long long pass_at = (long long)copy_rows<D>() * p.k_row;  // contiguous: a pass's keys
+    const long long pass_at = copy_rows<D>() * p.k_row * HALF_BYTES;  // contiguous: a pass's keys
 
     // the prologue: tiles 0 .. stages - 2 in flight, one commit group each (empty past the range);
     // tile j + 1's pages read once tile j's copies are out
@@ -844,13 +854,14 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
         return cudaErrorMisalignedAddress;
     }
     const bool paged = c->block_table != NULL;
-    // key_offset multiplies a page's stride and a row's as ints: the standard [pages, page_size,
-    // H_kv, D] holds page_size x H_kv x D <= 1,024 x H_kv x 128 elements a page, under 2^31 up to
-    // 16,383 KV heads; only a strided view of a larger tensor can pass it
-    if (paged && (s->k.batch < INT_MIN || s->k.batch > INT_MAX || s->k.row > INT_MAX)) {
+    // key_offset counts a page's bytes and a page's rows' in 32 bits: the standard [pages,
+    // page_size, H_kv, D] holds page_size x H_kv x D x 2 <= 1,024 x H_kv x 256 bytes a page, under
+    // 2^32 up to 16,383 KV heads; only a strided view of a larger tensor can pass it
+    if (paged && (s->k.batch < 0 || s->k.row < 0 || s->k.batch * HALF_BYTES > UINT_MAX ||
+                  s->k.row * HALF_BYTES * c->page_size > UINT_MAX)) {
         fprintf(stderr,
-                "stage9_decode: %s: a paged cache's page and row strides must be under "
-                "2^31 elements\n",
+                "stage9_decode: %s: a paged cache's page stride and a page's rows must be "
+                "non-negative and span under 2^32 bytes\n",
                 who);
         return cudaErrorInvalidValue;
     }
@@ -910,7 +921,8 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
     p.B = s->B, p.H = s->H, p.H_kv = s->H_kv, p.N = s->N, p.N_new = c->N_new;
     p.capacity = (int)(capacity < INT_MAX ? capacity : INT_MAX);
     p.page_shift = shift, p.num_pages = c->num_pages, p.max_pages = c->max_pages;
-    p.page_stride = paged ? (int)s->k.batch : 0, p.page_row = paged ? (int)s->k.row : 0;
+    p.page_bytes = paged ? (unsigned)(s->k.batch * HALF_BYTES) : 0;
+    p.row_bytes = paged ? (unsigned)(s->k.row * HALF_BYTES) : 0;
     p.causal = s->causal, p.scale_log2 = s->scale * LOG2E;
     p.tile_heads = pl.tile_heads, p.group = s->H / s->H_kv, p.rows = pl.rows;
     p.row_warps = pl.row_warps, p.row_groups = pl.row_groups;
