@@ -336,9 +336,10 @@ __device__ __forceinline__ void load_q(const decode_params &p, int b, int h0, in
 // Phase 2 (per K/V tile, all threads): issue the copies of tile `tile` into ring stage `stage`:
 // key rows pass x copy_rows + tid / chunks, chunk tid % chunks, from the page `page[pass]` holds
 // (read a tile ahead: see next_pages). Keys past the sequence are zero-filled (and masked later),
-// as are keys whose entry lies outside the cache. K and V have the same strides: one offset per key row serves both. A row's swizzle is the
-// same in every pass (copy_rows is a multiple of 8 rows), so a pass adds a constant to the first
-// offset in shared memory; contiguous, also in the cache: pass_at, copy_rows keys' stride.
+// as are keys whose entry lies outside the cache. K and V have the same strides: one offset per key
+// row serves both. A row's swizzle is the same in every pass (copy_rows is a multiple of 8 rows),
+// so a pass adds a constant to the first offset in shared memory; contiguous, also in the cache:
+// pass_at, copy_rows keys' stride.
 template <int D, bool PAGED>
 __device__ __forceinline__ void issue_tile(const decode_params &p, uint32_t k_stage,
                                            uint32_t v_stage, int b, int hk, int key0, int k_end,
@@ -665,8 +666,9 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
             issue_tile<D, PAGED>(p, free_stage, free_stage + TILE_BYTES, b, hk, k_begin + next * KT,
                                  k_end, page, pass_at);
         cp_async_commit();
-        next_pages<D, PAGED>(table, k_begin + (next + 1) * KT, k_limit, page);  // in flight meanwhile
-        free_stage = stage;  // tile j's, once it is computed
+        next_pages<D, PAGED>(table, k_begin + (next + 1) * KT, k_limit,
+                             page);  // in flight meanwhile
+        free_stage = stage;          // tile j's, once it is computed
 
         const int key0 = k_begin + j * KT;
         for (int sl = key_warp; sl < SLICES && key0 + sl * SLICE < k_end; sl += key_warps) {
