@@ -666,9 +666,9 @@ __global__ void DECODE_LAUNCH_BOUNDS decode_kernel(const decode_params p) {
             issue_tile<D, PAGED>(p, free_stage, free_stage + TILE_BYTES, b, hk, k_begin + next * KT,
                                  k_end, page, pass_at);
         cp_async_commit();
-        next_pages<D, PAGED>(table, k_begin + (next + 1) * KT, k_limit,
-                             page);  // in flight meanwhile
-        free_stage = stage;          // tile j's, once it is computed
+        // tile next + 1's pages, in flight meanwhile
+        next_pages<D, PAGED>(table, k_begin + (next + 1) * KT, k_limit, page);
+        free_stage = stage;  // tile j's, once it is computed
 
         const int key0 = k_begin + j * KT;
         for (int sl = key_warp; sl < SLICES && key0 + sl * SLICE < k_end; sl += key_warps) {
