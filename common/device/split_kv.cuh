@@ -116,7 +116,7 @@ typedef struct combine_params {
 } combine_params;
 
 // Threads per row (4 columns each), and rows per block of THREADS threads (COMBINE_THREADS, or
-// a warp where the rows are few: stage 9's one query a head makes 32 rows, 8 blocks of 128).
+// fewer where a caller's rows are few: stage 9's MERGE_THREADS says why).
 template <int D>
 __host__ __device__ constexpr int combine_lanes() {
     return D / 4;
