@@ -1,9 +1,9 @@
 /*
- * copy_bw.cu: the practical roof of a memory-bound kernel on this GPU, for the main job's decode
- * sweep (plots/sweep.sh): a copy of 1 GiB by the SMs, 16-byte loads and stores, timed as the stage
+ * copy_bw.cu: a memory-bound kernel's GB/s on this GPU, for scale in the main job's decode sweep
+ * (plots/sweep.sh): a copy of 1 GiB by the SMs, 16-byte loads and stores, timed as the stage
  * programs time a launch (CUDA events around each, a warm-up, the median of at least 10 launches
- * and 0.5 s). Decode reads its cache once, as a copy reads its source: the share of this figure a
- * decode kernel reaches is how close it comes to what the HBM gives in practice.
+ * and 0.5 s). A copy writes what it reads, and the HBM turns between the two: decode, which only
+ * reads its cache, can pass this figure on long calls.
  *
  *   build/copy_bw [--mib M]
  *

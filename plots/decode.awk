@@ -8,7 +8,8 @@
 # (the gbs column: 2 B N_k H_kv D x 2 bytes / median time) and in brackets the share of the HBM's
 # peak (csv.awk's hbm_tbs, by the GPU's name; none where unknown); the last column, the best stage's
 # GB/s over the better of FA2 and cuDNN (sdpa_cudnn). The copy kernel's GB/s (stage `copy`) is
-# named above the table as the practical roof. A cell without a number says why, as the other
+# named above the table for scale (a copy writes what it reads: decode, which only reads, can pass
+# it). A cell without a number says why, as the other
 # tables do: OOM, >budget, FAIL, n/a, - (no row). A CSV without decode rows gets one line that
 # says so. The output depends only on the CSV's content.
 
@@ -85,7 +86,9 @@ END {
     printf "cache of N_k keys each; H = %s query heads over H_kv = %s KV heads, D = %s, fp16. GB/s of K and V\n", H, Hkv, D
     printf "read (2 B N_k H_kv D x 2 bytes / median time, L2 flushed before each call)%s.",
            (hbm > 0 ? sprintf(", in brackets the share of the HBM's peak (%.3g TB/s)", hbm) : "")
-    if (roof > 0) printf " The practical roof, a copy kernel in the same run: %.0f GB/s%s.", roof, pct(roof)
+    if (roof > 0)
+        printf " A copy kernel of the same run, which writes what it reads (decode only reads, %s",
+               sprintf("and can pass it): %.0f GB/s%s.", roof, pct(roof))
     printf "\n\n"
     line = "| B | N_q | N_k |"
     rule = "|---:|---:|---:|"

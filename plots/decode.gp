@@ -1,7 +1,7 @@
 # decode.gp: the decode sweep: GB/s of KV-cache read (K and V, each read once: 2 B N_k H_kv D x 2
 # bytes / time) against the cache's length N_k (log x), and on the right axis the share of the
 # HBM's peak; one line per library (its colour) and (B, N_q) (its dash and symbol), the copy
-# kernel's GB/s of the same run as the practical roof, the HBM's peak at the top.
+# kernel's GB/s of the same run for scale (it writes what it reads), the HBM's peak at the top.
 #
 #   gnuplot -e "csv='plots/h200/results.csv'; outdir='plots/h200'; HBM=4.8" plots/decode.gp
 #   optional: gpu='NVIDIA H200' (default: the CSV's gpu column); HBM: TB/s (default: by the GPU's
@@ -77,7 +77,7 @@ if (HBM > 0) {
     cmd = cmd . sprintf('%g with lines lw 1 dt 3 lc rgb "#999999" title "HBM peak, %.3g TB/s", ', 1000.0 * HBM, HBM)
 }
 if (roof > 0) {
-    cmd = cmd . sprintf('%g with lines lw 2 dt 2 lc rgb "#444444" title "copy kernel, %.0f GB/s%s (the practical roof)", ', \
+    cmd = cmd . sprintf('%g with lines lw 2 dt 2 lc rgb "#444444" title "copy kernel (writes what it reads), %.0f GB/s%s", ', \
                         roof, roof, HBM > 0 ? sprintf(" = %.0f%%", roof / (10.0 * HBM)) : "")
 }
 do for [i = 1:nk] {

@@ -13,7 +13,7 @@
 #         --help` exits 0), B = 1 and 8, H = 32 over H_kv = 8, D = 128, N_q = 1 and 4 (causal)
 #         against a contiguous cache of N_k = 1k ... 256k keys; the row's N is N_q, its gbs
 #         2 B N_k H_kv D x 2 bytes (fp16 K and V, each read once) / time. Then BUILD_DIR/copy_bw
-#         (plots/copy_bw.cu, built by make bench): a copy's GB/s, the practical roof, as a row of
+#         (plots/copy_bw.cu, built by make bench): a copy's GB/s, for scale, as a row of
 #         stage `copy` (no shape, its gbs only)
 # (the N of each sweep, and of the quick one, come from plots/shapes.conf)
 #

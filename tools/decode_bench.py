@@ -28,7 +28,8 @@ Columns:
            the course's), planned once outside the graph, on the course's cache: its pages and
            block table with --page-size, else the contiguous cache seen as pages of 16 in the
            keys' order (as one page a sequence, FlashInfer does not split the keys: 6% of the HBM)
-  copy     a device-to-device copy of 1 GiB (bytes read + written / time): the practical roof
+  copy     a device-to-device copy of 1 GiB (bytes read + written / time): a copy writes what it
+           reads, so decode's long calls, which only read, can pass it
 Causal with N_q > 1 is bottom-right (query i sees keys up to i + N_k - N_q) in the course; SDPA's
 is_causal is top-left, so SDPA gets torch.nn.attention.bias.causal_lower_right(N_q, N_k).
 
@@ -300,7 +301,7 @@ def main():
 
     src = torch.empty(1 << 29, dtype=torch.float16, device=dev)
     dst = torch.empty_like(src)
-    # the roof: a device-to-device copy by the SMs, eager (captured in a graph, a copy becomes a
+    # the copy: a device-to-device copy by the SMs, eager (captured in a graph, a copy becomes a
     # copy-engine node, which is slower); at 1 GiB a call's host time is lost in its length
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     for _ in range(2):

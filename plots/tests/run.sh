@@ -150,8 +150,8 @@ check "decode.awk: 16 rows (2 B x 2 N_q x 4 N_k), the columns stage, FA2, cuDNN"
              grep -q -x -F '| B | N_q | N_k | stage9_decode | FA2 (sdpa_flash) | cuDNN (sdpa_cudnn) | best stage / best of FA2, cuDNN |' '$SCRATCH/decode.md'"
 check "decode.awk: cells without a number say why (OOM, n/a), no ratio there" \
     grep -q -x -F '| 8 | 4 | 262,144 | OOM | n/a | 1472 (44%) | - |' "$SCRATCH/decode.md"
-check "decode.awk names the copy roof of the same run" \
-    grep -q -F 'a copy kernel in the same run: 3068 GB/s (92%).' "$SCRATCH/decode.md"
+check "decode.awk names the copy kernel of the same run, as a copy" \
+    grep -q -F 'A copy kernel of the same run, which writes what it reads (decode only reads, and can pass it): 3068 GB/s (92%).' "$SCRATCH/decode.md"
 awk -F, -f plots/csv.awk -f plots/decode.awk "$SCRATCH/both.csv" >"$SCRATCH/decode2.md"
 check "decode.awk: the other sweeps' rows beside the decode rows change nothing" cmp "$SCRATCH/decode.md" "$SCRATCH/decode2.md"
 awk -F, -f plots/csv.awk -f plots/table.awk "$SCRATCH/both.csv" >"$SCRATCH/tables3.md"
@@ -525,7 +525,7 @@ check "sweep.sh: progress lines count the decode runs" \
     [ "$(grep -c "^\[ *[0-9]*/$full_decode\]" "$SCRATCH/dec.err")" = $full_decode ]
 check "the decode sweep's CSV feeds decode.awk: the stage's column, the roof" \
     bash -c "awk -F, -f plots/csv.awk -f plots/decode.awk '$DCSV' | grep -q -F '| 1 | 4 | 1,024 | ' &&
-             awk -F, -f plots/csv.awk -f plots/decode.awk '$DCSV' | grep -q 'copy kernel in the same run: 3068 GB/s'"
+             awk -F, -f plots/csv.awk -f plots/decode.awk '$DCSV' | grep -q 'copy kernel of the same run, which writes what it reads (decode only reads, and can pass it): 3068 GB/s'"
 : >"$DB/calls.log"
 rm "$DB/copy_bw"
 plots/sweep.sh "$DB" "$SCRATCH/decq.csv" --budget 10 --quick --stages 9 --no-sdpa >/dev/null 2>"$SCRATCH/decq.err"
