@@ -9,9 +9,9 @@
 # peak (csv.awk's hbm_tbs, by the GPU's name; none where unknown); the last column, the best stage's
 # GB/s over the better of FA2 and cuDNN (sdpa_cudnn). The copy kernel's GB/s (stage `copy`) is
 # named above the table for scale (a copy writes what it reads: decode, which only reads, can pass
-# it). A cell without a number says why, as the other
-# tables do: OOM, >budget, FAIL, n/a, - (no row). A CSV without decode rows gets one line that
-# says so. The output depends only on the CSV's content.
+# it). A cell without a number says why, as the other tables do: OOM, >budget, FAIL, n/a, - (no
+# row). A CSV without decode rows gets one line that says so. The output depends only on the CSV's
+# content.
 
 function commas(n,    s, out) {
     s = sprintf("%d", n)
@@ -87,8 +87,8 @@ END {
     printf "read (2 B N_k H_kv D x 2 bytes / median time, L2 flushed before each call)%s.",
            (hbm > 0 ? sprintf(", in brackets the share of the HBM's peak (%.3g TB/s)", hbm) : "")
     if (roof > 0)
-        printf " A copy kernel of the same run, which writes what it reads (decode only reads, %s",
-               sprintf("and can pass it): %.0f GB/s%s.", roof, pct(roof))
+        printf " A copy kernel of the same run, which writes what it reads (decode only reads, and" \
+               " can pass it): %.0f GB/s%s.", roof, pct(roof)
     printf "\n\n"
     line = "| B | N_q | N_k |"
     rule = "|---:|---:|---:|"
