@@ -317,9 +317,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
                         mc.WARPS * WARP_SIZE, registers_smem_bytes(mc, D), stream, p, m));
     }
     if (atomic) {
-        const size_t head_threads = (size_t)s->N * s->D / CONVERT_FLOATS;  // a (batch, head)'s
-        const dim3 grid((unsigned)((head_threads + CONVERT_THREADS - 1) / CONVERT_THREADS),
-                        (unsigned)BH);
+        const dim3 grid = convert_grid(s);
         if (tail) {  // (dQ_acc's rows are s->D floats: any instantiation's D)
             dq_convert_kernel<64, BF16, true><<<grid, CONVERT_THREADS, 0, stream>>>(p);
         } else if (D == 64) {

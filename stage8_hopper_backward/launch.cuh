@@ -164,11 +164,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
         ATTN_TRY(cudaGetLastError());
     }
 
-    // (packed: N the longest sequence's; a sequence's threads past its rows leave)
-    const size_t head_threads = (size_t)s->N * s->D / CONVERT_FLOATS;  // a (batch, head)'s
-    const dim3 convert_grid((unsigned)((head_threads + CONVERT_THREADS - 1) / CONVERT_THREADS),
-                            (unsigned)(s->B * s->H));
-    return enqueue_convert<D, BF16>(s, p, convert_grid, stream);
+    return enqueue_convert<D, BF16>(s, p, convert_grid(s), stream);
 }
 
 static cudaError_t backward(const attn_shape *s, const attn_device *dev, const void *Q,

@@ -76,6 +76,12 @@ constexpr double FILL_SLACK = SPLIT_SLACK;
 // tiles pays its block's fixed part (Q, the length, the ring's fill, its partial O and LSE and
 // their merge) on too few bytes.
 constexpr int MIN_RANGE_TILES = 4;
+// A contiguous cache from this many keys splits into one round of the merge's loads
+// (COMBINE_UNROLL ranges) where the wave would hold more, or one range an SM if that is more:
+// the ranges are long enough that one block an SM keeps the HBM busy, and the merge's second and
+// third rounds cost more than the second block gains (LOG step 36). A paged cache keeps the
+// second block: its table reads want it (step 35).
+constexpr int CONTIGUOUS_ONE_ROUND_KEYS = 65536;
 // The merge of the key ranges in blocks of one warp (a row or two each): one query of 32 heads is
 // 32 rows, which COMBINE_THREADS-thread blocks would put on 8 SMs, each reading 32 ranges a row.
 constexpr int MERGE_THREADS = WARP_SIZE;
@@ -726,11 +732,12 @@ static void cut_ranges(decode_plan *pl, int tiles, int n, int tile_k) {
 }
 
 // The plan of a shape: how rows and keys are shared out, the ring's depth, how many key ranges.
-// split: whether the caller gives the workspace split-KV needs. The shared memory per SM is taken
+// split: whether the caller gives the workspace split-KV needs; paged: a paged cache (a plan for
+// the workspace's size takes it paged: never fewer ranges). The shared memory per SM is taken
 // as the per-block limit plus the 1 KB the driver reserves per block: an imitated T4 or L4
 // (--smem-limit) then fits the blocks that GPU would.
 static void make_plan(const attn_shape *s, const attn_device *dev, int variant, bool split,
-                      decode_plan *pl) {
+                      bool paged, decode_plan *pl) {
     const int group = s->H / s->H_kv;
     pl->tile_heads = variant == VARIANT_NOPACK ? 1 : group;
     pl->rows = pl->tile_heads * s->N;
@@ -766,6 +773,8 @@ static void make_plan(const attn_shape *s, const attn_device *dev, int variant, 
         const long long longest = tiles / MIN_RANGE_TILES;
         long long n = fill < longest ? fill : longest;
         n = n > per_sm ? n : per_sm;
+        if (!paged && s->N_k >= CONTIGUOUS_ONE_ROUND_KEYS && n > COMBINE_UNROLL)
+            n = per_sm > COMBINE_UNROLL ? per_sm : COMBINE_UNROLL;
         n = n < tiles ? n : tiles;
         n = n < MAX_SPLITS ? n : MAX_SPLITS;
         cut_ranges(pl, tiles, (int)n, tile_k);
@@ -824,7 +833,7 @@ static const char *decode_unsupported(const attn_shape *s, const attn_device *de
 static size_t decode_workspace(const attn_shape *s, const attn_device *dev, int variant) {
     if (decode_unsupported(s, dev, variant)) return 0;
     decode_plan pl;
-    make_plan(s, dev, variant, true, &pl);
+    make_plan(s, dev, variant, true, true, &pl);
     if (pl.splits == 1) return 0;
     return (size_t)pl.splits * s->B * s->H * s->N * (s->D + 1) * sizeof(float);
 }
@@ -868,7 +877,7 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
         return cudaErrorInvalidValue;
     }
     decode_plan pl;
-    make_plan(s, dev, variant, workspace != NULL, &pl);
+    make_plan(s, dev, variant, workspace != NULL, paged, &pl);
     int shift = 0;
     while (paged && (1 << shift) < c->page_size) ++shift;
     // the most keys a sequence holds: the shape's N_k (what the plan cut), within the pages

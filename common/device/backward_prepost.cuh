@@ -321,25 +321,46 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
     }
 }
 
-// dQ = scale * dQ_acc, as fp16 (bf16 with BF16), written in dQ's layout: four elements a thread,
-// blockIdx.y the (batch, head), blockIdx.x the threads' float4s of it (dQ_acc is contiguous).
-// TAIL: rows of p.D columns, not D (as preprocess_kernel).
+// dQ = scale * dQ_acc, as fp16 (bf16 with BF16), written in dQ's layout: blockIdx.y the (batch,
+// head), blockIdx.x CONVERT_THREADS x CONVERT_VECTORS float4s of it (dQ_acc is contiguous), a
+// thread's CONVERT_VECTORS a block's width apart (each load a warp's 512 contiguous bytes), all
+// loaded before any is converted: the pass reads 16 bytes and writes 8 per float4, so the bytes a
+// thread keeps in flight set its speed. TAIL: rows of p.D columns, not D (as preprocess_kernel).
 constexpr int CONVERT_THREADS = 256;
-constexpr int CONVERT_FLOATS = 4;  // a thread's elements: one float4 of dQ_acc
+constexpr int CONVERT_FLOATS = 4;   // one float4 of dQ_acc
+constexpr int CONVERT_VECTORS = 4;  // a thread's float4s
+constexpr int CONVERT_BLOCK_FLOAT4S = CONVERT_THREADS * CONVERT_VECTORS;
+// The grid of dq_convert_kernel: a (batch, head) of N rows of s->D floats a blockIdx.y (packed: N
+// the longest sequence's; a sequence's threads past its rows do nothing).
+static inline dim3 convert_grid(const attn_shape *s) {
+    const size_t head_float4s = (size_t)s->N * s->D / CONVERT_FLOATS;
+    return dim3((unsigned)((head_float4s + CONVERT_BLOCK_FLOAT4S - 1) / CONVERT_BLOCK_FLOAT4S),
+                (unsigned)(s->B * s->H));
+}
 template <int D, bool BF16, bool TAIL = false>
 __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_params p) {
     const int cols = TAIL ? p.D : D, row_float4s = cols / CONVERT_FLOATS;
-    const size_t i = (size_t)blockIdx.x * CONVERT_THREADS + threadIdx.x;  // float4 of the head
     const int bh = (int)blockIdx.y, b = bh / p.H, h = bh % p.H;
     const bwd_sequence s = bwd_sequence_of(p, b);
-    if (i >= (size_t)s.seq.N * row_float4s) return;
-    const int row = (int)(i / row_float4s), col = (int)(i % row_float4s) * CONVERT_FLOATS;
-    const float4 a =
-        reinterpret_cast<const float4 *>(p.dQ_acc + (size_t)(s.row_acc + h * s.head_acc) * cols)[i];
-    uint2 out;
-    out.x = pack2_of<BF16>(a.x * p.scale, a.y * p.scale);
-    out.y = pack2_of<BF16>(a.z * p.scale, a.w * p.scale);
-    st_global_v2(p.dQ + head_offset(p.layout.dQ, b, h) +
-                     rows_offset((int)s.seq.q_row + row, p.layout.dQ.row) + col,
-                 out);
+    const size_t head_float4s = (size_t)s.seq.N * row_float4s;
+    const size_t first = (size_t)blockIdx.x * CONVERT_BLOCK_FLOAT4S + threadIdx.x;
+    const float4 *const acc =
+        reinterpret_cast<const float4 *>(p.dQ_acc + (size_t)(s.row_acc + h * s.head_acc) * cols);
+    __half *const dQ = p.dQ + head_offset(p.layout.dQ, b, h);
+    float4 a[CONVERT_VECTORS];
+#pragma unroll
+    for (int v = 0; v < CONVERT_VECTORS; ++v) {  // the loads, all in flight at once
+        const size_t i = first + (size_t)v * CONVERT_THREADS;
+        if (i < head_float4s) a[v] = acc[i];
+    }
+#pragma unroll
+    for (int v = 0; v < CONVERT_VECTORS; ++v) {  // then each converted and stored
+        const size_t i = first + (size_t)v * CONVERT_THREADS;
+        if (i >= head_float4s) break;
+        const int row = (int)(i / row_float4s), col = (int)(i % row_float4s) * CONVERT_FLOATS;
+        uint2 out;
+        out.x = pack2_of<BF16>(a[v].x * p.scale, a[v].y * p.scale);
+        out.y = pack2_of<BF16>(a[v].z * p.scale, a[v].w * p.scale);
+        st_global_v2(dQ + rows_offset((int)s.seq.q_row + row, p.layout.dQ.row) + col, out);
+    }
 }

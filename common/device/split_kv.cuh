@@ -100,6 +100,7 @@ __host__ __device__ __forceinline__ int query_tile_key_tile_count(const key_rule
 // O_s); UNROLL ranges' loads (their O_s and lse_s) are issued together before any is used, so
 // that a row's merge waits for memory once per UNROLL ranges, not once per range or per pass.
 constexpr int COMBINE_THREADS = 128;
+constexpr int COMBINE_UNROLL = 16;  // ranges a row's merge loads at once: one round of its loads
 
 typedef struct combine_params {
     const float *O_part;    // [splits, B * H, N, D]
@@ -132,8 +133,8 @@ __host__ __device__ constexpr int combine_rows_per_block() {
 // bf16 (BF16) or fp16.
 template <int D, bool BF16 = false>
 __device__ __forceinline__ void combine_row(const combine_params &p, long long row, int lane) {
-    constexpr int UNROLL = 16;  // ranges in flight at once: their loads are independent
-    int ranges = p.splits;      // causal, local: as many as this row's query tile was given
+    constexpr int UNROLL = COMBINE_UNROLL;  // ranges in flight at once: independent loads
+    int ranges = p.splits;  // causal, local: as many as this row's query tile was given
     if (p.keys.left >= 0 || p.keys.right >= 0) {
         const int q0 = (int)(row % p.N) / p.BR * p.BR;
         const int tiles = query_tile_key_tile_count(p.keys, q0, p.BR, p.BC);
