@@ -125,7 +125,18 @@ __device__ __forceinline__ void reduce_dq_part(const CUtensorMap *tmdQ, const sm
                                   dq_part_at<D>(sm, it, part) + slab * staging_slab_bytes<D>(), col,
                                   row0, map_head);
         }
-    } else {
+    } else if constexpr (dq_tiled<D, DQ>()) {
+        // the staging tile is the query tile's [slabs][ROW_PAD][DQ_SLAB_COLS] floats of dQ_acc as
+        // they lie there: one bulk copy. row0 + map_head head_pad is the tile's first row counted
+        // as lse2's (dq_map_coords: unpacked {q0, b H + h}, N_pad rows a head; packed {row_acc +
+        // q0, h}, acc_rows a head)
+        static_assert(qrows<D>() == ROW_PAD && DQ_BUFFERS == 1, "the staging tile: a dQ_acc tile");
+        (void)tmdQ, (void)col0;
+        // (rows in 32 bits: dQ_acc's rows of 256 bytes number far fewer than 2^31)
+        const int head_pad = pb.call.varlen.cu_seqlens_q ? pb.call.acc_rows : pb.call.N_pad;
+        float *const tile = pb.call.dQ_acc + (size_t)(unsigned)(row0 + map_head * head_pad) * D;
+        bulk_reduce_add_f32(tile, dq_part_at<D>(sm, it, part), (uint32_t)dq_tile_bytes<D>());
+    } else {  // (instantiated for variant atomics, whose dQ warp adds nothing)
         tma_reduce_add_4d(tmdQ, dq_part_at<D>(sm, it, part), 0, row0, col0 / DQ_SLAB_COLS,
                           map_head);
     }
@@ -162,14 +173,17 @@ inline constexpr int RED_PAIR_COLS = 2 * FRAG_COLS;
 // are skipped, as the bulk reductions' clipping does (the tensors' D is a multiple of 8: a block
 // is all in or all out; at D = 256 a part ending on an odd block adds that block two floats a
 // lane).
-template <int D, bool TAIL = false>
+// TILED (dq_tiled): dQ_acc tiled as the staging tile, a row's n8 block n in slab n.
+template <int D, bool TAIL = false, bool TILED = false>
 __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>()],
                                               const bwd_problem &pb, const block_place &b, int wg,
                                               int warp, int lane, int head, int q0) {
     static_assert(dq_cols<D>() % RED_PAIR_COLS == 0, "a part's n8 blocks come in pairs");
+    static_assert(!TILED || !splits_dkv<D>(), "tiled: D = 64's rows of 8-float slabs");
     const int g = lane / QUAD, t = lane % QUAD;
     const int cols = dq_acc_cols<D, TAIL>(pb);
     float *const rows = pb.call.dQ_acc + (size_t)(b.seq.row_acc + head * b.seq.head_acc) * cols;
+    const long long tiled_row = b.seq.row_pad + head * b.seq.head_pad;  // (TILED: row 0's)
     const int blocks = TAIL || splits_dkv<D>()  // the part's inside the tensors' D
                            ? (cols - dq_part_col<D>(wg)) / FRAG_COLS
                            : dq_cols<D>() / FRAG_COLS;
@@ -178,11 +192,16 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
             const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
             if (row >= b.N) continue;
-            float *const out = rows + (size_t)row * cols + dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
+            const int col = dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
+            float *const out =
+                TILED ? pb.call.dQ_acc + dq_tiled_offset(tiled_row + row, col, pb.call.dq_tiled)
+                      : rows + (size_t)row * cols + col;
+            // the next n8 block: the next slab (TILED), or the next 8 floats of the row
+            constexpr int BLOCK_STEP = TILED ? ROW_PAD * DQ_SLAB_COLS : FRAG_COLS;
 #pragma unroll
             for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
                 if (n >= blocks) break;  // the tail of a smaller D
-                red_add_f32x2(out + FRAG_COLS * n, dQ_part[acc_index(n, h, 0)],
+                red_add_f32x2(out + BLOCK_STEP * n, dQ_part[acc_index(n, h, 0)],
                               dQ_part[acc_index(n, h, 1)]);
             }
         }

@@ -22,11 +22,23 @@ static int qrows_of(int D) {
 }
 
 // Workspace (bwd_params_of): lse2 and Dsum (bwd_pad_rows floats each), dQ_acc (bwd_acc_rows rows
-// of D floats), then (variant deterministic) dq_turn, an int per qrows rows of lse2 (dq_turns_of),
-// each at a multiple of WORKSPACE_ALIGN bytes. A packed batch's scale with its total queries
-// plus a ROW_PAD per sequence (backward_prepost.cuh), not with B times the longest.
-static size_t dq_acc_bytes(const attn_shape *s) {
-    return bwd_acc_rows(s) * s->D * sizeof(float);
+// of D floats; tiled, bwd_pad_rows rows of the kernel's D), then (variant deterministic) dq_turn,
+// an int per qrows rows of lse2 (dq_turns_of), each at a multiple of WORKSPACE_ALIGN bytes. A
+// packed batch's scale with its total queries plus a ROW_PAD per sequence (backward_prepost.cuh),
+// not with B times the longest.
+// dQ_acc's columns in the tiled layout (config.cuh, dq_tiled: the kernels of D = 64 that stage
+// dQ), or 0 (rows of s->D floats).
+static int dq_tiled_cols(const attn_shape *s, int variant) {
+    const int d = compiled_d(s->D);
+    const bool tiled =
+        d == 64 && (variant == VARIANT_DEFAULT         ? dq_tiled<64, DQ_BY_BULK>()
+                    : variant == VARIANT_DETERMINISTIC ? dq_tiled<64, DQ_BY_BULK_IN_TURNS>()
+                                                       : dq_tiled<64, DQ_BY_ATOMICS>());
+    return tiled ? d : 0;
+}
+static size_t dq_acc_bytes(const attn_shape *s, int variant) {
+    const int tiled = dq_tiled_cols(s, variant);
+    return tiled ? bwd_pad_rows(s) * tiled * sizeof(float) : bwd_acc_rows(s) * s->D * sizeof(float);
 }
 static size_t dq_turns(const attn_shape *s) {
     return bwd_pad_rows(s) / qrows_of(s->D);  // (ROW_PAD: a multiple of qrows)
@@ -34,7 +46,7 @@ static size_t dq_turns(const attn_shape *s) {
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     (void)dev;
     const size_t turns = variant == VARIANT_DETERMINISTIC ? dq_turns(s) : 0;
-    return 2 * aligned(bwd_pad_rows(s) * sizeof(float)) + aligned(dq_acc_bytes(s)) +
+    return 2 * aligned(bwd_pad_rows(s) * sizeof(float)) + aligned(dq_acc_bytes(s, variant)) +
            aligned(turns * sizeof(int));
 }
 
@@ -183,9 +195,10 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         fprintf(stderr, "stage8_hopper_backward: Q, K, V, dO, dK and dV must be 16-byte aligned\n");
         return cudaErrorMisalignedAddress;
     }
-    const bwd_params p = bwd_params_of(s, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, true);
+    bwd_params p = bwd_params_of(s, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, true);
+    p.dq_tiled = dq_tiled_cols(s, variant);
     int *const dq_turn = variant == VARIANT_DETERMINISTIC
-                             ? (int *)((char *)p.dQ_acc + aligned(dq_acc_bytes(s)))
+                             ? (int *)((char *)p.dQ_acc + aligned(dq_acc_bytes(s, variant)))
                              : NULL;
     const int d = compiled_d(s->D);  // the kernels that run s->D (stage_unsupported: one does)
     if (d == 64)

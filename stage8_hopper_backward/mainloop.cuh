@@ -619,7 +619,8 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
     wgmma_wait<0>();
     pin_registers(dQ_part);
     if constexpr (last_dq_by_reds<D, DQ>())
-        add_dq_atomic<D, true>(dQ_part, pb, b, p.wg, p.warp, p.lane, dq.head, dq.q0);
+        add_dq_atomic<D, true, dq_tiled<D, DQ>()>(dQ_part, pb, b, p.wg, p.warp, p.lane, dq.head,
+                                                  dq.q0);
     else
         hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq, dq_at);
 }

@@ -52,6 +52,12 @@ typedef struct bwd_params {
     // and [H, acc_rows, D] (dQ_acc), sequence b's from bwd_sequence_of's row_pad / row_acc.
     attn_varlen varlen;
     int acc_rows;  // packed: total_q + B * ROW_PAD rounded up to ROW_PAD
+    // dQ_acc's layout: 0, rows of D floats as above; else tiles of ROW_PAD rows, each in slabs of
+    // DQ_SLAB_COLS columns, [tiles][dq_tiled / DQ_SLAB_COLS][ROW_PAD][DQ_SLAB_COLS] floats, the
+    // rows of head h of sequence b from row_pad + h * head_pad (lse2's rows; dq_tiled_offset):
+    // stage 8's staging tile at D = 64 as it lies, so that one bulk copy adds a whole tile.
+    // dq_tiled: the columns a row holds there (the kernel's head dim; the tensors' D may be less)
+    int dq_tiled;
 
     bwd_layouts layout;         // the eight tensors' strides
     int H, H_kv, group;         // query heads, key/value heads, H / H_kv (GQA)
@@ -160,6 +166,15 @@ static bwd_params bwd_params_of(const attn_shape *s, const void *Q, const void *
 // in the same order: column within the slab, row, slab, (batch, head).
 constexpr int DQ_SLAB_COLS = 8;
 constexpr int DQ_SLAB_ROW_BYTES = DQ_SLAB_COLS * (int)sizeof(float);
+
+// The float of dQ_acc at row `row` (counted as lse2's: row_pad + h * head_pad + i) and column
+// `col` in the tiled layout (bwd_params' dq_tiled: `cols` columns a row).
+__host__ __device__ __forceinline__ size_t dq_tiled_offset(long long row, int col, int cols) {
+    const long long tile = row / ROW_PAD, in_tile = row - tile * ROW_PAD;
+    return (size_t)(tile * ROW_PAD * cols +
+                    (long long)(col / DQ_SLAB_COLS) * ROW_PAD * DQ_SLAB_COLS +
+                    in_tile * DQ_SLAB_COLS + col % DQ_SLAB_COLS);
+}
 constexpr int DQ_MAP_RANK = 4;
 
 // dQ_acc's rows a head and its heads: [B * H, N, D] floats, packed [H, acc_rows, D].
@@ -289,8 +304,12 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
     if (inside && (!TAIL || sub * CHUNK_HALVES < cols)) {
         if (p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it; contiguous)
             constexpr int FLOAT4_FLOATS = 4;
+            static_assert(CHUNK_HALVES == DQ_SLAB_COLS, "a lane's chunk is a tiled slab's row");
             float4 *const acc = reinterpret_cast<float4 *>(
-                p.dQ_acc + (size_t)(s.row_acc + h * s.head_acc + i) * cols + sub * CHUNK_HALVES);
+                p.dQ_acc + (p.dq_tiled ? dq_tiled_offset(s.row_pad + h * s.head_pad + i,
+                                                         sub * CHUNK_HALVES, p.dq_tiled)
+                                       : (size_t)(s.row_acc + h * s.head_acc + i) * cols +
+                                             sub * CHUNK_HALVES));
 #pragma unroll
             for (int c = 0; c < CHUNK_HALVES / FLOAT4_FLOATS; ++c)
                 acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -322,8 +341,9 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
 }
 
 // dQ = scale * dQ_acc, as fp16 (bf16 with BF16), written in dQ's layout: blockIdx.y the (batch,
-// head), blockIdx.x CONVERT_THREADS x CONVERT_VECTORS float4s of it (dQ_acc is contiguous), a
-// thread's CONVERT_VECTORS a block's width apart (each load a warp's 512 contiguous bytes), all
+// head), blockIdx.x CONVERT_THREADS x CONVERT_VECTORS float4s of it (dQ_acc is contiguous: rows
+// of D floats, or with dq_tiled a row's slabs a tile's slab apart), a thread's CONVERT_VECTORS a
+// block's width apart (each load a warp's 512 contiguous bytes; tiled, 32-byte slab rows), all
 // loaded before any is converted: the pass reads 16 bytes and writes 8 per float4, so the bytes a
 // thread keeps in flight set its speed. TAIL: rows of p.D columns, not D (as preprocess_kernel).
 constexpr int CONVERT_THREADS = 256;
@@ -346,12 +366,20 @@ __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_p
     const size_t first = (size_t)blockIdx.x * CONVERT_BLOCK_FLOAT4S + threadIdx.x;
     const float4 *const acc =
         reinterpret_cast<const float4 *>(p.dQ_acc + (size_t)(s.row_acc + h * s.head_acc) * cols);
+    const long long tiled_row = s.row_pad + h * s.head_pad;  // (dq_tiled: the head's first row)
     __half *const dQ = p.dQ + head_offset(p.layout.dQ, b, h);
     float4 a[CONVERT_VECTORS];
 #pragma unroll
     for (int v = 0; v < CONVERT_VECTORS; ++v) {  // the loads, all in flight at once
         const size_t i = first + (size_t)v * CONVERT_THREADS;
-        if (i < head_float4s) a[v] = acc[i];
+        if (i >= head_float4s) continue;
+        if (p.dq_tiled) {  // (a row's two float4s of a slab lie together, its slabs apart)
+            const int row = (int)(i / row_float4s), col = (int)(i % row_float4s) * CONVERT_FLOATS;
+            a[v] = *reinterpret_cast<const float4 *>(
+                p.dQ_acc + dq_tiled_offset(tiled_row + row, col, p.dq_tiled));
+        } else {
+            a[v] = acc[i];
+        }
     }
 #pragma unroll
     for (int v = 0; v < CONVERT_VECTORS; ++v) {  // then each converted and stored

@@ -210,6 +210,22 @@ __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap *map, uint32
 #endif
 }
 
+// The floats of `bytes` bytes of global memory at dst += those of shared memory at src, by the TMA
+// unit as one bulk copy (no tensor map: both ranges contiguous, 16-byte aligned, bytes a multiple
+// of 16), tracked in this thread's bulk groups; the shared-memory writes it reads made visible to
+// the async proxy first, as for tma_reduce_add_4d. Before sm_90: a trap (no caller goes there).
+__device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+        "r"(src), "r"(bytes)
+        : "memory");
+#else
+    (void)dst, (void)src, (void)bytes;
+    __trap();
+#endif
+}
+
 // to[0] += x, to[1] += y in global memory, one fp32 reduction of two floats (red.global.add.v2.f32,
 // sm_90 on; relaxed, no value returned): stage 8's atomics variant adds dQ_i's part with it.
 // Before sm_90: a trap (no caller goes there).
