@@ -5,16 +5,18 @@ For every shape, one set of inputs (fixed seed): q [B, N_q, H, D] and a cache of
 sequence, K and V [B, N_k, H_kv, D] (flash-attn's layout; --page-size P: the same keys in pages of
 P, scattered by a random block table, for the course (and FlashInfer) only; --page-order
 sequential: pages in the order of the keys, so that what scattering costs the HBM is told apart
-from the table's reads). Each library is timed the same way: a CUDA graph of --repeats rounds of
+from the table's reads; --table-upload: the table copied from pinned host memory before each call,
+as a server's step uploads it, so that the call finds it where that copy left it rather than
+flushed with the rest). Each library is timed the same way: a CUDA graph of --repeats rounds of
 (flush the L2 cache: a buffer of twice its size is read; one call), replayed --replays times
-between CUDA events, against a graph of the flushes alone; a call's time is the difference of the
-fastest replays over --repeats. No host time is counted, as a server
-replays its decode step in a CUDA graph; the stage programs' own --bench (CUDA events around each
-launched call) counts the launch too. The flush reads, so that the cache holds clean lines: one
-that writes (--flush write) leaves the L2 full of dirty lines, and the call that evicts them pays
-for writing them back, tens of MB that are not its own (what that costs each library: stage 9's
-LOG, step 8). Decode reads every key and value once, so the figure of merit is their bytes over
-the time: GB/s, and the share of the HBM's peak (--peak-tbs, 4.8 for an H200).
+between CUDA events, against a graph of the flushes alone (with --table-upload, of the flushes and
+the uploads); a call's time is the difference of the fastest replays over --repeats. No host time
+is counted, as a server replays its decode step in a CUDA graph; the stage programs' own --bench
+(CUDA events around each launched call) counts the launch too. The flush reads, so that the cache
+holds clean lines: one that writes (--flush write) leaves the L2 full of dirty lines, and the call
+that evicts them pays for writing them back, tens of MB that are not its own (what that costs each
+library: stage 9's LOG, step 8). Decode reads every key and value once, so the figure of merit is
+their bytes over the time: GB/s, and the share of the HBM's peak (--peak-tbs, 4.8 for an H200).
 
 Columns:
   course   flashcourse.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=N_k, causal=)
@@ -37,7 +39,8 @@ Checks: each output against the first library that ran the shape (2e-2 absolute)
 line on stderr and exit 1.
 
 usage: python3 -m tools.decode_bench [--quick | --shape B,H,H_kv,D,N_q,N_k[,causal] ...]
-                                     [--page-size P [--page-order random|sequential]]
+                                     [--page-size P [--page-order random|sequential]
+                                      [--table-upload]]
                                      [--variant NAME] [--repeats N]
                                      [--replays N] [--csv OUT [--append]] [--peak-tbs T]
                                      [--flush read|write] [--no-course | --no-sdpa]
@@ -209,6 +212,10 @@ def main():
     ap.add_argument("--page-order", choices=("random", "sequential"), default="random",
                     help="with --page-size: the block table a random permutation of the pages "
                     "(default) or the pages in order")
+    ap.add_argument("--table-upload", action="store_true",
+                    help="with --page-size: the block table copied from pinned host memory "
+                    "after each flush and before the call, in the timed graph and in its "
+                    "baseline alike (a server uploads its step's table so)")
     ap.add_argument("--variant", default="default")
     ap.add_argument("--repeats", type=int, default=20, help="calls per graph (default 20)")
     ap.add_argument("--replays", type=int, default=7, help="replays per graph (default 7)")
@@ -229,6 +236,8 @@ def main():
     args = ap.parse_args()
     if args.self_test:
         return self_test()
+    if args.table_upload and not args.page_size:
+        ap.error("--table-upload needs --page-size (a contiguous cache has no block table)")
     try:
         import torch
         import torch.nn.functional as F
@@ -291,11 +300,14 @@ def main():
     # its decode step in a graph).
     flush_graph = graph_of([flush_l2], args.repeats)
 
-    def timed(fn):
-        g = graph_of([flush_l2, fn], args.repeats)
+    def timed(fn, before=()):
+        """A call's time; `before`: work each round does after the flush and before the call,
+        in the baseline graph too, so that only the call is counted."""
+        g = graph_of([flush_l2, *before, fn], args.repeats)
+        base_graph = graph_of([flush_l2, *before], args.repeats) if before else flush_graph
         base, both = [], []
         for _ in range(2):  # interleaved, so a drift of the clocks hits both
-            base.append(replay_ms(flush_graph))
+            base.append(replay_ms(base_graph))
             both.append(replay_ms(g))
         return max(min(both) - min(base), 1e-6) / args.repeats
 
@@ -340,7 +352,7 @@ def main():
             from torch.nn.attention.bias import causal_lower_right
             mask = causal_lower_right(N_q, N_k)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        calls = {}
+        calls, before = {}, {}
         if course is not None:
             seqlens = torch.full((B,), N_k, dtype=torch.int32, device=dev)
             if args.page_size:
@@ -361,6 +373,9 @@ def main():
                 calls["course"] = lambda: course(q, kp, vp, cache_seqlens=seqlens,
                                                  block_table=table, causal=causal,
                                                  variant=args.variant)
+                if args.table_upload:  # the step's table from the host, as a server sends it
+                    host_table = table.cpu().pin_memory()
+                    before["course"] = (lambda: table.copy_(host_table, non_blocking=True),)
             else:
                 calls["course"] = lambda: course(q, k, v, cache_seqlens=seqlens, causal=causal,
                                                  variant=args.variant)
@@ -401,7 +416,7 @@ def main():
             try:
                 o = fn()
                 o = o.transpose(1, 2) if lib in ("FA2", "cuDNN") else o
-                ms = timed(fn)
+                ms = timed(fn, before.get(lib, ()))
             except Exception as e:  # a library that cannot run the shape: n/a, and go on
                 print(f"{lib}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", file=sys.stderr)
                 out.append(None)
@@ -432,7 +447,8 @@ def main():
         cache = "contiguous"
         if args.page_size:  # (decode_table reads the random tables' rows: "paged16")
             order = "" if args.page_order == "random" else "-sequential"
-            cache = f"paged{args.page_size}{order}"
+            upload = "-upload" if args.table_upload else ""
+            cache = f"paged{args.page_size}{order}{upload}"
         write_rows(args.csv, rows, cache, args.variant, args.peak_tbs, args.append)
     return 1 if failed else 0
 
