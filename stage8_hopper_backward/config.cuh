@@ -266,11 +266,11 @@ __host__ __device__ constexpr int dq_reduced_cols() {
 // dQ_acc tiled as the D = 64 staging tile lies (backward_prepost.cuh's dq_tiled: [tiles][slabs]
 // [ROW_PAD][DQ_SLAB_COLS] floats a head), so that the dQ warp adds a step's tile by one bulk copy
 // of 32 KB, whole 128-byte lines, where a tensor map's box of 32-byte slab rows makes four requests
-// a line (LOG.md, step 56). The default variant's: the deterministic one's dQ warp has no register
-// for the address (it spilled 52 bytes), variant atomics adds into rows of D floats.
+// a line (LOG.md, step 56). The default and deterministic variants' (the dQ warp finds the tile's
+// row from its counters' place: LOG.md, step 58); variant atomics adds into rows of D floats.
 template <int D, dq_way DQ>
 __host__ __device__ constexpr bool dq_tiled() {
-    return !swizzled_staging<D>() && !splits_dkv<D>() && DQ == DQ_BY_BULK;
+    return !swizzled_staging<D>() && !splits_dkv<D>() && DQ != DQ_BY_ATOMICS;
 }
 constexpr int DQ_PAIRS = 2;  // DQ_FULL/DQ_EMPTY pairs: a warpgroup's part's, or a dQ warp's
 static_assert(DQ_PAIRS == CONSUMERS && DQ_BUFFERS == 1, "a pair per part of the one staging tile");
