@@ -262,6 +262,8 @@ __device__ __forceinline__ int2 dq_map_coords(const bwd_params &p, const bwd_seq
 // to ROW_PAD in its workspace rows (bwd_sequence_of); the rows of the grid past them write nothing
 // (the workspace rows after them are the next sequence's). TAIL: the tensors' head dim is p.D <= D
 // (a stage that runs it in a kernel compiled for D): the lanes past it read and zero nothing.
+// TILED: dQ_acc lies tiled (p.dq_tiled columns a row, dq_tiled_offset), else rows of D floats; a
+// template parameter, so that a stage that never tiles compiles none of it.
 constexpr int PREPROCESS_THREADS = 128;
 __host__ __device__ constexpr int preprocess_lanes(int D) {
     return D / CHUNK_HALVES;
@@ -285,7 +287,7 @@ __device__ __forceinline__ float2 unpack2_of(uint32_t u) {
     }
 }
 
-template <int D, bool BF16, bool TAIL = false>
+template <int D, bool BF16, bool TAIL = false, bool TILED = false>
 __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bwd_params p) {
     constexpr int LANES = preprocess_lanes(D);
     const int cols = TAIL ? p.D : D;  // dQ_acc's, O's and dO's columns
@@ -306,10 +308,10 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
             constexpr int FLOAT4_FLOATS = 4;
             static_assert(CHUNK_HALVES == DQ_SLAB_COLS, "a lane's chunk is a tiled slab's row");
             float4 *const acc = reinterpret_cast<float4 *>(
-                p.dQ_acc + (p.dq_tiled ? dq_tiled_offset(s.row_pad + h * s.head_pad + i,
-                                                         sub * CHUNK_HALVES, p.dq_tiled)
-                                       : (size_t)(s.row_acc + h * s.head_acc + i) * cols +
-                                             sub * CHUNK_HALVES));
+                p.dQ_acc +
+                (TILED ? dq_tiled_offset(s.row_pad + h * s.head_pad + i, sub * CHUNK_HALVES,
+                                         p.dq_tiled)
+                       : (size_t)(s.row_acc + h * s.head_acc + i) * cols + sub * CHUNK_HALVES));
 #pragma unroll
             for (int c = 0; c < CHUNK_HALVES / FLOAT4_FLOATS; ++c)
                 acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -345,7 +347,7 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
 // of D floats, or with dq_tiled a row's slabs a tile's slab apart), a thread's CONVERT_VECTORS a
 // block's width apart (each load a warp's 512 contiguous bytes; tiled, 32-byte slab rows), all
 // loaded before any is converted: the pass reads 16 bytes and writes 8 per float4, so the bytes a
-// thread keeps in flight set its speed. TAIL: rows of p.D columns, not D (as preprocess_kernel).
+// thread keeps in flight set its speed. TAIL and TILED as preprocess_kernel's.
 constexpr int CONVERT_THREADS = 256;
 constexpr int CONVERT_FLOATS = 4;   // one float4 of dQ_acc
 constexpr int CONVERT_VECTORS = 4;  // a thread's float4s
@@ -357,7 +359,7 @@ static inline dim3 convert_grid(const attn_shape *s) {
     return dim3((unsigned)((head_float4s + CONVERT_BLOCK_FLOAT4S - 1) / CONVERT_BLOCK_FLOAT4S),
                 (unsigned)(s->B * s->H));
 }
-template <int D, bool BF16, bool TAIL = false>
+template <int D, bool BF16, bool TAIL = false, bool TILED = false>
 __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_params p) {
     const int cols = TAIL ? p.D : D, row_float4s = cols / CONVERT_FLOATS;
     const int bh = (int)blockIdx.y, b = bh / p.H, h = bh % p.H;
@@ -373,7 +375,7 @@ __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_p
     for (int v = 0; v < CONVERT_VECTORS; ++v) {  // the loads, all in flight at once
         const size_t i = first + (size_t)v * CONVERT_THREADS;
         if (i >= head_float4s) continue;
-        if (p.dq_tiled) {  // (a row's two float4s of a slab lie together, its slabs apart)
+        if constexpr (TILED) {  // (a row's two float4s of a slab lie together, its slabs apart)
             const int row = (int)(i / row_float4s), col = (int)(i % row_float4s) * CONVERT_FLOATS;
             a[v] = *reinterpret_cast<const float4 *>(
                 p.dQ_acc + dq_tiled_offset(tiled_row + row, col, p.dq_tiled));
