@@ -92,6 +92,7 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], co
     } else {
         const int g = lane / QUAD, t = lane % QUAD;
         const uint32_t row_at = dq_buffer_at<D>(sm, it) +
+                                dq_part_col<D>(wg) / DQ_SLAB_COLS * staging_slab_bytes<D>() +
                                 (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
                                 FRAG_LANE_COLS * t * (int)sizeof(float);
 #pragma unroll
@@ -126,14 +127,18 @@ __device__ __forceinline__ void reduce_dq_part(const CUtensorMap *tmdQ, const sm
                                   row0, map_head);
         }
     } else if constexpr (dq_tiled<D, DQ>()) {
-        // the staging tile is the query tile's [slabs][ROW_PAD][DQ_SLAB_COLS] floats of dQ_acc as
-        // they lie there: one bulk copy. row0: the tile's first row counted as lse2's (reduce_dq's
-        // tile_row0), a multiple of ROW_PAD
-        static_assert(qrows<D>() == ROW_PAD && DQ_BUFFERS == 1, "the staging tile: a dQ_acc tile");
-        (void)tmdQ, (void)col0, (void)map_head;
-        // (rows in 32 bits: dQ_acc's rows of 256 bytes number far fewer than 2^31)
-        float *const tile = pb.call.dQ_acc + (size_t)(unsigned)row0 * D;
-        bulk_reduce_add_f32(tile, dq_part_at<D>(sm, it, part), (uint32_t)dq_tile_bytes<D>());
+        // the staging tile is the query tile's [slabs][qrows][DQ_SLAB_COLS] floats of dQ_acc as
+        // they lie there, a part's slabs together: one bulk copy of the part (by parts; the part's
+        // columns, D = 96's second part 32) or of the tile. row0: the tile's first row counted as
+        // lse2's (reduce_dq), a multiple of qrows
+        static_assert(DQ_BUFFERS == 1, "the staging tile: one dQ_acc tile");
+        constexpr int TILE_ROWS = qrows<D>();
+        const int cols = dq_by_parts<D, DQ>() ? dq_part_cols<D>(part) : D;
+        (void)tmdQ, (void)map_head;
+        // (rows in 32 bits: dQ_acc's rows of D floats number far fewer than 2^31)
+        float *const at = pb.call.dQ_acc + (size_t)(unsigned)row0 * D + col0 * TILE_ROWS;
+        bulk_reduce_add_f32(at, dq_part_at<D>(sm, it, part),
+                            (uint32_t)(cols * TILE_ROWS * (int)sizeof(float)));
     } else {  // (instantiated for variant atomics, whose dQ warp adds nothing)
         tma_reduce_add_4d(tmdQ, dq_part_at<D>(sm, it, part), 0, row0, col0 / DQ_SLAB_COLS,
                           map_head);
@@ -191,11 +196,12 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
             const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
             if (row >= b.N) continue;
             const int col = dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
-            float *const out =
-                TILED ? pb.call.dQ_acc + dq_tiled_offset(tiled_row + row, col, pb.call.dq_tiled)
-                      : rows + (size_t)row * cols + col;
+            float *const out = TILED
+                                   ? pb.call.dQ_acc + dq_tiled_offset(tiled_row + row, col,
+                                                                      pb.call.dq_tiled, qrows<D>())
+                                   : rows + (size_t)row * cols + col;
             // the next n8 block: the next slab (TILED), or the next 8 floats of the row
-            constexpr int BLOCK_STEP = TILED ? ROW_PAD * DQ_SLAB_COLS : FRAG_COLS;
+            constexpr int BLOCK_STEP = TILED ? qrows<D>() * DQ_SLAB_COLS : FRAG_COLS;
 #pragma unroll
             for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
                 if (n >= blocks) break;  // the tail of a smaller D

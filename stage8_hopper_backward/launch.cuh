@@ -26,14 +26,20 @@ static int qrows_of(int D) {
 // an int per qrows rows of lse2 (dq_turns_of), each at a multiple of WORKSPACE_ALIGN bytes. A
 // packed batch's scale with its total queries plus a ROW_PAD per sequence (backward_prepost.cuh),
 // not with B times the longest.
-// dQ_acc's columns in the tiled layout (config.cuh, dq_tiled: the kernels of D = 64 that stage
-// dQ), or 0 (rows of s->D floats).
+// dQ_acc's columns in the tiled layout (config.cuh, dq_tiled: the kernels that stage dQ in
+// 8-float slabs), or 0 (rows of s->D floats).
+template <int D>
+static bool dq_tiled_at(int variant) {
+    return variant == VARIANT_DEFAULT         ? dq_tiled<D, DQ_BY_BULK>()
+           : variant == VARIANT_DETERMINISTIC ? dq_tiled<D, DQ_BY_BULK_IN_TURNS>()
+                                              : dq_tiled<D, DQ_BY_ATOMICS>();
+}
 static int dq_tiled_cols(const attn_shape *s, int variant) {
     const int d = compiled_d(s->D);
-    const bool tiled =
-        d == 64 && (variant == VARIANT_DEFAULT         ? dq_tiled<64, DQ_BY_BULK>()
-                    : variant == VARIANT_DETERMINISTIC ? dq_tiled<64, DQ_BY_BULK_IN_TURNS>()
-                                                       : dq_tiled<64, DQ_BY_ATOMICS>());
+    const bool tiled = d == 64    ? dq_tiled_at<64>(variant)
+                       : d == 96  ? dq_tiled_at<96>(variant)
+                       : d == 128 ? dq_tiled_at<128>(variant)
+                                  : dq_tiled_at<256>(variant);
     return tiled ? d : 0;
 }
 static size_t dq_acc_bytes(const attn_shape *s, int variant) {
@@ -223,7 +229,7 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         return cudaErrorMisalignedAddress;
     }
     bwd_params p = bwd_params_of(s, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, true);
-    p.dq_tiled = dq_tiled_cols(s, variant);
+    p.dq_tiled = dq_tiled_cols(s, variant), p.dq_tile_rows = qrows_of(s->D);
     int *const dq_turn = variant == VARIANT_DETERMINISTIC
                              ? (int *)((char *)p.dQ_acc + aligned(dq_acc_bytes(s, variant)))
                              : NULL;

@@ -52,12 +52,14 @@ typedef struct bwd_params {
     // and [H, acc_rows, D] (dQ_acc), sequence b's from bwd_sequence_of's row_pad / row_acc.
     attn_varlen varlen;
     int acc_rows;  // packed: total_q + B * ROW_PAD rounded up to ROW_PAD
-    // dQ_acc's layout: 0, rows of D floats as above; else tiles of ROW_PAD rows, each in slabs of
-    // DQ_SLAB_COLS columns, [tiles][dq_tiled / DQ_SLAB_COLS][ROW_PAD][DQ_SLAB_COLS] floats, the
-    // rows of head h of sequence b from row_pad + h * head_pad (lse2's rows; dq_tiled_offset):
-    // stage 8's staging tile at D = 64 as it lies, so that one bulk copy adds a whole tile.
-    // dq_tiled: the columns a row holds there (the kernel's head dim; the tensors' D may be less)
-    int dq_tiled;
+    // dQ_acc's layout: 0, rows of D floats as above; else tiles of dq_tile_rows rows, each in
+    // slabs of DQ_SLAB_COLS columns, [tiles][dq_tiled / DQ_SLAB_COLS][dq_tile_rows][DQ_SLAB_COLS]
+    // floats, the rows of head h of sequence b from row_pad + h * head_pad (lse2's rows;
+    // dq_tiled_offset): stage 8's staging tile as it lies, so that one bulk copy adds a whole
+    // tile or a warpgroup's slabs of it. dq_tiled: the columns a row holds there (the kernel's
+    // head dim; the tensors' D may be less); dq_tile_rows: its query tile's rows (a divisor of
+    // ROW_PAD, so that no tile straddles two heads or sequences)
+    int dq_tiled, dq_tile_rows;
 
     bwd_layouts layout;         // the eight tensors' strides
     int H, H_kv, group;         // query heads, key/value heads, H / H_kv (GQA)
@@ -168,11 +170,12 @@ constexpr int DQ_SLAB_COLS = 8;
 constexpr int DQ_SLAB_ROW_BYTES = DQ_SLAB_COLS * (int)sizeof(float);
 
 // The float of dQ_acc at row `row` (counted as lse2's: row_pad + h * head_pad + i) and column
-// `col` in the tiled layout (bwd_params' dq_tiled: `cols` columns a row).
-__host__ __device__ __forceinline__ size_t dq_tiled_offset(long long row, int col, int cols) {
-    const long long tile = row / ROW_PAD, in_tile = row - tile * ROW_PAD;
-    return (size_t)(tile * ROW_PAD * cols +
-                    (long long)(col / DQ_SLAB_COLS) * ROW_PAD * DQ_SLAB_COLS +
+// `col` in the tiled layout (bwd_params' dq_tiled: `cols` columns a row, tiles of `tile_rows`).
+__host__ __device__ __forceinline__ size_t dq_tiled_offset(long long row, int col, int cols,
+                                                           int tile_rows) {
+    const long long tile = row / tile_rows, in_tile = row - tile * tile_rows;
+    return (size_t)(tile * tile_rows * cols +
+                    (long long)(col / DQ_SLAB_COLS) * tile_rows * DQ_SLAB_COLS +
                     in_tile * DQ_SLAB_COLS + col % DQ_SLAB_COLS);
 }
 constexpr int DQ_MAP_RANK = 4;
@@ -310,7 +313,7 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
             float4 *const acc = reinterpret_cast<float4 *>(
                 p.dQ_acc +
                 (TILED ? dq_tiled_offset(s.row_pad + h * s.head_pad + i, sub * CHUNK_HALVES,
-                                         p.dq_tiled)
+                                         p.dq_tiled, p.dq_tile_rows)
                        : (size_t)(s.row_acc + h * s.head_acc + i) * cols + sub * CHUNK_HALVES));
 #pragma unroll
             for (int c = 0; c < CHUNK_HALVES / FLOAT4_FLOATS; ++c)
@@ -378,7 +381,7 @@ __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_p
         if constexpr (TILED) {  // (a row's two float4s of a slab lie together, its slabs apart)
             const int row = (int)(i / row_float4s), col = (int)(i % row_float4s) * CONVERT_FLOATS;
             a[v] = *reinterpret_cast<const float4 *>(
-                p.dQ_acc + dq_tiled_offset(tiled_row + row, col, p.dq_tiled));
+                p.dQ_acc + dq_tiled_offset(tiled_row + row, col, p.dq_tiled, p.dq_tile_rows));
         } else {
             a[v] = acc[i];
         }
