@@ -200,9 +200,13 @@ __host__ __device__ constexpr int dq_part_cols(int wg) {
 // 128) each warpgroup's part is whole slabs (D = 96's second part, 32 columns, padded to 64: the
 // tile is 32 KB); where they split it by rows (D = 64) the parts share every slab. dq_parts<D>():
 // the parts the tile has as slabs.
+// TILED_WIDE (LOG.md, step 59): at D = 96 and 128 too, the staging tile in 8-float slabs as at
+// D = 64, dQ_acc tiled as it lies (dq_tiled), each warpgroup's part added by one bulk copy of its
+// contiguous slabs: whole lines without the swizzle's stores.
+constexpr bool TILED_WIDE = true;
 template <int D>
 __host__ __device__ constexpr bool swizzled_staging() {
-    return !dq_splits_rows<D>();
+    return !dq_splits_rows<D>() && !TILED_WIDE;
 }
 static_assert(DQ_SWIZZLED_SLAB_COLS * (int)sizeof(float) == SLAB_ROW_BYTES,
               "a swizzled staging slab row is a row of the 128-byte swizzle (swizzle_row_base)");
@@ -263,15 +267,15 @@ template <int D, dq_way DQ>
 __host__ __device__ constexpr int dq_reduced_cols() {
     return dq_by_parts<D, DQ>() ? dq_cols<D>() : D;
 }
-// dQ_acc tiled as the D = 64 staging tile lies (backward_prepost.cuh's dq_tiled: [tiles][slabs]
-// [ROW_PAD][DQ_SLAB_COLS] floats a head), so that the dQ warp adds a step's tile by one bulk copy
-// of 32 KB, whole 128-byte lines, where a tensor map's box of 32-byte slab rows makes four requests
-// a line (LOG.md, step 56). The default variant's: the deterministic one's dQ warp, on
-// PRODUCER_REGS registers, keeps the tensor map (LOG.md, step 56); variant atomics adds into rows
-// of D floats.
+// dQ_acc tiled as the staging tile of 8-float slabs lies (backward_prepost.cuh's dq_tiled:
+// [tiles][slabs][qrows][DQ_SLAB_COLS] floats a head), so that the dQ warp adds a step's tile (by
+// parts, a warpgroup's slabs) by one bulk copy, whole 128-byte lines, where a tensor map's box of
+// 32-byte slab rows makes four requests a line (LOG.md, steps 56 and 59). The default and
+// deterministic variants' (the dQ warp finds the tile's row from its counters' place: LOG.md,
+// step 58); variant atomics adds into rows of D floats.
 template <int D, dq_way DQ>
 __host__ __device__ constexpr bool dq_tiled() {
-    return !swizzled_staging<D>() && !splits_dkv<D>() && DQ == DQ_BY_BULK;
+    return !swizzled_staging<D>() && !splits_dkv<D>() && DQ != DQ_BY_ATOMICS;
 }
 constexpr int DQ_PAIRS = 2;  // DQ_FULL/DQ_EMPTY pairs: a warpgroup's part's, or a dQ warp's
 static_assert(DQ_PAIRS == CONSUMERS && DQ_BUFFERS == 1, "a pair per part of the one staging tile");

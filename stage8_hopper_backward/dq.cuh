@@ -92,6 +92,7 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], co
     } else {
         const int g = lane / QUAD, t = lane % QUAD;
         const uint32_t row_at = dq_buffer_at<D>(sm, it) +
+                                dq_part_col<D>(wg) / DQ_SLAB_COLS * staging_slab_bytes<D>() +
                                 (dq_part_row<D>(wg) + WARP_ROWS * warp + g) * DQ_SLAB_ROW_BYTES +
                                 FRAG_LANE_COLS * t * (int)sizeof(float);
 #pragma unroll
@@ -126,16 +127,18 @@ __device__ __forceinline__ void reduce_dq_part(const CUtensorMap *tmdQ, const sm
                                   row0, map_head);
         }
     } else if constexpr (dq_tiled<D, DQ>()) {
-        // the staging tile is the query tile's [slabs][ROW_PAD][DQ_SLAB_COLS] floats of dQ_acc as
-        // they lie there: one bulk copy. row0 + map_head head_pad is the tile's first row counted
-        // as lse2's (dq_map_coords: unpacked {q0, b H + h}, N_pad rows a head; packed {row_acc +
-        // q0, h}, acc_rows a head)
-        static_assert(qrows<D>() == ROW_PAD && DQ_BUFFERS == 1, "the staging tile: a dQ_acc tile");
-        (void)tmdQ, (void)col0;
-        // (rows in 32 bits: dQ_acc's rows of 256 bytes number far fewer than 2^31)
-        const int head_pad = pb.call.varlen.cu_seqlens_q ? pb.call.acc_rows : pb.call.N_pad;
-        float *const tile = pb.call.dQ_acc + (size_t)(unsigned)(row0 + map_head * head_pad) * D;
-        bulk_reduce_add_f32(tile, dq_part_at<D>(sm, it, part), (uint32_t)dq_tile_bytes<D>());
+        // the staging tile is the query tile's [slabs][qrows][DQ_SLAB_COLS] floats of dQ_acc as
+        // they lie there, a part's slabs together: one bulk copy of the part (by parts; the part's
+        // columns, D = 96's second part 32) or of the tile. row0: the tile's first row counted as
+        // lse2's (reduce_dq), a multiple of qrows
+        static_assert(DQ_BUFFERS == 1, "the staging tile: one dQ_acc tile");
+        constexpr int TILE_ROWS = qrows<D>();
+        const int cols = dq_by_parts<D, DQ>() ? dq_part_cols<D>(part) : D;
+        (void)tmdQ, (void)map_head;
+        // (rows in 32 bits: dQ_acc's rows of D floats number far fewer than 2^31)
+        float *const at = pb.call.dQ_acc + (size_t)(unsigned)row0 * D + col0 * TILE_ROWS;
+        bulk_reduce_add_f32(at, dq_part_at<D>(sm, it, part),
+                            (uint32_t)(cols * TILE_ROWS * (int)sizeof(float)));
     } else {  // (instantiated for variant atomics, whose dQ warp adds nothing)
         tma_reduce_add_4d(tmdQ, dq_part_at<D>(sm, it, part), 0, row0, col0 / DQ_SLAB_COLS,
                           map_head);
@@ -193,11 +196,12 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
             const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
             if (row >= b.N) continue;
             const int col = dq_part_col<D>(wg) + FRAG_LANE_COLS * t;
-            float *const out =
-                TILED ? pb.call.dQ_acc + dq_tiled_offset(tiled_row + row, col, pb.call.dq_tiled)
-                      : rows + (size_t)row * cols + col;
+            float *const out = TILED
+                                   ? pb.call.dQ_acc + dq_tiled_offset(tiled_row + row, col,
+                                                                      pb.call.dq_tiled, qrows<D>())
+                                   : rows + (size_t)row * cols + col;
             // the next n8 block: the next slab (TILED), or the next 8 floats of the row
-            constexpr int BLOCK_STEP = TILED ? ROW_PAD * DQ_SLAB_COLS : FRAG_COLS;
+            constexpr int BLOCK_STEP = TILED ? qrows<D>() * DQ_SLAB_COLS : FRAG_COLS;
 #pragma unroll
             for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
                 if (n >= blocks) break;  // the tail of a smaller D
@@ -233,12 +237,12 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
     }
 }
 
-// DQ_BY_BULK_IN_TURNS: where the counters of query head `head` of the block's sequence start in
-// dq_turn, query tile qt's at [qt]: one per tile of qrows<D>() rows of lse2, at the tile's first
-// row's place there divided by qrows (every sequence's rows of a head are padded to a multiple of
-// ROW_PAD, itself of qrows: one counter a tile, none shared between sequences), so that the
-// counters scale with lse2's rows (packed: the total queries plus a ROW_PAD per sequence, a head;
-// fewer than 2^31). The next head's start seq.head_pad / qrows counters further.
+// Query head `head` of the block's sequence's first query tile counted in tiles of qrows<D>() rows
+// of lse2 (every sequence's rows of a head are padded to a multiple of ROW_PAD, itself of qrows:
+// no tile shared between sequences; packed: the total queries plus a ROW_PAD per sequence, a head,
+// fewer than 2^31); the next head's seq.head_pad / qrows tiles further. DQ_BY_BULK_IN_TURNS: where
+// the head's counters start in dq_turn, query tile qt's at [qt]. dq_tiled: times ROW_PAD (qrows),
+// the row of dQ_acc where its tiles start.
 template <int D>
 __host__ __device__ __forceinline__ int dq_turns_of(const block_place &b, int head) {
     return (int)((b.seq.row_pad + head * b.seq.head_pad) / qrows<D>());
@@ -311,7 +315,8 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     const int head = b.kv_head * pb.group;  // the group's first query head
     const int2 at = dq_map_coords(pb.call, b.seq, b.batch, head, 0);
     int map_head = at.y;
-    int turns = DQ == DQ_BY_BULK_IN_TURNS ? dq_turns_of<D>(b, head) : 0;
+    constexpr bool TILES = DQ == DQ_BY_BULK_IN_TURNS || dq_tiled<D, DQ>();  // counted as tiles
+    int turns = TILES ? dq_turns_of<D>(b, head) : 0;
     const int turns_apart = (int)(b.seq.head_pad / qrows<D>());  // a head's counters
     int qt = first;                                              // the tile
     // two dQ warps (TWO): this one's steps are odd, odd + 2, ...; the walk's place carried along
@@ -324,10 +329,13 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
     for (int it = TWO ? odd : 0; it < staged; it += STRIDE) {
         const int q0 = walk_row<D, DQ>(pb, qt);
         int *const turn = pb.dq_turn + turns + q0 / qrows<D>();  // the query tile's counter
+        // the query tile's first row: of the map's head (at.x: packed, the sequence's first), or
+        // counted as lse2's (dq_tiled)
+        const int row0 = dq_tiled<D, DQ>() ? turns * qrows<D>() + q0 : at.x + q0;
         // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq)
         // LAB TODO: the consumers stage the step's dQ_i in the staging tile (128-byte swizzled
         // LAB TODO: slabs of 32 floats, the boxes tmdQ adds: columns, row, head);
-        // LAB TODO: reduce_dq_part<D, DQ>(tmdQ, sm, pb, it, part, at.x + q0, map_head) adds part
+        // LAB TODO: reduce_dq_part<D, DQ>(tmdQ, sm, pb, it, part, row0, map_head) adds part
         // LAB TODO: `part` of it to the step's rows of dQ_acc by bulk tensor reductions of this
         // LAB TODO: thread. By parts (dq_by_parts: the default at D = 96, 128) warpgroup wg's part
         // LAB TODO: is part wg on pair wg (dq_full_bar(sm, wg), dq_empty_bar(sm, wg)): add each
@@ -345,12 +353,12 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
         // LAB STUB:     mbar_wait(dq_full_bar(sm, dq_pair<D, DQ>(it, wg)), dq_phase<D, DQ>(it));
         // LAB STUB:     mbar_arrive(dq_empty_bar(sm, dq_pair<D, DQ>(it, wg)));  // nothing added
         // LAB STUB: }
-        // LAB STUB: (void)q0, (void)turn;
+        // LAB STUB: (void)row0, (void)turn;
         if constexpr (dq_by_parts<D, DQ>()) {
 #pragma unroll
             for (int wg = 0; wg < CONSUMERS; ++wg) {
                 mbar_wait(dq_full_bar(sm, wg), dq_phase<D, DQ>(it));  // the warpgroup's part staged
-                reduce_dq_part<D, DQ>(tmdQ, sm, pb, it, wg, at.x + q0, map_head);
+                reduce_dq_part<D, DQ>(tmdQ, sm, pb, it, wg, row0, map_head);
                 bulk_commit();
                 bulk_wait<true>();                  // the reduction has read the part
                 mbar_arrive(dq_empty_bar(sm, wg));  // the part goes back
@@ -361,7 +369,7 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const CUtensorMa
             // the query tile's turn first, while the consumers still compute the step
             if constexpr (DQ == DQ_BY_BULK_IN_TURNS) wait_for_turn<D>(pb, b.keys, turn, q0);
             mbar_wait(dq_full_bar(sm, pair), dq_phase<D, DQ>(it));  // the consumers' parts staged
-            reduce_dq_part<D, DQ>(tmdQ, sm, pb, it, 0, at.x + q0, map_head);  // the tile
+            reduce_dq_part<D, DQ>(tmdQ, sm, pb, it, 0, row0, map_head);  // the tile
             bulk_commit();
             bulk_wait<true>();                    // the reduction has read the staging tile
             mbar_arrive(dq_empty_bar(sm, pair));  // the tile goes back

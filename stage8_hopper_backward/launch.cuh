@@ -26,14 +26,20 @@ static int qrows_of(int D) {
 // an int per qrows rows of lse2 (dq_turns_of), each at a multiple of WORKSPACE_ALIGN bytes. A
 // packed batch's scale with its total queries plus a ROW_PAD per sequence (backward_prepost.cuh),
 // not with B times the longest.
-// dQ_acc's columns in the tiled layout (config.cuh, dq_tiled: the kernels of D = 64 that stage
-// dQ), or 0 (rows of s->D floats).
+// dQ_acc's columns in the tiled layout (config.cuh, dq_tiled: the kernels that stage dQ in
+// 8-float slabs), or 0 (rows of s->D floats).
+template <int D>
+static bool dq_tiled_at(int variant) {
+    return variant == VARIANT_DEFAULT         ? dq_tiled<D, DQ_BY_BULK>()
+           : variant == VARIANT_DETERMINISTIC ? dq_tiled<D, DQ_BY_BULK_IN_TURNS>()
+                                              : dq_tiled<D, DQ_BY_ATOMICS>();
+}
 static int dq_tiled_cols(const attn_shape *s, int variant) {
     const int d = compiled_d(s->D);
-    const bool tiled =
-        d == 64 && (variant == VARIANT_DEFAULT         ? dq_tiled<64, DQ_BY_BULK>()
-                    : variant == VARIANT_DETERMINISTIC ? dq_tiled<64, DQ_BY_BULK_IN_TURNS>()
-                                                       : dq_tiled<64, DQ_BY_ATOMICS>());
+    const bool tiled = d == 64    ? dq_tiled_at<64>(variant)
+                       : d == 96  ? dq_tiled_at<96>(variant)
+                       : d == 128 ? dq_tiled_at<128>(variant)
+                                  : dq_tiled_at<256>(variant);
     return tiled ? d : 0;
 }
 static size_t dq_acc_bytes(const attn_shape *s, int variant) {
@@ -93,28 +99,55 @@ template <int D>
 constexpr int tail_pass_d() {
     return splits_dkv<D>() ? D : TAIL_PASS_D;
 }
-template <int D, bool BF16>
-static cudaError_t enqueue_preprocess(const attn_shape *s, const bwd_params &p, size_t rows,
-                                      cudaStream_t stream) {
+// TILED: dQ_acc tiled (p.dq_tiled, set by dq_tiled_cols), instantiated only for the head dims
+// whose kernels tile it.
+template <int D, bool BF16, bool TILED>
+static void launch_preprocess(const attn_shape *s, const bwd_params &p, size_t rows,
+                              cudaStream_t stream) {
     constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;  // D = 96: none of its own
     constexpr int TAIL_D = tail_pass_d<D>();
     if (s->D == OWN)
-        preprocess_kernel<OWN, BF16>
+        preprocess_kernel<OWN, BF16, false, TILED>
             <<<preprocess_grid(rows, OWN), PREPROCESS_THREADS, 0, stream>>>(p);
     else
-        preprocess_kernel<TAIL_D, BF16, true>
+        preprocess_kernel<TAIL_D, BF16, true, TILED>
             <<<preprocess_grid(rows, TAIL_D), PREPROCESS_THREADS, 0, stream>>>(p);
+}
+template <int D, bool BF16, bool TILED>
+static void launch_convert(const attn_shape *s, const bwd_params &p, dim3 grid,
+                           cudaStream_t stream) {
+    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;
+    constexpr int TAIL_D = tail_pass_d<D>();
+    if (s->D == OWN)
+        dq_convert_kernel<OWN, BF16, false, TILED><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+    else
+        dq_convert_kernel<TAIL_D, BF16, true, TILED><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+}
+template <int D>
+constexpr bool tiles_dq_acc() {  // a variant's kernels of head dim D keep dQ_acc tiled
+    return dq_tiled<D, DQ_BY_BULK>() || dq_tiled<D, DQ_BY_BULK_IN_TURNS>() ||
+           dq_tiled<D, DQ_BY_ATOMICS>();
+}
+template <int D, bool BF16>
+static cudaError_t enqueue_preprocess(const attn_shape *s, const bwd_params &p, size_t rows,
+                                      cudaStream_t stream) {
+    if constexpr (tiles_dq_acc<D>())
+        if (p.dq_tiled) {
+            launch_preprocess<D, BF16, true>(s, p, rows, stream);
+            return cudaGetLastError();
+        }
+    launch_preprocess<D, BF16, false>(s, p, rows, stream);
     return cudaGetLastError();
 }
 template <int D, bool BF16>
 static cudaError_t enqueue_convert(const attn_shape *s, const bwd_params &p, dim3 grid,
                                    cudaStream_t stream) {
-    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;
-    constexpr int TAIL_D = tail_pass_d<D>();
-    if (s->D == OWN)
-        dq_convert_kernel<OWN, BF16><<<grid, CONVERT_THREADS, 0, stream>>>(p);
-    else
-        dq_convert_kernel<TAIL_D, BF16, true><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+    if constexpr (tiles_dq_acc<D>())
+        if (p.dq_tiled) {
+            launch_convert<D, BF16, true>(s, p, grid, stream);
+            return cudaGetLastError();
+        }
+    launch_convert<D, BF16, false>(s, p, grid, stream);
     return cudaGetLastError();
 }
 
@@ -196,7 +229,7 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         return cudaErrorMisalignedAddress;
     }
     bwd_params p = bwd_params_of(s, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, true);
-    p.dq_tiled = dq_tiled_cols(s, variant);
+    p.dq_tiled = dq_tiled_cols(s, variant), p.dq_tile_rows = qrows_of(s->D);
     int *const dq_turn = variant == VARIANT_DETERMINISTIC
                              ? (int *)((char *)p.dQ_acc + aligned(dq_acc_bytes(s, variant)))
                              : NULL;

@@ -52,12 +52,14 @@ typedef struct bwd_params {
     // and [H, acc_rows, D] (dQ_acc), sequence b's from bwd_sequence_of's row_pad / row_acc.
     attn_varlen varlen;
     int acc_rows;  // packed: total_q + B * ROW_PAD rounded up to ROW_PAD
-    // dQ_acc's layout: 0, rows of D floats as above; else tiles of ROW_PAD rows, each in slabs of
-    // DQ_SLAB_COLS columns, [tiles][dq_tiled / DQ_SLAB_COLS][ROW_PAD][DQ_SLAB_COLS] floats, the
-    // rows of head h of sequence b from row_pad + h * head_pad (lse2's rows; dq_tiled_offset):
-    // stage 8's staging tile at D = 64 as it lies, so that one bulk copy adds a whole tile.
-    // dq_tiled: the columns a row holds there (the kernel's head dim; the tensors' D may be less)
-    int dq_tiled;
+    // dQ_acc's layout: 0, rows of D floats as above; else tiles of dq_tile_rows rows, each in
+    // slabs of DQ_SLAB_COLS columns, [tiles][dq_tiled / DQ_SLAB_COLS][dq_tile_rows][DQ_SLAB_COLS]
+    // floats, the rows of head h of sequence b from row_pad + h * head_pad (lse2's rows;
+    // dq_tiled_offset): stage 8's staging tile as it lies, so that one bulk copy adds a whole
+    // tile or a warpgroup's slabs of it. dq_tiled: the columns a row holds there (the kernel's
+    // head dim; the tensors' D may be less); dq_tile_rows: its query tile's rows (a divisor of
+    // ROW_PAD, so that no tile straddles two heads or sequences)
+    int dq_tiled, dq_tile_rows;
 
     bwd_layouts layout;         // the eight tensors' strides
     int H, H_kv, group;         // query heads, key/value heads, H / H_kv (GQA)
@@ -168,11 +170,12 @@ constexpr int DQ_SLAB_COLS = 8;
 constexpr int DQ_SLAB_ROW_BYTES = DQ_SLAB_COLS * (int)sizeof(float);
 
 // The float of dQ_acc at row `row` (counted as lse2's: row_pad + h * head_pad + i) and column
-// `col` in the tiled layout (bwd_params' dq_tiled: `cols` columns a row).
-__host__ __device__ __forceinline__ size_t dq_tiled_offset(long long row, int col, int cols) {
-    const long long tile = row / ROW_PAD, in_tile = row - tile * ROW_PAD;
-    return (size_t)(tile * ROW_PAD * cols +
-                    (long long)(col / DQ_SLAB_COLS) * ROW_PAD * DQ_SLAB_COLS +
+// `col` in the tiled layout (bwd_params' dq_tiled: `cols` columns a row, tiles of `tile_rows`).
+__host__ __device__ __forceinline__ size_t dq_tiled_offset(long long row, int col, int cols,
+                                                           int tile_rows) {
+    const long long tile = row / tile_rows, in_tile = row - tile * tile_rows;
+    return (size_t)(tile * tile_rows * cols +
+                    (long long)(col / DQ_SLAB_COLS) * tile_rows * DQ_SLAB_COLS +
                     in_tile * DQ_SLAB_COLS + col % DQ_SLAB_COLS);
 }
 constexpr int DQ_MAP_RANK = 4;
@@ -262,6 +265,8 @@ __device__ __forceinline__ int2 dq_map_coords(const bwd_params &p, const bwd_seq
 // to ROW_PAD in its workspace rows (bwd_sequence_of); the rows of the grid past them write nothing
 // (the workspace rows after them are the next sequence's). TAIL: the tensors' head dim is p.D <= D
 // (a stage that runs it in a kernel compiled for D): the lanes past it read and zero nothing.
+// TILED: dQ_acc lies tiled (p.dq_tiled columns a row, dq_tiled_offset), else rows of D floats; a
+// template parameter, so that a stage that never tiles compiles none of it.
 constexpr int PREPROCESS_THREADS = 128;
 __host__ __device__ constexpr int preprocess_lanes(int D) {
     return D / CHUNK_HALVES;
@@ -285,7 +290,7 @@ __device__ __forceinline__ float2 unpack2_of(uint32_t u) {
     }
 }
 
-template <int D, bool BF16, bool TAIL = false>
+template <int D, bool BF16, bool TAIL = false, bool TILED = false>
 __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bwd_params p) {
     constexpr int LANES = preprocess_lanes(D);
     const int cols = TAIL ? p.D : D;  // dQ_acc's, O's and dO's columns
@@ -306,10 +311,10 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
             constexpr int FLOAT4_FLOATS = 4;
             static_assert(CHUNK_HALVES == DQ_SLAB_COLS, "a lane's chunk is a tiled slab's row");
             float4 *const acc = reinterpret_cast<float4 *>(
-                p.dQ_acc + (p.dq_tiled ? dq_tiled_offset(s.row_pad + h * s.head_pad + i,
-                                                         sub * CHUNK_HALVES, p.dq_tiled)
-                                       : (size_t)(s.row_acc + h * s.head_acc + i) * cols +
-                                             sub * CHUNK_HALVES));
+                p.dQ_acc +
+                (TILED ? dq_tiled_offset(s.row_pad + h * s.head_pad + i, sub * CHUNK_HALVES,
+                                         p.dq_tiled, p.dq_tile_rows)
+                       : (size_t)(s.row_acc + h * s.head_acc + i) * cols + sub * CHUNK_HALVES));
 #pragma unroll
             for (int c = 0; c < CHUNK_HALVES / FLOAT4_FLOATS; ++c)
                 acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -345,7 +350,7 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
 // of D floats, or with dq_tiled a row's slabs a tile's slab apart), a thread's CONVERT_VECTORS a
 // block's width apart (each load a warp's 512 contiguous bytes; tiled, 32-byte slab rows), all
 // loaded before any is converted: the pass reads 16 bytes and writes 8 per float4, so the bytes a
-// thread keeps in flight set its speed. TAIL: rows of p.D columns, not D (as preprocess_kernel).
+// thread keeps in flight set its speed. TAIL and TILED as preprocess_kernel's.
 constexpr int CONVERT_THREADS = 256;
 constexpr int CONVERT_FLOATS = 4;   // one float4 of dQ_acc
 constexpr int CONVERT_VECTORS = 4;  // a thread's float4s
@@ -357,7 +362,7 @@ static inline dim3 convert_grid(const attn_shape *s) {
     return dim3((unsigned)((head_float4s + CONVERT_BLOCK_FLOAT4S - 1) / CONVERT_BLOCK_FLOAT4S),
                 (unsigned)(s->B * s->H));
 }
-template <int D, bool BF16, bool TAIL = false>
+template <int D, bool BF16, bool TAIL = false, bool TILED = false>
 __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_params p) {
     const int cols = TAIL ? p.D : D, row_float4s = cols / CONVERT_FLOATS;
     const int bh = (int)blockIdx.y, b = bh / p.H, h = bh % p.H;
@@ -373,10 +378,10 @@ __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_p
     for (int v = 0; v < CONVERT_VECTORS; ++v) {  // the loads, all in flight at once
         const size_t i = first + (size_t)v * CONVERT_THREADS;
         if (i >= head_float4s) continue;
-        if (p.dq_tiled) {  // (a row's two float4s of a slab lie together, its slabs apart)
+        if constexpr (TILED) {  // (a row's two float4s of a slab lie together, its slabs apart)
             const int row = (int)(i / row_float4s), col = (int)(i % row_float4s) * CONVERT_FLOATS;
             a[v] = *reinterpret_cast<const float4 *>(
-                p.dQ_acc + dq_tiled_offset(tiled_row + row, col, p.dq_tiled));
+                p.dQ_acc + dq_tiled_offset(tiled_row + row, col, p.dq_tiled, p.dq_tile_rows));
         } else {
             a[v] = acc[i];
         }
