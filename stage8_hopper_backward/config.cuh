@@ -191,28 +191,16 @@ __host__ __device__ constexpr int dq_part_cols(int wg) {
                ? dq_cols<D>()
                : D - wg * SLAB_COLS;
 }
-// The staging tile: the query tile's rows in slabs of columns. At D = 96 and 128 (swizzled_staging)
-// slabs of 32 floats, 128-byte rows in the 128-byte swizzle ([slabs][qrows][32];
-// common/device/backward_prepost.cuh, dq_swizzled_tensor_map), reduced a slab at a time: the TMA
-// unit adds whole 128-byte rows, a request an L2 line (LOG.md, step 47). At D = 64 (128 queries)
-// slabs of 8 floats, 32-byte rows ([slabs][qrows][8]; dq_tensor_map), reduced in one box: the
-// swizzled tile measured 9-12% slower there. Where the warpgroups split dQ_i by columns (D = 96,
-// 128) each warpgroup's part is whole slabs (D = 96's second part, 32 columns, padded to 64: the
-// tile is 32 KB); where they split it by rows (D = 64) the parts share every slab. dq_parts<D>():
-// the parts the tile has as slabs.
-// TILED_WIDE (LOG.md, step 59): at D = 96 and 128 too, the staging tile in 8-float slabs as at
-// D = 64, dQ_acc tiled as it lies (dq_tiled), each warpgroup's part added by one bulk copy of its
-// contiguous slabs: whole lines without the swizzle's stores.
-constexpr bool TILED_WIDE = true;
-template <int D>
-__host__ __device__ constexpr bool swizzled_staging() {
-    return !dq_splits_rows<D>() && !TILED_WIDE;
-}
-static_assert(DQ_SWIZZLED_SLAB_COLS * (int)sizeof(float) == SLAB_ROW_BYTES,
-              "a swizzled staging slab row is a row of the 128-byte swizzle (swizzle_row_base)");
+// The staging tile: the query tile's rows in slabs of 8 floats, 32-byte rows ([slabs][qrows][8]),
+// as dQ_acc's tiles lie (dq_tiled), so that a part goes to L2 by one bulk copy of whole lines
+// (LOG.md, steps 56-59; steps 47-50 had 128-byte swizzled slab rows at D = 96 and 128, 3-4%
+// slower at D = 128). Where the warpgroups split dQ_i by columns (D = 96, 128) each warpgroup's
+// part is whole slabs (D = 96's second part, 32 columns, padded to 64: the tile is 32 KB); where
+// they split it by rows (D = 64) the parts share every slab. dq_parts<D>(): the parts the tile has
+// as slabs.
 template <int D>
 __host__ __device__ constexpr int staging_slab_bytes() {
-    return qrows<D>() * (swizzled_staging<D>() ? SLAB_ROW_BYTES : DQ_SLAB_ROW_BYTES);
+    return qrows<D>() * DQ_SLAB_ROW_BYTES;
 }
 template <int D>
 __host__ __device__ constexpr int dq_parts() {
@@ -261,21 +249,15 @@ template <int D, dq_way DQ>
 __host__ __device__ constexpr bool last_dq_by_reds() {
     return DQ == DQ_BY_BULK && !splits_dkv<D>() && !dq_by_parts<D, DQ>();
 }
-// The columns one hand-over's reductions cover (a reduction a staging slab): by parts a part's,
-// else the whole tile's (D; at D = 96 the tile's first 3 slabs).
-template <int D, dq_way DQ>
-__host__ __device__ constexpr int dq_reduced_cols() {
-    return dq_by_parts<D, DQ>() ? dq_cols<D>() : D;
-}
 // dQ_acc tiled as the staging tile of 8-float slabs lies (backward_prepost.cuh's dq_tiled:
 // [tiles][slabs][qrows][DQ_SLAB_COLS] floats a head), so that the dQ warp adds a step's tile (by
 // parts, a warpgroup's slabs) by one bulk copy, whole 128-byte lines, where a tensor map's box of
 // 32-byte slab rows makes four requests a line (LOG.md, steps 56 and 59). The default and
 // deterministic variants' (the dQ warp finds the tile's row from its counters' place: LOG.md,
-// step 58); variant atomics adds into rows of D floats.
+// step 58); variant atomics, and D = 256 (no staging tile), add into rows of D floats.
 template <int D, dq_way DQ>
 __host__ __device__ constexpr bool dq_tiled() {
-    return !swizzled_staging<D>() && !splits_dkv<D>() && DQ != DQ_BY_ATOMICS;
+    return !splits_dkv<D>() && DQ != DQ_BY_ATOMICS;
 }
 constexpr int DQ_PAIRS = 2;  // DQ_FULL/DQ_EMPTY pairs: a warpgroup's part's, or a dQ warp's
 static_assert(DQ_PAIRS == CONSUMERS && DQ_BUFFERS == 1, "a pair per part of the one staging tile");

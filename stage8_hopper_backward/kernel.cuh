@@ -36,8 +36,8 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 
 // Q, dO: [B, H, N, D] and K, V, dK, dV: [B, H_kv, N_k, D], 16-bit (bf16 where BF16), each through
 // its tensor map (D, rows, heads, B) with its strides, in 128-byte swizzled boxes of 64 columns
-// (qrows<D>() rows for Q and dO, block_keys<D>() for the others); dQ_acc [B * H, N, D] fp32
-// through tmdQ (dq_swizzled_tensor_map or dq_tensor_map); the rest in pb. Grid: (ceil(N_k /
+// (qrows<D>() rows for Q and dO, block_keys<D>() for the others); dQ_acc (fp32) and the rest in
+// pb. Grid: (ceil(N_k /
 // block_keys<D>()), B * H_kv), BLOCK_THREADS threads. A packed batch: Q, dO [total_q, H, D] and K,
 // V, dK, dV [total_k, H_kv, D], each map one batch of total rows; dQ_acc [H, acc_rows, D]; N, N_k
 // the longest sequence's.
@@ -47,7 +47,6 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
                     const __grid_constant__ CUtensorMap tmK,
                     const __grid_constant__ CUtensorMap tmV,
                     const __grid_constant__ CUtensorMap tmdO,
-                    const __grid_constant__ CUtensorMap tmdQ,
                     const __grid_constant__ CUtensorMap tmdK,
                     const __grid_constant__ CUtensorMap tmdV, const bwd_problem pb) {
 #if HOPPER_KERNELS
@@ -59,7 +58,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     if (threadIdx.x == 0) {
         init_barriers<D, DQ>(sm);
         prefetch_tensor_map(&tmQ), prefetch_tensor_map(&tmK), prefetch_tensor_map(&tmV);
-        prefetch_tensor_map(&tmdO), prefetch_tensor_map(&tmdQ);
+        prefetch_tensor_map(&tmdO);
         prefetch_tensor_map(&tmdK), prefetch_tensor_map(&tmdV);
     }
     __syncthreads();  // the barriers are initialised before anyone waits on or signals them
@@ -69,9 +68,9 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         if (warp == LOAD_WARP)
             load_tiles<D, DQ>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
         else if (DQ != DQ_BY_ATOMICS && warp == DQ_WARP)
-            reduce_dq<D, DQ>(sm, &tmdQ, pb, lane, 0);  // (DQ_BY_ATOMICS: the consumers add dQ)
+            reduce_dq<D, DQ>(sm, pb, lane, 0);  // (DQ_BY_ATOMICS: the consumers add dQ)
         else if (two_dq_warps<D, DQ>() && warp == DQ_WARP_ODD)
-            reduce_dq<D, DQ>(sm, &tmdQ, pb, lane, 1);  // the odd steps
+            reduce_dq<D, DQ>(sm, pb, lane, 1);  // the odd steps
         else if (warp == STORE_WARP)
             store_dkv<D>(sm, &tmdK, &tmdV, pb, lane);
     } else {
@@ -79,6 +78,6 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         consumer<D, BF16, DQ>(sm, pb);
     }
 #else
-    (void)tmQ, (void)tmK, (void)tmV, (void)tmdO, (void)tmdQ, (void)tmdK, (void)tmdV, (void)pb;
+    (void)tmQ, (void)tmK, (void)tmV, (void)tmdO, (void)tmdK, (void)tmdV, (void)pb;
 #endif
 }

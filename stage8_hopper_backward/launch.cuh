@@ -69,7 +69,7 @@ static cudaError_t operand_map(CUtensorMap *map, const void *base, const attn_sh
 
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                           const CUtensorMap, const CUtensorMap, const CUtensorMap,
-                          const CUtensorMap, const bwd_problem);
+                          const bwd_problem);
 
 // The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ (none for
 // variant atomics where it does not take D, nor for variant deterministic at D = 256:
@@ -161,19 +161,12 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     const size_t rows = (size_t)s->B * s->H * p.N_pad;
     ATTN_TRY((enqueue_preprocess<D, BF16>(s, p, rows, stream)));
 
-    CUtensorMap tmQ, tmK, tmV, tmdO, tmdQ, tmdK, tmdV;
+    CUtensorMap tmQ, tmK, tmV, tmdO, tmdK, tmdV;
     const int total_q = s->varlen.total_q, total_k = s->varlen.total_k;  // (packed)
     ATTN_TRY(operand_map(&tmQ, p.Q, s, s->H, s->N, total_q, &s->q, qrows<D>()));
     ATTN_TRY(operand_map(&tmK, p.K, s, s->H_kv, s->N_k, total_k, &s->k, block_keys<D>()));
     ATTN_TRY(operand_map(&tmV, p.V, s, s->H_kv, s->N_k, total_k, &s->v, block_keys<D>()));
     ATTN_TRY(operand_map(&tmdO, p.dO, s, s->H, s->N, total_q, &s->dO, qrows<D>()));
-    if (swizzled_staging<D>()) {
-        ATTN_TRY(dq_swizzled_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>()));
-    } else {
-        const int box_cols = variant == VARIANT_DEFAULT ? dq_reduced_cols<D, DQ_BY_BULK>()
-                                                        : dq_reduced_cols<D, DQ_BY_BULK_IN_TURNS>();
-        ATTN_TRY(dq_tensor_map(&tmdQ, p.dQ_acc, s, qrows<D>(), box_cols));
-    }
     ATTN_TRY(operand_map(&tmdK, p.dK, s, s->H_kv, s->N_k, total_k, &s->dK, block_keys<D>()));
     ATTN_TRY(operand_map(&tmdV, p.dV, s, s->H_kv, s->N_k, total_k, &s->dV, block_keys<D>()));
     bwd_problem pb;
@@ -204,8 +197,8 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     // A packed batch whose longest sequence has no key has no block: no dK, dV row to write)
     const dim3 grid((unsigned)pb.key_tiles, (unsigned)(s->B * s->H_kv));
     if (pb.key_tiles > 0) {
-        kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdQ, tmdK,
-                                                                 tmdV, pb);
+        kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdK, tmdV,
+                                                                 pb);
         ATTN_TRY(cudaGetLastError());
     }
 

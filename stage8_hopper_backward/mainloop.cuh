@@ -399,11 +399,11 @@ template <int D, dq_way DQ>
 __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()],
                                              const smem_tiles &sm, const consumer_place &p,
                                              const bwd_problem &pb, const block_place &b,
-                                             walk_step s, uint32_t &dq_at) {
+                                             walk_step s) {
     if constexpr (DQ == DQ_BY_ATOMICS)
         add_dq_atomic<D>(dQ_part, pb, b, p.wg, p.warp, p.lane, s.head, s.q0);
     else
-        stage_dq<D, DQ>(dQ_part, sm, p.wg, p.warp, p.lane, s.it, dq_at);
+        stage_dq<D, DQ>(dQ_part, sm, p.wg, p.warp, p.lane, s.it);
 }
 
 // The scores of a step issued (S^T, then dP^T: two groups): P^T while dP^T runs; then dS^T, both
@@ -459,8 +459,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
                                               const consumer_place &p, const bwd_problem &pb,
                                               const block_place &b, uint64_t K_desc,
-                                              uint64_t V_desc, walk_step cur, walk_step dq,
-                                              uint32_t &dq_at) {
+                                              uint64_t V_desc, walk_step cur, walk_step dq) {
     constexpr bool WITH_DQ = !FIRST;
     const int slot = q_pipeline{cur.it}.slot();
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
@@ -517,7 +516,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
         wgmma_wait<1>();  // the part's group
         pin_registers(dQ_part);
         // (dV, dK or dK on the tensor cores meanwhile)
-        hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq, dq_at);
+        hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
     }
     wgmma_wait<0>();
     pin_registers(dV);
@@ -530,7 +529,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     // are no longer needed: every thread arrives, so that its own loads are ordered before the
     // load warp's next stores into the slot (producer.cuh).
     mbar_arrive(bar_at(sm, BAR_Q_EMPTY + slot));
-    if constexpr (LATE) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq, dq_at);
+    if constexpr (LATE) hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
 }
 
 // One step at D = 256 (splits_dkv): query tile cur.q0 (ring slot cur.it % Q_STAGES) against the
@@ -546,8 +545,8 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
                                                     float (&dK)[dkv_regs<D>()],
                                                     const smem_tiles &sm, const consumer_place &p,
                                                     const bwd_problem &pb, const block_place &b,
-                                                    uint64_t K_desc, uint64_t V_desc, walk_step cur,
-                                                    uint32_t &dq_at) {
+                                                    uint64_t K_desc, uint64_t V_desc,
+                                                    walk_step cur) {
     static_assert(splits_dkv<D>() && DQ == DQ_BY_ATOMICS, "D = 256's step: the columns split");
     constexpr int Q_ROWS = qrows<D>();
     const int slot = q_pipeline{cur.it}.slot();
@@ -595,8 +594,7 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
     pin_registers(P16);
     pin_registers(dS16);
     pin_registers(dQ_part);
-    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, cur,
-                        dq_at);  // (group 3 on the tensor cores meanwhile)
+    hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, cur);  // (group 3 on the tensor cores meanwhile)
     wgmma_wait<0>();
     pin_registers(dV);
     pin_registers(dK);
@@ -611,8 +609,7 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
 // last_dq_by_reds (no wait for the staging tile), else handed over as every other.
 template <int D, bool BF16, dq_way DQ>
 __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_place &p,
-                                        const bwd_problem &pb, const block_place &b, walk_step dq,
-                                        uint32_t &dq_at) {
+                                        const bwd_problem &pb, const block_place &b, walk_step dq) {
     float dQ_part[dq_regs<D>()];
     wait_ds<D>(sm, dq.it);
     issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
@@ -622,7 +619,7 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
         add_dq_atomic<D, true, dq_tiled<D, DQ>()>(dQ_part, pb, b, p.wg, p.warp, p.lane, dq.head,
                                                   dq.q0);
     else
-        hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq, dq_at);
+        hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
 }
 
 // One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
@@ -642,7 +639,6 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     const int rows_at = splits_dkv<D>() ? 0 : p.wg * WGMMA_M * SLAB_ROW_BYTES;
     const uint64_t K_desc = desc_k_major(sm.K + rows_at);
     const uint64_t V_desc = desc_k_major(sm.V + rows_at);
-    uint32_t dq_at = swizzled_staging<D>() ? staging_lane_at<D>(sm, p.wg, p.warp, p.lane) : 0;
 
     int tiles;
     const int first = query_tiles_of<D>(b.keys, b.key0, &tiles);
@@ -653,18 +649,17 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
         walk_step cur = {0, b.kv_head * pb.group, q_first};
         if constexpr (splits_dkv<D>()) {  // D = 256: each step's dQ part in the step
             for (int it = 0; it < steps; ++it) {
-                consumer_step_split<D, BF16, DQ>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, dq_at);
+                consumer_step_split<D, BF16, DQ>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur);
                 cur = next_step(cur, q_first, q_end, qrows<D>());
             }
         } else {  // the dQ part a step late, the last one's after the loop
-            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur, dq_at);
+            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur);
             for (int it = 1; it < steps; ++it) {
                 const walk_step prev = cur;
                 cur = next_step(cur, q_first, q_end, qrows<D>());
-                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, prev,
-                                                  dq_at);
+                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, prev);
             }
-            last_dq<D, BF16, DQ>(sm, p, pb, b, cur, dq_at);
+            last_dq<D, BF16, DQ>(sm, p, pb, b, cur);
         }
     }
     stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);

@@ -14,7 +14,7 @@
 // K_smem, V_smem [slabs][keys][64]; Q_STAGES x (Q_smem, dO_smem [slabs][qrows][64]), all in the
 // 128-byte swizzle TMA writes; ds_buffers x dS_smem [qrows/64][keys][64] (dS^T in 64-query slabs,
 // swizzled the same way by the consumers' stmatrix); at D = 256 pt_buffers x P_smem, P^T the same
-// way; dq_buffers x dQ_stage [slabs][qrows][32 or 8] floats (config.cuh: swizzled_staging,
+// way; dq_buffers x dQ_stage [slabs][qrows][8] floats (config.cuh: staging_slab_bytes,
 // dq_parts); Q_STAGES x (LSE_smem, Dsum_smem [qrows] floats); the mbarriers. Every tile starts
 // 1024-byte aligned (the swizzle atom): the block's shared memory is declared so aligned
 // (kernel.cuh), with no slack to round its start up.

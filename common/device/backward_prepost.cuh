@@ -164,8 +164,10 @@ static bwd_params bwd_params_of(const attn_shape *s, const void *Q, const void *
 
 // The staging tile holds the QROWS x D floats in slabs of DQ_SLAB_COLS columns, [D / DQ_SLAB_COLS]
 // [QROWS][DQ_SLAB_COLS]: a slab row is 32 bytes, so the 4 rows a half-warp's fragment store
-// writes are 128 contiguous bytes, every bank once. The tensor map (dq_tensor_map) walks dQ_acc
-// in the same order: column within the slab, row, slab, (batch, head).
+// writes are 128 contiguous bytes, every bank once. Stage 7's tensor map (dq_tensor_map) walks
+// dQ_acc's rows of D floats in the same order: column within the slab, row, slab, (batch, head);
+// stage 8's dQ_acc lies tiled as the staging tile does (dq_tiled_offset) and takes it by one bulk
+// copy.
 constexpr int DQ_SLAB_COLS = 8;
 constexpr int DQ_SLAB_ROW_BYTES = DQ_SLAB_COLS * (int)sizeof(float);
 
@@ -202,10 +204,9 @@ static inline cudaError_t dq_acc_map(CUtensorMap *map, float *dQ_acc, cuuint32_t
 }
 
 // dQ_acc [B * H, N, D] floats seen as [B * H][D / DQ_SLAB_COLS slabs][N rows]
-// [DQ_SLAB_COLS] (innermost last: the layout of the staging tile), in boxes of qrows rows (a whole
-// query tile; stage 8: a warpgroup's part), rows past N out of bounds. box_cols: the box's columns
-// (a part's; or a kernel compiled for a larger head dim than s->D stages them), those past D
-// out of bounds: not added.
+// [DQ_SLAB_COLS] (innermost last: the layout of stage 7's staging tile), in boxes of qrows rows
+// (a whole query tile), rows past N out of bounds. box_cols: the box's columns (a kernel compiled
+// for a larger head dim than s->D stages them), those past D out of bounds: not added.
 // Packed ([H, acc_rows, D]): [H][slabs][acc_rows][DQ_SLAB_COLS], a sequence's rows at row_acc
 // (dq_map_coords).
 static inline cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const attn_shape *s,
@@ -220,29 +221,6 @@ static inline cudaError_t dq_tensor_map(CUtensorMap *map, float *dQ_acc, const a
                                          (cuuint32_t)((box_cols ? box_cols : s->D) / DQ_SLAB_COLS),
                                          1};
     return dq_acc_map(map, dQ_acc, DQ_MAP_RANK, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
-}
-
-// Stage 8's staging tile at D = 96 and 128: the QROWS x D floats in slabs of
-// DQ_SWIZZLED_SLAB_COLS columns, [slabs][QROWS][DQ_SWIZZLED_SLAB_COLS], each slab row 128 bytes
-// whose 16-byte chunks are permuted by row % 8 (the 128-byte swizzle of the operand tiles), so
-// that a warp's fragment store, 8 rows x 32 bytes, finds every bank twice, and the TMA unit adds
-// whole 128-byte rows into dQ_acc: one L2 line a request, where the 32-byte rows above take four.
-constexpr int DQ_SWIZZLED_SLAB_COLS = 32;
-constexpr int DQ_SWIZZLED_MAP_RANK = 3;
-
-// dQ_acc [B * H, N, D] floats as they lie (packed: [H, acc_rows, D]), in boxes of
-// DQ_SWIZZLED_SLAB_COLS columns x qrows rows, 128-byte swizzled on the shared-memory side: one
-// reduction a slab of the staging tile, columns past D and rows past N out of bounds, not added.
-static inline cudaError_t dq_swizzled_tensor_map(CUtensorMap *map, float *dQ_acc,
-                                                 const attn_shape *s, int qrows) {
-    cuuint64_t rows, heads;
-    dq_acc_extent(s, &rows, &heads);
-    const cuuint64_t row = (cuuint64_t)s->D * sizeof(float);
-    const cuuint64_t dims[DQ_SWIZZLED_MAP_RANK] = {(cuuint64_t)s->D, rows, heads};
-    const cuuint64_t strides[DQ_SWIZZLED_MAP_RANK - 1] = {row, row * rows};  // bytes
-    const cuuint32_t box[DQ_SWIZZLED_MAP_RANK] = {DQ_SWIZZLED_SLAB_COLS, (cuuint32_t)qrows, 1};
-    return dq_acc_map(map, dQ_acc, DQ_SWIZZLED_MAP_RANK, dims, strides, box,
-                      CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // The tensor-map coordinates {row, head} of row i of head h of sequence b in dQ_acc.

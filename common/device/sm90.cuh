@@ -195,21 +195,6 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap *map, uint32
 #endif
 }
 
-// The same with a three-dimensional map (stage 8's dQ_acc: columns, rows, heads).
-__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap *map, uint32_t src, int c0,
-                                                  int c1, int c2) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
-        " [%0, {%2, %3, %4}], [%1];\n" ::"l"((uint64_t)map),
-        "r"(src), "r"(c0), "r"(c1), "r"(c2)
-        : "memory");
-#else
-    (void)map, (void)src, (void)c0, (void)c1, (void)c2;
-    __trap();
-#endif
-}
-
 // The floats of `bytes` bytes of global memory at dst += those of shared memory at src, by the TMA
 // unit as one bulk copy (no tensor map: both ranges contiguous, 16-byte aligned, bytes a multiple
 // of 16), tracked in this thread's bulk groups; the shared-memory writes it reads made visible to
