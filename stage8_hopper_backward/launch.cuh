@@ -99,18 +99,19 @@ template <int D>
 constexpr int tail_pass_d() {
     return splits_dkv<D>() ? D : TAIL_PASS_D;
 }
-// TILED: dQ_acc tiled (p.dq_tiled, set by dq_tiled_cols), instantiated only for the head dims
-// whose kernels tile it.
+// TILED: dQ_acc tiled (p.dq_tiled, set by dq_tiled_cols) in tiles of the kernel's query tile
+// (qrows<D>(), the passes' TILE_ROWS), instantiated only for the head dims whose kernels tile it.
 template <int D, bool BF16, bool TILED>
 static void launch_preprocess(const attn_shape *s, const bwd_params &p, size_t rows,
                               cudaStream_t stream) {
     constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;  // D = 96: none of its own
     constexpr int TAIL_D = tail_pass_d<D>();
+    constexpr int TILE_ROWS = TILED ? qrows<D>() : 0;
     if (s->D == OWN)
-        preprocess_kernel<OWN, BF16, false, TILED>
+        preprocess_kernel<OWN, BF16, false, TILE_ROWS>
             <<<preprocess_grid(rows, OWN), PREPROCESS_THREADS, 0, stream>>>(p);
     else
-        preprocess_kernel<TAIL_D, BF16, true, TILED>
+        preprocess_kernel<TAIL_D, BF16, true, TILE_ROWS>
             <<<preprocess_grid(rows, TAIL_D), PREPROCESS_THREADS, 0, stream>>>(p);
 }
 template <int D, bool BF16, bool TILED>
@@ -118,10 +119,11 @@ static void launch_convert(const attn_shape *s, const bwd_params &p, dim3 grid,
                            cudaStream_t stream) {
     constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;
     constexpr int TAIL_D = tail_pass_d<D>();
+    constexpr int TILE_ROWS = TILED ? qrows<D>() : 0;
     if (s->D == OWN)
-        dq_convert_kernel<OWN, BF16, false, TILED><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        dq_convert_kernel<OWN, BF16, false, TILE_ROWS><<<grid, CONVERT_THREADS, 0, stream>>>(p);
     else
-        dq_convert_kernel<TAIL_D, BF16, true, TILED><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        dq_convert_kernel<TAIL_D, BF16, true, TILE_ROWS><<<grid, CONVERT_THREADS, 0, stream>>>(p);
 }
 template <int D>
 constexpr bool tiles_dq_acc() {  // a variant's kernels of head dim D keep dQ_acc tiled
@@ -222,7 +224,7 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
         return cudaErrorMisalignedAddress;
     }
     bwd_params p = bwd_params_of(s, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, true);
-    p.dq_tiled = dq_tiled_cols(s, variant), p.dq_tile_rows = qrows_of(s->D);
+    p.dq_tiled = dq_tiled_cols(s, variant);
     int *const dq_turn = variant == VARIANT_DETERMINISTIC
                              ? (int *)((char *)p.dQ_acc + aligned(dq_acc_bytes(s, variant)))
                              : NULL;

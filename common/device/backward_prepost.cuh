@@ -52,14 +52,14 @@ typedef struct bwd_params {
     // and [H, acc_rows, D] (dQ_acc), sequence b's from bwd_sequence_of's row_pad / row_acc.
     attn_varlen varlen;
     int acc_rows;  // packed: total_q + B * ROW_PAD rounded up to ROW_PAD
-    // dQ_acc's layout: 0, rows of D floats as above; else tiles of dq_tile_rows rows, each in
-    // slabs of DQ_SLAB_COLS columns, [tiles][dq_tiled / DQ_SLAB_COLS][dq_tile_rows][DQ_SLAB_COLS]
+    // dQ_acc's layout: 0, rows of D floats as above; else tiles of TILE_ROWS rows, each in
+    // slabs of DQ_SLAB_COLS columns, [tiles][dq_tiled / DQ_SLAB_COLS][TILE_ROWS][DQ_SLAB_COLS]
     // floats, the rows of head h of sequence b from row_pad + h * head_pad (lse2's rows;
     // dq_tiled_offset): stage 8's staging tile as it lies, so that one bulk copy adds a whole
     // tile or a warpgroup's slabs of it. dq_tiled: the columns a row holds there (the kernel's
-    // head dim; the tensors' D may be less); dq_tile_rows: its query tile's rows (a divisor of
-    // ROW_PAD, so that no tile straddles two heads or sequences)
-    int dq_tiled, dq_tile_rows;
+    // head dim; the tensors' D may be less). The tile's rows, its kernel's query tile (a divisor
+    // of ROW_PAD, so that no tile straddles two heads or sequences), are the passes' TILE_ROWS.
+    int dq_tiled;
 
     bwd_layouts layout;         // the eight tensors' strides
     int H, H_kv, group;         // query heads, key/value heads, H / H_kv (GQA)
@@ -243,8 +243,9 @@ __device__ __forceinline__ int2 dq_map_coords(const bwd_params &p, const bwd_seq
 // to ROW_PAD in its workspace rows (bwd_sequence_of); the rows of the grid past them write nothing
 // (the workspace rows after them are the next sequence's). TAIL: the tensors' head dim is p.D <= D
 // (a stage that runs it in a kernel compiled for D): the lanes past it read and zero nothing.
-// TILED: dQ_acc lies tiled (p.dq_tiled columns a row, dq_tiled_offset), else rows of D floats; a
-// template parameter, so that a stage that never tiles compiles none of it.
+// TILE_ROWS: dQ_acc lies tiled in tiles of TILE_ROWS rows (p.dq_tiled columns a row,
+// dq_tiled_offset), 0: in rows of D floats. A template parameter, so that a stage that never tiles
+// compiles none of it, and a tile's place is a shift, not a 64-bit division.
 constexpr int PREPROCESS_THREADS = 128;
 __host__ __device__ constexpr int preprocess_lanes(int D) {
     return D / CHUNK_HALVES;
@@ -268,7 +269,7 @@ __device__ __forceinline__ float2 unpack2_of(uint32_t u) {
     }
 }
 
-template <int D, bool BF16, bool TAIL = false, bool TILED = false>
+template <int D, bool BF16, bool TAIL = false, int TILE_ROWS = 0>
 __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bwd_params p) {
     constexpr int LANES = preprocess_lanes(D);
     const int cols = TAIL ? p.D : D;  // dQ_acc's, O's and dO's columns
@@ -290,9 +291,9 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
             static_assert(CHUNK_HALVES == DQ_SLAB_COLS, "a lane's chunk is a tiled slab's row");
             float4 *const acc = reinterpret_cast<float4 *>(
                 p.dQ_acc +
-                (TILED ? dq_tiled_offset(s.row_pad + h * s.head_pad + i, sub * CHUNK_HALVES,
-                                         p.dq_tiled, p.dq_tile_rows)
-                       : (size_t)(s.row_acc + h * s.head_acc + i) * cols + sub * CHUNK_HALVES));
+                (TILE_ROWS ? dq_tiled_offset(s.row_pad + h * s.head_pad + i, sub * CHUNK_HALVES,
+                                             p.dq_tiled, TILE_ROWS)
+                           : (size_t)(s.row_acc + h * s.head_acc + i) * cols + sub * CHUNK_HALVES));
 #pragma unroll
             for (int c = 0; c < CHUNK_HALVES / FLOAT4_FLOATS; ++c)
                 acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -328,7 +329,7 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
 // of D floats, or with dq_tiled a row's slabs a tile's slab apart), a thread's CONVERT_VECTORS a
 // block's width apart (each load a warp's 512 contiguous bytes; tiled, 32-byte slab rows), all
 // loaded before any is converted: the pass reads 16 bytes and writes 8 per float4, so the bytes a
-// thread keeps in flight set its speed. TAIL and TILED as preprocess_kernel's.
+// thread keeps in flight set its speed. TAIL and TILE_ROWS as preprocess_kernel's.
 constexpr int CONVERT_THREADS = 256;
 constexpr int CONVERT_FLOATS = 4;   // one float4 of dQ_acc
 constexpr int CONVERT_VECTORS = 4;  // a thread's float4s
@@ -340,7 +341,7 @@ static inline dim3 convert_grid(const attn_shape *s) {
     return dim3((unsigned)((head_float4s + CONVERT_BLOCK_FLOAT4S - 1) / CONVERT_BLOCK_FLOAT4S),
                 (unsigned)(s->B * s->H));
 }
-template <int D, bool BF16, bool TAIL = false, bool TILED = false>
+template <int D, bool BF16, bool TAIL = false, int TILE_ROWS = 0>
 __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_params p) {
     const int cols = TAIL ? p.D : D, row_float4s = cols / CONVERT_FLOATS;
     const int bh = (int)blockIdx.y, b = bh / p.H, h = bh % p.H;
@@ -351,15 +352,27 @@ __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_p
         reinterpret_cast<const float4 *>(p.dQ_acc + (size_t)(s.row_acc + h * s.head_acc) * cols);
     const long long tiled_row = s.row_pad + h * s.head_pad;  // (dq_tiled: the head's first row)
     __half *const dQ = p.dQ + head_offset(p.layout.dQ, b, h);
+    // Float4 i = first + v CONVERT_THREADS of the head is float4 i % row_float4s of row
+    // i / row_float4s: one division for the first, then steps of whole rows and float4s (in the
+    // TAIL instances row_float4s is the tensors', known only at run time: a 64-bit division).
+    int row[CONVERT_VECTORS], col[CONVERT_VECTORS];  // (col: in floats)
+    row[0] = (int)(first / row_float4s), col[0] = (int)(first % row_float4s) * CONVERT_FLOATS;
+    const int row_step = CONVERT_THREADS / row_float4s;
+    const int col_step = CONVERT_THREADS % row_float4s * CONVERT_FLOATS;
+#pragma unroll
+    for (int v = 1; v < CONVERT_VECTORS; ++v) {
+        row[v] = row[v - 1] + row_step, col[v] = col[v - 1] + col_step;
+        if (col[v] >= cols) col[v] -= cols, ++row[v];
+    }
     float4 a[CONVERT_VECTORS];
 #pragma unroll
     for (int v = 0; v < CONVERT_VECTORS; ++v) {  // the loads, all in flight at once
         const size_t i = first + (size_t)v * CONVERT_THREADS;
         if (i >= head_float4s) continue;
-        if constexpr (TILED) {  // (a row's two float4s of a slab lie together, its slabs apart)
-            const int row = (int)(i / row_float4s), col = (int)(i % row_float4s) * CONVERT_FLOATS;
+        if constexpr (TILE_ROWS > 0) {  // (a row's two float4s of a slab lie together, its
+                                        // slabs apart)
             a[v] = *reinterpret_cast<const float4 *>(
-                p.dQ_acc + dq_tiled_offset(tiled_row + row, col, p.dq_tiled, p.dq_tile_rows));
+                p.dQ_acc + dq_tiled_offset(tiled_row + row[v], col[v], p.dq_tiled, TILE_ROWS));
         } else {
             a[v] = acc[i];
         }
@@ -368,10 +381,9 @@ __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_p
     for (int v = 0; v < CONVERT_VECTORS; ++v) {  // then each converted and stored
         const size_t i = first + (size_t)v * CONVERT_THREADS;
         if (i >= head_float4s) break;
-        const int row = (int)(i / row_float4s), col = (int)(i % row_float4s) * CONVERT_FLOATS;
         uint2 out;
         out.x = pack2_of<BF16>(a[v].x * p.scale, a[v].y * p.scale);
         out.y = pack2_of<BF16>(a[v].z * p.scale, a[v].w * p.scale);
-        st_global_v2(dQ + rows_offset((int)s.seq.q_row + row, p.layout.dQ.row) + col, out);
+        st_global_v2(dQ + rows_offset((int)s.seq.q_row + row[v], p.layout.dQ.row) + col[v], out);
     }
 }
