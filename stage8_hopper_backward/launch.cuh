@@ -153,6 +153,24 @@ static cudaError_t enqueue_convert(const attn_shape *s, const bwd_params &p, dim
     return cudaGetLastError();
 }
 
+// The heads a section of the grid (schedule.cuh's block_head_index), as a shift: where a mask
+// with a right bound (causal) makes a head's blocks of different lengths, the default and atomics
+// variants start the longest of 2^shift heads first; the most heads, a power of two dividing
+// B H_kv, whose rows' Q, dO (2 D bytes each), dQ_acc (4 D), LSE_i and D_i (4 each) fit
+// L2_SECTION_BYTES. 0 elsewhere: no right bound (blocks of one length), a packed batch, and the
+// deterministic variant (its diagonal order).
+static int section_shift_of(const attn_shape *s, int variant, key_rule keys) {
+    if (variant == VARIANT_DETERMINISTIC || keys.right < 0 || s->varlen.cu_seqlens_q) return 0;
+    const size_t row_bytes =
+        (size_t)s->D * (2 * sizeof(__half) + sizeof(float)) + 2 * sizeof(float);
+    const size_t head_bytes = (size_t)(s->H / s->H_kv) * s->N * row_bytes;
+    const int heads = s->B * s->H_kv;
+    int shift = 0;
+    while (heads % (2 << shift) == 0 && (size_t)(2 << shift) * head_bytes <= L2_SECTION_BYTES)
+        ++shift;
+    return shift;
+}
+
 // The three passes for head dim D (compiled; the tensors' s->D <= D) and storage type BF16.
 template <int D, bool BF16>
 static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
@@ -177,6 +195,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     pb.keys = key_rule_of(s, true);  // the tiles each key tile meets, masked at the bounds
     pb.key_tiles = ceil_div(s->N_k, block_keys<D>());
     pb.diagonal_order = variant == VARIANT_DETERMINISTIC && pb.keys.right >= 0;  // dq_turn_of()
+    const int shift = section_shift_of(s, variant, pb.keys);
     const int query_tiles = ceil_div(s->N, qrows<D>());
     if (variant == VARIANT_DETERMINISTIC && pb.keys.left < 0 && pb.keys.right < 0 &&
         s->varlen.cu_seqlens_q == NULL && pb.key_tiles <= query_tiles)
@@ -197,7 +216,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     // (packed: a block per key tile of the longest sequence; those past a sequence's keys leave.
     // A packed batch whose longest sequence has no key has no block: no dK, dV row to write)
-    const dim3 grid((unsigned)pb.key_tiles, (unsigned)(s->B * s->H_kv));
+    const dim3 grid((unsigned)pb.key_tiles << shift, (unsigned)(s->B * s->H_kv) >> shift);
     if (pb.key_tiles > 0) {
         kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdK, tmdV,
                                                                  pb);

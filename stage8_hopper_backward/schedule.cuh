@@ -12,18 +12,18 @@
 #include "device/split_kv.cuh"  // key_rule: which keys a query row sees (causal, local windows)
 
 // One block: key tile j = block_key_tile() (keys key0 = block_keys<D>() j .. of its sequence) of
-// (batch, key/value head) blockIdx.y = batch * H_kv + kv_head; it walks the group's query heads
-// kv_head * group .. (kv_head + 1) * group - 1, each over the query tiles that see its keys. A
-// packed batch (call.varlen) plans the grid with the longest sequence's N_k: a block whose key tile
-// starts at or past its own sequence's keys does nothing (block_has_keys), every role alike. The
-// shape's N, N_k (packed: the longest sequence's) are call's.
+// (batch, key/value head) block_head_index() = batch * H_kv + kv_head; it walks the group's query
+// heads kv_head * group .. (kv_head + 1) * group - 1, each over the query tiles that see its keys.
+// A packed batch (call.varlen) plans the grid with the longest sequence's N_k: a block whose key
+// tile starts at or past its own sequence's keys does nothing (block_has_keys), every role alike.
+// The shape's N, N_k (packed: the longest sequence's) are call's.
 typedef struct {
     int H, H_kv, group;  // query heads, key/value heads, H / H_kv
     // The mask (attention.h's attn_key_range): query i sits on key i + N_k - N and sees `left`
     // keys before it and `right` after it, -1 unbounded (split_kv.cuh's key_rule: causal is
     // (-1, 0)); a block applies it with its sequence's own N and N_k (block_place).
     key_rule keys;
-    int key_tiles;       // ceil(N_k / block_keys<D>()): the grid's x
+    int key_tiles;       // ceil(N_k / block_keys<D>()): the grid's x (section_shift: its part)
     int diagonal_order;  // DQ_BY_BULK_IN_TURNS with a right bound (causal): see dq_turn_of()
     float scale, scale_log2;
     // Softcap c (attention.h): the capped score in log2 units is c log2(e) tanh(S scale / c), S
@@ -46,10 +46,29 @@ typedef struct {
     int walk_rows;  // rotated_walk: a head's query tiles' rows (T qrows), else INT_MAX (walk_row)
 } bwd_problem;
 
-// The block's key tile: blockIdx.x, or with diagonal_order the last key tile first (the grid
-// runs them from the diagonal's end down, so that the tile a block waits for started earlier).
+// The block's place in the grid, as a key tile's index and a (batch, key/value head)'s. The GPU
+// starts blocks in blockIdx.x's order first. Under a causal mask (launch.cuh's section_shift_of)
+// the grid is (key_tiles << s, B H_kv >> s): heads by sections of 2^s, whose key tile 0 starts
+// first, then their key tile 1, and so on, the longest blocks first among heads few enough that
+// their Q, dO and dQ_acc stay in the L2. Elsewhere s = 0: (key_tiles, B H_kv). s is the grid's
+// width over key_tiles, as a shift.
+__device__ __forceinline__ int section_shift(const bwd_problem &pb) {
+    return __clz(pb.key_tiles) - __clz((int)gridDim.x);
+}
+__device__ __forceinline__ int block_key_index(const bwd_problem &pb) {
+    return (int)blockIdx.x >> section_shift(pb);
+}
+__device__ __forceinline__ int block_head_index(const bwd_problem &pb) {
+    const int shift = section_shift(pb);
+    return ((int)blockIdx.y << shift) | ((int)blockIdx.x & ((1 << shift) - 1));
+}
+
+// The block's key tile: block_key_index(), or with diagonal_order the last key tile first (the
+// grid runs them from the diagonal's end down, so that the tile a block waits for started
+// earlier).
 __device__ __forceinline__ int block_key_tile(const bwd_problem &pb) {
-    return pb.diagonal_order ? pb.key_tiles - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const int j = block_key_index(pb);
+    return pb.diagonal_order ? pb.key_tiles - 1 - j : j;
 }
 
 // Where the block works: its first key key0 = block_keys<D>() block_key_tile() (within its
@@ -79,8 +98,9 @@ template <int D>
 __device__ __forceinline__ block_place block_place_of(const bwd_problem &pb) {
     block_place b;
     b.key0 = block_key_tile(pb) * block_keys<D>();
-    b.batch = (int)blockIdx.y / pb.H_kv;
-    b.kv_head = (int)blockIdx.y % pb.H_kv;
+    const int bh = block_head_index(pb);
+    b.batch = bh / pb.H_kv;
+    b.kv_head = bh % pb.H_kv;
     const bool packed = pb.call.varlen.cu_seqlens_q != NULL;
     b.tile_batch = packed ? 0 : b.batch;
     b.seq = bwd_sequence_of(pb.call, b.batch);
@@ -180,7 +200,7 @@ __device__ __forceinline__ walk_step next_step(walk_step s, int q_first, int q_e
 template <int D, dq_way DQ>
 __device__ __forceinline__ int walk_first(const bwd_problem &pb, int first) {
     if constexpr (rotates_walk<DQ>())
-        if (pb.rotated_walk) return (int)blockIdx.x;
+        if (pb.rotated_walk) return block_key_index(pb);
     return first;
 }
 // The first row of the tile step qt of a walk reads (see walk_first).
