@@ -104,9 +104,15 @@ constexpr bool tiles_dq_acc() {  // a variant's kernels of head dim D keep dQ_ac
     return dq_tiled<D, DQ_BY_BULK>() || dq_tiled<D, DQ_BY_BULK_IN_TURNS>() ||
            dq_tiled<D, DQ_BY_ATOMICS>();
 }
+template <int D>
+constexpr bool rows_dq_acc() {  // a variant's kernels of head dim D keep it in rows of D floats
+    return !dq_tiled<D, DQ_BY_BULK>() || !dq_tiled<D, DQ_BY_BULK_IN_TURNS>() ||
+           (takes_atomics<D>() && !dq_tiled<D, DQ_BY_ATOMICS>());
+}
 // The passes' TILE_ROWS where a call's dQ_acc lies tiled (p.dq_tiled, set by dq_tiled_cols): the
-// kernel's query tile, for the head dims whose kernels tile it; 0 elsewhere, so that the tiled
-// passes are instantiated only there. Each pass runs its instance of D (OWN) or the TAIL one.
+// kernel's query tile, for the head dims whose kernels tile it; 0 elsewhere. Each pass runs its
+// instance of D (OWN) or the TAIL one, tiled or in rows, each instantiated only for the head dims
+// whose kernels lay dQ_acc out so (D = 256's all tile it).
 template <int D>
 constexpr int pass_tile_rows() {
     return tiles_dq_acc<D>() ? qrows<D>() : 0;
@@ -117,30 +123,47 @@ static cudaError_t enqueue_preprocess(const attn_shape *s, const bwd_params &p, 
     constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;  // D = 96: none of its own
     constexpr int TAIL_D = tail_pass_d<D>(), TILED = pass_tile_rows<D>();
     const dim3 own = preprocess_grid(rows, OWN), tail = preprocess_grid(rows, TAIL_D);
-    if (s->D == OWN && p.dq_tiled)
-        preprocess_kernel<OWN, BF16, false, TILED><<<own, PREPROCESS_THREADS, 0, stream>>>(p);
-    else if (s->D == OWN)
-        preprocess_kernel<OWN, BF16, false, 0><<<own, PREPROCESS_THREADS, 0, stream>>>(p);
-    else if (p.dq_tiled)
-        preprocess_kernel<TAIL_D, BF16, true, TILED><<<tail, PREPROCESS_THREADS, 0, stream>>>(p);
-    else
-        preprocess_kernel<TAIL_D, BF16, true, 0><<<tail, PREPROCESS_THREADS, 0, stream>>>(p);
-    return cudaGetLastError();
+    if (p.dq_tiled) {
+        if constexpr (TILED > 0) {
+            if (s->D == OWN)
+                preprocess_kernel<OWN, BF16, false, TILED>
+                    <<<own, PREPROCESS_THREADS, 0, stream>>>(p);
+            else
+                preprocess_kernel<TAIL_D, BF16, true, TILED>
+                    <<<tail, PREPROCESS_THREADS, 0, stream>>>(p);
+            return cudaGetLastError();
+        }
+    } else if constexpr (rows_dq_acc<D>()) {
+        if (s->D == OWN)
+            preprocess_kernel<OWN, BF16, false, 0><<<own, PREPROCESS_THREADS, 0, stream>>>(p);
+        else
+            preprocess_kernel<TAIL_D, BF16, true, 0><<<tail, PREPROCESS_THREADS, 0, stream>>>(p);
+        return cudaGetLastError();
+    }
+    return cudaErrorInvalidConfiguration;  // (a layout no kernel of D keeps: unreachable)
 }
 template <int D, bool BF16>
 static cudaError_t enqueue_convert(const attn_shape *s, const bwd_params &p, dim3 grid,
                                    cudaStream_t stream) {
     constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;
     constexpr int TAIL_D = tail_pass_d<D>(), TILED = pass_tile_rows<D>();
-    if (s->D == OWN && p.dq_tiled)
-        dq_convert_kernel<OWN, BF16, false, TILED><<<grid, CONVERT_THREADS, 0, stream>>>(p);
-    else if (s->D == OWN)
-        dq_convert_kernel<OWN, BF16, false, 0><<<grid, CONVERT_THREADS, 0, stream>>>(p);
-    else if (p.dq_tiled)
-        dq_convert_kernel<TAIL_D, BF16, true, TILED><<<grid, CONVERT_THREADS, 0, stream>>>(p);
-    else
-        dq_convert_kernel<TAIL_D, BF16, true, 0><<<grid, CONVERT_THREADS, 0, stream>>>(p);
-    return cudaGetLastError();
+    if (p.dq_tiled) {
+        if constexpr (TILED > 0) {
+            if (s->D == OWN)
+                dq_convert_kernel<OWN, BF16, false, TILED><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+            else
+                dq_convert_kernel<TAIL_D, BF16, true, TILED>
+                    <<<grid, CONVERT_THREADS, 0, stream>>>(p);
+            return cudaGetLastError();
+        }
+    } else if constexpr (rows_dq_acc<D>()) {
+        if (s->D == OWN)
+            dq_convert_kernel<OWN, BF16, false, 0><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        else
+            dq_convert_kernel<TAIL_D, BF16, true, 0><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        return cudaGetLastError();
+    }
+    return cudaErrorInvalidConfiguration;  // (a layout no kernel of D keeps: unreachable)
 }
 
 // The heads a section of the grid (schedule.cuh's block_head_index), as a shift: where a mask
