@@ -254,10 +254,11 @@ __host__ __device__ constexpr bool last_dq_by_reds() {
 // parts, a warpgroup's slabs) by one bulk copy, whole 128-byte lines, where a tensor map's box of
 // 32-byte slab rows makes four requests a line (LOG.md, steps 56 and 59). The default and
 // deterministic variants' (the dQ warp finds the tile's row from its counters' place: LOG.md,
-// step 58); variant atomics, and D = 256 (no staging tile), add into rows of D floats.
+// step 58), and D = 256's, whose adds from the registers then cover whole lines too (add_dq_atomic;
+// LOG.md, step 64); variant atomics up to D = 128 adds into rows of D floats.
 template <int D, dq_way DQ>
 __host__ __device__ constexpr bool dq_tiled() {
-    return !splits_dkv<D>() && DQ != DQ_BY_ATOMICS;
+    return splits_dkv<D>() || DQ != DQ_BY_ATOMICS;
 }
 constexpr int DQ_PAIRS = 2;  // DQ_FULL/DQ_EMPTY pairs: a warpgroup's part's, or a dQ warp's
 static_assert(DQ_PAIRS == CONSUMERS && DQ_BUFFERS == 1, "a pair per part of the one staging tile");

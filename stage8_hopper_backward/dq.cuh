@@ -74,8 +74,8 @@ __device__ __forceinline__ void stage_dq(const float (&dQ_acc)[dq_regs<D>()], co
 template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq_part(const smem_tiles &sm, const bwd_problem &pb, int it,
                                                int part, int row0) {
-    if constexpr (dq_tiled<D, DQ>()) {
-        static_assert(DQ_BUFFERS == 1, "the staging tile: one dQ_acc tile");
+    if constexpr (DQ != DQ_BY_ATOMICS) {
+        static_assert(dq_tiled<D, DQ>() && DQ_BUFFERS == 1, "the staging tile: one dQ_acc tile");
         constexpr int TILE_ROWS = qrows<D>();
         const int cols = dq_by_parts<D, DQ>() ? dq_part_cols<D>(part) : D;
         // (rows in 32 bits: dQ_acc's rows of D floats number far fewer than 2^31)
@@ -118,17 +118,21 @@ inline constexpr int RED_PAIR_COLS = 2 * FRAG_COLS;
 // are skipped, as the bulk reductions' clipping does (the tensors' D is a multiple of 8: a block
 // is all in or all out; at D = 256 a part ending on an odd block adds that block two floats a
 // lane).
-// TILED (dq_tiled): dQ_acc tiled as the staging tile, a row's n8 block n in slab n.
+// TILED (dq_tiled): dQ_acc tiled as the staging tile, a row's n8 block n of the part in its slab
+// dq_part_col / DQ_SLAB_COLS + n: a warp's reduction covers 8 slab rows, 256 contiguous bytes (at
+// D = 256 two such runs, one a slab of the pair), where rows of D floats put each of its 8 rows in
+// a line of its own (LOG.md, step 64).
 template <int D, bool TAIL = false, bool TILED = false>
 __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>()],
                                               const bwd_problem &pb, const block_place &b, int wg,
                                               int warp, int lane, int head, int q0) {
     static_assert(dq_cols<D>() % RED_PAIR_COLS == 0, "a part's n8 blocks come in pairs");
-    static_assert(!TILED || !splits_dkv<D>(), "tiled: D = 64's rows of 8-float slabs");
     const int g = lane / QUAD, t = lane % QUAD;
     const int cols = dq_acc_cols<D, TAIL>(pb);
     float *const rows = pb.call.dQ_acc + (size_t)(b.seq.row_acc + head * b.seq.head_acc) * cols;
     const long long tiled_row = b.seq.row_pad + head * b.seq.head_pad;  // (TILED: row 0's)
+    // from a row's n8 block n of the part to n + 1: the next slab (TILED), or the next 8 floats
+    constexpr int BLOCK_STEP = TILED ? qrows<D>() * DQ_SLAB_COLS : FRAG_COLS;
     const int blocks = TAIL || splits_dkv<D>()  // the part's inside the tensors' D
                            ? (cols - dq_part_col<D>(wg)) / FRAG_COLS
                            : dq_cols<D>() / FRAG_COLS;
@@ -142,8 +146,6 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
                                    ? pb.call.dQ_acc + dq_tiled_offset(tiled_row + row, col,
                                                                       pb.call.dq_tiled, qrows<D>())
                                    : rows + (size_t)row * cols + col;
-            // the next n8 block: the next slab (TILED), or the next 8 floats of the row
-            constexpr int BLOCK_STEP = TILED ? qrows<D>() * DQ_SLAB_COLS : FRAG_COLS;
 #pragma unroll
             for (int n = 0; n < dq_cols<D>() / FRAG_COLS; ++n) {
                 if (n >= blocks) break;  // the tail of a smaller D
@@ -152,19 +154,24 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
             }
         }
     } else {
-        // D = 256: lane t keeps its pair of block n + odd
+        // D = 256: lane t keeps its pair of block n + odd. TILED: the part's slabs in the query
+        // tile at q0 (row_pad and head_pad are multiples of its rows), a row's 8 floats a slab.
         const bool odd = t & 1;
+        float *const part = TILED ? pb.call.dQ_acc + (size_t)(tiled_row + q0) * pb.call.dq_tiled +
+                                        dq_part_col<D>(wg) * qrows<D>()
+                                  : rows + (size_t)q0 * cols + dq_part_col<D>(wg);
+        const int row_floats = TILED ? DQ_SLAB_COLS : cols;
 #pragma unroll
         for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
-            const int row = q0 + dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
-            const bool in = row < b.N;  // the quad's row: the swap below needs every lane
-            float *const out = rows + (size_t)row * cols + dq_part_col<D>(wg);
+            const int r = dq_part_row<D>(wg) + WARP_ROWS * warp + g + FRAG_ROW_STEP * h;
+            const bool in = q0 + r < b.N;  // the quad's row: the swap below needs every lane
+            float *const out = part + r * row_floats;
 #pragma unroll
             for (int n = 0; n < dq_cols<D>() / FRAG_COLS; n += 2) {
                 if (n >= blocks) break;
                 const float a0 = dQ_part[acc_index(n, h, 0)], a1 = dQ_part[acc_index(n, h, 1)];
                 if (n + 1 >= blocks) {  // the pair's second block is past D
-                    if (in) red_add_f32x2(out + FRAG_COLS * n + FRAG_LANE_COLS * t, a0, a1);
+                    if (in) red_add_f32x2(out + BLOCK_STEP * n + FRAG_LANE_COLS * t, a0, a1);
                     break;
                 }
                 const float b0 = dQ_part[acc_index(n + 1, h, 0)];
@@ -172,7 +179,7 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
                 const float r0 = __shfl_xor_sync(FULL_WARP, odd ? a0 : b0, 1);  // the partner's
                 const float r1 = __shfl_xor_sync(FULL_WARP, odd ? a1 : b1, 1);  // pair of my block
                 if (in)
-                    red_add_f32x4(out + FRAG_COLS * (n + odd) + RED_LANE_COLS * (t / 2),
+                    red_add_f32x4(out + BLOCK_STEP * (n + odd) + RED_LANE_COLS * (t / 2),
                                   odd ? r0 : a0, odd ? r1 : a1, odd ? b0 : r0, odd ? b1 : r1);
             }
         }

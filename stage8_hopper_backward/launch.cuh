@@ -99,58 +99,71 @@ template <int D>
 constexpr int tail_pass_d() {
     return splits_dkv<D>() ? D : TAIL_PASS_D;
 }
-// TILED: dQ_acc tiled (p.dq_tiled, set by dq_tiled_cols) in tiles of the kernel's query tile
-// (qrows<D>(), the passes' TILE_ROWS), instantiated only for the head dims whose kernels tile it.
-template <int D, bool BF16, bool TILED>
-static void launch_preprocess(const attn_shape *s, const bwd_params &p, size_t rows,
-                              cudaStream_t stream) {
-    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;  // D = 96: none of its own
-    constexpr int TAIL_D = tail_pass_d<D>();
-    constexpr int TILE_ROWS = TILED ? qrows<D>() : 0;
-    if (s->D == OWN)
-        preprocess_kernel<OWN, BF16, false, TILE_ROWS>
-            <<<preprocess_grid(rows, OWN), PREPROCESS_THREADS, 0, stream>>>(p);
-    else
-        preprocess_kernel<TAIL_D, BF16, true, TILE_ROWS>
-            <<<preprocess_grid(rows, TAIL_D), PREPROCESS_THREADS, 0, stream>>>(p);
-}
-template <int D, bool BF16, bool TILED>
-static void launch_convert(const attn_shape *s, const bwd_params &p, dim3 grid,
-                           cudaStream_t stream) {
-    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;
-    constexpr int TAIL_D = tail_pass_d<D>();
-    constexpr int TILE_ROWS = TILED ? qrows<D>() : 0;
-    if (s->D == OWN)
-        dq_convert_kernel<OWN, BF16, false, TILE_ROWS><<<grid, CONVERT_THREADS, 0, stream>>>(p);
-    else
-        dq_convert_kernel<TAIL_D, BF16, true, TILE_ROWS><<<grid, CONVERT_THREADS, 0, stream>>>(p);
-}
 template <int D>
 constexpr bool tiles_dq_acc() {  // a variant's kernels of head dim D keep dQ_acc tiled
     return dq_tiled<D, DQ_BY_BULK>() || dq_tiled<D, DQ_BY_BULK_IN_TURNS>() ||
            dq_tiled<D, DQ_BY_ATOMICS>();
 }
+template <int D>
+constexpr bool rows_dq_acc() {  // a variant's kernels of head dim D keep it in rows of D floats
+    return !dq_tiled<D, DQ_BY_BULK>() || !dq_tiled<D, DQ_BY_BULK_IN_TURNS>() ||
+           (takes_atomics<D>() && !dq_tiled<D, DQ_BY_ATOMICS>());
+}
+// The passes' TILE_ROWS where a call's dQ_acc lies tiled (p.dq_tiled, set by dq_tiled_cols): the
+// kernel's query tile, for the head dims whose kernels tile it; 0 elsewhere. Each pass runs its
+// instance of D (OWN) or the TAIL one, tiled or in rows, each instantiated only for the head dims
+// whose kernels lay dQ_acc out so (D = 256's all tile it).
+template <int D>
+constexpr int pass_tile_rows() {
+    return tiles_dq_acc<D>() ? qrows<D>() : 0;
+}
 template <int D, bool BF16>
 static cudaError_t enqueue_preprocess(const attn_shape *s, const bwd_params &p, size_t rows,
                                       cudaStream_t stream) {
-    if constexpr (tiles_dq_acc<D>())
-        if (p.dq_tiled) {
-            launch_preprocess<D, BF16, true>(s, p, rows, stream);
+    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;  // D = 96: none of its own
+    constexpr int TAIL_D = tail_pass_d<D>(), TILED = pass_tile_rows<D>();
+    const dim3 own = preprocess_grid(rows, OWN), tail = preprocess_grid(rows, TAIL_D);
+    if (p.dq_tiled) {
+        if constexpr (TILED > 0) {
+            if (s->D == OWN)
+                preprocess_kernel<OWN, BF16, false, TILED>
+                    <<<own, PREPROCESS_THREADS, 0, stream>>>(p);
+            else
+                preprocess_kernel<TAIL_D, BF16, true, TILED>
+                    <<<tail, PREPROCESS_THREADS, 0, stream>>>(p);
             return cudaGetLastError();
         }
-    launch_preprocess<D, BF16, false>(s, p, rows, stream);
-    return cudaGetLastError();
+    } else if constexpr (rows_dq_acc<D>()) {
+        if (s->D == OWN)
+            preprocess_kernel<OWN, BF16, false, 0><<<own, PREPROCESS_THREADS, 0, stream>>>(p);
+        else
+            preprocess_kernel<TAIL_D, BF16, true, 0><<<tail, PREPROCESS_THREADS, 0, stream>>>(p);
+        return cudaGetLastError();
+    }
+    return cudaErrorInvalidConfiguration;  // (a layout no kernel of D keeps: unreachable)
 }
 template <int D, bool BF16>
 static cudaError_t enqueue_convert(const attn_shape *s, const bwd_params &p, dim3 grid,
                                    cudaStream_t stream) {
-    if constexpr (tiles_dq_acc<D>())
-        if (p.dq_tiled) {
-            launch_convert<D, BF16, true>(s, p, grid, stream);
+    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;
+    constexpr int TAIL_D = tail_pass_d<D>(), TILED = pass_tile_rows<D>();
+    if (p.dq_tiled) {
+        if constexpr (TILED > 0) {
+            if (s->D == OWN)
+                dq_convert_kernel<OWN, BF16, false, TILED><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+            else
+                dq_convert_kernel<TAIL_D, BF16, true, TILED>
+                    <<<grid, CONVERT_THREADS, 0, stream>>>(p);
             return cudaGetLastError();
         }
-    launch_convert<D, BF16, false>(s, p, grid, stream);
-    return cudaGetLastError();
+    } else if constexpr (rows_dq_acc<D>()) {
+        if (s->D == OWN)
+            dq_convert_kernel<OWN, BF16, false, 0><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        else
+            dq_convert_kernel<TAIL_D, BF16, true, 0><<<grid, CONVERT_THREADS, 0, stream>>>(p);
+        return cudaGetLastError();
+    }
+    return cudaErrorInvalidConfiguration;  // (a layout no kernel of D keeps: unreachable)
 }
 
 // The heads a section of the grid (schedule.cuh's block_head_index), as a shift: where a mask

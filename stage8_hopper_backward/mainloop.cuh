@@ -401,7 +401,8 @@ __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()
                                              const bwd_problem &pb, const block_place &b,
                                              walk_step s) {
     if constexpr (DQ == DQ_BY_ATOMICS)
-        add_dq_atomic<D>(dQ_part, pb, b, p.wg, p.warp, p.lane, s.head, s.q0);
+        add_dq_atomic<D, false, dq_tiled<D, DQ>()>(dQ_part, pb, b, p.wg, p.warp, p.lane, s.head,
+                                                   s.q0);
     else
         stage_dq<D, DQ>(dQ_part, sm, p.wg, p.warp, p.lane, s.it);
 }

@@ -285,15 +285,25 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
     const bool inside = i < s.seq.N;
     const int q_row = (int)s.seq.q_row + i;  // in Q, O, dO's layouts (packed: of the whole batch)
     float sum = 0.f;
-    if (inside && (!TAIL || sub * CHUNK_HALVES < cols)) {
-        if (p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it; contiguous)
-            constexpr int FLOAT4_FLOATS = 4;
-            static_assert(CHUNK_HALVES == DQ_SLAB_COLS, "a lane's chunk is a tiled slab's row");
+    constexpr int FLOAT4_FLOATS = 4;
+    static_assert(CHUNK_HALVES == DQ_SLAB_COLS, "a lane's chunk is a tiled slab's row");
+    if constexpr (TILE_ROWS > 0) {
+        // Tiled, the sequence's padded rows' tiles are one run of floats, which the threads of
+        // those rows zero as rows of p.dq_tiled floats (a tile is whole padded rows): each store
+        // a warp's consecutive chunks, not one a slab (LOG.md of stage 8, step 64).
+        if (p.dQ_acc && i < padded_rows(s.seq.N) && sub * CHUNK_HALVES < p.dq_tiled) {
             float4 *const acc = reinterpret_cast<float4 *>(
-                p.dQ_acc +
-                (TILE_ROWS ? dq_tiled_offset(s.row_pad + h * s.head_pad + i, sub * CHUNK_HALVES,
-                                             p.dq_tiled, TILE_ROWS)
-                           : (size_t)(s.row_acc + h * s.head_acc + i) * cols + sub * CHUNK_HALVES));
+                p.dQ_acc + (size_t)(s.row_pad + h * s.head_pad + i) * p.dq_tiled +
+                sub * CHUNK_HALVES);
+#pragma unroll
+            for (int c = 0; c < CHUNK_HALVES / FLOAT4_FLOATS; ++c)
+                acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+    if (inside && (!TAIL || sub * CHUNK_HALVES < cols)) {
+        if (!TILE_ROWS && p.dQ_acc) {  // (the dQ by atomics or bulk reductions adds into it)
+            float4 *const acc = reinterpret_cast<float4 *>(
+                p.dQ_acc + (size_t)(s.row_acc + h * s.head_acc + i) * cols + sub * CHUNK_HALVES);
 #pragma unroll
             for (int c = 0; c < CHUNK_HALVES / FLOAT4_FLOATS; ++c)
                 acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
