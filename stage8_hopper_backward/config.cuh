@@ -173,10 +173,10 @@ __host__ __device__ constexpr bool dq_splits_rows() {
     return qrows<D>() > WGMMA_M;
 }
 // A warpgroup's dQ part is 64 x 64 (wgmma's M = 64 queries, N = 64 columns, a slab of K_j as B):
-// 32 fp32 registers a thread; at D = 256 64 x 128, 64 registers. D = 96's warpgroup 1 computes 64
-// columns too, those past 96 zero (K_j's second slab, past D as TMA fills it), and stages its 32:
-// one wgmma shape for both warpgroups (N = 32 for the one warpgroup made ptxas serialize the
-// block's wgmma).
+// 32 fp32 registers a thread; at D = 256 64 x 128, 64 registers. D = 96's warpgroup 1 computes its
+// 32 columns (N = 32) into the first 16 of them (N = 32's accumulator is N = 64's first four n8
+// blocks), in code of its own (mainloop.cuh's consumer_walk): a branch between the two shapes in
+// one code made ptxas serialize the block's wgmma (LOG.md, steps 21 and 65).
 template <int D>
 __host__ __device__ constexpr int dq_cols() {  // the columns of a warpgroup's dQ wgmma
     return splits_dkv<D>() ? dkv_cols<D>() : SLAB_COLS;

@@ -341,12 +341,12 @@ __device__ __forceinline__ void issue_dkv_other(float (&dV)[dkv_regs<D>()],
 // block's keys; config.cuh says which part): A = dS read from dS^T in shared memory (its rows are
 // keys = K, its 64 contiguous queries of a slab M: MN-major, the transpose bit for A), B = K_j as
 // stored (rows are keys = K, D columns N: MN-major). The first k-step overwrites dQ_part.
-template <int D, bool BF16>
+template <int D, bool BF16, int WG = -1>
 __device__ __forceinline__ void issue_dq(float (&dQ_part)[dq_regs<D>()], const smem_tiles &sm,
                                          uint32_t dS_tile, int wg) {
     // D = 64: its 64-query slab of dS^T, all of K_j; D = 96, 128: dS^T, its slab of K_j (D = 96's
-    // warpgroup 1: the second slab, whose columns past 96 TMA filled with zeros; stage_dq keeps
-    // its 32 columns); D = 256: dS^T, its two slabs of K_j
+    // warpgroup 1, WG = 1: the second slab's 32 columns, N = 32, into dQ_part's first 16 registers,
+    // which stage_dq stages); D = 256: dS^T, its two slabs of K_j
     constexpr int ROWS = block_keys<D>(), K_SLABS = dq_cols<D>() / SLAB_COLS;
     const uint64_t dS_desc =
         desc_mn_major<ROWS>(dS_tile + (dq_splits_rows<D>() ? slab_offset<ROWS>(wg) : 0));
@@ -354,10 +354,19 @@ __device__ __forceinline__ void issue_dq(float (&dQ_part)[dq_regs<D>()], const s
         desc_mn_major<ROWS>(sm.K + (dq_splits_rows<D>() ? 0 : slab_offset<ROWS>(K_SLABS * wg)));
     pin_registers(dQ_part);
     wgmma_fence();
+    if constexpr (WG == CONSUMERS - 1 && D % SLAB_COLS != 0) {
+        constexpr int TAIL_COLS = D % SLAB_COLS;  // (N = 32's accumulator: N = 64's first blocks)
+        float(&part)[TAIL_COLS / 2] = reinterpret_cast<float(&)[TAIL_COLS / 2]>(dQ_part);
 #pragma unroll
-    for (int kk = 0; kk < ROWS / WGMMA_K; ++kk)
-        wgmma_ss<dq_cols<D>(), BF16, 1, 1>(dQ_part, desc_mn_major_step(dS_desc, kk),
-                                           desc_mn_major_step(K_desc, kk), kk > 0);
+        for (int kk = 0; kk < ROWS / WGMMA_K; ++kk)
+            wgmma_ss<TAIL_COLS, BF16, 1, 1>(part, desc_mn_major_step(dS_desc, kk),
+                                            desc_mn_major_step(K_desc, kk), kk > 0);
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < ROWS / WGMMA_K; ++kk)
+            wgmma_ss<dq_cols<D>(), BF16, 1, 1>(dQ_part, desc_mn_major_step(dS_desc, kk),
+                                               desc_mn_major_step(K_desc, kk), kk > 0);
+    }
     wgmma_commit();
 }
 
@@ -455,7 +464,7 @@ __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
 // 64 keys, and the dQ part of the step before (dq; none in the block's first step). dS^T goes to
 // buffer cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read). The mask is
 // the block's sequence's (b).
-template <int D, bool BF16, dq_way DQ, bool FIRST>
+template <int D, bool BF16, dq_way DQ, bool FIRST, int WG>
 __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
                                               const consumer_place &p, const bwd_problem &pb,
@@ -495,7 +504,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     announce_ds<D>(sm, p, cur.it);
     if constexpr (EARLY) {
         wait_ds<D>(sm, dq.it);
-        issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
+        issue_dq<D, BF16, WG>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
     }
     if constexpr (BETWEEN) {
         issue_rs_sum<D, BF16>(dV, P16, desc_mn_major<qrows<D>()>(dO_tile));
@@ -503,7 +512,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
         wgmma_wait<0>();  // dV: P16 read
         pin_registers(dV);
         pin_registers(P16);
-        issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
+        issue_dq<D, BF16, WG>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
         issue_rs_sum<D, BF16>(dK, dS16, desc_mn_major<qrows<D>()>(Q_tile));
     } else {
         issue_dkv<D, BF16>(dV, dK, P16, dS16, desc_mn_major<qrows<D>()>(dO_tile),
@@ -511,7 +520,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     }
     if constexpr (LATE) {
         wait_ds<D>(sm, dq.it);
-        issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
+        issue_dq<D, BF16, WG>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
     }
     if constexpr (EARLY || BETWEEN) {
         wgmma_wait<1>();  // the part's group
@@ -608,12 +617,12 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
 
 // The dQ part of the block's last step, after the loop: added from the registers where
 // last_dq_by_reds (no wait for the staging tile), else handed over as every other.
-template <int D, bool BF16, dq_way DQ>
+template <int D, bool BF16, dq_way DQ, int WG>
 __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_place &p,
                                         const bwd_problem &pb, const block_place &b, walk_step dq) {
     float dQ_part[dq_regs<D>()];
     wait_ds<D>(sm, dq.it);
-    issue_dq<D, BF16>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
+    issue_dq<D, BF16, WG>(dQ_part, sm, ds_buffer_at<D>(sm, dq.it), p.wg);
     wgmma_wait<0>();
     pin_registers(dQ_part);
     if constexpr (last_dq_by_reds<D, DQ>())
@@ -623,18 +632,16 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
         hand_over_dq<D, DQ>(dQ_part, sm, p, pb, b, dq);
 }
 
-// One consumer thread: dK_j, dV_j = 0; wait for K_j, V_j; one step per query tile of each query
-// head of the group (the producer's walk, in the same order), each with the dQ part of the step
-// before (the last step's after the loop; at D = 256 each with its own); dK_j *= scale; store both.
-// No query tile sees the keys (a window, or causal with N > N_k; a packed sequence with no query):
-// no step, dK_j = dV_j = 0.
-template <int D, bool BF16, dq_way DQ>
-__device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
-    const consumer_place p = consumer_place_of_thread();
-    const block_place b = block_place_of<D>(pb);
-    float dV[dkv_regs<D>()], dK[dkv_regs<D>()];
-#pragma unroll
-    for (int i = 0; i < dkv_regs<D>(); ++i) dV[i] = dK[i] = 0.f;
+// A consumer warpgroup's walk: wait for K_j, V_j; one step per query tile of each query head of
+// the group (the producer's walk, in the same order), each with the dQ part of the step before
+// (the last step's after the loop; at D = 256 each with its own). No query tile sees the keys (a
+// window, or causal with N > N_k; a packed sequence with no query): no step. WG: the warpgroup,
+// where its code differs (issue_dq: D = 96's second), else -1.
+template <int D, bool BF16, dq_way DQ, int WG>
+__device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
+                                              float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
+                                              const bwd_problem &pb, const consumer_place &p,
+                                              const block_place &b) {
     // this warpgroup's 64 rows of K_j and V_j (at D = 256 the block's 64: wg_key0), the A
     // operands of S^T and dP^T
     const int rows_at = splits_dkv<D>() ? 0 : p.wg * WGMMA_M * SLAB_ROW_BYTES;
@@ -654,14 +661,36 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
                 cur = next_step(cur, q_first, q_end, qrows<D>());
             }
         } else {  // the dQ part a step late, the last one's after the loop
-            consumer_step<D, BF16, DQ, true>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur);
+            consumer_step<D, BF16, DQ, true, WG>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur);
             for (int it = 1; it < steps; ++it) {
                 const walk_step prev = cur;
                 cur = next_step(cur, q_first, q_end, qrows<D>());
-                consumer_step<D, BF16, DQ, false>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, prev);
+                consumer_step<D, BF16, DQ, false, WG>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur,
+                                                      prev);
             }
-            last_dq<D, BF16, DQ>(sm, p, pb, b, cur);
+            last_dq<D, BF16, DQ, WG>(sm, p, pb, b, cur);
         }
+    }
+}
+
+// One consumer thread: dK_j, dV_j = 0; its warpgroup's walk (D = 96: each warpgroup's own
+// code, so that the second's dQ product is its 32 columns, N = 32: LOG.md, step 65); dK_j *=
+// scale; store both (stage_dkv: one code for both warpgroups, as its named barriers need: bar.sync
+// is aligned, every thread that meets one meets it at the same instruction).
+template <int D, bool BF16, dq_way DQ>
+__device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
+    const consumer_place p = consumer_place_of_thread();
+    const block_place b = block_place_of<D>(pb);
+    float dV[dkv_regs<D>()], dK[dkv_regs<D>()];
+#pragma unroll
+    for (int i = 0; i < dkv_regs<D>(); ++i) dV[i] = dK[i] = 0.f;
+    if constexpr (D % SLAB_COLS != 0) {
+        if (p.wg == CONSUMERS - 1)
+            consumer_walk<D, BF16, DQ, CONSUMERS - 1>(dV, dK, sm, pb, p, b);
+        else
+            consumer_walk<D, BF16, DQ, 0>(dV, dK, sm, pb, p, b);
+    } else {
+        consumer_walk<D, BF16, DQ, -1>(dV, dK, sm, pb, p, b);
     }
     stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);
 }
