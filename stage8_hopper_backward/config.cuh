@@ -34,7 +34,8 @@
 // warpgroups split the rest: warpgroup w computes the scores of the step's queries 32 w .. 32 w +
 // 31 (score_cols) and owns columns 128 w .. 128 w + 127 of dK_j, dV_j and dQ_i (dkv_cols), so
 // that each needs the other's P^T and dS^T (through shared memory, mainloop.cuh).
-constexpr int CONSUMERS = 2;  // (PRODUCER_WARPGROUPS, common/device/sm90.cuh: warpgroup 0)
+constexpr int CONSUMERS = 2;       // (PRODUCER_WARPGROUPS, common/device/sm90.cuh: warpgroup 0)
+constexpr int ANY_WARPGROUP = -1;  // code both consumer warpgroups run (mainloop.cuh)
 constexpr int BLOCK_THREADS = (CONSUMERS + PRODUCER_WARPGROUPS) * WARPGROUP;  // 384
 constexpr int CONSUMER_WARPS = CONSUMERS * WARPS_PER_WARPGROUP;
 constexpr int SPLIT_D_MIN = 2 * SLAB_COLS + 1;  // past 128: the columns split (D = 256)

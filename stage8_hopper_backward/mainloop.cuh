@@ -341,7 +341,7 @@ __device__ __forceinline__ void issue_dkv_other(float (&dV)[dkv_regs<D>()],
 // block's keys; config.cuh says which part): A = dS read from dS^T in shared memory (its rows are
 // keys = K, its 64 contiguous queries of a slab M: MN-major, the transpose bit for A), B = K_j as
 // stored (rows are keys = K, D columns N: MN-major). The first k-step overwrites dQ_part.
-template <int D, bool BF16, int WG = -1>
+template <int D, bool BF16, int WG = ANY_WARPGROUP>
 __device__ __forceinline__ void issue_dq(float (&dQ_part)[dq_regs<D>()], const smem_tiles &sm,
                                          uint32_t dS_tile, int wg) {
     // D = 64: its 64-query slab of dS^T, all of K_j; D = 96, 128: dS^T, its slab of K_j (D = 96's
@@ -636,7 +636,7 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 // the group (the producer's walk, in the same order), each with the dQ part of the step before
 // (the last step's after the loop; at D = 256 each with its own). No query tile sees the keys (a
 // window, or causal with N > N_k; a packed sequence with no query): no step. WG: the warpgroup,
-// where its code differs (issue_dq: D = 96's second), else -1.
+// where its code differs (issue_dq: D = 96's second), else ANY_WARPGROUP.
 template <int D, bool BF16, dq_way DQ, int WG>
 __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
@@ -690,7 +690,7 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
         else
             consumer_walk<D, BF16, DQ, 0>(dV, dK, sm, pb, p, b);
     } else {
-        consumer_walk<D, BF16, DQ, -1>(dV, dK, sm, pb, p, b);
+        consumer_walk<D, BF16, DQ, ANY_WARPGROUP>(dV, dK, sm, pb, p, b);
     }
     stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);
 }
