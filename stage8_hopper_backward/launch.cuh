@@ -117,53 +117,31 @@ template <int D>
 constexpr int pass_tile_rows() {
     return tiles_dq_acc<D>() ? qrows<D>() : 0;
 }
-template <int D, bool BF16>
-static cudaError_t enqueue_preprocess(const attn_shape *s, const bwd_params &p, size_t rows,
-                                      cudaStream_t stream) {
-    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;  // D = 96: none of its own
-    constexpr int TAIL_D = tail_pass_d<D>(), TILED = pass_tile_rows<D>();
-    const dim3 own = preprocess_grid(rows, OWN), tail = preprocess_grid(rows, TAIL_D);
-    if (p.dq_tiled) {
-        if constexpr (TILED > 0) {
-            if (s->D == OWN)
-                preprocess_kernel<OWN, BF16, false, TILED>
-                    <<<own, PREPROCESS_THREADS, 0, stream>>>(p);
-            else
-                preprocess_kernel<TAIL_D, BF16, true, TILED>
-                    <<<tail, PREPROCESS_THREADS, 0, stream>>>(p);
-            return cudaGetLastError();
-        }
-    } else if constexpr (rows_dq_acc<D>()) {
-        if (s->D == OWN)
-            preprocess_kernel<OWN, BF16, false, 0><<<own, PREPROCESS_THREADS, 0, stream>>>(p);
-        else
-            preprocess_kernel<TAIL_D, BF16, true, 0><<<tail, PREPROCESS_THREADS, 0, stream>>>(p);
-        return cudaGetLastError();
-    }
-    return cudaErrorInvalidConfiguration;  // (a layout no kernel of D keeps: unreachable)
+// The two passes' instances for one call, chosen once for both: the preprocess and the
+// conversion of the same head dim (pass_d: the preprocess's grid), TAIL and TILE_ROWS.
+typedef void (*pass_kernel)(const bwd_params);
+typedef struct {
+    pass_kernel preprocess, convert;
+    int pass_d;
+} pass_pair;
+template <int PASS_D, bool BF16, bool TAIL, int TILE_ROWS>
+static pass_pair pass_pair_of() {
+    return {preprocess_kernel<PASS_D, BF16, TAIL, TILE_ROWS>,
+            dq_convert_kernel<PASS_D, BF16, TAIL, TILE_ROWS>, PASS_D};
 }
 template <int D, bool BF16>
-static cudaError_t enqueue_convert(const attn_shape *s, const bwd_params &p, dim3 grid,
-                                   cudaStream_t stream) {
-    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;
+static pass_pair passes_for(const attn_shape *s, const bwd_params &p) {
+    constexpr int OWN = D % SLAB_COLS == 0 ? D : TAIL_PASS_D;  // D = 96: none of its own
     constexpr int TAIL_D = tail_pass_d<D>(), TILED = pass_tile_rows<D>();
     if (p.dq_tiled) {
-        if constexpr (TILED > 0) {
-            if (s->D == OWN)
-                dq_convert_kernel<OWN, BF16, false, TILED><<<grid, CONVERT_THREADS, 0, stream>>>(p);
-            else
-                dq_convert_kernel<TAIL_D, BF16, true, TILED>
-                    <<<grid, CONVERT_THREADS, 0, stream>>>(p);
-            return cudaGetLastError();
-        }
+        if constexpr (TILED > 0)
+            return s->D == OWN ? pass_pair_of<OWN, BF16, false, TILED>()
+                               : pass_pair_of<TAIL_D, BF16, true, TILED>();
     } else if constexpr (rows_dq_acc<D>()) {
-        if (s->D == OWN)
-            dq_convert_kernel<OWN, BF16, false, 0><<<grid, CONVERT_THREADS, 0, stream>>>(p);
-        else
-            dq_convert_kernel<TAIL_D, BF16, true, 0><<<grid, CONVERT_THREADS, 0, stream>>>(p);
-        return cudaGetLastError();
+        return s->D == OWN ? pass_pair_of<OWN, BF16, false, 0>()
+                           : pass_pair_of<TAIL_D, BF16, true, 0>();
     }
-    return cudaErrorInvalidConfiguration;  // (a layout no kernel of D keeps: unreachable)
+    return {NULL, NULL, 0};  // (a layout no kernel of D keeps: unreachable)
 }
 
 // The heads a section of the grid (schedule.cuh's block_head_index), as a shift: where a mask
@@ -192,7 +170,10 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     // (packed: the preprocess's grid is planned with the longest sequence; its rows past a
     // sequence's padding do nothing)
     const size_t rows = (size_t)s->B * s->H * p.N_pad;
-    ATTN_TRY((enqueue_preprocess<D, BF16>(s, p, rows, stream)));
+    const pass_pair passes = passes_for<D, BF16>(s, p);
+    if (!passes.preprocess) return cudaErrorInvalidConfiguration;
+    passes.preprocess<<<preprocess_grid(rows, passes.pass_d), PREPROCESS_THREADS, 0, stream>>>(p);
+    ATTN_TRY(cudaGetLastError());
 
     CUtensorMap tmQ, tmK, tmV, tmdO, tmdK, tmdV;
     const int total_q = s->varlen.total_q, total_k = s->varlen.total_k;  // (packed)
@@ -236,7 +217,8 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
         ATTN_TRY(cudaGetLastError());
     }
 
-    return enqueue_convert<D, BF16>(s, p, convert_grid(s), stream);
+    passes.convert<<<convert_grid(s), CONVERT_THREADS, 0, stream>>>(p);
+    return cudaGetLastError();
 }
 
 static cudaError_t backward(const attn_shape *s, const attn_device *dev, const void *Q,
