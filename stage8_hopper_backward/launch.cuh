@@ -34,13 +34,16 @@ static bool dq_tiled_at(int variant) {
            : variant == VARIANT_DETERMINISTIC ? dq_tiled<D, DQ_BY_BULK_IN_TURNS>()
                                               : dq_tiled<D, DQ_BY_ATOMICS>();
 }
+// A tile's row holds the kernel's D where the dQ warp adds whole parts by bulk copies (a part is
+// whole slabs of the compiled D), the tensors' D where the consumers add from the registers
+// (D = 256's kernels, which add no column past it: D = 136 to 248 keep no idle slabs).
 static int dq_tiled_cols(const attn_shape *s, int variant) {
     const int d = compiled_d(s->D);
     const bool tiled = d == 64    ? dq_tiled_at<64>(variant)
                        : d == 96  ? dq_tiled_at<96>(variant)
                        : d == 128 ? dq_tiled_at<128>(variant)
                                   : dq_tiled_at<256>(variant);
-    return tiled ? d : 0;
+    return !tiled ? 0 : d >= SPLIT_D_MIN ? s->D : d;
 }
 static size_t dq_acc_bytes(const attn_shape *s, int variant) {
     const int tiled = dq_tiled_cols(s, variant);

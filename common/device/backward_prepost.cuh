@@ -57,8 +57,10 @@ typedef struct bwd_params {
     // floats, the rows of head h of sequence b from row_pad + h * head_pad (lse2's rows;
     // dq_tiled_offset): stage 8's staging tile as it lies, so that one bulk copy adds a whole
     // tile or a warpgroup's slabs of it. dq_tiled: the columns a row holds there (the kernel's
-    // head dim; the tensors' D may be less). The tile's rows, its kernel's query tile (a divisor
-    // of ROW_PAD, so that no tile straddles two heads or sequences), are the passes' TILE_ROWS.
+    // head dim, or the tensors' D where it adds from registers: stage 8's launch.cuh,
+    // dq_tiled_cols; the tensors' D may be less). The tile's rows, its kernel's query tile (a
+    // divisor of ROW_PAD, so that no tile straddles two heads or sequences), are the passes'
+    // TILE_ROWS.
     int dq_tiled;
 
     bwd_layouts layout;         // the eight tensors' strides
