@@ -53,7 +53,8 @@
  *
  * Run:  make build && build/stage6_hopper --seq 16384 --heads 16 --dim 128 --causal --bench
  * Variants (--variant): default, nopersistent, nopingpong, nooverlap, nosplit (no split-KV and
- * no one-consumer tiles), nopdl: each switches one step off.
+ * no one-consumer tiles), nopdl, nosections (causal work tiles head by head): each switches one
+ * step off.
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
  * What models feed: GQA (--kv-heads), strided layouts (--layout bnhd|qkv) and N_k != N (--seq-k),
@@ -203,6 +204,7 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     a.split = plan_splits(s, dev, variant);
     if (a.split.splits > 1) a.O_part = (float *)((char *)workspace + PART_ALIGN);
     a.persistent_blocks = variant == VARIANT_NOPERSISTENT ? 0 : dev->sm_count;
+    a.section_shift = section_shift_of(s, variant, a.split.splits);
     a.pdl = variant != VARIANT_NOPDL;
     a.stream = stream;
     switch (variant) {
@@ -220,7 +222,7 @@ extern "C" const attn_stage attn_this_stage = {
     "FA3-style on Hopper: TMA bulk copies on mbarriers, wgmma from shared-memory descriptors, "
     "producer/consumer warpgroups with setmaxnreg",
     ATTN_F16,
-    "default,nopersistent,nopingpong,nooverlap,nosplit,nopdl",
+    "default,nopersistent,nopingpong,nooverlap,nosplit,nopdl,nosections",
     attention_unsupported,
     attention_workspace_bytes,
     attention_forward,

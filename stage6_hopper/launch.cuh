@@ -62,6 +62,25 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
     return p;
 }
 
+// The heads a section of the work tiles (schedule.cuh's work_at), as a shift: under a mask with
+// a right bound (causal) a head's query tiles have different numbers of key tiles, and the
+// persistent blocks take the longest of 2^shift heads first; the most heads, a power of two
+// dividing B H, whose K and V (2 N_k D halves a key/value head, shared by H / H_kv query heads)
+// fit L2_SECTION_BYTES (common/device/sm90.cuh). 0 elsewhere: no right bound (one length), a
+// packed batch, split-KV (choose_splits simulates the heads one after another), the variant
+// nosections.
+static int section_shift_of(const attn_shape *s, int variant, int splits) {
+    if (variant == VARIANT_NOSECTIONS || splits > 1 || s->varlen.cu_seqlens_q ||
+        key_rule_of(s, true).right < 0)
+        return 0;
+    const size_t head_bytes = 2 * (size_t)s->N_k * s->D * sizeof(__half) / (s->H / s->H_kv);
+    const int heads = s->B * s->H;
+    int shift = 0;
+    while (heads % (2 << shift) == 0 && (size_t)(2 << shift) * head_bytes <= L2_SECTION_BYTES)
+        ++shift;
+    return shift;
+}
+
 typedef struct {
     const void *Q, *K, *V;  // [B, H, N, D] fp16 or bf16; K, V [B, H_kv, N_k, D]; in their layouts
                             // (packed: [total_q, H, D], [total_k, H_kv, D])
@@ -71,6 +90,7 @@ typedef struct {
     float *O_part;          // split-KV's partial results (the workspace after the counter)
     split_plan split;
     int persistent_blocks;  // one per SM, or 0: one block per work tile (variant nopersistent)
+    int section_shift;      // work tiles by sections of 2^section_shift heads (section_shift_of)
     bool pdl;               // launched with PDL (all but variant nopdl)
     cudaStream_t stream;
 } launch_args;
@@ -191,6 +211,7 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     pb.O_part = a->O_part;
     pb.lse_part = a->O_part ? a->O_part + (size_t)pb.splits * pb.rows * D : NULL;
     if (s->varlen.cu_seqlens_q) pb.varlen = s->varlen, pb.packed = 1;  // (unsplit: plan_splits)
+    pb.section_shift = a->section_shift;
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t config = launch_config(blocks, block_threads<C>(), smem, a, &attr);
     ATTN_TRY(cudaLaunchKernelEx(&config, kernel, tmQ, tmK, tmV, tmO, pb, works, a->next_work));

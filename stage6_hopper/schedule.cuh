@@ -79,6 +79,7 @@ typedef struct {
     int packed;                           // 1: a packed batch (varlen above; unsplit)
     fast_divisor per_batch, per_kv_head;  // bh / H = batch; head / (H / H_kv) = K/V head (GQA)
     long long o_batch, o_head;            // O's batch and head strides, elements
+    int section_shift;  // work tiles by sections of 2^section_shift heads (work_at; 0: by heads)
 } problem;
 static_assert(
     offsetof(problem, softcap_scale) + sizeof(float) == offsetof(problem, O),
@@ -86,10 +87,10 @@ static_assert(
 static_assert(offsetof(problem, varlen) == offsetof(problem, O_part) &&
                   sizeof(attn_varlen) == offsetof(problem, tmO) - offsetof(problem, O_part),
               "the packed batch takes split-KV's place exactly: the plain fields keep theirs");
-// The kernel's parameters after the problem (works, next_work) keep their offsets too: its size is
-// the one the plain kernels' machine code reads them at.
-constexpr size_t PROBLEM_BYTES = 152;
-static_assert(sizeof(problem) == PROBLEM_BYTES, "the problem's size is the plain kernels' ABI");
+// The kernel's parameters after the problem (works, next_work) sit at offsets its size sets: a
+// field added moves them in every kernel's machine code.
+constexpr size_t PROBLEM_BYTES = 160;
+static_assert(sizeof(problem) == PROBLEM_BYTES, "the problem's size is the kernels' ABI");
 
 // A packed batch (MODEL kernels, unsplit): the work tiles read their sequences' rows.
 __device__ __forceinline__ bool is_packed(const problem &pb) {
@@ -98,7 +99,12 @@ __device__ __forceinline__ bool is_packed(const problem &pb) {
 
 // A work tile: one batch*head, BR query rows and a range of their key tiles, [j0, j0 + n_tiles)
 // (all of them unless split). Numbered head by head; inside a head, the query tiles with the most
-// key tiles (causal) first, then their ranges. A query tile's key tiles are those some row of it
+// key tiles (causal) first, then their ranges. Under a causal mask, by sections of 2^s heads
+// (s = section_shift, launch.cuh's section_shift_of): a section's heads' longest query tiles
+// first, one head after the other (w's low s bits are the head within its section), then their
+// next longest, and so on, so that the work tiles handed out last are short ones, whatever the
+// heads; a head's tiles one after another would leave the last head's longest tile to start with
+// few tiles left to even out beside it (LOG.md, step 43). A query tile's key tiles are those some row of it
 // sees (split_kv.cuh's key_rule): causal, none past its last row's diagonal; a local window
 // (MODEL), none before its first row's window either, so they start at the tile
 // query_tile_first_key_tile() names, and a window's query tiles have about the same number (the
@@ -135,11 +141,14 @@ template <int C, int BC, bool MODEL>
 __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
     constexpr int BR = block_rows<C>();
     work_tile t;
-    t.bh = fast_divide(w, pb.per_head);
+    const int s = pb.section_shift;
+    const int in_sections = w >> s;  // the work tile's index with its section's heads as one
+    const int section = fast_divide(in_sections, pb.per_head);
+    t.bh = (section << s) | (w & ((1 << s) - 1));
     int tiles, first = 0;  // the query tile's key tiles: `tiles` of them from tile `first`
     if constexpr (MODEL) {
         const int q_tiles = pb.q_tiles;
-        const int in_head = w - t.bh * pb.works_per_head;
+        const int in_head = in_sections - section * pb.works_per_head;
         const int q_index = fast_divide(in_head, pb.per_query_tile);
         t.split = in_head - q_index * pb.splits;
         t.q0 = (q_tiles - 1 - q_index) * BR;  // (its sequence's row)
@@ -163,7 +172,7 @@ __device__ __forceinline__ work_tile work_at(int w, const problem &pb) {
         if (pb.splits == 1) tiles = max(tiles, 1);  // unsplit: at least one (see above; first = 0)
     } else {
         const int q_tiles = (pb.N + BR - 1) / BR;
-        const int in_head = w - t.bh * q_tiles * pb.splits;
+        const int in_head = in_sections - section * q_tiles * pb.splits;
         const int q_index = fast_divide(in_head, pb.per_query_tile);
         t.split = in_head - q_index * pb.splits;
         t.q0 = (q_tiles - 1 - q_index) * BR;
