@@ -72,6 +72,12 @@ static int key_tile_for(const attn_shape *s, int D, int consumers) {
                : KEY_TILE_SHORT;
 }
 
+// Causal work tiles by sections of heads, each section's longest first (launch.cuh's
+// section_shift_of): as many heads a section as keep their K and V within SECTION_KV_BYTES of the
+// 50 MB L2 of an H100 or H200. 16 MB measured best (LOG.md, step 43): 32 MB's sections (stage 8's
+// budget for its rows) ran 1-4% slower at N <= 4,096, 8 MB's up to 6% at D = 256.
+constexpr size_t SECTION_KV_BYTES = (size_t)16 << 20;
+
 // K/V ring depth: the producer runs up to STAGES tiles ahead of the consumers.
 constexpr int STAGES = 2;
 

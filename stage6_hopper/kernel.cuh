@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
         if (MODEL) pb.works_per_head = pb.q_tiles;
         pb.per_query_tile.mul = 1, pb.per_query_tile.shift = 0;  // n / 1
     }
-    pb.packed = PACKED;  // (is_packed: a constant from here on)
+    pb.packed = PACKED;                         // (is_packed: a constant from here on)
     if (SPLIT || PACKED) pb.section_shift = 0;  // (sections: unsplit, unpacked; section_shift_of)
     pb.tmO = &tmO;
     if (threadIdx.x < PRODUCER_WARPGROUPS * WARPGROUP) {

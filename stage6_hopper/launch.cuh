@@ -66,7 +66,7 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
 // a right bound (causal) a head's query tiles have different numbers of key tiles, and the
 // persistent blocks take the longest of 2^shift heads first; the most heads, a power of two
 // dividing B H, whose K and V (2 N_k D halves a key/value head, shared by H / H_kv query heads)
-// fit L2_SECTION_BYTES (common/device/sm90.cuh). 0 elsewhere: no right bound (one length), a
+// fit SECTION_KV_BYTES (config.cuh). 0 elsewhere: no right bound (one length), a
 // packed batch, split-KV (choose_splits simulates the heads one after another), the variant
 // nosections.
 static int section_shift_of(const attn_shape *s, int variant, int splits) {
@@ -76,7 +76,7 @@ static int section_shift_of(const attn_shape *s, int variant, int splits) {
     const size_t head_bytes = 2 * (size_t)s->N_k * s->D * sizeof(__half) / (s->H / s->H_kv);
     const int heads = s->B * s->H;
     int shift = 0;
-    while (heads % (2 << shift) == 0 && (size_t)(2 << shift) * head_bytes <= L2_SECTION_BYTES)
+    while (heads % (2 << shift) == 0 && (size_t)(2 << shift) * head_bytes <= SECTION_KV_BYTES)
         ++shift;
     return shift;
 }

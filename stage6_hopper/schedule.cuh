@@ -104,9 +104,9 @@ __device__ __forceinline__ bool is_packed(const problem &pb) {
 // first, one head after the other (w's low s bits are the head within its section), then their
 // next longest, and so on, so that the work tiles handed out last are short ones, whatever the
 // heads; a head's tiles one after another would leave the last head's longest tile to start with
-// few tiles left to even out beside it (LOG.md, step 43). A query tile's key tiles are those some row of it
-// sees (split_kv.cuh's key_rule): causal, none past its last row's diagonal; a local window
-// (MODEL), none before its first row's window either, so they start at the tile
+// few tiles left to even out beside it (LOG.md, step 43). A query tile's key tiles are those some
+// row of it sees (split_kv.cuh's key_rule): causal, none past its last row's diagonal; a local
+// window (MODEL), none before its first row's window either, so they start at the tile
 // query_tile_first_key_tile() names, and a window's query tiles have about the same number (the
 // order matters little there). A causal or windowed query tile has fewer key tiles, so fewer
 // ranges, than the longest: its last ranges are empty (n_tiles = 0) and nobody takes them

@@ -296,7 +296,9 @@ constexpr int ROTATED_WALK_MAX_WAVES = 2;
 
 // The grid's heads by sections under a causal mask (launch.cuh's section_shift_of; LOG.md, step
 // 63): as many heads a section, a power of two, as keep their Q, dO, dQ_acc, LSE_i and D_i within
-// common/device/sm90.cuh's L2_SECTION_BYTES, beside K_j, V_j and the stores.
+// L2_SECTION_BYTES, so that the 50 MB L2 of an H100 or H200 holds a section's beside K_j, V_j and
+// the stores.
+constexpr size_t L2_SECTION_BYTES = (size_t)32 << 20;
 template <int D>
 __host__ __device__ constexpr int rotated_walk_max_key_tiles() {
     return D == 64 ? 64 : 32;

@@ -53,11 +53,6 @@ inline constexpr int WARPGROUP = WARPS_PER_WARPGROUP * WARP_SIZE;  // 128 thread
 // budget the Hopper stages' tile choices are made against at compile time.
 inline constexpr int SMEM_PER_BLOCK_MAX = 227 * 1024;
 
-// Work in sections of heads (stages 6 and 8, under a causal mask: each section's longest work
-// first): as many heads a section as keep what their blocks read again within L2_SECTION_BYTES,
-// so that the 50 MB L2 of an H100 or H200 holds a section's beside what streams through it.
-inline constexpr size_t L2_SECTION_BYTES = (size_t)32 << 20;
-
 // Warp specialization (stages 6 and 8): warpgroup 0 of a block is the producer (copies; stage 8's
 // dQ reductions and stores too), with few registers; the consumers, warpgroups 1 .. C, compute.
 inline constexpr int PRODUCER_WARPGROUPS = 1;
