@@ -76,7 +76,8 @@ static int section_shift_of(const attn_shape *s, int variant, int splits) {
     const size_t head_bytes = 2 * (size_t)s->N_k * s->D * sizeof(__half) / (s->H / s->H_kv);
     const int heads = s->B * s->H;
     int shift = 0;
-    while (heads % (2 << shift) == 0 && (size_t)(2 << shift) * head_bytes <= SECTION_KV_BYTES)
+    while (shift < SECTION_SHIFT_MAX && heads % (2 << shift) == 0 &&
+           (size_t)(2 << shift) * head_bytes <= SECTION_KV_BYTES)
         ++shift;
     return shift;
 }

@@ -160,7 +160,8 @@ static int section_shift_of(const attn_shape *s, int variant, key_rule keys) {
     const size_t head_bytes = (size_t)(s->H / s->H_kv) * s->N * row_bytes;
     const int heads = s->B * s->H_kv;
     int shift = 0;
-    while (heads % (2 << shift) == 0 && (size_t)(2 << shift) * head_bytes <= L2_SECTION_BYTES)
+    while (shift < SECTION_SHIFT_MAX && heads % (2 << shift) == 0 &&
+           (size_t)(2 << shift) * head_bytes <= L2_SECTION_BYTES)
         ++shift;
     return shift;
 }

@@ -53,6 +53,10 @@ inline constexpr int WARPGROUP = WARPS_PER_WARPGROUP * WARP_SIZE;  // 128 thread
 // budget the Hopper stages' tile choices are made against at compile time.
 inline constexpr int SMEM_PER_BLOCK_MAX = 227 * 1024;
 
+// Work in sections of 2^shift heads (stages 6 and 8, under a causal mask): the shift their hosts
+// pick stays below this, so that 2 << shift, and a head's index, stay within an int.
+inline constexpr int SECTION_SHIFT_MAX = 30;
+
 // Warp specialization (stages 6 and 8): warpgroup 0 of a block is the producer (copies; stage 8's
 // dQ reductions and stores too), with few registers; the consumers, warpgroups 1 .. C, compute.
 inline constexpr int PRODUCER_WARPGROUPS = 1;
