@@ -66,20 +66,15 @@ static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int v
 // a right bound (causal) a head's query tiles have different numbers of key tiles, and the
 // persistent blocks take the longest of 2^shift heads first; the most heads, a power of two
 // dividing B H, whose K and V (2 N_k D halves a key/value head, shared by H / H_kv query heads)
-// fit SECTION_KV_BYTES (config.cuh). 0 elsewhere: no right bound (one length), a
-// packed batch, split-KV (choose_splits simulates the heads one after another), the variant
-// nosections.
+// fit SECTION_KV_BYTES (config.cuh; common/device/sm90.cuh's section_shift_for). 0 elsewhere: no
+// right bound (one length), a packed batch, split-KV (choose_splits simulates the heads one after
+// another), the variant nosections.
 static int section_shift_of(const attn_shape *s, int variant, int splits) {
     if (variant == VARIANT_NOSECTIONS || splits > 1 || s->varlen.cu_seqlens_q ||
         key_rule_of(s, true).right < 0)
         return 0;
     const size_t head_bytes = 2 * (size_t)s->N_k * s->D * sizeof(__half) / (s->H / s->H_kv);
-    const int heads = s->B * s->H;
-    int shift = 0;
-    while (shift < SECTION_SHIFT_MAX && heads % (2 << shift) == 0 &&
-           (size_t)(2 << shift) * head_bytes <= SECTION_KV_BYTES)
-        ++shift;
-    return shift;
+    return section_shift_for(s->B * s->H, head_bytes, SECTION_KV_BYTES);
 }
 
 typedef struct {

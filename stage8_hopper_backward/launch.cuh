@@ -158,12 +158,7 @@ static int section_shift_of(const attn_shape *s, int variant, key_rule keys) {
     const size_t row_bytes =
         (size_t)s->D * (2 * sizeof(__half) + sizeof(float)) + 2 * sizeof(float);
     const size_t head_bytes = (size_t)(s->H / s->H_kv) * s->N * row_bytes;
-    const int heads = s->B * s->H_kv;
-    int shift = 0;
-    while (shift < SECTION_SHIFT_MAX && heads % (2 << shift) == 0 &&
-           (size_t)(2 << shift) * head_bytes <= L2_SECTION_BYTES)
-        ++shift;
-    return shift;
+    return section_shift_for(s->B * s->H_kv, head_bytes, L2_SECTION_BYTES);
 }
 
 // The three passes for head dim D (compiled; the tensors' s->D <= D) and storage type BF16.

@@ -53,9 +53,17 @@ inline constexpr int WARPGROUP = WARPS_PER_WARPGROUP * WARP_SIZE;  // 128 thread
 // budget the Hopper stages' tile choices are made against at compile time.
 inline constexpr int SMEM_PER_BLOCK_MAX = 227 * 1024;
 
-// Work in sections of 2^shift heads (stages 6 and 8, under a causal mask): the shift their hosts
-// pick stays below this, so that 2 << shift, and a head's index, stay within an int.
+// Work in sections of 2^shift heads (stages 6 and 8, under a causal mask: each section's longest
+// work first), as a shift: the most heads, a power of two dividing `heads`, whose bytes the L2
+// keeps (head_bytes each) fit `budget`; below SECTION_SHIFT_MAX, so that 2 << shift stays an int.
 inline constexpr int SECTION_SHIFT_MAX = 30;
+static inline int section_shift_for(int heads, size_t head_bytes, size_t budget) {
+    int shift = 0;
+    while (shift < SECTION_SHIFT_MAX && heads % (2 << shift) == 0 &&
+           (size_t)(2 << shift) * head_bytes <= budget)
+        ++shift;
+    return shift;
+}
 
 // Warp specialization (stages 6 and 8): warpgroup 0 of a block is the producer (copies; stage 8's
 // dQ reductions and stores too), with few registers; the consumers, warpgroups 1 .. C, compute.
