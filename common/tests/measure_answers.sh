@@ -317,6 +317,9 @@ if [ -n "$hopper" ] && ready s6 stage6_hopper; then
       measure s6e2 "$v, B = 16, H = 16, N = 1,024, D = $d, causal" 120 "$p" --batch 16 --heads 16 --seq 1024 --dim $d --causal --bench --csv --check 0 --variant $v
     done
   done
+  for v in default nosections; do
+    measure s6e2 "$v, B = 4, H = 8, N = 4,096, D = 256, causal" 120 "$p" --batch 4 --heads 8 --seq 4096 --dim 256 --causal --bench --csv --check 0 --variant $v
+  done
   for shape in "--seq 4096 --dim 128" "--seq 16384 --dim 128 --causal" "--seq 1024 --dim 128"; do
     for v in default nosplit; do
       label="$v, B = H = 1, N = $(sed -E 's/.*--seq ([0-9]+).*/\1/' <<<"$shape"), D = 128$(grep -q causal <<<"$shape" && echo ', causal')"
