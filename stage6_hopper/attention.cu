@@ -204,7 +204,6 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     a.split = plan_splits(s, dev, variant);
     if (a.split.splits > 1) a.O_part = (float *)((char *)workspace + PART_ALIGN);
     a.persistent_blocks = variant == VARIANT_NOPERSISTENT ? 0 : dev->sm_count;
-    a.section_shift = section_shift_of(s, variant, a.split.splits);
     a.pdl = variant != VARIANT_NOPDL;
     a.stream = stream;
     switch (variant) {

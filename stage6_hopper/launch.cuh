@@ -14,54 +14,6 @@
 #include "device/tensor_map.cuh"    // tensor_map_slabs
 #include "kernel.cuh"
 
-// Split-KV, by stage 5's rule (choose_splits): key ranges per query tile where the work tiles
-// leave SMs idle or make a short last wave, with one slot per SM (the persistent blocks). Decided
-// once per shape and device (the last one is kept: a benchmark launches the same shape many
-// times). Not for a packed batch: the host knows only its longest sequence's lengths (the plan
-// would cut keys that most sequences do not have), and its sequences' rows take split-KV's place
-// in the problem; its short sequences make many work tiles anyway.
-// What a key range costs besides its key tiles (Q's copy, the first K tile's wait, the fp32 O
-// and LSE stores), in key tiles: stage 5's estimate (LOG.md, step 15).
-constexpr double SPLIT_OVERHEAD_TILES = 1.0;
-typedef struct {
-    attn_shape shape;  // key: the shape (not its scale; its window, softcap, packed or not), SMs,
-                       // variant
-    int sm_count, variant;
-    kernel_config config;     // value: config_for(),
-    int splits, split_tiles;  // key ranges
-} split_plan;
-
-static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int variant) {
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    static split_plan last;  // last.splits == 0: none yet
-    split_plan p;
-    memset(&p, 0, sizeof p);
-    p.shape = *s, p.shape.scale = 0.f, p.sm_count = dev->sm_count, p.variant = variant;
-    pthread_mutex_lock(&lock);
-    const bool packed = s->varlen.cu_seqlens_q != NULL;
-    const bool hit =
-        last.splits > 0 && (last.shape.varlen.cu_seqlens_q != NULL) == packed &&
-        last.shape.B == s->B && last.shape.H == s->H && last.shape.N == s->N &&
-        last.shape.N_k == s->N_k && last.shape.D == s->D && last.shape.causal == s->causal &&
-        last.shape.local == s->local && last.shape.window_left == s->window_left &&
-        last.shape.window_right == s->window_right && last.shape.softcap == s->softcap &&
-        last.sm_count == p.sm_count && last.variant == variant;
-    if (hit) p = last;
-    pthread_mutex_unlock(&lock);
-    if (hit) return p;
-    p.config = config_for(s, dev, variant);
-    const int BR = p.config.consumers * WGMMA_M;  // block_rows<C>()
-    const int BC = p.config.key_tile;
-    p.splits = 1, p.split_tiles = ceil_div(s->N_k, BC);
-    if (variant != VARIANT_NOSPLIT && dev->sm_count > 0 && !packed)
-        p.splits = choose_splits(s, BR, BC, key_rule_of(s, true), dev->sm_count,
-                                 SPLIT_OVERHEAD_TILES, &p.split_tiles);
-    pthread_mutex_lock(&lock);
-    last = p;
-    pthread_mutex_unlock(&lock);
-    return p;
-}
-
 // The heads a section of the work tiles (schedule.cuh's work_at), as a shift: under a mask with
 // a right bound (causal) a head's query tiles have different numbers of key tiles, and the
 // persistent blocks take the longest of 2^shift heads first; the most heads, a power of two
@@ -77,6 +29,56 @@ static int section_shift_of(const attn_shape *s, int variant, int splits) {
     return section_shift_for(s->B * s->H, head_bytes, SECTION_KV_BYTES);
 }
 
+// Split-KV, by stage 5's rule (choose_splits): key ranges per query tile where the work tiles
+// leave SMs idle or make a short last wave, with one slot per SM (the persistent blocks). Decided
+// once per shape and device (the last one is kept: a benchmark launches the same shape many
+// times). Not for a packed batch: the host knows only its longest sequence's lengths (the plan
+// would cut keys that most sequences do not have), and its sequences' rows take split-KV's place
+// in the problem; its short sequences make many work tiles anyway.
+// What a key range costs besides its key tiles (Q's copy, the first K tile's wait, the fp32 O
+// and LSE stores), in key tiles: stage 5's estimate (LOG.md, step 15).
+constexpr double SPLIT_OVERHEAD_TILES = 1.0;
+typedef struct {
+    attn_shape shape;  // key: the shape (not its scale; its heads, window, softcap, packed or
+                       // not), SMs, variant
+    int sm_count, variant;
+    kernel_config config;     // value: config_for(),
+    int splits, split_tiles;  // key ranges,
+    int section_shift;        // and the work tiles' sections of heads (section_shift_of)
+} split_plan;
+
+static split_plan plan_splits(const attn_shape *s, const attn_device *dev, int variant) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static split_plan last;  // last.splits == 0: none yet
+    split_plan p;
+    memset(&p, 0, sizeof p);
+    p.shape = *s, p.shape.scale = 0.f, p.sm_count = dev->sm_count, p.variant = variant;
+    pthread_mutex_lock(&lock);
+    const bool packed = s->varlen.cu_seqlens_q != NULL;
+    const bool hit =
+        last.splits > 0 && (last.shape.varlen.cu_seqlens_q != NULL) == packed &&
+        last.shape.B == s->B && last.shape.H == s->H && last.shape.H_kv == s->H_kv &&
+        last.shape.N == s->N && last.shape.N_k == s->N_k && last.shape.D == s->D &&
+        last.shape.causal == s->causal && last.shape.local == s->local &&
+        last.shape.window_left == s->window_left && last.shape.window_right == s->window_right &&
+        last.shape.softcap == s->softcap && last.sm_count == p.sm_count && last.variant == variant;
+    if (hit) p = last;
+    pthread_mutex_unlock(&lock);
+    if (hit) return p;
+    p.config = config_for(s, dev, variant);
+    const int BR = p.config.consumers * WGMMA_M;  // block_rows<C>()
+    const int BC = p.config.key_tile;
+    p.splits = 1, p.split_tiles = ceil_div(s->N_k, BC);
+    if (variant != VARIANT_NOSPLIT && dev->sm_count > 0 && !packed)
+        p.splits = choose_splits(s, BR, BC, key_rule_of(s, true), dev->sm_count,
+                                 SPLIT_OVERHEAD_TILES, &p.split_tiles);
+    p.section_shift = section_shift_of(s, variant, p.splits);
+    pthread_mutex_lock(&lock);
+    last = p;
+    pthread_mutex_unlock(&lock);
+    return p;
+}
+
 typedef struct {
     const void *Q, *K, *V;  // [B, H, N, D] fp16 or bf16; K, V [B, H_kv, N_k, D]; in their layouts
                             // (packed: [total_q, H, D], [total_k, H_kv, D])
@@ -86,7 +88,6 @@ typedef struct {
     float *O_part;          // split-KV's partial results (the workspace after the counter)
     split_plan split;
     int persistent_blocks;  // one per SM, or 0: one block per work tile (variant nopersistent)
-    int section_shift;      // work tiles by sections of 2^section_shift heads (section_shift_of)
     bool pdl;               // launched with PDL (all but variant nopdl)
     cudaStream_t stream;
 } launch_args;
@@ -207,7 +208,7 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     pb.O_part = a->O_part;
     pb.lse_part = a->O_part ? a->O_part + (size_t)pb.splits * pb.rows * D : NULL;
     if (s->varlen.cu_seqlens_q) pb.varlen = s->varlen, pb.packed = 1;  // (unsplit: plan_splits)
-    pb.section_shift = a->section_shift;
+    pb.section_shift = a->split.section_shift;
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t config = launch_config(blocks, block_threads<C>(), smem, a, &attr);
     ATTN_TRY(cudaLaunchKernelEx(&config, kernel, tmQ, tmK, tmV, tmO, pb, works, a->next_work));
