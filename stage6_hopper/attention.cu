@@ -53,7 +53,8 @@
  *
  * Run:  make build && build/stage6_hopper --seq 16384 --heads 16 --dim 128 --causal --bench
  * Variants (--variant): default, nopersistent, nopingpong, nooverlap, nosplit (no split-KV and
- * no one-consumer tiles), nopdl, nosections (causal work tiles head by head): each switches one
+ * no one-consumer tiles), nopdl, nosections (causal work tiles head by head), nolean (D = 256's
+ * MODEL kernels with the window's left bound and softcap for every shape): each switches one
  * step off.
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
  * build has it); everywhere else the stage reports itself unsupported (exit 3).
@@ -65,16 +66,17 @@
  * plain case (fp16 [B, H, N, D], H_kv = H, N_k = N) has kernels of its own with its own code
  * alone, at D = 64 and 128.
  * Head dims: kernels of D = 64, 96, 128 and 256 (96 and 256 only as MODEL kernels of the default
- * schedule); any other multiple of 8 from 32 to 256 runs in the next of them (compiled_d), in the
- * MODEL kernels, with the tail of D masked by the tensor maps: their inner extent is the shape's
- * D, so TMA reads zeros past it and clips the O stores to it; the direct O stores and the merge
- * write the shape's D columns (problem's o_cols, combine_cols_kernel_pdl).
- * Packed batches (cu_seqlens, flash-attn's varlen): in the MODEL kernels, unsplit. The tensor maps
- * cover the packed tensors whole; a work tile (sequence, head, query tile, numbered over the
- * longest sequence) reads its sequence's first rows and lengths (work_at: attn_sequence_of), the
- * producer skips those past a sequence's end (skip_work), the masks take the sequence's N_k, and
- * a warp whose rows cross its sequence's end copies the rows before it to O itself, not by TMA
- * (store_o_rows).
+ * schedule; D = 256's also lean, without the window's left bound and softcap, for the shapes that
+ * ask for neither: config.cuh's KERNEL_CONFIGS); any other multiple of 8 from 32 to 256 runs in the
+ * next of them (compiled_d), in the MODEL kernels, with the tail of D masked by the tensor maps:
+ * their inner extent is the shape's D, so TMA reads zeros past it and clips the O stores to it; the
+ * direct O stores and the merge write the shape's D columns (problem's o_cols,
+ * combine_cols_kernel_pdl). Packed batches (cu_seqlens, flash-attn's varlen): in the MODEL kernels,
+ * unsplit. The tensor maps cover the packed tensors whole; a work tile (sequence, head, query tile,
+ * numbered over the longest sequence) reads its sequence's first rows and lengths (work_at:
+ * attn_sequence_of), the producer skips those past a sequence's end (skip_work), the masks take the
+ * sequence's N_k, and a warp whose rows cross its sequence's end copies the rows before it to O
+ * itself, not by TMA (store_o_rows).
  *
  * NOTE: what is left (LOG.md, "Where this leaves stage 6"): at D = 64, the instructions a pass
  * runs besides the softmax and the GEMMs (the ring's slot and phase arithmetic, descriptors
@@ -205,6 +207,7 @@ static cudaError_t attention_forward(const attn_shape *s, const attn_device *dev
     if (a.split.splits > 1) a.O_part = (float *)((char *)workspace + PART_ALIGN);
     a.persistent_blocks = variant == VARIANT_NOPERSISTENT ? 0 : dev->sm_count;
     a.pdl = variant != VARIANT_NOPDL;
+    a.lean = variant != VARIANT_NOLEAN;
     a.stream = stream;
     switch (variant) {
         case VARIANT_NOOVERLAP:
@@ -221,7 +224,7 @@ extern "C" const attn_stage attn_this_stage = {
     "FA3-style on Hopper: TMA bulk copies on mbarriers, wgmma from shared-memory descriptors, "
     "producer/consumer warpgroups with setmaxnreg",
     ATTN_F16,
-    "default,nopersistent,nopingpong,nooverlap,nosplit,nopdl,nosections",
+    "default,nopersistent,nopingpong,nooverlap,nosplit,nopdl,nosections,nolean",
     attention_unsupported,
     attention_workspace_bytes,
     attention_forward,

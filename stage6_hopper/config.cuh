@@ -112,6 +112,7 @@ enum {
     VARIANT_NOSPLIT,
     VARIANT_NOPDL,
     VARIANT_NOSECTIONS,
+    VARIANT_NOLEAN,
     VARIANTS
 };
 
@@ -139,18 +140,21 @@ static int consumers_for(const attn_shape *s, int D, const attn_device *dev, int
 // buffers to each). A configuration is compiled for each schedule, with and without split-KV, as
 // the plain kernels and the MODEL ones; one that is model_only (the head dims besides 64 and 128)
 // only as the MODEL kernels of the default schedule, which is all a shape of its head dims runs
-// (fewer kernels to compile). config_for() picks the one for a shape, and nothing else picks.
+// (fewer kernels to compile). One that is `lean` has its unpacked MODEL kernels also compiled
+// without EXTRAS (kernel.cuh: no window's left bound, no softcap), which the shapes without those
+// run: at D = 256 2-3% faster (LOG.md, step 47). config_for() picks the configuration for a
+// shape, and nothing else picks.
 typedef struct {
     int D, consumers, key_tile;
-    bool model_only;
+    bool model_only, lean;
 } kernel_config;
 
 constexpr kernel_config KERNEL_CONFIGS[] = {
-    {64, 1, KEY_TILE_SHORT, false},  {128, 1, KEY_TILE_SHORT, false},
-    {64, 2, KEY_TILE_SHORT, false},  {64, 3, KEY_TILE_SHORT, false},
-    {128, 2, KEY_TILE_SHORT, false}, {128, 2, KEY_TILE_LONG, false},
-    {96, 2, KEY_TILE_SHORT, true},   {96, 3, KEY_TILE_D96_THREE, true},
-    {256, 2, KEY_TILE_D256, true},
+    {64, 1, KEY_TILE_SHORT, false, false},  {128, 1, KEY_TILE_SHORT, false, false},
+    {64, 2, KEY_TILE_SHORT, false, false},  {64, 3, KEY_TILE_SHORT, false, false},
+    {128, 2, KEY_TILE_SHORT, false, false}, {128, 2, KEY_TILE_LONG, false, false},
+    {96, 2, KEY_TILE_SHORT, true, false},   {96, 3, KEY_TILE_D96_THREE, true, false},
+    {256, 2, KEY_TILE_D256, true, true},
 };
 constexpr int KERNEL_CONFIG_COUNT = (int)(sizeof(KERNEL_CONFIGS) / sizeof(KERNEL_CONFIGS[0]));
 
@@ -176,5 +180,6 @@ static kernel_config config_for(const attn_shape *s, const attn_device *dev, int
     c.consumers = consumers_for(s, c.D, dev, variant);
     c.key_tile = key_tile_for(s, c.D, c.consumers);
     c.model_only = c.D != 64 && c.D != 128;
+    c.lean = false;  // (a property of KERNEL_CONFIGS' entries; same_config() ignores it)
     return c;
 }

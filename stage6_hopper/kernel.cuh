@@ -38,8 +38,12 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // (LOG.md, step 23). PACKED (MODEL, unsplit): a packed batch's, whose work tiles read their
 // sequences from cu_seqlens; the other kernels know at compile time that theirs is no packed
 // batch, and keep the shape's lengths, which every work tile shares, out of per-thread registers
-// (LOG.md, step 28).
-template <int D, int C, int BC, int SCHEDULE, bool SPLIT, bool BF16, bool MODEL, bool PACKED>
+// (LOG.md, step 28). EXTRAS (MODEL): what some models add, a window's left bound (sliding
+// windows) and softcap; a lean MODEL kernel (EXTRAS off, config.cuh's `lean`) masks the tail and
+// a right bound only (causal, or a window open to the left), and has no softcap code (LOG.md,
+// step 47).
+template <int D, int C, int BC, int SCHEDULE, bool SPLIT, bool BF16, bool MODEL, bool PACKED,
+          bool EXTRAS = MODEL>
 __global__ void __launch_bounds__(block_threads<C>(), 1)
     attention_kernel(const __grid_constant__ CUtensorMap tmQ,
                      const __grid_constant__ CUtensorMap tmK,
@@ -63,6 +67,7 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
     problem pb = prob;
     static_assert(MODEL || !BF16, "bf16 storage runs in the MODEL kernels");
     static_assert(!PACKED || (MODEL && !SPLIT), "a packed batch runs unsplit in MODEL kernels");
+    static_assert(EXTRAS == MODEL || (MODEL && !PACKED), "lean: the unpacked MODEL kernels");
     if (!SPLIT) {  // one range: all of a query tile's keys
         pb.splits = 1, pb.split_tiles = INT_MAX;
         if (MODEL) pb.works_per_head = pb.q_tiles;
@@ -76,7 +81,7 @@ __global__ void __launch_bounds__(block_threads<C>(), 1)
         if (threadIdx.x == 0) producer<D, C, BC, MODEL>(sm, &tmQ, &tmK, &tmV, pb, works, next_work);
     } else {
         registers_increase<consumer_regs<C>()>();
-        consumer<D, C, BC, SCHEDULE, BF16, MODEL>(sm, pb, works);
+        consumer<D, C, BC, SCHEDULE, BF16, MODEL, EXTRAS>(sm, pb, works);
     }
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)tmO, (void)prob, (void)works, (void)next_work;

@@ -89,6 +89,7 @@ typedef struct {
     split_plan split;
     int persistent_blocks;  // one per SM, or 0: one block per work tile (variant nopersistent)
     bool pdl;               // launched with PDL (all but variant nopdl)
+    bool lean;              // a lean configuration's lean kernels where they fit (but nolean)
     cudaStream_t stream;
 } launch_args;
 
@@ -110,14 +111,26 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 
 // The configuration's kernel for split-KV or not: the plain case's, or for what models feed
 // (model), with fp16 or bf16 storage, or a packed batch's (packed: MODEL, unsplit, the default
-// schedule alone: attention_unsupported). A model_only configuration has the MODEL kernels alone.
-template <int D, int C, int BC, int SCHEDULE, bool MODEL_ONLY>
-static kernel_fn kernel_for(bool split, bool model, bool bf16, bool packed) {
+// schedule alone: attention_unsupported). A model_only configuration has the MODEL kernels alone;
+// a LEAN one also has them without EXTRAS, for a shape that asks for no window's left bound and
+// no softcap (extras false).
+template <int D, int C, int BC, int SCHEDULE, bool MODEL_ONLY, bool LEAN>
+static kernel_fn kernel_for(bool split, bool model, bool bf16, bool packed, bool extras) {
     if (packed) {
         if constexpr (SCHEDULE == SCHEDULE_PINGPONG)
             return bf16 ? attention_kernel<D, C, BC, SCHEDULE, false, true, true, true>
                         : attention_kernel<D, C, BC, SCHEDULE, false, false, true, true>;
         return NULL;
+    }
+    if constexpr (LEAN) {
+        if ((MODEL_ONLY || model || bf16) && !extras) {
+            if (bf16)
+                return split
+                           ? attention_kernel<D, C, BC, SCHEDULE, true, true, true, false, false>
+                           : attention_kernel<D, C, BC, SCHEDULE, false, true, true, false, false>;
+            return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, true, false, false>
+                         : attention_kernel<D, C, BC, SCHEDULE, false, false, true, false, false>;
+        }
     }
     if (bf16)
         return split ? attention_kernel<D, C, BC, SCHEDULE, true, true, true, false>
@@ -159,7 +172,7 @@ static cudaError_t tensor_maps_model(CUtensorMap *tmQ, CUtensorMap *tmK, CUtenso
 // The plain kernels take the plain case at their own D; a D masked in a larger kernel (s->D < D),
 // or one of a model_only configuration, runs in the MODEL kernels (the tensor maps with the
 // shape's D, tensor_map_slabs), and so does a packed batch (unsplit: plan_splits).
-template <int D, int C, int BC, int SCHEDULE, bool MODEL_ONLY>
+template <int D, int C, int BC, int SCHEDULE, bool MODEL_ONLY, bool LEAN>
 static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     constexpr int BR = block_rows<C>();
     CUtensorMap tmQ, tmK, tmV, tmO;  // (tmO: staged O, a warp's rows)
@@ -173,8 +186,11 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
         ATTN_TRY(tensor_map_plain(&tmO, a->O, s, WARP_ROWS));
     }
     const int smem = smem_bytes<D, C, BC>();
-    const kernel_fn kernel = kernel_for<D, C, BC, SCHEDULE, MODEL_ONLY>(
-        a->split.splits > 1, model, s->bf16, s->varlen.cu_seqlens_q != NULL);
+    const key_rule keys = key_rule_of(s, true);  // (the MODEL kernels' window; causal: (-1, 0))
+    const bool softcap = s->softcap > 0.f;
+    const kernel_fn kernel = kernel_for<D, C, BC, SCHEDULE, MODEL_ONLY, LEAN>(
+        a->split.splits > 1, model, s->bf16, s->varlen.cu_seqlens_q != NULL,
+        !a->lean || keys.left >= 0 || softcap);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem));  // once per kernel and device
     const int works = s->B * s->H * ceil_div(s->N, BR) * a->split.splits;
     const int blocks = a->persistent_blocks > 0 && a->persistent_blocks < works
@@ -188,7 +204,6 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
         pb.o_cols = s->D;  // (MODEL: in causal's place)
     else
         pb.causal = s->causal;
-    const key_rule keys = key_rule_of(s, true);  // (the MODEL kernels' window; causal: (-1, 0))
     pb.window_left = keys.left, pb.window_right = keys.right;
     pb.splits = a->split.splits, pb.split_tiles = a->split.split_tiles;
     pb.H = s->H;
@@ -199,7 +214,6 @@ static cudaError_t launch(const attn_shape *s, const launch_args *a) {
     pb.per_kv_head = make_fast_divisor((uint32_t)(s->H / s->H_kv));
     // log2(e) folded into the scale. Softcap c: the kernel's scores are tanh(q.k scale / c)
     // (cap_scores), and c log2(e) makes them the capped scores in the log2 domain.
-    const bool softcap = s->softcap > 0.f;
     pb.scale_log2 = (softcap ? s->softcap : s->scale) * LOG2E;
     pb.softcap_scale = softcap ? s->scale / s->softcap : 0.f;
     pb.O = a->O, pb.lse = a->lse;
@@ -240,7 +254,7 @@ static cudaError_t launch_schedule(const attn_shape *s, const launch_args *a) {
         constexpr kernel_config k = KERNEL_CONFIGS[I];
         if constexpr (!k.model_only || SCHEDULE == SCHEDULE_PINGPONG) {
             if (same_config(a->split.config, k))
-                return launch<k.D, k.consumers, k.key_tile, SCHEDULE, k.model_only>(s, a);
+                return launch<k.D, k.consumers, k.key_tile, SCHEDULE, k.model_only, k.lean>(s, a);
         }
         return launch_schedule<SCHEDULE, I + 1>(s, a);
     } else {

@@ -112,8 +112,8 @@ __device__ __forceinline__ void pingpong_pass_turn(int wg) {
 // the next sequence's follow), or has a key past the diagonal of the warpgroup's first row
 // (causal) or past its window (MODEL: the row as a key index, diagonal_shift(), plus
 // window_right), or before the window of the warpgroup's last row (its diagonal minus
-// window_left). The tiles in between, every row seeing every key, go unmasked.
-template <int BC, bool MODEL>
+// window_left; EXTRAS only). The tiles in between, every row seeing every key, go unmasked.
+template <int BC, bool MODEL, bool EXTRAS>
 __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &wt,
                                            const consumer_place &p, int j) {
     const int key0 = key_tile_start<BC>(wt, j);
@@ -121,17 +121,18 @@ __device__ __forceinline__ bool needs_mask(const problem &pb, const work_tile &w
         const int diagonal0 = warpgroup_row0(wt, p) + diagonal_shift(wt);  // its first row's
         return key0 + BC > wt.n_k ||
                (pb.window_right >= 0 && key0 + BC - 1 > diagonal0 + pb.window_right) ||
-               (pb.window_left >= 0 && key0 < diagonal0 + (WGMMA_M - 1) - pb.window_left);
+               (EXTRAS && pb.window_left >= 0 && key0 < diagonal0 + (WGMMA_M - 1) - pb.window_left);
     } else {
         return key0 + BC > pb.N || (pb.causal && key0 + BC - 1 > warpgroup_row0(wt, p));
     }
 }
 
 // S_j has landed (its wgmma waited for): release K_j (ring slot st), and Q after its last use;
-// softcap (MODEL, where asked), then mask where needed, and take the rows' new max (row_max).
+// softcap (MODEL with EXTRAS, where asked), then mask where needed, and take the rows' new max
+// (row_max).
 // Neither O_acc nor P is touched: the P V before may still be in flight; r says what exp_pack and
 // rescale_o do later.
-template <int BC, int QB, bool MODEL, int EARLY>
+template <int BC, int QB, bool MODEL, bool EXTRAS, int EARLY>
 __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2], row_step<EARLY> &r,
                                             const smem_tiles &sm, const consumer_place &p,
                                             const problem &pb, const work_tile &wt, int j, int st) {
@@ -140,12 +141,12 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
     if (j == wt.n_tiles - 1)
         release(bar_at(sm, BAR_Q_EMPTY + pipeline_state<QB>{wt.t}.slot()), p);  // Q's last use
     if constexpr (MODEL) {
-        if (pb.softcap_scale != 0.f) cap_scores<BC>(S, pb.softcap_scale);  // (before the mask)
-        if (needs_mask<BC, MODEL>(pb, wt, p, j))
+        if (EXTRAS && pb.softcap_scale != 0.f) cap_scores<BC>(S, pb.softcap_scale);  // (first)
+        if (needs_mask<BC, MODEL, EXTRAS>(pb, wt, p, j))
             mask_window<BC>(S, p, row_of(wt, p) + diagonal_shift(wt), key_tile_start<BC>(wt, j),
-                            wt.n_k, pb.window_left, pb.window_right);
+                            wt.n_k, EXTRAS ? pb.window_left : -1, pb.window_right);
     } else {
-        if (needs_mask<BC, MODEL>(pb, wt, p, j))
+        if (needs_mask<BC, MODEL, EXTRAS>(pb, wt, p, j))
             mask_scores<BC>(S, p, row_of(wt, p), key_tile_start<BC>(wt, j), pb.N, pb.causal);
     }
     row_max<BC, EARLY>(S, m_i, pb.scale_log2, r);
@@ -187,7 +188,7 @@ enum { SCHEDULE_SERIAL, SCHEDULE_OVERLAPPED, SCHEDULE_PINGPONG };
 // Serial (variant nooverlap): each work tile, each key tile in turn: S = Q K^T, softmax,
 // O += P V, every wgmma waited for at once. The tensor pipe idles during this warpgroup's softmax
 // unless the other warpgroup happens to fill it.
-template <int D, int C, int BC, bool BF16, bool MODEL>
+template <int D, int C, int BC, bool BF16, bool MODEL, bool EXTRAS>
 __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const consumer_place &p,
                                                 const problem &pb, int works) {
     constexpr int QB = q_buffers<D, C, BC>();
@@ -206,7 +207,7 @@ __device__ __forceinline__ void consumer_serial(const smem_tiles &sm, const cons
             issue_scores<D, C, BC, BF16>(
                 S, scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, st)));
             wgmma_wait<0>();
-            scores_done<BC, QB, MODEL>(S, m_i, r, sm, p, pb, wt, j, st);
+            scores_done<BC, QB, MODEL, EXTRAS>(S, m_i, r, sm, p, pb, wt, j, st);
             rescale_o<D>(O_acc, r.alpha);
             exp_pack<BC, early_chunks<C>(), BF16>(S, P, l_i, pb.scale_log2, r);
 
@@ -236,7 +237,7 @@ __device__ __forceinline__ constexpr bool rescale_before_pv() {
 // its work tile. With PINGPONG, the warpgroups take turns at issuing their GEMMs.
 
 // The block's first key tile: S = Q K_0^T only, nothing to overlap with yet; then its row max.
-template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL>
+template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL, bool EXTRAS>
 __device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2],
                                              row_step<early_chunks<C>()> &r, const smem_tiles &sm,
                                              const consumer_place &p, const problem &pb,
@@ -248,7 +249,8 @@ __device__ __forceinline__ void first_scores(float (&S)[BC / 2], float (&m_i)[2]
         S, scores_operands_of<D, C, BC>(sm, p, wt, k_stage<D, BC>(sm, first.slot())));
     if (PINGPONG) pingpong_pass_turn<C>(p.wg);
     wgmma_wait<0>();
-    scores_done<BC, q_buffers<D, C, BC>(), MODEL>(S, m_i, r, sm, p, pb, wt, 0, first.slot());
+    scores_done<BC, q_buffers<D, C, BC>(), MODEL, EXTRAS>(S, m_i, r, sm, p, pb, wt, 0,
+                                                          first.slot());
 }
 
 // A work tile whose last P V was issued while the next work tile's rows went on (end_rows): what
@@ -394,7 +396,7 @@ __device__ __forceinline__ void last_pv(float (&O_acc)[D / 2], const uint32_t (&
 // by side (step 18). When a P V ends a work tile, the S issued beside it is already the next work
 // tile's first (its Q is in the other Q buffer), and the finished work tile's O is written while
 // the other warpgroups' GEMMs run.
-template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL>
+template <int D, int C, int BC, bool PINGPONG, bool BF16, bool MODEL, bool EXTRAS>
 __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const consumer_place &p,
                                                     const problem &pb, int works) {
     constexpr int QB = q_buffers<D, C, BC>();
@@ -407,7 +409,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
     uint32_t P[BC / 4];
     row_step<early_chunks<C>()> r;
     start_rows<D>(O_acc, m_i, l_i);
-    first_scores<D, C, BC, PINGPONG, BF16, MODEL>(S, m_i, r, sm, p, pb, wt);
+    first_scores<D, C, BC, PINGPONG, BF16, MODEL, EXTRAS>(S, m_i, r, sm, p, pb, wt);
 
     // A pass starts with S holding the scores of key tile j of work tile wt, the block's it-th,
     // m_i their row max and r the rest of row_max's results, while the P V of the key tile before
@@ -425,7 +427,7 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
         const int next_st =
             issue_turn<D, C, BC, PINGPONG, BF16>(S, O_acc, P, sm, p, next, it, j, r.alpha);
         wgmma_wait<1>();  // S of the next key tile is done; P V may still run
-        scores_done<BC, QB, MODEL>(S, m_i, r, sm, p, pb, next, next_j, next_st);
+        scores_done<BC, QB, MODEL, EXTRAS>(S, m_i, r, sm, p, pb, next, next_j, next_st);
         wt = next;
         j = next_j;
     }
@@ -438,14 +440,14 @@ __device__ __forceinline__ void consumer_overlapped(const smem_tiles &sm, const 
 }
 
 // One consumer thread: its place in the block, then its schedule over the block's work tiles.
-template <int D, int C, int BC, int SCHEDULE, bool BF16, bool MODEL>
+template <int D, int C, int BC, int SCHEDULE, bool BF16, bool MODEL, bool EXTRAS>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const problem &pb, int works) {
     const consumer_place p = consumer_place_of_thread();
     if (SCHEDULE == SCHEDULE_SERIAL)
-        consumer_serial<D, C, BC, BF16, MODEL>(sm, p, pb, works);
+        consumer_serial<D, C, BC, BF16, MODEL, EXTRAS>(sm, p, pb, works);
     else
-        consumer_overlapped<D, C, BC, (SCHEDULE == SCHEDULE_PINGPONG && C > 1), BF16, MODEL>(
-            sm, p, pb, works);
+        consumer_overlapped<D, C, BC, (SCHEDULE == SCHEDULE_PINGPONG && C > 1), BF16, MODEL,
+                            EXTRAS>(sm, p, pb, works);
     // The O stores still in flight read the shared memory the block is about to give up.
     if (o_staged<D, C, BC>() && p.lane == 0) bulk_wait<false>();
 }
