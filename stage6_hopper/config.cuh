@@ -142,8 +142,8 @@ static int consumers_for(const attn_shape *s, int D, const attn_device *dev, int
 // only as the MODEL kernels of the default schedule, which is all a shape of its head dims runs
 // (fewer kernels to compile). One that is `lean` has its unpacked MODEL kernels also compiled
 // without EXTRAS (kernel.cuh: no window's left bound, no softcap), which the shapes without those
-// run: at D = 256 2-3% faster (LOG.md, step 47). config_for() picks the configuration for a
-// shape, and nothing else picks.
+// run (where that pays: LOG.md, step 47). config_for() picks the configuration for a shape, and
+// nothing else picks.
 typedef struct {
     int D, consumers, key_tile;
     bool model_only, lean;
