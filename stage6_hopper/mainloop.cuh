@@ -141,7 +141,8 @@ __device__ __forceinline__ void scores_done(float (&S)[BC / 2], float (&m_i)[2],
     if (j == wt.n_tiles - 1)
         release(bar_at(sm, BAR_Q_EMPTY + pipeline_state<QB>{wt.t}.slot()), p);  // Q's last use
     if constexpr (MODEL) {
-        if (EXTRAS && pb.softcap_scale != 0.f) cap_scores<BC>(S, pb.softcap_scale);  // (first)
+        // softcap before the mask, so that a masked score stays -inf
+        if (EXTRAS && pb.softcap_scale != 0.f) cap_scores<BC>(S, pb.softcap_scale);
         if (needs_mask<BC, MODEL, EXTRAS>(pb, wt, p, j))
             mask_window<BC>(S, p, row_of(wt, p) + diagonal_shift(wt), key_tile_start<BC>(wt, j),
                             wt.n_k, EXTRAS ? pb.window_left : -1, pb.window_right);
