@@ -109,11 +109,21 @@ static cudaLaunchConfig_t launch_config(unsigned blocks, int threads, size_t sme
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                           const CUtensorMap, const problem, int, int *);
 
+// An unpacked MODEL kernel, split or not, fp16 or bf16 storage, with EXTRAS or lean.
+template <int D, int C, int BC, int SCHEDULE, bool EXTRAS>
+static kernel_fn model_kernel_for(bool split, bool bf16) {
+    if (bf16)
+        return split ? attention_kernel<D, C, BC, SCHEDULE, true, true, true, false, EXTRAS>
+                     : attention_kernel<D, C, BC, SCHEDULE, false, true, true, false, EXTRAS>;
+    return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, true, false, EXTRAS>
+                 : attention_kernel<D, C, BC, SCHEDULE, false, false, true, false, EXTRAS>;
+}
+
 // The configuration's kernel for split-KV or not: the plain case's, or for what models feed
-// (model), with fp16 or bf16 storage, or a packed batch's (packed: MODEL, unsplit, the default
-// schedule alone: attention_unsupported). A model_only configuration has the MODEL kernels alone;
-// a LEAN one also has them without EXTRAS, for a shape that asks for no window's left bound and
-// no softcap (extras false).
+// (model; bf16 storage too), or a packed batch's (packed: MODEL, unsplit, the default schedule
+// alone: attention_unsupported). A model_only configuration has the MODEL kernels alone; a LEAN
+// one also has them without EXTRAS, for a shape that asks for no window's left bound and no
+// softcap (extras false).
 template <int D, int C, int BC, int SCHEDULE, bool MODEL_ONLY, bool LEAN>
 static kernel_fn kernel_for(bool split, bool model, bool bf16, bool packed, bool extras) {
     if (packed) {
@@ -122,22 +132,11 @@ static kernel_fn kernel_for(bool split, bool model, bool bf16, bool packed, bool
                         : attention_kernel<D, C, BC, SCHEDULE, false, false, true, true>;
         return NULL;
     }
-    if constexpr (LEAN) {
-        if ((MODEL_ONLY || model || bf16) && !extras) {
-            if (bf16)
-                return split
-                           ? attention_kernel<D, C, BC, SCHEDULE, true, true, true, false, false>
-                           : attention_kernel<D, C, BC, SCHEDULE, false, true, true, false, false>;
-            return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, true, false, false>
-                         : attention_kernel<D, C, BC, SCHEDULE, false, false, true, false, false>;
-        }
+    if (MODEL_ONLY || model || bf16) {
+        if constexpr (LEAN)
+            if (!extras) return model_kernel_for<D, C, BC, SCHEDULE, false>(split, bf16);
+        return model_kernel_for<D, C, BC, SCHEDULE, true>(split, bf16);
     }
-    if (bf16)
-        return split ? attention_kernel<D, C, BC, SCHEDULE, true, true, true, false>
-                     : attention_kernel<D, C, BC, SCHEDULE, false, true, true, false>;
-    if (MODEL_ONLY || model)
-        return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, true, false>
-                     : attention_kernel<D, C, BC, SCHEDULE, false, false, true, false>;
     if constexpr (!MODEL_ONLY)
         return split ? attention_kernel<D, C, BC, SCHEDULE, true, false, false, false>
                      : attention_kernel<D, C, BC, SCHEDULE, false, false, false, false>;
