@@ -48,7 +48,9 @@
  *
  * Variants: atomics (dQ by the consumers' fp32 atomics, the dQ warp idle), deterministic (each
  * query tile's dQ adds in a fixed key-tile order, by a counter in global memory: bit-identical dQ;
- * dq_turn_of() says the order).
+ * dq_turn_of() says the order), nolean (the default's kernels with a window's left bound and
+ * softcap in their code for every shape, not only for those that ask for them: kernel.cuh's
+ * EXTRAS).
  *
  * Run:  make build && build/stage8_hopper_backward --seq 4096 --heads 16 --dim 128 --causal --bench
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
@@ -60,7 +62,9 @@
  * capped_probabilities), packed batches (cu_seqlens: each block reads its sequence's rows,
  * lengths and mask, block_place_of; a key tile past its sequence's keys leaves at once, the last
  * one's dK and dV are stored masked, store_rows_masked) and bf16 (a template parameter: wgmma's
- * .bf16 products); all but bf16 are runtime parameters of the same kernels (bwd_problem).
+ * .bf16 products); all but bf16 are runtime parameters of the same kernels (bwd_problem), but
+ * that the default variant's shapes without a window's left bound and softcap run lean kernels,
+ * compiled without their code (EXTRAS off, kernel.cuh).
  *
  * NOTE: what is left (LOG.md, steps 13 to 17): ahead of cuDNN's backward at every fa2 and long
  * shape, behind FA3-class's at all of them, by its steps (FA3's 80-query steps at D = 128 are
@@ -148,7 +152,7 @@ extern "C" const attn_stage attn_this_stage = {
     "reduce-add (atomics: fp32 atomics from the registers; deterministic: the adds in key-tile "
     "order); forward = stage 6's",
     ATTN_F16,
-    "default,atomics,deterministic",
+    "default,atomics,deterministic,nolean",
     stage_unsupported,
     linked_forward_workspace_bytes,
     linked_forward,

@@ -226,9 +226,17 @@ constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of
 // unit's reduction buys; DQ_BY_BULK_IN_TURNS (deterministic), as DQ_BY_BULK, but the key tiles
 // add into each query tile in turn, 0, 1, 2, ... (dq.cuh, reduce_dq), so that dQ is
 // bit-identical from run to run. At D = 256 the default variant adds as atomics does (no staging
-// tile fits) and deterministic is refused (attention.cu).
-enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICS, VARIANT_DETERMINISTIC, VARIANTS };
+// tile fits) and deterministic is refused (attention.cu). Variant nolean is the default without
+// its lean kernels (kernel.cuh's EXTRAS: every shape runs the kernel that has softcap's and a
+// window's left bound's code).
+enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICS, VARIANT_DETERMINISTIC, VARIANT_NOLEAN, VARIANTS };
 enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
+// The head dims whose default kernels are also compiled lean: not D = 96, whose lean kernel
+// ptxas builds with its wgmma serialized (warning C7511: too few registers for their pipeline).
+template <int D>
+__host__ __device__ constexpr bool has_lean() {
+    return D % SLAB_COLS == 0;
+}
 
 // How the staging tile is handed over (smem.cuh: DQ_FULL, DQ_EMPTY; LOG.md, step 39). By parts
 // (DQ_BY_BULK where each part is whole slabs): each warpgroup's part on a DQ_FULL/DQ_EMPTY pair of

@@ -40,8 +40,10 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // pb. Grid: (ceil(N_k /
 // block_keys<D>()), B * H_kv), BLOCK_THREADS threads. A packed batch: Q, dO [total_q, H, D] and K,
 // V, dK, dV [total_k, H_kv, D], each map one batch of total rows; dQ_acc [H, acc_rows, D]; N, N_k
-// the longest sequence's.
-template <int D, bool BF16, dq_way DQ>
+// the longest sequence's. EXTRAS: what some models add, a window's left bound (sliding windows)
+// and softcap, in the code of every step; a lean kernel (EXTRAS off: the default variant's, for
+// the shapes without either, launch.cuh's kernel_for) masks the tail and causal only.
+template <int D, bool BF16, dq_way DQ, bool EXTRAS = true>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tmQ,
                     const __grid_constant__ CUtensorMap tmK,
@@ -75,7 +77,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
             store_dkv<D>(sm, &tmdK, &tmdV, pb, lane);
     } else {
         registers_increase<CONSUMER_REGS>();
-        consumer<D, BF16, DQ>(sm, pb);
+        consumer<D, BF16, DQ, EXTRAS>(sm, pb);
     }
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)tmdO, (void)tmdK, (void)tmdV, (void)pb;

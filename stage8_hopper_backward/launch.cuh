@@ -30,9 +30,9 @@ static int qrows_of(int D) {
 // 8-float slabs), or 0 (rows of s->D floats).
 template <int D>
 static bool dq_tiled_at(int variant) {
-    return variant == VARIANT_DEFAULT         ? dq_tiled<D, DQ_BY_BULK>()
+    return variant == VARIANT_ATOMICS         ? dq_tiled<D, DQ_BY_ATOMICS>()
            : variant == VARIANT_DETERMINISTIC ? dq_tiled<D, DQ_BY_BULK_IN_TURNS>()
-                                              : dq_tiled<D, DQ_BY_ATOMICS>();
+                                              : dq_tiled<D, DQ_BY_BULK>();  // (and nolean)
 }
 // A tile's row holds the kernel's D where the dQ warp adds whole parts by bulk copies (a part is
 // whole slabs of the compiled D), the tensors' D where the consumers add from the registers
@@ -77,18 +77,25 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 // The main kernel for head dim D, storage type BF16 and the variant's way of adding dQ (none for
 // variant atomics where it does not take D, nor for variant deterministic at D = 256:
 // stage_unsupported refuses them first). At D = 256 (D = 136 to 256) the default variant adds as
-// atomics does (config.cuh: no staging tile fits).
+// atomics does (config.cuh: no staging tile fits). `lean` (a shape without a window's left bound
+// or softcap, and not variant nolean): the default way's kernel compiled without EXTRAS
+// (kernel.cuh) where config.cuh's has_lean<D>(), the only way that has one (at D = 256 variant
+// atomics' too).
 template <int D, bool BF16>
-static kernel_fn kernel_for(int variant) {
+static kernel_fn kernel_for(int variant, bool lean) {
     if constexpr (splits_dkv<D>()) {
-        return variant == VARIANT_DETERMINISTIC ? NULL : backward_kernel<D, BF16, DQ_BY_ATOMICS>;
+        if (variant == VARIANT_DETERMINISTIC) return NULL;
+        return lean ? backward_kernel<D, BF16, DQ_BY_ATOMICS, false>
+                    : backward_kernel<D, BF16, DQ_BY_ATOMICS>;
     } else {
         if (variant == VARIANT_ATOMICS) {
             if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
             return NULL;
         }
-        return variant == VARIANT_DETERMINISTIC ? backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>
-                                                : backward_kernel<D, BF16, DQ_BY_BULK>;
+        if (variant == VARIANT_DETERMINISTIC) return backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>;
+        if constexpr (has_lean<D>())
+            if (lean) return backward_kernel<D, BF16, DQ_BY_BULK, false>;
+        return backward_kernel<D, BF16, DQ_BY_BULK>;
     }
 }
 
@@ -205,7 +212,8 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     pb.call = p, pb.dq_turn = dq_turn;
     if (dq_turn)  // every query tile's counter starts at 0: no key tile has added
         ATTN_TRY(cudaMemsetAsync(dq_turn, 0, dq_turns(s) * sizeof(int), stream));
-    const kernel_fn kernel = kernel_for<D, BF16>(variant);
+    const bool lean = variant != VARIANT_NOLEAN && pb.keys.left < 0 && pb.cap_log2 == 0.f;
+    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     // (packed: a block per key tile of the longest sequence; those past a sequence's keys leave.
     // A packed batch whose longest sequence has no key has no block: no dK, dV row to write)

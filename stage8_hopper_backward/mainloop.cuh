@@ -41,17 +41,19 @@ __device__ __forceinline__ void issue_scores(float (&X)[score_regs<D>()], uint64
 // see_hi, the sequence's own bounds), which the corners say: the tile's last key against its
 // first query (causal: past the diagonal), its first key against its last query (a left bound).
 // Interior steps of a window run unmasked; every key tile that runs past its sequence's keys is
-// masked (a packed batch's next sequence lies there).
-template <int D>
+// masked (a packed batch's next sequence lies there). A lean kernel (EXTRAS off: kernel.cuh) has
+// no left bound to test.
+template <int D, bool EXTRAS>
 __host__ __device__ __forceinline__ bool step_needs_mask(const block_place &b, int key0, int q0) {
     return key0 + block_keys<D>() > b.N_k || key0 + block_keys<D>() - 1 - q0 > b.see_hi ||
-           key0 - (q0 + qrows<D>() - 1) < b.see_lo;
+           (EXTRAS && key0 - (q0 + qrows<D>() - 1) < b.see_lo);
 }
 
-// Whether query `query` sees key `key` (the mask of a masked step).
+// Whether query `query` sees key `key` (the mask of a masked step; EXTRAS: with a left bound).
+template <bool EXTRAS>
 __host__ __device__ __forceinline__ bool key_seen(const block_place &b, int key, int query) {
     const int d = key - query;
-    return key < b.N_k && d <= b.see_hi && d >= b.see_lo;
+    return key < b.N_k && d <= b.see_hi && (!EXTRAS || d >= b.see_lo);
 }
 
 // The thread's column pairs of LSE_i or D_i (a float per query of the tile, in shared memory, from
@@ -94,7 +96,7 @@ __device__ __forceinline__ constexpr bool dq_between() {
 // N, finite, too). Masked: keys past N_k and keys outside a query's window (causal: past its
 // diagonal) get P = 0. The thread's columns are queries q0 + 8n + 2t + c (q0: the warpgroup's
 // first query of the scores), its rows keys key_row and key_row + 8.
-template <int D>
+template <int D, bool EXTRAS>
 __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const bwd_problem &pb,
                                               const block_place &b,
                                               const float2 (&lse_cols)[score_cols<D>() / FRAG_COLS],
@@ -117,7 +119,7 @@ __device__ __forceinline__ void probabilities(float (&S)[score_regs<D>()], const
             if (mask) {
                 const int key = key_row + FRAG_ROW_STEP * frag_h(e);
                 const int query = q0 + FRAG_COLS * n + FRAG_LANE_COLS * t + frag_c(e);
-                if (!key_seen(b, key, query)) p = 0.f;
+                if (!key_seen<EXTRAS>(b, key, query)) p = 0.f;
             }
             S[i] = p;
         }
@@ -169,7 +171,7 @@ __device__ __forceinline__ void capped_scores(float (&S)[score_regs<D>()], const
             if (mask) {
                 const int key = key_row + FRAG_ROW_STEP * frag_h(e);
                 const int query = q0 + FRAG_COLS * n + FRAG_LANE_COLS * t + frag_c(e);
-                if (!key_seen(b, key, query)) S[i] = -INFINITY;
+                if (!key_seen<true>(b, key, query)) S[i] = -INFINITY;
             }
         }
     }
@@ -424,8 +426,8 @@ __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()
 // capped_probabilities), then dS^T = G (dP^T - D_i); each branch has its own wait, so that neither
 // holds the other's values across it. Each mask case is a call of its own (the mask a constant):
 // with one call and a select per element, ptxas moved most of the exponentials past the wait, off
-// dP^T's shadow.
-template <int D, bool BF16>
+// dP^T's shadow. A lean kernel (EXTRAS off) has no softcap branch and no left bound.
+template <int D, bool BF16, bool EXTRAS>
 __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
                                           uint32_t (&dS16)[packed_regs<D>()],
                                           float (&S)[score_regs<D>()], float (&dP)[score_regs<D>()],
@@ -438,7 +440,7 @@ __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
     pin_registers(S);
     if constexpr (!lse_ahead<D>())
         load_columns<D>(lse, sm.lse + slot * vec_bytes<D>() + col_bytes, t);
-    if (pb.cap_log2 > 0.f) {
+    if (EXTRAS && pb.cap_log2 > 0.f) {
         if (mask)
             capped_scores<D>(S, pb, b, key_row, q0, t, true);
         else
@@ -450,9 +452,9 @@ __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
         capped_gradients<D, BF16>(P16, dS16, S, dP, Di);
     } else {
         if (mask)
-            probabilities<D>(S, pb, b, lse, key_row, q0, t, true);
+            probabilities<D, EXTRAS>(S, pb, b, lse, key_row, q0, t, true);
         else
-            probabilities<D>(S, pb, b, lse, key_row, q0, t, false);
+            probabilities<D, EXTRAS>(S, pb, b, lse, key_row, q0, t, false);
         wgmma_wait<0>();
         pin_registers(dP);
         load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>() + col_bytes, t);
@@ -464,7 +466,7 @@ __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
 // 64 keys, and the dQ part of the step before (dq; none in the block's first step). dS^T goes to
 // buffer cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read). The mask is
 // the block's sequence's (b).
-template <int D, bool BF16, dq_way DQ, bool FIRST, int WG>
+template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool FIRST, int WG>
 __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
                                               const consumer_place &p, const bwd_problem &pb,
@@ -489,8 +491,8 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile));
 
     // P^T while dP^T runs; then dS^T, both packed
-    const bool mask = step_needs_mask<D>(b, key0, q0);
-    gradients<D, BF16>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot, 0);
+    const bool mask = step_needs_mask<D, EXTRAS>(b, key0, q0);
+    gradients<D, BF16, EXTRAS>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot, 0);
 
     // dS^T to shared memory (the other warpgroup's dQ reads it); dV, dK from registers and the
     // dQ part from shared memory, once both warpgroups' dS^T of its step are there. With
@@ -550,7 +552,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
 // finishes its softmax; once both warpgroups' are there (wait_ds, the same step), dV and dK over
 // the other's queries and dQ_i's part, all from shared memory; the part then to dQ_acc from the
 // registers (hand_over_dq: DQ_BY_ATOMICS). One meeting a step.
-template <int D, bool BF16, dq_way DQ>
+template <int D, bool BF16, dq_way DQ, bool EXTRAS>
 __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
                                                     float (&dK)[dkv_regs<D>()],
                                                     const smem_tiles &sm, const consumer_place &p,
@@ -580,9 +582,9 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
     load_columns<D>(lse, sm.lse + slot * vec_bytes<D>() + own * (int)sizeof(float), p.t);
     mbar_wait(bar_at(sm, BAR_DO_FULL + slot), q_pipeline{cur.it}.phase());
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile + own_rows));
-    const bool mask = step_needs_mask<D>(b, key0, cur.q0);
-    gradients<D, BF16>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot,
-                       own * (int)sizeof(float));
+    const bool mask = step_needs_mask<D, EXTRAS>(b, key0, cur.q0);
+    gradients<D, BF16, EXTRAS>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot,
+                               own * (int)sizeof(float));
 
     // P^T and dS^T to shared memory (the other warpgroup's dV and dK, both warpgroups' dQ read
     // them); dV, dK over its own queries from registers (group 1); then, once both warpgroups'
@@ -637,7 +639,7 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 // (the last step's after the loop; at D = 256 each with its own). No query tile sees the keys (a
 // window, or causal with N > N_k; a packed sequence with no query): no step. WG: the warpgroup,
 // where its code differs (issue_dq: D = 96's second), else ANY_WARPGROUP.
-template <int D, bool BF16, dq_way DQ, int WG>
+template <int D, bool BF16, dq_way DQ, bool EXTRAS, int WG>
 __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
                                               const bwd_problem &pb, const consumer_place &p,
@@ -657,16 +659,17 @@ __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
         walk_step cur = {0, b.kv_head * pb.group, q_first};
         if constexpr (splits_dkv<D>()) {  // D = 256: each step's dQ part in the step
             for (int it = 0; it < steps; ++it) {
-                consumer_step_split<D, BF16, DQ>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur);
+                consumer_step_split<D, BF16, DQ, EXTRAS>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur);
                 cur = next_step(cur, q_first, q_end, qrows<D>());
             }
         } else {  // the dQ part a step late, the last one's after the loop
-            consumer_step<D, BF16, DQ, true, WG>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur, cur);
+            consumer_step<D, BF16, DQ, EXTRAS, true, WG>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur,
+                                                         cur);
             for (int it = 1; it < steps; ++it) {
                 const walk_step prev = cur;
                 cur = next_step(cur, q_first, q_end, qrows<D>());
-                consumer_step<D, BF16, DQ, false, WG>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur,
-                                                      prev);
+                consumer_step<D, BF16, DQ, EXTRAS, false, WG>(dV, dK, sm, p, pb, b, K_desc, V_desc,
+                                                              cur, prev);
             }
             last_dq<D, BF16, DQ, WG>(sm, p, pb, b, cur);
         }
@@ -677,7 +680,7 @@ __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
 // code, so that the second's dQ product is its 32 columns, N = 32: LOG.md, step 65); dK_j *=
 // scale; store both (stage_dkv: one code for both warpgroups, as its named barriers need: bar.sync
 // is aligned, every thread that meets one meets it at the same instruction).
-template <int D, bool BF16, dq_way DQ>
+template <int D, bool BF16, dq_way DQ, bool EXTRAS>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
     const block_place b = block_place_of<D>(pb);
@@ -686,11 +689,11 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     for (int i = 0; i < dkv_regs<D>(); ++i) dV[i] = dK[i] = 0.f;
     if constexpr (D % SLAB_COLS != 0) {
         if (p.wg == CONSUMERS - 1)
-            consumer_walk<D, BF16, DQ, CONSUMERS - 1>(dV, dK, sm, pb, p, b);
+            consumer_walk<D, BF16, DQ, EXTRAS, CONSUMERS - 1>(dV, dK, sm, pb, p, b);
         else
-            consumer_walk<D, BF16, DQ, 0>(dV, dK, sm, pb, p, b);
+            consumer_walk<D, BF16, DQ, EXTRAS, 0>(dV, dK, sm, pb, p, b);
     } else {
-        consumer_walk<D, BF16, DQ, ANY_WARPGROUP>(dV, dK, sm, pb, p, b);
+        consumer_walk<D, BF16, DQ, EXTRAS, ANY_WARPGROUP>(dV, dK, sm, pb, p, b);
     }
     stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);
 }

@@ -204,7 +204,7 @@ fi
 # stage 8 (Hopper only), exercise 1: the dQ product's A operand not transposed; exercise 2: no
 # wait for dS^T before the dQ product; exercise 3: no mask in probabilities()
 if [ -n "$hopper" ]; then
-  want s8e1 && prepare s8ta stage8_hopper_backward mainloop.cuh 's|wgmma_m64n64_ss<BF16, 1, 1>(dQ_part|wgmma_m64n64_ss<BF16, 0, 1>(dQ_part|'
+  want s8e1 && prepare s8ta stage8_hopper_backward mainloop.cuh 's|wgmma_ss<dq_cols<D>(), BF16, 1, 1>(dQ_part|wgmma_ss<dq_cols<D>(), BF16, 0, 1>(dQ_part|'
   want s8e2 && prepare s8nobar stage8_hopper_backward mainloop.cuh '/^        wait_ds<D>(sm, dq.it);$/d'
   want s8e3 && prepare s8nomask stage8_hopper_backward mainloop.cuh 's|^            if (mask) {|            if (false) {|'
 fi
