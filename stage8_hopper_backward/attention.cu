@@ -62,9 +62,9 @@
  * capped_probabilities), packed batches (cu_seqlens: each block reads its sequence's rows,
  * lengths and mask, block_place_of; a key tile past its sequence's keys leaves at once, the last
  * one's dK and dV are stored masked, store_rows_masked) and bf16 (a template parameter: wgmma's
- * .bf16 products); all but bf16 are runtime parameters of the same kernels (bwd_problem), but
- * that the default variant's shapes without a window's left bound and softcap run lean kernels,
- * compiled without their code (EXTRAS off, kernel.cuh).
+ * .bf16 products); all but bf16 are runtime parameters of the same kernels (bwd_problem). The
+ * default variant runs the shapes with neither a window's left bound nor softcap in lean kernels,
+ * compiled without that code (EXTRAS off, kernel.cuh).
  *
  * NOTE: what is left (LOG.md, steps 13 to 17): ahead of cuDNN's backward at every fa2 and long
  * shape, behind FA3-class's at all of them, by its steps (FA3's 80-query steps at D = 128 are
