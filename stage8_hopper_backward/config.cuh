@@ -231,12 +231,6 @@ constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of
 // window's left bound's code).
 enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICS, VARIANT_DETERMINISTIC, VARIANT_NOLEAN, VARIANTS };
 enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
-// The head dims whose default kernels are also compiled lean: not D = 96, whose lean kernel
-// ptxas builds with its wgmma serialized (warning C7511: too few registers for their pipeline).
-template <int D>
-__host__ __device__ constexpr bool has_lean() {
-    return D % SLAB_COLS == 0;
-}
 
 // How the staging tile is handed over (smem.cuh: DQ_FULL, DQ_EMPTY; LOG.md, step 39). By parts
 // (DQ_BY_BULK where each part is whole slabs): each warpgroup's part on a DQ_FULL/DQ_EMPTY pair of

@@ -79,8 +79,7 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 // stage_unsupported refuses them first). At D = 256 (D = 136 to 256) the default variant adds as
 // atomics does (config.cuh: no staging tile fits). `lean` (a shape without a window's left bound
 // or softcap, and not variant nolean): the default way's kernel compiled without EXTRAS
-// (kernel.cuh) where config.cuh's has_lean<D>(), the only way that has one (at D = 256 variant
-// atomics' too).
+// (kernel.cuh), the only way that has one (at D = 256 variant atomics' too).
 template <int D, bool BF16>
 static kernel_fn kernel_for(int variant, bool lean) {
     if constexpr (splits_dkv<D>()) {
@@ -93,9 +92,8 @@ static kernel_fn kernel_for(int variant, bool lean) {
             return NULL;
         }
         if (variant == VARIANT_DETERMINISTIC) return backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>;
-        if constexpr (has_lean<D>())
-            if (lean) return backward_kernel<D, BF16, DQ_BY_BULK, false>;
-        return backward_kernel<D, BF16, DQ_BY_BULK>;
+        return lean ? backward_kernel<D, BF16, DQ_BY_BULK, false>
+                    : backward_kernel<D, BF16, DQ_BY_BULK>;
     }
 }
 

@@ -677,7 +677,8 @@ __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
 }
 
 // One consumer thread: dK_j, dV_j = 0; its warpgroup's walk (D = 96: each warpgroup's own
-// code, so that the second's dQ product is its 32 columns, N = 32: LOG.md, step 65); dK_j *=
+// code, so that the second's dQ product is its 32 columns, N = 32, LOG.md, step 65; its
+// warpgroup's index a constant there, or the lean kernel's wgmma are serialized, step 70); dK_j *=
 // scale; store both (stage_dkv: one code for both warpgroups, as its named barriers need: bar.sync
 // is aligned, every thread that meets one meets it at the same instruction).
 template <int D, bool BF16, dq_way DQ, bool EXTRAS>
@@ -688,10 +689,14 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
 #pragma unroll
     for (int i = 0; i < dkv_regs<D>(); ++i) dV[i] = dK[i] = 0.f;
     if constexpr (D % SLAB_COLS != 0) {
-        if (p.wg == CONSUMERS - 1)
-            consumer_walk<D, BF16, DQ, EXTRAS, CONSUMERS - 1>(dV, dK, sm, pb, p, b);
-        else
-            consumer_walk<D, BF16, DQ, EXTRAS, 0>(dV, dK, sm, pb, p, b);
+        consumer_place q = p;
+        if (p.wg == CONSUMERS - 1) {
+            q.wg = CONSUMERS - 1;
+            consumer_walk<D, BF16, DQ, EXTRAS, CONSUMERS - 1>(dV, dK, sm, pb, q, b);
+        } else {
+            q.wg = 0;
+            consumer_walk<D, BF16, DQ, EXTRAS, 0>(dV, dK, sm, pb, q, b);
+        }
     } else {
         consumer_walk<D, BF16, DQ, EXTRAS, ANY_WARPGROUP>(dV, dK, sm, pb, p, b);
     }
