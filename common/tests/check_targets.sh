@@ -3,7 +3,8 @@
 # sm_120) beside sm_75-sm_90; the build in BUILD_DIR made machine code for every one this nvcc
 # knows, and PTX for the newest; the README's "GPUs built" names the same list; and the no-spill
 # gate (check_spills.sh) fails on a report that spills, has a stack frame, or lacks one of the
-# build's targets (tried on made-up reports). Ends with "N passed, M failed, K skipped"
+# build's targets, and the wgmma gate (check_wgmma.sh) on serialized wgmma (tried on made-up
+# reports and machine code). Ends with "N passed, M failed, K skipped"
 # (common/tests/report.sh).
 # usage: check_targets.sh BUILD_DIR   (a fat build: make build ARCH= BUILD=BUILD_DIR)
 set -u
@@ -80,5 +81,28 @@ if ! gate stage1_x && grep -q "no machine-code target" "$tmp/out"; then
   ok "check_spills.sh fails when the build's targets are unknown"
 else
   bad "check_spills.sh with no code=sm_XX in flags.txt: $(cat "$tmp/out")"
+fi
+
+# the wgmma gate (check_wgmma.sh) on made-up machine code: one kernel whose 16 HGMMA overlap (two
+# waits for every group), one whose 16 each wait (serialized)
+sass() { # sass FILE WAITS_AFTER_EACH: a function of 16 HGMMA, with a wait after each or two in all
+  local i
+  {
+    echo "        Function : _Z6kernelv"
+    for i in $(seq 16); do
+      echo "        /*0000*/                   HGMMA.64x64x16.F32 R24, gdesc[UR4], R24 ;"
+      [ "$2" = 1 ] && echo "        /*0010*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;"
+    done
+    [ "$2" = 1 ] || printf '        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n%.0s' 1 2
+  } >"$1"
+}
+sass "$tmp/b/stage6_x" 0
+sass "$tmp/b/stage8_x" 1
+wgate() { env -u REPORT_FILE SASS_TEXT=1 bash common/tests/check_wgmma.sh "$tmp/b" "$@" >"$tmp/out" 2>&1; }
+if wgate stage6_x; then ok "check_wgmma.sh passes a kernel whose wgmma overlap"; else bad "check_wgmma.sh fails overlapping wgmma: $(cat "$tmp/out")"; fi
+if ! wgate stage8_x && grep -q "^FAIL  stage8_x: wgmma serialized" "$tmp/out"; then
+  ok "check_wgmma.sh fails a kernel that waits after every wgmma"
+else
+  bad "check_wgmma.sh on serialized wgmma: $(cat "$tmp/out")"
 fi
 report_end

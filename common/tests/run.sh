@@ -83,7 +83,10 @@ else
 fi
 part "make targets: no GPU, a mistyped ARCH, a missing tool, the formatter offline" bash common/tests/make_targets.sh
 part "no spills, no stack frame, no ptxas performance warning (stages 1-7, every target built)" bash common/tests/check_spills.sh "$dir" $stages
-part "the fat build's targets (sm_75 to sm_120), the README's list, the spill gate itself" bash common/tests/check_targets.sh "$dir"
+# the stages built as sm_90a where the build has sm_90 (their stage.mk: wgmma, setmaxnreg)
+hopper_stages=$(grep -l 'GENCODE *= *$(sm90a_gencode)' stage*/stage.mk 2>/dev/null | cut -d/ -f1 | sort)
+part "no serialized wgmma (the sm_90a stages' machine code)" bash common/tests/check_wgmma.sh "$dir" $hopper_stages
+part "the fat build's targets (sm_75 to sm_120), the README's list, the spill and wgmma gates themselves" bash common/tests/check_targets.sh "$dir"
 if command -v python3 >/dev/null 2>&1; then
   part "one home each: the CSV header, the exit codes, the B x H limit, the variants list" python3 common/tests/one_home.py
 else
