@@ -54,7 +54,8 @@ want() {
 
 # prepare NAME STAGE_DIR FILE SED_SCRIPT [ARCH]: starts, in the background, a copy of the
 # repository with STAGE_DIR/FILE edited by SED_SCRIPT ("" = as it is), built for ARCH (default this
-# GPU) into $tmp/NAME/build
+# GPU) into $tmp/NAME/build. (make test runs the builds section below with a prepare that checks
+# each edit still changes its file: common/tests/check_answer_edits.sh.)
 prepare() {
   local name=$1 dir=$2 file=$3 edit=$4 arch=${5:-$cc} t=$tmp/$1
   mkdir -p "$t/src"

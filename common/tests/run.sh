@@ -94,6 +94,7 @@ else
 fi
 part "adding a stage: its folder and the ladder row only (a copy of stage 4, compute_75)" bash common/tests/add_stage.sh
 part "lessons: code maps, line references, no untraced figure in prose" bash common/tests/check_lessons.sh
+part "exercise answers: every edit measure_answers.sh makes still applies to the source" bash common/tests/check_answer_edits.sh
 bg_join
 part "C/CUDA sources formatted (pinned clang-format)" make --no-print-directory -s format-check
 if nvidia-smi -L >/dev/null 2>&1; then
