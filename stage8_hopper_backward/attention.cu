@@ -66,10 +66,10 @@
  * default variant runs the shapes with neither a window's left bound nor softcap in lean kernels,
  * compiled without that code (EXTRAS off, kernel.cuh).
  *
- * NOTE: what is left (LOG.md, steps 13 to 17): ahead of cuDNN's backward at every fa2 and long
- * shape, behind FA3-class's at all of them, by its steps (FA3's 80-query steps at D = 128 are
- * worked out in step 13, not built). dQ's adds land in any order (variant deterministic orders
- * them), and the tiles at D = 64 are not tuned.
+ * NOTE: what is left (LOG.md, steps 13 to 17, 50, 69): ahead of cuDNN's backward at every fa2 and
+ * long shape; level with FA3-class's over the fa2 shapes since step 69 but behind it on the
+ * shortest heads, at the work tile's ends (FA3's 80-query steps at D = 128 are worked out in
+ * step 13, not built). dQ's adds land in any order (variant deterministic orders them).
  */
 
 #include <cuda.h>
