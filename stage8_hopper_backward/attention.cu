@@ -50,7 +50,7 @@
  * query tile's dQ adds in a fixed key-tile order, by a counter in global memory: bit-identical dQ;
  * dq_turn_of() says the order), nolean (the default's kernels with a window's left bound and
  * softcap in their code for every shape, not only for those that ask for them: kernel.cuh's
- * EXTRAS).
+ * EXTRAS and CAPPED).
  *
  * Run:  make build && build/stage8_hopper_backward --seq 4096 --heads 16 --dim 128 --causal --bench
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
@@ -64,7 +64,8 @@
  * one's dK and dV are stored masked, store_rows_masked) and bf16 (a template parameter: wgmma's
  * .bf16 products); all but bf16 are runtime parameters of the same kernels (bwd_problem). The
  * default variant runs the shapes with neither a window's left bound nor softcap in lean kernels,
- * compiled without that code (EXTRAS off, kernel.cuh).
+ * compiled without that code (EXTRAS off, kernel.cuh), and those with a softcap in kernels
+ * without the other branch (CAPPED).
  *
  * NOTE: what is left (LOG.md, steps 13 to 17, 50, 69): ahead of cuDNN's backward at every fa2 and
  * long shape; level with FA3-class's over the fa2 shapes since step 69 but behind it on the

@@ -227,8 +227,8 @@ constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of
 // add into each query tile in turn, 0, 1, 2, ... (dq.cuh, reduce_dq), so that dQ is
 // bit-identical from run to run. At D = 256 the default variant adds as atomics does (no staging
 // tile fits) and deterministic is refused (attention.cu). Variant nolean is the default without
-// its lean kernels (kernel.cuh's EXTRAS: every shape runs the kernel that has softcap's and a
-// window's left bound's code).
+// its lean and capped kernels (kernel.cuh's EXTRAS and CAPPED: every shape runs the kernel that has
+// softcap's and a window's left bound's code).
 enum { VARIANT_DEFAULT = 0, VARIANT_ATOMICS, VARIANT_DETERMINISTIC, VARIANT_NOLEAN, VARIANTS };
 enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
 

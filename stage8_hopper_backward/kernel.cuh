@@ -42,8 +42,9 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // V, dK, dV [total_k, H_kv, D], each map one batch of total rows; dQ_acc [H, acc_rows, D]; N, N_k
 // the longest sequence's. EXTRAS: what some models add, a window's left bound (sliding windows)
 // and softcap, in the code of every step; a lean kernel (EXTRAS off: the default variant's, for
-// the shapes without either, launch.cuh's kernel_for) masks the tail and causal only.
-template <int D, bool BF16, dq_way DQ, bool EXTRAS = true>
+// the shapes without either, launch.cuh's kernel_for) masks the tail and causal only. CAPPED: the
+// softcap branch alone (the default variant's kernel for the shapes with a softcap).
+template <int D, bool BF16, dq_way DQ, bool EXTRAS = true, bool CAPPED = false>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tmQ,
                     const __grid_constant__ CUtensorMap tmK,
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
             store_dkv<D>(sm, &tmdK, &tmdV, pb, lane);
     } else {
         registers_increase<CONSUMER_REGS>();
-        consumer<D, BF16, DQ, EXTRAS>(sm, pb);
+        consumer<D, BF16, DQ, EXTRAS, CAPPED>(sm, pb);
     }
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)tmdO, (void)tmdK, (void)tmdV, (void)pb;

@@ -79,11 +79,13 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 // stage_unsupported refuses them first). At D = 256 (D = 136 to 256) the default variant adds as
 // atomics does (config.cuh: no staging tile fits). `lean` (a shape without a window's left bound
 // or softcap, and not variant nolean): the default way's kernel compiled without EXTRAS
-// (kernel.cuh), the only way that has one (at D = 256 variant atomics' too).
+// (kernel.cuh), the only way that has one (at D = 256 variant atomics' too); `capped` (a softcap,
+// not variant nolean): the same way's kernel compiled with the softcap branch alone (CAPPED).
 template <int D, bool BF16>
-static kernel_fn kernel_for(int variant, bool lean) {
+static kernel_fn kernel_for(int variant, bool lean, bool capped) {
     if constexpr (splits_dkv<D>()) {
         if (variant == VARIANT_DETERMINISTIC) return NULL;
+        if (capped) return backward_kernel<D, BF16, DQ_BY_ATOMICS, true, true>;
         return lean ? backward_kernel<D, BF16, DQ_BY_ATOMICS, false>
                     : backward_kernel<D, BF16, DQ_BY_ATOMICS>;
     } else {
@@ -92,6 +94,7 @@ static kernel_fn kernel_for(int variant, bool lean) {
             return NULL;
         }
         if (variant == VARIANT_DETERMINISTIC) return backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>;
+        if (capped) return backward_kernel<D, BF16, DQ_BY_BULK, true, true>;
         return lean ? backward_kernel<D, BF16, DQ_BY_BULK, false>
                     : backward_kernel<D, BF16, DQ_BY_BULK>;
     }
@@ -211,7 +214,8 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     if (dq_turn)  // every query tile's counter starts at 0: no key tile has added
         ATTN_TRY(cudaMemsetAsync(dq_turn, 0, dq_turns(s) * sizeof(int), stream));
     const bool lean = variant != VARIANT_NOLEAN && pb.keys.left < 0 && pb.cap_log2 == 0.f;
-    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean);
+    const bool capped = variant != VARIANT_NOLEAN && pb.cap_log2 > 0.f;
+    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean, capped);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     // (packed: a block per key tile of the longest sequence; those past a sequence's keys leave.
     // A packed batch whose longest sequence has no key has no block: no dK, dV row to write)

@@ -426,8 +426,9 @@ __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()
 // capped_probabilities), then dS^T = G (dP^T - D_i); each branch has its own wait, so that neither
 // holds the other's values across it. Each mask case is a call of its own (the mask a constant):
 // with one call and a select per element, ptxas moved most of the exponentials past the wait, off
-// dP^T's shadow. A lean kernel (EXTRAS off) has no softcap branch and no left bound.
-template <int D, bool BF16, bool EXTRAS>
+// dP^T's shadow. A lean kernel (EXTRAS off) has no softcap branch and no left bound; a CAPPED
+// kernel the softcap branch alone.
+template <int D, bool BF16, bool EXTRAS, bool CAPPED>
 __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
                                           uint32_t (&dS16)[packed_regs<D>()],
                                           float (&S)[score_regs<D>()], float (&dP)[score_regs<D>()],
@@ -440,7 +441,7 @@ __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
     pin_registers(S);
     if constexpr (!lse_ahead<D>())
         load_columns<D>(lse, sm.lse + slot * vec_bytes<D>() + col_bytes, t);
-    if (EXTRAS && pb.cap_log2 > 0.f) {
+    if (CAPPED || (EXTRAS && pb.cap_log2 > 0.f)) {
         if (mask)
             capped_scores<D>(S, pb, b, key_row, q0, t, true);
         else
@@ -450,7 +451,7 @@ __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
         pin_registers(dP);
         load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>() + col_bytes, t);
         capped_gradients<D, BF16>(P16, dS16, S, dP, Di);
-    } else {
+    } else if constexpr (!CAPPED) {
         if (mask)
             probabilities<D, EXTRAS>(S, pb, b, lse, key_row, q0, t, true);
         else
@@ -466,7 +467,7 @@ __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
 // 64 keys, and the dQ part of the step before (dq; none in the block's first step). dS^T goes to
 // buffer cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read). The mask is
 // the block's sequence's (b).
-template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool FIRST, int WG>
+template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, bool FIRST, int WG>
 __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
                                               const consumer_place &p, const bwd_problem &pb,
@@ -492,7 +493,8 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
 
     // P^T while dP^T runs; then dS^T, both packed
     const bool mask = step_needs_mask<D, EXTRAS>(b, key0, q0);
-    gradients<D, BF16, EXTRAS>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot, 0);
+    gradients<D, BF16, EXTRAS, CAPPED>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask,
+                                       slot, 0);
 
     // dS^T to shared memory (the other warpgroup's dQ reads it); dV, dK from registers and the
     // dQ part from shared memory, once both warpgroups' dS^T of its step are there. With
@@ -552,7 +554,7 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
 // finishes its softmax; once both warpgroups' are there (wait_ds, the same step), dV and dK over
 // the other's queries and dQ_i's part, all from shared memory; the part then to dQ_acc from the
 // registers (hand_over_dq: DQ_BY_ATOMICS). One meeting a step.
-template <int D, bool BF16, dq_way DQ, bool EXTRAS>
+template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED>
 __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
                                                     float (&dK)[dkv_regs<D>()],
                                                     const smem_tiles &sm, const consumer_place &p,
@@ -583,8 +585,8 @@ __device__ __forceinline__ void consumer_step_split(float (&dV)[dkv_regs<D>()],
     mbar_wait(bar_at(sm, BAR_DO_FULL + slot), q_pipeline{cur.it}.phase());
     issue_scores<D, BF16>(dP, V_desc, desc_k_major(dO_tile + own_rows));
     const bool mask = step_needs_mask<D, EXTRAS>(b, key0, cur.q0);
-    gradients<D, BF16, EXTRAS>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask, slot,
-                               own * (int)sizeof(float));
+    gradients<D, BF16, EXTRAS, CAPPED>(P16, dS16, S, dP, lse, sm, pb, b, key_row, q0, p.t, mask,
+                                       slot, own * (int)sizeof(float));
 
     // P^T and dS^T to shared memory (the other warpgroup's dV and dK, both warpgroups' dQ read
     // them); dV, dK over its own queries from registers (group 1); then, once both warpgroups'
@@ -639,7 +641,7 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 // (the last step's after the loop; at D = 256 each with its own). No query tile sees the keys (a
 // window, or causal with N > N_k; a packed sequence with no query): no step. WG: the warpgroup,
 // where its code differs (issue_dq: D = 96's second), else ANY_WARPGROUP.
-template <int D, bool BF16, dq_way DQ, bool EXTRAS, int WG>
+template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, int WG>
 __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
                                               const bwd_problem &pb, const consumer_place &p,
@@ -659,17 +661,18 @@ __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
         walk_step cur = {0, b.kv_head * pb.group, q_first};
         if constexpr (splits_dkv<D>()) {  // D = 256: each step's dQ part in the step
             for (int it = 0; it < steps; ++it) {
-                consumer_step_split<D, BF16, DQ, EXTRAS>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur);
+                consumer_step_split<D, BF16, DQ, EXTRAS, CAPPED>(dV, dK, sm, p, pb, b, K_desc,
+                                                                 V_desc, cur);
                 cur = next_step(cur, q_first, q_end, qrows<D>());
             }
         } else {  // the dQ part a step late, the last one's after the loop
-            consumer_step<D, BF16, DQ, EXTRAS, true, WG>(dV, dK, sm, p, pb, b, K_desc, V_desc, cur,
-                                                         cur);
+            consumer_step<D, BF16, DQ, EXTRAS, CAPPED, true, WG>(dV, dK, sm, p, pb, b, K_desc,
+                                                                 V_desc, cur, cur);
             for (int it = 1; it < steps; ++it) {
                 const walk_step prev = cur;
                 cur = next_step(cur, q_first, q_end, qrows<D>());
-                consumer_step<D, BF16, DQ, EXTRAS, false, WG>(dV, dK, sm, p, pb, b, K_desc, V_desc,
-                                                              cur, prev);
+                consumer_step<D, BF16, DQ, EXTRAS, CAPPED, false, WG>(dV, dK, sm, p, pb, b, K_desc,
+                                                                      V_desc, cur, prev);
             }
             last_dq<D, BF16, DQ, WG>(sm, p, pb, b, cur);
         }
@@ -681,7 +684,7 @@ __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
 // warpgroup's index a constant there, or the lean kernel's wgmma are serialized, step 70); dK_j *=
 // scale; store both (stage_dkv: one code for both warpgroups, as its named barriers need: bar.sync
 // is aligned, every thread that meets one meets it at the same instruction).
-template <int D, bool BF16, dq_way DQ, bool EXTRAS>
+template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
     const block_place b = block_place_of<D>(pb);
@@ -692,13 +695,13 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
         consumer_place q = p;
         if (p.wg == CONSUMERS - 1) {
             q.wg = CONSUMERS - 1;
-            consumer_walk<D, BF16, DQ, EXTRAS, CONSUMERS - 1>(dV, dK, sm, pb, q, b);
+            consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, CONSUMERS - 1>(dV, dK, sm, pb, q, b);
         } else {
             q.wg = 0;
-            consumer_walk<D, BF16, DQ, EXTRAS, 0>(dV, dK, sm, pb, q, b);
+            consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, 0>(dV, dK, sm, pb, q, b);
         }
     } else {
-        consumer_walk<D, BF16, DQ, EXTRAS, ANY_WARPGROUP>(dV, dK, sm, pb, p, b);
+        consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, ANY_WARPGROUP>(dV, dK, sm, pb, p, b);
     }
     stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);
 }
