@@ -337,19 +337,28 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
 }
 
 // dQ = scale * dQ_acc, as fp16 (bf16 with BF16), written in dQ's layout: blockIdx.y the (batch,
-// head), blockIdx.x CONVERT_THREADS x CONVERT_VECTORS float4s of it (dQ_acc is contiguous: rows
-// of D floats, or with dq_tiled a row's slabs a tile's slab apart), a thread's CONVERT_VECTORS a
-// block's width apart (each load a warp's 512 contiguous bytes; tiled, 32-byte slab rows), all
-// loaded before any is converted: the pass reads 16 bytes and writes 8 per float4, so the bytes a
-// thread keeps in flight set its speed. TAIL and TILE_ROWS as preprocess_kernel's.
+// head), blockIdx.x CONVERT_THREADS x CONVERT_VECTORS float4s of it, a thread's CONVERT_VECTORS a
+// block's width apart, all loaded before any is converted: the pass reads 16 bytes and writes 8
+// per float4, so the bytes a thread keeps in flight set its speed. The float4s in dQ_acc's order,
+// so that each load is a warp's 512 contiguous bytes: in rows of D floats, row by row; tiled (a
+// row's slabs a tile's slab apart), by groups of CONVERT_LINE_ROWS rows, a slab at a time, each
+// slab's four 32-byte rows one 128-byte line (a warp's load four lines, its stores 64 bytes of
+// each of four rows of dQ). TAIL and TILE_ROWS as preprocess_kernel's.
 constexpr int CONVERT_THREADS = 256;
 constexpr int CONVERT_FLOATS = 4;   // one float4 of dQ_acc
 constexpr int CONVERT_VECTORS = 4;  // a thread's float4s
 constexpr int CONVERT_BLOCK_FLOAT4S = CONVERT_THREADS * CONVERT_VECTORS;
-// The grid of dq_convert_kernel: a (batch, head) of N rows of s->D floats a blockIdx.y (packed: N
-// the longest sequence's; a sequence's threads past its rows do nothing).
+constexpr int CACHE_LINE_BYTES = 128;                                    // an L1 / L2 cache line
+constexpr int CONVERT_LINE_ROWS = CACHE_LINE_BYTES / DQ_SLAB_ROW_BYTES;  // a slab's rows a line
+constexpr int CONVERT_SLAB_FLOAT4S = DQ_SLAB_COLS / CONVERT_FLOATS;      // a slab row's float4s
+constexpr int CONVERT_LINE_FLOAT4S = CONVERT_LINE_ROWS * CONVERT_SLAB_FLOAT4S;
+// The grid of dq_convert_kernel: a (batch, head) of N rows of s->D floats a blockIdx.y, N rounded
+// up to whole groups of CONVERT_LINE_ROWS rows (packed: N the longest sequence's; a sequence's
+// threads past its rows do nothing).
 static inline dim3 convert_grid(const attn_shape *s) {
-    const size_t head_float4s = (size_t)s->N * s->D / CONVERT_FLOATS;
+    const size_t rows =
+        ((size_t)s->N + CONVERT_LINE_ROWS - 1) / CONVERT_LINE_ROWS * CONVERT_LINE_ROWS;
+    const size_t head_float4s = rows * s->D / CONVERT_FLOATS;
     return dim3((unsigned)((head_float4s + CONVERT_BLOCK_FLOAT4S - 1) / CONVERT_BLOCK_FLOAT4S),
                 (unsigned)(s->B * s->H));
 }
@@ -358,41 +367,52 @@ __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_p
     const int cols = TAIL ? p.D : D, row_float4s = cols / CONVERT_FLOATS;
     const int bh = (int)blockIdx.y, b = bh / p.H, h = bh % p.H;
     const bwd_sequence s = bwd_sequence_of(p, b);
-    const size_t head_float4s = (size_t)s.seq.N * row_float4s;
     const size_t first = (size_t)blockIdx.x * CONVERT_BLOCK_FLOAT4S + threadIdx.x;
     const float4 *const acc =
         reinterpret_cast<const float4 *>(p.dQ_acc + (size_t)(s.row_acc + h * s.head_acc) * cols);
     const long long tiled_row = s.row_pad + h * s.head_pad;  // (dq_tiled: the head's first row)
     __half *const dQ = p.dQ + head_offset(p.layout.dQ, b, h);
-    // Float4 i = first + v CONVERT_THREADS of the head is float4 i % row_float4s of row
-    // i / row_float4s: one division for the first, then steps of whole rows and float4s (in the
-    // TAIL instances row_float4s is the tensors', known only at run time: a 64-bit division).
-    int row[CONVERT_VECTORS], col[CONVERT_VECTORS];  // (col: in floats)
-    row[0] = (int)(first / row_float4s), col[0] = (int)(first % row_float4s) * CONVERT_FLOATS;
-    const int row_step = CONVERT_THREADS / row_float4s;
-    const int col_step = CONVERT_THREADS % row_float4s * CONVERT_FLOATS;
+    // Float4 i = first + v CONVERT_THREADS of the head is float4 i % unit of unit i / unit: a row
+    // (unit = row_float4s), or tiled a group of CONVERT_LINE_ROWS rows, whose float4 j is in slab
+    // j / CONVERT_LINE_FLOAT4S, row (j / CONVERT_SLAB_FLOAT4S) % CONVERT_LINE_ROWS of the group.
+    // One division for the first, then steps of whole units and float4s (in the TAIL instances
+    // row_float4s is the tensors', known only at run time: a 64-bit division).
+    static_assert(TILE_ROWS % CONVERT_LINE_ROWS == 0, "a group of rows lies in one tile");
+    const int unit = TILE_ROWS > 0 ? CONVERT_LINE_ROWS * row_float4s : row_float4s;
+    int unit_at[CONVERT_VECTORS], in_unit[CONVERT_VECTORS];
+    unit_at[0] = (int)(first / unit), in_unit[0] = (int)(first % unit);
+    const int unit_step = CONVERT_THREADS / unit, in_step = CONVERT_THREADS % unit;
 #pragma unroll
     for (int v = 1; v < CONVERT_VECTORS; ++v) {
-        row[v] = row[v - 1] + row_step, col[v] = col[v - 1] + col_step;
-        if (col[v] >= cols) col[v] -= cols, ++row[v];
+        unit_at[v] = unit_at[v - 1] + unit_step, in_unit[v] = in_unit[v - 1] + in_step;
+        if (in_unit[v] >= unit) in_unit[v] -= unit, ++unit_at[v];
+    }
+    int row[CONVERT_VECTORS], col[CONVERT_VECTORS];  // (col: in floats)
+#pragma unroll
+    for (int v = 0; v < CONVERT_VECTORS; ++v) {
+        const int j = in_unit[v];
+        if constexpr (TILE_ROWS > 0) {
+            row[v] = unit_at[v] * CONVERT_LINE_ROWS + j / CONVERT_SLAB_FLOAT4S % CONVERT_LINE_ROWS;
+            col[v] =
+                j / CONVERT_LINE_FLOAT4S * DQ_SLAB_COLS + j % CONVERT_SLAB_FLOAT4S * CONVERT_FLOATS;
+        } else {
+            row[v] = unit_at[v], col[v] = j * CONVERT_FLOATS;
+        }
     }
     float4 a[CONVERT_VECTORS];
 #pragma unroll
     for (int v = 0; v < CONVERT_VECTORS; ++v) {  // the loads, all in flight at once
-        const size_t i = first + (size_t)v * CONVERT_THREADS;
-        if (i >= head_float4s) continue;
-        if constexpr (TILE_ROWS > 0) {  // (a row's two float4s of a slab lie together, its
-                                        // slabs apart)
+        if (row[v] >= s.seq.N) continue;
+        if constexpr (TILE_ROWS > 0) {
             a[v] = *reinterpret_cast<const float4 *>(
                 p.dQ_acc + dq_tiled_offset(tiled_row + row[v], col[v], p.dq_tiled, TILE_ROWS));
         } else {
-            a[v] = acc[i];
+            a[v] = acc[first + (size_t)v * CONVERT_THREADS];
         }
     }
 #pragma unroll
     for (int v = 0; v < CONVERT_VECTORS; ++v) {  // then each converted and stored
-        const size_t i = first + (size_t)v * CONVERT_THREADS;
-        if (i >= head_float4s) break;
+        if (row[v] >= s.seq.N) continue;
         uint2 out;
         out.x = pack2_of<BF16>(a[v].x * p.scale, a[v].y * p.scale);
         out.y = pack2_of<BF16>(a[v].z * p.scale, a[v].w * p.scale);
