@@ -52,6 +52,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
                     const __grid_constant__ CUtensorMap tmdO,
                     const __grid_constant__ CUtensorMap tmdK,
                     const __grid_constant__ CUtensorMap tmdV, const bwd_problem pb) {
+    static_assert(EXTRAS || !CAPPED, "a capped kernel keeps the window's left bound");
 #if HOPPER_KERNELS
     // a key tile past its sequence's keys: every thread leaves here, before any barrier exists
     if (!block_has_keys<D>(pb)) return;
