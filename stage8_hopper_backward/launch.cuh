@@ -81,22 +81,23 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 // or softcap, and not variant nolean): the default way's kernel compiled without EXTRAS
 // (kernel.cuh), the only way that has one (at D = 256 variant atomics' too); `capped` (a softcap,
 // not variant nolean): the same way's kernel compiled with the softcap branch alone (CAPPED).
+template <int D, bool BF16, dq_way DQ>
+static kernel_fn default_way_kernel(bool lean, bool capped) {
+    if (capped) return backward_kernel<D, BF16, DQ, true, true>;
+    return lean ? backward_kernel<D, BF16, DQ, false> : backward_kernel<D, BF16, DQ>;
+}
 template <int D, bool BF16>
 static kernel_fn kernel_for(int variant, bool lean, bool capped) {
     if constexpr (splits_dkv<D>()) {
         if (variant == VARIANT_DETERMINISTIC) return NULL;
-        if (capped) return backward_kernel<D, BF16, DQ_BY_ATOMICS, true, true>;
-        return lean ? backward_kernel<D, BF16, DQ_BY_ATOMICS, false>
-                    : backward_kernel<D, BF16, DQ_BY_ATOMICS>;
+        return default_way_kernel<D, BF16, DQ_BY_ATOMICS>(lean, capped);
     } else {
         if (variant == VARIANT_ATOMICS) {
             if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
             return NULL;
         }
         if (variant == VARIANT_DETERMINISTIC) return backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>;
-        if (capped) return backward_kernel<D, BF16, DQ_BY_BULK, true, true>;
-        return lean ? backward_kernel<D, BF16, DQ_BY_BULK, false>
-                    : backward_kernel<D, BF16, DQ_BY_BULK>;
+        return default_way_kernel<D, BF16, DQ_BY_BULK>(lean, capped);
     }
 }
 
