@@ -74,7 +74,7 @@ constexpr int MIN_BLOCKS = 2;
 // Launch bound: the blocks per SM whose registers ptxas must leave room for. MIN_BLOCKS lets it
 // use up to 255. D = 64 with 64-key tiles on sm_80+ asks for 3: three 63 KB blocks share an
 // H100 SM, and the kernel fits 168 registers once Q_i is read from smem (Q_IN_REGS). Left
-// alone, ptxas takes fewer registers, and D = 64 ran 5% slower on an H200 (README.md).
+// alone, ptxas takes fewer registers, and D = 64 measured slower (README.md).
 template <int D, int BC>
 constexpr int launch_min_blocks() {
     return D == 64 && BC == BC_LARGE && HAS_CP_ASYNC ? 3 : MIN_BLOCKS;

@@ -127,23 +127,20 @@ constexpr int MAX_TILE_ROWS = 128;
 
 // Rescale only when a row's max grows (LAZY, see the softmax) from this many keys on. Skipping
 // needs a branch, and the rescale before it can no longer hide among the exponentials and the
-// P V mma: that costs about 2% while most tiles still raise some max (a warp's 32 rows at
-// tile j: about 1 - (1 - 1/j)^32 of the time), and gains about 3% once almost none do.
-// Measured on an H200 (README.md): slower than eager at N <= 8192, faster at 262,144.
+// P V mma: a cost while most tiles still raise some max (a warp's 32 rows at tile j: about
+// 1 - (1 - 1/j)^32 of the time), a gain once almost none do. Measured slower than eager at
+// N <= 8192, faster at 262,144 (LOG.md, step 8; README.md).
 constexpr int LAZY_MIN_N = 32768;
 
 // Where K_{j+1} is issued (sm_80+): right after the barrier that frees K_smem, before the
 // softmax, as FA2 does (the copy then has the softmax and P V to land), or after the softmax
 // (P V only). Early keeps the copy's addresses live through the softmax, the register peak. At
-// D = 64 that costs nothing and gains about 4%; at D = 128, where O_acc is twice as big, ptxas
-// pays for it with about 160 register moves per key tile and the kernel runs 9% slower
-// (H200, README.md). sm_75 stages the copy in registers, so it issues late there.
-// sm_100 (B200, B300) code: there ptxas (CUDA 13.0) spills in two kernels, 24 bytes in the lazy
-// D = 64 kernel with the early copy and 4 in single_stage at D = 128 with the A/V lane offset
-// held through the key loop. That code issues K_{j+1} late at every D and reads the offset
-// afresh for P V (LANE_OFFSET_PER_TILE): no spill, no stack frame; not measured on a B200. sm_120
-// (RTX 50) code the same: 8 and 16 bytes spilled in the D = 64 kernels of single_stage and
-// noswizzle there once the head dims and windows came (LOG.md, step 17); not measured either.
+// D = 64 that costs nothing and measured faster; at D = 128, where O_acc is twice as big, the
+// registers it takes cost more than the copy's head start (LOG.md, step 10). sm_75 stages the
+// copy in registers, so it issues late there. sm_100 (B200, B300) and sm_120 (RTX 50) code issues
+// K_{j+1} late at every D and reads the A/V lane offset afresh for P V (LANE_OFFSET_PER_TILE):
+// there ptxas spills with either held through the key loop (LOG.md, step 17); not measured on
+// those GPUs.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 constexpr int EARLY_K_MAX_D = 0;
 constexpr bool LANE_OFFSET_PER_TILE = true;

@@ -33,8 +33,8 @@
 // LOG.md, steps 5 and 10).
 constexpr int THREE_CONSUMERS_MIN_N_CAUSAL = 2048;
 // D = 96's third consumer (192-row work tiles of 112-key tiles) pays only on longer rows: at N =
-// 1,024 a ninth of its rows are padding and it ran 11% slower, causal at N = 4,096 3% slower,
-// while non-causal from N = 2,048 and causal from N = 8,192 it ran faster (LOG.md, steps 31-36).
+// 1,024 a ninth of its rows are padding; it measured slower there and causal at N = 4,096, faster
+// non-causal from N = 2,048 and causal from N = 8,192 (LOG.md, steps 31-36).
 constexpr int D96_THREE_MIN_N = 2048;
 constexpr int D96_THREE_MIN_N_CAUSAL = 8192;
 template <int C>
@@ -74,8 +74,8 @@ static int key_tile_for(const attn_shape *s, int D, int consumers) {
 
 // Causal work tiles by sections of heads, each section's longest first (launch.cuh's
 // section_shift_of): as many heads a section as keep their K and V within SECTION_KV_BYTES of the
-// 50 MB L2 of an H100 or H200. 16 MB measured best (LOG.md, step 43): 32 MB's sections (stage 8's
-// budget for its rows) ran 1-4% slower at N <= 4,096, 8 MB's up to 6% at D = 256.
+// 50 MB L2 of an H100 or H200. 16 MB measured best, against 8 MB's sections and 32 MB's (stage
+// 8's budget for its rows) (LOG.md, step 43).
 constexpr size_t SECTION_KV_BYTES = (size_t)16 << 20;
 
 // K/V ring depth: the producer runs up to STAGES tiles ahead of the consumers.

@@ -194,7 +194,7 @@ __host__ __device__ constexpr int dq_part_cols(int wg) {
 }
 // The staging tile: the query tile's rows in slabs of 8 floats, 32-byte rows ([slabs][qrows][8]),
 // as dQ_acc's tiles lie (dq_tiled), so that a part goes to L2 by one bulk copy of whole lines
-// (LOG.md, steps 56-59; steps 47-50 had 128-byte swizzled slab rows at D = 96 and 128, 3-4%
+// (LOG.md, steps 56-59; steps 47-50's 128-byte swizzled slab rows at D = 96 and 128 measured
 // slower at D = 128). Where the warpgroups split dQ_i by columns (D = 96, 128) each warpgroup's
 // part is whole slabs (D = 96's second part, 32 columns, padded to 64: the tile is 32 KB); where
 // they split it by rows (D = 64) the parts share every slab. dq_parts<D>(): the parts the tile has
