@@ -5,7 +5,8 @@
 # few times a step; ptxas serializes them, a wait after each, when it cannot keep an accumulator's
 # registers untouched through the asynchronous window, and its "Potential Performance Loss"
 # warning (check_spills.sh) does not always say so (stage 8's LOG.md, step 70).
-# A NAME whose build has no sm_90a code is a skip (it says why); one with sm_90a code but no wgmma
+# A NAME whose build has no sm_90a code, or any NAME where no cuobjdump is on the PATH, is a skip
+# (it says which); one with sm_90a code but no wgmma
 # fails (the check would see nothing). One line per NAME and "N passed, M failed, K skipped" last.
 # usage: check_wgmma.sh BUILD_DIR NAME...   (SASS_TEXT=1: each BUILD_DIR/NAME holds cuobjdump -sass's
 #                                           text instead, for the gate's own test, check_targets.sh)
@@ -15,9 +16,12 @@ dir=$1; shift
 MIN_HGMMA=8  # functions with fewer wgmma (a stage's small helpers) are not judged
 has_sm90a() { [ "${SASS_TEXT:-0}" = 1 ] || cuobjdump -lelf "$1" 2>/dev/null | grep -q '\.sm_90a\.'; }
 sass_of() { if [ "${SASS_TEXT:-0}" = 1 ]; then cat "$1"; else cuobjdump -sass -arch sm_90a "$1" 2>/dev/null; fi; }
+# the machine code is read by the toolkit's cuobjdump: without it there is nothing to judge
+reads_sass() { [ "${SASS_TEXT:-0}" = 1 ] || command -v cuobjdump >/dev/null; }
 for s in "$@"; do
   f=$dir/$s
   if [ ! -f "$f" ]; then bad "$s: no program at $f"; continue; fi
+  if ! reads_sass; then skip "$s: no cuobjdump here to read its machine code"; continue; fi
   if ! has_sm90a "$f"; then skip "$s: no sm_90a code in this build (wgmma exists only there)"; continue; fi
   # per function: its HGMMA and its waits for every group
   counts=$(sass_of "$f" | awk -v min=$MIN_HGMMA '
