@@ -178,12 +178,14 @@ __device__ __forceinline__ void capped_scores(float (&S)[score_regs<D>()], const
 }
 
 // ... then P^T = 2^(t c log2(e) - LSE_i log2(e)) and G = P^T (1 - t^2), the factor of dS^T that
-// the cap's derivative adds (d c tanh(s / c) / ds = 1 - t^2; max(.., 0): 0, not NaN, where
-// t = -inf and P^T = 0). A column pair's two floats are overwritten in place by P^T's pair,
+// the cap's derivative adds (d c tanh(s / c) / ds = 1 - t^2, in [0, 1]; a masked t = -inf, whose
+// P^T is 0, must give 0, not NaN: in a CAPPED kernel the fma clamped there, fma_saturate, one
+// instruction; in a full one (EXTRAS) max(.., 0) after it, as there the fma's clamp made ptxas
+// spill: LOG.md, step 80). A column pair's two floats are overwritten in place by P^T's pair,
 // packed as dV's A operand wants it, and G's pair packed in fp16 (G in [0, 1] keeps fp16's 11
 // bits in either storage type): the step holds no register beyond the plain one's (the pairs in
 // registers of their own spill at D = 64).
-template <int D, bool BF16>
+template <int D, bool BF16, bool CAPPED>
 __device__ __forceinline__ void capped_probabilities(
     float (&S)[score_regs<D>()], const bwd_problem &pb,
     const float2 (&lse_cols)[score_cols<D>() / FRAG_COLS]) {
@@ -197,7 +199,8 @@ __device__ __forceinline__ void capped_probabilities(
             for (int c = 0; c < FRAG_LANE_COLS; ++c) {
                 const float tc = S[i + c];
                 p[c] = fast_exp2(fmaf(tc, pb.cap_log2, -(c ? lse_cols[n].y : lse_cols[n].x)));
-                g[c] = p[c] * fmaxf(fmaf(-tc, tc, 1.f), 0.f);
+                g[c] =
+                    p[c] * (CAPPED ? fma_saturate(-tc, tc, 1.f) : fmaxf(fmaf(-tc, tc, 1.f), 0.f));
             }
             S[i] = __uint_as_float(pack2_of<BF16>(p[0], p[1]));  // P^T's pair
             S[i + 1] = __uint_as_float(pack_half2(g[0], g[1]));  // G's pair
@@ -446,7 +449,7 @@ __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
             capped_scores<D>(S, pb, b, key_row, q0, t, true);
         else
             capped_scores<D>(S, pb, b, key_row, q0, t, false);
-        capped_probabilities<D, BF16>(S, pb, lse);
+        capped_probabilities<D, BF16, CAPPED>(S, pb, lse);
         wgmma_wait<0>();
         pin_registers(dP);
         load_columns<D>(Di, sm.Dsum + slot * vec_bytes<D>() + col_bytes, t);

@@ -124,6 +124,14 @@ __device__ __forceinline__ float tanh_approx(float x) {
     return y;
 }
 
+// a b + c clamped to [0, 1] by the fma itself (its .sat: one instruction, where fmaf and fmaxf
+// take two); a NaN result gives +0.
+__device__ __forceinline__ float fma_saturate(float a, float b, float c) {
+    float d;
+    asm("fma.rn.sat.f32 %0, %1, %2, %3;\n" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+    return d;
+}
+
 /* ---- programmatic dependent launch (PDL) ----------------------------------------------------- */
 
 // A kernel launched with programmatic stream serialization (cudaLaunchKernelEx with
