@@ -6,8 +6,8 @@
 # registers untouched through the asynchronous window, and its "Potential Performance Loss"
 # warning (check_spills.sh) does not always say so (stage 8's LOG.md, step 70).
 # A NAME whose build has no sm_90a code, or any NAME where no cuobjdump is on the PATH, is a skip
-# (it says which); one with sm_90a code but no wgmma
-# fails (the check would see nothing). One line per NAME and "N passed, M failed, K skipped" last.
+# (it says which); one with sm_90a code but no wgmma fails (the check would see nothing). One line
+# per NAME and "N passed, M failed, K skipped" last.
 # usage: check_wgmma.sh BUILD_DIR NAME...   (SASS_TEXT=1: each BUILD_DIR/NAME holds cuobjdump -sass's
 #                                           text instead, for the gate's own test, check_targets.sh)
 set -u
