@@ -40,6 +40,11 @@
  *       dK *= scale; store dK_j, dV_j                                            (store_dkv)
  *   dQ = scale dQ_acc, in the storage type                 dq_convert_kernel (stage 7's, shared)
  *
+ * Split walks: where the grid's blocks fill at most half of the GPU (few heads, short batches, one
+ * long head), each key tile's query tiles are cut into shares, one block each (the grid's z,
+ * walk_tiles_of); a share's dK_j, dV_j leave in fp32 (write_dkv_share) and dkv_sum_kernel adds
+ * the shares in order, scales dK and stores both.
+ *
  * At D = 256 (consumer_step_split): 64 keys a block; warpgroup w computes S^T, dP^T for the step's
  * queries 32 w .. and owns columns 128 w .. of dK, dV and dQ; both store P^T and dS^T (DS_FULL,
  * waited in the same step), dV and dK over the other's queries read them from shared memory, dQ's
@@ -50,7 +55,7 @@
  * query tile's dQ adds in a fixed key-tile order, by a counter in global memory: bit-identical dQ;
  * dq_turn_of() says the order), nolean (the default's kernels with a window's left bound and
  * softcap in their code for every shape, not only for those that ask for them: kernel.cuh's
- * EXTRAS and CAPPED).
+ * EXTRAS and CAPPED), nosplit (no split walks: every block walks its key tile's whole walk).
  *
  * Run:  make build && build/stage8_hopper_backward --seq 4096 --heads 16 --dim 128 --causal --bench
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
@@ -154,7 +159,7 @@ extern "C" const attn_stage attn_this_stage = {
     "reduce-add (atomics: fp32 atomics from the registers; deterministic: the adds in key-tile "
     "order); forward = stage 6's",
     ATTN_F16,
-    "default,atomics,deterministic,nolean",
+    "default,atomics,deterministic,nolean,nosplit",
     stage_unsupported,
     linked_forward_workspace_bytes,
     linked_forward,

@@ -256,7 +256,7 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const bwd_proble
     const block_place b = block_place_of<D>(pb);
     if (lane != 0) return;  // one thread issues the reductions
     int tiles;
-    const int first = walk_first<D, DQ>(pb, query_tiles_of<D>(b.keys, b.key0, &tiles));
+    const int first = walk_first<D, DQ>(pb, walk_tiles_of<D>(b.keys, b.key0, &tiles));
     // one loop over the block's steps (the load warp's walk), the head and the tile carried along
     // as the counters' place, the head's first tile counted as lse2's rows over qrows
     // (dq_turns_of): the warp runs on PRODUCER_REGS registers.

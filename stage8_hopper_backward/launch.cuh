@@ -23,9 +23,9 @@ static int qrows_of(int D) {
 
 // Workspace (bwd_params_of): lse2 and Dsum (bwd_pad_rows floats each), dQ_acc (bwd_acc_rows rows
 // of D floats; tiled, bwd_pad_rows rows of the kernel's D), then (variant deterministic) dq_turn,
-// an int per qrows rows of lse2 (dq_turns_of), each at a multiple of WORKSPACE_ALIGN bytes. A
-// packed batch's scale with its total queries plus a ROW_PAD per sequence (backward_prepost.cuh),
-// not with B times the longest.
+// an int per qrows rows of lse2 (dq_turns_of), then (a split walk) dkv_part (dkv_part_bytes),
+// each at a multiple of WORKSPACE_ALIGN bytes. A packed batch's scale with its total queries plus
+// a ROW_PAD per sequence (backward_prepost.cuh), not with B times the longest.
 // dQ_acc's columns in the tiled layout (config.cuh, dq_tiled: the kernels that stage dQ in
 // 8-float slabs), or 0 (rows of s->D floats).
 template <int D>
@@ -52,11 +52,40 @@ static size_t dq_acc_bytes(const attn_shape *s, int variant) {
 static size_t dq_turns(const attn_shape *s) {
     return bwd_pad_rows(s) / qrows_of(s->D);  // (ROW_PAD: a multiple of qrows)
 }
+// The keys of a block of the kernel that runs head dim D.
+static int block_keys_of(int D) {
+    return compiled_d(D) >= SPLIT_D_MIN ? block_keys<256>() : block_keys<128>();
+}
+// The shares of a split walk (config.cuh: WALK_SHARES_MAX), 1 where the walks stay whole: the
+// deterministic variant (its dQ turns follow whole walks), variant nosplit, a packed batch, and
+// every grid that fills more than half of the multiprocessors. A share is a range of the query
+// tiles (schedule.cuh's walk_tiles_of): at most as many shares as tiles, and the longest walk,
+// every query tile for each of the group's heads, sets the shares' length (a mask's shorter walks
+// get shorter shares).
+static int walk_shares_of(const attn_shape *s, const attn_device *dev, int variant) {
+    if (variant == VARIANT_DETERMINISTIC || variant == VARIANT_NOSPLIT || s->varlen.cu_seqlens_q)
+        return 1;
+    const long long blocks = (long long)ceil_div(s->N_k, block_keys_of(s->D)) * s->B * s->H_kv;
+    const long long tiles = ceil_div(s->N, qrows_of(s->D));
+    const long long longest = (long long)(s->H / s->H_kv) * tiles;  // steps
+    long long shares = blocks > 0 ? dev->sm_count / blocks : 1;
+    if (shares > WALK_SHARES_MAX) shares = WALK_SHARES_MAX;
+    if (shares > tiles) shares = tiles;
+    if (shares > longest / SHARE_MIN_STEPS) shares = longest / SHARE_MIN_STEPS;
+    return shares < 2 ? 1 : (int)shares;
+}
+// A split walk's dkv_part (schedule.cuh's bwd_problem): every key tile's keys, each share's dK
+// and dV, in floats of the kernel's D.
+static size_t dkv_part_bytes(const attn_shape *s, int shares) {
+    if (shares < 2) return 0;
+    const size_t keys = (size_t)ceil_div(s->N_k, block_keys_of(s->D)) * block_keys_of(s->D);
+    return (size_t)s->B * s->H_kv * keys * shares * 2 * compiled_d(s->D) * sizeof(float);
+}
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
-    (void)dev;
     const size_t turns = variant == VARIANT_DETERMINISTIC ? dq_turns(s) : 0;
     return 2 * aligned(bwd_pad_rows(s) * sizeof(float)) + aligned(dq_acc_bytes(s, variant)) +
-           aligned(turns * sizeof(int));
+           aligned(turns * sizeof(int)) +
+           aligned(dkv_part_bytes(s, walk_shares_of(s, dev, variant)));
 }
 
 // The map of a 16-bit operand (tensor_map_slabs): [B, heads, rows, D] by its layout, or, packed,
@@ -173,7 +202,7 @@ static int section_shift_of(const attn_shape *s, int variant, key_rule keys) {
 // The three passes for head dim D (compiled; the tensors' s->D <= D) and storage type BF16.
 template <int D, bool BF16>
 static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
-                                    const bwd_params &p, int *dq_turn, int variant,
+                                    const bwd_params &p, int *dq_turn, float *dkv_part, int variant,
                                     cudaStream_t stream) {
     // (packed: the preprocess's grid is planned with the longest sequence; its rows past a
     // sequence's padding do nothing)
@@ -212,6 +241,8 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
     pb.call = p, pb.dq_turn = dq_turn;
+    const int shares = walk_shares_of(s, dev, variant);
+    pb.dkv_part = shares > 1 ? dkv_part : NULL;
     if (dq_turn)  // every query tile's counter starts at 0: no key tile has added
         ATTN_TRY(cudaMemsetAsync(dq_turn, 0, dq_turns(s) * sizeof(int), stream));
     const bool lean = variant != VARIANT_NOLEAN && pb.keys.left < 0 && pb.cap_log2 == 0.f;
@@ -220,10 +251,19 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     // (packed: a block per key tile of the longest sequence; those past a sequence's keys leave.
     // A packed batch whose longest sequence has no key has no block: no dK, dV row to write)
-    const dim3 grid((unsigned)pb.key_tiles << shift, (unsigned)(s->B * s->H_kv) >> shift);
+    const dim3 grid((unsigned)pb.key_tiles << shift, (unsigned)(s->B * s->H_kv) >> shift,
+                    (unsigned)shares);
     if (pb.key_tiles > 0) {
         kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdK, tmdV,
                                                                  pb);
+        ATTN_TRY(cudaGetLastError());
+    }
+    if (shares > 1 && pb.key_tiles > 0) {  // the shares' dK and dV added (epilogue.cuh)
+        const long long float4s = (long long)s->N_k * 2 * s->D / CONVERT_FLOATS;
+        const dim3 sum_grid((unsigned)ceil_div(float4s, DKV_SUM_THREADS),
+                            (unsigned)(s->B * s->H_kv));
+        dkv_sum_kernel<BF16><<<sum_grid, DKV_SUM_THREADS, 0, stream>>>(
+            p, dkv_part, D, pb.key_tiles * block_keys<D>(), shares);
         ATTN_TRY(cudaGetLastError());
     }
 
@@ -249,19 +289,21 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     }
     bwd_params p = bwd_params_of(s, Q, K, V, O, lse, dO, dQ, dK, dV, workspace, true);
     p.dq_tiled = dq_tiled_cols(s, variant);
-    int *const dq_turn = variant == VARIANT_DETERMINISTIC
-                             ? (int *)((char *)p.dQ_acc + aligned(dq_acc_bytes(s, variant)))
-                             : NULL;
+    char *const after_acc = (char *)p.dQ_acc + aligned(dq_acc_bytes(s, variant));
+    int *const dq_turn = variant == VARIANT_DETERMINISTIC ? (int *)after_acc : NULL;
+    const size_t turns = variant == VARIANT_DETERMINISTIC ? dq_turns(s) : 0;
+    float *const dkv_part = (float *)(after_acc + aligned(turns * sizeof(int)));  // (split walks)
     const int d = compiled_d(s->D);  // the kernels that run s->D (stage_unsupported: one does)
     if (d == 64)
-        return s->bf16 ? enqueue_backward<64, true>(s, dev, p, dq_turn, variant, stream)
-                       : enqueue_backward<64, false>(s, dev, p, dq_turn, variant, stream);
+        return s->bf16 ? enqueue_backward<64, true>(s, dev, p, dq_turn, dkv_part, variant, stream)
+                       : enqueue_backward<64, false>(s, dev, p, dq_turn, dkv_part, variant, stream);
     if (d == 96)
-        return s->bf16 ? enqueue_backward<96, true>(s, dev, p, dq_turn, variant, stream)
-                       : enqueue_backward<96, false>(s, dev, p, dq_turn, variant, stream);
+        return s->bf16 ? enqueue_backward<96, true>(s, dev, p, dq_turn, dkv_part, variant, stream)
+                       : enqueue_backward<96, false>(s, dev, p, dq_turn, dkv_part, variant, stream);
     if (d == 256)
-        return s->bf16 ? enqueue_backward<256, true>(s, dev, p, dq_turn, variant, stream)
-                       : enqueue_backward<256, false>(s, dev, p, dq_turn, variant, stream);
-    return s->bf16 ? enqueue_backward<128, true>(s, dev, p, dq_turn, variant, stream)
-                   : enqueue_backward<128, false>(s, dev, p, dq_turn, variant, stream);
+        return s->bf16
+                   ? enqueue_backward<256, true>(s, dev, p, dq_turn, dkv_part, variant, stream)
+                   : enqueue_backward<256, false>(s, dev, p, dq_turn, dkv_part, variant, stream);
+    return s->bf16 ? enqueue_backward<128, true>(s, dev, p, dq_turn, dkv_part, variant, stream)
+                   : enqueue_backward<128, false>(s, dev, p, dq_turn, dkv_part, variant, stream);
 }

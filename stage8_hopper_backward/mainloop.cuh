@@ -642,8 +642,9 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 // A consumer warpgroup's walk: wait for K_j, V_j; one step per query tile of each query head of
 // the group (the producer's walk, in the same order), each with the dQ part of the step before
 // (the last step's after the loop; at D = 256 each with its own). No query tile sees the keys (a
-// window, or causal with N > N_k; a packed sequence with no query): no step. WG: the warpgroup,
-// where its code differs (issue_dq: D = 96's second), else ANY_WARPGROUP.
+// window, or causal with N > N_k; a packed sequence with no query): no step. A split walk: the
+// block's share of those tiles (walk_tiles_of). WG: the warpgroup, where its code differs
+// (issue_dq: D = 96's second), else ANY_WARPGROUP.
 template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, int WG>
 __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
@@ -656,7 +657,7 @@ __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
     const uint64_t V_desc = desc_k_major(sm.V + rows_at);
 
     int tiles;
-    const int first = query_tiles_of<D>(b.keys, b.key0, &tiles);
+    const int first = walk_tiles_of<D>(b.keys, b.key0, &tiles);
     const int steps = pb.group * tiles;
     if (steps > 0) {
         mbar_wait(bar_at(sm, BAR_Q_FULL), 0);  // K_j has landed, with Q_0 (the first step's wait)
@@ -686,7 +687,8 @@ __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
 // code, so that the second's dQ product is its 32 columns, N = 32, LOG.md, step 65; its
 // warpgroup's index a constant there, or the lean kernel's wgmma are serialized, step 70); dK_j *=
 // scale; store both (stage_dkv: one code for both warpgroups, as its named barriers need: bar.sync
-// is aligned, every thread that meets one meets it at the same instruction).
+// is aligned, every thread that meets one meets it at the same instruction). A split walk's share
+// writes its fp32 sums instead (write_dkv_share), the whole block alike.
 template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
@@ -706,5 +708,8 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
     } else {
         consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, ANY_WARPGROUP>(dV, dK, sm, pb, p, b);
     }
-    stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);
+    if (gridDim.z > 1)  // a split walk: this share's sums, for the sum pass
+        write_dkv_share<D>(dK, dV, p, pb, b);
+    else
+        stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);
 }

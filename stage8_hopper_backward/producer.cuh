@@ -53,7 +53,7 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
     static_assert(ROW_PAD % ROWS == 0, "N_pad (a multiple of ROW_PAD) is a whole number of tiles");
     const block_place b = block_place_of<D>(pb);
     int tiles;
-    const int first = walk_first<D, DQ>(pb, query_tiles_of<D>(b.keys, b.key0, &tiles));
+    const int first = walk_first<D, DQ>(pb, walk_tiles_of<D>(b.keys, b.key0, &tiles));
     int head = b.kv_head * pb.group, qt = first;
     if (lane == 0 && tiles > 0) {  // (no step: no tile, and the consumers read none)
         const int k_row = (int)b.seq.seq.k_row + b.key0;

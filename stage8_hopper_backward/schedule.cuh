@@ -44,6 +44,10 @@ typedef struct {
     // (key_tiles <= its multiprocessors) and the walk measured faster (launch.cuh)
     int rotated_walk;
     int walk_rows;  // rotated_walk: a head's query tiles' rows (T qrows), else INT_MAX (walk_row)
+    // Split walks (gridDim.z shares, walk_tiles_of): each share's dK_j and dV_j in fp32, unscaled,
+    // [B H_kv][key_tiles block_keys][shares][2][D] floats (D the kernel's; dK's D, then dV's),
+    // for dkv_sum_kernel; NULL with one share
+    float *dkv_part;
 } bwd_problem;
 
 // The block's place in the grid, as a key tile's index and a (batch, key/value head)'s. The GPU
@@ -170,6 +174,19 @@ __host__ __device__ __forceinline__ int query_tiles_of(const key_rule &r, int ke
     const int first = first_row / qrows<D>();
     *count = first_row < end_row ? (end_row + qrows<D>() - 1) / qrows<D>() - first : 0;
     return first;
+}
+// The query tiles of the block's walk: query_tiles_of's, or where the walk is split (gridDim.z
+// shares, config.cuh: WALK_SHARES_MAX) the block's share of them, blockIdx.z's, walked for every
+// head of the group as a whole walk is (so every role's loop is the whole walk's, over fewer
+// tiles). The shares differ by a tile at most, the first count % shares one longer; a share may
+// have none (a window's or the diagonal's short walks).
+template <int D>
+__device__ __forceinline__ int walk_tiles_of(const key_rule &r, int key0, int *count) {
+    const int first = query_tiles_of<D>(r, key0, count);
+    const int shares = (int)gridDim.z, z = (int)blockIdx.z;
+    const int base = *count / shares, longer = *count % shares;
+    *count = base + (z < longer ? 1 : 0);
+    return first + z * base + min(z, longer);
 }
 
 // A step of the block's walk (every query tile that meets its keys, of every query head of the
