@@ -72,11 +72,14 @@
  * compiled without that code (EXTRAS off, kernel.cuh), and those with a softcap in kernels
  * without the other branch (CAPPED).
  *
- * NOTE: what is left (LOG.md, steps 13 to 17, 50, 69, 72): ahead of cuDNN's backward at every fa2
- * and long shape; level with FA3-class's over the fa2 shapes since step 69 but behind it on the
- * shortest heads, at the work tile's ends: D = 64's main kernel at N = 1,024 and 2,048, most
- * under a causal mask (step 72's per-kernel times; FA3's 80-query steps at D = 128 are worked out
- * in step 13, not built). dQ's adds land in any order (variant deterministic orders them).
+ * NOTE: what is left (LOG.md, steps 13 to 17, 50, 69, 72, 81): ahead of cuDNN's backward at every
+ * fa2 and long shape; ahead of FA3-class's on the long sweep's small grids since step 81 (split
+ * walks) and level with it over the fa2 shapes since step 69, but behind it on the shortest
+ * heads, at the work tile's ends: D = 64's main kernel at N = 1,024 and 2,048, most under a
+ * causal mask (step 72's per-kernel times; FA3's 80-query steps at D = 128 are worked out in step
+ * 13, not built); and the last wave of a grid a little past a whole number of waves (shares there
+ * cost more than they saved: step 81). dQ's adds land in any order (variant deterministic orders
+ * them).
  */
 
 #include <cuda.h>
