@@ -20,6 +20,10 @@ static int qrows_of(int D) {
     const int d = compiled_d(D);
     return d == 64 ? qrows<64>() : d == 96 ? qrows<96>() : d == 128 ? qrows<128>() : qrows<256>();
 }
+// ... and its keys a block.
+static int block_keys_of(int D) {
+    return compiled_d(D) >= SPLIT_D_MIN ? block_keys<256>() : block_keys<128>();
+}
 
 // Workspace (bwd_params_of): lse2 and Dsum (bwd_pad_rows floats each), dQ_acc (bwd_acc_rows rows
 // of D floats; tiled, bwd_pad_rows rows of the kernel's D), then (variant deterministic) dq_turn,
@@ -52,9 +56,8 @@ static size_t dq_acc_bytes(const attn_shape *s, int variant) {
 static size_t dq_turns(const attn_shape *s) {
     return bwd_pad_rows(s) / qrows_of(s->D);  // (ROW_PAD: a multiple of qrows)
 }
-// The keys of a block of the kernel that runs head dim D.
-static int block_keys_of(int D) {
-    return compiled_d(D) >= SPLIT_D_MIN ? block_keys<256>() : block_keys<128>();
+static size_t dq_turn_bytes(const attn_shape *s, int variant) {  // (variant deterministic's)
+    return variant == VARIANT_DETERMINISTIC ? dq_turns(s) * sizeof(int) : 0;
 }
 // The shares of a split walk (config.cuh: WALK_SHARES_MAX), 1 where the walks stay whole: the
 // deterministic variant (its dQ turns follow whole walks), variant nosplit, a packed batch, and
@@ -82,9 +85,8 @@ static size_t dkv_part_bytes(const attn_shape *s, int shares) {
     return (size_t)s->B * s->H_kv * keys * shares * 2 * compiled_d(s->D) * sizeof(float);
 }
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
-    const size_t turns = variant == VARIANT_DETERMINISTIC ? dq_turns(s) : 0;
     return 2 * aligned(bwd_pad_rows(s) * sizeof(float)) + aligned(dq_acc_bytes(s, variant)) +
-           aligned(turns * sizeof(int)) +
+           aligned(dq_turn_bytes(s, variant)) +
            aligned(dkv_part_bytes(s, walk_shares_of(s, dev, variant)));
 }
 
@@ -291,8 +293,7 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     p.dq_tiled = dq_tiled_cols(s, variant);
     char *const after_acc = (char *)p.dQ_acc + aligned(dq_acc_bytes(s, variant));
     int *const dq_turn = variant == VARIANT_DETERMINISTIC ? (int *)after_acc : NULL;
-    const size_t turns = variant == VARIANT_DETERMINISTIC ? dq_turns(s) : 0;
-    float *const dkv_part = (float *)(after_acc + aligned(turns * sizeof(int)));  // (split walks)
+    float *const dkv_part = (float *)(after_acc + aligned(dq_turn_bytes(s, variant)));  // (split)
     const int d = compiled_d(s->D);  // the kernels that run s->D (stage_unsupported: one does)
     if (d == 64)
         return s->bf16 ? enqueue_backward<64, true>(s, dev, p, dq_turn, dkv_part, variant, stream)
