@@ -45,6 +45,12 @@
  * walk_tiles_of); a share's dK_j, dV_j leave in fp32 (write_dkv_share) and dkv_sum_kernel adds
  * the shares in order, scales dK and stores both.
  *
+ * The passes follow one another by programmatic dependent launch (PDL, launch.cuh): each kernel
+ * lets the next one be placed on the multiprocessors its last blocks leave idle, and waits for the
+ * one before it to end before it touches what that one writes: a launch's latency, a block's setup
+ * and its first tiles' loads under the kernel ahead's last wave (the preprocess itself launched so
+ * where the walks split, the calls of tens of microseconds).
+ *
  * At D = 256 (consumer_step_split): 64 keys a block; warpgroup w computes S^T, dP^T for the step's
  * queries 32 w .. and owns columns 128 w .. of dK, dV and dQ; both store P^T and dS^T (DS_FULL,
  * waited in the same step), dV and dK over the other's queries read them from shared memory, dQ's
@@ -55,7 +61,8 @@
  * query tile's dQ adds in a fixed key-tile order, by a counter in global memory: bit-identical dQ;
  * dq_turn_of() says the order), nolean (the default's kernels with a window's left bound and
  * softcap in their code for every shape, not only for those that ask for them: kernel.cuh's
- * EXTRAS and CAPPED), nosplit (no split walks: every block walks its key tile's whole walk).
+ * EXTRAS and CAPPED), nosplit (no split walks: every block walks its key tile's whole walk),
+ * nopdl (each pass launched only after the one before it has ended).
  *
  * Run:  make build && build/stage8_hopper_backward --seq 4096 --heads 16 --dim 128 --causal --bench
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
@@ -162,7 +169,7 @@ extern "C" const attn_stage attn_this_stage = {
     "reduce-add (atomics: fp32 atomics from the registers; deterministic: the adds in key-tile "
     "order); forward = stage 6's",
     ATTN_F16,
-    "default,atomics,deterministic,nolean,nosplit",
+    "default,atomics,deterministic,nolean,nosplit,nopdl",
     stage_unsupported,
     linked_forward_workspace_bytes,
     linked_forward,

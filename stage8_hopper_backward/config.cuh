@@ -229,16 +229,27 @@ constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of
 // tile fits) and deterministic is refused (attention.cu). Variant nolean is the default without
 // its lean and capped kernels (kernel.cuh's EXTRAS and CAPPED: every shape runs the kernel that has
 // softcap's and a window's left bound's code). Variant nosplit is the default without split walks
-// (below).
+// (below); variant nopdl the default with each pass launched only once the one before has ended
+// (launch.cuh: without programmatic dependent launch).
 enum {
     VARIANT_DEFAULT = 0,
     VARIANT_ATOMICS,
     VARIANT_DETERMINISTIC,
     VARIANT_NOLEAN,
     VARIANT_NOSPLIT,
+    VARIANT_NOPDL,
     VARIANTS
 };
 enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
+
+// Whether the main kernel of head dim D (with or without EXTRAS: kernel.cuh) is launched with
+// programmatic dependent launch and waits for the preprocess itself (producer.cuh's load_tiles):
+// every kernel but D = 96's lean ones, which launch after the preprocess has ended (LOG.md, step
+// 82: with the wait in them ptxas serializes their wgmma).
+template <int D, bool EXTRAS>
+__host__ __device__ constexpr bool waits_by_pdl() {
+    return D != 96 || EXTRAS;
+}
 
 // Split walks (launch.cuh's walk_shares_of, schedule.cuh's walk_tiles_of): where the grid's blocks
 // (key tiles times B H_kv) fill at most half of the GPU's multiprocessors, one block per

@@ -173,6 +173,8 @@ constexpr int DKV_SUM_THREADS = 256;
 template <bool BF16>
 __global__ void __launch_bounds__(DKV_SUM_THREADS)
     dkv_sum_kernel(const bwd_params p, const float *part, int D, int head_keys, int shares) {
+    let_next_kernel_start();
+    wait_for_previous_kernel();  // (PDL) the main kernel's shares written
     const int cols = p.D, row_float4s = 2 * cols / CONVERT_FLOATS;
     const long long i = (long long)blockIdx.x * DKV_SUM_THREADS + threadIdx.x;
     if (i >= (long long)p.N_k * row_float4s) return;

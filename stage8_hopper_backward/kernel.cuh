@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         registers_decrease<PRODUCER_REGS>();
         const int warp = (int)threadIdx.x / WARP_SIZE, lane = (int)threadIdx.x % WARP_SIZE;
         if (warp == LOAD_WARP)
-            load_tiles<D, DQ>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
+            load_tiles<D, DQ, waits_by_pdl<D, EXTRAS>()>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
         else if (DQ != DQ_BY_ATOMICS && warp == DQ_WARP)
             reduce_dq<D, DQ>(sm, pb, lane, 0);  // (DQ_BY_ATOMICS: the consumers add dQ)
         else if (two_dq_warps<D, DQ>() && warp == DQ_WARP_ODD)

@@ -1,7 +1,9 @@
 /*
  * stage8_hopper_backward/launch.cuh: the host side: the tensor maps, the workspace, and
  * backward(), which runs the preprocess (D_i, LSE_i; dQ_acc zeroed), the main kernel, and dQ's
- * conversion (common/device/backward_prepost.cuh's passes, shared with stage 7).
+ * conversion (common/device/backward_prepost.cuh's passes, shared with stage 7), those after the
+ * preprocess by programmatic dependent launch (PDL; the preprocess too where the walks split), but
+ * in variant nopdl.
  */
 #pragma once
 
@@ -211,8 +213,20 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     const size_t rows = (size_t)s->B * s->H * p.N_pad;
     const pass_pair passes = passes_for<D, BF16>(s, p);
     if (!passes.preprocess) return cudaErrorInvalidConfiguration;
-    passes.preprocess<<<preprocess_grid(rows, passes.pass_d), PREPROCESS_THREADS, 0, stream>>>(p);
-    ATTN_TRY(cudaGetLastError());
+    // The kernels after the preprocess launched with PDL (but variant nopdl): placed while the
+    // one ahead of it ends, each waits for it before touching global memory
+    // (wait_for_previous_kernel). The preprocess too where the walks split (a call of tens of
+    // microseconds): elsewhere, placed under the conversion of a call before, it measured slower.
+    const bool pdl = variant != VARIANT_NOPDL;
+    const int shares = walk_shares_of(s, dev, variant);
+    cudaLaunchAttribute attr;
+    if (dq_turn)  // every query tile's counter starts at 0: no key tile has added (a memset: no
+                  // kernel, so it goes first, where it parts no two kernels)
+        ATTN_TRY(cudaMemsetAsync(dq_turn, 0, dq_turns(s) * sizeof(int), stream));
+    const cudaLaunchConfig_t pre =
+        pdl_launch_config(preprocess_grid(rows, passes.pass_d), PREPROCESS_THREADS, 0, stream,
+                          pdl && shares > 1, &attr);
+    ATTN_TRY(cudaLaunchKernelEx(&pre, passes.preprocess, p));
 
     CUtensorMap tmQ, tmK, tmV, tmdO, tmdK, tmdV;
     const int total_q = s->varlen.total_q, total_k = s->varlen.total_k;  // (packed)
@@ -243,10 +257,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
     pb.call = p, pb.dq_turn = dq_turn;
-    const int shares = walk_shares_of(s, dev, variant);
     pb.dkv_part = shares > 1 ? dkv_part : NULL;
-    if (dq_turn)  // every query tile's counter starts at 0: no key tile has added
-        ATTN_TRY(cudaMemsetAsync(dq_turn, 0, dq_turns(s) * sizeof(int), stream));
     const bool lean = variant != VARIANT_NOLEAN && pb.keys.left < 0 && pb.cap_log2 == 0.f;
     const bool capped = variant != VARIANT_NOLEAN && pb.cap_log2 > 0.f;
     const kernel_fn kernel = kernel_for<D, BF16>(variant, lean, capped);
@@ -256,21 +267,27 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     const dim3 grid((unsigned)pb.key_tiles << shift, (unsigned)(s->B * s->H_kv) >> shift,
                     (unsigned)shares);
     if (pb.key_tiles > 0) {
-        kernel<<<grid, BLOCK_THREADS, smem_bytes<D>(), stream>>>(tmQ, tmK, tmV, tmdO, tmdK, tmdV,
-                                                                 pb);
-        ATTN_TRY(cudaGetLastError());
+        // (kernel_for's choice: the default way's kernels are the lean ones)
+        const bool lean_kernel =
+            lean &&
+            (splits_dkv<D>() || (variant != VARIANT_ATOMICS && variant != VARIANT_DETERMINISTIC));
+        const bool waits = lean_kernel ? waits_by_pdl<D, false>() : waits_by_pdl<D, true>();
+        const cudaLaunchConfig_t main =
+            pdl_launch_config(grid, BLOCK_THREADS, smem_bytes<D>(), stream, pdl && waits, &attr);
+        ATTN_TRY(cudaLaunchKernelEx(&main, kernel, tmQ, tmK, tmV, tmdO, tmdK, tmdV, pb));
     }
     if (shares > 1 && pb.key_tiles > 0) {  // the shares' dK and dV added (epilogue.cuh)
         const long long float4s = (long long)s->N_k * 2 * s->D / CONVERT_FLOATS;
         const dim3 sum_grid((unsigned)ceil_div(float4s, DKV_SUM_THREADS),
                             (unsigned)(s->B * s->H_kv));
-        dkv_sum_kernel<BF16><<<sum_grid, DKV_SUM_THREADS, 0, stream>>>(
-            p, dkv_part, D, pb.key_tiles * block_keys<D>(), shares);
-        ATTN_TRY(cudaGetLastError());
+        const cudaLaunchConfig_t sum =
+            pdl_launch_config(sum_grid, DKV_SUM_THREADS, 0, stream, pdl, &attr);
+        ATTN_TRY(cudaLaunchKernelEx(&sum, dkv_sum_kernel<BF16>, p, (const float *)dkv_part, D,
+                                    pb.key_tiles * block_keys<D>(), shares));
     }
-
-    passes.convert<<<convert_grid(s), CONVERT_THREADS, 0, stream>>>(p);
-    return cudaGetLastError();
+    const cudaLaunchConfig_t convert =
+        pdl_launch_config(convert_grid(s), CONVERT_THREADS, 0, stream, pdl, &attr);
+    return cudaLaunchKernelEx(&convert, passes.convert, p);
 }
 
 static cudaError_t backward(const attn_shape *s, const attn_device *dev, const void *Q,

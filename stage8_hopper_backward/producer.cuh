@@ -43,7 +43,7 @@ __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, 
 // and the consumers' wait acquires it; each consumer thread's loads come before its own arrival
 // on Q_EMPTY, which every lane here waits for before it copies into the slot again. The floats
 // never pass through the warp's registers (it runs on PRODUCER_REGS of them).
-template <int D, dq_way DQ>
+template <int D, dq_way DQ, bool WAIT>
 __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorMap *tmQ,
                                            const CUtensorMap *tmK, const CUtensorMap *tmV,
                                            const CUtensorMap *tmdO, const bwd_problem &pb,
@@ -65,6 +65,16 @@ __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorM
         mbar_expect_tx(do_full, kv_tile_bytes<D>() + q_tile_bytes<D>());
         copy_tile<D, block_keys<D>()>(sm.V, tmV, do_full, k_row, b.kv_head, b.tile_batch);
         copy_tile<D, ROWS>(sm.dO, tmdO, do_full, q_row, head, b.tile_batch);
+    }
+    // PDL (launch.cuh, where the kernel waits: config.cuh's waits_by_pdl): the grid may start
+    // while the preprocess ends, which lets it start only once every kernel before that has
+    // ended: the call's inputs (K_j, V_j, the first Q_i and dO_i above; cu_seqlens) may be read
+    // at once, the preprocess's results (LSE_i, D_i, the zeroed dQ_acc) only after this wait.
+    // Every other role's first use of them follows this warp's first Q_FULL. The pass after may
+    // be placed on the SMs this grid leaves idle (it waits for this grid's end).
+    if constexpr (WAIT) {
+        wait_for_previous_kernel();
+        let_next_kernel_start();
     }
 
     // One loop over the block's steps (every query tile of every query head of the group, the

@@ -4,7 +4,9 @@
  * (preprocess_kernel: D_i = rowsum(dO_i * O_i) and LSE_i in log2 units, padded, with dQ_acc
  * zeroed), the pass after (dq_convert_kernel: dQ = scale dQ_acc in the storage type), and dQ_acc's
  * description for the TMA unit's bulk reductions (dq_tensor_map, host code; its staging tile's
- * layout, DQ_SLAB_COLS).
+ * layout, DQ_SLAB_COLS). Both passes may be launched with programmatic dependent launch (warp.cuh:
+ * let_next_kernel_start, wait_for_previous_kernel): each touches global memory only once the
+ * kernel ahead of it has finished; the preprocess lets the main kernel be placed early.
  *
  * Device and host code for one translation unit (a stage's attention.cu includes it).
  */
@@ -247,7 +249,10 @@ __device__ __forceinline__ int2 dq_map_coords(const bwd_params &p, const bwd_seq
 // (a stage that runs it in a kernel compiled for D): the lanes past it read and zero nothing.
 // TILE_ROWS: dQ_acc lies tiled in tiles of TILE_ROWS rows (p.dq_tiled columns a row,
 // dq_tiled_offset), 0: in rows of D floats. A template parameter, so that a stage that never tiles
-// compiles none of it, and a tile's place is a shift, not a 64-bit division.
+// compiles none of it, and a tile's place is a shift, not a 64-bit division. Launched with PDL
+// (stage 8's small grids), this pass waits for the kernel ahead of it (the forward, or whatever
+// wrote dO) before it reads anything, then lets the main kernel be placed while it ends: the main
+// kernel may read the call's inputs (cu_seqlens) before its own wait.
 constexpr int PREPROCESS_THREADS = 128;
 __host__ __device__ constexpr int preprocess_lanes(int D) {
     return D / CHUNK_HALVES;
@@ -277,6 +282,8 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
     const int cols = TAIL ? p.D : D;  // dQ_acc's, O's and dO's columns
     constexpr int PAIRS_PER_CHUNK = CHUNK_BYTES / sizeof(uint32_t);
     static_assert(WARP_SIZE % LANES == 0, "a row's lanes lie in one warp");
+    wait_for_previous_kernel();  // (PDL) O, dO, LSE written; dQ_acc read by the last call's passes
+    let_next_kernel_start();     // once the kernels before have ended (the next may read inputs)
     const size_t row =
         ((size_t)blockIdx.x * PREPROCESS_THREADS + threadIdx.x) / LANES;  // [B * H, N_pad]
     const int sub = (int)threadIdx.x % LANES;                             // the row's chunk
@@ -343,7 +350,10 @@ __global__ void __launch_bounds__(PREPROCESS_THREADS) preprocess_kernel(const bw
 // so that each load is a warp's 512 contiguous bytes: in rows of D floats, row by row; tiled (a
 // row's slabs a tile's slab apart), by groups of CONVERT_LINE_ROWS rows, a slab at a time, each
 // slab's four 32-byte rows one 128-byte line (a warp's load four lines, its stores 64 bytes of
-// each of four rows of dQ). TAIL and TILE_ROWS as preprocess_kernel's.
+// each of four rows of dQ). TAIL and TILE_ROWS as preprocess_kernel's. Launched with PDL (stage
+// 8), its blocks take the SMs the main kernel's last blocks leave idle and wait for its end; it
+// lets the kernel after it start only at its own end (a next call's kernels placed under it,
+// waiting, measured slower: stage 8's LOG, step 82).
 constexpr int CONVERT_THREADS = 256;
 constexpr int CONVERT_FLOATS = 4;   // one float4 of dQ_acc
 constexpr int CONVERT_VECTORS = 4;  // a thread's float4s
@@ -364,6 +374,7 @@ static inline dim3 convert_grid(const attn_shape *s) {
 }
 template <int D, bool BF16, bool TAIL = false, int TILE_ROWS = 0>
 __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_params p) {
+    wait_for_previous_kernel();  // (PDL) every add into dQ_acc done
     const int cols = TAIL ? p.D : D, row_float4s = cols / CONVERT_FLOATS;
     const int bh = (int)blockIdx.y, b = bh / p.H, h = bh % p.H;
     const bwd_sequence s = bwd_sequence_of(p, b);

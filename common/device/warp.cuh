@@ -151,3 +151,16 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+// The host's side: a launch's configuration, with programmatic stream serialization where `pdl`
+// (cudaLaunchKernelEx launches it); `attr` is where the configuration points for it.
+static inline cudaLaunchConfig_t pdl_launch_config(dim3 grid, int threads, size_t smem,
+                                                   cudaStream_t stream, bool pdl,
+                                                   cudaLaunchAttribute *attr) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid, config.blockDim = dim3((unsigned)threads);
+    config.dynamicSmemBytes = smem, config.stream = stream;
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr, config.numAttrs = pdl ? 1 : 0;
+    return config;
+}
