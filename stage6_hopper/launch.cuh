@@ -94,16 +94,10 @@ typedef struct {
 } launch_args;
 
 // A launch's configuration, with programmatic stream serialization when `pdl` (PDL:
-// let_next_kernel_start()); `attr` is where the configuration points for it.
+// let_next_kernel_start(); warp.cuh's pdl_launch_config); `attr` is where it points for it.
 static cudaLaunchConfig_t launch_config(unsigned blocks, int threads, size_t smem,
                                         const launch_args *a, cudaLaunchAttribute *attr) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(blocks), config.blockDim = dim3((unsigned)threads);
-    config.dynamicSmemBytes = smem, config.stream = a->stream;
-    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr->val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr, config.numAttrs = a->pdl ? 1 : 0;
-    return config;
+    return pdl_launch_config(dim3(blocks), threads, smem, a->stream, a->pdl, attr);
 }
 
 typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap,

@@ -968,12 +968,9 @@ static cudaError_t run_decode(const char *who, const attn_shape *s, const attn_c
     const unsigned rows_per_block = s->D == 64 ? combine_rows_per_block<64, MERGE_THREADS>()
                                                : combine_rows_per_block<128, MERGE_THREADS>();
     cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t merge = {};
-    merge.gridDim = dim3((unsigned)((part_rows + rows_per_block - 1) / rows_per_block));
-    merge.blockDim = dim3(MERGE_THREADS);
-    merge.stream = stream, merge.attrs = &attr, merge.numAttrs = 1;
+    const cudaLaunchConfig_t merge =
+        pdl_launch_config(dim3((unsigned)((part_rows + rows_per_block - 1) / rows_per_block)),
+                          MERGE_THREADS, 0, stream, true, &attr);
     void (*const merge_kernel)(const combine_params) =
         s->D == 64 ? (s->bf16 ? combine_kernel_pdl<64, true, MERGE_THREADS>
                               : combine_kernel_pdl<64, false, MERGE_THREADS>)
