@@ -135,7 +135,7 @@ extern "C" const attn_stage attn_this_stage = {
     "FA2's backward: D = rowsum(dO * O), S and P recomputed from Q, K and LSE, dK/dV in registers "
     "per K/V tile, dQ by fp32 atomics (or a second pass: deterministic); forward = stage 5's",
     ATTN_F16,
-    "default,deterministic,registers,atomics",
+    "default,deterministic,registers,atomics,nosplit",
     stage_unsupported,
     linked_forward_workspace_bytes,
     linked_forward,

@@ -189,6 +189,7 @@ typedef struct bwd_model {
     key_rule keys;
     float cap_in, cap_log2;
     int dq;
+    float *dkv_part;  // split walks (every kernel: the grid's z): the shares' fp32 dK_j, dV_j
 } bwd_model;
 
 // The MODEL values of a complete shape (the plain kernels take them too and read none).

@@ -102,6 +102,38 @@ __device__ __forceinline__ void store_rows(__half *out, const float (&C)[D / MMA
     }
 }
 
+// A split walk's share (common/device/backward_prepost.cuh: dkv_part): a warp's fp32 C fragments
+// of 16 rows x NT n8 blocks, unscaled, to `out` (the first row's first column), rows row_step
+// floats apart: one 8-byte store a pair. Every row and column is written (the shares' rows hold
+// whole key tiles and the kernel's D columns; the sum pass reads the tensors' only).
+template <int NT>
+__device__ __forceinline__ void write_share_rows(float *out, const float (&C)[NT][4],
+                                                 size_t row_step) {
+    const int g = lane_index() / QUAD, t = lane_index() % QUAD;
+#pragma unroll
+    for (int h = 0; h < FRAG_LANE_ROWS; ++h) {
+        float *const row = out + (g + FRAG_ROW_STEP * h) * row_step + FRAG_LANE_COLS * t;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+            *reinterpret_cast<float2 *>(row + MMA_N * n) =
+                make_float2(C[n][frag_reg(h, 0)], C[n][frag_reg(h, 1)]);
+    }
+}
+
+// Where a split block's share of dK_j and dV_j rows from `key` on lie in dkv_part ([B H_kv][key
+// tiles' keys][shares][2][D], blockIdx.y the (batch, key/value head), gridDim.x the key tiles of
+// KEYS keys, blockIdx.z the share): dK's row; dV's is D floats further, the next key's
+// dkv_row_step<D>() floats.
+template <int D, int KEYS>
+__device__ __forceinline__ float *dkv_share_at(float *dkv_part, int key) {
+    const size_t head_keys = (size_t)gridDim.x * KEYS;
+    return dkv_part + (((size_t)blockIdx.y * head_keys + key) * gridDim.z + blockIdx.z) * 2 * D;
+}
+template <int D>
+__device__ __forceinline__ size_t dkv_row_step() {
+    return (size_t)gridDim.z * 2 * D;
+}
+
 // One k16 step of C (+)= A B^T for one warp, MT x NT fragments, A's fragments a given (MT m16
 // blocks, in registers), B = NT n8 row blocks of a [*, D] tile from B_rows, NT / 2 ldmatrix.x4.
 // FIRST: C = the product (the first step: nothing to clear).

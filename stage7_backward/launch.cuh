@@ -22,7 +22,8 @@ enum {
     VARIANT_DETERMINISTIC = 1,
     VARIANT_REGISTERS = 2,
     VARIANT_ATOMICS = 3,
-    VARIANTS = 4
+    VARIANT_NOSPLIT = 4,  // the default without split walks
+    VARIANTS = 5
 };
 
 // How dQ is added up (dq_way, config.cuh) for a variant on this PTX architecture.
@@ -249,16 +250,66 @@ static cudaError_t launch(FN fn, dim3 grid, int threads, size_t smem, cudaStream
     return cudaSuccess;
 }
 
+// The main kernel of a call and its tiles: backward_kernel (smem_p: P^T and dS^T through shared
+// memory) or backward_registers_kernel (configuration mi of its list), dq_kernel's configuration
+// di (the deterministic variant), the main kernel's key tile and query tile, and its split walks'
+// shares (common/device/backward_prepost.cuh's walk_shares_for: where the grid fills at most half
+// of the multiprocessors; 1 in variant nosplit and for a packed batch). enqueue_backward launches
+// it; backward_workspace_bytes makes room for the shares.
+typedef struct {
+    bool smem_p;
+    int mi, di;
+    int keys, qrows;
+    int shares;
+} main_plan;
+
+static cudaError_t plan_main(const attn_shape *s, const attn_device *dev, int variant,
+                             main_plan *pl) {
+    int arch = 0;
+    ATTN_TRY(kernel_arch(&arch));
+    const int D = compiled_d(s->D);  // the kernels' head dim (s->D: its first columns)
+    const dq_way dq = dq_way_for(variant, arch);
+    pl->smem_p = variant != VARIANT_REGISTERS && smem_p_fits(D, dev->smem_per_block, arch, dq);
+    pl->mi = choose_tiles(D, dev->smem_per_block, arch, true);
+    pl->di = choose_tiles(D, dev->smem_per_block, arch, false);
+    if ((!pl->smem_p && pl->mi < 0) || (variant == VARIANT_DETERMINISTIC && pl->di < 0))
+        return cudaErrorInvalidConfiguration;  // stage_unsupported says why
+    if (model_shape(s)) {  // the MODEL kernels' configurations: their lists' last
+        pl->mi = last_tiles(D, true);
+        pl->di = last_tiles(D, false);
+    }
+    if (pl->smem_p) {
+        const smem_p_config c = smem_p_tiles_of(D);
+        pl->keys = c.KEYS, pl->qrows = c.QROWS;
+    } else {
+        const tile_config mc = tiles_at(D, true, pl->mi);
+        pl->keys = tile_rows(mc), pl->qrows = mc.QROWS;
+    }
+    pl->shares = 1;
+    if (variant != VARIANT_NOSPLIT && !s->varlen.cu_seqlens_q) {
+        const long long blocks = (long long)ceil_div(s->N_k, pl->keys) * s->B * s->H_kv;
+        const long long tiles = ceil_div(s->N, pl->qrows);
+        pl->shares =
+            walk_shares_for(blocks, tiles, (long long)(s->H / s->H_kv) * tiles, dev->sm_count);
+    }
+    return cudaSuccess;
+}
+
 // Workspace (bwd_params_of): lse2 and Dsum, then (every variant but deterministic) dQ_acc; packed,
 // rows of the total tokens plus ROW_PAD a sequence (bwd_pad_rows, bwd_acc_rows), not of B times
-// the longest.
-
+// the longest; then a split walk's shares (dkv_part).
+static size_t dq_acc_bytes(const attn_shape *s, int variant) {
+    return variant == VARIANT_DETERMINISTIC ? 0 : bwd_acc_rows(s) * s->D * sizeof(float);
+}
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
-    (void)dev;
     const size_t rows = bwd_pad_rows(s);
-    const size_t acc =
-        variant == VARIANT_DETERMINISTIC ? 0 : bwd_acc_rows(s) * s->D * sizeof(float);
-    return 2 * aligned(rows * sizeof(float)) + aligned(acc);
+    main_plan pl;
+    size_t part = 0;
+    if (plan_main(s, dev, variant, &pl) == cudaSuccess)
+        part = dkv_part_bytes_for(s, pl.shares, pl.keys, compiled_d(s->D));
+    else
+        (void)cudaGetLastError();  // (no plan: the call is refused before it runs)
+    return 2 * aligned(rows * sizeof(float)) + aligned(dq_acc_bytes(s, variant)) + aligned(part);
 }
 
 // Preprocess, the main kernel, then the convert or dq_kernel, for one storage type (BF16: bf16).
@@ -285,17 +336,17 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     ATTN_TRY(kernel_arch(&arch));
     const dq_way dq = dq_way_for(variant, arch);
     const bool model = model_shape(s);
-    const bool smem_p =
-        variant != VARIANT_REGISTERS && smem_p_fits(D, dev->smem_per_block, arch, dq);
-    int mi = choose_tiles(D, dev->smem_per_block, arch, true);
-    int di = choose_tiles(D, dev->smem_per_block, arch, false);
-    if ((!smem_p && mi < 0) || (!atomic && di < 0))
-        return cudaErrorInvalidConfiguration;  // stage_unsupported says why
-    const bwd_model m = bwd_model_of(s, dq);
-    if (model) {  // the MODEL kernels' configurations: their lists' last
-        mi = last_tiles(D, true);
-        di = last_tiles(D, false);
-    }
+    main_plan pl;
+    ATTN_TRY(plan_main(s, dev, variant, &pl));
+    const bool smem_p = pl.smem_p;
+    const int mi = pl.mi, di = pl.di;
+    bwd_model m = bwd_model_of(s, dq);
+    // a split walk's shares after lse2, Dsum and dQ_acc (backward_workspace_bytes)
+    float *const dkv_part =
+        (float *)((char *)p.lse2 + 2 * aligned(bwd_pad_rows(s) * sizeof(float)) +
+                  aligned(dq_acc_bytes(s, variant)));
+    m.dkv_part = pl.shares > 1 ? dkv_part : NULL;
+    const unsigned shares = (unsigned)pl.shares;  // the main kernel's grid's z
     if (smem_p) {
         const smem_p_config c = smem_p_tiles_of(D);
         const smem_kernel_fn sk =
@@ -305,7 +356,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
         memset(&dq_map, 0, sizeof dq_map);  // unread but by the DQ_BY_BULK kernels
         // (dQ_acc's rows are s->D floats; the staging tile's D columns past them are not added)
         if (dq == DQ_BY_BULK) ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, c.QROWS, D));
-        ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N_k, c.KEYS), BH_kv),
+        ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N_k, c.KEYS), BH_kv, shares),
                         SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, D, dq == DQ_BY_BULK), stream, p,
                         dq_map, m));
     } else {
@@ -313,8 +364,15 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
         const kernel_fn mk = model ? model_kernel_of<true, BF16>(D)
                                    : (D == 64 ? kernel_for<64, true, BF16>(mi, atomic)
                                               : kernel_for<128, true, BF16>(mi, atomic));
-        ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N_k, tile_rows(mc)), BH_kv),
+        ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N_k, tile_rows(mc)), BH_kv, shares),
                         mc.WARPS * WARP_SIZE, registers_smem_bytes(mc, D), stream, p, m));
+    }
+    if (shares > 1) {  // the shares' dK and dV added (backward_prepost.cuh)
+        const long long float4s = (long long)s->N_k * 2 * s->D / CONVERT_FLOATS;
+        const dim3 sum_grid((unsigned)ceil_div(float4s, DKV_SUM_THREADS), BH_kv);
+        dkv_sum_kernel<BF16><<<sum_grid, DKV_SUM_THREADS, 0, stream>>>(
+            p, dkv_part, D, ceil_div(s->N_k, pl.keys) * pl.keys, (int)shares);
+        ATTN_TRY(cudaGetLastError());
     }
     if (atomic) {
         const dim3 grid = convert_grid(s);

@@ -237,10 +237,11 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     // queries past a window's end.
     int q_begin = p.causal ? max(k0 - key_shift_of<MODEL>(p, s), 0) / QROWS * QROWS : 0,
         q_end = queries_of<MODEL>(p, s);
-    if constexpr (MODEL) {  // (q_end: MODEL's; the plain kernels read p.N where they use it)
+    if constexpr (MODEL) {  // (q_end: the plain kernels' p.N)
         q_begin = key_tile_first_query<QROWS>(model.keys, k0);
         q_end = key_tile_query_end(model.keys, k0, ROWS);
     }
+    walk_share<QROWS>(q_begin, q_end);  // (a split walk: the block's share of the tiles)
     const int tiles = max((q_end - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
     const bool adds_dq = ADDS_DQ && (!MODEL || model.dq != DQ_BY_SECOND_PASS);
 
@@ -252,12 +253,16 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     const uint32_t dS_smem = dO_smem + STAGES * Q_TILE;
     const uint32_t vec_smem = dS_smem + ROWS * QROWS * sizeof(__half);
 
-    const int cols = MODEL ? p.D : D;  // the head dim's columns the tensors hold
-    issue_key_tile<D, ROWS, THREADS, MODEL>(p, s, K_smem, V_smem, b, hk, k0, cols);
+    // (a walk of no step issues no copy: a split walk's empty share may start at the head's padded
+    // end, past its rows of LSE_i and D_i)
+    const int cols = MODEL ? p.D : D;     // the head dim's columns the tensors hold
     int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
-    if (STAGES == 2)
-        issue_query_tile<D, QROWS, THREADS, true, MODEL>(p, s, Q_smem, dO_smem, vec_smem, b, hq, q0,
-                                                         cols);
+    if (tiles > 0) {
+        issue_key_tile<D, ROWS, THREADS, MODEL>(p, s, K_smem, V_smem, b, hk, k0, cols);
+        if (STAGES == 2)
+            issue_query_tile<D, QROWS, THREADS, true, MODEL>(p, s, Q_smem, dO_smem, vec_smem, b, hq,
+                                                             q0, cols);
+    }
 
     float dK[DB][4] = {}, dV[DB][4] = {};  // this warp's 16 keys x D, fp32
     for (int it = 0; it < tiles; ++it) {
@@ -274,7 +279,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
                           // also done with tile it - 1 (its buffer is refilled next) and dS_smem
         if (STAGES == 2 && it + 1 < tiles) {
             int hq_next = hq, q0_next = q0;
-            next_query_tile<QROWS>(hq_next, q0_next, q_begin, MODEL ? q_end : p.N);
+            next_query_tile<QROWS>(hq_next, q0_next, q_begin, q_end);
             issue_query_tile<D, QROWS, THREADS, true, MODEL>(
                 p, s, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
                 vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next, cols);
@@ -321,11 +326,16 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
                       : (size_t)(b * p.H + hq) * p.N * cols,
                 q0);
         }
-        next_query_tile<QROWS>(hq, q0, q_begin, MODEL ? q_end : p.N);
+        next_query_tile<QROWS>(hq, q0, q_begin, q_end);
     }
-    // MODEL: a key tile no row sees (a window) ran no loop: its prologue's copies land before the
-    // block ends, and it stores dK_j = dV_j = 0.
-    if constexpr (MODEL) cp_async_wait<0>();
+    // A key tile no row sees (a window, a split walk's empty share) ran no loop, issued no copy,
+    // and stores dK_j = dV_j = 0.
+    if (gridDim.z > 1) {  // a split walk's share: fp32 sums for the sum pass
+        float *const at = dkv_share_at<D, ROWS>(model.dkv_part, key_row);
+        write_share_rows(at, dK, dkv_row_step<D>());
+        write_share_rows(at + D, dV, dkv_row_step<D>());
+        return;
+    }
     // (MODEL: the sequence's keys, from its first; packed, the rows past them are the next one's)
     store_rows<BF16, D>(p.dK + head_offset(p.layout.dK, b, hk) +
                             (MODEL ? rows_offset((int)s.seq.k_row, p.layout.dK.row) : 0),

@@ -251,10 +251,11 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     // queries past a window's end.
     int q_begin = p.causal ? max(k0 - key_shift_of<MODEL>(p, s), 0) / QROWS * QROWS : 0,
         q_end = queries_of<MODEL>(p, s);
-    if constexpr (MODEL) {  // (q_end: MODEL's; the plain kernels read p.N where they use it)
+    if constexpr (MODEL) {  // (q_end: the plain kernels' p.N)
         q_begin = key_tile_first_query<QROWS>(model.keys, k0);
         q_end = key_tile_query_end(model.keys, k0, KEYS);
     }
+    walk_share<QROWS>(q_begin, q_end);  // (a split walk: the block's share of the tiles)
     const int tiles = max((q_end - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
 
     // Shared memory: K_smem, V_smem [KEYS, D]; per stage Q_smem, dO_smem [QROWS, D]; P_smem,
@@ -266,12 +267,15 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     const uint32_t P_smem = dO_smem + STAGES * Q_TILE, dS_smem = P_smem + PS_TILE;
     const uint32_t vec_smem = dS_smem + PS_TILE, dq_stage = vec_smem + STAGES * VEC;
 
-    // The prologue: K_j, V_j and the first loop tile.
-    const int cols = MODEL ? p.D : D;  // the head dim's columns the tensors hold
-    issue_key_tile<D, KEYS, THREADS, MODEL>(p, s, K_smem, V_smem, b, hk, k0, cols);
+    // The prologue: K_j, V_j and the first loop tile (none for a walk of no step: a split walk's
+    // empty share may start at the head's padded end, past its rows of LSE_i and D_i).
+    const int cols = MODEL ? p.D : D;     // the head dim's columns the tensors hold
     int hq = hk * p.group, q0 = q_begin;  // the loop tile: query head hq (GQA: of hk's group), q0
-    issue_query_tile<D, QROWS, THREADS, true, MODEL>(p, s, Q_smem, dO_smem, vec_smem, b, hq, q0,
-                                                     cols);
+    if (tiles > 0) {
+        issue_key_tile<D, KEYS, THREADS, MODEL>(p, s, K_smem, V_smem, b, hk, k0, cols);
+        issue_query_tile<D, QROWS, THREADS, true, MODEL>(p, s, Q_smem, dO_smem, vec_smem, b, hq, q0,
+                                                         cols);
+    }
 
     float dK[MT][NT_KV][4] = {}, dV[MT][NT_KV][4] = {};  // keys kw x columns cw, fp32
     constexpr int KF = KV_REGS ? D / MMA_K : 1;          // k16 steps of K_frag, V_frag (unused: 1)
@@ -295,7 +299,7 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         }
         if (it + 1 < tiles) {
             int hq_next = hq, q0_next = q0;
-            next_query_tile<QROWS>(hq_next, q0_next, q_begin, MODEL ? q_end : p.N);
+            next_query_tile<QROWS>(hq_next, q0_next, q_begin, q_end);
             issue_query_tile<D, QROWS, THREADS, true, MODEL>(
                 p, s, Q_smem + (STAGES - 1 - buf) * Q_TILE, dO_smem + (STAGES - 1 - buf) * Q_TILE,
                 vec_smem + (STAGES - 1 - buf) * VEC, b, hq_next, q0_next, cols);
@@ -347,16 +351,26 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
             }
         }
         hq_prev = hq, q0_prev = q0;
-        next_query_tile<QROWS>(hq, q0, q_begin, MODEL ? q_end : p.N);
+        next_query_tile<QROWS>(hq, q0, q_begin, q_end);
     }
     if (bulk && tiles > 0) {  // the last tile's dQ
         __syncthreads();      // every warp's part of it is staged
         add_staged_dq_tile(&dq_map, dq_stage, dq_tile_coords<MODEL>(p, s, b, hq_prev, q0_prev));
         bulk_wait<false>();
     }
-    // MODEL: a key tile no row sees (a window) ran no loop: its prologue's copies land before the
-    // block ends, and it stores dK_j = dV_j = 0.
-    if constexpr (MODEL) cp_async_wait<0>();
+    // A key tile no row sees (a window, a split walk's empty share) ran no loop, issued no copy,
+    // and stores dK_j = dV_j = 0.
+    if (gridDim.z > 1) {  // a split walk's share: fp32 sums for the sum pass
+        const int key_row = k0 + WARP_KEYS * kw;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            float *const at =
+                dkv_share_at<D, KEYS>(model.dkv_part, key_row + MMA_M * m) + WARP_COLS * cw;
+            write_share_rows(at, dK[m], dkv_row_step<D>());
+            write_share_rows(at + D, dV[m], dkv_row_step<D>());
+        }
+        return;
+    }
     store_dkv_fragments<BF16, MT, NT_KV, MODEL, MODEL>(p, s, dK, dV, b, hk, k0 + WARP_KEYS * kw,
                                                        WARP_COLS * cw, cols);
 }

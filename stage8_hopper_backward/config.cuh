@@ -251,21 +251,6 @@ __host__ __device__ constexpr bool waits_by_pdl() {
     return D != 96 || EXTRAS;
 }
 
-// Split walks (launch.cuh's walk_shares_of, schedule.cuh's walk_tiles_of): where the grid's blocks
-// (key tiles times B H_kv) fill at most half of the GPU's multiprocessors, one block per
-// multiprocessor leaves the rest idle while each walks all of its key tile's query tiles: a short
-// batch of few heads, one long head (the long sweep's B = H = 1). Each key tile's query tiles are
-// then cut into shares, a block each (the grid's z), each walked for every head of the group as a
-// whole walk is: as many shares as fill the multiprocessors once, at most WALK_SHARES_MAX (each
-// share's dK_j and dV_j are another 2 D floats a key of workspace that the sum pass reads), none
-// shorter than SHARE_MIN_STEPS steps of the longest walk (a share pays a block's two ends: LOG.md,
-// step 73's table). Grids past a whole wave stay whole
-// (LOG.md, step 81: the shares a wave's tail asked for lost more than they saved). A share's dK_j
-// and dV_j leave the block in fp32 (write_dkv_share) and dkv_sum_kernel adds the shares in their
-// order: dK and dV stay bit-identical from run to run.
-constexpr int WALK_SHARES_MAX = 8;
-constexpr int SHARE_MIN_STEPS = 2;
-
 // How the staging tile is handed over (smem.cuh: DQ_FULL, DQ_EMPTY; LOG.md, step 39). By parts
 // (DQ_BY_BULK where each part is whole slabs): each warpgroup's part on a DQ_FULL/DQ_EMPTY pair of
 // its own, reduced as soon as that warpgroup has staged it, so that neither warpgroup's next part

@@ -107,17 +107,18 @@ inline constexpr int RED_PAIR_COLS = 2 * FRAG_COLS;
 // into rows q0 .. of query head `head` of the block's sequence in dQ_acc (bwd_sequence_of places
 // them), no staging tile, no barrier: the adds leave from 256 threads instead of one TMA
 // instruction. The warpgroup's part: dq_part_row, dq_part_col.
-// Four floats a reduction: lanes t and t ^ 1 of a quad swap pairs so that, of two n8 blocks n and
-// n + 1 of a row, lane t holds the four consecutive columns 8 (n + (t & 1)) + 4 (t >> 1) .. + 3 (it
-// keeps its own pair of block n + (t & 1) and takes its partner's pair of that block); a warp's
-// reduction then covers 8 rows x 64 bytes where one of two floats a lane covered 16 rows x 32
-// bytes, half the instructions and a quarter of the (row, instruction) pairs the L1 works through
-// (16 a thread; rows past the sequence's N skipped). D = 64, 96 and 128 keep two floats a lane
-// (16 a thread): their kernels have no register left for the swap (4 bytes spilled). A row is
-// dq_acc_cols long, and the part's n8 blocks of columns at or past it (zeros: K_j is zero there)
-// are skipped, as the bulk reductions' clipping does (the tensors' D is a multiple of 8: a block
-// is all in or all out; at D = 256 a part ending on an odd block adds that block two floats a
-// lane).
+// Four floats a reduction: lanes t and t ^ 1 of a quad swap pairs (quad_pairs_to_float4) so that,
+// of two n8 blocks n and n + 1 of a row, lane t holds the four consecutive columns 8 (n + (t & 1))
+// + 4 (t >> 1) .. + 3 (it keeps its own pair of block n + (t & 1) and takes its partner's pair of
+// that block); a warp's reduction then covers 8 rows x 64 bytes where one of two floats a lane
+// covered 16 rows x 32 bytes, half the instructions and a quarter of the (row, instruction) pairs
+// the L1 works through (16 a thread; rows past the sequence's N skipped). D = 64, 96 and 128 keep
+// two floats a lane (16 a thread): their kernels have no register left for the swap (4 bytes
+// spilled). A row is dq_acc_cols long, and the part's n8 blocks of columns at or past it (zeros:
+// K_j is zero there) are skipped, as the bulk reductions' clipping does (the tensors' D is a
+// multiple of 8: a block is all in or all out; at D = 256 a part ending on an odd block adds that
+// block two floats a lane).
+//
 // TILED (dq_tiled): dQ_acc tiled as the staging tile, a row's n8 block n of the part in its slab
 // dq_part_col / DQ_SLAB_COLS + n: a warp's reduction covers 8 slab rows, 256 contiguous bytes (at
 // D = 256 two such runs, one a slab of the pair), where rows of D floats put each of its 8 rows in
@@ -174,13 +175,11 @@ __device__ __forceinline__ void add_dq_atomic(const float (&dQ_part)[dq_regs<D>(
                     if (in) red_add_f32x2(out + BLOCK_STEP * n + FRAG_LANE_COLS * t, a0, a1);
                     break;
                 }
-                const float b0 = dQ_part[acc_index(n + 1, h, 0)];
-                const float b1 = dQ_part[acc_index(n + 1, h, 1)];
-                const float r0 = __shfl_xor_sync(FULL_WARP, odd ? a0 : b0, 1);  // the partner's
-                const float r1 = __shfl_xor_sync(FULL_WARP, odd ? a1 : b1, 1);  // pair of my block
+                const float4 v = quad_pairs_to_float4(a0, a1, dQ_part[acc_index(n + 1, h, 0)],
+                                                      dQ_part[acc_index(n + 1, h, 1)], odd);
                 if (in)
-                    red_add_f32x4(out + BLOCK_STEP * (n + odd) + RED_LANE_COLS * (t / 2),
-                                  odd ? r0 : a0, odd ? r1 : a1, odd ? b0 : r0, odd ? b1 : r1);
+                    red_add_f32x4(out + BLOCK_STEP * (n + odd) + RED_LANE_COLS * (t / 2), v.x, v.y,
+                                  v.z, v.w);
             }
         }
     }

@@ -6,8 +6,8 @@
  * by TMA (store_dkv), in whole 128-byte rows (a warp's 4-byte stores straight from the
  * accumulator layout would write 16 bytes of each of 8 rows); a packed batch's last key tile of a
  * sequence by the consumers' threads, masked at the sequence's end (store_rows_masked). A split
- * walk's share (config.cuh: WALK_SHARES_MAX) writes its fp32 sums from the registers instead
- * (write_dkv_share), and the pass after the main kernel adds the shares (dkv_sum_kernel).
+ * walk's share writes its fp32 sums from the registers instead (write_dkv_share), and the pass
+ * after the main kernel adds the shares (backward_prepost.cuh's dkv_sum_kernel).
  */
 #pragma once
 
@@ -123,11 +123,11 @@ __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMa
 // fp32 and unscaled, to the share's place in pb.dkv_part ([B H_kv][key_tiles block_keys][shares]
 // [2][D] floats: a key's shares side by side, for the sum pass to read together). A thread holds
 // two columns of rows g and g + 8 of each 8-column block (acc_index); lanes t and t ^ 1 swap a pair
-// (two shuffles) so that the even lane holds four columns of row g and the odd lane four of row
-// g + 8: one 16-byte store each, a warp's store 32 whole bytes of each of 16 rows. (4-byte stores
-// straight from the layout, half a sector each, made this the block's longest phase: LOG.md, step
-// 81.) Rows past N_k are written too (the array holds whole key tiles; the sum pass reads none of
-// them). A share with no step writes its zeros: the sum pass adds every share.
+// (quad_pairs_to_float4) so that the even lane holds four columns of row g and the odd lane four of
+// row g + 8: one 16-byte store each, a warp's store 32 whole bytes of each of 16 rows. (4-byte
+// stores straight from the layout, half a sector each, made this the block's longest phase: LOG.md,
+// step 81.) Rows past N_k are written too (the array holds whole key tiles; the sum pass reads none
+// of them). A share with no step writes its zeros: the sum pass adds every share.
 template <int D>
 __device__ __forceinline__ void write_share_rows(const float (&acc)[dkv_regs<D>()], float *row0,
                                                  size_t row_step, int t) {
@@ -135,14 +135,10 @@ __device__ __forceinline__ void write_share_rows(const float (&acc)[dkv_regs<D>(
     float *const to = row0 + (odd ? FRAG_ROW_STEP * row_step : 0) + FRAG_LANE_COLS * (t & ~1);
 #pragma unroll
     for (int n = 0; n < dkv_cols<D>() / FRAG_COLS; ++n) {
-        // row g's pair and row g + 8's (constant indices: the accumulator stays in registers);
-        // the even lane gives away row g + 8's, the odd lane row g's
-        const float a0 = acc[acc_index(n, 0, 0)], a1 = acc[acc_index(n, 0, 1)];
-        const float b0 = acc[acc_index(n, 1, 0)], b1 = acc[acc_index(n, 1, 1)];
-        const float got0 = __shfl_xor_sync(FULL_WARP, odd ? a0 : b0, 1);
-        const float got1 = __shfl_xor_sync(FULL_WARP, odd ? a1 : b1, 1);
-        const float4 v = odd ? make_float4(got0, got1, b0, b1) : make_float4(a0, a1, got0, got1);
-        *reinterpret_cast<float4 *>(to + FRAG_COLS * n) = v;
+        // row g's pair and row g + 8's (constant indices: the accumulator stays in registers)
+        *reinterpret_cast<float4 *>(to + FRAG_COLS * n) =
+            quad_pairs_to_float4(acc[acc_index(n, 0, 0)], acc[acc_index(n, 0, 1)],
+                                 acc[acc_index(n, 1, 0)], acc[acc_index(n, 1, 1)], odd);
     }
 }
 template <int D>
@@ -160,43 +156,4 @@ __device__ __forceinline__ void write_dkv_share(const float (&dK)[dkv_regs<D>()]
     const size_t row_step = (size_t)shares * KEY_FLOATS;  // a key's floats, every share's
     write_share_rows<D>(dK, share, row_step, p.t);
     write_share_rows<D>(dV, share + D, row_step, p.t);
-}
-
-// The pass after a split walk's main kernel: dK = scale times the sum of the shares' dK sums,
-// dV = the sum of theirs, added in share order (bit-identical from run to run), in the storage
-// type (bf16 with BF16) and in dK's and dV's layouts. blockIdx.y the (batch, key/value head), a
-// thread one float4 of a key's dK and dV: N_k rows of 2 cols / 4 float4s (cols the tensors' D, a
-// multiple of 8; D the kernel's, the rows' pitch in dkv_part), unpacked batches only (launch.cuh's
-// walk_shares_of). A thread's loads of every share are in flight at once (a loop that added each
-// as it came waited for them one after the other).
-constexpr int DKV_SUM_THREADS = 256;
-template <bool BF16>
-__global__ void __launch_bounds__(DKV_SUM_THREADS)
-    dkv_sum_kernel(const bwd_params p, const float *part, int D, int head_keys, int shares) {
-    let_next_kernel_start();
-    wait_for_previous_kernel();  // (PDL) the main kernel's shares written
-    const int cols = p.D, row_float4s = 2 * cols / CONVERT_FLOATS;
-    const long long i = (long long)blockIdx.x * DKV_SUM_THREADS + threadIdx.x;
-    if (i >= (long long)p.N_k * row_float4s) return;
-    const int row = (int)(i / row_float4s), in_row = (int)(i % row_float4s);
-    const int dv = in_row >= row_float4s / 2,
-              col = (in_row - dv * row_float4s / 2) * CONVERT_FLOATS;
-    const int bh = (int)blockIdx.y, b = bh / p.H_kv, h = bh % p.H_kv;
-    const float4 *at = reinterpret_cast<const float4 *>(
-        part + (((size_t)bh * head_keys + row) * shares * 2 + dv) * D + col);
-    float4 a[WALK_SHARES_MAX];
-#pragma unroll
-    for (int z = 0; z < WALK_SHARES_MAX; ++z)
-        if (z < shares) a[z] = at[(size_t)z * 2 * D / CONVERT_FLOATS];
-    float4 sum = a[0];
-#pragma unroll
-    for (int z = 1; z < WALK_SHARES_MAX; ++z)
-        if (z < shares) sum.x += a[z].x, sum.y += a[z].y, sum.z += a[z].z, sum.w += a[z].w;
-    const float scale = dv ? 1.f : p.scale;
-    uint2 out;
-    out.x = pack2_of<BF16>(sum.x * scale, sum.y * scale);
-    out.y = pack2_of<BF16>(sum.z * scale, sum.w * scale);
-    const tensor_strides &l = dv ? p.layout.dV : p.layout.dK;
-    __half *const to = (dv ? p.dV : p.dK) + head_offset(l, b, h);
-    st_global_v2(to + rows_offset(row, l.row) + col, out);
 }

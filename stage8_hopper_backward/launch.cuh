@@ -61,8 +61,8 @@ static size_t dq_turns(const attn_shape *s) {
 static size_t dq_turn_bytes(const attn_shape *s, int variant) {  // (variant deterministic's)
     return variant == VARIANT_DETERMINISTIC ? dq_turns(s) * sizeof(int) : 0;
 }
-// The shares of a split walk (config.cuh: WALK_SHARES_MAX), 1 where the walks stay whole: the
-// deterministic variant (its dQ turns follow whole walks), variant nosplit, a packed batch, and
+// The shares of a split walk (backward_prepost.cuh: walk_shares_for), 1 where the walks stay whole:
+// the deterministic variant (its dQ turns follow whole walks), variant nosplit, a packed batch, and
 // every grid that fills more than half of the multiprocessors. A share is a range of the query
 // tiles (schedule.cuh's walk_tiles_of): at most as many shares as tiles, and the longest walk,
 // every query tile for each of the group's heads, sets the shares' length (a mask's shorter walks
@@ -72,19 +72,12 @@ static int walk_shares_of(const attn_shape *s, const attn_device *dev, int varia
         return 1;
     const long long blocks = (long long)ceil_div(s->N_k, block_keys_of(s->D)) * s->B * s->H_kv;
     const long long tiles = ceil_div(s->N, qrows_of(s->D));
-    const long long longest = (long long)(s->H / s->H_kv) * tiles;  // steps
-    long long shares = blocks > 0 ? dev->sm_count / blocks : 1;
-    if (shares > WALK_SHARES_MAX) shares = WALK_SHARES_MAX;
-    if (shares > tiles) shares = tiles;
-    if (shares > longest / SHARE_MIN_STEPS) shares = longest / SHARE_MIN_STEPS;
-    return shares < 2 ? 1 : (int)shares;
+    return walk_shares_for(blocks, tiles, (long long)(s->H / s->H_kv) * tiles, dev->sm_count);
 }
 // A split walk's dkv_part (schedule.cuh's bwd_problem): every key tile's keys, each share's dK
 // and dV, in floats of the kernel's D.
 static size_t dkv_part_bytes(const attn_shape *s, int shares) {
-    if (shares < 2) return 0;
-    const size_t keys = (size_t)ceil_div(s->N_k, block_keys_of(s->D)) * block_keys_of(s->D);
-    return (size_t)s->B * s->H_kv * keys * shares * 2 * compiled_d(s->D) * sizeof(float);
+    return dkv_part_bytes_for(s, shares, block_keys_of(s->D), compiled_d(s->D));
 }
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     return 2 * aligned(bwd_pad_rows(s) * sizeof(float)) + aligned(dq_acc_bytes(s, variant)) +
@@ -114,23 +107,27 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 // or softcap, and not variant nolean): the default way's kernel compiled without EXTRAS
 // (kernel.cuh), the only way that has one (at D = 256 variant atomics' too); `capped` (a softcap,
 // not variant nolean): the same way's kernel compiled with the softcap branch alone (CAPPED).
+// *waits: whether the kernel chosen waits for the preprocess itself (config.cuh's waits_by_pdl:
+// launched with PDL only then).
 template <int D, bool BF16, dq_way DQ>
-static kernel_fn default_way_kernel(bool lean, bool capped) {
+static kernel_fn default_way_kernel(bool lean, bool capped, bool *waits) {
+    *waits = lean ? waits_by_pdl<D, false>() : waits_by_pdl<D, true>();  // (capped: not lean)
     if (capped) return backward_kernel<D, BF16, DQ, true, true>;
     return lean ? backward_kernel<D, BF16, DQ, false> : backward_kernel<D, BF16, DQ>;
 }
 template <int D, bool BF16>
-static kernel_fn kernel_for(int variant, bool lean, bool capped) {
+static kernel_fn kernel_for(int variant, bool lean, bool capped, bool *waits) {
+    *waits = waits_by_pdl<D, true>();  // (the kernels with EXTRAS)
     if constexpr (splits_dkv<D>()) {
         if (variant == VARIANT_DETERMINISTIC) return NULL;
-        return default_way_kernel<D, BF16, DQ_BY_ATOMICS>(lean, capped);
+        return default_way_kernel<D, BF16, DQ_BY_ATOMICS>(lean, capped, waits);
     } else {
         if (variant == VARIANT_ATOMICS) {
             if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
             return NULL;
         }
         if (variant == VARIANT_DETERMINISTIC) return backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>;
-        return default_way_kernel<D, BF16, DQ_BY_BULK>(lean, capped);
+        return default_way_kernel<D, BF16, DQ_BY_BULK>(lean, capped, waits);
     }
 }
 
@@ -260,18 +257,14 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     pb.dkv_part = shares > 1 ? dkv_part : NULL;
     const bool lean = variant != VARIANT_NOLEAN && pb.keys.left < 0 && pb.cap_log2 == 0.f;
     const bool capped = variant != VARIANT_NOLEAN && pb.cap_log2 > 0.f;
-    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean, capped);
+    bool waits;  // (the kernel waits for the preprocess: launched with PDL)
+    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean, capped, &waits);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     // (packed: a block per key tile of the longest sequence; those past a sequence's keys leave.
     // A packed batch whose longest sequence has no key has no block: no dK, dV row to write)
     const dim3 grid((unsigned)pb.key_tiles << shift, (unsigned)(s->B * s->H_kv) >> shift,
                     (unsigned)shares);
     if (pb.key_tiles > 0) {
-        // (kernel_for's choice: the default way's kernels are the lean ones)
-        const bool lean_kernel =
-            lean &&
-            (splits_dkv<D>() || (variant != VARIANT_ATOMICS && variant != VARIANT_DETERMINISTIC));
-        const bool waits = lean_kernel ? waits_by_pdl<D, false>() : waits_by_pdl<D, true>();
         const cudaLaunchConfig_t main =
             pdl_launch_config(grid, BLOCK_THREADS, smem_bytes<D>(), stream, pdl && waits, &attr);
         ATTN_TRY(cudaLaunchKernelEx(&main, kernel, tmQ, tmK, tmV, tmdO, tmdK, tmdV, pb));

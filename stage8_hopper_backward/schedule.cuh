@@ -176,17 +176,14 @@ __host__ __device__ __forceinline__ int query_tiles_of(const key_rule &r, int ke
     return first;
 }
 // The query tiles of the block's walk: query_tiles_of's, or where the walk is split (gridDim.z
-// shares, config.cuh: WALK_SHARES_MAX) the block's share of them, blockIdx.z's, walked for every
-// head of the group as a whole walk is (so every role's loop is the whole walk's, over fewer
-// tiles). The shares differ by a tile at most, the first count % shares one longer; a share may
-// have none (a window's or the diagonal's short walks).
+// shares, backward_prepost.cuh: WALK_SHARES_MAX) the block's share of them, blockIdx.z's
+// (share_of_tiles), walked for every head of the group as a whole walk is (so every role's loop is
+// the whole walk's, over fewer tiles).
 template <int D>
 __device__ __forceinline__ int walk_tiles_of(const key_rule &r, int key0, int *count) {
-    const int first = query_tiles_of<D>(r, key0, count);
-    const int shares = (int)gridDim.z, z = (int)blockIdx.z;
-    const int base = *count / shares, longer = *count % shares;
-    *count = base + (z < longer ? 1 : 0);
-    return first + z * base + min(z, longer);
+    int first = query_tiles_of<D>(r, key0, count);
+    share_of_tiles(count, &first, (int)gridDim.z, (int)blockIdx.z);
+    return first;
 }
 
 // A step of the block's walk (every query tile that meets its keys, of every query head of the

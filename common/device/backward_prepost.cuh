@@ -430,3 +430,87 @@ __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_p
         st_global_v2(dQ + rows_offset((int)s.seq.q_row + row[v], p.layout.dQ.row) + col[v], out);
     }
 }
+
+/* ---- split walks: a key tile's walk in shares, and the pass that adds them ------------------ */
+
+// Where the grid's blocks (key tiles times B H_kv) fill at most half of the GPU's multiprocessors,
+// one block per multiprocessor leaves the rest idle while each walks all of its key tile's query
+// tiles: a short batch of few heads, one long head (the long sweep's B = H = 1). Each key tile's
+// query tiles are then cut into shares, a block each (the grid's z), each walked for every head of
+// the group as a whole walk is: as many shares as fill the multiprocessors once, at most
+// WALK_SHARES_MAX (each share's dK_j and dV_j are another 2 D floats a key of workspace that the
+// sum pass reads), none shorter than SHARE_MIN_STEPS steps of the longest walk (a share pays a
+// block's two ends). Grids past a whole wave stay whole (stage 8's LOG.md, steps 73 and 81). A
+// share's dK_j and dV_j leave the block in fp32, unscaled, [B H_kv][key tiles' keys][shares][2][D]
+// floats (D the kernel's; dK's D, then dV's), and dkv_sum_kernel adds the shares in their order:
+// dK and dV stay bit-identical from run to run.
+constexpr int WALK_SHARES_MAX = 8;
+constexpr int SHARE_MIN_STEPS = 2;
+
+// The shares for `blocks` blocks (key tiles x B H_kv), `tiles` query tiles a head and a longest
+// walk of `longest` steps (a group's heads' tiles) on `sm_count` multiprocessors: 1 (whole walks)
+// where the blocks fill more than half of them.
+static inline int walk_shares_for(long long blocks, long long tiles, long long longest,
+                                  int sm_count) {
+    long long shares = blocks > 0 ? sm_count / blocks : 1;
+    if (shares > WALK_SHARES_MAX) shares = WALK_SHARES_MAX;
+    if (shares > tiles) shares = tiles;
+    if (shares > longest / SHARE_MIN_STEPS) shares = longest / SHARE_MIN_STEPS;
+    return shares < 2 ? 1 : (int)shares;
+}
+
+// The shares' workspace (dkv_part) for key tiles of `block_keys` keys, in floats of the kernel's
+// head dim D: 0 with one share.
+static inline size_t dkv_part_bytes_for(const attn_shape *s, int shares, int block_keys, int D) {
+    if (shares < 2) return 0;
+    const size_t keys = (size_t)(s->N_k + block_keys - 1) / block_keys * block_keys;
+    return (size_t)s->B * s->H_kv * keys * shares * 2 * D * sizeof(float);
+}
+
+// Share z of `shares` of a walk of *count query tiles from tile *first: the share's count and
+// first tile, in place. The shares differ by a tile at most, the first count % shares one longer;
+// a share may have none (a window's or the diagonal's short walks).
+__host__ __device__ __forceinline__ void share_of_tiles(int *count, int *first, int shares, int z) {
+    const int base = *count / shares, longer = *count % shares;
+    *count = base + (z < longer ? 1 : 0);
+    *first = *first + z * base + min(z, longer);
+}
+
+// The pass after a split walk's main kernel (stages 7 and 8): dK = scale times the sum of the
+// shares' dK sums, dV = the sum of theirs, added in share order (bit-identical from run to run), in
+// the storage type (bf16 with BF16) and in dK's and dV's layouts. blockIdx.y the (batch, key/value
+// head), a thread one float4 of a key's dK and dV: N_k rows of 2 cols / 4 float4s (cols the
+// tensors' D, a multiple of 8; D the kernel's, the rows' pitch in dkv_part), unpacked batches only
+// (the stages split no packed batch's walks). A thread's loads of every share are in flight at once
+// (a loop that added each as it came waited for them one after the other).
+constexpr int DKV_SUM_THREADS = 256;
+template <bool BF16>
+__global__ void __launch_bounds__(DKV_SUM_THREADS)
+    dkv_sum_kernel(const bwd_params p, const float *part, int D, int head_keys, int shares) {
+    let_next_kernel_start();
+    wait_for_previous_kernel();  // (PDL) the main kernel's shares written
+    const int cols = p.D, row_float4s = 2 * cols / CONVERT_FLOATS;
+    const long long i = (long long)blockIdx.x * DKV_SUM_THREADS + threadIdx.x;
+    if (i >= (long long)p.N_k * row_float4s) return;
+    const int row = (int)(i / row_float4s), in_row = (int)(i % row_float4s);
+    const int dv = in_row >= row_float4s / 2,
+              col = (in_row - dv * row_float4s / 2) * CONVERT_FLOATS;
+    const int bh = (int)blockIdx.y, b = bh / p.H_kv, h = bh % p.H_kv;
+    const float4 *at = reinterpret_cast<const float4 *>(
+        part + (((size_t)bh * head_keys + row) * shares * 2 + dv) * D + col);
+    float4 a[WALK_SHARES_MAX];
+#pragma unroll
+    for (int z = 0; z < WALK_SHARES_MAX; ++z)
+        if (z < shares) a[z] = at[(size_t)z * 2 * D / CONVERT_FLOATS];
+    float4 sum = a[0];
+#pragma unroll
+    for (int z = 1; z < WALK_SHARES_MAX; ++z)
+        if (z < shares) sum.x += a[z].x, sum.y += a[z].y, sum.z += a[z].z, sum.w += a[z].w;
+    const float scale = dv ? 1.f : p.scale;
+    uint2 out;
+    out.x = pack2_of<BF16>(sum.x * scale, sum.y * scale);
+    out.y = pack2_of<BF16>(sum.z * scale, sum.w * scale);
+    const tensor_strides &l = dv ? p.layout.dV : p.layout.dK;
+    __half *const to = (dv ? p.dV : p.dK) + head_offset(l, b, h);
+    st_global_v2(to + rows_offset(row, l.row) + col, out);
+}

@@ -84,6 +84,18 @@ __device__ __forceinline__ int lane_index() {
     return l;
 }
 
+// Four consecutive floats a lane from an accumulator's pairs: lanes t and t ^ 1 of a quad (odd:
+// t & 1) each hold a pair a0, a1 (row g, or n8 block n) and a pair b0, b1 (row g + 8, or block n +
+// 1) at columns 2t, 2t + 1 of theirs; after two shuffles the even lane holds a's four columns 2t ..
+// 2t + 3 (its own pair, then its partner's), the odd lane b's 2t - 2 .. 2t + 1: one 16-byte store
+// or reduction a lane where the layout gave two of 8 bytes.
+__device__ __forceinline__ float4 quad_pairs_to_float4(float a0, float a1, float b0, float b1,
+                                                       bool odd) {
+    const float r0 = __shfl_xor_sync(FULL_WARP, odd ? a0 : b0, 1);  // the pair the partner keeps
+    const float r1 = __shfl_xor_sync(FULL_WARP, odd ? a1 : b1, 1);
+    return odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1);
+}
+
 // 2^x in one MUFU.EX2 instruction; 2^-inf = +0.
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
