@@ -5,7 +5,8 @@
 # after, same GPU). Not run by `make test`: it needs a GPU and two builds.
 # Each shape runs `PROGRAM --batch B --heads H --seq N --dim D [--causal] --bench --csv --check 0
 # --budget S` from both builds, base then new, and the whole set twice (rounds interleaved, so a
-# clock or thermal drift hits both); the faster ms_median of each build's rounds is kept.
+# clock or thermal drift hits both); the faster ms_median of each build's rounds is kept (a
+# backward stage's `bwd` row: its `fwd+bwd` row holds another stage's forward).
 # A shape over the budget (either build's first launch took longer than S seconds: the program's
 # own over_budget row) is skipped, and so is every larger N of its series (the work grows with N).
 # Prints one line per shape, "ratio" = base ms / new ms (above 1: the new build is faster), then
@@ -50,12 +51,17 @@ col() { # col HEADER ROW NAME: the field of ROW under NAME in HEADER
     n = split(h, H, ","); split(r, R, ","); for (i = 1; i <= n; i++) if (H[i] == want) print R[i] }'
 }
 
-# run PROGRAM ARGS...: prints the ms_median of the run, "over" when over budget, "" on a failure
+# run PROGRAM ARGS...: prints the ms_median of the run (a backward stage's: the backward alone),
+# "over" when over budget, "" on a failure
 run() {
   local out hdr row status
   out=$("$@" --bench --csv --check 0 --budget "$budget" 2>/dev/null)
   hdr=$(grep -m 1 '^gpu,' <<<"$out")
-  row=$(awk 'f && NF { r = $0 } /^gpu,/ { f = 1 } END { print r }' <<<"$out")
+  # the backward's row where the program prints one (a backward stage's rows: bwd, fwd+bwd, whose
+  # forward is another stage's), else the last row
+  row=$(awk -F, 'f && NF { r = $0; if (p && $p == "bwd") b = $0 }
+    /^gpu,/ { f = 1; for (i = 1; i <= NF; i++) if ($i == "pass") p = i }
+    END { print (b != "" ? b : r) }' <<<"$out")
   [ -n "$hdr" ] && [ -n "$row" ] || return 0
   status=$(col "$hdr" "$row" status)
   case $status in
