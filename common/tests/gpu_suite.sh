@@ -81,8 +81,14 @@ if has bench; then
       # the last: a packed batch (--varlen random: 16 sequences of 0 .. 8,192 tokens), where taken
       for shape in "--batch 4 --heads 16 --seq 4096 --dim 128" "--seq 65536 --dim 128" \
         "--varlen random --batch 16 --seq 8192 --heads 16 --dim 128 --causal"; do
-        row=$(timeout 300 "$native/$s" $shape --variant "$v" --bench --csv --check 16 --budget 20 2>>"$LOGS/bench.log" | tail -n 1)
-        say "  $(echo "$row" | awk -F, '{printf "%-20s %-12s B=%s H=%-2s N=%-6s D=%s %10s ms %8s TFLOP/s  err %-9s %s", $2, $3, $4, $5, $6, $7, $10, $13, $14, $19}')"
+        # every row the program prints (a backward stage: bwd, then fwd+bwd), by its header's names
+        rows=$(timeout 300 "$native/$s" $shape --variant "$v" --bench --csv --check 16 --budget 20 \
+          2>>"$LOGS/bench.log" | awk -F, '/^gpu,/ { for (i = 1; i <= NF; i++) c[$i] = i; next }
+          ("ms_median" in c) && NF >= c["status"] {
+            printf "  %-20s %-12s %-7s B=%s H=%-2s N=%-6s D=%s %10s ms %8s TFLOP/s  err %-9s %s\n",
+              $c["stage"], $c["variant"], $c["pass"], $c["B"], $c["H"], $c["N"], $c["D"],
+              $c["ms_median"], $c["tflops"], $c["max_abs_err"], $c["status"] }')
+        say "${rows:-  $s $v [$shape]: no row (see $LOGS/bench.log)}"
       done
     done
   done
