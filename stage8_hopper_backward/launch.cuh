@@ -269,7 +269,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
             pdl_launch_config(grid, BLOCK_THREADS, smem_bytes<D>(), stream, pdl && waits, &attr);
         ATTN_TRY(cudaLaunchKernelEx(&main, kernel, tmQ, tmK, tmV, tmdO, tmdK, tmdV, pb));
     }
-    if (shares > 1 && pb.key_tiles > 0) {  // the shares' dK and dV added (epilogue.cuh)
+    if (shares > 1 && pb.key_tiles > 0) {  // the shares' dK and dV added (backward_prepost.cuh)
         const long long float4s = (long long)s->N_k * 2 * s->D / CONVERT_FLOATS;
         const dim3 sum_grid((unsigned)ceil_div(float4s, DKV_SUM_THREADS),
                             (unsigned)(s->B * s->H_kv));
