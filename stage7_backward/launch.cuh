@@ -252,12 +252,13 @@ static cudaError_t launch(FN fn, dim3 grid, int threads, size_t smem, cudaStream
 
 // The main kernel of a call and its tiles: backward_kernel (smem_p: P^T and dS^T through shared
 // memory) or backward_registers_kernel (configuration mi of its list), dq_kernel's configuration
-// di (the deterministic variant), the main kernel's key tile and query tile, and its split walks'
-// shares (common/device/backward_prepost.cuh's walk_shares_for: where the grid fills at most half
-// of the multiprocessors; 1 in variant nosplit and for a packed batch). enqueue_backward launches
-// it; backward_workspace_bytes makes room for the shares.
+// di (the deterministic variant), how dQ is added (dq), the main kernel's key tile and query
+// tile, and its split walks' shares (common/device/backward_prepost.cuh's walk_shares_for: where
+// the grid fills at most half of the multiprocessors; 1 in variant nosplit and for a packed
+// batch). enqueue_backward launches it; backward_workspace_bytes makes room for the shares.
 typedef struct {
     bool smem_p;
+    dq_way dq;
     int mi, di;
     int keys, qrows;
     int shares;
@@ -268,8 +269,8 @@ static cudaError_t plan_main(const attn_shape *s, const attn_device *dev, int va
     int arch = 0;
     ATTN_TRY(kernel_arch(&arch));
     const int D = compiled_d(s->D);  // the kernels' head dim (s->D: its first columns)
-    const dq_way dq = dq_way_for(variant, arch);
-    pl->smem_p = variant != VARIANT_REGISTERS && smem_p_fits(D, dev->smem_per_block, arch, dq);
+    pl->dq = dq_way_for(variant, arch);
+    pl->smem_p = variant != VARIANT_REGISTERS && smem_p_fits(D, dev->smem_per_block, arch, pl->dq);
     pl->mi = choose_tiles(D, dev->smem_per_block, arch, true);
     pl->di = choose_tiles(D, dev->smem_per_block, arch, false);
     if ((!pl->smem_p && pl->mi < 0) || (variant == VARIANT_DETERMINISTIC && pl->di < 0))
@@ -286,12 +287,8 @@ static cudaError_t plan_main(const attn_shape *s, const attn_device *dev, int va
         pl->keys = tile_rows(mc), pl->qrows = mc.QROWS;
     }
     pl->shares = 1;
-    if (variant != VARIANT_NOSPLIT && !s->varlen.cu_seqlens_q) {
-        const long long blocks = (long long)ceil_div(s->N_k, pl->keys) * s->B * s->H_kv;
-        const long long tiles = ceil_div(s->N, pl->qrows);
-        pl->shares =
-            walk_shares_for(blocks, tiles, (long long)(s->H / s->H_kv) * tiles, dev->sm_count);
-    }
+    if (variant != VARIANT_NOSPLIT && !s->varlen.cu_seqlens_q)
+        pl->shares = walk_shares_for(s, pl->keys, pl->qrows, dev->sm_count);
     return cudaSuccess;
 }
 
@@ -301,15 +298,18 @@ static cudaError_t plan_main(const attn_shape *s, const attn_device *dev, int va
 static size_t dq_acc_bytes(const attn_shape *s, int variant) {
     return variant == VARIANT_DETERMINISTIC ? 0 : bwd_acc_rows(s) * s->D * sizeof(float);
 }
+// where dkv_part starts: its bytes from the workspace's start
+static size_t dkv_part_offset(const attn_shape *s, int variant) {
+    return 2 * aligned(bwd_pad_rows(s) * sizeof(float)) + aligned(dq_acc_bytes(s, variant));
+}
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
-    const size_t rows = bwd_pad_rows(s);
     main_plan pl;
     size_t part = 0;
     if (plan_main(s, dev, variant, &pl) == cudaSuccess)
         part = dkv_part_bytes_for(s, pl.shares, pl.keys, compiled_d(s->D));
     else
         (void)cudaGetLastError();  // (no plan: the call is refused before it runs)
-    return 2 * aligned(rows * sizeof(float)) + aligned(dq_acc_bytes(s, variant)) + aligned(part);
+    return dkv_part_offset(s, variant) + aligned(part);
 }
 
 // Preprocess, the main kernel, then the convert or dq_kernel, for one storage type (BF16: bf16).
@@ -332,19 +332,15 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     ATTN_TRY(cudaGetLastError());
     const unsigned BH_kv = (unsigned)(s->B * s->H_kv);  // the main kernels' (batch, K/V head)s
 
-    int arch = 0;
-    ATTN_TRY(kernel_arch(&arch));
-    const dq_way dq = dq_way_for(variant, arch);
     const bool model = model_shape(s);
     main_plan pl;
     ATTN_TRY(plan_main(s, dev, variant, &pl));
+    const dq_way dq = pl.dq;
     const bool smem_p = pl.smem_p;
     const int mi = pl.mi, di = pl.di;
     bwd_model m = bwd_model_of(s, dq);
     // a split walk's shares after lse2, Dsum and dQ_acc (backward_workspace_bytes)
-    float *const dkv_part =
-        (float *)((char *)p.lse2 + 2 * aligned(bwd_pad_rows(s) * sizeof(float)) +
-                  aligned(dq_acc_bytes(s, variant)));
+    float *const dkv_part = (float *)((char *)p.lse2 + dkv_part_offset(s, variant));
     m.dkv_part = pl.shares > 1 ? dkv_part : NULL;
     const unsigned shares = (unsigned)pl.shares;  // the main kernel's grid's z
     if (smem_p) {
@@ -368,9 +364,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
                         mc.WARPS * WARP_SIZE, registers_smem_bytes(mc, D), stream, p, m));
     }
     if (shares > 1) {  // the shares' dK and dV added (backward_prepost.cuh)
-        const long long float4s = (long long)s->N_k * 2 * s->D / CONVERT_FLOATS;
-        const dim3 sum_grid((unsigned)ceil_div(float4s, DKV_SUM_THREADS), BH_kv);
-        dkv_sum_kernel<BF16><<<sum_grid, DKV_SUM_THREADS, 0, stream>>>(
+        dkv_sum_kernel<BF16><<<dkv_sum_grid(s), DKV_SUM_THREADS, 0, stream>>>(
             p, dkv_part, D, ceil_div(s->N_k, pl.keys) * pl.keys, (int)shares);
         ATTN_TRY(cudaGetLastError());
     }

@@ -70,9 +70,7 @@ static size_t dq_turn_bytes(const attn_shape *s, int variant) {  // (variant det
 static int walk_shares_of(const attn_shape *s, const attn_device *dev, int variant) {
     if (variant == VARIANT_DETERMINISTIC || variant == VARIANT_NOSPLIT || s->varlen.cu_seqlens_q)
         return 1;
-    const long long blocks = (long long)ceil_div(s->N_k, block_keys_of(s->D)) * s->B * s->H_kv;
-    const long long tiles = ceil_div(s->N, qrows_of(s->D));
-    return walk_shares_for(blocks, tiles, (long long)(s->H / s->H_kv) * tiles, dev->sm_count);
+    return walk_shares_for(s, block_keys_of(s->D), qrows_of(s->D), dev->sm_count);
 }
 // A split walk's dkv_part (schedule.cuh's bwd_problem): every key tile's keys, each share's dK
 // and dV, in floats of the kernel's D.
@@ -270,11 +268,8 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
         ATTN_TRY(cudaLaunchKernelEx(&main, kernel, tmQ, tmK, tmV, tmdO, tmdK, tmdV, pb));
     }
     if (shares > 1 && pb.key_tiles > 0) {  // the shares' dK and dV added (backward_prepost.cuh)
-        const long long float4s = (long long)s->N_k * 2 * s->D / CONVERT_FLOATS;
-        const dim3 sum_grid((unsigned)ceil_div(float4s, DKV_SUM_THREADS),
-                            (unsigned)(s->B * s->H_kv));
         const cudaLaunchConfig_t sum =
-            pdl_launch_config(sum_grid, DKV_SUM_THREADS, 0, stream, pdl, &attr);
+            pdl_launch_config(dkv_sum_grid(s), DKV_SUM_THREADS, 0, stream, pdl, &attr);
         ATTN_TRY(cudaLaunchKernelEx(&sum, dkv_sum_kernel<BF16>, p, (const float *)dkv_part, D,
                                     pb.key_tiles * block_keys<D>(), shares));
     }

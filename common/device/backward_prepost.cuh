@@ -447,11 +447,13 @@ __global__ void __launch_bounds__(CONVERT_THREADS) dq_convert_kernel(const bwd_p
 constexpr int WALK_SHARES_MAX = 8;
 constexpr int SHARE_MIN_STEPS = 2;
 
-// The shares for `blocks` blocks (key tiles x B H_kv), `tiles` query tiles a head and a longest
-// walk of `longest` steps (a group's heads' tiles) on `sm_count` multiprocessors: 1 (whole walks)
-// where the blocks fill more than half of them.
-static inline int walk_shares_for(long long blocks, long long tiles, long long longest,
-                                  int sm_count) {
+// The shares of shape s's walks for key tiles of `block_keys` keys and query tiles of `qrows` rows
+// on `sm_count` multiprocessors: 1 (whole walks) where the blocks (key tiles x B H_kv) fill more
+// than half of them. The longest walk is every query tile for each of the group's heads.
+static inline int walk_shares_for(const attn_shape *s, int block_keys, int qrows, int sm_count) {
+    const long long blocks = (long long)((s->N_k + block_keys - 1) / block_keys) * s->B * s->H_kv;
+    const long long tiles = (s->N + qrows - 1) / qrows;
+    const long long longest = (long long)(s->H / s->H_kv) * tiles;  // steps
     long long shares = blocks > 0 ? sm_count / blocks : 1;
     if (shares > WALK_SHARES_MAX) shares = WALK_SHARES_MAX;
     if (shares > tiles) shares = tiles;
@@ -484,6 +486,11 @@ __host__ __device__ __forceinline__ void share_of_tiles(int *count, int *first, 
 // (the stages split no packed batch's walks). A thread's loads of every share are in flight at once
 // (a loop that added each as it came waited for them one after the other).
 constexpr int DKV_SUM_THREADS = 256;
+static inline dim3 dkv_sum_grid(const attn_shape *s) {  // a thread a float4 of dK's or dV's row
+    const long long float4s = (long long)s->N_k * 2 * s->D / CONVERT_FLOATS;
+    return dim3((unsigned)((float4s + DKV_SUM_THREADS - 1) / DKV_SUM_THREADS),
+                (unsigned)(s->B * s->H_kv));
+}
 template <bool BF16>
 __global__ void __launch_bounds__(DKV_SUM_THREADS)
     dkv_sum_kernel(const bwd_params p, const float *part, int D, int head_keys, int shares) {
