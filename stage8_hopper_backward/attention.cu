@@ -62,7 +62,8 @@
  * dq_turn_of() says the order), nolean (the default's kernels with a window's left bound and
  * softcap in their code for every shape, not only for those that ask for them: kernel.cuh's
  * EXTRAS and CAPPED), nosplit (no split walks: every block walks its key tile's whole walk),
- * nopdl (each pass launched only after the one before it has ended).
+ * nopdl (each pass launched only after the one before it has ended), nopersistent (one block per
+ * work tile where the default runs a persistent grid: launch.cuh's persistent_grid).
  *
  * Run:  make build && build/stage8_hopper_backward --seq 4096 --heads 16 --dim 128 --causal --bench
  * Only on an H100/H200 with a build that has sm_90a code (make picks it on a Hopper GPU; the fat
@@ -169,7 +170,7 @@ extern "C" const attn_stage attn_this_stage = {
     "reduce-add (atomics: fp32 atomics from the registers; deterministic: the adds in key-tile "
     "order); forward = stage 6's",
     ATTN_F16,
-    "default,atomics,deterministic,nolean,nosplit,nopdl",
+    "default,atomics,deterministic,nolean,nosplit,nopdl,nopersistent",
     stage_unsupported,
     linked_forward_workspace_bytes,
     linked_forward,

@@ -156,6 +156,7 @@ constexpr int LOAD_WARP = 0;
 constexpr int DQ_WARP = 1;
 constexpr int STORE_WARP = 2;
 constexpr int DQ_WARP_ODD = 3;
+constexpr int KV_WARP = 3;  // a persistent grid's (below): its kernels have one dQ warp
 
 // setmaxnreg: 384 threads start with 168 registers each (65,536 / 384, rounded down to 8); the
 // producer gives most of its share to the consumers: 128 x 24 + 256 x 240 = 64,512.
@@ -230,7 +231,8 @@ constexpr int WARP_ROWS = WGMMA_M / WARPS_PER_WARPGROUP;  // a warp's 16 rows of
 // its lean and capped kernels (kernel.cuh's EXTRAS and CAPPED: every shape runs the kernel that has
 // softcap's and a window's left bound's code). Variant nosplit is the default without split walks
 // (below); variant nopdl the default with each pass launched only once the one before has ended
-// (launch.cuh: without programmatic dependent launch).
+// (launch.cuh: without programmatic dependent launch); variant nopersistent the default with one
+// block per work tile (below: has_persistent).
 enum {
     VARIANT_DEFAULT = 0,
     VARIANT_ATOMICS,
@@ -238,9 +240,27 @@ enum {
     VARIANT_NOLEAN,
     VARIANT_NOSPLIT,
     VARIANT_NOPDL,
+    VARIANT_NOPERSISTENT,
     VARIANTS
 };
 enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
+
+// A persistent grid (LOG.md, step 84): one block per multiprocessor, each working one work tile
+// (a key tile of a (batch, key/value head): schedule.cuh) after another as a global counter hands
+// them out, so that the next work tile's Q_i, dO_i, LSE_i and D_i land under this one's end and
+// no block's start-up is paid again; K_j and V_j as soon as the store warp has read dK_j and dV_j
+// out of their tiles (KV_EMPTY). Where there are more work tiles than multiprocessors, in the
+// default variant's lean kernels at D = 64 and 128 (has_persistent), every work tile with a step
+// (no left bound: every key tile is seen), not for a packed batch or a split walk; variant
+// nopersistent launches one block per work tile. The load warp takes the work tiles and publishes
+// each in a ring of WORK_SLOTS (smem.cuh), read by one thread of each of WORK_READERS warps; the
+// K/V warp (the producer warpgroup's fourth, idle there) copies each later one's K_j and V_j.
+constexpr int WORK_SLOTS = 2;
+constexpr int WORK_READERS = CONSUMER_WARPS + 3;  // the consumer warps, dQ, store and K/V warps
+template <int D, dq_way DQ, bool EXTRAS>
+__host__ __device__ constexpr bool has_persistent() {
+    return DQ == DQ_BY_BULK && !EXTRAS && (D == 64 || D == 128);
+}
 
 // Whether the main kernel of head dim D (with or without EXTRAS: kernel.cuh) is launched with
 // programmatic dependent launch and waits for the preprocess itself (producer.cuh's load_tiles):

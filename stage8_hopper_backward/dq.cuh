@@ -201,9 +201,9 @@ __host__ __device__ __forceinline__ int dq_turns_of(const block_place &b, int he
 // the order have all added theirs and the counter reads their number. Then the ordinary acquire
 // is ordered before the bulk reduction that follows (a proxy fence).
 template <int D>
-__device__ __forceinline__ void wait_for_turn(const bwd_problem &pb, const key_rule &keys,
+__device__ __forceinline__ void wait_for_turn(const bwd_problem &pb, const block_place &b,
                                               const int *turn, int q0) {
-    const int mine = dq_turn_of<D>(pb, keys, block_key_tile(pb), q0);
+    const int mine = dq_turn_of<D>(pb, b.keys, b.key_tile, q0);
     while (ld_acquire_gpu(turn) != mine) {
     }
     fence_proxy_async_global();
@@ -218,7 +218,7 @@ __device__ __forceinline__ void pass_turn(int *turn) {
     red_release_gpu_add(turn, 1);
 }
 
-// The dQ warp's lane 0: for each step of the block (the same walk as the loads), add the staged
+// The dQ warp's lane 0: for each step of a work tile (the same walk as the loads), add the staged
 // dQ_i to rows q0 .. q0 + qrows - 1 of the query head's tiles of dQ_acc (rows counted as lse2's:
 // the rows past the sequence's N are its padding, which nothing reads, and those it adds there
 // are zeros: P = 0 past N). DQ_BY_BULK, by
@@ -250,12 +250,10 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // head's blocks get one: those of earlier heads never wait for them, and later heads' start only
 // after the last of them.
 template <int D, dq_way DQ>
-__device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const bwd_problem &pb, int lane,
-                                          int odd) {
-    const block_place b = block_place_of<D>(pb);
-    if (lane != 0) return;  // one thread issues the reductions
+__device__ __forceinline__ void reduce_dq_walk(const smem_tiles &sm, const bwd_problem &pb,
+                                               const block_place &b, int odd, int &hand) {
     int tiles;
-    const int first = walk_first<D, DQ>(pb, walk_tiles_of<D>(b.keys, b.key0, &tiles));
+    const int first = walk_first<D, DQ>(pb, b, walk_tiles_of<D>(b.keys, b.key0, &tiles));
     // one loop over the block's steps (the load warp's walk), the head and the tile carried along
     // as the counters' place, the head's first tile counted as lse2's rows over qrows
     // (dq_turns_of): the warp runs on PRODUCER_REGS registers.
@@ -269,12 +267,13 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const bwd_proble
     if constexpr (TWO)
         if (odd && ++qt == first + tiles) qt = first, turns += turns_apart;
     // the block's steps whose part the consumers stage (last_dq_by_reds: all but the last)
-    const int staged = pb.group * tiles - (last_dq_by_reds<D, DQ>() ? 1 : 0);
-    for (int it = TWO ? odd : 0; it < staged; it += STRIDE) {
+    const int steps = pb.group * tiles;
+    const int staged = hand + steps - (last_dq_by_reds<D, DQ>() && steps > 0 ? 1 : 0);
+    for (int it = hand + (TWO ? odd : 0); it < staged; it += STRIDE) {
         const int q0 = walk_row<D, DQ>(pb, qt);
         int *const turn = pb.dq_turn + turns + q0 / qrows<D>();  // the query tile's counter
         const int row0 = turns * qrows<D>() + q0;  // the query tile's first row, as lse2's
-        // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq)
+        // LAB HOLE 4 BEGIN: dQ_i added by the TMA unit (reduce_dq_walk)
         // LAB TODO: the consumers stage the step's dQ_i in the staging tile (slabs of 8 floats, as
         // LAB TODO: dQ_acc's tiles lie); reduce_dq_part<D, DQ>(sm, pb, it, part, row0) adds part
         // LAB TODO: `part` of it to the query tile of dQ_acc at row0 by one bulk reduce-add of this
@@ -307,7 +306,7 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const bwd_proble
         } else {
             const int pair = dq_pair<D, DQ>(it, 0);
             // the query tile's turn first, while the consumers still compute the step
-            if constexpr (DQ == DQ_BY_BULK_IN_TURNS) wait_for_turn<D>(pb, b.keys, turn, q0);
+            if constexpr (DQ == DQ_BY_BULK_IN_TURNS) wait_for_turn<D>(pb, b, turn, q0);
             mbar_wait(dq_full_bar(sm, pair), dq_phase<D, DQ>(it));  // the consumers' parts staged
             reduce_dq_part<D, DQ>(sm, pb, it, 0, row0);             // the tile
             bulk_commit();
@@ -320,6 +319,28 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const bwd_proble
 #pragma unroll
         for (int k = 0; k < STRIDE; ++k)  // the next step of this warp's
             if (++qt == first + tiles) qt = first, turns += turns_apart;  // the next head
+    }
+    hand = staged;
+}
+
+// The dQ warp's lane 0 over the block's work tiles: its own, or a persistent block's as the load
+// warp publishes them (take_work), each one's walk (reduce_dq_walk) counting its hand-overs
+// (it there) on from the work tile before's.
+template <int D, dq_way DQ, bool PERSISTENT>
+__device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const bwd_problem &pb, int lane,
+                                          int odd) {
+    if (lane != 0) return;  // one thread issues the reductions
+    int hand = 0;
+    for (int n = 0;; ++n) {
+        int w = 0;
+        if constexpr (PERSISTENT) {
+            w = take_work(sm, n);
+            if (w >= pb.work_tiles) break;
+        }
+        const block_place b =
+            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile());
+        reduce_dq_walk<D, DQ>(sm, pb, b, odd, hand);
+        if constexpr (!PERSISTENT) break;
     }
     bulk_wait<false>();  // every reduction done before the block's shared memory goes
 }

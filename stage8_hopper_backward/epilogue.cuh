@@ -34,6 +34,20 @@ __device__ __forceinline__ void stage_rows(const float (&acc)[dkv_regs<D>()], fl
     }
 }
 
+// Where the consumers stage dK_j and dV_j for the store warp: over K_j's and V_j's tiles, or, in a
+// persistent block, in the dS^T buffers (at D = 128 and the dQ staging tile's first part after
+// them: dkv_stage_over_dq), all free at a work tile's end, so that the next work tile's K_j and V_j
+// load while the stores read these (LOG.md, step 84). The next work tile writes them only after
+// the store warp's copies have read them (DKV_READ, before its first step's dS^T).
+template <int D, bool PERSISTENT>
+__device__ __forceinline__ uint32_t dk_stage(const smem_tiles &sm) {
+    return PERSISTENT ? sm.dS : sm.K;
+}
+template <int D, bool PERSISTENT>
+__device__ __forceinline__ uint32_t dv_stage(const smem_tiles &sm) {
+    return PERSISTENT ? sm.dS + kv_tile_bytes<D>() : sm.V;
+}
+
 // A packed batch's key tile that runs past its sequence's keys (the sequence's last): a TMA
 // store of the whole box would write the next sequence's rows of dK and dV, another block's.
 template <int D>
@@ -64,21 +78,37 @@ __device__ __forceinline__ void store_rows_masked(uint32_t tile, __half *out,
 
 // A consumer thread's part of dK_j = scale dK_acc and dV_j = dV_acc, over its rows of K_j's and
 // V_j's tiles (the same layout); then visible to the copy engine, and announced to the store
-// warp (DKV_STAGED). The tiles are free once both warpgroups' wgmma are done (KV_FREE): the dQ
-// products read all the block's keys of K_j (at D = 256 the scores of each warpgroup all of K_j
-// and V_j, whose columns the warpgroups stage half each). A packed batch's tile past its sequence's
-// keys (dkv_masked): once both warpgroups have staged their rows (KV_FREE again), the consumers
-// store the sequence's rows themselves (store_rows_masked), the store warp none.
-template <int D, bool BF16>
+// warp (DKV_STAGED: a persistent block's consumers meet it once a work tile, the next time only
+// after the store warp has, as they wait for the next work tile's K_j and V_j, copied only once
+// the store warp's copies have read these tiles: KV_EMPTY, KV_FULL). The tiles are free once both
+// warpgroups' wgmma are done (KV_FREE): the dQ products read all the block's keys of K_j (at D =
+// 256 the scores of each warpgroup all of K_j and V_j, whose columns the warpgroups stage half
+// each). A packed batch's tile past its sequence's keys (dkv_masked): once both warpgroups have
+// staged their rows (KV_FREE again), the consumers store the sequence's rows themselves
+// (store_rows_masked), the store warp none.
+template <int D, bool BF16, bool PERSISTENT>
 __device__ __forceinline__ void stage_dkv(const float (&dK)[dkv_regs<D>()],
                                           const float (&dV)[dkv_regs<D>()], const smem_tiles &sm,
                                           const consumer_place &p, const bwd_problem &pb,
-                                          const block_place &b) {
+                                          const block_place &b, int last_hand, int dkv_read) {
     named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_KV_FREE);
+    if constexpr (PERSISTENT) {
+        // K_j and V_j are free: the next work tile's may come (the K/V warp), and dK_j, dV_j go to
+        // the staging tiles once the store warp has read the work tile before's there (its first
+        // step waited already) and the dQ warp this work tile's last dQ part where they overlap it
+        if (p.wg == 0 && p.warp == 0 && p.lane == 0) mbar_arrive(bar_at(sm, BAR_KV_EMPTY));
+        if (dkv_read >= 0) mbar_wait(bar_at(sm, BAR_DKV_READ), (uint32_t)dkv_read);
+        if constexpr (dkv_stage_over_dq<D>())
+            mbar_wait(dq_empty_bar(sm, 0), dq_pipeline{last_hand}.phase());
+    } else {
+        (void)last_hand, (void)dkv_read;
+    }
     const int row = wg_key0<D>(p.wg) + WARP_ROWS * p.warp + p.g;  // the thread's first row
     const int slab = wg_col0<D>(p.wg) / SLAB_COLS;                // its first column's slab
-    stage_rows<D, BF16>(dK, pb.scale, sm.K + slab_offset<block_keys<D>()>(slab), row, p.t);
-    stage_rows<D, BF16>(dV, 1.f, sm.V + slab_offset<block_keys<D>()>(slab), row, p.t);
+    stage_rows<D, BF16>(dK, pb.scale,
+                        dk_stage<D, PERSISTENT>(sm) + slab_offset<block_keys<D>()>(slab), row, p.t);
+    stage_rows<D, BF16>(dV, 1.f, dv_stage<D, PERSISTENT>(sm) + slab_offset<block_keys<D>()>(slab),
+                        row, p.t);
     fence_proxy_async();  // this thread's stores are visible to the copy engine
     named_barrier_arrive<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
     if (dkv_masked<D>(pb, b)) {
@@ -92,30 +122,42 @@ __device__ __forceinline__ void stage_dkv(const float (&dK)[dkv_regs<D>()],
     }
 }
 
-// The store warp: once the consumers have staged dK_j and dV_j (DKV_STAGED), lane 0 stores them
+// The store warp, for each work tile of the block (a persistent block's as the load warp
+// publishes them): once the consumers have staged dK_j and dV_j (DKV_STAGED), lane 0 stores them
 // to keys key0 .. of (batch, kv_head) of dK and dV (tmdK, tmdV: block_keys-row boxes; keys past N_k
 // are not written; columns past the tensors' D neither), slabs<D>() TMA copies each, and waits
-// until they have read the tiles: the block's shared memory lives until then. A packed batch: at
-// the sequence's rows of the packed tensors (from k_row, batch 0), where the whole box lies in them
+// until they have read the tiles: the block's shared memory lives until then, and a persistent
+// block's next work tile writes its dS^T there (DKV_READ). A packed batch: at the
+// sequence's rows of the packed tensors (from k_row, batch 0), where the whole box lies in them
 // (else the consumers store the rows: dkv_masked).
-template <int D>
+template <int D, bool PERSISTENT>
 __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMap *tmdK,
                                           const CUtensorMap *tmdV, const bwd_problem &pb,
                                           int lane) {
     if (gridDim.z > 1) return;  // a split walk: the consumers write the share's sums
-    named_barrier_sync<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
-    const block_place b = block_place_of<D>(pb);
-    if (lane == 0 && !dkv_masked<D>(pb, b)) {
-        const int k_row = (int)b.seq.seq.k_row + b.key0;
-#pragma unroll
-        for (int c = 0; c < slabs<D>(); ++c) {
-            tma_store_4d(tmdK, sm.K + slab_offset<block_keys<D>()>(c), c * SLAB_COLS, k_row,
-                         b.kv_head, b.tile_batch);
-            tma_store_4d(tmdV, sm.V + slab_offset<block_keys<D>()>(c), c * SLAB_COLS, k_row,
-                         b.kv_head, b.tile_batch);
+    for (int n = 0;; ++n) {
+        int w = 0;
+        if constexpr (PERSISTENT) {
+            w = take_work_by_warp(sm, n, lane);
+            if (w >= pb.work_tiles) break;  // that was "stop"
         }
-        bulk_commit();
-        bulk_wait<true>();  // the copies have read the tiles
+        named_barrier_sync<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
+        const block_place b =
+            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile());
+        if (lane == 0 && !dkv_masked<D>(pb, b)) {
+            const int k_row = (int)b.seq.seq.k_row + b.key0;
+#pragma unroll
+            for (int c = 0; c < slabs<D>(); ++c) {
+                tma_store_4d(tmdK, dk_stage<D, PERSISTENT>(sm) + slab_offset<block_keys<D>()>(c),
+                             c * SLAB_COLS, k_row, b.kv_head, b.tile_batch);
+                tma_store_4d(tmdV, dv_stage<D, PERSISTENT>(sm) + slab_offset<block_keys<D>()>(c),
+                             c * SLAB_COLS, k_row, b.kv_head, b.tile_batch);
+            }
+            bulk_commit();
+            bulk_wait<true>();  // the copies have read the tiles
+            if constexpr (PERSISTENT) mbar_arrive(bar_at(sm, BAR_DKV_READ));
+        }
+        if constexpr (!PERSISTENT) break;
     }
 }
 

@@ -77,10 +77,16 @@ static int walk_shares_of(const attn_shape *s, const attn_device *dev, int varia
 static size_t dkv_part_bytes(const attn_shape *s, int shares) {
     return dkv_part_bytes_for(s, shares, block_keys_of(s->D), compiled_d(s->D));
 }
+// A persistent grid's counter (schedule.cuh's tile_counter): an int, in the default variant's
+// workspace.
+static size_t tile_counter_bytes(int variant) {
+    return variant == VARIANT_DEFAULT ? sizeof(int) : 0;
+}
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     return 2 * aligned(bwd_pad_rows(s) * sizeof(float)) + aligned(dq_acc_bytes(s, variant)) +
            aligned(dq_turn_bytes(s, variant)) +
-           aligned(dkv_part_bytes(s, walk_shares_of(s, dev, variant)));
+           aligned(dkv_part_bytes(s, walk_shares_of(s, dev, variant))) +
+           aligned(tile_counter_bytes(variant));
 }
 
 // The map of a 16-bit operand (tensor_map_slabs): [B, heads, rows, D] by its layout, or, packed,
@@ -107,25 +113,28 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 // not variant nolean): the same way's kernel compiled with the softcap branch alone (CAPPED).
 // *waits: whether the kernel chosen waits for the preprocess itself (config.cuh's waits_by_pdl:
 // launched with PDL only then).
+// `persistent` (persistent_grid): the lean kernel with a persistent grid.
 template <int D, bool BF16, dq_way DQ>
-static kernel_fn default_way_kernel(bool lean, bool capped, bool *waits) {
+static kernel_fn default_way_kernel(bool lean, bool capped, bool persistent, bool *waits) {
     *waits = lean ? waits_by_pdl<D, false>() : waits_by_pdl<D, true>();  // (capped: not lean)
     if (capped) return backward_kernel<D, BF16, DQ, true, true>;
+    if constexpr (has_persistent<D, DQ, false>())
+        if (lean && persistent) return backward_kernel<D, BF16, DQ, false, false, true>;
     return lean ? backward_kernel<D, BF16, DQ, false> : backward_kernel<D, BF16, DQ>;
 }
 template <int D, bool BF16>
-static kernel_fn kernel_for(int variant, bool lean, bool capped, bool *waits) {
+static kernel_fn kernel_for(int variant, bool lean, bool capped, bool persistent, bool *waits) {
     *waits = waits_by_pdl<D, true>();  // (the kernels with EXTRAS)
     if constexpr (splits_dkv<D>()) {
         if (variant == VARIANT_DETERMINISTIC) return NULL;
-        return default_way_kernel<D, BF16, DQ_BY_ATOMICS>(lean, capped, waits);
+        return default_way_kernel<D, BF16, DQ_BY_ATOMICS>(lean, capped, false, waits);
     } else {
         if (variant == VARIANT_ATOMICS) {
             if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
             return NULL;
         }
         if (variant == VARIANT_DETERMINISTIC) return backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>;
-        return default_way_kernel<D, BF16, DQ_BY_BULK>(lean, capped, waits);
+        return default_way_kernel<D, BF16, DQ_BY_BULK>(lean, capped, persistent, waits);
     }
 }
 
@@ -198,11 +207,20 @@ static int section_shift_of(const attn_shape *s, int variant, key_rule keys) {
     return section_shift_for(s->B * s->H_kv, head_bytes, L2_SECTION_BYTES);
 }
 
+// Whether the default variant's lean kernel runs a persistent grid (config.cuh, has_persistent):
+// more work tiles than multiprocessors, and no packed batch, no split walk.
+template <int D>
+static bool persistent_grid(const attn_shape *s, const attn_device *dev, int variant, bool lean,
+                            int shares, long long work_tiles) {
+    return has_persistent<D, DQ_BY_BULK, false>() && variant == VARIANT_DEFAULT && lean &&
+           shares == 1 && !s->varlen.cu_seqlens_q && work_tiles > dev->sm_count;
+}
+
 // The three passes for head dim D (compiled; the tensors' s->D <= D) and storage type BF16.
 template <int D, bool BF16>
 static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
-                                    const bwd_params &p, int *dq_turn, float *dkv_part, int variant,
-                                    cudaStream_t stream) {
+                                    const bwd_params &p, int *dq_turn, float *dkv_part,
+                                    int *tile_counter, int variant, cudaStream_t stream) {
     // (packed: the preprocess's grid is planned with the longest sequence; its rows past a
     // sequence's padding do nothing)
     const size_t rows = (size_t)s->B * s->H * p.N_pad;
@@ -215,9 +233,18 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     const bool pdl = variant != VARIANT_NOPDL;
     const int shares = walk_shares_of(s, dev, variant);
     cudaLaunchAttribute attr;
-    if (dq_turn)  // every query tile's counter starts at 0: no key tile has added (a memset: no
-                  // kernel, so it goes first, where it parts no two kernels)
+    // The lean kernels (a shape without a window's left bound or softcap, and not variant
+    // nolean); a persistent grid (persistent_grid)
+    const key_rule keys = key_rule_of(s, true);  // the tiles each key tile meets, masked there
+    const bool lean = variant != VARIANT_NOLEAN && keys.left < 0 && !(s->softcap > 0.f);
+    const int key_tiles = ceil_div(s->N_k, block_keys<D>());
+    const bool persistent =
+        persistent_grid<D>(s, dev, variant, lean, shares, (long long)key_tiles * s->B * s->H_kv);
+    // (memsets: no kernel, so they go first, where they part no two kernels)
+    if (dq_turn)  // every query tile's counter starts at 0: no key tile has added
         ATTN_TRY(cudaMemsetAsync(dq_turn, 0, dq_turns(s) * sizeof(int), stream));
+    if (persistent)  // the persistent grid's counter: no work tile past the first blocks' taken
+        ATTN_TRY(cudaMemsetAsync(tile_counter, 0, sizeof(int), stream));
     const cudaLaunchConfig_t pre =
         pdl_launch_config(preprocess_grid(rows, passes.pass_d), PREPROCESS_THREADS, 0, stream,
                           pdl && shares > 1, &attr);
@@ -234,8 +261,8 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     bwd_problem pb;
     memset(&pb, 0, sizeof pb);
     pb.H = s->H, pb.H_kv = s->H_kv, pb.group = s->H / s->H_kv;
-    pb.keys = key_rule_of(s, true);  // the tiles each key tile meets, masked at the bounds
-    pb.key_tiles = ceil_div(s->N_k, block_keys<D>());
+    pb.keys = keys;
+    pb.key_tiles = key_tiles;
     pb.diagonal_order = variant == VARIANT_DETERMINISTIC && pb.keys.right >= 0;  // dq_turn_of()
     const int shift = section_shift_of(s, variant, pb.keys);
     const int query_tiles = ceil_div(s->N, qrows<D>());
@@ -253,15 +280,19 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
     pb.call = p, pb.dq_turn = dq_turn;
     pb.dkv_part = shares > 1 ? dkv_part : NULL;
-    const bool lean = variant != VARIANT_NOLEAN && pb.keys.left < 0 && pb.cap_log2 == 0.f;
     const bool capped = variant != VARIANT_NOLEAN && pb.cap_log2 > 0.f;
-    bool waits;  // (the kernel waits for the preprocess: launched with PDL)
-    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean, capped, &waits);
-    ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     // (packed: a block per key tile of the longest sequence; those past a sequence's keys leave.
     // A packed batch whose longest sequence has no key has no block: no dK, dV row to write)
-    const dim3 grid((unsigned)pb.key_tiles << shift, (unsigned)(s->B * s->H_kv) >> shift,
-                    (unsigned)shares);
+    dim3 grid((unsigned)pb.key_tiles << shift, (unsigned)(s->B * s->H_kv) >> shift,
+              (unsigned)shares);
+    pb.grid_x = (int)grid.x, pb.work_tiles = (int)(grid.x * grid.y);
+    if (persistent) {  // a block per multiprocessor, the counter zeroed above
+        pb.tile_counter = tile_counter;
+        grid = dim3((unsigned)dev->sm_count);
+    }
+    bool waits;  // (the kernel waits for the preprocess: launched with PDL)
+    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean, capped, persistent, &waits);
+    ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     if (pb.key_tiles > 0) {
         const cudaLaunchConfig_t main =
             pdl_launch_config(grid, BLOCK_THREADS, smem_bytes<D>(), stream, pdl && waits, &attr);
@@ -299,17 +330,26 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     char *const after_acc = (char *)p.dQ_acc + aligned(dq_acc_bytes(s, variant));
     int *const dq_turn = variant == VARIANT_DETERMINISTIC ? (int *)after_acc : NULL;
     float *const dkv_part = (float *)(after_acc + aligned(dq_turn_bytes(s, variant)));  // (split)
+    int *const tile_counter =  // (persistent)
+        (int *)((char *)dkv_part + aligned(dkv_part_bytes(s, walk_shares_of(s, dev, variant))));
     const int d = compiled_d(s->D);  // the kernels that run s->D (stage_unsupported: one does)
     if (d == 64)
-        return s->bf16 ? enqueue_backward<64, true>(s, dev, p, dq_turn, dkv_part, variant, stream)
-                       : enqueue_backward<64, false>(s, dev, p, dq_turn, dkv_part, variant, stream);
+        return s->bf16 ? enqueue_backward<64, true>(s, dev, p, dq_turn, dkv_part, tile_counter,
+                                                    variant, stream)
+                       : enqueue_backward<64, false>(s, dev, p, dq_turn, dkv_part, tile_counter,
+                                                     variant, stream);
     if (d == 96)
-        return s->bf16 ? enqueue_backward<96, true>(s, dev, p, dq_turn, dkv_part, variant, stream)
-                       : enqueue_backward<96, false>(s, dev, p, dq_turn, dkv_part, variant, stream);
+        return s->bf16 ? enqueue_backward<96, true>(s, dev, p, dq_turn, dkv_part, tile_counter,
+                                                    variant, stream)
+                       : enqueue_backward<96, false>(s, dev, p, dq_turn, dkv_part, tile_counter,
+                                                     variant, stream);
     if (d == 256)
-        return s->bf16
-                   ? enqueue_backward<256, true>(s, dev, p, dq_turn, dkv_part, variant, stream)
-                   : enqueue_backward<256, false>(s, dev, p, dq_turn, dkv_part, variant, stream);
-    return s->bf16 ? enqueue_backward<128, true>(s, dev, p, dq_turn, dkv_part, variant, stream)
-                   : enqueue_backward<128, false>(s, dev, p, dq_turn, dkv_part, variant, stream);
+        return s->bf16 ? enqueue_backward<256, true>(s, dev, p, dq_turn, dkv_part, tile_counter,
+                                                     variant, stream)
+                       : enqueue_backward<256, false>(s, dev, p, dq_turn, dkv_part, tile_counter,
+                                                      variant, stream);
+    return s->bf16 ? enqueue_backward<128, true>(s, dev, p, dq_turn, dkv_part, tile_counter,
+                                                 variant, stream)
+                   : enqueue_backward<128, false>(s, dev, p, dq_turn, dkv_part, tile_counter,
+                                                  variant, stream);
 }

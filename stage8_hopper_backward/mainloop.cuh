@@ -408,7 +408,8 @@ __device__ __forceinline__ void wait_ds(const smem_tiles &sm, int it) {
     // LAB HOLE 3 END
 }
 
-// Step s's dQ part, its wgmma done: to the staging tile (or, variant atomics, to dQ_acc).
+// Step s's dQ part, its wgmma done: to the staging tile (its hand-over s.hand; or, variant
+// atomics, to dQ_acc).
 template <int D, dq_way DQ>
 __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()],
                                              const smem_tiles &sm, const consumer_place &p,
@@ -418,7 +419,7 @@ __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()
         add_dq_atomic<D, false, dq_tiled<D, DQ>()>(dQ_part, pb, b, p.wg, p.warp, p.lane, s.head,
                                                    s.q0);
     else
-        stage_dq<D, DQ>(dQ_part, sm, p.wg, p.warp, p.lane, s.it);
+        stage_dq<D, DQ>(dQ_part, sm, p.wg, p.warp, p.lane, s.hand);
 }
 
 // The scores of a step issued (S^T, then dP^T: two groups): P^T while dP^T runs; then dS^T, both
@@ -468,14 +469,17 @@ __device__ __forceinline__ void gradients(uint32_t (&P16)[packed_regs<D>()],
 
 // One step up to D = 128: query tile cur.q0 (ring slot cur.it % Q_STAGES) against the warpgroup's
 // 64 keys, and the dQ part of the step before (dq; none in the block's first step). dS^T goes to
-// buffer cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read). The mask is
-// the block's sequence's (b).
+// buffer cur.it % DS_BUFFERS (config.cuh says why no step overwrites one still read); in a
+// persistent block's first step of a work tile after its first, once the store warp has read the
+// work tile before's dK_j and dV_j out of those buffers (dkv_read: DKV_READ's parity, else -1).
+// The mask is the block's sequence's (b).
 template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, bool FIRST, int WG>
 __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
                                               float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
                                               const consumer_place &p, const bwd_problem &pb,
                                               const block_place &b, uint64_t K_desc,
-                                              uint64_t V_desc, walk_step cur, walk_step dq) {
+                                              uint64_t V_desc, walk_step cur, walk_step dq,
+                                              int dkv_read = -1) {
     constexpr bool WITH_DQ = !FIRST;
     const int slot = q_pipeline{cur.it}.slot();
     const uint32_t Q_tile = sm.Q + slot * q_tile_bytes<D>(),
@@ -507,6 +511,8 @@ __device__ __forceinline__ void consumer_step(float (&dV)[dkv_regs<D>()],
     // once all are done
     constexpr bool EARLY = WITH_DQ && dq_first<D>(), BETWEEN = WITH_DQ && dq_between<D, DQ>();
     constexpr bool LATE = WITH_DQ && !EARLY && !BETWEEN;
+    if constexpr (FIRST)  // a persistent block's work tile after its first: the buffers are free
+        if (dkv_read >= 0) mbar_wait(bar_at(sm, BAR_DKV_READ), (uint32_t)dkv_read);
     store_ds<D>(dS16, ds_buffer_at<D>(sm, cur.it), p);
     announce_ds<D>(sm, p, cur.it);
     if constexpr (EARLY) {
@@ -646,10 +652,10 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 // block's share of those tiles (walk_tiles_of). WG: the warpgroup, where its code differs
 // (issue_dq: D = 96's second), else ANY_WARPGROUP.
 template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, int WG>
-__device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
-                                              float (&dK)[dkv_regs<D>()], const smem_tiles &sm,
-                                              const bwd_problem &pb, const consumer_place &p,
-                                              const block_place &b) {
+__device__ __forceinline__ int consumer_walk(float (&dV)[dkv_regs<D>()], float (&dK)[dkv_regs<D>()],
+                                             const smem_tiles &sm, const bwd_problem &pb,
+                                             const consumer_place &p, const block_place &b, int it0,
+                                             int hand0, int dkv_read) {
     // this warpgroup's 64 rows of K_j and V_j (at D = 256 the block's 64: wg_key0), the A
     // operands of S^T and dP^T
     const int rows_at = splits_dkv<D>() ? 0 : p.wg * WGMMA_M * SLAB_ROW_BYTES;
@@ -660,9 +666,10 @@ __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
     const int first = walk_tiles_of<D>(b.keys, b.key0, &tiles);
     const int steps = pb.group * tiles;
     if (steps > 0) {
-        mbar_wait(bar_at(sm, BAR_Q_FULL), 0);  // K_j has landed, with Q_0 (the first step's wait)
+        // K_j has landed, with the first Q_i (the first step's wait)
+        mbar_wait(bar_at(sm, BAR_Q_FULL + q_pipeline{it0}.slot()), q_pipeline{it0}.phase());
         const int q_first = first * qrows<D>(), q_end = q_first + tiles * qrows<D>();
-        walk_step cur = {0, b.kv_head * pb.group, q_first};
+        walk_step cur = {it0, hand0, b.kv_head * pb.group, q_first};
         if constexpr (splits_dkv<D>()) {  // D = 256: each step's dQ part in the step
             for (int it = 0; it < steps; ++it) {
                 consumer_step_split<D, BF16, DQ, EXTRAS, CAPPED>(dV, dK, sm, p, pb, b, K_desc,
@@ -671,7 +678,7 @@ __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
             }
         } else {  // the dQ part a step late, the last one's after the loop
             consumer_step<D, BF16, DQ, EXTRAS, CAPPED, true, WG>(dV, dK, sm, p, pb, b, K_desc,
-                                                                 V_desc, cur, cur);
+                                                                 V_desc, cur, cur, dkv_read);
             for (int it = 1; it < steps; ++it) {
                 const walk_step prev = cur;
                 cur = next_step(cur, q_first, q_end, qrows<D>());
@@ -681,35 +688,63 @@ __device__ __forceinline__ void consumer_walk(float (&dV)[dkv_regs<D>()],
             last_dq<D, BF16, DQ, WG>(sm, p, pb, b, cur);
         }
     }
+    return steps;
 }
 
-// One consumer thread: dK_j, dV_j = 0; its warpgroup's walk (D = 96: each warpgroup's own
-// code, so that the second's dQ product is its 32 columns, N = 32, LOG.md, step 65; its
-// warpgroup's index a constant there, or the lean kernel's wgmma are serialized, step 70); dK_j *=
-// scale; store both (stage_dkv: one code for both warpgroups, as its named barriers need: bar.sync
-// is aligned, every thread that meets one meets it at the same instruction). A split walk's share
-// writes its fp32 sums instead (write_dkv_share), the whole block alike.
-template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED>
+// One consumer thread, for each work tile of the block (a persistent block's as the load warp
+// publishes them, the rings' counts running on across them): dK_j, dV_j = 0; its warpgroup's walk
+// (D = 96: each warpgroup's own code, so that the second's dQ product is its 32 columns, N = 32,
+// LOG.md, step 65; its warpgroup's index a constant there, or the lean kernel's wgmma are
+// serialized, step 70); dK_j *= scale; store both (stage_dkv: one code for both warpgroups, as its
+// named barriers need: bar.sync is aligned, every thread that meets one meets it at the same
+// instruction). A split walk's share writes its fp32 sums instead (write_dkv_share), the whole
+// block alike.
+template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, bool PERSISTENT>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place p = consumer_place_of_thread();
-    const block_place b = block_place_of<D>(pb);
-    float dV[dkv_regs<D>()], dK[dkv_regs<D>()];
-#pragma unroll
-    for (int i = 0; i < dkv_regs<D>(); ++i) dV[i] = dK[i] = 0.f;
-    if constexpr (D % SLAB_COLS != 0) {
-        consumer_place q = p;
-        if (p.wg == CONSUMERS - 1) {
-            q.wg = CONSUMERS - 1;
-            consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, CONSUMERS - 1>(dV, dK, sm, pb, q, b);
-        } else {
-            q.wg = 0;
-            consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, 0>(dV, dK, sm, pb, q, b);
+    int it = 0;  // the block's steps so far
+    for (int n = 0;; ++n) {
+        // the dQ hand-overs so far: a step's, but for each work tile's last part where added by
+        // reductions (every work tile of a persistent block has a step)
+        const int hand = it - (last_dq_by_reds<D, DQ>() ? n : 0);
+        int w = 0;
+        if constexpr (PERSISTENT) {
+            w = take_work_by_warp(sm, n, p.lane);
+            if (w >= pb.work_tiles) break;  // that was "stop"
+            if (n > 0) {
+                mbar_wait(bar_at(sm, BAR_KV_FULL), (uint32_t)(n - 1) & 1);  // K_j, V_j
+                named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_TILE_START);
+            }
         }
-    } else {
-        consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, ANY_WARPGROUP>(dV, dK, sm, pb, p, b);
+        const block_place b =
+            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile());
+        float dV[dkv_regs<D>()], dK[dkv_regs<D>()];
+#pragma unroll
+        for (int i = 0; i < dkv_regs<D>(); ++i) dV[i] = dK[i] = 0.f;
+        // (persistent, past the first work tile: the parity of DKV_READ's phase that frees the
+        // dS^T buffers, the work tile before's)
+        const int dkv_read = PERSISTENT && n > 0 ? (n - 1) & 1 : -1;
+        int steps;
+        if constexpr (D % SLAB_COLS != 0) {
+            consumer_place q = p;
+            if (p.wg == CONSUMERS - 1) {
+                q.wg = CONSUMERS - 1;
+                steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, CONSUMERS - 1>(
+                    dV, dK, sm, pb, q, b, it, hand, dkv_read);
+            } else {
+                q.wg = 0;
+                steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, 0>(dV, dK, sm, pb, q, b, it,
+                                                                      hand, dkv_read);
+            }
+        } else {
+            steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, ANY_WARPGROUP>(dV, dK, sm, pb, p, b,
+                                                                              it, hand, dkv_read);
+        }
+        if (gridDim.z > 1)  // a split walk: this share's sums, for the sum pass
+            write_dkv_share<D>(dK, dV, p, pb, b);
+        else  // (the work tile's last hand-over: hand + steps - 1 where its last part is staged)
+            stage_dkv<D, BF16, PERSISTENT>(dK, dV, sm, p, pb, b, hand + steps - 1, dkv_read);
+        if constexpr (!PERSISTENT) break;
+        it += steps;
     }
-    if (gridDim.z > 1)  // a split walk: this share's sums, for the sum pass
-        write_dkv_share<D>(dK, dV, p, pb, b);
-    else
-        stage_dkv<D, BF16>(dK, dV, sm, p, pb, b);
 }

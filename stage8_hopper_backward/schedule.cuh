@@ -11,12 +11,14 @@
 #include "config.cuh"
 #include "device/split_kv.cuh"  // key_rule: which keys a query row sees (causal, local windows)
 
-// One block: key tile j = block_key_tile() (keys key0 = block_keys<D>() j .. of its sequence) of
-// (batch, key/value head) block_head_index() = batch * H_kv + kv_head; it walks the group's query
-// heads kv_head * group .. (kv_head + 1) * group - 1, each over the query tiles that see its keys.
-// A packed batch (call.varlen) plans the grid with the longest sequence's N_k: a block whose key
-// tile starts at or past its own sequence's keys does nothing (block_has_keys), every role alike.
-// The shape's N, N_k (packed: the longest sequence's) are call's.
+// One work tile: key tile j = block_key_tile() (keys key0 = block_keys<D>() j .. of its sequence)
+// of (batch, key/value head) block_head_index() = batch * H_kv + kv_head; it walks the group's
+// query heads kv_head * group .. (kv_head + 1) * group - 1, each over the query tiles that see its
+// keys. A block works one work tile, its place in the grid, or, persistent (tile_counter), one
+// after another as they are handed out (work_tile). A packed batch (call.varlen) plans the grid
+// with the longest sequence's N_k: a block whose key tile starts at or past its own sequence's
+// keys does nothing (block_has_keys), every role alike. The shape's N, N_k (packed: the longest
+// sequence's) are call's.
 typedef struct {
     int H, H_kv, group;  // query heads, key/value heads, H / H_kv
     // The mask (attention.h's attn_key_range): query i sits on key i + N_k - N and sees `left`
@@ -48,42 +50,69 @@ typedef struct {
     // [B H_kv][key_tiles block_keys][shares][2][D] floats (D the kernel's; dK's D, then dV's),
     // for dkv_sum_kernel; NULL with one share
     float *dkv_part;
+    // The grid of work tiles (key_tiles << s, B H_kv >> s): its width (section_shift) and the
+    // number of work tiles. A persistent grid (one block per multiprocessor, 1-D): its blocks start
+    // with work tile blockIdx.x and take the next from the counter (next_work_tile), zeroed before
+    // the call's preprocess (launch.cuh); NULL where the grid is the work tiles' own.
+    int grid_x, work_tiles;
+    int *tile_counter;
 } bwd_problem;
 
-// The block's place in the grid, as a key tile's index and a (batch, key/value head)'s. The GPU
-// starts blocks in blockIdx.x's order first. Under a causal mask (launch.cuh's section_shift_of)
-// the grid is (key_tiles << s, B H_kv >> s): heads by sections of 2^s, whose key tile 0 starts
+// A work tile's place in the grid of work tiles, as a key tile's index and a (batch, key/value
+// head)'s. The GPU starts blocks in blockIdx.x's order first, and a persistent grid hands the work
+// tiles out in the same order (x first). Under a causal mask (launch.cuh's section_shift_of) the
+// grid is (key_tiles << s, B H_kv >> s): heads by sections of 2^s, whose key tile 0 starts
 // first, then their key tile 1, and so on, the longest blocks first among heads few enough that
 // their Q, dO and dQ_acc stay in the L2. Elsewhere s = 0: (key_tiles, B H_kv). s is the grid's
 // width over key_tiles, as a shift.
+typedef struct {
+    int x, y;
+} work_tile;
+__device__ __forceinline__ work_tile own_work_tile() {  // the grid's block: its own work tile
+    return {(int)blockIdx.x, (int)blockIdx.y};
+}
+__device__ __forceinline__ work_tile work_tile_at(const bwd_problem &pb, int w) {  // persistent
+    const int y = w / pb.grid_x;
+    return {w - y * pb.grid_x, y};
+}
 __device__ __forceinline__ int section_shift(const bwd_problem &pb) {
-    return __clz(pb.key_tiles) - __clz((int)gridDim.x);
+    return __clz(pb.key_tiles) - __clz(pb.grid_x);
 }
-__device__ __forceinline__ int block_key_index(const bwd_problem &pb) {
-    return (int)blockIdx.x >> section_shift(pb);
+__device__ __forceinline__ int block_key_index(const bwd_problem &pb, work_tile wt) {
+    return wt.x >> section_shift(pb);
 }
-__device__ __forceinline__ int block_head_index(const bwd_problem &pb) {
+__device__ __forceinline__ int block_head_index(const bwd_problem &pb, work_tile wt) {
     const int shift = section_shift(pb);
-    return ((int)blockIdx.y << shift) | ((int)blockIdx.x & ((1 << shift) - 1));
+    return (wt.y << shift) | (wt.x & ((1 << shift) - 1));
 }
 
-// The block's key tile: block_key_index(), or with diagonal_order the last key tile first (the
+// The work tile's key tile: block_key_index(), or with diagonal_order the last key tile first (the
 // grid runs them from the diagonal's end down, so that the tile a block waits for started
 // earlier).
-__device__ __forceinline__ int block_key_tile(const bwd_problem &pb) {
-    const int j = block_key_index(pb);
+__device__ __forceinline__ int block_key_tile(const bwd_problem &pb, work_tile wt) {
+    const int j = block_key_index(pb, wt);
     return pb.diagonal_order ? pb.key_tiles - 1 - j : j;
 }
 
-// Where the block works: its first key key0 = block_keys<D>() block_key_tile() (within its
+// A persistent block's next work tile: the next one not yet taken (the counter hands out work
+// tiles gridDim.x, gridDim.x + 1, ...; the blocks start with 0 .. gridDim.x - 1), or past the
+// last one, "stop" (work_tiles or more). Read only after the pass that zeroes the counter has
+// ended (producer.cuh: after the PDL wait).
+__device__ __forceinline__ int next_work_tile(const bwd_problem &pb) {
+    return (int)gridDim.x + atomicAdd(pb.tile_counter, 1);
+}
+
+// Where a work tile lies: its first key key0 = block_keys<D>() block_key_tile() (within its
 // sequence), the sequence (batch) and key/value head, and the sequence's rows (bwd_sequence_of: in
 // the tensors, seq.seq.q_row and k_row, 0 unpacked; in lse2, Dsum and dQ_acc) with its own lengths
 // N, N_k and mask (keys: the shape's window over them; see_lo, see_hi: the same bounds on j - i,
 // key j seen by query i when see_lo <= j - i <= see_hi, INT_MIN and INT_MAX unbounded, and j <
 // N_k). tile_batch: the batch coordinate of the tensor maps, 0 for a packed batch (one [total,
 // heads, D] tensor each: launch.cuh).
+// key_index: block_key_index() (walk_first), key_tile: block_key_tile() (the dQ turns).
 typedef struct {
     int key0, batch, kv_head, tile_batch;
+    int key_index, key_tile;
     int N, N_k;  // the sequence's queries and keys
     bwd_sequence seq;
     key_rule keys;
@@ -99,10 +128,12 @@ __host__ __device__ __forceinline__ void sequence_mask(block_place &b, const bwd
 }
 
 template <int D>
-__device__ __forceinline__ block_place block_place_of(const bwd_problem &pb) {
+__device__ __forceinline__ block_place block_place_of(const bwd_problem &pb, work_tile wt) {
     block_place b;
-    b.key0 = block_key_tile(pb) * block_keys<D>();
-    const int bh = block_head_index(pb);
+    b.key_index = block_key_index(pb, wt);
+    b.key_tile = block_key_tile(pb, wt);
+    b.key0 = b.key_tile * block_keys<D>();
+    const int bh = block_head_index(pb, wt);
     b.batch = bh / pb.H_kv;
     b.kv_head = bh % pb.H_kv;
     const bool packed = pb.call.varlen.cu_seqlens_q != NULL;
@@ -117,8 +148,8 @@ __device__ __forceinline__ block_place block_place_of(const bwd_problem &pb) {
 // one that does not (a packed sequence shorter than the longest) has no keys to give gradients
 // to, and no query tile of its sequence waits for it (dq_turn_of counts the key tiles below N_k).
 template <int D>
-__device__ __forceinline__ bool block_has_keys(const bwd_problem &pb) {
-    const block_place b = block_place_of<D>(pb);
+__device__ __forceinline__ bool block_has_keys(const bwd_problem &pb, work_tile wt) {
+    const block_place b = block_place_of<D>(pb, wt);
     return b.key0 < b.N_k;
 }
 
@@ -187,16 +218,18 @@ __device__ __forceinline__ int walk_tiles_of(const key_rule &r, int key0, int *c
 }
 
 // A step of the block's walk (every query tile that meets its keys, of every query head of the
-// group, head by head): its place in it (the rings' count), the query head and its first query
-// (within the sequence).
+// group, head by head): its place in the block's steps (it: the rings' count, which runs on over
+// a persistent block's work tiles), its dQ part's hand-over (hand: the staging tile's count, it
+// less the work tiles before whose last part went by reductions, last_dq_by_reds), the query
+// head and its first query (within the sequence).
 typedef struct {
-    int it, head, q0;
+    int it, hand, head, q0;
 } walk_step;
 
 // The next step of the walk: the next query tile of the head, or, past the head's last (q_end),
 // the first (q_first) of the next head.
 __device__ __forceinline__ walk_step next_step(walk_step s, int q_first, int q_end, int rows) {
-    ++s.it;
+    ++s.it, ++s.hand;
     s.q0 += rows;
     if (s.q0 == q_end) s.q0 = q_first, ++s.head;
     return s;
@@ -212,9 +245,9 @@ __device__ __forceinline__ walk_step next_step(walk_step s, int q_first, int q_e
 // compute (step_needs_mask and key_seen compare it only with the bounds, absent), and their ring
 // slots and phases are the step's count.
 template <int D, dq_way DQ>
-__device__ __forceinline__ int walk_first(const bwd_problem &pb, int first) {
+__device__ __forceinline__ int walk_first(const bwd_problem &pb, const block_place &b, int first) {
     if constexpr (rotates_walk<DQ>())
-        if (pb.rotated_walk) return block_key_index(pb);
+        if (pb.rotated_walk) return b.key_index;
     return first;
 }
 // The first row of the tile step qt of a walk reads (see walk_first).

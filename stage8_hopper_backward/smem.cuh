@@ -15,7 +15,8 @@
 // 128-byte swizzle TMA writes; ds_buffers x dS_smem [qrows/64][keys][64] (dS^T in 64-query slabs,
 // swizzled the same way by the consumers' stmatrix); at D = 256 pt_buffers x P_smem, P^T the same
 // way; dq_buffers x dQ_stage [slabs][qrows][8] floats (config.cuh: staging_slab_bytes,
-// dq_parts); Q_STAGES x (LSE_smem, Dsum_smem [qrows] floats); the mbarriers. Every tile starts
+// dq_parts); Q_STAGES x (LSE_smem, Dsum_smem [qrows] floats); the mbarriers; the work slots
+// (WORK_SLOTS ints). Every tile starts
 // 1024-byte aligned (the swizzle atom): the block's shared memory is declared so aligned
 // (kernel.cuh), with no slack to round its start up.
 template <int D>
@@ -62,6 +63,17 @@ __host__ __device__ constexpr int vec_bytes() {  // LSE_i or D_i of one query ti
 //             the staging tile holds the step's dQ_i part (its warps' stores); as one tile, one,
 //             or one per dQ warp: the tile holds both parts (every consumer warp's stores).
 //   DQ_EMPTY  the same pairs: the dQ warp's reduction has read the part (the tile).
+//   WORK_FULL   a persistent block's, per work slot: the load warp has written the index of the
+//             block's next work tile there (or "stop"); one arrival.
+//   WORK_EMPTY  per work slot: every other role has read it (one arrival a reading warp:
+//             WORK_READERS).
+//   KV_EMPTY  a persistent block's: both consumer warpgroups' products of the work tile are done
+//             (they met on KV_FREE): K_j's and V_j's tiles are free for the next work tile's.
+//   KV_FULL   a persistent block's: K_j and V_j of its work tile after the first have landed (the
+//             K/V warp's copies).
+//   DKV_READ  a persistent block's: the store warp's copies have read the work tile's dK_j and dV_j
+//             out of their staging tiles (dS^T's buffers: dk_stage), which the next work tile
+//             writes again.
 // Each side arrives after its own accesses and waits before the other's, so that every access to
 // a buffer is ordered by one barrier's release and acquire (kernel.cuh: who arrives how often).
 enum {
@@ -71,7 +83,12 @@ enum {
     BAR_DS_FULL = BAR_Q_EMPTY + Q_STAGES,
     BAR_DQ_FULL = BAR_DS_FULL + DS_BUFFERS,  // pair p: DQ_FULL at BAR_DQ_FULL + 2 p, DQ_EMPTY after
     BAR_DQ_EMPTY,
-    BARRIERS = BAR_DQ_FULL + 2 * DQ_PAIRS
+    BAR_WORK_FULL = BAR_DQ_FULL + 2 * DQ_PAIRS,
+    BAR_WORK_EMPTY = BAR_WORK_FULL + WORK_SLOTS,
+    BAR_KV_EMPTY = BAR_WORK_EMPTY + WORK_SLOTS,
+    BAR_KV_FULL,
+    BAR_DKV_READ,
+    BARRIERS
 };
 
 template <int D>
@@ -79,7 +96,7 @@ __host__ __device__ constexpr int smem_bytes() {
     return 2 * kv_tile_bytes<D>() + 2 * Q_STAGES * q_tile_bytes<D>() +
            (ds_buffers<D>() + pt_buffers<D>()) * ds_tile_bytes<D>() +
            dq_buffers<D>() * dq_tile_bytes<D>() + 2 * Q_STAGES * vec_bytes<D>() +
-           BARRIERS * MBARRIER_BYTES;
+           BARRIERS * MBARRIER_BYTES + WORK_SLOTS * (int)sizeof(int) /* the work slots */;
 }
 
 static_assert(smem_bytes<64>() <= SMEM_PER_BLOCK_MAX && smem_bytes<96>() <= SMEM_PER_BLOCK_MAX &&
@@ -87,12 +104,27 @@ static_assert(smem_bytes<64>() <= SMEM_PER_BLOCK_MAX && smem_bytes<96>() <= SMEM
                   smem_bytes<256>() <= SMEM_PER_BLOCK_MAX,
               "the block's tiles fit the shared memory a Hopper block may have");
 
+// A persistent block stages dK_j and dV_j (2 kv_tile_bytes) in the dS^T buffers and, where they are
+// too few (D = 128), the dQ staging tile's first part, which lies after them (epilogue.cuh's
+// dk_stage): the staging tile's part 0 is then free only once the dQ warp has read it.
+template <int D>
+__host__ __device__ constexpr bool dkv_stage_over_dq() {
+    return 2 * kv_tile_bytes<D>() > (ds_buffers<D>() + pt_buffers<D>()) * ds_tile_bytes<D>();
+}
+static_assert(
+    2 * kv_tile_bytes<64>() <=
+            (ds_buffers<64>() + pt_buffers<64>()) * ds_tile_bytes<64>() + dq_part_bytes<64>() &&
+        2 * kv_tile_bytes<128>() <=
+            (ds_buffers<128>() + pt_buffers<128>()) * ds_tile_bytes<128>() + dq_part_bytes<128>(),
+    "a persistent block's dK_j and dV_j fit the dS^T buffers and the staging tile's part 0");
+
 typedef struct {
     uint32_t K, V, Q, dO, dS, P, dQ, lse, Dsum, bar;  // shared addresses (P: D = 256's P^T)
+    int *work;  // [WORK_SLOTS] a persistent block's next work tiles (the load warp's)
 } smem_tiles;
 
 template <int D>
-__device__ __forceinline__ smem_tiles carve_smem(const unsigned char *raw) {
+__device__ __forceinline__ smem_tiles carve_smem(unsigned char *raw) {
     smem_tiles s;
     s.K = smem_u32(raw);
     s.V = s.K + kv_tile_bytes<D>();
@@ -104,6 +136,7 @@ __device__ __forceinline__ smem_tiles carve_smem(const unsigned char *raw) {
     s.lse = s.dQ + dq_buffers<D>() * dq_tile_bytes<D>();
     s.Dsum = s.lse + Q_STAGES * vec_bytes<D>();
     s.bar = s.Dsum + Q_STAGES * vec_bytes<D>();
+    s.work = (int *)(raw + (s.bar - s.K) + BARRIERS * MBARRIER_BYTES);
     return s;
 }
 __device__ __forceinline__ uint32_t bar_at(const smem_tiles &s, int i) {
@@ -157,6 +190,31 @@ __device__ __forceinline__ uint32_t dq_empty_bar(const smem_tiles &s, int pair) 
     return bar_at(s, BAR_DQ_EMPTY + 2 * pair);
 }
 
+// A persistent block's work slots, a ring whose count is the block's n-th work tile: the load
+// warp publishes each (publish_work: the work tile's index, or "stop"), one thread of every other
+// role's warps takes it (take_work) and hands the slot back. The write and the read are atomics,
+// as stage 6's: the mbarriers order them, but compute-sanitizer's racecheck does not model
+// mbarriers for ordinary shared memory accesses.
+typedef pipeline_state<WORK_SLOTS> work_pipeline;
+__device__ __forceinline__ void publish_work(const smem_tiles &s, int n, int w) {
+    const work_pipeline q = {n};
+    mbar_wait(bar_at(s, BAR_WORK_EMPTY + q.slot()), q.empty_phase());  // every reader has read
+    atomicExch(&s.work[q.slot()], w);
+    mbar_arrive(bar_at(s, BAR_WORK_FULL + q.slot()));
+}
+__device__ __forceinline__ int take_work(const smem_tiles &s, int n) {
+    const work_pipeline q = {n};
+    mbar_wait(bar_at(s, BAR_WORK_FULL + q.slot()), q.phase());
+    const int w = atomicAdd(&s.work[q.slot()], 0);
+    mbar_arrive(bar_at(s, BAR_WORK_EMPTY + q.slot()));
+    return w;
+}
+__device__ __forceinline__ int take_work_by_warp(const smem_tiles &s, int n, int lane) {
+    int w = 0;
+    if (lane == 0) w = take_work(s, n);
+    return __shfl_sync(FULL_WARP, w, 0);
+}
+
 // Named barriers (barrier 0 is __syncthreads'), and what each protects:
 //   KV_FREE     the two consumer warpgroups, at the block's end: both warpgroups' wgmma are done,
 //               so that no product reads K_j or V_j any more and the consumers may stage dK_j and
@@ -164,8 +222,14 @@ __device__ __forceinline__ uint32_t dq_empty_bar(const smem_tiles &s, int pair) 
 //               once more after: both have staged theirs, which they then store (dkv_masked).
 //   DKV_STAGED  the consumers (arrive) and the store warp (wait): dK_j and dV_j are staged, fenced
 //               for the async proxy, and the store warp's TMA stores may read them.
+//   TILE_START  a persistent block's two consumer warpgroups, at the start of a work tile after its
+//               first: every consumer thread's staging of the work tile before (dK_j, dV_j in the
+//               dS^T buffers and at D = 128 the dQ staging tile) comes before any thread's writes
+//               of this one there (each also waits for the store warp's read, DKV_READ: that
+//               orders them through the store warp; this, among the consumers themselves).
 enum named_barrier {
     NAMED_BARRIER_SYNCTHREADS = 0,
     NAMED_BARRIER_KV_FREE,
     NAMED_BARRIER_DKV_STAGED,
+    NAMED_BARRIER_TILE_START,
 };
