@@ -90,18 +90,19 @@ template <int D, bool BF16, bool PERSISTENT>
 __device__ __forceinline__ void stage_dkv(const float (&dK)[dkv_regs<D>()],
                                           const float (&dV)[dkv_regs<D>()], const smem_tiles &sm,
                                           const consumer_place &p, const bwd_problem &pb,
-                                          const block_place &b, int last_hand, int dkv_read) {
+                                          const block_place &b, int last_hand) {
     named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_KV_FREE);
     if constexpr (PERSISTENT) {
-        // K_j and V_j are free: the next work tile's may come (the K/V warp), and dK_j, dV_j go to
-        // the staging tiles once the store warp has read the work tile before's there (its first
-        // step waited already) and the dQ warp this work tile's last dQ part where they overlap it
-        if (p.wg == 0 && p.warp == 0 && p.lane == 0) mbar_arrive(bar_at(sm, BAR_KV_EMPTY));
-        if (dkv_read >= 0) mbar_wait(bar_at(sm, BAR_DKV_READ), (uint32_t)dkv_read);
+        // K_j and V_j are free: the next work tile's may come (the K/V warp; one arrival, the
+        // first consumer thread's), and dK_j, dV_j go to the staging tiles (the work tile's first
+        // step waited until the store warp had read the work tile before's there: every work tile
+        // of a persistent block has a step) once the dQ warp has read the work tile's last dQ part
+        // where they overlap it
+        if (threadIdx.x == PRODUCER_WARPGROUPS * WARPGROUP) mbar_arrive(bar_at(sm, BAR_KV_EMPTY));
         if constexpr (dkv_stage_over_dq<D>())
             mbar_wait(dq_empty_bar(sm, 0), dq_pipeline{last_hand}.phase());
     } else {
-        (void)last_hand, (void)dkv_read;
+        (void)last_hand;
     }
     const int row = wg_key0<D>(p.wg) + WARP_ROWS * p.warp + p.g;  // the thread's first row
     const int slab = wg_col0<D>(p.wg) / SLAB_COLS;                // its first column's slab

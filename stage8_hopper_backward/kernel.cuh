@@ -84,9 +84,10 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     if (threadIdx.x < PRODUCER_WARPGROUPS * WARPGROUP) {
         registers_decrease<PRODUCER_REGS>();
         const int warp = (int)threadIdx.x / WARP_SIZE, lane = (int)threadIdx.x % WARP_SIZE;
-        if (warp == LOAD_WARP)
-            load_tiles<D, DQ, waits_by_pdl<D, EXTRAS>(), PERSISTENT>(sm, &tmQ, &tmK, &tmV, &tmdO,
-                                                                     pb, lane);
+        if (PERSISTENT && warp == LOAD_WARP)
+            load_tiles_persistent<D, DQ, waits_by_pdl<D, EXTRAS>()>(sm, &tmQ, &tmdO, pb, lane);
+        else if (warp == LOAD_WARP)
+            load_tiles<D, DQ, waits_by_pdl<D, EXTRAS>()>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
         else if (DQ != DQ_BY_ATOMICS && warp == DQ_WARP)
             reduce_dq<D, DQ, PERSISTENT>(sm, pb, lane, 0);  // (DQ_BY_ATOMICS: the consumers add dQ)
         else if (two_dq_warps<D, DQ>() && warp == DQ_WARP_ODD)

@@ -701,20 +701,26 @@ __device__ __forceinline__ int consumer_walk(float (&dV)[dkv_regs<D>()], float (
 // block alike.
 template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, bool PERSISTENT>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
-    const consumer_place p = consumer_place_of_thread();
-    int it = 0;  // the block's steps so far
-    for (int n = 0;; ++n) {
+    const consumer_place place = consumer_place_of_thread();
+    block_counts c = {0};  // (a persistent block's: see schedule.cuh)
+    for (;;) {
+        // The thread's place; in a persistent block hidden from the compiler at each work tile, so
+        // that what the walk works out of it is worked out in each work tile's walk, not once
+        // ahead of the loop and held across every walk (which spilled at D = 128)
+        consumer_place p = place;
+        if constexpr (PERSISTENT)
+            asm volatile("" : "+r"(p.wg), "+r"(p.warp), "+r"(p.lane), "+r"(p.g), "+r"(p.t));
+        const int it = counted_steps(c), n = counted_tiles(c);
+        const bool later = PERSISTENT && past_first_tile(c);  // not the block's first work tile
         // the dQ hand-overs so far: a step's, but for each work tile's last part where added by
-        // reductions (every work tile of a persistent block has a step)
+        // reductions (every work tile of a persistent block has a step); only its parity is used
         const int hand = it - (last_dq_by_reds<D, DQ>() ? n : 0);
         int w = 0;
         if constexpr (PERSISTENT) {
             w = take_work_by_warp(sm, n, p.lane);
-            if (w >= pb.work_tiles) break;  // that was "stop"
-            if (n > 0) {
-                mbar_wait(bar_at(sm, BAR_KV_FULL), (uint32_t)(n - 1) & 1);  // K_j, V_j
-                named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_TILE_START);
-            }
+            if (w >= pb.work_tiles) break;                        // that was "stop"
+            mbar_wait(bar_at(sm, BAR_KV_FULL), (uint32_t)n & 1);  // K_j, V_j
+            if (later) named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_TILE_START);
         }
         const block_place b =
             block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile());
@@ -723,7 +729,7 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
         for (int i = 0; i < dkv_regs<D>(); ++i) dV[i] = dK[i] = 0.f;
         // (persistent, past the first work tile: the parity of DKV_READ's phase that frees the
         // dS^T buffers, the work tile before's)
-        const int dkv_read = PERSISTENT && n > 0 ? (n - 1) & 1 : -1;
+        const int dkv_read = later ? (n - 1) & 1 : -1;
         int steps;
         if constexpr (D % SLAB_COLS != 0) {
             consumer_place q = p;
@@ -743,8 +749,8 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
         if (gridDim.z > 1)  // a split walk: this share's sums, for the sum pass
             write_dkv_share<D>(dK, dV, p, pb, b);
         else  // (the work tile's last hand-over: hand + steps - 1 where its last part is staged)
-            stage_dkv<D, BF16, PERSISTENT>(dK, dV, sm, p, pb, b, hand + steps - 1, dkv_read);
+            stage_dkv<D, BF16, PERSISTENT>(dK, dV, sm, p, pb, b, hand + steps - 1);
         if constexpr (!PERSISTENT) break;
-        it += steps;
+        c = counts_after_tile(c, steps);
     }
 }

@@ -99,7 +99,10 @@ __device__ __forceinline__ int block_key_tile(const bwd_problem &pb, work_tile w
 // last one, "stop" (work_tiles or more). Read only after the pass that zeroes the counter has
 // ended (producer.cuh: after the PDL wait).
 __device__ __forceinline__ int next_work_tile(const bwd_problem &pb) {
-    return (int)gridDim.x + atomicAdd(pb.tile_counter, 1);
+    // (the counter's address read here, not once ahead of the load warp's loop and held across it
+    // in two of its 24 registers)
+    int *const counter = *(int *const volatile *)&pb.tile_counter;
+    return (int)gridDim.x + atomicAdd(counter, 1);
 }
 
 // Where a work tile lies: its first key key0 = block_keys<D>() block_key_tile() (within its
@@ -209,12 +212,41 @@ __host__ __device__ __forceinline__ int query_tiles_of(const key_rule &r, int ke
 // The query tiles of the block's walk: query_tiles_of's, or where the walk is split (gridDim.z
 // shares, backward_prepost.cuh: WALK_SHARES_MAX) the block's share of them, blockIdx.z's
 // (share_of_tiles), walked for every head of the group as a whole walk is (so every role's loop is
-// the whole walk's, over fewer tiles).
-template <int D>
+// the whole walk's, over fewer tiles). SPLIT false: a grid that splits no walk (a persistent one).
+template <int D, bool SPLIT = true>
 __device__ __forceinline__ int walk_tiles_of(const key_rule &r, int key0, int *count) {
     int first = query_tiles_of<D>(r, key0, count);
-    share_of_tiles(count, &first, (int)gridDim.z, (int)blockIdx.z);
+    if constexpr (SPLIT) share_of_tiles(count, &first, (int)gridDim.z, (int)blockIdx.z);
     return first;
+}
+
+// A persistent block's consumers carry their counts from one work tile to the next in one register
+// (their walks leave few: two registers for them spilled at D = 128, LOG.md, step 84): the block's
+// steps so far modulo RING_STEPS, with which every ring's slots and phases repeat (the Q/dO slots
+// every 2 Q_STAGES steps, the dS^T buffers every 2 DS_BUFFERS, the staging tile every 2), and its
+// work tiles so far modulo WORK_PERIOD (the work slots every 2 WORK_SLOTS, the barriers met once a
+// work tile every 2), and whether the block is past its first work tile.
+constexpr int RING_STEPS = 12, WORK_PERIOD = 4;
+constexpr int COUNT_TILES_SHIFT = 4, COUNT_LATER = 1 << (COUNT_TILES_SHIFT + 2);
+static_assert(RING_STEPS % (2 * Q_STAGES) == 0 && RING_STEPS % (2 * DS_BUFFERS) == 0 &&
+                  RING_STEPS % (2 * DQ_BUFFERS) == 0 && RING_STEPS < (1 << COUNT_TILES_SHIFT) &&
+                  WORK_PERIOD % (2 * WORK_SLOTS) == 0 && WORK_PERIOD == 4,
+              "every ring repeats within the counts' periods, which fit their bits");
+typedef struct {
+    int bits;  // steps (mod RING_STEPS) | work tiles (mod WORK_PERIOD) << 4 | COUNT_LATER
+} block_counts;
+__device__ __forceinline__ int counted_steps(block_counts c) {
+    return c.bits & ((1 << COUNT_TILES_SHIFT) - 1);
+}
+__device__ __forceinline__ int counted_tiles(block_counts c) {
+    return (c.bits >> COUNT_TILES_SHIFT) & (WORK_PERIOD - 1);
+}
+__device__ __forceinline__ bool past_first_tile(block_counts c) {
+    return c.bits >= COUNT_LATER;
+}
+__device__ __forceinline__ block_counts counts_after_tile(block_counts c, int steps) {
+    const int tiles = (counted_tiles(c) + 1) % WORK_PERIOD;
+    return {(counted_steps(c) + steps) % RING_STEPS | tiles << COUNT_TILES_SHIFT | COUNT_LATER};
 }
 
 // A step of the block's walk (every query tile that meets its keys, of every query head of the
