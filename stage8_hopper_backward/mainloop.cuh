@@ -666,7 +666,7 @@ __device__ __forceinline__ int consumer_walk(float (&dV)[dkv_regs<D>()], float (
     const int first = walk_tiles_of<D>(b.keys, b.key0, &tiles);
     const int steps = pb.group * tiles;
     if (steps > 0) {
-        // K_j has landed, with the first Q_i (the first step's wait)
+        // the first Q_i has landed, and with it K_j (a persistent block's came on KV_FULL)
         mbar_wait(bar_at(sm, BAR_Q_FULL + q_pipeline{it0}.slot()), q_pipeline{it0}.phase());
         const int q_first = first * qrows<D>(), q_end = q_first + tiles * qrows<D>();
         walk_step cur = {it0, hand0, b.kv_head * pb.group, q_first};

@@ -1,9 +1,10 @@
 /*
  * stage8_hopper_backward/producer.cuh: the load warp of the producer warpgroup: its lane 0 copies
- * the block's first K_j and V_j, then for every query tile of every query head of the group of
- * each work tile (a persistent block's, handed out as it goes) Q_i and dO_i by TMA into the next
- * slot of the ring, as the consumers release it, while the whole warp copies LSE_i and D_i (a float
- * per query each) by cp.async, on mbarriers.
+ * the block's K_j and V_j once, then for every query tile of every query head of the group Q_i and
+ * dO_i by TMA into the next slot of the ring, as the consumers release it, while the whole warp
+ * copies LSE_i and D_i (a float per query each) by cp.async, on mbarriers. A persistent block's
+ * load warp does so for one work tile after another, taking each next one from the counter, and
+ * its K/V warp copies each work tile's K_j and V_j.
  */
 #pragma once
 
@@ -21,30 +22,8 @@ __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, 
         tma_load_4d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, head, batch);
 }
 
-// The load warp, for each work tile of the block (a persistent block's in turn). Lane 0 starts
-// the block's first step's tiles with its K_j and V_j, in the order the consumers need them: K_j
-// and Q_0 on Q_FULL, then V_j and dO_0 on DO_FULL (slot 0, free at the start), so that the first
-// S^T waits for no V_j (a persistent block's later work tiles' K_j and V_j are the store warp's
-// copies: epilogue.cuh). Then per query tile (the block's it-th), every lane: wait until the
-// consumers have released its slot (Q_EMPTY); lane 0 (past the first step) announces the tiles'
-// bytes and starts Q_i on Q_FULL and dO_i on DO_FULL (TMA); each lane starts a cp.async of its
-// floats of LSE_i and arrives on Q_FULL when it has landed, then the same with D_i on DO_FULL, so
-// that S^T = K_j Q_i^T may start before dO_i lands. Rows past N (and keys past N_k) arrive as zeros
-// from TMA; lse2 and Dsum are padded to N_pad, a multiple of qrows, so their copies never leave the
-// head's rows. A packed batch: Q_i, dO_i (K_j, V_j) rows past the sequence's N (N_k) are the next
-// sequence's, finite, whose P the padded LSE
-// (+inf past N) and the consumers' mask (keys) make 0; each sequence's rows of lse2 and Dsum are
-// padded to a multiple of ROW_PAD (bwd_sequence_of), so a tile's copies stay in them too.
-//
-// Why the lanes' cp.async, not a bulk copy, moves LSE_i and D_i: the consumers read them with
-// ordinary loads (the generic proxy), and a bulk copy writes in the async proxy; writes in one
-// proxy after reads in the other need a proxy fence on the reading side, which the PTX memory
-// model asks for and compute-sanitizer's racecheck does not see. cp.async writes in the generic
-// proxy, so every access to these two rows is ordered by the mbarriers alone: each lane's
-// arrival on the full barrier happens once its copies are complete (mbar_arrive_after_cp_async),
-// and the consumers' wait acquires it; each consumer thread's loads come before its own arrival
-// on Q_EMPTY, which every lane here waits for before it copies into the slot again. The floats
-// never pass through the warp's registers (it runs on PRODUCER_REGS of them).
+// The block's first step's tiles with its K_j and V_j (lane 0 of the load warp; load_tiles says
+// in which order).
 template <int D, dq_way DQ>
 __device__ __forceinline__ void load_first_tiles(const smem_tiles &sm, const CUtensorMap *tmQ,
                                                  const CUtensorMap *tmK, const CUtensorMap *tmV,
@@ -108,7 +87,29 @@ __device__ __forceinline__ void load_step_rows(const smem_tiles &sm, const bwd_p
     mbar_arrive_after_cp_async(bar_at(sm, BAR_DO_FULL + slot));
 }
 
-// The block's one work tile (its place in the grid).
+// The load warp of a block with one work tile (a persistent block's: load_tiles_persistent, below).
+// Lane 0 starts the first step's tiles with the block's K_j and V_j, in the order the consumers
+// need them: K_j and Q_0 on Q_FULL, then V_j and dO_0 on DO_FULL (slot 0, free at the start), so
+// that the first S^T waits for no V_j (load_first_tiles). Then per query tile (the block's it-th),
+// every lane: wait until the consumers have released its slot (Q_EMPTY); lane 0 (past the first
+// step) announces the tiles' bytes and starts Q_i on Q_FULL and dO_i on DO_FULL (TMA); each lane
+// starts a cp.async of its floats of LSE_i and arrives on Q_FULL when it has landed, then the same
+// with D_i on DO_FULL, so that S^T = K_j Q_i^T may start before dO_i lands. Rows past N (and keys
+// past N_k) arrive as zeros from TMA; lse2 and Dsum are padded to N_pad, a multiple of qrows, so
+// their copies never leave the head's rows. A packed batch: Q_i, dO_i (K_j, V_j) rows past the
+// sequence's N (N_k) are the next sequence's, finite, whose P the padded LSE
+// (+inf past N) and the consumers' mask (keys) make 0; each sequence's rows of lse2 and Dsum are
+// padded to a multiple of ROW_PAD (bwd_sequence_of), so a tile's copies stay in them too.
+//
+// Why the lanes' cp.async, not a bulk copy, moves LSE_i and D_i: the consumers read them with
+// ordinary loads (the generic proxy), and a bulk copy writes in the async proxy; writes in one
+// proxy after reads in the other need a proxy fence on the reading side, which the PTX memory
+// model asks for and compute-sanitizer's racecheck does not see. cp.async writes in the generic
+// proxy, so every access to these two rows is ordered by the mbarriers alone: each lane's
+// arrival on the full barrier happens once its copies are complete (mbar_arrive_after_cp_async),
+// and the consumers' wait acquires it; each consumer thread's loads come before its own arrival
+// on Q_EMPTY, which every lane here waits for before it copies into the slot again. The floats
+// never pass through the warp's registers (it runs on PRODUCER_REGS of them).
 template <int D, dq_way DQ, bool WAIT>
 __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorMap *tmQ,
                                            const CUtensorMap *tmK, const CUtensorMap *tmV,
