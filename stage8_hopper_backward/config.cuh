@@ -247,14 +247,15 @@ enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
 
 // A persistent grid (LOG.md, step 84): one block per multiprocessor, each working one work tile
 // (a key tile of a (batch, key/value head): schedule.cuh) after another as a global counter hands
-// them out, so that the next work tile's Q_i, dO_i, LSE_i and D_i land under this one's end and
-// no block's start-up is paid again; K_j and V_j as soon as the store warp has read dK_j and dV_j
-// out of their tiles (KV_EMPTY). Where there are more work tiles than multiprocessors, in the
-// default variant's lean kernels at D = 64 and 128 (has_persistent), every work tile with a step
-// (no left bound: every key tile is seen), not for a packed batch or a split walk; variant
-// nopersistent launches one block per work tile. The load warp takes the work tiles and publishes
-// each in a ring of WORK_SLOTS (smem.cuh), read by one thread of each of WORK_READERS warps; the
-// K/V warp (the producer warpgroup's fourth, idle there) copies each later one's K_j and V_j.
+// them out, so that the next work tile's Q_i, dO_i, LSE_i and D_i land under this one's end and no
+// block's start-up is paid again; dK_j and dV_j are staged in the dS^T buffers (epilogue.cuh's
+// dk_stage), so that the next K_j and V_j load while the stores read them. Where there are more
+// work tiles than multiprocessors, in the default way's lean kernels at D = 64 and 128
+// (has_persistent; launch.cuh's persistent_grid), every work tile with a step (no left bound:
+// every key tile is seen), not for a packed batch or a split walk; variant nopersistent launches
+// one block per work tile. The load warp takes the work tiles and publishes each in a ring of
+// WORK_SLOTS (smem.cuh), read by one thread of each of WORK_READERS warps; the K/V warp (the
+// producer warpgroup's fourth, idle there) copies each one's K_j and V_j.
 constexpr int WORK_SLOTS = 2;
 constexpr int WORK_READERS = CONSUMER_WARPS + 3;  // the consumer warps, dQ, store and K/V warps
 template <int D, dq_way DQ, bool EXTRAS>

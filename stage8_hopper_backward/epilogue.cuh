@@ -77,10 +77,10 @@ __device__ __forceinline__ void store_rows_masked(uint32_t tile, __half *out,
 }
 
 // A consumer thread's part of dK_j = scale dK_acc and dV_j = dV_acc, over its rows of K_j's and
-// V_j's tiles (the same layout); then visible to the copy engine, and announced to the store
-// warp (DKV_STAGED: a persistent block's consumers meet it once a work tile, the next time only
-// after the store warp has, as they wait for the next work tile's K_j and V_j, copied only once
-// the store warp's copies have read these tiles: KV_EMPTY, KV_FULL). The tiles are free once both
+// V_j's tiles (the same layout; a persistent block's in the dS^T buffers: dk_stage); then visible
+// to the copy engine, and announced to the store warp (DKV_STAGED: a persistent block's consumers
+// meet it once a work tile, the next time only after the store warp has, as the next work tile's
+// first step waits for its copies to have read these tiles, DKV_READ). The tiles are free once both
 // warpgroups' wgmma are done (KV_FREE): the dQ products read all the block's keys of K_j (at D =
 // 256 the scores of each warpgroup all of K_j and V_j, whose columns the warpgroups stage half
 // each). A packed batch's tile past its sequence's keys (dkv_masked): once both warpgroups have

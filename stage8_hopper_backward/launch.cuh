@@ -77,10 +77,15 @@ static int walk_shares_of(const attn_shape *s, const attn_device *dev, int varia
 static size_t dkv_part_bytes(const attn_shape *s, int shares) {
     return dkv_part_bytes_for(s, shares, block_keys_of(s->D), compiled_d(s->D));
 }
-// A persistent grid's counter (schedule.cuh's tile_counter): an int, in the default variant's
-// workspace.
+// The variants that run a persistent grid where it pays (persistent_grid): the default, and those
+// that switch another lesson off (nosplit, nopdl); variant nolean runs none of the lean kernels
+// that have one.
+static bool persistent_variant(int variant) {
+    return variant == VARIANT_DEFAULT || variant == VARIANT_NOSPLIT || variant == VARIANT_NOPDL;
+}
+// A persistent grid's counter (schedule.cuh's tile_counter): an int, in those variants' workspace.
 static size_t tile_counter_bytes(int variant) {
-    return variant == VARIANT_DEFAULT ? sizeof(int) : 0;
+    return persistent_variant(variant) ? sizeof(int) : 0;
 }
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     return 2 * aligned(bwd_pad_rows(s) * sizeof(float)) + aligned(dq_acc_bytes(s, variant)) +
@@ -207,14 +212,14 @@ static int section_shift_of(const attn_shape *s, int variant, key_rule keys) {
     return section_shift_for(s->B * s->H_kv, head_bytes, L2_SECTION_BYTES);
 }
 
-// Whether the default variant's lean kernel runs a persistent grid (config.cuh, has_persistent):
+// Whether the default way's lean kernel runs a persistent grid (config.cuh, has_persistent):
 // more work tiles than multiprocessors, and no packed batch, no split walk; a work tile's steps
 // fewer than the load warp counts (producer.cuh, LOAD_STEPS_MAX: H / H_kv times N / qrows, 2^23).
 template <int D>
 static bool persistent_grid(const attn_shape *s, const attn_device *dev, int variant, bool lean,
                             int shares, long long work_tiles) {
     const long long walk_steps = (long long)(s->H / s->H_kv) * ceil_div(s->N, qrows<D>());
-    return has_persistent<D, DQ_BY_BULK, false>() && variant == VARIANT_DEFAULT && lean &&
+    return has_persistent<D, DQ_BY_BULK, false>() && persistent_variant(variant) && lean &&
            shares == 1 && !s->varlen.cu_seqlens_q && work_tiles > dev->sm_count &&
            walk_steps < LOAD_STEPS_MAX;
 }
