@@ -267,8 +267,8 @@ __device__ __forceinline__ void reduce_dq_walk(const smem_tiles &sm, const bwd_p
     if constexpr (TWO)
         if (odd && ++qt == first + tiles) qt = first, turns += turns_apart;
     // the block's steps whose part the consumers stage (last_dq_by_reds: all but the last)
-    const int steps = pb.group * tiles;
-    const int staged = hand + steps - (last_dq_by_reds<D, DQ>() && steps > 0 ? 1 : 0);
+    // (every work tile of a persistent block has a step)
+    const int staged = hand + pb.group * tiles - (last_dq_by_reds<D, DQ>() ? 1 : 0);
     for (int it = hand + (TWO ? odd : 0); it < staged; it += STRIDE) {
         const int q0 = walk_row<D, DQ>(pb, qt);
         int *const turn = pb.dq_turn + turns + q0 / qrows<D>();  // the query tile's counter

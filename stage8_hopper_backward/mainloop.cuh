@@ -408,7 +408,7 @@ __device__ __forceinline__ void wait_ds(const smem_tiles &sm, int it) {
     // LAB HOLE 3 END
 }
 
-// Step s's dQ part, its wgmma done: to the staging tile (its hand-over s.hand; or, variant
+// Step s's dQ part, its wgmma done: to the staging tile (its hand-over: hand_over_of; or, variant
 // atomics, to dQ_acc).
 template <int D, dq_way DQ>
 __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()],
@@ -419,7 +419,7 @@ __device__ __forceinline__ void hand_over_dq(const float (&dQ_part)[dq_regs<D>()
         add_dq_atomic<D, false, dq_tiled<D, DQ>()>(dQ_part, pb, b, p.wg, p.warp, p.lane, s.head,
                                                    s.q0);
     else
-        stage_dq<D, DQ>(dQ_part, sm, p.wg, p.warp, p.lane, s.hand);
+        stage_dq<D, DQ>(dQ_part, sm, p.wg, p.warp, p.lane, hand_over_of(s));
 }
 
 // The scores of a step issued (S^T, then dP^T: two groups): P^T while dP^T runs; then dS^T, both
@@ -655,7 +655,7 @@ template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, int WG>
 __device__ __forceinline__ int consumer_walk(float (&dV)[dkv_regs<D>()], float (&dK)[dkv_regs<D>()],
                                              const smem_tiles &sm, const bwd_problem &pb,
                                              const consumer_place &p, const block_place &b, int it0,
-                                             int hand0, int dkv_read) {
+                                             int hands_behind, int dkv_read) {
     // this warpgroup's 64 rows of K_j and V_j (at D = 256 the block's 64: wg_key0), the A
     // operands of S^T and dP^T
     const int rows_at = splits_dkv<D>() ? 0 : p.wg * WGMMA_M * SLAB_ROW_BYTES;
@@ -669,7 +669,7 @@ __device__ __forceinline__ int consumer_walk(float (&dV)[dkv_regs<D>()], float (
         // the first Q_i has landed, and with it K_j (a persistent block's came on KV_FULL)
         mbar_wait(bar_at(sm, BAR_Q_FULL + q_pipeline{it0}.slot()), q_pipeline{it0}.phase());
         const int q_first = first * qrows<D>(), q_end = q_first + tiles * qrows<D>();
-        walk_step cur = {it0, hand0, b.kv_head * pb.group, q_first};
+        walk_step cur = {it0, hands_behind, b.kv_head * pb.group, q_first};
         if constexpr (splits_dkv<D>()) {  // D = 256: each step's dQ part in the step
             for (int it = 0; it < steps; ++it) {
                 consumer_step_split<D, BF16, DQ, EXTRAS, CAPPED>(dV, dK, sm, p, pb, b, K_desc,
@@ -712,9 +712,10 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
             asm volatile("" : "+r"(p.wg), "+r"(p.warp), "+r"(p.lane), "+r"(p.g), "+r"(p.t));
         const int it = counted_steps(c), n = counted_tiles(c);
         const bool later = PERSISTENT && past_first_tile(c);  // not the block's first work tile
-        // the dQ hand-overs so far: a step's, but for each work tile's last part where added by
-        // reductions (every work tile of a persistent block has a step); only its parity is used
-        const int hand = it - (last_dq_by_reds<D, DQ>() ? n : 0);
+        // how far the dQ hand-overs lag the steps: one for each work tile before whose last part
+        // went by reductions (every work tile of a persistent block has a step); only the
+        // hand-overs' parity is used
+        const int behind = last_dq_by_reds<D, DQ>() ? n : 0;
         int w = 0;
         if constexpr (PERSISTENT) {
             w = take_work_by_warp(sm, n, p.lane);
@@ -736,20 +737,20 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
             if (p.wg == CONSUMERS - 1) {
                 q.wg = CONSUMERS - 1;
                 steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, CONSUMERS - 1>(
-                    dV, dK, sm, pb, q, b, it, hand, dkv_read);
+                    dV, dK, sm, pb, q, b, it, behind, dkv_read);
             } else {
                 q.wg = 0;
                 steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, 0>(dV, dK, sm, pb, q, b, it,
-                                                                      hand, dkv_read);
+                                                                      behind, dkv_read);
             }
         } else {
             steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, ANY_WARPGROUP>(dV, dK, sm, pb, p, b,
-                                                                              it, hand, dkv_read);
+                                                                              it, behind, dkv_read);
         }
         if (gridDim.z > 1)  // a split walk: this share's sums, for the sum pass
             write_dkv_share<D>(dK, dV, p, pb, b);
-        else  // (the work tile's last hand-over: hand + steps - 1 where its last part is staged)
-            stage_dkv<D, BF16, PERSISTENT>(dK, dV, sm, p, pb, b, hand + steps - 1);
+        else  // (the work tile's last hand-over, where its last part is staged)
+            stage_dkv<D, BF16, PERSISTENT>(dK, dV, sm, p, pb, b, it + steps - 1 - behind);
         if constexpr (!PERSISTENT) break;
         c = counts_after_tile(c, steps);
     }

@@ -65,24 +65,25 @@ typedef struct {
 // first, then their key tile 1, and so on, the longest blocks first among heads few enough that
 // their Q, dO and dQ_acc stay in the L2. Elsewhere s = 0: (key_tiles, B H_kv). s is the grid's
 // width over key_tiles, as a shift.
+// (grid_x: the grid's width, the block's own gridDim.x or a persistent grid's pb.grid_x)
 typedef struct {
-    int x, y;
+    int x, y, grid_x;
 } work_tile;
 __device__ __forceinline__ work_tile own_work_tile() {  // the grid's block: its own work tile
-    return {(int)blockIdx.x, (int)blockIdx.y};
+    return {(int)blockIdx.x, (int)blockIdx.y, (int)gridDim.x};
 }
 __device__ __forceinline__ work_tile work_tile_at(const bwd_problem &pb, int w) {  // persistent
     const int y = w / pb.grid_x;
-    return {w - y * pb.grid_x, y};
+    return {w - y * pb.grid_x, y, pb.grid_x};
 }
-__device__ __forceinline__ int section_shift(const bwd_problem &pb) {
-    return __clz(pb.key_tiles) - __clz(pb.grid_x);
+__device__ __forceinline__ int section_shift(const bwd_problem &pb, work_tile wt) {
+    return __clz(pb.key_tiles) - __clz(wt.grid_x);
 }
 __device__ __forceinline__ int block_key_index(const bwd_problem &pb, work_tile wt) {
-    return wt.x >> section_shift(pb);
+    return wt.x >> section_shift(pb, wt);
 }
 __device__ __forceinline__ int block_head_index(const bwd_problem &pb, work_tile wt) {
-    const int shift = section_shift(pb);
+    const int shift = section_shift(pb, wt);
     return (wt.y << shift) | (wt.x & ((1 << shift) - 1));
 }
 
@@ -251,17 +252,20 @@ __device__ __forceinline__ block_counts counts_after_tile(block_counts c, int st
 
 // A step of the block's walk (every query tile that meets its keys, of every query head of the
 // group, head by head): its place in the block's steps (it: the rings' count, which runs on over
-// a persistent block's work tiles), its dQ part's hand-over (hand: the staging tile's count, it
-// less the work tiles before whose last part went by reductions, last_dq_by_reds), the query
-// head and its first query (within the sequence).
+// a persistent block's work tiles), how far the staging tile's count lags it (hands_behind: the
+// work tiles before whose last dQ part went by reductions, last_dq_by_reds; its hand-over is
+// it - hands_behind), the query head and its first query (within the sequence).
 typedef struct {
-    int it, hand, head, q0;
+    int it, hands_behind, head, q0;
 } walk_step;
+__device__ __forceinline__ int hand_over_of(const walk_step &s) {
+    return s.it - s.hands_behind;
+}
 
 // The next step of the walk: the next query tile of the head, or, past the head's last (q_end),
 // the first (q_first) of the next head.
 __device__ __forceinline__ walk_step next_step(walk_step s, int q_first, int q_end, int rows) {
-    ++s.it, ++s.hand;
+    ++s.it;
     s.q0 += rows;
     if (s.q0 == q_end) s.q0 = q_first, ++s.head;
     return s;
