@@ -1767,6 +1767,45 @@ static options head_dim_case(const options *base, int v, int c, uint64_t case_no
     return o;
 }
 
+/* Wide grids, for a stage with a backward pass: more (batch, key/value head) pairs than a GPU has
+ * multiprocessors (B = 2, 160 key/value heads: 320 pairs, past any GPU's 148), so that a grid
+ * holding one block per multiprocessor takes several work tiles per block (stage 8's persistent
+ * grid; its short walks: N <= 300, so at most five query tiles a key tile), D 64 and 128, causal
+ * and not. Per case in turn, where the stage takes them: query heads 160 or 320 (GQA 2), N_k != N,
+ * bf16, the layout, the distribution. Rows sampled as the models-feed cases'. */
+static const int wide_N[] = {65, 300};
+#define WIDE_B 2
+#define WIDE_KV_HEADS 160
+#define WIDE_CASES (COUNT(wide_N) * COUNT(self_test_D) * 2)
+
+static options wide_case(const options *base, int v, int c, uint64_t case_no) {
+    const int N = wide_N[c % COUNT(wide_N)], causal = c / COUNT(wide_N) % 2;
+    const int D = self_test_D[c / (COUNT(wide_N) * 2) % COUNT(self_test_D)];
+    const unsigned takes = stage_takes_bits();
+    const int group = (takes & ATTN_TAKES_GQA) && c % 3 != 1 ? 2 : 1;
+    const int other_keys = (takes & ATTN_TAKES_N_K) && c % 3 != 0;
+    options o = *base;
+    memset(&o.shape, 0, sizeof o.shape);
+    o.shape = (attn_shape){.B = WIDE_B,
+                           .H = group * WIDE_KV_HEADS,
+                           .N = N,
+                           .D = D,
+                           .causal = causal,
+                           .scale = 1.0f / sqrtf((float)D),
+                           .H_kv = WIDE_KV_HEADS,
+                           .N_k = other_keys ? N + N / 2 + 3 : N,
+                           .bf16 = (takes & ATTN_TAKES_BF16) && c / 2 % 2};
+    o.layout = (takes & ATTN_TAKES_STRIDES) ? (layout_kind)(c % LAYOUTS) : LAYOUT_BHND;
+    if (o.layout == LAYOUT_QKV && (group != 1 || o.shape.N_k != N)) o.layout = LAYOUT_BNHD;
+    set_layout(&o);
+    o.variant = v;
+    o.peaky = c / 4 % 2;
+    o.bench = BENCH_NONE;
+    o.seed = base->seed * 1000003ull + case_no;
+    o.check_rows = MODEL_SAMPLE;
+    return o;
+}
+
 /* Packed batches (--varlen), for a stage whose descriptor takes them: the lists below (lengths 1
  * to 5,000; sequences without queries and without keys; more keys than queries and fewer; tile
  * edges), each with every mask and cap: none, causal, the windows (0, 0), (127, 0), (1000, 1000),
@@ -1895,6 +1934,7 @@ static int self_test(const options *base, gpu_ctx *g) {
             {MODEL_CASES, model_case, "what models feed (bf16, GQA, strides, N_k != N)", 0},
             {LOCAL_CASES, local_case, "local windows and softcap", 0},
             {HEAD_DIM_CASES, head_dim_case, "head dims", 0},
+            {attn_this_stage.backward ? WIDE_CASES : 0, wide_case, "wide grids", 0},
             {PACKED_CASES, packed_case, "packed batches (varlen)", 1}};
         for (int k = 0; k < COUNT(groups); k++) {
             int mp = 0, mn = 0, waived = 0;

@@ -250,17 +250,26 @@ enum dq_way { DQ_BY_BULK, DQ_BY_ATOMICS, DQ_BY_BULK_IN_TURNS };
 // them out, so that the next work tile's Q_i, dO_i, LSE_i and D_i land under this one's end and no
 // block's start-up is paid again; dK_j and dV_j are staged in the dS^T buffers (epilogue.cuh's
 // dk_stage), so that the next K_j and V_j load while the stores read them. Where there are more
-// work tiles than multiprocessors, in the default way's lean kernels at D = 64 and 128
-// (has_persistent; launch.cuh's persistent_grid), every work tile with a step (no left bound:
-// every key tile is seen), not for a packed batch or a split walk; variant nopersistent launches
-// one block per work tile. The load warp takes the work tiles and publishes each in a ring of
-// WORK_SLOTS (smem.cuh), read by one thread of each of WORK_READERS warps; the K/V warp (the
-// producer warpgroup's fourth, idle there) copies each one's K_j and V_j.
+// work tiles than multiprocessors and each walk is short (persistent_steps_max), in the default
+// way's lean kernels at D = 64 and 128 (has_persistent; launch.cuh's persistent_grid), every work
+// tile with a step (no left bound: every key tile is seen), not for a packed batch or a split
+// walk; variant nopersistent launches one block per work tile. The load warp takes the work tiles
+// and publishes each in a ring of WORK_SLOTS (smem.cuh), read by one thread of each of WORK_READERS
+// warps; the K/V warp (the producer warpgroup's fourth, idle there) copies each one's K_j and V_j.
 constexpr int WORK_SLOTS = 2;
 constexpr int WORK_READERS = CONSUMER_WARPS + 3;  // the consumer warps, dQ, store and K/V warps
 template <int D, dq_way DQ, bool EXTRAS>
 __host__ __device__ constexpr bool has_persistent() {
     return DQ == DQ_BY_BULK && !EXTRAS && (D == 64 || D == 128);
+}
+// The longest walk (a work tile's steps, queries over qrows) a persistent grid takes: 1,024
+// queries at D = 64, 2,048 at D = 128. Past it a block's start and end are a small part of the
+// block's time, and the persistent kernel's steps cost a little more than the plain kernel's
+// (LOG.md, step 84: at D = 64 from 2,048 queries on).
+constexpr int PERSISTENT_QUERIES_D64 = 1024, PERSISTENT_QUERIES_D128 = 2048;
+template <int D>
+__host__ __device__ constexpr int persistent_steps_max() {
+    return (D == SLAB_COLS ? PERSISTENT_QUERIES_D64 : PERSISTENT_QUERIES_D128) / qrows<D>();
 }
 
 // Whether the main kernel of head dim D (with or without EXTRAS: kernel.cuh) is launched with

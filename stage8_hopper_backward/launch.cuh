@@ -214,14 +214,15 @@ static int section_shift_of(const attn_shape *s, int variant, key_rule keys) {
 
 // Whether the default way's lean kernel runs a persistent grid (config.cuh, has_persistent):
 // more work tiles than multiprocessors, and no packed batch, no split walk; a work tile's steps
-// fewer than the load warp counts (producer.cuh, LOAD_STEPS_MAX: H / H_kv times N / qrows, 2^23).
+// (H / H_kv times N / qrows) a short walk (config.cuh, persistent_steps_max), so also fewer than
+// the load warp counts (producer.cuh, LOAD_STEPS_MAX, 2^23).
 template <int D>
 static bool persistent_grid(const attn_shape *s, const attn_device *dev, int variant, bool lean,
                             int shares, long long work_tiles) {
     const long long walk_steps = (long long)(s->H / s->H_kv) * ceil_div(s->N, qrows<D>());
     return has_persistent<D, DQ_BY_BULK, false>() && persistent_variant(variant) && lean &&
            shares == 1 && !s->varlen.cu_seqlens_q && work_tiles > dev->sm_count &&
-           walk_steps < LOAD_STEPS_MAX;
+           walk_steps <= persistent_steps_max<D>() && walk_steps < LOAD_STEPS_MAX;
 }
 
 // The three passes for head dim D (compiled; the tensors' s->D <= D) and storage type BF16.
