@@ -120,14 +120,14 @@ __device__ __forceinline__ void write_share_rows(float *out, const float (&C)[NT
     }
 }
 
-// Where a split block's share of dK_j and dV_j rows from `key` on lie in dkv_part ([B H_kv][key
-// tiles' keys][shares][2][D], blockIdx.y the (batch, key/value head), gridDim.x the key tiles of
-// KEYS keys, blockIdx.z the share): dK's row; dV's is D floats further, the next key's
-// dkv_row_step<D>() floats.
+// Where a split block's share of dK_j and dV_j rows from `key` on lie in dkv_part
+// (common/device/backward_prepost.cuh's dkv_part_at; blockIdx.y the (batch, key/value head),
+// gridDim.x the key tiles of KEYS keys, blockIdx.z the share): dK's row; dV's is D floats
+// further, the next key's dkv_row_step<D>() floats.
 template <int D, int KEYS>
 __device__ __forceinline__ float *dkv_share_at(float *dkv_part, int key) {
     const size_t head_keys = (size_t)gridDim.x * KEYS;
-    return dkv_part + (((size_t)blockIdx.y * head_keys + key) * gridDim.z + blockIdx.z) * 2 * D;
+    return dkv_part + dkv_part_at(blockIdx.y, head_keys, key, (int)gridDim.z, (int)blockIdx.z, D);
 }
 template <int D>
 __device__ __forceinline__ size_t dkv_row_step() {

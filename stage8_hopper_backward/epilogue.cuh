@@ -163,14 +163,14 @@ __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMa
 }
 
 // A split walk's share (gridDim.z shares; blockIdx.z this one): the thread's dK_j and dV_j sums,
-// fp32 and unscaled, to the share's place in pb.dkv_part ([B H_kv][key_tiles block_keys][shares]
-// [2][D] floats: a key's shares side by side, for the sum pass to read together). A thread holds
-// two columns of rows g and g + 8 of each 8-column block (acc_index); lanes t and t ^ 1 swap a pair
-// (quad_pairs_to_float4) so that the even lane holds four columns of row g and the odd lane four of
-// row g + 8: one 16-byte store each, a warp's store 32 whole bytes of each of 16 rows. (4-byte
-// stores straight from the layout, half a sector each, made this the block's longest phase: LOG.md,
-// step 81.) Rows past N_k are written too (the array holds whole key tiles; the sum pass reads none
-// of them). A share with no step writes its zeros: the sum pass adds every share.
+// fp32 and unscaled, to the share's place in pb.dkv_part (dkv_part_at: head_keys key_tiles
+// block_keys). A thread holds two columns of rows g and g + 8 of each 8-column block (acc_index);
+// lanes t and t ^ 1 swap a pair (quad_pairs_to_float4) so that the even lane holds four columns of
+// row g and the odd lane four of row g + 8: one 16-byte store each, a warp's store 32 whole bytes
+// of each of 16 rows. (4-byte stores straight from the layout, half a sector each, made this the
+// block's longest phase: LOG.md, step 81.) Rows past N_k are written too (the array holds whole key
+// tiles; the sum pass reads none of them). A share with no step writes its zeros: the sum pass
+// adds every share.
 template <int D>
 __device__ __forceinline__ void write_share_rows(const float (&acc)[dkv_regs<D>()], float *row0,
                                                  size_t row_step, int t) {
@@ -193,9 +193,10 @@ __device__ __forceinline__ void write_dkv_share(const float (&dK)[dkv_regs<D>()]
     const int shares = (int)gridDim.z;
     const size_t head_keys = (size_t)pb.key_tiles * block_keys<D>();
     const int row = b.key0 + wg_key0<D>(p.wg) + WARP_ROWS * p.warp + p.g;  // the thread's first
-    const size_t key_at = ((size_t)b.batch * pb.H_kv + b.kv_head) * head_keys + row;
-    float *const share =
-        pb.dkv_part + (key_at * shares + blockIdx.z) * KEY_FLOATS + wg_col0<D>(p.wg);
+    float *const share = pb.dkv_part +
+                         dkv_part_at((size_t)b.batch * pb.H_kv + b.kv_head, head_keys, row, shares,
+                                     (int)blockIdx.z, D) +
+                         wg_col0<D>(p.wg);
     const size_t row_step = (size_t)shares * KEY_FLOATS;  // a key's floats, every share's
     write_share_rows<D>(dK, share, row_step, p.t);
     write_share_rows<D>(dV, share + D, row_step, p.t);

@@ -468,6 +468,13 @@ static inline size_t dkv_part_bytes_for(const attn_shape *s, int shares, int blo
     const size_t keys = (size_t)(s->N_k + block_keys - 1) / block_keys * block_keys;
     return (size_t)s->B * s->H_kv * keys * shares * 2 * D * sizeof(float);
 }
+// Where share z's dK row of a key lies in dkv_part, in floats: [B H_kv][head_keys][shares][2][D]
+// (bh the (batch, key/value head), head_keys its key tiles' keys), a key's shares side by side for
+// the sum pass to read together; the row's dV is D floats further, the next key's 2 D shares.
+__host__ __device__ __forceinline__ size_t dkv_part_at(size_t bh, size_t head_keys, int key,
+                                                       int shares, int z, int D) {
+    return ((bh * head_keys + key) * shares + z) * 2 * D;
+}
 
 // Share z of `shares` of a walk of *count query tiles from tile *first: the share's count and
 // first tile, in place. The shares differ by a tile at most, the first count % shares one longer;
@@ -504,7 +511,7 @@ __global__ void __launch_bounds__(DKV_SUM_THREADS)
               col = (in_row - dv * row_float4s / 2) * CONVERT_FLOATS;
     const int bh = (int)blockIdx.y, b = bh / p.H_kv, h = bh % p.H_kv;
     const float4 *at = reinterpret_cast<const float4 *>(
-        part + (((size_t)bh * head_keys + row) * shares * 2 + dv) * D + col);
+        part + dkv_part_at(bh, head_keys, row, shares, 0, D) + dv * D + col);
     float4 a[WALK_SHARES_MAX];
 #pragma unroll
     for (int z = 0; z < WALK_SHARES_MAX; ++z)
