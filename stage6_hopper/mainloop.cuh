@@ -161,10 +161,9 @@ __device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_p
     const pipeline_state<QB> q = {t};
     wait_full(sm, BAR_Q_FULL, q);
     // The mbarrier orders this read after the producer's write (and Q_EMPTY the next write after
-    // it), but compute-sanitizer's racecheck does not model mbarriers for ordinary shared memory
-    // accesses: one atomic read per warp, broadcast, keeps it clean.
+    // it); one read per warp (read_work_slot: an atomic, for racecheck), broadcast.
     int w = 0;
-    if (p.lane == 0) w = atomicAdd(&sm.work[q.slot()], 0);
+    if (p.lane == 0) w = read_work_slot(&sm.work[q.slot()]);
     w = __shfl_sync(FULL_WARP, w, 0);
     if (w >= works) return false;
     wt = work_at<C, BC, MODEL>(w, pb);

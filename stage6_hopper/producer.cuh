@@ -64,14 +64,14 @@ __device__ __forceinline__ void publish_work(const smem_tiles &sm, const CUtenso
     const uint32_t full = bar_at(sm, BAR_Q_FULL + q.slot());
     // LAB HOLE 2 BEGIN: the ring's waits: a Q buffer and its work index
     // LAB TODO: wait until Q buffer q.slot() is free (BAR_Q_EMPTY, state q), then publish the work
-    // LAB TODO: index w in sm.work[q.slot()] (atomicExch: the consumers read it with an atomic),
+    // LAB TODO: index w in sm.work[q.slot()] (write_work_slot: the consumers read it atomically),
     // LAB TODO: and: for w >= works ("stop") one plain arrival on `full`, no copy; otherwise
     // LAB TODO: copy_tile Q's block_rows<C>() rows from wt.q0 (head and batch:
     // LAB TODO: heads_of<MODEL>(wt.bh, pb)) into q_stage<D, C, BC>(sm, t), completing on `full`.
     // LAB STUB: printf("lab hole 2 unfilled: publish_work\n"), __trap();  // stops the kernel
     // LAB STUB: (void)full;
-    wait_empty(sm, BAR_Q_EMPTY, q);     // the consumers are done with the buffer's last work tile
-    atomicExch(&sm.work[q.slot()], w);  // (an atomic, like the consumers' read: see take_work())
+    wait_empty(sm, BAR_Q_EMPTY, q);  // the consumers are done with the buffer's last work tile
+    write_work_slot(&sm.work[q.slot()], w);
     if (w >= works) {
         mbar_arrive(full);  // no copy: the consumers read "stop"
         return;

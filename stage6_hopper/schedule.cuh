@@ -217,7 +217,7 @@ __device__ __forceinline__ int key_tile_start(const work_tile &wt, int j) {
 // The work tile a block takes after its current one: the next one not yet taken (a global
 // counter), or none (works) when every block has one work tile at most.
 __device__ __forceinline__ int next_work_index(int works, int *next_work) {
-    return (int)gridDim.x >= works ? works : gridDim.x + atomicAdd(next_work, 1);
+    return (int)gridDim.x >= works ? works : take_from_counter(next_work);
 }
 
 // Work tiles before `end` hold no rows (packed: they start past their sequence's end): the counter

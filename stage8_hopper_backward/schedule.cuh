@@ -103,7 +103,7 @@ __device__ __forceinline__ int next_work_tile(const bwd_problem &pb) {
     // (the counter's address read here, not once ahead of the load warp's loop and held across it
     // in two of its 24 registers)
     int *const counter = *(int *const volatile *)&pb.tile_counter;
-    return (int)gridDim.x + atomicAdd(counter, 1);
+    return take_from_counter(counter);
 }
 
 // Where a work tile lies: its first key key0 = block_keys<D>() block_key_tile() (within its

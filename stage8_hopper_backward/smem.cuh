@@ -192,20 +192,19 @@ __device__ __forceinline__ uint32_t dq_empty_bar(const smem_tiles &s, int pair) 
 
 // A persistent block's work slots, a ring whose count is the block's n-th work tile: the load
 // warp publishes each (publish_work: the work tile's index, or "stop"), one thread of every other
-// role's warps takes it (take_work) and hands the slot back. The write and the read are atomics,
-// as stage 6's: the mbarriers order them, but compute-sanitizer's racecheck does not model
-// mbarriers for ordinary shared memory accesses.
+// role's warps takes it (take_work) and hands the slot back (common/device/sm90.cuh's
+// write_work_slot, read_work_slot).
 typedef pipeline_state<WORK_SLOTS> work_pipeline;
 __device__ __forceinline__ void publish_work(const smem_tiles &s, int n, int w) {
     const work_pipeline q = {n};
     mbar_wait(bar_at(s, BAR_WORK_EMPTY + q.slot()), q.empty_phase());  // every reader has read
-    atomicExch(&s.work[q.slot()], w);
+    write_work_slot(&s.work[q.slot()], w);
     mbar_arrive(bar_at(s, BAR_WORK_FULL + q.slot()));
 }
 __device__ __forceinline__ int take_work(const smem_tiles &s, int n) {
     const work_pipeline q = {n};
     mbar_wait(bar_at(s, BAR_WORK_FULL + q.slot()), q.phase());
-    const int w = atomicAdd(&s.work[q.slot()], 0);
+    const int w = read_work_slot(&s.work[q.slot()]);
     mbar_arrive(bar_at(s, BAR_WORK_EMPTY + q.slot()));
     return w;
 }

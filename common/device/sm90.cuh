@@ -165,6 +165,22 @@ struct pipeline_state {
     __device__ __forceinline__ pipeline_state previous() const { return {count - 1}; }
 };
 
+// A persistent grid (stages 6 and 8): the blocks start with work tiles 0 .. gridDim.x - 1 and each
+// takes its next from a global counter, zeroed before the kernel (a memset in the launcher, which
+// a CUDA graph replays), that hands out work tiles gridDim.x, gridDim.x + 1, ... as asked.
+__device__ __forceinline__ int take_from_counter(int *counter) {
+    return (int)gridDim.x + atomicAdd(counter, 1);
+}
+// A work slot in shared memory: one thread writes a work tile's index, one thread of each warp
+// that needs it reads it, in the order a ring's mbarriers give them. Both are atomics:
+// compute-sanitizer's racecheck does not model mbarriers for ordinary shared memory accesses.
+__device__ __forceinline__ void write_work_slot(int *slot, int w) {
+    atomicExch(slot, w);
+}
+__device__ __forceinline__ int read_work_slot(int *slot) {
+    return atomicAdd(slot, 0);
+}
+
 /* ---- TMA: bulk tensor copies and reductions -------------------------------------------------- */
 
 // Copy the box at coordinates (c0 = column, c1 = row, c2 = head, c3 = batch) of the tensor that
