@@ -160,11 +160,8 @@ __device__ __forceinline__ bool take_work(const smem_tiles &sm, const consumer_p
                                           const problem &pb, int works, int t, work_tile &wt) {
     const pipeline_state<QB> q = {t};
     wait_full(sm, BAR_Q_FULL, q);
-    // The mbarrier orders this read after the producer's write (and Q_EMPTY the next write after
-    // it); one read per warp (read_work_slot: an atomic, for racecheck), broadcast.
-    int w = 0;
-    if (p.lane == 0) w = read_work_slot(&sm.work[q.slot()]);
-    w = __shfl_sync(FULL_WARP, w, 0);
+    // (Q_FULL orders this read after the producer's write, Q_EMPTY the next write after it)
+    const int w = read_work_slot_by_warp(&sm.work[q.slot()], p.lane);
     if (w >= works) return false;
     wt = work_at<C, BC, MODEL>(w, pb);
     wt.t = t;

@@ -210,9 +210,7 @@ __device__ __forceinline__ void load_tiles_persistent(const smem_tiles &sm, cons
         }
         for (; steps_left(c) > 0; c = counts_after_step(c)) {
             const int l = lane_index();
-            int wt = 0;
-            if (l == 0) wt = read_work_slot(&sm.work[load_tile_count(c) % WORK_SLOTS]);
-            wt = __shfl_sync(FULL_WARP, wt, 0);
+            const int wt = read_work_slot_by_warp(&sm.work[load_tile_count(c) % WORK_SLOTS], l);
             const block_place b = block_place_of<D>(pb, work_tile_at(pb, wt));
             int tiles;
             const int first =

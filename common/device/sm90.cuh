@@ -180,6 +180,13 @@ __device__ __forceinline__ void write_work_slot(int *slot, int w) {
 __device__ __forceinline__ int read_work_slot(int *slot) {
     return atomicAdd(slot, 0);
 }
+// The slot read once per warp (by `lane` 0) and broadcast: the value is one per warp, which the
+// compiler then knows.
+__device__ __forceinline__ int read_work_slot_by_warp(int *slot, int lane) {
+    int w = 0;
+    if (lane == 0) w = read_work_slot(slot);
+    return __shfl_sync(FULL_WARP, w, 0);
+}
 
 /* ---- TMA: bulk tensor copies and reductions -------------------------------------------------- */
 
