@@ -271,6 +271,14 @@ template <int D>
 __host__ __device__ constexpr int persistent_steps_max() {
     return (D == SLAB_COLS ? PERSISTENT_QUERIES_D64 : PERSISTENT_QUERIES_D128) / qrows<D>();
 }
+// Whether the K/V warp brings the next work tile's K_j and V_j into the L2 while it waits for the
+// consumers to free their tiles (producer.cuh's load_kv), so that the copy after the wait reads
+// the L2: at D = 64, where a work tile's end is shortest; at D = 128 it measured no gain (LOG.md,
+// step 86).
+template <int D>
+__host__ __device__ constexpr bool prefetches_next_kv() {
+    return D == SLAB_COLS;
+}
 
 // Whether the main kernel of head dim D (with or without EXTRAS: kernel.cuh) is launched with
 // programmatic dependent launch and waits for the preprocess itself (producer.cuh's load_tiles):

@@ -22,6 +22,14 @@ __device__ __forceinline__ void copy_tile(uint32_t dst, const CUtensorMap *map, 
         tma_load_4d(dst + slab_offset<ROWS>(c), map, full, c * SLAB_COLS, row0, head, batch);
 }
 
+// The same rows into the L2 cache (tma_prefetch_4d), for a copy_tile of them that waits.
+template <int D, int ROWS>
+__device__ __forceinline__ void prefetch_tile(const CUtensorMap *map, int row0, int head,
+                                              int batch) {
+#pragma unroll
+    for (int c = 0; c < slabs<D>(); ++c) tma_prefetch_4d(map, c * SLAB_COLS, row0, head, batch);
+}
+
 // The block's first step's tiles with its K_j and V_j (lane 0 of the load warp; load_tiles says
 // in which order).
 template <int D, dq_way DQ>
@@ -240,17 +248,26 @@ __device__ __forceinline__ void load_tiles_persistent(const smem_tiles &sm, cons
 // KV_FULL (the first at once: they are the call's inputs, read before the PDL wait), each later
 // one's as soon as the consumers' products of the work tile before are done with them (KV_EMPTY;
 // its dK_j and dV_j are staged elsewhere: epilogue.cuh's dk_stage), as the load warp publishes the
-// work tiles. Its own warp and loop: in the load warp, the tensor maps' addresses live across its
-// loop spilled it.
+// work tiles; at D = 64 brought into the L2 first, before the wait (prefetches_next_kv). Its own
+// warp and loop: in the load warp, the tensor maps' addresses live across its loop spilled it.
 template <int D>
 __device__ __forceinline__ void load_kv(const smem_tiles &sm, const CUtensorMap *tmK,
                                         const CUtensorMap *tmV, const bwd_problem &pb) {
     for (int n = 0;; ++n) {
         const int w = take_work(sm, n);
         if (w >= pb.work_tiles) return;
-        if (n > 0) mbar_wait(bar_at(sm, BAR_KV_EMPTY), (uint32_t)(n - 1) & 1);
+        // the tiles wait for the work tile before's products; where the next K_j and V_j go to
+        // the L2 meanwhile, their place is worked out before the wait
+        if constexpr (!prefetches_next_kv<D>())
+            if (n > 0) mbar_wait(bar_at(sm, BAR_KV_EMPTY), (uint32_t)(n - 1) & 1);
         const block_place b = block_place_of<D>(pb, work_tile_at(pb, w));
         const int k_row = (int)b.seq.seq.k_row + b.key0;
+        if constexpr (prefetches_next_kv<D>())
+            if (n > 0) {
+                prefetch_tile<D, block_keys<D>()>(tmK, k_row, b.kv_head, b.tile_batch);
+                prefetch_tile<D, block_keys<D>()>(tmV, k_row, b.kv_head, b.tile_batch);
+                mbar_wait(bar_at(sm, BAR_KV_EMPTY), (uint32_t)(n - 1) & 1);
+            }
         const uint32_t full = bar_at(sm, BAR_KV_FULL);
         mbar_arrive_expect_tx(full, 2 * kv_tile_bytes<D>());
         copy_tile<D, block_keys<D>()>(sm.K, tmK, full, k_row, b.kv_head, b.tile_batch);

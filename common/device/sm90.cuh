@@ -201,6 +201,16 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map
         : "memory");
 }
 
+// Bring the box at (c0, c1, c2, c3) of the tensor `map` describes into the L2 cache, ahead of a
+// tma_load_4d of it that has to wait for its shared memory: that copy then reads the L2, not HBM.
+__device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap *map, int c0, int c1, int c2,
+                                                int c3) {
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                     (uint64_t)map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+
 // The box at (c0, c1, c2, c3) of the tensor `map` describes, from shared memory at src. Rows past
 // the tensor's end are not written. Stores are tracked per thread in bulk groups.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, uint32_t src, int c0, int c1,
