@@ -273,8 +273,7 @@ __host__ __device__ constexpr int persistent_steps_max() {
 }
 // Whether the K/V warp brings the next work tile's K_j and V_j into the L2 while it waits for the
 // consumers to free their tiles (producer.cuh's load_kv), so that the copy after the wait reads
-// the L2: at D = 64, where a work tile's end is shortest; at D = 128 it measured no gain (LOG.md,
-// step 86).
+// the L2: at D = 64; at D = 128 it measured no gain (LOG.md, step 86).
 template <int D>
 __host__ __device__ constexpr bool prefetches_next_kv() {
     return D == SLAB_COLS;
