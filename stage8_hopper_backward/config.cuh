@@ -287,6 +287,14 @@ template <int D, bool EXTRAS>
 __host__ __device__ constexpr bool waits_by_pdl() {
     return D != 96 || EXTRAS;
 }
+// Whether the main kernel of head dim D (EXTRAS) takes a tail split (launch.cuh's walk_split_at,
+// schedule.cuh's own_work_tile): every kernel but D = 96's lean ones, where the split's work-tile
+// arithmetic in the load warp made ptxas serialize the consumers' wgmma (C7511), as a PDL wait
+// there did (waits_by_pdl).
+template <int D, bool EXTRAS>
+__host__ __device__ constexpr bool takes_tail_split() {
+    return D != 96 || EXTRAS;
+}
 
 // How the staging tile is handed over (smem.cuh: DQ_FULL, DQ_EMPTY; LOG.md, step 39). By parts
 // (DQ_BY_BULK where each part is whole slabs): each warpgroup's part on a DQ_FULL/DQ_EMPTY pair of

@@ -253,7 +253,7 @@ template <int D, dq_way DQ>
 __device__ __forceinline__ void reduce_dq_walk(const smem_tiles &sm, const bwd_problem &pb,
                                                const block_place &b, int odd, int &hand) {
     int tiles;
-    const int first = walk_first<D, DQ>(pb, b, walk_tiles_of<D>(b.keys, b.key0, &tiles));
+    const int first = walk_first<D, DQ>(pb, b, walk_tiles_of<D>(pb, b.keys, b.key0, &tiles));
     // one loop over the block's steps (the load warp's walk), the head and the tile carried along
     // as the counters' place, the head's first tile counted as lse2's rows over qrows
     // (dq_turns_of): the warp runs on PRODUCER_REGS registers.
@@ -338,7 +338,7 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const bwd_proble
             if (w >= pb.work_tiles) break;
         }
         const block_place b =
-            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile());
+            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile(pb));
         reduce_dq_walk<D, DQ>(sm, pb, b, odd, hand);
         if constexpr (!PERSISTENT) break;
     }

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
 #if HOPPER_KERNELS
     // a key tile past its sequence's keys: every thread leaves here, before any barrier exists
     // (a persistent grid: no packed batch)
-    if (!PERSISTENT && !block_has_keys<D>(pb, own_work_tile())) return;
+    if (!PERSISTENT && !block_has_keys<D>(pb, own_work_tile(pb))) return;
     extern __shared__ __align__(SWIZZLE_ATOM_BYTES) unsigned char smem_raw[];
     if (smem_u32(smem_raw) % SWIZZLE_ATOM_BYTES != 0) __trap();  // the tiles' swizzle needs it
     const smem_tiles sm = carve_smem<D>(smem_raw);
@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         if (PERSISTENT && warp == LOAD_WARP)
             load_tiles_persistent<D, DQ, waits_by_pdl<D, EXTRAS>()>(sm, &tmQ, &tmdO, pb, lane);
         else if (warp == LOAD_WARP)
-            load_tiles<D, DQ, waits_by_pdl<D, EXTRAS>()>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
+            load_tiles<D, DQ, waits_by_pdl<D, EXTRAS>(), takes_tail_split<D, EXTRAS>()>(
+                sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
         else if (DQ != DQ_BY_ATOMICS && warp == DQ_WARP)
             reduce_dq<D, DQ, PERSISTENT>(sm, pb, lane, 0);  // (DQ_BY_ATOMICS: the consumers add dQ)
         else if (two_dq_warps<D, DQ>() && warp == DQ_WARP_ODD)

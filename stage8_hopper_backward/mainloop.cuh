@@ -663,7 +663,7 @@ __device__ __forceinline__ int consumer_walk(float (&dV)[dkv_regs<D>()], float (
     const uint64_t V_desc = desc_k_major(sm.V + rows_at);
 
     int tiles;
-    const int first = walk_tiles_of<D>(b.keys, b.key0, &tiles);
+    const int first = walk_tiles_of<D>(pb, b.keys, b.key0, &tiles);
     const int steps = pb.group * tiles;
     if (steps > 0) {
         // the first Q_i has landed, and with it K_j (a persistent block's came on KV_FULL)
@@ -724,7 +724,8 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
             if (later) named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_TILE_START);
         }
         const block_place b =
-            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile());
+            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w)
+                                             : own_work_tile<takes_tail_split<D, EXTRAS>()>(pb));
         float dV[dkv_regs<D>()], dK[dkv_regs<D>()];
 #pragma unroll
         for (int i = 0; i < dkv_regs<D>(); ++i) dV[i] = dK[i] = 0.f;
@@ -747,7 +748,7 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
             steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, ANY_WARPGROUP>(dV, dK, sm, pb, p, b,
                                                                               it, behind, dkv_read);
         }
-        if (gridDim.z > 1)  // a split walk: this share's sums, for the sum pass
+        if (own_walk_split(pb))  // a split walk: this share's sums, for the sum pass
             write_dkv_share<D>(dK, dV, p, pb, b);
         else  // (the work tile's last hand-over, where its last part is staged)
             stage_dkv<D, BF16, PERSISTENT>(dK, dV, sm, p, pb, b, it + steps - 1 - behind);

@@ -53,7 +53,8 @@ reference (the library it was checked against; on the reference's own row, itsel
 
 Shapes (shared with tools/compare_fa2.py, imported from it): fa2 = B*N = 16384 tokens,
 H = 2048 / D, N in 1k..16k, D in {64, 128}, causal 0/1; long = B = H = 1, D = 128: N = 262144
-only, or with --long the whole long sweep (1k..256k). --quick: N up to 4096.
+only, or with --long the whole long sweep (1k..256k); --shape B,H,N,D[,causal] (repeatable)
+adds one of kind "shape" after them. --quick: N up to 4096.
 
 Why a sibling of compare_fa2.py and not a mode of it: that script times stage programs as
 subprocesses (their own --bench protocol, one CSV row per program) beside PyTorch's SDPA timed
@@ -65,6 +66,7 @@ Without PyTorch or a CUDA GPU it prints one line, "skipped: ...", and exits 0.
 
 usage: python3 -m tools.compare [--stage NAME[@VARIANT]]... [--pass fwd|bwd] [--quick]
                                 [--long] [--no-fa2-shapes] [--no-long-shapes]
+                                [--shape B,H,N,D[,causal]]...
                                 [--graph-ms MS] [--replays N] [--rounds K] [--softcap C]
                                 [--csv OUT]
   e.g. python3 -m tools.compare --stage stage5_tuned --stage stage6_hopper

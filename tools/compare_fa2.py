@@ -10,7 +10,8 @@ time (> 1: the stage is faster), over the fa2 shapes and over the long shapes.
 
 Shapes: fa2 = B*N = 16384 tokens, H = 2048 / D, N in 1k..16k, D in {64, 128}, causal 0/1;
 long = B = H = 1, D = 128: N = 262144 only, or with --long the whole long sweep (1k..256k);
---no-fa2-shapes, --no-long-shapes leave either list out.
+--no-fa2-shapes, --no-long-shapes leave either list out; --shape B,H,N,D[,causal] (repeatable)
+adds one of kind "shape" after them.
 
 --binary may be given several times (each program a column; PATH@VARIANT runs --variant
 VARIANT). A program that exits 3 (unsupported on this GPU, e.g. stage 6 off Hopper) shows n/a.
@@ -20,7 +21,8 @@ tools/compare.py makes the comparison in one process instead, every library time
 imports this file's shape list.
 
 usage: python3 -m tools.compare_fa2 [--binary PROG[@VARIANT]]... [--quick] [--long]
-                                    [--no-fa2-shapes] [--no-long-shapes] [--csv OUT]
+                                    [--no-fa2-shapes] [--no-long-shapes]
+                                    [--shape B,H,N,D[,causal]]... [--csv OUT]
 """
 import argparse
 import csv
@@ -88,6 +90,21 @@ def head_dims(text):
     return dims
 
 
+def one_shape(text):
+    """--shape B,H,N,D[,causal]: (B, H, N, D, causal) of one shape of kind "shape"."""
+    try:
+        f = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        f = ()
+    if len(f) not in (4, 5) or min(f[:4]) < 1 or (len(f) == 5 and f[4] not in (0, 1)):
+        raise argparse.ArgumentTypeError("%r is not B,H,N,D or B,H,N,D,causal (positive sizes, "
+                                         "causal 0 or 1)" % text)
+    if f[3] < 32 or f[3] > 256 or f[3] % 8:
+        raise argparse.ArgumentTypeError("head dims are multiples of 8 from 32 to 256, got %d"
+                                         % f[3])
+    return f if len(f) == 5 else f + (0,)
+
+
 def add_shape_options(p):
     """The options shapes() reads (this script's and tools/compare.py's)."""
     p.add_argument("--quick", action="store_true", help="N up to 4096 only")
@@ -98,11 +115,15 @@ def add_shape_options(p):
     p.add_argument("--dims", type=head_dims, default=FA2_DIMS, metavar="D,D,...",
                    help="head dims of the fa2 shapes, H = 2048 / D heads each (default %s)"
                         % ",".join(map(str, FA2_DIMS)))
+    p.add_argument("--shape", action="append", type=one_shape, default=[],
+                   metavar="B,H,N,D[,causal]",
+                   help="a shape of kind 'shape', repeatable, timed after the sweeps' (with "
+                        "--no-fa2-shapes --no-long-shapes: these alone)")
 
 
 def check_shape_options(p, args):
-    if args.no_fa2_shapes and args.no_long_shapes:
-        p.error("--no-fa2-shapes and --no-long-shapes leave no shape")
+    if args.no_fa2_shapes and args.no_long_shapes and not args.shape:
+        p.error("--no-fa2-shapes and --no-long-shapes leave no shape (add --shape)")
 
 
 def shapes(args):
@@ -120,6 +141,7 @@ def shapes(args):
         if args.quick and n > 4096:
             continue
         out.append(("long", 1, 1, n, 128, 0))
+    out += [("shape",) + f for f in args.shape]
     return out
 
 
@@ -250,7 +272,7 @@ def main():
                           fmt(measure.tflops(fl, ms) if ms else None, "%.1f"),
                           fmt(rf, "%.4f"), fmt(rc, "%.4f"), status])
         print(line, flush=True)
-    kinds = [k for k in ("fa2", "long") if any(s[0] == k for s in shapes(args))]
+    kinds = [k for k in ("fa2", "long", "shape") if any(s[0] == k for s in shapes(args))]
     for nm in names:
         for kind in kinds:
             print("%s, %s shapes: vs FA2 %s; vs cuDNN %s" %

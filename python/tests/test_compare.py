@@ -65,7 +65,7 @@ def t_help():
         assert out.startswith("usage:"), out[:200]
     rc, out, _ = script(COMPARE, ["--help"], hide_torch=True)
     for opt in ("--stage", "--pass", "--quick", "--long", "--no-fa2-shapes", "--no-long-shapes",
-                "--graph-ms", "--replays", "--rounds", "--softcap", "--csv"):
+                "--shape", "--graph-ms", "--replays", "--rounds", "--softcap", "--csv"):
         assert opt in out, f"--help does not name {opt}"
 
 
@@ -99,7 +99,9 @@ def t_bad_arguments():
            ["--no-fa2-shapes", "--no-long-shapes"],
            ["--stage", "stage5_tuned", "--stage", "stage5_tuned"], ["--bogus"], ["--csv"],
            ["--softcap", "0"], ["--softcap", "-30"], ["--softcap", "x"],
-           ["--softcap", "30", "--stage", "stage6_hopper@nopdl"]]
+           ["--softcap", "30", "--stage", "stage6_hopper@nopdl"],
+           ["--shape", "1,1,1024"], ["--shape", "1,1,1024,64,2"], ["--shape", "0,1,1024,64"],
+           ["--shape", "1,1,1024,60"], ["--shape", "1,1,1024,64,0,1"], ["--shape", "a,1,1,64"]]
     for args in bad:
         rc, out, err = script(COMPARE, args, hide_torch=True)
         assert rc == 2, f"{args}: exit {rc}, want 2 (stdout {out!r})"
@@ -172,6 +174,12 @@ def t_shapes():
     for argv in ([], ["--quick"], ["--long"], ["--long", "--no-fa2-shapes"], ["--no-long-shapes"]):
         assert fa2_mod.shapes(cmp.parse_args(argv)) == fa2_mod.shapes(fa2_mod.parse_args(argv)), argv
     assert list(fa2_mod.LONG_NS) == LONG_NS
+    # --shape: its own kind, after the sweeps' shapes, or alone
+    rows = shapes("--quick", "--shape", "1,33,16384,64", "--shape", "2,4,1000,96,1")
+    assert rows[-2:] == [("shape", 1, 33, 16384, 64, 0), ("shape", 2, 4, 1000, 96, 1)], rows
+    split(rows[:-2])
+    rows = shapes("--no-fa2-shapes", "--no-long-shapes", "--shape", "1,1,512,128,1")
+    assert rows == [("shape", 1, 1, 512, 128, 1)], rows
 
 
 # ---- the arithmetic ----
