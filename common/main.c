@@ -1810,14 +1810,13 @@ static options wide_case(const options *base, int v, int c, uint64_t case_no) {
  * pairs, a part of a wave past 132 or 114 multiprocessors, whole Hoppers' and PCIe's), one or two
  * key tiles each (N_k 128, 200), N = 4,100 queries (long walks: no persistent grid), no mask: the
  * grid of whole walks ends on a part-filled wave, where stage 8 splits the last walks (its tail
- * split). Head dims 64, 96, 128 and 256; per head dim, case 0 fp16 with N_k 128, case 1 GQA 2 with
- * N_k 200 in bf16 and softcap 30 (where the stage takes them), the layout and the distribution in
- * turn. Rows sampled as the models-feed cases'. */
+ * split, at D = 64 and 128). Head dims 64, 96, 128 and 256; per head dim, case 0 fp16 with N_k
+ * 128, case 1 GQA 2 with N_k 200 in bf16 (where the stage takes them), the layout and the
+ * distribution in turn. Rows sampled as the models-feed cases'. */
 static const int tail_D[] = {64, 96, 128, 256};
 #define TAIL_B 2
 #define TAIL_KV_HEADS 68
 #define TAIL_N 4100
-#define TAIL_SOFTCAP 30.f
 #define TAIL_CASES (COUNT(tail_D) * 2)
 
 static options tail_case(const options *base, int v, int c, uint64_t case_no) {
@@ -1835,8 +1834,7 @@ static options tail_case(const options *base, int v, int c, uint64_t case_no) {
                            .scale = 1.0f / sqrtf((float)D),
                            .H_kv = TAIL_KV_HEADS,
                            .N_k = N_k,
-                           .bf16 = (takes & ATTN_TAKES_BF16) && second,
-                           .softcap = (takes & ATTN_TAKES_SOFTCAP) && second ? TAIL_SOFTCAP : 0.f};
+                           .bf16 = (takes & ATTN_TAKES_BF16) && second};
     o.layout = (takes & ATTN_TAKES_STRIDES) ? (layout_kind)(c % LAYOUTS) : LAYOUT_BHND;
     if (o.layout == LAYOUT_QKV && (group != 1 || o.shape.N_k != o.shape.N)) o.layout = LAYOUT_BNHD;
     set_layout(&o);

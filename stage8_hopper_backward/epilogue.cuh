@@ -131,11 +131,11 @@ __device__ __forceinline__ void stage_dkv(const float (&dK)[dkv_regs<D>()],
 // block's next work tile writes its dS^T there (DKV_READ). A packed batch: at the
 // sequence's rows of the packed tensors (from k_row, batch 0), where the whole box lies in them
 // (else the consumers store the rows: dkv_masked).
-template <int D, bool PERSISTENT>
+template <int D, bool PERSISTENT, bool TAIL>
 __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMap *tmdK,
                                           const CUtensorMap *tmdV, const bwd_problem &pb,
                                           int lane) {
-    if (own_walk_split(pb)) return;  // a split walk: the consumers write the share's sums
+    if (own_walk_split<TAIL>(pb)) return;  // a split walk: the consumers write the share's sums
     for (int n = 0;; ++n) {
         int w = 0;
         if constexpr (PERSISTENT) {
@@ -144,7 +144,7 @@ __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMa
         }
         named_barrier_sync<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
         const block_place b =
-            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile(pb));
+            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile<TAIL>(pb));
         if (lane == 0 && !dkv_masked<D>(pb, b)) {
             const int k_row = (int)b.seq.seq.k_row + b.key0;
 #pragma unroll
@@ -184,15 +184,15 @@ __device__ __forceinline__ void write_share_rows(const float (&acc)[dkv_regs<D>(
                                  acc[acc_index(n, 1, 0)], acc[acc_index(n, 1, 1)], odd);
     }
 }
-template <int D>
+template <int D, bool TAIL>
 __device__ __forceinline__ void write_dkv_share(const float (&dK)[dkv_regs<D>()],
                                                 const float (&dV)[dkv_regs<D>()],
                                                 const consumer_place &p, const bwd_problem &pb,
                                                 const block_place &b) {
     constexpr int KEY_FLOATS = 2 * D;  // a share's dK and dV of one key
-    const walk_share own = own_share(pb);
+    const walk_share own = own_share<TAIL>(pb);
     const size_t head_keys = (size_t)pb.key_tiles * block_keys<D>();
-    const size_t first_key = gridDim.z > 1 ? 0 : (size_t)pb.tail_first * block_keys<D>();
+    const size_t first_key = !TAIL || gridDim.z > 1 ? 0 : (size_t)pb.tail_first * block_keys<D>();
     const int row = b.key0 + wg_key0<D>(p.wg) + WARP_ROWS * p.warp + p.g;  // the thread's first
     float *const share = pb.dkv_part +
                          dkv_part_at((size_t)b.batch * pb.H_kv + b.kv_head, head_keys, row,

@@ -99,9 +99,10 @@ static bool persistent_grid(const attn_shape *s, const attn_device *dev, int var
 // How a call's walks split (schedule.cuh's bwd_problem): every work tile's in `shares` (the grid's
 // z) where the blocks fill at most half of the multiprocessors (walk_shares_of), else, where a
 // grid of whole walks of one length (no mask) ends on a part of a wave, the last work tiles'
-// (backward_prepost.cuh's tail_split_for; a 1-D grid), but where the grid is persistent (its
-// blocks take the work tiles as they free up) and in the variants that split no walk; none
-// elsewhere. The work tiles are those of the grid of whole walks, in its order: (key tile, (batch,
+// (backward_prepost.cuh's tail_split_for; a 1-D grid) where the kernel has one of its own
+// (config.cuh's has_tail_split: the default way's lean kernels at D = 64 and 128), but where the
+// grid is persistent (its blocks take the work tiles as they free up) and in the variants that
+// split no walk; none elsewhere. The work tiles are those of the grid of whole walks, in its order: (key tile, (batch,
 // key/value head)), the key tile first.
 typedef struct {
     int shares;       // every work tile's walk's (1: none)
@@ -116,7 +117,7 @@ static walk_split walk_split_at(const attn_shape *s, const attn_device *dev, int
     const bool lean = variant != VARIANT_NOLEAN && keys.left < 0 && !(s->softcap > 0.f);
     if (w.shares > 1 || variant == VARIANT_DETERMINISTIC || variant == VARIANT_NOSPLIT ||
         s->varlen.cu_seqlens_q || keys.left >= 0 || keys.right >= 0 ||
-        (lean && !takes_tail_split<D, false>()) ||
+        !(lean && variant != VARIANT_ATOMICS && has_tail_split<D, DQ_BY_BULK, false>()) ||
         persistent_grid<D>(s, dev, variant, lean, w.shares, work_tiles))
         return w;
     const long long query_tiles = ceil_div(s->N, qrows<D>());
@@ -172,28 +173,33 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 // not variant nolean): the same way's kernel compiled with the softcap branch alone (CAPPED).
 // *waits: whether the kernel chosen waits for the preprocess itself (config.cuh's waits_by_pdl:
 // launched with PDL only then).
-// `persistent` (persistent_grid): the lean kernel with a persistent grid.
+// `persistent` (persistent_grid): the lean kernel with a persistent grid; `tail` (a tail split,
+// walk_split_at): the lean kernel with one.
 template <int D, bool BF16, dq_way DQ>
-static kernel_fn default_way_kernel(bool lean, bool capped, bool persistent, bool *waits) {
+static kernel_fn default_way_kernel(bool lean, bool capped, bool persistent, bool tail,
+                                    bool *waits) {
     *waits = lean ? waits_by_pdl<D, false>() : waits_by_pdl<D, true>();  // (capped: not lean)
     if (capped) return backward_kernel<D, BF16, DQ, true, true>;
     if constexpr (has_persistent<D, DQ, false>())
         if (lean && persistent) return backward_kernel<D, BF16, DQ, false, false, true>;
+    if constexpr (has_tail_split<D, DQ, false>())
+        if (lean && tail) return backward_kernel<D, BF16, DQ, false, false, false, true>;
     return lean ? backward_kernel<D, BF16, DQ, false> : backward_kernel<D, BF16, DQ>;
 }
 template <int D, bool BF16>
-static kernel_fn kernel_for(int variant, bool lean, bool capped, bool persistent, bool *waits) {
+static kernel_fn kernel_for(int variant, bool lean, bool capped, bool persistent, bool tail,
+                            bool *waits) {
     *waits = waits_by_pdl<D, true>();  // (the kernels with EXTRAS)
     if constexpr (splits_dkv<D>()) {
         if (variant == VARIANT_DETERMINISTIC) return NULL;
-        return default_way_kernel<D, BF16, DQ_BY_ATOMICS>(lean, capped, false, waits);
+        return default_way_kernel<D, BF16, DQ_BY_ATOMICS>(lean, capped, false, false, waits);
     } else {
         if (variant == VARIANT_ATOMICS) {
             if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
             return NULL;
         }
         if (variant == VARIANT_DETERMINISTIC) return backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>;
-        return default_way_kernel<D, BF16, DQ_BY_BULK>(lean, capped, persistent, waits);
+        return default_way_kernel<D, BF16, DQ_BY_BULK>(lean, capped, persistent, tail, waits);
     }
 }
 
@@ -347,7 +353,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
                // own_work_tile)
         grid = dim3((unsigned)(pb.tail_first + (pb.work_tiles - pb.tail_first) * pb.tail_shares));
     bool waits;  // (the kernel waits for the preprocess: launched with PDL)
-    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean, capped, persistent, &waits);
+    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean, capped, persistent, tail, &waits);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     if (pb.key_tiles > 0) {
         const cudaLaunchConfig_t main =

@@ -54,13 +54,13 @@ typedef struct {
     // D, then dV's) from the first split work tile's first key on (dkv_part_at), for
     // dkv_sum_kernel; NULL where no walk is split
     float *dkv_part;
-    int tail_first, tail_shares;
     // The grid of work tiles (key_tiles << s, B H_kv >> s): its width (section_shift) and the
     // number of work tiles. A persistent grid (one block per multiprocessor, 1-D): its blocks start
     // with work tile blockIdx.x and take the next from the counter (next_work_tile), zeroed before
     // the call's preprocess (launch.cuh); NULL where the grid is the work tiles' own.
     int grid_x, work_tiles;
     int *tile_counter;
+    int tail_first, tail_shares;  // (last: the plain kernels' parameters keep their places)
 } bwd_problem;
 
 // A work tile's place in the grid of work tiles, as a key tile's index and a (batch, key/value
@@ -81,7 +81,7 @@ __device__ __forceinline__ work_tile work_tile_at(const bwd_problem &pb, int w) 
 // The grid's block's own work tile: its place in the grid, or in a tail split's 1-D grid the
 // work tile of its index, the split ones' blocks tail_shares to a work tile (the walks' shares
 // one after another).
-template <bool TAIL = true>
+template <bool TAIL>
 __device__ __forceinline__ work_tile own_work_tile(const bwd_problem &pb) {
     const int block = (int)blockIdx.x;
     if (!TAIL || pb.tail_first == INT_MAX) return {block, (int)blockIdx.y, (int)gridDim.x};
@@ -89,15 +89,17 @@ __device__ __forceinline__ work_tile own_work_tile(const bwd_problem &pb) {
     return work_tile_at(pb, past < 0 ? block : pb.tail_first + past / pb.tail_shares);
 }
 // Whether the block's walk is split (own_share's shares > 1, without its arithmetic).
+template <bool TAIL>
 __device__ __forceinline__ bool own_walk_split(const bwd_problem &pb) {
-    return gridDim.z > 1 || (int)blockIdx.x >= pb.tail_first;
+    return gridDim.z > 1 || (TAIL && (int)blockIdx.x >= pb.tail_first);
 }
 // The block's share of its work tile's walk, and the walk's shares (one: the whole walk).
 typedef struct {
     int z, shares;
 } walk_share;
+template <bool TAIL>
 __device__ __forceinline__ walk_share own_share(const bwd_problem &pb) {
-    if (gridDim.z > 1) return {(int)blockIdx.z, (int)gridDim.z};
+    if (!TAIL || gridDim.z > 1) return {(int)blockIdx.z, (int)gridDim.z};
     const int past = (int)blockIdx.x - pb.tail_first;  // (a tail split's grid is 1-D)
     return past < 0 ? walk_share{0, 1} : walk_share{past % pb.tail_shares, pb.tail_shares};
 }
@@ -239,12 +241,12 @@ __host__ __device__ __forceinline__ int query_tiles_of(const key_rule &r, int ke
 // backward_prepost.cuh: WALK_SHARES_MAX) the block's share of them (share_of_tiles), walked for
 // every head of the group as a whole walk is (so every role's loop is the whole walk's, over fewer
 // tiles). SPLIT false: a grid that splits no walk (a persistent one).
-template <int D, bool SPLIT = true>
+template <int D, bool SPLIT, bool TAIL>
 __device__ __forceinline__ int walk_tiles_of(const bwd_problem &pb, const key_rule &r, int key0,
                                              int *count) {
     int first = query_tiles_of<D>(r, key0, count);
     if constexpr (SPLIT) {
-        const walk_share share = own_share(pb);
+        const walk_share share = own_share<TAIL>(pb);
         share_of_tiles(count, &first, share.shares, share.z);
     }
     return first;
