@@ -1806,6 +1806,46 @@ static options wide_case(const options *base, int v, int c, uint64_t case_no) {
     return o;
 }
 
+/* Grids just past whole waves, for a stage with a backward pass: B = 2, 68 key/value heads (136
+ * pairs, a part of a wave past 132 or 114 multiprocessors, whole Hoppers' and PCIe's), one or two
+ * key tiles each (N_k 128, 200), N = 4,100 queries (long walks: no persistent grid), no mask: the
+ * grid of whole walks ends on a part-filled wave, where stage 8 splits the last walks (its tail
+ * split, at D = 64 and 128). Head dims 64, 96, 128 and 256; per head dim, case 0 fp16 with N_k
+ * 128, case 1 GQA 2 with N_k 200 in bf16 (where the stage takes them), the layout and the
+ * distribution in turn. Rows sampled as the models-feed cases'. */
+static const int tail_D[] = {64, 96, 128, 256};
+#define TAIL_B 2
+#define TAIL_KV_HEADS 68
+#define TAIL_N 4100
+#define TAIL_CASES (COUNT(tail_D) * 2)
+
+static options tail_case(const options *base, int v, int c, uint64_t case_no) {
+    const int D = tail_D[c / 2 % COUNT(tail_D)], second = c % 2;
+    const unsigned takes = stage_takes_bits();
+    const int group = (takes & ATTN_TAKES_GQA) && second ? 2 : 1;
+    const int N_k = (takes & ATTN_TAKES_N_K) ? (second ? 200 : 128) : TAIL_N;
+    options o = *base;
+    memset(&o.shape, 0, sizeof o.shape);
+    o.shape = (attn_shape){.B = TAIL_B,
+                           .H = group * TAIL_KV_HEADS,
+                           .N = TAIL_N,
+                           .D = D,
+                           .causal = 0,
+                           .scale = 1.0f / sqrtf((float)D),
+                           .H_kv = TAIL_KV_HEADS,
+                           .N_k = N_k,
+                           .bf16 = (takes & ATTN_TAKES_BF16) && second};
+    o.layout = (takes & ATTN_TAKES_STRIDES) ? (layout_kind)(c % LAYOUTS) : LAYOUT_BHND;
+    if (o.layout == LAYOUT_QKV && (group != 1 || o.shape.N_k != o.shape.N)) o.layout = LAYOUT_BNHD;
+    set_layout(&o);
+    o.variant = v;
+    o.peaky = c / 2 % 2;
+    o.bench = BENCH_NONE;
+    o.seed = base->seed * 1000003ull + case_no;
+    o.check_rows = MODEL_SAMPLE;
+    return o;
+}
+
 /* Packed batches (--varlen), for a stage whose descriptor takes them: the lists below (lengths 1
  * to 5,000; sequences without queries and without keys; more keys than queries and fewer; tile
  * edges), each with every mask and cap: none, causal, the windows (0, 0), (127, 0), (1000, 1000),
@@ -1935,6 +1975,7 @@ static int self_test(const options *base, gpu_ctx *g) {
             {LOCAL_CASES, local_case, "local windows and softcap", 0},
             {HEAD_DIM_CASES, head_dim_case, "head dims", 0},
             {attn_this_stage.backward ? WIDE_CASES : 0, wide_case, "wide grids", 0},
+            {attn_this_stage.backward ? TAIL_CASES : 0, tail_case, "grids past whole waves", 0},
             {PACKED_CASES, packed_case, "packed batches (varlen)", 1}};
         for (int k = 0; k < COUNT(groups); k++) {
             int mp = 0, mn = 0, waived = 0;

@@ -365,7 +365,7 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     }
     if (shares > 1) {  // the shares' dK and dV added (backward_prepost.cuh)
         dkv_sum_kernel<BF16><<<dkv_sum_grid(s), DKV_SUM_THREADS, 0, stream>>>(
-            p, dkv_part, D, ceil_div(s->N_k, pl.keys) * pl.keys, (int)shares);
+            p, dkv_part, D, ceil_div(s->N_k, pl.keys) * pl.keys, (int)shares, 0ll);
         ATTN_TRY(cudaGetLastError());
     }
     if (atomic) {

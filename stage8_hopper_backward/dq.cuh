@@ -249,11 +249,12 @@ __device__ __forceinline__ void pass_turn(int *turn) {
 // a head's key tiles are at most the GPU's multiprocessors (one block each), so that all of a
 // head's blocks get one: those of earlier heads never wait for them, and later heads' start only
 // after the last of them.
-template <int D, dq_way DQ>
+template <int D, dq_way DQ, bool TAIL>
 __device__ __forceinline__ void reduce_dq_walk(const smem_tiles &sm, const bwd_problem &pb,
                                                const block_place &b, int odd, int &hand) {
     int tiles;
-    const int first = walk_first<D, DQ>(pb, b, walk_tiles_of<D>(b.keys, b.key0, &tiles));
+    const int first =
+        walk_first<D, DQ>(pb, b, walk_tiles_of<D, true, TAIL>(pb, b.keys, b.key0, &tiles));
     // one loop over the block's steps (the load warp's walk), the head and the tile carried along
     // as the counters' place, the head's first tile counted as lse2's rows over qrows
     // (dq_turns_of): the warp runs on PRODUCER_REGS registers.
@@ -326,7 +327,7 @@ __device__ __forceinline__ void reduce_dq_walk(const smem_tiles &sm, const bwd_p
 // The dQ warp's lane 0 over the block's work tiles: its own, or a persistent block's as the load
 // warp publishes them (take_work), each one's walk (reduce_dq_walk) counting its hand-overs
 // (it there) on from the work tile before's.
-template <int D, dq_way DQ, bool PERSISTENT>
+template <int D, dq_way DQ, bool PERSISTENT, bool TAIL>
 __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const bwd_problem &pb, int lane,
                                           int odd) {
     if (lane != 0) return;  // one thread issues the reductions
@@ -338,8 +339,8 @@ __device__ __forceinline__ void reduce_dq(const smem_tiles &sm, const bwd_proble
             if (w >= pb.work_tiles) break;
         }
         const block_place b =
-            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile());
-        reduce_dq_walk<D, DQ>(sm, pb, b, odd, hand);
+            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile<TAIL>(pb));
+        reduce_dq_walk<D, DQ, TAIL>(sm, pb, b, odd, hand);
         if constexpr (!PERSISTENT) break;
     }
     bulk_wait<false>();  // every reduction done before the block's shared memory goes

@@ -131,11 +131,11 @@ __device__ __forceinline__ void stage_dkv(const float (&dK)[dkv_regs<D>()],
 // block's next work tile writes its dS^T there (DKV_READ). A packed batch: at the
 // sequence's rows of the packed tensors (from k_row, batch 0), where the whole box lies in them
 // (else the consumers store the rows: dkv_masked).
-template <int D, bool PERSISTENT>
+template <int D, bool PERSISTENT, bool TAIL>
 __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMap *tmdK,
                                           const CUtensorMap *tmdV, const bwd_problem &pb,
                                           int lane) {
-    if (gridDim.z > 1) return;  // a split walk: the consumers write the share's sums
+    if (own_walk_split<TAIL>(pb)) return;  // a split walk: the consumers write the share's sums
     for (int n = 0;; ++n) {
         int w = 0;
         if constexpr (PERSISTENT) {
@@ -144,7 +144,7 @@ __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMa
         }
         named_barrier_sync<CONSUMERS * WARPGROUP + WARP_SIZE>(NAMED_BARRIER_DKV_STAGED);
         const block_place b =
-            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile());
+            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile<TAIL>(pb));
         if (lane == 0 && !dkv_masked<D>(pb, b)) {
             const int k_row = (int)b.seq.seq.k_row + b.key0;
 #pragma unroll
@@ -162,15 +162,15 @@ __device__ __forceinline__ void store_dkv(const smem_tiles &sm, const CUtensorMa
     }
 }
 
-// A split walk's share (gridDim.z shares; blockIdx.z this one): the thread's dK_j and dV_j sums,
-// fp32 and unscaled, to the share's place in pb.dkv_part (dkv_part_at: head_keys key_tiles
-// block_keys). A thread holds two columns of rows g and g + 8 of each 8-column block (acc_index);
-// lanes t and t ^ 1 swap a pair (quad_pairs_to_float4) so that the even lane holds four columns of
-// row g and the odd lane four of row g + 8: one 16-byte store each, a warp's store 32 whole bytes
-// of each of 16 rows. (4-byte stores straight from the layout, half a sector each, made this the
-// block's longest phase: LOG.md, step 81.) Rows past N_k are written too (the array holds whole key
-// tiles; the sum pass reads none of them). A share with no step writes its zeros: the sum pass
-// adds every share.
+// A split walk's share (own_share): the thread's dK_j and dV_j sums, fp32 and unscaled, to the
+// share's place in pb.dkv_part (dkv_part_at: head_keys key_tiles block_keys, from a tail split's
+// first work tile's first key on; its grid's rows are the (batch, key/value head)s, no mask). A
+// thread holds two columns of rows g and g + 8 of each 8-column block (acc_index); lanes t and t ^
+// 1 swap a pair (quad_pairs_to_float4) so that the even lane holds four columns of row g and the
+// odd lane four of row g + 8: one 16-byte store each, a warp's store 32 whole bytes of each of 16
+// rows. (4-byte stores straight from the layout, half a sector each, made this the block's longest
+// phase: LOG.md, step 81.) Rows past N_k are written too (the array holds whole key tiles; the sum
+// pass reads none of them). A share with no step writes its zeros: the sum pass adds every share.
 template <int D>
 __device__ __forceinline__ void write_share_rows(const float (&acc)[dkv_regs<D>()], float *row0,
                                                  size_t row_step, int t) {
@@ -184,20 +184,21 @@ __device__ __forceinline__ void write_share_rows(const float (&acc)[dkv_regs<D>(
                                  acc[acc_index(n, 1, 0)], acc[acc_index(n, 1, 1)], odd);
     }
 }
-template <int D>
+template <int D, bool TAIL>
 __device__ __forceinline__ void write_dkv_share(const float (&dK)[dkv_regs<D>()],
                                                 const float (&dV)[dkv_regs<D>()],
                                                 const consumer_place &p, const bwd_problem &pb,
                                                 const block_place &b) {
     constexpr int KEY_FLOATS = 2 * D;  // a share's dK and dV of one key
-    const int shares = (int)gridDim.z;
+    const walk_share own = own_share<TAIL>(pb);
     const size_t head_keys = (size_t)pb.key_tiles * block_keys<D>();
+    const size_t first_key = !TAIL || gridDim.z > 1 ? 0 : (size_t)pb.tail_first * block_keys<D>();
     const int row = b.key0 + wg_key0<D>(p.wg) + WARP_ROWS * p.warp + p.g;  // the thread's first
     float *const share = pb.dkv_part +
-                         dkv_part_at((size_t)b.batch * pb.H_kv + b.kv_head, head_keys, row, shares,
-                                     (int)blockIdx.z, D) +
+                         dkv_part_at((size_t)b.batch * pb.H_kv + b.kv_head, head_keys, row,
+                                     own.shares, own.z, D, first_key) +
                          wg_col0<D>(p.wg);
-    const size_t row_step = (size_t)shares * KEY_FLOATS;  // a key's floats, every share's
+    const size_t row_step = (size_t)own.shares * KEY_FLOATS;  // a key's floats, every share's
     write_share_rows<D>(dK, share, row_step, p.t);
     write_share_rows<D>(dV, share + D, row_step, p.t);
 }

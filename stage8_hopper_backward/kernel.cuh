@@ -56,7 +56,7 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // softcap). PERSISTENT: a grid of one block per multiprocessor, each taking work tiles as they are
 // handed out (config.cuh, has_persistent; the grid 1-D).
 template <int D, bool BF16, dq_way DQ, bool EXTRAS = true, bool CAPPED = false,
-          bool PERSISTENT = false>
+          bool PERSISTENT = false, bool TAIL = false>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tmQ,
                     const __grid_constant__ CUtensorMap tmK,
@@ -67,10 +67,12 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
     static_assert(EXTRAS || !CAPPED, "a capped kernel keeps the window's left bound");
     static_assert(!PERSISTENT || has_persistent<D, DQ, EXTRAS>(),
                   "a kernel with a persistent grid");
+    static_assert(!TAIL || (has_tail_split<D, DQ, EXTRAS>() && !PERSISTENT),
+                  "a kernel with a tail split");
 #if HOPPER_KERNELS
     // a key tile past its sequence's keys: every thread leaves here, before any barrier exists
     // (a persistent grid: no packed batch)
-    if (!PERSISTENT && !block_has_keys<D>(pb, own_work_tile())) return;
+    if (!PERSISTENT && !block_has_keys<D>(pb, own_work_tile<TAIL>(pb))) return;
     extern __shared__ __align__(SWIZZLE_ATOM_BYTES) unsigned char smem_raw[];
     if (smem_u32(smem_raw) % SWIZZLE_ATOM_BYTES != 0) __trap();  // the tiles' swizzle needs it
     const smem_tiles sm = carve_smem<D>(smem_raw);
@@ -87,18 +89,20 @@ __global__ void __launch_bounds__(BLOCK_THREADS, 1)
         if (PERSISTENT && warp == LOAD_WARP)
             load_tiles_persistent<D, DQ, waits_by_pdl<D, EXTRAS>()>(sm, &tmQ, &tmdO, pb, lane);
         else if (warp == LOAD_WARP)
-            load_tiles<D, DQ, waits_by_pdl<D, EXTRAS>()>(sm, &tmQ, &tmK, &tmV, &tmdO, pb, lane);
+            load_tiles<D, DQ, waits_by_pdl<D, EXTRAS>(), TAIL>(sm, &tmQ, &tmK, &tmV, &tmdO, pb,
+                                                               lane);
         else if (DQ != DQ_BY_ATOMICS && warp == DQ_WARP)
-            reduce_dq<D, DQ, PERSISTENT>(sm, pb, lane, 0);  // (DQ_BY_ATOMICS: the consumers add dQ)
+            reduce_dq<D, DQ, PERSISTENT, TAIL>(sm, pb, lane,
+                                               0);  // (DQ_BY_ATOMICS: the consumers add dQ)
         else if (two_dq_warps<D, DQ>() && warp == DQ_WARP_ODD)
-            reduce_dq<D, DQ, PERSISTENT>(sm, pb, lane, 1);  // the odd steps
+            reduce_dq<D, DQ, PERSISTENT, TAIL>(sm, pb, lane, 1);  // the odd steps
         else if (warp == STORE_WARP)
-            store_dkv<D, PERSISTENT>(sm, &tmdK, &tmdV, pb, lane);
+            store_dkv<D, PERSISTENT, TAIL>(sm, &tmdK, &tmdV, pb, lane);
         else if (PERSISTENT && warp == KV_WARP && lane == 0)
             load_kv<D>(sm, &tmK, &tmV, pb);
     } else {
         registers_increase<CONSUMER_REGS>();
-        consumer<D, BF16, DQ, EXTRAS, CAPPED, PERSISTENT>(sm, pb);
+        consumer<D, BF16, DQ, EXTRAS, CAPPED, PERSISTENT, TAIL>(sm, pb);
     }
 #else
     (void)tmQ, (void)tmK, (void)tmV, (void)tmdO, (void)tmdK, (void)tmdV, (void)pb;

@@ -72,11 +72,6 @@ static int walk_shares_of(const attn_shape *s, const attn_device *dev, int varia
         return 1;
     return walk_shares_for(s, block_keys_of(s->D), qrows_of(s->D), dev->sm_count);
 }
-// A split walk's dkv_part (schedule.cuh's bwd_problem): every key tile's keys, each share's dK
-// and dV, in floats of the kernel's D.
-static size_t dkv_part_bytes(const attn_shape *s, int shares) {
-    return dkv_part_bytes_for(s, shares, block_keys_of(s->D), compiled_d(s->D));
-}
 // The variants that run a persistent grid where it pays (persistent_grid): the default, and those
 // that switch another lesson off (nosplit, nopdl); variant nolean runs none of the lean kernels
 // that have one.
@@ -87,10 +82,70 @@ static bool persistent_variant(int variant) {
 static size_t tile_counter_bytes(int variant) {
     return persistent_variant(variant) ? sizeof(int) : 0;
 }
+
+// Whether the default way's lean kernel runs a persistent grid (config.cuh, has_persistent):
+// more work tiles than multiprocessors, and no packed batch, no split walk; a work tile's steps
+// (H / H_kv times N / qrows) a short walk (config.cuh, persistent_steps_max), so also fewer than
+// the load warp counts (producer.cuh, LOAD_STEPS_MAX, 2^23).
+template <int D>
+static bool persistent_grid(const attn_shape *s, const attn_device *dev, int variant, bool lean,
+                            int shares, long long work_tiles) {
+    const long long walk_steps = (long long)(s->H / s->H_kv) * ceil_div(s->N, qrows<D>());
+    return has_persistent<D, DQ_BY_BULK, false>() && persistent_variant(variant) && lean &&
+           shares == 1 && !s->varlen.cu_seqlens_q && work_tiles > dev->sm_count &&
+           walk_steps <= persistent_steps_max<D>() && walk_steps < LOAD_STEPS_MAX;
+}
+
+// How a call's walks split (schedule.cuh's bwd_problem): every work tile's in `shares` (the grid's
+// z) where the blocks fill at most half of the multiprocessors (walk_shares_of), else, where a
+// grid of whole walks of one length (no mask) ends on a part of a wave, the last work tiles'
+// (backward_prepost.cuh's tail_split_for; a 1-D grid) where the kernel has one of its own
+// (config.cuh's has_tail_split: the default way's lean kernels at D = 64 and 128), but where the
+// grid is persistent (its blocks take the work tiles as they free up) and in the variants that
+// split no walk; none elsewhere. The work tiles are those of the grid of whole walks, in its order:
+// (key tile, (batch, key/value head)), the key tile first.
+typedef struct {
+    int shares;       // every work tile's walk's (1: none)
+    tail_split tail;  // the tail split ({work tiles, 1}: none)
+} walk_split;
+template <int D>
+static walk_split walk_split_at(const attn_shape *s, const attn_device *dev, int variant) {
+    const long long key_tiles = ceil_div(s->N_k, block_keys<D>()),
+                    work_tiles = key_tiles * s->B * s->H_kv;
+    walk_split w = {walk_shares_of(s, dev, variant), {work_tiles, 1}};
+    const key_rule keys = key_rule_of(s, true);
+    const bool lean = variant != VARIANT_NOLEAN && keys.left < 0 && !(s->softcap > 0.f);
+    if (w.shares > 1 || variant == VARIANT_DETERMINISTIC || variant == VARIANT_NOSPLIT ||
+        s->varlen.cu_seqlens_q || keys.left >= 0 || keys.right >= 0 ||
+        !(lean && variant != VARIANT_ATOMICS && has_tail_split<D, DQ_BY_BULK, false>()) ||
+        persistent_grid<D>(s, dev, variant, lean, w.shares, work_tiles))
+        return w;
+    const long long query_tiles = ceil_div(s->N, qrows<D>());
+    w.tail = tail_split_for(work_tiles, (long long)(s->H / s->H_kv) * query_tiles, query_tiles,
+                            dev->sm_count);
+    if (w.tail.first + (work_tiles - w.tail.first) * w.tail.shares >= INT_MAX)  // (its blocks)
+        w.tail = {work_tiles, 1};
+    return w;
+}
+static walk_split walk_split_of(const attn_shape *s, const attn_device *dev, int variant) {
+    const int d = compiled_d(s->D);
+    return d == 64    ? walk_split_at<64>(s, dev, variant)
+           : d == 96  ? walk_split_at<96>(s, dev, variant)
+           : d == 128 ? walk_split_at<128>(s, dev, variant)
+                      : walk_split_at<256>(s, dev, variant);
+}
+// A split walk's dkv_part (schedule.cuh's bwd_problem): each share's dK and dV of every key tile's
+// keys, or of a tail split's from its first work tile on, in floats of the kernel's D.
+static size_t dkv_part_bytes(const attn_shape *s, const walk_split &w) {
+    const int keys = block_keys_of(s->D), d = compiled_d(s->D);
+    return w.shares > 1
+               ? dkv_part_bytes_for(s, w.shares, keys, d)
+               : dkv_part_bytes_for(s, w.tail.shares, keys, d, (size_t)w.tail.first * keys);
+}
 static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *dev, int variant) {
     return 2 * aligned(bwd_pad_rows(s) * sizeof(float)) + aligned(dq_acc_bytes(s, variant)) +
            aligned(dq_turn_bytes(s, variant)) +
-           aligned(dkv_part_bytes(s, walk_shares_of(s, dev, variant))) +
+           aligned(dkv_part_bytes(s, walk_split_of(s, dev, variant))) +
            aligned(tile_counter_bytes(variant));
 }
 
@@ -118,28 +173,33 @@ typedef void (*kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMa
 // not variant nolean): the same way's kernel compiled with the softcap branch alone (CAPPED).
 // *waits: whether the kernel chosen waits for the preprocess itself (config.cuh's waits_by_pdl:
 // launched with PDL only then).
-// `persistent` (persistent_grid): the lean kernel with a persistent grid.
+// `persistent` (persistent_grid): the lean kernel with a persistent grid; `tail` (a tail split,
+// walk_split_at): the lean kernel with one.
 template <int D, bool BF16, dq_way DQ>
-static kernel_fn default_way_kernel(bool lean, bool capped, bool persistent, bool *waits) {
+static kernel_fn default_way_kernel(bool lean, bool capped, bool persistent, bool tail,
+                                    bool *waits) {
     *waits = lean ? waits_by_pdl<D, false>() : waits_by_pdl<D, true>();  // (capped: not lean)
     if (capped) return backward_kernel<D, BF16, DQ, true, true>;
     if constexpr (has_persistent<D, DQ, false>())
         if (lean && persistent) return backward_kernel<D, BF16, DQ, false, false, true>;
+    if constexpr (has_tail_split<D, DQ, false>())
+        if (lean && tail) return backward_kernel<D, BF16, DQ, false, false, false, true>;
     return lean ? backward_kernel<D, BF16, DQ, false> : backward_kernel<D, BF16, DQ>;
 }
 template <int D, bool BF16>
-static kernel_fn kernel_for(int variant, bool lean, bool capped, bool persistent, bool *waits) {
+static kernel_fn kernel_for(int variant, bool lean, bool capped, bool persistent, bool tail,
+                            bool *waits) {
     *waits = waits_by_pdl<D, true>();  // (the kernels with EXTRAS)
     if constexpr (splits_dkv<D>()) {
         if (variant == VARIANT_DETERMINISTIC) return NULL;
-        return default_way_kernel<D, BF16, DQ_BY_ATOMICS>(lean, capped, false, waits);
+        return default_way_kernel<D, BF16, DQ_BY_ATOMICS>(lean, capped, false, false, waits);
     } else {
         if (variant == VARIANT_ATOMICS) {
             if constexpr (takes_atomics<D>()) return backward_kernel<D, BF16, DQ_BY_ATOMICS>;
             return NULL;
         }
         if (variant == VARIANT_DETERMINISTIC) return backward_kernel<D, BF16, DQ_BY_BULK_IN_TURNS>;
-        return default_way_kernel<D, BF16, DQ_BY_BULK>(lean, capped, persistent, waits);
+        return default_way_kernel<D, BF16, DQ_BY_BULK>(lean, capped, persistent, tail, waits);
     }
 }
 
@@ -212,19 +272,6 @@ static int section_shift_of(const attn_shape *s, int variant, key_rule keys) {
     return section_shift_for(s->B * s->H_kv, head_bytes, L2_SECTION_BYTES);
 }
 
-// Whether the default way's lean kernel runs a persistent grid (config.cuh, has_persistent):
-// more work tiles than multiprocessors, and no packed batch, no split walk; a work tile's steps
-// (H / H_kv times N / qrows) a short walk (config.cuh, persistent_steps_max), so also fewer than
-// the load warp counts (producer.cuh, LOAD_STEPS_MAX, 2^23).
-template <int D>
-static bool persistent_grid(const attn_shape *s, const attn_device *dev, int variant, bool lean,
-                            int shares, long long work_tiles) {
-    const long long walk_steps = (long long)(s->H / s->H_kv) * ceil_div(s->N, qrows<D>());
-    return has_persistent<D, DQ_BY_BULK, false>() && persistent_variant(variant) && lean &&
-           shares == 1 && !s->varlen.cu_seqlens_q && work_tiles > dev->sm_count &&
-           walk_steps <= persistent_steps_max<D>() && walk_steps < LOAD_STEPS_MAX;
-}
-
 // The three passes for head dim D (compiled; the tensors' s->D <= D) and storage type BF16.
 template <int D, bool BF16>
 static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
@@ -240,7 +287,9 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     // (wait_for_previous_kernel). The preprocess too where the walks split (a call of tens of
     // microseconds): elsewhere, placed under the conversion of a call before, it measured slower.
     const bool pdl = variant != VARIANT_NOPDL;
-    const int shares = walk_shares_of(s, dev, variant);
+    const walk_split split = walk_split_at<D>(s, dev, variant);
+    const int shares = split.shares;
+    const bool tail = split.tail.shares > 1;
     cudaLaunchAttribute attr;
     // The lean kernels (a shape without a window's left bound or softcap, and not variant
     // nolean); a persistent grid (persistent_grid)
@@ -288,7 +337,8 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     pb.scale = s->scale, pb.scale_log2 = s->scale * LOG2E;
     if (s->softcap > 0.f) pb.cap_in = s->scale / s->softcap, pb.cap_log2 = s->softcap * LOG2E;
     pb.call = p, pb.dq_turn = dq_turn;
-    pb.dkv_part = shares > 1 ? dkv_part : NULL;
+    pb.dkv_part = shares > 1 || tail ? dkv_part : NULL;
+    pb.tail_first = tail ? (int)split.tail.first : INT_MAX, pb.tail_shares = split.tail.shares;
     const bool capped = variant != VARIANT_NOLEAN && pb.cap_log2 > 0.f;
     // (packed: a block per key tile of the longest sequence; those past a sequence's keys leave.
     // A packed batch whose longest sequence has no key has no block: no dK, dV row to write)
@@ -299,19 +349,26 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
         pb.tile_counter = tile_counter;
         grid = dim3((unsigned)dev->sm_count);
     }
+    if (tail)  // the whole walks' blocks, then the split ones' shares (schedule.cuh's
+               // own_work_tile)
+        grid = dim3((unsigned)(pb.tail_first + (pb.work_tiles - pb.tail_first) * pb.tail_shares));
     bool waits;  // (the kernel waits for the preprocess: launched with PDL)
-    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean, capped, persistent, &waits);
+    const kernel_fn kernel = kernel_for<D, BF16>(variant, lean, capped, persistent, tail, &waits);
     ATTN_TRY(kernel_smem_limit((const void *)kernel, smem_bytes<D>()));  // once per device
     if (pb.key_tiles > 0) {
         const cudaLaunchConfig_t main =
             pdl_launch_config(grid, BLOCK_THREADS, smem_bytes<D>(), stream, pdl && waits, &attr);
         ATTN_TRY(cudaLaunchKernelEx(&main, kernel, tmQ, tmK, tmV, tmdO, tmdK, tmdV, pb));
     }
-    if (shares > 1 && pb.key_tiles > 0) {  // the shares' dK and dV added (backward_prepost.cuh)
-        const cudaLaunchConfig_t sum =
-            pdl_launch_config(dkv_sum_grid(s), DKV_SUM_THREADS, 0, stream, pdl, &attr);
+    if ((shares > 1 || tail) && pb.key_tiles > 0) {  // the shares' dK and dV added
+        // (backward_prepost.cuh; a tail split's from its first work tile's (batch, key/value head)
+        // on: its grid's rows are those, no mask)
+        const int head_keys = pb.key_tiles * block_keys<D>();
+        const long long first_key = tail ? (long long)pb.tail_first * block_keys<D>() : 0;
+        const cudaLaunchConfig_t sum = pdl_launch_config(
+            dkv_sum_grid(s, (int)(first_key / head_keys)), DKV_SUM_THREADS, 0, stream, pdl, &attr);
         ATTN_TRY(cudaLaunchKernelEx(&sum, dkv_sum_kernel<BF16>, p, (const float *)dkv_part, D,
-                                    pb.key_tiles * block_keys<D>(), shares));
+                                    head_keys, tail ? pb.tail_shares : shares, first_key));
     }
     const cudaLaunchConfig_t convert =
         pdl_launch_config(convert_grid(s), CONVERT_THREADS, 0, stream, pdl, &attr);
@@ -340,7 +397,7 @@ static cudaError_t backward(const attn_shape *s, const attn_device *dev, const v
     int *const dq_turn = variant == VARIANT_DETERMINISTIC ? (int *)after_acc : NULL;
     float *const dkv_part = (float *)(after_acc + aligned(dq_turn_bytes(s, variant)));  // (split)
     int *const tile_counter =  // (persistent)
-        (int *)((char *)dkv_part + aligned(dkv_part_bytes(s, walk_shares_of(s, dev, variant))));
+        (int *)((char *)dkv_part + aligned(dkv_part_bytes(s, walk_split_of(s, dev, variant))));
     const int d = compiled_d(s->D);  // the kernels that run s->D (stage_unsupported: one does)
     if (d == 64)
         return s->bf16 ? enqueue_backward<64, true>(s, dev, p, dq_turn, dkv_part, tile_counter,

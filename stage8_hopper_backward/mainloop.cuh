@@ -651,7 +651,7 @@ __device__ __forceinline__ void last_dq(const smem_tiles &sm, const consumer_pla
 // window, or causal with N > N_k; a packed sequence with no query): no step. A split walk: the
 // block's share of those tiles (walk_tiles_of). WG: the warpgroup, where its code differs
 // (issue_dq: D = 96's second), else ANY_WARPGROUP.
-template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, int WG>
+template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, int WG, bool TAIL>
 __device__ __forceinline__ int consumer_walk(float (&dV)[dkv_regs<D>()], float (&dK)[dkv_regs<D>()],
                                              const smem_tiles &sm, const bwd_problem &pb,
                                              const consumer_place &p, const block_place &b, int it0,
@@ -663,7 +663,7 @@ __device__ __forceinline__ int consumer_walk(float (&dV)[dkv_regs<D>()], float (
     const uint64_t V_desc = desc_k_major(sm.V + rows_at);
 
     int tiles;
-    const int first = walk_tiles_of<D>(b.keys, b.key0, &tiles);
+    const int first = walk_tiles_of<D, true, TAIL>(pb, b.keys, b.key0, &tiles);
     const int steps = pb.group * tiles;
     if (steps > 0) {
         // the first Q_i has landed, and with it K_j (a persistent block's came on KV_FULL)
@@ -699,7 +699,7 @@ __device__ __forceinline__ int consumer_walk(float (&dV)[dkv_regs<D>()], float (
 // named barriers need: bar.sync is aligned, every thread that meets one meets it at the same
 // instruction). A split walk's share writes its fp32 sums instead (write_dkv_share), the whole
 // block alike.
-template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, bool PERSISTENT>
+template <int D, bool BF16, dq_way DQ, bool EXTRAS, bool CAPPED, bool PERSISTENT, bool TAIL>
 __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem &pb) {
     const consumer_place place = consumer_place_of_thread();
     block_counts c = {0};  // (a persistent block's: see schedule.cuh)
@@ -724,7 +724,7 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
             if (later) named_barrier_sync<CONSUMERS * WARPGROUP>(NAMED_BARRIER_TILE_START);
         }
         const block_place b =
-            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile());
+            block_place_of<D>(pb, PERSISTENT ? work_tile_at(pb, w) : own_work_tile<TAIL>(pb));
         float dV[dkv_regs<D>()], dK[dkv_regs<D>()];
 #pragma unroll
         for (int i = 0; i < dkv_regs<D>(); ++i) dV[i] = dK[i] = 0.f;
@@ -736,19 +736,19 @@ __device__ __forceinline__ void consumer(const smem_tiles &sm, const bwd_problem
             consumer_place q = p;
             if (p.wg == CONSUMERS - 1) {
                 q.wg = CONSUMERS - 1;
-                steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, CONSUMERS - 1>(
+                steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, CONSUMERS - 1, TAIL>(
                     dV, dK, sm, pb, q, b, it, behind, dkv_read);
             } else {
                 q.wg = 0;
-                steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, 0>(dV, dK, sm, pb, q, b, it,
-                                                                      behind, dkv_read);
+                steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, 0, TAIL>(dV, dK, sm, pb, q, b,
+                                                                            it, behind, dkv_read);
             }
         } else {
-            steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, ANY_WARPGROUP>(dV, dK, sm, pb, p, b,
-                                                                              it, behind, dkv_read);
+            steps = consumer_walk<D, BF16, DQ, EXTRAS, CAPPED, ANY_WARPGROUP, TAIL>(
+                dV, dK, sm, pb, p, b, it, behind, dkv_read);
         }
-        if (gridDim.z > 1)  // a split walk: this share's sums, for the sum pass
-            write_dkv_share<D>(dK, dV, p, pb, b);
+        if (own_walk_split<TAIL>(pb))  // a split walk: this share's sums, for the sum pass
+            write_dkv_share<D, TAIL>(dK, dV, p, pb, b);
         else  // (the work tile's last hand-over, where its last part is staged)
             stage_dkv<D, BF16, PERSISTENT>(dK, dV, sm, p, pb, b, it + steps - 1 - behind);
         if constexpr (!PERSISTENT) break;

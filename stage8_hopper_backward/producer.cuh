@@ -118,16 +118,17 @@ __device__ __forceinline__ void load_step_rows(const smem_tiles &sm, const bwd_p
 // and the consumers' wait acquires it; each consumer thread's loads come before its own arrival
 // on Q_EMPTY, which every lane here waits for before it copies into the slot again. The floats
 // never pass through the warp's registers (it runs on PRODUCER_REGS of them).
-template <int D, dq_way DQ, bool WAIT>
+template <int D, dq_way DQ, bool WAIT, bool TAIL>
 __device__ __forceinline__ void load_tiles(const smem_tiles &sm, const CUtensorMap *tmQ,
                                            const CUtensorMap *tmK, const CUtensorMap *tmV,
                                            const CUtensorMap *tmdO, const bwd_problem &pb,
                                            int lane) {
     constexpr int ROWS = qrows<D>(), LANE_FLOATS = ROWS / WARP_SIZE;
     static_assert(ROW_PAD % ROWS == 0, "N_pad (a multiple of ROW_PAD) is a whole number of tiles");
-    const block_place b = block_place_of<D>(pb, own_work_tile());
+    const block_place b = block_place_of<D>(pb, own_work_tile<TAIL>(pb));
     int tiles;
-    const int first = walk_first<D, DQ>(pb, b, walk_tiles_of<D>(b.keys, b.key0, &tiles));
+    const int first =
+        walk_first<D, DQ>(pb, b, walk_tiles_of<D, true, TAIL>(pb, b.keys, b.key0, &tiles));
     int head = b.kv_head * pb.group, qt = first;
     // (no step: no tile, and the consumers read none)
     if (lane == 0 && tiles > 0) load_first_tiles<D, DQ>(sm, tmQ, tmK, tmV, tmdO, pb, b, first);
@@ -212,7 +213,8 @@ __device__ __forceinline__ void load_tiles_persistent(const smem_tiles &sm, cons
         {
             const block_place b = block_place_of<D>(pb, work_tile_at(pb, w));
             int tiles;
-            qt = walk_first<D, DQ>(pb, b, walk_tiles_of<D, false>(b.keys, b.key0, &tiles));
+            qt = walk_first<D, DQ>(pb, b,
+                                   walk_tiles_of<D, false, false>(pb, b.keys, b.key0, &tiles));
             head = b.kv_head * pb.group;
             c = counts_with_steps(c, pb.group * tiles);
         }
@@ -221,8 +223,8 @@ __device__ __forceinline__ void load_tiles_persistent(const smem_tiles &sm, cons
             const int wt = read_work_slot_by_warp(&sm.work[load_tile_count(c) % WORK_SLOTS], l);
             const block_place b = block_place_of<D>(pb, work_tile_at(pb, wt));
             int tiles;
-            const int first =
-                walk_first<D, DQ>(pb, b, walk_tiles_of<D, false>(b.keys, b.key0, &tiles));
+            const int first = walk_first<D, DQ>(
+                pb, b, walk_tiles_of<D, false, false>(pb, b.keys, b.key0, &tiles));
             const int q0 = walk_row<D, DQ>(pb, qt);
             const q_pipeline q = {load_step_count(c)};
             load_step_tiles<D>(sm, tmQ, tmdO, q, l == 0, (int)b.seq.seq.q_row + q0, head,

@@ -46,9 +46,13 @@ typedef struct {
     // (key_tiles <= its multiprocessors) and the walk measured faster (launch.cuh)
     int rotated_walk;
     int walk_rows;  // rotated_walk: a head's query tiles' rows (T qrows), else INT_MAX (walk_row)
-    // Split walks (gridDim.z shares, walk_tiles_of): each share's dK_j and dV_j in fp32, unscaled,
-    // [B H_kv][key_tiles block_keys][shares][2][D] floats (D the kernel's; dK's D, then dV's),
-    // for dkv_sum_kernel; NULL with one share
+    // Split walks (own_share, walk_tiles_of): every work tile's walk in gridDim.z shares (a grid
+    // that fills at most half of the GPU), or a tail split's, the walks of the work tiles from
+    // tail_first on in tail_shares shares each (a 1-D grid: launch.cuh, backward_prepost.cuh's
+    // tail_split_for; tail_first INT_MAX and tail_shares 1 elsewhere). Each share's dK_j and dV_j
+    // in fp32, unscaled, [B H_kv][key_tiles block_keys][shares][2][D] floats (D the kernel's; dK's
+    // D, then dV's) from the first split work tile's first key on (dkv_part_at), for
+    // dkv_sum_kernel; NULL where no walk is split
     float *dkv_part;
     // The grid of work tiles (key_tiles << s, B H_kv >> s): its width (section_shift) and the
     // number of work tiles. A persistent grid (one block per multiprocessor, 1-D): its blocks start
@@ -56,6 +60,7 @@ typedef struct {
     // the call's preprocess (launch.cuh); NULL where the grid is the work tiles' own.
     int grid_x, work_tiles;
     int *tile_counter;
+    int tail_first, tail_shares;  // (last: the plain kernels' parameters keep their places)
 } bwd_problem;
 
 // A work tile's place in the grid of work tiles, as a key tile's index and a (batch, key/value
@@ -69,12 +74,34 @@ typedef struct {
 typedef struct {
     int x, y, grid_x;
 } work_tile;
-__device__ __forceinline__ work_tile own_work_tile() {  // the grid's block: its own work tile
-    return {(int)blockIdx.x, (int)blockIdx.y, (int)gridDim.x};
-}
-__device__ __forceinline__ work_tile work_tile_at(const bwd_problem &pb, int w) {  // persistent
+__device__ __forceinline__ work_tile work_tile_at(const bwd_problem &pb, int w) {  // (w: its index)
     const int y = w / pb.grid_x;
     return {w - y * pb.grid_x, y, pb.grid_x};
+}
+// The grid's block's own work tile: its place in the grid, or in a tail split's 1-D grid the
+// work tile of its index, the split ones' blocks tail_shares to a work tile (the walks' shares
+// one after another).
+template <bool TAIL>
+__device__ __forceinline__ work_tile own_work_tile(const bwd_problem &pb) {
+    const int block = (int)blockIdx.x;
+    if (!TAIL || pb.tail_first == INT_MAX) return {block, (int)blockIdx.y, (int)gridDim.x};
+    const int past = block - pb.tail_first;
+    return work_tile_at(pb, past < 0 ? block : pb.tail_first + past / pb.tail_shares);
+}
+// Whether the block's walk is split (own_share's shares > 1, without its arithmetic).
+template <bool TAIL>
+__device__ __forceinline__ bool own_walk_split(const bwd_problem &pb) {
+    return gridDim.z > 1 || (TAIL && (int)blockIdx.x >= pb.tail_first);
+}
+// The block's share of its work tile's walk, and the walk's shares (one: the whole walk).
+typedef struct {
+    int z, shares;
+} walk_share;
+template <bool TAIL>
+__device__ __forceinline__ walk_share own_share(const bwd_problem &pb) {
+    if (!TAIL || gridDim.z > 1) return {(int)blockIdx.z, (int)gridDim.z};
+    const int past = (int)blockIdx.x - pb.tail_first;  // (a tail split's grid is 1-D)
+    return past < 0 ? walk_share{0, 1} : walk_share{past % pb.tail_shares, pb.tail_shares};
 }
 __device__ __forceinline__ int section_shift(const bwd_problem &pb, work_tile wt) {
     return __clz(pb.key_tiles) - __clz(wt.grid_x);
@@ -210,14 +237,18 @@ __host__ __device__ __forceinline__ int query_tiles_of(const key_rule &r, int ke
     *count = first_row < end_row ? (end_row + qrows<D>() - 1) / qrows<D>() - first : 0;
     return first;
 }
-// The query tiles of the block's walk: query_tiles_of's, or where the walk is split (gridDim.z
-// shares, backward_prepost.cuh: WALK_SHARES_MAX) the block's share of them, blockIdx.z's
-// (share_of_tiles), walked for every head of the group as a whole walk is (so every role's loop is
-// the whole walk's, over fewer tiles). SPLIT false: a grid that splits no walk (a persistent one).
-template <int D, bool SPLIT = true>
-__device__ __forceinline__ int walk_tiles_of(const key_rule &r, int key0, int *count) {
+// The query tiles of the block's walk: query_tiles_of's, or where the walk is split (own_share;
+// backward_prepost.cuh: WALK_SHARES_MAX) the block's share of them (share_of_tiles), walked for
+// every head of the group as a whole walk is (so every role's loop is the whole walk's, over fewer
+// tiles). SPLIT false: a grid that splits no walk (a persistent one).
+template <int D, bool SPLIT, bool TAIL>
+__device__ __forceinline__ int walk_tiles_of(const bwd_problem &pb, const key_rule &r, int key0,
+                                             int *count) {
     int first = query_tiles_of<D>(r, key0, count);
-    if constexpr (SPLIT) share_of_tiles(count, &first, (int)gridDim.z, (int)blockIdx.z);
+    if constexpr (SPLIT) {
+        const walk_share share = own_share<TAIL>(pb);
+        share_of_tiles(count, &first, share.shares, share.z);
+    }
     return first;
 }
 

@@ -461,19 +461,93 @@ static inline int walk_shares_for(const attn_shape *s, int block_keys, int qrows
     return shares < 2 ? 1 : (int)shares;
 }
 
+// Where a grid of whole walks of one length (no mask) is more than a wave and ends on a part of
+// one, the multiprocessors its last blocks leave idle wait for them: up to a walk's time (a wave
+// quantization's loss, as a GEMM's last wave of tiles). The walks of the grid's last work tiles,
+// from `first` on, are then split in `shares` (a tail split, as stream-K's hybrid splits a GEMM's
+// last tiles' k-loops): their blocks start after every whole walk's, in the multiprocessors those
+// free. The first tile and the shares are those a model of the GPU's block scheduling predicts
+// fastest (tail_end_steps: blocks start in the grid's order on the first free multiprocessor, a
+// whole walk lasts its steps and BLOCK_END_STEPS more, a share its part of them and as many more),
+// from the work tile that starts the last wave back by TAIL_WAVES_BACK waves at most, no more than
+// TAIL_BLOCKS_MAX_WAVES waves of shares (each its dK_j and dV_j in fp32 through the workspace),
+// none shorter than TAIL_SHARE_MIN_STEPS steps (shorter ones lost: their ends cost more than the
+// model's two steps); kept where the model predicts TAIL_MIN_GAIN_PERCENT or more (the GPU's
+// blocks never run in lockstep: the loss the model counts is larger than the one measured; stage
+// 8's LOG.md, step 87).
+constexpr int BLOCK_END_STEPS = 2;
+constexpr int TAIL_WAVES_BACK = 2;
+constexpr int TAIL_BLOCKS_MAX_WAVES = 4;
+constexpr int TAIL_SHARE_MIN_STEPS = 16;
+constexpr int TAIL_MIN_GAIN_PERCENT = 2;
+typedef struct {
+    long long first;  // the first work tile whose walk is split (the grid's order)
+    int shares;       // 1: none split
+} tail_split;
+
+// The model's end, in steps: `whole` blocks of `a` steps, then `parts` blocks of `b` steps (b <=
+// a), on `sms` multiprocessors, each block started in order on the first one free. The last wave of
+// whole blocks (`left` of them) starts at t0, all of them together, and ends at t1 = t0 + a; the
+// other f multiprocessors start parts at t0, t0 + b, ..., `before` of those rounds before t1; from
+// then on every period b starts `left` parts at t1 + m b and f at t0 + (before + m) b.
+static inline long long tail_end_steps(long long whole, long long a, long long parts, long long b,
+                                       long long sms) {
+    const long long t0 = whole / sms * a, left = whole % sms, f = sms - left;
+    if (left == 0) return t0 + (parts + sms - 1) / sms * b;
+    const long long t1 = t0 + a, before = (a + b - 1) / b;
+    if (parts <= before * f) {
+        const long long end = t0 + (parts + f - 1) / f * b;
+        return end > t1 ? end : t1;
+    }
+    const long long rest = parts - before * f, m = rest / sms, r = rest % sms;
+    const long long tf = t0 + before * b;  // (t1 <= tf < t1 + b)
+    return r == 0 ? tf + m * b : r <= left ? t1 + (m + 1) * b : tf + (m + 1) * b;
+}
+
+// The tail split of a grid of `tiles` work tiles, each a walk of `steps` steps over `query_tiles`
+// query tiles (times the group's heads), on `sm_count` multiprocessors: none ({tiles, 1}) where
+// the grid is one wave or less, fills its last one, or the model gains too little.
+static inline tail_split tail_split_for(long long tiles, long long steps, long long query_tiles,
+                                        int sm_count) {
+    const long long sms = sm_count, a = steps + BLOCK_END_STEPS;
+    tail_split best = {tiles, 1};
+    if (tiles <= sms || tiles % sms == 0) return best;
+    const long long plain = tail_end_steps(tiles, a, 0, a, sms);
+    long long best_end = plain;
+    const long long last_wave = tiles / sms * sms;
+    for (long long first = last_wave; first >= 0 && first >= last_wave - TAIL_WAVES_BACK * sms;
+         first -= sms)
+        for (int shares = 2; shares <= WALK_SHARES_MAX && shares <= query_tiles &&
+                             steps / shares >= TAIL_SHARE_MIN_STEPS;
+             ++shares) {
+            const long long parts = (tiles - first) * shares;
+            if (parts > TAIL_BLOCKS_MAX_WAVES * sms) break;
+            const long long end = tail_end_steps(
+                first, a, parts, (steps + shares - 1) / shares + BLOCK_END_STEPS, sms);
+            if (end < best_end) best_end = end, best = {first, shares};
+        }
+    if (best_end * 100 > plain * (100 - TAIL_MIN_GAIN_PERCENT)) best = {tiles, 1};
+    return best;
+}
+
 // The shares' workspace (dkv_part) for key tiles of `block_keys` keys, in floats of the kernel's
-// head dim D: 0 with one share.
-static inline size_t dkv_part_bytes_for(const attn_shape *s, int shares, int block_keys, int D) {
+// head dim D: 0 with one share. first_key: the first key whose walk is split, counted over every
+// (batch, key/value head)'s key tiles' keys one after another (0: all of them; a tail split's,
+// below, its first work tile's).
+static inline size_t dkv_part_bytes_for(const attn_shape *s, int shares, int block_keys, int D,
+                                        size_t first_key = 0) {
     if (shares < 2) return 0;
     const size_t keys = (size_t)(s->N_k + block_keys - 1) / block_keys * block_keys;
-    return (size_t)s->B * s->H_kv * keys * shares * 2 * D * sizeof(float);
+    return ((size_t)s->B * s->H_kv * keys - first_key) * shares * 2 * D * sizeof(float);
 }
 // Where share z's dK row of a key lies in dkv_part, in floats: [B H_kv][head_keys][shares][2][D]
-// (bh the (batch, key/value head), head_keys its key tiles' keys), a key's shares side by side for
-// the sum pass to read together; the row's dV is D floats further, the next key's 2 D shares.
+// (bh the (batch, key/value head), head_keys its key tiles' keys) from the key first_key on (as
+// dkv_part_bytes_for counts it), a key's shares side by side for the sum pass to read together;
+// the row's dV is D floats further, the next key's 2 D shares.
 __host__ __device__ __forceinline__ size_t dkv_part_at(size_t bh, size_t head_keys, int key,
-                                                       int shares, int z, int D) {
-    return ((bh * head_keys + key) * shares + z) * 2 * D;
+                                                       int shares, int z, int D,
+                                                       size_t first_key = 0) {
+    return ((bh * head_keys + key - first_key) * shares + z) * 2 * D;
 }
 
 // Share z of `shares` of a walk of *count query tiles from tile *first: the share's count and
@@ -488,19 +562,21 @@ __host__ __device__ __forceinline__ void share_of_tiles(int *count, int *first, 
 // The pass after a split walk's main kernel (stages 7 and 8): dK = scale times the sum of the
 // shares' dK sums, dV = the sum of theirs, added in share order (bit-identical from run to run), in
 // the storage type (bf16 with BF16) and in dK's and dV's layouts. blockIdx.y the (batch, key/value
-// head), a thread one float4 of a key's dK and dV: N_k rows of 2 cols / 4 float4s (cols the
-// tensors' D, a multiple of 8; D the kernel's, the rows' pitch in dkv_part), unpacked batches only
-// (the stages split no packed batch's walks). A thread's loads of every share are in flight at once
-// (a loop that added each as it came waited for them one after the other).
+// head) from the first whose keys are split (first_key / head_keys) on, a thread one float4 of a
+// key's dK and dV: N_k rows of 2 cols / 4 float4s (cols the tensors' D, a multiple of 8; D the
+// kernel's, the rows' pitch in dkv_part), those from first_key on (dkv_part_at), unpacked batches
+// only (the stages split no packed batch's walks). A thread's loads of every share are in flight at
+// once (a loop that added each as it came waited for them one after the other).
 constexpr int DKV_SUM_THREADS = 256;
-static inline dim3 dkv_sum_grid(const attn_shape *s) {  // a thread a float4 of dK's or dV's row
+static inline dim3 dkv_sum_grid(const attn_shape *s, int first_bh = 0) {  // a thread a float4
     const long long float4s = (long long)s->N_k * 2 * s->D / CONVERT_FLOATS;
     return dim3((unsigned)((float4s + DKV_SUM_THREADS - 1) / DKV_SUM_THREADS),
-                (unsigned)(s->B * s->H_kv));
+                (unsigned)(s->B * s->H_kv - first_bh));
 }
 template <bool BF16>
 __global__ void __launch_bounds__(DKV_SUM_THREADS)
-    dkv_sum_kernel(const bwd_params p, const float *part, int D, int head_keys, int shares) {
+    dkv_sum_kernel(const bwd_params p, const float *part, int D, int head_keys, int shares,
+                   long long first_key) {
     let_next_kernel_start();
     wait_for_previous_kernel();  // (PDL) the main kernel's shares written
     const int cols = p.D, row_float4s = 2 * cols / CONVERT_FLOATS;
@@ -509,9 +585,10 @@ __global__ void __launch_bounds__(DKV_SUM_THREADS)
     const int row = (int)(i / row_float4s), in_row = (int)(i % row_float4s);
     const int dv = in_row >= row_float4s / 2,
               col = (in_row - dv * row_float4s / 2) * CONVERT_FLOATS;
-    const int bh = (int)blockIdx.y, b = bh / p.H_kv, h = bh % p.H_kv;
+    const int bh = (int)(first_key / head_keys) + (int)blockIdx.y, b = bh / p.H_kv, h = bh % p.H_kv;
+    if ((long long)bh * head_keys + row < first_key) return;  // a whole walk's key: written
     const float4 *at = reinterpret_cast<const float4 *>(
-        part + dkv_part_at(bh, head_keys, row, shares, 0, D) + dv * D + col);
+        part + dkv_part_at(bh, head_keys, row, shares, 0, D, (size_t)first_key) + dv * D + col);
     float4 a[WALK_SHARES_MAX];
 #pragma unroll
     for (int z = 0; z < WALK_SHARES_MAX; ++z)
