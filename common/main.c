@@ -1778,32 +1778,41 @@ static const int wide_N[] = {65, 300};
 #define WIDE_KV_HEADS 160
 #define WIDE_CASES (COUNT(wide_N) * COUNT(self_test_D) * 2)
 
+/* A grid case (wide grids, grids past whole waves): `shape` with the layout case c picks (where
+ * the stage takes strides; the packed one only for one head group and N_k = N), the variant, the
+ * distribution, and rows sampled as the models-feed cases'. */
+static options grid_case(const options *base, int v, int c, uint64_t case_no, attn_shape shape,
+                         int peaky) {
+    options o = *base;
+    o.shape = shape;
+    o.layout = (stage_takes_bits() & ATTN_TAKES_STRIDES) ? (layout_kind)(c % LAYOUTS) : LAYOUT_BHND;
+    if (o.layout == LAYOUT_QKV && (shape.H != shape.H_kv || shape.N_k != shape.N))
+        o.layout = LAYOUT_BNHD;
+    set_layout(&o);
+    o.variant = v;
+    o.peaky = peaky;
+    o.bench = BENCH_NONE;
+    o.seed = base->seed * 1000003ull + case_no;
+    o.check_rows = MODEL_SAMPLE;
+    return o;
+}
+
 static options wide_case(const options *base, int v, int c, uint64_t case_no) {
     const int N = wide_N[c % COUNT(wide_N)], causal = c / COUNT(wide_N) % 2;
     const int D = self_test_D[c / (COUNT(wide_N) * 2) % COUNT(self_test_D)];
     const unsigned takes = stage_takes_bits();
     const int group = (takes & ATTN_TAKES_GQA) && c % 3 != 1 ? 2 : 1;
     const int other_keys = (takes & ATTN_TAKES_N_K) && c % 3 != 0;
-    options o = *base;
-    memset(&o.shape, 0, sizeof o.shape);
-    o.shape = (attn_shape){.B = WIDE_B,
-                           .H = group * WIDE_KV_HEADS,
-                           .N = N,
-                           .D = D,
-                           .causal = causal,
-                           .scale = 1.0f / sqrtf((float)D),
-                           .H_kv = WIDE_KV_HEADS,
-                           .N_k = other_keys ? N + N / 2 + 3 : N,
-                           .bf16 = (takes & ATTN_TAKES_BF16) && c / 2 % 2};
-    o.layout = (takes & ATTN_TAKES_STRIDES) ? (layout_kind)(c % LAYOUTS) : LAYOUT_BHND;
-    if (o.layout == LAYOUT_QKV && (group != 1 || o.shape.N_k != N)) o.layout = LAYOUT_BNHD;
-    set_layout(&o);
-    o.variant = v;
-    o.peaky = c / 4 % 2;
-    o.bench = BENCH_NONE;
-    o.seed = base->seed * 1000003ull + case_no;
-    o.check_rows = MODEL_SAMPLE;
-    return o;
+    const attn_shape shape = {.B = WIDE_B,
+                              .H = group * WIDE_KV_HEADS,
+                              .N = N,
+                              .D = D,
+                              .causal = causal,
+                              .scale = 1.0f / sqrtf((float)D),
+                              .H_kv = WIDE_KV_HEADS,
+                              .N_k = other_keys ? N + N / 2 + 3 : N,
+                              .bf16 = (takes & ATTN_TAKES_BF16) && c / 2 % 2};
+    return grid_case(base, v, c, case_no, shape, c / 4 % 2);
 }
 
 /* Grids just past whole waves, for a stage with a backward pass: B = 2, 68 key/value heads (136
@@ -1823,27 +1832,16 @@ static options tail_case(const options *base, int v, int c, uint64_t case_no) {
     const int D = tail_D[c / 2 % COUNT(tail_D)], second = c % 2;
     const unsigned takes = stage_takes_bits();
     const int group = (takes & ATTN_TAKES_GQA) && second ? 2 : 1;
-    const int N_k = (takes & ATTN_TAKES_N_K) ? (second ? 200 : 128) : TAIL_N;
-    options o = *base;
-    memset(&o.shape, 0, sizeof o.shape);
-    o.shape = (attn_shape){.B = TAIL_B,
-                           .H = group * TAIL_KV_HEADS,
-                           .N = TAIL_N,
-                           .D = D,
-                           .causal = 0,
-                           .scale = 1.0f / sqrtf((float)D),
-                           .H_kv = TAIL_KV_HEADS,
-                           .N_k = N_k,
-                           .bf16 = (takes & ATTN_TAKES_BF16) && second};
-    o.layout = (takes & ATTN_TAKES_STRIDES) ? (layout_kind)(c % LAYOUTS) : LAYOUT_BHND;
-    if (o.layout == LAYOUT_QKV && (group != 1 || o.shape.N_k != o.shape.N)) o.layout = LAYOUT_BNHD;
-    set_layout(&o);
-    o.variant = v;
-    o.peaky = c / 2 % 2;
-    o.bench = BENCH_NONE;
-    o.seed = base->seed * 1000003ull + case_no;
-    o.check_rows = MODEL_SAMPLE;
-    return o;
+    const attn_shape shape = {.B = TAIL_B,
+                              .H = group * TAIL_KV_HEADS,
+                              .N = TAIL_N,
+                              .D = D,
+                              .causal = 0,
+                              .scale = 1.0f / sqrtf((float)D),
+                              .H_kv = TAIL_KV_HEADS,
+                              .N_k = (takes & ATTN_TAKES_N_K) ? (second ? 200 : 128) : TAIL_N,
+                              .bf16 = (takes & ATTN_TAKES_BF16) && second};
+    return grid_case(base, v, c, case_no, shape, c / 2 % 2);
 }
 
 /* Packed batches (--varlen), for a stage whose descriptor takes them: the lists below (lengths 1
