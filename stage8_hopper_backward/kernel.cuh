@@ -54,7 +54,9 @@ __device__ __forceinline__ void init_barriers(const smem_tiles &sm) {
 // variant's, for the shapes without either, launch.cuh's kernel_for) masks the tail and causal
 // only. CAPPED: the softcap branch alone (the default variant's kernel for the shapes with a
 // softcap). PERSISTENT: a grid of one block per multiprocessor, each taking work tiles as they are
-// handed out (config.cuh, has_persistent; the grid 1-D).
+// handed out (config.cuh, has_persistent; the grid 1-D). TAIL: a tail split's grid, 1-D, the
+// whole walks' blocks then the split ones' shares (config.cuh, has_tail_split; schedule.cuh's
+// own_work_tile).
 template <int D, bool BF16, dq_way DQ, bool EXTRAS = true, bool CAPPED = false,
           bool PERSISTENT = false, bool TAIL = false>
 __global__ void __launch_bounds__(BLOCK_THREADS, 1)
