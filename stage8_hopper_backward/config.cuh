@@ -290,8 +290,8 @@ __host__ __device__ constexpr bool waits_by_pdl() {
 // Whether a kernel of its own runs a tail split (launch.cuh's walk_split_at, schedule.cuh's
 // own_work_tile; kernel.cuh's TAIL): the default way's lean kernels at D = 64 and 128, the fa2
 // shapes' (LOG.md, step 87). Its own, so that every other kernel keeps the plain grid's machine
-// code: with the split's arithmetic in them the plain grids' causal shapes ran 1.2% slower (D =
-// 64), and in D = 96's lean kernels ptxas serialized the wgmma (C7511).
+// code: with the split's arithmetic in them the plain grids' causal shapes ran slower (D = 64),
+// and in D = 96's lean kernels ptxas serialized the wgmma (C7511).
 template <int D, dq_way DQ, bool EXTRAS>
 __host__ __device__ constexpr bool has_tail_split() {
     return DQ == DQ_BY_BULK && !EXTRAS && (D == 64 || D == 128);
