@@ -10,6 +10,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -190,6 +191,8 @@ typedef struct bwd_model {
     float cap_in, cap_log2;
     int dq;
     float *dkv_part;  // split walks (every kernel: the grid's z): the shares' fp32 dK_j, dV_j
+    int key_tiles;    // the plain grid's key tiles a (batch, key/value head): gridDim.x
+    int tail_first, tail_shares;  // a tail split (launch.cuh's main_plan): INT_MAX and 1 if none
 } bwd_model;
 
 // The MODEL values of a complete shape (the plain kernels take them too and read none).
@@ -199,7 +202,27 @@ static inline bwd_model bwd_model_of(const attn_shape *s, dq_way dq) {
     m.keys = key_rule_of(s, true);
     if (s->softcap > 0.f) m.cap_in = s->scale / s->softcap, m.cap_log2 = s->softcap * LOG2E;
     m.dq = dq;
+    m.tail_first = INT_MAX, m.tail_shares = 1;
     return m;
+}
+
+// Where a block works: its key tile, its (batch, key/value head) and its share of the walk (share
+// of shares; shares 1: the whole walk). A plain grid (tail_first INT_MAX): blockIdx.x, .y and .z,
+// every walk in gridDim.z shares (1: none). A tail split's grid (1-D, launch.cuh's main_plan): the
+// plain grid's work tiles in its order (key tile first) before tail_first, then tail_shares blocks
+// for each work tile from tail_first on, a share each. The MODEL kernels take no tail split (their
+// registers are full: the launcher plans none for them).
+typedef struct {
+    int key_tile, bh, share, shares;
+} block_place;
+template <bool MODEL>
+__device__ __forceinline__ block_place place_of_block(const bwd_model &m) {
+    if (MODEL || m.tail_first == INT_MAX)
+        return {(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, (int)gridDim.z};
+    const int block = (int)blockIdx.x, past = block - m.tail_first;
+    if (past < 0) return {block % m.key_tiles, block / m.key_tiles, 0, 1};
+    const int tile = m.tail_first + past / m.tail_shares;
+    return {tile % m.key_tiles, tile / m.key_tiles, past % m.tail_shares, m.tail_shares};
 }
 
 // A packed batch (attention.h's attn_varlen) runs the MODEL kernels too: a block reads its

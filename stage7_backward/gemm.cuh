@@ -120,18 +120,21 @@ __device__ __forceinline__ void write_share_rows(float *out, const float (&C)[NT
     }
 }
 
-// Where a split block's share of dK_j and dV_j rows from `key` on lie in dkv_part
-// (common/device/backward_prepost.cuh's dkv_part_at; blockIdx.y the (batch, key/value head),
-// gridDim.x the key tiles of KEYS keys, blockIdx.z the share): dK's row; dV's is D floats
-// further, the next key's dkv_row_step<D>() floats.
+// Where a split block's share of dK_j and dV_j rows from `key` on lie in m.dkv_part
+// (common/device/backward_prepost.cuh's dkv_part_at; the block's place, place_of_block; key tiles
+// of KEYS keys; a tail split's rows from its first work tile's first key on): dK's row; dV's is D
+// floats further, the next key's dkv_row_step<D>() floats.
 template <int D, int KEYS>
-__device__ __forceinline__ float *dkv_share_at(float *dkv_part, int key) {
-    const size_t head_keys = (size_t)gridDim.x * KEYS;
-    return dkv_part + dkv_part_at(blockIdx.y, head_keys, key, (int)gridDim.z, (int)blockIdx.z, D);
+__device__ __forceinline__ float *dkv_share_at(const bwd_model &m, const block_place &place,
+                                               int key) {
+    const size_t head_keys = (size_t)m.key_tiles * KEYS;
+    const size_t first_key = m.tail_first == INT_MAX ? 0 : (size_t)m.tail_first * KEYS;
+    return m.dkv_part +
+           dkv_part_at(place.bh, head_keys, key, place.shares, place.share, D, first_key);
 }
 template <int D>
-__device__ __forceinline__ size_t dkv_row_step() {
-    return (size_t)gridDim.z * 2 * D;
+__device__ __forceinline__ size_t dkv_row_step(const block_place &place) {
+    return (size_t)place.shares * 2 * D;
 }
 
 // One k16 step of C (+)= A B^T for one warp, MT x NT fragments, A's fragments a given (MT m16

@@ -253,16 +253,67 @@ static cudaError_t launch(FN fn, dim3 grid, int threads, size_t smem, cudaStream
 // The main kernel of a call and its tiles: backward_kernel (smem_p: P^T and dS^T through shared
 // memory) or backward_registers_kernel (configuration mi of its list), dq_kernel's configuration
 // di (the deterministic variant), how dQ is added (dq), the main kernel's key tile and query
-// tile, and its split walks' shares (common/device/backward_prepost.cuh's walk_shares_for: where
-// the grid fills at most half of the multiprocessors; 1 in variant nosplit and for a packed
-// batch). enqueue_backward launches it; backward_workspace_bytes makes room for the shares.
+// tile, and its split walks: every walk's shares (common/device/backward_prepost.cuh's
+// walk_shares_for: where the grid fills at most half of the multiprocessors), or else where a
+// grid of whole walks of one length (no mask) ends on a part of a wave, the last work tiles' (a
+// tail split: tail_split_for, over the blocks the multiprocessors hold at once; a 1-D grid,
+// config.cuh's place_of_block; the plain kernels only); neither in variant nosplit nor for a
+// packed batch.
+// enqueue_backward launches it; backward_workspace_bytes makes room for the shares.
 typedef struct {
     bool smem_p;
     dq_way dq;
     int mi, di;
     int keys, qrows;
     int shares;
+    tail_split tail;  // ({work tiles, 1}: none)
 } main_plan;
+
+// The main kernel of a plan (enqueue_backward launches it): its code (smem_p: sk, else mk), its
+// block's threads and dynamic shared memory.
+typedef struct {
+    smem_kernel_fn sk;
+    kernel_fn mk;
+    int threads;
+    size_t smem;
+} main_kernel;
+template <bool BF16>
+static main_kernel main_kernel_of(const attn_shape *s, const main_plan *pl) {
+    const int D = compiled_d(s->D);
+    const bool model = model_shape(s);
+    main_kernel k = {NULL, NULL, 0, 0};
+    if (pl->smem_p) {
+        const smem_p_config c = smem_p_tiles_of(D);
+        k.sk = model
+                   ? smem_p_model_kernel_of<BF16>(D)
+                   : (D == 64 ? smem_p_kernel<64, BF16>(pl->dq) : smem_p_kernel<128, BF16>(pl->dq));
+        k.threads = SMEM_P_WARPS * WARP_SIZE, k.smem = smem_p_bytes(c, D, pl->dq == DQ_BY_BULK);
+    } else {
+        const tile_config mc = tiles_at(D, true, pl->mi);
+        const bool atomic = pl->dq != DQ_BY_SECOND_PASS;
+        k.mk = model ? model_kernel_of<true, BF16>(D)
+                     : (D == 64 ? kernel_for<64, true, BF16>(pl->mi, atomic)
+                                : kernel_for<128, true, BF16>(pl->mi, atomic));
+        k.threads = mc.WARPS * WARP_SIZE, k.smem = registers_smem_bytes(mc, D);
+    }
+    return k;
+}
+
+// The tail split of a plan's grid (main_plan), from the blocks of its main kernel that the
+// multiprocessors hold at once.
+static cudaError_t plan_tail(const attn_shape *s, const attn_device *dev, main_plan *pl) {
+    const long long work_tiles = (long long)ceil_div(s->N_k, pl->keys) * s->B * s->H_kv;
+    const main_kernel k = s->bf16 ? main_kernel_of<true>(s, pl) : main_kernel_of<false>(s, pl);
+    const void *fn = k.sk ? (const void *)k.sk : (const void *)k.mk;
+    int per_sm = 1;
+    if (fn) ATTN_TRY(kernel_blocks_per_sm(fn, k.threads, (int)k.smem, &per_sm));
+    const long long query_tiles = ceil_div(s->N, pl->qrows);
+    pl->tail = tail_split_for(work_tiles, (long long)(s->H / s->H_kv) * query_tiles, query_tiles,
+                              dev->sm_count * per_sm);
+    if (pl->tail.first + (work_tiles - pl->tail.first) * pl->tail.shares >= INT_MAX)  // its blocks
+        pl->tail = {work_tiles, 1};
+    return cudaSuccess;
+}
 
 static cudaError_t plan_main(const attn_shape *s, const attn_device *dev, int variant,
                              main_plan *pl) {
@@ -287,9 +338,22 @@ static cudaError_t plan_main(const attn_shape *s, const attn_device *dev, int va
         pl->keys = tile_rows(mc), pl->qrows = mc.QROWS;
     }
     pl->shares = 1;
-    if (variant != VARIANT_NOSPLIT && !s->varlen.cu_seqlens_q)
-        pl->shares = walk_shares_for(s, pl->keys, pl->qrows, dev->sm_count);
+    pl->tail = {(long long)ceil_div(s->N_k, pl->keys) * s->B * s->H_kv, 1};
+    if (variant == VARIANT_NOSPLIT || s->varlen.cu_seqlens_q) return cudaSuccess;
+    pl->shares = walk_shares_for(s, pl->keys, pl->qrows, dev->sm_count);
+    const key_rule keys = key_rule_of(s, true);
+    if (pl->shares == 1 && !model_shape(s) && keys.left < 0 && keys.right < 0)
+        ATTN_TRY(plan_tail(s, dev, pl));
     return cudaSuccess;
+}
+
+// A plan's split walks as the workspace and the sum pass count them: the shares of each split
+// walk, and the first key whose walk is split (a tail split's first work tile's; else 0).
+static int split_shares(const main_plan *pl) {
+    return pl->tail.shares > 1 ? pl->tail.shares : pl->shares;
+}
+static long long split_first_key(const main_plan *pl) {
+    return pl->tail.shares > 1 ? pl->tail.first * pl->keys : 0;
 }
 
 // Workspace (bwd_params_of): lse2 and Dsum, then (every variant but deterministic) dQ_acc; packed,
@@ -306,7 +370,8 @@ static size_t backward_workspace_bytes(const attn_shape *s, const attn_device *d
     main_plan pl;
     size_t part = 0;
     if (plan_main(s, dev, variant, &pl) == cudaSuccess)
-        part = dkv_part_bytes_for(s, pl.shares, pl.keys, compiled_d(s->D));
+        part = dkv_part_bytes_for(s, split_shares(&pl), pl.keys, compiled_d(s->D),
+                                  (size_t)split_first_key(&pl));
     else
         (void)cudaGetLastError();  // (no plan: the call is refused before it runs)
     return dkv_part_offset(s, variant) + aligned(part);
@@ -336,36 +401,39 @@ static cudaError_t enqueue_backward(const attn_shape *s, const attn_device *dev,
     main_plan pl;
     ATTN_TRY(plan_main(s, dev, variant, &pl));
     const dq_way dq = pl.dq;
-    const bool smem_p = pl.smem_p;
-    const int mi = pl.mi, di = pl.di;
+    const int di = pl.di;
+    const bool tail_grid = pl.tail.shares > 1;  // a tail split's 1-D grid
+    const int key_tiles = ceil_div(s->N_k, pl.keys);
     bwd_model m = bwd_model_of(s, dq);
     // a split walk's shares after lse2, Dsum and dQ_acc (backward_workspace_bytes)
     float *const dkv_part = (float *)((char *)p.lse2 + dkv_part_offset(s, variant));
-    m.dkv_part = pl.shares > 1 ? dkv_part : NULL;
-    const unsigned shares = (unsigned)pl.shares;  // the main kernel's grid's z
-    if (smem_p) {
-        const smem_p_config c = smem_p_tiles_of(D);
-        const smem_kernel_fn sk =
-            model ? smem_p_model_kernel_of<BF16>(D)
-                  : (D == 64 ? smem_p_kernel<64, BF16>(dq) : smem_p_kernel<128, BF16>(dq));
+    m.dkv_part = split_shares(&pl) > 1 ? dkv_part : NULL;
+    m.key_tiles = key_tiles;
+    if (tail_grid) m.tail_first = (int)pl.tail.first, m.tail_shares = pl.tail.shares;
+    // the plain grid: key tiles, (batch, K/V head)s, every walk's shares; a tail split's, 1-D:
+    // the whole walks' blocks, then the split ones' shares (place_of_block)
+    const dim3 grid =
+        tail_grid ? dim3((unsigned)(pl.tail.first + ((long long)key_tiles * BH_kv - pl.tail.first) *
+                                                        pl.tail.shares))
+                  : dim3((unsigned)key_tiles, BH_kv, (unsigned)pl.shares);
+    const main_kernel k = main_kernel_of<BF16>(s, &pl);
+    if (pl.smem_p) {
         CUtensorMap dq_map;
         memset(&dq_map, 0, sizeof dq_map);  // unread but by the DQ_BY_BULK kernels
         // (dQ_acc's rows are s->D floats; the staging tile's D columns past them are not added)
-        if (dq == DQ_BY_BULK) ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, c.QROWS, D));
-        ATTN_TRY(launch(sk, dim3((unsigned)ceil_div(s->N_k, c.KEYS), BH_kv, shares),
-                        SMEM_P_WARPS * WARP_SIZE, smem_p_bytes(c, D, dq == DQ_BY_BULK), stream, p,
-                        dq_map, m));
+        if (dq == DQ_BY_BULK)
+            ATTN_TRY(dq_tensor_map(&dq_map, p.dQ_acc, s, smem_p_tiles_of(D).QROWS, D));
+        ATTN_TRY(launch(k.sk, grid, k.threads, k.smem, stream, p, dq_map, m));
     } else {
-        const tile_config mc = tiles_at(D, true, mi);
-        const kernel_fn mk = model ? model_kernel_of<true, BF16>(D)
-                                   : (D == 64 ? kernel_for<64, true, BF16>(mi, atomic)
-                                              : kernel_for<128, true, BF16>(mi, atomic));
-        ATTN_TRY(launch(mk, dim3((unsigned)ceil_div(s->N_k, tile_rows(mc)), BH_kv, shares),
-                        mc.WARPS * WARP_SIZE, registers_smem_bytes(mc, D), stream, p, m));
+        ATTN_TRY(launch(k.mk, grid, k.threads, k.smem, stream, p, m));
     }
-    if (shares > 1) {  // the shares' dK and dV added (backward_prepost.cuh)
-        dkv_sum_kernel<BF16><<<dkv_sum_grid(s), DKV_SUM_THREADS, 0, stream>>>(
-            p, dkv_part, D, ceil_div(s->N_k, pl.keys) * pl.keys, (int)shares, 0ll);
+    if (split_shares(&pl) > 1) {  // the shares' dK and dV added (backward_prepost.cuh; a tail
+                                  // split's from its first work tile's (batch, K/V head) on)
+        const int head_keys = key_tiles * pl.keys;
+        const long long first_key = split_first_key(&pl);
+        dkv_sum_kernel<BF16>
+            <<<dkv_sum_grid(s, (int)(first_key / head_keys)), DKV_SUM_THREADS, 0, stream>>>(
+                p, dkv_part, D, head_keys, split_shares(&pl), first_key);
         ATTN_TRY(cudaGetLastError());
     }
     if (atomic) {

@@ -222,8 +222,10 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     }
 #endif
 
-    const int k0 = (int)blockIdx.x * ROWS;                                  // the block's first key
-    const int b = (int)blockIdx.y / p.H_kv, hk = (int)blockIdx.y % p.H_kv;  // batch, K/V head
+    const block_place place =
+        place_of_block<MODEL>(shape_model);                   // key tile, (batch, K/V head), share
+    const int k0 = place.key_tile * ROWS;                     // the block's first key
+    const int b = place.bh / p.H_kv, hk = place.bh % p.H_kv;  // batch, K/V head
     // MODEL: the sequence (packed: b's rows of the batch; unpacked: the batch b) and its rule
     const bwd_sequence s = kernel_sequence<MODEL>(p, b);
     // packed: a key tile at or past the sequence's keys does nothing (the rows past N_k_b are
@@ -241,7 +243,7 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
         q_begin = key_tile_first_query<QROWS>(model.keys, k0);
         q_end = key_tile_query_end(model.keys, k0, ROWS);
     }
-    walk_share<QROWS>(q_begin, q_end);  // (a split walk: the block's share of the tiles)
+    walk_share<QROWS>(q_begin, q_end, place);  // (a split walk: the block's share of the tiles)
     const int tiles = max((q_end - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
     const bool adds_dq = ADDS_DQ && (!MODEL || model.dq != DQ_BY_SECOND_PASS);
 
@@ -330,10 +332,10 @@ __global__ void __launch_bounds__(WARPS *WARP_SIZE)
     }
     // A key tile no row sees (a window, a split walk's empty share) ran no loop, issued no copy,
     // and stores dK_j = dV_j = 0.
-    if (gridDim.z > 1) {  // a split walk's share: fp32 sums for the sum pass
-        float *const at = dkv_share_at<D, ROWS>(model.dkv_part, key_row);
-        write_share_rows(at, dK, dkv_row_step<D>());
-        write_share_rows(at + D, dV, dkv_row_step<D>());
+    if (place.shares > 1) {  // a split walk's share: fp32 sums for the sum pass
+        float *const at = dkv_share_at<D, ROWS>(model, place, key_row);
+        write_share_rows(at, dK, dkv_row_step<D>(place));
+        write_share_rows(at + D, dV, dkv_row_step<D>(place));
         return;
     }
     // (MODEL: the sequence's keys, from its first; packed, the rows past them are the next one's)

@@ -180,15 +180,15 @@ __device__ __forceinline__ void next_query_tile(int &hq, int &q0, int q_begin, i
     if (q0 >= q_end) q0 = q_begin, ++hq;
 }
 
-// A split walk (launch.cuh: the grid's z, gridDim.z shares): the block's share, blockIdx.z's, of
-// its key tile's query tiles q_begin .. q_end (QROWS rows each;
+// A split walk (launch.cuh: every walk's, the grid's z; or a tail split's): the block's share
+// (place_of_block) of its key tile's query tiles q_begin .. q_end (QROWS rows each;
 // common/device/backward_prepost.cuh's share_of_tiles), walked for every head of the group as a
 // whole walk is. An empty share ends at or before its first row (its loop runs no step).
 template <int QROWS>
-__device__ __forceinline__ void walk_share(int &q_begin, int &q_end) {
-    if (gridDim.z == 1) return;
+__device__ __forceinline__ void walk_share(int &q_begin, int &q_end, const block_place &place) {
+    if (place.shares == 1) return;
     int count = max((q_end - q_begin + QROWS - 1) / QROWS, 0), first = 0;
-    share_of_tiles(&count, &first, (int)gridDim.z, (int)blockIdx.z);
+    share_of_tiles(&count, &first, place.shares, place.share);
     q_begin += first * QROWS;
     q_end = min(q_end, q_begin + count * QROWS);
 }

@@ -236,8 +236,10 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     return;
 #endif
 
-    const int k0 = (int)blockIdx.x * KEYS;                                  // the block's first key
-    const int b = (int)blockIdx.y / p.H_kv, hk = (int)blockIdx.y % p.H_kv;  // batch, K/V head
+    const block_place place =
+        place_of_block<MODEL>(shape_model);                   // key tile, (batch, K/V head), share
+    const int k0 = place.key_tile * KEYS;                     // the block's first key
+    const int b = place.bh / p.H_kv, hk = place.bh % p.H_kv;  // batch, K/V head
     // MODEL: the sequence (packed: b's rows of the batch; unpacked: the batch b) and its rule
     const bwd_sequence s = kernel_sequence<MODEL>(p, b);
     // packed: a key tile at or past the sequence's keys does nothing (the rows past N_k_b are
@@ -255,7 +257,7 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
         q_begin = key_tile_first_query<QROWS>(model.keys, k0);
         q_end = key_tile_query_end(model.keys, k0, KEYS);
     }
-    walk_share<QROWS>(q_begin, q_end);  // (a split walk: the block's share of the tiles)
+    walk_share<QROWS>(q_begin, q_end, place);  // (a split walk: the block's share of the tiles)
     const int tiles = max((q_end - q_begin + QROWS - 1) / QROWS, 0) * p.group;  // all heads' tiles
 
     // Shared memory: K_smem, V_smem [KEYS, D]; per stage Q_smem, dO_smem [QROWS, D]; P_smem,
@@ -360,14 +362,14 @@ __global__ void __launch_bounds__(SMEM_P_WARPS *WARP_SIZE)
     }
     // A key tile no row sees (a window, a split walk's empty share) ran no loop, issued no copy,
     // and stores dK_j = dV_j = 0.
-    if (gridDim.z > 1) {  // a split walk's share: fp32 sums for the sum pass
+    if (place.shares > 1) {  // a split walk's share: fp32 sums for the sum pass
         const int key_row = k0 + WARP_KEYS * kw;
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             float *const at =
-                dkv_share_at<D, KEYS>(model.dkv_part, key_row + MMA_M * m) + WARP_COLS * cw;
-            write_share_rows(at, dK[m], dkv_row_step<D>());
-            write_share_rows(at + D, dV[m], dkv_row_step<D>());
+                dkv_share_at<D, KEYS>(model, place, key_row + MMA_M * m) + WARP_COLS * cw;
+            write_share_rows(at, dK[m], dkv_row_step<D>(place));
+            write_share_rows(at + D, dV[m], dkv_row_step<D>(place));
         }
         return;
     }

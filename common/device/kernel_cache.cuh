@@ -33,8 +33,10 @@ inline constexpr int MAX_DEVICES = 64;
 typedef struct {
     const void *fn;
     int device;
-    int ptx_version, binary_version;  // cudaFuncGetAttributes: the code the kernel has here
-    int smem_limit;                   // the dynamic shared-memory limit set for it
+    int ptx_version, binary_version;          // cudaFuncGetAttributes: the code the kernel has here
+    int smem_limit;                           // the dynamic shared-memory limit set for it
+    int blocks, blocks_threads, blocks_smem;  // kernel_blocks_per_sm: blocks of this size a
+                                              // multiprocessor holds
 } kernel_record;
 
 // A stage has a few dozen kernels; past KERNEL_RECORDS (kernel, device) pairs nothing more is
@@ -92,6 +94,30 @@ inline constexpr int KERNEL_RECORDS = 256;
     ATTN_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     pthread_mutex_lock(&cache_lock);
     if (r && smem > r->smem_limit) r->smem_limit = smem;
+    pthread_mutex_unlock(&cache_lock);
+    return cudaSuccess;
+}
+
+// How many blocks of kernel fn, of `threads` threads and `smem` bytes of dynamic shared memory, a
+// multiprocessor of the current device holds at once (its registers, shared memory and threads:
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor, after kernel_smem_limit), at least 1. Asked once
+// per kernel, device and block size.
+[[maybe_unused]] static cudaError_t kernel_blocks_per_sm(const void *fn, int threads, int smem,
+                                                         int *blocks) {
+    int device = 0;
+    ATTN_TRY(current_device(&device));
+    pthread_mutex_lock(&cache_lock);
+    kernel_record *r = kernel_record_of(fn, device);
+    const bool known = r && r->blocks > 0 && r->blocks_threads == threads && r->blocks_smem == smem;
+    if (known) *blocks = r->blocks;
+    pthread_mutex_unlock(&cache_lock);
+    if (known) return cudaSuccess;
+    ATTN_TRY(kernel_smem_limit(fn, smem));
+    int n = 0;
+    ATTN_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, threads, (size_t)smem));
+    *blocks = n > 0 ? n : 1;
+    pthread_mutex_lock(&cache_lock);
+    if (r) r->blocks = *blocks, r->blocks_threads = threads, r->blocks_smem = smem;
     pthread_mutex_unlock(&cache_lock);
     return cudaSuccess;
 }
