@@ -5,8 +5,8 @@
  * whose tunables and templates it uses (it is no header for anything else). For a shape on a
  * device, forward() needs
  *  - the tiles for this head dim, code arch and shared memory (choose_tiles);
- *  - the kernel instantiation of those tiles and the variant, made ready on this device once
- *    (kernel_for, kernel_ready: the kernel cache, under cache_lock);
+ *  - the kernel instantiation of those tiles and the variant (kernel_for), made ready on this
+ *    device once (common/device/kernel_cache.cuh: its shared-memory limit, its blocks an SM);
  *  - how many key ranges each query tile's keys are cut into (split-KV: choose_splits in
  *    common/device/split_kv.cuh, from a simulation of the block scheduler's waves);
  *  - all of that once per shape and device, not per launch (make_plan: the plan cache).
@@ -15,7 +15,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "device/kernel_cache.cuh"  // current_device, cache_lock, kernel_versions
+#include "device/kernel_cache.cuh"  // current_device, cache_lock, kernel_versions, kernel_blocks_per_sm
 
 /* ---- tiles ----------------------------------------------------------------------------------- */
 
@@ -60,18 +60,18 @@ static bool same_tiles(tile_config a, tile_config b) {
 
 // What the driver is asked once per device (or per kernel and device), not per launch: a
 // launch of FA2 pays for none of it, and host time between the timing events counts. The
-// device's index (current_device), the lock (cache_lock) and the kernels' code versions
-// (kernel_versions) come from common/device/kernel_cache.cuh, which stages 6 and 7 share.
+// device's index (current_device), the lock (cache_lock), the kernels' code versions
+// (kernel_versions), shared-memory limits (kernel_smem_limit) and blocks an SM
+// (kernel_blocks_per_sm) come from common/device/kernel_cache.cuh, which stages 6 and 7 share.
 
 typedef void (*attention_fn)(fwd_params);
 typedef void (*attention_model_fn)(fwd_params, model_layout);
 
-// One kernel instantiation (a plain one, fn, or a MODEL one, model) and, per device, how many of
-// its blocks fit on one SM (0: not asked yet; asking also raises its dynamic shared-memory limit).
+// One kernel instantiation: a plain one, fn, or a MODEL one, model (how many of its blocks an SM
+// holds: kernel_blocks_per_sm, remembered per kernel and device in kernel_cache.cuh).
 typedef struct {
     attention_fn fn;
     attention_model_fn model;
-    int blocks_per_sm[MAX_DEVICES];
 } kernel_entry;
 
 static const void *kernel_code(const kernel_entry *k) {
@@ -80,8 +80,8 @@ static const void *kernel_code(const kernel_entry *k) {
 
 template <int D, int BR, int BC, int WARPS, bool SWIZZLE, bool PIPELINED, bool SKIP, bool LAZY>
 static kernel_entry *entry() {
-    static kernel_entry e = {
-        attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>, NULL, {0}};
+    static kernel_entry e = {attention_kernel<D, BR, BC, WARPS, SWIZZLE, PIPELINED, SKIP, LAZY>,
+                             NULL};
     return &e;
 }
 // A MODEL instantiation, for unpacked shapes or packed batches (PACKED: their own kernels, so that
@@ -89,9 +89,9 @@ static kernel_entry *entry() {
 template <int D, int BR, int BC, int WARPS, bool BF16, bool WINDOW_SOFTCAP>
 static kernel_entry *model_entry(bool packed) {
     static kernel_entry unpacked = {
-        NULL, attention_kernel_model<D, BR, BC, WARPS, BF16, WINDOW_SOFTCAP, false>, {0}};
+        NULL, attention_kernel_model<D, BR, BC, WARPS, BF16, WINDOW_SOFTCAP, false>};
     static kernel_entry each_sequence = {
-        NULL, attention_kernel_model<D, BR, BC, WARPS, BF16, WINDOW_SOFTCAP, true>, {0}};
+        NULL, attention_kernel_model<D, BR, BC, WARPS, BF16, WINDOW_SOFTCAP, true>};
     return packed ? &each_sequence : &unpacked;
 }
 
@@ -175,19 +175,6 @@ static kernel_entry *kernel_for(int D, tile_config c, int variant, bool lazy, bo
     return NULL;
 }
 
-// Per device, once: raise the kernel's shared-memory limit and ask how many blocks fit per SM.
-static cudaError_t kernel_ready(kernel_entry *k, int device, size_t smem, int threads) {
-    if (k->blocks_per_sm[device] > 0) return cudaSuccess;
-    if (smem > 48 * 1024) {
-        ATTN_TRY(cudaFuncSetAttribute(kernel_code(k), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)smem));
-    }
-    int blocks = 0;
-    ATTN_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel_code(k), threads, smem));
-    k->blocks_per_sm[device] = blocks > 0 ? blocks : 1;
-    return cudaSuccess;
-}
-
 // The PTX architecture the kernels were compiled for on this device (75 for a compute_75 PTX
 // build JIT-compiled on an H100): that, not the device, decides whether cp.async is there.
 // Asked once per device (kernel_versions).
@@ -265,8 +252,8 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
     kernel_entry *k =
         kernel_for(plan->d, c, variant, false, plan->model, s->bf16, window_softcap, packed);
     if (!k) return cudaErrorInvalidConfiguration;  // attention_unsupported() rejects these
-    ATTN_TRY(kernel_ready(k, plan->device, smem, threads));
-    int per_sm = k->blocks_per_sm[plan->device];
+    int per_sm = 1;  // (kernel_blocks_per_sm also raises its shared-memory limit)
+    ATTN_TRY(kernel_blocks_per_sm(kernel_code(k), threads, (int)smem, &per_sm));
     const int fit = blocks_fit(smem, dev->smem_per_block);  // an imitated T4 or L4 fits fewer
     per_sm = fit < per_sm ? (fit > 0 ? fit : 1) : per_sm;
 
@@ -288,7 +275,7 @@ static cudaError_t make_plan(const attn_shape *s, const attn_device *dev, int va
                        (keys < s->N_k ? keys : s->N_k) >= LAZY_MIN_N);
     plan->kernel =
         kernel_for(plan->d, c, variant, lazy, plan->model, s->bf16, window_softcap, packed);
-    ATTN_TRY(kernel_ready(plan->kernel, plan->device, smem, threads));
+    ATTN_TRY(kernel_smem_limit(kernel_code(plan->kernel), (int)smem));
     pthread_mutex_lock(&cache_lock);
     last = *plan;
     pthread_mutex_unlock(&cache_lock);
