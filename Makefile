@@ -4,6 +4,7 @@
 #   make QUICK=1         build, a 2-minute sweep (every stage, a few shapes), plots in build/quick/
 #   make test            CPU tests + fat build + spill check + format check (+ self-tests on a GPU)
 #   make check           every stage's --self-test on this GPU (SMEM_LIMIT=65536 for the T4 path)
+#   make fuzz            random shapes through every stage, every row checked (FUZZ_CASES, FUZZ_SEED)
 #   make lab STAGE=n     write labs/<stage>/: the stage's code with the lesson cut into holes
 #   make grade STAGE=n   build the lab with the course's host program, self-test it: a report card
 #   make build ARCH=75   machine code for one target; ARCH=compute_75 for PTX only; BUILD=dir;
@@ -56,7 +57,7 @@ COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/obj/%.o,$(COMMON_SRC))
 HEADERS    := common/attention.h common/common.h common/csv_header.h common/device_info.h common/decode.h
 
 .DEFAULT_GOAL := all
-.PHONY: all build objects test check sanitize profile diff help clean format format-check lab grade
+.PHONY: all build objects test check sanitize fuzz profile diff help clean format format-check lab grade
 
 .DELETE_ON_ERROR:
 .SECONDARY:
@@ -148,6 +149,14 @@ sanitize:
 	@$(MAKE) --no-print-directory build
 	SANITIZER='$(SANITIZER)' bash common/tests/sanitize.sh $(BUILD) "$(SANITIZE_TOOLS)" $(STAGES)
 
+# random shapes, every row checked (common/tests/fuzz.py): FUZZ_CASES per stage, from FUZZ_SEED
+FUZZ_CASES ?= 100
+FUZZ_SEED ?= 1
+fuzz:
+	@$(MAKE) --no-print-directory build
+	python3 common/tests/fuzz.py $(BUILD) $(STAGES) --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) \
+	  $(if $(SMEM_LIMIT),--extra "--smem-limit $(SMEM_LIMIT)")
+
 # ---- one lesson at a time ----
 # what a stage's diff is taken against: the stage of the host program before it (stage 10, a
 # program of its own, is none), or its stage.mk's <stage>_DIFF_BASE
@@ -225,6 +234,7 @@ help:
 	@echo "make format        format the C/CUDA sources with the pinned clang-format $(CLANG_FORMAT_VERSION) (format-check: only check)"
 	@echo "make check         every stage's --self-test on this GPU (SMEM_LIMIT=65536: T4 path)"
 	@echo "make sanitize      compute-sanitizer memcheck, racecheck, synccheck on small shapes"
+	@echo "make fuzz          random shapes through every stage, each checked whole (FUZZ_CASES=100 a stage, FUZZ_SEED=1; SMEM_LIMIT=65536: T4 path)"
 	@echo "make bench         the sweep only (BUDGET=60 seconds per launch; QUICK=1: long N $(shell . plots/shapes.conf && echo $$QUICK_LONG_N | tr ' ' ,), fa2 N $(shell . plots/shapes.conf && echo $$QUICK_FA2_N | tr ' ' ,), decode N_k $(shell . plots/shapes.conf && echo $$QUICK_DECODE_NK | tr ' ' ,))"
 	@echo "make plots         redraw the PNGs from the CSV"
 	@echo "make tables        rewrite the README's results tables and each lesson's measured section from the reference CSV (another GPU: plots/<gpu>/TABLES.md)"

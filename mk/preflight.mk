@@ -1,7 +1,7 @@
 # mk/preflight.mk: what a goal needs, said in one line before anything is built, read by the
 # top-level Makefile after mk/detect.mk and the stages' stage.mk files: a plain make that cannot
 # sweep, a missing CUDA compiler, the fat build coming (and the targets this toolkit lacks),
-# check, sanitize and profile without a GPU or a tool, a mistyped ARCH; then the build folder's
+# check, sanitize, fuzz and profile without a GPU or a tool, a mistyped ARCH; then the build folder's
 # record of its flags (flags.txt), so that objects built with other flags are rebuilt.
 
 # make QUICK=1 with no GPU has nothing to sweep: say first that it is a plain make.
@@ -38,10 +38,10 @@ endif
 endif
 endif
 
-# check, sanitize and profile need a GPU (and a tool): without one, one line naming what is
+# check, sanitize, fuzz and profile need a GPU (and a tool): without one, one line naming what is
 # missing and exit 2, before anything is built. In this order: profile's stage number, the GPU,
 # the tool (mk/detect.mk looks for it).
-ifneq ($(filter check sanitize profile,$(MAKECMDGOALS)),)
+ifneq ($(filter check sanitize fuzz profile,$(MAKECMDGOALS)),)
 ifneq ($(filter profile,$(MAKECMDGOALS)),)
 ifeq ($(strip $(STAGE)),)
 $(error profile: which stage? make profile STAGE=n [VARIANT=name] [PROFILE_ARGS=...], n one of $(STAGE_NUMBERS))
@@ -53,7 +53,7 @@ $(error profile: STAGE=$(STAGE) is not a stage number (one of $(STAGE_NUMBERS)))
 endif
 endif
 ifeq ($(strip $(GPU_NAME)),)
-$(error $(firstword $(filter check sanitize profile,$(MAKECMDGOALS))): no NVIDIA GPU here (nvidia-smi finds none), and it runs the kernels on one; make test runs the tests that need none)
+$(error $(firstword $(filter check sanitize fuzz profile,$(MAKECMDGOALS))): no NVIDIA GPU here (nvidia-smi finds none), and it runs the kernels on one; make test runs the tests that need none)
 endif
 ifneq ($(filter sanitize,$(MAKECMDGOALS)),)
 ifeq ($(SANITIZER),)

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # One GPU session's checks in one command: builds (native, and PTX-only compute_75 / compute_89
 # for the T4 and L4 paths), every stage's --self-test on each (stages in parallel), the
-# sanitizers, and a small timing table. Logs go to $LOGS (default build/gpu-logs); a summary
+# sanitizers, random shapes checked whole (common/tests/fuzz.py, on each build), and a small
+# timing table. Logs go to $LOGS (default build/gpu-logs); a summary
 # is printed last.
 # Stage 10 (a program of its own, NCCL's) in the part `cp`: make cp-build (its program and the
 # stage libraries it loads), its --self-test on every GPU here (one GPU: the ring of one).
-# usage: gpu_suite.sh [build] [selftest] [t4] [l4] [sanitize] [bench] [cp]   (default: all)
+# usage: gpu_suite.sh [build] [selftest] [t4] [l4] [sanitize] [fuzz] [bench] [cp]   (default: all)
 #        STAGES="stage4_wmma stage5_tuned" limits the stages; NATIVE=dir names a prebuilt build.
 set -u
 cd "$(dirname "$0")/../.."
 export PATH=/usr/local/cuda/bin:$PATH
 LOGS=${LOGS:-build/gpu-logs}
 mkdir -p "$LOGS"
-parts=${*:-build selftest t4 l4 sanitize bench cp}
+parts=${*:-build selftest t4 l4 sanitize fuzz bench cp}
 stages=${STAGES:-$(ls stage[0-9]*/attention.cu | cut -d/ -f1 | sort)}
 native=${NATIVE:-build/sm90}
 summary=$LOGS/summary.txt
@@ -71,6 +72,19 @@ for l in native t4 l4; do has "${l/native/selftest}" && report "$l"; done
 has cp && say "self-test stage10_context_parallel: $(tail -n 1 "$LOGS/selftest_cp.log" 2>/dev/null)"
 if has sanitize; then
   for s in $stages; do say "sanitize $s: $(tail -n 1 "$LOGS/sanitize_$s.log")"; grep -h FAILED "$LOGS/sanitize_$s.log" | head -3; done
+fi
+if has fuzz; then # after the self-tests: each case's float64 check takes two cores
+  for b in "$native:native:" build/c75:t4:65536 build/c89:l4:101376; do
+    IFS=: read -r dir label smem <<<"$b"
+    [ -x "$dir/stage5_tuned" ] || continue
+    ss=$(for s in $stages; do [ -x "$dir/$s" ] && echo "$s"; done)
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=2 timeout 600 python3 common/tests/fuzz.py "$dir" $ss --cases 60 --jobs 6 \
+      ${smem:+--extra "--smem-limit $smem"} >"$LOGS/fuzz_$label.log" 2>&1
+    say "fuzz $label: $(tail -n 1 "$LOGS/fuzz_$label.log")"
+    grep -h -A2 "^FAIL" "$LOGS/fuzz_$label.log" | head -6
+  done
+  stamp "fuzz done"
 fi
 if has bench; then
   say "bench (median ms, TFLOP/s, max_abs_err, status):"

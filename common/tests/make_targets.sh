@@ -61,7 +61,7 @@ else
   skip "make build ARCH=99 (mistyped): no nvcc here to list the targets it knows"
 fi
 
-# ---- 4. sanitize and profile: the stage number first, then the GPU, then the tool
+# ---- 4. sanitize, fuzz and profile: the stage number first, then the GPU, then the tool
 mk profile STAGE=99 GPU_NAME=
 if [ "$rc" -eq 2 ] && [ "$(lines)" -eq 1 ] && has "STAGE=99 is not a stage number" && ! has ncu && ! has GPU; then
   ok "make profile STAGE=99: names the stage number, nothing else"
@@ -70,7 +70,7 @@ else
 fi
 mk profile GPU_NAME=
 if [ "$rc" -eq 2 ] && [ "$(lines)" -eq 1 ] && has "which stage?"; then ok "make profile without STAGE: asks which"; else bad "make profile without STAGE (exit $rc)"; fi
-for goal in sanitize "profile STAGE=1" check; do
+for goal in sanitize fuzz "profile STAGE=1" check; do
   # shellcheck disable=SC2086
   mk $goal GPU_NAME=
   if [ "$rc" -eq 2 ] && [ "$(lines)" -eq 1 ] && has "no NVIDIA GPU here" && ! has compute-sanitizer && ! has ncu; then

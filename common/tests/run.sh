@@ -81,6 +81,28 @@ if [ -x "$dir/stage10_context_parallel" ]; then
 else
   skip "stage10_context_parallel: not built (make says why: no NCCL here)"
 fi
+# fuzz.py's cases, each a run of a stage's program: with no GPU a program reads all its options,
+# then exits 3 (no GPU here); a 2 would be an option or a combination the fuzzer made up
+fuzz_options() {
+  local out rc
+  # shellcheck disable=SC2086
+  out=$(python3 common/tests/fuzz.py "$dir" $stages --cases 25 --seed 1 2>&1)
+  rc=$?
+  if [ "$rc" -eq "$ATTN_EXIT_UNSUPPORTED" ] && grep -q '^0 passed, 0 failed, [1-9][0-9]* skipped$' <<<"$out" &&
+    ! grep -q '^ *[0-9]* skipped: ' < <(grep -v 'no NVIDIA GPU here' <<<"$out"); then
+    echo "ok    fuzz.py: $(tail -n 1 <<<"$out" | cut -d" " -f5) cases, each one's options read by its program (each exits $ATTN_EXIT_UNSUPPORTED, no GPU here)"
+  else
+    grep -v '^ *[0-9]* skipped: ' <<<"$out" | head -n 8
+    echo "FAIL  fuzz.py (exit $rc): a case its program refused, or no case ran; each should exit $ATTN_EXIT_UNSUPPORTED (no GPU here)"
+  fi
+}
+if ! command -v python3 >/dev/null 2>&1; then
+  skip "fuzz.py's cases: python3 not found"
+elif nvidia-smi -L >/dev/null 2>&1; then
+  skip "fuzz.py's cases read with no GPU: a GPU is here (make fuzz runs them)"
+else
+  part "fuzz.py's random cases: every option read by the stage programs" fuzz_options
+fi
 part "make targets: no GPU, a mistyped ARCH, a missing tool, the formatter offline" bash common/tests/make_targets.sh
 part "no spills, no stack frame, no ptxas performance warning (stages 1-7, every target built)" bash common/tests/check_spills.sh "$dir" $stages
 # the stages built as sm_90a where the build has sm_90 (their stage.mk: wgmma, setmaxnreg)
