@@ -149,13 +149,16 @@ sanitize:
 	@$(MAKE) --no-print-directory build
 	SANITIZER='$(SANITIZER)' bash common/tests/sanitize.sh $(BUILD) "$(SANITIZE_TOOLS)" $(STAGES)
 
-# random shapes, every row checked (common/tests/fuzz.py): FUZZ_CASES per stage, from FUZZ_SEED
+# random shapes, every row checked (common/tests/fuzz.py): FUZZ_CASES per stage, from FUZZ_SEED;
+# FUZZ_ARGS: more of its options (under memcheck: FUZZ_ARGS='--wrap "compute-sanitizer
+# --error-exitcode 9" --max-work 2e7')
 FUZZ_CASES ?= 100
 FUZZ_SEED ?= 1
+FUZZ_ARGS ?=
 fuzz:
 	@$(MAKE) --no-print-directory build
 	python3 common/tests/fuzz.py $(BUILD) $(STAGES) --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) \
-	  $(if $(SMEM_LIMIT),--extra "--smem-limit $(SMEM_LIMIT)")
+	  $(if $(SMEM_LIMIT),--extra "--smem-limit $(SMEM_LIMIT)") $(FUZZ_ARGS)
 
 # ---- one lesson at a time ----
 # what a stage's diff is taken against: the stage of the host program before it (stage 10, a

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Random shapes through the stages' programs, each checked whole against the float64 reference.
 
-    python3 common/tests/fuzz.py BUILD_DIR [--cases N] [--seed S] [--jobs J] [--extra ARGS] STAGE...
+    python3 common/tests/fuzz.py BUILD_DIR [--cases N] [--seed S] [--jobs J] [--extra ARGS]
+                                 [--wrap CMD] [--max-work W] STAGE...
 
 Each case is one run of a stage's program with `--check all`: B, H, H_kv (GQA and MQA), N and
 N_k (N_k != N, one token, tile tails), every head dim of the contract (a multiple of 8 from 32 to
@@ -16,7 +17,9 @@ reproduces it.
 Exit code 0 passes, 3 (unsupported: a head dim, type or feature this stage or GPU does not run) is
 counted as skipped, anything else fails: a wrong result (1), a refused option (2: the fuzzer asked
 for a shape the contract allows), out of memory (4), a crash or a timeout. --extra appends options
-to every run (`--smem-limit 65536` for the T4 path on a PTX build). Ends with "N passed, M failed,
+to every run (`--smem-limit 65536` for the T4 path on a PTX build); --wrap runs each under a
+tool (`--wrap "compute-sanitizer --error-exitcode 9" --max-work 2e7`: random shapes under memcheck,
+smaller ones, any error reported failing the case). Ends with "N passed, M failed,
 K skipped", the skips' reasons counted above it; exits 1 if any failed, 3 if none ran (no GPU,
 or nothing this build runs).
 """
@@ -51,6 +54,7 @@ HEAD_DIMS = list(range(32, 257, 8))
 COMPILED_DIMS = [64, 96, 128, 256]  # drawn more often: the kernels a stage compiles first
 # the float64 reference's work a case may cost (B x H x N x N_k x D): a few seconds on two threads
 MAX_WORK = 2.5e9
+WRAP = []  # --wrap: the command every run goes under
 
 
 def stage_number(stage):
@@ -197,13 +201,17 @@ def cases_for(stage, prog, n, rng):
 def run(cmd, extra, timeout):
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     try:
-        r = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=timeout, env=env)
+        r = subprocess.run(WRAP + cmd + extra, capture_output=True, text=True, timeout=timeout, env=env)
+        if re.search(r"ERROR SUMMARY: [1-9]", r.stdout + r.stderr):  # a tool's errors fail the case
+            return "errors reported", [ln for ln in (r.stdout + r.stderr).splitlines()
+                                       if re.search(r"Invalid|Race|hazard|ERROR SUMMARY", ln)][:3]
         return r.returncode, (r.stdout + r.stderr).strip().splitlines()[-3:]
     except subprocess.TimeoutExpired:
         return "timeout", []
 
 
 def main():
+    global MAX_WORK, WRAP
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("build", type=Path)
     ap.add_argument("stages", nargs="+")
@@ -212,7 +220,11 @@ def main():
     ap.add_argument("--jobs", type=int, default=4, help="runs at once (4)")
     ap.add_argument("--extra", default="", help="options appended to every run")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a run may take (300)")
+    ap.add_argument("--wrap", default="", help="a command each run goes under (a sanitizer)")
+    ap.add_argument("--max-work", type=float, default=MAX_WORK,
+                    help=f"the largest B x H x N x N_k x D a case draws ({MAX_WORK:g})")
     args = ap.parse_args()
+    MAX_WORK, WRAP = args.max_work, shlex.split(args.wrap)
     rng = random.Random(args.seed)
     extra = shlex.split(args.extra)
     work = []
@@ -237,7 +249,8 @@ def main():
                 why_skipped[re.sub(r"\b\d+\b", "#", tail[-1] if tail else "(said nothing)")] += 1
             else:
                 failed += 1
-                print(f"FAIL  exit {rc}: {shlex.join(cmd + extra)}")
+                what = f"exit {rc}" if isinstance(rc, int) else rc
+                print(f"FAIL  {what}: {shlex.join(WRAP + cmd + extra)}")
                 for line in tail:
                     print(f"      {line}")
             sys.stdout.flush()
