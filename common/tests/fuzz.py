@@ -162,7 +162,7 @@ def model_case(rng):
 
 def decode_case(rng):
     """A decode stage: queries against a KV cache, contiguous or paged."""
-    D = rng.choice([64, 128]) if rng.random() < 0.6 else head_dim(rng)
+    D = rng.choice([64, 128]) if rng.random() < 0.85 else head_dim(rng)  # its two, and refusals
     H_kv = rng.randint(1, 4)
     H = H_kv * rng.choice([1, 4, 8])
     B = rng.randint(1, 4)
