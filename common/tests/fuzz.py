@@ -20,7 +20,7 @@ for a shape the contract allows), out of memory (4), a crash or a timeout. --ext
 to every run (`--smem-limit 65536` for the T4 path on a PTX build); --wrap runs each under a
 tool (`--wrap "compute-sanitizer --error-exitcode 9" --max-work 2e7`: random shapes under memcheck,
 smaller ones, any error reported failing the case). Ends with "N passed, M failed,
-K skipped", the skips' reasons counted above it; exits 1 if any failed, 3 if none ran (no GPU,
+K skipped", each stage's counts and the skips' reasons above it; exits 1 if any failed, 3 if none ran (no GPU,
 or nothing this build runs).
 """
 
@@ -239,9 +239,12 @@ def main():
         work += list(cases_for(stage, prog, args.cases, rng))
     rng.shuffle(work)  # the stages interleaved: a run cut short has sampled every one
     passed = failed = skipped = 0
+    by_stage = {}  # stage -> [passed, failed, skipped]
     why_skipped = Counter()  # each skip's reason, its numbers blanked: what the skips were
     with ThreadPoolExecutor(args.jobs) as pool:
         for cmd, (rc, tail) in zip(work, pool.map(lambda c: run(c, extra, args.timeout), work)):
+            count = by_stage.setdefault(Path(cmd[0]).name, [0, 0, 0])
+            count[0 if rc == EXIT["PASS"] else 2 if rc == EXIT["UNSUPPORTED"] else 1] += 1
             if rc == EXIT["PASS"]:
                 passed += 1
             elif rc == EXIT["UNSUPPORTED"]:
@@ -254,6 +257,8 @@ def main():
                 for line in tail:
                     print(f"      {line}")
             sys.stdout.flush()
+    for stage, (p, f, k) in sorted(by_stage.items()):
+        print(f"{stage:24s} passed {p:4d}  failed {f:4d}  skipped {k:4d}")
     for why, n in why_skipped.most_common():
         print(f"{n:5d} skipped: {why}")
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
