@@ -19,9 +19,9 @@ counted as skipped, anything else fails: a wrong result (1), a refused option (2
 for a shape the contract allows), out of memory (4), a crash or a timeout. --extra appends options
 to every run (`--smem-limit 65536` for the T4 path on a PTX build); --wrap runs each under a
 tool (`--wrap "compute-sanitizer --error-exitcode 9" --max-work 2e7`: random shapes under memcheck,
-smaller ones, any error reported failing the case). Ends with "N passed, M failed,
-K skipped", each stage's counts and the skips' reasons above it; exits 1 if any failed, 3 if none ran (no GPU,
-or nothing this build runs).
+smaller ones, any error reported failing the case). Ends with "N passed, M failed, K skipped",
+each stage's counts and the skips' reasons above it; exits 1 if any failed, 3 if none ran (no
+GPU, or nothing this build runs).
 """
 
 import argparse
