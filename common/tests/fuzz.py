@@ -35,21 +35,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from labs import EXIT_CODES as EXIT  # noqa: E402  the programs' exit codes, read from attention.h
 
-
-def exit_codes():
-    """ATTN_EXIT_* from their one home, the attn_exit enum of common/attention.h."""
-    text = (ROOT / "common" / "attention.h").read_text()
-    codes = {k: int(v) for k, v in re.findall(r"ATTN_EXIT_(\w+)\s*=\s*(\d+)", text)}
-    missing = {"PASS", "USAGE", "UNSUPPORTED"} - set(codes)
-    if missing:
-        sys.exit(f"fuzz.py: no ATTN_EXIT_{min(missing)} in the attn_exit enum of common/attention.h")
-    return codes
-
-
-EXIT = exit_codes()
 HEAD_DIMS = list(range(32, 257, 8))
 COMPILED_DIMS = [64, 96, 128, 256]  # drawn more often: the kernels a stage compiles first
 # the float64 reference's work a case may cost (B x H x N x N_k x D): a few seconds on two threads
@@ -202,10 +190,11 @@ def run(cmd, extra, timeout):
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     try:
         r = subprocess.run(WRAP + cmd + extra, capture_output=True, text=True, timeout=timeout, env=env)
-        if re.search(r"ERROR SUMMARY: [1-9]", r.stdout + r.stderr):  # a tool's errors fail the case
-            return "errors reported", [ln for ln in (r.stdout + r.stderr).splitlines()
+        lines = (r.stdout + r.stderr).strip().splitlines()
+        if any(re.search(r"ERROR SUMMARY: [1-9]", ln) for ln in lines):  # a tool's errors fail it
+            return "errors reported", [ln for ln in lines
                                        if re.search(r"Invalid|Race|hazard|ERROR SUMMARY", ln)][:3]
-        return r.returncode, (r.stdout + r.stderr).strip().splitlines()[-3:]
+        return r.returncode, lines[-3:]
     except subprocess.TimeoutExpired:
         return "timeout", []
 
@@ -238,20 +227,15 @@ def main():
             return 1
         work += list(cases_for(stage, prog, args.cases, rng))
     rng.shuffle(work)  # the stages interleaved: a run cut short has sampled every one
-    passed = failed = skipped = 0
     by_stage = {}  # stage -> [passed, failed, skipped]
     why_skipped = Counter()  # each skip's reason, its numbers blanked: what the skips were
     with ThreadPoolExecutor(args.jobs) as pool:
         for cmd, (rc, tail) in zip(work, pool.map(lambda c: run(c, extra, args.timeout), work)):
             count = by_stage.setdefault(Path(cmd[0]).name, [0, 0, 0])
             count[0 if rc == EXIT["PASS"] else 2 if rc == EXIT["UNSUPPORTED"] else 1] += 1
-            if rc == EXIT["PASS"]:
-                passed += 1
-            elif rc == EXIT["UNSUPPORTED"]:
-                skipped += 1
+            if rc == EXIT["UNSUPPORTED"]:
                 why_skipped[re.sub(r"\b\d+\b", "#", tail[-1] if tail else "(said nothing)")] += 1
-            else:
-                failed += 1
+            elif rc != EXIT["PASS"]:
                 what = f"exit {rc}" if isinstance(rc, int) else rc
                 print(f"FAIL  {what}: {shlex.join(WRAP + cmd + extra)}")
                 for line in tail:
@@ -261,6 +245,7 @@ def main():
         print(f"{stage:24s} passed {p:4d}  failed {f:4d}  skipped {k:4d}")
     for why, n in why_skipped.most_common():
         print(f"{n:5d} skipped: {why}")
+    passed, failed, skipped = (sum(c[i] for c in by_stage.values()) for i in range(3))
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     if failed:
         return 1

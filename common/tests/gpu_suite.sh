@@ -74,25 +74,23 @@ if has sanitize; then
   for s in $stages; do say "sanitize $s: $(tail -n 1 "$LOGS/sanitize_$s.log")"; grep -h FAILED "$LOGS/sanitize_$s.log" | head -3; done
 fi
 if has fuzz; then # after the self-tests: each case's float64 check takes two cores
-  for b in "$native:native:" build/c75:t4:65536 build/c89:l4:101376; do
-    IFS=: read -r dir label smem <<<"$b"
+  # each build's random shapes; then smaller ones under memcheck (an access out of bounds that
+  # the poisoned outputs cannot show)
+  for b in "$native:native::60" build/c75:t4:65536:60 build/c89:l4:101376:60 "$native:memcheck::12"; do
+    IFS=: read -r dir label smem cases <<<"$b"
     [ -x "$dir/stage5_tuned" ] || continue
+    wrap=()
+    if [ "$label" = memcheck ]; then
+      command -v compute-sanitizer >/dev/null || continue
+      wrap=(--wrap "compute-sanitizer --error-exitcode 9" --max-work 2e7)
+    fi
     ss=$(for s in $stages; do [ -x "$dir/$s" ] && echo "$s"; done)
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=2 timeout 600 python3 common/tests/fuzz.py "$dir" $ss --cases 60 --jobs 6 \
-      ${smem:+--extra "--smem-limit $smem"} >"$LOGS/fuzz_$label.log" 2>&1
+    OMP_NUM_THREADS=2 timeout 600 python3 common/tests/fuzz.py "$dir" $ss --cases "$cases" --jobs 6 \
+      ${smem:+--extra "--smem-limit $smem"} "${wrap[@]}" >"$LOGS/fuzz_$label.log" 2>&1
     say "fuzz $label: $(tail -n 1 "$LOGS/fuzz_$label.log")"
     grep -h -A2 "^FAIL" "$LOGS/fuzz_$label.log" | head -6
   done
-  # smaller random shapes under memcheck: an access out of bounds the poisoned outputs cannot show
-  if [ -x "$native/stage5_tuned" ] && command -v compute-sanitizer >/dev/null; then
-    ss=$(for s in $stages; do [ -x "$native/$s" ] && echo "$s"; done)
-    # shellcheck disable=SC2086
-    OMP_NUM_THREADS=2 timeout 600 python3 common/tests/fuzz.py "$native" $ss --cases 12 --jobs 6 \
-      --wrap "compute-sanitizer --error-exitcode 9" --max-work 2e7 >"$LOGS/fuzz_memcheck.log" 2>&1
-    say "fuzz memcheck: $(tail -n 1 "$LOGS/fuzz_memcheck.log")"
-    grep -h -A2 "^FAIL" "$LOGS/fuzz_memcheck.log" | head -6
-  fi
   stamp "fuzz done"
 fi
 if has bench; then

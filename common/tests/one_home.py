@@ -133,6 +133,7 @@ bad = names_home({
     "common/attn_lib.c": r"ATTN_EXIT_PASS, ATTN_EXIT_WRONG, ATTN_EXIT_USAGE",
     "python/flashcourse/_library.py": r"attn_lib_exit_codes",
     "tools/compare_fa2.py": r"ATTN_EXIT_",
+    "common/tests/fuzz.py": r"from labs import EXIT_CODES",
     "common/exit_codes.sh": r"attention\.h",
     "plots/sweep.sh": r"exit_codes\.sh",
     "plots/tests/fake_stage.sh": r"exit_codes\.sh",
