@@ -32,6 +32,13 @@ the same batches, for both). Written to --out (default plots/<gpu>/, as `make be
 train_gpt.csv (step, loss_course, loss_sdpa, after '# key: text' lines that describe the run)
 and train_gpt.png, drawn by train_gpt.gp (beside this script) with gnuplot where it is installed.
 
+--bound adds a third run, taking turns with the two, whose attention is no attention at all:
+o = q, every other operation of the step kept (projections, norms, the MLP, the loss, the
+optimizer). Its tokens per second are the most any attention could give this model, and each
+run's step time less its own is what that run's attention costs a step: printed beside the two
+(Amdahl's law, measured: the share of the step that attention is bounds what a faster attention
+can gain; its losses are not compared).
+
 The two runs are not expected to give identical numbers, only numbers that agree within noise:
 their rounding differs, and training amplifies any difference. PyTorch's own attention is no
 steadier: on an H100, two SDPA runs of the default settings (same seed, same batches) ended with
@@ -215,6 +222,12 @@ def course_sdpa(stage: str, backward_stage: str):
 
 
 # ---- training ----
+
+def no_attention(q, k, v, is_causal=False, enable_gqa=False):
+    """--bound's stand-in for attention: o = q (its shape, no work), so that the step keeps
+    every other operation and the run's time is the step's without attention."""
+    return q
+
 
 def learning_rate(step: int, steps: int, peak: float) -> float:
     """Linear warm-up over the first 10% of the steps, then a cosine down to peak / 10."""
@@ -586,6 +599,10 @@ def parse_args():
         epilog="Defaults suit an H100 or H200 (about a minute for both runs); --small a T4. "
                "Exit 0: the validation losses agree; 1: they do not; 2: something is missing.")
     model_options(ap)
+    ap.add_argument("--bound", action="store_true",
+                    help="a third run, in turns with the two, whose attention is o = q: the "
+                         "most any attention could give this model, and each run's attention "
+                         "time a step (its step time less the third run's), printed")
     ap.add_argument("--out", type=Path, default=None,
                     help="folder for train_gpt.csv and train_gpt.png (default plots/<gpu>/, "
                          "as `make bench` names it)")
@@ -676,6 +693,8 @@ def main() -> int:
         course = (f"flashcourse.scaled_dot_product_attention{call}: {course_name}",
                   course_sdpa(args.stage, args.backward_stage))
     runs = (("course", *course), ("sdpa", f"F.scaled_dot_product_attention{call}", sdpa))
+    if args.bound:
+        runs += (("none", "o = q, no attention (--bound)", no_attention),)
     for key, words, _ in runs:
         say(f"{key}: {words}")
     if not args.sdpa_only:  # the C++ eager operator or the Python path (its host time a call)
@@ -695,6 +714,16 @@ def main() -> int:
     say(f"{'tokens per second':34s} {tc:12,.0f} {ts:12,.0f} {tc / ts:14.2f}x")
     say(f"{f'final loss (mean of last {last} steps)':34s} {fc:12.4f} {fs:12.4f} {fc - fs:+15.4f}")
     say(f"{'validation loss':34s} {vc:12.4f} {vs:12.4f} {vc - vs:+15.4f}")
+    bound = None
+    if args.bound:  # step time = the rest + attention: the unattended run's time is the rest
+        tn = results["none"][1]
+        ms = {key: args.batch * args.seq / tps * 1e3 for key, tps in
+              (("course", tc), ("sdpa", ts), ("none", tn))}
+        bound = (f"without attention (o = q) {tn:,.0f} tokens/s, {tn / ts:.3f}x SDPA's: the "
+                 f"most any attention gives this model; attention a step: course "
+                 f"{ms['course'] - ms['none']:.3f} ms, SDPA {ms['sdpa'] - ms['none']:.3f} ms "
+                 f"of {ms['sdpa']:.3f}")
+        say(f"--bound: {bound}")
 
     def caption(words, tps, final, val):
         return (f"{words}: {tps:,.0f} tokens/s, final loss {final:.4f}, "
@@ -702,7 +731,8 @@ def main() -> int:
     csv = out / "train_gpt.csv"
     write_csv(csv, [("gpu", gpu), ("model", model_words),
                     ("course", caption(course_name, tc, fc, vc)),
-                    ("sdpa", caption("PyTorch SDPA", ts, fs, vs))], lc, ls)
+                    ("sdpa", caption("PyTorch SDPA", ts, fs, vs))]
+              + ([("bound", bound)] if bound else []), lc, ls)
     say(f"losses: {csv}")
     say(draw(csv, out))
 

@@ -61,7 +61,8 @@ def t_help():
     rc, out, err = script(["--help"], hide_torch=True)
     assert rc == 0 and out.startswith("usage:"), (rc, out[:200], err)
     for opt in ("--dtype {f16,bf16}", "--kv-heads H_KV", "enable_gqa=True", "no scaler",
-                "--backward-stage BACKWARD_STAGE", "stage8_hopper_backward on a Hopper GPU"):
+                "--backward-stage BACKWARD_STAGE", "stage8_hopper_backward on a Hopper GPU",
+                "--bound", "the most any attention could give this model"):
         assert opt in " ".join(out.split()), f"--help does not say {opt!r}"
 
 
@@ -148,13 +149,19 @@ def t_sdpa_only_cpu():
         raise Skip("no PyTorch here (the command line without it is tested above)")
     with tempfile.TemporaryDirectory() as out:
         args = ["--sdpa-only", "--dtype", "bf16", "--heads", "2", "--kv-heads", "1",
-                "--layers", "1", "--steps", "10", "--seq", "256", "--batch", "2", "--out", out]
+                "--layers", "1", "--steps", "10", "--seq", "256", "--batch", "2", "--out", out,
+                "--bound"]
         rc, stdout, err = script(args, timeout=300)
         assert rc == 0, f"exit {rc}\n{stdout[-2000:]}\n{err[-2000:]}"
         assert "bf16 autocast" in stdout and "enable_gqa=True" in stdout, stdout[-2000:]
+        # --bound: the third run (o = q) in the turns, its line and its CSV line
+        assert "none: o = q, no attention (--bound)" in stdout, stdout[-2000:]
+        assert "--bound: without attention (o = q)" in stdout and "attention a step: course" \
+            in stdout, stdout[-2000:]
         with open(os.path.join(out, "train_gpt.csv")) as f:
             lines = f.read().splitlines()
         model = next(x for x in lines if x.startswith("# model: "))
+        assert any(x.startswith("# bound: without attention") for x in lines), lines[:8]
         assert "2 heads x 64" in model and "1 key/value head," in model and ", bf16;" in model, \
             model
         rows = list(csv.DictReader(x for x in lines if not x.startswith("#")))
@@ -170,7 +177,7 @@ def main():
                      ("train_gpt.py without PyTorch: one line, exit 2", t_no_torch),
                      ("train_gpt.py refuses a forward or backward stage whose descriptor does "
                       "not take bf16 or grouped-query heads, in one line", t_stage_refusal),
-                     ("train_gpt.py --sdpa-only --dtype bf16 --kv-heads 1 on a tiny model",
+                     ("train_gpt.py --sdpa-only --dtype bf16 --kv-heads 1 --bound on a tiny model",
                       t_sdpa_only_cpu)):
         run(name, fn)
     return summary()
