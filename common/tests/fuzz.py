@@ -8,7 +8,9 @@ Each case is one run of a stage's program with `--check all`: B, H, H_kv (GQA an
 N_k (N_k != N, one token, tile tails), every head dim of the contract (a multiple of 8 from 32 to
 256: a stage runs the dims it compiled and masks the rest), causal, local windows, softcap, bf16,
 the three layouts, packed batches (`--varlen random`: empty sequences among them), peaky inputs, an
-explicit scale, and a variant taken at random from the stage's list; for a stage with a decode path
+explicit scale, and a variant taken at random from the stage's list (one that refuses the shape, its
+reason naming it, gives way to the default: the case runs, the refusal is counted); for a stage with
+a decode path
 (a KV cache), the decode shapes instead: 1 to 16 queries, contiguous or paged caches (pages of 1 to
 256 keys), ragged lengths, new tokens written into the cache, causal. Stages 0-4 take the plain
 shapes only (what they accept). The cases come from --seed alone: a failure prints the command that
@@ -186,6 +188,21 @@ def cases_for(stage, prog, n, rng):
         yield [str(prog)] + [str(x) for x in a]
 
 
+def variant_refused(cmd, rc, tail):
+    """The case's --variant refused its shape (exit 3, the reason naming the variant): the name, or
+    None. Such a case runs again as the default variant, so that a stage whose variants take only
+    some shapes (stage 5's run the plain kernels only) still has the shape checked."""
+    if rc != EXIT["UNSUPPORTED"] or "--variant" not in cmd or not tail:
+        return None
+    name = cmd[cmd.index("--variant") + 1]
+    return name if "variant" in tail[-1] or name in tail[-1] else None
+
+
+def without_variant(cmd):
+    i = cmd.index("--variant")
+    return cmd[:i] + cmd[i + 2:]
+
+
 def run(cmd, extra, timeout):
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     try:
@@ -229,8 +246,21 @@ def main():
     rng.shuffle(work)  # the stages interleaved: a run cut short has sampled every one
     by_stage = {}  # stage -> [passed, failed, skipped]
     why_skipped = Counter()  # each skip's reason, its numbers blanked: what the skips were
+    gave_way = Counter()  # variants that refused a shape and gave way to the default, and why
+
+    def run_case(cmd):  # (the command that ran, its result, the variant's refusal or None)
+        rc, tail = run(cmd, extra, args.timeout)
+        name = variant_refused(cmd, rc, tail)
+        if name is None:
+            return cmd, (rc, tail), None
+        reason = re.sub(r"\b\d+\b", "#", tail[-1])
+        cmd = without_variant(cmd)
+        return cmd, run(cmd, extra, args.timeout), f"{Path(cmd[0]).name} {name}: {reason}"
+
     with ThreadPoolExecutor(args.jobs) as pool:
-        for cmd, (rc, tail) in zip(work, pool.map(lambda c: run(c, extra, args.timeout), work)):
+        for cmd, (rc, tail), refusal in pool.map(run_case, work):
+            if refusal:
+                gave_way[refusal] += 1
             count = by_stage.setdefault(Path(cmd[0]).name, [0, 0, 0])
             count[0 if rc == EXIT["PASS"] else 2 if rc == EXIT["UNSUPPORTED"] else 1] += 1
             if rc == EXIT["UNSUPPORTED"]:
@@ -243,6 +273,8 @@ def main():
             sys.stdout.flush()
     for stage, (p, f, k) in sorted(by_stage.items()):
         print(f"{stage:24s} passed {p:4d}  failed {f:4d}  skipped {k:4d}")
+    for why, n in gave_way.most_common():
+        print(f"{n:5d} ran as the default, the variant refusing the shape: {why}")
     for why, n in why_skipped.most_common():
         print(f"{n:5d} skipped: {why}")
     passed, failed, skipped = (sum(c[i] for c in by_stage.values()) for i in range(3))
