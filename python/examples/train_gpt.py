@@ -699,7 +699,8 @@ def main() -> int:
         say(f"{key}: {words}")
     if not args.sdpa_only:  # the C++ eager operator or the Python path (its host time a call)
         say(f"course's calls run by: {flashcourse.eager_path()}")
-    say(f"the two runs take turns, {chunk_steps(args.steps)} steps each")
+    how_many = ("two", "three")[len(runs) - 2]
+    say(f"the {how_many} runs take turns, {chunk_steps(args.steps)} steps each")
     try:
         results = train_both(s, [(key, fn) for key, _, fn in runs])
     except torch.cuda.OutOfMemoryError:
