@@ -9,12 +9,11 @@ N_k (N_k != N, one token, tile tails), every head dim of the contract (a multipl
 256: a stage runs the dims it compiled and masks the rest), causal, local windows, softcap, bf16,
 the three layouts, packed batches (`--varlen random`: empty sequences among them), peaky inputs, an
 explicit scale, and a variant taken at random from the stage's list (one that refuses the shape, its
-reason naming it, gives way to the default: the case runs, the refusal is counted); for a stage with
-a decode path
-(a KV cache), the decode shapes instead: 1 to 16 queries, contiguous or paged caches (pages of 1 to
-256 keys), ragged lengths, new tokens written into the cache, causal. Stages 0-4 take the plain
-shapes only (what they accept). The cases come from --seed alone: a failure prints the command that
-reproduces it.
+reason naming it, gives way to the default: the case runs, the refusal is counted); for a stage
+with a decode path (a KV cache), the decode shapes instead: 1 to 16 queries, contiguous or paged
+caches (pages of 1 to 256 keys), ragged lengths, new tokens written into the cache, causal. Stages
+0-4 take the plain shapes only (what they accept). The cases come from --seed alone: a failure
+prints the command that reproduces it.
 
 Exit code 0 passes, 3 (unsupported: a head dim, type or feature this stage or GPU does not run) is
 counted as skipped, anything else fails: a wrong result (1), a refused option (2: the fuzzer asked
@@ -188,6 +187,11 @@ def cases_for(stage, prog, n, rng):
         yield [str(prog)] + [str(x) for x in a]
 
 
+def blank_numbers(line):
+    """A program's line with its numbers blanked: the same reason for every shape counts once."""
+    return re.sub(r"\b\d+\b", "#", line)
+
+
 def variant_refused(cmd, rc, tail):
     """The case's --variant refused its shape (exit 3, the reason naming the variant): the name, or
     None. Such a case runs again as the default variant, so that a stage whose variants take only
@@ -206,7 +210,8 @@ def without_variant(cmd):
 def run(cmd, extra, timeout):
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     try:
-        r = subprocess.run(WRAP + cmd + extra, capture_output=True, text=True, timeout=timeout, env=env)
+        r = subprocess.run(WRAP + cmd + extra, capture_output=True, text=True, timeout=timeout,
+                           env=env)
         lines = (r.stdout + r.stderr).strip().splitlines()
         if any(re.search(r"ERROR SUMMARY: [1-9]", ln) for ln in lines):  # a tool's errors fail it
             return "errors reported", [ln for ln in lines
@@ -253,9 +258,9 @@ def main():
         name = variant_refused(cmd, rc, tail)
         if name is None:
             return cmd, (rc, tail), None
-        reason = re.sub(r"\b\d+\b", "#", tail[-1])
         cmd = without_variant(cmd)
-        return cmd, run(cmd, extra, args.timeout), f"{Path(cmd[0]).name} {name}: {reason}"
+        return cmd, run(cmd, extra, args.timeout), f"{Path(cmd[0]).name} {name}: " \
+            f"{blank_numbers(tail[-1])}"
 
     with ThreadPoolExecutor(args.jobs) as pool:
         for cmd, (rc, tail), refusal in pool.map(run_case, work):
@@ -264,7 +269,7 @@ def main():
             count = by_stage.setdefault(Path(cmd[0]).name, [0, 0, 0])
             count[0 if rc == EXIT["PASS"] else 2 if rc == EXIT["UNSUPPORTED"] else 1] += 1
             if rc == EXIT["UNSUPPORTED"]:
-                why_skipped[re.sub(r"\b\d+\b", "#", tail[-1] if tail else "(said nothing)")] += 1
+                why_skipped[blank_numbers(tail[-1]) if tail else "(said nothing)"] += 1
             elif rc != EXIT["PASS"]:
                 what = f"exit {rc}" if isinstance(rc, int) else rc
                 print(f"FAIL  {what}: {shlex.join(WRAP + cmd + extra)}")
